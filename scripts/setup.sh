@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Install what zero-rs needs to build and test on Debian/Ubuntu, only what is missing.
+# Idempotent: a second run installs nothing and says so. Run as root (or with sudo).
+#
+#   scripts/setup.sh            system packages (Open MPI, HDF5, libclang, pkg-config, hdf5-tools)
+#   scripts/setup.sh --cuda     also the PTX assembler (ptxas, from PyPI) used to check our kernels
+set -euo pipefail
+
+say() { printf '[setup] %s\n' "$*"; }
+die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
+
+want_cuda=0
+for arg in "$@"; do
+  case "$arg" in
+    --cuda) want_cuda=1 ;;
+    -h|--help) sed -n '2,7p' "$0"; exit 0 ;;
+    *) die "unknown option '$arg' (see --help)" ;;
+  esac
+done
+
+# --- the system must be Debian or Ubuntu: we install with apt ---
+if [ ! -r /etc/os-release ]; then
+  die "cannot read /etc/os-release; this script supports Debian and Ubuntu only. Install by hand: Open MPI (dev), HDF5 (dev, serial), libclang, pkg-config, hdf5-tools."
+fi
+. /etc/os-release
+case " ${ID:-} ${ID_LIKE:-} " in
+  *" debian "*|*" ubuntu "*) ;;
+  *) die "unsupported system '${PRETTY_NAME:-$ID}': this script uses apt (Debian/Ubuntu). Install by hand: Open MPI (dev), HDF5 (dev, serial), libclang, pkg-config, hdf5-tools." ;;
+esac
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null 2>&1 || die "not root and no sudo: run as root to install packages."
+  SUDO="sudo"
+fi
+
+packages=(libopenmpi-dev openmpi-bin libhdf5-dev hdf5-tools libclang-dev pkg-config)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  say "system packages already installed: ${packages[*]}"
+else
+  say "installing: ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  say "installed: ${missing[*]}"
+fi
+
+command -v cargo >/dev/null 2>&1 || die "cargo not found: install Rust (https://rustup.rs) and re-run."
+command -v mpirun >/dev/null 2>&1 || die "mpirun not on PATH after installing openmpi-bin."
+
+if [ "$want_cuda" -eq 1 ]; then
+  if command -v ptxas >/dev/null 2>&1 || python3 -c 'import nvidia.cuda_nvcc' >/dev/null 2>&1; then
+    say "ptxas already available"
+  else
+    command -v python3 >/dev/null 2>&1 || die "python3 is needed to install ptxas from PyPI (nvidia-cuda-nvcc-cu12)."
+    say "installing ptxas (PyPI nvidia-cuda-nvcc-cu12)"
+    python3 -m pip install -q nvidia-cuda-nvcc-cu12 || die "pip install nvidia-cuda-nvcc-cu12 failed."
+  fi
+fi
+say "ready: $(mpirun --version 2>/dev/null | head -n 1), $(cargo --version)"

@@ -1,0 +1,236 @@
+//! Launching real multi-rank jobs from `cargo test`.
+//!
+//! MPI initialises once per process, so every multi-rank scenario is its own small
+//! binary (`tests/src/bin/*.rs`). A `#[test]` starts it under a real `mpirun -n N`
+//! through [`MpiJob`], with the flags a root user on a small machine needs handled here
+//! (run-as-root, oversubscribe), in its own process group so that a timeout kills every
+//! rank and nothing outlives the test.
+//!
+//! Scenario convention: every rank that finishes its checks prints one line
+//! `OK rank=<r>` ([`ok_line`]) as its last act; [`JobOutput::assert_all_ok`] demands
+//! exactly N of them plus a zero exit status.
+
+use std::io::Read;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The line a scenario rank prints when all of its checks passed.
+pub fn ok_line(rank: usize) -> String {
+    format!("OK rank={rank}")
+}
+
+/// A job to launch: `mpirun -n ranks program args...`.
+#[derive(Clone, Debug)]
+pub struct MpiJob {
+    ranks: usize,
+    program: String,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+    timeout: Duration,
+}
+
+/// What a finished (or killed) job left behind.
+#[derive(Debug)]
+pub struct JobOutput {
+    /// Number of ranks launched.
+    pub ranks: usize,
+    /// Exit code of mpirun; `None` when killed by a signal (e.g. on our timeout).
+    pub code: Option<i32>,
+    /// True when the job ran past its timeout and was killed.
+    pub timed_out: bool,
+    /// How long the job ran.
+    pub elapsed: Duration,
+    /// Everything the ranks printed on stdout.
+    pub stdout: String,
+    /// Everything the ranks and mpirun printed on stderr.
+    pub stderr: String,
+}
+
+impl MpiJob {
+    /// A job of `ranks` ranks running `program` (a path, e.g. `env!("CARGO_BIN_EXE_x")`).
+    pub fn new(ranks: usize, program: impl AsRef<Path>) -> Self {
+        MpiJob {
+            ranks,
+            program: program.as_ref().display().to_string(),
+            args: Vec::new(),
+            env: Vec::new(),
+            timeout: Duration::from_secs(60),
+        }
+    }
+
+    /// Arguments passed to every rank.
+    pub fn args<I, S>(mut self, args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.args.extend(args.into_iter().map(Into::into));
+        self
+    }
+
+    /// An environment variable exported to every rank (`mpirun -x`).
+    pub fn env(mut self, key: &str, value: &str) -> Self {
+        self.env.push((key.to_string(), value.to_string()));
+        self
+    }
+
+    /// Kill the whole job (every rank and mpirun) after this long.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The full mpirun command line (for messages).
+    pub fn command_line(&self) -> String {
+        let mut parts = vec!["mpirun".to_string()];
+        parts.extend(self.mpirun_args());
+        parts.join(" ")
+    }
+
+    fn mpirun_args(&self) -> Vec<String> {
+        let mut a = vec![
+            "-n".to_string(),
+            self.ranks.to_string(),
+            // Tests run 2-4 ranks on 2 cores.
+            "--oversubscribe".to_string(),
+            // Deterministic, quiet transport on one host: shared memory + self.
+            "--mca".to_string(),
+            "btl".to_string(),
+            "self,vader".to_string(),
+        ];
+        for (k, v) in &self.env {
+            a.push("-x".to_string());
+            a.push(format!("{k}={v}"));
+        }
+        a.push(self.program.clone());
+        a.extend(self.args.iter().cloned());
+        a
+    }
+
+    /// Run the job to completion or until its timeout, whichever comes first.
+    ///
+    /// Panics (this is test support) only when mpirun itself cannot be started, with a
+    /// message that says how to install it.
+    pub fn run(&self) -> JobOutput {
+        let mut cmd = Command::new("mpirun");
+        cmd.args(self.mpirun_args())
+            // mpirun refuses root without these; CI runs as root.
+            .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+            .env("RUST_BACKTRACE", "0")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            // Own process group: a timeout kills mpirun and every rank it started.
+            .process_group(0);
+        let start = Instant::now();
+        let mut child = cmd.spawn().unwrap_or_else(|e| {
+            panic!(
+                "cannot start mpirun ({e}); install Open MPI with scripts/setup.sh \
+                 (apt-get install openmpi-bin libopenmpi-dev)"
+            )
+        });
+        let pgid = child.id() as libc::pid_t;
+        let mut out_pipe = child.stdout.take().expect("stdout is piped");
+        let mut err_pipe = child.stderr.take().expect("stderr is piped");
+        let out_reader = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = out_pipe.read_to_string(&mut s);
+            s
+        });
+        let err_reader = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = err_pipe.read_to_string(&mut s);
+            s
+        });
+        let mut timed_out = false;
+        let status = loop {
+            match child.try_wait() {
+                Ok(Some(status)) => break Some(status),
+                Ok(None) => {}
+                Err(_) => break None,
+            }
+            if start.elapsed() > self.timeout {
+                timed_out = true;
+                kill_group(pgid);
+                break child.wait().ok();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        // Ranks may outlive a crashed mpirun for a moment; nothing may outlive the test.
+        kill_group(pgid);
+        let elapsed = start.elapsed();
+        JobOutput {
+            ranks: self.ranks,
+            code: status.and_then(|s| s.code()),
+            timed_out,
+            elapsed,
+            stdout: out_reader.join().unwrap_or_default(),
+            stderr: err_reader.join().unwrap_or_default(),
+        }
+    }
+}
+
+fn kill_group(pgid: libc::pid_t) {
+    // SAFETY: kill(2) with a negative pid signals the process group we created for this
+    // job (process_group(0) made the child its leader); it touches no memory of ours.
+    unsafe {
+        libc::kill(-pgid, libc::SIGKILL);
+    }
+}
+
+impl JobOutput {
+    /// Both streams, for failure messages.
+    pub fn transcript(&self) -> String {
+        format!(
+            "exit code {:?}, timed out: {}, {:.1} s\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            self.code,
+            self.timed_out,
+            self.elapsed.as_secs_f64(),
+            self.stdout,
+            self.stderr
+        )
+    }
+
+    /// Number of `OK rank=r` lines, checking that each rank reported exactly once.
+    pub fn ok_ranks(&self) -> Vec<usize> {
+        let mut ranks: Vec<usize> = self
+            .stdout
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("OK rank="))
+            .filter_map(|r| r.trim().parse().ok())
+            .collect();
+        ranks.sort_unstable();
+        ranks
+    }
+
+    /// Assert a zero exit status, no timeout, and one `OK rank=r` line from every rank.
+    pub fn assert_all_ok(&self) {
+        assert!(!self.timed_out, "job timed out\n{}", self.transcript());
+        assert_eq!(self.code, Some(0), "job failed\n{}", self.transcript());
+        let expected: Vec<usize> = (0..self.ranks).collect();
+        assert_eq!(
+            self.ok_ranks(),
+            expected,
+            "not every rank reported OK\n{}",
+            self.transcript()
+        );
+    }
+
+    /// Assert the job failed (non-zero exit) without needing our timeout to end it.
+    pub fn assert_failed_by_itself(&self) {
+        assert!(
+            !self.timed_out,
+            "job hung until the test's timeout instead of failing by itself\n{}",
+            self.transcript()
+        );
+        assert_ne!(self.code, Some(0), "job should have failed\n{}", self.transcript());
+    }
+
+    /// stdout and stderr together, for `contains` checks.
+    pub fn all_text(&self) -> String {
+        format!("{}\n{}", self.stdout, self.stderr)
+    }
+}
