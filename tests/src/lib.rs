@@ -226,7 +226,12 @@ impl JobOutput {
             "job hung until the test's timeout instead of failing by itself\n{}",
             self.transcript()
         );
-        assert_ne!(self.code, Some(0), "job should have failed\n{}", self.transcript());
+        assert_ne!(
+            self.code,
+            Some(0),
+            "job should have failed\n{}",
+            self.transcript()
+        );
     }
 
     /// stdout and stderr together, for `contains` checks.

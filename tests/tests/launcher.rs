@@ -6,7 +6,9 @@ use zero_tests::MpiJob;
 
 #[test]
 fn mpirun_starts_and_exits_cleanly() {
-    let out = MpiJob::new(2, "true").timeout(Duration::from_secs(30)).run();
+    let out = MpiJob::new(2, "true")
+        .timeout(Duration::from_secs(30))
+        .run();
     assert!(!out.timed_out, "{}", out.transcript());
     assert_eq!(out.code, Some(0), "{}", out.transcript());
 }
@@ -18,5 +20,9 @@ fn timeout_kills_a_hung_job() {
         .timeout(Duration::from_secs(3))
         .run();
     assert!(out.timed_out, "{}", out.transcript());
-    assert!(out.elapsed < Duration::from_secs(20), "{}", out.transcript());
+    assert!(
+        out.elapsed < Duration::from_secs(20),
+        "{}",
+        out.transcript()
+    );
 }

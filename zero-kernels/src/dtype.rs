@@ -98,7 +98,15 @@ mod sealed {
 /// A Rust type that is one of the [`DType`]s. Sealed: the set is closed, so every layer
 /// above can match on `DType` exhaustively.
 pub trait Element:
-    sealed::Sealed + bytemuck::Pod + Copy + Default + PartialEq + Send + Sync + std::fmt::Debug + 'static
+    sealed::Sealed
+    + bytemuck::Pod
+    + Copy
+    + Default
+    + PartialEq
+    + Send
+    + Sync
+    + std::fmt::Debug
+    + 'static
 {
     /// The run-time name of this type.
     const DTYPE: DType;
@@ -133,6 +141,9 @@ mod tests {
         for d in DType::ALL {
             assert_eq!(d.name().parse::<DType>(), Ok(d));
         }
-        assert!("float".parse::<DType>().unwrap_err().contains("expected one of"));
+        assert!("float"
+            .parse::<DType>()
+            .unwrap_err()
+            .contains("expected one of"));
     }
 }
