@@ -1,0 +1,314 @@
+//! The ZeRO paper's model-state formula (Rajbhandari et al., SC'20, section 5 / figure 1:
+//! mixed-precision Adam, 2 bytes of parameters + 2 of gradients + K = 12 of fp32 master,
+//! m and v per parameter) and the explanation of every byte by which a [`BufferPlan`]
+//! differs from it.
+//!
+//! ```text
+//! stage 0: 2Ψ + 2Ψ + 12Ψ      stage 2: 2Ψ + (2 + 12)Ψ/N
+//! stage 1: 2Ψ + 2Ψ + 12Ψ/N    stage 3: (2 + 2 + 12)Ψ/N
+//! ```
+//!
+//! Invariant: `plan.total_bytes() - formula.total() == sum of the explanation items`,
+//! exactly (fractions, since Ψ/N need not be whole). Per model-state category the
+//! difference splits into: element type (fp32 training: 4-byte parameters and gradients,
+//! no separate master), extent (full gradients held by stages 2/3 accumulating locally),
+//! and partition padding; every other buffer (persistent units, gather slots, compute
+//! windows, buckets) and the activation arena is an item of its own.
+
+use std::fmt::Write as _;
+
+use super::frac::{human_bytes, Frac};
+use super::memory::{BufferPlan, BufferRole, Extent, MemCategory};
+use crate::config::Stage;
+
+/// The formula's bytes per category for one rank.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PaperFormula {
+    /// Stage.
+    pub stage: Stage,
+    /// Ψ.
+    pub numel: usize,
+    /// N.
+    pub world: usize,
+    /// 2Ψ, or 2Ψ/N at stage 3.
+    pub params: Frac,
+    /// 2Ψ, or 2Ψ/N at stages 2/3.
+    pub grads: Frac,
+    /// 4Ψ, or 4Ψ/N at stages 1-3.
+    pub master: Frac,
+    /// 4Ψ, or 4Ψ/N at stages 1-3.
+    pub adam_m: Frac,
+    /// 4Ψ, or 4Ψ/N at stages 1-3.
+    pub adam_v: Frac,
+}
+
+/// Whether the formula counts this state category partitioned at `stage`.
+fn formula_sharded(stage: Stage, c: MemCategory) -> bool {
+    match c {
+        MemCategory::Params => stage >= Stage::Zero3,
+        MemCategory::Grads => stage >= Stage::Zero2,
+        _ => stage >= Stage::Zero1,
+    }
+}
+
+impl PaperFormula {
+    /// The formula for Ψ = `numel` parameters on `world` ranks.
+    pub fn new(stage: Stage, numel: usize, world: usize) -> PaperFormula {
+        let psi = numel as i128;
+        let n = world.max(1) as i128;
+        let bytes = |c, k: i128| {
+            if formula_sharded(stage, c) {
+                Frac::new(k * psi, n)
+            } else {
+                Frac::int(k * psi)
+            }
+        };
+        PaperFormula {
+            stage,
+            numel,
+            world,
+            params: bytes(MemCategory::Params, 2),
+            grads: bytes(MemCategory::Grads, 2),
+            master: bytes(MemCategory::Master, 4),
+            adam_m: bytes(MemCategory::AdamM, 4),
+            adam_v: bytes(MemCategory::AdamV, 4),
+        }
+    }
+
+    /// Sum over categories (16Ψ, 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N).
+    pub fn total(&self) -> Frac {
+        self.params + self.grads + self.master + self.adam_m + self.adam_v
+    }
+}
+
+/// One reason the plan differs from the formula.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Difference {
+    /// The category the bytes belong to.
+    pub category: MemCategory,
+    /// Plan minus formula, for this reason (negative when the plan holds less).
+    pub bytes: Frac,
+    /// Why, in words, with the element counts.
+    pub reason: String,
+}
+
+/// The plan next to the formula, with every difference explained.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Explanation {
+    /// The formula.
+    pub formula: PaperFormula,
+    /// The plan's total bytes (buffers + activations).
+    pub plan_bytes: u64,
+    /// The differences; they sum to `plan_bytes - formula.total()`.
+    pub items: Vec<Difference>,
+}
+
+impl Explanation {
+    /// Explain `plan` against the formula for its stage, Ψ and N.
+    pub fn new(plan: &BufferPlan) -> Explanation {
+        let stage = plan.inputs.stage;
+        let f = PaperFormula::new(stage, plan.numel, plan.world);
+        let psi = plan.numel as i128;
+        let n = plan.world as i128;
+        let elems = |sharded: bool| {
+            if sharded {
+                Frac::new(psi, n)
+            } else {
+                Frac::int(psi)
+            }
+        };
+        let mut items = Vec::new();
+        let state = [
+            (MemCategory::Params, BufferRole::Params, 2, "parameters"),
+            (MemCategory::Grads, BufferRole::Grads, 2, "gradients"),
+            (MemCategory::Master, BufferRole::Master, 4, "fp32 master"),
+            (MemCategory::AdamM, BufferRole::AdamM, 4, "Adam m"),
+            (MemCategory::AdamV, BufferRole::AdamV, 4, "Adam v"),
+        ];
+        for (cat, role, sf, what) in state {
+            let fsh = formula_sharded(stage, cat);
+            let ef = elems(fsh);
+            let Some(buf) = plan.get(role) else {
+                items.push(Difference {
+                    category: cat,
+                    bytes: -ef.times(sf),
+                    reason: format!(
+                        "fp32 training keeps no separate {what}: the fp32 parameters are the master (formula: {sf} bytes x {}Ψ)",
+                        if fsh { "1/N " } else { "" }
+                    ),
+                });
+                continue;
+            };
+            let sp = buf.dtype.size_bytes() as i128;
+            if sp != sf {
+                items.push(Difference {
+                    category: cat,
+                    bytes: ef.times(sp - sf),
+                    reason: format!(
+                        "{what} are {} ({sp} bytes per element; the formula counts {sf})",
+                        buf.dtype
+                    ),
+                });
+            }
+            let psh = buf.extent == Extent::Shard;
+            let eu = elems(psh);
+            if psh != fsh {
+                items.push(Difference {
+                    category: cat,
+                    bytes: (eu - ef).times(sp),
+                    reason: if psh {
+                        format!("{what} partitioned although the formula holds them in full")
+                    } else {
+                        format!(
+                            "{what} held in full (Ψ = {psi} elements) because gradients accumulate locally and are reduced once per step (reduce_every_micro_step = false); the formula counts Ψ/N"
+                        )
+                    },
+                });
+            }
+            let pad = Frac::int(buf.len as i128) - eu;
+            if pad != Frac::ZERO {
+                items.push(Difference {
+                    category: MemCategory::Padding,
+                    bytes: pad.times(sp),
+                    reason: format!(
+                        "partition padding of the {what}: {} {} elements vs {} unpadded",
+                        if psh { "shard of" } else { "buffer of" },
+                        buf.len,
+                        if psh {
+                            format!("Ψ/N = {psi}/{n}")
+                        } else {
+                            format!("Ψ = {psi}")
+                        }
+                    ),
+                });
+            }
+        }
+
+        // Every other buffer is beyond the formula; group them by purpose.
+        let sum = |pred: &dyn Fn(&BufferRole) -> bool| {
+            let bs: Vec<_> = plan.buffers.iter().filter(|b| pred(&b.role)).collect();
+            let bytes: u64 = bs.iter().map(|b| b.bytes()).sum();
+            let lens: Vec<String> = bs.iter().map(|b| b.len.to_string()).collect();
+            (
+                bytes,
+                bs.len(),
+                lens.join(", "),
+                bs.first().map(|b| b.dtype),
+            )
+        };
+        let mut extra = |cat, bytes: u64, reason: String| {
+            if bytes > 0 {
+                items.push(Difference {
+                    category: cat,
+                    bytes: Frac::int(bytes as i128),
+                    reason,
+                });
+            }
+        };
+        let (bytes, k, lens, dt) = sum(&|r| matches!(r, BufferRole::Persistent { .. }));
+        if let Some(dt) = dt {
+            extra(MemCategory::Persistent, bytes, format!(
+                "{k} persistent unit(s) under persistence_threshold = {} kept gathered in full ({lens} elements of {dt})",
+                plan.inputs.persistence_threshold
+            ));
+        }
+        let (bytes, k, lens, dt) = sum(&|r| matches!(r, BufferRole::GatherSlot { .. }));
+        if let Some(dt) = dt {
+            extra(MemCategory::Gather, bytes, format!(
+                "{k} stage-3 gather slot(s) of {lens} elements of {dt}: the units a layer uses, prefetch of the next {} layer(s), tied units held from first to last use",
+                plan.inputs.prefetch
+            ));
+        }
+        for (role, what) in [
+            (
+                BufferRole::ParamWindow,
+                "f32 parameter window (the model computes in f32)",
+            ),
+            (
+                BufferRole::GradWindow,
+                "f32 gradient window the model accumulates into",
+            ),
+        ] {
+            let (bytes, _, lens, _) = sum(&|r| *r == role);
+            extra(
+                MemCategory::Compute,
+                bytes,
+                format!("{what}: {lens} elements, the widest layer's units"),
+            );
+        }
+        let (bytes, k, lens, _) = sum(&|r| matches!(r, BufferRole::TiedGrad { .. }));
+        extra(MemCategory::Compute, bytes, format!(
+            "{k} f32 gradient accumulator(s) of tied units ({lens} elements), complete only after the unit's first layer's backward"
+        ));
+        let (bytes, k, _, dt) = sum(&|r| {
+            matches!(
+                r,
+                BufferRole::Bucket { .. } | BufferRole::BucketPiece { .. }
+            )
+        });
+        if let Some(dt) = dt {
+            extra(MemCategory::Buckets, bytes, format!(
+                "{k} reduction buffers of {dt}: 2 buckets of {} elements{} (bucket_elems = {}, capped at the largest unit)",
+                plan.bucket_len,
+                if k > 2 { format!(" + 2 pieces of {}", plan.piece_len) } else { String::new() },
+                plan.inputs.bucket_elems
+            ));
+        }
+        extra(
+            MemCategory::Activations,
+            plan.inputs.activation_bytes,
+            "the model's activation arena for one micro-step".into(),
+        );
+        Explanation {
+            formula: f,
+            plan_bytes: plan.total_bytes(),
+            items,
+        }
+    }
+
+    /// Sum of the items (equals `plan_bytes - formula.total()`).
+    pub fn explained(&self) -> Frac {
+        self.items.iter().map(|d| d.bytes).sum()
+    }
+
+    /// A printable report: formula, plan, and each difference.
+    pub fn render(&self) -> String {
+        let f = &self.formula;
+        let mut out = String::new();
+        let formula = match f.stage {
+            Stage::Zero0 => "2Ψ + 2Ψ + 12Ψ",
+            Stage::Zero1 => "2Ψ + 2Ψ + 12Ψ/N",
+            Stage::Zero2 => "2Ψ + 14Ψ/N",
+            Stage::Zero3 => "16Ψ/N",
+        };
+        let _ = writeln!(
+            out,
+            "{} formula {formula} (Ψ = {}, N = {}): {}",
+            f.stage,
+            f.numel,
+            f.world,
+            f.total()
+        );
+        let _ = writeln!(out, "plan: {}", human_bytes(self.plan_bytes as f64));
+        for d in &self.items {
+            let _ = writeln!(
+                out,
+                "  {:>12}  {:<11} {}",
+                signed(d.bytes),
+                d.category.name(),
+                d.reason
+            );
+        }
+        let _ = writeln!(out, "  {:>12}  total difference", signed(self.explained()));
+        out
+    }
+}
+
+/// Bytes with an explicit sign.
+fn signed(b: Frac) -> String {
+    if b.numer() >= 0 {
+        format!("+{b}")
+    } else {
+        b.to_string()
+    }
+}

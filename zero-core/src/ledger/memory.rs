@@ -1,0 +1,625 @@
+//! The memory plan of one rank: every buffer the engine allocates, with its category,
+//! element type and length, computed from the layout and the configuration without
+//! allocating anything. `zero-bench plan` prints it (the dry run) and the engine
+//! allocates exactly these buffers, so the dry run equals what a real run reports.
+//!
+//! Notation: P = working dtype of parameters and gradients (bf16/fp16, or f32 in fp32
+//! training), W = dtype gradients are reduced in (P, or f32), full = the padded
+//! concatenation of all units (padded Ψ elements), shard = this rank's slice of every
+//! unit (padded Ψ / N elements), Lw = largest sum of padded unit lengths a layer uses.
+//!
+//! ```text
+//! buffer            dtype  stage 0   stage 1   stage 2          stage 3          note
+//! Params            P      full      full      full             shard            fp32: this IS the master
+//! Grads             P      full      full      shard | full*    shard | full*    * reduce_every_micro_step = false
+//! Master            f32    full      shard     shard            shard            16-bit training only
+//! AdamM, AdamV      f32    full      shard     shard            shard
+//! Persistent{u}     P      -         -         -                unit u           units under persistence_threshold
+//! GatherSlot{s}     P      -         -         -                see schedule.rs  resident window incl. prefetch, tied units
+//! ParamWindow       f32    Lw        Lw        Lw               Lw               16-bit only: the model reads f32
+//! GradWindow        f32    Lw (16-bit only)    Lw' (sharded)    Lw' (sharded)    model writes f32 gradients here
+//! TiedGrad{u}       f32    -         -         sharded only     sharded only     a unit used by several layers
+//! Bucket{0,1}       W      bucket    bucket    bucket           bucket           reduction staging, double-buffered
+//! BucketPiece{0,1}  W      -         bucket/N  bucket/N         bucket/N         reduce-scatter output / gather input
+//! ```
+//!
+//! How the engine uses them (the plan is only exact if it does):
+//! - Compute: 16-bit params of a layer's units are widened into ParamWindow (units at
+//!   consecutive offsets of their padded lengths); fp32 training reads Params (stages
+//!   0-2) or the gather slots / Persistent buffers (stage 3) directly.
+//! - Gradients, full (stages 0/1, or 2/3 accumulating locally): fp32 training lets the
+//!   model `+=` straight into Grads; 16-bit training gives it the zeroed GradWindow
+//!   (all the layer's units) and adds the window into Grads after each layer.
+//! - Gradients, sharded (stages 2/3 reducing every micro-step): the model writes into the
+//!   zeroed GradWindow (the layer's units that are not tied: Lw' excludes them) and into
+//!   TiedGrad{u} for tied units (zeroed at the start of the backward, complete after the
+//!   backward of the unit's first layer). A completed unit is packed into a bucket,
+//!   reduce-scattered into a piece and added into the Grads shard.
+//! - Buckets: a unit of shard length S is reduced in ceil(S / (bucket/N)) chunks; chunk
+//!   k holds, for every rank r in order, elements [r*S + k*c, r*S + k*c + len) (c =
+//!   bucket/N), converted to W, so one reduce-scatter leaves rank r the chunk of its own
+//!   shard in a piece. Two buckets alternate so one reduces while the next fills. Stage 0
+//!   all-reduces contiguous chunks of up to `bucket` elements in a bucket instead (no
+//!   pieces). Stages 1/2 all-gather the updated P parameters the other way round (piece
+//!   = own chunk, bucket = gathered chunks; P is never wider than W).
+//! - Stage 3 gathers all-gather a unit's P shard straight into its slot (or, once per
+//!   step after the update, into its Persistent buffer).
+//!
+//! Padding: buffers laid out as full or shard contain partition padding; the ledger
+//! reports it as its own category (the rest of the buffer under its role's category).
+//! The activation arena belongs to the model (`Model::activation_bytes`); it is listed,
+//! not allocated by the engine.
+
+use std::ops::Range;
+
+use zero_kernels::DType;
+
+use super::schedule::GatherSchedule;
+use crate::config::{Config, Precision, Stage};
+use crate::layout::{LayoutError, PartitionLayout};
+use crate::spec::ModelSpec;
+
+/// What the plan is computed from, besides the model and the layout.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlanInputs {
+    /// ZeRO stage.
+    pub stage: Stage,
+    /// Training precision (P = its parameter dtype).
+    pub precision: Precision,
+    /// W: the dtype gradients are reduced in (f32, or P).
+    pub reduce_dtype: DType,
+    /// Stages 2/3: reduce every micro-step (sharded gradients) or once per step.
+    pub reduce_every_micro_step: bool,
+    /// Requested bucket capacity in elements.
+    pub bucket_elems: usize,
+    /// Stage 3: layers gathered ahead.
+    pub prefetch: usize,
+    /// Stage 3: units with fewer elements stay gathered.
+    pub persistence_threshold: usize,
+    /// The model's activation arena for one micro-step.
+    pub activation_bytes: u64,
+}
+
+impl PlanInputs {
+    /// The inputs a validated configuration gives, with the model's activation bytes.
+    pub fn from_config(c: &Config, activation_bytes: u64) -> PlanInputs {
+        PlanInputs {
+            stage: c.zero.stage,
+            precision: c.precision.dtype,
+            reduce_dtype: c.precision.reduce_dtype(),
+            reduce_every_micro_step: c.zero.reduce_every_micro_step(),
+            bucket_elems: c.zero.bucket_elems,
+            prefetch: c.zero.prefetch,
+            persistence_threshold: c.zero.persistence_threshold,
+            activation_bytes,
+        }
+    }
+}
+
+/// Errors of building a plan from inconsistent inputs.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    /// A layout query failed (rank out of range, ...).
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
+    /// The layout was not made from this spec.
+    #[error("the layout has {layout_units} units of {layout_numel} elements but the spec has {spec_units} of {spec_numel}; build the layout from this spec")]
+    SpecMismatch {
+        /// Units in the layout.
+        layout_units: usize,
+        /// Ψ of the layout.
+        layout_numel: usize,
+        /// Units in the spec.
+        spec_units: usize,
+        /// Ψ of the spec.
+        spec_numel: usize,
+    },
+    /// Reducing every micro-step at a stage that keeps full gradients.
+    #[error("reduce_every_micro_step needs stage 2 or 3, not {0}")]
+    ReduceEveryNeedsStage2(Stage),
+    /// A reduce dtype that is neither f32 nor the gradient dtype.
+    #[error("gradients of {precision:?} training cannot be reduced in {dtype}; use f32 or the gradient dtype")]
+    ReduceDtype {
+        /// The precision.
+        precision: Precision,
+        /// The dtype asked for.
+        dtype: DType,
+    },
+    /// Zero bucket capacity.
+    #[error("bucket_elems is 0; give the bucket capacity in elements")]
+    ZeroBucket,
+}
+
+/// Memory categories of the ledger, per rank.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum MemCategory {
+    /// Working parameters (16-bit copy; in fp32 training, the fp32 master itself).
+    Params,
+    /// Gradient accumulator (P dtype).
+    Grads,
+    /// fp32 master weights (16-bit training only).
+    Master,
+    /// Adam first moment.
+    AdamM,
+    /// Adam second moment.
+    AdamV,
+    /// Partition padding inside the buffers above (this rank's share).
+    Padding,
+    /// Stage 3: full copies of units under the persistence threshold.
+    Persistent,
+    /// Stage 3: gather slots (resident window, prefetch, tied units).
+    Gather,
+    /// f32 compute windows and tied-unit gradient accumulators.
+    Compute,
+    /// Gradient-reduction buckets and pieces.
+    Buckets,
+    /// The model's activation arena.
+    Activations,
+}
+
+impl MemCategory {
+    /// Every category, in report order.
+    pub const ALL: [MemCategory; 11] = [
+        MemCategory::Params,
+        MemCategory::Grads,
+        MemCategory::Master,
+        MemCategory::AdamM,
+        MemCategory::AdamV,
+        MemCategory::Padding,
+        MemCategory::Persistent,
+        MemCategory::Gather,
+        MemCategory::Compute,
+        MemCategory::Buckets,
+        MemCategory::Activations,
+    ];
+
+    /// Short name for reports and metrics (`params`, `grads`, `master`, `adam_m`, ...).
+    pub const fn name(self) -> &'static str {
+        match self {
+            MemCategory::Params => "params",
+            MemCategory::Grads => "grads",
+            MemCategory::Master => "master",
+            MemCategory::AdamM => "adam_m",
+            MemCategory::AdamV => "adam_v",
+            MemCategory::Padding => "padding",
+            MemCategory::Persistent => "persistent",
+            MemCategory::Gather => "gather",
+            MemCategory::Compute => "compute",
+            MemCategory::Buckets => "buckets",
+            MemCategory::Activations => "activations",
+        }
+    }
+}
+
+/// Which buffer of the engine a plan entry is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BufferRole {
+    /// Working parameters (full or shard).
+    Params,
+    /// Gradient accumulator (full or shard).
+    Grads,
+    /// fp32 master (full or shard).
+    Master,
+    /// Adam m (full or shard).
+    AdamM,
+    /// Adam v (full or shard).
+    AdamV,
+    /// Stage 3: the always-gathered copy of persistent unit `unit`.
+    Persistent {
+        /// Unit index.
+        unit: usize,
+    },
+    /// Stage 3: gather slot `slot` of [`GatherSchedule::slots`].
+    GatherSlot {
+        /// Slot index.
+        slot: usize,
+    },
+    /// f32 parameters of the computing layer's units (16-bit training).
+    ParamWindow,
+    /// f32 gradients of the computing layer's units.
+    GradWindow,
+    /// f32 gradient accumulator of a tied unit (sharded gradients only).
+    TiedGrad {
+        /// Unit index.
+        unit: usize,
+    },
+    /// Reduction bucket 0 or 1 (`bucket_len` elements of W).
+    Bucket {
+        /// 0 or 1.
+        index: usize,
+    },
+    /// Bucket piece 0 or 1 (`bucket_len / N` elements of W).
+    BucketPiece {
+        /// 0 or 1.
+        index: usize,
+    },
+}
+
+/// How a buffer's elements are laid out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Extent {
+    /// The full concatenation ([`crate::layout::UnitLayout::unit_offset`]).
+    Full,
+    /// This rank's shard concatenation ([`crate::layout::UnitLayout::shard_offset`]).
+    Shard,
+    /// One unit's padded buffer.
+    Unit(usize),
+    /// Scratch, laid out by its user.
+    Scratch,
+}
+
+/// One buffer the engine allocates.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BufferSpec {
+    /// Which buffer.
+    pub role: BufferRole,
+    /// Ledger category.
+    pub category: MemCategory,
+    /// Element type.
+    pub dtype: DType,
+    /// Length in elements.
+    pub len: usize,
+    /// Elements of `len` that are partition padding on this rank (reported under
+    /// [`MemCategory::Padding`]; nonzero only for full/shard model-state buffers).
+    pub padding: usize,
+    /// Layout of the elements.
+    pub extent: Extent,
+}
+
+impl BufferSpec {
+    /// Bytes of the buffer.
+    pub fn bytes(&self) -> u64 {
+        (self.len * self.dtype.size_bytes()) as u64
+    }
+}
+
+/// Every buffer of one rank for one configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BufferPlan {
+    /// N.
+    pub world: usize,
+    /// This rank.
+    pub rank: usize,
+    /// Ψ (unpadded).
+    pub numel: usize,
+    /// What the plan was built from.
+    pub inputs: PlanInputs,
+    /// P: parameter and gradient dtype.
+    pub param_dtype: DType,
+    /// Gradients are a shard (stages 2/3 reducing every micro-step), else full.
+    pub grads_sharded: bool,
+    /// Elements of each bucket (a multiple of N x align).
+    pub bucket_len: usize,
+    /// Elements of each bucket piece (`bucket_len / N`).
+    pub piece_len: usize,
+    /// Units used by more than one layer.
+    pub tied: Vec<bool>,
+    /// Stage 3: units kept gathered.
+    pub persistent: Vec<bool>,
+    /// Stage 3: the gather schedule.
+    pub gather: Option<GatherSchedule>,
+    /// Buffers, in allocation order.
+    pub buffers: Vec<BufferSpec>,
+}
+
+impl BufferPlan {
+    /// Plan rank `rank`'s buffers.
+    pub fn new(
+        spec: &ModelSpec,
+        layout: &PartitionLayout,
+        inputs: &PlanInputs,
+        rank: usize,
+    ) -> Result<BufferPlan, PlanError> {
+        if spec.units.len() != layout.units.len()
+            || spec
+                .units
+                .iter()
+                .zip(&layout.units)
+                .any(|(s, l)| s.numel() != l.numel)
+        {
+            return Err(PlanError::SpecMismatch {
+                layout_units: layout.units.len(),
+                layout_numel: layout.numel(),
+                spec_units: spec.units.len(),
+                spec_numel: spec.numel(),
+            });
+        }
+        let (stage, p) = (inputs.stage, inputs.precision.param_dtype());
+        let w = inputs.reduce_dtype;
+        if w != DType::F32 && w != p {
+            return Err(PlanError::ReduceDtype {
+                precision: inputs.precision,
+                dtype: w,
+            });
+        }
+        if inputs.reduce_every_micro_step && stage < Stage::Zero2 {
+            return Err(PlanError::ReduceEveryNeedsStage2(stage));
+        }
+        if inputs.bucket_elems == 0 {
+            return Err(PlanError::ZeroBucket);
+        }
+        let n = layout.world;
+        let full_pad = layout.padding_in_full();
+        let shard_pad = layout.padding_in_shard(rank)?;
+        let sixteen = p != DType::F32;
+        let grads_sharded = stage >= Stage::Zero2 && inputs.reduce_every_micro_step;
+
+        let mut b = Vec::new();
+        let full = |role, category, dtype| BufferSpec {
+            role,
+            category,
+            dtype,
+            len: layout.padded_numel(),
+            padding: full_pad,
+            extent: Extent::Full,
+        };
+        let shard = |role, category, dtype| BufferSpec {
+            role,
+            category,
+            dtype,
+            len: layout.shard_numel(),
+            padding: shard_pad,
+            extent: Extent::Shard,
+        };
+        let state = |role, category, dtype, is_shard: bool| {
+            if is_shard {
+                shard(role, category, dtype)
+            } else {
+                full(role, category, dtype)
+            }
+        };
+        use BufferRole as R;
+        use MemCategory as C;
+        b.push(state(R::Params, C::Params, p, stage == Stage::Zero3));
+        b.push(state(R::Grads, C::Grads, p, grads_sharded));
+        let opt_sharded = stage >= Stage::Zero1;
+        if sixteen {
+            b.push(state(R::Master, C::Master, DType::F32, opt_sharded));
+        }
+        b.push(state(R::AdamM, C::AdamM, DType::F32, opt_sharded));
+        b.push(state(R::AdamV, C::AdamV, DType::F32, opt_sharded));
+
+        // Stage 3: persistent units and the gather slots.
+        let (first, last) = (spec.first_use(), spec.last_use());
+        let tied: Vec<bool> = first.iter().zip(&last).map(|(f, l)| f != l).collect();
+        let persistent: Vec<bool> = layout
+            .units
+            .iter()
+            .map(|u| stage == Stage::Zero3 && u.numel < inputs.persistence_threshold)
+            .collect();
+        let mut gather = None;
+        if stage == Stage::Zero3 {
+            for (u, unit) in layout.units.iter().enumerate() {
+                if persistent[u] {
+                    b.push(BufferSpec {
+                        role: R::Persistent { unit: u },
+                        category: C::Persistent,
+                        dtype: p,
+                        len: unit.padded_len,
+                        padding: 0,
+                        extent: Extent::Unit(u),
+                    });
+                }
+            }
+            let lens: Vec<usize> = layout.units.iter().map(|u| u.padded_len).collect();
+            let g = GatherSchedule::new(
+                &lens,
+                &first,
+                &last,
+                spec.layers.len(),
+                &persistent,
+                inputs.prefetch,
+            );
+            for (slot, &len) in g.slots.iter().enumerate() {
+                b.push(scratch(R::GatherSlot { slot }, C::Gather, p, len));
+            }
+            gather = Some(g);
+        }
+
+        // Compute windows: the widest layer, counted over all or only untied units.
+        let window = |skip_tied: bool| {
+            spec.layers
+                .iter()
+                .map(|l| {
+                    let skip = skip_tied.then_some(tied.as_slice());
+                    window_ranges(layout, &l.units, skip)
+                        .last()
+                        .map_or(0, |(_, r)| r.end)
+                })
+                .max()
+                .unwrap_or(0)
+        };
+        if sixteen {
+            b.push(scratch(
+                R::ParamWindow,
+                C::Compute,
+                DType::F32,
+                window(false),
+            ));
+        }
+        if grads_sharded {
+            b.push(scratch(R::GradWindow, C::Compute, DType::F32, window(true)));
+            for (u, unit) in layout.units.iter().enumerate() {
+                if tied[u] {
+                    let mut t = scratch(R::TiedGrad { unit: u }, C::Compute, DType::F32, 0);
+                    t.len = unit.padded_len;
+                    t.extent = Extent::Unit(u);
+                    b.push(t);
+                }
+            }
+        } else if sixteen {
+            b.push(scratch(
+                R::GradWindow,
+                C::Compute,
+                DType::F32,
+                window(false),
+            ));
+        }
+
+        // Buckets: capacity rounded to whole N x align quanta, never above the largest
+        // unit (no chunk is ever larger).
+        let q = n * layout.align;
+        let bucket_len = inputs
+            .bucket_elems
+            .div_ceil(q)
+            .saturating_mul(q)
+            .min(layout.max_padded_len());
+        let piece_len = bucket_len / n;
+        for index in 0..2 {
+            b.push(scratch(R::Bucket { index }, C::Buckets, w, bucket_len));
+        }
+        if stage >= Stage::Zero1 {
+            for index in 0..2 {
+                b.push(scratch(R::BucketPiece { index }, C::Buckets, w, piece_len));
+            }
+        }
+        b.retain(|x| x.len > 0);
+
+        Ok(BufferPlan {
+            world: n,
+            rank,
+            numel: layout.numel(),
+            inputs: inputs.clone(),
+            param_dtype: p,
+            grads_sharded,
+            bucket_len,
+            piece_len,
+            tied,
+            persistent,
+            gather,
+            buffers: b,
+        })
+    }
+
+    /// Gradient-reduction (and stage-1/2 parameter-gather) chunks of a unit with shard
+    /// length `shard_len`: ranges of the shard, `piece_len` long except the last. Chunk
+    /// `k` travels as N blocks (rank r's `r * shard_len + range`) packed in a bucket.
+    pub fn shard_chunks(&self, shard_len: usize) -> Vec<Range<usize>> {
+        split(shard_len, self.piece_len)
+    }
+
+    /// Stage 0 all-reduce chunks of a unit's padded buffer: contiguous ranges of at most
+    /// `bucket_len` elements.
+    pub fn full_chunks(&self, padded_len: usize) -> Vec<Range<usize>> {
+        split(padded_len, self.bucket_len)
+    }
+
+    /// Where each unit of `layer` sits in the ParamWindow (`skip_tied = false`) or the
+    /// GradWindow (`skip_tied = self.grads_sharded`: tied units then live in their
+    /// TiedGrad buffer instead).
+    pub fn window_ranges(
+        &self,
+        layout: &PartitionLayout,
+        layer_units: &[usize],
+        skip_tied: bool,
+    ) -> Vec<(usize, Range<usize>)> {
+        window_ranges(
+            layout,
+            layer_units,
+            skip_tied.then_some(self.tied.as_slice()),
+        )
+    }
+
+    /// The buffer with this role, if the plan has one.
+    pub fn get(&self, role: BufferRole) -> Option<&BufferSpec> {
+        self.buffers.iter().find(|b| b.role == role)
+    }
+
+    /// Bytes of one category on this rank (padding split out of the state buffers).
+    pub fn category_bytes(&self, cat: MemCategory) -> u64 {
+        if cat == MemCategory::Activations {
+            return self.inputs.activation_bytes;
+        }
+        self.buffers
+            .iter()
+            .map(|b| {
+                let size = b.dtype.size_bytes() as u64;
+                if cat == MemCategory::Padding {
+                    b.padding as u64 * size
+                } else if b.category == cat {
+                    (b.len - b.padding) as u64 * size
+                } else {
+                    0
+                }
+            })
+            .sum()
+    }
+
+    /// Every category with its bytes, in [`MemCategory::ALL`] order.
+    pub fn by_category(&self) -> Vec<(MemCategory, u64)> {
+        MemCategory::ALL
+            .iter()
+            .map(|&c| (c, self.category_bytes(c)))
+            .collect()
+    }
+
+    /// One line per category (`name  bytes`), then the total: the per-rank ledger as
+    /// `plan` and the start of a run print it.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        for (c, b) in self.by_category() {
+            if b > 0 {
+                out.push_str(&format!(
+                    "{:<12}{:>14}\n",
+                    c.name(),
+                    super::human_bytes(b as f64)
+                ));
+            }
+        }
+        out.push_str(&format!(
+            "{:<12}{:>14}\n",
+            "total",
+            super::human_bytes(self.total_bytes() as f64)
+        ));
+        out
+    }
+
+    /// Bytes the engine allocates (every buffer).
+    pub fn buffer_bytes(&self) -> u64 {
+        self.buffers.iter().map(BufferSpec::bytes).sum()
+    }
+
+    /// Everything on this rank: buffers plus the activation arena.
+    pub fn total_bytes(&self) -> u64 {
+        self.buffer_bytes() + self.inputs.activation_bytes
+    }
+}
+
+/// `0..len` cut into consecutive ranges of at most `step` (none when `len == 0`).
+fn split(len: usize, step: usize) -> Vec<Range<usize>> {
+    let step = step.max(1);
+    (0..len.div_ceil(step))
+        .map(|k| k * step..((k + 1) * step).min(len))
+        .collect()
+}
+
+/// A layer's distinct units (first occurrence order) at consecutive offsets of their
+/// padded lengths, skipping units marked in `skip`.
+pub fn window_ranges(
+    layout: &PartitionLayout,
+    layer_units: &[usize],
+    skip: Option<&[bool]>,
+) -> Vec<(usize, Range<usize>)> {
+    let mut out: Vec<(usize, Range<usize>)> = Vec::new();
+    let mut at = 0;
+    for &u in layer_units {
+        if out.iter().any(|(v, _)| *v == u) || skip.is_some_and(|s| s[u]) {
+            continue;
+        }
+        let len = layout.units[u].padded_len;
+        out.push((u, at..at + len));
+        at += len;
+    }
+    out
+}
+
+fn scratch(role: BufferRole, category: MemCategory, dtype: DType, len: usize) -> BufferSpec {
+    BufferSpec {
+        role,
+        category,
+        dtype,
+        len,
+        padding: 0,
+        extent: Extent::Scratch,
+    }
+}

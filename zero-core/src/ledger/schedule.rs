@@ -1,0 +1,144 @@
+//! Stage 3: when each unit is gathered and released, and which gather slot holds it.
+//!
+//! One micro-step is a timeline of 2L steps: forward step t runs layer t, backward step
+//! t runs layer L-1-t. With prefetch p (layers) and a unit u first used by layer f and
+//! last used by layer e (a tied unit has f < e):
+//!
+//! ```text
+//! forward:  gathered at step max(0, f - p), released after step e
+//! backward: gathered at step max(0, (L-1-e) - p), released after step L-1-f
+//! ```
+//!
+//! so a tied unit stays gathered from its first to its last use within a pass, and every
+//! non-persistent unit is gathered exactly once per pass (the 2AΨ of DESIGN.md's table).
+//! Nothing stays gathered across passes or micro-steps.
+//!
+//! The engine follows [`GatherSchedule`] literally, at each step t of a pass: (1) issue
+//! the gathers of `gather[t]` (non-blocking, into the unit's slot), (2) wait for the
+//! layer's own units, compute, (3) release `release[t]`. A slot is reused only by a
+//! unit whose intervals do not overlap those of the slot's other units (closed integer
+//! intervals), so step (1) never writes a slot that is still in use.
+
+/// What the engine does at one step of a pass.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PassStep {
+    /// Units whose all-gather is issued at the start of this step.
+    pub gather: Vec<usize>,
+    /// Units whose gathered copy is released after this step's compute.
+    pub release: Vec<usize>,
+}
+
+/// The stage-3 gather plan of one rank (the same on every rank).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GatherSchedule {
+    /// Length in elements of each gather slot (a buffer of the parameter dtype).
+    pub slots: Vec<usize>,
+    /// Slot of each unit; `None` for persistent units (always gathered, own buffer).
+    pub unit_slot: Vec<Option<usize>>,
+    /// Per forward step (= layer).
+    pub forward: Vec<PassStep>,
+    /// Per backward step t (runs layer L-1-t).
+    pub backward: Vec<PassStep>,
+}
+
+/// Closed interval of steps on the 2L timeline.
+type Span = (usize, usize);
+
+fn overlaps(a: Span, b: Span) -> bool {
+    a.0 <= b.1 && b.0 <= a.1
+}
+
+impl GatherSchedule {
+    /// Plan gathers for units of `padded_len`, used by layers as `first_use`/`last_use`
+    /// say (`None`: unused), `persistent` units excluded, with `prefetch` layers ahead.
+    pub fn new(
+        padded_len: &[usize],
+        first_use: &[Option<usize>],
+        last_use: &[Option<usize>],
+        layers: usize,
+        persistent: &[bool],
+        prefetch: usize,
+    ) -> GatherSchedule {
+        let units = padded_len.len();
+        let mut forward = vec![PassStep::default(); layers];
+        let mut backward = vec![PassStep::default(); layers];
+        let mut spans: Vec<Option<[Span; 2]>> = vec![None; units];
+        for u in 0..units {
+            let (Some(f), Some(e)) = (first_use[u], last_use[u]) else {
+                continue;
+            };
+            if persistent[u] {
+                continue;
+            }
+            let fwd = (f.saturating_sub(prefetch), e);
+            let bwd = ((layers - 1 - e).saturating_sub(prefetch), layers - 1 - f);
+            forward[fwd.0].gather.push(u);
+            forward[fwd.1].release.push(u);
+            backward[bwd.0].gather.push(u);
+            backward[bwd.1].release.push(u);
+            // Backward steps sit after the forward ones on one timeline.
+            spans[u] = Some([fwd, (bwd.0 + layers, bwd.1 + layers)]);
+        }
+
+        // Greedy slot assignment in order of first gather (largest first on ties):
+        // prefer the smallest free slot that fits, else grow the largest free one, else
+        // open a new slot.
+        let mut order: Vec<usize> = (0..units).filter(|&u| spans[u].is_some()).collect();
+        order.sort_by_key(|&u| (spans[u].map(|s| s[0].0), std::cmp::Reverse(padded_len[u])));
+        let mut slots: Vec<usize> = Vec::new();
+        let mut members: Vec<Vec<[Span; 2]>> = Vec::new();
+        let mut unit_slot = vec![None; units];
+        for u in order {
+            let Some(su) = spans[u] else { continue };
+            let need = padded_len[u];
+            let free = |s: usize| {
+                members[s]
+                    .iter()
+                    .all(|m| m.iter().all(|&a| su.iter().all(|&b| !overlaps(a, b))))
+            };
+            let fits = (0..slots.len())
+                .filter(|&s| free(s) && slots[s] >= need)
+                .min_by_key(|&s| slots[s]);
+            let grow = (0..slots.len())
+                .filter(|&s| free(s))
+                .max_by_key(|&s| slots[s]);
+            let s = match (fits, grow) {
+                (Some(s), _) | (None, Some(s)) => s,
+                (None, None) => {
+                    slots.push(0);
+                    members.push(Vec::new());
+                    slots.len() - 1
+                }
+            };
+            slots[s] = slots[s].max(need);
+            members[s].push(su);
+            unit_slot[u] = Some(s);
+        }
+        GatherSchedule {
+            slots,
+            unit_slot,
+            forward,
+            backward,
+        }
+    }
+
+    /// Total elements of all gather slots.
+    pub fn slot_elems(&self) -> usize {
+        self.slots.iter().sum()
+    }
+
+    /// Largest sum of padded lengths gathered at once in either pass (a lower bound on
+    /// [`Self::slot_elems`]; equal when the slot assignment is tight).
+    pub fn peak_resident(&self, padded_len: &[usize]) -> usize {
+        let mut peak = 0;
+        for pass in [&self.forward, &self.backward] {
+            let mut now = 0;
+            for step in pass {
+                now += step.gather.iter().map(|&u| padded_len[u]).sum::<usize>();
+                peak = peak.max(now);
+                now -= step.release.iter().map(|&u| padded_len[u]).sum::<usize>();
+            }
+        }
+        peak
+    }
+}

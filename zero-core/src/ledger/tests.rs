@@ -1,0 +1,392 @@
+//! Ledger tests: plan == formula + explanations exactly (every stage, precision, policy),
+//! the paper's worked example, the stage-3 gather schedule simulated step by step, and
+//! the communication volumes of DESIGN.md.
+
+use super::*;
+use crate::config::{Precision, Stage};
+use crate::layout::PartitionLayout;
+use crate::spec::{LayerSpec, ModelSpec, ParamSpec, UnitSpec};
+use crate::testutil::{chain, gpt_like};
+use zero_kernels::DType;
+
+fn inputs(stage: Stage, precision: Precision, reduce_f32: bool, every: bool) -> PlanInputs {
+    PlanInputs {
+        stage,
+        precision,
+        reduce_dtype: if reduce_f32 {
+            DType::F32
+        } else {
+            precision.param_dtype()
+        },
+        reduce_every_micro_step: every,
+        bucket_elems: 1000,
+        prefetch: 1,
+        persistence_threshold: 200,
+        activation_bytes: 12345,
+    }
+}
+
+/// Every valid (stage, precision, reduce dtype, policy) combination.
+fn all_inputs() -> Vec<PlanInputs> {
+    let mut v = Vec::new();
+    for stage in Stage::ALL {
+        for precision in [Precision::Fp32, Precision::Bf16, Precision::Fp16] {
+            for reduce_f32 in [false, true] {
+                for every in [false, true] {
+                    if every && stage < Stage::Zero2 {
+                        continue;
+                    }
+                    v.push(inputs(stage, precision, reduce_f32, every));
+                }
+            }
+        }
+    }
+    v
+}
+
+#[test]
+fn plan_equals_formula_plus_explained_differences_exactly() {
+    let spec = gpt_like(65, 16, 3, 8);
+    for world in [1, 2, 3, 4, 7] {
+        let layout = PartitionLayout::new(&spec, world, 4).unwrap();
+        for inp in all_inputs() {
+            for rank in [0, world - 1] {
+                let plan = BufferPlan::new(&spec, &layout, &inp, rank).unwrap();
+                let e = Explanation::new(&plan);
+                let diff = Frac::int(plan.total_bytes() as i128) - e.formula.total();
+                assert_eq!(e.explained(), diff, "N={world} {inp:?}\n{}", e.render());
+                // The categories partition the total.
+                let cats: u64 = plan.by_category().iter().map(|c| c.1).sum();
+                assert_eq!(cats, plan.total_bytes());
+            }
+        }
+    }
+}
+
+#[test]
+fn without_padding_16bit_state_matches_the_formula_exactly() {
+    // Units of 12 elements on N = 4 with align 1: no padding anywhere.
+    let spec = chain(&[12, 24, 12]);
+    let psi = 48u64;
+    let n = 4u64;
+    let layout = PartitionLayout::new(&spec, 4, 1).unwrap();
+    assert_eq!(layout.padded_numel(), 48);
+    for stage in Stage::ALL {
+        let every = stage >= Stage::Zero2;
+        let inp = inputs(stage, Precision::Bf16, false, every);
+        let plan = BufferPlan::new(&spec, &layout, &inp, 1).unwrap();
+        let c = |cat| plan.category_bytes(cat);
+        let state: u64 = [
+            MemCategory::Params,
+            MemCategory::Grads,
+            MemCategory::Master,
+            MemCategory::AdamM,
+            MemCategory::AdamV,
+        ]
+        .iter()
+        .map(|&k| c(k))
+        .sum();
+        let want = match stage {
+            Stage::Zero0 => 16 * psi,
+            Stage::Zero1 => 4 * psi + 12 * psi / n,
+            Stage::Zero2 => 2 * psi + 14 * psi / n,
+            Stage::Zero3 => 16 * psi / n,
+        };
+        assert_eq!(state, want, "{stage}");
+        assert_eq!(c(MemCategory::Padding), 0);
+        let f = PaperFormula::new(stage, 48, 4);
+        assert_eq!(f.total(), Frac::int(want as i128));
+    }
+}
+
+#[test]
+fn fp32_has_no_separate_master_and_reports_why() {
+    let spec = chain(&[64, 64]);
+    let layout = PartitionLayout::new(&spec, 2, 1).unwrap();
+    let plan = BufferPlan::new(
+        &spec,
+        &layout,
+        &inputs(Stage::Zero1, Precision::Fp32, true, false),
+        0,
+    )
+    .unwrap();
+    assert!(plan.get(BufferRole::Master).is_none());
+    assert!(plan.get(BufferRole::ParamWindow).is_none());
+    assert!(
+        plan.get(BufferRole::GradWindow).is_none(),
+        "fp32 full grads: model writes directly"
+    );
+    assert_eq!(plan.get(BufferRole::Params).unwrap().dtype, DType::F32);
+    let e = Explanation::new(&plan);
+    // -4 bytes x Ψ/N for the master, +2Ψ for params, +2Ψ for grads.
+    let master: Frac = e
+        .items
+        .iter()
+        .filter(|d| d.category == MemCategory::Master)
+        .map(|d| d.bytes)
+        .sum();
+    assert_eq!(master, Frac::int(-4 * 64));
+    assert!(e.render().contains("no separate fp32 master"));
+}
+
+#[test]
+fn stage_buffers_follow_the_table() {
+    let spec = gpt_like(65, 16, 2, 8);
+    let layout = PartitionLayout::new(&spec, 4, 4).unwrap();
+    let ext = |plan: &BufferPlan, r| plan.get(r).map(|b| b.extent);
+    for inp in all_inputs() {
+        let plan = BufferPlan::new(&spec, &layout, &inp, 3).unwrap();
+        let s = inp.stage;
+        let want_params = if s == Stage::Zero3 {
+            Extent::Shard
+        } else {
+            Extent::Full
+        };
+        assert_eq!(ext(&plan, BufferRole::Params), Some(want_params));
+        let sharded_grads = s >= Stage::Zero2 && inp.reduce_every_micro_step;
+        let want_grads = if sharded_grads {
+            Extent::Shard
+        } else {
+            Extent::Full
+        };
+        assert_eq!(ext(&plan, BufferRole::Grads), Some(want_grads));
+        let want_opt = if s == Stage::Zero0 {
+            Extent::Full
+        } else {
+            Extent::Shard
+        };
+        assert_eq!(ext(&plan, BufferRole::AdamV), Some(want_opt));
+        // Tied accumulator (embed, unit 0) exactly when gradients are sharded.
+        assert_eq!(
+            plan.get(BufferRole::TiedGrad { unit: 0 }).is_some(),
+            sharded_grads
+        );
+        assert_eq!(plan.gather.is_some(), s == Stage::Zero3);
+        assert_eq!(
+            plan.get(BufferRole::BucketPiece { index: 1 }).is_some(),
+            s != Stage::Zero0
+        );
+        assert_eq!(plan.bucket_len % (4 * 4), 0);
+        assert!(plan.bucket_len <= layout.max_padded_len());
+    }
+}
+
+/// Walk both passes of the schedule like the engine: a slot is written only when free,
+/// a layer's units are resident when it computes, each unit gathered once per pass.
+fn simulate(spec: &ModelSpec, plan: &BufferPlan) {
+    let g = plan.gather.as_ref().unwrap();
+    let layers = spec.layers.len();
+    let mut slot_owner: Vec<Option<usize>> = vec![None; g.slots.len()];
+    for pass in 0..2 {
+        let steps = if pass == 0 { &g.forward } else { &g.backward };
+        let mut gathered = vec![0usize; spec.units.len()];
+        let mut resident = vec![false; spec.units.len()];
+        for (t, step) in steps.iter().enumerate() {
+            for &u in &step.gather {
+                let s = g.unit_slot[u].unwrap();
+                assert_eq!(slot_owner[s], None, "slot {s} written while in use");
+                assert!(g.slots[s] >= spec.units[u].numel());
+                slot_owner[s] = Some(u);
+                resident[u] = true;
+                gathered[u] += 1;
+            }
+            let layer = if pass == 0 { t } else { layers - 1 - t };
+            for &u in &spec.layers[layer].units {
+                assert!(
+                    resident[u] || plan.persistent[u],
+                    "unit {u} missing at layer {layer}"
+                );
+            }
+            for &u in &step.release {
+                let s = g.unit_slot[u].unwrap();
+                assert_eq!(slot_owner[s], Some(u));
+                slot_owner[s] = None;
+                resident[u] = false;
+            }
+        }
+        for (u, &times) in gathered.iter().enumerate() {
+            assert_eq!(times, usize::from(!plan.persistent[u]), "unit {u}");
+        }
+        assert!(
+            slot_owner.iter().all(Option::is_none),
+            "all released after the pass"
+        );
+    }
+}
+
+#[test]
+fn gather_schedule_is_safe_and_holds_tied_units() {
+    let spec = gpt_like(65, 16, 4, 8);
+    for world in [1, 3, 4] {
+        let layout = PartitionLayout::new(&spec, world, 4).unwrap();
+        for prefetch in [0, 1, 2, 10] {
+            for threshold in [0, 200] {
+                let mut inp = inputs(Stage::Zero3, Precision::Bf16, false, true);
+                inp.prefetch = prefetch;
+                inp.persistence_threshold = threshold;
+                let plan = BufferPlan::new(&spec, &layout, &inp, 0).unwrap();
+                simulate(&spec, &plan);
+                let g = plan.gather.as_ref().unwrap();
+                let lens: Vec<usize> = layout.units.iter().map(|u| u.padded_len).collect();
+                assert!(g.slot_elems() >= g.peak_resident(&lens));
+                // The tied embedding is gathered at the first forward step and released
+                // only after the last layer.
+                assert!(g.forward[0].gather.contains(&0));
+                assert!(g.forward[spec.layers.len() - 1].release.contains(&0));
+            }
+        }
+    }
+}
+
+#[test]
+fn equal_units_need_one_slot_without_prefetch_and_two_with() {
+    let spec = chain(&[100, 100, 100, 100]);
+    let layout = PartitionLayout::new(&spec, 2, 2).unwrap();
+    for (prefetch, slots) in [(0, 1), (1, 2), (3, 4)] {
+        let mut inp = inputs(Stage::Zero3, Precision::Fp32, true, true);
+        inp.prefetch = prefetch;
+        inp.persistence_threshold = 0;
+        let plan = BufferPlan::new(&spec, &layout, &inp, 0).unwrap();
+        simulate(&spec, &plan);
+        assert_eq!(plan.gather.as_ref().unwrap().slots, vec![100; slots]);
+    }
+}
+
+#[test]
+fn paper_worked_example_7_5b_on_64_gpus() {
+    // 50 units of 150M parameters: Ψ = 7.5e9, no activations (nothing is allocated).
+    let units: Vec<UnitSpec> = (0..50)
+        .map(|i| UnitSpec {
+            name: format!("h.{i}"),
+            params: vec![ParamSpec::new(format!("h.{i}.w"), &[10_000, 15_000])],
+        })
+        .collect();
+    let layers = (0..50)
+        .map(|i| LayerSpec {
+            name: format!("h.{i}"),
+            units: vec![i],
+        })
+        .collect();
+    let spec = ModelSpec { units, layers };
+    assert_eq!(spec.numel(), 7_500_000_000);
+    let layout = PartitionLayout::new(&spec, 64, 32).unwrap();
+    let paper = [120.0, 31.4, 16.6, 1.9];
+    for (stage, want) in Stage::ALL.into_iter().zip(paper) {
+        let f = PaperFormula::new(stage, spec.numel(), 64);
+        let gb = f.total().to_f64() / 1e9;
+        assert_eq!((gb * 10.0).round() / 10.0, want, "{stage}: {gb} GB");
+        let mut inp = inputs(stage, Precision::Bf16, false, stage >= Stage::Zero2);
+        inp.activation_bytes = 0;
+        inp.persistence_threshold = 0;
+        inp.bucket_elems = 1 << 24;
+        let plan = BufferPlan::new(&spec, &layout, &inp, 63).unwrap();
+        let e = Explanation::new(&plan);
+        assert_eq!(
+            e.explained(),
+            Frac::int(plan.total_bytes() as i128) - f.total()
+        );
+        println!("{}", e.render());
+    }
+}
+
+#[test]
+fn comm_volume_matches_design_table() {
+    let spec = gpt_like(65, 16, 3, 8);
+    for world in [2, 3, 4] {
+        let layout = PartitionLayout::new(&spec, world, 4).unwrap();
+        let psi_p = layout.padded_numel() as u64;
+        for a in [1, 3] {
+            for inp in all_inputs() {
+                // One dtype on the wire, so the table's single element size applies.
+                if inp.reduce_dtype != inp.precision.param_dtype() {
+                    continue;
+                }
+                let mut inp = inp;
+                inp.persistence_threshold = 0;
+                let plan = BufferPlan::new(&spec, &layout, &inp, 0).unwrap();
+                let comm = CommPlan::new(&layout, &plan, a);
+                let size = inp.reduce_dtype.size_bytes() as u64;
+                let k = paper_volume_psi(inp.stage, a, inp.reduce_every_micro_step) as u64;
+                let want = k * psi_p * size * (world as u64 - 1) / world as u64;
+                assert_eq!(comm.sent_bytes(), want, "N={world} A={a} {inp:?}");
+                assert_eq!(comm.control.is_some(), inp.stage != Stage::Zero0);
+            }
+        }
+    }
+}
+
+#[test]
+fn comm_with_f32_reduce_and_persistent_units() {
+    let spec = gpt_like(65, 16, 3, 8);
+    let layout = PartitionLayout::new(&spec, 4, 4).unwrap();
+    let mut inp = inputs(Stage::Zero3, Precision::Bf16, true, true);
+    inp.persistence_threshold = 100; // ln_f (16 elements) stays gathered
+    let plan = BufferPlan::new(&spec, &layout, &inp, 0).unwrap();
+    let ln_f = layout.units.len() - 1;
+    assert!(plan.persistent[ln_f] && !plan.persistent[0]);
+    assert!(plan.get(BufferRole::Persistent { unit: ln_f }).is_some());
+    let comm = CommPlan::new(&layout, &plan, 2);
+    let psi_p = layout.padded_numel() as u64;
+    let psi_s = layout.units[ln_f].padded_len as u64;
+    let rs = comm.sent_bytes_of(Collective::ReduceScatter);
+    assert_eq!(rs, 2 * psi_p * 4 * 3 / 4, "A x Ψp in f32");
+    let ag = comm.sent_bytes_of(Collective::AllGather);
+    assert_eq!(ag, (2 * 2 * (psi_p - psi_s) + psi_s) * 2 * 3 / 4);
+    let t = comm.estimate_seconds(1e-5, 1e9);
+    let calls: u64 = comm.lines.iter().map(|l| l.calls * 3).sum();
+    assert!((t - (calls as f64 * 1e-5 + comm.sent_bytes() as f64 / 1e9)).abs() < 1e-12);
+}
+
+#[test]
+fn inconsistent_plan_inputs_are_errors() {
+    let spec = chain(&[10, 20]);
+    let layout = PartitionLayout::new(&spec, 2, 1).unwrap();
+    let e = BufferPlan::new(
+        &spec,
+        &layout,
+        &inputs(Stage::Zero1, Precision::Bf16, false, true),
+        0,
+    );
+    assert!(matches!(
+        e,
+        Err(PlanError::ReduceEveryNeedsStage2(Stage::Zero1))
+    ));
+    let mut inp = inputs(Stage::Zero2, Precision::Bf16, false, true);
+    inp.reduce_dtype = DType::F16;
+    let e = BufferPlan::new(&spec, &layout, &inp, 0).unwrap_err();
+    assert!(e.to_string().contains("f16"), "{e}");
+    let e = BufferPlan::new(
+        &spec,
+        &layout,
+        &inputs(Stage::Zero2, Precision::Bf16, false, true),
+        2,
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("rank 2"), "{e}");
+    let other = chain(&[10, 21]);
+    let e = BufferPlan::new(
+        &other,
+        &layout,
+        &inputs(Stage::Zero2, Precision::Bf16, false, true),
+        0,
+    )
+    .unwrap_err();
+    assert!(matches!(e, PlanError::SpecMismatch { .. }), "{e}");
+    let mut inp = inputs(Stage::Zero2, Precision::Bf16, false, true);
+    inp.bucket_elems = 0;
+    assert!(matches!(
+        BufferPlan::new(&spec, &layout, &inp, 0),
+        Err(PlanError::ZeroBucket)
+    ));
+}
+
+#[test]
+fn frac_arithmetic_is_exact() {
+    let a = Frac::new(7, 3);
+    let b = Frac::new(2, 6);
+    assert_eq!(a + b, Frac::new(8, 3));
+    assert_eq!(a - a, Frac::ZERO);
+    assert_eq!(Frac::new(3, -6), Frac::new(-1, 2));
+    assert_eq!(Frac::new(12, 4).times(2), Frac::int(6));
+    assert_eq!(human_bytes(1.875e9), "1.88 GB");
+}
