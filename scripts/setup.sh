@@ -4,16 +4,19 @@
 #
 #   scripts/setup.sh            system packages (Open MPI, HDF5, libclang, pkg-config, hdf5-tools)
 #   scripts/setup.sh --cuda     also the PTX assembler (ptxas, from PyPI) used to check our kernels
+#   scripts/setup.sh --slurm    also Slurm (slurmctld, slurmd, clients, PMIx plugin) for the local test cluster
 set -euo pipefail
 
 say() { printf '[setup] %s\n' "$*"; }
 die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
 
 want_cuda=0
+want_slurm=0
 for arg in "$@"; do
   case "$arg" in
     --cuda) want_cuda=1 ;;
-    -h|--help) sed -n '2,7p' "$0"; exit 0 ;;
+    --slurm) want_slurm=1 ;;
+    -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
     *) die "unknown option '$arg' (see --help)" ;;
   esac
 done
@@ -35,6 +38,9 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 packages=(libopenmpi-dev openmpi-bin libhdf5-dev hdf5-tools libclang-dev pkg-config)
+# Slurm for scripts/slurm-cluster/start.sh; the PMIx plugin (srun --mpi=pmix) is in
+# slurm-wlm-basic-plugins. munge comes as a dependency; the test cluster uses auth/none.
+if [ "$want_slurm" -eq 1 ]; then packages+=(slurm-wlm slurm-wlm-basic-plugins); fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The README's test command: installs what is missing, starts a local two-node Slurm
+# cluster (stopped again on exit), then runs every test of the workspace in release mode.
+# Extra arguments go to `cargo test` (e.g. `scripts/test.sh comm_` to filter).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh --cuda --slurm
+scripts/slurm-cluster/start.sh
+# CI keeps the Slurm logs for a failed run's post-mortem.
+keep=""; [ "${CI:-}" = "true" ] && keep="--keep-logs"
+trap "scripts/slurm-cluster/stop.sh $keep" EXIT
+cargo test --workspace --release "$@"
