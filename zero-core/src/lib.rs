@@ -2,6 +2,7 @@
 #![deny(missing_docs)]
 
 pub mod config;
+pub mod engine;
 pub mod layout;
 pub mod ledger;
 pub mod model;
@@ -10,6 +11,7 @@ pub mod spec;
 mod testutil;
 
 pub use config::{Config, ConfigError, LoadedConfig, Precision, Stage};
+pub use engine::{Engine, EngineError, LossScaler, StepReport};
 pub use layout::{LayoutError, PartitionLayout};
 pub use model::{Batch, Model, ModelError};
 pub use spec::{LayerSpec, ModelSpec, ParamSpec, UnitSpec};

@@ -17,10 +17,11 @@
 //!        + reduce-scatter AΨp (W) + all-gather Ψs  + all-gather Ψs (P)
 //! ```
 //!
-//! Calls follow the chunking of `memory.rs` (gradient reductions and stage-1/2 parameter
-//! gathers in bucket-sized chunks per unit; stage-3 gathers one call per unit). Stages
-//! 1-3 also all-reduce 2 f32 (squared norm, overflow flag) once per step to agree on
-//! clipping and skipping: listed as [`CommPlan::control`], outside the volume formulas.
+//! Calls follow the engine: gradient reductions in bucket-sized chunks per unit (stage 0
+//! in place, one call per unit, when no conversion is needed), stage-1/2 parameter
+//! gathers and stage-3 gathers one call per unit. Every stage also all-reduces 3 f64
+//! (squared norm, overflow flag, loss sum) once per step to agree on clipping, skipping
+//! and the reported loss: [`CommPlan::control`], outside the volume formulas.
 
 use zero_kernels::DType;
 
@@ -144,10 +145,18 @@ impl CommPlan {
         let reduce_times = if plan.grads_sharded { a } else { 1 };
         match stage {
             Stage::Zero0 => {
+                // In place, one call per unit, when no conversion is needed (W = P);
+                // else bucket-sized chunks converted to W.
                 let calls = layout
                     .units
                     .iter()
-                    .map(|u| plan.full_chunks(u.padded_len).len() as u64)
+                    .map(|u| {
+                        if w == p {
+                            1
+                        } else {
+                            plan.full_chunks(u.padded_len).len() as u64
+                        }
+                    })
                     .sum();
                 line(AllReduce, Grads, w, calls, layout.padded_numel() as u64);
             }
@@ -160,7 +169,14 @@ impl CommPlan {
                     calls * reduce_times,
                     elems * reduce_times,
                 );
-                line(AllGather, ParamsAfterStep, p, calls, elems);
+                // Updated parameters: one in-place all-gather per unit.
+                line(
+                    AllGather,
+                    ParamsAfterStep,
+                    p,
+                    layout.units.len() as u64,
+                    elems,
+                );
             }
             Stage::Zero3 => {
                 let persistent = &plan.persistent;
@@ -192,10 +208,11 @@ impl CommPlan {
             world: n,
             grad_accum,
             lines,
-            control: (stage != Stage::Zero0 && n > 1).then_some(ControlLine {
+            // Every stage agrees on (squared norm, overflow flag, loss sum) in f64.
+            control: Some(ControlLine {
                 calls: 1,
-                elems: 2,
-                dtype: DType::F32,
+                elems: 3,
+                dtype: DType::F64,
             }),
         }
     }
