@@ -58,12 +58,22 @@ command -v cargo >/dev/null 2>&1 || die "cargo not found: install Rust (https://
 command -v mpirun >/dev/null 2>&1 || die "mpirun not on PATH after installing openmpi-bin."
 
 if [ "$want_cuda" -eq 1 ]; then
+  # ptxas checks the checked-in PTX (cargo test -p zero-kernels); NVRTC regenerates it
+  # (cargo run -p zero-kernels --features cuda --bin zero-kernels-ptx [-- --check]).
+  command -v python3 >/dev/null 2>&1 || die "python3 is needed to install ptxas and NVRTC from PyPI (nvidia-cuda-nvcc-cu12, nvidia-cuda-nvrtc-cu12)."
   if command -v ptxas >/dev/null 2>&1 || python3 -c 'import nvidia.cuda_nvcc' >/dev/null 2>&1; then
     say "ptxas already available"
   else
-    command -v python3 >/dev/null 2>&1 || die "python3 is needed to install ptxas from PyPI (nvidia-cuda-nvcc-cu12)."
     say "installing ptxas (PyPI nvidia-cuda-nvcc-cu12)"
     python3 -m pip install -q nvidia-cuda-nvcc-cu12 || die "pip install nvidia-cuda-nvcc-cu12 failed."
   fi
+  if python3 -c 'import nvidia.cuda_nvrtc' >/dev/null 2>&1; then
+    say "NVRTC already available"
+  else
+    say "installing NVRTC (PyPI nvidia-cuda-nvrtc-cu12)"
+    python3 -m pip install -q nvidia-cuda-nvrtc-cu12 || die "pip install nvidia-cuda-nvrtc-cu12 failed."
+  fi
+  nvrtc_lib=$(python3 -c 'import nvidia.cuda_nvrtc as m; print(list(m.__path__)[0] + "/lib")')
+  say "to regenerate PTX: export LD_LIBRARY_PATH=$nvrtc_lib\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
 fi
 say "ready: $(mpirun --version 2>/dev/null | head -n 1), $(cargo --version)"

@@ -1,0 +1,259 @@
+//! Scenario: every ZeRO stage computes the same step (launched by tests/tests/engine.rs
+//! under `mpirun -n N`).
+//!
+//! `engine_stages fp32`: stages 0-3 on a tiny GPT, A = 1 and A = 2, same seed and data:
+//! per-step losses and final master weights equal to stage 0's (bitwise where the
+//! reduction order is the same, see `tolerance`), the memory ledger equal to the plan
+//! byte for byte, the communicated bytes equal to the comm ledger exactly; and on rank 0
+//! alone, 1 rank x A = N equals N ranks x A = 1.
+//!
+//! `engine_stages mixed`: bf16 and fp16 runs of every stage track the fp32 run within
+//! a stated tolerance; a forced fp16 overflow skips the step on every rank.
+
+use zero_comm::{ring_bytes, CollectiveKind, Communicator};
+use zero_core::config::{Config, GradReduceDtype, Precision, Stage};
+use zero_core::ledger::CommPlan;
+use zero_core::{Batch, Engine, StepReport};
+use zero_models::data::{MarkovSource, Sequential, Tokens};
+use zero_models::{Gpt, GptConfig};
+
+const B: usize = 2;
+const T: usize = 16;
+const STEPS: usize = 4;
+
+fn gpt() -> GptConfig {
+    GptConfig {
+        vocab_size: 64,
+        max_seq_len: T,
+        n_layer: 2,
+        n_head: 2,
+        n_embd: 32,
+    }
+}
+
+fn config(stage: Stage, precision: Precision, accum: usize) -> Config {
+    let mut c = Config::default();
+    c.model.preset = Some("tiny".into());
+    c.train.micro_batch = B;
+    c.train.seq_len = T;
+    c.train.grad_accum = accum;
+    c.train.steps = STEPS;
+    c.train.seed = 1234;
+    c.zero.stage = stage;
+    c.zero.align = 4;
+    // Small buckets so units travel in several chunks (exercises the chunk queue).
+    c.zero.bucket_elems = 512;
+    c.precision.dtype = precision;
+    c.optim.lr = 1e-2;
+    // Some gradients are exactly zero in exact arithmetic (the attention key bias: softmax
+    // cancels it) and pure rounding noise in floating point, and Adam normalises noise to
+    // a step of lr * |g| / (sqrt(v) + eps). eps = 1e-6 keeps such steps below 1e-4 * lr
+    // (noise |g| < 1e-10), so runs whose reductions add in another order stay comparable
+    // element by element; every real gradient is far above eps.
+    c.optim.eps = 1e-6;
+    c
+}
+
+struct Run {
+    losses: Vec<f64>,
+    master: Vec<f32>,
+    reports: Vec<StepReport>,
+}
+
+fn fail(rank: usize, what: String) -> ! {
+    eprintln!("rank {rank}: FAILED: {what}");
+    std::process::exit(1);
+}
+
+fn run<C: Communicator>(comm: &C, cfg: &Config, tokens: &Tokens, who: &str) -> Run {
+    let rank = comm.rank();
+    let die = |e: String| -> ! { fail(rank, format!("{who}: {e}")) };
+    let mut model = Gpt::<f32>::new(gpt(), B, 1).unwrap_or_else(|e| die(e.to_string()));
+    let mut engine = Engine::new(cfg, comm, &model).unwrap_or_else(|e| die(e.to_string()));
+
+    // Memory ledger: what is allocated equals the plan (the dry run), category by category.
+    let plan = engine.plan().clone();
+    let measured = engine.memory();
+    for (cat, bytes) in plan.by_category() {
+        if measured.get(&cat).copied().unwrap_or(0) != bytes {
+            die(format!(
+                "memory {}: measured {:?} bytes, plan {bytes}",
+                cat.name(),
+                measured.get(&cat)
+            ));
+        }
+    }
+    let comm_plan = CommPlan::new(engine.layout(), &plan, cfg.train.grad_accum);
+    let control = ring_bytes(CollectiveKind::AllReduce, comm.size(), rank, 24, 0).0;
+
+    let order = Sequential::new(B, T, cfg.train.grad_accum, comm.size(), rank)
+        .unwrap_or_else(|e| die(e.to_string()));
+    let a = cfg.train.grad_accum;
+    let (mut inputs, mut targets) = (vec![Vec::new(); a], vec![Vec::new(); a]);
+    let mut out = Run {
+        losses: Vec::new(),
+        master: Vec::new(),
+        reports: Vec::new(),
+    };
+    for s in 0..STEPS as u64 {
+        for m in 0..a {
+            order
+                .fill(tokens, s, m, &mut inputs[m], &mut targets[m])
+                .unwrap_or_else(|e| die(e.to_string()));
+        }
+        let batches: Vec<Batch> = (0..a)
+            .map(|m| Batch {
+                rows: B,
+                seq_len: T,
+                inputs: &inputs[m],
+                targets: &targets[m],
+            })
+            .collect();
+        let rep = engine
+            .step(&mut model, &batches)
+            .unwrap_or_else(|e| die(e.to_string()));
+        // Communication ledger: bytes sent this step, exactly.
+        let sent = rep.comm.total().bytes_sent;
+        if sent != comm_plan.sent_bytes() + control {
+            die(format!(
+                "step {s}: sent {sent} bytes, ledger {} + control {control}; by kind {:?}",
+                comm_plan.sent_bytes(),
+                rep.comm
+            ));
+        }
+        out.losses.push(rep.loss);
+        out.reports.push(rep);
+    }
+    out.master = engine
+        .full_master_f32()
+        .unwrap_or_else(|e| die(e.to_string()));
+    out
+}
+
+/// Compare a run against a reference: per-step losses within `loss_tol` relative,
+/// gradient norms within 10x that, final master weights within `param_tol` absolute.
+fn compare(rank: usize, what: &str, got: &Run, want: &Run, loss_tol: f64, param_tol: f32) {
+    for (s, (g, w)) in got.reports.iter().zip(&want.reports).enumerate() {
+        let rel = (g.loss - w.loss).abs() / w.loss.abs();
+        if rel > loss_tol {
+            fail(rank, format!("{what}: step {s} loss {} vs {} (rel {rel:.2e} > {loss_tol:.0e})", g.loss, w.loss));
+        }
+        let rel = (g.grad_norm - w.grad_norm).abs() / w.grad_norm;
+        if rel > 10.0 * loss_tol && !(g.skipped && w.skipped) {
+            fail(rank, format!("{what}: step {s} grad norm {} vs {} (rel {rel:.2e})", g.grad_norm, w.grad_norm));
+        }
+    }
+    let (mut worst, mut at) = (0.0f32, 0);
+    for (i, (x, y)) in got.master.iter().zip(&want.master).enumerate() {
+        let d = (x - y).abs();
+        if d > worst || d.is_nan() {
+            (worst, at) = (d, i);
+        }
+    }
+    if !(worst <= param_tol) {
+        fail(rank, format!(
+            "{what}: final parameter {at} is {} vs {} (|diff| {worst:.2e} > {param_tol:.0e})",
+            got.master[at], want.master[at]
+        ));
+    }
+    if rank == 0 {
+        let bitwise = got.losses == want.losses && got.master == want.master;
+        println!(
+            "{what}: losses {:?}, max |param diff| {worst:.2e}{}",
+            got.losses.iter().map(|l| format!("{l:.6}")).collect::<Vec<_>>(),
+            if bitwise { " (bitwise equal)" } else { "" }
+        );
+    }
+}
+
+fn main() {
+    let mode = std::env::args().nth(1).unwrap_or_else(|| "fp32".into());
+    let (_mpi, world) = zero_comm::init().unwrap_or_else(|e| {
+        eprintln!("MPI init failed: {e}");
+        std::process::exit(2)
+    });
+    let (rank, n) = (world.rank(), world.size());
+    let tokens = MarkovSource::default_corpus(1 << 15, 64).unwrap_or_else(|e| fail(rank, e.to_string()));
+    let stages = [Stage::Zero0, Stage::Zero1, Stage::Zero2, Stage::Zero3];
+    match mode.as_str() {
+        "fp32" => {
+            // Tolerances: with N = 2 every sum of two addends is the same whatever the
+            // order, so A = 1 runs must be bitwise equal; with N > 2 or A > 1 the order of
+            // the additions differs between all-reduce and reduce-scatter (and between
+            // accumulating before or after the reduction), which moves the last bit of
+            // a gradient; Adam amplifies it at most to ~1e-6 of a parameter in 4 steps.
+            let exact = n <= 2;
+            // A reordered sum changes a gradient's last bits; Adam turns that into a
+            // parameter difference far below 1e-3 * lr (1e-5) in 4 steps, while a lost or
+            // doubled contribution moves parameters by O(lr) and losses by ~1e-3.
+            let (lt, pt) = if exact { (0.0, 0.0) } else { (1e-6, 1e-5) };
+            let base = run(&world, &config(Stage::Zero0, Precision::Fp32, 1), &tokens, "stage 0");
+            compare(rank, "fp32 A=1 stage 0", &base, &base, 0.0, 0.0);
+            for &stage in &stages[1..] {
+                let r = run(&world, &config(stage, Precision::Fp32, 1), &tokens, "A=1");
+                compare(rank, &format!("fp32 A=1 {stage:?} vs stage 0"), &r, &base, lt, pt);
+            }
+            let base2 = run(&world, &config(Stage::Zero0, Precision::Fp32, 2), &tokens, "A=2");
+            for &stage in &stages[1..] {
+                let r = run(&world, &config(stage, Precision::Fp32, 2), &tokens, "A=2");
+                compare(rank, &format!("fp32 A=2 {stage:?} vs stage 0"), &r, &base2, 1e-6, 1e-5);
+            }
+            // Stage 3 accumulating locally (full gradients, one reduce-scatter per step).
+            let mut c = config(Stage::Zero3, Precision::Fp32, 2);
+            c.zero.reduce_every_micro_step = Some(false);
+            let r = run(&world, &c, &tokens, "stage 3 local accumulation");
+            compare(rank, "fp32 A=2 Zero3 accumulate-locally vs stage 0", &r, &base2, 1e-6, 1e-5);
+            // 1 rank x A = N sees the same global batch as N ranks x A = 1.
+            let solo = world
+                .split(if rank == 0 { Some(0) } else { None }, 0)
+                .unwrap_or_else(|e| fail(rank, e.to_string()));
+            if let Some(solo) = solo {
+                let r = run(&solo, &config(Stage::Zero0, Precision::Fp32, n), &tokens, "1 rank");
+                compare(rank, &format!("fp32 1 rank x A={n} vs {n} ranks x A=1"), &r, &base, 1e-6, 1e-5);
+            }
+        }
+        "mixed" => {
+            let fp32 = run(&world, &config(Stage::Zero0, Precision::Fp32, 2), &tokens, "fp32");
+            for precision in [Precision::Bf16, Precision::Fp16] {
+                for &stage in &stages {
+                    for reduce in [GradReduceDtype::Half, GradReduceDtype::F32] {
+                        let mut c = config(stage, precision, 2);
+                        c.precision.grad_reduce_dtype = Some(reduce);
+                        let r = run(&world, &c, &tokens, "mixed");
+                        // 16-bit parameters carry 8 (bf16) or 11 (fp16) significant bits:
+                        // the loss of a tiny model tracks fp32 to ~1e-2 relative over 4
+                        // steps. Parameters: Adam's step is at most ~lr per element, so
+                        // 16-bit gradients can move a parameter by at most 4 * lr = 4e-2.
+                        let tol = if precision == Precision::Bf16 { 2e-2 } else { 1e-2 };
+                        let what = format!("{precision:?} {stage:?} reduce {reduce:?} vs fp32");
+                        compare(rank, &what, &r, &fp32, tol, 4.0 * 1e-2);
+                    }
+                }
+            }
+            // A forced overflow: a loss scale so large that fp16 gradients overflow.
+            for &stage in &stages {
+                let mut c = config(stage, Precision::Fp16, 1);
+                c.precision.initial_scale = 2f64.powi(40);
+                c.precision.hysteresis = 1;
+                let r = run(&world, &c, &tokens, "overflow");
+                let first = &r.reports[0];
+                if !first.skipped || first.grad_norm.is_finite() {
+                    fail(rank, format!("{stage:?}: step 0 with scale 2^40 was not skipped: {first:?}"));
+                }
+                if r.reports[1].loss_scale >= first.loss_scale {
+                    fail(rank, format!("{stage:?}: loss scale did not back off after an overflow"));
+                }
+                if rank == 0 {
+                    let skipped: Vec<bool> = r.reports.iter().map(|x| x.skipped).collect();
+                    println!("fp16 {stage:?} forced overflow: skipped {skipped:?}, scales {:?}",
+                        r.reports.iter().map(|x| x.loss_scale).collect::<Vec<_>>());
+                }
+            }
+        }
+        other => fail(rank, format!("unknown mode '{other}' (fp32 | mixed)")),
+    }
+    if let Err(e) = world.barrier() {
+        fail(rank, e.to_string());
+    }
+    println!("{}", zero_tests::ok_line(rank));
+}

@@ -1,0 +1,93 @@
+//! Casts between f32 and the 16-bit float types, and accumulation of 16-bit gradients into
+//! f32 — over whole slices, one pass each, at the best instruction-set level (or the one
+//! an `Exec` forces), bitwise equal to `reference` on every level and thread count.
+
+pub mod reference;
+
+mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+#[cfg(test)]
+mod tests;
+
+use crate::error::KernelError;
+use crate::isa::Exec;
+use crate::par::{self, SendPtr};
+use crate::simd::{dispatch, Real};
+use crate::slices::{FloatSlice, HalfSliceMut};
+use cpu::{Accumulate, Convert};
+
+/// Elements per unit of work handed to a thread (any multiple of 16 would do).
+const ALIGN: usize = 64;
+
+fn check_len(what: &'static str, got: usize, expected: usize) -> Result<(), KernelError> {
+    if got != expected {
+        return Err(KernelError::LengthMismatch {
+            what,
+            got,
+            expected,
+        });
+    }
+    Ok(())
+}
+
+fn convert<A: Real, B: Real>(exec: &Exec, src: &[A], dst: &mut [B]) {
+    let (s, d) = (SendPtr(src.as_ptr() as *mut A), SendPtr(dst.as_mut_ptr()));
+    par::map(exec, src.len(), ALIGN, |r| {
+        let k = Convert {
+            // SAFETY: r lies within both slices (same length, checked by the caller).
+            src: unsafe { s.at(r.start) } as *const A,
+            dst: unsafe { d.at(r.start) },
+            n: r.len(),
+        };
+        // SAFETY: exec's level is available; the chunks are disjoint.
+        unsafe { dispatch(exec.isa(), k) }
+    });
+}
+
+/// Round f32 values into a 16-bit buffer: `dst[i] = round_nearest_even(src[i])`.
+pub fn narrow(exec: &Exec, src: &[f32], dst: HalfSliceMut<'_>) -> Result<(), KernelError> {
+    check_len("dst", dst.len(), src.len())?;
+    match dst {
+        HalfSliceMut::BF16(d) => convert(exec, src, d),
+        HalfSliceMut::F16(d) => convert(exec, src, d),
+    }
+    Ok(())
+}
+
+/// Widen f32, bf16 or f16 values into f32 (exact).
+pub fn widen(exec: &Exec, src: FloatSlice<'_>, dst: &mut [f32]) -> Result<(), KernelError> {
+    check_len("dst", dst.len(), src.len())?;
+    match src {
+        FloatSlice::F32(s) => convert(exec, s, dst),
+        FloatSlice::BF16(s) => convert(exec, s, dst),
+        FloatSlice::F16(s) => convert(exec, s, dst),
+    }
+    Ok(())
+}
+
+fn accumulate_typed<A: Real>(exec: &Exec, dst: &mut [f32], src: &[A]) {
+    let (s, d) = (SendPtr(src.as_ptr() as *mut A), SendPtr(dst.as_mut_ptr()));
+    par::map(exec, src.len(), ALIGN, |r| {
+        let k = Accumulate {
+            // SAFETY: r lies within both slices (same length, checked by the caller).
+            src: unsafe { s.at(r.start) } as *const A,
+            dst: unsafe { d.at(r.start) },
+            n: r.len(),
+        };
+        // SAFETY: exec's level is available; the chunks are disjoint.
+        unsafe { dispatch(exec.isa(), k) }
+    });
+}
+
+/// Accumulate gradients into an f32 buffer: `dst[i] = dst[i] + f32(src[i])`, one f32
+/// rounding per element (gradient accumulation over micro-steps).
+pub fn accumulate(exec: &Exec, dst: &mut [f32], src: FloatSlice<'_>) -> Result<(), KernelError> {
+    check_len("src", src.len(), dst.len())?;
+    match src {
+        FloatSlice::F32(s) => accumulate_typed(exec, dst, s),
+        FloatSlice::BF16(s) => accumulate_typed(exec, dst, s),
+        FloatSlice::F16(s) => accumulate_typed(exec, dst, s),
+    }
+    Ok(())
+}

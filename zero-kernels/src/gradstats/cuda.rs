@@ -1,0 +1,81 @@
+//! Gradient statistics on the GPU (kernels in `gradstats.cu`): one f64 per 4096-element
+//! block computed on the device in the CPU's order, then added on the host in block order,
+//! so the sum equals the CPU's [`super::stats`] bit for bit.
+
+use super::reference::BLOCK;
+use super::GradStats;
+use crate::cuda::{CudaDevice, DeviceBuffer, DeviceFloat};
+use crate::dtype::DType;
+use crate::error::KernelError;
+use crate::ptx::gradstats_entry;
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+
+/// Must match BLOCKS_PER_CTA in gradstats.cu (16 threads per block).
+const BLOCKS_PER_CTA: usize = 8;
+
+fn run(
+    dev: &CudaDevice,
+    name: &str,
+    g: u64,
+    n: usize,
+    scale: f32,
+) -> Result<GradStats, KernelError> {
+    let blocks = n.div_ceil(BLOCK);
+    if blocks == 0 {
+        return Ok(GradStats {
+            sum_squares: 0.0,
+            nonfinite: false,
+        });
+    }
+    let sums = DeviceBuffer::<f64>::zeros(dev, blocks)?;
+    let f = dev.kernel(name)?;
+    let (s, n64) = (sums.addr(dev, 0), n as u64);
+    let cfg = LaunchConfig {
+        grid_dim: (blocks.div_ceil(BLOCKS_PER_CTA) as u32, 1, 1),
+        block_dim: ((BLOCKS_PER_CTA * 16) as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut l = dev.stream().launch_builder(f);
+    l.arg(&g).arg(&scale).arg(&s).arg(&n64);
+    // SAFETY: (gradient pointer, f32 scale, f64 sums pointer, u64 n) is the signature of
+    // every gradstats kernel; `g` holds n elements and `sums` one f64 per block.
+    unsafe { l.launch(cfg) }?;
+    let host = sums.to_host(dev)?;
+    // Block sums in block order, from 0.0 (reference.rs).
+    let total = host.iter().fold(0.0f64, |acc, &x| acc + x);
+    Ok(GradStats {
+        sum_squares: total,
+        nonfinite: !total.is_finite(),
+    })
+}
+
+/// Sum of squares and non-finite flag of `grad * scale` (GPU [`super::stats`]).
+pub fn stats(
+    dev: &CudaDevice,
+    grad: DeviceFloat<'_>,
+    scale: f32,
+) -> Result<GradStats, KernelError> {
+    run(
+        dev,
+        &gradstats_entry(grad.dtype(), false),
+        grad.addr(dev, 0),
+        grad.len(),
+        scale,
+    )
+}
+
+/// Multiply an f32 gradient by `scale` in place, with its statistics (GPU
+/// [`super::unscale_in_place`]).
+pub fn unscale_in_place(
+    dev: &CudaDevice,
+    grad: &mut DeviceBuffer<f32>,
+    scale: f32,
+) -> Result<GradStats, KernelError> {
+    run(
+        dev,
+        &gradstats_entry(DType::F32, true),
+        grad.addr(dev, 0),
+        grad.len(),
+        scale,
+    )
+}

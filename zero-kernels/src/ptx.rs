@@ -1,0 +1,208 @@
+//! The checked-in PTX of the CUDA kernels and what keeps it honest, without needing CUDA:
+//! each `.ptx` file records, in its second line, a hash of the CUDA C it was generated
+//! from (the `.cu` file with `cuda/bits.cuh` pasted in), so a plain `cargo test` notices a
+//! `.cu` edited without regenerating; `ptxas` (tests/ptxas.rs) checks the PTX assembles
+//! for sm_80 and sm_90; `zero-kernels-ptx --check` recompiles with NVRTC and compares
+//! byte for byte where NVRTC is installed.
+//!
+//! Regenerate after editing a `.cu` file (needs the PyPI NVRTC wheel, see
+//! `scripts/setup.sh --cuda`):
+//!
+//! ```text
+//! LD_LIBRARY_PATH=$(python3 -c 'import nvidia.cuda_nvrtc, os; print(list(nvidia.cuda_nvrtc.__path__)[0] + "/lib")') \
+//!   cargo run -p zero-kernels --features cuda --bin zero-kernels-ptx
+//! ```
+//!
+//! Kernel entry names are derived from dtypes (`adamw_{grad}_{param}`, ...) by the
+//! functions below, never typed at call sites; a test checks each exists in the PTX.
+
+use crate::dtype::DType;
+
+/// The shared header every `.cu` file includes (pasted in before compiling).
+pub const HEADER: &str = include_str!("cuda/bits.cuh");
+/// The include line replaced by [`HEADER`].
+pub const INCLUDE_LINE: &str = "#include \"bits.cuh\"";
+
+/// One CUDA C file and the PTX generated from it.
+#[derive(Clone, Copy, Debug)]
+pub struct PtxSource {
+    /// Module name (also the PTX file's stem).
+    pub name: &'static str,
+    /// Path of the `.cu` file relative to the crate root.
+    pub cu_path: &'static str,
+    /// Path of the `.ptx` file relative to the crate root.
+    pub ptx_path: &'static str,
+    /// The `.cu` text.
+    pub cu: &'static str,
+    /// The checked-in PTX text.
+    pub ptx: &'static str,
+}
+
+/// Every kernel module.
+pub const SOURCES: [PtxSource; 3] = [
+    PtxSource {
+        name: "adamw",
+        cu_path: "src/adamw/adamw.cu",
+        ptx_path: "src/adamw/adamw.ptx",
+        cu: include_str!("adamw/adamw.cu"),
+        ptx: include_str!("adamw/adamw.ptx"),
+    },
+    PtxSource {
+        name: "cast",
+        cu_path: "src/cast/cast.cu",
+        ptx_path: "src/cast/cast.ptx",
+        cu: include_str!("cast/cast.cu"),
+        ptx: include_str!("cast/cast.ptx"),
+    },
+    PtxSource {
+        name: "gradstats",
+        cu_path: "src/gradstats/gradstats.cu",
+        ptx_path: "src/gradstats/gradstats.ptx",
+        cu: include_str!("gradstats/gradstats.cu"),
+        ptx: include_str!("gradstats/gradstats.ptx"),
+    },
+];
+
+/// NVRTC options the PTX is generated with: PTX for compute capability 8.0 (the driver
+/// JIT-compiles it for newer GPUs), and IEEE arithmetic exactly as the CPU does it.
+pub const NVRTC_OPTIONS: [&str; 5] = [
+    "--gpu-architecture=compute_80",
+    "--fmad=false",
+    "--ftz=false",
+    "--prec-div=true",
+    "--prec-sqrt=true",
+];
+
+impl PtxSource {
+    /// The complete CUDA C compiled for this module: the `.cu` with the header pasted in.
+    pub fn full_source(&self) -> String {
+        self.cu.replacen(INCLUDE_LINE, HEADER, 1)
+    }
+
+    /// The first two lines every generated PTX file starts with.
+    pub fn stamp(&self) -> String {
+        format!(
+            "// Generated from {} + src/cuda/bits.cuh by `cargo run -p zero-kernels --features cuda --bin zero-kernels-ptx` (NVRTC {}). Do not edit.\n// source-fnv1a64: {:016x}\n",
+            self.cu_path,
+            NVRTC_OPTIONS.join(" "),
+            fnv1a64(self.full_source().as_bytes())
+        )
+    }
+
+    /// The hash recorded in the checked-in PTX, if it has a stamp.
+    pub fn recorded_hash(&self) -> Option<u64> {
+        let line = self.ptx.lines().nth(1)?;
+        let hex = line.strip_prefix("// source-fnv1a64: ")?;
+        u64::from_str_radix(hex.trim(), 16).ok()
+    }
+
+    /// True when the checked-in PTX was generated from the current sources.
+    pub fn is_current(&self) -> bool {
+        self.recorded_hash() == Some(fnv1a64(self.full_source().as_bytes()))
+    }
+
+    /// The kernel entry points the PTX defines.
+    pub fn entries(&self) -> Vec<&'static str> {
+        self.ptx
+            .lines()
+            .filter_map(|l| {
+                let rest = l.trim_start().strip_prefix(".visible .entry ")?;
+                rest.split('(').next().map(str::trim)
+            })
+            .collect()
+    }
+}
+
+/// 64-bit FNV-1a (a stable content hash; not for security).
+pub fn fnv1a64(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// Entry name of the fused AdamW kernel for a gradient type and 16-bit copy type.
+pub fn adamw_entry(grad: DType, param: Option<DType>) -> String {
+    format!(
+        "adamw_{}_{}",
+        grad.name(),
+        param.map_or("none", |p| p.name())
+    )
+}
+
+/// Entry name of a cast: `narrow_{half}` (f32 -> half), `widen_{half}` (half -> f32).
+pub fn cast_entry(narrow: bool, half: DType) -> String {
+    format!(
+        "{}_{}",
+        if narrow { "narrow" } else { "widen" },
+        half.name()
+    )
+}
+
+/// Entry name of the accumulate kernel for a source type.
+pub fn accumulate_entry(src: DType) -> String {
+    format!("accumulate_{}", src.name())
+}
+
+/// Entry name of the gradient statistics kernel (`unscale_f32` writes back).
+pub fn gradstats_entry(grad: DType, in_place: bool) -> String {
+    if in_place {
+        "unscale_f32".to_string()
+    } else {
+        format!("sumsq_{}", grad.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FLOATS: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
+
+    #[test]
+    fn checked_in_ptx_is_generated_from_the_current_cu_files() {
+        for s in SOURCES {
+            assert!(
+                s.is_current(),
+                "{} is stale: {} or src/cuda/bits.cuh changed since it was generated \
+                 (recorded hash {:?}, sources hash {:016x}); regenerate it as the doc of \
+                 zero-kernels/src/ptx.rs says",
+                s.ptx_path,
+                s.cu_path,
+                s.recorded_hash().map(|h| format!("{h:016x}")),
+                fnv1a64(s.full_source().as_bytes())
+            );
+            assert!(
+                s.cu.contains(INCLUDE_LINE),
+                "{} must include bits.cuh",
+                s.cu_path
+            );
+        }
+    }
+
+    #[test]
+    fn every_entry_the_rust_side_names_is_in_the_ptx() {
+        let all: Vec<&str> = SOURCES.iter().flat_map(|s| s.entries()).collect();
+        let mut wanted = Vec::new();
+        for g in FLOATS {
+            wanted.push(adamw_entry(g, None));
+            wanted.push(adamw_entry(g, Some(DType::BF16)));
+            wanted.push(adamw_entry(g, Some(DType::F16)));
+            wanted.push(accumulate_entry(g));
+            wanted.push(gradstats_entry(g, false));
+        }
+        for h in [DType::BF16, DType::F16] {
+            wanted.push(cast_entry(true, h));
+            wanted.push(cast_entry(false, h));
+        }
+        wanted.push(gradstats_entry(DType::F32, true));
+        for w in &wanted {
+            assert!(
+                all.contains(&w.as_str()),
+                "kernel {w} missing from the PTX (entries: {all:?})"
+            );
+        }
+    }
+}
