@@ -12,7 +12,7 @@
 
 use zero_comm::{ring_bytes, CollectiveKind, Communicator};
 use zero_core::config::{Config, GradReduceDtype, Precision, Stage};
-use zero_core::ledger::CommPlan;
+use zero_core::ledger::{CommPlan, CommPurpose};
 use zero_core::{Batch, Engine, StepReport};
 use zero_models::data::{MarkovSource, Sequential, Tokens};
 use zero_models::{Gpt, GptConfig};
@@ -55,6 +55,8 @@ fn config(stage: Stage, precision: Precision, accum: usize) -> Config {
 }
 
 struct Run {
+    /// AdamW steps applied (skipped steps excluded).
+    applied: u64,
     losses: Vec<f64>,
     master: Vec<f32>,
     reports: Vec<StepReport>,
@@ -91,6 +93,7 @@ fn run<C: Communicator>(comm: &C, cfg: &Config, tokens: &Tokens, who: &str) -> R
     let a = cfg.train.grad_accum;
     let (mut inputs, mut targets) = (vec![Vec::new(); a], vec![Vec::new(); a]);
     let mut out = Run {
+        applied: 0,
         losses: Vec::new(),
         master: Vec::new(),
         reports: Vec::new(),
@@ -112,9 +115,18 @@ fn run<C: Communicator>(comm: &C, cfg: &Config, tokens: &Tokens, who: &str) -> R
         let rep = engine
             .step(&mut model, &batches)
             .unwrap_or_else(|e| die(e.to_string()));
-        // Communication ledger: bytes sent this step, exactly.
+        // Communication ledger: bytes sent this step, exactly. A skipped step (overflow)
+        // updates nothing, so it gathers no updated parameters.
         let sent = rep.comm.total().bytes_sent;
-        if sent != comm_plan.sent_bytes() + control {
+        let gathered_after: u64 = comm_plan
+            .lines
+            .iter()
+            .filter(|l| l.purpose == CommPurpose::ParamsAfterStep)
+            .map(|l| l.sent_bytes)
+            .sum();
+        let expected =
+            comm_plan.sent_bytes() + control - if rep.skipped { gathered_after } else { 0 };
+        if sent != expected {
             die(format!(
                 "step {s}: sent {sent} bytes, ledger {} + control {control}; by kind {:?}",
                 comm_plan.sent_bytes(),
@@ -127,6 +139,7 @@ fn run<C: Communicator>(comm: &C, cfg: &Config, tokens: &Tokens, who: &str) -> R
     out.master = engine
         .full_master_f32()
         .unwrap_or_else(|e| die(e.to_string()));
+    out.applied = engine.steps_applied();
     out
 }
 
@@ -136,11 +149,23 @@ fn compare(rank: usize, what: &str, got: &Run, want: &Run, loss_tol: f64, param_
     for (s, (g, w)) in got.reports.iter().zip(&want.reports).enumerate() {
         let rel = (g.loss - w.loss).abs() / w.loss.abs();
         if rel > loss_tol {
-            fail(rank, format!("{what}: step {s} loss {} vs {} (rel {rel:.2e} > {loss_tol:.0e})", g.loss, w.loss));
+            fail(
+                rank,
+                format!(
+                    "{what}: step {s} loss {} vs {} (rel {rel:.2e} > {loss_tol:.0e})",
+                    g.loss, w.loss
+                ),
+            );
         }
         let rel = (g.grad_norm - w.grad_norm).abs() / w.grad_norm;
         if rel > 10.0 * loss_tol && !(g.skipped && w.skipped) {
-            fail(rank, format!("{what}: step {s} grad norm {} vs {} (rel {rel:.2e})", g.grad_norm, w.grad_norm));
+            fail(
+                rank,
+                format!(
+                    "{what}: step {s} grad norm {} vs {} (rel {rel:.2e})",
+                    g.grad_norm, w.grad_norm
+                ),
+            );
         }
     }
     let (mut worst, mut at) = (0.0f32, 0);
@@ -151,16 +176,22 @@ fn compare(rank: usize, what: &str, got: &Run, want: &Run, loss_tol: f64, param_
         }
     }
     if !(worst <= param_tol) {
-        fail(rank, format!(
-            "{what}: final parameter {at} is {} vs {} (|diff| {worst:.2e} > {param_tol:.0e})",
-            got.master[at], want.master[at]
-        ));
+        fail(
+            rank,
+            format!(
+                "{what}: final parameter {at} is {} vs {} (|diff| {worst:.2e} > {param_tol:.0e})",
+                got.master[at], want.master[at]
+            ),
+        );
     }
     if rank == 0 {
         let bitwise = got.losses == want.losses && got.master == want.master;
         println!(
             "{what}: losses {:?}, max |param diff| {worst:.2e}{}",
-            got.losses.iter().map(|l| format!("{l:.6}")).collect::<Vec<_>>(),
+            got.losses
+                .iter()
+                .map(|l| format!("{l:.6}"))
+                .collect::<Vec<_>>(),
             if bitwise { " (bitwise equal)" } else { "" }
         );
     }
@@ -173,7 +204,8 @@ fn main() {
         std::process::exit(2)
     });
     let (rank, n) = (world.rank(), world.size());
-    let tokens = MarkovSource::default_corpus(1 << 15, 64).unwrap_or_else(|e| fail(rank, e.to_string()));
+    let tokens =
+        MarkovSource::default_corpus(1 << 15, 64).unwrap_or_else(|e| fail(rank, e.to_string()));
     let stages = [Stage::Zero0, Stage::Zero1, Stage::Zero2, Stage::Zero3];
     match mode.as_str() {
         "fp32" => {
@@ -187,33 +219,81 @@ fn main() {
             // parameter difference far below 1e-3 * lr (1e-5) in 4 steps, while a lost or
             // doubled contribution moves parameters by O(lr) and losses by ~1e-3.
             let (lt, pt) = if exact { (0.0, 0.0) } else { (1e-6, 1e-5) };
-            let base = run(&world, &config(Stage::Zero0, Precision::Fp32, 1), &tokens, "stage 0");
+            let base = run(
+                &world,
+                &config(Stage::Zero0, Precision::Fp32, 1),
+                &tokens,
+                "stage 0",
+            );
             compare(rank, "fp32 A=1 stage 0", &base, &base, 0.0, 0.0);
             for &stage in &stages[1..] {
                 let r = run(&world, &config(stage, Precision::Fp32, 1), &tokens, "A=1");
-                compare(rank, &format!("fp32 A=1 {stage:?} vs stage 0"), &r, &base, lt, pt);
+                compare(
+                    rank,
+                    &format!("fp32 A=1 {stage:?} vs stage 0"),
+                    &r,
+                    &base,
+                    lt,
+                    pt,
+                );
             }
-            let base2 = run(&world, &config(Stage::Zero0, Precision::Fp32, 2), &tokens, "A=2");
+            let base2 = run(
+                &world,
+                &config(Stage::Zero0, Precision::Fp32, 2),
+                &tokens,
+                "A=2",
+            );
             for &stage in &stages[1..] {
                 let r = run(&world, &config(stage, Precision::Fp32, 2), &tokens, "A=2");
-                compare(rank, &format!("fp32 A=2 {stage:?} vs stage 0"), &r, &base2, 1e-6, 1e-5);
+                compare(
+                    rank,
+                    &format!("fp32 A=2 {stage:?} vs stage 0"),
+                    &r,
+                    &base2,
+                    1e-6,
+                    1e-5,
+                );
             }
             // Stage 3 accumulating locally (full gradients, one reduce-scatter per step).
             let mut c = config(Stage::Zero3, Precision::Fp32, 2);
             c.zero.reduce_every_micro_step = Some(false);
             let r = run(&world, &c, &tokens, "stage 3 local accumulation");
-            compare(rank, "fp32 A=2 Zero3 accumulate-locally vs stage 0", &r, &base2, 1e-6, 1e-5);
+            compare(
+                rank,
+                "fp32 A=2 Zero3 accumulate-locally vs stage 0",
+                &r,
+                &base2,
+                1e-6,
+                1e-5,
+            );
             // 1 rank x A = N sees the same global batch as N ranks x A = 1.
             let solo = world
                 .split(if rank == 0 { Some(0) } else { None }, 0)
                 .unwrap_or_else(|e| fail(rank, e.to_string()));
             if let Some(solo) = solo {
-                let r = run(&solo, &config(Stage::Zero0, Precision::Fp32, n), &tokens, "1 rank");
-                compare(rank, &format!("fp32 1 rank x A={n} vs {n} ranks x A=1"), &r, &base, 1e-6, 1e-5);
+                let r = run(
+                    &solo,
+                    &config(Stage::Zero0, Precision::Fp32, n),
+                    &tokens,
+                    "1 rank",
+                );
+                compare(
+                    rank,
+                    &format!("fp32 1 rank x A={n} vs {n} ranks x A=1"),
+                    &r,
+                    &base,
+                    1e-6,
+                    1e-5,
+                );
             }
         }
         "mixed" => {
-            let fp32 = run(&world, &config(Stage::Zero0, Precision::Fp32, 2), &tokens, "fp32");
+            let fp32 = run(
+                &world,
+                &config(Stage::Zero0, Precision::Fp32, 2),
+                &tokens,
+                "fp32",
+            );
             for precision in [Precision::Bf16, Precision::Fp16] {
                 for &stage in &stages {
                     for reduce in [GradReduceDtype::Half, GradReduceDtype::F32] {
@@ -222,11 +302,16 @@ fn main() {
                         let r = run(&world, &c, &tokens, "mixed");
                         // 16-bit parameters carry 8 (bf16) or 11 (fp16) significant bits:
                         // the loss of a tiny model tracks fp32 to ~1e-2 relative over 4
-                        // steps. Parameters: Adam's step is at most ~lr per element, so
-                        // 16-bit gradients can move a parameter by at most 4 * lr = 4e-2.
-                        let tol = if precision == Precision::Bf16 { 2e-2 } else { 1e-2 };
+                        // steps. Parameters: Adam's step is about lr at most per element, so
+                        // 16-bit gradients move a parameter by at most ~4 * lr (5e-2 with
+                        // margin); the losses are the sharp check here.
+                        let tol = if precision == Precision::Bf16 {
+                            2e-2
+                        } else {
+                            1e-2
+                        };
                         let what = format!("{precision:?} {stage:?} reduce {reduce:?} vs fp32");
-                        compare(rank, &what, &r, &fp32, tol, 4.0 * 1e-2);
+                        compare(rank, &what, &r, &fp32, tol, 5e-2);
                     }
                 }
             }
@@ -238,15 +323,49 @@ fn main() {
                 let r = run(&world, &c, &tokens, "overflow");
                 let first = &r.reports[0];
                 if !first.skipped || first.grad_norm.is_finite() {
-                    fail(rank, format!("{stage:?}: step 0 with scale 2^40 was not skipped: {first:?}"));
+                    fail(
+                        rank,
+                        format!("{stage:?}: step 0 with scale 2^40 was not skipped: {first:?}"),
+                    );
+                }
+                let skipped = r.reports.iter().filter(|x| x.skipped).count() as u64;
+                if r.applied + skipped != STEPS as u64 {
+                    fail(
+                        rank,
+                        format!(
+                            "{stage:?}: {} steps applied and {skipped} skipped of {STEPS}",
+                            r.applied
+                        ),
+                    );
+                }
+                if r.applied == 0 {
+                    // Nothing applied: the weights must be the initial ones, bit for bit.
+                    let mut c0 = c.clone();
+                    c0.train.steps = 0;
+                    let model =
+                        Gpt::<f32>::new(gpt(), B, 1).unwrap_or_else(|e| fail(rank, e.to_string()));
+                    let init = Engine::new(&c0, &world, &model)
+                        .and_then(|e| e.full_master_f32())
+                        .unwrap_or_else(|e| fail(rank, e.to_string()));
+                    if init != r.master {
+                        fail(
+                            rank,
+                            format!("{stage:?}: skipped steps changed the weights"),
+                        );
+                    }
                 }
                 if r.reports[1].loss_scale >= first.loss_scale {
-                    fail(rank, format!("{stage:?}: loss scale did not back off after an overflow"));
+                    fail(
+                        rank,
+                        format!("{stage:?}: loss scale did not back off after an overflow"),
+                    );
                 }
                 if rank == 0 {
                     let skipped: Vec<bool> = r.reports.iter().map(|x| x.skipped).collect();
-                    println!("fp16 {stage:?} forced overflow: skipped {skipped:?}, scales {:?}",
-                        r.reports.iter().map(|x| x.loss_scale).collect::<Vec<_>>());
+                    println!(
+                        "fp16 {stage:?} forced overflow: skipped {skipped:?}, scales {:?}",
+                        r.reports.iter().map(|x| x.loss_scale).collect::<Vec<_>>()
+                    );
                 }
             }
         }
