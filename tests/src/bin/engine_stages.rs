@@ -175,7 +175,7 @@ fn compare(rank: usize, what: &str, got: &Run, want: &Run, loss_tol: f64, param_
             (worst, at) = (d, i);
         }
     }
-    if !(worst <= param_tol) {
+    if worst.is_nan() || worst > param_tol {
         fail(
             rank,
             format!(
@@ -236,6 +236,17 @@ fn main() {
                     lt,
                     pt,
                 );
+            }
+            // Stage 3 gather policies: no prefetch, two layers ahead, and small units kept
+            // resident (ln_f falls under the threshold).
+            for (prefetch, persist) in [(0, 0), (2, 0), (1, 1000)] {
+                let mut c = config(Stage::Zero3, Precision::Fp32, 1);
+                c.zero.prefetch = prefetch;
+                c.zero.persistence_threshold = persist;
+                let r = run(&world, &c, &tokens, "stage 3 policy");
+                let what =
+                    format!("fp32 A=1 Zero3 prefetch {prefetch} persistence {persist} vs stage 0");
+                compare(rank, &what, &r, &base, lt, pt);
             }
             let base2 = run(
                 &world,
