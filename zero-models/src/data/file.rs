@@ -1,0 +1,230 @@
+//! Token files, memory-mapped: nanoGPT's `.bin` (raw little-endian uint16, nothing else)
+//! and llm.c's `.bin` (a header of 256 little-endian int32: [0] = magic 20240520,
+//! [1] = version 1, [2] = token count; then that many little-endian uint16). Tokens are
+//! decoded on read (no alignment or endianness assumption) and checked against the
+//! vocabulary there, so opening a 20 GB file costs nothing.
+
+use super::DataError;
+use memmap2::Mmap;
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// llm.c's header magic for token files.
+pub const LLMC_MAGIC: i32 = 20240520;
+/// llm.c's token-file version with uint16 tokens.
+pub const LLMC_VERSION: i32 = 1;
+/// Bytes of the llm.c header (256 int32).
+const LLMC_HEADER_BYTES: usize = 256 * 4;
+
+/// How a token file is laid out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TokenFormat {
+    /// nanoGPT: raw little-endian uint16.
+    NanoGpt,
+    /// llm.c: 1024-byte header, then uint16.
+    LlmC,
+    /// llm.c if the file starts with its magic, else nanoGPT. (The magic read as two
+    /// uint16 tokens is 54472, 308: outside GPT-2's 50257, so no GPT-2 nanoGPT file is
+    /// taken for llm.c.)
+    Auto,
+}
+
+enum Storage {
+    Mapped(Mmap, usize),
+    Owned(Vec<u16>),
+}
+
+/// A read-only sequence of tokens with a known vocabulary bound.
+pub struct Tokens {
+    storage: Storage,
+    len: usize,
+    vocab: usize,
+    name: String,
+}
+
+fn io_err(path: &Path, source: std::io::Error) -> DataError {
+    DataError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn header_i32(map: &[u8], i: usize) -> i32 {
+    i32::from_le_bytes([map[4 * i], map[4 * i + 1], map[4 * i + 2], map[4 * i + 3]])
+}
+
+impl Tokens {
+    /// Map a token file; tokens are checked against `vocab` as they are read.
+    pub fn open(path: &Path, format: TokenFormat, vocab: usize) -> Result<Self, DataError> {
+        let file = File::open(path).map_err(|e| io_err(path, e))?;
+        // SAFETY: the map is read-only; a file truncated under us by another process
+        // would fault (the standard caveat of memory-mapped input, as nanoGPT's np.memmap).
+        let map = unsafe { Mmap::map(&file) }.map_err(|e| io_err(path, e))?;
+        let p = PathBuf::from(path);
+        let is_llmc = map.len() >= 4 && header_i32(&map, 0) == LLMC_MAGIC;
+        let format = match format {
+            TokenFormat::Auto if is_llmc => TokenFormat::LlmC,
+            TokenFormat::Auto => TokenFormat::NanoGpt,
+            f => f,
+        };
+        let offset = match format {
+            TokenFormat::LlmC => {
+                if map.len() < LLMC_HEADER_BYTES {
+                    return Err(DataError::Truncated {
+                        path: p,
+                        detail: format!(
+                            "{} bytes, shorter than the {LLMC_HEADER_BYTES}-byte llm.c header",
+                            map.len()
+                        ),
+                    });
+                }
+                let magic = header_i32(&map, 0);
+                if magic != LLMC_MAGIC {
+                    return Err(DataError::WrongMagic {
+                        path: p,
+                        found: magic,
+                    });
+                }
+                let version = header_i32(&map, 1);
+                if version != LLMC_VERSION {
+                    return Err(DataError::WrongVersion {
+                        path: p,
+                        found: version,
+                    });
+                }
+                let header = header_i32(&map, 2) as u32 as u64;
+                let body = (map.len() - LLMC_HEADER_BYTES) as u64;
+                if body < 2 * header {
+                    return Err(DataError::Truncated {
+                        path: p,
+                        detail: format!(
+                            "header says {header} tokens ({} bytes), the file holds {body} bytes after the header",
+                            2 * header
+                        ),
+                    });
+                }
+                if body > 2 * header {
+                    return Err(DataError::LengthMismatch {
+                        path: p,
+                        header,
+                        found: body / 2,
+                    });
+                }
+                LLMC_HEADER_BYTES
+            }
+            _ => {
+                if map.len() % 2 != 0 {
+                    return Err(DataError::Truncated {
+                        path: p,
+                        detail: format!(
+                            "{} bytes is not a whole number of uint16 tokens",
+                            map.len()
+                        ),
+                    });
+                }
+                0
+            }
+        };
+        let len = (map.len() - offset) / 2;
+        log::debug!("mapped {} ({format:?}): {len} tokens", path.display());
+        Ok(Tokens {
+            storage: Storage::Mapped(map, offset),
+            len,
+            vocab,
+            name: path.display().to_string(),
+        })
+    }
+
+    /// Tokens held in memory (a generated corpus), checked against `vocab` now.
+    pub fn from_vec(name: &str, tokens: Vec<u16>, vocab: usize) -> Result<Self, DataError> {
+        if let Some(i) = tokens.iter().position(|&t| t as usize >= vocab) {
+            return Err(DataError::TokenOutOfVocab {
+                source_name: name.to_string(),
+                position: i as u64,
+                token: tokens[i],
+                vocab,
+            });
+        }
+        Ok(Tokens {
+            len: tokens.len(),
+            storage: Storage::Owned(tokens),
+            vocab,
+            name: name.to_string(),
+        })
+    }
+
+    /// Number of tokens.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when there are no tokens.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The vocabulary bound tokens are checked against.
+    pub fn vocab(&self) -> usize {
+        self.vocab
+    }
+
+    /// File path or corpus name, for messages.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Token `i` (< len), checked against the vocabulary.
+    pub fn get(&self, i: usize) -> Result<u16, DataError> {
+        let t = match &self.storage {
+            Storage::Mapped(map, off) => {
+                u16::from_le_bytes([map[off + 2 * i], map[off + 2 * i + 1]])
+            }
+            Storage::Owned(v) => v[i],
+        };
+        if t as usize >= self.vocab {
+            return Err(DataError::TokenOutOfVocab {
+                source_name: self.name.clone(),
+                position: i as u64,
+                token: t,
+                vocab: self.vocab,
+            });
+        }
+        Ok(t)
+    }
+}
+
+fn write_file(path: &Path, header: Option<[i32; 256]>, tokens: &[u16]) -> Result<(), DataError> {
+    let mut bytes = Vec::with_capacity(LLMC_HEADER_BYTES + 2 * tokens.len());
+    if let Some(h) = header {
+        h.iter()
+            .for_each(|x| bytes.extend_from_slice(&x.to_le_bytes()));
+    }
+    tokens
+        .iter()
+        .for_each(|t| bytes.extend_from_slice(&t.to_le_bytes()));
+    let mut f = File::create(path).map_err(|e| io_err(path, e))?;
+    f.write_all(&bytes).map_err(|e| io_err(path, e))?;
+    f.sync_all().map_err(|e| io_err(path, e))
+}
+
+/// Write tokens as an llm.c `.bin` (header with magic, version 1, count; then uint16).
+pub fn write_llmc(path: &Path, tokens: &[u16]) -> Result<(), DataError> {
+    let count = i32::try_from(tokens.len()).map_err(|_| {
+        DataError::Invalid(format!(
+            "{}: {} tokens do not fit the llm.c header's int32 count",
+            path.display(),
+            tokens.len()
+        ))
+    })?;
+    let mut header = [0i32; 256];
+    header[0] = LLMC_MAGIC;
+    header[1] = LLMC_VERSION;
+    header[2] = count;
+    write_file(path, Some(header), tokens)
+}
+
+/// Write tokens as a nanoGPT `.bin` (raw little-endian uint16).
+pub fn write_nanogpt(path: &Path, tokens: &[u16]) -> Result<(), DataError> {
+    write_file(path, None, tokens)
+}
