@@ -26,19 +26,18 @@ pub enum ConfigError {
     #[error("vocab_size V={0} exceeds 65536, the range of the u16 token files")]
     VocabTooLarge(usize),
     /// An unknown preset name.
-    #[error("unknown model preset '{0}' (known: {known})", known = PRESETS.join(", "))]
+    #[error("unknown model preset '{0}' (known: {known})", known = preset_names().join(", "))]
     UnknownPreset(String),
 }
 
-/// Names accepted by [`GptConfig::preset`].
-pub const PRESETS: &[&str] = &[
-    "tiny",
-    "small",
-    "gpt2-124m",
-    "gpt2-350m",
-    "gpt2-774m",
-    "gpt2-1.5b",
-];
+/// Names accepted by [`GptConfig::preset`]: the table lives in zero-core's config
+/// (`zero_core::config::PRESETS`, which config files name), so the two never disagree.
+pub fn preset_names() -> Vec<&'static str> {
+    zero_core::config::PRESETS
+        .iter()
+        .map(|(name, _)| *name)
+        .collect()
+}
 
 /// The shape of a GPT-2 model (nanoGPT's `GPTConfig`, llm.c's `GPT2Config`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,40 +55,27 @@ pub struct GptConfig {
 }
 
 impl GptConfig {
-    /// A named preset (see [`PRESETS`]):
+    /// A named preset (see [`preset_names`]; shapes in `zero_core::config::PRESETS`):
     /// - `tiny`: V=32 T=8 L=2 H=2 C=16, for gradient checks and quick tests.
     /// - `small`: V=256 (bytes) T=256 L=4 H=4 C=256, ~3.3M parameters, for CPU benchmarks.
     /// - `gpt2-124m` .. `gpt2-1.5b`: the GPT-2 shapes with V=50257, T=1024.
     pub fn preset(name: &str) -> Result<Self, ConfigError> {
-        let gpt2 = |n_layer, n_head, n_embd| GptConfig {
-            vocab_size: 50257,
-            max_seq_len: 1024,
-            n_layer,
-            n_head,
-            n_embd,
-        };
-        let cfg = match name {
-            "tiny" => GptConfig {
-                vocab_size: 32,
-                max_seq_len: 8,
-                n_layer: 2,
-                n_head: 2,
-                n_embd: 16,
-            },
-            "small" => GptConfig {
-                vocab_size: 256,
-                max_seq_len: 256,
-                n_layer: 4,
-                n_head: 4,
-                n_embd: 256,
-            },
-            "gpt2-124m" => gpt2(12, 12, 768),
-            "gpt2-350m" => gpt2(24, 16, 1024),
-            "gpt2-774m" => gpt2(36, 20, 1280),
-            "gpt2-1.5b" => gpt2(48, 25, 1600),
-            other => return Err(ConfigError::UnknownPreset(other.to_string())),
-        };
-        Ok(cfg)
+        zero_core::config::PRESETS
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, d)| GptConfig::from_dims(d))
+            .ok_or_else(|| ConfigError::UnknownPreset(name.to_string()))
+    }
+
+    /// The model of resolved config dimensions (`zero_core::config::resolve_model`).
+    pub fn from_dims(d: &zero_core::config::ModelDims) -> Self {
+        GptConfig {
+            vocab_size: d.vocab_size,
+            max_seq_len: d.context_len,
+            n_layer: d.layers,
+            n_head: d.heads,
+            n_embd: d.width,
+        }
     }
 
     /// Check the shape: all dimensions positive, H divides C, V fits u16 tokens.

@@ -51,6 +51,6 @@ mod layout;
 mod ops;
 pub mod real;
 
-pub use config::{ConfigError, GptConfig, PRESETS};
+pub use config::{preset_names, ConfigError, GptConfig};
 pub use gpt::{activation_bytes_for, Gpt};
 pub use real::Real;

@@ -1,7 +1,7 @@
 //! Presets and specs: parameter counts against the published GPT-2 sizes, names and
 //! shapes as DESIGN.md, and the 1.5B spec built without allocating weights.
 
-use zero_models::{activation_bytes_for, ConfigError, GptConfig, PRESETS};
+use zero_models::{activation_bytes_for, preset_names, ConfigError, GptConfig};
 
 #[test]
 fn presets_have_the_published_parameter_counts() {
@@ -18,7 +18,7 @@ fn presets_have_the_published_parameter_counts() {
         assert_eq!(spec.numel(), want, "{name}");
         spec.validate().expect("spec is well formed");
     }
-    for name in PRESETS {
+    for name in preset_names() {
         let cfg = GptConfig::preset(name).expect("listed preset");
         cfg.validate().expect("preset is valid");
         assert_eq!(cfg.spec().numel(), cfg.num_params());

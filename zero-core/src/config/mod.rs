@@ -84,8 +84,7 @@ pub struct ModelDims {
     pub width: usize,
 }
 
-/// Named model sizes, the same names and shapes as `zero_models::GptConfig::preset`
-/// (zero-core cannot depend on zero-models; a test there should hold the two equal):
+/// Named model sizes, the one table of them (`zero_models::GptConfig::preset` reads it):
 /// `tiny` (gradient checks), `small` (byte-level, CPU runs), and the GPT-2 shapes.
 pub const PRESETS: &[(&str, ModelDims)] = &[
     ("tiny", dims(32, 8, 2, 2, 16)),
