@@ -1,4 +1,37 @@
 //! zero-comm: collectives over real MPI for the ZeRO engine.
+//!
+//! - [`init`] brings MPI up (MPI_THREAD_MULTIPLE), installs a panic hook that aborts the
+//!   whole job naming the rank, and returns the world [`MpiComm`].
+//! - [`Communicator`]: rank/size, blocking all-reduce (sum, max), reduce-scatter and
+//!   all-gather (equal blocks), broadcast, barrier on any [`CommBuf`] (host slices today,
+//!   device buffers later); non-blocking versions in a [`Communicator::scope`].
+//! - Element types: every [`DType`]; bf16/f16 sums per [`HalfSum`].
+//! - Accounting per [`CollectiveKind`] ([`CommStats`], ring-algorithm bytes).
+//! - Failure: typed [`CommError`]s with the rank; optional watchdog and consistency check
+//!   ([`CommConfig`], `ZERO_COMM_TIMEOUT`, `ZERO_COMM_CHECK`).
 #![deny(missing_docs)]
 
+pub mod buffer;
+pub mod communicator;
+pub mod config;
+pub mod error;
+mod init;
+mod mpi;
+pub mod nonblocking;
+pub mod selftest;
+pub mod stats;
+mod watchdog;
+
+pub use buffer::{CommBuf, CommBufMut, Location};
+pub use communicator::{Communicator, InFlight, RawBuf, RawCall, ReduceOp};
+pub use config::{CommConfig, HalfSum};
+pub use error::{CommError, Result};
+pub use init::{abort, init, init_with, line_to_stderr, MpiContext, PANIC_EXIT_CODE};
+pub use mpi::MpiComm;
+pub use nonblocking::{Pending, Scope};
+pub use stats::{ring_bytes, CollectiveKind, CommStats, KindStats};
+pub use watchdog::WATCHDOG_EXIT_CODE;
 pub use zero_kernels::{DType, Element};
+
+/// rsmpi, re-exported so callers use the same version (e.g. for raw baselines).
+pub use ::mpi as rsmpi;

@@ -1,10 +1,490 @@
-//! `zero-bench micro comm` (being built; owned by the comm work).
+//! `zero-bench micro comm`: bus bandwidth of our reduce-scatter, all-gather and all-reduce
+//! next to the raw MPI call (rsmpi's safe API on MPI_COMM_WORLD) on the same buffers in
+//! the same run. Run it under mpirun/srun.
+//!
+//! Definitions are nccl-tests' (doc/PERFORMANCE.md): `size` is the full buffer in bytes
+//! (all-reduce: the buffer; reduce-scatter: the whole input; all-gather: the whole
+//! output), `time` the time of one call (from a barrier, max over ranks),
+//! `algbw = size / time`, and `busbw = algbw * 2(N-1)/N` for all-reduce and
+//! `algbw * (N-1)/N` for reduce-scatter and all-gather: the rate each rank's link would
+//! need under a ring algorithm, comparable across N. Ours and raw alternate call by call
+//! (order swapped every pair, so a slow moment of a shared machine hits both alike); the
+//! median call of each is reported, with the ratio ours/raw of busbw (= raw/ours time).
+//!
+//! `--self-test` first runs every collective on every dtype against serial answers
+//! (zero_comm::selftest) and fails the command if any rank saw a wrong value.
+
+use anyhow::{bail, Context, Result};
+use half::{bf16, f16};
+use serde::Serialize;
+use std::io::Write;
+use std::path::PathBuf;
+use zero_comm::rsmpi::collective::{CommunicatorCollectives, SystemOperation, UserOperation};
+use zero_comm::rsmpi::topology::SimpleCommunicator;
+use zero_comm::{selftest, Communicator, DType, Element, MpiComm, ReduceOp};
 
 /// Options of `micro comm`.
 #[derive(clap::Args, Debug)]
-pub struct CommArgs {}
+pub struct CommArgs {
+    /// Smallest full-buffer size (bytes; suffixes KiB, MiB, GiB or K, M, G, all binary).
+    #[arg(long, default_value = "1KiB", value_parser = parse_size)]
+    min_size: usize,
+    /// Largest full-buffer size; sizes double from --min-size.
+    #[arg(long, default_value = "256MiB", value_parser = parse_size)]
+    max_size: usize,
+    /// Element type: f32, f64, bf16, f16, u8, i32, i64.
+    #[arg(long, default_value = "f32")]
+    dtype: DType,
+    /// Timed ours/raw call pairs per size and collective at most (fewer for large sizes,
+    /// see --bytes-per-point).
+    #[arg(long, default_value_t = 20)]
+    iters: usize,
+    /// Untimed ours/raw pairs before each point.
+    #[arg(long, default_value_t = 1)]
+    warmup: usize,
+    /// Timed ours/raw call pairs per size and collective at least.
+    #[arg(long, default_value_t = 5)]
+    min_pairs: usize,
+    /// Caps the timed pairs so that each side moves about this many bytes per point.
+    #[arg(long, default_value = "64MiB", value_parser = parse_size)]
+    bytes_per_point: usize,
+    /// Collectives to measure (comma-separated: reduce_scatter, all_gather, all_reduce).
+    #[arg(
+        long,
+        default_value = "reduce_scatter,all_gather,all_reduce",
+        value_delimiter = ','
+    )]
+    ops: Vec<String>,
+    /// Check every collective on every dtype against serial answers first.
+    #[arg(long)]
+    self_test: bool,
+    /// A/A control: run the raw MPI call on both sides, to show how far the ratio strays
+    /// from 1 by noise alone on this machine.
+    #[arg(long)]
+    raw_vs_raw: bool,
+    /// Also write the table as CSV here (rank 0).
+    #[arg(long)]
+    csv: Option<PathBuf>,
+    /// Also write the table as JSON here (rank 0).
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+/// `16MiB` -> 16777216.
+fn parse_size(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: usize = num
+        .parse()
+        .map_err(|_| format!("'{s}' is not a size (e.g. 1024, 64KiB, 16MiB, 1GiB)"))?;
+    let mult: usize = match unit.trim() {
+        "" | "B" => 1,
+        "K" | "k" | "KiB" | "KB" | "kB" => 1 << 10,
+        "M" | "MiB" | "MB" => 1 << 20,
+        "G" | "GiB" | "GB" => 1 << 30,
+        u => {
+            return Err(format!(
+                "unknown size unit '{u}' in '{s}' (use KiB, MiB, GiB)"
+            ))
+        }
+    };
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("size '{s}' overflows"))
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Op {
+    ReduceScatter,
+    AllGather,
+    AllReduce,
+}
+
+impl Op {
+    fn parse(s: &str) -> Result<Op> {
+        Ok(match s.trim() {
+            "reduce_scatter" => Op::ReduceScatter,
+            "all_gather" => Op::AllGather,
+            "all_reduce" => Op::AllReduce,
+            o => bail!("unknown collective '{o}' (reduce_scatter, all_gather, all_reduce)"),
+        })
+    }
+    fn name(self) -> &'static str {
+        match self {
+            Op::ReduceScatter => "reduce_scatter",
+            Op::AllGather => "all_gather",
+            Op::AllReduce => "all_reduce",
+        }
+    }
+    /// nccl-tests' bus-bandwidth factor.
+    fn bus_factor(self, n: usize) -> f64 {
+        let n = n as f64;
+        match self {
+            Op::AllReduce => 2.0 * (n - 1.0) / n,
+            _ => (n - 1.0) / n,
+        }
+    }
+}
+
+/// One row of the table.
+#[derive(Serialize, Debug, Clone)]
+struct Row {
+    op: &'static str,
+    dtype: String,
+    ranks: usize,
+    size_bytes: usize,
+    count: usize,
+    pairs: usize,
+    ours_us: f64,
+    raw_us: f64,
+    ours_algbw_gbs: f64,
+    ours_busbw_gbs: f64,
+    raw_algbw_gbs: f64,
+    raw_busbw_gbs: f64,
+    ratio: f64,
+}
+
+/// The raw baseline: rsmpi's safe collectives, on the element type MPI knows.
+trait RawMpi: Element {
+    fn raw(world: &SimpleCommunicator, op: Op, send: &[Self], recv: &mut [Self]);
+}
+
+macro_rules! raw_native {
+    ($($t:ty),*) => {$(
+        impl RawMpi for $t {
+            fn raw(world: &SimpleCommunicator, op: Op, send: &[Self], recv: &mut [Self]) {
+                match op {
+                    Op::AllReduce => world.all_reduce_into(send, recv, SystemOperation::sum()),
+                    Op::ReduceScatter => {
+                        world.reduce_scatter_block_into(send, recv, SystemOperation::sum())
+                    }
+                    Op::AllGather => world.all_gather_into(send, recv),
+                }
+            }
+        }
+    )*};
+}
+raw_native!(f32, f64, u8, i32, i64);
+
+/// Halves: moved as u16, summed by an f32-accumulating closure op (ENVIRONMENT.md).
+fn raw_half<H: Element>(
+    world: &SimpleCommunicator,
+    op: Op,
+    send: &[H],
+    recv: &mut [H],
+    to: fn(u16) -> f32,
+    from: fn(f32) -> u16,
+) {
+    let send: &[u16] = bytemuck::cast_slice(send);
+    let recv: &mut [u16] = bytemuck::cast_slice_mut(recv);
+    let sum = UserOperation::commutative(move |a, b| {
+        if let (Some(a), Some(b)) = (a.downcast::<u16>(), b.downcast::<u16>()) {
+            for (x, y) in a.iter().zip(b.iter_mut()) {
+                *y = from(to(*x) + to(*y));
+            }
+        }
+    });
+    match op {
+        Op::AllReduce => world.all_reduce_into(send, recv, &sum),
+        Op::ReduceScatter => world.reduce_scatter_block_into(send, recv, &sum),
+        Op::AllGather => world.all_gather_into(send, recv),
+    }
+}
+
+impl RawMpi for bf16 {
+    fn raw(world: &SimpleCommunicator, op: Op, send: &[Self], recv: &mut [Self]) {
+        raw_half(
+            world,
+            op,
+            send,
+            recv,
+            |b| bf16::from_bits(b).to_f32(),
+            |x| bf16::from_f32(x).to_bits(),
+        )
+    }
+}
+
+impl RawMpi for f16 {
+    fn raw(world: &SimpleCommunicator, op: Op, send: &[Self], recv: &mut [Self]) {
+        raw_half(
+            world,
+            op,
+            send,
+            recv,
+            |b| f16::from_bits(b).to_f32(),
+            |x| f16::from_f32(x).to_bits(),
+        )
+    }
+}
+
+/// Per-call times of ours (`call(true)`) and raw (`call(false)`) (max over ranks), interleaved call by call with
+/// the order swapped every pair, each call started right after a barrier, so that a slow
+/// moment of a shared machine hits both alike. `warmup` untimed pairs first.
+fn paired(
+    world: &SimpleCommunicator,
+    warmup: usize,
+    pairs: usize,
+    mut call: impl FnMut(bool) -> Result<()>,
+) -> Result<(Vec<f64>, Vec<f64>)> {
+    for _ in 0..warmup {
+        call(true)?;
+        call(false)?;
+    }
+    let mut t = vec![0.0f64; 2 * pairs];
+    for i in 0..pairs {
+        for k in [i % 2, 1 - i % 2] {
+            world.barrier();
+            let t0 = zero_comm::rsmpi::time();
+            call(k == 0)?;
+            t[2 * i + k] = zero_comm::rsmpi::time() - t0;
+        }
+    }
+    let mut slowest = vec![0.0f64; 2 * pairs];
+    world.all_reduce_into(&t[..], &mut slowest[..], SystemOperation::max());
+    let ours_t = slowest.iter().step_by(2).copied().collect();
+    let raw_t = slowest.iter().skip(1).step_by(2).copied().collect();
+    Ok((ours_t, raw_t))
+}
+
+/// Median: robust to the outliers of a shared machine, and the same statistic for both.
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => 0.5 * (v[n / 2 - 1] + v[n / 2]),
+    }
+}
+
+/// Measure every size and collective for element type `T`.
+fn sweep<T: RawMpi>(
+    args: &CommArgs,
+    comm: &MpiComm,
+    world: &SimpleCommunicator,
+) -> Result<Vec<Row>> {
+    let n = comm.size();
+    let elem = std::mem::size_of::<T>();
+    let ops: Vec<Op> = args
+        .ops
+        .iter()
+        .map(|o| Op::parse(o))
+        .collect::<Result<_>>()?;
+    let mut rows = Vec::new();
+    let mut size = args.min_size.max(elem * n);
+    while size <= args.max_size {
+        // Whole blocks of whole elements: count divisible by N (reduce-scatter, all-gather).
+        let count = size / elem / n * n;
+        let block = count / n;
+        let pairs = (args.bytes_per_point / (count * elem).max(1))
+            .clamp(args.min_pairs.max(1), args.iters.max(args.min_pairs).max(1));
+        let full_send = vec![T::default(); count];
+        let mut full_recv = vec![T::default(); count];
+        let block_send = vec![T::default(); block];
+        let mut block_recv = vec![T::default(); block];
+        for &op in &ops {
+            let (ours, raw) = paired(world, args.warmup, pairs, |ours| {
+                if !ours || args.raw_vs_raw {
+                    match op {
+                        Op::AllReduce => T::raw(world, op, &full_send, &mut full_recv),
+                        Op::ReduceScatter => T::raw(world, op, &full_send, &mut block_recv),
+                        Op::AllGather => T::raw(world, op, &block_send, &mut full_recv),
+                    }
+                    return Ok(());
+                }
+                match op {
+                    Op::AllReduce => {
+                        comm.all_reduce_into(&full_send[..], &mut full_recv[..], ReduceOp::Sum)
+                    }
+                    Op::ReduceScatter => {
+                        comm.reduce_scatter(&full_send[..], &mut block_recv[..], ReduceOp::Sum)
+                    }
+                    Op::AllGather => comm.all_gather(&block_send[..], &mut full_recv[..]),
+                }
+                .with_context(|| format!("{} of {count} x {}", op.name(), T::DTYPE))
+            })?;
+            let (t_ours, t_raw) = (median(ours), median(raw));
+            let bytes = (count * elem) as f64;
+            let f = op.bus_factor(n);
+            let row = Row {
+                op: op.name(),
+                dtype: T::DTYPE.to_string(),
+                ranks: n,
+                size_bytes: count * elem,
+                count,
+                pairs,
+                ours_us: t_ours * 1e6,
+                raw_us: t_raw * 1e6,
+                ours_algbw_gbs: bytes / t_ours / 1e9,
+                ours_busbw_gbs: bytes / t_ours / 1e9 * f,
+                raw_algbw_gbs: bytes / t_raw / 1e9,
+                raw_busbw_gbs: bytes / t_raw / 1e9 * f,
+                ratio: t_raw / t_ours,
+            };
+            if comm.rank() == 0 {
+                print_row(&row);
+            }
+            rows.push(row);
+        }
+        size = match size.checked_mul(2) {
+            Some(s) => s,
+            None => break,
+        };
+    }
+    Ok(rows)
+}
+
+fn print_header(n: usize, dtype: DType) {
+    println!(
+        "# zero-bench micro comm: {n} ranks, {dtype}; busbw per nccl-tests; ratio = ours/raw busbw"
+    );
+    println!(
+        "{:<15} {:>12} {:>6} {:>11} {:>10} {:>10} {:>11} {:>10} {:>7}",
+        "collective",
+        "size(B)",
+        "pairs",
+        "ours(us)",
+        "ours busbw",
+        "ours algbw",
+        "raw(us)",
+        "raw busbw",
+        "ratio"
+    );
+}
+
+fn print_row(r: &Row) {
+    println!(
+        "{:<15} {:>12} {:>6} {:>11.1} {:>10.3} {:>10.3} {:>11.1} {:>10.3} {:>7.3}",
+        r.op,
+        r.size_bytes,
+        r.pairs,
+        r.ours_us,
+        r.ours_busbw_gbs,
+        r.ours_algbw_gbs,
+        r.raw_us,
+        r.raw_busbw_gbs,
+        r.ratio
+    );
+    let _ = std::io::stdout().flush();
+}
+
+fn write_outputs(args: &CommArgs, rows: &[Row]) -> Result<()> {
+    if let Some(p) = &args.csv {
+        let mut s = String::from("op,dtype,ranks,size_bytes,count,pairs,ours_us,raw_us,ours_algbw_gbs,ours_busbw_gbs,raw_algbw_gbs,raw_busbw_gbs,ratio\n");
+        for r in rows {
+            s.push_str(&format!(
+                "{},{},{},{},{},{},{:.3},{:.3},{:.4},{:.4},{:.4},{:.4},{:.4}\n",
+                r.op,
+                r.dtype,
+                r.ranks,
+                r.size_bytes,
+                r.count,
+                r.pairs,
+                r.ours_us,
+                r.raw_us,
+                r.ours_algbw_gbs,
+                r.ours_busbw_gbs,
+                r.raw_algbw_gbs,
+                r.raw_busbw_gbs,
+                r.ratio
+            ));
+        }
+        std::fs::write(p, s).with_context(|| format!("writing CSV to {}", p.display()))?;
+    }
+    if let Some(p) = &args.json {
+        let s = serde_json::to_string_pretty(rows).context("serialising the table")?;
+        std::fs::write(p, s).with_context(|| format!("writing JSON to {}", p.display()))?;
+    }
+    Ok(())
+}
+
+/// From 1 MiB up: per collective the geometric mean of ours/raw, and the worst point
+/// (printed, never asserted: the machine may be shared, see the module header).
+fn summarise(rows: &[Row]) {
+    for op in [Op::ReduceScatter, Op::AllGather, Op::AllReduce] {
+        let big: Vec<f64> = rows
+            .iter()
+            .filter(|r| r.size_bytes >= 1 << 20 && r.op == op.name())
+            .map(|r| r.ratio)
+            .collect();
+        if big.is_empty() {
+            continue;
+        }
+        let geo = (big.iter().map(|r| r.ln()).sum::<f64>() / big.len() as f64).exp();
+        let worst = big.iter().copied().fold(f64::INFINITY, f64::min);
+        let below = big.iter().filter(|&&r| r < 0.97).count();
+        println!(
+            "# {:<15} from 1 MiB up: ours/raw geomean {geo:.3}, worst {worst:.3}, {below} of {} points below 0.97",
+            op.name(),
+            big.len()
+        );
+    }
+}
+
+/// Every collective on every dtype against serial answers; returns the failures summed
+/// over all ranks (the same number on every rank).
+fn self_test(comm: &MpiComm) -> Result<u64> {
+    let results = selftest::run(comm).context("self-test collective failed")?;
+    for r in results.iter().filter(|r| !r.ok) {
+        log::error!("self-test FAIL {}: {}", r.name, r.detail);
+    }
+    let failed = selftest::failures_everywhere(comm, &results).context("self-test tally")?;
+    if comm.rank() == 0 {
+        let verdict = if failed == 0 {
+            "all passed".to_string()
+        } else {
+            format!("{failed} FAILED")
+        };
+        println!(
+            "# self-test: {} cases per rank x {} ranks (every collective x every dtype, \
+             blocking and non-blocking, halves in both sum modes): {verdict}",
+            results.len(),
+            comm.size(),
+        );
+    }
+    Ok(failed)
+}
 
 /// Run the benchmark.
-pub fn run(_args: &CommArgs) -> anyhow::Result<()> {
-    anyhow::bail!("micro comm is not built yet")
+pub fn run(args: &CommArgs) -> Result<()> {
+    if args.min_size > args.max_size {
+        bail!(
+            "--min-size {} is larger than --max-size {}",
+            args.min_size,
+            args.max_size
+        );
+    }
+    let (ctx, comm) = zero_comm::init().context("initialising MPI")?;
+    crate::logging::init(Some((comm.rank(), comm.size())));
+    let world = ctx.universe().world();
+    // An error on one rank leaves the others waiting in a collective: take the whole job
+    // down (MPI_Abort) rather than return from this rank alone.
+    let or_abort = |e: anyhow::Error| -> ! { zero_comm::abort(&format!("error: {e:#}"), 1) };
+    if args.self_test {
+        let failed = self_test(&comm).unwrap_or_else(|e| or_abort(e));
+        if failed > 0 {
+            // Every rank knows the same count, so every rank stops here together.
+            bail!("self-test: {failed} cases failed (see the FAIL lines above)");
+        }
+    }
+    if comm.rank() == 0 {
+        print_header(comm.size(), args.dtype);
+        if args.raw_vs_raw {
+            println!("# A/A control (--raw-vs-raw): the 'ours' columns run the raw call too");
+        }
+    }
+    let rows = match args.dtype {
+        DType::F32 => sweep::<f32>(args, &comm, &world),
+        DType::F64 => sweep::<f64>(args, &comm, &world),
+        DType::BF16 => sweep::<bf16>(args, &comm, &world),
+        DType::F16 => sweep::<f16>(args, &comm, &world),
+        DType::U8 => sweep::<u8>(args, &comm, &world),
+        DType::I32 => sweep::<i32>(args, &comm, &world),
+        DType::I64 => sweep::<i64>(args, &comm, &world),
+    }
+    .unwrap_or_else(|e| or_abort(e));
+    if comm.rank() == 0 {
+        summarise(&rows);
+        write_outputs(args, &rows).unwrap_or_else(|e| or_abort(e));
+    }
+    Ok(())
 }

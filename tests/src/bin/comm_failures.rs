@@ -1,0 +1,122 @@
+//! Scenario: failure behaviour of zero-comm, one mode per run (first argument).
+//! - `panic`: the last rank panics while the others wait in an all-reduce; the panic hook
+//!   must abort the whole job, naming the rank.
+//! - `mismatch` (run with ZERO_COMM_CHECK=1): rank 1 issues a different count, then a
+//!   different collective; every rank must get `CommError::Mismatch` naming both ranks.
+//! - `hang` (run with ZERO_COMM_TIMEOUT): rank 0 sleeps instead of joining an all-reduce;
+//!   the others' watchdogs must print the collective and abort the job.
+//! - `hang-nonblocking` (run with ZERO_COMM_TIMEOUT=2): the same with a non-blocking
+//!   all-gather that the others overlap with 2.5 s of "compute" before waiting; the
+//!   watchdog must fire only once they wait.
+//! - `mpi-error`: an MPI call with an invalid root must come back as `CommError::Mpi`
+//!   carrying the rank, not abort inside MPI.
+
+use std::time::Duration;
+use zero_comm::{
+    CollectiveKind, CommError, Communicator, DType, Location, RawBuf, RawCall, ReduceOp,
+};
+
+fn main() {
+    let mode = std::env::args().nth(1).unwrap_or_default();
+    let (_ctx, world) = match zero_comm::init() {
+        Ok(x) => x,
+        Err(e) => {
+            eprintln!("init failed: {e}");
+            std::process::exit(1);
+        }
+    };
+    let (me, n) = (world.rank(), world.size());
+    let mut buf = vec![1.0f32; 1000];
+    match mode.as_str() {
+        "panic" => {
+            if me == n - 1 {
+                panic!("deliberate panic in comm_failures");
+            }
+            // Would hang forever without the abort.
+            let _ = world.all_reduce(&mut buf[..], ReduceOp::Sum);
+        }
+        "mismatch" => {
+            let count = if me == 1 { 10 } else { 12 };
+            let err = world.all_reduce(&mut buf[..count], ReduceOp::Sum);
+            expect_mismatch(err, "10 x f32", "12 x f32");
+            let err = if me == 1 {
+                world.broadcast(&mut buf[..12], 0)
+            } else {
+                world.all_reduce(&mut buf[..12], ReduceOp::Max)
+            };
+            expect_mismatch(err, "broadcast", "all_reduce(max)");
+            // The communicator is still usable after a caught mismatch.
+            world
+                .barrier()
+                .unwrap_or_else(|e| zero_comm::abort(&e.to_string(), 1));
+        }
+        "hang" => {
+            if me == 0 {
+                std::thread::sleep(Duration::from_secs(60));
+            }
+            let _ = world.all_reduce(&mut buf[..], ReduceOp::Sum);
+        }
+        "hang-nonblocking" => {
+            if me == 0 {
+                std::thread::sleep(Duration::from_secs(60));
+            }
+            let _ = world.scope(|s| -> zero_comm::Result<()> {
+                let h = s.all_gather_in_place(&mut buf[..999 / n * n])?;
+                // Computing with a request outstanding is not a hang: only waiting is.
+                std::thread::sleep(Duration::from_millis(2500));
+                zero_comm::line_to_stderr(&format!("rank {me}: now waiting"));
+                h.wait()?;
+                Ok(())
+            });
+        }
+        "mpi-error" => {
+            let call = RawCall {
+                kind: CollectiveKind::Broadcast,
+                op: None,
+                dtype: DType::F32,
+                send: None,
+                recv: RawBuf {
+                    ptr: buf.as_mut_ptr() as *mut u8,
+                    len: buf.len(),
+                    location: Location::Host,
+                },
+                root: 99 + n,
+            };
+            // SAFETY: `buf` is valid for the call; the root is what is wrong.
+            match unsafe { world.execute(&call) } {
+                Err(e @ CommError::Mpi { rank, .. }) if rank == me => {
+                    zero_comm::line_to_stderr(&format!("caught: {e}"))
+                }
+                other => zero_comm::abort(&format!("expected an MPI error, got {other:?}"), 1),
+            }
+            world
+                .barrier()
+                .unwrap_or_else(|e| zero_comm::abort(&e.to_string(), 1));
+        }
+        _ => zero_comm::abort(&format!("unknown mode '{mode}'"), 2),
+    }
+    println!("{}", zero_tests::ok_line(me));
+}
+
+fn expect_mismatch(r: zero_comm::Result<()>, a: &str, b: &str) {
+    match r {
+        Err(
+            e @ CommError::Mismatch {
+                rank_a: 0,
+                rank_b: 1,
+                ..
+            },
+        ) => {
+            let msg = e.to_string();
+            if !(msg.contains("rank 0 issued")
+                && msg.contains("rank 1 issued")
+                && msg.contains(a)
+                && msg.contains(b))
+            {
+                zero_comm::abort(&format!("mismatch message lacks detail: {msg}"), 1);
+            }
+            zero_comm::line_to_stderr(&format!("caught: {msg}"));
+        }
+        other => zero_comm::abort(&format!("expected a mismatch, got {other:?}"), 1),
+    }
+}

@@ -1,0 +1,104 @@
+//! Failure behaviour under real mpirun: a panicking rank aborts the job naming itself; the
+//! consistency check names both ranks of a mismatch; the watchdog aborts a hung collective
+//! naming it; MPI errors come back as typed errors. Each job is killed after 30 s at most
+//! (the launcher's timeout), so a regression shows up as a failed test, not a hung one.
+
+use std::time::Duration;
+use zero_tests::MpiJob;
+
+fn job(ranks: usize, mode: &str) -> MpiJob {
+    MpiJob::new(ranks, env!("CARGO_BIN_EXE_comm_failures"))
+        .args([mode])
+        .timeout(Duration::from_secs(30))
+}
+
+#[test]
+fn panicking_rank_aborts_the_job_and_is_named() {
+    for ranks in [2, 3] {
+        let out = job(ranks, "panic").run();
+        out.assert_failed_by_itself();
+        let text = out.all_text();
+        let who = format!("rank {}: deliberate panic in comm_failures", ranks - 1);
+        assert!(
+            text.contains(&who),
+            "expected '{who}'\n{}",
+            out.transcript()
+        );
+    }
+}
+
+#[test]
+fn consistency_check_names_both_ranks() {
+    for ranks in [2, 4] {
+        let out = job(ranks, "mismatch").env("ZERO_COMM_CHECK", "1").run();
+        out.assert_all_ok();
+        let text = out.all_text();
+        for r in 0..ranks {
+            let line = format!("rank {r}: collective mismatch on 'world' at call #0: rank 0 issued #0 all_reduce(sum) of 12 x f32 but rank 1 issued #0 all_reduce(sum) of 10 x f32");
+            assert!(
+                text.contains(&line),
+                "missing '{line}'\n{}",
+                out.transcript()
+            );
+        }
+        assert!(
+            text.contains("rank 1 issued #1 broadcast of 12 x f32 from root 0"),
+            "{}",
+            out.transcript()
+        );
+    }
+}
+
+#[test]
+fn watchdog_aborts_a_hung_collective() {
+    let ranks = 3;
+    let out = job(ranks, "hang").env("ZERO_COMM_TIMEOUT", "2").run();
+    out.assert_failed_by_itself();
+    let text = out.all_text();
+    // Rank 0 sleeps outside any collective; the others wait in all_reduce #0.
+    for r in 1..ranks {
+        let line =
+            format!("rank {r}: watchdog: all_reduce #0 on 'world' (1000 x f32) has not finished");
+        assert!(
+            text.contains(&line),
+            "missing '{line}'\n{}",
+            out.transcript()
+        );
+    }
+}
+
+#[test]
+fn watchdog_watches_non_blocking_collectives_while_waited_on() {
+    let ranks = 2;
+    let out = job(ranks, "hang-nonblocking")
+        .env("ZERO_COMM_TIMEOUT", "2")
+        .run();
+    out.assert_failed_by_itself();
+    let text = out.all_text();
+    let line = "rank 1: watchdog: all_gather #0 on 'world' (998 x f32) has not finished";
+    let fired = text.find(line);
+    let waiting = text.find("rank 1: now waiting");
+    assert!(fired.is_some(), "missing '{line}'\n{}", out.transcript());
+    // Fired after the 2.5 s of compute (> the 2 s timeout) ended, not during it.
+    assert!(
+        waiting.is_some() && waiting < fired,
+        "watchdog fired before the wait\n{}",
+        out.transcript()
+    );
+}
+
+#[test]
+fn mpi_errors_are_typed_and_carry_the_rank() {
+    let out = job(2, "mpi-error").run();
+    out.assert_all_ok();
+    let text = out.all_text();
+    for r in 0..2 {
+        let line =
+            format!("caught: rank {r}: MPI_Bcast on communicator 'world' failed with MPI error");
+        assert!(
+            text.contains(&line),
+            "missing '{line}'\n{}",
+            out.transcript()
+        );
+    }
+}

@@ -1,0 +1,99 @@
+//! Run-time options of the communicator: watchdog timeout, consistency check, how half
+//! sums are computed. Set in code or from the environment (`ZERO_COMM_TIMEOUT` seconds,
+//! `ZERO_COMM_CHECK=1`, `ZERO_COMM_HALF_SUM=op|upcast`), the code's value winning.
+
+use crate::error::{CommError, Result};
+use std::time::Duration;
+
+/// How bf16/f16 sums are computed (MPI has no 16-bit float type).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum HalfSum {
+    /// A user-defined MPI op on the 16-bit data: each pairwise step converts both operands
+    /// to f32, adds, rounds back. Half the wire bytes; N-1 roundings along a ring.
+    #[default]
+    Op,
+    /// Convert the buffer to f32, sum in f32 with MPI's built-in op, round back once.
+    /// Twice the wire bytes and a staging copy; one rounding.
+    Upcast,
+}
+
+impl std::str::FromStr for HalfSum {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "op" => Ok(HalfSum::Op),
+            "upcast" => Ok(HalfSum::Upcast),
+            _ => Err(format!(
+                "unknown half-sum mode '{s}'; expected op or upcast"
+            )),
+        }
+    }
+}
+
+/// Options of every communicator made by one [`crate::init_with`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CommConfig {
+    /// Abort the job when a collective has not finished after this long (None: no
+    /// watchdog). Each rank prints the collective, its sequence number, count and dtype.
+    pub timeout: Option<Duration>,
+    /// Before every collective, compare (sequence number, collective, count, dtype, root)
+    /// across ranks and fail with both ranks named when they differ. Costs one small
+    /// all-gather per collective: a debugging aid.
+    pub check: bool,
+    /// How half-precision sums are computed (changeable per communicator later).
+    pub half_sum: HalfSum,
+}
+
+impl CommConfig {
+    /// Options from the environment: `ZERO_COMM_TIMEOUT` (seconds, > 0),
+    /// `ZERO_COMM_CHECK` (`1`/`0`), `ZERO_COMM_HALF_SUM` (`op`/`upcast`).
+    pub fn from_env() -> Result<Self> {
+        let mut c = CommConfig::default();
+        if let Ok(v) = std::env::var("ZERO_COMM_TIMEOUT") {
+            let secs: f64 = v.trim().parse().map_err(|_| {
+                CommError::Init(format!(
+                    "ZERO_COMM_TIMEOUT='{v}' is not a number of seconds"
+                ))
+            })?;
+            if !(secs > 0.0 && secs.is_finite()) {
+                return Err(CommError::Init(format!(
+                    "ZERO_COMM_TIMEOUT='{v}' must be a positive number of seconds"
+                )));
+            }
+            c.timeout = Some(Duration::from_secs_f64(secs));
+        }
+        if let Ok(v) = std::env::var("ZERO_COMM_CHECK") {
+            c.check = match v.trim() {
+                "1" | "true" | "yes" => true,
+                "0" | "false" | "no" | "" => false,
+                _ => {
+                    return Err(CommError::Init(format!(
+                        "ZERO_COMM_CHECK='{v}' must be 1 or 0"
+                    )))
+                }
+            };
+        }
+        if let Ok(v) = std::env::var("ZERO_COMM_HALF_SUM") {
+            c.half_sum = v
+                .trim()
+                .parse()
+                .map_err(|e| CommError::Init(format!("ZERO_COMM_HALF_SUM: {e}")))?;
+        }
+        Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn half_sum_names() {
+        assert_eq!("op".parse::<HalfSum>(), Ok(HalfSum::Op));
+        assert_eq!("upcast".parse::<HalfSum>(), Ok(HalfSum::Upcast));
+        assert!("fast"
+            .parse::<HalfSum>()
+            .unwrap_err()
+            .contains("expected op or upcast"));
+    }
+}

@@ -1,0 +1,197 @@
+//! Bringing MPI up and taking the job down.
+//!
+//! [`init`] is the one entry point: MPI_Init_thread asking for MPI_THREAD_MULTIPLE (the
+//! watchdog thread calls MPI_Abort while the main thread sits in a collective), a panic
+//! hook that prints `rank R: <message>` and aborts the whole job (so the other ranks do not
+//! hang in their next collective), our own duplicate of MPI_COMM_WORLD with
+//! MPI_ERRORS_RETURN, the half-precision ops, and the watchdog when configured.
+
+use crate::config::CommConfig;
+use crate::error::{CommError, Result};
+use crate::mpi::{mpi_error_string, ops::HalfOps, MpiComm, Shared};
+use crate::watchdog::Watchdog;
+use mpi::environment::Universe;
+use mpi::ffi;
+use mpi::Threading;
+use std::io::Write;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+/// Exit code of a job aborted by a panicking rank.
+pub const PANIC_EXIT_CODE: i32 = 101;
+
+static WORLD_RANK: AtomicUsize = AtomicUsize::new(usize::MAX);
+
+/// Keeps MPI initialised; dropping it stops the watchdog and calls MPI_Finalize. Drop the
+/// communicators first (a communicator dropped later is not freed, which is harmless).
+pub struct MpiContext {
+    // Declared first so that it is dropped (watchdog stopped) before the universe.
+    watchdog: Option<Arc<Watchdog>>,
+    universe: Universe,
+    threading: Threading,
+    world_rank: usize,
+    world_size: usize,
+}
+
+impl std::fmt::Debug for MpiContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MpiContext")
+            .field("world_rank", &self.world_rank)
+            .field("world_size", &self.world_size)
+            .field("threading", &self.threading)
+            .finish()
+    }
+}
+
+impl MpiContext {
+    /// rsmpi's universe, for calls zero-comm does not wrap (the benchmark's raw baseline).
+    pub fn universe(&self) -> &Universe {
+        &self.universe
+    }
+    /// The threading level MPI granted.
+    pub fn threading(&self) -> Threading {
+        self.threading
+    }
+    /// Rank in MPI_COMM_WORLD.
+    pub fn world_rank(&self) -> usize {
+        self.world_rank
+    }
+    /// Size of MPI_COMM_WORLD.
+    pub fn world_size(&self) -> usize {
+        self.world_size
+    }
+}
+
+impl Drop for MpiContext {
+    fn drop(&mut self) {
+        if let Some(w) = &self.watchdog {
+            w.stop();
+        }
+    }
+}
+
+/// Initialise MPI with options from the environment ([`CommConfig::from_env`]).
+pub fn init() -> Result<(MpiContext, MpiComm)> {
+    init_with(CommConfig::from_env()?)
+}
+
+/// Initialise MPI with these options. Returns the context guard and the world
+/// communicator (our own duplicate of MPI_COMM_WORLD).
+pub fn init_with(config: CommConfig) -> Result<(MpiContext, MpiComm)> {
+    let (universe, threading) = mpi::initialize_with_threading(Threading::Multiple)
+        .ok_or_else(|| CommError::Init("MPI was already initialised in this process".into()))?;
+    let (mut rank, mut size) = (0, 0);
+    // SAFETY: MPI is initialised; out-pointers are locals.
+    unsafe {
+        ffi::MPI_Comm_rank(ffi::RSMPI_COMM_WORLD, &mut rank);
+        ffi::MPI_Comm_size(ffi::RSMPI_COMM_WORLD, &mut size);
+    }
+    let (world_rank, world_size) = (rank as usize, size as usize);
+    install_panic_hook(world_rank);
+    if threading != Threading::Multiple {
+        log::warn!(
+            "rank {world_rank}: MPI granted {threading:?}, not Multiple; the watchdog's \
+             MPI_Abort from its own thread relies on the library tolerating it"
+        );
+    }
+    let ops = HalfOps::create().map_err(|rc| {
+        CommError::Init(format!(
+            "rank {world_rank}: MPI_Op_create failed: {}",
+            mpi_error_string(rc)
+        ))
+    })?;
+    let watchdog = match config.timeout {
+        Some(t) => Some(Watchdog::start(world_rank, t).map_err(|e| {
+            CommError::Init(format!(
+                "rank {world_rank}: cannot start the watchdog thread: {e}"
+            ))
+        })?),
+        None => None,
+    };
+    let mut dup = std::mem::MaybeUninit::<ffi::MPI_Comm>::uninit();
+    // SAFETY: collective over the world; MPI writes one handle.
+    let rc = unsafe { ffi::MPI_Comm_dup(ffi::RSMPI_COMM_WORLD, dup.as_mut_ptr()) };
+    if rc != 0 {
+        return Err(CommError::Init(format!(
+            "rank {world_rank}: MPI_Comm_dup(MPI_COMM_WORLD) failed: {}",
+            mpi_error_string(rc)
+        )));
+    }
+    // SAFETY: written on success.
+    let dup = unsafe { dup.assume_init() };
+    let shared = Rc::new(Shared {
+        world_rank,
+        config,
+        ops,
+        // SAFETY: returns a constant.
+        in_place: unsafe { crate::mpi::in_place() },
+        watchdog: watchdog.clone(),
+    });
+    let world = MpiComm::adopt(dup, "world".to_string(), shared)?;
+    Ok((
+        MpiContext {
+            watchdog,
+            universe,
+            threading,
+            world_rank,
+            world_size,
+        },
+        world,
+    ))
+}
+
+fn install_panic_hook(world_rank: usize) {
+    WORLD_RANK.store(world_rank, Ordering::Relaxed);
+    std::panic::set_hook(Box::new(move |info| {
+        let msg = if let Some(s) = info.payload().downcast_ref::<&str>() {
+            (*s).to_string()
+        } else if let Some(s) = info.payload().downcast_ref::<String>() {
+            s.clone()
+        } else {
+            "panic with a non-string payload".to_string()
+        };
+        let at = info
+            .location()
+            .map(|l| format!(" (at {}:{})", l.file(), l.line()))
+            .unwrap_or_default();
+        line_to_stderr(&format!("rank {world_rank}: {msg}{at}"));
+        abort_world(PANIC_EXIT_CODE);
+    }));
+}
+
+/// Print `rank R: <message>` on stderr and abort every rank of the job.
+pub fn abort(message: &str, code: i32) -> ! {
+    let r = WORLD_RANK.load(Ordering::Relaxed);
+    if r == usize::MAX {
+        line_to_stderr(message);
+    } else {
+        line_to_stderr(&format!("rank {r}: {message}"));
+    }
+    abort_world(code)
+}
+
+/// Write `line` and a newline to stderr in one `write`, so that mpirun, which merges the
+/// ranks' streams, never interleaves two ranks' messages inside a line (`eprintln!` may
+/// issue one write per formatted piece).
+pub fn line_to_stderr(line: &str) {
+    let mut buf = String::with_capacity(line.len() + 1);
+    buf.push_str(line);
+    buf.push('\n');
+    let _ = std::io::stderr().lock().write_all(buf.as_bytes());
+}
+
+/// MPI_Abort on MPI_COMM_WORLD (or a plain exit when MPI is not running).
+pub(crate) fn abort_world(code: i32) -> ! {
+    let _ = std::io::stderr().flush();
+    let _ = std::io::stdout().flush();
+    if mpi::environment::is_initialized() && !mpi::environment::is_finalized() {
+        // SAFETY: MPI is running; MPI_Abort does not return when it succeeds.
+        unsafe {
+            ffi::MPI_Abort(ffi::RSMPI_COMM_WORLD, code);
+        }
+    }
+    // SAFETY: _exit ends the process without running destructors (which could block in
+    // MPI); nothing of ours needs to run.
+    unsafe { libc::_exit(code) }
+}

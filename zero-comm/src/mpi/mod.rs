@@ -1,0 +1,535 @@
+//! The MPI backend: `MpiComm`, a communicator over host memory.
+//!
+//! Calls go straight to the MPI C API (rsmpi's `ffi`) on the caller's buffers, so an f32
+//! collective costs what the raw MPI call costs plus bookkeeping (a sequence number, the
+//! accounting counters, and the watchdog's and check's work when enabled); rsmpi's safe
+//! layer is bypassed because it discards MPI's return codes and has no MPI_IN_PLACE.
+//! Every communicator we create uses MPI_ERRORS_RETURN, so each error code becomes a
+//! `CommError::Mpi` with the rank in it. Half sums in `HalfSum::Upcast` mode stage through
+//! f32 copies; everything else is zero-copy.
+
+mod check;
+pub(crate) mod ops;
+
+use crate::buffer::Location;
+use crate::communicator::{Communicator, InFlight, RawBuf, RawCall, ReduceOp};
+use crate::config::{CommConfig, HalfSum};
+use crate::error::{CommError, Result};
+use crate::stats::{ring_bytes, CollectiveKind, CommStats, Counters};
+use crate::watchdog::{WatchSpec, Watchdog};
+use mpi::ffi;
+use ops::HalfOps;
+use std::cell::Cell;
+use std::os::raw::{c_int, c_void};
+use std::rc::Rc;
+use std::sync::Arc;
+
+/// Address handed to MPI for empty output buffers (count 0: never written).
+static EMPTY: u64 = 0;
+
+extern "C" {
+    fn zero_comm_mpi_in_place() -> *mut c_void;
+}
+
+/// State every communicator of one MPI initialisation shares.
+pub(crate) struct Shared {
+    pub(crate) world_rank: usize,
+    pub(crate) config: CommConfig,
+    pub(crate) ops: HalfOps,
+    pub(crate) in_place: *mut c_void,
+    pub(crate) watchdog: Option<Arc<Watchdog>>,
+}
+
+/// A communicator over MPI (host memory). Not `Send`: MPI handles stay on the thread that
+/// made them.
+pub struct MpiComm {
+    raw: ffi::MPI_Comm,
+    rank: usize,
+    size: usize,
+    // Rc: cloned into every request and error without allocating.
+    name: Rc<str>,
+    shared: Rc<Shared>,
+    seq: Cell<u64>,
+    counters: Counters,
+    half_sum: Cell<HalfSum>,
+}
+
+impl std::fmt::Debug for MpiComm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MpiComm")
+            .field("name", &self.name)
+            .field("rank", &self.rank)
+            .field("size", &self.size)
+            .finish()
+    }
+}
+
+pub(crate) fn mpi_error_string(code: c_int) -> String {
+    let mut buf = vec![0u8; ffi::MPI_MAX_ERROR_STRING as usize + 1];
+    let mut len: c_int = 0;
+    // SAFETY: the buffer holds MPI_MAX_ERROR_STRING characters as MPI_Error_string needs.
+    let rc = unsafe { ffi::MPI_Error_string(code, buf.as_mut_ptr() as *mut _, &mut len) };
+    if rc != 0 {
+        return format!("unknown MPI error {code}");
+    }
+    buf.truncate(len.max(0) as usize);
+    String::from_utf8_lossy(&buf).into_owned()
+}
+
+impl MpiComm {
+    /// Wrap a communicator handle we own (freed on drop), switching it to ERRORS_RETURN.
+    pub(crate) fn adopt(raw: ffi::MPI_Comm, name: String, shared: Rc<Shared>) -> Result<Self> {
+        let world_rank = shared.world_rank;
+        let err = |call: &'static str, code: c_int| CommError::Mpi {
+            rank: world_rank,
+            call,
+            comm: name.clone(),
+            code,
+            message: mpi_error_string(code),
+        };
+        let (mut rank, mut size) = (0 as c_int, 0 as c_int);
+        // SAFETY: `raw` is a valid communicator handle; the out-pointers are locals.
+        unsafe {
+            let rc = ffi::MPI_Comm_set_errhandler(raw, ffi::RSMPI_ERRORS_RETURN);
+            if rc != 0 {
+                return Err(err("MPI_Comm_set_errhandler", rc));
+            }
+            let rc = ffi::MPI_Comm_rank(raw, &mut rank);
+            if rc != 0 {
+                return Err(err("MPI_Comm_rank", rc));
+            }
+            let rc = ffi::MPI_Comm_size(raw, &mut size);
+            if rc != 0 {
+                return Err(err("MPI_Comm_size", rc));
+            }
+        }
+        let half_sum = shared.config.half_sum;
+        Ok(MpiComm {
+            raw,
+            rank: rank as usize,
+            size: size as usize,
+            name: Rc::from(name.as_str()),
+            shared,
+            seq: Cell::new(0),
+            counters: Counters::default(),
+            half_sum: Cell::new(half_sum),
+        })
+    }
+
+    /// The raw MPI handle (for calls zero-comm does not wrap; keep it valid: do not free).
+    pub fn as_raw(&self) -> ffi::MPI_Comm {
+        self.raw
+    }
+
+    /// Number of collectives issued so far on this communicator (the next one's sequence
+    /// number).
+    pub fn sequence(&self) -> u64 {
+        self.seq.get()
+    }
+
+    pub(crate) fn check_rc(&self, call: &'static str, rc: c_int) -> Result<()> {
+        if rc == 0 {
+            return Ok(());
+        }
+        Err(CommError::Mpi {
+            rank: self.shared.world_rank,
+            call,
+            comm: self.name.to_string(),
+            code: rc,
+            message: mpi_error_string(rc),
+        })
+    }
+
+    /// The ranks of this communicator on this node (MPI_COMM_TYPE_SHARED), in rank order.
+    pub fn node_local(&self) -> Result<MpiComm> {
+        let mut new = std::mem::MaybeUninit::<ffi::MPI_Comm>::uninit();
+        // SAFETY: collective over `self.raw`; MPI writes one handle.
+        let rc = unsafe {
+            ffi::MPI_Comm_split_type(
+                self.raw,
+                ffi::RSMPI_COMM_TYPE_SHARED,
+                self.rank as c_int,
+                ffi::RSMPI_INFO_NULL,
+                new.as_mut_ptr(),
+            )
+        };
+        self.check_rc("MPI_Comm_split_type", rc)?;
+        // SAFETY: written on success.
+        let raw = unsafe { new.assume_init() };
+        let name = if &*self.name == "world" {
+            "node".to_string()
+        } else {
+            format!("{}/node", self.name)
+        };
+        MpiComm::adopt(raw, name, Rc::clone(&self.shared))
+    }
+
+    /// Split into sub-groups (collective over this communicator): ranks passing the same
+    /// `color` form one group, ordered by `key` then by rank; `None` joins no group and
+    /// gets `Ok(None)`.
+    pub fn split(&self, color: Option<u32>, key: i32) -> Result<Option<MpiComm>> {
+        let c = match color {
+            Some(c) if c <= i32::MAX as u32 => c as c_int,
+            Some(c) => {
+                return Err(CommError::Size {
+                    rank: self.shared.world_rank,
+                    op: "split",
+                    comm: self.name.to_string(),
+                    detail: format!("color {c} exceeds {}", i32::MAX),
+                })
+            }
+            // SAFETY: predefined constant.
+            None => unsafe { ffi::RSMPI_UNDEFINED },
+        };
+        let mut new = std::mem::MaybeUninit::<ffi::MPI_Comm>::uninit();
+        // SAFETY: collective over `self.raw`; MPI writes one handle.
+        let rc = unsafe { ffi::MPI_Comm_split(self.raw, c, key, new.as_mut_ptr()) };
+        self.check_rc("MPI_Comm_split", rc)?;
+        // SAFETY: written on success.
+        let raw = unsafe { new.assume_init() };
+        // SAFETY: comparing with the predefined null handle.
+        if raw == unsafe { ffi::RSMPI_COMM_NULL } {
+            return Ok(None);
+        }
+        let name = format!("{}/split({})", self.name, c);
+        MpiComm::adopt(raw, name, Rc::clone(&self.shared)).map(Some)
+    }
+
+    fn loc_check(&self, call: &RawCall) -> Result<()> {
+        let bad = call
+            .send
+            .iter()
+            .chain(std::iter::once(&call.recv))
+            .find(|b| b.location != Location::Host);
+        match bad {
+            Some(b) => Err(CommError::Location {
+                rank: self.shared.world_rank,
+                op: call.kind.name(),
+                location: b.location,
+                backend: "host MPI",
+            }),
+            None => Ok(()),
+        }
+    }
+
+    fn count(&self, call: &RawCall, n: usize) -> Result<c_int> {
+        c_int::try_from(n).map_err(|_| CommError::Size {
+            rank: self.shared.world_rank,
+            op: call.kind.name(),
+            comm: self.name.to_string(),
+            detail: format!("{n} elements exceed MPI's count limit of {}", c_int::MAX),
+        })
+    }
+
+    /// Everything before the data moves: sequence number, consistency check, accounting,
+    /// watchdog registration.
+    fn begin(&self, call: &RawCall) -> Result<(bool, Option<WatchSpec>)> {
+        self.loc_check(call)?;
+        let upcast = call.dtype.is_half()
+            && call.op == Some(ReduceOp::Sum)
+            && self.half_sum.get() == HalfSum::Upcast;
+        let seq = self.seq.get();
+        self.seq.set(seq + 1);
+        let spec = self.shared.watchdog.as_ref().map(|dog| WatchSpec {
+            dog: Arc::clone(dog),
+            comm: self.name.to_string(),
+            seq,
+            kind: call.kind,
+            count: call.count(),
+            dtype: call.dtype,
+        });
+        if self.shared.config.check {
+            // The check's exchange blocks too: a rank that never arrives is a hang.
+            let _watch = spec.as_ref().map(WatchSpec::enter);
+            check::check(self, seq, call, upcast)?;
+        }
+        let elem = if upcast { 4 } else { call.dtype.size_bytes() } as u64;
+        let basis = match call.kind {
+            CollectiveKind::ReduceScatter => call.send.map_or(0, |s| s.len),
+            _ => call.recv.len,
+        } as u64;
+        let (sent, received) = ring_bytes(call.kind, self.size, self.rank, basis * elem, call.root);
+        self.counters.record(call.kind, sent, received);
+        Ok((upcast, spec))
+    }
+
+    /// Issue `call` (blocking when `req` is None, else non-blocking into `*req`) on buffers
+    /// already in MPI's wire types.
+    ///
+    /// # Safety
+    /// Buffers valid as `Communicator::execute`/`start` require.
+    unsafe fn issue(
+        &self,
+        call: &RawCall,
+        dt: ffi::MPI_Datatype,
+        mpi_op: ffi::MPI_Op,
+        send: Option<*const c_void>,
+        recv: *mut c_void,
+        req: Option<&mut ffi::MPI_Request>,
+    ) -> Result<()> {
+        let in_place = self.shared.in_place as *const c_void;
+        // An empty Vec<u8>'s dangling address is 0x1, which is Open MPI's MPI_IN_PLACE:
+        // give MPI a real (never written: count 0) address for empty outputs.
+        let recv = if call.recv.len == 0 {
+            std::ptr::addr_of!(EMPTY) as *mut c_void
+        } else {
+            recv
+        };
+        // Two empty buffers may share a dangling address, which MPI rejects as aliasing
+        // (MPI_ERR_BUFFER); with nothing to move, in place is the same call.
+        let sendp = match send {
+            Some(p) if call.recv.len > 0 => p,
+            _ => in_place,
+        };
+        let n = self.count(call, call.recv.len)?;
+        let (rc, name) = match (call.kind, req) {
+            (CollectiveKind::Barrier, None) => (ffi::MPI_Barrier(self.raw), "MPI_Barrier"),
+            (CollectiveKind::Barrier, Some(r)) => (ffi::MPI_Ibarrier(self.raw, r), "MPI_Ibarrier"),
+            (CollectiveKind::AllReduce, None) => (
+                ffi::MPI_Allreduce(sendp, recv, n, dt, mpi_op, self.raw),
+                "MPI_Allreduce",
+            ),
+            (CollectiveKind::AllReduce, Some(r)) => (
+                ffi::MPI_Iallreduce(sendp, recv, n, dt, mpi_op, self.raw, r),
+                "MPI_Iallreduce",
+            ),
+            (CollectiveKind::ReduceScatter, None) => (
+                ffi::MPI_Reduce_scatter_block(sendp, recv, n, dt, mpi_op, self.raw),
+                "MPI_Reduce_scatter_block",
+            ),
+            (CollectiveKind::ReduceScatter, Some(r)) => (
+                ffi::MPI_Ireduce_scatter_block(sendp, recv, n, dt, mpi_op, self.raw, r),
+                "MPI_Ireduce_scatter_block",
+            ),
+            (CollectiveKind::AllGather, r) => {
+                let block = self.count(call, call.recv.len / self.size.max(1))?;
+                match r {
+                    None => (
+                        ffi::MPI_Allgather(sendp, block, dt, recv, block, dt, self.raw),
+                        "MPI_Allgather",
+                    ),
+                    Some(r) => (
+                        ffi::MPI_Iallgather(sendp, block, dt, recv, block, dt, self.raw, r),
+                        "MPI_Iallgather",
+                    ),
+                }
+            }
+            (CollectiveKind::Broadcast, None) => (
+                ffi::MPI_Bcast(recv, n, dt, call.root as c_int, self.raw),
+                "MPI_Bcast",
+            ),
+            (CollectiveKind::Broadcast, Some(r)) => (
+                ffi::MPI_Ibcast(recv, n, dt, call.root as c_int, self.raw, r),
+                "MPI_Ibcast",
+            ),
+        };
+        self.check_rc(name, rc)
+    }
+
+    /// Lower `call` to MPI, staging halves through f32 when summing by upcast; blocking
+    /// when `nonblocking` is false.
+    unsafe fn run(&self, call: &RawCall, nonblocking: bool) -> Result<MpiRequest> {
+        let (upcast, spec) = self.begin(call)?;
+        // Blocking: watched for the whole call; non-blocking: while waited on (see WatchSpec).
+        let _watch = if nonblocking {
+            None
+        } else {
+            spec.as_ref().map(WatchSpec::enter)
+        };
+        let mut req = MpiRequest {
+            // SAFETY: predefined constant.
+            raw: ffi::RSMPI_REQUEST_NULL,
+            stage: None,
+            watch: if nonblocking { spec } else { None },
+            done: !nonblocking,
+            world_rank: self.shared.world_rank,
+            comm: Rc::clone(&self.name),
+        };
+        let rptr = if nonblocking {
+            Some(&mut req.raw)
+        } else {
+            None
+        };
+        if upcast {
+            // Sum in f32: widen the input, reduce with MPI's SUM, round back at completion.
+            let input = call.send.unwrap_or(call.recv);
+            let tmp_in = ops::upcast(input.ptr, input.len, call.dtype);
+            let mut tmp_out = vec![0f32; call.recv.len];
+            let (send, recv) = match call.kind {
+                // In place on the f32 copy.
+                CollectiveKind::AllReduce => (None, tmp_in.as_ptr() as *mut c_void),
+                _ => (
+                    Some(tmp_in.as_ptr() as *const c_void),
+                    tmp_out.as_mut_ptr() as *mut c_void,
+                ),
+            };
+            self.issue(call, ffi::RSMPI_FLOAT, ffi::RSMPI_SUM, send, recv, rptr)?;
+            let stage = Stage {
+                result_in_input: call.kind == CollectiveKind::AllReduce,
+                tmp_in,
+                tmp_out,
+                out: call.recv,
+                dtype: call.dtype,
+            };
+            req.stage = Some(stage);
+        } else {
+            let dt = ops::datatype(call.dtype);
+            let op = call
+                .op
+                .map_or(ffi::RSMPI_SUM, |o| self.shared.ops.op(o, call.dtype));
+            let send = call.send.map(|s: RawBuf| s.ptr as *const c_void);
+            self.issue(call, dt, op, send, call.recv.ptr as *mut c_void, rptr)?;
+        }
+        if !nonblocking {
+            req.finish();
+        }
+        Ok(req)
+    }
+}
+
+impl Drop for MpiComm {
+    fn drop(&mut self) {
+        // Freeing after MPI_Finalize is erroneous; MPI freed it then anyway.
+        if !mpi::environment::is_finalized() {
+            // SAFETY: we own this handle (created by dup/split) and drop it once.
+            unsafe {
+                ffi::MPI_Comm_free(&mut self.raw);
+            }
+        }
+    }
+}
+
+/// f32 staging of a half sum (HalfSum::Upcast).
+struct Stage {
+    result_in_input: bool,
+    tmp_in: Vec<f32>,
+    tmp_out: Vec<f32>,
+    out: RawBuf,
+    dtype: crate::DType,
+}
+
+/// A started MPI collective (non-blocking), or a finished one (blocking).
+struct MpiRequest {
+    raw: ffi::MPI_Request,
+    stage: Option<Stage>,
+    watch: Option<WatchSpec>,
+    done: bool,
+    world_rank: usize,
+    comm: Rc<str>,
+}
+
+impl MpiRequest {
+    /// After MPI completed: round staged sums back, stop watching.
+    fn finish(&mut self) {
+        if let Some(st) = self.stage.take() {
+            let src = if st.result_in_input {
+                &st.tmp_in
+            } else {
+                &st.tmp_out
+            };
+            // SAFETY: `out` is the caller's output buffer, still borrowed (scope or call).
+            unsafe { ops::round_back(src, st.out.ptr, st.dtype) };
+        }
+        self.watch = None;
+        self.done = true;
+    }
+
+    fn err(&self, call: &'static str, rc: c_int) -> CommError {
+        CommError::Mpi {
+            rank: self.world_rank,
+            call,
+            comm: self.comm.to_string(),
+            code: rc,
+            message: mpi_error_string(rc),
+        }
+    }
+}
+
+impl InFlight for MpiRequest {
+    fn test(&mut self) -> Result<bool> {
+        if self.done {
+            return Ok(true);
+        }
+        let mut flag: c_int = 0;
+        // SAFETY: `raw` is an active request; the status is ignored.
+        let rc = unsafe { ffi::MPI_Test(&mut self.raw, &mut flag, ffi::RSMPI_STATUS_IGNORE) };
+        if rc != 0 {
+            return Err(self.err("MPI_Test", rc));
+        }
+        if flag != 0 {
+            self.finish();
+        }
+        Ok(flag != 0)
+    }
+
+    fn wait(&mut self) -> Result<()> {
+        if self.done {
+            return Ok(());
+        }
+        let _watch = self.watch.as_ref().map(WatchSpec::enter);
+        // SAFETY: `raw` is an active request; the status is ignored.
+        let rc = unsafe { ffi::MPI_Wait(&mut self.raw, ffi::RSMPI_STATUS_IGNORE) };
+        if rc != 0 {
+            return Err(self.err("MPI_Wait", rc));
+        }
+        self.finish();
+        Ok(())
+    }
+}
+
+impl Communicator for MpiComm {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn size(&self) -> usize {
+        self.size
+    }
+    fn world_rank(&self) -> usize {
+        self.shared.world_rank
+    }
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn stats(&self) -> CommStats {
+        self.counters.snapshot()
+    }
+    fn reset_stats(&self) {
+        self.counters.reset()
+    }
+    fn half_sum(&self) -> HalfSum {
+        self.half_sum.get()
+    }
+    fn set_half_sum(&self, mode: HalfSum) {
+        self.half_sum.set(mode)
+    }
+
+    unsafe fn execute(&self, call: &RawCall) -> Result<()> {
+        // The common case (no f32 staging) straight to MPI: no request object at all.
+        let upcast = call.dtype.is_half()
+            && call.op == Some(ReduceOp::Sum)
+            && self.half_sum.get() == HalfSum::Upcast;
+        if upcast {
+            return self.run(call, false).map(|_| ());
+        }
+        let (_, spec) = self.begin(call)?;
+        let _watch = spec.as_ref().map(WatchSpec::enter);
+        let dt = ops::datatype(call.dtype);
+        let op = call
+            .op
+            .map_or(ffi::RSMPI_SUM, |o| self.shared.ops.op(o, call.dtype));
+        let send = call.send.map(|s: RawBuf| s.ptr as *const c_void);
+        self.issue(call, dt, op, send, call.recv.ptr as *mut c_void, None)
+    }
+
+    unsafe fn start(&self, call: &RawCall) -> Result<Box<dyn InFlight>> {
+        Ok(Box::new(self.run(call, true)?))
+    }
+}
+
+/// MPI_IN_PLACE of the linked MPI library.
+///
+/// # Safety
+/// Calls the C shim (returns a constant).
+pub(crate) unsafe fn in_place() -> *mut c_void {
+    zero_comm_mpi_in_place()
+}
