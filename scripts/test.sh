@@ -9,4 +9,6 @@ scripts/slurm-cluster/start.sh
 # CI keeps the Slurm logs for a failed run's post-mortem.
 keep=""; [ "${CI:-}" = "true" ] && keep="--keep-logs"
 trap "scripts/slurm-cluster/stop.sh $keep" EXIT
+# The CLI tests (tests/tests/*_cli.rs) run the real zero-bench binary of this profile.
+cargo build --release -p zero-bench
 cargo test --workspace --release "$@"
