@@ -1,0 +1,247 @@
+//! `zero-bench plan`: job sizing without allocating and without MPI. For a model (a
+//! preset or a bare parameter count), world sizes N, stages, precision and the engine's
+//! knobs, it prints per stage whether the job fits in the GPU's memory, the per-GPU
+//! memory by category, the ZeRO paper's formula next to it with every difference
+//! explained, the bytes communicated per step by collective, and an alpha-beta estimate
+//! of the communication time.
+//!
+//! Every number comes from zero-core's ledgers, the code the engine allocates and
+//! communicates by (see compute.rs); this module only parses, loops and prints.
+
+mod compute;
+mod model;
+mod report;
+mod units;
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context as _};
+use clap::{Args, ValueEnum};
+use zero_core::config::ZeroConfig;
+use zero_core::layout::DEFAULT_ALIGN;
+use zero_core::{PartitionLayout, Precision, Stage};
+
+use compute::Knobs;
+
+/// Training precision on the command line.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum PrecisionArg {
+    /// bf16 parameters and gradients, fp32 master, m, v.
+    Bf16,
+    /// fp16 with dynamic loss scaling, fp32 master, m, v.
+    Fp16,
+    /// fp32 everywhere (the parameters are the master).
+    Fp32,
+}
+
+impl PrecisionArg {
+    fn precision(self) -> Precision {
+        match self {
+            PrecisionArg::Bf16 => Precision::Bf16,
+            PrecisionArg::Fp16 => Precision::Fp16,
+            PrecisionArg::Fp32 => Precision::Fp32,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            PrecisionArg::Bf16 => "bf16",
+            PrecisionArg::Fp16 => "fp16",
+            PrecisionArg::Fp32 => "fp32",
+        }
+    }
+}
+
+/// A list of world sizes (`8,64,512`).
+#[derive(Clone, Debug)]
+pub struct Worlds(Vec<u64>);
+
+fn parse_worlds(s: &str) -> Result<Worlds, String> {
+    units::parse_count_list(s, "--gpus").map(Worlds)
+}
+
+fn parse_params(s: &str) -> Result<u64, String> {
+    units::parse_positive(s, "--params")
+}
+
+fn parse_usize(s: &str) -> Result<usize, String> {
+    let v = units::parse_count(s)?;
+    usize::try_from(v).map_err(|_| format!("'{s}' is too large"))
+}
+
+fn parse_positive_usize(s: &str) -> Result<usize, String> {
+    let v = units::parse_positive(s, "the value")?;
+    usize::try_from(v).map_err(|_| format!("'{s}' is too large"))
+}
+
+/// A list of stages (`2,3`).
+#[derive(Clone, Debug)]
+pub struct Stages(Vec<Stage>);
+
+fn parse_stages(s: &str) -> Result<Stages, String> {
+    s.split(',')
+        .map(|x| {
+            x.trim()
+                .parse::<i64>()
+                .map_err(|_| format!("stage '{x}' is not a number; use 0, 1, 2 or 3"))
+                .and_then(|n| {
+                    Stage::try_from(n)
+                        .map_err(|_| format!("stage {n} is not a ZeRO stage; use 0, 1, 2 or 3"))
+                })
+        })
+        .collect::<Result<_, _>>()
+        .map(Stages)
+}
+
+/// Size a job: memory per GPU and communication per step, for each ZeRO stage.
+///
+/// Examples: `zero-bench plan --params 7.5e9 --gpus 64` (the ZeRO paper's worked
+/// example); `zero-bench plan --params 70e9 --gpus 8,64,512 --gpu-mem 80GiB`;
+/// `zero-bench plan --model gpt2-1.5b --gpus 16 --micro-batch 4 --verbose`.
+#[derive(Args, Debug)]
+pub struct PlanArgs {
+    /// Parameter count Ψ of a synthetic model (70e9, 7.5e9, 1.5B). It is cut into
+    /// --units equal units, one per layer (units only size partition padding and the
+    /// stage-3 gather and compute buffers).
+    #[arg(long, value_parser = parse_params, allow_negative_numbers = true, conflicts_with = "model", required_unless_present = "model")]
+    pub params: Option<u64>,
+    /// A model preset instead: tiny, small, gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b.
+    #[arg(long)]
+    pub model: Option<String>,
+    /// --params only: units of the synthetic model. Default: the depth of a transformer
+    /// of that size with GPT-3's aspect ratio C = 128 L, i.e. L = (Ψ / 196608)^(1/3)
+    /// (96 for 175e9, 71 for 70e9, 34 for 7.5e9).
+    #[arg(long, value_parser = parse_positive_usize, conflicts_with = "model")]
+    pub units: Option<usize>,
+    /// N: GPUs (data-parallel ranks); a comma-separated list prints a table over N.
+    #[arg(long, value_parser = parse_worlds, allow_negative_numbers = true)]
+    pub gpus: Worlds,
+    /// Memory per GPU: 80GiB, 141GB, 24GiB (KiB/MiB/GiB/TiB = 1024, kB/MB/GB/TB = 1000).
+    #[arg(long, default_value = "80GiB", value_parser = units::parse_mem, allow_negative_numbers = true)]
+    pub gpu_mem: u64,
+    /// Share of --gpu-mem kept free for what the ledger does not hold (CUDA context,
+    /// NCCL/MPI buffers, allocator fragmentation): 10% or 0.1.
+    #[arg(long, default_value = "10%", value_parser = units::parse_fraction)]
+    pub headroom: f64,
+    /// Stages to plan (0, 1, 2, 3 or a list such as 2,3). Default: all four.
+    #[arg(long, value_parser = parse_stages)]
+    pub stage: Option<Stages>,
+    /// Training precision.
+    #[arg(long, value_enum, default_value_t = PrecisionArg::Bf16)]
+    pub precision: PrecisionArg,
+    /// Reduce 16-bit gradients in f32 (twice the bytes on the wire and in the buckets).
+    #[arg(long)]
+    pub reduce_f32: bool,
+    /// Stages 2/3: accumulate full gradients locally and reduce once per step (less
+    /// traffic with --grad-accum > 1, full gradients in memory).
+    #[arg(long)]
+    pub reduce_once: bool,
+    /// A: micro-steps accumulated per optimizer step.
+    #[arg(long, default_value = "1", value_parser = parse_positive_usize)]
+    pub grad_accum: usize,
+    /// B: sequences per micro-step per GPU (presets: sizes the activation arena).
+    #[arg(long, default_value = "1", value_parser = parse_positive_usize)]
+    pub micro_batch: usize,
+    /// T: tokens per sequence, for --tflops (attention FLOPs and tokens per step).
+    /// Presets: default and at most the context length (the activation arena is always
+    /// sized for the context length, as the model allocates it). --params: default 2048.
+    #[arg(long, value_parser = parse_positive_usize)]
+    pub seq_len: Option<usize>,
+    /// --params only: activation memory per GPU to add (e.g. 10GiB); default none (a bare
+    /// parameter count has no activation model).
+    #[arg(long, value_parser = units::parse_mem, conflicts_with = "model")]
+    pub activation_mem: Option<u64>,
+    /// Capacity of each gradient bucket, elements (the engine's default).
+    #[arg(long, default_value_t = ZeroConfig::default().bucket_elems, value_parser = parse_positive_usize)]
+    pub bucket_elems: usize,
+    /// Stage 3: layers whose parameters are gathered ahead.
+    #[arg(long, default_value_t = ZeroConfig::default().prefetch, value_parser = parse_usize)]
+    pub prefetch: usize,
+    /// Stage 3: units with fewer elements stay gathered (0: none).
+    #[arg(long, default_value_t = ZeroConfig::default().persistence_threshold, value_parser = parse_usize)]
+    pub persistence_threshold: usize,
+    /// Shard alignment, elements.
+    #[arg(long, default_value_t = DEFAULT_ALIGN, value_parser = parse_positive_usize)]
+    pub align: usize,
+    /// Beta: link bandwidth per rank. A bare number is Gb/s (100 = 12.5 GB/s); also
+    /// 400Gbps, 25GB/s.
+    #[arg(long, default_value = "100", value_parser = units::parse_bandwidth, allow_negative_numbers = true)]
+    pub link_gbps: f64,
+    /// Alpha: latency per ring step of a collective. A bare number is microseconds; also
+    /// 500ns, 0.01ms.
+    #[arg(long, default_value = "5", value_parser = units::parse_latency, allow_negative_numbers = true)]
+    pub link_latency_us: f64,
+    /// Sustained TFLOP/s per GPU: adds a compute-time estimate per step (presets: the
+    /// model's FLOPs per token; --params: 6Ψ per token).
+    #[arg(long)]
+    pub tflops: Option<f64>,
+    /// Print each point's memory by category, the formula's differences explained, and
+    /// the traffic per collective.
+    #[arg(long, short)]
+    pub verbose: bool,
+    /// Also write the whole plan as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+/// Run `zero-bench plan`.
+pub fn run(a: &PlanArgs) -> anyhow::Result<()> {
+    crate::logging::init(None);
+    if let Some(tf) = a.tflops {
+        if !(tf.is_finite() && tf > 0.0) {
+            bail!("--tflops must be positive, got {tf}");
+        }
+    }
+    let plan_model = match (&a.model, a.params) {
+        (Some(name), _) => model::preset(name, a.micro_batch, a.seq_len)?,
+        (None, Some(psi)) => model::synthetic(
+            psi,
+            a.units.unwrap_or_else(|| model::default_units(psi)),
+            a.activation_mem.unwrap_or(0),
+        )?,
+        (None, None) => bail!("give --params (e.g. 70e9) or --model (e.g. gpt2-1.5b)"),
+    };
+    let seq_len = match &plan_model.gpt {
+        Some(cfg) => a.seq_len.unwrap_or(cfg.max_seq_len),
+        None => a.seq_len.unwrap_or(2048),
+    };
+    let knobs = Knobs {
+        precision: a.precision.precision(),
+        reduce_f32: a.reduce_f32,
+        reduce_once: a.reduce_once,
+        grad_accum: a.grad_accum,
+        micro_batch: a.micro_batch,
+        seq_len,
+        bucket_elems: a.bucket_elems,
+        prefetch: a.prefetch,
+        persistence_threshold: a.persistence_threshold,
+        align: a.align,
+        gpu_mem: a.gpu_mem,
+        headroom: a.headroom,
+        alpha_s: a.link_latency_us,
+        beta_bytes_per_s: a.link_gbps,
+        tflops: a.tflops,
+    };
+    if a.reduce_f32 && matches!(a.precision, PrecisionArg::Fp32) {
+        bail!("--reduce-f32 with --precision fp32: fp32 gradients are already reduced in f32; drop the flag");
+    }
+    let stages = a.stage.clone().map_or_else(|| Stage::ALL.to_vec(), |s| s.0);
+    let mut points = Vec::new();
+    for &n in &a.gpus.0 {
+        let world = usize::try_from(n).with_context(|| format!("--gpus {n} is too large"))?;
+        let layout = PartitionLayout::new(&plan_model.spec, world, a.align)
+            .with_context(|| format!("laying out {} over N = {world}", plan_model.name))?;
+        for &stage in &stages {
+            points.push(compute::plan_point(&plan_model, &layout, &knobs, stage)?);
+        }
+    }
+    let report = report::PlanReport::new(&plan_model, &knobs, a.precision.name(), points);
+    print!("{}", report.render(a.verbose, a.tflops));
+    if let Some(path) = &a.json {
+        let text = serde_json::to_string_pretty(&report).context("serialising the plan")?;
+        std::fs::write(path, text + "\n")
+            .with_context(|| format!("writing the plan to {}", path.display()))?;
+        log::info!("wrote {}", path.display());
+    }
+    Ok(())
+}

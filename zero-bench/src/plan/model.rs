@@ -1,0 +1,164 @@
+//! The model a plan is made for: a GPT-2 preset (its real [`ModelSpec`], and its
+//! activation arena from `zero_models::activation_bytes_for`, the size `Gpt::new`
+//! allocates: B x the context length, whatever T a step uses) or a synthetic model of Ψ
+//! parameters given only by count.
+//!
+//! Synthetic model: L equal units (the first Ψ mod L one element longer) chained one per
+//! layer, no tied units. Units only matter for partition padding (each unit is padded to
+//! a multiple of N x align) and for the stage-3 gather slots and f32 compute windows,
+//! which are sized by the largest unit. The default L is the depth of a transformer of
+//! that size with GPT-3's aspect ratio (C = 128 L, Ψ ≈ 12 L C², so L = (Ψ / 196608)^(1/3):
+//! 96 for 175e9, 71 for 70e9, 34 for 7.5e9); `--units` overrides it.
+
+use anyhow::{bail, Context as _};
+use zero_core::{LayerSpec, ModelSpec, ParamSpec, UnitSpec};
+use zero_models::GptConfig;
+
+/// Bytes per element of the reference model's activations (`Gpt<f32>`).
+const ACTIVATION_ELEM_BYTES: usize = 4;
+
+/// What the plan is computed for.
+#[derive(Clone, Debug)]
+pub struct PlanModel {
+    /// `gpt2-1.5b`, or `synthetic`.
+    pub name: String,
+    /// Units and layers, as the engine sees them.
+    pub spec: ModelSpec,
+    /// Ψ.
+    pub numel: usize,
+    /// The activation arena per micro-step, bytes.
+    pub activation_bytes: u64,
+    /// How the activation bytes were obtained, for the report.
+    pub activation_note: String,
+    /// Training FLOPs per token (forward + backward), for the optional compute estimate.
+    pub flops_per_token: f64,
+    /// The preset's shape, when the model is a preset.
+    pub gpt: Option<GptConfig>,
+}
+
+/// The default number of units of a synthetic model of `params` parameters.
+pub fn default_units(params: u64) -> usize {
+    // L = (Ψ / (12 x 128²))^(1/3), at least 1.
+    let l = (params as f64 / (12.0 * 128.0 * 128.0)).cbrt().round();
+    (l as usize).max(1)
+}
+
+/// A GPT-2 preset with micro-batches of B sequences; `seq_len` (T, default the context
+/// length) only sets the FLOPs per token.
+pub fn preset(name: &str, micro_batch: usize, seq_len: Option<usize>) -> anyhow::Result<PlanModel> {
+    let cfg =
+        GptConfig::preset(name).with_context(|| format!("--model {name}: not a model preset"))?;
+    let t = seq_len.unwrap_or(cfg.max_seq_len);
+    if t == 0 || t > cfg.max_seq_len {
+        bail!(
+            "--seq-len {t} is outside 1..={} (the context length of {name})",
+            cfg.max_seq_len
+        );
+    }
+    let spec = cfg.spec();
+    // `Gpt::new` sizes its arena for micro-batches of up to B x the context length,
+    // whatever T a step uses: the plan reports what the engine's model allocates.
+    let act = zero_models::activation_bytes_for(
+        &cfg,
+        micro_batch,
+        cfg.max_seq_len,
+        ACTIVATION_ELEM_BYTES,
+    );
+    Ok(PlanModel {
+        name: name.to_string(),
+        numel: spec.numel(),
+        spec,
+        activation_bytes: act as u64,
+        activation_note: format!(
+            "the GPT's f32 activation arena, sized by Gpt::new for B = {micro_batch} x the context length {} (zero_models::activation_bytes_for)",
+            cfg.max_seq_len
+        ),
+        flops_per_token: cfg.flops_per_token(t),
+        gpt: Some(cfg),
+    })
+}
+
+/// A synthetic model of `params` parameters in `units` equal units, with a given
+/// activation budget (the synthetic model has no activation model of its own).
+pub fn synthetic(params: u64, units: usize, activation_bytes: u64) -> anyhow::Result<PlanModel> {
+    let numel = usize::try_from(params)
+        .with_context(|| format!("--params {params} does not fit this machine's usize"))?;
+    if numel == 0 {
+        bail!("--params must be at least 1, got 0");
+    }
+    if units == 0 || units > numel {
+        bail!("--units {units} must be in 1..={numel} (one element per unit at least)");
+    }
+    let (base, extra) = (numel / units, numel % units);
+    let unit_specs: Vec<UnitSpec> = (0..units)
+        .map(|u| UnitSpec {
+            name: format!("u.{u}"),
+            params: vec![ParamSpec::new(
+                format!("u.{u}.weight"),
+                &[base + usize::from(u < extra)],
+            )],
+        })
+        .collect();
+    let layers = (0..units)
+        .map(|u| LayerSpec {
+            name: format!("u.{u}"),
+            units: vec![u],
+        })
+        .collect();
+    let spec = ModelSpec {
+        units: unit_specs,
+        layers,
+    };
+    Ok(PlanModel {
+        name: "synthetic".into(),
+        numel,
+        spec,
+        activation_bytes,
+        activation_note: if activation_bytes == 0 {
+            "not counted: a model given by --params has no activation model; pass --activation-mem"
+                .into()
+        } else {
+            "as given by --activation-mem".into()
+        },
+        // 6 FLOPs per parameter per token (2 forward, 4 backward), attention left out.
+        flops_per_token: 6.0 * numel as f64,
+        gpt: None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn synthetic_units_add_up_to_psi() {
+        let m = synthetic(1_000_003, 7, 0).unwrap();
+        assert_eq!(m.spec.numel(), 1_000_003);
+        assert_eq!(m.spec.units.len(), 7);
+        let lens: Vec<usize> = m.spec.units.iter().map(UnitSpec::numel).collect();
+        assert_eq!(lens.iter().max().unwrap() - lens.iter().min().unwrap(), 1);
+        assert!(m.spec.validate().is_ok());
+    }
+
+    #[test]
+    fn default_depth_follows_gpt3_aspect_ratio() {
+        assert_eq!(default_units(175_000_000_000), 96);
+        assert_eq!(default_units(70_000_000_000), 71);
+        assert_eq!(default_units(7_500_000_000), 34);
+        assert_eq!(default_units(10), 1);
+    }
+
+    #[test]
+    fn bad_models_are_errors() {
+        assert!(synthetic(0, 1, 0).is_err());
+        assert!(synthetic(10, 11, 0).is_err());
+        assert!(preset("gpt5", 1, None).is_err());
+        assert!(preset("gpt2-124m", 1, Some(4096)).is_err());
+        let m = preset("gpt2-124m", 1, None).unwrap();
+        assert_eq!(
+            m.numel,
+            GptConfig::preset("gpt2-124m").unwrap().num_params()
+        );
+        assert!(m.activation_bytes > 0);
+    }
+}
