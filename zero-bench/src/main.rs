@@ -4,8 +4,12 @@
 //! `mpirun -n N` / `srun` for anything that communicates. Errors reach the user as one
 //! `error: ...` message with context, never as a panic backtrace.
 
+mod ckpt;
+mod data;
 mod logging;
 mod micro;
+mod plan;
+mod train;
 
 use clap::{Parser, Subcommand};
 
@@ -22,12 +26,26 @@ enum Command {
     /// Micro-benchmarks of one layer: communication, optimizer kernels, model compute.
     #[command(subcommand)]
     Micro(micro::MicroCommand),
+    /// Checkpoints: inspect, consolidate, export, benchmark.
+    #[command(subcommand)]
+    Ckpt(ckpt::CkptCommand),
+    /// Token data: tokenise text, write the built-in corpus, inspect a token file.
+    #[command(subcommand)]
+    Data(data::DataCommand),
+    /// Size a job without allocating: memory per GPU by stage, fit, communication per step.
+    Plan(plan::PlanArgs),
+    /// Train the GPT with ZeRO stage 0-3 under mpirun/srun (or plan it: --dry-run).
+    Train(Box<train::TrainArgs>),
 }
 
 fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Micro(cmd) => micro::run(cmd),
+        Command::Ckpt(cmd) => ckpt::run(cmd),
+        Command::Data(cmd) => data::run(cmd),
+        Command::Plan(args) => plan::run(&args),
+        Command::Train(args) => train::run(*args),
     };
     if let Err(err) = result {
         // `{:#}` prints the whole context chain on one line: what failed and why.

@@ -1,6 +1,7 @@
 //! zero-core: the ZeRO engine.
 #![deny(missing_docs)]
 
+pub mod checkpoint;
 pub mod config;
 pub mod engine;
 pub mod layout;
@@ -10,7 +11,9 @@ pub mod spec;
 #[cfg(test)]
 mod testutil;
 
+pub use checkpoint::CheckpointError;
 pub use config::{Config, ConfigError, LoadedConfig, Precision, Stage};
+pub use engine::state::{UnitState, UnitStateMut};
 pub use engine::{Engine, EngineError, LossScaler, StepReport};
 pub use layout::{LayoutError, PartitionLayout};
 pub use model::{Batch, Model, ModelError};

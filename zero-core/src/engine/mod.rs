@@ -15,6 +15,7 @@ mod passes;
 pub mod real;
 mod reduce;
 pub mod scaler;
+pub mod state;
 mod step;
 
 use std::collections::BTreeMap;

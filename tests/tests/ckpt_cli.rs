@@ -1,0 +1,144 @@
+//! `zero-bench ckpt` as users run it (plain process, no MPI) on a checkpoint that a real
+//! 3-rank job saved: inspect (exit 0, then exit 1 naming the dataset after a bit flip),
+//! consolidate (refuses to overwrite), export --safetensors (the file holds exactly the
+//! saved master weights; hf-gpt2 names transpose the Conv1D weights).
+//!
+//! The binary is `zero-bench` next to this test's `deps/` directory; build it first with
+//! `cargo build -p zero-bench --release` (scripts/test.sh does).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+use zero_tests::MpiJob;
+
+fn zero_bench() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary knows its own path");
+    let dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("the test binary lives in target/<profile>/deps");
+    let bin = dir.join("zero-bench");
+    assert!(
+        bin.is_file(),
+        "{} is missing: build it first with `cargo build -p zero-bench --release`",
+        bin.display()
+    );
+    bin
+}
+
+fn ckpt(args: &[&str]) -> Output {
+    Command::new(zero_bench())
+        .arg("ckpt")
+        .args(args)
+        .output()
+        .expect("zero-bench starts")
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// The JSON header and the data section of a safetensors file.
+fn safetensors(path: &Path) -> (String, Vec<u8>) {
+    let bytes = std::fs::read(path).expect("read the safetensors file");
+    let n = u64::from_le_bytes(bytes[..8].try_into().expect("8-byte header length")) as usize;
+    let header = String::from_utf8(bytes[8..8 + n].to_vec()).expect("UTF-8 header");
+    (header, bytes[8 + n..].to_vec())
+}
+
+fn sorted_bits(values: impl Iterator<Item = f32>) -> Vec<u32> {
+    let mut v: Vec<u32> = values.map(f32::to_bits).collect();
+    v.sort_unstable();
+    v
+}
+
+#[test]
+fn inspect_consolidate_export_a_saved_checkpoint() {
+    let root = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("ckpt-cli");
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(&root).expect("scratch directory");
+    let r = root.join("run");
+    let p = r.to_str().expect("UTF-8 path");
+    MpiJob::new(3, env!("CARGO_BIN_EXE_ckpt_scenario"))
+        .args(["save", p, "2", "2"])
+        .timeout(Duration::from_secs(60))
+        .run()
+        .assert_all_ok();
+
+    let out = ckpt(&["inspect", p]);
+    assert!(out.status.success(), "{}", text(&out));
+    let t = text(&out);
+    assert!(
+        t.contains("step         3") && t.contains("3 ranks, stage Zero2"),
+        "{t}"
+    );
+    assert!(t.contains("checksums    all hold"), "{t}");
+
+    let h5 = root.join("model.h5");
+    let h5s = h5.to_str().expect("UTF-8 path");
+    let out = ckpt(&["consolidate", p, h5s]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("wrote 28 tensors"), "{}", text(&out));
+    let out = ckpt(&["consolidate", p, h5s]);
+    assert!(
+        !out.status.success(),
+        "overwrote an existing file: {}",
+        text(&out)
+    );
+    assert!(text(&out).contains("model.h5"), "{}", text(&out));
+
+    // Export: every saved master value appears exactly once in the data section.
+    let saved: Vec<f32> = std::fs::read_to_string(r.join("saved-master.txt"))
+        .expect("the scenario wrote the saved master")
+        .lines()
+        .map(|l| l.parse().expect("a float"))
+        .collect();
+    for (names, conv1d) in [("nanogpt", "[96,32]"), ("hf-gpt2", "[32,96]")] {
+        let st = root.join(format!("model-{names}.safetensors"));
+        let out = ckpt(&[
+            "export",
+            "--safetensors",
+            "--names",
+            names,
+            p,
+            st.to_str().expect("UTF-8"),
+        ]);
+        assert!(out.status.success(), "{}", text(&out));
+        let (header, data) = safetensors(&st);
+        let attn = format!("\"h.0.attn.c_attn.weight\":{{\"dtype\":\"F32\",\"shape\":{conv1d}");
+        assert!(header.contains(&attn), "{names}: {header}");
+        let values = data
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+        assert_eq!(
+            sorted_bits(values),
+            sorted_bits(saved.iter().copied()),
+            "{names}"
+        );
+    }
+
+    // A flipped bit: inspect exits non-zero and names the file and dataset.
+    let f = r.join("step-3").join("rank-00002.h5");
+    let mut bytes = std::fs::read(&f).expect("read shard");
+    // The middle of the file: the three datasets of each unit fill ~90% of it.
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0x01;
+    std::fs::write(&f, bytes).expect("write shard");
+    let out = ckpt(&["inspect", p]);
+    assert!(!out.status.success(), "{}", text(&out));
+    let t = text(&out);
+    assert!(
+        t.contains("rank-00002.h5") && t.contains("checksum mismatch"),
+        "{t}"
+    );
+    let out = ckpt(&["inspect", root.join("absent").to_str().expect("UTF-8")]);
+    assert!(
+        !out.status.success() && text(&out).contains("absent"),
+        "{}",
+        text(&out)
+    );
+}

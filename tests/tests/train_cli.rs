@@ -1,0 +1,621 @@
+//! `zero-bench train` as users run it: the built binary under real mpirun (and as a plain
+//! process for `--dry-run`).
+//!
+//! - 4 ranks, the built-in corpus, `--stages 0,1,2,3 --rounds 2` (bf16, A = 2): the loss falls at
+//!   every stage, the metrics file has one complete JSON line per step, rank 0 prints every
+//!   stage's ledger next to the paper's formula, and the stage table and its JSON appear.
+//! - `--dry-run --world 4` (no MPI) reports, per stage and memory category, exactly the
+//!   bytes the real 4-rank run measured (rank 0's metrics, every rank's total).
+//! - Bad configurations exit non-zero with the message, printed once, without a backtrace.
+//! - `--init-from` a consolidated HDF5 file written here with the hdf5 crate (h5py's
+//!   layout: one f32 dataset per tensor at the root): the weights are used (a zero `wte`
+//!   gives a loss of exactly ln V), and with lr = 1e-30 `--save-model` writes them back
+//!   unchanged; wrong shapes, missing tensors and f64 data are refused by name.
+//!
+//! The binary is `zero-bench` next to this test's `deps/` directory; build it first with
+//! `cargo build -p zero-bench --release` (scripts/test.sh does).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use serde_json::Value;
+use zero_models::GptConfig;
+use zero_tests::{JobOutput, MpiJob};
+
+/// `target/<profile>/zero-bench`, from `target/<profile>/deps/train_cli-<hash>`.
+fn zero_bench() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary knows its own path");
+    let dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("the test binary lives in target/<profile>/deps");
+    let bin = dir.join("zero-bench");
+    assert!(
+        bin.is_file(),
+        "{} is missing: build it first with `cargo build -p zero-bench --release` (the same profile as these tests)",
+        bin.display()
+    );
+    bin
+}
+
+/// A file of the repository (configs/...).
+fn repo(rel: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(rel)
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// A fresh, empty directory for one test.
+fn scratch(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("train-{name}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create the test's scratch directory");
+    dir
+}
+
+fn s(p: &Path) -> String {
+    p.to_string_lossy().into_owned()
+}
+
+fn train(ranks: usize, args: &[String]) -> JobOutput {
+    MpiJob::new(ranks, zero_bench())
+        .args(
+            ["train".to_string()]
+                .into_iter()
+                .chain(args.iter().cloned()),
+        )
+        .timeout(Duration::from_secs(180))
+        .run()
+}
+
+fn ok(out: &JobOutput) {
+    assert!(!out.timed_out, "timed out\n{}", out.transcript());
+    assert_eq!(out.code, Some(0), "failed\n{}", out.transcript());
+}
+
+fn read_json(path: &Path) -> Value {
+    let text =
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}\n{text}", path.display()))
+}
+
+fn read_lines(path: &Path) -> Vec<Value> {
+    let text =
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    text.lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad JSON line {l:?}: {e}")))
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------
+// The 4-rank run every stage, shared by two tests (run once per test process).
+
+const RANKS: usize = 4;
+const STEPS: usize = 10;
+/// The shared run's settings on top of configs/tiny.toml (bf16 so the ledger has fp32
+/// master weights, A = 2 so accumulation is on).
+fn shared_settings() -> Vec<String> {
+    [
+        "--config",
+        &repo("configs/tiny.toml"),
+        "--stages",
+        "0,1,2,3",
+        "--precision",
+        "bf16",
+        "--grad-accum",
+        "2",
+        "--steps",
+        &STEPS.to_string(),
+    ]
+    .iter()
+    .map(|x| x.to_string())
+    .collect()
+}
+
+struct RealRun {
+    out: JobOutput,
+    metrics: Vec<Value>,
+    table: Value,
+}
+
+fn real_run() -> &'static RealRun {
+    static RUN: OnceLock<RealRun> = OnceLock::new();
+    RUN.get_or_init(|| {
+        let dir = scratch("real");
+        let (metrics, json) = (dir.join("metrics.jsonl"), dir.join("stages.json"));
+        let mut args = shared_settings();
+        args.extend(["--metrics".into(), s(&metrics), "--json".into(), s(&json)]);
+        // Two interleaved rounds: the second adds step times only (no metrics, no ledger).
+        args.extend(["--rounds".into(), "2".into()]);
+        let out = train(RANKS, &args);
+        ok(&out);
+        RealRun {
+            metrics: read_lines(&metrics),
+            table: read_json(&json),
+            out,
+        }
+    })
+}
+
+#[test]
+fn four_ranks_every_stage_loss_falls_metrics_complete_ledgers_printed() {
+    let run = real_run();
+    let stdout = &run.out.stdout;
+    // Rank 0 alone prints the configuration, once, with provenance.
+    assert_eq!(
+        stdout.matches("resolved configuration").count(),
+        1,
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("precision.dtype = \"bf16\"") && stdout.contains("# command line"),
+        "{stdout}"
+    );
+
+    // One complete line per step per stage, in order.
+    assert_eq!(run.metrics.len(), 4 * STEPS, "{:#?}", run.metrics);
+    for (i, m) in run.metrics.iter().enumerate() {
+        let (stage, step) = (i / STEPS, i % STEPS);
+        assert_eq!(m["stage"], stage as u64, "{m}");
+        assert_eq!(m["step"], step as u64, "{m}");
+        for key in [
+            "loss",
+            "grad_norm",
+            "lr",
+            "loss_scale",
+            "tokens_per_s",
+            "step_seconds",
+        ] {
+            let x = m[key]
+                .as_f64()
+                .unwrap_or_else(|| panic!("{key} missing in {m}"));
+            assert!(x.is_finite() && x >= 0.0, "{key} = {x} in {m}");
+        }
+        assert_eq!(m["skipped"], false, "{m}");
+        // N x A x B x T = 4 x 2 x 2 x 16 tokens per step (configs/tiny.toml: B = 2, T = 16).
+        assert_eq!(m["tokens"], 256, "{m}");
+        let comm = m["comm_sent_bytes"].as_object().expect("comm object");
+        for kind in ["all_reduce", "reduce_scatter", "all_gather"] {
+            assert!(comm[kind].is_u64(), "{kind} in {m}");
+        }
+        assert!(comm.values().map(|v| v.as_u64().unwrap_or(0)).sum::<u64>() > 0);
+        let mem = m["memory_bytes"].as_object().expect("memory object");
+        for cat in [
+            "params",
+            "grads",
+            "master",
+            "adam_m",
+            "adam_v",
+            "padding",
+            "activations",
+        ] {
+            assert!(mem[cat].is_u64(), "{cat} in {m}");
+        }
+        assert!(
+            mem["master"].as_u64() > Some(0),
+            "bf16 keeps an fp32 master: {m}"
+        );
+    }
+
+    // The loss falls at every stage: from ~ln 64 = 4.16 by far more than noise (0.2 nats)
+    // over 10 steps of lr 1e-2 on the order-2 Markov corpus.
+    for stage in 0..4 {
+        let l = |k: usize| {
+            run.metrics[stage * STEPS + k]["loss"]
+                .as_f64()
+                .unwrap_or(f64::NAN)
+        };
+        assert!(
+            l(STEPS - 1) < l(0) - 0.2,
+            "stage {stage}: loss {} -> {}",
+            l(0),
+            l(STEPS - 1)
+        );
+        // Every stage's ledger next to the formula, with the explanation.
+        for needle in [
+            format!("=== ZeRO-{stage}: {STEPS} steps on 4 rank(s) ==="),
+            format!("memory of rank 0 of 4 (ZeRO-{stage}"),
+            format!("ZeRO-{stage} formula"),
+            format!("summary ZeRO-{stage}: "),
+        ] {
+            assert!(stdout.contains(&needle), "missing {needle:?} in\n{stdout}");
+        }
+    }
+    assert!(stdout.contains("total difference"), "{stdout}");
+
+    // The stage table and its JSON.
+    assert!(
+        stdout.contains("=== stages compared (4 rank(s)) ==="),
+        "{stdout}"
+    );
+    let stages = run.table["stages"].as_array().expect("stages array");
+    assert_eq!(stages.len(), 4);
+    for (i, st) in stages.iter().enumerate() {
+        assert_eq!(st["stage"], i as u64);
+        assert_eq!(
+            st["ledger_bytes_per_rank"].as_array().map(Vec::len),
+            Some(RANKS)
+        );
+        assert_eq!(
+            st["peak_rss_bytes_per_rank"].as_array().map(Vec::len),
+            Some(RANKS)
+        );
+        assert!(st["step_time_ratio_to_stage0"]
+            .as_f64()
+            .is_some_and(|r| r > 0.0));
+        assert_eq!(st["round_step_seconds"].as_array().map(Vec::len), Some(2));
+        let losses: Vec<f64> = st["losses"]
+            .as_array()
+            .expect("losses")
+            .iter()
+            .filter_map(Value::as_f64)
+            .collect();
+        let from_metrics: Vec<f64> = (0..STEPS)
+            .filter_map(|k| run.metrics[i * STEPS + k]["loss"].as_f64())
+            .collect();
+        assert_eq!(losses, from_metrics, "stage {i}");
+    }
+    assert_eq!(stages[0]["step_time_ratio_to_stage0"], 1.0);
+    // Model states per rank fall from stage to stage (16Ψ -> 4Ψ+12Ψ/N -> 2Ψ+14Ψ/N -> 16Ψ/N).
+    let states: Vec<u64> = stages
+        .iter()
+        .map(|st| st["state_bytes_per_rank"][0].as_u64().unwrap_or(0))
+        .collect();
+    assert!(states.windows(2).all(|w| w[1] < w[0]), "{states:?}");
+}
+
+#[test]
+fn dry_run_without_mpi_equals_the_real_run_per_category() {
+    let run = real_run();
+    let dir = scratch("dry");
+    let json = dir.join("dry.json");
+    let mut args: Vec<String> = vec![
+        "train".into(),
+        "--dry-run".into(),
+        "--world".into(),
+        RANKS.to_string(),
+    ];
+    args.extend(shared_settings());
+    args.extend(["--json".into(), s(&json)]);
+    // A plain process: no mpirun, no MPI initialised.
+    let out = Command::new(zero_bench())
+        .args(&args)
+        .output()
+        .expect("zero-bench starts");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{args:?}\n{text}");
+    assert!(text.contains("=== dry run: ZeRO-3 on 4 rank(s)"), "{text}");
+    let dry = read_json(&json);
+    let plans = dry["stages"].as_array().expect("stages");
+    let real = run.table["stages"].as_array().expect("stages");
+    assert_eq!(plans.len(), 4);
+    for (i, plan) in plans.iter().enumerate() {
+        // Rank 0's first step of this stage (memory does not change between steps).
+        let measured = &run.metrics[i * STEPS]["memory_bytes"];
+        assert_eq!(
+            &plan["memory_bytes"], measured,
+            "stage {i}: dry run vs rank 0 of the real run, by category"
+        );
+        assert_eq!(
+            plan["total_bytes_per_rank"], real[i]["ledger_bytes_per_rank"],
+            "stage {i}: every rank's total"
+        );
+        // Measured bytes per step = the communication ledger + the control all-reduce of 3
+        // f64 (24 bytes, ring all-reduce: 2 (N-1)/N x 24 = 36 bytes sent per rank).
+        let control = 2 * (RANKS as u64 - 1) * 24 / RANKS as u64;
+        assert_eq!(
+            plan["comm_sent_bytes_per_step"]
+                .as_u64()
+                .map(|b| b + control),
+            real[i]["comm_sent_bytes_per_step"].as_u64(),
+            "stage {i}: bytes sent per step"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Bad configurations.
+
+/// Run on 2 ranks, expect failure with `needle` in the message, printed once, no panic.
+fn refused(args: &[&str], needle: &str) {
+    let mut all = vec!["--config".to_string(), repo("configs/tiny.toml")];
+    all.extend(args.iter().map(|a| a.to_string()));
+    let out = train(2, &all);
+    out.assert_failed_by_itself();
+    let text = out.all_text();
+    assert!(text.contains(needle), "{args:?}: no {needle:?} in\n{text}");
+    assert_eq!(
+        text.matches("error:").count(),
+        1,
+        "{args:?}: the error must be printed once (rank 0)\n{text}"
+    );
+    for bad in ["panicked", "stack backtrace", "RUST_BACKTRACE"] {
+        assert!(!text.contains(bad), "{args:?}: {bad:?} in\n{text}");
+    }
+}
+
+#[test]
+fn bad_configs_exit_nonzero_with_the_message_once_and_no_backtrace() {
+    refused(&["--set", "train.stepz=3"], "stepz");
+    refused(
+        &["--stage", "1", "--set", "zero.reduce_every_micro_step=true"],
+        "reduce_every_micro_step = true needs stage 2 or 3",
+    );
+    refused(
+        &[
+            "--precision",
+            "fp16",
+            "--set",
+            "precision.loss_scaling=false",
+        ],
+        "needs dynamic loss scaling",
+    );
+    refused(&["--model", "gpt2-9000"], "\"gpt2-9000\" is not a preset");
+    refused(
+        &["--set", "train.seq_len=17"],
+        "exceeds the model's context_len (16)",
+    );
+    refused(
+        &["--set", "data.path=\"/nonexistent/tokens.bin\""],
+        "/nonexistent/tokens.bin",
+    );
+    // The dry run, without MPI, refuses a rank outside the world.
+    let out = Command::new(zero_bench())
+        .args(["train", "--dry-run", "--world", "4", "--rank", "4"])
+        .output()
+        .expect("zero-bench starts");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("--rank 4 is out of range"),
+        "{err}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// --init-from / --save-model.
+
+/// configs/tiny.toml's model.
+fn tiny() -> GptConfig {
+    GptConfig {
+        vocab_size: 64,
+        max_seq_len: 16,
+        n_layer: 2,
+        n_head: 2,
+        n_embd: 32,
+    }
+}
+
+/// (name, shape) of every tensor, in spec order.
+fn tensors() -> Vec<(String, Vec<usize>)> {
+    tiny()
+        .spec()
+        .units
+        .iter()
+        .flat_map(|u| u.params.iter().map(|p| (p.name.clone(), p.shape.clone())))
+        .collect()
+}
+
+/// Deterministic values in [-0.05, 0.05) for tensor `i` (an LCG; `wte` all zero).
+fn values(i: usize, name: &str, n: usize) -> Vec<f32> {
+    if name == "wte" {
+        return vec![0.0; n];
+    }
+    let mut x = 0x2545_F491_4F6C_DD1Du64 ^ (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    (0..n)
+        .map(|_| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((x >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.1
+        })
+        .collect()
+}
+
+/// Write a model file as h5py would: one f32 dataset per tensor at the root. `edit` may
+/// change a tensor's shape (None: leave it out) or ask for f64 storage.
+/// How a tensor is written: its shape and whether as f64 (None: left out).
+type Stored = Option<(Vec<usize>, bool)>;
+
+fn write_model(path: &Path, edit: &dyn Fn(&str, &[usize]) -> Stored) {
+    let f = hdf5::File::create(path).expect("create the model file");
+    for (i, (name, shape)) in tensors().iter().enumerate() {
+        let Some((shape, as_f64)) = edit(name, shape) else {
+            continue;
+        };
+        let n: usize = shape.iter().product();
+        let v = values(i, name, n);
+        if as_f64 {
+            let v: Vec<f64> = v.iter().map(|&x| x as f64).collect();
+            f.new_dataset::<f64>()
+                .shape(shape.clone())
+                .create(name.as_str())
+                .and_then(|d| d.write_raw(&v))
+                .expect("write a tensor");
+        } else {
+            f.new_dataset::<f32>()
+                .shape(shape.clone())
+                .create(name.as_str())
+                .and_then(|d| d.write_raw(&v))
+                .expect("write a tensor");
+        }
+    }
+}
+
+#[test]
+fn init_from_is_used_and_round_trips_through_save_model() {
+    let dir = scratch("init");
+    let (input, output, metrics) = (dir.join("in.h5"), dir.join("out.h5"), dir.join("m.jsonl"));
+    write_model(&input, &|_, shape| Some((shape.to_vec(), false)));
+    // lr = 1e-30 (the config demands lr > 0): each AdamW step moves a parameter by about
+    // lr (the bias-corrected m / sqrt(v) is of order 1) and decays it by a factor 1 - 1e-31,
+    // which rounds to no change at all for values of order 1e-2 (f32 ulp ~1e-9) and to at
+    // most ~1e-29 for the zeros of wte. So the saved weights equal the loaded ones within
+    // 1e-24 absolute, while any misplaced or mis-shaped tensor is off by ~1e-2.
+    let args: Vec<String> = [
+        "--config",
+        &repo("configs/tiny.toml"),
+        "--stages",
+        "0,3",
+        "--steps",
+        "2",
+        "--set",
+        "optim.lr=1e-30",
+        "--init-from",
+        &s(&input),
+        "--save-model",
+        &s(&output),
+        "--metrics",
+        &s(&metrics),
+    ]
+    .iter()
+    .map(|x| x.to_string())
+    .collect();
+    let out = train(2, &args);
+    ok(&out);
+
+    // wte = 0 makes every logit 0 (the LM head is tied to wte): the loss is exactly ln V
+    // up to f32 rounding of the log-sum-exp (1e-5 relative), whatever the data. Default
+    // initialisation gives ~4.19 here, so this shows the file's weights were loaded.
+    let ln_v = (tiny().vocab_size as f64).ln();
+    let m = read_lines(&metrics);
+    assert_eq!(m.len(), 4);
+    for line in &m {
+        let loss = line["loss"].as_f64().expect("loss");
+        assert!(
+            (loss - ln_v).abs() < 1e-5 * ln_v,
+            "loss {loss} vs ln V {ln_v}: {line}"
+        );
+    }
+
+    // The saved file: h5py's layout, the same names, shapes and values.
+    let f = hdf5::File::open(&output).expect("open the saved model");
+    let mut names = f.member_names().expect("list");
+    names.sort();
+    let mut want: Vec<String> = tensors().into_iter().map(|(n, _)| n).collect();
+    want.sort();
+    assert_eq!(names, want);
+    for (i, (name, shape)) in tensors().iter().enumerate() {
+        let ds = f.dataset(name).expect("dataset at the root");
+        assert_eq!(&ds.shape(), shape, "{name}");
+        assert!(ds.dtype().expect("dtype").is::<f32>(), "{name} is f32");
+        let got: Vec<f32> = ds.read_raw().expect("read");
+        let n: usize = shape.iter().product();
+        let want = values(i, name, n);
+        let worst = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(
+            worst <= 1e-24,
+            "{name} changed in the round trip by {worst:e}"
+        );
+    }
+}
+
+#[test]
+fn init_from_refuses_wrong_shapes_missing_tensors_and_f64() {
+    let dir = scratch("init-bad");
+    let run = |file: &Path, needles: &[&str]| {
+        let args: Vec<String> = [
+            "--config",
+            &repo("configs/tiny.toml"),
+            "--steps",
+            "1",
+            "--init-from",
+            &s(file),
+        ]
+        .iter()
+        .map(|x| x.to_string())
+        .collect();
+        let out = train(2, &args);
+        out.assert_failed_by_itself();
+        let text = out.all_text();
+        for n in needles {
+            assert!(text.contains(n), "no {n:?} in\n{text}");
+        }
+        assert_eq!(text.matches("error:").count(), 1, "{text}");
+        assert!(!text.contains("panicked"), "{text}");
+    };
+    let transposed = dir.join("transposed.h5");
+    write_model(&transposed, &|name, shape| {
+        let mut s = shape.to_vec();
+        if name == "h.1.mlp.c_fc.weight" {
+            s.reverse(); // Conv1D's [in, out] instead of [out, in]
+        }
+        Some((s, false))
+    });
+    run(
+        &transposed,
+        &[
+            "'h.1.mlp.c_fc.weight' has shape [32, 128]",
+            "expects [128, 32]",
+            "stored [out, in]",
+        ],
+    );
+    let missing = dir.join("missing.h5");
+    write_model(&missing, &|name, shape| {
+        (name != "ln_f.bias").then(|| (shape.to_vec(), false))
+    });
+    run(&missing, &["lacks 1 of the model's", "ln_f.bias [32]"]);
+    let doubles = dir.join("f64.h5");
+    write_model(&doubles, &|name, shape| {
+        Some((shape.to_vec(), name == "wpe"))
+    });
+    run(&doubles, &["'wpe'", "expected 32-bit float"]);
+}
+
+#[test]
+fn help_explains_the_options_with_an_example() {
+    let out = Command::new(zero_bench())
+        .args(["train", "--help"])
+        .output()
+        .expect("zero-bench starts");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    for needle in [
+        "--config",
+        "--set",
+        "--stages",
+        "--dry-run",
+        "--init-from",
+        "--metrics",
+        "Examples:",
+        "mpirun",
+    ] {
+        assert!(text.contains(needle), "--help lacks {needle:?}:\n{text}");
+    }
+}
+
+#[test]
+fn every_example_config_is_valid_and_dry_runs() {
+    let dir = PathBuf::from(repo("configs"));
+    let mut n = 0;
+    for entry in std::fs::read_dir(&dir).expect("configs/ exists") {
+        let path = entry.expect("directory entry").path();
+        if path.extension().and_then(|e| e.to_str()) != Some("toml") {
+            continue;
+        }
+        let out = Command::new(zero_bench())
+            .args(["train", "--dry-run", "--world", "8", "--config"])
+            .arg(&path)
+            .output()
+            .expect("zero-bench starts");
+        assert!(
+            out.status.success(),
+            "{}: {}",
+            path.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        n += 1;
+    }
+    assert!(n >= 2, "expected the example configs in {}", dir.display());
+}

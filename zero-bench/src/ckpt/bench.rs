@@ -1,0 +1,156 @@
+//! `ckpt bench` (under mpirun): save and load throughput of a sharded checkpoint, per
+//! rank and in aggregate, next to a plain sequential write (+ fsync) and read of the same
+//! number of bytes per rank to the same directory in the same run. Reported as ratios;
+//! nothing is asserted (the machine is shared). Both reads come from the page cache
+//! when the files are fresh, which is the same for both sides of the comparison.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{anyhow, Context};
+use clap::Args;
+use zero_comm::Communicator;
+use zero_core::checkpoint::{self, SaveOptions};
+use zero_core::config::{Config, Stage};
+use zero_core::Engine;
+use zero_models::{Gpt, GptConfig};
+
+/// Arguments of `ckpt bench`.
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// Directory to write into (a checkpoint root; plain files beside it).
+    #[arg(long)]
+    dir: PathBuf,
+    /// Transformer blocks.
+    #[arg(long, default_value_t = 4)]
+    n_layer: usize,
+    /// Embedding width C.
+    #[arg(long, default_value_t = 256)]
+    n_embd: usize,
+    /// Vocabulary V.
+    #[arg(long, default_value_t = 8192)]
+    vocab: usize,
+    /// ZeRO stage of the engine (0-3).
+    #[arg(long, default_value_t = 1)]
+    stage: u8,
+    /// Repetitions (the best of them is reported).
+    #[arg(long, default_value_t = 3)]
+    repeat: usize,
+}
+
+/// Seconds of `f` on the slowest rank (barrier before, max-reduce after).
+fn timed<C: Communicator>(comm: &C, f: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<f64> {
+    comm.barrier()?;
+    let t = Instant::now();
+    let r = f();
+    let mut secs = [t.elapsed().as_secs_f64()];
+    comm.all_reduce(&mut secs[..], zero_comm::ReduceOp::Max)?;
+    r?;
+    Ok(secs[0])
+}
+
+/// Run `ckpt bench`.
+pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
+    let (_mpi, comm) = zero_comm::init().map_err(|e| anyhow!("cannot initialise MPI: {e}"))?;
+    let (rank, world) = (comm.rank(), comm.size());
+    let mut cfg = Config::default();
+    cfg.zero.stage = match args.stage {
+        0 => Stage::Zero0,
+        1 => Stage::Zero1,
+        2 => Stage::Zero2,
+        3 => Stage::Zero3,
+        s => anyhow::bail!("--stage {s}: ZeRO stages are 0-3"),
+    };
+    cfg.train.micro_batch = 1;
+    cfg.train.seq_len = 64;
+    let gpt = GptConfig {
+        vocab_size: args.vocab,
+        max_seq_len: 64,
+        n_layer: args.n_layer,
+        n_head: 4,
+        n_embd: args.n_embd,
+    };
+    let model = Gpt::<f32>::new(gpt, 1, 1).map_err(|e| anyhow!("model: {e}"))?;
+    let mut engine = Engine::new(&cfg, &comm, &model).map_err(|e| anyhow!("engine: {e}"))?;
+    let bytes = (engine.layout().shard_numel() * 12) as u64;
+    let plain = args.dir.join(format!("plain-rank-{rank:05}.bin"));
+    let root = args.dir.join("ckpt");
+    let payload = vec![0x5au8; bytes as usize];
+    let keep = SaveOptions {
+        keep_last: 1,
+        after_unit: None,
+    };
+    let (mut save, mut load, mut write, mut read) = (f64::MAX, f64::MAX, f64::MAX, f64::MAX);
+    for _ in 0..args.repeat.max(1) {
+        // Start from an empty root: removing the previous checkpoint is not the save's
+        // cost, and the plain write below also starts from a fresh file.
+        if rank == 0 && root.exists() {
+            std::fs::remove_dir_all(&root)
+                .with_context(|| format!("removing {}", root.display()))?;
+        }
+        if plain.exists() {
+            std::fs::remove_file(&plain)
+                .with_context(|| format!("removing {}", plain.display()))?;
+        }
+        save = save.min(timed(&comm, || {
+            checkpoint::save(&engine, &root, &keep)
+                .map(|_| ())
+                .context("save")
+        })?);
+        load = load.min(timed(&comm, || {
+            checkpoint::load(&mut engine, &root)
+                .map(|_| ())
+                .context("load")
+        })?);
+        write = write.min(timed(&comm, || {
+            let mut f = std::fs::File::create(&plain)
+                .with_context(|| format!("create {}", plain.display()))?;
+            f.write_all(&payload).context("plain write")?;
+            f.sync_all().context("plain fsync")
+        })?);
+        read = read.min(timed(&comm, || {
+            let back = std::fs::read(&plain).context("plain read")?;
+            anyhow::ensure!(
+                back.len() == payload.len(),
+                "plain read returned {} bytes",
+                back.len()
+            );
+            Ok(())
+        })?);
+    }
+    if let Err(e) = std::fs::remove_file(&plain) {
+        log::warn!("could not remove {}: {e}", plain.display());
+    }
+    if rank == 0 {
+        let mb = |s: f64| bytes as f64 / s / 1e6;
+        println!(
+            "ckpt bench: {world} ranks, stage {}, {} parameters, {:.1} MB of fp32 master+m+v per rank ({:.1} MB in all), best of {}",
+            args.stage,
+            engine.layout().numel(),
+            bytes as f64 / 1e6,
+            (bytes * world as u64) as f64 / 1e6,
+            args.repeat.max(1)
+        );
+        println!("             per rank MB/s   aggregate MB/s   vs plain");
+        for (what, s, base) in [("save", save, write), ("load", load, read)] {
+            let plain_name = if what == "save" {
+                "write+fsync"
+            } else {
+                "read"
+            };
+            println!(
+                "{what:<12} {:>14.0} {:>16.0} {:>10.2}x",
+                mb(s),
+                mb(s) * world as f64,
+                base / s
+            );
+            println!(
+                "plain {plain_name:<6} {:>14.0} {:>16.0}",
+                mb(base),
+                mb(base) * world as f64
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,211 @@
+//! `ckpt export --safetensors`: the master weights as a safetensors file (what Hugging
+//! Face tools load), streamed one tensor at a time: the safetensors writer asks each
+//! tensor for its bytes only when it writes it, and we read it from the shard files then.
+//!
+//! `--names nanogpt` (default) keeps DESIGN.md's names and [out, in] shapes.
+//! `--names hf-gpt2` writes what `GPT2Model.from_pretrained` expects: `wte.weight`,
+//! `wpe.weight`, and the four linear weights of each block transposed to Conv1D's
+//! [in, out] (DESIGN.md: HF's GPT-2 holds the transpose).
+
+use std::borrow::Cow;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use clap::{Args, ValueEnum};
+use safetensors::{Dtype, View};
+use zero_core::checkpoint::{self, CheckpointError, Meta, ShardReader};
+
+/// Tensor naming of the export.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Names {
+    /// DESIGN.md names, [out, in] weights (nanoGPT's state dict without the prefix).
+    Nanogpt,
+    /// Hugging Face GPT2Model names, Conv1D weights transposed to [in, out].
+    HfGpt2,
+}
+
+/// Arguments of `ckpt export`.
+#[derive(Args, Debug)]
+pub struct ExportArgs {
+    /// Write a safetensors file (the only format for now; required).
+    #[arg(long)]
+    safetensors: bool,
+    /// Tensor names and orientation.
+    #[arg(long, value_enum, default_value = "nanogpt")]
+    names: Names,
+    /// A checkpoint root (follows `latest`) or a step directory.
+    dir: PathBuf,
+    /// The file to write.
+    out: PathBuf,
+}
+
+/// One tensor, read from the shard files when the writer asks for its bytes.
+struct Lazy<'a> {
+    index: usize,
+    shape: Vec<usize>,
+    transpose: bool,
+    source: &'a Source,
+}
+
+struct Source {
+    dir: PathBuf,
+    meta: Meta,
+    files: RefCell<HashMap<usize, ShardReader>>,
+    /// The first read error: the writer's `data()` cannot fail, so it is kept here and
+    /// the output is deleted afterwards.
+    error: RefCell<Option<CheckpointError>>,
+}
+
+impl View for Lazy<'_> {
+    fn dtype(&self) -> Dtype {
+        Dtype::F32
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data_len(&self) -> usize {
+        self.shape.iter().product::<usize>() * 4
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        let s = self.source;
+        let read = checkpoint::read_param(&s.dir, &s.meta, self.index, &mut s.files.borrow_mut());
+        let values = match read {
+            Ok(v) if self.transpose => transpose(&v, self.shape[1], self.shape[0]),
+            Ok(v) => v,
+            Err(e) => {
+                s.error.borrow_mut().get_or_insert(e);
+                vec![0.0; self.data_len() / 4]
+            }
+        };
+        Cow::Owned(values.iter().flat_map(|x| x.to_le_bytes()).collect())
+    }
+}
+
+/// [rows, cols] row-major -> [cols, rows].
+fn transpose(v: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut out = vec![0.0; v.len()];
+    for r in 0..rows {
+        for c in 0..cols {
+            out[c * rows + r] = v[r * cols + c];
+        }
+    }
+    out
+}
+
+/// The exported name, and whether the tensor is transposed.
+fn export_name(names: Names, name: &str, shape: &[usize]) -> (String, bool) {
+    match names {
+        Names::Nanogpt => (name.to_string(), false),
+        Names::HfGpt2 => match name {
+            "wte" | "wpe" => (format!("{name}.weight"), false),
+            _ => {
+                let linear =
+                    name.starts_with("h.") && name.ends_with(".weight") && shape.len() == 2;
+                (name.to_string(), linear)
+            }
+        },
+    }
+}
+
+/// Run `ckpt export`.
+pub fn run(args: &ExportArgs) -> anyhow::Result<()> {
+    if !args.safetensors {
+        bail!("choose a format: --safetensors (the only one for now)");
+    }
+    let dir = checkpoint::resolve(&args.dir)
+        .with_context(|| format!("opening {}", args.dir.display()))?;
+    let meta = Meta::read(&dir)?;
+    if args.out.exists() {
+        bail!("{} exists; not overwriting it", args.out.display());
+    }
+    let source = Source {
+        dir,
+        meta,
+        files: RefCell::new(HashMap::new()),
+        error: RefCell::new(None),
+    };
+    let mut tensors = Vec::new();
+    for (index, p) in source.meta.layout.params.iter().enumerate() {
+        let (name, transpose) = export_name(args.names, &p.name, &p.shape);
+        let shape = if transpose {
+            vec![p.shape[1], p.shape[0]]
+        } else {
+            p.shape.clone()
+        };
+        tensors.push((
+            name,
+            Lazy {
+                index,
+                shape,
+                transpose,
+                source: &source,
+            },
+        ));
+    }
+    let n = tensors.len();
+    let info = Some(HashMap::from([
+        ("format".to_string(), "pt".to_string()),
+        ("zero_rs_step".to_string(), source.meta.step.to_string()),
+    ]));
+    let written = safetensors::tensor::serialize_to_file(tensors, &info, &args.out);
+    let read_error = source.error.borrow_mut().take();
+    if let Some(e) = read_error {
+        remove(&args.out);
+        return Err(e).context("reading the checkpoint for the export");
+    }
+    if let Err(e) = written {
+        remove(&args.out);
+        bail!("writing {}: {e}", args.out.display());
+    }
+    println!(
+        "wrote {n} tensors to {} (safetensors, {:?} names)",
+        args.out.display(),
+        args.names
+    );
+    Ok(())
+}
+
+fn remove(path: &Path) {
+    if let Err(e) = std::fs::remove_file(path) {
+        log::warn!("could not remove the partial {}: {e}", path.display());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transpose_swaps_rows_and_columns() {
+        // [[1, 2, 3], [4, 5, 6]] -> [[1, 4], [2, 5], [3, 6]]
+        let t = transpose(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], 2, 3);
+        assert_eq!(t, vec![1.0, 4.0, 2.0, 5.0, 3.0, 6.0]);
+    }
+
+    #[test]
+    fn hf_names_transpose_only_block_linear_weights() {
+        let hf = Names::HfGpt2;
+        assert_eq!(
+            export_name(hf, "wte", &[64, 32]),
+            ("wte.weight".into(), false)
+        );
+        assert_eq!(
+            export_name(hf, "h.0.attn.c_attn.weight", &[96, 32]),
+            ("h.0.attn.c_attn.weight".into(), true)
+        );
+        assert_eq!(
+            export_name(hf, "h.0.ln_1.weight", &[32]),
+            ("h.0.ln_1.weight".into(), false)
+        );
+        assert_eq!(
+            export_name(hf, "ln_f.bias", &[32]),
+            ("ln_f.bias".into(), false)
+        );
+        assert_eq!(
+            export_name(Names::Nanogpt, "h.1.mlp.c_fc.weight", &[128, 32]),
+            ("h.1.mlp.c_fc.weight".into(), false)
+        );
+    }
+}

@@ -1,0 +1,236 @@
+//! Command-line options of `zero-bench train` and how they become configuration
+//! overrides: every convenience flag (`--stage`, `--precision`, ...) is a `--set
+//! section.key=value` in disguise, so the printed provenance says "command line" for it
+//! and zero-core's loader validates it like any other value.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use zero_core::config::Stage;
+
+/// Options of `zero-bench train`.
+#[derive(Args, Debug, Clone)]
+#[command(after_long_help = EXAMPLES)]
+pub struct TrainArgs {
+    /// TOML configuration file (sections [model], [data], [train], [zero], [precision],
+    /// [optim]; every key has a default, so the file is optional).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// Override one configuration value; repeatable. The value is read as TOML (2, true,
+    /// 1e-3, [0.9, 0.95], "text"); a bare word is taken as a string.
+    #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
+    pub set: Vec<String>,
+
+    /// ZeRO stage 0-3 (= --set zero.stage=N).
+    #[arg(long, value_name = "N", conflicts_with = "stages")]
+    pub stage: Option<u8>,
+
+    /// Run the same training once per listed stage, one after another in this process
+    /// (fresh model and engine each), then print a table comparing them: step time
+    /// relative to stage 0, tokens/s, per-rank memory, peak RSS, bytes communicated.
+    #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = parse_stage)]
+    pub stages: Vec<Stage>,
+
+    /// Training precision: fp32, bf16 or fp16 (= --set precision.dtype=...).
+    #[arg(long, value_name = "DTYPE")]
+    pub precision: Option<String>,
+
+    /// Optimizer steps (= --set train.steps=N).
+    #[arg(long, value_name = "N")]
+    pub steps: Option<usize>,
+
+    /// Micro-batches accumulated per optimizer step (= --set train.grad_accum=A).
+    #[arg(long, value_name = "A")]
+    pub grad_accum: Option<usize>,
+
+    /// Model preset: tiny, small, gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b
+    /// (= --set model.preset=NAME).
+    #[arg(long, value_name = "PRESET")]
+    pub model: Option<String>,
+
+    /// Per-step metrics as JSON lines, written by rank 0 (= --set train.metrics_file=FILE).
+    #[arg(long, value_name = "FILE")]
+    pub metrics: Option<PathBuf>,
+
+    /// Run the stage list this many times, interleaved (0,1,2,3,0,1,2,3,...), and average
+    /// each stage's step time over the rounds, so that load changes on a shared machine
+    /// fall on every stage alike. Ledgers, progress, metrics and peak RSS: first round.
+    #[arg(long, default_value_t = 1, value_name = "R")]
+    pub rounds: usize,
+
+    /// Print the resolved configuration, the per-rank memory plan next to the ZeRO
+    /// paper's formula with every difference explained, and the communication per step;
+    /// allocate nothing and exit. Works without mpirun (see --world, --rank).
+    #[arg(long)]
+    pub dry_run: bool,
+
+    /// Dry run outside MPI: the number of ranks to plan for (under mpirun/srun the real
+    /// world size is used, and a different value here is an error).
+    #[arg(long, value_name = "N", requires = "dry_run")]
+    pub world: Option<usize>,
+
+    /// Dry run: the rank whose plan is shown in full (every rank's total is shown when
+    /// they differ).
+    #[arg(long, value_name = "R", requires = "dry_run")]
+    pub rank: Option<usize>,
+
+    /// Start from the weights of a consolidated HDF5 model file (one fp32 dataset per
+    /// parameter at the root, named as in DESIGN.md, e.g. `h.0.attn.c_attn.weight`
+    /// [3C, C]), as `zero-bench ckpt consolidate` and h5py write them.
+    #[arg(long, value_name = "FILE.h5")]
+    pub init_from: Option<PathBuf>,
+
+    /// After training, write the final fp32 weights to this HDF5 file in the same layout
+    /// (readable by --init-from and by h5py). With --stages: the last stage's weights.
+    #[arg(long, value_name = "FILE.h5")]
+    pub save_model: Option<PathBuf>,
+
+    /// Write the run summary (with --stages: the stage table; with --dry-run: the plans)
+    /// as JSON here (rank 0).
+    #[arg(long, value_name = "PATH")]
+    pub json: Option<PathBuf>,
+
+    /// Threads each rank's matrix multiplications use (keep ranks x threads <= cores).
+    #[arg(long, default_value_t = 1, value_name = "K")]
+    pub threads: usize,
+
+    /// Plain log lines even when stderr is a terminal (no progress bar).
+    #[arg(long)]
+    pub no_progress: bool,
+}
+
+const EXAMPLES: &str = "\
+Examples:
+  # 4 ranks on this machine, the built-in corpus, every stage in turn, with a table:
+  scripts/mpirun.sh 4 target/release/zero-bench train --config configs/demo.toml --stages 0,1,2,3
+
+  # One stage, overrides on the command line, metrics as JSON lines:
+  mpirun -n 8 zero-bench train --config configs/demo.toml --stage 3 --precision fp16 \\
+      --set optim.lr=3e-4 --set train.micro_batch=8 --metrics metrics.jsonl
+
+  # Inside a Slurm allocation:
+  srun --mpi=pmix zero-bench train --config configs/demo.toml --stage 2
+
+  # Per-rank memory of GPT-2 1.5B on 64 ranks at stage 3, without running anything:
+  zero-bench train --dry-run --world 64 --model gpt2-1.5b --stage 3 --precision bf16
+
+Errors in the configuration (unknown keys, values out of range, impossible
+combinations) are reported before anything runs, with what to change.";
+
+/// `"2"` -> `Stage::Zero2`.
+fn parse_stage(s: &str) -> Result<Stage, String> {
+    let n: i64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{s}' is not a ZeRO stage; use 0, 1, 2 or 3"))?;
+    Stage::try_from(n)
+}
+
+/// A TOML basic string holding `s` (JSON's string escapes are valid TOML escapes).
+fn toml_string(s: &str) -> String {
+    serde_json::Value::String(s.to_string()).to_string()
+}
+
+impl TrainArgs {
+    /// The `section.key=value` overrides of this command line: every `--set` in order,
+    /// then the convenience flags (so a flag wins over a `--set` of the same key).
+    pub fn overrides(&self) -> Vec<String> {
+        let mut o = self.set.clone();
+        if let Some(s) = self.stage {
+            o.push(format!("zero.stage={s}"));
+        }
+        if let Some(p) = &self.precision {
+            o.push(format!("precision.dtype={}", toml_string(p)));
+        }
+        if let Some(n) = self.steps {
+            o.push(format!("train.steps={n}"));
+        }
+        if let Some(a) = self.grad_accum {
+            o.push(format!("train.grad_accum={a}"));
+        }
+        if let Some(m) = &self.model {
+            o.push(format!("model.preset={}", toml_string(m)));
+        }
+        if let Some(f) = &self.metrics {
+            o.push(format!(
+                "train.metrics_file={}",
+                toml_string(&f.display().to_string())
+            ));
+        }
+        o
+    }
+
+    /// The overrides of one run of the stage list (`None`: the configured stage).
+    pub fn overrides_for(&self, stage: Option<Stage>) -> Vec<String> {
+        let mut o = self.overrides();
+        if let Some(s) = stage {
+            o.push(format!("zero.stage={}", s.number()));
+        }
+        o
+    }
+
+    /// The stages to run: the list, or one run at the configured stage.
+    pub fn stage_runs(&self) -> Vec<Option<Stage>> {
+        if self.stages.is_empty() {
+            vec![None]
+        } else {
+            self.stages.iter().copied().map(Some).collect()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        t: TrainArgs,
+    }
+
+    #[test]
+    fn flags_become_overrides_after_set() {
+        let cli = Cli::parse_from([
+            "x",
+            "--set",
+            "zero.stage=1",
+            "--stage",
+            "3",
+            "--precision",
+            "fp16",
+            "--model",
+            "gpt2-124m",
+            "--metrics",
+            "/tmp/m \"q\".jsonl",
+        ]);
+        let o = cli.t.overrides();
+        assert_eq!(
+            o,
+            vec![
+                "zero.stage=1".to_string(),
+                "zero.stage=3".into(),
+                "precision.dtype=\"fp16\"".into(),
+                "model.preset=\"gpt2-124m\"".into(),
+                "train.metrics_file=\"/tmp/m \\\"q\\\".jsonl\"".into(),
+            ]
+        );
+        let loaded = zero_core::config::load(None, &o).unwrap();
+        assert_eq!(loaded.config.zero.stage, Stage::Zero3);
+        assert_eq!(
+            loaded.config.train.metrics_file.as_deref(),
+            Some("/tmp/m \"q\".jsonl")
+        );
+    }
+
+    #[test]
+    fn stage_list_parses_and_rejects() {
+        let cli = Cli::parse_from(["x", "--stages", "0,1,2,3"]);
+        assert_eq!(cli.t.stages, Stage::ALL.to_vec());
+        assert_eq!(cli.t.stage_runs().len(), 4);
+        assert!(Cli::try_parse_from(["x", "--stages", "0,4"]).is_err());
+        assert!(Cli::try_parse_from(["x", "--stages", "1", "--stage", "2"]).is_err());
+    }
+}

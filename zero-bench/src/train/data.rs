@@ -1,0 +1,194 @@
+//! Training data for `train`: the token source (`data.path`: "builtin" for the built-in
+//! Markov corpus, else a nanoGPT or llm.c `.bin` file, told apart by llm.c's header magic)
+//! and the batch order (`data.order`).
+//!
+//! Both orders read, for global step s, micro-step m (of A), rank r (of N) and row b (of
+//! B), the window of T+1 tokens of global row index g = ((s*A + m)*N + r)*B + b: inputs
+//! the first T, targets the last T. `sequential` starts it at g*T (zero_models'
+//! `Sequential`, wrapping at the end); `shuffled` at a hash of (seed, g) modulo
+//! len - T (so no window wraps). Either way the global batch of a step depends only on
+//! N*A*B, never on the stage or on how it is split into ranks and micro-steps.
+
+use std::path::Path;
+
+use anyhow::{bail, Context};
+use zero_core::config::{Config, DataOrder};
+use zero_core::Batch;
+use zero_models::data::{MarkovSource, Sequential, TokenFormat, Tokens};
+use zero_models::init::SplitMix64;
+
+/// Tokens of the built-in corpus: 2^20 (2 MiB of u16); windows wrap around.
+const BUILTIN_TOKENS: usize = 1 << 20;
+/// Symbols of the built-in corpus (its tokens are 0..64).
+pub const BUILTIN_VOCAB: usize = 64;
+
+/// Open the configured token source for a model of `vocab` tokens.
+pub fn open(config: &Config, vocab: usize) -> anyhow::Result<Tokens> {
+    let path = config.data.path.as_str();
+    let tokens = if path == "builtin" {
+        if vocab < BUILTIN_VOCAB {
+            bail!(
+                "the built-in corpus has {BUILTIN_VOCAB} symbols but model.vocab_size is {vocab}; \
+                 set model.vocab_size >= {BUILTIN_VOCAB} or give a token file in data.path"
+            );
+        }
+        MarkovSource::default_corpus(BUILTIN_TOKENS, vocab)
+            .context("building the built-in corpus")?
+    } else {
+        Tokens::open(Path::new(path), TokenFormat::Auto, vocab)
+            .with_context(|| format!("opening data.path = {path}"))?
+    };
+    let need = config.train.seq_len + 1;
+    if tokens.len() < need {
+        bail!(
+            "{} holds {} tokens, fewer than train.seq_len + 1 = {need}; use more data or a shorter seq_len",
+            tokens.name(),
+            tokens.len()
+        );
+    }
+    Ok(tokens)
+}
+
+/// This rank's micro-batches of each step.
+pub struct Batches {
+    order: Sequential,
+    shuffle_seed: Option<u64>,
+    inputs: Vec<Vec<u32>>,
+    targets: Vec<Vec<u32>>,
+}
+
+impl Batches {
+    /// The order of `config` for rank `rank` of `world`.
+    pub fn new(config: &Config, world: usize, rank: usize) -> anyhow::Result<Batches> {
+        let t = &config.train;
+        let order = Sequential::new(t.micro_batch, t.seq_len, t.grad_accum, world, rank)
+            .context("batch order")?;
+        Ok(Batches {
+            order,
+            shuffle_seed: match config.data.order {
+                DataOrder::Sequential => None,
+                DataOrder::Shuffled => Some(t.seed),
+            },
+            inputs: vec![Vec::new(); t.grad_accum],
+            targets: vec![Vec::new(); t.grad_accum],
+        })
+    }
+
+    /// Fill the A micro-batches of global step `step` and return them.
+    pub fn fill(&mut self, tokens: &Tokens, step: u64) -> anyhow::Result<Vec<Batch<'_>>> {
+        let o = self.order;
+        for m in 0..o.accum {
+            let (inputs, targets) = (&mut self.inputs[m], &mut self.targets[m]);
+            match self.shuffle_seed {
+                None => o
+                    .fill(tokens, step, m, inputs, targets)
+                    .with_context(|| format!("reading step {step}, micro-step {m}"))?,
+                Some(seed) => fill_shuffled(&o, seed, tokens, step, m, inputs, targets)
+                    .with_context(|| format!("reading step {step}, micro-step {m}"))?,
+            }
+        }
+        Ok((0..o.accum)
+            .map(|m| Batch {
+                rows: o.rows,
+                seq_len: o.seq_len,
+                inputs: &self.inputs[m],
+                targets: &self.targets[m],
+            })
+            .collect())
+    }
+}
+
+/// Start of the shuffled window of global row `g`: uniform over `0..=len - T - 1`.
+fn shuffled_start(seed: u64, g: u128, len: usize, seq_len: usize) -> usize {
+    // Mix the seed and both halves of g through SplitMix64 (bijective steps, so distinct
+    // rows get independent-looking draws); the modulo bias is < span / 2^64.
+    let mut s = SplitMix64::new(seed ^ (g as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let x = s.next_u64() ^ ((g >> 64) as u64);
+    let span = (len - seq_len) as u64;
+    (SplitMix64::new(x).next_u64() % span) as usize
+}
+
+fn fill_shuffled(
+    o: &Sequential,
+    seed: u64,
+    tokens: &Tokens,
+    step: u64,
+    micro: usize,
+    inputs: &mut Vec<u32>,
+    targets: &mut Vec<u32>,
+) -> anyhow::Result<()> {
+    let t = o.seq_len;
+    inputs.clear();
+    targets.clear();
+    for row in 0..o.rows {
+        // The global row index: Sequential's start divided by T.
+        let g = o.start(step, micro, row) / t as u128;
+        let start = shuffled_start(seed, g, tokens.len(), t);
+        let mut prev = tokens.get(start)?;
+        for i in 1..=t {
+            let next = tokens.get(start + i)?;
+            inputs.push(prev as u32);
+            targets.push(next as u32);
+            prev = next;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn corpus() -> Tokens {
+        Tokens::from_vec("t", (0..1000u16).map(|i| i % 50).collect(), 64).unwrap()
+    }
+
+    /// The global batch is the same for every N x A split with the same N*A (each row's
+    /// window depends only on its global row index), in both orders.
+    #[test]
+    fn global_batch_independent_of_split() {
+        for order in [DataOrder::Sequential, DataOrder::Shuffled] {
+            let mut c = Config::default();
+            c.data.order = order;
+            c.train.micro_batch = 2;
+            c.train.seq_len = 8;
+            let gather = |world: usize, accum: usize| {
+                let mut c = c.clone();
+                c.train.grad_accum = accum;
+                // Row order of the global batch: micro-step, then rank, then row.
+                let mut rows: Vec<(usize, usize, Vec<u32>)> = Vec::new();
+                for r in 0..world {
+                    let mut b = Batches::new(&c, world, r).unwrap();
+                    for (m, batch) in b.fill(&corpus(), 3).unwrap().iter().enumerate() {
+                        rows.push((m, r, batch.inputs.to_vec()));
+                    }
+                }
+                rows.sort_by_key(|(m, r, _)| (*m, *r));
+                rows.into_iter()
+                    .flat_map(|(_, _, v)| v)
+                    .collect::<Vec<u32>>()
+            };
+            assert_eq!(gather(4, 1), gather(1, 4), "{order:?}");
+            assert_eq!(gather(2, 2), gather(1, 4), "{order:?}");
+        }
+    }
+
+    #[test]
+    fn shuffled_windows_stay_inside_and_targets_shift_by_one() {
+        let tokens = corpus();
+        let mut c = Config::default();
+        c.train.micro_batch = 3;
+        c.train.seq_len = 16;
+        c.data.order = DataOrder::Shuffled;
+        let mut b = Batches::new(&c, 1, 0).unwrap();
+        let batch = &b.fill(&tokens, 5).unwrap()[0];
+        assert_eq!(batch.inputs.len(), 48);
+        for row in 0..3 {
+            let (i, t) = (&batch.inputs[row * 16..], &batch.targets[row * 16..]);
+            assert_eq!(i[1..16], t[..15]);
+        }
+        for g in 0..10_000u128 {
+            assert!(shuffled_start(7, g, 1000, 16) <= 1000 - 17);
+        }
+    }
+}

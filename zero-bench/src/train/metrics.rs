@@ -1,0 +1,110 @@
+//! Per-step metrics as JSON lines (rank 0): one object per optimizer step, flushed as it
+//! is written so a crashed or killed run keeps every step it finished.
+//!
+//! Fields: `stage`, `step`, `loss`, `grad_norm`, `lr`, `loss_scale`, `skipped`,
+//! `tokens`, `tokens_per_s`, `step_seconds`, `comm_sent_bytes` {collective kind: bytes
+//! this rank sent during the step}, `memory_bytes` {ledger category: bytes this rank
+//! holds}. Non-finite numbers (an overflowed gradient norm) are written as null.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use serde_json::{json, Map, Value};
+use zero_comm::CollectiveKind;
+use zero_core::ledger::MemCategory;
+use zero_core::StepReport;
+
+/// An open metrics file.
+pub struct Metrics {
+    path: PathBuf,
+    out: BufWriter<File>,
+}
+
+/// `x` as a JSON number, or null when it is not finite.
+fn num(x: f64) -> Value {
+    serde_json::Number::from_f64(x).map_or(Value::Null, Value::Number)
+}
+
+/// One step as a JSON object.
+pub fn step_json(stage: usize, r: &StepReport) -> Value {
+    let mut comm = Map::new();
+    for kind in CollectiveKind::ALL {
+        if kind != CollectiveKind::Barrier {
+            comm.insert(kind.name().into(), json!(r.comm.get(kind).bytes_sent));
+        }
+    }
+    let mut memory = Map::new();
+    for cat in MemCategory::ALL {
+        memory.insert(
+            cat.name().into(),
+            json!(r.memory.get(&cat).copied().unwrap_or(0)),
+        );
+    }
+    json!({
+        "stage": stage,
+        "step": r.step,
+        "loss": num(r.loss),
+        "grad_norm": num(r.grad_norm),
+        "lr": num(r.lr),
+        "loss_scale": num(r.loss_scale),
+        "skipped": r.skipped,
+        "tokens": r.tokens,
+        "tokens_per_s": num(r.tokens as f64 / r.seconds.max(f64::MIN_POSITIVE)),
+        "step_seconds": num(r.seconds),
+        "comm_sent_bytes": comm,
+        "memory_bytes": memory,
+    })
+}
+
+impl Metrics {
+    /// Create (truncate) `path`.
+    pub fn create(path: &Path) -> anyhow::Result<Metrics> {
+        let f = File::create(path)
+            .with_context(|| format!("creating the metrics file {}", path.display()))?;
+        Ok(Metrics {
+            path: path.to_path_buf(),
+            out: BufWriter::new(f),
+        })
+    }
+
+    /// Append one step.
+    pub fn write(&mut self, stage: usize, r: &StepReport) -> anyhow::Result<()> {
+        let line = step_json(stage, r).to_string();
+        writeln!(self.out, "{line}")
+            .and_then(|_| self.out.flush())
+            .with_context(|| format!("writing {}", self.path.display()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn a_step_has_every_field_and_nan_is_null() {
+        let r = StepReport {
+            step: 3,
+            loss: 2.5,
+            grad_norm: f64::INFINITY,
+            lr: 1e-3,
+            loss_scale: 65536.0,
+            skipped: true,
+            tokens: 1024,
+            seconds: 0.5,
+            comm: Default::default(),
+            memory: BTreeMap::from([(MemCategory::Params, 10)]),
+        };
+        let v = step_json(2, &r);
+        assert_eq!(v["stage"], 2);
+        assert_eq!(v["step"], 3);
+        assert_eq!(v["grad_norm"], Value::Null);
+        assert_eq!(v["tokens_per_s"], 2048.0);
+        assert_eq!(v["memory_bytes"]["params"], 10);
+        assert_eq!(v["memory_bytes"]["adam_v"], 0);
+        assert_eq!(v["comm_sent_bytes"]["all_gather"], 0);
+        assert!(v["comm_sent_bytes"].get("barrier").is_none());
+    }
+}

@@ -1,0 +1,299 @@
+//! `zero-bench train`: train the GPT on a corpus at a chosen ZeRO stage, precision and
+//! accumulation, one process per rank under mpirun or srun.
+//!
+//! Flow (every rank runs it; rank 0 prints and writes files):
+//! 1. configuration: `--config FILE` + `--set` overrides (+ convenience flags), loaded and
+//!    validated by zero-core, once per run of `--stages`. Every rank validates the same
+//!    inputs, so a bad config fails everywhere without communicating; rank 0 prints why.
+//! 2. `--dry-run`: print the plans and stop (no MPI needed; see dry_run.rs).
+//! 3. set-up that may fail on one rank only (data file, `--init-from`, metrics file) is
+//!    agreed on across ranks (launch.rs), so a failure is reported once and every rank
+//!    exits 1 instead of hanging in a collective.
+//! 4. training, one stage after another (run.rs); an error during a step aborts the job
+//!    from the rank that hit it.
+//! 5. summary: one stage's loss, throughput and memory, or the `--stages` table.
+
+mod args;
+mod data;
+mod dry_run;
+mod init_from;
+mod launch;
+mod metrics;
+mod progress;
+mod report;
+mod rss;
+mod run;
+
+use std::path::Path;
+
+use anyhow::{anyhow, Context};
+use zero_comm::{Communicator, MpiComm};
+use zero_core::config::{load, LoadedConfig};
+
+pub use args::TrainArgs;
+use launch::{agree, Failure};
+use report::StageResult;
+
+/// Run `zero-bench train`. A failure is returned only on the rank that should print it;
+/// the other ranks exit with status 1 here, quietly, after shutting MPI down.
+pub fn run(args: TrainArgs) -> anyhow::Result<()> {
+    let without_mpi = args.dry_run && !launch::under_launcher();
+    let mpi = if without_mpi {
+        None
+    } else {
+        Some(launch::init_mpi()?)
+    };
+    let world = mpi.as_ref().map(|m| (m.comm.rank(), m.comm.size()));
+    crate::logging::init(world);
+    let result = run_on(&args, mpi.as_ref().map(|m| &m.comm));
+    match result {
+        Ok(()) => Ok(()),
+        Err(f) => {
+            // MPI_Finalize on every rank (they all failed at the same point) before exiting.
+            drop(mpi);
+            if f.print {
+                Err(f.error)
+            } else {
+                std::process::exit(1)
+            }
+        }
+    }
+}
+
+/// Load and validate the configuration of every run of the stage list.
+fn configs(args: &TrainArgs) -> anyhow::Result<Vec<LoadedConfig>> {
+    let runs = args.stage_runs();
+    let mut out = Vec::with_capacity(runs.len());
+    for stage in runs {
+        let loaded = load(args.config.as_deref(), &args.overrides_for(stage))?;
+        // Model checks zero-core cannot do (it does not know the GPT): e.g. V <= 65536.
+        run::gpt_config(&loaded.config)?;
+        out.push(loaded);
+    }
+    if args.threads == 0 {
+        return Err(anyhow!("--threads 0: give at least 1 thread per rank"));
+    }
+    if args.rounds == 0 {
+        return Err(anyhow!("--rounds 0: run the stage list at least once"));
+    }
+    Ok(out)
+}
+
+fn run_on(args: &TrainArgs, comm: Option<&MpiComm>) -> Result<(), Failure> {
+    let rank = comm.map_or(0, |c| c.rank());
+    let same = |e: anyhow::Error| Failure::same_everywhere(e, rank);
+    let loaded = configs(args).map_err(same)?;
+    let first = &loaded[0];
+    if args.dry_run {
+        return dry_run(args, &loaded, comm).map_err(same);
+    }
+    let comm =
+        comm.ok_or_else(|| same(anyhow!("training needs MPI (internal: not initialised)")))?;
+    if rank == 0 {
+        println!(
+            "resolved configuration ({} rank(s){}):",
+            comm.size(),
+            if loaded.len() > 1 {
+                format!(", zero.stage set per run: {}", stage_list(&loaded))
+            } else {
+                String::new()
+            }
+        );
+        print!("{}", first.render());
+    }
+
+    // Set-up shared by every stage; each step agreed on across ranks.
+    let c = &first.config;
+    let vocab = run::gpt_config(c).map_err(same)?.vocab_size;
+    let tokens = agree(comm, data::open(c, vocab))?;
+    let init = match &args.init_from {
+        Some(path) => {
+            let spec = run::gpt_config(c).map_err(same)?.spec();
+            let (file, extra) = agree(comm, init_from::InitFile::open(path, &spec))?;
+            if rank == 0 && !extra.is_empty() {
+                log::warn!(
+                    "{}: ignoring {} tensor(s) the model does not have: {}",
+                    path.display(),
+                    extra.len(),
+                    extra.join(", ")
+                );
+            }
+            Some(file)
+        }
+        None => None,
+    };
+    let metrics_file = c.train.metrics_file.as_deref().map(Path::new);
+    let mut metrics = agree(
+        comm,
+        match metrics_file {
+            Some(p) if rank == 0 => metrics::Metrics::create(p).map(Some),
+            _ => Ok(None),
+        },
+    )?;
+
+    let mut results: Vec<StageResult> = Vec::with_capacity(loaded.len());
+    for round in 0..args.rounds {
+        for (i, l) in loaded.iter().enumerate() {
+            let last = round + 1 == args.rounds && i + 1 == loaded.len();
+            let shared = run::Shared {
+                tokens: &tokens,
+                init: init.as_ref(),
+                save_model: args.save_model.as_deref().filter(|_| last),
+                threads: args.threads,
+                plain: args.no_progress,
+                quiet: round > 0,
+            };
+            let mut no_metrics = None;
+            let m = if round == 0 {
+                &mut metrics
+            } else {
+                &mut no_metrics
+            };
+            let r = run::train(comm, l, &shared, m)?;
+            if round == 0 {
+                if rank == 0 {
+                    summary(&r, c.data.path == "builtin");
+                }
+                results.push(r);
+            } else {
+                report::add_round(&mut results[i], &r);
+            }
+            // Start the next run together (fair timing, RSS reset after the last drop).
+            comm.barrier()
+                .map_err(|e| Failure::same_everywhere(anyhow!("barrier: {e}"), rank))?;
+        }
+        if rank == 0 && args.rounds > 1 {
+            log::info!("round {}/{} of the stage list done", round + 1, args.rounds);
+        }
+    }
+    report::set_ratios(&mut results);
+    if rank == 0 {
+        if results.len() > 1 {
+            println!("\n=== stages compared ({} rank(s)) ===", comm.size());
+            print!("{}", report::stage_table(&results));
+        }
+        if let Some(path) = &args.json {
+            write_json(
+                path,
+                &serde_json::json!({ "world": comm.size(), "stages": results }),
+            )
+            .map_err(same)?;
+        }
+        if let Some(p) = metrics_file {
+            println!("metrics: {}", p.display());
+        }
+    }
+    Ok(())
+}
+
+fn stage_list(loaded: &[LoadedConfig]) -> String {
+    let s: Vec<String> = loaded
+        .iter()
+        .map(|l| l.config.zero.stage.number().to_string())
+        .collect();
+    s.join(",")
+}
+
+fn dry_run(
+    args: &TrainArgs,
+    loaded: &[LoadedConfig],
+    comm: Option<&MpiComm>,
+) -> anyhow::Result<()> {
+    let (rank, world) = match comm {
+        Some(c) => {
+            if let Some(w) = args.world.filter(|&w| w != c.size()) {
+                return Err(anyhow!(
+                    "--world {w} under an MPI launcher of {} ranks: the dry run plans the real world size; drop --world or launch {w} ranks",
+                    c.size()
+                ));
+            }
+            (c.rank(), c.size())
+        }
+        None => (0, args.world.unwrap_or(1)),
+    };
+    if world == 0 {
+        return Err(anyhow!("--world 0: plan for at least 1 rank"));
+    }
+    let show = args.rank.unwrap_or(0);
+    if show >= world {
+        return Err(anyhow!(
+            "--rank {show} is out of range for {world} rank(s) (ranks are 0..{})",
+            world - 1
+        ));
+    }
+    let print = rank == 0;
+    if print {
+        println!(
+            "resolved configuration (dry run, {world} rank(s){}):",
+            if loaded.len() > 1 {
+                format!(", zero.stage set per run: {}", stage_list(loaded))
+            } else {
+                String::new()
+            }
+        );
+        print!("{}", loaded[0].render());
+    }
+    let plans = dry_run::plan(loaded, world, show, print)?;
+    if let Some(path) = &args.init_from {
+        // Pre-flight: the file fits the model (names, shapes, f32), read nothing else.
+        let spec = run::gpt_config(&loaded[0].config)?.spec();
+        let (_, extra) = init_from::InitFile::open(path, &spec)?;
+        if print {
+            println!(
+                "--init-from {}: every tensor of the model present with its shape{}",
+                path.display(),
+                if extra.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({} extra tensor(s) would be ignored)", extra.len())
+                }
+            );
+        }
+    }
+    if print {
+        if let Some(path) = &args.json {
+            write_json(path, &plans)?;
+        }
+    }
+    Ok(())
+}
+
+fn write_json(path: &Path, value: &serde_json::Value) -> anyhow::Result<()> {
+    let text = serde_json::to_string_pretty(value).context("serialising the report")?;
+    std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))?;
+    println!("report written to {}", path.display());
+    Ok(())
+}
+
+/// Rank 0's end-of-run lines for one stage.
+fn summary(r: &StageResult, builtin: bool) {
+    let first = r.losses.first().copied().unwrap_or(f64::NAN);
+    println!(
+        "summary ZeRO-{}: {} steps, loss {first:.4} -> {:.4}{}, {} tok/s, {:.1} ms/step (after the first), \
+         ledger {} per rank (paper formula {}), peak RSS {}",
+        r.stage,
+        r.steps,
+        r.final_loss,
+        if builtin {
+            format!(" (corpus entropy floor {:.4})", builtin_floor())
+        } else {
+            String::new()
+        },
+        progress::si(r.tokens_per_s),
+        r.mean_step_seconds * 1e3,
+        zero_core::ledger::human_bytes(
+            r.ledger_bytes_per_rank.iter().copied().max().unwrap_or(0) as f64
+        ),
+        zero_core::ledger::human_bytes(r.formula_bytes_per_rank),
+        zero_core::ledger::human_bytes(
+            r.peak_rss_bytes_per_rank.iter().copied().max().unwrap_or(0) as f64
+        ),
+    );
+}
+
+/// The built-in corpus's entropy rate: no model's expected loss is below it (computed
+/// once; a power iteration over 4096 contexts).
+fn builtin_floor() -> f64 {
+    static FLOOR: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *FLOOR.get_or_init(|| zero_models::data::MarkovSource::default_source().entropy_rate())
+}

@@ -1,0 +1,123 @@
+//! Everything a checkpoint save or load can run into, each with the path (and dataset)
+//! it concerns, so the user knows which file to look at.
+
+use std::path::PathBuf;
+
+use crate::engine::EngineError;
+
+/// A checkpoint error, naming the file and, where there is one, the dataset.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// A filesystem operation failed (missing file, read-only directory, full disk...).
+    #[error("{what} '{path}': {source}")]
+    Io {
+        /// What was being done ("create directory", "write", "rename"...).
+        what: &'static str,
+        /// The path concerned.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The HDF5 library refused a file or a dataset (truncated, not HDF5, missing dataset).
+    #[error("HDF5 file '{path}', {dataset}: {source}")]
+    Hdf5 {
+        /// The file.
+        path: PathBuf,
+        /// The dataset, or "(file)" for the file itself.
+        dataset: String,
+        /// HDF5's message.
+        source: hdf5::Error,
+    },
+    /// A block of a dataset does not hold what was saved (bit rot, overwrite, truncation).
+    #[error("checksum mismatch in '{path}', dataset '{dataset}', elements {start}..{end}: CRC32 {found:#010x}, saved {saved:#010x}")]
+    Checksum {
+        /// The file.
+        path: PathBuf,
+        /// The dataset.
+        dataset: String,
+        /// First element of the bad block.
+        start: usize,
+        /// End of the bad block.
+        end: usize,
+        /// CRC32 of what was read.
+        found: u32,
+        /// CRC32 recorded at save time.
+        saved: u32,
+    },
+    /// A dataset has another length than the metadata says.
+    #[error(
+        "dataset '{dataset}' in '{path}' holds {found} elements, the metadata says {expected}"
+    )]
+    Shape {
+        /// The file.
+        path: PathBuf,
+        /// The dataset.
+        dataset: String,
+        /// Elements found.
+        found: usize,
+        /// Elements expected.
+        expected: usize,
+    },
+    /// The metadata is unreadable or of another format/version.
+    #[error("checkpoint metadata '{path}': {reason}")]
+    Meta {
+        /// The metadata file (or `latest` pointer).
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The checkpoint is of another model (or shape) than the engine: what differs.
+    #[error("checkpoint '{path}' does not fit this model: {reason}")]
+    Incompatible {
+        /// The step directory.
+        path: PathBuf,
+        /// What differs, with both values.
+        reason: String,
+    },
+    /// Another rank failed; its own error is in its log.
+    #[error("rank {rank} failed to {what} the checkpoint in '{path}' (its error is in its log)")]
+    Peer {
+        /// The failing rank (the lowest one when several failed).
+        rank: usize,
+        /// "save" or "load".
+        what: &'static str,
+        /// The directory concerned.
+        path: PathBuf,
+    },
+    /// A bad argument (keep_last = 0...).
+    #[error("{0}")]
+    Invalid(String),
+    /// The engine refused the state or a collective failed.
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+}
+
+impl CheckpointError {
+    /// An I/O error on `path`.
+    pub(crate) fn io(
+        what: &'static str,
+        path: impl Into<PathBuf>,
+    ) -> impl FnOnce(std::io::Error) -> Self {
+        let path = path.into();
+        move |source| CheckpointError::Io { what, path, source }
+    }
+
+    /// An HDF5 error on `dataset` of `path`.
+    pub(crate) fn h5(
+        path: impl Into<PathBuf>,
+        dataset: impl Into<String>,
+    ) -> impl FnOnce(hdf5::Error) -> Self {
+        let (path, dataset) = (path.into(), dataset.into());
+        move |source| CheckpointError::Hdf5 {
+            path,
+            dataset,
+            source,
+        }
+    }
+}
+
+impl From<zero_comm::CommError> for CheckpointError {
+    fn from(e: zero_comm::CommError) -> Self {
+        CheckpointError::Engine(EngineError::Comm(e))
+    }
+}

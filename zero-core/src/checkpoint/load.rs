@@ -1,0 +1,164 @@
+//! Loading (collective), with resharding: a checkpoint written by N ranks at any stage
+//! loads on M ranks at any stage. Each rank asks the engine what it keeps of a unit (its
+//! shard at stages 1-3, the whole unit at stage 0), intersects that with the N saved
+//! blocks (`PartitionLayout::reshard_from`), and reads only those hyperslabs, each
+//! checked against the saved CRCs. Nothing is gathered; peak extra memory is one
+//! hyperslab (at most one unit's shard plus two checksum blocks).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use zero_comm::Communicator;
+
+use super::meta::Meta;
+use super::save::agree;
+use super::shard::{ShardReader, KINDS};
+use super::{rank_file, CheckpointError, LATEST};
+use crate::config::Stage;
+use crate::engine::Engine;
+use crate::layout::PartitionLayout;
+
+/// What was loaded.
+#[derive(Clone, Debug)]
+pub struct LoadInfo {
+    /// The step directory read.
+    pub dir: PathBuf,
+    /// Its metadata (step, world, stage, scaler, config...).
+    pub meta: Meta,
+}
+
+/// The step directory `path` names: `path` itself when it holds a `meta.json`, else the
+/// directory its `latest` pointer names.
+pub fn resolve(path: &Path) -> Result<PathBuf, CheckpointError> {
+    if path.join(super::META_FILE).is_file() {
+        return Ok(path.to_path_buf());
+    }
+    let latest = path.join(LATEST);
+    let text = std::fs::read_to_string(&latest).map_err(|e| {
+        if path.exists() {
+            CheckpointError::io(
+                "read checkpoint pointer (not a step directory either)",
+                &latest,
+            )(e)
+        } else {
+            CheckpointError::io("open checkpoint directory", path)(e)
+        }
+    })?;
+    let name = text.trim();
+    if name.is_empty() || name.contains('/') || name == ".." {
+        return Err(CheckpointError::Meta {
+            path: latest,
+            reason: format!("names '{name}', not a step directory"),
+        });
+    }
+    Ok(path.join(name))
+}
+
+/// Load the checkpoint at `path` (a step directory or a root with `latest`) into
+/// `engine`, resharding as needed. Collective: on error every rank returns an error and
+/// the engine's state must not be used.
+pub fn load<C: Communicator>(
+    engine: &mut Engine<'_, C>,
+    path: &Path,
+) -> Result<LoadInfo, CheckpointError> {
+    let comm = engine.communicator();
+    let read = resolve(path).and_then(|dir| {
+        let meta = Meta::read(&dir)?;
+        meta.check_fits(engine.layout(), &dir)?;
+        fill(engine, &dir, &meta)?;
+        Ok(LoadInfo { dir, meta })
+    });
+    if let Some(bad) = agree(comm, read.is_err())? {
+        return Err(match read {
+            Err(e) => e,
+            Ok(_) => CheckpointError::Peer {
+                rank: bad,
+                what: "load",
+                path: path.to_path_buf(),
+            },
+        });
+    }
+    let info = read?;
+    let m = &info.meta;
+    if comm.rank() == 0 && m.seed != engine.config().train.seed {
+        log::warn!(
+            "checkpoint '{}' was trained with seed {}, this run has seed {}: the data order differs",
+            info.dir.display(),
+            m.seed,
+            engine.config().train.seed
+        );
+    }
+    engine.finish_import(m.step, m.applied, m.scaler.clone())?;
+    if comm.rank() == 0 {
+        log::info!(
+            "loaded checkpoint '{}' (step {}, saved by {} ranks at {:?}, loaded on {} at {:?})",
+            info.dir.display(),
+            m.step,
+            m.world,
+            m.stage,
+            comm.size(),
+            engine.config().zero.stage
+        );
+    }
+    Ok(info)
+}
+
+/// Fill every unit this rank keeps from the saved blocks.
+fn fill<C: Communicator>(
+    engine: &mut Engine<'_, C>,
+    dir: &Path,
+    meta: &Meta,
+) -> Result<(), CheckpointError> {
+    let rank = engine.communicator().rank();
+    // The copies: into this rank's shard (stages 1-3), or into the whole unit (stage 0,
+    // expressed as the single shard of a 1-rank layout of the same model).
+    let copies = if engine.config().zero.stage == Stage::Zero0 {
+        PartitionLayout::new(engine.spec(), 1, engine.layout().align)
+            .and_then(|whole| whole.reshard_from(&meta.layout, 0))
+    } else {
+        engine.layout().reshard_from(&meta.layout, rank)
+    }
+    .map_err(|e| CheckpointError::Incompatible {
+        path: dir.to_path_buf(),
+        reason: e.to_string(),
+    })?;
+    let mut files: HashMap<usize, ShardReader> = HashMap::new();
+    let mut next = 0;
+    for u in 0..engine.layout().units.len() {
+        let slot = engine.import_unit_mut(u)?;
+        let mut dst = [slot.master, slot.adam_m, slot.adam_v];
+        while next < copies.len() && copies[next].unit == u {
+            let c = &copies[next];
+            next += 1;
+            let reader = match files.entry(c.from_rank) {
+                std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    v.insert(ShardReader::open(&dir.join(rank_file(c.from_rank)))?)
+                }
+            };
+            let len = meta.layout.units[u].shard_len;
+            for (kind, out) in dst.iter_mut().enumerate() {
+                let crcs =
+                    meta.crcs(c.from_rank, u, kind)
+                        .ok_or_else(|| CheckpointError::Meta {
+                            path: dir.join(super::META_FILE),
+                            reason: format!(
+                                "no checksums for rank {} unit {u} {}",
+                                c.from_rank, KINDS[kind]
+                            ),
+                        })?;
+                let to = &mut out[c.to.clone()];
+                reader.read_checked_into(
+                    u,
+                    kind,
+                    c.from.clone(),
+                    len,
+                    crcs,
+                    meta.block_elems,
+                    to,
+                )?;
+            }
+        }
+    }
+    Ok(())
+}

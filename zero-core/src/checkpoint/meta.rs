@@ -1,0 +1,193 @@
+//! The metadata of one checkpoint (`meta.json`, written by rank 0 last): what was saved,
+//! by which version, on how many ranks, and the CRC32 of every block of every dataset.
+//! It is the source of truth on load: the shard files are checked against it.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::shard::KINDS;
+use super::{CheckpointError, BLOCK_ELEMS};
+use crate::config::{Config, Precision, Stage};
+use crate::engine::LossScaler;
+use crate::layout::PartitionLayout;
+
+/// Format name written in every checkpoint.
+pub const FORMAT_NAME: &str = "zero-rs sharded checkpoint";
+/// Version of the on-disk format (bumped on any incompatible change).
+pub const FORMAT_VERSION: u32 = 1;
+
+/// Everything rank 0 records about a checkpoint.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Meta {
+    /// [`FORMAT_NAME`].
+    pub format: String,
+    /// [`FORMAT_VERSION`].
+    pub format_version: u32,
+    /// Version of zero-rs that wrote it.
+    pub zero_rs_version: String,
+    /// Steps run when saved (skipped included): the next step's index and the data
+    /// position (batches are a function of the step index and the seed).
+    pub step: u64,
+    /// AdamW steps applied (Adam's bias-correction t).
+    pub applied: u64,
+    /// The training seed (initialisation and data order derive from it).
+    pub seed: u64,
+    /// N: ranks that wrote it (one file each).
+    pub world: usize,
+    /// ZeRO stage of the run that wrote it (informative: the files do not depend on it).
+    pub stage: Stage,
+    /// Training precision of that run (the files always hold fp32).
+    pub precision: Precision,
+    /// The loss scaler's state.
+    pub scaler: LossScaler,
+    /// The partition layout of the N ranks (parameter names, offsets, shapes, shards).
+    pub layout: PartitionLayout,
+    /// The whole configuration of the run, as TOML.
+    pub config_toml: String,
+    /// Elements per checksummed block.
+    pub block_elems: usize,
+    /// CRC32 (IEEE) per block: `crc32[rank][unit * 3 + kind][block]`, `kind` in
+    /// [`KINDS`] order, over the little-endian bytes of the fp32 elements.
+    pub crc32: Vec<Vec<Vec<u32>>>,
+}
+
+impl Meta {
+    /// Metadata of a checkpoint of `config` with `layout` at `step` (checksums empty).
+    pub fn new(
+        config: &Config,
+        layout: &PartitionLayout,
+        step: u64,
+        applied: u64,
+        scaler: &LossScaler,
+    ) -> Result<Meta, CheckpointError> {
+        let config_toml = toml::to_string(config).map_err(|e| {
+            CheckpointError::Invalid(format!("config does not serialise to TOML: {e}"))
+        })?;
+        Ok(Meta {
+            format: FORMAT_NAME.into(),
+            format_version: FORMAT_VERSION,
+            zero_rs_version: env!("CARGO_PKG_VERSION").into(),
+            step,
+            applied,
+            seed: config.train.seed,
+            world: layout.world,
+            stage: config.zero.stage,
+            precision: config.precision.dtype,
+            scaler: scaler.clone(),
+            layout: layout.clone(),
+            config_toml,
+            block_elems: BLOCK_ELEMS,
+            crc32: Vec::new(),
+        })
+    }
+
+    /// The checksums of `rank`'s dataset `kind` of unit `unit`.
+    pub fn crcs(&self, rank: usize, unit: usize, kind: usize) -> Option<&[u32]> {
+        self.crc32
+            .get(rank)
+            .and_then(|r| r.get(unit * KINDS.len() + kind))
+            .map(|v| v.as_slice())
+    }
+
+    /// Bytes of fp32 data in the shard files (all ranks).
+    pub fn data_bytes(&self) -> u64 {
+        (self.layout.shard_numel() * self.world * KINDS.len() * 4) as u64
+    }
+
+    /// The configuration that was saved.
+    pub fn config(&self) -> Result<Config, String> {
+        toml::from_str(&self.config_toml).map_err(|e| e.to_string())
+    }
+
+    /// Write to `path` and fsync it.
+    pub(crate) fn write(&self, path: &Path) -> Result<(), CheckpointError> {
+        let text = serde_json::to_string_pretty(self)
+            .map_err(|e| CheckpointError::Invalid(format!("metadata does not serialise: {e}")))?;
+        super::save::write_synced(path, text.as_bytes())
+    }
+
+    /// Read and check `dir/meta.json`: format, version, and internal consistency.
+    pub fn read(dir: &Path) -> Result<Meta, CheckpointError> {
+        let path = dir.join(super::META_FILE);
+        let bad = |reason: String| CheckpointError::Meta {
+            path: path.clone(),
+            reason,
+        };
+        let text = std::fs::read_to_string(&path).map_err(CheckpointError::io("read", &path))?;
+        let meta: Meta =
+            serde_json::from_str(&text).map_err(|e| bad(format!("not valid metadata: {e}")))?;
+        if meta.format != FORMAT_NAME || meta.format_version != FORMAT_VERSION {
+            return Err(bad(format!(
+                "format '{}' version {}, this zero-rs reads '{FORMAT_NAME}' version {FORMAT_VERSION}",
+                meta.format, meta.format_version
+            )));
+        }
+        if meta.world != meta.layout.world || meta.world == 0 {
+            return Err(bad(format!(
+                "world {} but the layout is for {} ranks",
+                meta.world, meta.layout.world
+            )));
+        }
+        if meta.block_elems == 0 {
+            return Err(bad("block_elems is 0".into()));
+        }
+        if meta.crc32.len() != meta.world {
+            return Err(bad(format!(
+                "checksums for {} ranks, world is {}",
+                meta.crc32.len(),
+                meta.world
+            )));
+        }
+        for (r, per_rank) in meta.crc32.iter().enumerate() {
+            if per_rank.len() != meta.layout.units.len() * KINDS.len() {
+                return Err(bad(format!(
+                    "rank {r}: checksums for {} datasets, the layout has {} units x {}",
+                    per_rank.len(),
+                    meta.layout.units.len(),
+                    KINDS.len()
+                )));
+            }
+            for (i, c) in per_rank.iter().enumerate() {
+                let want = meta.layout.units[i / KINDS.len()]
+                    .shard_len
+                    .div_ceil(meta.block_elems);
+                if c.len() != want {
+                    return Err(bad(format!(
+                        "rank {r} dataset {i}: {} checksums, expected {want}",
+                        c.len()
+                    )));
+                }
+            }
+        }
+        Ok(meta)
+    }
+
+    /// Refuse a checkpoint whose model differs from `layout`'s, naming the difference.
+    pub fn check_fits(&self, layout: &PartitionLayout, dir: &Path) -> Result<(), CheckpointError> {
+        let incompatible = |reason: String| CheckpointError::Incompatible {
+            path: PathBuf::from(dir),
+            reason,
+        };
+        let (a, b) = (&self.layout, layout);
+        for (i, (x, y)) in a.params.iter().zip(&b.params).enumerate() {
+            if x.name != y.name || x.shape != y.shape || x.unit != y.unit || x.offset != y.offset {
+                return Err(incompatible(format!(
+                    "parameter {i}: checkpoint '{}' {:?} (unit {}, offset {}) vs model '{}' {:?} (unit {}, offset {})",
+                    x.name, x.shape, x.unit, x.offset, y.name, y.shape, y.unit, y.offset
+                )));
+            }
+        }
+        if a.numel() != b.numel() || a.params.len() != b.params.len() {
+            return Err(incompatible(format!(
+                "the checkpoint holds {} tensors ({} elements), the model has {} ({})",
+                a.params.len(),
+                a.numel(),
+                b.params.len(),
+                b.numel()
+            )));
+        }
+        a.check_same_params(b)
+            .map_err(|e| incompatible(e.to_string()))
+    }
+}

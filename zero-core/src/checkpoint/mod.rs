@@ -1,0 +1,73 @@
+//! Sharded HDF5 checkpoints: atomic save, exact resume, resharding on load, and the
+//! offline tools (verify, consolidate) that read the shard files without MPI.
+//!
+//! On disk (`<root>` is the directory a run saves into):
+//! ```text
+//! <root>/latest                   "step-<S>\n", replaced atomically (write latest.tmp, rename)
+//! <root>/step-<S>/meta.json       rank 0: format, versions, N, stage, precision, step,
+//!                                 scaler, config (TOML), partition layout, CRC32 of every
+//!                                 block of every dataset of every rank file
+//! <root>/step-<S>/rank-<r>.h5     rank r: /unit<u>/{master,adam_m,adam_v}, fp32, the
+//!                                 rank's block r*shard_len..(r+1)*shard_len of unit u
+//! <root>/tmp-step-<S>-<nonce>/    a save in progress (or a dead one: ignored by load,
+//!                                 removed by the next save or by `clean_partial`)
+//! ```
+//!
+//! Invariants:
+//! - A checkpoint is one shard per rank at every stage (stage 0 writes each rank's block
+//!   of its full buffers, see `engine/state.rs`), so every rank writes Ψ·12/N bytes in
+//!   parallel and the files do not depend on the stage that wrote them.
+//! - A step directory exists only once every rank has written, flushed and fsynced its
+//!   file and rank 0 its metadata: the temporary directory is renamed into place after a
+//!   collective agreement, and `latest` moves after that. A crash at any moment leaves the
+//!   previous `latest` naming a complete checkpoint.
+//! - Nothing is gathered on one rank: save streams unit by unit from the live buffers,
+//!   load reads only the hyperslabs the new layout needs (`PartitionLayout::reshard_from`).
+//! - Every read is checked: each dataset carries CRC32s of blocks of [`BLOCK_ELEMS`]
+//!   elements in the metadata, and a read verifies the blocks it touches.
+//!
+//! Use from a training loop (every call is collective; the directory must be on a
+//! filesystem every rank sees):
+//! ```ignore
+//! let mut engine = Engine::new(&config, &comm, &model)?;
+//! if let Some(dir) = resume {            // a root (follows `latest`) or a step directory
+//!     checkpoint::load(&mut engine, dir)?; // any N, any stage; sets step/applied/scaler
+//! }
+//! for s in engine.steps_done()..config.train.steps as u64 {
+//!     engine.step(&mut model, &batches_for(s))?;   // data position = step index
+//!     if (s + 1) % save_every == 0 {
+//!         checkpoint::save(&engine, dir, &SaveOptions { keep_last, ..Default::default() })?;
+//!     }
+//! }
+//! ```
+
+mod error;
+mod load;
+mod meta;
+mod save;
+mod shard;
+#[cfg(test)]
+mod tests;
+mod tools;
+
+pub use error::CheckpointError;
+pub use load::{load, resolve, LoadInfo};
+pub use meta::{Meta, FORMAT_NAME, FORMAT_VERSION};
+pub use save::{clean_partial, save, SaveOptions};
+pub use shard::{block_crcs, ShardReader, ShardWriter, BLOCK_ELEMS, KINDS};
+pub use tools::{consolidate, read_param, verify, VerifyReport};
+
+/// The metadata file's name inside a step directory.
+pub const META_FILE: &str = "meta.json";
+/// The pointer file naming the newest complete step directory.
+pub const LATEST: &str = "latest";
+
+/// Name of rank `r`'s shard file.
+pub fn rank_file(rank: usize) -> String {
+    format!("rank-{rank:05}.h5")
+}
+
+/// Name of the step directory of step `step`.
+pub fn step_dir_name(step: u64) -> String {
+    format!("step-{step}")
+}

@@ -1,0 +1,330 @@
+//! The save protocol (collective: every rank calls [`save`] with the same arguments).
+//!
+//! 1. Rank 0 creates `<root>`, removes dead `tmp-step-*` directories of earlier crashed
+//!    saves, creates `tmp-step-<S>-<nonce>/` and broadcasts the nonce (or its failure).
+//! 2. Every rank streams its blocks unit by unit into `rank-<r>.h5` (no gather), then
+//!    flushes, closes and fsyncs the file.
+//! 3. Agreement: an all-reduce of "failed" flags; if any rank failed, nobody publishes
+//!    and rank 0 removes the temporary directory (the previous checkpoint is untouched).
+//! 4. The block CRCs are all-gathered (a few bytes per 256 KiB) and rank 0 writes
+//!    `meta.json`, fsyncs it and the directory, renames the directory to `step-<S>`,
+//!    writes `latest.tmp`, fsyncs, renames it over `latest`, fsyncs `<root>`, and prunes
+//!    old steps beyond `keep_last`. The outcome is broadcast so every rank returns it.
+//!
+//! A crash anywhere before the final rename of `latest` leaves `latest` naming the
+//! previous complete checkpoint; a crash between the two renames leaves a complete
+//! `step-<S>` that `latest` does not name yet (still loadable by its path).
+
+use std::path::{Path, PathBuf};
+
+use zero_comm::{Communicator, ReduceOp};
+
+use super::meta::Meta;
+use super::shard::{ShardWriter, BLOCK_ELEMS, KINDS};
+use super::{rank_file, step_dir_name, CheckpointError, LATEST, META_FILE};
+use crate::engine::Engine;
+
+/// How to save.
+pub struct SaveOptions<'a> {
+    /// Complete checkpoints to keep (the newest ones; at least 1).
+    pub keep_last: usize,
+    /// Called on this rank after each unit is written (progress, fault injection in tests).
+    pub after_unit: Option<&'a dyn Fn(usize)>,
+}
+
+impl Default for SaveOptions<'_> {
+    fn default() -> Self {
+        SaveOptions {
+            keep_last: 3,
+            after_unit: None,
+        }
+    }
+}
+
+/// Write `bytes` to `path` and fsync it.
+pub(crate) fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path).map_err(CheckpointError::io("create", path))?;
+    f.write_all(bytes)
+        .map_err(CheckpointError::io("write", path))?;
+    f.sync_all().map_err(CheckpointError::io("fsync", path))
+}
+
+/// fsync a directory (makes renames and creations inside it durable).
+fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
+    std::fs::File::open(dir)
+        .and_then(|f| f.sync_all())
+        .map_err(CheckpointError::io("fsync directory", dir))
+}
+
+/// Remove the temporary directories of saves that never completed (a crashed run), except
+/// `keep` (the save in progress). Returns the directories removed. Not collective: call it
+/// on one rank, with no save running in `root`.
+pub fn clean_partial(root: &Path, keep: Option<&Path>) -> Result<Vec<PathBuf>, CheckpointError> {
+    let mut removed = Vec::new();
+    let entries = match std::fs::read_dir(root) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(removed),
+        Err(e) => return Err(CheckpointError::io("list", root)(e)),
+    };
+    for entry in entries {
+        let entry = entry.map_err(CheckpointError::io("list", root))?;
+        let path = entry.path();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let stale = name.starts_with("tmp-step-") || name.starts_with("old-step-");
+        if stale && Some(path.as_path()) != keep && path.is_dir() {
+            log::warn!("removing incomplete checkpoint '{}'", path.display());
+            std::fs::remove_dir_all(&path).map_err(CheckpointError::io("remove", &path))?;
+            removed.push(path);
+        }
+    }
+    Ok(removed)
+}
+
+/// Lowest failing rank, agreed on every rank (`None`: all succeeded).
+pub(crate) fn agree<C: Communicator>(
+    comm: &C,
+    failed: bool,
+) -> Result<Option<usize>, CheckpointError> {
+    let n = comm.size();
+    let mut flag = [if failed {
+        (n - comm.rank()) as f64
+    } else {
+        0.0
+    }];
+    comm.all_reduce(&mut flag[..], ReduceOp::Max)?;
+    Ok((flag[0] > 0.0).then(|| n - flag[0] as usize))
+}
+
+/// Save `engine`'s state as `<root>/step-<S>` (S = steps done) and point `latest` at it.
+/// Collective. Returns the step directory.
+pub fn save<C: Communicator>(
+    engine: &Engine<'_, C>,
+    root: &Path,
+    opts: &SaveOptions<'_>,
+) -> Result<PathBuf, CheckpointError> {
+    if opts.keep_last == 0 {
+        return Err(CheckpointError::Invalid(
+            "keep_last must be at least 1 (the checkpoint just written)".into(),
+        ));
+    }
+    let comm = engine.communicator();
+    let (rank, world) = (comm.rank(), comm.size());
+    let step = engine.steps_done();
+
+    // 1. Rank 0 prepares the temporary directory and broadcasts its nonce.
+    let mut head = [0i64; 2];
+    let mut prep_err = None;
+    if rank == 0 {
+        let nonce = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as i64)
+            .unwrap_or(0)
+            ^ ((std::process::id() as i64) << 32);
+        let nonce = nonce & i64::MAX;
+        let tmp = root.join(format!("tmp-step-{step}-{nonce:x}"));
+        let prepared = std::fs::create_dir_all(root)
+            .map_err(CheckpointError::io("create directory", root))
+            .and_then(|_| clean_partial(root, None))
+            .and_then(|_| {
+                std::fs::create_dir(&tmp).map_err(CheckpointError::io("create directory", &tmp))
+            });
+        match prepared {
+            Ok(()) => head = [1, nonce],
+            Err(e) => prep_err = Some(e),
+        }
+    }
+    comm.broadcast(&mut head[..], 0)?;
+    if head[0] != 1 {
+        return Err(prep_err.unwrap_or(CheckpointError::Peer {
+            rank: 0,
+            what: "save",
+            path: root.to_path_buf(),
+        }));
+    }
+    let tmp = root.join(format!("tmp-step-{step}-{:x}", head[1]));
+
+    // 2. Every rank writes its own file.
+    let written = write_shard(engine, &tmp, opts);
+    // 3. Agree before anything becomes visible.
+    if let Some(bad) = agree(comm, written.is_err())? {
+        if rank == 0 {
+            if let Err(e) = std::fs::remove_dir_all(&tmp) {
+                log::warn!("could not remove '{}': {e}", tmp.display());
+            }
+        }
+        return Err(match written {
+            Err(e) => e,
+            Ok(_) => CheckpointError::Peer {
+                rank: bad,
+                what: "save",
+                path: tmp,
+            },
+        });
+    }
+    let crcs = written?;
+
+    // 4. Checksums to rank 0, metadata, renames.
+    let flat: Vec<i64> = crcs.iter().flatten().flatten().map(|&c| c as i64).collect();
+    let mut all = vec![0i64; flat.len() * world];
+    comm.all_gather(&flat[..], &mut all[..])?;
+    let mut outcome = [1i64];
+    let mut publish_err = None;
+    let final_dir = root.join(step_dir_name(step));
+    if rank == 0 {
+        let published = publish(
+            engine,
+            root,
+            &tmp,
+            &final_dir,
+            &crcs,
+            &all,
+            head[1],
+            opts.keep_last,
+        );
+        if let Err(e) = published {
+            outcome[0] = 0;
+            if let Err(e) = std::fs::remove_dir_all(&tmp) {
+                log::warn!("could not remove '{}': {e}", tmp.display());
+            }
+            publish_err = Some(e);
+        }
+    }
+    comm.broadcast(&mut outcome[..], 0)?;
+    if outcome[0] != 1 {
+        return Err(publish_err.unwrap_or(CheckpointError::Peer {
+            rank: 0,
+            what: "save",
+            path: root.to_path_buf(),
+        }));
+    }
+    if rank == 0 {
+        log::info!(
+            "saved checkpoint '{}' (step {step}, {world} ranks)",
+            final_dir.display()
+        );
+    }
+    Ok(final_dir)
+}
+
+/// This rank's file: every unit's block, streamed from the live buffers.
+fn write_shard<C: Communicator>(
+    engine: &Engine<'_, C>,
+    tmp: &Path,
+    opts: &SaveOptions<'_>,
+) -> Result<Vec<Vec<Vec<u32>>>, CheckpointError> {
+    let comm = engine.communicator();
+    let path = tmp.join(rank_file(comm.rank()));
+    let mut w = ShardWriter::create(
+        &path,
+        comm.rank(),
+        comm.size(),
+        engine.steps_done(),
+        BLOCK_ELEMS,
+    )?;
+    let mut crcs = Vec::with_capacity(engine.layout().units.len());
+    for u in 0..engine.layout().units.len() {
+        let s = engine.export_unit(u)?;
+        crcs.push(w.write_unit(u, [s.master, s.adam_m, s.adam_v])?);
+        if let Some(hook) = opts.after_unit {
+            hook(u);
+        }
+    }
+    w.finish()?;
+    Ok(crcs)
+}
+
+/// Rank 0: metadata, rename into place, move `latest`, prune.
+#[allow(clippy::too_many_arguments)]
+fn publish<C: Communicator>(
+    engine: &Engine<'_, C>,
+    root: &Path,
+    tmp: &Path,
+    final_dir: &Path,
+    own: &[Vec<Vec<u32>>],
+    all: &[i64],
+    nonce: i64,
+    keep_last: usize,
+) -> Result<(), CheckpointError> {
+    let world = engine.communicator().size();
+    let mut meta = Meta::new(
+        engine.config(),
+        engine.layout(),
+        engine.steps_done(),
+        engine.steps_applied(),
+        engine.scaler(),
+    )?;
+    // Reshape the gathered CRCs like this rank's (every rank has the same block counts).
+    let per_rank = all.len() / world;
+    for r in 0..world {
+        let mut it = all[r * per_rank..(r + 1) * per_rank]
+            .iter()
+            .map(|&c| c as u32);
+        let datasets: Vec<Vec<u32>> = own
+            .iter()
+            .flatten()
+            .map(|d| it.by_ref().take(d.len()).collect())
+            .collect();
+        meta.crc32.push(datasets);
+    }
+    debug_assert_eq!(
+        meta.crc32[0].len(),
+        engine.layout().units.len() * KINDS.len()
+    );
+    meta.write(&tmp.join(META_FILE))?;
+    sync_dir(tmp)?;
+    // Re-saving a step that exists (e.g. after a resume): move the old one aside first.
+    let old = root.join(format!(
+        "old-{}-{nonce:x}",
+        step_dir_name(engine.steps_done())
+    ));
+    let replaced = final_dir.exists();
+    if replaced {
+        std::fs::rename(final_dir, &old).map_err(CheckpointError::io("rename", final_dir))?;
+    }
+    std::fs::rename(tmp, final_dir).map_err(CheckpointError::io("rename", tmp))?;
+    sync_dir(root)?;
+    let name = final_dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let latest_tmp = root.join(format!("{LATEST}.tmp"));
+    write_synced(&latest_tmp, format!("{name}\n").as_bytes())?;
+    let latest = root.join(LATEST);
+    std::fs::rename(&latest_tmp, &latest).map_err(CheckpointError::io("rename", &latest_tmp))?;
+    sync_dir(root)?;
+    if replaced {
+        if let Err(e) = std::fs::remove_dir_all(&old) {
+            log::warn!("could not remove '{}': {e}", old.display());
+        }
+    }
+    prune(root, keep_last, &name);
+    Ok(())
+}
+
+/// Remove complete checkpoints beyond the newest `keep_last` (never `current`). Failures
+/// are logged, not fatal: the new checkpoint is already safe.
+fn prune(root: &Path, keep_last: usize, current: &str) {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return;
+    };
+    let mut steps: Vec<(u64, PathBuf, String)> = entries
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let s = name.strip_prefix("step-")?.parse::<u64>().ok()?;
+            Some((s, e.path(), name))
+        })
+        .collect();
+    steps.sort();
+    let excess = steps.len().saturating_sub(keep_last);
+    for (_, path, name) in steps.into_iter().take(excess) {
+        if name == current {
+            continue;
+        }
+        log::info!("removing old checkpoint '{}'", path.display());
+        if let Err(e) = std::fs::remove_dir_all(&path) {
+            log::warn!("could not remove '{}': {e}", path.display());
+        }
+    }
+}

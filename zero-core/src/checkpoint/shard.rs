@@ -1,0 +1,248 @@
+//! One rank's HDF5 shard file: `/unit<u>/{master,adam_m,adam_v}`, 1-D fp32 datasets of
+//! the unit's `shard_len` elements (the rank's block of the unit's padded flat buffer).
+//!
+//! Writes stream from the engine's live buffers, one dataset at a time, and return the
+//! CRC32 of every block of [`BLOCK_ELEMS`] elements. Reads take a hyperslab, widened to
+//! whole blocks so that every element handed out has been checked against the saved
+//! CRC (at most two extra blocks read per range).
+
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use super::CheckpointError;
+
+/// Elements per checksummed block (256 KiB of fp32).
+pub const BLOCK_ELEMS: usize = 1 << 16;
+
+/// The datasets of every unit, in the order of the checksums in the metadata.
+pub const KINDS: [&str; 3] = ["master", "adam_m", "adam_v"];
+
+/// Dataset path of `kind` (index in [`KINDS`]) of unit `unit`.
+pub fn dataset_name(unit: usize, kind: usize) -> String {
+    format!("unit{unit:04}/{}", KINDS[kind])
+}
+
+/// CRC32 of each block of `data`.
+pub fn block_crcs(data: &[f32], block: usize) -> Vec<u32> {
+    data.chunks(block)
+        .map(|c| crc32fast::hash(bytemuck::cast_slice(c)))
+        .collect()
+}
+
+/// A shard file being written.
+pub struct ShardWriter {
+    path: PathBuf,
+    file: hdf5::File,
+    block: usize,
+}
+
+impl ShardWriter {
+    /// Create (fail if it exists) the file at `path`, with the rank and step as attributes;
+    /// checksums will cover blocks of `block` elements.
+    pub fn create(
+        path: &Path,
+        rank: usize,
+        world: usize,
+        step: u64,
+        block: usize,
+    ) -> Result<Self, CheckpointError> {
+        if block == 0 {
+            return Err(CheckpointError::Invalid(
+                "checksum block of 0 elements".into(),
+            ));
+        }
+        let file = hdf5::File::create_excl(path).map_err(CheckpointError::h5(path, "(file)"))?;
+        for (name, value) in [
+            ("rank", rank as u64),
+            ("world", world as u64),
+            ("step", step),
+        ] {
+            file.new_attr::<u64>()
+                .create(name)
+                .and_then(|a| a.write_scalar(&value))
+                .map_err(CheckpointError::h5(path, format!("attribute {name}")))?;
+        }
+        Ok(ShardWriter {
+            path: path.to_path_buf(),
+            file,
+            block,
+        })
+    }
+
+    /// Write the three datasets of unit `unit`; returns their block CRCs in [`KINDS`] order.
+    pub fn write_unit(
+        &mut self,
+        unit: usize,
+        data: [&[f32]; 3],
+    ) -> Result<Vec<Vec<u32>>, CheckpointError> {
+        let group = format!("unit{unit:04}");
+        let g = self
+            .file
+            .create_group(&group)
+            .map_err(CheckpointError::h5(&self.path, &group))?;
+        let mut crcs = Vec::with_capacity(KINDS.len());
+        for (kind, values) in data.iter().enumerate() {
+            let name = dataset_name(unit, kind);
+            g.new_dataset::<f32>()
+                .shape(values.len())
+                .create(KINDS[kind])
+                .and_then(|ds| ds.write_raw(*values))
+                .map_err(CheckpointError::h5(&self.path, &name))?;
+            crcs.push(block_crcs(values, self.block));
+        }
+        Ok(crcs)
+    }
+
+    /// Flush, close and fsync the file: after this returns its bytes are on disk.
+    pub fn finish(self) -> Result<(), CheckpointError> {
+        self.file
+            .flush()
+            .map_err(CheckpointError::h5(&self.path, "(file)"))?;
+        let ShardWriter { path, file, .. } = self;
+        file.close().map_err(CheckpointError::h5(&path, "(file)"))?;
+        let f = std::fs::File::open(&path).map_err(CheckpointError::io("open", &path))?;
+        f.sync_all().map_err(CheckpointError::io("fsync", &path))
+    }
+}
+
+/// A shard file open for checked reads.
+pub struct ShardReader {
+    path: PathBuf,
+    file: hdf5::File,
+}
+
+impl ShardReader {
+    /// Open `path` read-only.
+    pub fn open(path: &Path) -> Result<Self, CheckpointError> {
+        if !path.exists() {
+            return Err(CheckpointError::Io {
+                what: "open shard file",
+                path: path.to_path_buf(),
+                source: std::io::Error::from(std::io::ErrorKind::NotFound),
+            });
+        }
+        let file = hdf5::File::open(path).map_err(CheckpointError::h5(path, "(file)"))?;
+        Ok(ShardReader {
+            path: path.to_path_buf(),
+            file,
+        })
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Byte offset of dataset `kind` of unit `unit` in the file (contiguous storage), for
+    /// low-level inspection.
+    pub fn dataset_offset(&self, unit: usize, kind: usize) -> Result<Option<u64>, CheckpointError> {
+        let name = dataset_name(unit, kind);
+        let ds = self
+            .file
+            .dataset(&name)
+            .map_err(CheckpointError::h5(&self.path, &name))?;
+        Ok(ds.offset())
+    }
+
+    /// Elements `range` of dataset `kind` of unit `unit`, which must hold `len` elements,
+    /// each covering block checked against `crcs` (blocks of `block` elements).
+    pub fn read_checked(
+        &self,
+        unit: usize,
+        kind: usize,
+        range: Range<usize>,
+        len: usize,
+        crcs: &[u32],
+        block: usize,
+    ) -> Result<Vec<f32>, CheckpointError> {
+        let mut out = vec![0.0f32; range.len()];
+        self.read_checked_into(unit, kind, range, len, crcs, block, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`Self::read_checked`] into `out` (`range.len()` elements). A whole dataset is
+    /// read straight into `out` (no staging copy): the common case of a load on the same
+    /// world size.
+    #[allow(clippy::too_many_arguments)]
+    pub fn read_checked_into(
+        &self,
+        unit: usize,
+        kind: usize,
+        range: Range<usize>,
+        len: usize,
+        crcs: &[u32],
+        block: usize,
+        out: &mut [f32],
+    ) -> Result<(), CheckpointError> {
+        let name = dataset_name(unit, kind);
+        let ds = self
+            .file
+            .dataset(&name)
+            .map_err(CheckpointError::h5(&self.path, &name))?;
+        if ds.size() != len || ds.ndim() != 1 {
+            return Err(CheckpointError::Shape {
+                path: self.path.clone(),
+                dataset: name,
+                found: ds.size(),
+                expected: len,
+            });
+        }
+        if range.end > len || range.start > range.end || out.len() != range.len() || block == 0 {
+            return Err(CheckpointError::Invalid(format!(
+                "read of {}..{} into {} elements from '{name}' of {len} elements in '{}' (checksum block {block})",
+                range.start,
+                range.end,
+                out.len(),
+                self.path.display()
+            )));
+        }
+        if range.is_empty() {
+            return Ok(());
+        }
+        let h5 = CheckpointError::h5(&self.path, &name);
+        if range == (0..len) {
+            ds.read_into_raw(out).map_err(h5)?;
+            return self.check_blocks(&name, out, 0, crcs, block);
+        }
+        // Widen to whole blocks so that every element returned is covered by a CRC.
+        let (b0, b1) = (range.start / block, range.end.div_ceil(block));
+        let wide = b0 * block..(b1 * block).min(len);
+        let data = ds.read_slice_1d::<f32, _>(wide.clone()).map_err(h5)?;
+        let data = data.as_slice().ok_or_else(|| {
+            CheckpointError::Invalid(format!("'{name}': HDF5 returned a strided array"))
+        })?;
+        self.check_blocks(&name, data, b0, crcs, block)?;
+        let skip = range.start - wide.start;
+        out.copy_from_slice(&data[skip..skip + range.len()]);
+        Ok(())
+    }
+
+    /// Check `data`, which starts at block `b0` of dataset `name`, block by block.
+    fn check_blocks(
+        &self,
+        name: &str,
+        data: &[f32],
+        b0: usize,
+        crcs: &[u32],
+        block: usize,
+    ) -> Result<(), CheckpointError> {
+        for (i, chunk) in data.chunks(block).enumerate() {
+            let b = b0 + i;
+            let found = crc32fast::hash(bytemuck::cast_slice(chunk));
+            let saved = crcs.get(b).copied().ok_or_else(|| {
+                CheckpointError::Invalid(format!("no checksum for block {b} of '{name}'"))
+            })?;
+            if found != saved {
+                return Err(CheckpointError::Checksum {
+                    path: self.path.clone(),
+                    dataset: name.to_string(),
+                    start: b * block,
+                    end: b * block + chunk.len(),
+                    found,
+                    saved,
+                });
+            }
+        }
+        Ok(())
+    }
+}

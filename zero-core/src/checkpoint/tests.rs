@@ -1,0 +1,226 @@
+//! File-level checkpoint tests without MPI: shard files written by hand for a GPT-shaped
+//! layout over 3 ranks with tiny checksum blocks (5 elements, so every dataset has many),
+//! then verify, read_param (tensors that straddle rank boundaries), consolidate, hyperslab
+//! reads, corruption found block-exactly, and bad pointers and metadata refused.
+//! The collective save/load protocol is tested under mpirun (tests/tests/ckpt.rs).
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use super::meta::Meta;
+use super::*;
+use crate::config::Config;
+use crate::engine::LossScaler;
+use crate::layout::PartitionLayout;
+use crate::testutil::gpt_like;
+
+const BLOCK: usize = 5;
+
+/// The value of element `i` of unit `u`'s flat buffer for dataset `kind` (0 padding).
+fn value(layout: &PartitionLayout, u: usize, i: usize, kind: usize) -> f32 {
+    if i >= layout.units[u].numel {
+        return 0.0;
+    }
+    let x = (u * 1000 + i) as f32;
+    [x, -x, 0.5 * x][kind]
+}
+
+/// Write a complete checkpoint of `layout` into `dir` as `layout.world` ranks would.
+fn write_checkpoint(dir: &Path, layout: &PartitionLayout) -> Meta {
+    std::fs::create_dir_all(dir).unwrap();
+    let scaler = LossScaler::new(&Config::default().precision);
+    let mut meta = Meta::new(&Config::default(), layout, 7, 6, &scaler).unwrap();
+    meta.block_elems = BLOCK;
+    for r in 0..layout.world {
+        let mut w =
+            ShardWriter::create(&dir.join(rank_file(r)), r, layout.world, 7, BLOCK).unwrap();
+        let mut per_rank = Vec::new();
+        for (u, unit) in layout.units.iter().enumerate() {
+            let block: Vec<Vec<f32>> = (0..3)
+                .map(|k| {
+                    (r * unit.shard_len..(r + 1) * unit.shard_len)
+                        .map(|i| value(layout, u, i, k))
+                        .collect()
+                })
+                .collect();
+            per_rank.extend(w.write_unit(u, [&block[0], &block[1], &block[2]]).unwrap());
+        }
+        w.finish().unwrap();
+        meta.crc32.push(per_rank);
+    }
+    meta.write(&dir.join(META_FILE)).unwrap();
+    meta
+}
+
+fn layout() -> PartitionLayout {
+    PartitionLayout::new(&gpt_like(11, 5, 2, 6), 3, 1).unwrap()
+}
+
+#[test]
+fn verify_read_param_and_consolidate_round_trip() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("step-7");
+    let layout = layout();
+    let meta = write_checkpoint(&dir, &layout);
+    let report = verify(&dir).unwrap();
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    assert_eq!(report.bytes_checked, meta.data_bytes());
+    assert_eq!(report.meta.step, 7);
+
+    let mut files = HashMap::new();
+    for (i, p) in layout.params.iter().enumerate() {
+        let got = read_param(&dir, &meta, i, &mut files).unwrap();
+        let want: Vec<f32> = (p.offset..p.offset + p.numel)
+            .map(|e| value(&layout, p.unit, e, 0))
+            .collect();
+        assert_eq!(got, want, "parameter {}", p.name);
+    }
+
+    let out = tmp.path().join("model.h5");
+    assert_eq!(consolidate(&dir, &out).unwrap(), layout.params.len());
+    let f = hdf5::File::open(&out).unwrap();
+    for p in &layout.params {
+        let ds = f.dataset(&p.name).unwrap();
+        assert_eq!(ds.shape(), p.shape, "{}", p.name);
+        let want: Vec<f32> = (p.offset..p.offset + p.numel)
+            .map(|e| value(&layout, p.unit, e, 0))
+            .collect();
+        assert_eq!(ds.read_raw::<f32>().unwrap(), want, "{}", p.name);
+    }
+    // An existing output is never overwritten.
+    assert!(consolidate(&dir, &out).is_err());
+}
+
+#[test]
+fn hyperslab_reads_check_only_the_blocks_they_touch() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("step-7");
+    let layout = layout();
+    let meta = write_checkpoint(&dir, &layout);
+    let (u, r, kind) = (1, 2, 2);
+    let len = layout.units[u].shard_len;
+    let path = dir.join(rank_file(r));
+    let reader = ShardReader::open(&path).unwrap();
+    let crcs = meta.crcs(r, u, kind).unwrap();
+    // A range inside blocks 0..3 (elements 3..12 straddle three blocks of 5).
+    let got = reader
+        .read_checked(u, kind, 3..12, len, crcs, BLOCK)
+        .unwrap();
+    let want: Vec<f32> = (r * len + 3..r * len + 12)
+        .map(|i| value(&layout, u, i, kind))
+        .collect();
+    assert_eq!(got, want);
+
+    // Flip one bit of element 17 (block 3): reads of blocks 0-2 still succeed, any read
+    // touching block 3 fails naming the file, the dataset and the block's elements.
+    let offset = reader.dataset_offset(u, kind).unwrap().unwrap() as usize;
+    drop(reader);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[offset + 17 * 4 + 1] ^= 0x10;
+    std::fs::write(&path, bytes).unwrap();
+    let reader = ShardReader::open(&path).unwrap();
+    assert!(reader
+        .read_checked(u, kind, 0..15, len, crcs, BLOCK)
+        .is_ok());
+    let err = reader
+        .read_checked(u, kind, 14..16, len, crcs, BLOCK)
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        matches!(
+            err,
+            CheckpointError::Checksum {
+                start: 15,
+                end: 20,
+                ..
+            }
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("rank-00002.h5") && text.contains("unit0001/adam_v"),
+        "{text}"
+    );
+    // A length that disagrees with the metadata is refused before reading.
+    let err = reader
+        .read_checked(u, kind, 0..1, len + 1, crcs, BLOCK)
+        .unwrap_err();
+    assert!(matches!(err, CheckpointError::Shape { .. }), "{err}");
+    // verify lists exactly that dataset.
+    let report = verify(&dir).unwrap();
+    assert_eq!(report.problems.len(), 1, "{:?}", report.problems);
+}
+
+#[test]
+fn latest_pointer_and_metadata_are_checked() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let layout = layout();
+    write_checkpoint(&root.join("step-7"), &layout);
+    std::fs::write(root.join(LATEST), "step-7\n").unwrap();
+    assert_eq!(resolve(root).unwrap(), root.join("step-7"));
+    assert_eq!(verify(root).unwrap().meta.step, 7);
+
+    std::fs::write(root.join(LATEST), "../elsewhere\n").unwrap();
+    assert!(matches!(resolve(root), Err(CheckpointError::Meta { .. })));
+    let missing = root.join("nothing-here");
+    let err = resolve(&missing).unwrap_err().to_string();
+    assert!(err.contains("nothing-here"), "{err}");
+
+    // Another format version is refused with both versions in the message.
+    let meta_path = root.join("step-7").join(META_FILE);
+    let text = std::fs::read_to_string(&meta_path).unwrap();
+    let bumped = text.replace("\"format_version\": 1", "\"format_version\": 99");
+    std::fs::write(&meta_path, bumped).unwrap();
+    let err = Meta::read(&root.join("step-7")).unwrap_err().to_string();
+    assert!(err.contains("99") && err.contains("meta.json"), "{err}");
+    std::fs::write(&meta_path, "{ not json").unwrap();
+    assert!(matches!(
+        Meta::read(&root.join("step-7")),
+        Err(CheckpointError::Meta { .. })
+    ));
+}
+
+#[test]
+fn another_model_is_refused_naming_the_difference() {
+    let tmp = tempfile::tempdir().unwrap();
+    let meta = write_checkpoint(tmp.path(), &layout());
+    // Same names, one more layer: the tensor count differs.
+    let deeper = PartitionLayout::new(&gpt_like(11, 5, 3, 6), 2, 1).unwrap();
+    let err = meta
+        .check_fits(&deeper, tmp.path())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("does not fit"), "{err}");
+    // Another width: the first tensor's shapes are named.
+    let wider = PartitionLayout::new(&gpt_like(11, 5, 2, 8), 3, 1).unwrap();
+    let err = meta.check_fits(&wider, tmp.path()).unwrap_err().to_string();
+    assert!(
+        err.contains("wte") && err.contains("[11, 6]") && err.contains("[11, 8]"),
+        "{err}"
+    );
+    // Another world size and alignment of the same model fits (resharding).
+    let other_n = PartitionLayout::new(&gpt_like(11, 5, 2, 6), 5, 4).unwrap();
+    meta.check_fits(&other_n, tmp.path()).unwrap();
+}
+
+#[test]
+fn clean_partial_removes_only_dead_saves() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    for d in ["step-3", "tmp-step-4-abc", "tmp-step-5-def", "old-step-3-1"] {
+        std::fs::create_dir(root.join(d)).unwrap();
+    }
+    let keep = root.join("tmp-step-5-def");
+    let mut removed = clean_partial(root, Some(&keep)).unwrap();
+    removed.sort();
+    assert_eq!(
+        removed,
+        vec![root.join("old-step-3-1"), root.join("tmp-step-4-abc")]
+    );
+    assert!(root.join("step-3").is_dir() && keep.is_dir());
+    // A root that does not exist yet has nothing to clean.
+    assert!(clean_partial(&root.join("absent"), None)
+        .unwrap()
+        .is_empty());
+}

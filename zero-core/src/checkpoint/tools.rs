@@ -1,0 +1,128 @@
+//! Offline tools on a checkpoint directory (plain process, no MPI: they read the shard
+//! files directly): verify every checksum, read one named parameter, consolidate the
+//! master weights into one HDF5 file of named fp32 tensors.
+//!
+//! Consolidated format (what `train --init-from` reads and h5py opens as-is): one
+//! dataset per parameter at the root, named as DESIGN.md (`wte`, `h.0.attn.c_attn.weight`,
+//! ...), fp32, shaped as the parameter ([out, in] for linear weights). Written one tensor
+//! at a time: peak memory is the largest tensor.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use super::meta::Meta;
+use super::shard::{ShardReader, KINDS};
+use super::{rank_file, CheckpointError};
+
+/// What [`verify`] found.
+#[derive(Debug)]
+pub struct VerifyReport {
+    /// The step directory checked.
+    pub dir: PathBuf,
+    /// Its metadata.
+    pub meta: Meta,
+    /// Bytes of fp32 data read and checked.
+    pub bytes_checked: u64,
+    /// Every problem found (empty: every checksum holds).
+    pub problems: Vec<CheckpointError>,
+}
+
+/// Read every dataset of every rank file of the checkpoint at `path` (a step directory
+/// or a root with `latest`) and check every block against the metadata. Errors only when
+/// the metadata itself is unreadable; bad files and datasets are listed in the report.
+pub fn verify(path: &Path) -> Result<VerifyReport, CheckpointError> {
+    let dir = super::resolve(path)?;
+    let meta = Meta::read(&dir)?;
+    let mut problems = Vec::new();
+    let mut bytes_checked = 0u64;
+    for r in 0..meta.world {
+        let reader = match ShardReader::open(&dir.join(rank_file(r))) {
+            Ok(f) => f,
+            Err(e) => {
+                problems.push(e);
+                continue;
+            }
+        };
+        for (u, unit) in meta.layout.units.iter().enumerate() {
+            for kind in 0..KINDS.len() {
+                let crcs = meta.crcs(r, u, kind).unwrap_or(&[]);
+                match reader.read_checked(
+                    u,
+                    kind,
+                    0..unit.shard_len,
+                    unit.shard_len,
+                    crcs,
+                    meta.block_elems,
+                ) {
+                    Ok(v) => bytes_checked += (v.len() * 4) as u64,
+                    Err(e) => problems.push(e),
+                }
+            }
+        }
+    }
+    Ok(VerifyReport {
+        dir,
+        meta,
+        bytes_checked,
+        problems,
+    })
+}
+
+/// Read parameter `index` of the layout (its master weights, flattened row-major) from
+/// the shard files of the checkpoint in `dir`, checked; `files` caches open readers.
+pub fn read_param(
+    dir: &Path,
+    meta: &Meta,
+    index: usize,
+    files: &mut HashMap<usize, ShardReader>,
+) -> Result<Vec<f32>, CheckpointError> {
+    let p = meta.layout.params.get(index).ok_or_else(|| {
+        CheckpointError::Invalid(format!(
+            "parameter {index} out of range: the checkpoint has {}",
+            meta.layout.params.len()
+        ))
+    })?;
+    let unit = &meta.layout.units[p.unit];
+    let mut out = Vec::with_capacity(p.numel);
+    let want = p.offset..p.offset + p.numel;
+    let mut at = want.start;
+    while at < want.end {
+        let r = at / unit.shard_len;
+        let block_end = ((r + 1) * unit.shard_len).min(want.end);
+        let from = at - r * unit.shard_len..block_end - r * unit.shard_len;
+        let reader = match files.entry(r) {
+            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(ShardReader::open(&dir.join(rank_file(r)))?)
+            }
+        };
+        let crcs = meta.crcs(r, p.unit, 0).unwrap_or(&[]);
+        out.extend(reader.read_checked(p.unit, 0, from, unit.shard_len, crcs, meta.block_elems)?);
+        at = block_end;
+    }
+    Ok(out)
+}
+
+/// Write the master weights of the checkpoint at `path` as one HDF5 file of named fp32
+/// tensors at `out` (created; an existing file is an error). Returns the tensors written.
+pub fn consolidate(path: &Path, out: &Path) -> Result<usize, CheckpointError> {
+    let dir = super::resolve(path)?;
+    let meta = Meta::read(&dir)?;
+    let file = hdf5::File::create_excl(out).map_err(CheckpointError::h5(out, "(file)"))?;
+    file.new_attr::<u64>()
+        .create("step")
+        .and_then(|a| a.write_scalar(&meta.step))
+        .map_err(CheckpointError::h5(out, "attribute step"))?;
+    let mut files = HashMap::new();
+    for (i, p) in meta.layout.params.iter().enumerate() {
+        let values = read_param(&dir, &meta, i, &mut files)?;
+        file.new_dataset::<f32>()
+            .shape(p.shape.clone())
+            .create(p.name.as_str())
+            .and_then(|ds| ds.write_raw(&values))
+            .map_err(CheckpointError::h5(out, &p.name))?;
+    }
+    file.flush().map_err(CheckpointError::h5(out, "(file)"))?;
+    file.close().map_err(CheckpointError::h5(out, "(file)"))?;
+    Ok(meta.layout.params.len())
+}
