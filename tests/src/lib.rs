@@ -12,7 +12,7 @@
 
 use std::io::Read;
 use std::os::unix::process::CommandExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -238,4 +238,22 @@ impl JobOutput {
     pub fn all_text(&self) -> String {
         format!("{}\n{}", self.stdout, self.stderr)
     }
+}
+
+/// The built `zero-bench` of this test's profile: `target/<profile>/zero-bench`, found
+/// from the test binary's own path (`target/<profile>/deps/<test>-<hash>`). CLI tests run
+/// it; build it first with `cargo build -p zero-bench --release` (scripts/test.sh does).
+pub fn zero_bench_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary knows its own path");
+    let dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("the test binary lives in target/<profile>/deps");
+    let bin = dir.join("zero-bench");
+    assert!(
+        bin.is_file(),
+        "{} is missing: build it first with `cargo build -p zero-bench --release` (the same profile as these tests)",
+        bin.display()
+    );
+    bin
 }

@@ -11,20 +11,7 @@ use std::process::{Command, Output};
 use std::time::Duration;
 use zero_tests::MpiJob;
 
-fn zero_bench() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test binary knows its own path");
-    let dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("the test binary lives in target/<profile>/deps");
-    let bin = dir.join("zero-bench");
-    assert!(
-        bin.is_file(),
-        "{} is missing: build it first with `cargo build -p zero-bench --release`",
-        bin.display()
-    );
-    bin
-}
+use zero_tests::zero_bench_bin as zero_bench;
 
 fn ckpt(args: &[&str]) -> Output {
     Command::new(zero_bench())

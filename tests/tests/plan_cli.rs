@@ -12,24 +12,9 @@
 //! The binary is `zero-bench` next to this test's `deps/` directory; build it first with
 //! `cargo build -p zero-bench --release` (scripts/test.sh does).
 
-use std::path::PathBuf;
 use std::process::{Command, Output};
 
-/// `target/<profile>/zero-bench`, from `target/<profile>/deps/plan_cli-<hash>`.
-fn zero_bench() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test binary knows its own path");
-    let dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("the test binary lives in target/<profile>/deps");
-    let bin = dir.join("zero-bench");
-    assert!(
-        bin.is_file(),
-        "{} is missing: build it first with `cargo build -p zero-bench --release` (the same profile as these tests)",
-        bin.display()
-    );
-    bin
-}
+use zero_tests::zero_bench_bin as zero_bench;
 
 fn run(args: &[&str]) -> Output {
     Command::new(zero_bench())

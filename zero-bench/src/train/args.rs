@@ -86,6 +86,26 @@ pub struct TrainArgs {
     #[arg(long, value_name = "FILE.h5")]
     pub save_model: Option<PathBuf>,
 
+    /// Save a sharded checkpoint (every rank its shard, atomically) into --ckpt-dir every
+    /// N steps and after the last one. 0: never.
+    #[arg(long, default_value_t = 0, value_name = "N", requires = "ckpt_dir")]
+    pub save_every: u64,
+
+    /// Root directory of the checkpoints (`step-<S>/`, `latest`); on a filesystem every
+    /// rank sees.
+    #[arg(long, value_name = "DIR")]
+    pub ckpt_dir: Option<PathBuf>,
+
+    /// Checkpoints to keep in --ckpt-dir (the newest ones).
+    #[arg(long, default_value_t = 3, value_name = "K")]
+    pub keep_last: usize,
+
+    /// Resume from a checkpoint: a root (its `latest`) or a `step-<S>` directory. Any
+    /// world size and stage may load it (resharded on load); training continues at the
+    /// saved step with the saved optimizer state and loss scale.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["init_from", "stages"])]
+    pub resume: Option<PathBuf>,
+
     /// Write the run summary (with --stages: the stage table; with --dry-run: the plans)
     /// as JSON here (rank 0).
     #[arg(long, value_name = "PATH")]
@@ -109,8 +129,10 @@ Examples:
   mpirun -n 8 zero-bench train --config configs/demo.toml --stage 3 --precision fp16 \\
       --set optim.lr=3e-4 --set train.micro_batch=8 --metrics metrics.jsonl
 
-  # Inside a Slurm allocation:
-  srun --mpi=pmix zero-bench train --config configs/demo.toml --stage 2
+  # Inside a Slurm allocation, checkpointing every 100 steps, then resuming on 16 ranks:
+  srun --mpi=pmix zero-bench train --config configs/demo.toml --stage 2 \
+      --ckpt-dir ckpt --save-every 100
+  srun -n 16 --mpi=pmix zero-bench train --config configs/demo.toml --stage 3 --resume ckpt
 
   # Per-rank memory of GPT-2 1.5B on 64 ranks at stage 3, without running anything:
   zero-bench train --dry-run --world 64 --model gpt2-1.5b --stage 3 --precision bf16

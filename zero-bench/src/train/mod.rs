@@ -139,6 +139,12 @@ fn run_on(args: &TrainArgs, comm: Option<&MpiComm>) -> Result<(), Failure> {
                 tokens: &tokens,
                 init: init.as_ref(),
                 save_model: args.save_model.as_deref().filter(|_| last),
+                checkpoints: run::Checkpoints {
+                    dir: args.ckpt_dir.as_deref(),
+                    every: args.save_every,
+                    keep_last: args.keep_last,
+                    resume: args.resume.as_deref(),
+                },
                 threads: args.threads,
                 plain: args.no_progress,
                 quiet: round > 0,

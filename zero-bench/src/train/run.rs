@@ -7,6 +7,7 @@ use std::path::Path;
 
 use anyhow::{anyhow, Context};
 use zero_comm::{Communicator, ReduceOp};
+use zero_core::checkpoint::{self, SaveOptions};
 use zero_core::config::{resolve_model, Config, LoadedConfig};
 use zero_core::ledger::{CommPlan, MemCategory, PaperFormula};
 use zero_core::Engine;
@@ -34,13 +35,7 @@ const STATE_CATEGORIES: [MemCategory; 6] = [
 /// The model shape of a validated configuration.
 pub fn gpt_config(config: &Config) -> anyhow::Result<GptConfig> {
     let d = resolve_model(&config.model).map_err(|e| anyhow!(e))?;
-    let g = GptConfig {
-        vocab_size: d.vocab_size,
-        max_seq_len: d.context_len,
-        n_layer: d.layers,
-        n_head: d.heads,
-        n_embd: d.width,
-    };
+    let g = GptConfig::from_dims(&d);
     g.validate().context("model")?;
     Ok(g)
 }
@@ -53,12 +48,27 @@ pub struct Shared<'a> {
     pub init: Option<&'a InitFile>,
     /// `--save-model` (this run writes it).
     pub save_model: Option<&'a Path>,
+    /// `--ckpt-dir`, `--save-every`, `--keep-last`, `--resume`.
+    pub checkpoints: Checkpoints<'a>,
     /// GEMM threads per rank.
     pub threads: usize,
     /// No progress bar.
     pub plain: bool,
     /// A repeat round (`--rounds`): print no ledger and no progress.
     pub quiet: bool,
+}
+
+/// Where and when to save and resume sharded checkpoints.
+#[derive(Clone, Copy, Debug)]
+pub struct Checkpoints<'a> {
+    /// Root directory (`--ckpt-dir`).
+    pub dir: Option<&'a Path>,
+    /// Save every this many steps and after the last (0: never).
+    pub every: u64,
+    /// Checkpoints kept.
+    pub keep_last: usize,
+    /// Resume from this root or step directory.
+    pub resume: Option<&'a Path>,
 }
 
 /// Gather one number per rank to every rank, in rank order.
@@ -104,6 +114,27 @@ pub fn train<C: Communicator>(
             log::info!(
                 "{stage}: weights loaded from {} (optimizer state fresh)",
                 init.path().display()
+            );
+        }
+    }
+
+    if let Some(from) = shared.checkpoints.resume {
+        // Collective; an error is returned on every rank (CheckpointError::Peer elsewhere).
+        let info = checkpoint::load(&mut engine, from)
+            .with_context(|| format!("resuming from {}", from.display()));
+        let info = agree(comm, info)?;
+        if rank == 0 && !shared.quiet {
+            log::info!(
+                "{stage}: resumed from {} at step {} (saved by {} rank(s) at {}, {})",
+                from.display(),
+                info.meta.step,
+                info.meta.world,
+                info.meta.stage,
+                if info.meta.world == world && info.meta.stage == stage {
+                    "same layout"
+                } else {
+                    "resharded on load"
+                }
             );
         }
     }
@@ -165,11 +196,31 @@ fn run_steps<C: Communicator>(
     let mut seconds = Vec::with_capacity(steps);
     let mut sent = 0u64;
     let mut tokens_per_step = 0;
-    for s in 0..steps as u64 {
+    let ckpt = shared.checkpoints;
+    for s in engine.steps_done()..steps as u64 {
         let b = batches.fill(shared.tokens, s)?;
         let r = engine
             .step(model, &b)
             .with_context(|| format!("{stage} step {s}"))?;
+        let done = s + 1;
+        if let Some(dir) = ckpt.dir {
+            if ckpt.every > 0 && (done % ckpt.every == 0 || done == steps as u64) {
+                let opts = SaveOptions {
+                    keep_last: ckpt.keep_last,
+                    ..Default::default()
+                };
+                // Every rank gets the same outcome. A failed save loses nothing: the
+                // previous checkpoint and `latest` are untouched, so training goes on.
+                match checkpoint::save(engine, dir, &opts) {
+                    Ok(path) if rank == 0 => log::info!("checkpoint {}", path.display()),
+                    Ok(_) => {}
+                    Err(e) if rank == 0 => log::error!(
+                        "checkpoint after step {done} failed: {e}; training goes on, the previous checkpoint is intact"
+                    ),
+                    Err(_) => {}
+                }
+            }
+        }
         if let Some(m) = metrics.as_mut() {
             m.write(stage.number(), &r)?;
         }
