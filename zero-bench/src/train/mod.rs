@@ -34,8 +34,8 @@ pub use args::TrainArgs;
 use launch::{agree, Failure};
 use report::StageResult;
 
-/// Run `zero-bench train`. A failure is returned only on the rank that should print it;
-/// the other ranks exit with status 1 here, quietly, after shutting MPI down.
+/// Run `zero-bench train`. On failure exactly one rank prints the error, then every rank
+/// shuts MPI down and exits with status 1.
 pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     let without_mpi = args.dry_run && !launch::under_launcher();
     let mpi = if without_mpi {
@@ -49,13 +49,14 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     match result {
         Ok(()) => Ok(()),
         Err(f) => {
-            // MPI_Finalize on every rank (they all failed at the same point) before exiting.
-            drop(mpi);
+            // Print before MPI_Finalize: finalising waits for every rank, so no rank can
+            // exit (and make mpirun kill the others) before the message is out.
             if f.print {
-                Err(f.error)
-            } else {
-                std::process::exit(1)
+                eprintln!("error: {:#}", f.error);
+                let _ = std::io::Write::flush(&mut std::io::stderr());
             }
+            drop(mpi);
+            std::process::exit(1)
         }
     }
 }
