@@ -5,6 +5,7 @@
 #   scripts/setup.sh            system packages (Open MPI, HDF5, libclang, pkg-config, hdf5-tools)
 #   scripts/setup.sh --cuda     also the PTX assembler (ptxas, from PyPI) used to check our kernels
 #   scripts/setup.sh --slurm    also Slurm (slurmctld, slurmd, clients, PMIx plugin) for the local test cluster
+#   scripts/setup.sh --python   also h5py and numpy (PyPI): tests read our HDF5 files as users do
 set -euo pipefail
 
 say() { printf '[setup] %s\n' "$*"; }
@@ -12,11 +13,13 @@ die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
 
 want_cuda=0
 want_slurm=0
+want_python=0
 for arg in "$@"; do
   case "$arg" in
     --cuda) want_cuda=1 ;;
     --slurm) want_slurm=1 ;;
-    -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
+    --python) want_python=1 ;;
+    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
     *) die "unknown option '$arg' (see --help)" ;;
   esac
 done
@@ -75,5 +78,14 @@ if [ "$want_cuda" -eq 1 ]; then
   fi
   nvrtc_lib=$(python3 -c 'import nvidia.cuda_nvrtc as m; print(list(m.__path__)[0] + "/lib")')
   say "to regenerate PTX: export LD_LIBRARY_PATH=$nvrtc_lib\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
+fi
+if [ "$want_python" -eq 1 ]; then
+  command -v python3 >/dev/null 2>&1 || die "python3 is needed for h5py (the tests read HDF5 files with it)."
+  if python3 -c 'import h5py, numpy' >/dev/null 2>&1; then
+    say "h5py and numpy already available"
+  else
+    say "installing h5py and numpy (PyPI)"
+    python3 -m pip install -q h5py numpy || die "pip install h5py numpy failed."
+  fi
 fi
 say "ready: $(mpirun --version 2>/dev/null | head -n 1), $(cargo --version)"

@@ -4,7 +4,7 @@
 # Extra arguments go to `cargo test` (e.g. `scripts/test.sh comm_` to filter).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh --cuda --slurm
+scripts/setup.sh --cuda --slurm --python
 scripts/slurm-cluster/start.sh
 # CI keeps the Slurm logs for a failed run's post-mortem.
 keep=""; [ "${CI:-}" = "true" ] && keep="--keep-logs"

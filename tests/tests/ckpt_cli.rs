@@ -1,6 +1,6 @@
 //! `zero-bench ckpt` as users run it (plain process, no MPI) on a checkpoint that a real
 //! 3-rank job saved: inspect (exit 0, then exit 1 naming the dataset after a bit flip),
-//! consolidate (refuses to overwrite), export --safetensors (the file holds exactly the
+//! consolidate (h5py reads it with nothing but numpy; refuses to overwrite), export --safetensors (the file holds exactly the
 //! saved master weights; hf-gpt2 names transpose the Conv1D weights).
 //!
 //! The binary is `zero-bench` next to this test's `deps/` directory; build it first with
@@ -78,12 +78,45 @@ fn inspect_consolidate_export_a_saved_checkpoint() {
     );
     assert!(text(&out).contains("model.h5"), "{}", text(&out));
 
+    // h5py, with nothing but numpy, reads the consolidated file as it is: one f32
+    // dataset per tensor at the root, named and shaped as DESIGN.md says, holding exactly
+    // the saved master weights.
+    let raw = root.join("h5py-values.bin");
+    let script = format!(
+        "import h5py, numpy as np\n\
+         f = h5py.File({h5s:?}, 'r')\n\
+         names = sorted(f.keys())\n\
+         assert all(f[n].dtype == np.float32 for n in names), [f[n].dtype for n in names]\n\
+         print(len(names), f['h.0.attn.c_attn.weight'].shape, f['wte'].shape, f['ln_f.bias'].shape)\n\
+         np.concatenate([f[n][()].ravel() for n in names]).astype('<f4').tofile({raw:?})\n",
+        raw = raw.to_str().expect("UTF-8 path")
+    );
+    let out = Command::new("python3")
+        .args(["-c", &script])
+        .output()
+        .expect("python3 starts (scripts/setup.sh --python installs h5py)");
+    assert!(
+        out.status.success(),
+        "h5py could not read the consolidated file (run scripts/setup.sh --python for h5py):\n{}",
+        text(&out)
+    );
+    assert_eq!(text(&out).trim(), "28 (96, 32) (64, 32) (32,)", "{}", text(&out));
+    let read = std::fs::read(&raw).expect("python wrote the values");
+    let values = read
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+
     // Export: every saved master value appears exactly once in the data section.
     let saved: Vec<f32> = std::fs::read_to_string(r.join("saved-master.txt"))
         .expect("the scenario wrote the saved master")
         .lines()
         .map(|l| l.parse().expect("a float"))
         .collect();
+    assert_eq!(
+        sorted_bits(values),
+        sorted_bits(saved.iter().copied()),
+        "h5py's values are not the saved master weights"
+    );
     for (names, conv1d) in [("nanogpt", "[96,32]"), ("hf-gpt2", "[32,96]")] {
         let st = root.join(format!("model-{names}.safetensors"));
         let out = ckpt(&[
