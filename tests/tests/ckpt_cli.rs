@@ -100,7 +100,12 @@ fn inspect_consolidate_export_a_saved_checkpoint() {
         "h5py could not read the consolidated file (run scripts/setup.sh --python for h5py):\n{}",
         text(&out)
     );
-    assert_eq!(text(&out).trim(), "28 (96, 32) (64, 32) (32,)", "{}", text(&out));
+    assert_eq!(
+        text(&out).trim(),
+        "28 (96, 32) (64, 32) (32,)",
+        "{}",
+        text(&out)
+    );
     let read = std::fs::read(&raw).expect("python wrote the values");
     let values = read
         .chunks_exact(4)
