@@ -10,6 +10,8 @@
 //! `OK rank=<r>` ([`ok_line`]) as its last act; [`JobOutput::assert_all_ok`] demands
 //! exactly N of them plus a zero exit status.
 
+pub mod scenario;
+
 use std::io::Read;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};

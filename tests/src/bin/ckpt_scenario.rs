@@ -24,52 +24,18 @@ use zero_core::config::{Config, Precision, Stage};
 use zero_core::{Batch, Engine};
 use zero_models::data::{MarkovSource, Sequential, Tokens};
 use zero_models::{Gpt, GptConfig};
+use zero_tests::scenario::{fail, tiny_config, tiny_gpt, OrFail, SEQ_LEN as T};
 
-const T: usize = 16;
 /// k: steps before the save, and after it.
 const K: u64 = 3;
 
 fn gpt(n_embd: usize) -> GptConfig {
-    GptConfig {
-        vocab_size: 64,
-        max_seq_len: T,
-        n_layer: 2,
-        n_head: 2,
-        n_embd,
-    }
+    tiny_gpt(n_embd)
 }
 
-/// The engine_stages configuration (small buckets, eps = 1e-6: see there), B rows.
+/// The engine_stages configuration (small buckets, eps = 1e-6), B rows, 2K steps.
 fn config(stage: Stage, precision: Precision, rows: usize) -> Config {
-    let mut c = Config::default();
-    c.model.preset = Some("tiny".into());
-    c.train.micro_batch = rows;
-    c.train.seq_len = T;
-    c.train.grad_accum = 1;
-    c.train.steps = (2 * K) as usize;
-    c.train.seed = 1234;
-    c.zero.stage = stage;
-    c.zero.align = 4;
-    c.zero.bucket_elems = 512;
-    c.precision.dtype = precision;
-    c.optim.lr = 1e-2;
-    c.optim.eps = 1e-6;
-    c
-}
-
-fn fail(rank: usize, what: String) -> ! {
-    eprintln!("rank {rank}: FAILED: {what}");
-    std::process::exit(1);
-}
-
-trait OrFail<T> {
-    fn or_fail(self, rank: usize, what: &str) -> T;
-}
-
-impl<T, E: std::fmt::Display> OrFail<T> for Result<T, E> {
-    fn or_fail(self, rank: usize, what: &str) -> T {
-        self.unwrap_or_else(|e| fail(rank, format!("{what}: {e}")))
-    }
+    tiny_config(stage, precision, rows, 1, (2 * K) as usize)
 }
 
 /// Train steps `from..to` (the engine must have done `from`), returning the losses.

@@ -16,42 +16,17 @@ use zero_core::ledger::{CommPlan, CommPurpose};
 use zero_core::{Batch, Engine, StepReport};
 use zero_models::data::{MarkovSource, Sequential, Tokens};
 use zero_models::{Gpt, GptConfig};
+use zero_tests::scenario::{fail, tiny_config, tiny_gpt, SEQ_LEN as T};
 
 const B: usize = 2;
-const T: usize = 16;
 const STEPS: usize = 4;
 
 fn gpt() -> GptConfig {
-    GptConfig {
-        vocab_size: 64,
-        max_seq_len: T,
-        n_layer: 2,
-        n_head: 2,
-        n_embd: 32,
-    }
+    tiny_gpt(32)
 }
 
 fn config(stage: Stage, precision: Precision, accum: usize) -> Config {
-    let mut c = Config::default();
-    c.model.preset = Some("tiny".into());
-    c.train.micro_batch = B;
-    c.train.seq_len = T;
-    c.train.grad_accum = accum;
-    c.train.steps = STEPS;
-    c.train.seed = 1234;
-    c.zero.stage = stage;
-    c.zero.align = 4;
-    // Small buckets so units travel in several chunks (exercises the chunk queue).
-    c.zero.bucket_elems = 512;
-    c.precision.dtype = precision;
-    c.optim.lr = 1e-2;
-    // Some gradients are exactly zero in exact arithmetic (the attention key bias: softmax
-    // cancels it) and pure rounding noise in floating point, and Adam normalises noise to
-    // a step of lr * |g| / (sqrt(v) + eps). eps = 1e-6 keeps such steps below 1e-4 * lr
-    // (noise |g| < 1e-10), so runs whose reductions add in another order stay comparable
-    // element by element; every real gradient is far above eps.
-    c.optim.eps = 1e-6;
-    c
+    tiny_config(stage, precision, B, accum, STEPS)
 }
 
 struct Run {
@@ -60,11 +35,6 @@ struct Run {
     losses: Vec<f64>,
     master: Vec<f32>,
     reports: Vec<StepReport>,
-}
-
-fn fail(rank: usize, what: String) -> ! {
-    eprintln!("rank {rank}: FAILED: {what}");
-    std::process::exit(1);
 }
 
 fn run<C: Communicator>(comm: &C, cfg: &Config, tokens: &Tokens, who: &str) -> Run {
