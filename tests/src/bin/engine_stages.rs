@@ -296,6 +296,54 @@ fn main() {
                     }
                 }
             }
+            // fp32/bf16 have no loss scaler to recover: a diverged run (lr 1e30 makes the
+            // next forward overflow) stops with an error on every rank, naming the step.
+            for precision in [Precision::Fp32, Precision::Bf16] {
+                let mut c = config(Stage::Zero2, precision, 1);
+                c.optim.lr = 1e30;
+                let mut model =
+                    Gpt::<f32>::new(gpt(), B, 1).unwrap_or_else(|e| fail(rank, e.to_string()));
+                let mut engine =
+                    Engine::new(&c, &world, &model).unwrap_or_else(|e| fail(rank, e.to_string()));
+                let order =
+                    Sequential::new(B, T, 1, n, rank).unwrap_or_else(|e| fail(rank, e.to_string()));
+                let (mut x, mut y) = (Vec::new(), Vec::new());
+                let mut stopped = None;
+                for s in 0..STEPS as u64 {
+                    order
+                        .fill(&tokens, s, 0, &mut x, &mut y)
+                        .unwrap_or_else(|e| fail(rank, e.to_string()));
+                    let batch = Batch {
+                        rows: B,
+                        seq_len: T,
+                        inputs: &x,
+                        targets: &y,
+                    };
+                    match engine.step(&mut model, &[batch]) {
+                        Ok(_) => {}
+                        Err(e @ zero_core::EngineError::NonFinite { .. }) => {
+                            stopped = Some((s, e.to_string()));
+                            break;
+                        }
+                        Err(e) => fail(rank, format!("{precision:?} divergence: {e}")),
+                    }
+                }
+                match stopped {
+                    Some((s, msg))
+                        if msg.contains("inf/NaN") && msg.contains(&format!("step {s}")) =>
+                    {
+                        if rank == 0 {
+                            println!("{precision:?} divergence stopped at step {s}: {msg}");
+                        }
+                    }
+                    other => fail(
+                        rank,
+                        format!(
+                            "{precision:?} with lr 1e30 did not stop with NonFinite: {other:?}"
+                        ),
+                    ),
+                }
+            }
             // A forced overflow: a loss scale so large that fp16 gradients overflow.
             for &stage in &stages {
                 let mut c = config(stage, Precision::Fp16, 1);

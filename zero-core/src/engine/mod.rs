@@ -53,6 +53,17 @@ pub enum EngineError {
     /// The model or batches do not fit the configuration.
     #[error("{0}")]
     Mismatch(String),
+    /// An inf/NaN gradient where no loss scaler can recover (fp32, bf16): the step was
+    /// not applied on any rank.
+    #[error("step {step}: the gradient is inf/NaN on some rank (loss {loss}) in {precision} training, where loss scaling does not apply; the step was not applied. Lower optim.lr, check the data, or resume from the last checkpoint")]
+    NonFinite {
+        /// The step.
+        step: u64,
+        /// The agreed loss of the step.
+        loss: f64,
+        /// The precision (`fp32`, `bf16`).
+        precision: String,
+    },
     /// A broken engine invariant (a bug: please report it with the config).
     #[error("internal engine error: {0}")]
     Internal(String),

@@ -165,6 +165,14 @@ impl<C: Communicator> Engine<'_, C> {
             self.update::<P>(self.applied + 1, lr, grad_mult)?;
             self.gather_params::<P>()?;
             self.applied += 1;
+        } else if !self.scaler.enabled {
+            // Nothing will make the next step finite: stop with what happened (every rank
+            // agreed on the overflow, so every rank returns this error).
+            return Err(EngineError::NonFinite {
+                step,
+                loss,
+                precision: format!("{:?}", self.config.precision.dtype).to_lowercase(),
+            });
         } else if rank == 0 {
             log::warn!(
                 "step {step}: inf/NaN gradient (loss scale {loss_scale}); step skipped on every rank"
