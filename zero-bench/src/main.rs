@@ -9,6 +9,7 @@ mod data;
 mod logging;
 mod micro;
 mod plan;
+mod sweep;
 mod train;
 
 use clap::{Parser, Subcommand};
@@ -36,6 +37,9 @@ enum Command {
     Plan(plan::PlanArgs),
     /// Train the GPT with ZeRO stage 0-3 under mpirun/srun (or plan it: --dry-run).
     Train(Box<train::TrainArgs>),
+    /// Scaling sweeps over N, stage, model, precision, accumulation: table (CSV, JSON) and plots.
+    #[command(subcommand)]
+    Sweep(sweep::SweepCommand),
 }
 
 fn main() {
@@ -46,6 +50,7 @@ fn main() {
         Command::Data(cmd) => data::run(cmd),
         Command::Plan(args) => plan::run(&args),
         Command::Train(args) => train::run(*args),
+        Command::Sweep(cmd) => sweep::run(cmd),
     };
     if let Err(err) = result {
         // `{:#}` prints the whole context chain on one line: what failed and why.

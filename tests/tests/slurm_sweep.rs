@@ -1,0 +1,390 @@
+//! slurm/train.sbatch and slurm/sweep.sbatch on a real Slurm cluster: the two-node local
+//! cluster of scripts/slurm-cluster (2 nodes x 2 tasks, the scripts' own #SBATCH sizes).
+//!
+//! Needs the cluster up (`scripts/slurm-cluster/start.sh`, which writes
+//! `$ZERO_SLURM_DIR/env`, default /tmp/zero-slurm/env); when it is not, the tests fail
+//! and say how to start it, as tests/tests/slurm_cluster.rs does; they never skip. Jobs
+//! are submitted with sbatch, polled with squeue, cancelled on timeout, and judged by
+//! their output file and what they wrote: the training run's metrics and summary, the
+//! sweep's table and plots. Small settings: configs/tiny.toml, 3 steps, N up to 4.
+//!
+//! The zero-bench the scripts run is this profile's (`ZERO_BENCH`); build it first with
+//! `cargo build -p zero-bench --release` (scripts/test.sh does).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use zero_tests::zero_bench_bin;
+
+/// A tiny run takes seconds; the bound is for a loaded, shared machine.
+const JOB_TIMEOUT: Duration = Duration::from_secs(240);
+
+/// The cluster's SLURM_CONF, read from the file start.sh wrote; panics with how to start
+/// the cluster when it is not there or not answering (slurm_cluster.rs's message).
+fn slurm_conf() -> String {
+    let dir = std::env::var("ZERO_SLURM_DIR").unwrap_or_else(|_| "/tmp/zero-slurm".into());
+    let env_file = Path::new(&dir).join("env");
+    let how = "start it with scripts/slurm-cluster/start.sh (install Slurm first with \
+               scripts/setup.sh --slurm; set ZERO_SLURM_DIR if you started it elsewhere)";
+    let env_text = std::fs::read_to_string(&env_file).unwrap_or_else(|e| {
+        panic!(
+            "the local Slurm cluster is not up ({} unreadable: {e}): {how}",
+            env_file.display()
+        )
+    });
+    let conf = env_text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("export SLURM_CONF="))
+        .unwrap_or_else(|| panic!("no 'export SLURM_CONF=' line in {}", env_file.display()))
+        .to_string();
+    // scontrol retries a missing config file for 60 s: fail at once instead.
+    assert!(
+        Path::new(&conf).is_file(),
+        "the local Slurm cluster is not up ({conf} is missing): {how}"
+    );
+    let ping = match slurm(&conf, "scontrol").arg("ping").output() {
+        Ok(o) => text(&o),
+        Err(e) => format!("cannot run scontrol: {e}"),
+    };
+    assert!(
+        ping.contains("is UP"),
+        "the local Slurm cluster is not answering: {how}\nscontrol ping: {ping}"
+    );
+    conf
+}
+
+/// A Slurm client command talking to our cluster only (no inherited SLURM_* but the conf).
+fn slurm(conf: &str, program: &str) -> Command {
+    let mut cmd = Command::new(program);
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("SLURM_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env("SLURM_CONF", conf);
+    cmd
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "exit {:?}\n--- stdout ---\n{}--- stderr ---\n{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// A fresh directory for one test's job files.
+fn job_dir(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("slurm_sweep")
+        .join(format!("{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+    dir
+}
+
+fn script(name: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../slurm")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+fn config(name: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../configs")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+/// Submit `script args...` (in `dir`, output to `dir/job.out`) with extra environment,
+/// wait for its end (scancel after JOB_TIMEOUT, then fail); returns (job id, final state,
+/// output file text).
+fn run_job(conf: &str, dir: &Path, args: &[&str], env: &[(&str, &str)]) -> (u64, String, String) {
+    let output = dir.join("job.out");
+    let mut cmd = slurm(conf, "sbatch");
+    cmd.arg("--parsable")
+        .arg(format!("--chdir={}", dir.display()))
+        .arg(format!("--output={}", output.display()))
+        .args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run sbatch: {e}"));
+    assert!(
+        out.status.success(),
+        "sbatch {args:?} failed\n{}",
+        text(&out)
+    );
+    // --parsable prints "<id>" or "<id>;<cluster>".
+    let id: u64 = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .split(';')
+        .next()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("sbatch printed no job id\n{}", text(&out)));
+    let start = Instant::now();
+    let state = loop {
+        // -t all: a finished job stays listed (MinJobAge) with its final state.
+        let q = slurm(conf, "squeue")
+            .args(["-h", "-t", "all", "-o", "%T", "-j", &id.to_string()])
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run squeue: {e}"));
+        let state = String::from_utf8_lossy(&q.stdout).trim().to_string();
+        let active = [
+            "",
+            "PENDING",
+            "CONFIGURING",
+            "RUNNING",
+            "COMPLETING",
+            "SUSPENDED",
+        ];
+        if !active.contains(&state.as_str()) {
+            break state;
+        }
+        if start.elapsed() > JOB_TIMEOUT {
+            let cancel = slurm(conf, "scancel").arg(id.to_string()).output();
+            panic!(
+                "job {id} not finished after {JOB_TIMEOUT:?} (last state '{state}'); scancel: {:?}\n{}",
+                cancel.map(|o| text(&o)),
+                std::fs::read_to_string(&output).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let log = std::fs::read_to_string(&output)
+        .unwrap_or_else(|e| panic!("job {id} output {} unreadable: {e}", output.display()));
+    eprintln!("job {id}: {state} in {:?}", start.elapsed());
+    (id, state, log)
+}
+
+fn read_json(path: &Path) -> Value {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}\n{text}", path.display()))
+}
+
+fn assert_png(path: &Path) {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert!(
+        bytes.len() > 1000,
+        "{} is only {} bytes",
+        path.display(),
+        bytes.len()
+    );
+    assert_eq!(
+        &bytes[..8],
+        b"\x89PNG\r\n\x1a\n",
+        "{} is not a PNG",
+        path.display()
+    );
+    assert_eq!(
+        &bytes[12..16],
+        b"IHDR",
+        "{}: no IHDR chunk first",
+        path.display()
+    );
+}
+
+fn assert_svg(path: &Path) {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert!(
+        text.trim_start().starts_with("<svg"),
+        "{}: root is not <svg",
+        path.display()
+    );
+    assert!(
+        text.trim_end().ends_with("</svg>"),
+        "{}: not closed",
+        path.display()
+    );
+    assert!(text.contains("<text"), "{}: no text", path.display());
+}
+
+#[test]
+fn train_sbatch_trains_across_both_nodes_and_leaves_metrics_in_the_job_directory() {
+    let conf = slurm_conf();
+    let dir = job_dir("train");
+    let bench = zero_bench_bin().display().to_string();
+    let tiny = config("tiny.toml");
+    let (id, state, log) = run_job(
+        &conf,
+        &dir,
+        &[&script("train.sbatch"), "--stage", "3", "--steps", "3"],
+        &[("ZERO_BENCH", &bench), ("CONFIG", &tiny)],
+    );
+    assert_eq!(state, "COMPLETED", "job {id}\n{log}");
+    assert!(
+        log.contains("running: srun --mpi=pmix") && log.contains("2 nodes"),
+        "{log}"
+    );
+    let run_dir = dir.join(format!("zero-train-{id}"));
+    let summary = read_json(&run_dir.join("summary.json"));
+    assert_eq!(summary["world"], 4, "2 nodes x 2 tasks\n{summary}");
+    let stages = summary["stages"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{summary}"));
+    assert_eq!(stages.len(), 1, "{summary}");
+    assert_eq!(stages[0]["stage"], 3);
+    assert_eq!(stages[0]["steps"], 3);
+    assert!(
+        stages[0]["final_loss"].as_f64().is_some_and(f64::is_finite),
+        "{summary}"
+    );
+    assert_eq!(
+        stages[0]["ledger_bytes_per_rank"].as_array().map(Vec::len),
+        Some(4)
+    );
+    let metrics = std::fs::read_to_string(run_dir.join("metrics.jsonl"))
+        .unwrap_or_else(|e| panic!("metrics.jsonl: {e}\n{log}"));
+    let lines: Vec<Value> = metrics
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad JSON line {l:?}: {e}")))
+        .collect();
+    assert_eq!(lines.len(), 3, "one line per step\n{metrics}");
+}
+
+#[test]
+fn sweep_sbatch_runs_one_step_per_point_and_collects_the_table_and_plots() {
+    let conf = slurm_conf();
+    let dir = job_dir("sweep");
+    let bench = zero_bench_bin().display().to_string();
+    let tiny = config("tiny.toml");
+    let (id, state, log) = run_job(
+        &conf,
+        &dir,
+        &[&script("sweep.sbatch")],
+        &[
+            ("ZERO_BENCH", &bench),
+            ("CONFIG", &tiny),
+            ("RANKS", "1 2 4 8"),
+            ("STAGES", "0,3"),
+            ("STEPS", "3"),
+        ],
+    );
+    assert_eq!(state, "COMPLETED", "job {id}\n{log}");
+    for n in [1, 2, 4] {
+        assert!(
+            log.contains(&format!("srun --mpi=pmix --kill-on-bad-exit=1 -n {n} ")),
+            "no srun step for N={n}\n{log}"
+        );
+    }
+    assert!(
+        log.contains("skipping N=8: the allocation has 4 tasks"),
+        "{log}"
+    );
+    let out = dir.join(format!("zero-sweep-{id}"));
+    let csv =
+        std::fs::read_to_string(out.join("sweep.csv")).unwrap_or_else(|e| panic!("{e}\n{log}"));
+    assert_eq!(
+        csv.lines().count(),
+        1 + 3 * 2,
+        "header + 3 N x 2 stages\n{csv}"
+    );
+    let rows = read_json(&out.join("sweep.json"));
+    let rows = rows.as_array().unwrap_or_else(|| panic!("{rows}"));
+    let mut points: Vec<(u64, u64)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["n"].as_u64().unwrap_or(0),
+                r["stage"].as_u64().unwrap_or(9),
+            )
+        })
+        .collect();
+    points.sort_unstable();
+    assert_eq!(points, [(1, 0), (1, 3), (2, 0), (2, 3), (4, 0), (4, 3)]);
+    for r in rows {
+        let n = r["n"].as_u64().unwrap_or(0) as usize;
+        assert_eq!(
+            r["peak_rss_bytes_per_rank"].as_array().map(Vec::len),
+            Some(n),
+            "{r}"
+        );
+        assert!(r["tokens_per_s"].as_f64().is_some_and(|t| t > 0.0), "{r}");
+        // Ranks on both nodes exchange gradients: traffic whenever N > 1.
+        let sent = r["comm_sent_bytes_per_step"].as_u64().unwrap_or(0);
+        assert_eq!(sent > 0, n > 1, "{r}");
+    }
+    for name in ["memory", "throughput", "comm"] {
+        assert_png(&out.join(format!("{name}.png")));
+        assert_svg(&out.join(format!("{name}.svg")));
+    }
+}
+
+/// `zero-bench sweep run` inside an allocation with srun as its launcher: one step per
+/// point, N = 1 and 4 over the two nodes.
+#[test]
+fn sweep_run_with_srun_as_launcher_inside_an_allocation() {
+    let conf = slurm_conf();
+    let dir = job_dir("sweep-run");
+    let bench = zero_bench_bin().display().to_string();
+    let out = dir.join("out");
+    let batch = dir.join("sweep-run.sbatch");
+    std::fs::write(
+        &batch,
+        format!(
+            "#!/bin/bash\nset -euo pipefail\n{bench} sweep run --ranks 1,4 --stages 0,3 \
+             --steps 3 --config {} --out {} \
+             --launcher 'srun --mpi=pmix --kill-on-bad-exit=1 -n {{n}}'\n",
+            config("tiny.toml"),
+            out.display()
+        ),
+    )
+    .unwrap_or_else(|e| panic!("write {}: {e}", batch.display()));
+    let batch = batch.display().to_string();
+    let (id, state, log) = run_job(
+        &conf,
+        &dir,
+        &["-N", "2", "--ntasks-per-node=2", "--time=00:05:00", &batch],
+        &[],
+    );
+    assert_eq!(state, "COMPLETED", "job {id}\n{log}");
+    let rows = read_json(&out.join("sweep.json"));
+    let rows = rows.as_array().unwrap_or_else(|| panic!("{rows}"));
+    assert_eq!(rows.len(), 4, "2 N x 2 stages\n{log}");
+    for r in rows {
+        let n = r["n"].as_u64().unwrap_or(0) as usize;
+        assert_eq!(
+            r["ledger_bytes_per_rank"].as_array().map(Vec::len),
+            Some(n),
+            "{r}"
+        );
+    }
+    assert_png(&out.join("comm.png"));
+    assert_svg(&out.join("comm.svg"));
+}
+
+#[test]
+fn train_and_sweep_sbatch_refuse_to_run_outside_an_allocation() {
+    for name in ["train.sbatch", "sweep.sbatch"] {
+        let mut cmd = Command::new("bash");
+        cmd.arg(script(name));
+        for (k, _) in std::env::vars_os() {
+            if k.to_string_lossy().starts_with("SLURM_") {
+                cmd.env_remove(k);
+            }
+        }
+        let out = cmd
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run bash {name}: {e}"));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{name}\n{}", text(&out));
+        assert!(
+            stderr.contains("not inside a Slurm allocation") && stderr.contains("sbatch"),
+            "{name}\n{}",
+            text(&out)
+        );
+        assert!(
+            !String::from_utf8_lossy(&out.stdout).contains("srun"),
+            "{name} went on to launch\n{}",
+            text(&out)
+        );
+    }
+}

@@ -1,0 +1,405 @@
+//! `zero-bench sweep` as users run it on one machine: `sweep run` with scripts/mpirun.sh
+//! as the launcher over N = 1, 2 on configs/tiny.toml, then `sweep collect` on what it
+//! left.
+//!
+//! Checked: one table row per (N, stage) in the CSV and the JSON, with the ledger's
+//! model states and the paper's formula per rank falling with N where ZeRO partitions
+//! (stage 3: 16Ψ/N exactly), no traffic at N = 1 and some at N = 2, efficiency 1 at the
+//! smallest N; the plots exist as valid PNG (signature, IHDR) and SVG (root element);
+//! `collect` rebuilds the same table; bad input is refused with a message.
+//!
+//! The binary is `zero-bench` next to this test's `deps/` directory; build it first with
+//! `cargo build -p zero-bench --release` (scripts/test.sh does).
+
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use zero_tests::zero_bench_bin as zero_bench;
+
+/// The repository root.
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// A fresh, empty directory for one test.
+fn scratch(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("sweep-{name}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+    dir
+}
+
+/// What a zero-bench process left: exit code and its combined output.
+struct Ran {
+    code: Option<i32>,
+    output: String,
+}
+
+/// Run zero-bench with `args` in the repository root; killed (its whole process group,
+/// ranks included) after `timeout`, which fails the test.
+fn zero_bench_run(args: &[&str], log: &Path, timeout: Duration) -> Ran {
+    let file = std::fs::File::create(log).unwrap_or_else(|e| panic!("{}: {e}", log.display()));
+    let err = file.try_clone().unwrap_or_else(|e| panic!("{e}"));
+    let mut child = Command::new(zero_bench())
+        .args(args)
+        .current_dir(repo())
+        .stdin(Stdio::null())
+        .stdout(file)
+        .stderr(err)
+        .process_group(0)
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start zero-bench: {e}"));
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap_or_else(|e| panic!("wait: {e}")) {
+            break s;
+        }
+        if start.elapsed() > timeout {
+            // SAFETY: kill(2) on the process group spawned above.
+            unsafe {
+                libc::kill(-(child.id() as libc::pid_t), libc::SIGKILL);
+            }
+            let _ = child.wait();
+            panic!(
+                "zero-bench {args:?} still running after {timeout:?}; killed\n{}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    Ran {
+        code: status.code(),
+        output: std::fs::read_to_string(log).unwrap_or_default(),
+    }
+}
+
+/// The PNG signature and an IHDR chunk with non-zero width and height.
+fn assert_png(path: &Path) {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert!(
+        bytes.len() > 1000,
+        "{} is only {} bytes",
+        path.display(),
+        bytes.len()
+    );
+    assert_eq!(
+        &bytes[..8],
+        b"\x89PNG\r\n\x1a\n",
+        "{} is not a PNG",
+        path.display()
+    );
+    assert_eq!(
+        &bytes[12..16],
+        b"IHDR",
+        "{}: no IHDR chunk first",
+        path.display()
+    );
+    let w = u32::from_be_bytes([bytes[16], bytes[17], bytes[18], bytes[19]]);
+    let h = u32::from_be_bytes([bytes[20], bytes[21], bytes[22], bytes[23]]);
+    assert!(w > 0 && h > 0, "{}: {w}x{h}", path.display());
+}
+
+/// An `<svg ...>` root element, closed at the end, with text and lines in it.
+fn assert_svg(path: &Path) {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let body = text.trim_start();
+    let body = match body.strip_prefix("<?xml") {
+        Some(rest) => rest.split_once("?>").map_or("", |(_, r)| r).trim_start(),
+        None => body,
+    };
+    assert!(
+        body.starts_with("<svg"),
+        "{}: root is not <svg",
+        path.display()
+    );
+    assert!(
+        text.trim_end().ends_with("</svg>"),
+        "{}: not closed",
+        path.display()
+    );
+    assert!(
+        text.contains("<text") && text.contains("<polyline"),
+        "{}: no text or lines",
+        path.display()
+    );
+}
+
+fn read_json(path: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    match serde_json::from_str(&text) {
+        Ok(Value::Array(rows)) => rows,
+        other => panic!("{}: not a JSON array of rows: {other:?}", path.display()),
+    }
+}
+
+fn row(rows: &[Value], n: u64, stage: u64) -> &Value {
+    rows.iter()
+        .find(|r| r["n"] == n && r["stage"] == stage)
+        .unwrap_or_else(|| panic!("no row N={n} stage={stage} in {rows:?}"))
+}
+
+fn num(v: &Value, key: &str) -> f64 {
+    v[key]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{key} is not a number in {v}"))
+}
+
+fn max_of(v: &Value, key: &str) -> u64 {
+    let list = v[key]
+        .as_array()
+        .unwrap_or_else(|| panic!("{key} is not a list in {v}"));
+    list.iter().filter_map(Value::as_u64).max().unwrap_or(0)
+}
+
+#[test]
+fn sweep_run_over_one_and_two_ranks_writes_the_table_and_plots_and_collect_rebuilds_it() {
+    let out = scratch("run");
+    let launcher = format!("{} {{n}}", repo().join("scripts/mpirun.sh").display());
+    let ran = zero_bench_run(
+        &[
+            "sweep",
+            "run",
+            "--ranks",
+            "1,2",
+            "--stages",
+            "0,3",
+            "--config",
+            "configs/tiny.toml",
+            "--steps",
+            "3",
+            "--launcher",
+            &launcher,
+            "--timeout",
+            "120",
+            "--out",
+            &out.display().to_string(),
+        ],
+        &out.join("sweep.log"),
+        Duration::from_secs(300),
+    );
+    assert_eq!(ran.code, Some(0), "sweep run failed\n{}", ran.output);
+    for point in ["n1_config_config_aconfig", "n2_config_config_aconfig"] {
+        assert!(
+            out.join(format!("{point}.json")).is_file(),
+            "{point}.json missing\n{}",
+            ran.output
+        );
+        assert!(
+            out.join(format!("{point}.log")).is_file(),
+            "{point}.log missing"
+        );
+    }
+
+    let csv =
+        std::fs::read_to_string(out.join("sweep.csv")).unwrap_or_else(|e| panic!("sweep.csv: {e}"));
+    let lines: Vec<&str> = csv.lines().collect();
+    assert_eq!(lines.len(), 5, "header + 2 N x 2 stages\n{csv}");
+    let header: Vec<&str> = lines[0].split(',').collect();
+    for col in [
+        "n",
+        "stage",
+        "tokens_per_s",
+        "step_ms",
+        "scaling_efficiency",
+        "peak_rss_bytes_max",
+        "ledger_bytes_max",
+        "formula_bytes",
+        "comm_sent_bytes_per_step",
+    ] {
+        assert!(header.contains(&col), "no column {col} in {}", lines[0]);
+    }
+    for l in &lines[1..] {
+        assert_eq!(l.split(',').count(), header.len(), "ragged row {l}");
+    }
+
+    let rows = read_json(&out.join("sweep.json"));
+    assert_eq!(rows.len(), 4, "{rows:?}");
+    for r in &rows {
+        assert!(
+            num(r, "tokens_per_s") > 0.0 && num(r, "step_ms") > 0.0,
+            "{r}"
+        );
+        assert!(num(r, "final_loss").is_finite(), "{r}");
+        let n = r["n"].as_u64().unwrap_or(0) as usize;
+        for key in [
+            "peak_rss_bytes_per_rank",
+            "ledger_bytes_per_rank",
+            "state_bytes_per_rank",
+        ] {
+            assert_eq!(
+                r[key].as_array().map(Vec::len),
+                Some(n),
+                "{key} per rank in {r}"
+            );
+        }
+        assert!(
+            max_of(r, "peak_rss_bytes_per_rank") > 0,
+            "RSS unmeasured in {r}"
+        );
+    }
+    for stage in [0, 3] {
+        assert_eq!(num(row(&rows, 1, stage), "scaling_efficiency"), 1.0);
+        assert!(num(row(&rows, 2, stage), "scaling_efficiency") > 0.0);
+        assert_eq!(
+            num(row(&rows, 1, stage), "comm_sent_bytes_per_step"),
+            0.0,
+            "no peers at N=1"
+        );
+        assert!(num(row(&rows, 2, stage), "comm_sent_bytes_per_step") > 0.0);
+        // Measured = the ledger's data collectives + the control all-reduce of a few
+        // scalars (norm, overflow flag, loss) that the plan leaves out.
+        let sent = num(row(&rows, 2, stage), "comm_sent_bytes_per_step");
+        let plan = num(row(&rows, 2, stage), "comm_plan_bytes_per_step");
+        assert!(
+            sent >= plan && sent - plan < 1024.0,
+            "sent {sent} vs plan {plan}"
+        );
+    }
+    // Stage 0 replicates everything: 16Ψ per rank at any N; stage 3: 16Ψ/N.
+    let f = |n, s| num(row(&rows, n, s), "formula_bytes_per_rank");
+    assert_eq!(f(2, 0), f(1, 0));
+    assert_eq!(f(2, 3) * 2.0, f(1, 3));
+    assert!(
+        max_of(row(&rows, 2, 3), "state_bytes_per_rank")
+            < max_of(row(&rows, 1, 3), "state_bytes_per_rank")
+    );
+    assert_eq!(
+        max_of(row(&rows, 2, 0), "state_bytes_per_rank"),
+        max_of(row(&rows, 1, 0), "state_bytes_per_rank")
+    );
+
+    for name in ["memory", "throughput", "comm"] {
+        assert_png(&out.join(format!("{name}.png")));
+        assert_svg(&out.join(format!("{name}.svg")));
+    }
+
+    // collect: the same table from the files alone, into another directory.
+    let again = scratch("collect");
+    let ran = zero_bench_run(
+        &[
+            "sweep",
+            "collect",
+            &out.display().to_string(),
+            "--out",
+            &again.display().to_string(),
+        ],
+        &out.join("collect.log"),
+        Duration::from_secs(60),
+    );
+    assert_eq!(ran.code, Some(0), "sweep collect failed\n{}", ran.output);
+    let csv_again =
+        std::fs::read_to_string(again.join("sweep.csv")).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(csv_again, csv, "collect rebuilt a different table");
+    assert_png(&again.join("memory.png"));
+    assert_svg(&again.join("memory.svg"));
+
+    // A second, smaller run into the same directory tables its own point only, though
+    // the N=2 result of the first run is still there.
+    let ran = zero_bench_run(
+        &[
+            "sweep",
+            "run",
+            "--ranks",
+            "1",
+            "--stages",
+            "2",
+            "--config",
+            "configs/tiny.toml",
+            "--steps",
+            "2",
+            "--launcher",
+            &launcher,
+            "--timeout",
+            "120",
+            "--out",
+            &out.display().to_string(),
+        ],
+        &out.join("sweep2.log"),
+        Duration::from_secs(120),
+    );
+    assert_eq!(ran.code, Some(0), "second sweep run failed\n{}", ran.output);
+    let rows = read_json(&out.join("sweep.json"));
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(
+        (rows[0]["n"].as_u64(), rows[0]["stage"].as_u64()),
+        (Some(1), Some(2))
+    );
+}
+
+#[test]
+fn bad_sweeps_are_refused_with_a_message() {
+    let dir = scratch("bad");
+    let empty = dir.join("empty");
+    std::fs::create_dir_all(&empty).unwrap_or_else(|e| panic!("{e}"));
+    // Refused before anything is created.
+    let never = dir.join("never").display().to_string();
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &["sweep", "collect", &empty.display().to_string()],
+            "no result files",
+        ),
+        (
+            &["sweep", "run", "--ranks", "1,0", "--out", &never],
+            "world sizes start at 1",
+        ),
+        (
+            &[
+                "sweep",
+                "run",
+                "--ranks",
+                "1",
+                "--launcher",
+                "mpirun -n 2",
+                "--out",
+                &never,
+            ],
+            "has no {n}",
+        ),
+        (
+            &[
+                "sweep", "run", "--ranks", "1", "--stages", "0,4", "--out", &never,
+            ],
+            "ZeRO stages are 0, 1, 2 and 3",
+        ),
+    ];
+    for (i, (args, msg)) in cases.iter().enumerate() {
+        let ran = zero_bench_run(args, &dir.join(format!("{i}.log")), Duration::from_secs(30));
+        assert_eq!(ran.code, Some(1), "{args:?}\n{}", ran.output);
+        assert!(
+            ran.output.contains(msg) && ran.output.contains("error:"),
+            "{args:?}: want '{msg}'\n{}",
+            ran.output
+        );
+        assert!(!ran.output.contains("panicked"), "{args:?}\n{}", ran.output);
+    }
+    assert!(
+        !Path::new(&never).exists(),
+        "a refused sweep created {never}"
+    );
+    // A launcher that fails every point: non-zero, naming the log.
+    let out = dir.join("fail");
+    let ran = zero_bench_run(
+        &[
+            "sweep",
+            "run",
+            "--ranks",
+            "1",
+            "--launcher",
+            "false {n}",
+            "--out",
+            &out.display().to_string(),
+        ],
+        &dir.join("fail.log"),
+        Duration::from_secs(30),
+    );
+    assert_eq!(ran.code, Some(1), "{}", ran.output);
+    assert!(
+        ran.output.contains("every point failed")
+            && ran.output.contains("n1_config_config_aconfig.log"),
+        "{}",
+        ran.output
+    );
+}

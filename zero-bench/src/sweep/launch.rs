@@ -1,0 +1,172 @@
+//! `sweep run`'s jobs: one launcher command per point, each running every listed stage
+//! through `zero-bench train --stages ... --json <dir>/<point file>`, one after another.
+//!
+//! The launcher is a template with `{n}` (or `{N}`) for the world size (`scripts/mpirun.sh {n}`,
+//! `srun --mpi=pmix -n {n}`), split at whitespace; the program and its arguments follow
+//! it. Each job's output goes to `<point file stem>.log` beside its result, and a job
+//! that outlives `--timeout` is killed with its whole process group.
+
+use std::fs::File;
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+
+use super::point::Point;
+
+/// What every job of a sweep shares.
+pub struct Job<'a> {
+    /// The launcher template (`{n}` = world size).
+    pub launcher: &'a str,
+    /// The zero-bench binary the ranks run.
+    pub program: &'a Path,
+    /// `train` arguments common to every point (config, stages, steps, --set ...).
+    pub train_args: &'a [String],
+    /// Where results and logs go.
+    pub dir: &'a Path,
+    /// Kill a job that runs longer than this.
+    pub timeout: Duration,
+}
+
+/// The launcher's words for world size `n`.
+pub fn launcher_words(template: &str, n: usize) -> anyhow::Result<Vec<String>> {
+    if !template.contains("{n}") && !template.contains("{N}") {
+        bail!(
+            "--launcher '{template}' has no {{n}} for the world size (e.g. \
+             \"scripts/mpirun.sh {{n}}\" or \"srun --mpi=pmix -n {{n}}\")"
+        );
+    }
+    let words: Vec<String> = template
+        .split_whitespace()
+        .map(|w| {
+            w.replace("{n}", &n.to_string())
+                .replace("{N}", &n.to_string())
+        })
+        .collect();
+    if words.is_empty() {
+        bail!("--launcher is empty");
+    }
+    Ok(words)
+}
+
+impl Job<'_> {
+    /// The full command line of `point`'s job.
+    pub fn command_line(&self, point: &Point) -> anyhow::Result<Vec<String>> {
+        let mut words = launcher_words(self.launcher, point.n)?;
+        words.push(self.program.display().to_string());
+        words.push("train".into());
+        words.extend(self.train_args.iter().cloned());
+        words.extend(point.train_flags());
+        words.push("--json".into());
+        words.push(self.result_path(point).display().to_string());
+        Ok(words)
+    }
+
+    /// Where `point`'s result goes.
+    pub fn result_path(&self, point: &Point) -> PathBuf {
+        self.dir.join(point.file_name())
+    }
+
+    /// Run `point`'s job to its end (or its timeout); Ok when it exited 0 and left its
+    /// result file.
+    pub fn run(&self, point: &Point) -> anyhow::Result<()> {
+        let words = self.command_line(point)?;
+        let result = self.result_path(point);
+        // A stale result from an earlier sweep must not pass for this run's.
+        if result.exists() {
+            std::fs::remove_file(&result)
+                .with_context(|| format!("removing the old {}", result.display()))?;
+        }
+        let log_path = result.with_extension("log");
+        let log =
+            File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
+        let log_err = log
+            .try_clone()
+            .with_context(|| format!("duplicating {}", log_path.display()))?;
+        log::info!("{point}: {}", words.join(" "));
+        let mut child = Command::new(&words[0])
+            .args(&words[1..])
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log_err)
+            // Its own process group, so that a timeout kills every rank with it.
+            .process_group(0)
+            .spawn()
+            .with_context(|| format!("starting '{}' for {point}", words[0]))?;
+        let start = Instant::now();
+        let status = loop {
+            if let Some(status) = child
+                .try_wait()
+                .with_context(|| format!("waiting for {point}"))?
+            {
+                break status;
+            }
+            if start.elapsed() > self.timeout {
+                let pgid = child.id() as libc::pid_t;
+                // SAFETY: kill(2) on the process group we created; no memory involved.
+                unsafe {
+                    libc::kill(-pgid, libc::SIGKILL);
+                }
+                let _ = child.wait();
+                bail!(
+                    "{point}: killed after {:?} (--timeout {}s); output in {}",
+                    start.elapsed(),
+                    self.timeout.as_secs(),
+                    log_path.display()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        if !status.success() {
+            bail!(
+                "{point}: the job failed ({status}) after {:.1} s; output in {}",
+                start.elapsed().as_secs_f64(),
+                log_path.display()
+            );
+        }
+        if !result.is_file() {
+            bail!(
+                "{point}: the job succeeded but wrote no {}; output in {}",
+                result.display(),
+                log_path.display()
+            );
+        }
+        log::info!("{point}: done in {:.1} s", start.elapsed().as_secs_f64());
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_command_line_is_launcher_program_train_args_point_and_json() {
+        let args = vec!["--config".to_string(), "c.toml".into()];
+        let job = Job {
+            launcher: "srun --mpi=pmix -n {n}",
+            program: Path::new("/bin/zb"),
+            train_args: &args,
+            dir: Path::new("/out"),
+            timeout: Duration::from_secs(1),
+        };
+        let p = Point {
+            n: 4,
+            model: "tiny".into(),
+            precision: "config".into(),
+            grad_accum: Some(2),
+        };
+        assert_eq!(
+            job.command_line(&p).unwrap().join(" "),
+            "srun --mpi=pmix -n 4 /bin/zb train --config c.toml --model tiny --grad-accum 2 \
+             --json /out/n4_tiny_config_a2.json"
+        );
+        assert!(launcher_words("mpirun -n 4", 4).is_err());
+        assert_eq!(
+            launcher_words("mpirun -n {N}", 3).unwrap(),
+            ["mpirun", "-n", "3"]
+        );
+    }
+}

@@ -1,0 +1,205 @@
+//! `zero-bench sweep`: scaling sweeps over (N, stage, model, precision, accumulation).
+//!
+//! - `sweep run` launches one job per (N, model, precision, A) point through a launcher
+//!   template (`scripts/mpirun.sh {n}`, `srun --mpi=pmix -n {n}`; `{N}` works too);
+//!   each job runs every listed stage (`train --stages ... --json`) and leaves one
+//!   result file per point;
+//! - `sweep collect DIR` reads the result files a `sweep run` or slurm/sweep.sbatch left.
+//!
+//! Both then write `sweep.csv`, `sweep.json` and the plots (`memory`, `throughput`,
+//! `comm`, each `.png` and `.svg`) into the output directory. Results: point.rs (names),
+//! launch.rs (jobs), table.rs (rows), plot.rs (figures).
+
+mod launch;
+mod plot;
+mod point;
+mod table;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context as _};
+use clap::{Args, Subcommand};
+
+use table::Row;
+
+/// `zero-bench sweep` subcommands.
+#[derive(Subcommand, Debug)]
+pub enum SweepCommand {
+    /// Run one job per (N, model, precision, A) point, every stage in each, then write
+    /// the table and plots.
+    Run(Box<RunArgs>),
+    /// Gather the per-point result files in DIR (from `sweep run` or slurm/sweep.sbatch)
+    /// into the table and plots.
+    Collect(CollectArgs),
+}
+
+/// Options of `sweep run`.
+#[derive(Args, Debug)]
+#[command(after_long_help = RUN_EXAMPLES)]
+pub struct RunArgs {
+    /// World sizes to run (the smallest is the base of the scaling efficiency).
+    #[arg(long, value_name = "LIST", value_delimiter = ',', required = true)]
+    pub ranks: Vec<usize>,
+    /// ZeRO stages each job runs in turn (train --stages).
+    #[arg(
+        long,
+        value_name = "LIST",
+        value_delimiter = ',',
+        default_value = "0,1,2,3"
+    )]
+    pub stages: Vec<u8>,
+    /// Model presets (tiny, small, gpt2-124m, ...); default: the configuration's model.
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    pub models: Vec<String>,
+    /// Precisions (fp32, bf16, fp16); default: the configuration's.
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    pub precisions: Vec<String>,
+    /// Gradient accumulation steps; default: the configuration's.
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    pub grad_accum: Vec<usize>,
+    /// How to start N ranks: a command whose {N} is replaced by the world size ({N} and
+    /// its lower-case form are both accepted), split at whitespace; `zero-bench train
+    /// ...` follows it.
+    #[arg(long, value_name = "TEMPLATE", default_value = "scripts/mpirun.sh {n}")]
+    pub launcher: String,
+    /// Training configuration file for every job (train --config).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Optimizer steps per stage (train --steps); the first is warm-up, not timed.
+    #[arg(long, value_name = "N")]
+    pub steps: Option<usize>,
+    /// Configuration override for every job (train --set), repeatable.
+    #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
+    pub set: Vec<String>,
+    /// Matrix-multiplication threads per rank (train --threads).
+    #[arg(long, value_name = "K")]
+    pub threads: Option<usize>,
+    /// Directory for the result files, job logs, table and plots.
+    #[arg(long, value_name = "DIR", default_value = "sweep-out")]
+    pub out: PathBuf,
+    /// Kill a job (one point, all its stages) that runs longer than this many seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 1800)]
+    pub timeout: u64,
+}
+
+/// Options of `sweep collect`.
+#[derive(Args, Debug)]
+pub struct CollectArgs {
+    /// Directory holding the per-point files `n<N>_<model>_<precision>_a<A>.json`.
+    pub dir: PathBuf,
+    /// Where to write the table and plots (default: DIR).
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+}
+
+const RUN_EXAMPLES: &str = "\
+Examples:
+  # 1, 2 and 4 ranks on this machine, all stages, the tiny preset:
+  zero-bench sweep run --ranks 1,2,4 --config configs/tiny.toml --out sweep-tiny
+
+  # Inside a Slurm allocation (salloc -N 2 --ntasks-per-node=4), two models, bf16:
+  zero-bench sweep run --ranks 1,2,4,8 --models tiny,small --precisions bf16 \\
+      --config configs/demo.toml --launcher \"srun --mpi=pmix --kill-on-bad-exit=1 -n {N}\"
+
+  # Redraw the table and plots of an earlier sweep (or of slurm/sweep.sbatch's output):
+  zero-bench sweep collect sweep-tiny";
+
+/// Run a `sweep` subcommand.
+pub fn run(cmd: SweepCommand) -> anyhow::Result<()> {
+    crate::logging::init(None);
+    match cmd {
+        SweepCommand::Run(args) => run_sweep(&args),
+        SweepCommand::Collect(args) => {
+            let rows = table::collect(&args.dir)?;
+            write_outputs(&rows, args.out.as_deref().unwrap_or(&args.dir))
+        }
+    }
+}
+
+fn run_sweep(args: &RunArgs) -> anyhow::Result<()> {
+    if let Some(s) = args.stages.iter().find(|&&s| s > 3) {
+        bail!("--stages contains {s}: ZeRO stages are 0, 1, 2 and 3");
+    }
+    if args.stages.is_empty() {
+        bail!("--stages is empty: give the stages each job runs, e.g. --stages 0,1,2,3");
+    }
+    let points = point::matrix(
+        &args.ranks,
+        &args.models,
+        &args.precisions,
+        &args.grad_accum,
+    )?;
+    // Check the launcher before creating or starting anything.
+    launch::launcher_words(&args.launcher, 1)?;
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("creating the output directory {}", args.out.display()))?;
+    let program = std::env::current_exe().context("finding the zero-bench binary")?;
+    let mut train_args = Vec::new();
+    if let Some(c) = &args.config {
+        train_args.extend(["--config".to_string(), c.display().to_string()]);
+    }
+    let stages: Vec<String> = args.stages.iter().map(|s| s.to_string()).collect();
+    train_args.extend(["--stages".to_string(), stages.join(",")]);
+    if let Some(s) = args.steps {
+        train_args.extend(["--steps".to_string(), s.to_string()]);
+    }
+    if let Some(t) = args.threads {
+        train_args.extend(["--threads".to_string(), t.to_string()]);
+    }
+    for s in &args.set {
+        train_args.extend(["--set".to_string(), s.clone()]);
+    }
+    train_args.push("--no-progress".into());
+    let job = launch::Job {
+        launcher: &args.launcher,
+        program: &program,
+        train_args: &train_args,
+        dir: &args.out,
+        timeout: Duration::from_secs(args.timeout),
+    };
+    let (mut done, mut failed) = (Vec::new(), Vec::new());
+    for (i, p) in points.iter().enumerate() {
+        eprintln!("[sweep {}/{}] {p}", i + 1, points.len());
+        match job.run(p) {
+            Ok(()) => done.push(job.result_path(p)),
+            Err(e) => {
+                eprintln!("[sweep] {e:#}");
+                failed.push(format!("{e:#}"));
+            }
+        }
+    }
+    if done.is_empty() {
+        bail!("every point failed:\n  {}", failed.join("\n  "));
+    }
+    // This run's points only: result files of other sweeps in the same directory are
+    // left out (`sweep collect` reads them all).
+    let rows = table::rows_from(&done)?;
+    write_outputs(&rows, &args.out)?;
+    if !failed.is_empty() {
+        bail!(
+            "{} of {} point(s) failed (the table has the others):\n  {}",
+            failed.len(),
+            points.len(),
+            failed.join("\n  ")
+        );
+    }
+    Ok(())
+}
+
+/// Write `sweep.csv`, `sweep.json` and the plots into `out`, and print the table.
+fn write_outputs(rows: &[Row], out: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(out)
+        .with_context(|| format!("creating the output directory {}", out.display()))?;
+    let csv = out.join("sweep.csv");
+    std::fs::write(&csv, table::csv(rows)).with_context(|| format!("writing {}", csv.display()))?;
+    let json = out.join("sweep.json");
+    let text = serde_json::to_string_pretty(rows).context("serialising the sweep table")?;
+    std::fs::write(&json, text).with_context(|| format!("writing {}", json.display()))?;
+    let plots = plot::write_all(rows, out)?;
+    print!("{}", table::text(rows));
+    println!("table: {} {}", csv.display(), json.display());
+    let names: Vec<String> = plots.iter().map(|p| p.display().to_string()).collect();
+    println!("plots: {}", names.join(" "));
+    Ok(())
+}
