@@ -11,6 +11,7 @@
 //! exactly N of them plus a zero exit status.
 
 pub mod scenario;
+pub mod slurm;
 
 use std::io::Read;
 use std::os::unix::process::CommandExt;

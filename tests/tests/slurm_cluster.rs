@@ -8,68 +8,14 @@
 //! SLURM_* environment, so running the tests inside another allocation changes nothing.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
+use zero_tests::slurm::{slurm_conf, submit, text, wait, Finished};
 use zero_tests::JobOutput;
 
 /// A 4-rank job (2 nodes x 2) starts in well under a second when healthy; the bound is
 /// for a loaded, shared machine.
 const JOB_TIMEOUT: Duration = Duration::from_secs(120);
-
-/// The cluster's SLURM_CONF, read from the file start.sh wrote; panics with how to start
-/// the cluster when it is not there or not answering.
-fn slurm_conf() -> String {
-    let dir = std::env::var("ZERO_SLURM_DIR").unwrap_or_else(|_| "/tmp/zero-slurm".into());
-    let env_file = Path::new(&dir).join("env");
-    let how = "start it with scripts/slurm-cluster/start.sh (install Slurm first with \
-               scripts/setup.sh --slurm; set ZERO_SLURM_DIR if you started it elsewhere)";
-    let env_text = std::fs::read_to_string(&env_file).unwrap_or_else(|e| {
-        panic!(
-            "the local Slurm cluster is not up ({} unreadable: {e}): {how}",
-            env_file.display()
-        )
-    });
-    let conf = env_text
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("export SLURM_CONF="))
-        .unwrap_or_else(|| panic!("no 'export SLURM_CONF=' line in {}", env_file.display()))
-        .to_string();
-    // scontrol retries a missing config file for 60 s: fail at once instead.
-    assert!(
-        Path::new(&conf).is_file(),
-        "the local Slurm cluster is not up ({conf} is missing): {how}"
-    );
-    let ping = match slurm(&conf, "scontrol").arg("ping").output() {
-        Ok(o) => text(&o),
-        Err(e) => format!("cannot run scontrol: {e}"),
-    };
-    assert!(
-        ping.contains("is UP"),
-        "the local Slurm cluster is not answering: {how}\nscontrol ping: {ping}"
-    );
-    conf
-}
-
-/// A Slurm client command talking to our cluster only.
-fn slurm(conf: &str, program: &str) -> Command {
-    let mut cmd = Command::new(program);
-    for (k, _) in std::env::vars_os() {
-        if k.to_string_lossy().starts_with("SLURM_") {
-            cmd.env_remove(k);
-        }
-    }
-    cmd.env("SLURM_CONF", conf);
-    cmd
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "exit {:?}\n--- stdout ---\n{}--- stderr ---\n{}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
 
 /// A fresh directory for one test's job files.
 fn job_dir(name: &str) -> PathBuf {
@@ -79,78 +25,6 @@ fn job_dir(name: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
     dir
-}
-
-/// How a submitted job ended.
-struct Finished {
-    state: String,
-    elapsed: Duration,
-}
-
-/// `sbatch --parsable args...` with extra environment; returns the job id.
-fn submit(conf: &str, args: &[&str], env: &[(&str, &str)]) -> u64 {
-    let mut cmd = slurm(conf, "sbatch");
-    cmd.arg("--parsable").args(args);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run sbatch: {e}"));
-    assert!(
-        out.status.success(),
-        "sbatch {args:?} failed\n{}",
-        text(&out)
-    );
-    // --parsable prints "<id>" or "<id>;<cluster>".
-    String::from_utf8_lossy(&out.stdout)
-        .trim()
-        .split(';')
-        .next()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("sbatch printed no job id\n{}", text(&out)))
-}
-
-/// The job's state as squeue reports it ("" once Slurm has forgotten the job).
-fn job_state(conf: &str, id: u64) -> String {
-    // -t all: a finished job stays listed (MinJobAge) with its final state.
-    let q = slurm(conf, "squeue")
-        .args(["-h", "-t", "all", "-o", "%T", "-j", &id.to_string()])
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run squeue: {e}"));
-    String::from_utf8_lossy(&q.stdout).trim().to_string()
-}
-
-/// Poll until the job reaches a final state; after `timeout`, scancel it and return
-/// the error.
-fn wait(conf: &str, id: u64, timeout: Duration) -> Result<Finished, String> {
-    let start = Instant::now();
-    loop {
-        let state = job_state(conf, id);
-        let active = [
-            "",
-            "PENDING",
-            "CONFIGURING",
-            "RUNNING",
-            "COMPLETING",
-            "SUSPENDED",
-        ];
-        if !active.contains(&state.as_str()) {
-            return Ok(Finished {
-                state,
-                elapsed: start.elapsed(),
-            });
-        }
-        if start.elapsed() > timeout {
-            let cancel = slurm(conf, "scancel").arg(id.to_string()).output();
-            return Err(format!(
-                "job {id} not finished after {timeout:?} (last state '{state}'); \
-                 scancel: {:?}",
-                cancel.map(|o| text(&o))
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
 }
 
 /// Submit and wait up to JOB_TIMEOUT; panics (after cancelling) on timeout.

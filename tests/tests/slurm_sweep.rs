@@ -12,69 +12,15 @@
 //! `cargo build -p zero-bench --release` (scripts/test.sh does).
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use serde_json::Value;
+use zero_tests::slurm::{slurm_conf, submit, text, wait};
 use zero_tests::zero_bench_bin;
 
 /// A tiny run takes seconds; the bound is for a loaded, shared machine.
 const JOB_TIMEOUT: Duration = Duration::from_secs(240);
-
-/// The cluster's SLURM_CONF, read from the file start.sh wrote; panics with how to start
-/// the cluster when it is not there or not answering (slurm_cluster.rs's message).
-fn slurm_conf() -> String {
-    let dir = std::env::var("ZERO_SLURM_DIR").unwrap_or_else(|_| "/tmp/zero-slurm".into());
-    let env_file = Path::new(&dir).join("env");
-    let how = "start it with scripts/slurm-cluster/start.sh (install Slurm first with \
-               scripts/setup.sh --slurm; set ZERO_SLURM_DIR if you started it elsewhere)";
-    let env_text = std::fs::read_to_string(&env_file).unwrap_or_else(|e| {
-        panic!(
-            "the local Slurm cluster is not up ({} unreadable: {e}): {how}",
-            env_file.display()
-        )
-    });
-    let conf = env_text
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("export SLURM_CONF="))
-        .unwrap_or_else(|| panic!("no 'export SLURM_CONF=' line in {}", env_file.display()))
-        .to_string();
-    // scontrol retries a missing config file for 60 s: fail at once instead.
-    assert!(
-        Path::new(&conf).is_file(),
-        "the local Slurm cluster is not up ({conf} is missing): {how}"
-    );
-    let ping = match slurm(&conf, "scontrol").arg("ping").output() {
-        Ok(o) => text(&o),
-        Err(e) => format!("cannot run scontrol: {e}"),
-    };
-    assert!(
-        ping.contains("is UP"),
-        "the local Slurm cluster is not answering: {how}\nscontrol ping: {ping}"
-    );
-    conf
-}
-
-/// A Slurm client command talking to our cluster only (no inherited SLURM_* but the conf).
-fn slurm(conf: &str, program: &str) -> Command {
-    let mut cmd = Command::new(program);
-    for (k, _) in std::env::vars_os() {
-        if k.to_string_lossy().starts_with("SLURM_") {
-            cmd.env_remove(k);
-        }
-    }
-    cmd.env("SLURM_CONF", conf);
-    cmd
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "exit {:?}\n--- stdout ---\n{}--- stderr ---\n{}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
 
 /// A fresh directory for one test's job files.
 fn job_dir(name: &str) -> PathBuf {
@@ -107,62 +53,23 @@ fn config(name: &str) -> String {
 /// output file text).
 fn run_job(conf: &str, dir: &Path, args: &[&str], env: &[(&str, &str)]) -> (u64, String, String) {
     let output = dir.join("job.out");
-    let mut cmd = slurm(conf, "sbatch");
-    cmd.arg("--parsable")
-        .arg(format!("--chdir={}", dir.display()))
-        .arg(format!("--output={}", output.display()))
-        .args(args);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run sbatch: {e}"));
-    assert!(
-        out.status.success(),
-        "sbatch {args:?} failed\n{}",
-        text(&out)
+    let (chdir, out) = (
+        format!("--chdir={}", dir.display()),
+        format!("--output={}", output.display()),
     );
-    // --parsable prints "<id>" or "<id>;<cluster>".
-    let id: u64 = String::from_utf8_lossy(&out.stdout)
-        .trim()
-        .split(';')
-        .next()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("sbatch printed no job id\n{}", text(&out)));
-    let start = Instant::now();
-    let state = loop {
-        // -t all: a finished job stays listed (MinJobAge) with its final state.
-        let q = slurm(conf, "squeue")
-            .args(["-h", "-t", "all", "-o", "%T", "-j", &id.to_string()])
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run squeue: {e}"));
-        let state = String::from_utf8_lossy(&q.stdout).trim().to_string();
-        let active = [
-            "",
-            "PENDING",
-            "CONFIGURING",
-            "RUNNING",
-            "COMPLETING",
-            "SUSPENDED",
-        ];
-        if !active.contains(&state.as_str()) {
-            break state;
-        }
-        if start.elapsed() > JOB_TIMEOUT {
-            let cancel = slurm(conf, "scancel").arg(id.to_string()).output();
-            panic!(
-                "job {id} not finished after {JOB_TIMEOUT:?} (last state '{state}'); scancel: {:?}\n{}",
-                cancel.map(|o| text(&o)),
-                std::fs::read_to_string(&output).unwrap_or_default()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let mut all = vec![chdir.as_str(), out.as_str()];
+    all.extend_from_slice(args);
+    let id = submit(conf, &all, env);
+    let finished = wait(conf, id, JOB_TIMEOUT).unwrap_or_else(|e| {
+        panic!(
+            "{e}\n{}",
+            std::fs::read_to_string(&output).unwrap_or_default()
+        )
+    });
     let log = std::fs::read_to_string(&output)
         .unwrap_or_else(|e| panic!("job {id} output {} unreadable: {e}", output.display()));
-    eprintln!("job {id}: {state} in {:?}", start.elapsed());
-    (id, state, log)
+    eprintln!("job {id}: {} in {:?}", finished.state, finished.elapsed);
+    (id, finished.state, log)
 }
 
 fn read_json(path: &Path) -> Value {
