@@ -16,6 +16,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use serde_json::Value;
+use zero_tests::plots::{assert_png, assert_svg};
 use zero_tests::slurm::{slurm_conf, submit, text, wait};
 use zero_tests::zero_bench_bin;
 
@@ -75,43 +76,6 @@ fn run_job(conf: &str, dir: &Path, args: &[&str], env: &[(&str, &str)]) -> (u64,
 fn read_json(path: &Path) -> Value {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}\n{text}", path.display()))
-}
-
-fn assert_png(path: &Path) {
-    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    assert!(
-        bytes.len() > 1000,
-        "{} is only {} bytes",
-        path.display(),
-        bytes.len()
-    );
-    assert_eq!(
-        &bytes[..8],
-        b"\x89PNG\r\n\x1a\n",
-        "{} is not a PNG",
-        path.display()
-    );
-    assert_eq!(
-        &bytes[12..16],
-        b"IHDR",
-        "{}: no IHDR chunk first",
-        path.display()
-    );
-}
-
-fn assert_svg(path: &Path) {
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    assert!(
-        text.trim_start().starts_with("<svg"),
-        "{}: root is not <svg",
-        path.display()
-    );
-    assert!(
-        text.trim_end().ends_with("</svg>"),
-        "{}: not closed",
-        path.display()
-    );
-    assert!(text.contains("<text"), "{}: no text", path.display());
 }
 
 #[test]
