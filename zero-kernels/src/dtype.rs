@@ -19,6 +19,8 @@ pub enum DType {
     F16,
     /// Unsigned byte.
     U8,
+    /// Unsigned 32-bit integer (token ids, class labels).
+    U32,
     /// Signed 32-bit integer.
     I32,
     /// Signed 64-bit integer.
@@ -27,12 +29,13 @@ pub enum DType {
 
 impl DType {
     /// Every dtype, in a fixed order (tests iterate over it).
-    pub const ALL: [DType; 7] = [
+    pub const ALL: [DType; 8] = [
         DType::F32,
         DType::F64,
         DType::BF16,
         DType::F16,
         DType::U8,
+        DType::U32,
         DType::I32,
         DType::I64,
     ];
@@ -41,7 +44,7 @@ impl DType {
     pub const fn size_bytes(self) -> usize {
         match self {
             DType::F64 | DType::I64 => 8,
-            DType::F32 | DType::I32 => 4,
+            DType::F32 | DType::I32 | DType::U32 => 4,
             DType::BF16 | DType::F16 => 2,
             DType::U8 => 1,
         }
@@ -55,6 +58,7 @@ impl DType {
             DType::BF16 => "bf16",
             DType::F16 => "f16",
             DType::U8 => "u8",
+            DType::U32 => "u32",
             DType::I32 => "i32",
             DType::I64 => "i64",
         }
@@ -121,7 +125,7 @@ macro_rules! element {
     )*};
 }
 
-element!(f32 => F32, f64 => F64, bf16 => BF16, f16 => F16, u8 => U8, i32 => I32, i64 => I64);
+element!(f32 => F32, f64 => F64, bf16 => BF16, f16 => F16, u8 => U8, u32 => U32, i32 => I32, i64 => I64);
 
 #[cfg(test)]
 mod tests {

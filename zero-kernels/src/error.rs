@@ -77,6 +77,33 @@ pub enum KernelError {
     /// A CUDA error (launch failure, out of memory, ...).
     #[error("CUDA: {0}")]
     Cuda(String),
+    /// A device op's views do not fit together (overlapping write views, a split that
+    /// overlaps, a 16-bit copy of fp32 parameters).
+    #[error("bad views: {0}")]
+    BadViews(String),
+    /// A model op's shapes do not fit its views, or an index is out of range.
+    #[error("{op}: {detail}")]
+    BadShape {
+        /// The op.
+        op: &'static str,
+        /// What does not fit, with the numbers.
+        detail: String,
+    },
+    /// A buffer too large to allocate.
+    #[error("cannot allocate buffer '{name}' of {bytes} bytes")]
+    Alloc {
+        /// The buffer's name.
+        name: String,
+        /// Bytes asked for.
+        bytes: u128,
+    },
+    /// The simulated device found two accesses to a buffer that nothing orders (a missing
+    /// event wait): the message names the buffer, both ops and both streams.
+    #[error("{0}")]
+    Hazard(String),
+    /// A device failed (or refuses work after an earlier failure).
+    #[error("device: {0}")]
+    Device(String),
     /// The crate was built without the `cuda` feature.
     #[error("zero-kernels was built without the `cuda` feature")]
     NotCompiledWithCuda,

@@ -7,7 +7,9 @@
 //! - [`adamw`]: fused mixed-precision AdamW (master, m, v in f32; gradient f32/bf16/f16;
 //!   optional 16-bit parameter copy written in the same pass);
 //! - [`gradstats`]: unscale + inf/NaN detection + sum of squares in one pass;
-//! - [`cast`]: f32 <-> bf16/f16 (round to nearest even) and accumulate into f32.
+//! - [`cast`]: f32 <-> bf16/f16 (round to nearest even) and accumulate into f32;
+//! - [`nn`]: host kernels of the model layers (GEMM, LayerNorm, GELU, attention, softmax
+//!   cross-entropy, row ops), generic over f32/f64 (see its docs for their numerics).
 //!
 //! Every kernel has a scalar `reference` (the test oracle) and vectorised paths chosen at
 //! run time ([`Isa`]: AVX-512, AVX2+FMA+F16C or scalar, by `is_x86_feature_detected!`, so
@@ -24,7 +26,9 @@
 //! - NaN results are NaN everywhere, with unspecified payload (LLVM may commute operands).
 //!
 //! Threads ([`Exec::with_threads`]) are off by default: under MPI every rank owns a core.
-//! CUDA (feature `cuda`): [`cuda::CudaDevice`], device buffers, and `cuda` submodules of
+//! The [`device`] layer puts buffers, streams, events and every kernel (these and the
+//! model's, [`nn`]) behind one trait, with an eager CPU device and a simulated one for
+//! tests. CUDA (feature `cuda`): `cuda::CudaDevice`, device buffers, and `cuda` submodules of
 //! each kernel; the PTX is checked in (see [`ptx`]).
 #![deny(missing_docs)]
 
@@ -32,10 +36,13 @@ pub mod adamw;
 pub mod cast;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod device;
 pub mod dtype;
 pub mod error;
+pub mod float;
 pub mod gradstats;
 pub mod isa;
+pub mod nn;
 mod par;
 pub mod ptx;
 mod simd;
@@ -45,5 +52,9 @@ mod testutil;
 
 pub use dtype::{DType, Element};
 pub use error::KernelError;
+pub use float::Float;
+
+/// Result of a zero-kernels call.
+pub type Result<T, E = KernelError> = std::result::Result<T, E>;
 pub use isa::{Exec, Isa};
 pub use slices::{FloatSlice, HalfSliceMut};

@@ -18,6 +18,7 @@
 //! Pure conversions (the `cast` module) keep NaN payloads exactly.
 
 use crate::cast::reference as cref;
+use crate::float::Float;
 use crate::isa::Isa;
 use half::{bf16, f16};
 
@@ -53,10 +54,9 @@ pub(crate) trait Simd: Copy {
     unsafe fn acc_to_array(acc: Self::Acc) -> [f64; 16];
 }
 
-/// A float element type a kernel reads or writes: f32, bf16 or f16.
-pub(crate) trait Real: Copy + Send + Sync + 'static {
-    fn to_f32(self) -> f32;
-    fn from_f32(x: f32) -> Self;
+/// A float element type a kernel reads or writes: f32, bf16 or f16 ([`Float`] gives the
+/// scalar conversions; this adds the vector loads and stores).
+pub(crate) trait SimdFloat: Float + Copy + Send + Sync + 'static {
     /// # Safety
     /// `p` valid for `S::LANES` reads, CPU has `S`'s features.
     unsafe fn load<S: Simd>(p: *const Self) -> S::F;
@@ -65,15 +65,7 @@ pub(crate) trait Real: Copy + Send + Sync + 'static {
     unsafe fn store<S: Simd>(p: *mut Self, v: S::F);
 }
 
-impl Real for f32 {
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        self
-    }
-    #[inline(always)]
-    fn from_f32(x: f32) -> Self {
-        x
-    }
+impl SimdFloat for f32 {
     #[inline(always)]
     unsafe fn load<S: Simd>(p: *const Self) -> S::F {
         S::load(p)
@@ -84,15 +76,7 @@ impl Real for f32 {
     }
 }
 
-impl Real for bf16 {
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        cref::bf16_bits_to_f32(self.to_bits())
-    }
-    #[inline(always)]
-    fn from_f32(x: f32) -> Self {
-        bf16::from_bits(cref::f32_to_bf16_bits(x))
-    }
+impl SimdFloat for bf16 {
     #[inline(always)]
     unsafe fn load<S: Simd>(p: *const Self) -> S::F {
         S::load_bf16(p as *const u16)
@@ -103,15 +87,7 @@ impl Real for bf16 {
     }
 }
 
-impl Real for f16 {
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        cref::f16_bits_to_f32(self.to_bits())
-    }
-    #[inline(always)]
-    fn from_f32(x: f32) -> Self {
-        f16::from_bits(cref::f32_to_f16_bits(x))
-    }
+impl SimdFloat for f16 {
     #[inline(always)]
     unsafe fn load<S: Simd>(p: *const Self) -> S::F {
         S::load_f16(p as *const u16)
@@ -125,14 +101,14 @@ impl Real for f16 {
 /// Where a kernel may write a rounded copy of its f32 result: a 16-bit buffer, or nowhere.
 pub(crate) trait Sink: Copy + Send + Sync + 'static {
     /// # Safety
-    /// As [`Real::store`].
+    /// As [`SimdFloat::store`].
     unsafe fn put<S: Simd>(p: *mut Self, v: S::F);
     /// # Safety
     /// `p` valid for one write (ignored by `NoSink`).
     unsafe fn put1(p: *mut Self, x: f32);
 }
 
-impl<T: Real> Sink for T {
+impl<T: SimdFloat> Sink for T {
     #[inline(always)]
     unsafe fn put<S: Simd>(p: *mut Self, v: S::F) {
         T::store::<S>(p, v)
@@ -154,7 +130,7 @@ impl NoSink {
     }
 }
 
-// `NoSink` is not `Real`, so this impl does not overlap the blanket one.
+// `NoSink` is not `SimdFloat`, so this impl does not overlap the blanket one.
 impl Sink for NoSink {
     #[inline(always)]
     unsafe fn put<S: Simd>(_p: *mut Self, _v: S::F) {}

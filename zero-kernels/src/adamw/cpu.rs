@@ -4,7 +4,7 @@
 //! are those of `reference::update`, in the same order.
 
 use super::{reference, AdamWCoeffs};
-use crate::simd::{Kernel, Real, Simd, Sink};
+use crate::simd::{Kernel, Simd, SimdFloat, Sink};
 
 /// One contiguous run of `n` elements. With `COPY` the arithmetic is replaced by trivial
 /// adds (the "Adam-shaped copy" of `roofline.rs`): same loads and stores, no math.
@@ -18,7 +18,7 @@ pub(crate) struct Step<G, P, const COPY: bool> {
     pub n: usize,
 }
 
-impl<G: Real, P: Sink, const COPY: bool> Kernel for Step<G, P, COPY> {
+impl<G: SimdFloat, P: Sink, const COPY: bool> Kernel for Step<G, P, COPY> {
     type Out = ();
     #[inline(always)]
     unsafe fn run<S: Simd>(self) {

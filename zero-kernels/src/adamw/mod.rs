@@ -4,7 +4,7 @@
 //!
 //! A shard spans several parameters, each with its own group (lr, betas, eps, weight
 //! decay) and decay flag (decided by the parameter's identity, never by the shard's shape:
-//! DESIGN.md "Optimizer conventions"), so a step takes a list of [`AdamWSegment`]s:
+//! docs/ARCHITECTURE.md, "Optimizer conventions"), so a step takes a list of [`AdamWSegment`]s:
 //! disjoint, sorted ranges of the shard; elements in no segment (padding) are left as
 //! they are. Results are bitwise identical for every instruction-set level, thread count
 //! and the CUDA kernel, and equal to [`reference::update`] applied element by element
@@ -25,7 +25,7 @@ mod tests;
 use crate::error::KernelError;
 use crate::isa::Exec;
 use crate::par::{self, SendPtr};
-use crate::simd::{dispatch, NoSink, Real, Sink};
+use crate::simd::{dispatch, NoSink, SimdFloat, Sink};
 use crate::slices::{FloatSlice, HalfSliceMut};
 use std::ops::Range;
 
@@ -318,7 +318,7 @@ pub(crate) fn run_grad<P: Sink, const COPY: bool>(
 }
 
 /// `out` is valid for `grad.len()` writes or is `NoSink`'s dangling pointer.
-fn run_typed<G: Real, P: Sink, const COPY: bool>(
+fn run_typed<G: SimdFloat, P: Sink, const COPY: bool>(
     exec: &Exec,
     c: &AdamWCoeffs,
     grad: &[G],

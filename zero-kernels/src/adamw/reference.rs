@@ -11,7 +11,7 @@
 
 use super::AdamWCoeffs;
 #[cfg(test)]
-use crate::simd::{Real, Sink};
+use crate::simd::{SimdFloat, Sink};
 
 /// One element: returns the new (master, m, v).
 #[inline(always)]
@@ -27,7 +27,7 @@ pub fn update(c: &AdamWCoeffs, g_raw: f32, p: f32, m: f32, v: f32) -> (f32, f32,
 #[cfg(test)] // the oracle of the tests; production code runs the fast paths
 /// The reference step over one contiguous run of elements; `out`, when given, receives the
 /// rounded 16-bit copy of the new master weights.
-pub(crate) fn step<G: Real, P: Sink>(
+pub(crate) fn step<G: SimdFloat, P: Sink>(
     c: &AdamWCoeffs,
     grad: &[G],
     master: &mut [f32],

@@ -69,7 +69,7 @@ fn same16<H: Copy + Into<f32> + PartialEq>(a: &[H], b: &[H]) -> bool {
 }
 
 /// The reference step for a gradient given as f32 values converted to `G`.
-fn reference_run<G: crate::simd::Real, P: Sink + Default + Clone>(
+fn reference_run<G: crate::simd::SimdFloat, P: Sink + Default + Clone>(
     c: &AdamWCoeffs,
     g: &[G],
     p: &[f32],
@@ -109,7 +109,7 @@ proptest! {
                 FloatSlice::BF16(x) => reference_run::<_, bf16>(&c, x, &p, &m, &v, true),
                 FloatSlice::F16(x) => reference_run::<_, bf16>(&c, x, &p, &m, &v, true),
             };
-            let wh: Vec<f16> = wp.iter().map(|&x| crate::simd::Real::from_f32(x)).collect();
+            let wh: Vec<f16> = wp.iter().map(|&x| <f16 as crate::float::Float>::from_f32(x)).collect();
             for exec in execs() {
                 for layout in 0..3 {
                     let (mut p2, mut m2, mut v2) = (p.clone(), m.clone(), v.clone());

@@ -2,7 +2,7 @@
 //! SIMD over whole vectors, then the scalar recipe of `reference.rs` for the tail — the
 //! same bits either way.
 
-use crate::simd::{Kernel, Real, Simd, Sink};
+use crate::simd::{Kernel, Simd, SimdFloat, Sink};
 
 /// `dst[i] = B(src[i])` with round-to-nearest-even where B is narrower.
 pub(crate) struct Convert<A, B> {
@@ -11,7 +11,7 @@ pub(crate) struct Convert<A, B> {
     pub n: usize,
 }
 
-impl<A: Real, B: Real + Sink> Kernel for Convert<A, B> {
+impl<A: SimdFloat, B: SimdFloat + Sink> Kernel for Convert<A, B> {
     type Out = ();
     #[inline(always)]
     unsafe fn run<S: Simd>(self) {
@@ -34,7 +34,7 @@ pub(crate) struct Accumulate<A> {
     pub n: usize,
 }
 
-impl<A: Real> Kernel for Accumulate<A> {
+impl<A: SimdFloat> Kernel for Accumulate<A> {
     type Out = ();
     #[inline(always)]
     unsafe fn run<S: Simd>(self) {

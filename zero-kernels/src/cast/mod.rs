@@ -13,7 +13,7 @@ mod tests;
 use crate::error::KernelError;
 use crate::isa::Exec;
 use crate::par::{self, SendPtr};
-use crate::simd::{dispatch, Real};
+use crate::simd::{dispatch, SimdFloat};
 use crate::slices::{FloatSlice, HalfSliceMut};
 use cpu::{Accumulate, Convert};
 
@@ -31,7 +31,7 @@ fn check_len(what: &'static str, got: usize, expected: usize) -> Result<(), Kern
     Ok(())
 }
 
-fn convert<A: Real, B: Real>(exec: &Exec, src: &[A], dst: &mut [B]) {
+fn convert<A: SimdFloat, B: SimdFloat>(exec: &Exec, src: &[A], dst: &mut [B]) {
     let (s, d) = (SendPtr(src.as_ptr() as *mut A), SendPtr(dst.as_mut_ptr()));
     par::map(exec, src.len(), ALIGN, |r| {
         let k = Convert {
@@ -66,7 +66,7 @@ pub fn widen(exec: &Exec, src: FloatSlice<'_>, dst: &mut [f32]) -> Result<(), Ke
     Ok(())
 }
 
-fn accumulate_typed<A: Real>(exec: &Exec, dst: &mut [f32], src: &[A]) {
+fn accumulate_typed<A: SimdFloat>(exec: &Exec, dst: &mut [f32], src: &[A]) {
     let (s, d) = (SendPtr(src.as_ptr() as *mut A), SendPtr(dst.as_mut_ptr()));
     par::map(exec, src.len(), ALIGN, |r| {
         let k = Accumulate {

@@ -9,7 +9,7 @@
 //! quieted (as `vcvtph2ps` does).
 
 #[cfg(test)]
-use crate::simd::Real;
+use crate::simd::SimdFloat;
 
 /// f32 -> bf16 bits, round to nearest even. bf16 is the top half of an f32, so rounding is
 /// adding 0x7FFF plus the lowest kept bit (the tie breaker) and truncating; the carry runs
@@ -97,7 +97,7 @@ pub fn f16_bits_to_f32(h: u16) -> f32 {
 
 #[cfg(test)] // the oracle of the tests; production code runs the fast paths
 /// Reference cast from f32 into a 16-bit type, element by element.
-pub(crate) fn narrow<H: Real>(src: &[f32], dst: &mut [H]) {
+pub(crate) fn narrow<H: SimdFloat>(src: &[f32], dst: &mut [H]) {
     for (d, &s) in dst.iter_mut().zip(src) {
         *d = H::from_f32(s);
     }
@@ -105,7 +105,7 @@ pub(crate) fn narrow<H: Real>(src: &[f32], dst: &mut [H]) {
 
 #[cfg(test)] // the oracle of the tests; production code runs the fast paths
 /// Reference widening of any float element type into f32, element by element.
-pub(crate) fn widen<H: Real>(src: &[H], dst: &mut [f32]) {
+pub(crate) fn widen<H: SimdFloat>(src: &[H], dst: &mut [f32]) {
     for (d, &s) in dst.iter_mut().zip(src) {
         *d = s.to_f32();
     }
@@ -113,7 +113,7 @@ pub(crate) fn widen<H: Real>(src: &[H], dst: &mut [f32]) {
 
 #[cfg(test)] // the oracle of the tests; production code runs the fast paths
 /// Reference accumulate: `dst[i] = dst[i] + f32(src[i])` (one f32 rounding per element).
-pub(crate) fn accumulate<H: Real>(dst: &mut [f32], src: &[H]) {
+pub(crate) fn accumulate<H: SimdFloat>(dst: &mut [f32], src: &[H]) {
     for (d, &s) in dst.iter_mut().zip(src) {
         *d += s.to_f32();
     }

@@ -2,7 +2,7 @@
 //! write back, square into 16 f64 lanes, fold — in the order `reference.rs` defines.
 
 use super::reference::BLOCK;
-use crate::simd::{reduce16, Kernel, Real, Simd};
+use crate::simd::{reduce16, Kernel, Simd, SimdFloat};
 
 /// Block sums of `(g[i] * scale)^2` over `n` elements starting at a block boundary;
 /// `out` (if not null) receives `g[i] * scale` (in-place unscale of an f32 gradient).
@@ -13,7 +13,7 @@ pub(crate) struct BlockSums<G> {
     pub n: usize,
 }
 
-impl<G: Real> Kernel for BlockSums<G> {
+impl<G: SimdFloat> Kernel for BlockSums<G> {
     type Out = Vec<f64>;
     #[inline(always)]
     unsafe fn run<S: Simd>(self) -> Vec<f64> {

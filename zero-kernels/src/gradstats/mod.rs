@@ -17,7 +17,7 @@ mod tests;
 
 use crate::isa::Exec;
 use crate::par::{self, SendPtr};
-use crate::simd::{dispatch, Real};
+use crate::simd::{dispatch, SimdFloat};
 use crate::slices::FloatSlice;
 use reference::BLOCK;
 
@@ -40,7 +40,13 @@ impl GradStats {
 }
 
 /// `grad` is valid for `n` reads, `out` null or valid for `n` writes (it may be `grad`).
-fn block_sums<G: Real>(exec: &Exec, grad: *const G, n: usize, out: *mut f32, scale: f32) -> f64 {
+fn block_sums<G: SimdFloat>(
+    exec: &Exec,
+    grad: *const G,
+    n: usize,
+    out: *mut f32,
+    scale: f32,
+) -> f64 {
     let g = SendPtr(grad as *mut G);
     let o = SendPtr(out);
     let parts = par::map(exec, n, BLOCK, |r| {

@@ -16,7 +16,7 @@
 //! compensated sum).
 
 #[cfg(test)]
-use crate::simd::{reduce16, Real};
+use crate::simd::{reduce16, SimdFloat};
 
 /// Elements per block (a multiple of 16).
 pub const BLOCK: usize = 4096;
@@ -25,7 +25,7 @@ pub const BLOCK: usize = 4096;
 /// Sum of squares of `grad[i] * scale` in the order stated above. The value is +inf or
 /// NaN exactly when some scaled element is (a finite f32 squared is at most ~1.2e77 and
 /// 2^64 of those stay finite in f64), which is how non-finite gradients are detected.
-pub(crate) fn sum_squares<G: Real>(grad: &[G], scale: f32) -> f64 {
+pub(crate) fn sum_squares<G: SimdFloat>(grad: &[G], scale: f32) -> f64 {
     let mut total = 0.0f64;
     for block in grad.chunks(BLOCK) {
         let mut acc = [0.0f64; 16];

@@ -1,0 +1,1238 @@
+//! What the two CPU devices share: host-memory buffers, stream and event handles, and
+//! every op written once as a [`CpuOp`] (a closure over the op's views plus the list of
+//! what it reads and writes). [`super::HostDevice`] runs an op when it is queued;
+//! [`super::SimDevice`] checks its accesses and queues it. The kernels inside are this
+//! crate's CPU kernels, so both devices compute the same bits.
+//!
+//! Why the raw slices inside an op are sound: a buffer's memory is reachable only
+//! through ops (and host transfers) of its device; a device runs one op at a time, on the
+//! thread that owns it; and [`OpBuilder::finish`] refuses an op whose write range
+//! overlaps any other range it touches in the same buffer. So while an op runs, its
+//! `&mut [T]` is the only reference to those elements.
+
+use std::cell::Cell;
+use std::ops::Range;
+use std::rc::Rc;
+
+use super::{
+    Access, AdamWStep, AdamWViews, Buffer, Device, LayerNormGrads, LayerNormOut, LayerNormSaved,
+    Location, MatMul, Result, View, ViewMut,
+};
+use crate::adamw::{self, AdamWHyper, AdamWSegment, AdamWState};
+use crate::dtype::{DType, Element};
+use crate::error::KernelError;
+use crate::float::Float;
+use crate::isa::Exec;
+use crate::nn::{self, AttnShape, Gemm, MatLayout, Scalar};
+use crate::{cast, gradstats};
+
+/// The host allocation behind a [`CpuBuffer`]: freed when the last handle (the owner's,
+/// or a queued op's) goes.
+struct Storage<T> {
+    id: u64,
+    name: Rc<str>,
+    ptr: *mut T,
+    len: usize,
+}
+
+impl<T> Drop for Storage<T> {
+    fn drop(&mut self) {
+        // SAFETY: `ptr`/`len` came from `Box::into_raw` of a boxed slice in `CpuBuffer::zeroed`.
+        unsafe {
+            drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(
+                self.ptr, self.len,
+            )))
+        };
+    }
+}
+
+/// A buffer in host memory, of [`super::HostDevice`] or [`super::SimDevice`].
+pub struct CpuBuffer<T: Element> {
+    st: Rc<Storage<T>>,
+}
+
+impl<T: Element> std::fmt::Debug for CpuBuffer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "CpuBuffer<{}>('{}', {} elements)",
+            T::DTYPE,
+            self.st.name,
+            self.st.len
+        )
+    }
+}
+
+impl<T: Element> CpuBuffer<T> {
+    fn zeroed(id: u64, name: &str, len: usize) -> Result<Self> {
+        let bytes = len.checked_mul(std::mem::size_of::<T>());
+        if bytes.is_none_or(|b| b > isize::MAX as usize) {
+            return Err(KernelError::Alloc {
+                name: name.to_string(),
+                bytes: len as u128 * std::mem::size_of::<T>() as u128,
+            });
+        }
+        // Zero is a valid bit pattern of every Element (they are Pod).
+        let boxed: Box<[T]> = vec![<T as bytemuck::Zeroable>::zeroed(); len].into_boxed_slice();
+        let ptr = Box::into_raw(boxed) as *mut T;
+        Ok(CpuBuffer {
+            st: Rc::new(Storage {
+                id,
+                name: Rc::from(name),
+                ptr,
+                len,
+            }),
+        })
+    }
+}
+
+impl<T: Element> Buffer for CpuBuffer<T> {
+    type Elem = T;
+    fn len(&self) -> usize {
+        self.st.len
+    }
+    fn name(&self) -> &str {
+        &self.st.name
+    }
+    fn id(&self) -> u64 {
+        self.st.id
+    }
+    fn location(&self) -> Location {
+        Location::Host
+    }
+    fn raw_ptr(&self) -> *mut T {
+        self.st.ptr
+    }
+}
+
+/// A stream of a CPU device.
+#[derive(Clone, Debug)]
+pub struct CpuStream {
+    pub(crate) index: usize,
+    pub(crate) name: Rc<str>,
+}
+
+impl CpuStream {
+    /// The name it was created with.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+/// An event of a CPU device: the ops it completes after (stream index, op count) and,
+/// on [`super::SimDevice`], the vector clock of that point.
+#[derive(Clone, Debug, Default)]
+pub struct CpuEvent {
+    pub(crate) after: Vec<(usize, u64)>,
+    pub(crate) clock: Vec<u64>,
+}
+
+/// One range of one buffer an op touches.
+#[derive(Clone, Debug)]
+pub(crate) struct OpAccess {
+    pub(crate) id: u64,
+    pub(crate) name: Rc<str>,
+    pub(crate) range: Range<usize>,
+}
+
+/// A queued unit of work: the kernel and what it touches.
+pub struct CpuOp {
+    pub(crate) name: &'static str,
+    pub(crate) reads: Vec<OpAccess>,
+    pub(crate) writes: Vec<OpAccess>,
+    pub(crate) run: Box<dyn FnOnce() -> Result<()>>,
+}
+
+/// Elements an op reads, held by the op (so the memory outlives the owner's handle).
+struct Rd<T> {
+    st: Rc<Storage<T>>,
+    range: Range<usize>,
+}
+
+impl<T> Rd<T> {
+    /// # Safety
+    /// Only inside the op's run (see the module documentation).
+    unsafe fn get(&self) -> &[T] {
+        std::slice::from_raw_parts(self.st.ptr.add(self.range.start), self.range.len())
+    }
+}
+
+/// Elements an op writes.
+struct Wr<T> {
+    st: Rc<Storage<T>>,
+    range: Range<usize>,
+}
+
+impl<T> Wr<T> {
+    /// # Safety
+    /// Only inside the op's run (see the module documentation).
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn get(&self) -> &mut [T] {
+        std::slice::from_raw_parts_mut(self.st.ptr.add(self.range.start), self.range.len())
+    }
+}
+
+/// Collects an op's accesses, then checks them and wraps the kernel.
+struct OpBuilder {
+    name: &'static str,
+    reads: Vec<OpAccess>,
+    writes: Vec<OpAccess>,
+}
+
+impl OpBuilder {
+    fn new(name: &'static str) -> Self {
+        OpBuilder {
+            name,
+            reads: Vec::with_capacity(4),
+            writes: Vec::with_capacity(2),
+        }
+    }
+
+    fn r<T: Element>(&mut self, v: &View<'_, CpuBuffer<T>>) -> Rd<T> {
+        let st = Rc::clone(&v.buffer().st);
+        self.reads.push(OpAccess {
+            id: st.id,
+            name: Rc::clone(&st.name),
+            range: v.range(),
+        });
+        Rd {
+            st,
+            range: v.range(),
+        }
+    }
+
+    fn w<T: Element>(&mut self, v: &ViewMut<'_, CpuBuffer<T>>) -> Wr<T> {
+        let st = Rc::clone(&v.buffer().st);
+        self.writes.push(OpAccess {
+            id: st.id,
+            name: Rc::clone(&st.name),
+            range: v.range(),
+        });
+        Wr {
+            st,
+            range: v.range(),
+        }
+    }
+
+    /// Refuse a write that overlaps another access of the op in the same buffer (what
+    /// makes the raw slices sound), then wrap the kernel.
+    fn finish(self, run: impl FnOnce() -> Result<()> + 'static) -> Result<CpuOp> {
+        for (i, w) in self.writes.iter().enumerate() {
+            let others = self.reads.iter().chain(
+                self.writes
+                    .iter()
+                    .enumerate()
+                    .filter(|(j, _)| *j != i)
+                    .map(|(_, a)| a),
+            );
+            for o in others {
+                if o.id == w.id && overlap(&o.range, &w.range) {
+                    return Err(KernelError::BadViews(format!(
+                        "{}: writes {:?} of buffer '{}' while also touching {:?} of it",
+                        self.name, w.range, w.name, o.range
+                    )));
+                }
+            }
+        }
+        Ok(CpuOp {
+            name: self.name,
+            reads: self.reads,
+            writes: self.writes,
+            run: Box::new(run),
+        })
+    }
+}
+
+pub(crate) fn overlap(a: &Range<usize>, b: &Range<usize>) -> bool {
+    a.start < b.end && b.start < a.end
+}
+
+fn same_len(op: &'static str, what: &'static str, got: usize, expected: usize) -> Result<()> {
+    if got != expected {
+        return Err(KernelError::LengthMismatch {
+            what: leak_what(op, what),
+            got,
+            expected,
+        });
+    }
+    Ok(())
+}
+
+/// `"op: what"` as a `&'static str` for the error (a handful of fixed pairs, cached).
+fn leak_what(op: &'static str, what: &'static str) -> &'static str {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    static NAMES: OnceLock<Mutex<HashMap<(&'static str, &'static str), &'static str>>> =
+        OnceLock::new();
+    let names = NAMES.get_or_init(|| Mutex::new(HashMap::new()));
+    match names.lock() {
+        Ok(mut m) => m
+            .entry((op, what))
+            .or_insert_with(|| Box::leak(format!("{op}: {what}").into_boxed_str())),
+        Err(_) => what,
+    }
+}
+
+fn shape_err(op: &'static str, detail: String) -> KernelError {
+    KernelError::BadShape { op, detail }
+}
+
+/// Rows of `width` in a view of `len` elements.
+fn rows_of(op: &'static str, what: &str, len: usize, width: usize) -> Result<usize> {
+    if width == 0 || !len.is_multiple_of(width) {
+        return Err(shape_err(
+            op,
+            format!("{what} has {len} elements, not a whole number of rows of {width}"),
+        ));
+    }
+    Ok(len / width)
+}
+
+/// Elements from the first to one past the last element a strided view addresses.
+fn span(l: &MatLayout) -> usize {
+    if l.rows == 0 || l.cols == 0 {
+        0
+    } else {
+        (l.rows - 1) * l.rs + (l.cols - 1) * l.cs + 1
+    }
+}
+
+/// The execution side of a CPU device: how an op, a host task, a transfer, a stream and
+/// an event are handled. Implemented by [`super::HostDevice`] (eagerly) and
+/// [`super::SimDevice`] (queued, checked); every [`Device`] op is written once on top.
+pub trait CpuQueue {
+    /// How the vectorised kernels run (instruction set, threads).
+    fn exec(&self) -> &Exec;
+    /// The matrix multiply (threads).
+    fn gemm(&self) -> &Gemm;
+    /// A fresh buffer identity.
+    fn next_id(&self) -> u64;
+    /// For logs.
+    fn describe_queue(&self) -> String;
+    /// A new stream.
+    fn new_stream(&self, name: &str) -> Result<CpuStream>;
+    /// Queue (or run) `op` on `stream`.
+    fn submit(&self, stream: &CpuStream, op: CpuOp) -> Result<()>;
+    /// An event after everything queued on `stream`.
+    fn record_event(&self, stream: &CpuStream) -> Result<CpuEvent>;
+    /// Later work on `stream` waits for `event`.
+    fn wait_for(&self, stream: &CpuStream, event: &CpuEvent) -> Result<()>;
+    /// The host waits for `event`.
+    fn sync(&self, event: &CpuEvent) -> Result<()>;
+    /// The host waits for every stream.
+    fn sync_all(&self) -> Result<()>;
+    /// Run `task` on the host, ordered on `stream` and declared to read and write these.
+    fn run_host_task(
+        &self,
+        stream: &CpuStream,
+        name: &'static str,
+        reads: &[Access<'_>],
+        writes: &[Access<'_>],
+        task: &mut dyn FnMut(),
+    ) -> Result<()>;
+    /// Make `read` valid for the host to read after `stream`'s work (waits), checked.
+    fn host_read(&self, stream: &CpuStream, name: &'static str, read: &Access<'_>) -> Result<()>;
+}
+
+/// Allocated buffers get ids from this counter (per device).
+#[derive(Debug, Default)]
+pub(crate) struct Ids(Cell<u64>);
+
+impl Ids {
+    pub(crate) fn next(&self) -> u64 {
+        let id = self.0.get() + 1;
+        self.0.set(id);
+        id
+    }
+}
+
+/// Same dtype: reinterpret (for the generic-over-two-types kernels).
+fn as_type<A: Element, B: Element>(s: &[A]) -> &[B] {
+    bytemuck::cast_slice(s)
+}
+
+fn as_type_mut<A: Element, B: Element>(s: &mut [A]) -> &mut [B] {
+    bytemuck::cast_slice_mut(s)
+}
+
+impl<Q: CpuQueue> Device for Q {
+    type Buf<T: Element> = CpuBuffer<T>;
+    type Stream = CpuStream;
+    type Event = CpuEvent;
+
+    fn describe(&self) -> String {
+        self.describe_queue()
+    }
+
+    fn location(&self) -> Location {
+        Location::Host
+    }
+
+    fn alloc<T: Element>(&self, len: usize, name: &str) -> Result<CpuBuffer<T>> {
+        CpuBuffer::zeroed(self.next_id(), name, len)
+    }
+
+    fn stream(&self, name: &str) -> Result<CpuStream> {
+        self.new_stream(name)
+    }
+
+    fn record(&self, stream: &CpuStream) -> Result<CpuEvent> {
+        self.record_event(stream)
+    }
+
+    fn wait_event(&self, stream: &CpuStream, event: &CpuEvent) -> Result<()> {
+        self.wait_for(stream, event)
+    }
+
+    fn sync_event(&self, event: &CpuEvent) -> Result<()> {
+        self.sync(event)
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.sync_all()
+    }
+
+    fn host_task<R>(
+        &self,
+        stream: &CpuStream,
+        name: &'static str,
+        reads: &[Access<'_>],
+        writes: &[Access<'_>],
+        task: impl FnOnce() -> R,
+    ) -> Result<R> {
+        let mut task = Some(task);
+        let mut out = None;
+        self.run_host_task(stream, name, reads, writes, &mut || {
+            if let Some(t) = task.take() {
+                out = Some(t());
+            }
+        })?;
+        out.ok_or_else(|| KernelError::Device(format!("host task '{name}' did not run")))
+    }
+
+    fn upload<T: Element>(
+        &self,
+        stream: &CpuStream,
+        src: &[T],
+        dst: ViewMut<'_, CpuBuffer<T>>,
+    ) -> Result<()> {
+        same_len("upload", "dst", dst.len(), src.len())?;
+        let data = src.to_vec();
+        let mut op = OpBuilder::new("upload");
+        let dst = op.w(&dst);
+        self.submit(
+            stream,
+            op.finish(move || {
+                // SAFETY: see the module documentation.
+                unsafe { dst.get() }.copy_from_slice(&data);
+                Ok(())
+            })?,
+        )
+    }
+
+    fn download<T: Element>(
+        &self,
+        stream: &CpuStream,
+        src: View<'_, CpuBuffer<T>>,
+        dst: &mut [T],
+    ) -> Result<()> {
+        same_len("download", "dst", dst.len(), src.len())?;
+        self.host_read(stream, "download", &src.access())?;
+        let st = &src.buffer().st;
+        // SAFETY: the device ran every op ordered before this read and runs none now.
+        let data = unsafe { std::slice::from_raw_parts(st.ptr.add(src.range().start), src.len()) };
+        dst.copy_from_slice(data);
+        Ok(())
+    }
+
+    fn fill<T: Element>(
+        &self,
+        stream: &CpuStream,
+        dst: ViewMut<'_, CpuBuffer<T>>,
+        value: T,
+    ) -> Result<()> {
+        let mut op = OpBuilder::new("fill");
+        let dst = op.w(&dst);
+        self.submit(
+            stream,
+            op.finish(move || {
+                // SAFETY: see the module documentation.
+                unsafe { dst.get() }.fill(value);
+                Ok(())
+            })?,
+        )
+    }
+
+    fn copy<T: Element>(
+        &self,
+        stream: &CpuStream,
+        src: View<'_, CpuBuffer<T>>,
+        dst: ViewMut<'_, CpuBuffer<T>>,
+    ) -> Result<()> {
+        same_len("copy", "dst", dst.len(), src.len())?;
+        let mut op = OpBuilder::new("copy");
+        let (src, dst) = (op.r(&src), op.w(&dst));
+        self.submit(
+            stream,
+            op.finish(move || {
+                // SAFETY: see the module documentation.
+                unsafe { dst.get().copy_from_slice(src.get()) };
+                Ok(())
+            })?,
+        )
+    }
+
+    fn cast<S: Float, T: Float>(
+        &self,
+        stream: &CpuStream,
+        src: View<'_, CpuBuffer<S>>,
+        dst: ViewMut<'_, CpuBuffer<T>>,
+    ) -> Result<()> {
+        same_len("cast", "dst", dst.len(), src.len())?;
+        let exec = *self.exec();
+        let mut op = OpBuilder::new("cast");
+        let (src, dst) = (op.r(&src), op.w(&dst));
+        self.submit(
+            stream,
+            op.finish(move || {
+                // SAFETY: see the module documentation.
+                let (s, d) = unsafe { (src.get(), dst.get()) };
+                convert(&exec, s, d)
+            })?,
+        )
+    }
+
+    fn accumulate<S: Float, T: Float>(
+        &self,
+        stream: &CpuStream,
+        dst: ViewMut<'_, CpuBuffer<T>>,
+        src: View<'_, CpuBuffer<S>>,
+    ) -> Result<()> {
+        same_len("accumulate", "src", src.len(), dst.len())?;
+        let exec = *self.exec();
+        let mut op = OpBuilder::new("accumulate");
+        let (src, dst) = (op.r(&src), op.w(&dst));
+        self.submit(
+            stream,
+            op.finish(move || {
+                // SAFETY: see the module documentation.
+                let (s, d) = unsafe { (src.get(), dst.get()) };
+                if T::DTYPE == DType::F32 {
+                    cast::accumulate(&exec, as_type_mut(d), S::float_slice(s))
+                } else {
+                    for (d, &s) in d.iter_mut().zip(s) {
+                        *d = T::from_f32(d.to_f32() + s.to_f32());
+                    }
+                    Ok(())
+                }
+            })?,
+        )
+    }
+
+    fn grad_stats<G: Float>(
+        &self,
+        stream: &CpuStream,
+        grad: View<'_, CpuBuffer<G>>,
+        scale: f32,
+        out: ViewMut<'_, CpuBuffer<f64>>,
+    ) -> Result<()> {
+        same_len("grad_stats", "out", out.len(), 2)?;
+        let exec = *self.exec();
+        let mut op = OpBuilder::new("grad_stats");
+        let (grad, out) = (op.r(&grad), op.w(&out));
+        self.submit(
+            stream,
+            op.finish(move || {
+                // SAFETY: see the module documentation.
+                let (g, o) = unsafe { (grad.get(), out.get()) };
+                let s = gradstats::stats(&exec, G::float_slice(g), scale);
+                o[0] = s.sum_squares;
+                o[1] = if s.nonfinite { 1.0 } else { 0.0 };
+                Ok(())
+            })?,
+        )
+    }
+
+    fn adamw<G: Float, P: Float>(
+        &self,
+        stream: &CpuStream,
+        step: &AdamWStep<'_>,
+        grad: View<'_, CpuBuffer<G>>,
+        state: AdamWViews<'_, Self>,
+        param: Option<ViewMut<'_, CpuBuffer<P>>>,
+    ) -> Result<()> {
+        let n = grad.len();
+        same_len("adamw", "master", state.master.len(), n)?;
+        same_len("adamw", "m", state.m.len(), n)?;
+        same_len("adamw", "v", state.v.len(), n)?;
+        if let Some(p) = &param {
+            same_len("adamw", "param", p.len(), n)?;
+            if P::DTYPE == DType::F32 {
+                return Err(KernelError::BadViews(
+                    "adamw: the parameter copy must be 16-bit (in fp32 training the master is the parameter)".into(),
+                ));
+            }
+        }
+        adamw::check_segments(step.segments, step.groups.len(), n)?;
+        let exec = *self.exec();
+        let groups: Vec<AdamWHyper> = step.groups.to_vec();
+        let segments: Vec<AdamWSegment> = step.segments.to_vec();
+        let (t, grad_scale) = (step.t, step.grad_scale);
+        let mut op = OpBuilder::new("adamw");
+        let grad = op.r(&grad);
+        let (master, m, v) = (op.w(&state.master), op.w(&state.m), op.w(&state.v));
+        let param = param.map(|p| op.w(&p));
+        self.submit(
+            stream,
+            op.finish(move || {
+                // SAFETY: see the module documentation.
+                let g = unsafe { grad.get() };
+                let st = unsafe {
+                    AdamWState {
+                        master: master.get(),
+                        m: m.get(),
+                        v: v.get(),
+                    }
+                };
+                let p = param.as_ref().and_then(|p| P::half_mut(unsafe { p.get() }));
+                adamw::step(
+                    &exec,
+                    &groups,
+                    &segments,
+                    t,
+                    grad_scale,
+                    G::float_slice(g),
+                    st,
+                    p,
+                )
+            })?,
+        )
+    }
+
+    fn matmul<F: Scalar>(
+        &self,
+        stream: &CpuStream,
+        mm: MatMul<F>,
+        a: View<'_, CpuBuffer<F>>,
+        b: View<'_, CpuBuffer<F>>,
+        c: ViewMut<'_, CpuBuffer<F>>,
+    ) -> Result<()> {
+        let (la, lb, lc) = (mm.a, mm.b, mm.c);
+        if la.cols != lb.rows || la.rows != lc.rows || lb.cols != lc.cols {
+            return Err(shape_err(
+                "matmul",
+                format!(
+                    "A {}x{} times B {}x{} into C {}x{}",
+                    la.rows, la.cols, lb.rows, lb.cols, lc.rows, lc.cols
+                ),
+            ));
+        }
+        for (what, l, len) in [
+            ("A", &la, a.len()),
+            ("B", &lb, b.len()),
+            ("C", &lc, c.len()),
+        ] {
+            if span(l) > len {
+                return Err(shape_err(
+                    "matmul",
+                    format!(
+                        "{what}'s layout {l:?} addresses {} elements of a {len}-element view",
+                        span(l)
+                    ),
+                ));
+            }
+        }
+        let gemm = *self.gemm();
+        let mut op = OpBuilder::new("matmul");
+        let (a, b, c) = (op.r(&a), op.r(&b), op.w(&c));
+        self.submit(
+            stream,
+            op.finish(move || {
+                // SAFETY: see the module documentation.
+                let (a, b, c) = unsafe { (a.get(), b.get(), c.get()) };
+                gemm.run(mm.alpha, a, la, b, lb, mm.beta, c, lc);
+                Ok(())
+            })?,
+        )
+    }
+
+    fn layernorm_forward<F: Scalar>(
+        &self,
+        stream: &CpuStream,
+        out: LayerNormOut<'_, Self, F>,
+        x: View<'_, CpuBuffer<F>>,
+        w: View<'_, CpuBuffer<F>>,
+        b: View<'_, CpuBuffer<F>>,
+        width: usize,
+    ) -> Result<()> {
+        let op_name = "layernorm_forward";
+        let rows = rows_of(op_name, "x", x.len(), width)?;
+        same_len(op_name, "out", out.out.len(), x.len())?;
+        same_len(op_name, "w", w.len(), width)?;
+        same_len(op_name, "b", b.len(), width)?;
+        same_len(op_name, "mean", out.mean.len(), rows)?;
+        same_len(op_name, "rstd", out.rstd.len(), rows)?;
+        let mut op = OpBuilder::new(op_name);
+        let (x, w, b) = (op.r(&x), op.r(&w), op.r(&b));
+        let (o, mean, rstd) = (op.w(&out.out), op.w(&out.mean), op.w(&out.rstd));
+        self.submit(
+            stream,
+            op.finish(move || {
+                // SAFETY: see the module documentation.
+                unsafe {
+                    nn::layernorm_forward(
+                        o.get(),
+                        mean.get(),
+                        rstd.get(),
+                        x.get(),
+                        w.get(),
+                        b.get(),
+                        width,
+                    )
+                };
+                Ok(())
+            })?,
+        )
+    }
+
+    fn layernorm_backward<F: Scalar>(
+        &self,
+        stream: &CpuStream,
+        grads: LayerNormGrads<'_, Self, F>,
+        dout: View<'_, CpuBuffer<F>>,
+        saved: LayerNormSaved<'_, Self, F>,
+        width: usize,
+    ) -> Result<()> {
+        let op_name = "layernorm_backward";
+        let rows = rows_of(op_name, "dout", dout.len(), width)?;
+        same_len(op_name, "dx", grads.dx.len(), dout.len())?;
+        same_len(op_name, "x", saved.x.len(), dout.len())?;
+        same_len(op_name, "dw", grads.dw.len(), width)?;
+        same_len(op_name, "db", grads.db.len(), width)?;
+        same_len(op_name, "w", saved.w.len(), width)?;
+        same_len(op_name, "mean", saved.mean.len(), rows)?;
+        same_len(op_name, "rstd", saved.rstd.len(), rows)?;
+        let mut op = OpBuilder::new(op_name);
+        let (dout, x, w) = (op.r(&dout), op.r(&saved.x), op.r(&saved.w));
+        let (mean, rstd) = (op.r(&saved.mean), op.r(&saved.rstd));
+        let (dx, dw, db) = (op.w(&grads.dx), op.w(&grads.dw), op.w(&grads.db));
+        self.submit(
+            stream,
+            op.finish(move || {
+                // SAFETY: see the module documentation.
+                unsafe {
+                    nn::layernorm_backward(
+                        dx.get(),
+                        dw.get(),
+                        db.get(),
+                        dout.get(),
+                        x.get(),
+                        w.get(),
+                        mean.get(),
+                        rstd.get(),
+                        width,
+                    )
+                };
+                Ok(())
+            })?,
+        )
+    }
+
+    fn gelu_forward<F: Scalar>(
+        &self,
+        stream: &CpuStream,
+        out: ViewMut<'_, CpuBuffer<F>>,
+        x: View<'_, CpuBuffer<F>>,
+    ) -> Result<()> {
+        same_len("gelu_forward", "out", out.len(), x.len())?;
+        let mut op = OpBuilder::new("gelu_forward");
+        let (x, out) = (op.r(&x), op.w(&out));
+        self.submit(
+            stream,
+            op.finish(move || {
+                // SAFETY: see the module documentation.
+                unsafe { nn::gelu_forward(out.get(), x.get()) };
+                Ok(())
+            })?,
+        )
+    }
+
+    fn gelu_backward<F: Scalar>(
+        &self,
+        stream: &CpuStream,
+        d: ViewMut<'_, CpuBuffer<F>>,
+        x: View<'_, CpuBuffer<F>>,
+    ) -> Result<()> {
+        same_len("gelu_backward", "d", d.len(), x.len())?;
+        let mut op = OpBuilder::new("gelu_backward");
+        let (x, d) = (op.r(&x), op.w(&d));
+        self.submit(
+            stream,
+            op.finish(move || {
+                // SAFETY: see the module documentation.
+                unsafe { nn::gelu_backward_inplace(d.get(), x.get()) };
+                Ok(())
+            })?,
+        )
+    }
+
+    fn attention_forward<F: Scalar>(
+        &self,
+        stream: &CpuStream,
+        y: ViewMut<'_, CpuBuffer<F>>,
+        p: ViewMut<'_, CpuBuffer<F>>,
+        qkv: View<'_, CpuBuffer<F>>,
+        shape: AttnShape,
+    ) -> Result<()> {
+        check_attention("attention_forward", &shape)?;
+        let AttnShape { b, t, c, h } = shape;
+        same_len("attention_forward", "qkv", qkv.len(), b * t * 3 * c)?;
+        same_len("attention_forward", "y", y.len(), b * t * c)?;
+        same_len("attention_forward", "p", p.len(), b * h * t * t)?;
+        let gemm = *self.gemm();
+        let mut op = OpBuilder::new("attention_forward");
+        let (qkv, y, p) = (op.r(&qkv), op.w(&y), op.w(&p));
+        self.submit(
+            stream,
+            op.finish(move || {
+                // SAFETY: see the module documentation.
+                unsafe { nn::attention_forward(&gemm, y.get(), p.get(), qkv.get(), shape) };
+                Ok(())
+            })?,
+        )
+    }
+
+    fn attention_backward<F: Scalar>(
+        &self,
+        stream: &CpuStream,
+        dqkv: ViewMut<'_, CpuBuffer<F>>,
+        scratch: ViewMut<'_, CpuBuffer<F>>,
+        dy: View<'_, CpuBuffer<F>>,
+        p: View<'_, CpuBuffer<F>>,
+        qkv: View<'_, CpuBuffer<F>>,
+        shape: AttnShape,
+    ) -> Result<()> {
+        let name = "attention_backward";
+        check_attention(name, &shape)?;
+        let AttnShape { b, t, c, h } = shape;
+        same_len(name, "qkv", qkv.len(), b * t * 3 * c)?;
+        same_len(name, "dqkv", dqkv.len(), b * t * 3 * c)?;
+        same_len(name, "dy", dy.len(), b * t * c)?;
+        same_len(name, "p", p.len(), b * h * t * t)?;
+        if scratch.len() < t * t {
+            return Err(shape_err(
+                name,
+                format!("scratch of {} elements < T*T = {}", scratch.len(), t * t),
+            ));
+        }
+        let gemm = *self.gemm();
+        let mut op = OpBuilder::new(name);
+        let (dy, p, qkv) = (op.r(&dy), op.r(&p), op.r(&qkv));
+        let (dqkv, scratch) = (op.w(&dqkv), op.w(&scratch));
+        self.submit(
+            stream,
+            op.finish(move || {
+                // SAFETY: see the module documentation.
+                unsafe {
+                    nn::attention_backward(
+                        &gemm,
+                        dqkv.get(),
+                        scratch.get(),
+                        dy.get(),
+                        p.get(),
+                        qkv.get(),
+                        shape,
+                    )
+                };
+                Ok(())
+            })?,
+        )
+    }
+
+    fn softmax_xent_forward<F: Scalar>(
+        &self,
+        stream: &CpuStream,
+        logits: ViewMut<'_, CpuBuffer<F>>,
+        losses: ViewMut<'_, CpuBuffer<F>>,
+        targets: View<'_, CpuBuffer<u32>>,
+        v: usize,
+    ) -> Result<()> {
+        let name = "softmax_xent_forward";
+        let rows = rows_of(name, "logits", logits.len(), v)?;
+        same_len(name, "losses", losses.len(), rows)?;
+        same_len(name, "targets", targets.len(), rows)?;
+        let mut op = OpBuilder::new(name);
+        let targets = op.r(&targets);
+        let (logits, losses) = (op.w(&logits), op.w(&losses));
+        self.submit(
+            stream,
+            op.finish(move || {
+                // SAFETY: see the module documentation.
+                let t = unsafe { targets.get() };
+                check_ids(name, "target", t, v)?;
+                unsafe { nn::softmax_xent_forward(logits.get(), losses.get(), t, v) };
+                Ok(())
+            })?,
+        )
+    }
+
+    fn softmax_xent_backward<F: Scalar>(
+        &self,
+        stream: &CpuStream,
+        probs: ViewMut<'_, CpuBuffer<F>>,
+        targets: View<'_, CpuBuffer<u32>>,
+        v: usize,
+        scale: F,
+    ) -> Result<()> {
+        let name = "softmax_xent_backward";
+        let rows = rows_of(name, "probs", probs.len(), v)?;
+        same_len(name, "targets", targets.len(), rows)?;
+        let mut op = OpBuilder::new(name);
+        let targets = op.r(&targets);
+        let probs = op.w(&probs);
+        self.submit(
+            stream,
+            op.finish(move || {
+                // SAFETY: see the module documentation.
+                let t = unsafe { targets.get() };
+                check_ids(name, "target", t, v)?;
+                unsafe { nn::softmax_xent_backward(probs.get(), t, v, scale) };
+                Ok(())
+            })?,
+        )
+    }
+
+    fn mean<F: Scalar>(
+        &self,
+        stream: &CpuStream,
+        dst: ViewMut<'_, CpuBuffer<F>>,
+        src: View<'_, CpuBuffer<F>>,
+    ) -> Result<()> {
+        same_len("mean", "dst", dst.len(), 1)?;
+        if src.is_empty() {
+            return Err(shape_err("mean", "the mean of no elements".into()));
+        }
+        let mut op = OpBuilder::new("mean");
+        let (src, dst) = (op.r(&src), op.w(&dst));
+        self.submit(
+            stream,
+            op.finish(move || {
+                // SAFETY: see the module documentation.
+                unsafe { nn::mean_into(&mut dst.get()[0], src.get()) };
+                Ok(())
+            })?,
+        )
+    }
+
+    fn fill_rows<F: Scalar>(
+        &self,
+        stream: &CpuStream,
+        out: ViewMut<'_, CpuBuffer<F>>,
+        row: View<'_, CpuBuffer<F>>,
+    ) -> Result<()> {
+        rows_of("fill_rows", "out", out.len(), row.len())?;
+        let mut op = OpBuilder::new("fill_rows");
+        let (row, out) = (op.r(&row), op.w(&out));
+        self.submit(
+            stream,
+            op.finish(move || {
+                // SAFETY: see the module documentation.
+                unsafe { nn::fill_rows(out.get(), row.get()) };
+                Ok(())
+            })?,
+        )
+    }
+
+    fn add_rows<F: Scalar>(
+        &self,
+        stream: &CpuStream,
+        out: ViewMut<'_, CpuBuffer<F>>,
+        row: View<'_, CpuBuffer<F>>,
+    ) -> Result<()> {
+        rows_of("add_rows", "out", out.len(), row.len())?;
+        let mut op = OpBuilder::new("add_rows");
+        let (row, out) = (op.r(&row), op.w(&out));
+        self.submit(
+            stream,
+            op.finish(move || {
+                // SAFETY: see the module documentation.
+                unsafe { nn::add_rows(out.get(), row.get()) };
+                Ok(())
+            })?,
+        )
+    }
+
+    fn bias_backward<F: Scalar>(
+        &self,
+        stream: &CpuStream,
+        db: ViewMut<'_, CpuBuffer<F>>,
+        dout: View<'_, CpuBuffer<F>>,
+    ) -> Result<()> {
+        rows_of("bias_backward", "dout", dout.len(), db.len())?;
+        let mut op = OpBuilder::new("bias_backward");
+        let (dout, db) = (op.r(&dout), op.w(&db));
+        self.submit(
+            stream,
+            op.finish(move || {
+                // SAFETY: see the module documentation.
+                unsafe { nn::bias_backward(db.get(), dout.get()) };
+                Ok(())
+            })?,
+        )
+    }
+
+    fn gather_rows<F: Scalar>(
+        &self,
+        stream: &CpuStream,
+        out: ViewMut<'_, CpuBuffer<F>>,
+        ids: View<'_, CpuBuffer<u32>>,
+        table: View<'_, CpuBuffer<F>>,
+        width: usize,
+    ) -> Result<()> {
+        let name = "gather_rows";
+        let rows = rows_of(name, "out", out.len(), width)?;
+        same_len(name, "ids", ids.len(), rows)?;
+        let table_rows = rows_of(name, "table", table.len(), width)?;
+        let mut op = OpBuilder::new(name);
+        let (ids, table, out) = (op.r(&ids), op.r(&table), op.w(&out));
+        self.submit(
+            stream,
+            op.finish(move || {
+                // SAFETY: see the module documentation.
+                let i = unsafe { ids.get() };
+                check_ids(name, "id", i, table_rows)?;
+                unsafe { nn::gather_rows(out.get(), i, table.get(), width) };
+                Ok(())
+            })?,
+        )
+    }
+
+    fn scatter_add_rows<F: Scalar>(
+        &self,
+        stream: &CpuStream,
+        dtable: ViewMut<'_, CpuBuffer<F>>,
+        ids: View<'_, CpuBuffer<u32>>,
+        dout: View<'_, CpuBuffer<F>>,
+        width: usize,
+    ) -> Result<()> {
+        let name = "scatter_add_rows";
+        let rows = rows_of(name, "dout", dout.len(), width)?;
+        same_len(name, "ids", ids.len(), rows)?;
+        let table_rows = rows_of(name, "dtable", dtable.len(), width)?;
+        let mut op = OpBuilder::new(name);
+        let (ids, dout, dtable) = (op.r(&ids), op.r(&dout), op.w(&dtable));
+        self.submit(
+            stream,
+            op.finish(move || {
+                // SAFETY: see the module documentation.
+                let i = unsafe { ids.get() };
+                check_ids(name, "id", i, table_rows)?;
+                unsafe { nn::scatter_add_rows(dtable.get(), i, dout.get(), width) };
+                Ok(())
+            })?,
+        )
+    }
+
+    fn add_periodic_rows<F: Scalar>(
+        &self,
+        stream: &CpuStream,
+        out: ViewMut<'_, CpuBuffer<F>>,
+        table: View<'_, CpuBuffer<F>>,
+        period: usize,
+        width: usize,
+    ) -> Result<()> {
+        let name = "add_periodic_rows";
+        rows_of(name, "out", out.len(), width)?;
+        if period == 0 || table.len() != period * width {
+            return Err(shape_err(
+                name,
+                format!(
+                    "table of {} elements is not period {period} x width {width}",
+                    table.len()
+                ),
+            ));
+        }
+        let mut op = OpBuilder::new(name);
+        let (table, out) = (op.r(&table), op.w(&out));
+        self.submit(
+            stream,
+            op.finish(move || {
+                // SAFETY: see the module documentation.
+                unsafe { nn::add_periodic_rows(out.get(), table.get(), period, width) };
+                Ok(())
+            })?,
+        )
+    }
+
+    fn periodic_rows_backward<F: Scalar>(
+        &self,
+        stream: &CpuStream,
+        dtable: ViewMut<'_, CpuBuffer<F>>,
+        dout: View<'_, CpuBuffer<F>>,
+        period: usize,
+        width: usize,
+    ) -> Result<()> {
+        let name = "periodic_rows_backward";
+        rows_of(name, "dout", dout.len(), width)?;
+        if period == 0 || dtable.len() != period * width {
+            return Err(shape_err(
+                name,
+                format!(
+                    "dtable of {} elements is not period {period} x width {width}",
+                    dtable.len()
+                ),
+            ));
+        }
+        let mut op = OpBuilder::new(name);
+        let (dout, dtable) = (op.r(&dout), op.w(&dtable));
+        self.submit(
+            stream,
+            op.finish(move || {
+                // SAFETY: see the module documentation.
+                unsafe { nn::periodic_rows_backward(dtable.get(), dout.get(), period, width) };
+                Ok(())
+            })?,
+        )
+    }
+
+    fn shift_rows_forward<F: Scalar>(
+        &self,
+        stream: &CpuStream,
+        out: ViewMut<'_, CpuBuffer<F>>,
+        x: View<'_, CpuBuffer<F>>,
+        seq_len: usize,
+        width: usize,
+    ) -> Result<()> {
+        let name = "shift_rows_forward";
+        let rows = rows_of(name, "x", x.len(), width)?;
+        same_len(name, "out", out.len(), x.len())?;
+        if seq_len == 0 || !rows.is_multiple_of(seq_len) {
+            return Err(shape_err(
+                name,
+                format!("{rows} rows are not whole sequences of {seq_len}"),
+            ));
+        }
+        let mut op = OpBuilder::new(name);
+        let (x, out) = (op.r(&x), op.w(&out));
+        self.submit(
+            stream,
+            op.finish(move || {
+                // SAFETY: see the module documentation.
+                unsafe { nn::shift_rows_forward(out.get(), x.get(), seq_len, width) };
+                Ok(())
+            })?,
+        )
+    }
+
+    fn shift_rows_backward<F: Scalar>(
+        &self,
+        stream: &CpuStream,
+        dx: ViewMut<'_, CpuBuffer<F>>,
+        dout: View<'_, CpuBuffer<F>>,
+        seq_len: usize,
+        width: usize,
+    ) -> Result<()> {
+        let name = "shift_rows_backward";
+        let rows = rows_of(name, "dout", dout.len(), width)?;
+        same_len(name, "dx", dx.len(), dout.len())?;
+        if seq_len == 0 || !rows.is_multiple_of(seq_len) {
+            return Err(shape_err(
+                name,
+                format!("{rows} rows are not whole sequences of {seq_len}"),
+            ));
+        }
+        let mut op = OpBuilder::new(name);
+        let (dout, dx) = (op.r(&dout), op.w(&dx));
+        self.submit(
+            stream,
+            op.finish(move || {
+                // SAFETY: see the module documentation.
+                unsafe { nn::shift_rows_backward(dx.get(), dout.get(), seq_len, width) };
+                Ok(())
+            })?,
+        )
+    }
+
+    fn add<F: Scalar>(
+        &self,
+        stream: &CpuStream,
+        dst: ViewMut<'_, CpuBuffer<F>>,
+        src: View<'_, CpuBuffer<F>>,
+    ) -> Result<()> {
+        same_len("add", "src", src.len(), dst.len())?;
+        let mut op = OpBuilder::new("add");
+        let (src, dst) = (op.r(&src), op.w(&dst));
+        self.submit(
+            stream,
+            op.finish(move || {
+                // SAFETY: see the module documentation.
+                unsafe { nn::add_into(dst.get(), src.get()) };
+                Ok(())
+            })?,
+        )
+    }
+
+    fn scale<F: Scalar>(
+        &self,
+        stream: &CpuStream,
+        dst: ViewMut<'_, CpuBuffer<F>>,
+        a: F,
+    ) -> Result<()> {
+        let mut op = OpBuilder::new("scale");
+        let dst = op.w(&dst);
+        self.submit(
+            stream,
+            op.finish(move || {
+                // SAFETY: see the module documentation.
+                unsafe { nn::scale_into(dst.get(), a) };
+                Ok(())
+            })?,
+        )
+    }
+}
+
+fn check_attention(op: &'static str, s: &AttnShape) -> Result<()> {
+    if s.h == 0 || !s.c.is_multiple_of(s.h) || s.t == 0 {
+        return Err(shape_err(
+            op,
+            format!("{s:?}: heads must divide C and T must be > 0"),
+        ));
+    }
+    Ok(())
+}
+
+/// Every id < `limit`, else an error naming the first that is not.
+fn check_ids(op: &'static str, what: &str, ids: &[u32], limit: usize) -> Result<()> {
+    match ids.iter().position(|&i| i as usize >= limit) {
+        None => Ok(()),
+        Some(at) => Err(shape_err(
+            op,
+            format!(
+                "{what}s[{at}] = {} is out of range (must be < {limit})",
+                ids[at]
+            ),
+        )),
+    }
+}
+
+/// `dst = src` converted between the float types.
+fn convert<S: Float, T: Float>(exec: &Exec, src: &[S], dst: &mut [T]) -> Result<()> {
+    if S::DTYPE == T::DTYPE {
+        dst.copy_from_slice(as_type(src));
+        return Ok(());
+    }
+    match (S::DTYPE, T::DTYPE) {
+        (DType::F32, _) => match T::half_mut(dst) {
+            Some(h) => cast::narrow(exec, as_type(src), h),
+            None => Err(KernelError::Device("cast: f32 to f32 is a copy".into())),
+        },
+        (_, DType::F32) => cast::widen(exec, S::float_slice(src), as_type_mut(dst)),
+        _ => {
+            // 16-bit -> the other 16-bit: through f32 (exact), then one rounding.
+            for (d, &s) in dst.iter_mut().zip(src) {
+                *d = T::from_f32(s.to_f32());
+            }
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,444 @@
+//! The Device layer: where the bytes of a model live and the math on them, behind one
+//! trait, so that the engine and the models are written once for every device.
+//!
+//! A [`Device`] owns typed buffers ([`Device::Buf`]), streams and events, copies, and every
+//! kernel the engine and the models call: the optimizer's (AdamW, casts, gradient
+//! statistics) and the model's (matrix products, layer norm, GELU, attention, the
+//! classifier's softmax and cross-entropy, row gathers). Work is queued on a stream and
+//! runs in queue order there; work on different streams is unordered unless a stream
+//! waits for an event recorded on another ([`Device::record`], [`Device::wait_event`]).
+//! The host sees results only after it waits ([`Device::sync_event`],
+//! [`Device::synchronize`], [`Device::download`]). These are CUDA's rules, so code that
+//! is correct on one device is correct on all of them.
+//!
+//! Implementations:
+//! - [`HostDevice`]: the CPU, eager: every op runs when it is queued (the vectorised
+//!   kernels of this crate). Streams and events cost nothing and order nothing.
+//! - [`SimDevice`]: a *simulated* device, a test tool. It queues every op per stream and
+//!   runs the queues in a seeded random interleaving, only as far as the host asks; it
+//!   tracks which op last wrote and read each range of each buffer, and an access that is
+//!   not ordered after a conflicting one (same stream, or an event waited in between)
+//!   fails with both ops, both streams and the buffer named. A missing event wait that
+//!   the host device's eager order hides is an error here, deterministically.
+//! - `CudaDevice` (feature `cuda`, next): the same trait over cudarc.
+//!
+//! The CPU kernels are the same on both CPU devices, so a run on [`SimDevice`] gives the
+//! same bits as on [`HostDevice`].
+//!
+//! ```
+//! use zero_kernels::device::{Buffer, Device, HostDevice, SimDevice};
+//!
+//! fn scaled_sum<D: Device>(dev: &D) -> zero_kernels::Result<Vec<f32>> {
+//!     let (compute, comm) = (dev.stream("compute")?, dev.stream("comm")?);
+//!     let mut a = dev.alloc::<f32>(4, "a")?;
+//!     let mut b = dev.alloc::<f32>(4, "b")?;
+//!     dev.upload(&compute, &[1.0, 2.0, 3.0, 4.0], a.view_mut())?;
+//!     let ready = dev.record(&compute)?;
+//!     dev.wait_event(&comm, &ready)?; // without this, SimDevice reports a hazard
+//!     dev.copy(&comm, a.view(), b.view_mut())?;
+//!     dev.accumulate(&comm, b.view_mut(), a.view())?;
+//!     let mut out = vec![0.0; 4];
+//!     dev.download(&comm, b.view(), &mut out)?;
+//!     Ok(out)
+//! }
+//! assert_eq!(scaled_sum(&HostDevice::new()).unwrap(), [2.0, 4.0, 6.0, 8.0]);
+//! assert_eq!(scaled_sum(&SimDevice::new(7)).unwrap(), [2.0, 4.0, 6.0, 8.0]);
+//! ```
+
+mod buffer;
+mod cpu;
+mod float_buf;
+mod host;
+mod sim;
+#[cfg(test)]
+mod tests;
+
+use std::fmt::Debug;
+
+pub use crate::nn::{AttnShape, MatLayout};
+pub use buffer::{Access, Buffer, Location, View, ViewMut};
+pub use cpu::{CpuBuffer, CpuEvent, CpuStream};
+pub use float_buf::{same_type, same_type_mut, FloatBuffer, FloatView, FloatViewMut};
+pub use host::HostDevice;
+pub use sim::SimDevice;
+
+use crate::adamw::{AdamWHyper, AdamWSegment};
+use crate::dtype::Element;
+use crate::error::KernelError;
+use crate::float::Float;
+pub use crate::nn::Scalar;
+
+/// Result of a device call.
+pub type Result<T, E = KernelError> = std::result::Result<T, E>;
+
+/// A read view of a buffer of device `D`.
+pub type DView<'a, D, T> = View<'a, <D as Device>::Buf<T>>;
+/// A write view of a buffer of device `D`.
+pub type DViewMut<'a, D, T> = ViewMut<'a, <D as Device>::Buf<T>>;
+
+/// `C = alpha * A B + beta * C` on strided views (see [`MatLayout`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MatMul<F> {
+    /// Scale of the product.
+    pub alpha: F,
+    /// Scale of C's previous contents (0: C is only written).
+    pub beta: F,
+    /// Layout of A in its view.
+    pub a: MatLayout,
+    /// Layout of B in its view.
+    pub b: MatLayout,
+    /// Layout of C in its view.
+    pub c: MatLayout,
+}
+
+/// One AdamW step's constants for [`Device::adamw`] (see [`crate::adamw`]).
+#[derive(Clone, Debug)]
+pub struct AdamWStep<'a> {
+    /// Parameter groups (lr, betas, eps, weight decay).
+    pub groups: &'a [AdamWHyper],
+    /// Disjoint ranges of the views with their group and decay flag.
+    pub segments: &'a [AdamWSegment],
+    /// Adam's step counter, from 1.
+    pub t: u64,
+    /// Multiplier on the gradient (1/loss scale x clip coefficient).
+    pub grad_scale: f32,
+}
+
+/// The f32 optimizer state AdamW updates in place.
+#[derive(Debug)]
+pub struct AdamWViews<'a, D: Device + ?Sized> {
+    /// fp32 master weights (in fp32 training: the parameters themselves).
+    pub master: DViewMut<'a, D, f32>,
+    /// First moment.
+    pub m: DViewMut<'a, D, f32>,
+    /// Second moment.
+    pub v: DViewMut<'a, D, f32>,
+}
+
+/// The outputs of a layer norm's forward.
+#[derive(Debug)]
+pub struct LayerNormOut<'a, D: Device + ?Sized, F: Scalar> {
+    /// Normalised, scaled and shifted rows.
+    pub out: DViewMut<'a, D, F>,
+    /// Mean of each row.
+    pub mean: DViewMut<'a, D, F>,
+    /// 1 / sqrt(var + eps) of each row.
+    pub rstd: DViewMut<'a, D, F>,
+}
+
+/// The parameter gradients of a layer norm (added into).
+#[derive(Debug)]
+pub struct LayerNormGrads<'a, D: Device + ?Sized, F: Scalar> {
+    /// Gradient of the input (added into).
+    pub dx: DViewMut<'a, D, F>,
+    /// Gradient of the scale (added into).
+    pub dw: DViewMut<'a, D, F>,
+    /// Gradient of the shift (added into).
+    pub db: DViewMut<'a, D, F>,
+}
+
+/// What a layer norm's backward reads.
+#[derive(Debug)]
+pub struct LayerNormSaved<'a, D: Device + ?Sized, F: Scalar> {
+    /// The forward's input.
+    pub x: DView<'a, D, F>,
+    /// The scale.
+    pub w: DView<'a, D, F>,
+    /// Saved row means.
+    pub mean: DView<'a, D, F>,
+    /// Saved row 1/std.
+    pub rstd: DView<'a, D, F>,
+}
+
+/// A device: buffers, streams, events, copies and kernels. See the module documentation
+/// for the ordering rules every implementation follows.
+///
+/// Every op checks its views' lengths against each other and returns
+/// [`KernelError::LengthMismatch`] (or another typed error) instead of panicking.
+pub trait Device {
+    /// A typed buffer of this device.
+    type Buf<T: Element>: Buffer<Elem = T> + 'static;
+    /// A queue of work.
+    type Stream: Clone + Debug;
+    /// A point in a stream's queue that other streams and the host can wait for.
+    type Event: Clone + Debug;
+
+    /// What this device is, for logs ("host (avx512, 1 thread)", "simulated, seed 7").
+    fn describe(&self) -> String;
+    /// Where its buffers live.
+    fn location(&self) -> Location;
+
+    /// `len` zeros of `T`, named `name` in messages.
+    fn alloc<T: Element>(&self, len: usize, name: &str) -> Result<Self::Buf<T>>;
+    /// A new stream named `name` (in messages).
+    fn stream(&self, name: &str) -> Result<Self::Stream>;
+    /// An event completing when everything queued on `stream` so far has run.
+    fn record(&self, stream: &Self::Stream) -> Result<Self::Event>;
+    /// Work queued on `stream` after this call waits for `event`.
+    fn wait_event(&self, stream: &Self::Stream, event: &Self::Event) -> Result<()>;
+    /// The host waits for `event`.
+    fn sync_event(&self, event: &Self::Event) -> Result<()>;
+    /// The host waits for every stream.
+    fn synchronize(&self) -> Result<()>;
+    /// Run `task` on the host, ordered on `stream`: after the work queued there before,
+    /// before the work queued after, as if it were a kernel that `reads` and `writes`
+    /// these views (the declaration is what a checking device checks). Collectives of a
+    /// host transport (MPI, thread ranks) run this way; the host blocks until `task`
+    /// returns. Work on other streams is not ordered by it: they must wait for an event
+    /// recorded on `stream` after this call.
+    fn host_task<R>(
+        &self,
+        stream: &Self::Stream,
+        name: &'static str,
+        reads: &[Access<'_>],
+        writes: &[Access<'_>],
+        task: impl FnOnce() -> R,
+    ) -> Result<R>;
+
+    /// Copy host data into `dst` (same length), in `stream`'s order; `src` has been read
+    /// when this returns.
+    fn upload<T: Element>(
+        &self,
+        stream: &Self::Stream,
+        src: &[T],
+        dst: DViewMut<'_, Self, T>,
+    ) -> Result<()>;
+    /// Copy `src` to host memory (same length) after the work queued on `stream`; the
+    /// host waits for it.
+    fn download<T: Element>(
+        &self,
+        stream: &Self::Stream,
+        src: DView<'_, Self, T>,
+        dst: &mut [T],
+    ) -> Result<()>;
+    /// Set every element of `dst` to `value`.
+    fn fill<T: Element>(
+        &self,
+        stream: &Self::Stream,
+        dst: DViewMut<'_, Self, T>,
+        value: T,
+    ) -> Result<()>;
+    /// `dst = src` (same length).
+    fn copy<T: Element>(
+        &self,
+        stream: &Self::Stream,
+        src: DView<'_, Self, T>,
+        dst: DViewMut<'_, Self, T>,
+    ) -> Result<()>;
+    /// `dst = src` converted: exact widening, round-to-nearest-even narrowing, or a copy.
+    fn cast<S: Float, T: Float>(
+        &self,
+        stream: &Self::Stream,
+        src: DView<'_, Self, S>,
+        dst: DViewMut<'_, Self, T>,
+    ) -> Result<()>;
+    /// `dst += src`, one rounding to `T` per element.
+    fn accumulate<S: Float, T: Float>(
+        &self,
+        stream: &Self::Stream,
+        dst: DViewMut<'_, Self, T>,
+        src: DView<'_, Self, S>,
+    ) -> Result<()>;
+    /// Gradient statistics of `grad` times `scale` ([`crate::gradstats::stats`]):
+    /// `out[0]` = the sum of squares (f64, fixed order), `out[1]` = 1 if some element is
+    /// inf/NaN else 0. `out` has 2 elements.
+    fn grad_stats<G: Float>(
+        &self,
+        stream: &Self::Stream,
+        grad: DView<'_, Self, G>,
+        scale: f32,
+        out: DViewMut<'_, Self, f64>,
+    ) -> Result<()>;
+    /// One fused AdamW step over a range of parameters ([`crate::adamw::step`]); `param`
+    /// (16-bit only) receives the rounded new weights.
+    fn adamw<G: Float, P: Float>(
+        &self,
+        stream: &Self::Stream,
+        step: &AdamWStep<'_>,
+        grad: DView<'_, Self, G>,
+        state: AdamWViews<'_, Self>,
+        param: Option<DViewMut<'_, Self, P>>,
+    ) -> Result<()>;
+
+    // ---- model ops (crate::nn documents the math of each) ----
+
+    /// `C = alpha * A B + beta * C`.
+    fn matmul<F: Scalar>(
+        &self,
+        stream: &Self::Stream,
+        mm: MatMul<F>,
+        a: DView<'_, Self, F>,
+        b: DView<'_, Self, F>,
+        c: DViewMut<'_, Self, F>,
+    ) -> Result<()>;
+    /// Layer norm over rows of `width` ([`crate::nn::layernorm_forward`]).
+    fn layernorm_forward<F: Scalar>(
+        &self,
+        stream: &Self::Stream,
+        out: LayerNormOut<'_, Self, F>,
+        x: DView<'_, Self, F>,
+        w: DView<'_, Self, F>,
+        b: DView<'_, Self, F>,
+        width: usize,
+    ) -> Result<()>;
+    /// Layer norm backward, adding into the gradients ([`crate::nn::layernorm_backward`]).
+    fn layernorm_backward<F: Scalar>(
+        &self,
+        stream: &Self::Stream,
+        grads: LayerNormGrads<'_, Self, F>,
+        dout: DView<'_, Self, F>,
+        saved: LayerNormSaved<'_, Self, F>,
+        width: usize,
+    ) -> Result<()>;
+    /// `out = gelu(x)` (tanh approximation).
+    fn gelu_forward<F: Scalar>(
+        &self,
+        stream: &Self::Stream,
+        out: DViewMut<'_, Self, F>,
+        x: DView<'_, Self, F>,
+    ) -> Result<()>;
+    /// `d *= gelu'(x)`, in place.
+    fn gelu_backward<F: Scalar>(
+        &self,
+        stream: &Self::Stream,
+        d: DViewMut<'_, Self, F>,
+        x: DView<'_, Self, F>,
+    ) -> Result<()>;
+    /// Causal multi-head attention over packed `qkv` `[B,T,3C]`: writes `y` `[B,T,C]` and
+    /// the probabilities `p` `[B,H,T,T]` the backward needs.
+    fn attention_forward<F: Scalar>(
+        &self,
+        stream: &Self::Stream,
+        y: DViewMut<'_, Self, F>,
+        p: DViewMut<'_, Self, F>,
+        qkv: DView<'_, Self, F>,
+        shape: AttnShape,
+    ) -> Result<()>;
+    /// Attention backward: writes `dqkv` from `dy`; `scratch` holds at least T*T.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_backward<F: Scalar>(
+        &self,
+        stream: &Self::Stream,
+        dqkv: DViewMut<'_, Self, F>,
+        scratch: DViewMut<'_, Self, F>,
+        dy: DView<'_, Self, F>,
+        p: DView<'_, Self, F>,
+        qkv: DView<'_, Self, F>,
+        shape: AttnShape,
+    ) -> Result<()>;
+    /// Rows of `v` logits become probabilities in place; `losses[row]` = the row's
+    /// cross-entropy against `targets[row]` (every target must be < v: an error otherwise).
+    fn softmax_xent_forward<F: Scalar>(
+        &self,
+        stream: &Self::Stream,
+        logits: DViewMut<'_, Self, F>,
+        losses: DViewMut<'_, Self, F>,
+        targets: DView<'_, Self, u32>,
+        v: usize,
+    ) -> Result<()>;
+    /// Probabilities become `(p - onehot(target)) * scale` in place: d(scale x loss)/dlogits.
+    fn softmax_xent_backward<F: Scalar>(
+        &self,
+        stream: &Self::Stream,
+        probs: DViewMut<'_, Self, F>,
+        targets: DView<'_, Self, u32>,
+        v: usize,
+        scale: F,
+    ) -> Result<()>;
+    /// `dst[0]` = the mean of `src` (summed in f64, in order).
+    fn mean<F: Scalar>(
+        &self,
+        stream: &Self::Stream,
+        dst: DViewMut<'_, Self, F>,
+        src: DView<'_, Self, F>,
+    ) -> Result<()>;
+    /// Every row of `out` (width `row.len()`) := `row`.
+    fn fill_rows<F: Scalar>(
+        &self,
+        stream: &Self::Stream,
+        out: DViewMut<'_, Self, F>,
+        row: DView<'_, Self, F>,
+    ) -> Result<()>;
+    /// Every row of `out` += `row`.
+    fn add_rows<F: Scalar>(
+        &self,
+        stream: &Self::Stream,
+        out: DViewMut<'_, Self, F>,
+        row: DView<'_, Self, F>,
+    ) -> Result<()>;
+    /// `db += column sums of dout` (width `db.len()`).
+    fn bias_backward<F: Scalar>(
+        &self,
+        stream: &Self::Stream,
+        db: DViewMut<'_, Self, F>,
+        dout: DView<'_, Self, F>,
+    ) -> Result<()>;
+    /// `out[i] = table[ids[i]]`, rows of `width` (every id must be a row of the table).
+    fn gather_rows<F: Scalar>(
+        &self,
+        stream: &Self::Stream,
+        out: DViewMut<'_, Self, F>,
+        ids: DView<'_, Self, u32>,
+        table: DView<'_, Self, F>,
+        width: usize,
+    ) -> Result<()>;
+    /// `dtable[ids[i]] += dout[i]`, in i order.
+    fn scatter_add_rows<F: Scalar>(
+        &self,
+        stream: &Self::Stream,
+        dtable: DViewMut<'_, Self, F>,
+        ids: DView<'_, Self, u32>,
+        dout: DView<'_, Self, F>,
+        width: usize,
+    ) -> Result<()>;
+    /// `out[i] += table[i % period]` (positional rows).
+    fn add_periodic_rows<F: Scalar>(
+        &self,
+        stream: &Self::Stream,
+        out: DViewMut<'_, Self, F>,
+        table: DView<'_, Self, F>,
+        period: usize,
+        width: usize,
+    ) -> Result<()>;
+    /// `dtable[i % period] += dout[i]`, in i order.
+    fn periodic_rows_backward<F: Scalar>(
+        &self,
+        stream: &Self::Stream,
+        dtable: DViewMut<'_, Self, F>,
+        dout: DView<'_, Self, F>,
+        period: usize,
+        width: usize,
+    ) -> Result<()>;
+    /// Per sequence of `seq_len` rows: `out[t] = x[t-1]`, `out[0] = 0` (causal shift).
+    fn shift_rows_forward<F: Scalar>(
+        &self,
+        stream: &Self::Stream,
+        out: DViewMut<'_, Self, F>,
+        x: DView<'_, Self, F>,
+        seq_len: usize,
+        width: usize,
+    ) -> Result<()>;
+    /// `dx[t-1] += dout[t]` per sequence (adds).
+    fn shift_rows_backward<F: Scalar>(
+        &self,
+        stream: &Self::Stream,
+        dx: DViewMut<'_, Self, F>,
+        dout: DView<'_, Self, F>,
+        seq_len: usize,
+        width: usize,
+    ) -> Result<()>;
+    /// `dst += src` elementwise.
+    fn add<F: Scalar>(
+        &self,
+        stream: &Self::Stream,
+        dst: DViewMut<'_, Self, F>,
+        src: DView<'_, Self, F>,
+    ) -> Result<()>;
+    /// `dst *= a` elementwise.
+    fn scale<F: Scalar>(
+        &self,
+        stream: &Self::Stream,
+        dst: DViewMut<'_, Self, F>,
+        a: F,
+    ) -> Result<()>;
+}

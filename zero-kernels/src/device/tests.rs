@@ -1,0 +1,305 @@
+//! The device layer: HostDevice and SimDevice compute the same bits; SimDevice finds
+//! every kind of missing ordering (and none where the order is right), runs only what is
+//! asked for, in seeded interleavings; ops refuse bad views with errors.
+
+use super::*;
+use crate::adamw::{AdamWHyper, AdamWSegment};
+use half::bf16;
+
+/// A small program over two streams, correctly ordered: upload, cast down and up,
+/// accumulate, a matmul, a layer norm, AdamW, grad stats. Returns every result.
+fn program<D: Device>(dev: &D) -> Result<Vec<Vec<f64>>> {
+    let (compute, comm) = (dev.stream("compute")?, dev.stream("comm")?);
+    let n = 48;
+    let x: Vec<f32> = (0..n)
+        .map(|i| ((i * 37 % 23) as f32 - 11.0) * 0.173)
+        .collect();
+    let mut a = dev.alloc::<f32>(n, "a")?;
+    let mut h = dev.alloc::<bf16>(n, "h")?;
+    let mut acc = dev.alloc::<f32>(n, "acc")?;
+    dev.upload(&compute, &x, a.view_mut())?;
+    dev.cast(&compute, a.view(), h.view_mut())?;
+    let cast_done = dev.record(&compute)?;
+    dev.wait_event(&comm, &cast_done)?;
+    dev.cast(&comm, h.view(), acc.view_mut())?;
+    dev.accumulate(&comm, acc.view_mut(), h.view())?;
+    let acc_done = dev.record(&comm)?;
+    // matmul: C [6x6] = acc [6x8] x a [6x8]^T
+    let mut c = dev.alloc::<f32>(36, "c")?;
+    dev.wait_event(&compute, &acc_done)?;
+    let l = |r, k| MatLayout::rm(r, k, k);
+    let mm = MatMul {
+        alpha: 1.0f32,
+        beta: 0.0,
+        a: l(6, 8),
+        b: l(6, 8).t(),
+        c: l(6, 6),
+    };
+    dev.matmul(&compute, mm, acc.view(), a.view(), c.view_mut())?;
+    // layer norm over rows of 6
+    let (mut out, mut mean, mut rstd) = (
+        dev.alloc::<f32>(36, "ln out")?,
+        dev.alloc::<f32>(6, "ln mean")?,
+        dev.alloc::<f32>(6, "ln rstd")?,
+    );
+    let mut wb = dev.alloc::<f32>(12, "ln w|b")?;
+    let w: Vec<f32> = (0..12).map(|i| 1.0 + i as f32 * 0.01).collect();
+    dev.upload(&compute, &w, wb.view_mut())?;
+    dev.layernorm_forward(
+        &compute,
+        LayerNormOut {
+            out: out.view_mut(),
+            mean: mean.view_mut(),
+            rstd: rstd.view_mut(),
+        },
+        c.view(),
+        wb.slice(0..6),
+        wb.slice(6..12),
+        6,
+    )?;
+    // AdamW on `acc` as the master, `out` as the gradient, writing a bf16 copy into h.
+    let (mut m, mut v) = (dev.alloc::<f32>(n, "m")?, dev.alloc::<f32>(n, "v")?);
+    let groups = [AdamWHyper::default()];
+    let segments = [AdamWSegment {
+        range: 0..n,
+        group: 0,
+        decay: true,
+    }];
+    let step = AdamWStep {
+        groups: &groups,
+        segments: &segments,
+        t: 1,
+        grad_scale: 0.5,
+    };
+    dev.wait_event(&compute, &dev.record(&comm)?)?;
+    dev.adamw(
+        &compute,
+        &step,
+        a.view(),
+        AdamWViews {
+            master: acc.view_mut(),
+            m: m.view_mut(),
+            v: v.view_mut(),
+        },
+        Some(h.view_mut()),
+    )?;
+    let mut stats = dev.alloc::<f64>(2, "stats")?;
+    dev.grad_stats(&compute, out.view(), 2.0, stats.view_mut())?;
+    let mut results = Vec::new();
+    let get32 = |b: &D::Buf<f32>| -> Result<Vec<f64>> {
+        let mut o = vec![0.0f32; b.len()];
+        dev.download(&compute, b.view(), &mut o)?;
+        Ok(o.into_iter().map(f64::from).collect())
+    };
+    for b in [&a, &acc, &c, &out, &mean, &rstd, &m, &v] {
+        results.push(get32(b)?);
+    }
+    let mut hb = vec![bf16::ZERO; n];
+    dev.download(&compute, h.view(), &mut hb)?;
+    results.push(hb.iter().map(|x| x.to_f64()).collect());
+    let mut s = [0.0f64; 2];
+    dev.download(&compute, stats.view(), &mut s)?;
+    results.push(s.to_vec());
+    Ok(results)
+}
+
+#[test]
+fn sim_and_host_compute_the_same_bits_for_any_seed() {
+    let want = program(&HostDevice::new()).unwrap();
+    for seed in 0..16 {
+        let sim = SimDevice::new(seed);
+        let got = program(&sim).unwrap();
+        for (g, w) in got.iter().zip(&want) {
+            let gb: Vec<u64> = g.iter().map(|x| x.to_bits()).collect();
+            let wb: Vec<u64> = w.iter().map(|x| x.to_bits()).collect();
+            assert_eq!(gb, wb, "seed {seed}");
+        }
+        assert!(sim.ops_run() >= 9, "{} ops ran", sim.ops_run());
+        assert_eq!(sim.ops_pending(), 0);
+    }
+}
+
+/// Producer on one stream, consumer on another.
+fn produce_consume<D: Device>(dev: &D, wait: bool) -> Result<()> {
+    let (s1, s2) = (dev.stream("compute")?, dev.stream("comm")?);
+    let mut a = dev.alloc::<f32>(8, "bucket")?;
+    let mut b = dev.alloc::<f32>(8, "piece")?;
+    dev.fill(&s1, a.view_mut(), 1.0)?;
+    if wait {
+        let e = dev.record(&s1)?;
+        dev.wait_event(&s2, &e)?;
+    }
+    dev.copy(&s2, a.view(), b.view_mut())
+}
+
+#[test]
+fn a_missing_wait_is_a_hazard_naming_buffer_ops_and_streams() {
+    produce_consume(&HostDevice::new(), false).unwrap(); // eager: hidden
+    produce_consume(&SimDevice::new(1), true).unwrap();
+    let err = produce_consume(&SimDevice::new(1), false)
+        .unwrap_err()
+        .to_string();
+    for part in [
+        "read-after-write",
+        "'bucket'",
+        "'copy'",
+        "'fill'",
+        "stream 'comm'",
+        "stream 'compute'",
+        "wait for it",
+    ] {
+        assert!(err.contains(part), "{part} missing from: {err}");
+    }
+}
+
+#[test]
+fn write_after_read_and_write_after_write_are_hazards_too() {
+    // WAR: comm reads `a` (ordered after compute's fill), then compute overwrites it
+    // without waiting for comm's read.
+    let war = |wait: bool| -> Result<()> {
+        let dev = SimDevice::new(3);
+        let (s1, s2) = (dev.stream("compute")?, dev.stream("comm")?);
+        let mut a = dev.alloc::<f32>(8, "a")?;
+        let mut b = dev.alloc::<f32>(8, "b")?;
+        dev.fill(&s1, a.view_mut(), 1.0)?;
+        dev.wait_event(&s2, &dev.record(&s1)?)?;
+        dev.copy(&s2, a.view(), b.view_mut())?;
+        if wait {
+            dev.wait_event(&s1, &dev.record(&s2)?)?;
+        }
+        dev.fill(&s1, a.view_mut(), 2.0)
+    };
+    war(true).unwrap();
+    assert!(war(false)
+        .unwrap_err()
+        .to_string()
+        .contains("write-after-read"));
+    // WAW on disjoint ranges is fine; on overlapping ranges it is not.
+    let dev = SimDevice::new(4);
+    let (s1, s2) = (dev.stream("x").unwrap(), dev.stream("y").unwrap());
+    let mut a = dev.alloc::<f32>(8, "a").unwrap();
+    dev.fill(&s1, a.slice_mut(0..4), 1.0).unwrap();
+    dev.fill(&s2, a.slice_mut(4..8), 2.0).unwrap();
+    let e = dev.fill(&s2, a.slice_mut(3..5), 3.0).unwrap_err();
+    assert!(e.to_string().contains("write-after-write"), "{e}");
+}
+
+#[test]
+fn the_host_must_wait_before_it_reads() {
+    let dev = SimDevice::new(5);
+    let (s1, s2) = (dev.stream("compute").unwrap(), dev.stream("comm").unwrap());
+    let mut a = dev.alloc::<f32>(4, "loss").unwrap();
+    dev.fill(&s1, a.view_mut(), 1.0).unwrap();
+    let mut out = [0.0f32; 4];
+    // Downloading on s2 is ordered after s2's work only.
+    let e = dev.download(&s2, a.view(), &mut out).unwrap_err();
+    assert!(e.to_string().contains("'loss'"), "{e}");
+    // Once the host synced with s1's work, any stream's download may read it.
+    let dev = SimDevice::new(5);
+    let (s1, s2) = (dev.stream("compute").unwrap(), dev.stream("comm").unwrap());
+    let mut a = dev.alloc::<f32>(4, "loss").unwrap();
+    dev.fill(&s1, a.view_mut(), 1.0).unwrap();
+    dev.sync_event(&dev.record(&s1).unwrap()).unwrap();
+    dev.download(&s2, a.view(), &mut out).unwrap();
+    assert_eq!(out, [1.0; 4]);
+}
+
+#[test]
+fn host_tasks_are_ordered_on_their_stream_only() {
+    // A host task on comm after comm waited for compute sees compute's writes, and the
+    // host learns nothing: compute must still wait for comm before reusing the buffer.
+    let run = |wait_back: bool| -> Result<Vec<f32>> {
+        let dev = SimDevice::new(9);
+        let (compute, comm) = (dev.stream("compute")?, dev.stream("comm")?);
+        let mut a = dev.alloc::<f32>(3, "bucket")?;
+        dev.upload(&compute, &[1.0, 2.0, 3.0], a.view_mut())?;
+        dev.wait_event(&comm, &dev.record(&compute)?)?;
+        let ptr = a.raw_ptr();
+        let seen = dev.host_task(&comm, "reduce_scatter", &[a.view().access()], &[], || {
+            // SAFETY: the task runs after the upload (ordered on comm) and nothing else runs.
+            unsafe { std::slice::from_raw_parts(ptr, 3).to_vec() }
+        })?;
+        if wait_back {
+            dev.wait_event(&compute, &dev.record(&comm)?)?;
+        }
+        dev.fill(&compute, a.view_mut(), 0.0)?;
+        Ok(seen)
+    };
+    assert_eq!(run(true).unwrap(), [1.0, 2.0, 3.0]);
+    let e = run(false).unwrap_err().to_string();
+    assert!(
+        e.contains("write-after-read") && e.contains("'reduce_scatter'"),
+        "{e}"
+    );
+}
+
+#[test]
+fn ops_run_lazily_only_as_far_as_needed_and_in_seeded_interleavings() {
+    let mut orders = std::collections::BTreeSet::new();
+    for seed in 0..32 {
+        let dev = SimDevice::new(seed);
+        let (a, b, c) = (
+            dev.stream("a").unwrap(),
+            dev.stream("b").unwrap(),
+            dev.stream("c").unwrap(),
+        );
+        let mut x = dev.alloc::<f32>(1, "x").unwrap();
+        let mut y = dev.alloc::<f32>(1, "y").unwrap();
+        let mut z = dev.alloc::<f32>(2, "z").unwrap();
+        dev.fill(&a, x.view_mut(), 1.0).unwrap();
+        dev.fill(&b, y.view_mut(), 2.0).unwrap();
+        assert_eq!(dev.ops_pending(), 2, "nothing runs before it is needed");
+        // Waiting for a runs a's op only: b's is not in its past.
+        dev.sync_event(&dev.record(&a).unwrap()).unwrap();
+        assert_eq!(dev.ops_pending(), 1);
+        // c depends on both; a second op on each of a and b is unordered with the other.
+        dev.copy(&a, x.view(), z.slice_mut(0..1)).unwrap();
+        dev.copy(&b, y.view(), z.slice_mut(1..2)).unwrap();
+        let (ea, eb) = (dev.record(&a).unwrap(), dev.record(&b).unwrap());
+        dev.wait_event(&c, &ea).unwrap();
+        dev.wait_event(&c, &eb).unwrap();
+        let mut out = [0.0f32; 2];
+        dev.download(&c, z.view(), &mut out).unwrap();
+        assert_eq!(out, [1.0, 2.0]);
+        let order: Vec<usize> = dev.trace().iter().skip(1).map(|(s, _)| *s).collect();
+        orders.insert(order);
+    }
+    // b's fill, a's copy and b's copy ran in more than one order across seeds.
+    assert!(orders.len() > 1, "interleavings never varied: {orders:?}");
+}
+
+#[test]
+fn bad_views_and_shapes_are_errors_and_the_simulation_stops_after_one() {
+    let dev = SimDevice::new(0);
+    let s = dev.stream("s").unwrap();
+    let mut a = dev.alloc::<f32>(8, "a").unwrap();
+    let b = dev.alloc::<f32>(4, "b").unwrap();
+    assert!(matches!(
+        dev.copy(&s, b.view(), a.view_mut()),
+        Err(KernelError::LengthMismatch { .. })
+    ));
+    assert!(a.split_mut(&[0..4, 3..6]).is_err());
+    let parts = a.split_mut(&[4..8, 0..4]).unwrap();
+    assert_eq!(parts[0].range(), 4..8);
+    let mut ids = dev.alloc::<u32>(2, "ids").unwrap();
+    dev.upload(&s, &[0, 9], ids.view_mut()).unwrap();
+    let mut out = dev.alloc::<f32>(4, "out").unwrap();
+    let table = dev.alloc::<f32>(6, "table").unwrap();
+    // The id 9 is out of range of a 3-row table: an error when the op runs.
+    dev.gather_rows(&s, out.view_mut(), ids.view(), table.view(), 2)
+        .unwrap();
+    let e = dev.synchronize().unwrap_err().to_string();
+    assert!(e.contains("ids[1] = 9"), "{e}");
+    let again = dev.fill(&s, out.view_mut(), 0.0).unwrap_err().to_string();
+    assert!(again.contains("earlier error"), "{again}");
+    // The host device reports the same error at once.
+    let host = HostDevice::new();
+    let s = host.stream("s").unwrap();
+    let mut ids = host.alloc::<u32>(2, "ids").unwrap();
+    host.upload(&s, &[0, 9], ids.view_mut()).unwrap();
+    let mut out = host.alloc::<f32>(4, "out").unwrap();
+    let table = host.alloc::<f32>(6, "table").unwrap();
+    assert!(host
+        .gather_rows(&s, out.view_mut(), ids.view(), table.view(), 2)
+        .is_err());
+}

@@ -1,0 +1,285 @@
+//! Causal multi-head self-attention over a packed `qkv` `[B, T, 3C]` (q | k | v, head h at
+//! columns h*hs .. (h+1)*hs of each third, hs = C/H):
+//!   S = Q K^T / sqrt(hs);  P = softmax(S) over keys j <= i (causal);  Y = P V,
+//! written into `y` `[B, T, C]` with heads side by side. P is kept `[B, H, T, T]` for the
+//! backward. Matrix products run in row bands of `BAND` queries, and each band only
+//! touches keys up to its last query, so the masked upper triangle is mostly skipped.
+//! (llm.c's `attention_forward` / `attention_backward`, with the products as GEMMs.)
+//!
+//! Both functions panic when a slice is shorter than its shape says or `C` is not a
+//! multiple of `H` (bugs in the calling layer, never user input).
+
+use super::gemm::{Gemm, MatLayout};
+use super::scalar::Scalar;
+use super::softmax::{softmax_row_backward_inplace, softmax_row_inplace};
+
+/// Queries per band of the causal products.
+const BAND: usize = 64;
+
+/// Shapes of one attention call (llm.c's names).
+#[derive(Clone, Copy, Debug)]
+pub struct AttnShape {
+    /// B.
+    pub b: usize,
+    /// T (this batch's sequence length).
+    pub t: usize,
+    /// C.
+    pub c: usize,
+    /// H.
+    pub h: usize,
+}
+
+/// Heads must split C evenly (a model's config validates this; the kernel checks again).
+fn check_heads(c: usize, h: usize) {
+    assert!(
+        h > 0 && c.is_multiple_of(h),
+        "attention: C = {c} is not a positive multiple of H = {h}"
+    );
+}
+
+/// Query bands: (first row, one past last row).
+fn bands(t: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..t).step_by(BAND).map(move |r0| (r0, (r0 + BAND).min(t)))
+}
+
+/// Forward: writes `y` `[B,T,C]` and `p` `[B,H,T,T]` (P's upper triangle is written 0) from
+/// `qkv` `[B,T,3C]`.
+pub fn attention_forward<F: Scalar>(g: &Gemm, y: &mut [F], p: &mut [F], qkv: &[F], s: AttnShape) {
+    let AttnShape { b, t, c, h } = s;
+    check_heads(c, h);
+    let hs = c / h;
+    let scale = F::from_f64(1.0 / (hs as f64).sqrt());
+    for bi in 0..b {
+        for hi in 0..h {
+            let base = bi * t * 3 * c + hi * hs;
+            let (q, k, v) = (&qkv[base..], &qkv[base + c..], &qkv[base + 2 * c..]);
+            let pm = &mut p[(bi * h + hi) * t * t..][..t * t];
+            for (r0, r1) in bands(t) {
+                // S[r0..r1, 0..r1] = scale * Q[r0..r1] K[0..r1]^T
+                g.run(
+                    scale,
+                    &q[r0 * 3 * c..],
+                    MatLayout::rm(r1 - r0, hs, 3 * c),
+                    k,
+                    MatLayout::rm(r1, hs, 3 * c).t(),
+                    F::ZERO,
+                    &mut pm[r0 * t..],
+                    MatLayout::rm(r1 - r0, r1, t),
+                );
+                for i in r0..r1 {
+                    softmax_row_inplace(&mut pm[i * t..(i + 1) * t], i + 1);
+                }
+                // Y[r0..r1] = P[r0..r1, 0..r1] V[0..r1]
+                g.run(
+                    F::ONE,
+                    &pm[r0 * t..],
+                    MatLayout::rm(r1 - r0, r1, t),
+                    v,
+                    MatLayout::rm(r1, hs, 3 * c),
+                    F::ZERO,
+                    &mut y[bi * t * c + hi * hs + r0 * c..],
+                    MatLayout::rm(r1 - r0, hs, c),
+                );
+            }
+        }
+    }
+}
+
+/// Backward: **writes** (not adds) `dqkv` `[B,T,3C]` from `dy` `[B,T,C]`, with `p` `[B,H,T,T]`
+/// and `qkv` as the forward left and saw them; `dp` is a scratch of at least T*T elements.
+/// dV = P^T dY; dS = softmax'(dP = dY V^T); dQ = dS K / sqrt(hs); dK = dS^T Q / sqrt(hs).
+pub fn attention_backward<F: Scalar>(
+    g: &Gemm,
+    dqkv: &mut [F],
+    dp: &mut [F],
+    dy: &[F],
+    p: &[F],
+    qkv: &[F],
+    s: AttnShape,
+) {
+    let AttnShape { b, t, c, h } = s;
+    check_heads(c, h);
+    let hs = c / h;
+    let scale = F::from_f64(1.0 / (hs as f64).sqrt());
+    let dp = &mut dp[..t * t];
+    for bi in 0..b {
+        for hi in 0..h {
+            let base = bi * t * 3 * c + hi * hs;
+            let (q, k, v) = (&qkv[base..], &qkv[base + c..], &qkv[base + 2 * c..]);
+            let pm = &p[(bi * h + hi) * t * t..][..t * t];
+            let dyh = &dy[bi * t * c + hi * hs..];
+            for (r0, r1) in bands(t) {
+                // dP[r0..r1, 0..r1] = dY[r0..r1] V[0..r1]^T, then through the softmax.
+                g.run(
+                    F::ONE,
+                    &dyh[r0 * c..],
+                    MatLayout::rm(r1 - r0, hs, c),
+                    v,
+                    MatLayout::rm(r1, hs, 3 * c).t(),
+                    F::ZERO,
+                    &mut dp[r0 * t..],
+                    MatLayout::rm(r1 - r0, r1, t),
+                );
+                for i in r0..r1 {
+                    let row = i * t..(i + 1) * t;
+                    softmax_row_backward_inplace(&mut dp[row.clone()], &pm[row], i + 1);
+                }
+                // dQ[r0..r1] = scale * dS[r0..r1, 0..r1] K[0..r1]
+                g.run(
+                    scale,
+                    &dp[r0 * t..],
+                    MatLayout::rm(r1 - r0, r1, t),
+                    k,
+                    MatLayout::rm(r1, hs, 3 * c),
+                    F::ZERO,
+                    &mut dqkv[base + r0 * 3 * c..],
+                    MatLayout::rm(r1 - r0, hs, 3 * c),
+                );
+            }
+            // Keys/values j in [j0, j1) receive from queries i >= j0 only (dS, P are 0
+            // above the diagonal).
+            for (j0, j1) in bands(t) {
+                let a_t = MatLayout {
+                    rows: j1 - j0,
+                    cols: t - j0,
+                    rs: 1,
+                    cs: t,
+                };
+                // dK[j0..j1] = scale * dS[j0.., j0..j1]^T Q[j0..]
+                g.run(
+                    scale,
+                    &dp[j0 * t + j0..],
+                    a_t,
+                    &q[j0 * 3 * c..],
+                    MatLayout::rm(t - j0, hs, 3 * c),
+                    F::ZERO,
+                    &mut dqkv[base + c + j0 * 3 * c..],
+                    MatLayout::rm(j1 - j0, hs, 3 * c),
+                );
+                // dV[j0..j1] = P[j0.., j0..j1]^T dY[j0..]
+                g.run(
+                    F::ONE,
+                    &pm[j0 * t + j0..],
+                    a_t,
+                    &dyh[j0 * c..],
+                    MatLayout::rm(t - j0, hs, c),
+                    F::ZERO,
+                    &mut dqkv[base + 2 * c + j0 * 3 * c..],
+                    MatLayout::rm(j1 - j0, hs, 3 * c),
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vals(n: usize, seed: usize) -> Vec<f64> {
+        (0..n)
+            .map(|i| ((i * 53 + seed * 7) % 103) as f64 * 0.02 - 1.0)
+            .collect()
+    }
+
+    /// The definition, one query at a time: y_i = sum_{j<=i} softmax_j(q_i.k_j / sqrt(hs)) v_j.
+    fn naive(qkv: &[f64], s: AttnShape) -> Vec<f64> {
+        let AttnShape { b, t, c, h } = s;
+        let hs = c / h;
+        let mut y = vec![0.0; b * t * c];
+        for bi in 0..b {
+            for hi in 0..h {
+                let at = |row: usize, part: usize, i: usize| {
+                    qkv[(bi * t + row) * 3 * c + part * c + hi * hs + i]
+                };
+                for qi in 0..t {
+                    let sc: Vec<f64> = (0..=qi)
+                        .map(|kj| {
+                            (0..hs).map(|i| at(qi, 0, i) * at(kj, 1, i)).sum::<f64>()
+                                / (hs as f64).sqrt()
+                        })
+                        .collect();
+                    let m = sc.iter().cloned().fold(f64::MIN, f64::max);
+                    let e: Vec<f64> = sc.iter().map(|s| (s - m).exp()).collect();
+                    let z: f64 = e.iter().sum();
+                    for i in 0..hs {
+                        y[(bi * t + qi) * c + hi * hs + i] =
+                            (0..=qi).map(|kj| e[kj] / z * at(kj, 2, i)).sum::<f64>();
+                    }
+                }
+            }
+        }
+        y
+    }
+
+    /// T = 66 spans two query bands.
+    const S: AttnShape = AttnShape {
+        b: 2,
+        t: 66,
+        c: 4,
+        h: 2,
+    };
+
+    #[test]
+    fn forward_matches_definition_across_bands() {
+        let qkv = vals(S.b * S.t * 3 * S.c, 1);
+        let mut y = vec![0.0; S.b * S.t * S.c];
+        let mut p = vec![7.0; S.b * S.h * S.t * S.t];
+        attention_forward(&Gemm::new(1), &mut y, &mut p, &qkv, S);
+        let want = naive(&qkv, S);
+        for (i, (a, w)) in y.iter().zip(&want).enumerate() {
+            assert!((a - w).abs() < 1e-13, "y[{i}]: {a} vs {w}");
+        }
+        // P is causal: zero above the diagonal, rows summing to 1.
+        for (r, row) in p.chunks_exact(S.t).enumerate() {
+            let i = r % S.t;
+            assert!(row[i + 1..].iter().all(|&x| x == 0.0));
+            assert!((row.iter().sum::<f64>() - 1.0).abs() < 1e-14);
+        }
+    }
+
+    #[test]
+    fn backward_writes_and_matches_central_differences_f64() {
+        let s = AttnShape { b: 1, ..S };
+        let qkv = vals(s.b * s.t * 3 * s.c, 2);
+        let w = vals(s.b * s.t * s.c, 3);
+        let loss = |qkv: &[f64]| {
+            let mut y = vec![0.0; s.b * s.t * s.c];
+            let mut p = vec![0.0; s.b * s.h * s.t * s.t];
+            attention_forward(&Gemm::new(1), &mut y, &mut p, qkv, s);
+            y.iter().zip(&w).map(|(y, w)| y * w).sum::<f64>()
+        };
+        let mut y = vec![0.0; s.b * s.t * s.c];
+        let mut p = vec![0.0; s.b * s.h * s.t * s.t];
+        attention_forward(&Gemm::new(1), &mut y, &mut p, &qkv, s);
+        let mut dqkv = vec![5.0; qkv.len()]; // written, not added
+        let mut dp = vec![0.0; s.t * s.t];
+        attention_backward(&Gemm::new(1), &mut dqkv, &mut dp, &w, &p, &qkv, s);
+        let h = 1e-5;
+        for i in 0..qkv.len() {
+            let (mut qp, mut qm) = (qkv.clone(), qkv.clone());
+            qp[i] += h;
+            qm[i] -= h;
+            let fd = (loss(&qp) - loss(&qm)) / (2.0 * h);
+            assert!(
+                (dqkv[i] - fd).abs() < 1e-8,
+                "dqkv[{i}]: {} vs {fd}",
+                dqkv[i]
+            );
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "not a positive multiple of H")]
+    fn rejects_heads_not_dividing_c() {
+        let s = AttnShape {
+            b: 1,
+            t: 2,
+            c: 6,
+            h: 4,
+        };
+        let mut y = vec![0.0f32; 12];
+        let mut p = vec![0.0f32; 16];
+        attention_forward(&Gemm::new(1), &mut y, &mut p, &[0.0; 36], s);
+    }
+}

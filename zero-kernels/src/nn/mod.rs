@@ -1,0 +1,54 @@
+//! Host kernels of the model layers: the CPU implementations of every op a language model
+//! calls between (and including) its matrix multiplies, over plain slices, generic over
+//! the compute scalar ([`Scalar`]: f32 for training, f64 for the reference that gradient
+//! checks hold the f32 code against). A device runs them as its CPU ops; the GPT-2 of
+//! zero-models is written on them.
+//!
+//! - [`gemm`]: `C = alpha * A B + beta * C` over strided views ([`MatLayout`]), with
+//!   threads over row bands ([`Gemm`]);
+//! - [`norm`]: LayerNorm; [`activation`]: GELU (tanh approximation);
+//! - [`softmax`]: the causal row softmax; [`attention`]: causal multi-head attention over
+//!   a packed qkv, in query bands;
+//! - [`xent`]: softmax cross-entropy of a classifier and the mean loss;
+//! - [`rows`]: biases, embedding gather/scatter, position tables, a causal token shift,
+//!   elementwise sums.
+//!
+//! Conventions:
+//!
+//! - Buffers are **row-major**; shapes are named as in llm.c's `train_gpt2.c`: B rows
+//!   (sequences) per micro-batch, T tokens per sequence, C channels, H heads, V classes
+//!   (vocabulary); `[B, T, C]` is B*T rows of C.
+//! - Every backward function says for each output whether it **writes** it or **adds**
+//!   (`+=`) into it. Parameter gradients are always added (gradient accumulation);
+//!   gradients of activations are written or added as documented.
+//! - Shapes that disagree, slices too short and ids past a table panic: they are bugs of
+//!   the calling layer, never user input (models validate token ids when a batch comes
+//!   in). Nothing here is `unsafe` except the GEMM call, whose views are bounds-checked
+//!   first.
+//! - Numerics: each function is a fixed sequence of IEEE operations, the same on every
+//!   call and thread count, and no function here uses a fused multiply-add of its own.
+//!   The GEMM is `matrixmultiply`'s, whose kernel (with or without FMA) is chosen at run
+//!   time for the CPU, so unlike the optimizer kernels of this crate, results that go
+//!   through a GEMM are reproducible on one kind of CPU, not bitwise across instruction
+//!   set levels.
+
+pub mod activation;
+pub mod attention;
+pub mod gemm;
+pub mod norm;
+pub mod rows;
+pub mod scalar;
+pub mod softmax;
+pub mod xent;
+
+pub use activation::{gelu_backward_inplace, gelu_forward};
+pub use attention::{attention_backward, attention_forward, AttnShape};
+pub use gemm::{Gemm, MatLayout};
+pub use norm::{layernorm_backward, layernorm_forward, LN_EPS};
+pub use rows::{
+    add_into, add_periodic_rows, add_rows, bias_backward, fill_rows, gather_rows,
+    periodic_rows_backward, scale_into, scatter_add_rows, shift_rows_backward, shift_rows_forward,
+};
+pub use scalar::{exp_f32, tanh_f32, Scalar};
+pub use softmax::{softmax_row_backward_inplace, softmax_row_inplace};
+pub use xent::{mean_f64, mean_into, softmax_xent_backward, softmax_xent_forward};

@@ -1,0 +1,164 @@
+//! LayerNorm over rows of width C (Ba, Kiros & Hinton 2016; llm.c's `layernorm_forward` /
+//! `layernorm_backward`), with the biased variance and PyTorch's epsilon, as GPT-2 uses.
+
+use super::scalar::Scalar;
+
+/// LayerNorm epsilon (PyTorch's default, as GPT-2 uses).
+pub const LN_EPS: f64 = 1e-5;
+
+/// LayerNorm over rows of width `c`: `out = (x - mean) * rstd * w + b`,
+/// rstd = 1/sqrt(var + eps) with the biased variance. Writes `out` `[rows, c]` and saves
+/// `mean` and `rstd` `[rows]` per row for the backward.
+///
+/// # Panics
+/// If `mean` or `rstd` has fewer than rows = `x.len() / c` elements or `w`, `b` fewer than
+/// `c`. Rows beyond the shorter of `x`, `out` are not touched.
+pub fn layernorm_forward<F: Scalar>(
+    out: &mut [F],
+    mean: &mut [F],
+    rstd: &mut [F],
+    x: &[F],
+    w: &[F],
+    b: &[F],
+    c: usize,
+) {
+    let inv_c = F::from_f64(1.0 / c as f64);
+    let eps = F::from_f64(LN_EPS);
+    for (r, (xr, or)) in x.chunks_exact(c).zip(out.chunks_exact_mut(c)).enumerate() {
+        let mut m = F::ZERO;
+        xr.iter().for_each(|&v| m += v);
+        m *= inv_c;
+        let mut var = F::ZERO;
+        xr.iter().for_each(|&v| var += (v - m) * (v - m));
+        var *= inv_c;
+        let s = F::ONE / (var + eps).sqrt();
+        for i in 0..c {
+            or[i] = (xr[i] - m) * s * w[i] + b[i];
+        }
+        mean[r] = m;
+        rstd[r] = s;
+    }
+}
+
+/// LayerNorm backward. **Adds** into `dx` `[rows, c]`, `dw` `[c]` and `db` `[c]`. With
+/// n = (x - mean) * rstd and g = dout * w: dx = rstd * (g - mean(g) - n * mean(g * n)),
+/// dw = sum over rows of dout * n, db = sum over rows of dout.
+///
+/// # Panics
+/// As [`layernorm_forward`], for `mean`, `rstd`, `w`, `dw`, `db` too short.
+#[allow(clippy::too_many_arguments)]
+pub fn layernorm_backward<F: Scalar>(
+    dx: &mut [F],
+    dw: &mut [F],
+    db: &mut [F],
+    dout: &[F],
+    x: &[F],
+    w: &[F],
+    mean: &[F],
+    rstd: &[F],
+    c: usize,
+) {
+    let inv_c = F::from_f64(1.0 / c as f64);
+    for (r, ((dxr, xr), dr)) in dx
+        .chunks_exact_mut(c)
+        .zip(x.chunks_exact(c))
+        .zip(dout.chunks_exact(c))
+        .enumerate()
+    {
+        let (m, s) = (mean[r], rstd[r]);
+        let mut g_mean = F::ZERO;
+        let mut gn_mean = F::ZERO;
+        for i in 0..c {
+            let n = (xr[i] - m) * s;
+            let g = dr[i] * w[i];
+            g_mean += g;
+            gn_mean += g * n;
+        }
+        g_mean *= inv_c;
+        gn_mean *= inv_c;
+        for i in 0..c {
+            let n = (xr[i] - m) * s;
+            let g = dr[i] * w[i];
+            dxr[i] += (g - g_mean - n * gn_mean) * s;
+            dw[i] += dr[i] * n;
+            db[i] += dr[i];
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vals(n: usize, seed: usize) -> Vec<f64> {
+        (0..n)
+            .map(|i| ((i * 37 + seed * 11) % 89) as f64 * 0.03 - 1.2)
+            .collect()
+    }
+
+    #[test]
+    fn forward_normalises_each_row() {
+        let (rows, c) = (3, 8);
+        let x = vals(rows * c, 1);
+        let (w, b) = (vec![1.0; c], vec![0.0; c]);
+        let (mut out, mut mean, mut rstd) = (vec![0.0; rows * c], vec![0.0; rows], vec![0.0; rows]);
+        layernorm_forward(&mut out, &mut mean, &mut rstd, &x, &w, &b, c);
+        for r in 0..rows {
+            let o = &out[r * c..][..c];
+            let m: f64 = o.iter().sum::<f64>() / c as f64;
+            let var: f64 = o.iter().map(|v| v * v).sum::<f64>() / c as f64;
+            assert!(m.abs() < 1e-14, "row {r} mean {m}");
+            // var(out) = var / (var + eps), just under 1.
+            let xr = &x[r * c..][..c];
+            let xm = xr.iter().sum::<f64>() / c as f64;
+            let xv = xr.iter().map(|v| (v - xm) * (v - xm)).sum::<f64>() / c as f64;
+            assert!((var - xv / (xv + LN_EPS)).abs() < 1e-13);
+            assert!((mean[r] - xm).abs() < 1e-15);
+        }
+    }
+
+    #[test]
+    fn backward_adds_and_matches_central_differences_f64() {
+        // L = sum(g * LN(x; w, b)); the backward's dx, dw, db against (L(+h) - L(-h)) / 2h,
+        // each starting from a nonzero buffer (the backward adds).
+        let (rows, c) = (3, 5);
+        let (x, w, b, g) = (vals(rows * c, 2), vals(c, 3), vals(c, 4), vals(rows * c, 5));
+        let loss = |x: &[f64], w: &[f64], b: &[f64]| {
+            let (mut o, mut m, mut s) = (vec![0.0; rows * c], vec![0.0; rows], vec![0.0; rows]);
+            layernorm_forward(&mut o, &mut m, &mut s, x, w, b, c);
+            o.iter().zip(&g).map(|(o, g)| o * g).sum::<f64>()
+        };
+        let (mut o, mut m, mut s) = (vec![0.0; rows * c], vec![0.0; rows], vec![0.0; rows]);
+        layernorm_forward(&mut o, &mut m, &mut s, &x, &w, &b, c);
+        let (mut dx, mut dw, mut db) = (vec![1.0; rows * c], vec![2.0; c], vec![3.0; c]);
+        layernorm_backward(&mut dx, &mut dw, &mut db, &g, &x, &w, &m, &s, c);
+        let h = 1e-5;
+        let fd = |f: &dyn Fn(f64) -> f64| (f(h) - f(-h)) / (2.0 * h);
+        for i in 0..x.len() {
+            let want = fd(&|e| {
+                let mut xe = x.clone();
+                xe[i] += e;
+                loss(&xe, &w, &b)
+            });
+            assert!(
+                (dx[i] - 1.0 - want).abs() < 1e-8,
+                "dx[{i}]: {} vs {want}",
+                dx[i] - 1.0
+            );
+        }
+        for i in 0..c {
+            let want_w = fd(&|e| {
+                let mut we = w.clone();
+                we[i] += e;
+                loss(&x, &we, &b)
+            });
+            let want_b = fd(&|e| {
+                let mut be = b.clone();
+                be[i] += e;
+                loss(&x, &w, &be)
+            });
+            assert!((dw[i] - 2.0 - want_w).abs() < 1e-8, "dw[{i}]");
+            assert!((db[i] - 3.0 - want_b).abs() < 1e-8, "db[{i}]");
+        }
+    }
+}

@@ -1,0 +1,173 @@
+//! The scalar the model kernels compute in: `f32` for training, `f64` for the reference
+//! that gradient checks compare against. One generic body serves both, so the f64 model
+//! that finite differences validate is the same code the engine runs in f32.
+//!
+//! (Named `Scalar`, not `Real`: the project has had too many traits called `Real`.)
+
+use std::fmt::Debug;
+use std::ops::{Add, AddAssign, Div, Mul, MulAssign, Neg, Sub, SubAssign};
+
+/// A floating-point scalar with the few functions the model kernels use, and its GEMM
+/// (`matrixmultiply`'s `sgemm` / `dgemm`).
+pub trait Scalar:
+    crate::dtype::Element
+    + Copy
+    + Default
+    + Debug
+    + PartialOrd
+    + Send
+    + Sync
+    + 'static
+    + Add<Output = Self>
+    + Sub<Output = Self>
+    + Mul<Output = Self>
+    + Div<Output = Self>
+    + Neg<Output = Self>
+    + AddAssign
+    + SubAssign
+    + MulAssign
+{
+    /// 0.
+    const ZERO: Self;
+    /// 1.
+    const ONE: Self;
+    /// The most negative finite value (softmax's running max starts here).
+    const MIN: Self;
+    /// Round from f64.
+    fn from_f64(x: f64) -> Self;
+    /// Widen to f64.
+    fn to_f64(self) -> f64;
+    /// e^x (for f32 the branch-free [`exp_f32`]).
+    fn exp(self) -> Self;
+    /// Natural logarithm.
+    fn ln(self) -> Self;
+    /// tanh (for f32 the branch-free [`tanh_f32`], which vectorises; libm's does not).
+    fn tanh(self) -> Self;
+    /// Square root.
+    fn sqrt(self) -> Self;
+    /// `C = alpha * A B + beta * C` with arbitrary strides (matrixmultiply's contract).
+    ///
+    /// # Safety
+    /// The pointers with the given dimensions and strides must address valid memory, and
+    /// `c` must not alias `a` or `b`.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn gemm_raw(
+        m: usize,
+        k: usize,
+        n: usize,
+        alpha: Self,
+        a: *const Self,
+        rsa: isize,
+        csa: isize,
+        b: *const Self,
+        rsb: isize,
+        csb: isize,
+        beta: Self,
+        c: *mut Self,
+        rsc: isize,
+        csc: isize,
+    );
+}
+
+/// e^x for f32 without libm, branch-free so loops over it vectorise (Cephes `expf`):
+/// x = n ln2 + r with |r| <= ln2/2, e^r by a degree-7 polynomial, 2^n by building the
+/// exponent bits. Relative error ~2 ulp on [-87, 88]; inputs are clamped to that range.
+#[inline(always)]
+pub fn exp_f32(x: f32) -> f32 {
+    let x = x.clamp(-87.0, 88.0);
+    // Round x*log2(e) to nearest with the 1.5*2^23 trick (no SSE4.1 `round` needed).
+    let n = (x * std::f32::consts::LOG2_E + 12_582_912.0) - 12_582_912.0;
+    // ln 2 split in two so n*C1 is exact (Cody-Waite).
+    let r = x - n * 0.693_359_4 - n * -2.121_944_4e-4;
+    let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
+        + 1.666_666_5e-1)
+        * r
+        + 5e-1;
+    let y = p * r * r + r + 1.0;
+    y * f32::from_bits(((n as i32 + 127) << 23) as u32)
+}
+
+/// tanh for f32 as 1 - 2/(e^(2u) + 1) over [`exp_f32`]: absolute error ~2e-7, which is
+/// what GELU needs (it uses 0.5 x (1 + tanh), an absolute not a relative quantity).
+#[inline(always)]
+pub fn tanh_f32(u: f32) -> f32 {
+    1.0 - 2.0 / (exp_f32(2.0 * u) + 1.0)
+}
+
+macro_rules! impl_scalar {
+    ($t:ty, $gemm:path, $exp:path, $tanh:path) => {
+        impl Scalar for $t {
+            const ZERO: Self = 0.0;
+            const ONE: Self = 1.0;
+            const MIN: Self = <$t>::MIN;
+            #[inline]
+            fn from_f64(x: f64) -> Self {
+                x as $t
+            }
+            #[inline]
+            fn to_f64(self) -> f64 {
+                self as f64
+            }
+            #[inline]
+            fn exp(self) -> Self {
+                $exp(self)
+            }
+            #[inline]
+            fn ln(self) -> Self {
+                <$t>::ln(self)
+            }
+            #[inline]
+            fn tanh(self) -> Self {
+                $tanh(self)
+            }
+            #[inline]
+            fn sqrt(self) -> Self {
+                <$t>::sqrt(self)
+            }
+            unsafe fn gemm_raw(
+                m: usize,
+                k: usize,
+                n: usize,
+                alpha: Self,
+                a: *const Self,
+                rsa: isize,
+                csa: isize,
+                b: *const Self,
+                rsb: isize,
+                csb: isize,
+                beta: Self,
+                c: *mut Self,
+                rsc: isize,
+                csc: isize,
+            ) {
+                // SAFETY: forwarded contract; `Gemm::run` checked every index is in bounds.
+                unsafe { $gemm(m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc) }
+            }
+        }
+    };
+}
+
+impl_scalar!(f32, matrixmultiply::sgemm, exp_f32, tanh_f32);
+impl_scalar!(f64, matrixmultiply::dgemm, f64::exp, f64::tanh);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fast_exp_and_tanh_match_libm() {
+        let mut worst_exp = 0.0f64;
+        let mut worst_tanh = 0.0f64;
+        for i in -86_000..88_000 {
+            let x = i as f32 * 1e-3;
+            let want = (x as f64).exp();
+            worst_exp = worst_exp.max(((exp_f32(x) as f64) - want).abs() / want);
+            let u = x / 8.0;
+            worst_tanh = worst_tanh.max(((tanh_f32(u) as f64) - (u as f64).tanh()).abs());
+        }
+        assert!(worst_exp < 5e-7, "exp relative error {worst_exp:e}");
+        assert!(worst_tanh < 5e-7, "tanh absolute error {worst_tanh:e}");
+        assert_eq!(tanh_f32(100.0), 1.0);
+        assert_eq!(tanh_f32(-100.0), -1.0);
+    }
+}
