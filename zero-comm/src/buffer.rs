@@ -6,14 +6,8 @@
 
 use crate::Element;
 
-/// Where the bytes of a buffer live.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Location {
-    /// Ordinary host memory.
-    Host,
-    /// Memory of a CUDA device (ordinal).
-    Cuda(usize),
-}
+/// Where the bytes of a buffer live (the device layer's notion, shared).
+pub use zero_kernels::device::Location;
 
 /// A contiguous buffer of `len()` elements of type `Elem` that a collective may read.
 ///

@@ -98,4 +98,81 @@ pub enum CommError {
         /// What the second rank issued.
         call_b: String,
     },
+    /// A rank waited at a rendezvous longer than [`crate::CommConfig::timeout`] (the
+    /// in-process backend, [`crate::LocalComm`], which reports instead of aborting).
+    #[error(
+        "rank {rank}: {op} #{seq} on '{comm}' timed out after {waited_s:.1} s waiting for rank(s) {} (they never arrived)",
+        rank_list(.missing)
+    )]
+    Timeout {
+        /// Rank that waited.
+        rank: usize,
+        /// Name of the communicator.
+        comm: String,
+        /// Sequence number of the waiting rank's call.
+        seq: u64,
+        /// The collective.
+        op: &'static str,
+        /// How long it waited, in seconds.
+        waited_s: f64,
+        /// Communicator ranks that had not arrived, ascending.
+        missing: Vec<usize>,
+    },
+    /// A peer's communicator was dropped (its thread ended, returned an error or panicked)
+    /// before it joined the collective this rank is in.
+    #[error("rank {rank}: {op} #{seq} on '{comm}': rank {peer} left the group (its thread ended or panicked) before joining")]
+    PeerGone {
+        /// Rank that reports it.
+        rank: usize,
+        /// Name of the communicator.
+        comm: String,
+        /// Sequence number of the reporting rank's call.
+        seq: u64,
+        /// The collective.
+        op: &'static str,
+        /// The rank that left (communicator rank; the lowest one if several did).
+        peer: usize,
+    },
+    /// An earlier collective failed on some rank (timeout, invalid buffer, panic inside
+    /// the collective), which left the group unusable: every later collective is refused
+    /// instead of waiting for a rank that will not come.
+    #[error("rank {rank}: {op} #{seq} on '{comm}' refused: the group is unusable since rank {by} failed: {reason}")]
+    Poisoned {
+        /// Rank that reports it.
+        rank: usize,
+        /// Name of the communicator.
+        comm: String,
+        /// Sequence number of the reporting rank's call.
+        seq: u64,
+        /// The collective.
+        op: &'static str,
+        /// The rank whose failure poisoned the group.
+        by: usize,
+        /// That rank's error.
+        reason: String,
+    },
+    /// The device a stream-ordered collective was queued on failed (or its simulator
+    /// found an ordering hazard): [`crate::on_stream`].
+    #[error("rank {rank}: {op} on the device: {message}")]
+    Device {
+        /// Rank in the world.
+        rank: usize,
+        /// The collective.
+        op: &'static str,
+        /// The device's error.
+        message: String,
+    },
+}
+
+impl CommError {
+    /// A device refused or failed the host task a stream-ordered collective runs as.
+    pub(crate) fn device(rank: usize, op: &'static str, message: String) -> CommError {
+        CommError::Device { rank, op, message }
+    }
+}
+
+/// `1, 3, 4` for the messages above.
+fn rank_list(ranks: &[usize]) -> String {
+    let v: Vec<String> = ranks.iter().map(usize::to_string).collect();
+    v.join(", ")
 }

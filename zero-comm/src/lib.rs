@@ -2,31 +2,42 @@
 //!
 //! - [`init`] brings MPI up (MPI_THREAD_MULTIPLE), installs a panic hook that aborts the
 //!   whole job naming the rank, and returns the world [`MpiComm`].
+//! - [`LocalComm`] (module [`local`]): N ranks as threads of one process, with
+//!   deterministic rank-order reductions, the consistency check always on, and timeouts
+//!   and departed peers reported as errors instead of hangs; [`run_local`] runs a closure
+//!   per rank.
 //! - [`Communicator`]: rank/size, blocking all-reduce (sum, max), reduce-scatter and
 //!   all-gather (equal blocks), broadcast, barrier on any [`CommBuf`] (host slices today,
 //!   device buffers later); non-blocking versions in a [`Communicator::scope`].
 //! - Element types: every [`DType`]; bf16/f16 sums per [`HalfSum`].
+//! - [`on_stream`]: the same collectives on device buffers, ordered on a device stream
+//!   (what the engine calls); [`lowest_failing_rank`] to agree on a failure.
 //! - Accounting per [`CollectiveKind`] ([`CommStats`], ring-algorithm bytes).
 //! - Failure: typed [`CommError`]s with the rank; optional watchdog and consistency check
 //!   ([`CommConfig`], `ZERO_COMM_TIMEOUT`, `ZERO_COMM_CHECK`).
 #![deny(missing_docs)]
 
+pub mod agree;
 pub mod buffer;
 pub mod communicator;
 pub mod config;
 pub mod error;
 mod init;
+pub mod local;
 mod mpi;
 pub mod nonblocking;
+pub mod on_stream;
 pub mod selftest;
 pub mod stats;
 mod watchdog;
 
+pub use agree::lowest_failing_rank;
 pub use buffer::{CommBuf, CommBufMut, Location};
 pub use communicator::{Communicator, InFlight, RawBuf, RawCall, ReduceOp};
 pub use config::{CommConfig, HalfSum};
 pub use error::{CommError, Result};
 pub use init::{abort, init, init_with, line_to_stderr, MpiContext, PANIC_EXIT_CODE};
+pub use local::{run_local, LocalComm, RankPanic};
 pub use mpi::MpiComm;
 pub use nonblocking::{Pending, Scope};
 pub use stats::{ring_bytes, CollectiveKind, CommStats, KindStats};

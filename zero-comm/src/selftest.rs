@@ -49,6 +49,7 @@ test_elem!(
     bf16 => |v| bf16::from_f32(v as f32),
     f16 => |v| f16::from_f32(v as f32),
     u8 => |v| v as u8,
+    u32 => |v| v as u32,
     i32 => |v| v as i32,
     i64 => |v| v,
 );
@@ -236,6 +237,7 @@ pub fn run<C: Communicator>(comm: &C) -> Result<Vec<CaseResult>> {
             DType::F32 => cases_for::<f32, C>(comm, "", &mut out)?,
             DType::F64 => cases_for::<f64, C>(comm, "", &mut out)?,
             DType::U8 => cases_for::<u8, C>(comm, "", &mut out)?,
+            DType::U32 => cases_for::<u32, C>(comm, "", &mut out)?,
             DType::I32 => cases_for::<i32, C>(comm, "", &mut out)?,
             DType::I64 => cases_for::<i64, C>(comm, "", &mut out)?,
             DType::BF16 | DType::F16 => {

@@ -2,7 +2,7 @@
 //! as the bandwidth-optimal (ring / chain) algorithm moves them, whatever algorithm MPI
 //! picks underneath. These are the figures the ZeRO paper's communication volumes are
 //! stated in (Rajbhandari et al., SC'20, section 7), so the engine can hold its own
-//! traffic against the table in DESIGN.md.
+//! traffic against the table in docs/ARCHITECTURE.md.
 //!
 //! With N ranks and B the bytes of the buffer named below (wire bytes: a half buffer
 //! summed by upcasting travels as f32, so it counts twice its own size):

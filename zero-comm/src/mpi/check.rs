@@ -12,9 +12,9 @@ use crate::stats::CollectiveKind;
 use crate::DType;
 use mpi::ffi;
 
-const FIELDS: usize = 7;
+pub(crate) const FIELDS: usize = 7;
 
-fn fingerprint(seq: u64, call: &RawCall, upcast: bool) -> [i64; FIELDS] {
+pub(crate) fn fingerprint(seq: u64, call: &RawCall, upcast: bool) -> [i64; FIELDS] {
     let op = match call.op {
         None => 0,
         Some(ReduceOp::Sum) => 1,
@@ -35,7 +35,7 @@ fn fingerprint(seq: u64, call: &RawCall, upcast: bool) -> [i64; FIELDS] {
     ]
 }
 
-fn describe(f: &[i64]) -> String {
+pub(crate) fn describe(f: &[i64]) -> String {
     let kind = CollectiveKind::from_code(f[1]).map_or("unknown collective", |k| k.name());
     let op = match f[2] {
         1 => "(sum)",

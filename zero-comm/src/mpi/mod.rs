@@ -8,7 +8,7 @@
 //! `CommError::Mpi` with the rank in it. Half sums in `HalfSum::Upcast` mode stage through
 //! f32 copies; everything else is zero-copy.
 
-mod check;
+pub(crate) mod check;
 pub(crate) mod ops;
 
 use crate::buffer::Location;

@@ -20,6 +20,7 @@ pub(crate) fn datatype(dtype: DType) -> ffi::MPI_Datatype {
             DType::F64 => ffi::RSMPI_DOUBLE,
             DType::BF16 | DType::F16 => ffi::RSMPI_UINT16_T,
             DType::U8 => ffi::RSMPI_UINT8_T,
+            DType::U32 => ffi::RSMPI_UINT32_T,
             DType::I32 => ffi::RSMPI_INT32_T,
             DType::I64 => ffi::RSMPI_INT64_T,
         }
