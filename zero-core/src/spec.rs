@@ -9,7 +9,8 @@
 /// One named parameter tensor.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ParamSpec {
-    /// Name as in DESIGN.md, e.g. `h.3.attn.c_attn.weight`.
+    /// Name, unique in the model, e.g. `h.3.attn.c_attn.weight` (checkpoints and
+    /// consolidated files use it).
     pub name: String,
     /// Shape, row-major; weights are [out, in].
     pub shape: Vec<usize>,
@@ -125,8 +126,42 @@ impl ModelSpec {
         last
     }
 
-    /// Check the spec is well formed: names unique, every layer's units exist, every unit
-    /// is used by some layer, no empty unit.
+    /// A hash of everything the engine derives from the spec (unit and parameter names,
+    /// shapes, decay flags, and which units each layer uses), FNV-1a over a canonical
+    /// encoding: the engine refuses to step a model whose spec differs from the one it
+    /// was built for.
+    pub fn fingerprint(&self) -> u64 {
+        let mut h = Fnv::default();
+        for u in &self.units {
+            h.str(&u.name);
+            for p in &u.params {
+                h.str(&p.name);
+                h.u64(p.shape.len() as u64);
+                p.shape.iter().for_each(|&d| h.u64(d as u64));
+                h.u64(p.weight_decay as u64);
+            }
+            h.u64(u64::MAX);
+        }
+        for l in &self.layers {
+            h.str(&l.name);
+            l.units.iter().for_each(|&u| h.u64(u as u64));
+            h.u64(u64::MAX);
+        }
+        h.0
+    }
+
+    /// "N units in L layers, Ψ parameters" (for messages).
+    pub fn summary(&self) -> String {
+        format!(
+            "{} units in {} layers, {} parameters",
+            self.units.len(),
+            self.layers.len(),
+            self.numel()
+        )
+    }
+
+    /// Check the spec is well formed: names unique, every layer's units exist and are
+    /// distinct, every unit is used by some layer, no empty unit.
     pub fn validate(&self) -> Result<(), String> {
         let mut names = std::collections::HashSet::new();
         for unit in &self.units {
@@ -140,6 +175,15 @@ impl ModelSpec {
             }
         }
         for layer in &self.layers {
+            let mut seen = layer.units.clone();
+            seen.sort_unstable();
+            seen.dedup();
+            if seen.len() != layer.units.len() {
+                return Err(format!(
+                    "layer '{}' lists a unit twice ({:?}); list each unit once",
+                    layer.name, layer.units
+                ));
+            }
             if let Some(&u) = layer.units.iter().find(|&&u| u >= self.units.len()) {
                 return Err(format!(
                     "layer '{}' uses unit {u}, but the model has {} units",
@@ -155,5 +199,31 @@ impl ModelSpec {
             ));
         }
         Ok(())
+    }
+}
+
+/// FNV-1a, 64 bit: stable across platforms and Rust versions (a spec's fingerprint can be
+/// compared between runs).
+struct Fnv(u64);
+
+impl Default for Fnv {
+    fn default() -> Self {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Fnv {
+    fn bytes(&mut self, b: &[u8]) {
+        for &x in b {
+            self.0 ^= x as u64;
+            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    fn u64(&mut self, v: u64) {
+        self.bytes(&v.to_le_bytes());
+    }
+    fn str(&mut self, s: &str) {
+        self.u64(s.len() as u64);
+        self.bytes(s.as_bytes());
     }
 }

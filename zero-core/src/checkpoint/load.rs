@@ -8,10 +8,10 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use zero_comm::Communicator;
+use zero_comm::{lowest_failing_rank, Communicator};
+use zero_kernels::device::Device;
 
 use super::meta::Meta;
-use super::save::agree;
 use super::shard::{ShardReader, KINDS};
 use super::{rank_file, CheckpointError, LATEST};
 use crate::config::Stage;
@@ -57,8 +57,8 @@ pub fn resolve(path: &Path) -> Result<PathBuf, CheckpointError> {
 /// Load the checkpoint at `path` (a step directory or a root with `latest`) into
 /// `engine`, resharding as needed. Collective: on error every rank returns an error and
 /// the engine's state must not be used.
-pub fn load<C: Communicator>(
-    engine: &mut Engine<'_, C>,
+pub fn load<D: Device, C: Communicator>(
+    engine: &mut Engine<'_, D, C>,
     path: &Path,
 ) -> Result<LoadInfo, CheckpointError> {
     let comm = engine.communicator();
@@ -68,7 +68,7 @@ pub fn load<C: Communicator>(
         fill(engine, &dir, &meta)?;
         Ok(LoadInfo { dir, meta })
     });
-    if let Some(bad) = agree(comm, read.is_err())? {
+    if let Some(bad) = lowest_failing_rank(comm, read.is_err())? {
         return Err(match read {
             Err(e) => e,
             Ok(_) => CheckpointError::Peer {
@@ -80,12 +80,12 @@ pub fn load<C: Communicator>(
     }
     let info = read?;
     let m = &info.meta;
-    if comm.rank() == 0 && m.seed != engine.config().train.seed {
+    if comm.rank() == 0 && m.seed != engine.config().seed {
         log::warn!(
-            "checkpoint '{}' was trained with seed {}, this run has seed {}: the data order differs",
+            "checkpoint '{}' was initialised with seed {}, this run has seed {} (it matters only if the data order derives from it)",
             info.dir.display(),
             m.seed,
-            engine.config().train.seed
+            engine.config().seed
         );
     }
     engine.finish_import(m.step, m.applied, m.scaler.clone())?;
@@ -104,8 +104,8 @@ pub fn load<C: Communicator>(
 }
 
 /// Fill every unit this rank keeps from the saved blocks.
-fn fill<C: Communicator>(
-    engine: &mut Engine<'_, C>,
+fn fill<D: Device, C: Communicator>(
+    engine: &mut Engine<'_, D, C>,
     dir: &Path,
     meta: &Meta,
 ) -> Result<(), CheckpointError> {
@@ -125,8 +125,8 @@ fn fill<C: Communicator>(
     let mut files: HashMap<usize, ShardReader> = HashMap::new();
     let mut next = 0;
     for u in 0..engine.layout().units.len() {
-        let slot = engine.import_unit_mut(u)?;
-        let mut dst = [slot.master, slot.adam_m, slot.adam_v];
+        let kept = engine.import_range(u)?.len();
+        let mut dst = [vec![0.0f32; kept], vec![0.0f32; kept], vec![0.0f32; kept]];
         while next < copies.len() && copies[next].unit == u {
             let c = &copies[next];
             next += 1;
@@ -159,6 +159,8 @@ fn fill<C: Communicator>(
                 )?;
             }
         }
+        let [master, m, v] = &dst;
+        engine.import_unit(u, master, m, v)?;
     }
     Ok(())
 }

@@ -8,14 +8,15 @@ use serde::{Deserialize, Serialize};
 
 use super::shard::KINDS;
 use super::{CheckpointError, BLOCK_ELEMS};
-use crate::config::{Config, Precision, Stage};
+use crate::config::{EngineConfig, Precision, Stage};
 use crate::engine::LossScaler;
 use crate::layout::PartitionLayout;
 
 /// Format name written in every checkpoint.
 pub const FORMAT_NAME: &str = "zero-rs sharded checkpoint";
-/// Version of the on-disk format (bumped on any incompatible change).
-pub const FORMAT_VERSION: u32 = 1;
+/// Version of the on-disk format (bumped on any incompatible change; 2: the engine's
+/// configuration and the application's are recorded apart).
+pub const FORMAT_VERSION: u32 = 2;
 
 /// Everything rank 0 records about a checkpoint.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -31,7 +32,7 @@ pub struct Meta {
     pub step: u64,
     /// AdamW steps applied (Adam's bias-correction t).
     pub applied: u64,
-    /// The training seed (initialisation and data order derive from it).
+    /// The initialisation seed ([`EngineConfig::seed`]).
     pub seed: u64,
     /// N: ranks that wrote it (one file each).
     pub world: usize,
@@ -43,8 +44,11 @@ pub struct Meta {
     pub scaler: LossScaler,
     /// The partition layout of the N ranks (parameter names, offsets, shapes, shards).
     pub layout: PartitionLayout,
-    /// The whole configuration of the run, as TOML.
-    pub config_toml: String,
+    /// The engine's configuration of the run.
+    pub engine: EngineConfig,
+    /// The application's own configuration as it gave it (zero-bench: its TOML), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub app_config: Option<String>,
     /// Elements per checksummed block.
     pub block_elems: usize,
     /// CRC32 (IEEE) per block: `crc32[rank][unit * 3 + kind][block]`, `kind` in
@@ -55,31 +59,30 @@ pub struct Meta {
 impl Meta {
     /// Metadata of a checkpoint of `config` with `layout` at `step` (checksums empty).
     pub fn new(
-        config: &Config,
+        config: &EngineConfig,
         layout: &PartitionLayout,
         step: u64,
         applied: u64,
         scaler: &LossScaler,
-    ) -> Result<Meta, CheckpointError> {
-        let config_toml = toml::to_string(config).map_err(|e| {
-            CheckpointError::Invalid(format!("config does not serialise to TOML: {e}"))
-        })?;
-        Ok(Meta {
+        app_config: Option<&str>,
+    ) -> Meta {
+        Meta {
             format: FORMAT_NAME.into(),
             format_version: FORMAT_VERSION,
             zero_rs_version: env!("CARGO_PKG_VERSION").into(),
             step,
             applied,
-            seed: config.train.seed,
+            seed: config.seed,
             world: layout.world,
             stage: config.zero.stage,
             precision: config.precision.dtype,
             scaler: scaler.clone(),
             layout: layout.clone(),
-            config_toml,
+            engine: config.clone(),
+            app_config: app_config.map(str::to_string),
             block_elems: BLOCK_ELEMS,
             crc32: Vec::new(),
-        })
+        }
     }
 
     /// The checksums of `rank`'s dataset `kind` of unit `unit`.
@@ -93,11 +96,6 @@ impl Meta {
     /// Bytes of fp32 data in the shard files (all ranks).
     pub fn data_bytes(&self) -> u64 {
         (self.layout.shard_numel() * self.world * KINDS.len() * 4) as u64
-    }
-
-    /// The configuration that was saved.
-    pub fn config(&self) -> Result<Config, String> {
-        toml::from_str(&self.config_toml).map_err(|e| e.to_string())
     }
 
     /// Write to `path` and fsync it.

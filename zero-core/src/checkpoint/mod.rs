@@ -29,11 +29,11 @@
 //! Use from a training loop (every call is collective; the directory must be on a
 //! filesystem every rank sees):
 //! ```ignore
-//! let mut engine = Engine::new(&config, &comm, &model)?;
+//! let mut engine = Engine::new(&config, &comm, &device, &model)?;
 //! if let Some(dir) = resume {            // a root (follows `latest`) or a step directory
 //!     checkpoint::load(&mut engine, dir)?; // any N, any stage; sets step/applied/scaler
 //! }
-//! for s in engine.steps_done()..config.train.steps as u64 {
+//! for s in engine.steps_done()..steps {
 //!     engine.step(&mut model, &batches_for(s))?;   // data position = step index
 //!     if (s + 1) % save_every == 0 {
 //!         checkpoint::save(&engine, dir, &SaveOptions { keep_last, ..Default::default() })?;
@@ -55,7 +55,7 @@ pub use load::{load, resolve, LoadInfo};
 pub use meta::{Meta, FORMAT_NAME, FORMAT_VERSION};
 pub use save::{clean_partial, save, SaveOptions};
 pub use shard::{block_crcs, ShardReader, ShardWriter, BLOCK_ELEMS, KINDS};
-pub use tools::{consolidate, read_param, verify, VerifyReport};
+pub use tools::{consolidate, read_consolidated, read_param, verify, VerifyReport};
 
 /// The metadata file's name inside a step directory.
 pub const META_FILE: &str = "meta.json";

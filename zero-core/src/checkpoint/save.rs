@@ -17,7 +17,8 @@
 
 use std::path::{Path, PathBuf};
 
-use zero_comm::{Communicator, ReduceOp};
+use zero_comm::{lowest_failing_rank, Communicator};
+use zero_kernels::device::Device;
 
 use super::meta::Meta;
 use super::shard::{ShardWriter, BLOCK_ELEMS, KINDS};
@@ -28,6 +29,9 @@ use crate::engine::Engine;
 pub struct SaveOptions<'a> {
     /// Complete checkpoints to keep (the newest ones; at least 1).
     pub keep_last: usize,
+    /// The application's own configuration, recorded in the metadata as given
+    /// (`zero-bench` passes its TOML), so a checkpoint says how it was trained.
+    pub app_config: Option<&'a str>,
     /// Called on this rank after each unit is written (progress, fault injection in tests).
     pub after_unit: Option<&'a dyn Fn(usize)>,
 }
@@ -36,6 +40,7 @@ impl Default for SaveOptions<'_> {
     fn default() -> Self {
         SaveOptions {
             keep_last: 3,
+            app_config: None,
             after_unit: None,
         }
     }
@@ -81,25 +86,10 @@ pub fn clean_partial(root: &Path, keep: Option<&Path>) -> Result<Vec<PathBuf>, C
     Ok(removed)
 }
 
-/// Lowest failing rank, agreed on every rank (`None`: all succeeded).
-pub(crate) fn agree<C: Communicator>(
-    comm: &C,
-    failed: bool,
-) -> Result<Option<usize>, CheckpointError> {
-    let n = comm.size();
-    let mut flag = [if failed {
-        (n - comm.rank()) as f64
-    } else {
-        0.0
-    }];
-    comm.all_reduce(&mut flag[..], ReduceOp::Max)?;
-    Ok((flag[0] > 0.0).then(|| n - flag[0] as usize))
-}
-
 /// Save `engine`'s state as `<root>/step-<S>` (S = steps done) and point `latest` at it.
 /// Collective. Returns the step directory.
-pub fn save<C: Communicator>(
-    engine: &Engine<'_, C>,
+pub fn save<D: Device, C: Communicator>(
+    engine: &Engine<'_, D, C>,
     root: &Path,
     opts: &SaveOptions<'_>,
 ) -> Result<PathBuf, CheckpointError> {
@@ -147,7 +137,7 @@ pub fn save<C: Communicator>(
     // 2. Every rank writes its own file.
     let written = write_shard(engine, &tmp, opts);
     // 3. Agree before anything becomes visible.
-    if let Some(bad) = agree(comm, written.is_err())? {
+    if let Some(bad) = lowest_failing_rank(comm, written.is_err())? {
         if rank == 0 {
             if let Err(e) = std::fs::remove_dir_all(&tmp) {
                 log::warn!("could not remove '{}': {e}", tmp.display());
@@ -172,16 +162,7 @@ pub fn save<C: Communicator>(
     let mut publish_err = None;
     let final_dir = root.join(step_dir_name(step));
     if rank == 0 {
-        let published = publish(
-            engine,
-            root,
-            &tmp,
-            &final_dir,
-            &crcs,
-            &all,
-            head[1],
-            opts.keep_last,
-        );
+        let published = publish(engine, root, &tmp, &final_dir, &crcs, &all, head[1], opts);
         if let Err(e) = published {
             outcome[0] = 0;
             if let Err(e) = std::fs::remove_dir_all(&tmp) {
@@ -208,8 +189,8 @@ pub fn save<C: Communicator>(
 }
 
 /// This rank's file: every unit's block, streamed from the live buffers.
-fn write_shard<C: Communicator>(
-    engine: &Engine<'_, C>,
+fn write_shard<D: Device, C: Communicator>(
+    engine: &Engine<'_, D, C>,
     tmp: &Path,
     opts: &SaveOptions<'_>,
 ) -> Result<Vec<Vec<Vec<u32>>>, CheckpointError> {
@@ -225,7 +206,7 @@ fn write_shard<C: Communicator>(
     let mut crcs = Vec::with_capacity(engine.layout().units.len());
     for u in 0..engine.layout().units.len() {
         let s = engine.export_unit(u)?;
-        crcs.push(w.write_unit(u, [s.master, s.adam_m, s.adam_v])?);
+        crcs.push(w.write_unit(u, [&s.master, &s.adam_m, &s.adam_v])?);
         if let Some(hook) = opts.after_unit {
             hook(u);
         }
@@ -236,16 +217,17 @@ fn write_shard<C: Communicator>(
 
 /// Rank 0: metadata, rename into place, move `latest`, prune.
 #[allow(clippy::too_many_arguments)]
-fn publish<C: Communicator>(
-    engine: &Engine<'_, C>,
+fn publish<D: Device, C: Communicator>(
+    engine: &Engine<'_, D, C>,
     root: &Path,
     tmp: &Path,
     final_dir: &Path,
     own: &[Vec<Vec<u32>>],
     all: &[i64],
     nonce: i64,
-    keep_last: usize,
+    opts: &SaveOptions<'_>,
 ) -> Result<(), CheckpointError> {
+    let keep_last = opts.keep_last;
     let world = engine.communicator().size();
     let mut meta = Meta::new(
         engine.config(),
@@ -253,7 +235,8 @@ fn publish<C: Communicator>(
         engine.steps_done(),
         engine.steps_applied(),
         engine.scaler(),
-    )?;
+        opts.app_config,
+    );
     // Reshape the gathered CRCs like this rank's (every rank has the same block counts).
     let per_rank = all.len() / world;
     for r in 0..world {

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use super::meta::Meta;
 use super::*;
-use crate::config::Config;
+use crate::config::EngineConfig;
 use crate::engine::LossScaler;
 use crate::layout::PartitionLayout;
 use crate::testutil::gpt_like;
@@ -28,8 +28,8 @@ fn value(layout: &PartitionLayout, u: usize, i: usize, kind: usize) -> f32 {
 /// Write a complete checkpoint of `layout` into `dir` as `layout.world` ranks would.
 fn write_checkpoint(dir: &Path, layout: &PartitionLayout) -> Meta {
     std::fs::create_dir_all(dir).unwrap();
-    let scaler = LossScaler::new(&Config::default().precision);
-    let mut meta = Meta::new(&Config::default(), layout, 7, 6, &scaler).unwrap();
+    let scaler = LossScaler::new(&EngineConfig::default().precision);
+    let mut meta = Meta::new(&EngineConfig::default(), layout, 7, 6, &scaler, None);
     meta.block_elems = BLOCK;
     for r in 0..layout.world {
         let mut w =
@@ -86,6 +86,18 @@ fn verify_read_param_and_consolidate_round_trip() {
             .map(|e| value(&layout, p.unit, e, 0))
             .collect();
         assert_eq!(ds.read_raw::<f32>().unwrap(), want, "{}", p.name);
+    }
+    drop(f);
+    // Read back as ndarray arrays of the parameters' shapes.
+    let arrays = read_consolidated(&out).unwrap();
+    assert_eq!(arrays.len(), layout.params.len());
+    for p in &layout.params {
+        let a = &arrays[&p.name];
+        assert_eq!(a.shape(), p.shape.as_slice(), "{}", p.name);
+        let want: Vec<f32> = (p.offset..p.offset + p.numel)
+            .map(|e| value(&layout, p.unit, e, 0))
+            .collect();
+        assert_eq!(a.iter().copied().collect::<Vec<_>>(), want, "{}", p.name);
     }
     // An existing output is never overwritten.
     assert!(consolidate(&dir, &out).is_err());
@@ -170,7 +182,7 @@ fn latest_pointer_and_metadata_are_checked() {
     // Another format version is refused with both versions in the message.
     let meta_path = root.join("step-7").join(META_FILE);
     let text = std::fs::read_to_string(&meta_path).unwrap();
-    let bumped = text.replace("\"format_version\": 1", "\"format_version\": 99");
+    let bumped = text.replace("\"format_version\": 2", "\"format_version\": 99");
     std::fs::write(&meta_path, bumped).unwrap();
     let err = Meta::read(&root.join("step-7")).unwrap_err().to_string();
     assert!(err.contains("99") && err.contains("meta.json"), "{err}");

@@ -1,13 +1,15 @@
 //! Offline tools on a checkpoint directory (plain process, no MPI: they read the shard
 //! files directly): verify every checksum, read one named parameter, consolidate the
-//! master weights into one HDF5 file of named fp32 tensors.
+//! master weights into one HDF5 file of named fp32 tensors, and read such a file back as
+//! ndarray arrays.
 //!
 //! Consolidated format (what `train --init-from` reads and h5py opens as-is): one
-//! dataset per parameter at the root, named as DESIGN.md (`wte`, `h.0.attn.c_attn.weight`,
-//! ...), fp32, shaped as the parameter ([out, in] for linear weights). Written one tensor
-//! at a time: peak memory is the largest tensor.
+//! dataset per parameter at the root, named as the model's spec names it (GPT-2: `wte`,
+//! `h.0.attn.c_attn.weight`, ...; docs/ARCHITECTURE.md lists them), fp32, shaped as the
+//! parameter ([out, in] for linear weights). Written one tensor at a time: peak memory is
+//! the largest tensor.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use super::meta::Meta;
@@ -125,4 +127,31 @@ pub fn consolidate(path: &Path, out: &Path) -> Result<usize, CheckpointError> {
     file.flush().map_err(CheckpointError::h5(out, "(file)"))?;
     file.close().map_err(CheckpointError::h5(out, "(file)"))?;
     Ok(meta.layout.params.len())
+}
+
+/// Every dataset of a consolidated file (as [`consolidate`] writes it, or h5py) as an
+/// fp32 ndarray of its shape, by name.
+pub fn read_consolidated(
+    path: &Path,
+) -> Result<BTreeMap<String, ndarray::ArrayD<f32>>, CheckpointError> {
+    let file = hdf5::File::open(path).map_err(CheckpointError::h5(path, "(file)"))?;
+    let names = file
+        .member_names()
+        .map_err(CheckpointError::h5(path, "(root group)"))?;
+    let mut out = BTreeMap::new();
+    for name in names {
+        let ds = file
+            .dataset(&name)
+            .map_err(CheckpointError::h5(path, &name))?;
+        let shape = ds.shape();
+        let values: Vec<f32> = ds.read_raw().map_err(CheckpointError::h5(path, &name))?;
+        let array = ndarray::ArrayD::from_shape_vec(shape.clone(), values).map_err(|e| {
+            CheckpointError::Invalid(format!(
+                "{}: dataset '{name}' of shape {shape:?}: {e}",
+                path.display()
+            ))
+        })?;
+        out.insert(name, array);
+    }
+    Ok(out)
 }

@@ -1,209 +1,54 @@
-//! The training configuration: a typed TOML file plus `--set section.key=value` command
-//! line overrides, validated in one place ([`Config::validate`]).
+//! What the engine is configured with: only what ZeRO needs, [`EngineConfig`] (stage and
+//! its buffers, precision and loss scaling, AdamW and its schedule, gradient
+//! accumulation, the initialisation seed), validated in one place
+//! ([`EngineConfig::validate`], every problem reported at once with its numbers).
 //!
-//! Every field has a default, so an empty file is a valid tiny run. Unknown keys are
-//! errors (serde `deny_unknown_fields`: the message names the key and the valid ones).
-//! Loading ([`load`]) records where every leaf came from (default, file, command line)
-//! so the resolved configuration can be printed at start with its provenance.
+//! The application's own settings (the model, the data, how many steps to run, logging)
+//! are its business: `zero-bench` reads a TOML file with `[zero]`, `[precision]` and
+//! `[optim]` sections that are these types, beside sections of its own.
 
 use serde::{Deserialize, Serialize};
 use zero_kernels::DType;
 
-mod load;
 #[cfg(test)]
 mod tests;
 mod validate;
 
-pub use load::{load, load_str, LoadedConfig, Source};
-
-/// Errors of loading or validating a configuration.
+/// Values that are out of range or do not go together: one line per problem, each with
+/// the offending numbers and what to do.
 #[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    /// The file could not be read.
-    #[error("cannot read config file {path}: {source}")]
-    Io {
-        /// The file.
-        path: String,
-        /// Why.
-        source: std::io::Error,
-    },
-    /// The TOML is malformed, a value has the wrong type, or a key is unknown.
-    #[error("config error in {origin}: {message}")]
-    Parse {
-        /// The file path, or "command line".
-        origin: String,
-        /// The parser's message (names the key and, for unknown keys, the valid ones).
-        message: String,
-    },
-    /// A `--set` argument that is not `section.key=value`.
-    #[error("bad override '{arg}': {reason}; write it as --set section.key=value, e.g. --set zero.stage=2")]
-    BadOverride {
-        /// The argument as given.
-        arg: String,
-        /// What is wrong.
-        reason: String,
-    },
-    /// Values that are out of range or do not go together; one line per problem.
-    #[error("invalid configuration:\n  - {}", problems.join("\n  - "))]
-    Invalid {
-        /// Each problem, with the offending numbers and what to do.
-        problems: Vec<String>,
-    },
+#[error("invalid configuration:\n  - {}", problems.join("\n  - "))]
+pub struct ConfigError {
+    /// Each problem.
+    pub problems: Vec<String>,
 }
 
-/// The whole configuration.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+/// Everything the ZeRO engine is configured with.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct Config {
-    /// Model size.
-    pub model: ModelConfig,
-    /// Training data.
-    pub data: DataConfig,
-    /// Steps, batch shape, seed, logging.
-    pub train: TrainConfig,
+pub struct EngineConfig {
     /// ZeRO stage and its buffers.
     pub zero: ZeroConfig,
     /// Mixed precision and loss scaling.
     pub precision: PrecisionConfig,
     /// AdamW and the learning-rate schedule.
     pub optim: OptimConfig,
-}
-
-/// Dimensions of a GPT-2-style model.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ModelDims {
-    /// V: vocabulary size.
-    pub vocab_size: usize,
-    /// Maximum sequence length (positions of `wpe`).
-    pub context_len: usize,
-    /// L: transformer blocks.
-    pub layers: usize,
-    /// Attention heads (must divide `width`).
-    pub heads: usize,
-    /// C: channels.
-    pub width: usize,
-}
-
-/// Named model sizes, the one table of them (`zero_models::GptConfig::preset` reads it):
-/// `tiny` (gradient checks), `small` (byte-level, CPU runs), and the GPT-2 shapes.
-pub const PRESETS: &[(&str, ModelDims)] = &[
-    ("tiny", dims(32, 8, 2, 2, 16)),
-    ("small", dims(256, 256, 4, 4, 256)),
-    ("gpt2-124m", dims(50257, 1024, 12, 12, 768)),
-    ("gpt2-350m", dims(50257, 1024, 24, 16, 1024)),
-    ("gpt2-774m", dims(50257, 1024, 36, 20, 1280)),
-    ("gpt2-1.5b", dims(50257, 1024, 48, 25, 1600)),
-];
-
-const fn dims(v: usize, t: usize, l: usize, h: usize, c: usize) -> ModelDims {
-    ModelDims {
-        vocab_size: v,
-        context_len: t,
-        layers: l,
-        heads: h,
-        width: c,
-    }
-}
-
-/// `[model]`: a preset, optionally with some dimensions overridden, or all five
-/// dimensions given explicitly.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ModelConfig {
-    /// Preset name (see [`PRESETS`]): tiny, small, gpt2-124m, gpt2-350m, gpt2-774m,
-    /// gpt2-1.5b. Unset: all five dimensions below must be given.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub preset: Option<String>,
-    /// Vocabulary size (overrides the preset's).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub vocab_size: Option<usize>,
-    /// Maximum sequence length (overrides the preset's).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub context_len: Option<usize>,
-    /// Transformer blocks (overrides the preset's).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub layers: Option<usize>,
-    /// Attention heads (overrides the preset's).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub heads: Option<usize>,
-    /// Channels (overrides the preset's).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub width: Option<usize>,
-}
-
-impl Default for ModelConfig {
-    fn default() -> Self {
-        ModelConfig {
-            preset: Some("small".into()),
-            vocab_size: None,
-            context_len: None,
-            layers: None,
-            heads: None,
-            width: None,
-        }
-    }
-}
-
-/// Order in which training sequences are drawn.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum DataOrder {
-    /// Consecutive windows, in file order (wrapping around).
-    Sequential,
-    /// Random windows drawn from a generator seeded by `train.seed`.
-    Shuffled,
-}
-
-/// `[data]`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct DataConfig {
-    /// Token file path, or "builtin" for the corpus compiled into zero-models.
-    pub path: String,
-    /// sequential | shuffled.
-    pub order: DataOrder,
-}
-
-impl Default for DataConfig {
-    fn default() -> Self {
-        DataConfig {
-            path: "builtin".into(),
-            order: DataOrder::Shuffled,
-        }
-    }
-}
-
-/// `[train]`. The global batch of one step is N (ranks) x A x B x T tokens.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct TrainConfig {
-    /// Optimizer steps to run.
-    pub steps: usize,
-    /// B: sequences per micro-batch per rank.
-    pub micro_batch: usize,
-    /// T: tokens per sequence (at most the model's context length).
-    pub seq_len: usize,
-    /// A: micro-batches accumulated per optimizer step.
+    /// A: micro-batches accumulated per optimizer step (each rank passes this many to
+    /// [`crate::Engine::step`]).
     pub grad_accum: usize,
-    /// Seed of initialisation and data order (the same on every rank).
+    /// Seed of the parameters' initialisation (the same on every rank, so every world
+    /// size and stage starts from the same model).
     pub seed: u64,
-    /// Log a line every this many steps (rank 0).
-    pub log_every: usize,
-    /// Per-step metrics as JSON lines to this file (rank 0); unset: none.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub metrics_file: Option<String>,
 }
 
-impl Default for TrainConfig {
+impl Default for EngineConfig {
     fn default() -> Self {
-        TrainConfig {
-            steps: 20,
-            micro_batch: 4,
-            seq_len: 64,
+        EngineConfig {
+            zero: ZeroConfig::default(),
+            precision: PrecisionConfig::default(),
+            optim: OptimConfig::default(),
             grad_accum: 1,
             seed: 1337,
-            log_every: 1,
-            metrics_file: None,
         }
     }
 }
@@ -276,8 +121,10 @@ pub struct ZeroConfig {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reduce_every_micro_step: Option<bool>,
     /// Capacity of each of the two gradient-reduction buckets, in elements (rounded up
-    /// to a multiple of N x align and capped at the largest unit).
-    pub bucket_elems: usize,
+    /// to a multiple of N x align and capped at the largest unit). Unset: a memory
+    /// budget that grows with N, [`ZeroConfig::bucket_elems_for`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bucket_elems: Option<usize>,
     /// Stage 3: layers whose units are gathered ahead of the one computing.
     pub prefetch: usize,
     /// Stage 3: units with fewer elements than this stay gathered (not partitioned for
@@ -292,7 +139,7 @@ impl Default for ZeroConfig {
         ZeroConfig {
             stage: Stage::Zero2,
             reduce_every_micro_step: None,
-            bucket_elems: 1 << 24,
+            bucket_elems: None,
             prefetch: 1,
             persistence_threshold: 0,
             align: crate::layout::DEFAULT_ALIGN,
@@ -300,11 +147,25 @@ impl Default for ZeroConfig {
     }
 }
 
+/// The default bucket: 4Mi elements (8 MiB of bf16), or 64Ki elements per rank when
+/// that is more, so that the piece a rank receives from a reduce-scatter stays >= 64Ki
+/// elements (128 KiB of bf16) at any N and messages stay bandwidth-bound.
+pub const DEFAULT_BUCKET_ELEMS: usize = 1 << 22;
+/// The smallest piece per rank the default bucket keeps.
+pub const MIN_PIECE_ELEMS: usize = 1 << 16;
+
 impl ZeroConfig {
     /// The effective reduce policy (the default follows the stage).
     pub fn reduce_every_micro_step(&self) -> bool {
         self.reduce_every_micro_step
             .unwrap_or(self.stage >= Stage::Zero2)
+    }
+
+    /// The bucket capacity on `world` ranks: the configured one, or the default budget
+    /// `max(4Mi, 64Ki x N)` elements.
+    pub fn bucket_elems_for(&self, world: usize) -> usize {
+        self.bucket_elems
+            .unwrap_or_else(|| DEFAULT_BUCKET_ELEMS.max(MIN_PIECE_ELEMS.saturating_mul(world)))
     }
 }
 
@@ -429,6 +290,10 @@ pub struct OptimConfig {
     pub warmup_steps: usize,
     /// warmup_cosine: learning rate at the last step.
     pub min_lr: f64,
+    /// warmup_cosine: the step at which the learning rate has decayed to `min_lr` (the
+    /// run's length; `zero-bench train` sets it to `train.steps` unless given).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decay_steps: Option<usize>,
 }
 
 impl Default for OptimConfig {
@@ -442,15 +307,17 @@ impl Default for OptimConfig {
             schedule: Schedule::Constant,
             warmup_steps: 0,
             min_lr: 0.0,
+            decay_steps: None,
         }
     }
 }
 
 impl OptimConfig {
-    /// Learning rate of step `step` (0-based) of `total_steps` (nanoGPT's schedule:
-    /// warmup `lr * (step + 1) / warmup`, then `min_lr + 0.5 (1 + cos(pi r)) (lr -
-    /// min_lr)` with r the fraction of the decay done).
-    pub fn lr_at(&self, step: usize, total_steps: usize) -> f64 {
+    /// Learning rate of step `step` (0-based) (nanoGPT's schedule: warmup
+    /// `lr * (step + 1) / warmup`, then `min_lr + 0.5 (1 + cos(pi r)) (lr - min_lr)` with
+    /// r the fraction of the decay to `decay_steps` done, held at `min_lr` after it).
+    pub fn lr_at(&self, step: usize) -> f64 {
+        let total_steps = self.decay_steps.unwrap_or(step);
         match self.schedule {
             Schedule::Constant => self.lr,
             Schedule::WarmupCosine => {
@@ -464,36 +331,4 @@ impl OptimConfig {
             }
         }
     }
-}
-
-/// Resolve the model dimensions: the preset's, with the explicitly set fields on top.
-pub fn resolve_model(m: &ModelConfig) -> Result<ModelDims, String> {
-    let base = match &m.preset {
-        Some(name) => Some(
-            PRESETS
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, d)| *d)
-                .ok_or_else(|| {
-                    let names: Vec<&str> = PRESETS.iter().map(|(n, _)| *n).collect();
-                    format!(
-                        "model.preset = \"{name}\" is not a preset; use one of {}, or unset it and give vocab_size, context_len, layers, heads and width",
-                        names.join(", ")
-                    )
-                })?,
-        ),
-        None => None,
-    };
-    let pick = |v: Option<usize>, b: Option<usize>, key: &str| {
-        v.or(b).ok_or_else(|| {
-            format!("model.{key} is not set and there is no model.preset; set model.preset (e.g. \"small\") or all of vocab_size, context_len, layers, heads, width")
-        })
-    };
-    Ok(ModelDims {
-        vocab_size: pick(m.vocab_size, base.map(|d| d.vocab_size), "vocab_size")?,
-        context_len: pick(m.context_len, base.map(|d| d.context_len), "context_len")?,
-        layers: pick(m.layers, base.map(|d| d.layers), "layers")?,
-        heads: pick(m.heads, base.map(|d| d.heads), "heads")?,
-        width: pick(m.width, base.map(|d| d.width), "width")?,
-    })
 }

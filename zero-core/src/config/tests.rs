@@ -1,13 +1,12 @@
-//! One test per configuration error, plus provenance and overrides.
+//! One test per engine-configuration error, the defaults, and the schedule.
 
-use super::load::load_str;
 use super::*;
 
-fn problems(text: &str, sets: &[&str]) -> Vec<String> {
-    let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
-    match load_str(text, "test.toml", &sets) {
-        Err(ConfigError::Invalid { problems }) => problems,
-        other => panic!("expected Invalid, got {other:?}"),
+fn problems(text: &str) -> Vec<String> {
+    let c: EngineConfig = toml::from_str(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+    match c.validate() {
+        Err(ConfigError { problems }) => problems,
+        Ok(()) => panic!("expected problems for {text}"),
     }
 }
 
@@ -19,215 +18,121 @@ fn has(problems: &[String], needle: &str) {
 }
 
 #[test]
-fn empty_file_is_a_valid_default_config() {
-    let c = load_str("", "test.toml", &[]).unwrap();
-    assert_eq!(c.config, Config::default());
-    assert_eq!(c.config.zero.stage, Stage::Zero2);
-    assert!(c.config.zero.reduce_every_micro_step());
-    assert_eq!(c.source("zero.stage"), Source::Default);
+fn defaults_are_valid_and_follow_the_stage() {
+    let c = EngineConfig::default();
+    c.validate().unwrap();
+    assert_eq!(c.zero.stage, Stage::Zero2);
+    assert!(c.zero.reduce_every_micro_step());
+    assert_eq!(c.precision.reduce_dtype(), DType::BF16);
+    let c: EngineConfig = toml::from_str("[zero]\nstage = 1\n").unwrap();
+    assert!(!c.zero.reduce_every_micro_step());
+    // Unknown keys are refused, naming the key.
+    let e = toml::from_str::<EngineConfig>("[zero]\nstges = 2\n").unwrap_err();
+    assert!(e.to_string().contains("stges"), "{e}");
 }
 
 #[test]
-fn file_and_overrides_with_provenance() {
-    let text = "[zero]\nstage = 1\n[optim]\nlr = 3e-4\nbetas = [0.8, 0.99]\n";
-    let c = load_str(
-        text,
-        "run.toml",
-        &["zero.stage=3".into(), "data.path=/data/tok.bin".into()],
-    )
-    .unwrap();
-    assert_eq!(c.config.zero.stage, Stage::Zero3);
-    assert_eq!(c.config.optim.lr, 3e-4);
-    assert_eq!(c.config.optim.betas, [0.8, 0.99]);
-    assert_eq!(c.config.data.path, "/data/tok.bin");
-    assert_eq!(c.source("zero.stage"), Source::CommandLine);
-    assert_eq!(c.source("optim.lr"), Source::File("run.toml".into()));
-    assert_eq!(c.source("train.steps"), Source::Default);
-    let r = c.render();
-    assert!(
-        r.contains("zero.stage = 3") && r.contains("# command line"),
-        "{r}"
-    );
-    assert!(
-        r.contains("optim.lr = 0.0003") && r.contains("# file run.toml"),
-        "{r}"
-    );
-    assert!(
-        r.contains("model.layers = 4") && r.contains("preset \"small\""),
-        "{r}"
-    );
-    assert!(r.contains("zero.reduce_every_micro_step = true"), "{r}");
-}
-
-#[test]
-fn unknown_keys_name_the_key_and_the_valid_ones() {
-    let e = load_str("[zero]\nstges = 2\n", "test.toml", &[]).unwrap_err();
-    let msg = e.to_string();
-    assert!(
-        msg.contains("stges") && msg.contains("bucket_elems"),
-        "{msg}"
-    );
-    assert!(msg.contains("test.toml"), "{msg}");
-    let e = load_str("", "test.toml", &["zero.stages=2".into()]).unwrap_err();
-    let msg = e.to_string();
-    assert!(
-        msg.contains("stages") && msg.contains("command line"),
-        "{msg}"
-    );
-    let e = load_str("[zeroo]\n", "test.toml", &[]).unwrap_err();
-    assert!(e.to_string().contains("zeroo"), "{e}");
-}
-
-#[test]
-fn bad_values_and_overrides() {
-    let e = load_str("[zero]\nstage = 5\n", "t.toml", &[]).unwrap_err();
-    assert!(e.to_string().contains("use 0, 1, 2 or 3"), "{e}");
-    let e = load_str("[precision]\ndtype = \"fp8\"\n", "t.toml", &[]).unwrap_err();
-    assert!(e.to_string().contains("fp8"), "{e}");
-    let e = load_str("", "t.toml", &["zero.stage".into()]).unwrap_err();
-    assert!(matches!(e, ConfigError::BadOverride { .. }), "{e}");
-    let e = load_str("", "t.toml", &["stage=2".into()]).unwrap_err();
-    assert!(e.to_string().contains("section.key"), "{e}");
-    let e = load_str(
-        "",
-        "t.toml",
-        &["zero.stage=1".into(), "zero.stage.x=2".into()],
-    );
-    assert!(e.unwrap_err().to_string().contains("'stage' is a value"));
-    let e = super::load::load(Some(std::path::Path::new("/nonexistent/x.toml")), &[]);
-    assert!(matches!(e, Err(ConfigError::Io { .. })));
+fn the_default_bucket_is_a_budget_that_grows_with_n() {
+    let z = ZeroConfig::default();
+    assert_eq!(z.bucket_elems_for(1), 1 << 22);
+    assert_eq!(z.bucket_elems_for(64), 1 << 22);
+    assert_eq!(z.bucket_elems_for(512), 512 << 16);
+    let fixed = ZeroConfig {
+        bucket_elems: Some(1000),
+        ..ZeroConfig::default()
+    };
+    assert_eq!(fixed.bucket_elems_for(512), 1000);
 }
 
 #[test]
 fn reduce_every_micro_step_needs_stage_2_or_3() {
     for stage in [0, 1] {
-        let p = problems(
-            &format!("[zero]\nstage = {stage}\nreduce_every_micro_step = true\n"),
-            &[],
-        );
-        has(&p, &format!("stage is {stage}"));
+        let p = problems(&format!(
+            "[zero]\nstage = {stage}\nreduce_every_micro_step = true\n"
+        ));
+        has(&p, "needs stage 2 or 3");
     }
-    let c = load_str("[zero]\nstage = 1\n", "t", &[]).unwrap();
-    assert!(!c.config.zero.reduce_every_micro_step());
-    let c = load_str(
-        "[zero]\nstage = 3\nreduce_every_micro_step = false\n",
-        "t",
-        &[],
-    )
-    .unwrap();
-    assert!(!c.config.zero.reduce_every_micro_step());
+    let ok: EngineConfig =
+        toml::from_str("[zero]\nstage = 3\nreduce_every_micro_step = false\n").unwrap();
+    ok.validate().unwrap();
+    assert!(toml::from_str::<EngineConfig>("[zero]\nstage = 4\n")
+        .unwrap_err()
+        .to_string()
+        .contains("use 0, 1, 2 or 3"));
 }
 
 #[test]
 fn fp16_needs_loss_scaling_and_only_fp16_may_use_it() {
     has(
-        &problems("[precision]\ndtype = \"fp16\"\nloss_scaling = false\n", &[]),
+        &problems("[precision]\ndtype = \"fp16\"\nloss_scaling = false\n"),
         "needs dynamic loss scaling",
     );
     has(
-        &problems("[precision]\ndtype = \"bf16\"\nloss_scaling = true\n", &[]),
-        "fp16 only",
+        &problems("[precision]\ndtype = \"bf16\"\nloss_scaling = true\n"),
+        "loss scaling is for fp16 only",
     );
     has(
-        &problems(
-            "[precision]\ndtype = \"fp32\"\ngrad_reduce_dtype = \"half\"\n",
-            &[],
-        ),
-        "no 16-bit form",
+        &problems("[precision]\ndtype = \"fp32\"\ngrad_reduce_dtype = \"half\"\n"),
+        "fp32 gradients have no 16-bit form",
     );
     has(
-        &problems("[precision]\ndtype = \"fp16\"\nbackoff_factor = 1.5\n", &[]),
+        &problems("[precision]\ndtype = \"fp16\"\nbackoff_factor = 1.5\n"),
         "backoff_factor (1.5)",
     );
     has(
-        &problems("[precision]\ndtype = \"fp16\"\nmin_scale = 1e6\n", &[]),
-        "min_scale (1000000)",
+        &problems("[precision]\ndtype = \"fp16\"\nmin_scale = 1e6\n"),
+        "min_scale",
     );
-    let c = load_str("[precision]\ndtype = \"fp16\"\n", "t", &[]).unwrap();
-    assert!(c.config.precision.loss_scaling());
-    assert_eq!(c.config.precision.reduce_dtype(), DType::F16);
 }
 
 #[test]
 fn optimizer_values_out_of_range() {
-    has(&problems("[optim]\nlr = 0.0\n", &[]), "optim.lr (0)");
-    has(&problems("[optim]\nlr = -1e-3\n", &[]), "optim.lr (-0.001)");
+    has(&problems("[optim]\nlr = 0.0\n"), "optim.lr (0)");
+    has(&problems("[optim]\nlr = -1e-3\n"), "optim.lr (-0.001)");
     has(
-        &problems("[optim]\nbetas = [0.9, 1.0]\n", &[]),
+        &problems("[optim]\nbetas = [0.9, 1.0]\n"),
         "optim.betas (0.9, 1)",
     );
-    has(&problems("[optim]\neps = 0.0\n", &[]), "optim.eps");
+    has(&problems("[optim]\neps = 0.0\n"), "optim.eps");
     has(
-        &problems("[optim]\nweight_decay = -0.1\n", &[]),
+        &problems("[optim]\nweight_decay = -0.1\n"),
         "weight_decay (-0.1)",
     );
+    has(&problems("[optim]\ngrad_clip = -1.0\n"), "grad_clip (-1)");
     has(
-        &problems("[optim]\ngrad_clip = -1.0\n", &[]),
-        "grad_clip (-1)",
-    );
-    has(
-        &problems("[optim]\nwarmup_steps = 5\n", &[]),
+        &problems("[optim]\nwarmup_steps = 5\n"),
         "only apply to schedule",
     );
     has(
-        &problems(
-            "[optim]\nschedule = \"warmup_cosine\"\nwarmup_steps = 50\n[train]\nsteps = 10\n",
-            &[],
-        ),
-        "warmup_steps (50) exceeds train.steps (10)",
+        &problems("[optim]\nschedule = \"warmup_cosine\"\nwarmup_steps = 50\ndecay_steps = 10\n"),
+        "warmup_steps (50) exceeds the decay horizon (10 steps",
     );
     has(
-        &problems("[optim]\nschedule = \"warmup_cosine\"\nmin_lr = 1.0\n", &[]),
+        &problems("[optim]\nschedule = \"warmup_cosine\"\n"),
+        "optim.decay_steps is not set",
+    );
+    has(
+        &problems("[optim]\nschedule = \"warmup_cosine\"\nmin_lr = 1.0\ndecay_steps = 10\n"),
         "min_lr (1)",
     );
 }
 
 #[test]
-fn batch_and_model_shape_errors() {
-    has(&problems("[train]\ngrad_accum = 0\n", &[]), "4 x 64 x 0");
-    has(&problems("[train]\nmicro_batch = 0\n", &[]), "0 x 64 x 1");
-    has(&problems("[train]\nsteps = 0\n", &[]), "train.steps is 0");
-    has(
-        &problems("[train]\nseq_len = 257\n", &[]),
-        "train.seq_len (257) exceeds the model's context_len (256)",
+fn zero_sizes_and_every_problem_at_once() {
+    let p = problems(
+        "grad_accum = 0\n[zero]\nbucket_elems = 0\nalign = 0\n[precision]\ndtype = \"fp16\"\n\
+         growth_factor = 1.0\ngrowth_interval = 0\nhysteresis = 0\n",
     );
-    has(
-        &problems("[model]\nheads = 3\n", &[]),
-        "model.heads (3) must divide model.width (256)",
-    );
-    has(
-        &problems("[model]\npreset = \"gpt5\"\n", &[]),
-        "not a preset",
-    );
-    has(
-        &problems("[model]\nvocab_size = 10\n", &["model.preset=\"\""]),
-        "not a preset",
-    );
-    let p = problems("", &["zero.bucket_elems=0", "zero.align=0"]);
+    has(&p, "grad_accum (train.grad_accum) is 0");
     has(&p, "zero.bucket_elems is 0");
     has(&p, "zero.align is 0");
-}
-
-#[test]
-fn explicit_model_without_preset_needs_all_dims() {
-    let text = "[model]\nvocab_size = 100\ncontext_len = 32\nlayers = 1\nheads = 1\nwidth = 8\n";
-    // An explicit `preset` key must be removable: overriding needs a file without it.
-    let ok: Result<LoadedConfig, _> = load_str(text, "t", &[]);
-    // The default preset is "small"; explicit dims override it, seq_len 64 > context 32.
-    has(
-        &match ok {
-            Err(ConfigError::Invalid { problems }) => problems,
-            other => panic!("{other:?}"),
-        },
-        "exceeds the model's context_len (32)",
-    );
-    let m = ModelConfig {
-        preset: None,
-        vocab_size: Some(100),
-        ..ModelConfig::default()
-    };
-    let e = resolve_model(&m).unwrap_err();
-    assert!(e.contains("model.context_len is not set"), "{e}");
+    has(&p, "growth_factor (1) must be > 1");
+    has(&p, "growth_interval is 0");
+    has(&p, "hysteresis is 0");
+    assert_eq!(p.len(), 6, "{p:#?}");
+    let c: EngineConfig = toml::from_str("grad_accum = 0\n").unwrap();
+    let msg = c.validate().unwrap_err().to_string();
+    assert!(msg.starts_with("invalid configuration:\n  - "), "{msg}");
 }
 
 #[test]
@@ -237,53 +142,17 @@ fn learning_rate_schedule() {
         min_lr: 0.1,
         schedule: Schedule::WarmupCosine,
         warmup_steps: 10,
+        decay_steps: Some(110),
         ..OptimConfig::default()
     };
-    assert_eq!(o.lr_at(0, 110), 0.1);
-    assert_eq!(o.lr_at(9, 110), 1.0);
-    assert_eq!(o.lr_at(10, 110), 1.0);
-    assert!((o.lr_at(60, 110) - 0.55).abs() < 1e-12);
-    assert!((o.lr_at(110, 110) - 0.1).abs() < 1e-12);
-}
-
-#[test]
-fn every_problem_is_reported_at_once() {
-    let text = "[model]\nlayers = 0\n[data]\npath = \"\"\n[train]\nlog_every = 0\n\
-                [precision]\ndtype = \"fp16\"\ngrowth_factor = 1.0\ngrowth_interval = 0\nhysteresis = 0\n";
-    let p = problems(text, &[]);
-    has(&p, "layers 0");
-    has(&p, "data.path is empty");
-    has(&p, "train.log_every is 0");
-    has(&p, "growth_factor (1) must be > 1");
-    has(&p, "growth_interval is 0");
-    has(&p, "hysteresis is 0");
-    assert_eq!(p.len(), 6, "{p:#?}");
-    let msg = load_str(text, "t", &[]).unwrap_err().to_string();
-    assert!(msg.starts_with("invalid configuration:\n  - "), "{msg}");
-}
-
-#[test]
-fn override_values_are_read_as_toml() {
-    let c = load_str(
-        "",
-        "t",
-        &[
-            "optim.lr=1".into(),
-            "optim.betas=[0.8, 0.9]".into(),
-            "precision.dtype=fp16".into(),
-            "precision.grad_reduce_dtype=\"f32\"".into(),
-            "zero.reduce_every_micro_step=false".into(),
-            "train.metrics_file=out/metrics.jsonl".into(),
-        ],
-    )
-    .unwrap();
-    let c = c.config;
-    assert_eq!(c.optim.lr, 1.0);
-    assert_eq!(c.optim.betas, [0.8, 0.9]);
-    assert_eq!(c.precision.dtype, Precision::Fp16);
-    assert_eq!(c.precision.reduce_dtype(), DType::F32);
-    assert!(!c.zero.reduce_every_micro_step());
-    assert_eq!(c.train.metrics_file.as_deref(), Some("out/metrics.jsonl"));
-    let e = load_str("", "t", &["zero.stage=two".into()]).unwrap_err();
-    assert!(e.to_string().contains("command line"), "{e}");
+    assert_eq!(o.lr_at(0), 0.1);
+    assert_eq!(o.lr_at(9), 1.0);
+    assert_eq!(o.lr_at(10), 1.0);
+    assert!((o.lr_at(60) - 0.55).abs() < 1e-12);
+    assert!((o.lr_at(110) - 0.1).abs() < 1e-12);
+    assert!(
+        (o.lr_at(500) - 0.1).abs() < 1e-12,
+        "held at min_lr after the horizon"
+    );
+    assert_eq!(OptimConfig::default().lr_at(7), 1e-3);
 }

@@ -1,134 +1,190 @@
-//! The engine's buffers, allocated one for one from the rank's [`BufferPlan`] (so the dry
-//! run and a real run hold the same bytes), and measured back from the allocations
-//! themselves for the ledger a run reports.
+//! The engine's buffers, allocated one for one from the rank's [`BufferPlan`] on the
+//! device (so the dry run and a real run hold the same bytes), and measured back from the
+//! allocations themselves for the ledger a run reports.
 //!
 //! Which buffer holds the whole tensor and which only this rank's shard is the plan's
-//! business (`memory.rs` has the table); here each role gets its field.
+//! business (`plan/mod.rs` has the table, `plan/placement.rs` the ranges); here each
+//! role gets its field, and the events that say when a buffer may be reused live with it.
 
 use std::collections::BTreeMap;
 
+use zero_kernels::device::{Buffer, Device, FloatBuffer};
 use zero_kernels::DType;
 
-use super::real::Store;
+use super::reducer::Reducer;
 use super::EngineError;
-use crate::ledger::{BufferPlan, BufferRole, MemCategory};
+use crate::ledger::MemCategory;
+use crate::plan::{BufferPlan, BufferRole};
 
-/// Every buffer of one rank.
-#[derive(Debug)]
-pub struct Buffers {
-    /// Working parameters P (full, or shard at stage 3). In fp32 training: the master.
-    pub params: Store,
-    /// Gradient accumulator P (full, or shard when reduced every micro-step).
-    pub grads: Store,
-    /// fp32 master (16-bit training only; full at stage 0, else shard).
-    pub master: Option<Vec<f32>>,
-    /// Adam first moment.
-    pub adam_m: Vec<f32>,
-    /// Adam second moment.
-    pub adam_v: Vec<f32>,
-    /// Stage 3: gathered copies of persistent units, per unit.
-    pub persistent: Vec<Option<Store>>,
-    /// Stage 3: gather slots.
-    pub slots: Vec<Store>,
-    /// f32 parameters of the computing layer (16-bit training).
-    pub param_window: Vec<f32>,
-    /// f32 gradients of the computing layer.
-    pub grad_window: Vec<f32>,
-    /// f32 gradient accumulators of tied units (sharded gradients), per unit.
-    pub tied_grads: Vec<Option<Vec<f32>>>,
-    /// Reduction buckets (W).
-    pub buckets: Vec<Store>,
-    /// Bucket pieces (W).
-    pub pieces: Vec<Store>,
+/// A stage-3 gather slot and when it may be written again.
+pub(crate) struct GatherSlot<D: Device> {
+    /// P elements: the gathered unit that occupies the slot.
+    pub buf: FloatBuffer<D>,
+    /// Recorded on compute after the last layer that read the slot's current unit.
+    pub free: Option<D::Event>,
 }
 
-impl Buffers {
+/// Every buffer of one rank.
+pub(crate) struct Buffers<D: Device> {
+    /// Working parameters P (full, or shard at stage 3). In fp32 training: the master.
+    pub params: FloatBuffer<D>,
+    /// Gradient accumulator P (full, or shard when reduced every micro-step).
+    pub grads: FloatBuffer<D>,
+    /// fp32 master (16-bit training only; full at stage 0, else shard).
+    pub master: Option<D::Buf<f32>>,
+    /// Adam first moment.
+    pub adam_m: D::Buf<f32>,
+    /// Adam second moment.
+    pub adam_v: D::Buf<f32>,
+    /// Stage 3: gathered copies of persistent units, per unit.
+    pub persistent: Vec<Option<FloatBuffer<D>>>,
+    /// Stage 3: gather slots.
+    pub slots: Vec<GatherSlot<D>>,
+    /// f32 parameters of the computing layer (16-bit training).
+    pub param_window: D::Buf<f32>,
+    /// f32 gradients of the computing layer.
+    pub grad_window: D::Buf<f32>,
+    /// f32 gradient accumulators of tied units (sharded gradients), per unit.
+    pub tied_grads: Vec<Option<D::Buf<f32>>>,
+    /// The two reduction buckets and their pieces.
+    pub reducer: Reducer<D>,
+    /// Per-unit gradient statistics (2 f64 a unit).
+    pub grad_stats: D::Buf<f64>,
+    /// The micro-steps' losses.
+    pub losses: D::Buf<f32>,
+    /// The agreement vector.
+    pub agreement: D::Buf<f64>,
+    /// Recorded after the last write of the parameters (init, update and share, import).
+    pub params_ready: Option<D::Event>,
+}
+
+impl<D: Device> Buffers<D> {
     /// Allocate (zeroed) every buffer the plan lists, and nothing else.
-    pub fn allocate(plan: &BufferPlan, units: usize) -> Result<Buffers, EngineError> {
-        let mut b = Buffers {
-            params: Store::zeros(plan.param_dtype, 0)?,
-            grads: Store::zeros(plan.param_dtype, 0)?,
-            master: None,
-            adam_m: Vec::new(),
-            adam_v: Vec::new(),
-            persistent: (0..units).map(|_| None).collect(),
-            slots: Vec::new(),
-            param_window: Vec::new(),
-            grad_window: Vec::new(),
-            tied_grads: (0..units).map(|_| None).collect(),
-            buckets: Vec::new(),
-            pieces: Vec::new(),
+    pub fn allocate(dev: &D, plan: &BufferPlan, units: usize) -> Result<Buffers<D>, EngineError> {
+        let len = |role| plan.get(role).map_or(0, |b| b.len);
+        let p = plan.param_dtype;
+        let w = plan.inputs.reduce_dtype;
+        let float = |role, name: &str, dtype| FloatBuffer::alloc(dev, dtype, len(role), name);
+        let f32s = |role, name: &str| dev.alloc::<f32>(len(role), name);
+        let master = match plan.get(BufferRole::Master) {
+            Some(b) => Some(dev.alloc::<f32>(b.len, "master")?),
+            None => None,
         };
-        let f32s = |len: usize| vec![0.0f32; len];
-        for spec in &plan.buffers {
-            let (d, n) = (spec.dtype, spec.len);
-            match spec.role {
-                BufferRole::Params => b.params = Store::zeros(d, n)?,
-                BufferRole::Grads => b.grads = Store::zeros(d, n)?,
-                BufferRole::Master => b.master = Some(f32s(n)),
-                BufferRole::AdamM => b.adam_m = f32s(n),
-                BufferRole::AdamV => b.adam_v = f32s(n),
-                BufferRole::Persistent { unit } => b.persistent[unit] = Some(Store::zeros(d, n)?),
-                BufferRole::GatherSlot { slot } => {
-                    if slot != b.slots.len() {
-                        return Err(EngineError::Internal(format!(
-                            "gather slot {slot} out of order"
-                        )));
-                    }
-                    b.slots.push(Store::zeros(d, n)?)
-                }
-                BufferRole::ParamWindow => b.param_window = f32s(n),
-                BufferRole::GradWindow => b.grad_window = f32s(n),
-                BufferRole::TiedGrad { unit } => b.tied_grads[unit] = Some(f32s(n)),
-                BufferRole::Bucket { .. } => b.buckets.push(Store::zeros(d, n)?),
-                BufferRole::BucketPiece { .. } => b.pieces.push(Store::zeros(d, n)?),
-            }
+        let mut persistent = Vec::with_capacity(units);
+        let mut tied_grads = Vec::with_capacity(units);
+        for unit in 0..units {
+            persistent.push(match plan.get(BufferRole::Persistent { unit }) {
+                Some(b) => Some(FloatBuffer::alloc(
+                    dev,
+                    p,
+                    b.len,
+                    &format!("persistent unit {unit}"),
+                )?),
+                None => None,
+            });
+            tied_grads.push(match plan.get(BufferRole::TiedGrad { unit }) {
+                Some(b) => Some(dev.alloc::<f32>(b.len, &format!("tied gradient of unit {unit}"))?),
+                None => None,
+            });
         }
-        Ok(b)
+        let slots = plan
+            .gather
+            .iter()
+            .flat_map(|g| g.slots.iter().enumerate())
+            .map(|(slot, &n)| {
+                Ok(GatherSlot {
+                    buf: FloatBuffer::alloc(dev, p, n, &format!("gather slot {slot}"))?,
+                    free: None,
+                })
+            })
+            .collect::<Result<Vec<_>, EngineError>>()?;
+        let mut buckets = Vec::new();
+        for index in 0..2 {
+            let bucket = float(BufferRole::Bucket { index }, &format!("bucket {index}"), w)?;
+            let piece = match plan.get(BufferRole::BucketPiece { index }) {
+                Some(b) => Some(FloatBuffer::alloc(
+                    dev,
+                    w,
+                    b.len,
+                    &format!("bucket piece {index}"),
+                )?),
+                None => None,
+            };
+            buckets.push((bucket, piece));
+        }
+        Ok(Buffers {
+            params: float(BufferRole::Params, "params", p)?,
+            grads: float(BufferRole::Grads, "grads", p)?,
+            master,
+            adam_m: f32s(BufferRole::AdamM, "adam m")?,
+            adam_v: f32s(BufferRole::AdamV, "adam v")?,
+            persistent,
+            slots,
+            param_window: f32s(BufferRole::ParamWindow, "param window")?,
+            grad_window: f32s(BufferRole::GradWindow, "grad window")?,
+            tied_grads,
+            reducer: Reducer::new(buckets),
+            grad_stats: dev.alloc::<f64>(len(BufferRole::GradStats), "grad stats")?,
+            losses: f32s(BufferRole::Losses, "losses")?,
+            agreement: dev.alloc::<f64>(len(BufferRole::Agreement), "agreement")?,
+            params_ready: None,
+        })
     }
 
     /// Every allocation as (role, dtype, elements, bytes held), measured from the
     /// buffers themselves.
     pub fn measured(&self) -> Vec<(BufferRole, DType, usize, u64)> {
         let mut out = Vec::new();
-        let mut store = |role, s: &Store| {
-            if s.allocated_bytes() > 0 {
-                out.push((role, s.dtype(), s.len(), s.allocated_bytes()));
+        let mut float = |role, b: &FloatBuffer<D>| {
+            if b.allocated_bytes() > 0 {
+                out.push((role, b.dtype(), b.len(), b.allocated_bytes()));
             }
         };
-        store(BufferRole::Params, &self.params);
-        store(BufferRole::Grads, &self.grads);
+        float(BufferRole::Params, &self.params);
+        float(BufferRole::Grads, &self.grads);
         for (unit, p) in self.persistent.iter().enumerate() {
             if let Some(p) = p {
-                store(BufferRole::Persistent { unit }, p);
+                float(BufferRole::Persistent { unit }, p);
             }
         }
         for (slot, s) in self.slots.iter().enumerate() {
-            store(BufferRole::GatherSlot { slot }, s);
+            float(BufferRole::GatherSlot { slot }, &s.buf);
         }
-        for (index, s) in self.buckets.iter().enumerate() {
-            store(BufferRole::Bucket { index }, s);
-        }
-        for (index, s) in self.pieces.iter().enumerate() {
-            store(BufferRole::BucketPiece { index }, s);
-        }
-        let mut f32s = |role, v: &Vec<f32>| {
-            if v.capacity() > 0 {
-                out.push((role, DType::F32, v.len(), (v.capacity() * 4) as u64));
+        for (index, (bucket, piece)) in self.reducer.buffers().enumerate() {
+            float(BufferRole::Bucket { index }, bucket);
+            if let Some(piece) = piece {
+                float(BufferRole::BucketPiece { index }, piece);
             }
-        };
-        if let Some(m) = &self.master {
-            f32s(BufferRole::Master, m);
         }
-        f32s(BufferRole::AdamM, &self.adam_m);
-        f32s(BufferRole::AdamV, &self.adam_v);
-        f32s(BufferRole::ParamWindow, &self.param_window);
-        f32s(BufferRole::GradWindow, &self.grad_window);
+        fn typed<B: Buffer>(
+            out: &mut Vec<(BufferRole, DType, usize, u64)>,
+            role: BufferRole,
+            b: &B,
+        ) {
+            if b.allocated_bytes() > 0 {
+                out.push((
+                    role,
+                    <B::Elem as zero_kernels::Element>::DTYPE,
+                    b.len(),
+                    b.allocated_bytes(),
+                ));
+            }
+        }
+        if let Some(m) = &self.master {
+            typed(&mut out, BufferRole::Master, m);
+        }
+        typed(&mut out, BufferRole::AdamM, &self.adam_m);
+        typed(&mut out, BufferRole::AdamV, &self.adam_v);
+        typed(&mut out, BufferRole::ParamWindow, &self.param_window);
+        typed(&mut out, BufferRole::GradWindow, &self.grad_window);
         for (unit, t) in self.tied_grads.iter().enumerate() {
             if let Some(t) = t {
-                f32s(BufferRole::TiedGrad { unit }, t);
+                typed(&mut out, BufferRole::TiedGrad { unit }, t);
             }
         }
+        typed(&mut out, BufferRole::GradStats, &self.grad_stats);
+        typed(&mut out, BufferRole::Losses, &self.losses);
+        typed(&mut out, BufferRole::Agreement, &self.agreement);
         out
     }
 

@@ -1,348 +1,259 @@
 //! The forward and backward passes of one micro-step, layer by layer, with the
 //! communication each stage overlaps with them:
 //!
-//! - stage 3: every layer step issues the all-gathers the [`GatherSchedule`] names for it
-//!   (the layer's own units if not prefetched, and the next layers' as prefetch), waits
-//!   only for the units this layer needs, computes, and lets the prefetches complete
-//!   under the compute;
+//! - stage 3: every pass step issues, on comm, the all-gathers the [`GatherSchedule`]
+//!   names for it (the layer's own units if not prefetched, and the next layers' as
+//!   prefetch), each into its slot once compute has released the slot; compute waits
+//!   only for the units this layer reads, and releases a slot after the last layer that
+//!   reads its unit;
 //! - stages 2/3 reducing every micro-step: a unit's gradient is complete after the
-//!   backward of the first layer that uses it; it is packed into a bucket right away and
-//!   its reduce-scatter runs during the next layer's backward (two buckets in flight;
-//!   a unit with more chunks than buckets reduces the excess at once).
+//!   backward of the first layer that uses it; its chunks go through the reducer right
+//!   away and reduce on comm while compute runs the next layer.
 //!
-//! Every layer step is one [`Communicator::scope`]: what it starts, it finishes, so no
-//! buffer is touched while MPI may still use it.
+//! The model computes in f32: 16-bit parameters are widened into the ParamWindow per
+//! layer, and 16-bit (or sharded) gradients are written into the GradWindow first.
 //!
-//! [`GatherSchedule`]: crate::ledger::GatherSchedule
+//! [`GatherSchedule`]: crate::plan::GatherSchedule
 
-use std::collections::VecDeque;
-use std::ops::Range;
+use zero_comm::{on_stream, Communicator};
+use zero_kernels::device::{same_type, Buffer, DView, Device, FloatBuffer};
+use zero_kernels::{DType, Float};
 
-use zero_comm::{Communicator, ReduceOp};
-use zero_kernels::{DType, Exec};
-
-use super::buffers::Buffers;
-use super::real::{accumulate, convert, Real};
-use super::reduce::{pack, reduce_chunk_now, Chunk};
-use super::{disjoint_mut, EngineError};
-use crate::layout::PartitionLayout;
-use crate::ledger::BufferPlan;
-use crate::model::Model;
-use crate::spec::ModelSpec;
-
-/// What a pass step reads (everything but the buffers).
-pub(super) struct Ctx<'a, C: Communicator> {
-    pub comm: &'a C,
-    pub exec: &'a Exec,
-    pub spec: &'a ModelSpec,
-    pub layout: &'a PartitionLayout,
-    pub plan: &'a BufferPlan,
-}
-
-impl<C: Communicator> Ctx<'_, C> {
-    /// Unit `u` in a full (all-units) buffer.
-    pub fn full_range(&self, u: usize) -> Range<usize> {
-        let unit = &self.layout.units[u];
-        unit.unit_offset..unit.unit_offset + unit.padded_len
-    }
-
-    /// Unit `u` in this rank's shard buffer.
-    pub fn shard_range(&self, u: usize) -> Range<usize> {
-        let unit = &self.layout.units[u];
-        unit.shard_offset..unit.shard_offset + unit.shard_len
-    }
-
-    fn slot_of(&self, u: usize) -> Result<usize, EngineError> {
-        self.plan
-            .gather
-            .as_ref()
-            .and_then(|g| g.unit_slot[u])
-            .ok_or_else(|| EngineError::Internal(format!("unit {u} has no gather slot")))
-    }
-}
-
-#[derive(Clone, Copy)]
-enum Pass {
-    Forward,
-    Backward { grad_scale: f32 },
-}
+use super::buffers::{Buffers, GatherSlot};
+use super::reducer::Landing;
+use super::{Core, EngineError, WaitPoint};
+use crate::model::{Model, UnitGrads, UnitParams};
 
 /// Forward of every layer.
-pub(super) fn forward<C: Communicator, P: Real, W: Real>(
-    cx: &Ctx<'_, C>,
-    bufs: &mut Buffers,
-    model: &mut dyn Model,
+pub(super) fn forward<P: Float, D: Device, C: Communicator, M: Model<D>>(
+    core: &Core<'_, D, C>,
+    bufs: &mut Buffers<D>,
+    model: &mut M,
 ) -> Result<(), EngineError> {
-    for l in 0..cx.spec.layers.len() {
-        let gather = cx
-            .plan
-            .gather
-            .as_ref()
-            .map(|g| g.forward[l].gather.clone())
-            .unwrap_or_default();
-        layer_step::<C, P, W>(cx, bufs, model, l, Pass::Forward, &gather, &[])?;
+    let mut gathered: Vec<Option<D::Event>> = vec![None; core.spec.units.len()];
+    for l in 0..core.spec.layers.len() {
+        let step = core.plan.gather.as_ref().map(|g| &g.forward[l]);
+        if let Some(step) = step {
+            gather_units::<P, D, C>(core, bufs, &step.gather, &mut gathered)?;
+        }
+        let Buffers {
+            params,
+            slots,
+            persistent,
+            param_window,
+            ..
+        } = bufs;
+        let p =
+            layer_params::<P, D, C>(core, params, slots, persistent, param_window, l, &gathered)?;
+        model.forward_layer(core.compute(), l, &p)?;
+        drop(p);
+        if let Some(step) = step {
+            release_units(core, bufs, &step.release, &mut gathered)?;
+        }
     }
     Ok(())
 }
 
 /// Backward of every layer, in reverse; with sharded gradients, each unit's gradient is
 /// reduce-scattered into this rank's gradient shard as soon as it is complete.
-pub(super) fn backward<C: Communicator, P: Real, W: Real>(
-    cx: &Ctx<'_, C>,
-    bufs: &mut Buffers,
-    model: &mut dyn Model,
-    grad_scale: f32,
+pub(super) fn backward<P: Float, W: Float, D: Device, C: Communicator, M: Model<D>>(
+    core: &Core<'_, D, C>,
+    bufs: &mut Buffers<D>,
+    model: &mut M,
+    weight: f32,
 ) -> Result<(), EngineError> {
-    let layers = cx.spec.layers.len();
-    let first_use = cx.spec.first_use();
-    let sharded = cx.plan.grads_sharded;
+    let layers = core.spec.layers.len();
+    let first_use = core.spec.first_use();
+    let sharded = core.plan.grads_sharded;
+    let compute = &core.streams.compute;
+    bufs.reducer.before_rewriting_sources(core)?;
     for t in bufs.tied_grads.iter_mut().flatten() {
-        t.fill(0.0);
+        core.dev.fill(compute, t.view_mut(), 0.0)?;
     }
-    let mut in_bucket: Vec<Chunk> = Vec::new();
-    for l in (0..layers).rev() {
-        let gather = cx
-            .plan
-            .gather
-            .as_ref()
-            .map(|g| g.backward[layers - 1 - l].gather.clone())
-            .unwrap_or_default();
-        let pass = Pass::Backward { grad_scale };
-        layer_step::<C, P, W>(cx, bufs, model, l, pass, &gather, &in_bucket)?;
-        in_bucket.clear();
-        if !sharded {
-            continue;
+    let mut gathered: Vec<Option<D::Event>> = vec![None; core.spec.units.len()];
+    for t in 0..layers {
+        let l = layers - 1 - t;
+        let step = core.plan.gather.as_ref().map(|g| &g.backward[t]);
+        if let Some(step) = step {
+            gather_units::<P, D, C>(core, bufs, &step.gather, &mut gathered)?;
         }
-        // Units whose gradient is now complete: queue their chunks, reduce what the two
-        // buckets cannot hold at once, pack the rest for the next layer step.
-        let mut queue: VecDeque<Chunk> = VecDeque::new();
-        for (u, f) in first_use.iter().enumerate() {
-            if *f == Some(l) {
-                let s = cx.layout.units[u].shard_len;
-                for range in cx.plan.shard_chunks(s) {
-                    queue.push_back(Chunk { unit: u, range });
+        bufs.reducer.before_rewriting_sources(core)?;
+        {
+            let Buffers {
+                params,
+                grads,
+                slots,
+                persistent,
+                param_window,
+                grad_window,
+                tied_grads,
+                ..
+            } = &mut *bufs;
+            let p = layer_params::<P, D, C>(
+                core,
+                params,
+                slots,
+                persistent,
+                param_window,
+                l,
+                &gathered,
+            )?;
+            let mut g = layer_grads::<P, D, C>(core, grads, grad_window, tied_grads, l)?;
+            model.backward_layer(core.compute(), l, &p, &mut g, weight)?;
+        }
+        let units = &core.spec.layers[l].units;
+        if !sharded && P::DTYPE != DType::F32 {
+            // 16-bit with full gradients: the f32 window goes into the P accumulator.
+            let grads = bufs.grads.get_mut::<P>()?;
+            for (u, r) in core.plan.window_ranges(&core.layout, units, false) {
+                let at = core.plan.placements[u].grads.clone();
+                core.dev
+                    .accumulate(compute, grads.slice_mut(at), bufs.grad_window.slice(r))?;
+            }
+        }
+        if sharded {
+            let window = core.plan.window_ranges(&core.layout, units, true);
+            let Buffers {
+                grads,
+                grad_window,
+                tied_grads,
+                reducer,
+                ..
+            } = &mut *bufs;
+            for (u, _) in first_use.iter().enumerate().filter(|(_, f)| **f == Some(l)) {
+                let unit = &core.layout.units[u];
+                let src: DView<'_, D, f32> = match &tied_grads[u] {
+                    Some(tied) => tied.view(),
+                    None => {
+                        let (_, r) = window.iter().find(|(v, _)| *v == u).ok_or_else(|| {
+                            EngineError::Internal(format!("unit {u} not in the gradient window"))
+                        })?;
+                        grad_window.slice(r.clone())
+                    }
+                };
+                let shard_at = core.plan.placements[u].grads.start;
+                for c in core.plan.shard_chunks(unit.shard_len) {
+                    let sent =
+                        reducer.send::<f32, W, C>(core, src.clone(), unit.shard_len, c.clone())?;
+                    let dst = grads
+                        .get_mut::<P>()?
+                        .slice_mut(shard_at + c.start..shard_at + c.end);
+                    reducer.land::<W, P, C>(core, sent, dst, Landing::Add)?;
                 }
             }
         }
-        let window = cx
-            .plan
-            .window_ranges(cx.layout, &cx.spec.layers[l].units, true);
-        while queue.len() > bufs.buckets.len() {
-            let Some(c) = queue.pop_front() else { break };
-            reduce_now::<C, P, W>(cx, bufs, &window, &c)?;
-        }
-        for (i, c) in queue.into_iter().enumerate() {
-            let src = grad_source(&bufs.grad_window, &bufs.tied_grads, &window, c.unit)?;
-            let bucket = W::of_mut(&mut bufs.buckets[i])?;
-            pack(
-                cx.exec,
-                src,
-                &cx.layout.units[c.unit],
-                &c.range,
-                cx.comm.size(),
-                bucket,
-            )?;
-            in_bucket.push(c);
-        }
-    }
-    // Nothing left to overlap with: finish the last chunks.
-    for (i, c) in in_bucket.iter().enumerate() {
-        let n = cx.comm.size();
-        let len = c.range.len();
-        let bucket = W::of(&bufs.buckets[i])?;
-        let piece = W::of_mut(&mut bufs.pieces[i])?;
-        cx.comm
-            .reduce_scatter(&bucket[..n * len], &mut piece[..len], ReduceOp::Sum)?;
-        let grads = P::of_mut(&mut bufs.grads)?;
-        let shard = &mut grads[cx.shard_range(c.unit)];
-        accumulate(cx.exec, &mut shard[c.range.clone()], &piece[..len])?;
-    }
-    Ok(())
-}
-
-/// The gradient of unit `u` as the backward left it (sharded mode): its TiedGrad buffer,
-/// or its range of the GradWindow.
-fn grad_source<'b>(
-    grad_window: &'b [f32],
-    tied_grads: &'b [Option<Vec<f32>>],
-    window: &[(usize, Range<usize>)],
-    u: usize,
-) -> Result<&'b [f32], EngineError> {
-    if let Some(t) = &tied_grads[u] {
-        return Ok(t);
-    }
-    let (_, r) = window
-        .iter()
-        .find(|(v, _)| *v == u)
-        .ok_or_else(|| EngineError::Internal(format!("unit {u} not in the gradient window")))?;
-    Ok(&grad_window[r.clone()])
-}
-
-fn reduce_now<C: Communicator, P: Real, W: Real>(
-    cx: &Ctx<'_, C>,
-    bufs: &mut Buffers,
-    window: &[(usize, Range<usize>)],
-    c: &Chunk,
-) -> Result<(), EngineError> {
-    let Buffers {
-        grads,
-        grad_window,
-        tied_grads,
-        buckets,
-        pieces,
-        ..
-    } = bufs;
-    let src = grad_source(grad_window, tied_grads, window, c.unit)?;
-    let grads = P::of_mut(grads)?;
-    reduce_chunk_now(
-        cx.comm,
-        cx.exec,
-        src,
-        &cx.layout.units[c.unit],
-        &c.range,
-        W::of_mut(&mut buckets[0])?,
-        W::of_mut(&mut pieces[0])?,
-        &mut grads[cx.shard_range(c.unit)],
-    )
-}
-
-/// One layer of one pass, as one communication scope: start the reductions of the
-/// chunks packed in the buckets (`in_bucket[i]` in bucket i), issue the stage-3 gathers
-/// of `gather`, wait for this layer's own units, compute, finish everything.
-#[allow(clippy::too_many_arguments)]
-fn layer_step<C: Communicator, P: Real, W: Real>(
-    cx: &Ctx<'_, C>,
-    bufs: &mut Buffers,
-    model: &mut dyn Model,
-    l: usize,
-    pass: Pass,
-    gather: &[usize],
-    in_bucket: &[Chunk],
-) -> Result<(), EngineError> {
-    let units: &[usize] = &cx.spec.layers[l].units;
-    let stage3 = cx.plan.gather.is_some();
-    let n = cx.comm.size();
-    let Buffers {
-        params,
-        grads,
-        persistent,
-        slots,
-        param_window,
-        grad_window,
-        tied_grads,
-        buckets,
-        pieces,
-        ..
-    } = bufs;
-    let params: &[P] = P::of(params)?;
-    let mut slot_refs: Vec<Option<&mut [P]>> = slots
-        .iter_mut()
-        .map(|s| P::of_mut(s).map(Some))
-        .collect::<Result<_, _>>()?;
-    let bucket_refs: Vec<&[W]> = buckets.iter().map(|b| W::of(b)).collect::<Result<_, _>>()?;
-    let mut piece_refs: Vec<Option<&mut [W]>> = pieces
-        .iter_mut()
-        .map(|p| W::of_mut(p).map(Some))
-        .collect::<Result<_, _>>()?;
-
-    cx.comm.scope(|s| -> Result<(), EngineError> {
-        let missing = || EngineError::Internal("buffer already in use".into());
-        // Reductions of the previous layer's completed units: they run under this compute.
-        let mut reductions = Vec::with_capacity(in_bucket.len());
-        for (i, c) in in_bucket.iter().enumerate() {
-            let len = c.range.len();
-            let (piece, _) = piece_refs[i].take().ok_or_else(missing)?.split_at_mut(len);
-            reductions.push(s.reduce_scatter(&bucket_refs[i][..n * len], piece, ReduceOp::Sum)?);
-        }
-        // Stage 3: gathers this step issues; this layer's own units are waited for now.
-        let mut now = Vec::new();
-        let mut prefetch = Vec::new();
-        for &u in gather {
-            let len = cx.layout.units[u].padded_len;
-            let slot = cx.slot_of(u)?;
-            let (dst, _) = slot_refs[slot]
-                .take()
-                .ok_or_else(missing)?
-                .split_at_mut(len);
-            let h = s.all_gather(&params[cx.shard_range(u)], dst)?;
-            if units.contains(&u) {
-                now.push((u, h));
-            } else {
-                prefetch.push(h);
-            }
-        }
-        let mut ready: Vec<(usize, &[P])> = Vec::with_capacity(now.len());
-        for (u, h) in now {
-            let got: &[P] = h.wait()?;
-            ready.push((u, got));
-        }
-        let mut srcs: Vec<&[P]> = Vec::with_capacity(units.len());
-        for &u in units {
-            let src: &[P] = if !stage3 {
-                &params[cx.full_range(u)]
-            } else if let Some(p) = &persistent[u] {
-                P::of(p)?
-            } else if let Some((_, r)) = ready.iter().find(|(v, _)| *v == u) {
-                r
-            } else {
-                let r = slot_refs[cx.slot_of(u)?].as_deref().ok_or_else(missing)?;
-                &r[..cx.layout.units[u].padded_len]
-            };
-            srcs.push(src);
-        }
-        let views = f32_views(cx, units, &srcs, param_window)?;
-        match pass {
-            Pass::Forward => model.forward_layer(l, &views)?,
-            Pass::Backward { grad_scale } => {
-                let mut g = grad_views::<C, P>(cx, units, grads, grad_window, tied_grads)?;
-                model.backward_layer(l, &views, &mut g, grad_scale)?;
-            }
-        }
-        for h in prefetch {
-            h.wait()?;
-        }
-        for h in reductions {
-            h.wait()?;
-        }
-        Ok(())
-    })?;
-
-    // Land the reduced chunks in this rank's gradient shard.
-    for (i, c) in in_bucket.iter().enumerate() {
-        let len = c.range.len();
-        let g = P::of_mut(grads)?;
-        let shard = &mut g[cx.shard_range(c.unit)];
-        accumulate(
-            cx.exec,
-            &mut shard[c.range.clone()],
-            &W::of(&pieces[i])?[..len],
-        )?;
-    }
-    // 16-bit training with full gradients: the f32 window goes into the P accumulator.
-    if matches!(pass, Pass::Backward { .. }) && !cx.plan.grads_sharded && P::DTYPE != DType::F32 {
-        let g = P::of_mut(grads)?;
-        for (u, r) in cx.plan.window_ranges(cx.layout, units, false) {
-            accumulate(cx.exec, &mut g[cx.full_range(u)], &grad_window[r])?;
+        if let Some(step) = step {
+            release_units(core, bufs, &step.release, &mut gathered)?;
         }
     }
     Ok(())
 }
 
-/// f32 views of the layer's unit parameters: the buffers themselves in fp32 training,
-/// else widened into the ParamWindow.
-fn f32_views<'a, C: Communicator, P: Real>(
-    cx: &Ctx<'_, C>,
+/// Stage 3: start the all-gathers of `units` on comm, each into its slot once the slot's
+/// previous unit is released.
+fn gather_units<P: Float, D: Device, C: Communicator>(
+    core: &Core<'_, D, C>,
+    bufs: &mut Buffers<D>,
     units: &[usize],
-    srcs: &[&'a [P]],
-    window: &'a mut [f32],
-) -> Result<Vec<&'a [f32]>, EngineError> {
-    if P::DTYPE == DType::F32 {
-        return Ok(srcs
-            .iter()
-            .map(|s| bytemuck::cast_slice::<P, f32>(s))
-            .collect());
+    gathered: &mut [Option<D::Event>],
+) -> Result<(), EngineError> {
+    let comm = &core.streams.comm;
+    for &u in units {
+        let slot = slot_of(core, u)?;
+        let GatherSlot { buf, free } = &mut bufs.slots[slot];
+        if let Some(e) = free.take() {
+            core.wait(WaitPoint::SlotFree, comm, &e)?;
+        }
+        let len = core.layout.units[u].padded_len;
+        let shard = bufs
+            .params
+            .get::<P>()?
+            .slice(core.plan.placements[u].params.clone());
+        on_stream::all_gather(
+            core.comm,
+            core.dev,
+            comm,
+            shard,
+            buf.get_mut::<P>()?.slice_mut(0..len),
+        )?;
+        gathered[u] = Some(core.dev.record(comm)?);
     }
-    let ranges = cx.plan.window_ranges(cx.layout, units, false);
+    Ok(())
+}
+
+/// Stage 3: the slots of `units` may be gathered into again after what compute queued.
+fn release_units<D: Device, C: Communicator>(
+    core: &Core<'_, D, C>,
+    bufs: &mut Buffers<D>,
+    units: &[usize],
+    gathered: &mut [Option<D::Event>],
+) -> Result<(), EngineError> {
+    for &u in units {
+        let slot = slot_of(core, u)?;
+        bufs.slots[slot].free = Some(core.dev.record(&core.streams.compute)?);
+        gathered[u] = None;
+    }
+    Ok(())
+}
+
+fn slot_of<D: Device, C: Communicator>(
+    core: &Core<'_, D, C>,
+    u: usize,
+) -> Result<usize, EngineError> {
+    core.plan
+        .gather
+        .as_ref()
+        .and_then(|g| g.unit_slot[u])
+        .ok_or_else(|| EngineError::Internal(format!("unit {u} has no gather slot")))
+}
+
+/// f32 views of layer `l`'s unit parameters: the P buffers themselves in fp32 training
+/// (Params, or at stage 3 the gather slots and persistent copies), else widened into the
+/// ParamWindow on compute.
+#[allow(clippy::too_many_arguments)]
+fn layer_params<'a, P: Float, D: Device, C: Communicator>(
+    core: &'a Core<'_, D, C>,
+    params: &'a FloatBuffer<D>,
+    slots: &'a [GatherSlot<D>],
+    persistent: &'a [Option<FloatBuffer<D>>],
+    window: &'a mut D::Buf<f32>,
+    l: usize,
+    gathered: &[Option<D::Event>],
+) -> Result<Vec<UnitParams<'a, D>>, EngineError> {
+    let units = &core.spec.layers[l].units;
+    let compute = &core.streams.compute;
+    let stage3 = core.plan.gather.is_some();
+    let mut srcs: Vec<DView<'a, D, P>> = Vec::with_capacity(units.len());
+    for &u in units {
+        let src = if !stage3 {
+            params
+                .get::<P>()?
+                .slice(core.plan.placements[u].params.clone())
+        } else if let Some(p) = &persistent[u] {
+            p.get::<P>()?.view()
+        } else {
+            let e = gathered[u].as_ref().ok_or_else(|| {
+                EngineError::Internal(format!("unit {u} is not gathered at layer {l}"))
+            })?;
+            core.wait(WaitPoint::Gathered, compute, e)?;
+            let len = core.layout.units[u].padded_len;
+            slots[slot_of(core, u)?].buf.get::<P>()?.slice(0..len)
+        };
+        srcs.push(src);
+    }
+    let spec = |u: usize| &core.spec.units[u];
+    if P::DTYPE == DType::F32 {
+        return units
+            .iter()
+            .zip(srcs)
+            .map(|(&u, s)| {
+                same_type::<D, P, f32>(s)
+                    .map(|v| UnitParams::new(spec(u), v))
+                    .ok_or_else(|| EngineError::Internal("f32 parameters that are not f32".into()))
+            })
+            .collect();
+    }
+    let ranges = core.plan.window_ranges(&core.layout, units, false);
     let find = |u: usize| {
         ranges
             .iter()
@@ -350,60 +261,68 @@ fn f32_views<'a, C: Communicator, P: Real>(
             .map(|(_, r)| r.clone())
             .ok_or_else(|| EngineError::Internal(format!("unit {u} not in the parameter window")))
     };
-    for (i, &u) in units.iter().enumerate() {
-        convert(cx.exec, srcs[i], &mut window[find(u)?])?;
+    for (&u, src) in units.iter().zip(srcs) {
+        core.dev.cast(compute, src, window.slice_mut(find(u)?))?;
     }
-    let window: &'a [f32] = window;
-    units.iter().map(|&u| Ok(&window[find(u)?])).collect()
+    let window: &'a D::Buf<f32> = window;
+    units
+        .iter()
+        .map(|&u| Ok(UnitParams::new(spec(u), window.slice(find(u)?))))
+        .collect()
 }
 
-/// Mutable f32 gradient views for the layer's units, zeroed where they are scratch:
-/// straight into the fp32 full gradient, or the (zeroed) GradWindow, or a tied unit's
-/// accumulator.
-fn grad_views<'a, C: Communicator, P: Real>(
-    cx: &Ctx<'_, C>,
-    units: &[usize],
-    grads: &'a mut super::real::Store,
-    grad_window: &'a mut [f32],
-    tied_grads: &'a mut [Option<Vec<f32>>],
-) -> Result<Vec<&'a mut [f32]>, EngineError> {
-    let mut seen = units.to_vec();
-    seen.sort_unstable();
-    seen.dedup();
-    if seen.len() != units.len() {
-        return Err(EngineError::Mismatch(format!(
-            "layer uses a unit twice ({units:?}); list each unit once"
-        )));
+/// f32 gradient views for layer `l`'s units (the model adds into them): straight into
+/// the fp32 full gradient, or the zeroed GradWindow, or a tied unit's accumulator.
+fn layer_grads<'a, P: Float, D: Device, C: Communicator>(
+    core: &'a Core<'_, D, C>,
+    grads: &'a mut FloatBuffer<D>,
+    window: &'a mut D::Buf<f32>,
+    tied: &'a mut [Option<D::Buf<f32>>],
+    l: usize,
+) -> Result<Vec<UnitGrads<'a, D>>, EngineError> {
+    let units = &core.spec.layers[l].units;
+    let spec = |u: usize| &core.spec.units[u];
+    let sharded = core.plan.grads_sharded;
+    if !sharded && P::DTYPE == DType::F32 {
+        let ranges: Vec<_> = units
+            .iter()
+            .map(|&u| core.plan.placements[u].grads.clone())
+            .collect();
+        let views = grads.get_mut::<f32>()?.split_mut(&ranges)?;
+        return Ok(units
+            .iter()
+            .zip(views)
+            .map(|(&u, v)| UnitGrads::new(spec(u), v))
+            .collect());
     }
-    if !cx.plan.grads_sharded && P::DTYPE == DType::F32 {
-        let g: &mut [f32] = bytemuck::cast_slice_mut(P::of_mut(grads)?);
-        let ranges: Vec<Range<usize>> = units.iter().map(|&u| cx.full_range(u)).collect();
-        return disjoint_mut(g, &ranges);
+    let ranges: Vec<_> = core
+        .plan
+        .window_ranges(&core.layout, units, sharded)
+        .into_iter()
+        .collect();
+    for (_, r) in &ranges {
+        core.dev
+            .fill(&core.streams.compute, window.slice_mut(r.clone()), 0.0)?;
     }
-    let sharded = cx.plan.grads_sharded;
-    let window = cx.plan.window_ranges(cx.layout, units, sharded);
-    let ranges: Vec<Range<usize>> = window.iter().map(|(_, r)| r.clone()).collect();
-    let mut win = disjoint_mut(grad_window, &ranges)?;
-    for w in win.iter_mut() {
-        w.fill(0.0);
-    }
-    let mut win: Vec<Option<&'a mut [f32]>> = win.into_iter().map(Some).collect();
-    let mut tied: Vec<Option<&'a mut [f32]>> = tied_grads
+    let plain: Vec<_> = ranges.iter().map(|(_, r)| r.clone()).collect();
+    let mut win: Vec<Option<_>> = window.split_mut(&plain)?.into_iter().map(Some).collect();
+    let mut tied: Vec<Option<_>> = tied
         .iter_mut()
-        .map(|t| t.as_mut().map(|v| &mut v[..]))
+        .map(|t| t.as_mut().map(|b| b.view_mut()))
         .collect();
     units
         .iter()
         .map(|&u| {
-            if sharded && cx.plan.tied[u] {
+            let view = if sharded && core.plan.tied[u] {
                 tied[u].take()
             } else {
-                window
+                ranges
                     .iter()
                     .position(|(v, _)| *v == u)
                     .and_then(|i| win[i].take())
-            }
-            .ok_or_else(|| EngineError::Internal(format!("no gradient buffer for unit {u}")))
+            };
+            view.map(|v| UnitGrads::new(spec(u), v))
+                .ok_or_else(|| EngineError::Internal(format!("no gradient buffer for unit {u}")))
         })
         .collect()
 }

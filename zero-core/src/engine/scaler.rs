@@ -78,7 +78,7 @@ impl LossScaler {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Config;
+    use crate::config::EngineConfig as Config;
 
     fn fp16() -> LossScaler {
         let mut c = Config::default();

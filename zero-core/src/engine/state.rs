@@ -1,5 +1,6 @@
 //! The engine's optimizer state as a checkpoint sees it: per unit, fp32 master weights
-//! and Adam's m and v, plus the counters (step, applied) and the loss scaler.
+//! and Adam's m and v, plus the counters (step, applied) and the loss scaler; and the
+//! whole model gathered, for tests and export.
 //!
 //! Export invariant: a checkpoint is always "one shard per rank", whatever the stage.
 //! Rank r exports block `r * shard_len .. (r + 1) * shard_len` of every unit of the
@@ -8,193 +9,223 @@
 //! are Ψ/N x 12 at every stage, every rank writes in parallel, and a stage-0 checkpoint
 //! is the same files as a stage-1 one (loadable at any stage).
 //!
-//! Import invariant: [`Engine::import_unit_mut`] hands out exactly what this rank keeps of
-//! a unit (the whole unit at stage 0, its shard at stages 1-3), zeroed; the caller fills
-//! the parameter elements; [`Engine::finish_import`] then rebuilds everything derived from
-//! the master (16-bit parameter copies, full parameter buffers of stages 1/2 by
-//! all-gather, stage-3 persistent units) and sets the counters. In fp32 training the
-//! parameters are the master, so the slices handed out are the parameter buffer itself.
+//! Import invariant: [`Engine::import_range`] says which elements of a unit this rank
+//! keeps (the whole unit at stage 0, its shard at stages 1-3); the caller passes exactly
+//! those to [`Engine::import_unit`]; [`Engine::finish_import`] then rebuilds everything
+//! derived from the master (16-bit parameter copies, full parameter buffers of stages
+//! 1/2 by all-gather, stage-3 persistent units) and sets the counters. In fp32 training
+//! the parameters are the master.
+//!
+//! Every transfer here goes through the compute stream and waits for it: these are
+//! between-steps operations, not part of the step's overlap.
 
 use std::ops::Range;
 
 use zero_comm::Communicator;
-use zero_kernels::DType;
+use zero_kernels::device::{Buffer, Device};
+use zero_kernels::{DType, Float};
 
-use super::real::{convert, Real};
-use super::{Engine, EngineError, LossScaler};
-use crate::config::Stage;
+use super::{optimizer, Engine, EngineError, LossScaler};
+use crate::plan::UnitPlacement;
 
 /// One unit of this rank's exported state: its block of the unit (see the file head).
-#[derive(Debug)]
-pub struct UnitState<'a> {
+#[derive(Clone, Debug, PartialEq)]
+pub struct UnitState {
     /// The block, in elements of the unit's padded flat buffer.
     pub range: Range<usize>,
     /// fp32 master weights of the block.
-    pub master: &'a [f32],
+    pub master: Vec<f32>,
     /// Adam first moment of the block.
-    pub adam_m: &'a [f32],
+    pub adam_m: Vec<f32>,
     /// Adam second moment of the block.
-    pub adam_v: &'a [f32],
+    pub adam_v: Vec<f32>,
 }
 
-/// What this rank keeps of one unit, to be filled on import (zeroed when handed out).
-#[derive(Debug)]
-pub struct UnitStateMut<'a> {
-    /// The elements kept, in the unit's padded flat buffer (whole unit at stage 0).
-    pub range: Range<usize>,
-    /// fp32 master weights (the parameters themselves in fp32 training).
-    pub master: &'a mut [f32],
-    /// Adam first moment.
-    pub adam_m: &'a mut [f32],
-    /// Adam second moment.
-    pub adam_v: &'a mut [f32],
-}
-
-impl<'c, C: Communicator> Engine<'c, C> {
-    /// The communicator the engine runs on (a checkpoint synchronises on it).
-    pub fn communicator(&self) -> &'c C {
-        self.comm
-    }
-
-    /// Where unit `u`'s state sits in the optimizer-state buffers (m, v, and the master
-    /// of 16-bit training), and the unit-relative elements that slice covers.
-    fn state_slot(
-        &self,
-        u: usize,
-        whole: bool,
-    ) -> Result<(Range<usize>, Range<usize>), EngineError> {
-        let unit = self.layout.units.get(u).ok_or_else(|| {
+impl<D: Device, C: Communicator> Engine<'_, D, C> {
+    fn placement(&self, u: usize) -> Result<&UnitPlacement, EngineError> {
+        self.core.plan.placements.get(u).ok_or_else(|| {
             EngineError::Mismatch(format!(
                 "unit {u} is out of range: the model has {} units",
-                self.layout.units.len()
+                self.core.plan.placements.len()
             ))
-        })?;
-        let rank = self.comm.rank();
-        let own = rank * unit.shard_len..(rank + 1) * unit.shard_len;
-        Ok(match self.config.zero.stage {
-            Stage::Zero0 if whole => (
-                unit.unit_offset..unit.unit_offset + unit.padded_len,
-                0..unit.padded_len,
-            ),
-            Stage::Zero0 => (
-                unit.unit_offset + own.start..unit.unit_offset + own.end,
-                own,
-            ),
-            _ => (unit.shard_offset..unit.shard_offset + unit.shard_len, own),
         })
     }
 
-    /// Where the fp32 parameters of the same elements sit in the parameter buffer (fp32
-    /// training only: full buffer at stages 0-2, shard buffer at stage 3).
-    fn fp32_param_slot(&self, u: usize, rel: &Range<usize>) -> Range<usize> {
-        let unit = &self.layout.units[u];
-        match self.config.zero.stage {
-            Stage::Zero3 => unit.shard_offset..unit.shard_offset + unit.shard_len,
-            _ => unit.unit_offset + rel.start..unit.unit_offset + rel.end,
+    /// This rank's block of unit `u` (master, m, v), copied to the host.
+    pub fn export_unit(&self, u: usize) -> Result<UnitState, EngineError> {
+        let at = self.placement(u)?.clone();
+        let (dev, s) = (self.core.dev, &self.core.streams.compute);
+        let own_state = at.own_within(&at.state);
+        let n = at.own.len();
+        let mut out = UnitState {
+            range: at.own.clone(),
+            master: vec![0.0; n],
+            adam_m: vec![0.0; n],
+            adam_v: vec![0.0; n],
+        };
+        match &self.bufs.master {
+            Some(m) => dev.download(s, m.slice(own_state.clone()), &mut out.master)?,
+            None => dev.download(
+                s,
+                self.bufs
+                    .params
+                    .get::<f32>()?
+                    .slice(at.own_within(&at.updated_params)),
+                &mut out.master,
+            )?,
         }
+        dev.download(
+            s,
+            self.bufs.adam_m.slice(own_state.clone()),
+            &mut out.adam_m,
+        )?;
+        dev.download(s, self.bufs.adam_v.slice(own_state), &mut out.adam_v)?;
+        Ok(out)
     }
 
-    /// This rank's block of unit `u` (master, m, v), borrowed from the live buffers.
-    pub fn export_unit(&self, u: usize) -> Result<UnitState<'_>, EngineError> {
-        let (state_at, rel) = self.state_slot(u, false)?;
-        let master: &[f32] = match &self.bufs.master {
-            Some(m) => &m[state_at.clone()],
-            None => &f32::of(&self.bufs.params)?[self.fp32_param_slot(u, &rel)],
-        };
-        Ok(UnitState {
-            range: rel,
-            master,
-            adam_m: &self.bufs.adam_m[state_at.clone()],
-            adam_v: &self.bufs.adam_v[state_at],
-        })
+    /// The elements of unit `u` this rank keeps (unit-relative): the whole unit at stage
+    /// 0, its shard otherwise. [`Engine::import_unit`] takes exactly these.
+    pub fn import_range(&self, u: usize) -> Result<Range<usize>, EngineError> {
+        Ok(self.placement(u)?.updates.clone())
     }
 
-    /// What this rank keeps of unit `u` (whole unit at stage 0, its shard otherwise),
-    /// zeroed, for the caller to fill; call [`Self::finish_import`] after every unit.
-    pub fn import_unit_mut(&mut self, u: usize) -> Result<UnitStateMut<'_>, EngineError> {
-        let (state_at, rel) = self.state_slot(u, true)?;
-        let param_at = self.fp32_param_slot(u, &rel);
+    /// Set what this rank keeps of unit `u` ([`Engine::import_range`]) from host data;
+    /// call [`Engine::finish_import`] after every unit.
+    pub fn import_unit(
+        &mut self,
+        u: usize,
+        master: &[f32],
+        adam_m: &[f32],
+        adam_v: &[f32],
+    ) -> Result<(), EngineError> {
+        let at = self.placement(u)?.clone();
+        let n = at.updates.len();
+        for (what, len) in [
+            ("master", master.len()),
+            ("adam_m", adam_m.len()),
+            ("adam_v", adam_v.len()),
+        ] {
+            if len != n {
+                return Err(EngineError::Mismatch(format!(
+                    "importing unit {u}: {what} has {len} elements, this rank keeps {n} ({:?})",
+                    at.updates
+                )));
+            }
+        }
+        let (dev, s) = (self.core.dev, &self.core.streams.compute);
         let bufs = &mut self.bufs;
-        let master: &mut [f32] = match &mut bufs.master {
-            Some(m) => &mut m[state_at.clone()],
-            None => &mut f32::of_mut(&mut bufs.params)?[param_at],
-        };
-        let adam_m = &mut bufs.adam_m[state_at.clone()];
-        let adam_v = &mut bufs.adam_v[state_at];
-        master.fill(0.0);
-        adam_m.fill(0.0);
-        adam_v.fill(0.0);
-        Ok(UnitStateMut {
-            range: rel,
-            master,
-            adam_m,
-            adam_v,
-        })
+        match &mut bufs.master {
+            Some(m) => dev.upload(s, master, m.slice_mut(at.state.clone()))?,
+            None => dev.upload(
+                s,
+                master,
+                bufs.params
+                    .get_mut::<f32>()?
+                    .slice_mut(at.updated_params.clone()),
+            )?,
+        }
+        dev.upload(s, adam_m, bufs.adam_m.slice_mut(at.state.clone()))?;
+        dev.upload(s, adam_v, bufs.adam_v.slice_mut(at.state))?;
+        Ok(())
     }
 
-    /// After every unit was imported: rebuild what derives from the master (16-bit
-    /// parameters, stage 1/2 full parameters, stage 3 persistent units) and restore the
-    /// counters and the loss scaler. Collective: every rank calls it.
+    /// After every unit was imported: rebuild what derives from the master and restore
+    /// the counters and the loss scaler. Collective: every rank calls it.
     pub fn finish_import(
         &mut self,
         step: u64,
         applied: u64,
         scaler: LossScaler,
     ) -> Result<(), EngineError> {
-        match self.plan.param_dtype {
-            DType::F32 => self.refresh_params::<f32>()?,
-            DType::BF16 => self.refresh_params::<half::bf16>()?,
-            DType::F16 => self.refresh_params::<half::f16>()?,
+        let (core, bufs) = (&self.core, &mut self.bufs);
+        match core.plan.param_dtype {
+            DType::F32 => optimizer::refresh_from_master::<f32, D, C>(core, bufs)?,
+            DType::BF16 => optimizer::refresh_from_master::<half::bf16, D, C>(core, bufs)?,
+            DType::F16 => optimizer::refresh_from_master::<half::f16, D, C>(core, bufs)?,
             other => return Err(EngineError::Internal(format!("parameter dtype {other}"))),
         }
+        core.dev.synchronize()?;
         self.step = step;
         self.applied = applied;
         self.scaler = scaler;
         Ok(())
     }
 
-    /// Parameters from the master: convert what this rank owns (16-bit training), then
-    /// gather what it must hold in full.
-    fn refresh_params<P: Real>(&mut self) -> Result<(), EngineError> {
-        let stage = self.config.zero.stage;
-        let rank = self.comm.rank();
-        for (u, unit) in self.layout.units.iter().enumerate() {
-            let own = rank * unit.shard_len..(rank + 1) * unit.shard_len;
-            let shard_at = unit.shard_offset..unit.shard_offset + unit.shard_len;
-            let full_at = unit.unit_offset..unit.unit_offset + unit.padded_len;
-            let own_in_full = unit.unit_offset + own.start..unit.unit_offset + own.end;
-            let params = P::of_mut(&mut self.bufs.params)?;
-            if let Some(master) = &self.bufs.master {
-                match stage {
-                    Stage::Zero0 => convert(
-                        &self.exec,
-                        &master[full_at.clone()],
-                        &mut params[full_at.clone()],
-                    )?,
-                    Stage::Zero1 | Stage::Zero2 => convert(
-                        &self.exec,
-                        &master[shard_at.clone()],
-                        &mut params[own_in_full],
-                    )?,
-                    Stage::Zero3 => convert(
-                        &self.exec,
-                        &master[shard_at.clone()],
-                        &mut params[shard_at.clone()],
-                    )?,
-                }
-            }
-            match stage {
-                Stage::Zero0 => {}
-                Stage::Zero1 | Stage::Zero2 => {
-                    self.comm.all_gather_in_place(&mut params[full_at])?
-                }
-                Stage::Zero3 => {
-                    if let Some(p) = &mut self.bufs.persistent[u] {
-                        self.comm.all_gather(&params[shard_at], P::of_mut(p)?)?;
-                    }
-                }
-            }
+    /// The fp32 value of every parameter (unpadded, in layout order) as the working
+    /// copy holds it, gathered to every rank: for tests and export. Allocates Ψ floats
+    /// on the host; not for the training loop.
+    pub fn full_params_f32(&self) -> Result<Vec<f32>, EngineError> {
+        match self.core.plan.param_dtype {
+            DType::F32 => self.full_params_as::<f32>(),
+            DType::BF16 => self.full_params_as::<half::bf16>(),
+            DType::F16 => self.full_params_as::<half::f16>(),
+            other => Err(EngineError::Internal(format!("parameter dtype {other}"))),
         }
-        Ok(())
+    }
+
+    fn full_params_as<P: Float>(&self) -> Result<Vec<f32>, EngineError> {
+        let (dev, s) = (self.core.dev, &self.core.streams.compute);
+        let params = self.bufs.params.get::<P>()?;
+        let mut out = Vec::with_capacity(self.core.layout.numel());
+        for (unit, at) in self
+            .core
+            .layout
+            .units
+            .iter()
+            .zip(&self.core.plan.placements)
+        {
+            let mut held = vec![P::from_f32(0.0); at.params.len()];
+            dev.download(s, params.slice(at.params.clone()), &mut held)?;
+            let whole = self.gathered(held, at, unit.padded_len)?;
+            out.extend(whole[..unit.numel].iter().map(|x| x.to_f32()));
+        }
+        Ok(out)
+    }
+
+    /// The fp32 master of every parameter (unpadded, layout order), gathered to every
+    /// rank; in fp32 training the parameters themselves.
+    pub fn full_master_f32(&self) -> Result<Vec<f32>, EngineError> {
+        let mut out = Vec::with_capacity(self.core.layout.numel());
+        for (u, unit) in self.core.layout.units.iter().enumerate() {
+            let s = self.export_unit(u)?;
+            let mut whole = vec![0.0f32; unit.padded_len];
+            whole[s.range.clone()].copy_from_slice(&s.master);
+            self.core.comm.all_gather_in_place(&mut whole[..])?;
+            out.extend_from_slice(&whole[..unit.numel]);
+        }
+        Ok(out)
+    }
+
+    /// Every parameter's fp32 master as an ndarray of its shape, by name (gathered to
+    /// every rank, like [`Engine::full_master_f32`]).
+    pub fn master_arrays(&self) -> Result<Vec<(String, ndarray::ArrayD<f32>)>, EngineError> {
+        let flat = self.full_master_f32()?;
+        let mut at = 0;
+        let mut out = Vec::with_capacity(self.core.layout.params.len());
+        for p in &self.core.layout.params {
+            let a =
+                ndarray::ArrayD::from_shape_vec(p.shape.clone(), flat[at..at + p.numel].to_vec())
+                    .map_err(|e| EngineError::Internal(format!("parameter '{}': {e}", p.name)))?;
+            out.push((p.name.clone(), a));
+            at += p.numel;
+        }
+        Ok(out)
+    }
+
+    /// The whole padded unit from what this rank holds of it: already whole (stages
+    /// 0-2), or its shard, all-gathered (stage 3).
+    fn gathered<T: zero_kernels::Element>(
+        &self,
+        held: Vec<T>,
+        at: &UnitPlacement,
+        padded_len: usize,
+    ) -> Result<Vec<T>, EngineError> {
+        if held.len() == padded_len {
+            return Ok(held);
+        }
+        let mut whole = vec![T::default(); padded_len];
+        self.core.comm.all_gather(&held[..], &mut whole[..])?;
+        debug_assert_eq!(at.own.len(), held.len());
+        Ok(whole)
     }
 }

@@ -1,318 +1,193 @@
-//! One optimizer step, top to bottom (STYLE.md rule 6): micro-steps (forward, backward
-//! with per-unit reduction at stages 2/3) -> reduce full gradients once (stages 0/1, or
-//! 2/3 accumulating locally) -> agree on overflow, norm and loss across ranks -> AdamW on
-//! this rank's shard -> all-gather the updated parameters (stages 1/2; stage 3 only its
-//! persistent units). Stage differences are the `match`/`if` at those points only.
+//! One optimizer step, top to bottom, as llm.c's training loop reads: micro-steps
+//! (forward, loss, backward with per-unit reduction at stages 2/3) -> full gradients
+//! reduced once (stages 0/1, or 2/3 accumulating locally) -> agree on overflow, norm and
+//! loss across ranks -> AdamW on this rank's share -> share the new parameters. The
+//! stage differences sit at three points: which buffers hold what (the plan's
+//! placements), the boundary reduction below, and the sharing (`optimizer.rs`).
 
 use std::time::Instant;
 
-use zero_comm::{Communicator, ReduceOp};
-use zero_kernels::adamw::{self, AdamWHyper, AdamWSegment, AdamWState};
-use zero_kernels::{gradstats, DType};
+use zero_comm::Communicator;
+use zero_kernels::device::{Buffer, Device};
+use zero_kernels::{DType, Float};
 
 use super::buffers::Buffers;
-use super::passes::{self, Ctx};
-use super::real::Real;
-use super::reduce;
-use super::{Engine, EngineError, StepReport};
+use super::reducer::Landing;
+use super::{agree, optimizer, passes, Core, Engine, EngineError, StepReport, WaitPoint};
 use crate::config::Stage;
-use crate::model::{Batch, Model};
+use crate::model::Model;
 
-impl<C: Communicator> Engine<'_, C> {
+impl<D: Device, C: Communicator> Engine<'_, D, C> {
     /// Run one optimizer step over this rank's `batches` (one per micro-step: exactly
-    /// `grad_accum` of them, each `micro_batch x seq_len` tokens).
-    pub fn step(
+    /// `grad_accum` of them).
+    pub fn step<M: Model<D>>(
         &mut self,
-        model: &mut dyn Model,
-        batches: &[Batch<'_>],
+        model: &mut M,
+        batches: &[M::Batch<'_>],
     ) -> Result<StepReport, EngineError> {
-        let t = &self.config.train;
-        if batches.len() != t.grad_accum {
+        self.check_model(model)?;
+        let a = self.core.config.grad_accum;
+        if batches.len() != a {
             return Err(EngineError::Mismatch(format!(
-                "got {} micro-batches for grad_accum = {}; pass one batch per micro-step",
-                batches.len(),
-                t.grad_accum
+                "got {} micro-batches for grad_accum = {a}; pass one batch per micro-step",
+                batches.len()
             )));
         }
-        for (m, b) in batches.iter().enumerate() {
-            let want = t.micro_batch * t.seq_len;
-            if b.rows != t.micro_batch
-                || b.seq_len != t.seq_len
-                || b.inputs.len() != want
-                || b.targets.len() != want
-            {
-                return Err(EngineError::Mismatch(format!(
-                    "micro-batch {m} is {} x {} with {} inputs and {} targets; the config says micro_batch = {}, seq_len = {} ({want} tokens)",
-                    b.rows, b.seq_len, b.inputs.len(), b.targets.len(), t.micro_batch, t.seq_len
-                )));
-            }
-        }
-        match (self.plan.param_dtype, self.plan.inputs.reduce_dtype) {
-            (DType::F32, DType::F32) => self.step_as::<f32, f32>(model, batches),
-            (DType::BF16, DType::BF16) => self.step_as::<half::bf16, half::bf16>(model, batches),
-            (DType::BF16, DType::F32) => self.step_as::<half::bf16, f32>(model, batches),
-            (DType::F16, DType::F16) => self.step_as::<half::f16, half::f16>(model, batches),
-            (DType::F16, DType::F32) => self.step_as::<half::f16, f32>(model, batches),
+        match (
+            self.core.plan.param_dtype,
+            self.core.plan.inputs.reduce_dtype,
+        ) {
+            (DType::F32, DType::F32) => self.step_as::<f32, f32, M>(model, batches),
+            (DType::BF16, DType::BF16) => self.step_as::<half::bf16, half::bf16, M>(model, batches),
+            (DType::BF16, DType::F32) => self.step_as::<half::bf16, f32, M>(model, batches),
+            (DType::F16, DType::F16) => self.step_as::<half::f16, half::f16, M>(model, batches),
+            (DType::F16, DType::F32) => self.step_as::<half::f16, f32, M>(model, batches),
             (p, w) => Err(EngineError::Internal(format!(
                 "parameters {p} reduced in {w}"
             ))),
         }
     }
 
-    fn step_as<P: Real, W: Real>(
+    /// The step with parameters and gradients in P, reduced in W.
+    fn step_as<P: Float, W: Float, M: Model<D>>(
         &mut self,
-        model: &mut dyn Model,
-        batches: &[Batch<'_>],
+        model: &mut M,
+        batches: &[M::Batch<'_>],
     ) -> Result<StepReport, EngineError> {
         let start = Instant::now();
-        let comm_before = self.comm.stats();
-        let (n, rank) = (self.comm.size(), self.comm.rank());
-        let stage = self.config.zero.stage;
-        let train = &self.config.train;
-        let a = batches.len();
-        let tokens = (n * a * train.micro_batch * train.seq_len) as u64;
-        let loss_scale = self.scaler.scale;
-        // d(global mean loss x scale)/d(each position's cross-entropy): summing the
-        // gradients over ranks and micro-steps then gives the global-batch gradient.
-        let grad_scale = (loss_scale / tokens as f64) as f32;
-
-        // 1. Micro-steps.
         let Engine {
-            comm,
-            exec,
-            spec,
-            layout,
-            plan,
+            core,
             bufs,
+            scaler,
+            step,
+            applied,
             ..
         } = self;
-        let cx = Ctx {
-            comm: *comm,
-            exec,
-            spec,
-            layout,
-            plan,
-        };
-        bufs.grads.fill_zero();
-        let mut loss_sum = 0.0f64;
-        for batch in batches {
-            model.begin_micro_step(batch)?;
-            passes::forward::<C, P, W>(&cx, bufs, model)?;
-            loss_sum += model.loss() as f64;
-            passes::backward::<C, P, W>(&cx, bufs, model, grad_scale)?;
+        let comm_before = core.comm.stats();
+        let (n, a) = (core.comm.size(), batches.len());
+        let loss_scale = scaler.scale;
+        // Each micro-batch's mean loss weighs 1/(N A) in the global-batch mean; the loss
+        // scale rides along so that small fp16 gradients stay representable (scaler.rs).
+        let weight = (loss_scale / (n * a) as f64) as f32;
+
+        // 0. The parameters are current on both streams; the gradients start at zero.
+        start_step::<P, D, C>(core, bufs)?;
+
+        // 1. Micro-steps.
+        for (m, batch) in batches.iter().enumerate() {
+            model.begin_micro_step(core.compute(), batch)?;
+            passes::forward::<P, D, C, M>(core, bufs, model)?;
+            core.dev.copy(
+                &core.streams.compute,
+                model.loss(),
+                bufs.losses.slice_mut(m..m + 1),
+            )?;
+            passes::backward::<P, W, D, C, M>(core, bufs, model, weight)?;
         }
 
         // 2. Full gradients are reduced once per step.
-        if !plan.grads_sharded {
-            let Buffers {
-                grads,
-                buckets,
-                pieces,
-                ..
-            } = bufs;
-            let g = P::of_mut(grads)?;
-            let bucket = W::of_mut(&mut buckets[0])?;
-            if stage == Stage::Zero0 {
-                let chunks = |len| plan.full_chunks(len);
-                reduce::all_reduce_full(cx.comm, exec, &layout.units, chunks, g, bucket)?;
-            } else {
-                let chunks = |len| plan.shard_chunks(len);
-                let piece = W::of_mut(&mut pieces[0])?;
-                reduce::reduce_scatter_full(
-                    cx.comm,
-                    exec,
-                    &layout.units,
-                    chunks,
-                    g,
-                    bucket,
-                    piece,
-                )?;
-            }
+        match (core.config.zero.stage, core.plan.grads_sharded) {
+            (Stage::Zero0, _) => all_reduce_full::<P, W, D, C>(core, bufs)?,
+            (_, false) => reduce_scatter_full::<P, W, D, C>(core, bufs)?,
+            (_, true) => {} // reduced during the backward
         }
 
-        // 3. Agree across ranks: squared norm of this rank's shard (each element counted
-        // once over all ranks, so the sum is the full gradient's), overflow, loss.
-        let inv_scale = (1.0 / loss_scale) as f32;
-        let grads = P::of(&bufs.grads)?;
-        let (mut sum_squares, mut nonfinite) = (0.0f64, false);
-        for u in 0..layout.units.len() {
-            let g = &grads[grad_shard_range(&cx, u)];
-            let s = gradstats::stats(exec, P::float_slice(g), inv_scale);
-            sum_squares += s.sum_squares;
-            nonfinite |= s.nonfinite;
-        }
-        let mut agreed = [sum_squares, if nonfinite { 1.0 } else { 0.0 }, loss_sum];
-        cx.comm.all_reduce(&mut agreed[..], ReduceOp::Sum)?;
-        let loss = agreed[2] / (n * a) as f64;
-        let overflow = agreed[1] > 0.0 || !agreed[0].is_finite();
-        let grad_norm = agreed[0].sqrt();
-        let step = self.step;
-        let lr = self
-            .config
-            .optim
-            .lr_at(step as usize, self.config.train.steps);
+        // 3. Agree across ranks on overflow, gradient norm and loss.
+        let agreed = agree::agree::<P, D, C>(core, bufs, a, loss_scale)?;
+        let this_step = *step;
+        let lr = core.config.optim.lr_at(this_step as usize);
 
-        // 4-5. AdamW on this rank's shard, then gather what other ranks need.
-        if !overflow {
-            let clip = self.config.optim.grad_clip;
+        // 4-5. AdamW on this rank's share, then share the new parameters.
+        if !agreed.overflow {
+            let clip = core.config.optim.grad_clip;
             // torch.nn.utils.clip_grad_norm_: coef = max_norm / (norm + 1e-6), capped at 1.
-            let coef = if clip > 0.0 && grad_norm > clip {
-                clip / (grad_norm + 1e-6)
+            let coef = if clip > 0.0 && agreed.grad_norm > clip {
+                clip / (agreed.grad_norm + 1e-6)
             } else {
                 1.0
             };
             let grad_mult = (coef / loss_scale) as f32;
-            self.update::<P>(self.applied + 1, lr, grad_mult)?;
-            self.gather_params::<P>()?;
-            self.applied += 1;
-        } else if !self.scaler.enabled {
+            optimizer::update::<P, D, C>(core, bufs, *applied + 1, lr, grad_mult)?;
+            optimizer::publish::<P, D, C>(core, bufs)?;
+            *applied += 1;
+        } else if !scaler.enabled {
             // Nothing will make the next step finite: stop with what happened (every rank
             // agreed on the overflow, so every rank returns this error).
             return Err(EngineError::NonFinite {
-                step,
-                loss,
-                precision: format!("{:?}", self.config.precision.dtype).to_lowercase(),
+                step: this_step,
+                loss: agreed.loss,
+                precision: format!("{:?}", core.config.precision.dtype).to_lowercase(),
             });
-        } else if rank == 0 {
+        } else if core.comm.rank() == 0 {
             log::warn!(
-                "step {step}: inf/NaN gradient (loss scale {loss_scale}); step skipped on every rank"
+                "step {this_step}: inf/NaN gradient (loss scale {loss_scale}); step skipped on every rank"
             );
         }
-        self.scaler.update(overflow);
-        self.step += 1;
+        scaler.update(agreed.overflow);
+        *step += 1;
+        core.dev.synchronize()?;
+        let memory = self.memory();
         Ok(StepReport {
-            step,
-            loss,
-            grad_norm,
+            step: this_step,
+            loss: agreed.loss,
+            grad_norm: agreed.grad_norm,
             lr,
             loss_scale,
-            skipped: overflow,
-            tokens,
+            skipped: agreed.overflow,
             seconds: start.elapsed().as_secs_f64(),
-            comm: self.comm.stats() - comm_before,
-            memory: self.memory(),
+            comm: self.core.comm.stats() - comm_before,
+            memory,
         })
-    }
-
-    /// Fused AdamW over this rank's part of every unit (all of it at stage 0).
-    fn update<P: Real>(&mut self, t: u64, lr: f64, grad_mult: f32) -> Result<(), EngineError> {
-        let o = &self.config.optim;
-        let hyper = [AdamWHyper {
-            lr,
-            beta1: o.betas[0],
-            beta2: o.betas[1],
-            eps: o.eps,
-            weight_decay: o.weight_decay,
-        }];
-        let stage = self.config.zero.stage;
-        let rank = self.comm.rank();
-        let Buffers {
-            params,
-            grads,
-            master,
-            adam_m,
-            adam_v,
-            ..
-        } = &mut self.bufs;
-        let grads = P::of(grads)?;
-        let params = P::of_mut(params)?;
-        let cx = Ctx {
-            comm: self.comm,
-            exec: &self.exec,
-            spec: &self.spec,
-            layout: &self.layout,
-            plan: &self.plan,
-        };
-        for (u, unit) in self.layout.units.iter().enumerate() {
-            let own = rank * unit.shard_len..(rank + 1) * unit.shard_len;
-            let own_in_full = unit.unit_offset + own.start..unit.unit_offset + own.end;
-            // (optimizer state, parameters, unit-relative range) of this rank's part.
-            let (state_at, param_at, grad_at, rel) = match stage {
-                Stage::Zero0 => {
-                    let all = cx.full_range(u);
-                    (all.clone(), all.clone(), all, 0..unit.padded_len)
-                }
-                Stage::Zero1 | Stage::Zero2 => (
-                    cx.shard_range(u),
-                    own_in_full,
-                    grad_shard_range(&cx, u),
-                    own,
-                ),
-                Stage::Zero3 => (
-                    cx.shard_range(u),
-                    cx.shard_range(u),
-                    grad_shard_range(&cx, u),
-                    own,
-                ),
-            };
-            let segments: Vec<AdamWSegment> = self
-                .layout
-                .segments(u, rel)?
-                .into_iter()
-                .map(|s| AdamWSegment {
-                    range: s.range,
-                    group: 0,
-                    decay: s.weight_decay,
-                })
-                .collect();
-            let g = P::float_slice(&grads[grad_at]);
-            let (m, v) = (&mut adam_m[state_at.clone()], &mut adam_v[state_at.clone()]);
-            match master {
-                Some(master) => {
-                    let state = AdamWState {
-                        master: &mut master[state_at],
-                        m,
-                        v,
-                    };
-                    let p = P::half_mut(&mut params[param_at]);
-                    adamw::step(&self.exec, &hyper, &segments, t, grad_mult, g, state, p)?;
-                }
-                None => {
-                    // fp32 training: the parameters are the master weights.
-                    let p: &mut [f32] = bytemuck::cast_slice_mut(&mut params[param_at]);
-                    let state = AdamWState { master: p, m, v };
-                    adamw::step(&self.exec, &hyper, &segments, t, grad_mult, g, state, None)?;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// After the update: stages 1/2 all-gather every unit's parameters in place (each
-    /// rank updated its block); stage 3 refreshes its persistent units.
-    fn gather_params<P: Real>(&mut self) -> Result<(), EngineError> {
-        let stage = self.config.zero.stage;
-        let Buffers {
-            params, persistent, ..
-        } = &mut self.bufs;
-        let params = P::of_mut(params)?;
-        for (u, unit) in self.layout.units.iter().enumerate() {
-            match stage {
-                Stage::Zero0 => {}
-                Stage::Zero1 | Stage::Zero2 => {
-                    let at = unit.unit_offset..unit.unit_offset + unit.padded_len;
-                    self.comm.all_gather_in_place(&mut params[at])?;
-                }
-                Stage::Zero3 => {
-                    if let Some(p) = &mut persistent[u] {
-                        let at = unit.shard_offset..unit.shard_offset + unit.shard_len;
-                        self.comm.all_gather(&params[at], P::of_mut(p)?)?;
-                    }
-                }
-            }
-        }
-        Ok(())
     }
 }
 
-/// Where this rank's summed gradient of unit `u` sits in the Grads buffer: its shard
-/// buffer when gradients are sharded, else its block of the full buffer.
-fn grad_shard_range<C: Communicator>(cx: &Ctx<'_, C>, u: usize) -> std::ops::Range<usize> {
-    if cx.plan.grads_sharded {
-        cx.shard_range(u)
-    } else {
-        let unit = &cx.layout.units[u];
-        let at = unit.unit_offset + cx.comm.rank() * unit.shard_len;
-        at..at + unit.shard_len
+/// Both streams wait for the last write of the parameters; compute zeroes the gradient
+/// accumulator (its readers, last step's statistics and update, ran on compute too).
+fn start_step<P: Float, D: Device, C: Communicator>(
+    core: &Core<'_, D, C>,
+    bufs: &mut Buffers<D>,
+) -> Result<(), EngineError> {
+    if let Some(e) = &bufs.params_ready {
+        core.wait(WaitPoint::ParamsReady, &core.streams.compute, e)?;
+        core.wait(WaitPoint::ParamsReady, &core.streams.comm, e)?;
     }
+    bufs.reducer.before_rewriting_sources(core)?;
+    let grads = bufs.grads.get_mut::<P>()?;
+    core.dev
+        .fill(&core.streams.compute, grads.view_mut(), P::from_f32(0.0))?;
+    Ok(())
+}
+
+/// Stage 0: all-reduce every unit's full gradient (in place when P = W, else in
+/// bucket-sized chunks through a bucket).
+fn all_reduce_full<P: Float, W: Float, D: Device, C: Communicator>(
+    core: &Core<'_, D, C>,
+    bufs: &mut Buffers<D>,
+) -> Result<(), EngineError> {
+    let Buffers { grads, reducer, .. } = bufs;
+    let grads = grads.get_mut::<P>()?;
+    for at in &core.plan.placements {
+        reducer.all_reduce::<P, W, C>(core, grads, at.grads.clone(), core.plan.bucket_len)?;
+    }
+    Ok(())
+}
+
+/// Stages 1-3 with full gradients: reduce-scatter each unit's full gradient so that this
+/// rank's block holds the sum (the other blocks keep stale local values, never read).
+fn reduce_scatter_full<P: Float, W: Float, D: Device, C: Communicator>(
+    core: &Core<'_, D, C>,
+    bufs: &mut Buffers<D>,
+) -> Result<(), EngineError> {
+    let Buffers { grads, reducer, .. } = bufs;
+    for (u, at) in core.plan.placements.iter().enumerate() {
+        let shard_len = core.layout.units[u].shard_len;
+        for c in core.plan.shard_chunks(shard_len) {
+            let src = grads.get::<P>()?.slice(at.grads.clone());
+            let sent = reducer.send::<P, W, C>(core, src, shard_len, c.clone())?;
+            let own = at.reduced_grads.start;
+            let dst = grads.get_mut::<P>()?.slice_mut(own + c.start..own + c.end);
+            reducer.land::<W, P, C>(core, sent, dst, Landing::Overwrite)?;
+        }
+    }
+    Ok(())
 }

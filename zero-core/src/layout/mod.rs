@@ -98,7 +98,7 @@ pub struct UnitLayout {
 /// One named parameter in the layout.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ParamLayout {
-    /// Name as in DESIGN.md.
+    /// Name, as the model's spec gives it.
     pub name: String,
     /// Index of the unit holding it.
     pub unit: usize,

@@ -2,7 +2,7 @@
 //! optimizer step, per collective, for a stage, N, A and reduce policy, from padded
 //! sizes, so a test can hold the engine's measured bytes against it exactly.
 //!
-//! Ring algorithms (DESIGN.md): for a collective over a buffer of E elements (the full,
+//! Ring algorithms (docs/ARCHITECTURE.md): for a collective over a buffer of E elements (the full,
 //! gathered size), every rank sends and receives (N-1)/N x E for reduce-scatter and
 //! all-gather, 2(N-1)/N x E for all-reduce. Padded unit lengths are multiples of N, so
 //! every count is a whole number. Per step, with A micro-steps, padded Ψ = Ψp,
@@ -25,9 +25,9 @@
 
 use zero_kernels::DType;
 
-use super::memory::BufferPlan;
 use crate::config::Stage;
 use crate::layout::PartitionLayout;
+use crate::plan::BufferPlan;
 
 /// A collective kind.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -252,7 +252,7 @@ fn collective_factor(c: Collective) -> u64 {
     }
 }
 
-/// DESIGN.md's volume per step in units of Ψ, before the (N-1)/N x element size factor:
+/// the volume of docs/ARCHITECTURE.md's table per step in units of Ψ, before the (N-1)/N x element size factor:
 /// 2 (stages 0-2 reducing once), A + 1 (stage 2 reducing every micro-step), 3A (stage 3
 /// reducing every micro-step), 2A + 1 (stage 3 accumulating locally).
 pub fn paper_volume_psi(stage: Stage, grad_accum: usize, reduce_every_micro_step: bool) -> usize {

@@ -18,8 +18,9 @@
 use std::fmt::Write as _;
 
 use super::frac::{human_bytes, Frac};
-use super::memory::{BufferPlan, BufferRole, Extent, MemCategory};
+use super::MemCategory;
 use crate::config::Stage;
+use crate::plan::{BufferPlan, BufferRole, Extent};
 
 /// The formula's bytes per category for one rank.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -239,6 +240,16 @@ impl Explanation {
         let (bytes, k, lens, _) = sum(&|r| matches!(r, BufferRole::TiedGrad { .. }));
         extra(MemCategory::Compute, bytes, format!(
             "{k} f32 gradient accumulator(s) of tied units ({lens} elements), complete only after the unit's first layer's backward"
+        ));
+        let (bytes, _, _, _) = sum(&|r| {
+            matches!(
+                r,
+                BufferRole::GradStats | BufferRole::Losses | BufferRole::Agreement
+            )
+        });
+        extra(MemCategory::Compute, bytes, format!(
+            "control scalars: gradient statistics (2 f64 per unit), the {} micro-step loss(es), the 3-f64 agreement vector",
+            plan.inputs.grad_accum
         ));
         let (bytes, k, _, dt) = sum(&|r| {
             matches!(

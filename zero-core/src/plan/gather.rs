@@ -10,7 +10,7 @@
 //! ```
 //!
 //! so a tied unit stays gathered from its first to its last use within a pass, and every
-//! non-persistent unit is gathered exactly once per pass (the 2AΨ of DESIGN.md's table).
+//! non-persistent unit is gathered exactly once per pass (the 2AΨ of the table in docs/ARCHITECTURE.md).
 //! Nothing stays gathered across passes or micro-steps.
 //!
 //! The engine follows [`GatherSchedule`] literally, at each step t of a pass: (1) issue

@@ -1,7 +1,9 @@
-//! The memory plan of one rank: every buffer the engine allocates, with its category,
-//! element type and length, computed from the layout and the configuration without
-//! allocating anything. `zero-bench plan` prints it (the dry run) and the engine
-//! allocates exactly these buffers, so the dry run equals what a real run reports.
+//! The buffer plan of one rank: every buffer the engine allocates, with its category,
+//! element type and length, and where each unit sits in them on this rank
+//! ([`UnitPlacement`]), computed from the layout and the configuration without
+//! allocating anything. The engine allocates exactly these buffers and drives its step
+//! from these placements; `zero-bench plan` prints the same plan as a dry run, so the
+//! dry run equals what a real run reports (the [`crate::ledger`] accounts for it).
 //!
 //! Notation: P = working dtype of parameters and gradients (bf16/fp16, or f32 in fp32
 //! training), W = dtype gradients are reduced in (P, or f32), full = the padded
@@ -15,12 +17,15 @@
 //! Master            f32    full      shard     shard            shard            16-bit training only
 //! AdamM, AdamV      f32    full      shard     shard            shard
 //! Persistent{u}     P      -         -         -                unit u           units under persistence_threshold
-//! GatherSlot{s}     P      -         -         -                see schedule.rs  resident window incl. prefetch, tied units
+//! GatherSlot{s}     P      -         -         -                see gather.rs    resident window incl. prefetch, tied units
 //! ParamWindow       f32    Lw        Lw        Lw               Lw               16-bit only: the model reads f32
 //! GradWindow        f32    Lw (16-bit only)    Lw' (sharded)    Lw' (sharded)    model writes f32 gradients here
 //! TiedGrad{u}       f32    -         -         sharded only     sharded only     a unit used by several layers
 //! Bucket{0,1}       W      bucket    bucket    bucket           bucket           reduction staging, double-buffered
-//! BucketPiece{0,1}  W      -         bucket/N  bucket/N         bucket/N         reduce-scatter output / gather input
+//! BucketPiece{0,1}  W      -         bucket/N  bucket/N         bucket/N         reduce-scatter output
+//! GradStats         f64    2 per unit (sum of squares, overflow flag)                     read by the host
+//! Losses            f32    A (one per micro-step)                                          read by the host
+//! Agreement         f64    3 (squared norm, overflow, loss sum)                            all-reduced once a step
 //! ```
 //!
 //! How the engine uses them (the plan is only exact if it does):
@@ -38,12 +43,16 @@
 //! - Buckets: a unit of shard length S is reduced in ceil(S / (bucket/N)) chunks; chunk
 //!   k holds, for every rank r in order, elements [r*S + k*c, r*S + k*c + len) (c =
 //!   bucket/N), converted to W, so one reduce-scatter leaves rank r the chunk of its own
-//!   shard in a piece. Two buckets alternate so one reduces while the next fills. Stage 0
-//!   all-reduces contiguous chunks of up to `bucket` elements in a bucket instead (no
-//!   pieces). Stages 1/2 all-gather the updated P parameters the other way round (piece
-//!   = own chunk, bucket = gathered chunks; P is never wider than W).
-//! - Stage 3 gathers all-gather a unit's P shard straight into its slot (or, once per
-//!   step after the update, into its Persistent buffer).
+//!   shard in a piece. Two buckets alternate so one reduces while the next fills. When
+//!   one chunk is the whole shard and the gradient is already in W, the reduce-scatter
+//!   reads the unit's gradient buffer as it is (its blocks are in rank order) and no
+//!   bucket is filled. Stage 0 all-reduces the unit in place when P = W, else
+//!   contiguous chunks of up to `bucket` elements through a bucket (no pieces).
+//! - Stages 1/2 all-gather each unit's updated P parameters in place (each rank's block
+//!   sits where the gathered block goes). Stage 3 gathers all-gather a unit's P shard
+//!   straight into its slot (or, once per step after the update, into its Persistent
+//!   buffer). Neither is chunked: the layer needs the whole unit resident, so a staging
+//!   bucket would only add a copy.
 //!
 //! Padding: buffers laid out as full or shard contain partition padding; the ledger
 //! reports it as its own category (the rest of the buffer under its role's category).
@@ -54,9 +63,15 @@ use std::ops::Range;
 
 use zero_kernels::DType;
 
-use super::schedule::GatherSchedule;
-use crate::config::{Config, Precision, Stage};
+pub mod gather;
+mod placement;
+
+pub use gather::{GatherSchedule, PassStep};
+pub use placement::UnitPlacement;
+
+use crate::config::{EngineConfig, Precision, Stage};
 use crate::layout::{LayoutError, PartitionLayout};
+use crate::ledger::MemCategory;
 use crate::spec::ModelSpec;
 
 /// What the plan is computed from, besides the model and the layout.
@@ -70,27 +85,31 @@ pub struct PlanInputs {
     pub reduce_dtype: DType,
     /// Stages 2/3: reduce every micro-step (sharded gradients) or once per step.
     pub reduce_every_micro_step: bool,
-    /// Requested bucket capacity in elements.
+    /// Bucket capacity in elements ([`crate::config::ZeroConfig::bucket_elems_for`]).
     pub bucket_elems: usize,
     /// Stage 3: layers gathered ahead.
     pub prefetch: usize,
     /// Stage 3: units with fewer elements stay gathered.
     pub persistence_threshold: usize,
+    /// A: micro-steps per optimizer step (one loss slot each).
+    pub grad_accum: usize,
     /// The model's activation arena for one micro-step.
     pub activation_bytes: u64,
 }
 
 impl PlanInputs {
-    /// The inputs a validated configuration gives, with the model's activation bytes.
-    pub fn from_config(c: &Config, activation_bytes: u64) -> PlanInputs {
+    /// The inputs a validated configuration gives on `world` ranks, with the model's
+    /// activation bytes.
+    pub fn from_config(c: &EngineConfig, world: usize, activation_bytes: u64) -> PlanInputs {
         PlanInputs {
             stage: c.zero.stage,
             precision: c.precision.dtype,
             reduce_dtype: c.precision.reduce_dtype(),
             reduce_every_micro_step: c.zero.reduce_every_micro_step(),
-            bucket_elems: c.zero.bucket_elems,
+            bucket_elems: c.zero.bucket_elems_for(world),
             prefetch: c.zero.prefetch,
             persistence_threshold: c.zero.persistence_threshold,
+            grad_accum: c.grad_accum,
             activation_bytes,
         }
     }
@@ -128,67 +147,6 @@ pub enum PlanError {
     /// Zero bucket capacity.
     #[error("bucket_elems is 0; give the bucket capacity in elements")]
     ZeroBucket,
-}
-
-/// Memory categories of the ledger, per rank.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum MemCategory {
-    /// Working parameters (16-bit copy; in fp32 training, the fp32 master itself).
-    Params,
-    /// Gradient accumulator (P dtype).
-    Grads,
-    /// fp32 master weights (16-bit training only).
-    Master,
-    /// Adam first moment.
-    AdamM,
-    /// Adam second moment.
-    AdamV,
-    /// Partition padding inside the buffers above (this rank's share).
-    Padding,
-    /// Stage 3: full copies of units under the persistence threshold.
-    Persistent,
-    /// Stage 3: gather slots (resident window, prefetch, tied units).
-    Gather,
-    /// f32 compute windows and tied-unit gradient accumulators.
-    Compute,
-    /// Gradient-reduction buckets and pieces.
-    Buckets,
-    /// The model's activation arena.
-    Activations,
-}
-
-impl MemCategory {
-    /// Every category, in report order.
-    pub const ALL: [MemCategory; 11] = [
-        MemCategory::Params,
-        MemCategory::Grads,
-        MemCategory::Master,
-        MemCategory::AdamM,
-        MemCategory::AdamV,
-        MemCategory::Padding,
-        MemCategory::Persistent,
-        MemCategory::Gather,
-        MemCategory::Compute,
-        MemCategory::Buckets,
-        MemCategory::Activations,
-    ];
-
-    /// Short name for reports and metrics (`params`, `grads`, `master`, `adam_m`, ...).
-    pub const fn name(self) -> &'static str {
-        match self {
-            MemCategory::Params => "params",
-            MemCategory::Grads => "grads",
-            MemCategory::Master => "master",
-            MemCategory::AdamM => "adam_m",
-            MemCategory::AdamV => "adam_v",
-            MemCategory::Padding => "padding",
-            MemCategory::Persistent => "persistent",
-            MemCategory::Gather => "gather",
-            MemCategory::Compute => "compute",
-            MemCategory::Buckets => "buckets",
-            MemCategory::Activations => "activations",
-        }
-    }
 }
 
 /// Which buffer of the engine a plan entry is.
@@ -233,6 +191,14 @@ pub enum BufferRole {
         /// 0 or 1.
         index: usize,
     },
+    /// Per-unit gradient statistics of the step (sum of squares, overflow flag: 2 f64 a
+    /// unit), read by the host to agree across ranks.
+    GradStats,
+    /// The A micro-steps' losses (f32 each).
+    Losses,
+    /// The agreement vector all-reduced once per step (3 f64: squared norm, overflow,
+    /// loss sum).
+    Agreement,
 }
 
 /// How a buffer's elements are laid out.
@@ -298,6 +264,8 @@ pub struct BufferPlan {
     pub persistent: Vec<bool>,
     /// Stage 3: the gather schedule.
     pub gather: Option<GatherSchedule>,
+    /// Where each unit sits in the buffers on this rank.
+    pub placements: Vec<UnitPlacement>,
     /// Buffers, in allocation order.
     pub buffers: Vec<BufferSpec>,
 }
@@ -473,7 +441,25 @@ impl BufferPlan {
                 b.push(scratch(R::BucketPiece { index }, C::Buckets, w, piece_len));
             }
         }
+        b.push(scratch(
+            R::GradStats,
+            C::Compute,
+            DType::F64,
+            2 * layout.units.len(),
+        ));
+        b.push(scratch(
+            R::Losses,
+            C::Compute,
+            DType::F32,
+            inputs.grad_accum,
+        ));
+        b.push(scratch(R::Agreement, C::Compute, DType::F64, 3));
         b.retain(|x| x.len > 0);
+        let placements = layout
+            .units
+            .iter()
+            .map(|u| UnitPlacement::new(stage, grads_sharded, u, rank))
+            .collect();
 
         Ok(BufferPlan {
             world: n,
@@ -487,6 +473,7 @@ impl BufferPlan {
             tied,
             persistent,
             gather,
+            placements,
             buffers: b,
         })
     }
@@ -562,14 +549,14 @@ impl BufferPlan {
                 out.push_str(&format!(
                     "{:<12}{:>14}\n",
                     c.name(),
-                    super::human_bytes(b as f64)
+                    crate::ledger::human_bytes(b as f64)
                 ));
             }
         }
         out.push_str(&format!(
             "{:<12}{:>14}\n",
             "total",
-            super::human_bytes(self.total_bytes() as f64)
+            crate::ledger::human_bytes(self.total_bytes() as f64)
         ));
         out
     }

@@ -1,0 +1,107 @@
+//! What the example binaries share: options, and the launch on N thread ranks
+//! (`zero_comm::run_local`), or on MPI when started by mpirun/srun (one process a rank).
+
+use zero_comm::Communicator;
+use zero_core::{EngineError, Stage};
+use zero_kernels::device::{Device, HostDevice, SimDevice};
+
+/// A training loop to launch (generic over where it runs).
+pub trait Example: Sync {
+    /// Train for `steps` at `stage` on `comm` and `dev`; the per-step losses.
+    fn train<C: Communicator, D: Device>(
+        &self,
+        comm: &C,
+        dev: &D,
+        stage: Stage,
+        steps: u64,
+    ) -> Result<Vec<f64>, EngineError>;
+}
+
+/// Parse `--ranks N --stage S --steps K --sim`, run, exit non-zero on any error.
+pub fn main(name: &str, example: &impl Example, default_steps: u64) {
+    let usage = format!("usage: {name} [--ranks N] [--stage 0-3] [--steps K] [--sim]");
+    let (mut ranks, mut stage, mut steps, mut sim) = (2usize, Stage::Zero3, default_steps, false);
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let parsed = match a.as_str() {
+            "--sim" => {
+                sim = true;
+                Ok(())
+            }
+            "-h" | "--help" => {
+                println!("{usage}");
+                return;
+            }
+            "--ranks" | "--steps" | "--stage" => match args.next() {
+                None => Err("needs a value".to_string()),
+                Some(v) if a == "--ranks" => {
+                    v.parse().map(|x| ranks = x).map_err(|e| e.to_string())
+                }
+                Some(v) if a == "--steps" => {
+                    v.parse().map(|x| steps = x).map_err(|e| e.to_string())
+                }
+                Some(v) => v
+                    .parse::<i64>()
+                    .map_err(|e| e.to_string())
+                    .and_then(|s| Stage::try_from(s).map(|s| stage = s)),
+            },
+            _ => Err(format!("unknown option ({usage})")),
+        };
+        if let Err(e) = parsed {
+            eprintln!("{name}: {a}: {e}");
+            std::process::exit(2);
+        }
+    }
+    let outcome = if under_mpirun() {
+        zero_comm::init()
+            .map_err(|e| e.to_string())
+            .and_then(|(_mpi, comm)| launch(example, &comm, stage, steps, sim))
+    } else {
+        println!(
+            "{ranks} thread ranks, {stage} on the {} device",
+            if sim { "simulated" } else { "host" }
+        );
+        zero_comm::run_local(ranks, Default::default(), |comm| {
+            launch(example, &comm, stage, steps, sim)
+        })
+        .into_iter()
+        .enumerate()
+        .try_for_each(|(r, x)| {
+            x.map_err(|p| format!("rank {r} panicked: {p:?}"))
+                .and_then(|x| x)
+        })
+    };
+    if let Err(e) = outcome {
+        eprintln!("{name}: error: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn launch<C: Communicator>(
+    example: &impl Example,
+    comm: &C,
+    stage: Stage,
+    steps: u64,
+    sim: bool,
+) -> Result<(), String> {
+    let outcome = if sim {
+        example.train(comm, &SimDevice::new(comm.rank() as u64), stage, steps)
+    } else {
+        example.train(comm, &HostDevice::new(), stage, steps)
+    };
+    outcome
+        .map(|_| ())
+        .map_err(|e| format!("rank {}: {e}", comm.rank()))
+}
+
+/// Launched by mpirun or srun (then every process is one rank of MPI's world).
+fn under_mpirun() -> bool {
+    [
+        "OMPI_COMM_WORLD_SIZE",
+        "PMI_SIZE",
+        "PMIX_RANK",
+        "SLURM_PROCID",
+    ]
+    .iter()
+    .any(|v| std::env::var_os(v).is_some())
+}

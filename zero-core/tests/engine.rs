@@ -1,0 +1,305 @@
+//! The engine in-process: N = 1..4 thread ranks (LocalComm), stages 0-3, on the host
+//! device and on the simulated one, training the character model of `examples/` (a tied
+//! head, several units per layer, chunked reductions).
+//!
+//! What holds, and why:
+//! - fp32, A = 1: every stage gives the stage-0 losses and weights **bit for bit** at every
+//!   N. LocalComm sums in rank order, so an all-reduce and a reduce-scatter add the same
+//!   terms in the same order, a gather copies, and a shard accumulator starts at 0 (0 + x
+//!   is exact).
+//! - fp32, A = 2: stages 2/3 reduce every micro-step, (g1a + g1b) + (g2a + g2b), where
+//!   stages 0/1 reduce the sum, (g1a + g2a) + (g1b + g2b): a few f32 roundings apart,
+//!   1e-6 relative on the loss over a few steps.
+//! - The simulated device gives the host device's bits (same kernels; it only reorders
+//!   what no event orders) and finds no hazard: every hand-over is an event.
+
+mod common;
+
+use common::{bits, config, run_lm, On};
+use zero_core::{Precision, Stage};
+
+const STEPS: u64 = 4;
+
+#[test]
+fn every_stage_matches_stage_0_at_every_n_on_host_and_sim() {
+    for n in 1..=4 {
+        let base = run_lm(
+            n,
+            &config(Stage::Zero0, Precision::Fp32, 1),
+            On::Host,
+            STEPS,
+        )
+        .unwrap();
+        let want = bits(&base[0].losses);
+        for r in &base {
+            assert_eq!(bits(&r.losses), want, "N={n}: ranks agree on the loss");
+        }
+        for stage in Stage::ALL {
+            for on in [On::Host, On::Sim(100 * n as u64 + stage.number() as u64)] {
+                let runs = run_lm(n, &config(stage, Precision::Fp32, 1), on, STEPS)
+                    .unwrap_or_else(|e| panic!("N={n} {stage} {on:?}: {e}"));
+                for r in &runs {
+                    assert_eq!(bits(&r.losses), want, "N={n} {stage} {on:?}: losses");
+                    let mb: Vec<u32> = r.master.iter().map(|x| x.to_bits()).collect();
+                    let wb: Vec<u32> = base[0].master.iter().map(|x| x.to_bits()).collect();
+                    assert_eq!(mb, wb, "N={n} {stage} {on:?}: weights");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn with_accumulation_the_stages_agree_to_rounding() {
+    for n in [2, 3] {
+        let base = run_lm(
+            n,
+            &config(Stage::Zero0, Precision::Fp32, 2),
+            On::Host,
+            STEPS,
+        )
+        .unwrap();
+        for stage in [Stage::Zero1, Stage::Zero2, Stage::Zero3] {
+            for on in [On::Host, On::Sim(7)] {
+                let runs = run_lm(n, &config(stage, Precision::Fp32, 2), on, STEPS).unwrap();
+                for (a, b) in runs[0].losses.iter().zip(&base[0].losses) {
+                    assert!(
+                        (a - b).abs() <= 1e-6 * b.abs(),
+                        "N={n} {stage} {on:?}: {a} vs {b}"
+                    );
+                }
+            }
+        }
+        // Stage 1 accumulates locally like stage 0 and reduces the same sums: exact.
+        let s1 = run_lm(
+            n,
+            &config(Stage::Zero1, Precision::Fp32, 2),
+            On::Host,
+            STEPS,
+        )
+        .unwrap();
+        assert_eq!(bits(&s1[0].losses), bits(&base[0].losses));
+    }
+}
+
+#[test]
+fn n_ranks_with_one_micro_step_equal_one_rank_with_n() {
+    for stage in [Stage::Zero0, Stage::Zero2, Stage::Zero3] {
+        let one = run_lm(1, &config(stage, Precision::Fp32, 4), On::Host, STEPS).unwrap();
+        let four = run_lm(4, &config(stage, Precision::Fp32, 1), On::Host, STEPS).unwrap();
+        // The same rows and weights per micro-batch; only the order of the additions of
+        // the four micro-batch gradients differs (local accumulation vs the rank order).
+        for (a, b) in one[0].losses.iter().zip(&four[0].losses) {
+            assert!((a - b).abs() <= 1e-6 * b.abs(), "{stage}: {a} vs {b}");
+        }
+    }
+}
+
+#[test]
+fn memory_measured_equals_the_plan_and_comm_equals_the_ledger_exactly() {
+    for n in [1, 2, 3] {
+        for stage in Stage::ALL {
+            for precision in [Precision::Fp32, Precision::Bf16] {
+                for accum in [1, 2] {
+                    let c = config(stage, precision, accum);
+                    let runs = run_lm(n, &c, On::Host, 2).unwrap();
+                    for (r, run) in runs.iter().enumerate() {
+                        let what = format!("N={n} {stage} {precision:?} A={accum} rank {r}");
+                        assert_eq!(run.memory_measured, run.memory_plan, "{what}");
+                        let plan = &run.comm_plan;
+                        let report = &run.reports[1];
+                        for line in &plan.lines {
+                            let kind = match line.collective {
+                                zero_core::ledger::Collective::AllReduce => {
+                                    zero_comm::CollectiveKind::AllReduce
+                                }
+                                zero_core::ledger::Collective::ReduceScatter => {
+                                    zero_comm::CollectiveKind::ReduceScatter
+                                }
+                                zero_core::ledger::Collective::AllGather => {
+                                    zero_comm::CollectiveKind::AllGather
+                                }
+                            };
+                            let _ = kind;
+                        }
+                        // Bytes sent per collective kind = the ledger's lines of that kind
+                        // (+ the 3-f64 agreement all-reduce).
+                        let mut want = std::collections::BTreeMap::new();
+                        for line in &plan.lines {
+                            *want.entry(format!("{:?}", line.collective)).or_insert(0u64) +=
+                                line.sent_bytes;
+                        }
+                        if n > 1 {
+                            *want.entry("AllReduce".to_string()).or_insert(0) +=
+                                2 * (n as u64 - 1) * 24 / n as u64;
+                        }
+                        for (kind, name) in [
+                            (zero_comm::CollectiveKind::AllReduce, "AllReduce"),
+                            (zero_comm::CollectiveKind::ReduceScatter, "ReduceScatter"),
+                            (zero_comm::CollectiveKind::AllGather, "AllGather"),
+                        ] {
+                            let got = report.comm.get(kind).bytes_sent;
+                            assert_eq!(got, want.get(name).copied().unwrap_or(0), "{what}: {name}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn mixed_precision_tracks_fp32() {
+    let f = run_lm(2, &config(Stage::Zero2, Precision::Fp32, 1), On::Host, 8).unwrap();
+    for (precision, tol) in [(Precision::Bf16, 2e-2), (Precision::Fp16, 1e-2)] {
+        for stage in Stage::ALL {
+            let runs = run_lm(2, &config(stage, precision, 1), On::Sim(3), 8).unwrap();
+            // bf16 keeps 8 significand bits (relative rounding 2^-9 = 2e-3 per value):
+            // over 8 steps the loss stays within 2e-2 relative; fp16's 11 bits, 1e-2.
+            for (a, b) in runs[0].losses.iter().zip(&f[0].losses) {
+                assert!(
+                    (a - b).abs() <= tol * b,
+                    "{stage} {precision:?}: {a} vs fp32 {b}"
+                );
+            }
+        }
+    }
+}
+
+/// Each stream hand-over guards a real hazard: leave one out and the simulated device
+/// names it (the eager host device, where everything runs in program order, cannot see
+/// it; on a GPU it would be a race).
+#[test]
+fn the_simulated_device_catches_every_removed_wait() {
+    use zero_core::WaitPoint as W;
+    // (wait point, a configuration that needs it)
+    let cases = [
+        (W::ParamsReady, config(Stage::Zero3, Precision::Bf16, 1)),
+        (W::GradsComputed, config(Stage::Zero2, Precision::Bf16, 1)),
+        (W::BucketFree, config(Stage::Zero2, Precision::Bf16, 1)),
+        (W::SourceFree, {
+            // fp32 with buckets as large as a shard: reductions read the gradient window
+            // directly.
+            let mut c = config(Stage::Zero2, Precision::Fp32, 1);
+            c.zero.bucket_elems = None;
+            c
+        }),
+        (W::GradsReduced, config(Stage::Zero1, Precision::Bf16, 1)),
+        (W::SlotFree, config(Stage::Zero3, Precision::Bf16, 1)),
+        (W::Gathered, config(Stage::Zero3, Precision::Fp32, 1)),
+        (W::Updated, config(Stage::Zero1, Precision::Bf16, 1)),
+    ];
+    for (point, c) in cases {
+        run_lm(2, &c, On::Sim(5), 3).unwrap_or_else(|e| panic!("{point:?} with the wait: {e}"));
+        common::run_lm_with(2, &c, On::Host, 3, Some(point))
+            .unwrap_or_else(|e| panic!("{point:?}: the host device cannot see it: {e}"));
+        let err = common::run_lm_with(2, &c, On::Sim(5), 3, Some(point)).expect_err(&format!(
+            "{point:?} removed: the simulated device must object"
+        ));
+        assert!(err.contains("hazard on buffer"), "{point:?}: {err}");
+        eprintln!("{point:?} removed -> {err}");
+    }
+}
+
+#[test]
+fn a_step_refuses_another_model_and_a_wrong_batch_count() {
+    use common::models::char_lm::{CharLm, TokenBatch};
+    use zero_kernels::device::HostDevice;
+    let outcomes = zero_comm::run_local(1, Default::default(), |comm| {
+        let dev = HostDevice::new();
+        let model = CharLm::new(&dev, common::lm_config()).unwrap();
+        let mut other = common::lm_config();
+        other.blocks = 3;
+        let mut other = CharLm::new(&dev, other).unwrap();
+        let c = config(Stage::Zero3, Precision::Fp32, 1);
+        let mut engine = zero_core::Engine::new(&c, &comm, &dev, &model).unwrap();
+        let (x, y) = common::lm_batch(0, 0, 0, 1, 1);
+        let b = TokenBatch {
+            inputs: &x,
+            targets: &y,
+            seq_len: common::SEQ,
+        };
+        let wrong_model = engine.step(&mut other, &[b]).unwrap_err().to_string();
+        let mut model = model;
+        let wrong_count = engine.step(&mut model, &[b, b]).unwrap_err().to_string();
+        (wrong_model, wrong_count)
+    });
+    let (wrong_model, wrong_count) = outcomes.into_iter().next().unwrap().unwrap();
+    assert!(
+        wrong_model.contains("not the one this engine was built for"),
+        "{wrong_model}"
+    );
+    assert!(
+        wrong_model.contains("4 layers") && wrong_model.contains("5 layers"),
+        "{wrong_model}"
+    );
+    assert!(
+        wrong_count.contains("got 2 micro-batches for grad_accum = 1"),
+        "{wrong_count}"
+    );
+}
+
+/// What research code reads back: every parameter as an ndarray of its shape (gathered),
+/// the 16-bit working copy equal to the master rounded, and a unit's tensors by name.
+#[test]
+fn parameters_come_back_as_shaped_arrays() {
+    use common::models::char_lm::CharLm;
+    use zero_core::model::{Compute, Model, UnitParams};
+    use zero_kernels::device::{Buffer, Device, HostDevice};
+    use zero_kernels::Float;
+    let out = zero_comm::run_local(2, Default::default(), |comm| {
+        let dev = HostDevice::new();
+        let model = CharLm::new(&dev, common::lm_config()).unwrap();
+        let c = config(Stage::Zero3, Precision::Bf16, 1);
+        let engine = zero_core::Engine::new(&c, &comm, &dev, &model).unwrap();
+        let arrays = engine.master_arrays().unwrap();
+        let working = engine.full_params_f32().unwrap();
+        let master = engine.full_master_f32().unwrap();
+        (model.spec().clone(), arrays, working, master)
+    });
+    let (spec, arrays, working, master) = out.into_iter().next().unwrap().unwrap();
+    let names: Vec<&str> = spec
+        .units
+        .iter()
+        .flat_map(|u| u.params.iter().map(|p| p.name.as_str()))
+        .collect();
+    assert_eq!(
+        arrays.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
+        names
+    );
+    let (_, wte) = &arrays[0];
+    assert_eq!(wte.shape(), &[common::lm_config().vocab, 16]);
+    for (w, m) in working.iter().zip(&master) {
+        assert_eq!(
+            *w,
+            <half::bf16 as Float>::from_f32(*m).to_f32(),
+            "working copy = bf16(master)"
+        );
+    }
+    // A model reads its tensors by name with their shapes.
+    let dev = HostDevice::new();
+    let s = dev.stream("compute").unwrap();
+    let unit = &spec.units[1];
+    let mut buf = dev.alloc::<f32>(unit.numel(), "unit").unwrap();
+    let values: Vec<f32> = (0..unit.numel()).map(|i| i as f32).collect();
+    dev.upload(&s, &values, buf.view_mut()).unwrap();
+    let p = UnitParams::new(unit, buf.view());
+    let now = p.by_name("block.0.mix.now.weight").unwrap();
+    assert_eq!(now.len(), 64 * 16);
+    let a = p
+        .to_ndarray(
+            Compute {
+                dev: &dev,
+                stream: &s,
+            },
+            2,
+        )
+        .unwrap();
+    assert_eq!(a.shape(), &[64, 16]);
+    assert_eq!(
+        a[[0, 0]],
+        (2 * 16) as f32,
+        "after ln.weight and ln.bias (16 each)"
+    );
+    assert!(p.by_name("no such tensor").is_none());
+}
