@@ -1,17 +1,16 @@
-//! One pre-LayerNorm transformer block (GPT-2), forward and backward:
+//! One pre-LayerNorm transformer block (GPT-2), forward and backward, as device ops:
 //!   x2 = x + c_proj(attn(ln_1(x)));   x3 = x2 + mlp.c_proj(gelu(mlp.c_fc(ln_2(x2)))).
 //! Linear layers are `y = x W^T + b` with W stored [out, in] (torch.nn.Linear). The block
-//! reads its parameters from the unit's flat slice on each call and keeps no pointer to
-//! them, so at stage 3 the slice may be freed between calls.
+//! reads its parameters from the unit's flat view on each call and keeps no view of them,
+//! so at stage 3 the memory behind them may be reused between calls.
 
-use crate::attention::{attention_backward, attention_forward, AttnShape};
-use crate::gemm::{Gemm, Lay};
-use crate::layout::{carve, carve_ref, Dims};
-use crate::ops::{
-    bias_backward, fill_rows, gelu_backward_inplace, gelu_forward, layernorm_backward,
-    layernorm_forward,
+use zero_core::model::Compute;
+use zero_kernels::device::{
+    DView, DViewMut, Device, LayerNormGrads, LayerNormOut, LayerNormSaved, MatMul, Scalar,
 };
-use crate::real::Real;
+use zero_kernels::nn::{AttnShape, MatLayout};
+
+use crate::layout::Dims;
 
 /// Element counts of a block unit's parameters, in the order of `GptConfig::spec`.
 pub fn block_param_sizes(c: usize) -> [usize; 12] {
@@ -31,120 +30,165 @@ pub fn block_param_sizes(c: usize) -> [usize; 12] {
     ]
 }
 
-/// `out = x W^T + (beta ? out : 0) + b`, for rows of x [rows, n_in] and W [n_out, n_in].
-/// With `accumulate`, `out` already holds a residual and the projection is added to it.
+fn rm(rows: usize, cols: usize) -> MatLayout {
+    MatLayout::rm(rows, cols, cols)
+}
+
+/// `out = x W^T + b`, or `out += x W^T + b` with `accumulate` (out already holds the
+/// residual), for rows of x [rows, n_in] and W [n_out, n_in].
 #[allow(clippy::too_many_arguments)]
-fn linear_forward<F: Real>(
-    g: &Gemm,
-    out: &mut [F],
-    x: &[F],
-    w: &[F],
-    bias: &[F],
+fn linear_forward<D: Device, F: Scalar>(
+    cx: Compute<'_, D>,
+    mut out: DViewMut<'_, D, F>,
+    x: DView<'_, D, F>,
+    w: DView<'_, D, F>,
+    bias: DView<'_, D, F>,
     rows: usize,
     n_in: usize,
     n_out: usize,
     accumulate: bool,
-) {
+) -> zero_kernels::Result<()> {
+    let (dev, s) = (cx.dev, cx.stream);
     if accumulate {
-        for r in out.chunks_exact_mut(n_out) {
-            r.iter_mut().zip(bias).for_each(|(o, &b)| *o += b);
-        }
+        dev.add_rows(s, out.reborrow(), bias)?;
     } else {
-        fill_rows(out, bias);
+        dev.fill_rows(s, out.reborrow(), bias)?;
     }
-    g.run(
-        F::ONE,
-        x,
-        Lay::rm(rows, n_in, n_in),
-        w,
-        Lay::rm(n_out, n_in, n_in).t(),
-        F::ONE,
-        out,
-        Lay::rm(rows, n_out, n_out),
-    );
+    let mm = MatMul {
+        alpha: F::ONE,
+        beta: F::ONE,
+        a: rm(rows, n_in),
+        b: rm(n_out, n_in).t(),
+        c: rm(rows, n_out),
+    };
+    dev.matmul(s, mm, x, w, out)
 }
 
 /// Linear backward: `dw += dout^T x`, `db += sum dout`, and `dx = dout W` (written).
 #[allow(clippy::too_many_arguments)]
-fn linear_backward<F: Real>(
-    g: &Gemm,
-    dx: &mut [F],
-    dw: &mut [F],
-    db: &mut [F],
-    dout: &[F],
-    x: &[F],
-    w: &[F],
+fn linear_backward<D: Device, F: Scalar>(
+    cx: Compute<'_, D>,
+    dx: DViewMut<'_, D, F>,
+    dw: DViewMut<'_, D, F>,
+    db: DViewMut<'_, D, F>,
+    dout: DView<'_, D, F>,
+    x: DView<'_, D, F>,
+    w: DView<'_, D, F>,
     rows: usize,
     n_in: usize,
     n_out: usize,
-) {
-    g.run(
-        F::ONE,
-        dout,
-        Lay::rm(rows, n_out, n_out).t(),
-        x,
-        Lay::rm(rows, n_in, n_in),
-        F::ONE,
-        dw,
-        Lay::rm(n_out, n_in, n_in),
-    );
-    bias_backward(db, dout);
-    g.run(
-        F::ONE,
-        dout,
-        Lay::rm(rows, n_out, n_out),
-        w,
-        Lay::rm(n_out, n_in, n_in),
-        F::ZERO,
-        dx,
-        Lay::rm(rows, n_in, n_in),
-    );
+) -> zero_kernels::Result<()> {
+    let (dev, s) = (cx.dev, cx.stream);
+    let mm = MatMul {
+        alpha: F::ONE,
+        beta: F::ONE,
+        a: rm(rows, n_out).t(),
+        b: rm(rows, n_in),
+        c: rm(n_out, n_in),
+    };
+    dev.matmul(s, mm, dout.clone(), x, dw)?;
+    dev.bias_backward(s, db, dout.clone())?;
+    let mm = MatMul {
+        alpha: F::ONE,
+        beta: F::ZERO,
+        a: rm(rows, n_out),
+        b: rm(n_out, n_in),
+        c: rm(rows, n_in),
+    };
+    dev.matmul(s, mm, dout, w, dx)
 }
 
 /// Forward of one block: `x` is the block input [B,T,C]; `acts` its region of the arena.
-pub fn block_forward<F: Real>(g: &Gemm, d: Dims, params: &[F], x: &[F], acts: &mut [F]) {
+pub fn block_forward<D: Device, F: Scalar>(
+    cx: Compute<'_, D>,
+    d: Dims,
+    params: DView<'_, D, F>,
+    x: DView<'_, D, F>,
+    acts: DViewMut<'_, D, F>,
+) -> zero_kernels::Result<()> {
+    let (dev, s) = (cx.dev, cx.stream);
     let (bt, c) = (d.bt(), d.c);
     let [ln1w, ln1b, attw, attb, projw, projb, ln2w, ln2b, fcw, fcb, fpw, fpb] =
-        carve_ref(params, block_param_sizes(c));
-    let [ln1, ln1_mean, ln1_rstd, qkv, atty, att, res2, ln2, ln2_mean, ln2_rstd, fch, fcg, res3] =
-        carve(acts, d.block_sizes());
+        params.carve(block_param_sizes(c));
+    let [mut ln1, ln1_mean, ln1_rstd, mut qkv, mut atty, att, mut res2, mut ln2, ln2_mean, ln2_rstd, mut fch, mut fcg, mut res3] =
+        acts.carve(d.block_sizes());
     let shape = AttnShape {
         b: d.b,
         t: d.t,
         c,
         h: d.h,
     };
-    layernorm_forward(ln1, ln1_mean, ln1_rstd, x, ln1w, ln1b, c);
-    linear_forward(g, qkv, ln1, attw, attb, bt, c, 3 * c, false);
-    attention_forward(g, atty, att, qkv, shape);
-    res2.copy_from_slice(x);
-    linear_forward(g, res2, atty, projw, projb, bt, c, c, true);
-    layernorm_forward(ln2, ln2_mean, ln2_rstd, res2, ln2w, ln2b, c);
-    linear_forward(g, fch, ln2, fcw, fcb, bt, c, 4 * c, false);
-    gelu_forward(fcg, fch);
-    res3.copy_from_slice(res2);
-    linear_forward(g, res3, fcg, fpw, fpb, bt, 4 * c, c, true);
+    let out = LayerNormOut {
+        out: ln1.reborrow(),
+        mean: ln1_mean,
+        rstd: ln1_rstd,
+    };
+    dev.layernorm_forward(s, out, x.clone(), ln1w, ln1b, c)?;
+    linear_forward(
+        cx,
+        qkv.reborrow(),
+        ln1.as_view(),
+        attw,
+        attb,
+        bt,
+        c,
+        3 * c,
+        false,
+    )?;
+    dev.attention_forward(s, atty.reborrow(), att, qkv.as_view(), shape)?;
+    dev.copy(s, x, res2.reborrow())?;
+    linear_forward(
+        cx,
+        res2.reborrow(),
+        atty.as_view(),
+        projw,
+        projb,
+        bt,
+        c,
+        c,
+        true,
+    )?;
+    let out = LayerNormOut {
+        out: ln2.reborrow(),
+        mean: ln2_mean,
+        rstd: ln2_rstd,
+    };
+    dev.layernorm_forward(s, out, res2.as_view(), ln2w, ln2b, c)?;
+    linear_forward(
+        cx,
+        fch.reborrow(),
+        ln2.as_view(),
+        fcw,
+        fcb,
+        bt,
+        c,
+        4 * c,
+        false,
+    )?;
+    dev.gelu_forward(s, fcg.reborrow(), fch.as_view())?;
+    dev.copy(s, res2.as_view(), res3.reborrow())?;
+    linear_forward(cx, res3, fcg.as_view(), fpw, fpb, bt, 4 * c, c, true)
 }
 
 /// Backward of one block. On entry `scratch`'s first piece (dres) holds d(output); on exit
 /// it holds d(input). Parameter gradients are added into `grads`.
-pub fn block_backward<F: Real>(
-    g: &Gemm,
+pub fn block_backward<D: Device, F: Scalar>(
+    cx: Compute<'_, D>,
     d: Dims,
-    params: &[F],
-    grads: &mut [F],
-    x: &[F],
-    acts: &[F],
-    scratch: &mut [F],
-) {
+    params: DView<'_, D, F>,
+    grads: DViewMut<'_, D, F>,
+    x: DView<'_, D, F>,
+    acts: DView<'_, D, F>,
+    scratch: DViewMut<'_, D, F>,
+) -> zero_kernels::Result<()> {
+    let (dev, s) = (cx.dev, cx.stream);
     let (bt, c) = (d.bt(), d.c);
-    let [ln1w, _, attw, _, projw, _, ln2w, _, fcw, _, fpw, _] =
-        carve_ref(params, block_param_sizes(c));
+    let [ln1w, _, attw, _, projw, _, ln2w, _, fcw, _, fpw, _] = params.carve(block_param_sizes(c));
     let [dln1w, dln1b, dattw, dattb, dprojw, dprojb, dln2w, dln2b, dfcw, dfcb, dfpw, dfpb] =
-        carve(grads, block_param_sizes(c));
+        grads.carve(block_param_sizes(c));
     let [ln1, ln1_mean, ln1_rstd, qkv, atty, att, res2, ln2, ln2_mean, ln2_rstd, fch, fcg, _] =
-        carve_ref(acts, d.block_sizes());
-    let [dres, dln, dqkv, datty, dfch, dp] = carve(scratch, d.scratch_sizes());
+        acts.carve(d.block_sizes());
+    let [mut dres, mut dln, mut dqkv, mut datty, mut dfch, dp] = scratch.carve(d.scratch_sizes());
     let shape = AttnShape {
         b: d.b,
         t: d.t,
@@ -152,13 +196,79 @@ pub fn block_backward<F: Real>(
         h: d.h,
     };
     // MLP: dres holds d(res3); res3 = res2 + fc_proj(gelu(fc(ln2(res2)))).
-    linear_backward(g, dfch, dfpw, dfpb, dres, fcg, fpw, bt, 4 * c, c);
-    gelu_backward_inplace(dfch, fch);
-    linear_backward(g, dln, dfcw, dfcb, dfch, ln2, fcw, bt, c, 4 * c);
-    layernorm_backward(dres, dln2w, dln2b, dln, res2, ln2w, ln2_mean, ln2_rstd, c);
+    linear_backward(
+        cx,
+        dfch.reborrow(),
+        dfpw,
+        dfpb,
+        dres.as_view(),
+        fcg,
+        fpw,
+        bt,
+        4 * c,
+        c,
+    )?;
+    dev.gelu_backward(s, dfch.reborrow(), fch)?;
+    linear_backward(
+        cx,
+        dln.reborrow(),
+        dfcw,
+        dfcb,
+        dfch.as_view(),
+        ln2,
+        fcw,
+        bt,
+        c,
+        4 * c,
+    )?;
+    let grads2 = LayerNormGrads {
+        dx: dres.reborrow(),
+        dw: dln2w,
+        db: dln2b,
+    };
+    let saved = LayerNormSaved {
+        x: res2,
+        w: ln2w,
+        mean: ln2_mean,
+        rstd: ln2_rstd,
+    };
+    dev.layernorm_backward(s, grads2, dln.as_view(), saved, c)?;
     // Attention: dres now holds d(res2); res2 = x + c_proj(attn(ln1(x))).
-    linear_backward(g, datty, dprojw, dprojb, dres, atty, projw, bt, c, c);
-    attention_backward(g, dqkv, dp, datty, att, qkv, shape);
-    linear_backward(g, dln, dattw, dattb, dqkv, ln1, attw, bt, c, 3 * c);
-    layernorm_backward(dres, dln1w, dln1b, dln, x, ln1w, ln1_mean, ln1_rstd, c);
+    linear_backward(
+        cx,
+        datty.reborrow(),
+        dprojw,
+        dprojb,
+        dres.as_view(),
+        atty,
+        projw,
+        bt,
+        c,
+        c,
+    )?;
+    dev.attention_backward(s, dqkv.reborrow(), dp, datty.as_view(), att, qkv, shape)?;
+    linear_backward(
+        cx,
+        dln.reborrow(),
+        dattw,
+        dattb,
+        dqkv.as_view(),
+        ln1,
+        attw,
+        bt,
+        c,
+        3 * c,
+    )?;
+    let grads1 = LayerNormGrads {
+        dx: dres,
+        dw: dln1w,
+        db: dln1b,
+    };
+    let saved = LayerNormSaved {
+        x,
+        w: ln1w,
+        mean: ln1_mean,
+        rstd: ln1_rstd,
+    };
+    dev.layernorm_backward(s, grads1, dln.as_view(), saved, c)
 }

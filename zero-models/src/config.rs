@@ -1,13 +1,13 @@
-//! GPT-2 shapes (V, T, L, H, C), the named presets, and everything derived from a shape
-//! alone: the [`ModelSpec`] (units, layers, parameter names as in DESIGN.md), parameter
-//! counts and FLOPs per token. Nothing here allocates weights, so the planner can size a
-//! 1.5B model on a laptop.
+//! GPT-2 shapes (V, T, L, H, C), the named presets (the one table of them), and
+//! everything derived from a shape alone: the [`ModelSpec`] (units, layers, parameter
+//! names as docs/ARCHITECTURE.md lists them), parameter counts and FLOPs per token.
+//! Nothing here allocates weights, so the planner can size a 1.5B model on a laptop.
 
 use zero_core::{LayerSpec, ModelSpec, ParamSpec, UnitSpec};
 
 /// Errors in a model configuration, with the offending numbers.
 #[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
+pub enum GptConfigError {
     /// A dimension that must be positive is zero.
     #[error("{name} must be > 0, got 0")]
     Zero {
@@ -30,13 +30,31 @@ pub enum ConfigError {
     UnknownPreset(String),
 }
 
-/// Names accepted by [`GptConfig::preset`]: the table lives in zero-core's config
-/// (`zero_core::config::PRESETS`, which config files name), so the two never disagree.
+/// Named shapes, the one table of them (`zero-bench` config files name them): `tiny`
+/// (gradient checks), `small` (byte-level, CPU runs), and the GPT-2 shapes. Each is
+/// (name, V, T, L, H, C).
+pub const PRESETS: &[(&str, GptConfig)] = &[
+    ("tiny", shape(32, 8, 2, 2, 16)),
+    ("small", shape(256, 256, 4, 4, 256)),
+    ("gpt2-124m", shape(50257, 1024, 12, 12, 768)),
+    ("gpt2-350m", shape(50257, 1024, 24, 16, 1024)),
+    ("gpt2-774m", shape(50257, 1024, 36, 20, 1280)),
+    ("gpt2-1.5b", shape(50257, 1024, 48, 25, 1600)),
+];
+
+const fn shape(v: usize, t: usize, l: usize, h: usize, c: usize) -> GptConfig {
+    GptConfig {
+        vocab_size: v,
+        max_seq_len: t,
+        n_layer: l,
+        n_head: h,
+        n_embd: c,
+    }
+}
+
+/// Names accepted by [`GptConfig::preset`].
 pub fn preset_names() -> Vec<&'static str> {
-    zero_core::config::PRESETS
-        .iter()
-        .map(|(name, _)| *name)
-        .collect()
+    PRESETS.iter().map(|(name, _)| *name).collect()
 }
 
 /// The shape of a GPT-2 model (nanoGPT's `GPTConfig`, llm.c's `GPT2Config`).
@@ -55,31 +73,20 @@ pub struct GptConfig {
 }
 
 impl GptConfig {
-    /// A named preset (see [`preset_names`]; shapes in `zero_core::config::PRESETS`):
+    /// A named preset (see [`PRESETS`]):
     /// - `tiny`: V=32 T=8 L=2 H=2 C=16, for gradient checks and quick tests.
     /// - `small`: V=256 (bytes) T=256 L=4 H=4 C=256, ~3.3M parameters, for CPU benchmarks.
     /// - `gpt2-124m` .. `gpt2-1.5b`: the GPT-2 shapes with V=50257, T=1024.
-    pub fn preset(name: &str) -> Result<Self, ConfigError> {
-        zero_core::config::PRESETS
+    pub fn preset(name: &str) -> Result<Self, GptConfigError> {
+        PRESETS
             .iter()
             .find(|(n, _)| *n == name)
-            .map(|(_, d)| GptConfig::from_dims(d))
-            .ok_or_else(|| ConfigError::UnknownPreset(name.to_string()))
-    }
-
-    /// The model of resolved config dimensions (`zero_core::config::resolve_model`).
-    pub fn from_dims(d: &zero_core::config::ModelDims) -> Self {
-        GptConfig {
-            vocab_size: d.vocab_size,
-            max_seq_len: d.context_len,
-            n_layer: d.layers,
-            n_head: d.heads,
-            n_embd: d.width,
-        }
+            .map(|(_, d)| *d)
+            .ok_or_else(|| GptConfigError::UnknownPreset(name.to_string()))
     }
 
     /// Check the shape: all dimensions positive, H divides C, V fits u16 tokens.
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    pub fn validate(&self) -> Result<(), GptConfigError> {
         for (name, v) in [
             ("vocab_size", self.vocab_size),
             ("max_seq_len", self.max_seq_len),
@@ -88,17 +95,17 @@ impl GptConfig {
             ("n_embd", self.n_embd),
         ] {
             if v == 0 {
-                return Err(ConfigError::Zero { name });
+                return Err(GptConfigError::Zero { name });
             }
         }
         if self.n_embd / self.n_head * self.n_head != self.n_embd {
-            return Err(ConfigError::HeadsDontDivide {
+            return Err(GptConfigError::HeadsDontDivide {
                 c: self.n_embd,
                 h: self.n_head,
             });
         }
         if self.vocab_size > 65536 {
-            return Err(ConfigError::VocabTooLarge(self.vocab_size));
+            return Err(GptConfigError::VocabTooLarge(self.vocab_size));
         }
         Ok(())
     }

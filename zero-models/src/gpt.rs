@@ -1,32 +1,62 @@
-//! GPT-2 as a [`zero_core::Model`]: layers [embed, h.0 .. h.{L-1}, head], each run on the
-//! parameter slices of the units it uses, handed in per call (nothing is kept between
-//! calls but activations). The LM head is tied to `wte`: the head's backward adds
-//! dlogits^T lnf into `wte`'s gradient, and the embed layer's backward adds its rows later.
+//! GPT-2 as a [`zero_core::Model`] on any [`Device`]: layers [embed, h.0 .. h.{L-1},
+//! head], each run on the parameter views of the units it uses, handed in per call
+//! (nothing is kept between calls but activations). The LM head is tied to `wte`: the
+//! head's backward adds dlogits^T lnf into `wte`'s gradient, and the embed layer's
+//! backward adds its rows later.
 //!
-//! Generic over the scalar: `Gpt<f32>` is the model the engine trains, `Gpt<f64>` the
-//! reference the gradient checks hold it against.
+//! Generic over the device and the scalar: `Gpt<D, f32>` is the model the engine trains,
+//! `Gpt<HostDevice, f64>` the reference the gradient checks hold it against, and every op
+//! is a device op (`zero_kernels::device`), so the same code runs on the simulated device
+//! and, with CUDA kernels behind the same ops, on a GPU.
+
+use zero_core::model::{Compute, UnitGrads, UnitParams};
+use zero_core::{Model, ModelError, ModelSpec};
+use zero_kernels::device::{
+    Buffer, DView, DViewMut, Device, LayerNormGrads, LayerNormOut, LayerNormSaved, MatMul, Scalar,
+};
+use zero_kernels::nn::{mean_f64, MatLayout};
+use zero_kernels::KernelError;
 
 use crate::block::{block_backward, block_forward};
-use crate::config::{ConfigError, GptConfig};
-use crate::gemm::{Gemm, Lay};
+use crate::config::{GptConfig, GptConfigError};
 use crate::init;
-use crate::layout::{carve, carve_ref, Dims};
-use crate::ops::{layernorm_backward, layernorm_forward};
-use crate::real::Real;
-use zero_core::model::{UnitSlices, UnitSlicesMut};
-use zero_core::{Batch, Model, ModelError, ModelSpec};
+use crate::layout::Dims;
 
-/// GPT-2 with its activation arena.
-pub struct Gpt<F: Real = f32> {
+/// One micro-batch: `rows` sequences of `seq_len` tokens and their targets (the next
+/// token), row-major.
+#[derive(Clone, Copy, Debug)]
+pub struct TokenBatch<'a> {
+    /// B: sequences in the micro-batch.
+    pub rows: usize,
+    /// T: tokens per sequence.
+    pub seq_len: usize,
+    /// Input tokens, `rows * seq_len`.
+    pub inputs: &'a [u32],
+    /// Target tokens, `rows * seq_len`.
+    pub targets: &'a [u32],
+}
+
+/// Errors of building the model.
+#[derive(Debug, thiserror::Error)]
+pub enum GptError {
+    /// The shape is invalid.
+    #[error(transparent)]
+    Config(#[from] GptConfigError),
+    /// The device could not allocate the activations.
+    #[error("allocating the activations: {0}")]
+    Device(#[from] KernelError),
+}
+
+/// GPT-2 with its activation arena on device `D`.
+pub struct Gpt<D: Device, F: Scalar = f32> {
     cfg: GptConfig,
     spec: ModelSpec,
-    gemm: Gemm,
     max_rows: usize,
-    arena: Vec<F>,
+    arena: D::Buf<F>,
+    inputs: D::Buf<u32>,
+    targets: D::Buf<u32>,
+    loss: D::Buf<F>,
     dims: Dims,
-    inputs: Vec<u32>,
-    targets: Vec<u32>,
-    loss: f64,
     /// Next forward layer expected (layers == all done).
     fwd_next: usize,
     /// Next backward layer expected (None when none may run).
@@ -41,7 +71,8 @@ pub fn activation_bytes_for(
     seq_len: usize,
     elem_bytes: usize,
 ) -> usize {
-    dims_for(cfg, rows, seq_len).total() * elem_bytes
+    let tokens = rows * seq_len;
+    dims_for(cfg, rows, seq_len).total() * elem_bytes + 2 * tokens * 4 + elem_bytes
 }
 
 fn dims_for(cfg: &GptConfig, b: usize, t: usize) -> Dims {
@@ -59,27 +90,30 @@ fn bad_call(msg: String) -> ModelError {
     ModelError::BadCall(msg)
 }
 
-impl<F: Real> Gpt<F> {
-    /// A model for micro-batches of up to `max_rows` x `cfg.max_seq_len` tokens, its GEMMs
-    /// on `threads` threads. Allocates the activation arena now (see
-    /// [`Self::activation_bytes`]); parameters live with the caller.
-    pub fn new(cfg: GptConfig, max_rows: usize, threads: usize) -> Result<Self, ConfigError> {
+fn rm(rows: usize, cols: usize) -> MatLayout {
+    MatLayout::rm(rows, cols, cols)
+}
+
+impl<D: Device, F: Scalar> Gpt<D, F> {
+    /// A model for micro-batches of up to `max_rows` x `cfg.max_seq_len` tokens, its
+    /// activation arena allocated on `dev` now (see [`activation_bytes_for`]); parameters
+    /// live with the caller.
+    pub fn new(dev: &D, cfg: GptConfig, max_rows: usize) -> Result<Self, GptError> {
         cfg.validate()?;
         if max_rows == 0 {
-            return Err(ConfigError::Zero { name: "max_rows" });
+            return Err(GptConfigError::Zero { name: "max_rows" }.into());
         }
         let dims = dims_for(&cfg, max_rows, cfg.max_seq_len);
         let tokens = max_rows * cfg.max_seq_len;
         Ok(Gpt {
             cfg,
             spec: cfg.spec(),
-            gemm: Gemm::new(threads),
             max_rows,
-            arena: vec![F::ZERO; dims.total()],
+            arena: dev.alloc(dims.total(), "gpt activations")?,
+            inputs: dev.alloc(tokens, "gpt inputs")?,
+            targets: dev.alloc(tokens, "gpt targets")?,
+            loss: dev.alloc(1, "gpt loss")?,
             dims,
-            inputs: Vec::with_capacity(tokens),
-            targets: Vec::with_capacity(tokens),
-            loss: f64::NAN,
             fwd_next: 0,
             bwd_next: None,
         })
@@ -90,12 +124,7 @@ impl<F: Real> Gpt<F> {
         &self.cfg
     }
 
-    /// Threads the GEMMs use.
-    pub fn threads(&self) -> usize {
-        self.gemm.threads()
-    }
-
-    /// Fresh parameters, one flat buffer per unit (no padding).
+    /// Fresh parameters, one flat host buffer per unit (no padding).
     pub fn init_params(&self, seed: u64) -> Vec<Vec<F>> {
         self.spec
             .units
@@ -108,7 +137,7 @@ impl<F: Real> Gpt<F> {
             .collect()
     }
 
-    /// Zeroed gradient buffers, one per unit.
+    /// Zeroed gradient buffers, one per unit (host).
     pub fn zero_grads(&self) -> Vec<Vec<F>> {
         self.spec
             .units
@@ -117,13 +146,17 @@ impl<F: Real> Gpt<F> {
             .collect()
     }
 
-    /// Bytes of the activation arena (fixed at construction).
+    /// Bytes of the activations (fixed at construction).
     pub fn arena_bytes(&self) -> usize {
-        self.arena.len() * std::mem::size_of::<F>()
+        (self.arena.allocated_bytes()
+            + self.inputs.allocated_bytes()
+            + self.targets.allocated_bytes()
+            + self.loss.allocated_bytes()) as usize
     }
 
-    /// Start a micro-step: check and copy the batch, lay the arena out for its B x T.
-    pub fn begin(&mut self, batch: &Batch<'_>) -> Result<(), ModelError> {
+    /// Start a micro-step: check the batch on the host, upload it, lay the arena out for
+    /// its B x T.
+    pub fn begin(&mut self, cx: Compute<'_, D>, batch: &TokenBatch<'_>) -> Result<(), ModelError> {
         let (b, t) = (batch.rows, batch.seq_len);
         if b == 0 || b > self.max_rows || t == 0 || t > self.cfg.max_seq_len {
             return Err(ModelError::BadBatch(format!(
@@ -146,27 +179,32 @@ impl<F: Real> Gpt<F> {
                 )));
             }
         }
-        self.inputs.clear();
-        self.inputs.extend_from_slice(batch.inputs);
-        self.targets.clear();
-        self.targets.extend_from_slice(batch.targets);
+        cx.dev
+            .upload(cx.stream, batch.inputs, self.inputs.slice_mut(0..b * t))?;
+        cx.dev
+            .upload(cx.stream, batch.targets, self.targets.slice_mut(0..b * t))?;
         self.dims = dims_for(&self.cfg, b, t);
-        self.loss = f64::NAN;
         self.fwd_next = 0;
         self.bwd_next = None;
         Ok(())
     }
 
-    /// Mean cross-entropy of the micro-step (after the head's forward).
-    pub fn loss_f64(&self) -> f64 {
-        self.loss
+    /// The micro-step's mean cross-entropy, computed in f64 from the per-position losses
+    /// (after the head's forward; a host copy, waits for the compute stream).
+    pub fn loss_f64(&self, cx: Compute<'_, D>) -> Result<f64, ModelError> {
+        let d = self.dims;
+        let at = d.layer_start(d.l + 1) + d.head_sizes()[..4].iter().sum::<usize>();
+        let mut losses = vec![F::ZERO; d.bt()];
+        cx.dev
+            .download(cx.stream, self.arena.slice(at..at + d.bt()), &mut losses)?;
+        Ok(mean_f64(&losses))
     }
 
     fn check_units(&self, layer: usize, lens: &[usize], what: &str) -> Result<(), ModelError> {
         let units = &self.spec.layers[layer].units;
         if lens.len() != units.len() {
             return Err(bad_call(format!(
-                "layer {layer} uses {} units, got {} {what} slices",
+                "layer {layer} uses {} units, got {} {what} views",
                 units.len(),
                 lens.len()
             )));
@@ -175,7 +213,7 @@ impl<F: Real> Gpt<F> {
             let need = self.spec.units[u].numel();
             if len < need {
                 return Err(bad_call(format!(
-                    "{what} slice of unit '{}' has {len} elements, needs {need}",
+                    "{what} view of unit '{}' has {len} elements, needs {need}",
                     self.spec.units[u].name
                 )));
             }
@@ -184,7 +222,12 @@ impl<F: Real> Gpt<F> {
     }
 
     /// Forward of `layer` on the parameters of its units.
-    pub fn forward(&mut self, layer: usize, params: &[&[F]]) -> Result<(), ModelError> {
+    pub fn forward(
+        &mut self,
+        cx: Compute<'_, D>,
+        layer: usize,
+        params: &[DView<'_, D, F>],
+    ) -> Result<(), ModelError> {
         if layer != self.fwd_next || layer >= self.spec.layers.len() {
             return Err(bad_call(format!(
                 "forward of layer {layer}, expected layer {} (call begin_micro_step first; \
@@ -194,33 +237,53 @@ impl<F: Real> Gpt<F> {
         }
         let lens: Vec<usize> = params.iter().map(|p| p.len()).collect();
         self.check_units(layer, &lens, "parameter")?;
+        let (dev, s) = (cx.dev, cx.stream);
         let d = self.dims;
-        let (bt, c, l) = (d.bt(), d.c, d.l);
-        let (before, rest) = self.arena.split_at_mut(d.layer_start(layer));
-        let region = &mut rest[..d.layer_len(layer)];
+        let (bt, c, l, v) = (d.bt(), d.c, d.l, d.v);
+        let start = d.layer_start(layer);
+        let mut parts = self
+            .arena
+            .split_mut(&[0..start, start..start + d.layer_len(layer)])?
+            .into_iter();
+        let (Some(before), Some(mut region)) = (parts.next(), parts.next()) else {
+            return Err(bad_call("arena split".into()));
+        };
+        let x = before.as_view().slice(start.saturating_sub(bt * c)..start);
         if layer == 0 {
-            // x0[b,t] = wte[token] + wpe[t]
-            let (wte, wpe) = params[0].split_at(self.cfg.vocab_size * c);
-            for (i, (x, &tok)) in region.chunks_exact_mut(c).zip(&self.inputs).enumerate() {
-                let (e, p) = (&wte[tok as usize * c..][..c], &wpe[(i % d.t) * c..][..c]);
-                x.iter_mut()
-                    .zip(e.iter().zip(p))
-                    .for_each(|(x, (&e, &p))| *x = e + p);
-            }
+            // x0[b,t] = wte[token] + wpe[t]: the gather then one add rounds e + p once.
+            let wte = params[0].slice(0..v * c);
+            let wpe = params[0].slice(v * c..v * c + d.t * c);
+            dev.gather_rows(s, region.reborrow(), self.inputs.slice(0..bt), wte, c)?;
+            dev.add_periodic_rows(s, region, wpe, d.t, c)?;
         } else if layer <= l {
-            let x = &before[before.len() - bt * c..];
-            block_forward(&self.gemm, d, params[0], x, region);
+            block_forward(cx, d, params[0].clone(), x, region)?;
         } else {
-            let x = &before[before.len() - bt * c..];
-            self.loss = head_forward(
-                &self.gemm,
-                d,
-                params[0],
-                params[1],
-                x,
-                region,
-                &self.targets,
-            );
+            // Head: lnf = LN(x); logits = lnf wte^T; per position the cross-entropy as
+            // log-sum-exp (never log 0), the probabilities left in the arena.
+            let [mut lnf, mean, rstd, mut probs, mut losses] = region.carve(d.head_sizes());
+            let (w, b) = (params[0].slice(0..c), params[0].slice(c..2 * c));
+            let out = LayerNormOut {
+                out: lnf.reborrow(),
+                mean,
+                rstd,
+            };
+            dev.layernorm_forward(s, out, x, w, b, c)?;
+            let mm = MatMul {
+                alpha: F::ONE,
+                beta: F::ZERO,
+                a: rm(bt, c),
+                b: rm(v, c).t(),
+                c: rm(bt, v),
+            };
+            dev.matmul(
+                s,
+                mm,
+                lnf.as_view(),
+                params[1].slice(0..v * c),
+                probs.reborrow(),
+            )?;
+            dev.softmax_xent_forward(s, probs, losses.reborrow(), self.targets.slice(0..bt), v)?;
+            dev.mean(s, self.loss.view_mut(), losses.as_view())?;
             self.bwd_next = Some(layer);
         }
         self.fwd_next = layer + 1;
@@ -231,9 +294,10 @@ impl<F: Real> Gpt<F> {
     /// cross-entropy has gradient weight `grad_scale`.
     pub fn backward(
         &mut self,
+        cx: Compute<'_, D>,
         layer: usize,
-        params: &[&[F]],
-        grads: &mut [&mut [F]],
+        params: &[DView<'_, D, F>],
+        grads: &mut [DViewMut<'_, D, F>],
         grad_scale: F,
     ) -> Result<(), ModelError> {
         if self.bwd_next != Some(layer) {
@@ -247,76 +311,142 @@ impl<F: Real> Gpt<F> {
         self.check_units(layer, &lens, "parameter")?;
         let lens: Vec<usize> = grads.iter().map(|p| p.len()).collect();
         self.check_units(layer, &lens, "gradient")?;
+        let (dev, s) = (cx.dev, cx.stream);
         let d = self.dims;
         let (bt, c, l, v) = (d.bt(), d.c, d.l, d.v);
-        let (before, rest) = self.arena.split_at_mut(d.layer_start(layer));
-        let (region, rest) = rest.split_at_mut(d.layer_len(layer));
-        let scratch = &mut rest[d.scratch_start() - d.layer_start(layer) - d.layer_len(layer)..];
+        let start = d.layer_start(layer);
+        let end = start + d.layer_len(layer);
+        let scratch_at = d.scratch_start();
+        let scratch = scratch_at..scratch_at + d.scratch_sizes().iter().sum::<usize>();
+        // The head rewrites its probabilities in place: they get a write view of their own.
+        let probs_at = start + d.head_sizes()[..3].iter().sum::<usize>();
+        let ranges = if layer == l + 1 {
+            vec![0..probs_at, probs_at..probs_at + bt * v, scratch]
+        } else {
+            vec![0..end, scratch]
+        };
+        let mut parts = self.arena.split_mut(&ranges)?.into_iter();
+        let acts = parts.next().ok_or_else(|| bad_call("arena split".into()))?;
+        let acts = acts.as_view();
+        let x = acts.slice(start.saturating_sub(bt * c)..start);
         if layer == 0 {
             // wte[token] += dx0; wpe[t] += dx0 (the head added its part of wte already).
-            let dres = &scratch[..bt * c];
-            let (dwte, dwpe) = grads[0].split_at_mut(v * c);
-            for (i, (g, &tok)) in dres.chunks_exact(c).zip(&self.inputs).enumerate() {
-                let e = &mut dwte[tok as usize * c..][..c];
-                e.iter_mut().zip(g).for_each(|(e, &g)| *e += g);
-                let p = &mut dwpe[(i % d.t) * c..][..c];
-                p.iter_mut().zip(g).for_each(|(p, &g)| *p += g);
-            }
+            let scratch = parts.next().ok_or_else(|| bad_call("arena split".into()))?;
+            let dres = scratch.as_view().slice(0..bt * c);
+            let g = grads[0].reborrow();
+            let (dwte, rest) = g.split_at(v * c);
+            let dwpe = rest.slice_mut(0..d.t * c);
+            dev.scatter_add_rows(s, dwte, self.inputs.slice(0..bt), dres.clone(), c)?;
+            dev.periodic_rows_backward(s, dwpe, dres, d.t, c)?;
         } else if layer <= l {
-            let x = &before[before.len() - bt * c..];
-            block_backward(&self.gemm, d, params[0], grads[0], x, region, scratch);
-        } else {
-            let x = &before[before.len() - bt * c..];
-            let (g0, g1) = grads.split_at_mut(1);
-            head_backward(
-                &self.gemm,
+            let scratch = parts.next().ok_or_else(|| bad_call("arena split".into()))?;
+            let region = acts.slice(start..end);
+            block_backward(
+                cx,
                 d,
-                params[0],
-                params[1],
-                g0[0],
-                g1[0],
+                params[0].clone(),
+                grads[0].reborrow(),
                 x,
                 region,
                 scratch,
-                &self.targets,
+            )?;
+        } else {
+            // dlogits = (probs - onehot) grad_scale (in place); dwte += dlogits^T lnf;
+            // dlnf = dlogits wte; LayerNorm backward writes dres = d(x), adds into ln_f.
+            let (Some(mut probs), Some(scratch)) = (parts.next(), parts.next()) else {
+                return Err(bad_call("arena split".into()));
+            };
+            let [lnf, mean, rstd] = acts.slice(start..probs_at).carve([bt * c, bt, bt]);
+            let [mut dres, mut dln, ..] = scratch.carve(d.scratch_sizes());
+            dev.softmax_xent_backward(
+                s,
+                probs.reborrow(),
+                self.targets.slice(0..bt),
+                v,
                 grad_scale,
-            );
+            )?;
+            let (g0, g1) = grads.split_at_mut(1);
+            let mm = MatMul {
+                alpha: F::ONE,
+                beta: F::ONE,
+                a: rm(bt, v).t(),
+                b: rm(bt, c),
+                c: rm(v, c),
+            };
+            dev.matmul(
+                s,
+                mm,
+                probs.as_view(),
+                lnf,
+                g1[0].reborrow().slice_mut(0..v * c),
+            )?;
+            let mm = MatMul {
+                alpha: F::ONE,
+                beta: F::ZERO,
+                a: rm(bt, v),
+                b: rm(v, c),
+                c: rm(bt, c),
+            };
+            dev.matmul(
+                s,
+                mm,
+                probs.as_view(),
+                params[1].slice(0..v * c),
+                dln.reborrow(),
+            )?;
+            dev.fill(s, dres.reborrow(), F::ZERO)?;
+            let (dw, db) = g0[0].reborrow().split_at(c);
+            let grads = LayerNormGrads {
+                dx: dres,
+                dw,
+                db: db.slice_mut(0..c),
+            };
+            let saved = LayerNormSaved {
+                x,
+                w: params[0].slice(0..c),
+                mean,
+                rstd,
+            };
+            dev.layernorm_backward(s, grads, dln.as_view(), saved, c)?;
         }
         self.bwd_next = layer.checked_sub(1);
         Ok(())
     }
 
     /// Run every layer forward and backward on per-unit parameter and gradient buffers
-    /// (indexed by unit), adding into the gradients. Returns the micro-batch's mean loss.
-    pub fn forward_backward<P: AsRef<[F]>, G: AsMut<[F]>>(
+    /// (indexed by unit), adding into the gradients. Returns the micro-batch's mean loss
+    /// (in f64).
+    pub fn forward_backward(
         &mut self,
-        batch: &Batch<'_>,
-        params: &[P],
-        grads: &mut [G],
+        cx: Compute<'_, D>,
+        batch: &TokenBatch<'_>,
+        params: &[D::Buf<F>],
+        grads: &mut [D::Buf<F>],
         grad_scale: F,
     ) -> Result<f64, ModelError> {
-        self.forward_all(batch, params)?;
+        let loss = self.forward_all(cx, batch, params)?;
         for layer in (0..self.spec.layers.len()).rev() {
             let units = self.spec.layers[layer].units.clone();
-            let p: Vec<&[F]> = units.iter().map(|&u| params[u].as_ref()).collect();
-            let mut picked: Vec<(usize, &mut [F])> = grads
+            let p: Vec<DView<'_, D, F>> = units.iter().map(|&u| params[u].view()).collect();
+            let mut picked: Vec<(usize, DViewMut<'_, D, F>)> = grads
                 .iter_mut()
                 .enumerate()
                 .filter(|(u, _)| units.contains(u))
-                .map(|(u, g)| (u, g.as_mut()))
+                .map(|(u, g)| (u, g.view_mut()))
                 .collect();
             picked.sort_by_key(|(u, _)| units.iter().position(|x| x == u));
-            let mut g: Vec<&mut [F]> = picked.into_iter().map(|(_, g)| g).collect();
-            self.backward(layer, &p, &mut g, grad_scale)?;
+            let mut g: Vec<DViewMut<'_, D, F>> = picked.into_iter().map(|(_, g)| g).collect();
+            self.backward(cx, layer, &p, &mut g, grad_scale)?;
         }
-        Ok(self.loss)
+        Ok(loss)
     }
 
-    /// Forward only (evaluation): the micro-batch's mean loss.
-    pub fn forward_all<P: AsRef<[F]>>(
+    /// Forward only (evaluation): the micro-batch's mean loss (in f64).
+    pub fn forward_all(
         &mut self,
-        batch: &Batch<'_>,
-        params: &[P],
+        cx: Compute<'_, D>,
+        batch: &TokenBatch<'_>,
+        params: &[D::Buf<F>],
     ) -> Result<f64, ModelError> {
         if params.len() != self.spec.units.len() {
             return Err(bad_call(format!(
@@ -325,123 +455,22 @@ impl<F: Real> Gpt<F> {
                 self.spec.units.len()
             )));
         }
-        self.begin(batch)?;
+        self.begin(cx, batch)?;
         for layer in 0..self.spec.layers.len() {
-            let p: Vec<&[F]> = self.spec.layers[layer]
+            let p: Vec<DView<'_, D, F>> = self.spec.layers[layer]
                 .units
                 .iter()
-                .map(|&u| params[u].as_ref())
+                .map(|&u| params[u].view())
                 .collect();
-            self.forward(layer, &p)?;
+            self.forward(cx, layer, &p)?;
         }
-        Ok(self.loss)
+        self.loss_f64(cx)
     }
 }
 
-/// Head forward: lnf = LN(x); logits = lnf wte^T; per position the cross-entropy
-/// -log softmax(logits)[target], computed as log-sum-exp so it never takes log(0).
-/// Leaves the probabilities in the arena; returns the mean loss.
-fn head_forward<F: Real>(
-    g: &Gemm,
-    d: Dims,
-    lnf_params: &[F],
-    embed: &[F],
-    x: &[F],
-    region: &mut [F],
-    targets: &[u32],
-) -> f64 {
-    let (bt, c, v) = (d.bt(), d.c, d.v);
-    let [w, b] = carve_ref(lnf_params, [c, c]);
-    let [lnf, mean, rstd, probs, losses] = carve(region, d.head_sizes());
-    layernorm_forward(lnf, mean, rstd, x, w, b, c);
-    g.run(
-        F::ONE,
-        lnf,
-        Lay::rm(bt, c, c),
-        &embed[..v * c],
-        Lay::rm(v, c, c).t(),
-        F::ZERO,
-        probs,
-        Lay::rm(bt, v, v),
-    );
-    let mut total = 0.0f64;
-    for ((row, loss), &tgt) in probs
-        .chunks_exact_mut(v)
-        .zip(losses.iter_mut())
-        .zip(targets)
-    {
-        let mut max = F::MIN;
-        row.iter().for_each(|&z| {
-            if z > max {
-                max = z
-            }
-        });
-        let zt = row[tgt as usize] - max;
-        let mut sum = F::ZERO;
-        for z in row.iter_mut() {
-            *z = (*z - max).exp();
-            sum += *z;
-        }
-        // loss = log(sum_j e^(z_j - max)) - (z_t - max)
-        *loss = sum.ln() - zt;
-        let inv = F::ONE / sum;
-        row.iter_mut().for_each(|z| *z *= inv);
-        total += loss.to_f64();
-    }
-    total / bt as f64
-}
+impl<D: Device> Model<D> for Gpt<D, f32> {
+    type Batch<'a> = TokenBatch<'a>;
 
-/// Head backward: dlogits = (probs - onehot(target)) * grad_scale (in place over probs);
-/// dwte += dlogits^T lnf (the tied head); dlnf = dlogits wte; then LayerNorm backward
-/// writes dres = d(x) (the gradient scratch's first piece) and adds into ln_f's grads.
-#[allow(clippy::too_many_arguments)]
-fn head_backward<F: Real>(
-    g: &Gemm,
-    d: Dims,
-    lnf_params: &[F],
-    embed: &[F],
-    lnf_grads: &mut [F],
-    embed_grads: &mut [F],
-    x: &[F],
-    region: &mut [F],
-    scratch: &mut [F],
-    targets: &[u32],
-    grad_scale: F,
-) {
-    let (bt, c, v) = (d.bt(), d.c, d.v);
-    let [w, _] = carve_ref(lnf_params, [c, c]);
-    let [dw, db] = carve(lnf_grads, [c, c]);
-    let [lnf, mean, rstd, probs, _] = carve(region, d.head_sizes());
-    let [dres, dln, ..] = carve(scratch, d.scratch_sizes());
-    for (row, &tgt) in probs.chunks_exact_mut(v).zip(targets) {
-        row[tgt as usize] -= F::ONE;
-        row.iter_mut().for_each(|z| *z *= grad_scale);
-    }
-    g.run(
-        F::ONE,
-        probs,
-        Lay::rm(bt, v, v).t(),
-        lnf,
-        Lay::rm(bt, c, c),
-        F::ONE,
-        &mut embed_grads[..v * c],
-        Lay::rm(v, c, c),
-    );
-    g.run(
-        F::ONE,
-        probs,
-        Lay::rm(bt, v, v),
-        &embed[..v * c],
-        Lay::rm(v, c, c),
-        F::ZERO,
-        dln,
-        Lay::rm(bt, c, c),
-    );
-    dres.fill(F::ZERO);
-    layernorm_backward(dres, dw, db, dln, x, w, mean, rstd, c);
-}
-
-impl Model for Gpt<f32> {
     fn spec(&self) -> &ModelSpec {
         &self.spec
     }
@@ -451,30 +480,41 @@ impl Model for Gpt<f32> {
         init::init_unit(&self.spec.units[unit], self.cfg.n_layer, seed, out);
     }
 
-    fn begin_micro_step(&mut self, batch: &Batch<'_>) -> Result<(), ModelError> {
-        self.begin(batch)
+    fn begin_micro_step(
+        &mut self,
+        cx: Compute<'_, D>,
+        batch: &TokenBatch<'_>,
+    ) -> Result<(), ModelError> {
+        self.begin(cx, batch)
     }
 
     fn forward_layer(
         &mut self,
+        cx: Compute<'_, D>,
         layer: usize,
-        params: UnitSlices<'_, '_>,
+        params: &[UnitParams<'_, D>],
     ) -> Result<(), ModelError> {
-        self.forward(layer, params)
+        let p: Vec<DView<'_, D, f32>> = params.iter().map(UnitParams::view).collect();
+        self.forward(cx, layer, &p)
     }
 
-    fn loss(&self) -> f32 {
-        self.loss as f32
+    fn loss(&self) -> DView<'_, D, f32> {
+        self.loss.view()
     }
 
     fn backward_layer(
         &mut self,
+        cx: Compute<'_, D>,
         layer: usize,
-        params: UnitSlices<'_, '_>,
-        grads: UnitSlicesMut<'_, '_>,
-        grad_scale: f32,
+        params: &[UnitParams<'_, D>],
+        grads: &mut [UnitGrads<'_, D>],
+        weight: f32,
     ) -> Result<(), ModelError> {
-        self.backward(layer, params, grads, grad_scale)
+        let p: Vec<DView<'_, D, f32>> = params.iter().map(UnitParams::view).collect();
+        let mut g: Vec<DViewMut<'_, D, f32>> = grads.iter_mut().map(|g| g.view()).collect();
+        // The loss is the mean over B x T positions: each position's weight.
+        let per_position = weight / self.dims.bt() as f32;
+        self.backward(cx, layer, &p, &mut g, per_position)
     }
 
     fn activation_bytes(&self) -> usize {

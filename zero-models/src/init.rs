@@ -5,8 +5,8 @@
 //! Each tensor draws from its own stream, seeded by `(seed, parameter name)` only, so the
 //! values do not depend on how parameters are grouped into units or split across ranks.
 
-use crate::real::Real;
 use zero_core::{ParamSpec, UnitSpec};
+use zero_kernels::nn::Scalar;
 
 /// SplitMix64 (Steele et al. 2014): a fast, well-mixed 64-bit generator; enough for
 /// initialisation and synthetic data, and fully specified here, so streams never change
@@ -73,7 +73,7 @@ fn rule(p: &ParamSpec, n_layer: usize) -> Result<f64, f64> {
 
 /// Fill `out` (length >= unit numel; any padding past it is left alone) with the unit's
 /// initial parameters.
-pub fn init_unit<F: Real>(unit: &UnitSpec, n_layer: usize, seed: u64, out: &mut [F]) {
+pub fn init_unit<F: Scalar>(unit: &UnitSpec, n_layer: usize, seed: u64, out: &mut [F]) {
     let mut at = 0;
     for p in &unit.params {
         let dst = &mut out[at..at + p.numel()];

@@ -10,27 +10,9 @@
 //! ```
 //!
 //! Each block's output (`res3`) is the last thing in its region, so the input of block i
-//! is the tail of everything before it: a layer's call borrows the regions before it
-//! immutably and its own mutably. Every region grows with B and T, so a smaller batch
+//! is the tail of everything before it: a layer's call views the regions before it to
+//! read and its own to write (one device buffer, split into disjoint views). Every region grows with B and T, so a smaller batch
 //! fits the arena laid out for a larger one.
-
-/// Split `s` into consecutive mutable pieces of the given lengths (the rest is dropped).
-pub fn carve<F, const N: usize>(mut s: &mut [F], sizes: [usize; N]) -> [&mut [F]; N] {
-    sizes.map(|n| {
-        let (head, tail) = std::mem::take(&mut s).split_at_mut(n);
-        s = tail;
-        head
-    })
-}
-
-/// Split `s` into consecutive shared pieces of the given lengths.
-pub fn carve_ref<F, const N: usize>(mut s: &[F], sizes: [usize; N]) -> [&[F]; N] {
-    sizes.map(|n| {
-        let (head, tail) = s.split_at(n);
-        s = tail;
-        head
-    })
-}
 
 /// Dimensions of one micro-batch's activations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,7 +1,7 @@
 //! Presets and specs: parameter counts against the published GPT-2 sizes, names and
-//! shapes as DESIGN.md, and the 1.5B spec built without allocating weights.
+//! shapes as docs/ARCHITECTURE.md lists them, and the 1.5B spec built without allocating weights.
 
-use zero_models::{activation_bytes_for, preset_names, ConfigError, GptConfig};
+use zero_models::{activation_bytes_for, preset_names, GptConfig, GptConfigError};
 
 #[test]
 fn presets_have_the_published_parameter_counts() {
@@ -82,7 +82,7 @@ fn bad_configs_are_errors_with_the_numbers() {
     cfg.n_head = 3;
     let err = cfg.validate().expect_err("16 % 3 != 0");
     assert!(
-        matches!(err, ConfigError::HeadsDontDivide { c: 16, h: 3 }),
+        matches!(err, GptConfigError::HeadsDontDivide { c: 16, h: 3 }),
         "{err}"
     );
     cfg.n_head = 0;

@@ -1,11 +1,15 @@
 //! Model correctness on the `tiny` preset: backward against central finite differences in
 //! f64 for every parameter tensor; f32 against the f64 reference; loss at init ~ ln V;
-//! overfitting one batch; determinism; and layer-by-layer execution with unit parameters
-//! gathered into separate buffers per call (stage 3) giving the same bits as one pass.
+//! overfitting one batch; determinism; layer-by-layer execution with unit parameters
+//! gathered into separate buffers per call (stage 3) giving the same bits as one pass; and
+//! the simulated device giving the host device's bits.
 
-use zero_core::{Batch, Model};
+use zero_core::model::{Compute, UnitGrads, UnitParams};
+use zero_core::Model;
+use zero_kernels::device::{Buffer, Device, HostDevice, Scalar, SimDevice};
+use zero_kernels::Exec;
 use zero_models::init::SplitMix64;
-use zero_models::{Gpt, GptConfig};
+use zero_models::{download_units, upload_units, Gpt, GptConfig, TokenBatch};
 
 const B: usize = 2;
 
@@ -23,8 +27,8 @@ fn batch_tokens(cfg: &GptConfig, rows: usize, seed: u64) -> (Vec<u32>, Vec<u32>)
     (inputs, targets)
 }
 
-fn batch<'a>(cfg: &GptConfig, rows: usize, io: &'a (Vec<u32>, Vec<u32>)) -> Batch<'a> {
-    Batch {
+fn batch<'a>(cfg: &GptConfig, rows: usize, io: &'a (Vec<u32>, Vec<u32>)) -> TokenBatch<'a> {
+    TokenBatch {
         rows,
         seq_len: cfg.max_seq_len,
         inputs: &io.0,
@@ -32,9 +36,59 @@ fn batch<'a>(cfg: &GptConfig, rows: usize, io: &'a (Vec<u32>, Vec<u32>)) -> Batc
     }
 }
 
+/// A device and its compute stream.
+struct On<D: Device> {
+    dev: D,
+    stream: D::Stream,
+}
+
+impl<D: Device> On<D> {
+    fn new(dev: D) -> Self {
+        let stream = dev.stream("compute").expect("stream");
+        On { dev, stream }
+    }
+    fn cx(&self) -> Compute<'_, D> {
+        Compute {
+            dev: &self.dev,
+            stream: &self.stream,
+        }
+    }
+    /// forward + backward on host parameter and gradient buffers (gradients added into).
+    fn fb<F: Scalar>(
+        &self,
+        model: &mut Gpt<D, F>,
+        batch: &TokenBatch<'_>,
+        params: &[Vec<F>],
+        grads: &mut [Vec<F>],
+        scale: F,
+    ) -> f64 {
+        let p = upload_units(self.cx(), params, "p").expect("upload");
+        let mut g = upload_units(self.cx(), grads, "g").expect("upload");
+        let loss = model
+            .forward_backward(self.cx(), batch, &p, &mut g, scale)
+            .expect("valid call");
+        let back = download_units(self.cx(), &g).expect("download");
+        grads.clone_from_slice(&back);
+        loss
+    }
+    fn fwd<F: Scalar>(
+        &self,
+        model: &mut Gpt<D, F>,
+        batch: &TokenBatch<'_>,
+        params: &[Vec<F>],
+    ) -> f64 {
+        let p = upload_units(self.cx(), params, "p").expect("upload");
+        model.forward_all(self.cx(), batch, &p).expect("valid call")
+    }
+}
+
+fn host() -> On<HostDevice> {
+    On::new(HostDevice::new())
+}
+
 /// Init, then perturb every parameter by N(0, 0.2) so LayerNorm weights, biases and all
 /// paths carry non-trivial gradients (at init biases are 0 and LN weights 1).
-fn rough_params(model: &Gpt<f64>) -> Vec<Vec<f64>> {
+fn rough_params<D: Device>(model: &Gpt<D, f64>) -> Vec<Vec<f64>> {
     let mut params = model.init_params(7);
     let mut g = SplitMix64::new(99);
     for p in params.iter_mut().flatten() {
@@ -62,15 +116,14 @@ fn backward_matches_central_differences_f64_across_attention_bands() {
 }
 
 fn gradcheck(cfg: GptConfig, rows: usize) {
-    let mut model = Gpt::<f64>::new(cfg, rows, 1).expect("config is valid");
+    let on = host();
+    let mut model = Gpt::<HostDevice, f64>::new(&on.dev, cfg, rows).expect("config is valid");
     let io = batch_tokens(&cfg, rows, 3);
     let bt = batch(&cfg, rows, &io);
     let mut params = rough_params(&model);
     let mut grads = model.zero_grads();
     let scale = 1.0 / (rows * cfg.max_seq_len) as f64;
-    model
-        .forward_backward(&bt, &params, &mut grads, scale)
-        .expect("valid call");
+    on.fb(&mut model, &bt, &params, &mut grads, scale);
     let spec = cfg.spec();
     let h = 1e-5;
     let mut checked = 0;
@@ -80,9 +133,9 @@ fn gradcheck(cfg: GptConfig, rows: usize) {
             for i in off..off + p.numel() {
                 let x = params[u][i];
                 params[u][i] = x + h;
-                let lp = model.forward_all(&bt, &params).expect("valid call");
+                let lp = on.fwd(&mut model, &bt, &params);
                 params[u][i] = x - h;
-                let lm = model.forward_all(&bt, &params).expect("valid call");
+                let lm = on.fwd(&mut model, &bt, &params);
                 params[u][i] = x;
                 let fd = (lp - lm) / (2.0 * h);
                 let an = grads[u][i];
@@ -115,8 +168,9 @@ fn max_abs(v: &[f64]) -> f64 {
 #[test]
 fn f32_model_matches_f64_reference() {
     let cfg = tiny();
-    let mut m64 = Gpt::<f64>::new(cfg, B, 1).expect("valid");
-    let mut m32 = Gpt::<f32>::new(cfg, B, 1).expect("valid");
+    let on = host();
+    let mut m64 = Gpt::<HostDevice, f64>::new(&on.dev, cfg, B).expect("valid");
+    let mut m32 = Gpt::<HostDevice, f32>::new(&on.dev, cfg, B).expect("valid");
     let io = batch_tokens(&cfg, B, 5);
     let bt = batch(&cfg, B, &io);
     let p64 = rough_params(&m64);
@@ -132,12 +186,8 @@ fn f32_model_matches_f64_reference() {
         .collect();
     let scale = 1.0 / (B * cfg.max_seq_len) as f64;
     let (mut g64, mut g32) = (m64.zero_grads(), m32.zero_grads());
-    let l64 = m64
-        .forward_backward(&bt, &p64, &mut g64, scale)
-        .expect("valid");
-    let l32 = m32
-        .forward_backward(&bt, &p32, &mut g32, scale as f32)
-        .expect("valid");
+    let l64 = on.fb(&mut m64, &bt, &p64, &mut g64, scale);
+    let l32 = on.fb(&mut m32, &bt, &p32, &mut g32, scale as f32);
     // f32 rounding (6e-8) grows through ~10 layers of O(C)-term sums: relative 1e-5 on the
     // loss and 1e-4 of each tensor's largest gradient is ~100x the expected error.
     assert!(
@@ -166,12 +216,11 @@ fn loss_at_init_is_close_to_ln_vocab() {
     let mut cfg = tiny();
     cfg.vocab_size = 256;
     cfg.max_seq_len = 32;
-    let mut model = Gpt::<f32>::new(cfg, B, 1).expect("valid");
+    let on = host();
+    let mut model = Gpt::<HostDevice, f32>::new(&on.dev, cfg, B).expect("valid");
     let params = model.init_params(1);
     let io = batch_tokens(&cfg, B, 11);
-    let loss = model
-        .forward_all(&batch(&cfg, B, &io), &params)
-        .expect("valid");
+    let loss = on.fwd(&mut model, &batch(&cfg, B, &io), &params);
     // Logits at init have std ~0.02*sqrt(C) = 0.08, which raises the expected loss above
     // ln V by ~var/2 = 0.003; 0.05 allows for the sample.
     let ln_v = (cfg.vocab_size as f64).ln();
@@ -206,7 +255,8 @@ fn adam_step(
 #[test]
 fn tiny_model_overfits_one_batch() {
     let cfg = tiny();
-    let mut model = Gpt::<f32>::new(cfg, B, 1).expect("valid");
+    let on = host();
+    let mut model = Gpt::<HostDevice, f32>::new(&on.dev, cfg, B).expect("valid");
     let mut params = model.init_params(42);
     let io = batch_tokens(&cfg, B, 13);
     let bt = batch(&cfg, B, &io);
@@ -216,9 +266,7 @@ fn tiny_model_overfits_one_batch() {
     let mut last = f64::NAN;
     for step in 1..=300 {
         let mut grads = model.zero_grads();
-        last = model
-            .forward_backward(&bt, &params, &mut grads, scale)
-            .expect("valid");
+        last = on.fb(&mut model, &bt, &params, &mut grads, scale);
         if step == 1 {
             first = last;
         }
@@ -234,13 +282,12 @@ fn tiny_model_overfits_one_batch() {
 fn same_seed_same_bits() {
     let cfg = tiny();
     let run = |seed: u64| {
-        let mut model = Gpt::<f32>::new(cfg, B, 1).expect("valid");
+        let on = host();
+        let mut model = Gpt::<HostDevice, f32>::new(&on.dev, cfg, B).expect("valid");
         let params = model.init_params(seed);
         let mut grads = model.zero_grads();
         let io = batch_tokens(&cfg, B, 17);
-        let loss = model
-            .forward_backward(&batch(&cfg, B, &io), &params, &mut grads, 0.01)
-            .expect("valid");
+        let loss = on.fb(&mut model, &batch(&cfg, B, &io), &params, &mut grads, 0.01);
         (loss.to_bits(), params, grads)
     };
     let (a, b, c) = (run(5), run(5), run(6));
@@ -258,7 +305,7 @@ fn same_seed_same_bits() {
 /// Stage-3 style: each call gets freshly "gathered" copies of only its units' parameters,
 /// in buffers with NaN padding after the unit (the model must read only numel elements),
 /// and gradients accumulate into padded per-unit buffers. Must equal, bit for bit, one
-/// pass over slices of a single contiguous buffer, on 1 and 2 GEMM threads.
+/// pass over per-unit buffers, on 1 and 2 GEMM threads.
 #[test]
 fn layer_by_layer_with_separate_unit_buffers_is_bitwise_one_pass() {
     let mut cfg = tiny();
@@ -271,78 +318,108 @@ fn layer_by_layer_with_separate_unit_buffers_is_bitwise_one_pass() {
     let bt = batch(&cfg, rows, &io);
     let scale = 1.0 / (rows * cfg.max_seq_len) as f32;
 
-    // Reference: all parameters in one flat buffer, sliced per unit.
-    let mut reference = Gpt::<f32>::new(cfg, rows, 1).expect("valid");
+    let on = host();
+    let mut reference = Gpt::<HostDevice, f32>::new(&on.dev, cfg, rows).expect("valid");
     let spec = reference.spec().clone();
-    let flat: Vec<f32> = reference.init_params(3).concat();
-    let mut flat_grads = vec![0f32; flat.len()];
-    let mut at = 0;
-    let mut ps: Vec<&[f32]> = Vec::new();
-    for u in &spec.units {
-        ps.push(&flat[at..at + u.numel()]);
-        at += u.numel();
-    }
-    let mut gs: Vec<&mut [f32]> = Vec::new();
-    let mut rest = flat_grads.as_mut_slice();
-    for u in &spec.units {
-        let (h, t) = rest.split_at_mut(u.numel());
-        gs.push(h);
-        rest = t;
-    }
-    let want_loss = reference
-        .forward_backward(&bt, &ps, &mut gs, scale)
-        .expect("valid");
+    let params = reference.init_params(3);
+    let mut want_grads = reference.zero_grads();
+    let want_loss = on.fb(&mut reference, &bt, &params, &mut want_grads, scale);
 
     for threads in [1, 2] {
-        let mut model = Gpt::<f32>::new(cfg, rows, threads).expect("valid");
+        let on = On::new(HostDevice::with_exec(Exec::default(), threads));
+        let cx = on.cx();
+        let mut model = Gpt::<HostDevice, f32>::new(&on.dev, cfg, rows).expect("valid");
         const PAD: usize = 5;
         let gather = |u: usize| {
             let mut v = vec![f32::NAN; spec.units[u].numel() + PAD];
             reference.init_unit(3, u, &mut v);
-            v
+            let mut b = on.dev.alloc::<f32>(v.len(), "gathered").expect("alloc");
+            on.dev.upload(&on.stream, &v, b.view_mut()).expect("upload");
+            b
         };
-        let mut grads: Vec<Vec<f32>> = spec
+        let zeros: Vec<Vec<f32>> = spec
             .units
             .iter()
             .map(|u| vec![0f32; u.numel() + PAD])
             .collect();
-        model.begin_micro_step(&bt).expect("valid");
+        let mut grads = upload_units(cx, &zeros, "grad").expect("upload");
+        model.begin_micro_step(cx, &bt).expect("valid");
         for (l, layer) in spec.layers.iter().enumerate() {
-            let owned: Vec<Vec<f32>> = layer.units.iter().map(|&u| gather(u)).collect();
-            let p: Vec<&[f32]> = owned.iter().map(|v| v.as_slice()).collect();
-            model.forward_layer(l, &p).expect("valid");
+            let owned: Vec<_> = layer.units.iter().map(|&u| gather(u)).collect();
+            let p: Vec<UnitParams<'_, HostDevice>> = layer
+                .units
+                .iter()
+                .zip(&owned)
+                .map(|(&u, b)| UnitParams::new(&spec.units[u], b.view()))
+                .collect();
+            model.forward_layer(cx, l, &p).expect("valid");
         }
-        assert_eq!(model.loss().to_bits(), (want_loss as f32).to_bits());
+        let mut loss = [0f32];
+        on.dev
+            .download(&on.stream, model.loss(), &mut loss)
+            .expect("download");
+        assert_eq!(loss[0].to_bits(), (want_loss as f32).to_bits());
         for (l, layer) in spec.layers.iter().enumerate().rev() {
-            let owned: Vec<Vec<f32>> = layer.units.iter().map(|&u| gather(u)).collect();
-            let p: Vec<&[f32]> = owned.iter().map(|v| v.as_slice()).collect();
-            let mut picked: Vec<(usize, &mut Vec<f32>)> = grads
+            let owned: Vec<_> = layer.units.iter().map(|&u| gather(u)).collect();
+            let p: Vec<UnitParams<'_, HostDevice>> = layer
+                .units
+                .iter()
+                .zip(&owned)
+                .map(|(&u, b)| UnitParams::new(&spec.units[u], b.view()))
+                .collect();
+            let mut picked: Vec<(usize, _)> = grads
                 .iter_mut()
                 .enumerate()
                 .filter(|(u, _)| layer.units.contains(u))
                 .collect();
             picked.sort_by_key(|(u, _)| layer.units.iter().position(|x| x == u));
-            let mut g: Vec<&mut [f32]> =
-                picked.into_iter().map(|(_, v)| v.as_mut_slice()).collect();
-            model.backward_layer(l, &p, &mut g, scale).expect("valid");
+            let mut g: Vec<UnitGrads<'_, HostDevice>> = picked
+                .into_iter()
+                .map(|(u, b)| UnitGrads::new(&spec.units[u], b.view_mut()))
+                .collect();
+            // The engine's weight is the loss's; the model divides by B x T.
+            model
+                .backward_layer(cx, l, &p, &mut g, scale * (rows * cfg.max_seq_len) as f32)
+                .expect("valid");
         }
-        let mut at = 0;
+        let got = download_units(cx, &grads).expect("download");
         for (u, unit) in spec.units.iter().enumerate() {
-            let want = &flat_grads[at..at + unit.numel()];
-            let got = &grads[u][..unit.numel()];
+            let want = &want_grads[u];
+            let g = &got[u][..unit.numel()];
             assert!(
-                want.iter()
-                    .zip(got)
-                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                want.iter().zip(g).all(|(a, b)| a.to_bits() == b.to_bits()),
                 "unit {} differs on {threads} threads",
                 unit.name
             );
             assert!(
-                grads[u][unit.numel()..].iter().all(|&x| x == 0.0),
+                got[u][unit.numel()..].iter().all(|&x| x == 0.0),
                 "padding was written"
             );
-            at += unit.numel();
         }
+    }
+}
+
+/// The simulated device (queued, interleaved, hazard-checked) computes the host device's
+/// bits: the model's ops are ordered correctly on one stream.
+#[test]
+fn simulated_device_gives_the_host_bits() {
+    let cfg = tiny();
+    let io = batch_tokens(&cfg, B, 31);
+    let bt = batch(&cfg, B, &io);
+    let h = host();
+    let mut m = Gpt::<HostDevice, f32>::new(&h.dev, cfg, B).expect("valid");
+    let params = m.init_params(4);
+    let mut want = m.zero_grads();
+    let want_loss = h.fb(&mut m, &bt, &params, &mut want, 0.01);
+    for seed in [1, 2] {
+        let s = On::new(SimDevice::new(seed));
+        let mut m = Gpt::<SimDevice, f32>::new(&s.dev, cfg, B).expect("valid");
+        let mut got = m.zero_grads();
+        let loss = s.fb(&mut m, &bt, &params, &mut got, 0.01);
+        assert_eq!(loss.to_bits(), want_loss.to_bits());
+        let bits = |v: &[Vec<f32>]| v.iter().flatten().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got), bits(&want), "seed {seed}");
+        assert!(s.dev.ops_run() > 50);
     }
 }
 
@@ -354,19 +431,18 @@ fn smaller_batches_fit_the_arena_and_match() {
     let (rows, t) = (2, 5);
     let io = batch_tokens(&cfg, rows, 29);
     let (x, y) = (&io.0[..rows * t], &io.1[..rows * t]);
-    let small = Batch {
+    let small = TokenBatch {
         rows,
         seq_len: t,
         inputs: x,
         targets: y,
     };
     let run = |max_rows: usize| {
-        let mut model = Gpt::<f32>::new(cfg, max_rows, 1).expect("valid");
+        let on = host();
+        let mut model = Gpt::<HostDevice, f32>::new(&on.dev, cfg, max_rows).expect("valid");
         let params = model.init_params(9);
         let mut grads = model.zero_grads();
-        let loss = model
-            .forward_backward(&small, &params, &mut grads, 0.1)
-            .expect("valid");
+        let loss = on.fb(&mut model, &small, &params, &mut grads, 0.1);
         let bits: Vec<u32> = grads.iter().flatten().map(|g| g.to_bits()).collect();
         (loss.to_bits(), bits)
     };
@@ -376,33 +452,37 @@ fn smaller_batches_fit_the_arena_and_match() {
 #[test]
 fn misuse_is_an_error_not_a_panic() {
     let cfg = tiny();
-    let mut model = Gpt::<f32>::new(cfg, B, 1).expect("valid");
-    let params = model.init_params(1);
+    let on = host();
+    let cx = on.cx();
+    let mut model = Gpt::<HostDevice, f32>::new(&on.dev, cfg, B).expect("valid");
+    let params = upload_units(cx, &model.init_params(1), "p").expect("upload");
+    let spec = model.spec().clone();
     let mut io = batch_tokens(&cfg, B, 1);
     io.0[3] = cfg.vocab_size as u32;
     assert!(
-        model.begin_micro_step(&batch(&cfg, B, &io)).is_err(),
+        model.begin_micro_step(cx, &batch(&cfg, B, &io)).is_err(),
         "token >= V"
     );
     let io = batch_tokens(&cfg, B, 1);
-    model.begin_micro_step(&batch(&cfg, B, &io)).expect("valid");
+    model
+        .begin_micro_step(cx, &batch(&cfg, B, &io))
+        .expect("valid");
+    let unit = |u: usize| UnitParams::new(&spec.units[u], params[u].view());
     assert!(
-        model.forward_layer(1, &[&params[1]]).is_err(),
+        model.forward_layer(cx, 1, &[unit(1)]).is_err(),
         "out of order"
     );
-    assert!(
-        model.forward_layer(0, &[&params[0][..10]]).is_err(),
-        "short slice"
-    );
+    let short = UnitParams::new(&spec.units[0], params[0].slice(0..10));
+    assert!(model.forward_layer(cx, 0, &[short]).is_err(), "short view");
     let big = (0..3 * cfg.max_seq_len).map(|_| 0u32).collect::<Vec<_>>();
-    let too_many_rows = Batch {
+    let too_many_rows = TokenBatch {
         rows: 3,
         seq_len: cfg.max_seq_len,
         inputs: &big,
         targets: &big,
     };
     assert!(
-        model.begin_micro_step(&too_many_rows).is_err(),
+        model.begin_micro_step(cx, &too_many_rows).is_err(),
         "B above the arena"
     );
 }
