@@ -5,6 +5,7 @@
 //! `error: ...` message with context, never as a panic backtrace.
 
 mod ckpt;
+mod config;
 mod data;
 mod logging;
 mod micro;

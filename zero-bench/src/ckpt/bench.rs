@@ -8,12 +8,14 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
 
+use crate::config::Config;
 use anyhow::{anyhow, Context};
 use clap::Args;
 use zero_comm::Communicator;
 use zero_core::checkpoint::{self, SaveOptions};
-use zero_core::config::{Config, Stage};
+use zero_core::config::Stage;
 use zero_core::Engine;
+use zero_kernels::device::HostDevice;
 use zero_models::{Gpt, GptConfig};
 
 /// Arguments of `ckpt bench`.
@@ -71,15 +73,17 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         n_head: 4,
         n_embd: args.n_embd,
     };
-    let model = Gpt::<f32>::new(gpt, 1, 1).map_err(|e| anyhow!("model: {e}"))?;
-    let mut engine = Engine::new(&cfg, &comm, &model).map_err(|e| anyhow!("engine: {e}"))?;
+    let dev = HostDevice::new();
+    let model = Gpt::<HostDevice, f32>::new(&dev, gpt, 1).map_err(|e| anyhow!("model: {e}"))?;
+    let mut engine =
+        Engine::new(&cfg.engine(), &comm, &dev, &model).map_err(|e| anyhow!("engine: {e}"))?;
     let bytes = (engine.layout().shard_numel() * 12) as u64;
     let plain = args.dir.join(format!("plain-rank-{rank:05}.bin"));
     let root = args.dir.join("ckpt");
     let payload = vec![0x5au8; bytes as usize];
     let keep = SaveOptions {
         keep_last: 1,
-        after_unit: None,
+        ..Default::default()
     };
     let (mut save, mut load, mut write, mut read) = (f64::MAX, f64::MAX, f64::MAX, f64::MAX);
     for _ in 0..args.repeat.max(1) {

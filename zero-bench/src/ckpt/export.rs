@@ -2,10 +2,10 @@
 //! Face tools load), streamed one tensor at a time: the safetensors writer asks each
 //! tensor for its bytes only when it writes it, and we read it from the shard files then.
 //!
-//! `--names nanogpt` (default) keeps DESIGN.md's names and [out, in] shapes.
+//! `--names nanogpt` (default) keeps the names docs/ARCHITECTURE.md lists and [out, in] shapes.
 //! `--names hf-gpt2` writes what `GPT2Model.from_pretrained` expects: `wte.weight`,
 //! `wpe.weight`, and the four linear weights of each block transposed to Conv1D's
-//! [in, out] (DESIGN.md: HF's GPT-2 holds the transpose).
+//! [in, out] (docs/ARCHITECTURE.md: HF's GPT-2 holds the transpose).
 
 use std::borrow::Cow;
 use std::cell::RefCell;
@@ -20,7 +20,7 @@ use zero_core::checkpoint::{self, CheckpointError, Meta, ShardReader};
 /// Tensor naming of the export.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Names {
-    /// DESIGN.md names, [out, in] weights (nanoGPT's state dict without the prefix).
+    /// docs/ARCHITECTURE.md names, [out, in] weights (nanoGPT's state dict without the prefix).
     Nanogpt,
     /// Hugging Face GPT2Model names, Conv1D weights transposed to [in, out].
     HfGpt2,

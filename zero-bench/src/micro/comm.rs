@@ -164,9 +164,9 @@ macro_rules! raw_native {
         }
     )*};
 }
-raw_native!(f32, f64, u8, i32, i64);
+raw_native!(f32, f64, u8, u32, i32, i64);
 
-/// Halves: moved as u16, summed by an f32-accumulating closure op (ENVIRONMENT.md).
+/// Halves: moved as u16, summed by an f32-accumulating closure op (measured on this project's build machines; docs/ARCHITECTURE.md).
 fn raw_half<H: Element>(
     world: &SimpleCommunicator,
     op: Op,
@@ -478,6 +478,7 @@ pub fn run(args: &CommArgs) -> Result<()> {
         DType::BF16 => sweep::<bf16>(args, &comm, &world),
         DType::F16 => sweep::<f16>(args, &comm, &world),
         DType::U8 => sweep::<u8>(args, &comm, &world),
+        DType::U32 => sweep::<u32>(args, &comm, &world),
         DType::I32 => sweep::<i32>(args, &comm, &world),
         DType::I64 => sweep::<i64>(args, &comm, &world),
     }

@@ -6,10 +6,12 @@
 
 use anyhow::Context;
 use std::time::Instant;
-use zero_core::Batch;
+use zero_core::model::Compute;
+use zero_kernels::device::{Device, HostDevice};
+use zero_kernels::Exec;
 use zero_models::gemm::{Gemm, Lay};
 use zero_models::init::SplitMix64;
-use zero_models::{Gpt, GptConfig};
+use zero_models::{upload_units, Gpt, GptConfig, TokenBatch as Batch};
 
 /// Options of `micro model`.
 #[derive(clap::Args, Debug)]
@@ -140,9 +142,16 @@ pub fn run(args: &ModelArgs) -> anyhow::Result<()> {
     );
     anyhow::ensure!(args.steps > 0, "--steps must be > 0");
     let b = args.rows;
-    let mut model = Gpt::<f32>::new(cfg, b, args.threads).context("building the model")?;
-    let params = model.init_params(1);
-    let mut grads = model.zero_grads();
+    // The host device, its GEMMs on --threads threads (the model runs its ops on it).
+    let dev = HostDevice::with_exec(Exec::default(), args.threads);
+    let stream = dev.stream("compute")?;
+    let cx = Compute {
+        dev: &dev,
+        stream: &stream,
+    };
+    let mut model = Gpt::<HostDevice, f32>::new(&dev, cfg, b).context("building the model")?;
+    let params = upload_units(cx, &model.init_params(1), "param")?;
+    let mut grads = upload_units(cx, &model.zero_grads(), "grad")?;
     let mut rng = SplitMix64::new(2);
     let v = cfg.vocab_size as u64;
     let inputs: Vec<u32> = (0..b * t).map(|_| (rng.next_u64() % v) as u32).collect();
@@ -166,7 +175,7 @@ pub fn run(args: &ModelArgs) -> anyhow::Result<()> {
     for i in 0..=args.steps {
         let t0 = now();
         loss = model
-            .forward_backward(&batch, &params, &mut grads, scale)
+            .forward_backward(cx, &batch, &params, &mut grads, scale)
             .context("forward+backward")?;
         if i > 0 {
             best.keep(t0);

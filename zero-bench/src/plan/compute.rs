@@ -7,12 +7,12 @@
 //! through `CommPlan` and its alpha-beta `estimate_seconds`. This file only adds the
 //! fit test (plan total vs usable memory) and the optional compute-time estimate.
 
+use crate::config::Config;
 use anyhow::Context as _;
 use serde::Serialize;
-use zero_core::config::{Config, GradReduceDtype};
-use zero_core::ledger::{
-    paper_volume_psi, BufferPlan, Collective, CommPlan, CommPurpose, Explanation, PlanInputs,
-};
+use zero_core::config::GradReduceDtype;
+use zero_core::ledger::{paper_volume_psi, Collective, CommPlan, CommPurpose, Explanation};
+use zero_core::plan::{BufferPlan, PlanInputs};
 use zero_core::{PartitionLayout, Precision, Stage};
 
 use super::model::PlanModel;
@@ -33,7 +33,7 @@ pub struct Knobs {
     /// T (presets: checked against the context length by `Config::validate`).
     pub seq_len: usize,
     /// Bucket capacity, elements.
-    pub bucket_elems: usize,
+    pub bucket_elems: Option<usize>,
     /// Stage-3 prefetch, layers.
     pub prefetch: usize,
     /// Stage-3 persistence threshold, elements.
@@ -153,7 +153,7 @@ pub struct PointReport {
     pub comm: Vec<CommOut>,
     /// Bytes each rank sends per step over all data collectives.
     pub comm_sent_bytes: u64,
-    /// DESIGN.md's volume: k Ψ (N-1)/N elements (k = 2, A+1, 3A or 2A+1), unpadded.
+    /// the volume of docs/ARCHITECTURE.md's table: k Ψ (N-1)/N elements (k = 2, A+1, 3A or 2A+1), unpadded.
     pub paper_comm_elems: f64,
     /// Alpha-beta estimate of the communication time per step, seconds, no overlap.
     pub est_comm_seconds: f64,
@@ -186,7 +186,7 @@ fn purpose_name(p: CommPurpose) -> &'static str {
     }
 }
 
-/// The paper's expression (DESIGN.md's table).
+/// The paper's expression (the table in docs/ARCHITECTURE.md).
 pub fn formula_text(stage: Stage) -> &'static str {
     match stage {
         Stage::Zero0 => "16Ψ",
@@ -205,7 +205,7 @@ pub fn plan_point(
 ) -> anyhow::Result<PointReport> {
     let n = layout.world;
     let config = knobs.config(model, stage)?;
-    let inputs = PlanInputs::from_config(&config, model.activation_bytes);
+    let inputs = PlanInputs::from_config(&config.engine(), n, model.activation_bytes);
     let rank = n - 1;
     let plan = BufferPlan::new(&model.spec, layout, &inputs, rank)
         .with_context(|| format!("planning {stage} on N = {n}"))?;

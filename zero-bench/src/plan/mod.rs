@@ -151,9 +151,10 @@ pub struct PlanArgs {
     /// parameter count has no activation model).
     #[arg(long, value_parser = units::parse_mem, conflicts_with = "model")]
     pub activation_mem: Option<u64>,
-    /// Capacity of each gradient bucket, elements (the engine's default).
-    #[arg(long, default_value_t = ZeroConfig::default().bucket_elems, value_parser = parse_positive_usize)]
-    pub bucket_elems: usize,
+    /// Capacity of each gradient bucket, elements (default: the engine's budget,
+    /// max(4Mi, 64Ki x N)).
+    #[arg(long, value_parser = parse_positive_usize)]
+    pub bucket_elems: Option<usize>,
     /// Stage 3: layers whose parameters are gathered ahead.
     #[arg(long, default_value_t = ZeroConfig::default().prefetch, value_parser = parse_usize)]
     pub prefetch: usize,

@@ -12,8 +12,8 @@ use zero_core::config::Stage;
 #[derive(Args, Debug, Clone)]
 #[command(after_long_help = EXAMPLES)]
 pub struct TrainArgs {
-    /// TOML configuration file (sections [model], [data], [train], [zero], [precision],
-    /// [optim]; every key has a default, so the file is optional).
+    /// TOML configuration file (sections `[model]`, `[data]`, `[train]`, `[zero]`, `[precision]`,
+    /// `[optim]`; every key has a default, so the file is optional).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
 
@@ -76,7 +76,7 @@ pub struct TrainArgs {
     pub rank: Option<usize>,
 
     /// Start from the weights of a consolidated HDF5 model file (one fp32 dataset per
-    /// parameter at the root, named as in DESIGN.md, e.g. `h.0.attn.c_attn.weight`
+    /// parameter at the root, named as docs/ARCHITECTURE.md lists them, e.g. `h.0.attn.c_attn.weight`
     /// [3C, C]), as `zero-bench ckpt consolidate` and h5py write them.
     #[arg(long, value_name = "FILE.h5")]
     pub init_from: Option<PathBuf>,
@@ -239,7 +239,7 @@ mod tests {
                 "train.metrics_file=\"/tmp/m \\\"q\\\".jsonl\"".into(),
             ]
         );
-        let loaded = zero_core::config::load(None, &o).unwrap();
+        let loaded = crate::config::load(None, &o).unwrap();
         assert_eq!(loaded.config.zero.stage, Stage::Zero3);
         assert_eq!(
             loaded.config.train.metrics_file.as_deref(),

@@ -11,11 +11,11 @@
 
 use std::path::Path;
 
+use crate::config::{Config, DataOrder};
 use anyhow::{bail, Context};
-use zero_core::config::{Config, DataOrder};
-use zero_core::Batch;
 use zero_models::data::{MarkovSource, Sequential, TokenFormat, Tokens};
 use zero_models::init::SplitMix64;
+use zero_models::TokenBatch as Batch;
 
 /// Tokens of the built-in corpus: 2^20 (2 MiB of u16); windows wrap around.
 const BUILTIN_TOKENS: usize = 1 << 20;

@@ -6,10 +6,11 @@
 //! `Gpt::new` sizes it: micro_batch rows x the model's context length, f32), so its
 //! numbers equal what a real run reports, category by category.
 
+use crate::config::LoadedConfig;
 use anyhow::Context;
 use serde_json::{json, Map, Value};
-use zero_core::config::LoadedConfig;
-use zero_core::ledger::{BufferPlan, CommPlan, PaperFormula, PlanInputs};
+use zero_core::ledger::{CommPlan, PaperFormula};
+use zero_core::plan::{BufferPlan, PlanInputs};
 use zero_core::PartitionLayout;
 use zero_models::activation_bytes_for;
 
@@ -34,7 +35,7 @@ pub fn plan(
             PartitionLayout::new(&spec, world, c.zero.align).context("partition layout")?;
         // The engine's model allocates its arena for micro_batch x context_len in f32.
         let act = activation_bytes_for(&gpt, c.train.micro_batch, gpt.max_seq_len, 4) as u64;
-        let inputs = PlanInputs::from_config(c, act);
+        let inputs = PlanInputs::from_config(&c.engine(), world, act);
         let plans: Vec<BufferPlan> = (0..world)
             .map(|r| BufferPlan::new(&spec, &layout, &inputs, r))
             .collect::<Result<_, _>>()

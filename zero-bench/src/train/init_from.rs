@@ -1,12 +1,12 @@
 //! Consolidated HDF5 model files: `--init-from` reads one, `--save-model` writes one.
 //!
 //! Layout (what `zero-bench ckpt consolidate` writes and h5py reads as-is): one dataset
-//! per parameter at the root of the file, named as in DESIGN.md (`wte`, `wpe`,
+//! per parameter at the root of the file, named as docs/ARCHITECTURE.md lists them (`wte`, `wpe`,
 //! `h.{i}.attn.c_attn.weight`, ...), 32-bit float, row-major, with the parameter's shape
 //! ([out, in] for linear weights). Every parameter of the model must be present with its
 //! exact shape; tensors the model does not have are ignored with a warning.
 //!
-//! Loading goes through the engine's import interface (`Engine::import_unit_mut`, then
+//! Loading goes through the engine's import interface (`Engine::import_unit`, then
 //! `finish_import`): each rank copies only the elements it keeps (its shard at stages
 //! 1-3), one unit at a time, so memory beyond the engine's is one unit of f32. The
 //! optimizer starts fresh (m = v = 0, step 0, the configured loss scale).
@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, bail, Context};
 use zero_comm::Communicator;
 use zero_core::{Engine, LossScaler, ModelSpec, PartitionLayout};
+use zero_kernels::device::Device;
 
 /// An HDF5 model file whose tensors were checked against a model's spec.
 pub struct InitFile {
@@ -119,7 +120,10 @@ impl InitFile {
 
     /// Set the engine's parameters (master and working copies) to the file's, unit by
     /// unit. Collective: every rank calls it.
-    pub fn load_into<C: Communicator>(&self, engine: &mut Engine<'_, C>) -> anyhow::Result<()> {
+    pub fn load_into<D: Device, C: Communicator>(
+        &self,
+        engine: &mut Engine<'_, D, C>,
+    ) -> anyhow::Result<()> {
         let layout = engine.layout().clone();
         for (u, unit) in layout.units.iter().enumerate() {
             // The unit's flat buffer: parameters at their offsets, zero padding after.
@@ -141,11 +145,14 @@ impl InitFile {
                 }
                 flat[p.offset..p.offset + p.numel].copy_from_slice(&values);
             }
+            // The master of what this rank keeps; Adam's moments start at zero.
             let kept = engine
-                .import_unit_mut(u)
+                .import_range(u)
                 .map_err(|e| anyhow!("loading unit '{}': {e}", unit.name))?;
-            let range = kept.range.clone();
-            kept.master.copy_from_slice(&flat[range]);
+            let zeros = vec![0.0f32; kept.len()];
+            engine
+                .import_unit(u, &flat[kept], &zeros, &zeros)
+                .map_err(|e| anyhow!("loading unit '{}': {e}", unit.name))?;
         }
         let scaler = LossScaler::new(&engine.config().precision);
         engine

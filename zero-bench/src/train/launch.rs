@@ -4,7 +4,7 @@
 //! without a backtrace, instead of N copies of the message or a hung collective.
 
 use anyhow::anyhow;
-use zero_comm::{Communicator, MpiComm, MpiContext, ReduceOp};
+use zero_comm::{Communicator, MpiComm, MpiContext};
 
 /// Environment variables set by the launchers we know for every rank they start:
 /// Open MPI's mpirun, PMIx (srun --mpi=pmix, prterun), PMI-1/2 (MPICH hydra, srun
@@ -60,29 +60,26 @@ impl Failure {
 /// error (tagged with the rank if it is not rank 0) and every rank returns a failure.
 /// Collective: every rank must call it at the same point.
 pub fn agree<T, C: Communicator>(comm: &C, result: anyhow::Result<T>) -> Result<T, Failure> {
-    let (rank, n) = (comm.rank(), comm.size());
-    // max over ranks of (n - rank) for the failing ones: the lowest failing rank.
-    let mut flag = [match &result {
-        Ok(_) => 0.0f64,
-        Err(_) => (n - rank) as f64,
-    }];
-    if let Err(e) = comm.all_reduce(&mut flag[..], ReduceOp::Max) {
-        // Cannot agree: report here (every rank may, the job is broken anyway).
-        let error = match result {
-            Err(mine) => mine.context(format!("and agreeing on it failed: {e}")),
-            Ok(_) => anyhow!("rank {rank}: agreeing on set-up failed: {e}"),
-        };
-        return Err(Failure { error, print: true });
-    }
-    let first = n - flag[0] as usize;
-    match result {
-        Ok(v) if flag[0] == 0.0 => Ok(v),
-        Ok(_) => Err(Failure {
+    let rank = comm.rank();
+    let first = match zero_comm::lowest_failing_rank(comm, result.is_err()) {
+        Ok(first) => first,
+        Err(e) => {
+            // Cannot agree: report here (every rank may, the job is broken anyway).
+            let error = match result {
+                Err(mine) => mine.context(format!("and agreeing on it failed: {e}")),
+                Ok(_) => anyhow!("rank {rank}: agreeing on set-up failed: {e}"),
+            };
+            return Err(Failure { error, print: true });
+        }
+    };
+    match (result, first) {
+        (Ok(v), None) => Ok(v),
+        (Ok(_), Some(first)) => Err(Failure {
             error: anyhow!("rank {first} failed"),
             print: false,
         }),
-        Err(e) => Err(Failure {
-            print: rank == first,
+        (Err(e), first) => Err(Failure {
+            print: Some(rank) == first,
             error: if rank == 0 {
                 e
             } else {

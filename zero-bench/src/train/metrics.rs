@@ -28,7 +28,7 @@ fn num(x: f64) -> Value {
 }
 
 /// One step as a JSON object.
-pub fn step_json(stage: usize, r: &StepReport) -> Value {
+pub fn step_json(stage: usize, r: &StepReport, tokens: u64) -> Value {
     let mut comm = Map::new();
     for kind in CollectiveKind::ALL {
         if kind != CollectiveKind::Barrier {
@@ -50,8 +50,8 @@ pub fn step_json(stage: usize, r: &StepReport) -> Value {
         "lr": num(r.lr),
         "loss_scale": num(r.loss_scale),
         "skipped": r.skipped,
-        "tokens": r.tokens,
-        "tokens_per_s": num(r.tokens as f64 / r.seconds.max(f64::MIN_POSITIVE)),
+        "tokens": tokens,
+        "tokens_per_s": num(tokens as f64 / r.seconds.max(f64::MIN_POSITIVE)),
         "step_seconds": num(r.seconds),
         "comm_sent_bytes": comm,
         "memory_bytes": memory,
@@ -70,8 +70,8 @@ impl Metrics {
     }
 
     /// Append one step.
-    pub fn write(&mut self, stage: usize, r: &StepReport) -> anyhow::Result<()> {
-        let line = step_json(stage, r).to_string();
+    pub fn write(&mut self, stage: usize, r: &StepReport, tokens: u64) -> anyhow::Result<()> {
+        let line = step_json(stage, r, tokens).to_string();
         writeln!(self.out, "{line}")
             .and_then(|_| self.out.flush())
             .with_context(|| format!("writing {}", self.path.display()))
@@ -92,12 +92,11 @@ mod tests {
             lr: 1e-3,
             loss_scale: 65536.0,
             skipped: true,
-            tokens: 1024,
             seconds: 0.5,
             comm: Default::default(),
             memory: BTreeMap::from([(MemCategory::Params, 10)]),
         };
-        let v = step_json(2, &r);
+        let v = step_json(2, &r, 1024);
         assert_eq!(v["stage"], 2);
         assert_eq!(v["step"], 3);
         assert_eq!(v["grad_norm"], Value::Null);

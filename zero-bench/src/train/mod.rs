@@ -3,7 +3,7 @@
 //!
 //! Flow (every rank runs it; rank 0 prints and writes files):
 //! 1. configuration: `--config FILE` + `--set` overrides (+ convenience flags), loaded and
-//!    validated by zero-core, once per run of `--stages`. Every rank validates the same
+//!    validated by `crate::config`, once per run of `--stages`. Every rank validates the same
 //!    inputs, so a bad config fails everywhere without communicating; rank 0 prints why.
 //! 2. `--dry-run`: print the plans and stop (no MPI needed; see dry_run.rs).
 //! 3. set-up that may fail on one rank only (data file, `--init-from`, metrics file) is
@@ -26,9 +26,9 @@ mod run;
 
 use std::path::Path;
 
+use crate::config::{load, LoadedConfig};
 use anyhow::{anyhow, Context};
 use zero_comm::{Communicator, MpiComm};
-use zero_core::config::{load, LoadedConfig};
 
 pub use args::TrainArgs;
 use launch::{agree, Failure};

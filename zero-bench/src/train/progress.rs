@@ -43,11 +43,11 @@ impl Progress {
     }
 
     /// One finished step.
-    pub fn step(&self, r: &StepReport) {
+    pub fn step(&self, r: &StepReport, tokens: u64) {
         if !self.active {
             return;
         }
-        let tps = r.tokens as f64 / r.seconds.max(f64::MIN_POSITIVE);
+        let tps = tokens as f64 / r.seconds.max(f64::MIN_POSITIVE);
         let skipped = if r.skipped { " (skipped: inf/NaN)" } else { "" };
         match &self.bar {
             Some(bar) => {

@@ -10,9 +10,9 @@ use std::fmt::Write as _;
 use serde::Serialize;
 use zero_core::config::Stage;
 use zero_core::ledger::{
-    human_bytes, paper_volume_psi, BufferPlan, Collective, CommPlan, Explanation, MemCategory,
-    PaperFormula,
+    human_bytes, paper_volume_psi, Collective, CommPlan, Explanation, MemCategory, PaperFormula,
 };
+use zero_core::plan::BufferPlan;
 
 /// The formula's term for a category at `stage` ("2Ψ", "4Ψ/N", or "" beyond the formula).
 fn formula_term(stage: Stage, c: MemCategory) -> &'static str {
@@ -97,7 +97,7 @@ pub fn ledger(plan: &BufferPlan, totals: &[u64]) -> String {
     out
 }
 
-/// The communication of one optimizer step, per collective, with DESIGN.md's volume.
+/// The communication of one optimizer step, per collective, with the volume of docs/ARCHITECTURE.md's table.
 pub fn comm(cp: &CommPlan, plan: &BufferPlan) -> String {
     let n = cp.world as u64;
     let mut out = String::new();
@@ -139,7 +139,7 @@ pub fn comm(cp: &CommPlan, plan: &BufferPlan) -> String {
         .sum();
     let _ = writeln!(
         out,
-        "  total sent {} ({} B); volume {} elements (padded) vs DESIGN.md's {k}Ψ = {} elements, each x (N-1)/N = {}/{n}",
+        "  total sent {} ({} B); volume {} elements (padded) vs the paper's {k}Ψ = {} elements, each x (N-1)/N = {}/{n}",
         human_bytes(cp.sent_bytes() as f64),
         cp.sent_bytes(),
         elems,

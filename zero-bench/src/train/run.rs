@@ -5,12 +5,14 @@
 
 use std::path::Path;
 
+use crate::config::{Config, LoadedConfig};
 use anyhow::{anyhow, Context};
 use zero_comm::{Communicator, ReduceOp};
 use zero_core::checkpoint::{self, SaveOptions};
-use zero_core::config::{resolve_model, Config, LoadedConfig};
 use zero_core::ledger::{CommPlan, MemCategory, PaperFormula};
 use zero_core::Engine;
+use zero_kernels::device::HostDevice;
+use zero_kernels::Exec;
 use zero_models::data::Tokens;
 use zero_models::{Gpt, GptConfig};
 
@@ -34,8 +36,7 @@ const STATE_CATEGORIES: [MemCategory; 6] = [
 
 /// The model shape of a validated configuration.
 pub fn gpt_config(config: &Config) -> anyhow::Result<GptConfig> {
-    let d = resolve_model(&config.model).map_err(|e| anyhow!(e))?;
-    let g = GptConfig::from_dims(&d);
+    let g = config.gpt().map_err(|e| anyhow!(e))?;
     g.validate().context("model")?;
     Ok(g)
 }
@@ -95,12 +96,15 @@ pub fn train<C: Communicator>(
     let t = &config.train;
     rss::reset_peak();
 
-    // Set-up: model, engine (allocates exactly the plan), initial weights.
+    // Set-up: device, model, engine (allocates exactly the plan), initial weights. The
+    // device is the CPU, its GEMMs on --threads threads.
+    let dev = HostDevice::with_exec(Exec::default(), shared.threads);
     let setup = (|| -> anyhow::Result<_> {
         let gpt = gpt_config(config)?;
         let model =
-            Gpt::<f32>::new(gpt, t.micro_batch, shared.threads).context("building the model")?;
-        let engine = Engine::new(config, comm, &model).context("creating the engine")?;
+            Gpt::<HostDevice, f32>::new(&dev, gpt, t.micro_batch).context("building the model")?;
+        let engine =
+            Engine::new(&config.engine(), comm, &dev, &model).context("creating the engine")?;
         let batches = Batches::new(config, world, rank)?;
         Ok((model, engine, batches))
     })();
@@ -158,8 +162,8 @@ fn run_steps<C: Communicator>(
     loaded: &LoadedConfig,
     shared: &Shared<'_>,
     metrics: &mut Option<Metrics>,
-    model: &mut Gpt<f32>,
-    engine: &mut Engine<'_, C>,
+    model: &mut Gpt<HostDevice, f32>,
+    engine: &mut Engine<'_, HostDevice, C>,
     batches: &mut Batches,
 ) -> anyhow::Result<StageResult> {
     let (rank, world) = (comm.rank(), comm.size());
@@ -195,7 +199,10 @@ fn run_steps<C: Communicator>(
     let mut losses = Vec::with_capacity(steps);
     let mut seconds = Vec::with_capacity(steps);
     let mut sent = 0u64;
-    let mut tokens_per_step = 0;
+    let t = &config.train;
+    let tokens_per_step = (world * t.grad_accum * t.micro_batch * t.seq_len) as u64;
+    // What the checkpoint metadata records of this tool's own configuration.
+    let app_config = toml::to_string(config).ok();
     let ckpt = shared.checkpoints;
     for s in engine.steps_done()..steps as u64 {
         let b = batches.fill(shared.tokens, s)?;
@@ -207,6 +214,7 @@ fn run_steps<C: Communicator>(
             if ckpt.every > 0 && (done % ckpt.every == 0 || done == steps as u64) {
                 let opts = SaveOptions {
                     keep_last: ckpt.keep_last,
+                    app_config: app_config.as_deref(),
                     ..Default::default()
                 };
                 // Every rank gets the same outcome. A failed save loses nothing: the
@@ -222,13 +230,12 @@ fn run_steps<C: Communicator>(
             }
         }
         if let Some(m) = metrics.as_mut() {
-            m.write(stage.number(), &r)?;
+            m.write(stage.number(), &r, tokens_per_step)?;
         }
-        progress.step(&r);
+        progress.step(&r, tokens_per_step);
         losses.push(r.loss);
         seconds.push(r.seconds);
         sent += r.comm.total().bytes_sent;
-        tokens_per_step = r.tokens;
     }
     progress.finish();
 

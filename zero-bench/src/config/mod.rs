@@ -1,0 +1,321 @@
+//! The configuration of `zero-bench train` (and of the sweeps and `plan` that build on
+//! it): a typed TOML file plus `--set section.key=value` command-line overrides,
+//! validated in one place ([`Config::validate`]) with every problem reported at once.
+//!
+//! Sections: `[model]`, `[data]` and `[train]` are this tool's own (the GPT of
+//! zero-models, its token data, how long to run and log); `[zero]`, `[precision]` and
+//! `[optim]` are zero-core's engine sections as they are, and [`Config::engine`] turns the
+//! whole into the engine's [`EngineConfig`] (grad_accum and seed from `[train]`, the
+//! cosine's horizon from `train.steps` unless `optim.decay_steps` says otherwise).
+//!
+//! Every field has a default, so an empty file is a valid small run. Unknown keys are
+//! errors (serde `deny_unknown_fields`: the message names the key and the valid ones).
+//! Loading ([`load()`]) records where every leaf came from (default, file, command line) so
+//! the resolved configuration can be printed at start with its provenance.
+
+use serde::{Deserialize, Serialize};
+use zero_core::config::{EngineConfig, OptimConfig, PrecisionConfig, ZeroConfig};
+use zero_models::{GptConfig, PRESETS};
+
+mod load;
+#[cfg(test)]
+mod tests;
+
+#[cfg(test)]
+use load::Source;
+pub use load::{load, LoadedConfig};
+
+/// Errors of loading or validating a configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The TOML is malformed, a value has the wrong type, or a key is unknown.
+    #[error("config error in {origin}: {message}")]
+    Parse {
+        /// The file path, or "command line".
+        origin: String,
+        /// The parser's message (names the key and, for unknown keys, the valid ones).
+        message: String,
+    },
+    /// A `--set` argument that is not `section.key=value`.
+    #[error("bad override '{arg}': {reason}; write it as --set section.key=value, e.g. --set zero.stage=2")]
+    BadOverride {
+        /// The argument as given.
+        arg: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// Values that are out of range or do not go together; one line per problem.
+    #[error("invalid configuration:\n  - {}", problems.join("\n  - "))]
+    Invalid {
+        /// Each problem, with the offending numbers and what to do.
+        problems: Vec<String>,
+    },
+}
+
+/// The whole configuration of a training run.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Model size.
+    pub model: ModelConfig,
+    /// Training data.
+    pub data: DataConfig,
+    /// Steps, batch shape, seed, logging.
+    pub train: TrainConfig,
+    /// ZeRO stage and its buffers (zero-core's section).
+    pub zero: ZeroConfig,
+    /// Mixed precision and loss scaling (zero-core's section).
+    pub precision: PrecisionConfig,
+    /// AdamW and the learning-rate schedule (zero-core's section).
+    pub optim: OptimConfig,
+}
+
+impl Config {
+    /// The engine's configuration: `[zero]`, `[precision]`, `[optim]` as they are, with
+    /// `grad_accum` and `seed` from `[train]` and, for `warmup_cosine`, the decay horizon
+    /// `train.steps` unless `optim.decay_steps` is set.
+    pub fn engine(&self) -> EngineConfig {
+        let mut optim = self.optim.clone();
+        if optim.schedule == zero_core::config::Schedule::WarmupCosine
+            && optim.decay_steps.is_none()
+        {
+            optim.decay_steps = Some(self.train.steps);
+        }
+        EngineConfig {
+            zero: self.zero.clone(),
+            precision: self.precision.clone(),
+            optim,
+            grad_accum: self.train.grad_accum,
+            seed: self.train.seed,
+        }
+    }
+
+    /// The model's shape (the preset with the explicitly set dimensions on top).
+    pub fn gpt(&self) -> Result<GptConfig, String> {
+        resolve_model(&self.model)
+    }
+}
+
+/// `[model]`: a preset, optionally with some dimensions overridden, or all five
+/// dimensions given explicitly.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelConfig {
+    /// Preset name (see [`PRESETS`]): tiny, small, gpt2-124m, gpt2-350m, gpt2-774m,
+    /// gpt2-1.5b. Unset: all five dimensions below must be given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub preset: Option<String>,
+    /// Vocabulary size (overrides the preset's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vocab_size: Option<usize>,
+    /// Maximum sequence length (overrides the preset's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub context_len: Option<usize>,
+    /// Transformer blocks (overrides the preset's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub layers: Option<usize>,
+    /// Attention heads (overrides the preset's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub heads: Option<usize>,
+    /// Channels (overrides the preset's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub width: Option<usize>,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        ModelConfig {
+            preset: Some("small".into()),
+            vocab_size: None,
+            context_len: None,
+            layers: None,
+            heads: None,
+            width: None,
+        }
+    }
+}
+
+/// Order in which training sequences are drawn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DataOrder {
+    /// Consecutive windows, in file order (wrapping around).
+    Sequential,
+    /// Random windows drawn from a generator seeded by `train.seed`.
+    Shuffled,
+}
+
+/// `[data]`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DataConfig {
+    /// Token file path, or "builtin" for the corpus compiled into zero-models.
+    pub path: String,
+    /// sequential | shuffled.
+    pub order: DataOrder,
+}
+
+impl Default for DataConfig {
+    fn default() -> Self {
+        DataConfig {
+            path: "builtin".into(),
+            order: DataOrder::Shuffled,
+        }
+    }
+}
+
+/// `[train]`. The global batch of one step is N (ranks) x A x B x T tokens.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainConfig {
+    /// Optimizer steps to run.
+    pub steps: usize,
+    /// B: sequences per micro-batch per rank.
+    pub micro_batch: usize,
+    /// T: tokens per sequence (at most the model's context length).
+    pub seq_len: usize,
+    /// A: micro-batches accumulated per optimizer step.
+    pub grad_accum: usize,
+    /// Seed of initialisation and data order (the same on every rank).
+    pub seed: u64,
+    /// Log a line every this many steps (rank 0).
+    pub log_every: usize,
+    /// Per-step metrics as JSON lines to this file (rank 0); unset: none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metrics_file: Option<String>,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            steps: 20,
+            micro_batch: 4,
+            seq_len: 64,
+            grad_accum: 1,
+            seed: 1337,
+            log_every: 1,
+            metrics_file: None,
+        }
+    }
+}
+
+/// Resolve the model shape: the preset's, with the explicitly set fields on top.
+pub fn resolve_model(m: &ModelConfig) -> Result<GptConfig, String> {
+    let base = match &m.preset {
+        Some(name) => Some(
+            PRESETS
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, d)| *d)
+                .ok_or_else(|| {
+                    let names: Vec<&str> = PRESETS.iter().map(|(n, _)| *n).collect();
+                    format!(
+                        "model.preset = \"{name}\" is not a preset; use one of {}, or unset it and give vocab_size, context_len, layers, heads and width",
+                        names.join(", ")
+                    )
+                })?,
+        ),
+        None => None,
+    };
+    let pick = |v: Option<usize>, b: Option<usize>, key: &str| {
+        v.or(b).ok_or_else(|| {
+            format!("model.{key} is not set and there is no model.preset; set model.preset (e.g. \"small\") or all of vocab_size, context_len, layers, heads, width")
+        })
+    };
+    Ok(GptConfig {
+        vocab_size: pick(m.vocab_size, base.map(|d| d.vocab_size), "vocab_size")?,
+        max_seq_len: pick(m.context_len, base.map(|d| d.max_seq_len), "context_len")?,
+        n_layer: pick(m.layers, base.map(|d| d.n_layer), "layers")?,
+        n_head: pick(m.heads, base.map(|d| d.n_head), "heads")?,
+        n_embd: pick(m.width, base.map(|d| d.n_embd), "width")?,
+    })
+}
+
+/// Record `msg` unless `ok`.
+fn need(p: &mut Vec<String>, ok: bool, msg: String) {
+    if !ok {
+        p.push(msg);
+    }
+}
+
+impl Config {
+    /// Check every value and combination (this tool's sections, then the engine's); all
+    /// problems are reported at once.
+    pub fn validate(&self) -> Result<(), LoadError> {
+        let mut p: Vec<String> = Vec::new();
+        match resolve_model(&self.model) {
+            Ok(d) => {
+                need(
+                    &mut p,
+                    d.vocab_size > 0 && d.max_seq_len > 0 && d.n_layer > 0 && d.n_embd > 0,
+                    format!(
+                        "model dimensions must be positive: vocab_size {}, context_len {}, layers {}, width {}",
+                        d.vocab_size, d.max_seq_len, d.n_layer, d.n_embd
+                    ),
+                );
+                need(
+                    &mut p,
+                    d.n_head > 0 && d.n_embd % d.n_head.max(1) == 0,
+                    format!(
+                        "model.heads ({}) must divide model.width ({}); pick heads among the divisors of the width",
+                        d.n_head, d.n_embd
+                    ),
+                );
+                need(
+                    &mut p,
+                    self.train.seq_len <= d.max_seq_len,
+                    format!(
+                        "train.seq_len ({}) exceeds the model's context_len ({}); lower train.seq_len or raise model.context_len",
+                        self.train.seq_len, d.max_seq_len
+                    ),
+                );
+            }
+            Err(e) => p.push(e),
+        }
+        need(
+            &mut p,
+            !self.data.path.is_empty(),
+            "data.path is empty; give a token file or \"builtin\"".into(),
+        );
+        let t = &self.train;
+        need(
+            &mut p,
+            t.steps > 0,
+            "train.steps is 0; set it to at least 1".into(),
+        );
+        let tokens = t
+            .micro_batch
+            .checked_mul(t.seq_len)
+            .and_then(|x| x.checked_mul(t.grad_accum));
+        need(
+            &mut p,
+            tokens.is_some_and(|x| x > 0),
+            format!(
+                "micro_batch x seq_len x grad_accum = {} x {} x {} must be positive: every step needs tokens",
+                t.micro_batch, t.seq_len, t.grad_accum
+            ),
+        );
+        need(
+            &mut p,
+            t.log_every > 0,
+            "train.log_every is 0; set it to at least 1".into(),
+        );
+        let mut engine = Vec::new();
+        self.engine().collect_problems(&mut engine);
+        // grad_accum = 0 is already reported above as a batch with no tokens.
+        p.extend(engine.into_iter().filter(|e| !e.starts_with("grad_accum")));
+        if p.is_empty() {
+            Ok(())
+        } else {
+            Err(LoadError::Invalid { problems: p })
+        }
+    }
+}

@@ -1,0 +1,305 @@
+//! One test per configuration error of this tool's sections (the engine's own are tested
+//! in zero-core), the engine errors reported through the same list, provenance, overrides.
+
+use super::load::load_str;
+use super::*;
+use zero_core::config::{Precision, Schedule, Stage};
+use zero_core::DType;
+
+fn problems(text: &str, sets: &[&str]) -> Vec<String> {
+    let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+    match load_str(text, "test.toml", &sets) {
+        Err(LoadError::Invalid { problems }) => problems,
+        other => panic!("expected Invalid, got {other:?}"),
+    }
+}
+
+fn has(problems: &[String], needle: &str) {
+    assert!(
+        problems.iter().any(|p| p.contains(needle)),
+        "no problem mentions '{needle}': {problems:#?}"
+    );
+}
+
+#[test]
+fn empty_file_is_a_valid_default_config() {
+    let c = load_str("", "test.toml", &[]).unwrap();
+    assert_eq!(c.config, Config::default());
+    assert_eq!(c.config.zero.stage, Stage::Zero2);
+    assert!(c.config.zero.reduce_every_micro_step());
+    assert_eq!(c.source("zero.stage"), Source::Default);
+}
+
+#[test]
+fn file_and_overrides_with_provenance() {
+    let text = "[zero]\nstage = 1\n[optim]\nlr = 3e-4\nbetas = [0.8, 0.99]\n";
+    let c = load_str(
+        text,
+        "run.toml",
+        &["zero.stage=3".into(), "data.path=/data/tok.bin".into()],
+    )
+    .unwrap();
+    assert_eq!(c.config.zero.stage, Stage::Zero3);
+    assert_eq!(c.config.optim.lr, 3e-4);
+    assert_eq!(c.config.optim.betas, [0.8, 0.99]);
+    assert_eq!(c.config.data.path, "/data/tok.bin");
+    assert_eq!(c.source("zero.stage"), Source::CommandLine);
+    assert_eq!(c.source("optim.lr"), Source::File("run.toml".into()));
+    assert_eq!(c.source("train.steps"), Source::Default);
+    let r = c.render();
+    assert!(
+        r.contains("zero.stage = 3") && r.contains("# command line"),
+        "{r}"
+    );
+    assert!(
+        r.contains("optim.lr = 0.0003") && r.contains("# file run.toml"),
+        "{r}"
+    );
+    assert!(
+        r.contains("model.layers = 4") && r.contains("preset \"small\""),
+        "{r}"
+    );
+    assert!(r.contains("zero.reduce_every_micro_step = true"), "{r}");
+}
+
+#[test]
+fn unknown_keys_name_the_key_and_the_valid_ones() {
+    let e = load_str("[zero]\nstges = 2\n", "test.toml", &[]).unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        msg.contains("stges") && msg.contains("bucket_elems"),
+        "{msg}"
+    );
+    assert!(msg.contains("test.toml"), "{msg}");
+    let e = load_str("", "test.toml", &["zero.stages=2".into()]).unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        msg.contains("stages") && msg.contains("command line"),
+        "{msg}"
+    );
+    let e = load_str("[zeroo]\n", "test.toml", &[]).unwrap_err();
+    assert!(e.to_string().contains("zeroo"), "{e}");
+}
+
+#[test]
+fn bad_values_and_overrides() {
+    let e = load_str("[zero]\nstage = 5\n", "t.toml", &[]).unwrap_err();
+    assert!(e.to_string().contains("use 0, 1, 2 or 3"), "{e}");
+    let e = load_str("[precision]\ndtype = \"fp8\"\n", "t.toml", &[]).unwrap_err();
+    assert!(e.to_string().contains("fp8"), "{e}");
+    let e = load_str("", "t.toml", &["zero.stage".into()]).unwrap_err();
+    assert!(matches!(e, LoadError::BadOverride { .. }), "{e}");
+    let e = load_str("", "t.toml", &["stage=2".into()]).unwrap_err();
+    assert!(e.to_string().contains("section.key"), "{e}");
+    let e = load_str(
+        "",
+        "t.toml",
+        &["zero.stage=1".into(), "zero.stage.x=2".into()],
+    );
+    assert!(e.unwrap_err().to_string().contains("'stage' is a value"));
+    let e = super::load::load(Some(std::path::Path::new("/nonexistent/x.toml")), &[]);
+    assert!(matches!(e, Err(LoadError::Io { .. })));
+}
+
+#[test]
+fn reduce_every_micro_step_needs_stage_2_or_3() {
+    for stage in [0, 1] {
+        let p = problems(
+            &format!("[zero]\nstage = {stage}\nreduce_every_micro_step = true\n"),
+            &[],
+        );
+        has(&p, &format!("stage is {stage}"));
+    }
+    let c = load_str("[zero]\nstage = 1\n", "t", &[]).unwrap();
+    assert!(!c.config.zero.reduce_every_micro_step());
+    let c = load_str(
+        "[zero]\nstage = 3\nreduce_every_micro_step = false\n",
+        "t",
+        &[],
+    )
+    .unwrap();
+    assert!(!c.config.zero.reduce_every_micro_step());
+}
+
+#[test]
+fn fp16_needs_loss_scaling_and_only_fp16_may_use_it() {
+    has(
+        &problems("[precision]\ndtype = \"fp16\"\nloss_scaling = false\n", &[]),
+        "needs dynamic loss scaling",
+    );
+    has(
+        &problems("[precision]\ndtype = \"bf16\"\nloss_scaling = true\n", &[]),
+        "fp16 only",
+    );
+    has(
+        &problems(
+            "[precision]\ndtype = \"fp32\"\ngrad_reduce_dtype = \"half\"\n",
+            &[],
+        ),
+        "no 16-bit form",
+    );
+    has(
+        &problems("[precision]\ndtype = \"fp16\"\nbackoff_factor = 1.5\n", &[]),
+        "backoff_factor (1.5)",
+    );
+    has(
+        &problems("[precision]\ndtype = \"fp16\"\nmin_scale = 1e6\n", &[]),
+        "min_scale (1000000)",
+    );
+    let c = load_str("[precision]\ndtype = \"fp16\"\n", "t", &[]).unwrap();
+    assert!(c.config.precision.loss_scaling());
+    assert_eq!(c.config.precision.reduce_dtype(), DType::F16);
+}
+
+#[test]
+fn optimizer_values_out_of_range() {
+    has(&problems("[optim]\nlr = 0.0\n", &[]), "optim.lr (0)");
+    has(&problems("[optim]\nlr = -1e-3\n", &[]), "optim.lr (-0.001)");
+    has(
+        &problems("[optim]\nbetas = [0.9, 1.0]\n", &[]),
+        "optim.betas (0.9, 1)",
+    );
+    has(&problems("[optim]\neps = 0.0\n", &[]), "optim.eps");
+    has(
+        &problems("[optim]\nweight_decay = -0.1\n", &[]),
+        "weight_decay (-0.1)",
+    );
+    has(
+        &problems("[optim]\ngrad_clip = -1.0\n", &[]),
+        "grad_clip (-1)",
+    );
+    has(
+        &problems("[optim]\nwarmup_steps = 5\n", &[]),
+        "only apply to schedule",
+    );
+    has(
+        &problems(
+            "[optim]\nschedule = \"warmup_cosine\"\nwarmup_steps = 50\n[train]\nsteps = 10\n",
+            &[],
+        ),
+        "warmup_steps (50) exceeds the decay horizon (10 steps",
+    );
+    has(
+        &problems("[optim]\nschedule = \"warmup_cosine\"\nmin_lr = 1.0\n", &[]),
+        "min_lr (1)",
+    );
+}
+
+#[test]
+fn batch_and_model_shape_errors() {
+    has(&problems("[train]\ngrad_accum = 0\n", &[]), "4 x 64 x 0");
+    has(&problems("[train]\nmicro_batch = 0\n", &[]), "0 x 64 x 1");
+    has(&problems("[train]\nsteps = 0\n", &[]), "train.steps is 0");
+    has(
+        &problems("[train]\nseq_len = 257\n", &[]),
+        "train.seq_len (257) exceeds the model's context_len (256)",
+    );
+    has(
+        &problems("[model]\nheads = 3\n", &[]),
+        "model.heads (3) must divide model.width (256)",
+    );
+    has(
+        &problems("[model]\npreset = \"gpt5\"\n", &[]),
+        "not a preset",
+    );
+    has(
+        &problems("[model]\nvocab_size = 10\n", &["model.preset=\"\""]),
+        "not a preset",
+    );
+    let p = problems("", &["zero.bucket_elems=0", "zero.align=0"]);
+    has(&p, "zero.bucket_elems is 0");
+    has(&p, "zero.align is 0");
+}
+
+#[test]
+fn explicit_model_without_preset_needs_all_dims() {
+    let text = "[model]\nvocab_size = 100\ncontext_len = 32\nlayers = 1\nheads = 1\nwidth = 8\n";
+    // An explicit `preset` key must be removable: overriding needs a file without it.
+    let ok: Result<LoadedConfig, _> = load_str(text, "t", &[]);
+    // The default preset is "small"; explicit dims override it, seq_len 64 > context 32.
+    has(
+        &match ok {
+            Err(LoadError::Invalid { problems }) => problems,
+            other => panic!("{other:?}"),
+        },
+        "exceeds the model's context_len (32)",
+    );
+    let m = ModelConfig {
+        preset: None,
+        vocab_size: Some(100),
+        ..ModelConfig::default()
+    };
+    let e = resolve_model(&m).unwrap_err();
+    assert!(e.contains("model.context_len is not set"), "{e}");
+}
+
+#[test]
+fn the_engine_config_takes_accumulation_seed_and_the_decay_horizon_from_train() {
+    let c = load_str(
+        "[train]\nsteps = 110\ngrad_accum = 3\nseed = 9\n[optim]\nschedule = \"warmup_cosine\"\nwarmup_steps = 10\n",
+        "t",
+        &[],
+    )
+    .unwrap()
+    .config;
+    let e = c.engine();
+    assert_eq!(
+        (e.grad_accum, e.seed, e.optim.decay_steps),
+        (3, 9, Some(110))
+    );
+    assert_eq!(e.optim.schedule, Schedule::WarmupCosine);
+    e.validate().unwrap();
+    let c = load_str(
+        "",
+        "t",
+        &[
+            "optim.decay_steps=50".into(),
+            "optim.schedule=warmup_cosine".into(),
+        ],
+    )
+    .unwrap()
+    .config;
+    assert_eq!(c.engine().optim.decay_steps, Some(50));
+}
+
+#[test]
+fn every_problem_is_reported_at_once() {
+    let text = "[model]\nlayers = 0\n[data]\npath = \"\"\n[train]\nlog_every = 0\n\
+                [precision]\ndtype = \"fp16\"\ngrowth_factor = 1.0\ngrowth_interval = 0\nhysteresis = 0\n";
+    let p = problems(text, &[]);
+    has(&p, "layers 0");
+    has(&p, "data.path is empty");
+    has(&p, "train.log_every is 0");
+    has(&p, "growth_factor (1) must be > 1");
+    has(&p, "growth_interval is 0");
+    has(&p, "hysteresis is 0");
+    assert_eq!(p.len(), 6, "{p:#?}");
+    let msg = load_str(text, "t", &[]).unwrap_err().to_string();
+    assert!(msg.starts_with("invalid configuration:\n  - "), "{msg}");
+}
+
+#[test]
+fn override_values_are_read_as_toml() {
+    let c = load_str(
+        "",
+        "t",
+        &[
+            "optim.lr=1".into(),
+            "optim.betas=[0.8, 0.9]".into(),
+            "precision.dtype=fp16".into(),
+            "precision.grad_reduce_dtype=\"f32\"".into(),
+            "zero.reduce_every_micro_step=false".into(),
+            "train.metrics_file=out/metrics.jsonl".into(),
+        ],
+    )
+    .unwrap();
+    let c = c.config;
+    assert_eq!(c.optim.lr, 1.0);
+    assert_eq!(c.optim.betas, [0.8, 0.9]);
+    assert_eq!(c.precision.dtype, Precision::Fp16);
+    assert_eq!(c.precision.reduce_dtype(), DType::F32);
+    assert!(!c.zero.reduce_every_micro_step());
+    assert_eq!(c.train.metrics_file.as_deref(), Some("out/metrics.jsonl"));
+    let e = load_str("", "t", &["zero.stage=two".into()]).unwrap_err();
+    assert!(e.to_string().contains("command line"), "{e}");
+}
