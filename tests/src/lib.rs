@@ -10,6 +10,7 @@
 //! `OK rank=<r>` ([`ok_line`]) as its last act; [`JobOutput::assert_all_ok`] demands
 //! exactly N of them plus a zero exit status.
 
+pub mod accounting;
 pub mod plots;
 pub mod scenario;
 pub mod slurm;

@@ -79,7 +79,7 @@ fn inspect_consolidate_export_a_saved_checkpoint() {
     assert!(text(&out).contains("model.h5"), "{}", text(&out));
 
     // h5py, with nothing but numpy, reads the consolidated file as it is: one f32
-    // dataset per tensor at the root, named and shaped as DESIGN.md says, holding exactly
+    // dataset per tensor at the root, named and shaped as docs/ARCHITECTURE.md says, holding exactly
     // the saved master weights.
     let raw = root.join("h5py-values.bin");
     let script = format!(

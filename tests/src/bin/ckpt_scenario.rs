@@ -20,11 +20,14 @@ use std::path::{Path, PathBuf};
 
 use zero_comm::Communicator;
 use zero_core::checkpoint::{self, CheckpointError, SaveOptions};
-use zero_core::config::{Config, Precision, Stage};
-use zero_core::{Batch, Engine};
+use zero_core::config::{Precision, Stage};
+use zero_core::Engine;
+use zero_kernels::device::HostDevice;
 use zero_models::data::{MarkovSource, Sequential, Tokens};
-use zero_models::{Gpt, GptConfig};
-use zero_tests::scenario::{fail, tiny_config, tiny_gpt, OrFail, SEQ_LEN as T};
+use zero_models::{Gpt, GptConfig, TokenBatch as Batch};
+use zero_tests::scenario::{
+    fail, host, tiny_config, tiny_gpt, OrFail, Tiny as Config, SEQ_LEN as T,
+};
 
 /// k: steps before the save, and after it.
 const K: u64 = 3;
@@ -40,8 +43,8 @@ fn config(stage: Stage, precision: Precision, rows: usize) -> Config {
 
 /// Train steps `from..to` (the engine must have done `from`), returning the losses.
 fn train<C: Communicator>(
-    engine: &mut Engine<'_, C>,
-    model: &mut Gpt<f32>,
+    engine: &mut Engine<'_, HostDevice, C>,
+    model: &mut Gpt<HostDevice, f32>,
     tokens: &Tokens,
     rows: usize,
     steps: std::ops::Range<u64>,
@@ -77,10 +80,11 @@ fn new_engine<'c, C: Communicator>(
     comm: &'c C,
     cfg: &Config,
     n_embd: usize,
-) -> (Engine<'c, C>, Gpt<f32>) {
+) -> (Engine<'c, HostDevice, C>, Gpt<HostDevice, f32>) {
     let rank = comm.rank();
-    let model = Gpt::<f32>::new(gpt(n_embd), cfg.train.micro_batch, 1).or_fail(rank, "model");
-    let engine = Engine::new(cfg, comm, &model).or_fail(rank, "engine");
+    let dev = host();
+    let model = Gpt::<HostDevice, f32>::new(dev, gpt(n_embd), cfg.rows).or_fail(rank, "model");
+    let engine = Engine::new(&cfg.engine, comm, dev, &model).or_fail(rank, "engine");
     (engine, model)
 }
 
@@ -357,7 +361,7 @@ fn faults<C: Communicator>(comm: &C, tokens: &Tokens, root: &Path) {
     let good = root.join("good");
     let keep2 = SaveOptions {
         keep_last: 2,
-        after_unit: None,
+        ..SaveOptions::default()
     };
     let step1 = checkpoint::save(&e, &good, &keep2).or_fail(rank, "save");
 

@@ -7,16 +7,20 @@
 //! byte for byte, the communicated bytes equal to the comm ledger exactly; and on rank 0
 //! alone, 1 rank x A = N equals N ranks x A = 1.
 //!
+//! `engine_stages losses`: every stage's per-step losses (fp32, bf16) as bit patterns,
+//! which tests/tests/engine.rs holds against the same training on thread ranks.
+//!
 //! `engine_stages mixed`: bf16 and fp16 runs of every stage track the fp32 run within
 //! a stated tolerance; a forced fp16 overflow skips the step on every rank.
 
 use zero_comm::{ring_bytes, CollectiveKind, Communicator};
-use zero_core::config::{Config, GradReduceDtype, Precision, Stage};
+use zero_core::config::{GradReduceDtype, Precision, Stage};
 use zero_core::ledger::{CommPlan, CommPurpose};
-use zero_core::{Batch, Engine, StepReport};
+use zero_core::{Engine, StepReport};
+use zero_kernels::device::HostDevice;
 use zero_models::data::{MarkovSource, Sequential, Tokens};
-use zero_models::{Gpt, GptConfig};
-use zero_tests::scenario::{fail, tiny_config, tiny_gpt, SEQ_LEN as T};
+use zero_models::{Gpt, GptConfig, TokenBatch as Batch};
+use zero_tests::scenario::{fail, host, tiny_config, tiny_gpt, Tiny as Config, SEQ_LEN as T};
 
 const B: usize = 2;
 const STEPS: usize = 4;
@@ -40,8 +44,11 @@ struct Run {
 fn run<C: Communicator>(comm: &C, cfg: &Config, tokens: &Tokens, who: &str) -> Run {
     let rank = comm.rank();
     let die = |e: String| -> ! { fail(rank, format!("{who}: {e}")) };
-    let mut model = Gpt::<f32>::new(gpt(), B, 1).unwrap_or_else(|e| die(e.to_string()));
-    let mut engine = Engine::new(cfg, comm, &model).unwrap_or_else(|e| die(e.to_string()));
+    let dev = host();
+    let mut model =
+        Gpt::<HostDevice, f32>::new(dev, gpt(), B).unwrap_or_else(|e| die(e.to_string()));
+    let mut engine =
+        Engine::new(&cfg.engine, comm, dev, &model).unwrap_or_else(|e| die(e.to_string()));
 
     // Memory ledger: what is allocated equals the plan (the dry run), category by category.
     let plan = engine.plan().clone();
@@ -55,12 +62,12 @@ fn run<C: Communicator>(comm: &C, cfg: &Config, tokens: &Tokens, who: &str) -> R
             ));
         }
     }
-    let comm_plan = CommPlan::new(engine.layout(), &plan, cfg.train.grad_accum);
+    let comm_plan = CommPlan::new(engine.layout(), &plan, cfg.engine.grad_accum);
     let control = ring_bytes(CollectiveKind::AllReduce, comm.size(), rank, 24, 0).0;
 
-    let order = Sequential::new(B, T, cfg.train.grad_accum, comm.size(), rank)
+    let order = Sequential::new(B, T, cfg.engine.grad_accum, comm.size(), rank)
         .unwrap_or_else(|e| die(e.to_string()));
-    let a = cfg.train.grad_accum;
+    let a = cfg.engine.grad_accum;
     let (mut inputs, mut targets) = (vec![Vec::new(); a], vec![Vec::new(); a]);
     let mut out = Run {
         applied: 0,
@@ -195,7 +202,6 @@ fn main() {
                 &tokens,
                 "stage 0",
             );
-            compare(rank, "fp32 A=1 stage 0", &base, &base, 0.0, 0.0);
             for &stage in &stages[1..] {
                 let r = run(&world, &config(stage, Precision::Fp32, 1), &tokens, "A=1");
                 compare(
@@ -211,8 +217,8 @@ fn main() {
             // resident (ln_f falls under the threshold).
             for (prefetch, persist) in [(0, 0), (2, 0), (1, 1000)] {
                 let mut c = config(Stage::Zero3, Precision::Fp32, 1);
-                c.zero.prefetch = prefetch;
-                c.zero.persistence_threshold = persist;
+                c.engine.zero.prefetch = prefetch;
+                c.engine.zero.persistence_threshold = persist;
                 let r = run(&world, &c, &tokens, "stage 3 policy");
                 let what =
                     format!("fp32 A=1 Zero3 prefetch {prefetch} persistence {persist} vs stage 0");
@@ -237,7 +243,7 @@ fn main() {
             }
             // Stage 3 accumulating locally (full gradients, one reduce-scatter per step).
             let mut c = config(Stage::Zero3, Precision::Fp32, 2);
-            c.zero.reduce_every_micro_step = Some(false);
+            c.engine.zero.reduce_every_micro_step = Some(false);
             let r = run(&world, &c, &tokens, "stage 3 local accumulation");
             compare(
                 rank,
@@ -279,7 +285,7 @@ fn main() {
                 for &stage in &stages {
                     for reduce in [GradReduceDtype::Half, GradReduceDtype::F32] {
                         let mut c = config(stage, precision, 2);
-                        c.precision.grad_reduce_dtype = Some(reduce);
+                        c.engine.precision.grad_reduce_dtype = Some(reduce);
                         let r = run(&world, &c, &tokens, "mixed");
                         // 16-bit parameters carry 8 (bf16) or 11 (fp16) significant bits:
                         // the loss of a tiny model tracks fp32 to ~1e-2 relative over 4
@@ -300,11 +306,12 @@ fn main() {
             // next forward overflow) stops with an error on every rank, naming the step.
             for precision in [Precision::Fp32, Precision::Bf16] {
                 let mut c = config(Stage::Zero2, precision, 1);
-                c.optim.lr = 1e30;
-                let mut model =
-                    Gpt::<f32>::new(gpt(), B, 1).unwrap_or_else(|e| fail(rank, e.to_string()));
-                let mut engine =
-                    Engine::new(&c, &world, &model).unwrap_or_else(|e| fail(rank, e.to_string()));
+                c.engine.optim.lr = 1e30;
+                let dev = host();
+                let mut model = Gpt::<HostDevice, f32>::new(dev, gpt(), B)
+                    .unwrap_or_else(|e| fail(rank, e.to_string()));
+                let mut engine = Engine::new(&c.engine, &world, dev, &model)
+                    .unwrap_or_else(|e| fail(rank, e.to_string()));
                 let order =
                     Sequential::new(B, T, 1, n, rank).unwrap_or_else(|e| fail(rank, e.to_string()));
                 let (mut x, mut y) = (Vec::new(), Vec::new());
@@ -347,8 +354,8 @@ fn main() {
             // A forced overflow: a loss scale so large that fp16 gradients overflow.
             for &stage in &stages {
                 let mut c = config(stage, Precision::Fp16, 1);
-                c.precision.initial_scale = 2f64.powi(40);
-                c.precision.hysteresis = 1;
+                c.engine.precision.initial_scale = 2f64.powi(40);
+                c.engine.precision.hysteresis = 1;
                 let r = run(&world, &c, &tokens, "overflow");
                 let first = &r.reports[0];
                 if !first.skipped || first.grad_norm.is_finite() {
@@ -370,10 +377,11 @@ fn main() {
                 if r.applied == 0 {
                     // Nothing applied: the weights must be the initial ones, bit for bit.
                     let mut c0 = c.clone();
-                    c0.train.steps = 0;
-                    let model =
-                        Gpt::<f32>::new(gpt(), B, 1).unwrap_or_else(|e| fail(rank, e.to_string()));
-                    let init = Engine::new(&c0, &world, &model)
+                    c0.steps = 0;
+                    let dev = host();
+                    let model = Gpt::<HostDevice, f32>::new(dev, gpt(), B)
+                        .unwrap_or_else(|e| fail(rank, e.to_string()));
+                    let init = Engine::new(&c0.engine, &world, dev, &model)
                         .and_then(|e| e.full_master_f32())
                         .unwrap_or_else(|e| fail(rank, e.to_string()));
                     if init != r.master {
@@ -398,7 +406,24 @@ fn main() {
                 }
             }
         }
-        other => fail(rank, format!("unknown mode '{other}' (fp32 | mixed)")),
+        "losses" => {
+            // Every case's per-step losses as bit patterns, for the in-process comparison.
+            for (name, cfg) in zero_tests::scenario::transport_cases() {
+                let losses = zero_tests::scenario::train_losses(&world, &cfg, &tokens)
+                    .unwrap_or_else(|e| fail(rank, e));
+                if rank == 0 {
+                    let bits: Vec<String> = losses
+                        .iter()
+                        .map(|l| format!("{:016x}", l.to_bits()))
+                        .collect();
+                    println!("LOSSES {name} {}", bits.join(" "));
+                }
+            }
+        }
+        other => fail(
+            rank,
+            format!("unknown mode '{other}' (fp32 | mixed | losses)"),
+        ),
     }
     if let Err(e) = world.barrier() {
         fail(rank, e.to_string());
