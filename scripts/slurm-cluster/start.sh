@@ -10,7 +10,7 @@
 # (default 16817; uses BASE..BASE+2), ZERO_SLURM_CPUS (per node, default 4).
 # Needs root and Slurm 22.05 (scripts/setup.sh --slurm). No systemd, no munge: the
 # cluster uses auth/none, which is fine on one host and never for a real cluster.
-# What each setting is for: /work/shared/ENVIRONMENT.md and slurm/README.md.
+# What each setting is for: slurm/README.md.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 . "$here/common.sh"
