@@ -1,6 +1,6 @@
 //! The `Model` trait: what the engine needs from a model to train it under any ZeRO
 //! stage, on any device. Research code implements it for its own models (see
-//! `zero-core/examples/`); `zero-models` implements it for GPT-2.
+//! `zero-core/examples/`); `zero-models` implements it for its reference model.
 //!
 //! The engine drives, layer by layer, so that at stage 3 only the units a layer uses need
 //! to be resident:
@@ -24,8 +24,7 @@
 //!   gradient of `weight x loss` into the gradient views: the engine passes
 //!   `weight = loss_scale / (N x A)`, so the sum over ranks and micro-steps is the
 //!   gradient of the mean over the global batch (every micro-batch weighs the same).
-//! - The model owns its batch type: next-token LM, classification, regression, masked LM
-//!   all fit.
+//! - The model owns its batch type: any supervised or self-supervised objective fits.
 
 use std::ops::Range;
 
@@ -36,7 +35,7 @@ use crate::spec::{ModelSpec, UnitSpec};
 /// Errors a model reports to the engine.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
-    /// A batch of the wrong size, or a token/label outside the model's range.
+    /// A batch of the wrong size, or an input or label outside the model's range.
     #[error("bad batch: {0}")]
     BadBatch(String),
     /// The engine passed the wrong units or a too-short view (an engine bug), or calls

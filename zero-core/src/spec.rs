@@ -9,12 +9,12 @@
 /// One named parameter tensor.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ParamSpec {
-    /// Name, unique in the model, e.g. `h.3.attn.c_attn.weight` (checkpoints and
+    /// Name, unique in the model, e.g. `block.3.proj.weight` (checkpoints and
     /// consolidated files use it).
     pub name: String,
     /// Shape, row-major; weights are [out, in].
     pub shape: Vec<usize>,
-    /// AdamW weight decay applies to this tensor (2-D weights and embeddings; not biases
+    /// AdamW weight decay applies to this tensor (2-D weights and lookup tables; not biases
     /// or LayerNorm). Decided by the parameter's identity, never by a shard's shape.
     pub weight_decay: bool,
 }
@@ -38,7 +38,7 @@ impl ParamSpec {
 /// A unit: a group of parameters gathered, reduced and released together.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UnitSpec {
-    /// Name, e.g. `embed`, `h.0`, `ln_f`.
+    /// Name, e.g. `block.0`.
     pub name: String,
     /// The unit's parameters, in flat-buffer order.
     pub params: Vec<ParamSpec>,
@@ -71,7 +71,7 @@ pub struct LayerSpec {
     pub name: String,
     /// Indices of the units whose parameters this layer reads (and, in backward, whose
     /// gradients it accumulates into). A unit may be used by several layers (tied
-    /// weights: GPT-2's LM head reads the token embedding).
+    /// weights: an output layer that reads the input table).
     pub units: Vec<usize>,
 }
 

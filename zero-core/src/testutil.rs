@@ -1,58 +1,60 @@
-//! Model specs for unit tests: a GPT-2-shaped spec (tied embedding used by the first and
-//! last layer) and one-unit-per-layer synthetic specs of any size (no allocation).
+//! Model specs for unit tests: a spec with a table unit used by the first and the last
+//! layer (a tied unit, the shape language models have), blocks in between, and a small
+//! final unit; and one-unit-per-layer specs of any size (no allocation).
 
 use crate::spec::{LayerSpec, ModelSpec, ParamSpec, UnitSpec};
 
-/// GPT-2-shaped spec: units `embed` (wte, wpe), `h.i`, `ln_f`; layers `embed`, `h.i`,
-/// `head` (reads `ln_f` and the tied `embed`).
-pub fn gpt_like(vocab: usize, context: usize, layers: usize, c: usize) -> ModelSpec {
+/// Units `table` (a [rows, width] table and a [positions, width] one), `block.i` (eleven
+/// tensors of 1-D and 2-D shapes, 12 width^2 + 13 width elements), `final` (two 1-D);
+/// layers `first` (table), `block.i`, `last` (final and the tied table).
+pub fn tied_spec(rows: usize, positions: usize, blocks: usize, c: usize) -> ModelSpec {
     let mut units = vec![UnitSpec {
-        name: "embed".into(),
+        name: "table".into(),
         params: vec![
-            ParamSpec::new("wte", &[vocab, c]),
-            ParamSpec::new("wpe", &[context, c]),
+            ParamSpec::new("table.rows", &[rows, c]),
+            ParamSpec::new("table.positions", &[positions, c]),
         ],
     }];
-    for i in 0..layers {
-        let p = |s: &str, shape: &[usize]| ParamSpec::new(format!("h.{i}.{s}"), shape);
+    for i in 0..blocks {
+        let p = |s: &str, shape: &[usize]| ParamSpec::new(format!("block.{i}.{s}"), shape);
         units.push(UnitSpec {
-            name: format!("h.{i}"),
+            name: format!("block.{i}"),
             params: vec![
-                p("ln_1.weight", &[c]),
-                p("ln_1.bias", &[c]),
-                p("attn.c_attn.weight", &[3 * c, c]),
-                p("attn.c_attn.bias", &[3 * c]),
-                p("attn.c_proj.weight", &[c, c]),
-                p("attn.c_proj.bias", &[c]),
-                p("ln_2.weight", &[c]),
-                p("ln_2.bias", &[c]),
-                p("mlp.c_fc.weight", &[4 * c, c]),
-                p("mlp.c_fc.bias", &[4 * c]),
-                p("mlp.c_proj.weight", &[c, 4 * c]),
-                p("mlp.c_proj.bias", &[c]),
+                p("norm1.weight", &[c]),
+                p("norm1.bias", &[c]),
+                p("mix.weight", &[3 * c, c]),
+                p("mix.bias", &[3 * c]),
+                p("proj.weight", &[c, c]),
+                p("proj.bias", &[c]),
+                p("norm2.weight", &[c]),
+                p("norm2.bias", &[c]),
+                p("up.weight", &[4 * c, c]),
+                p("up.bias", &[4 * c]),
+                p("down.weight", &[c, 4 * c]),
+                p("down.bias", &[c]),
             ],
         });
     }
     units.push(UnitSpec {
-        name: "ln_f".into(),
+        name: "final".into(),
         params: vec![
-            ParamSpec::new("ln_f.weight", &[c]),
-            ParamSpec::new("ln_f.bias", &[c]),
+            ParamSpec::new("final.weight", &[c]),
+            ParamSpec::new("final.bias", &[c]),
         ],
     });
     let mut lspecs = vec![LayerSpec {
-        name: "embed".into(),
+        name: "first".into(),
         units: vec![0],
     }];
-    for i in 0..layers {
+    for i in 0..blocks {
         lspecs.push(LayerSpec {
-            name: format!("h.{i}"),
+            name: format!("block.{i}"),
             units: vec![i + 1],
         });
     }
     lspecs.push(LayerSpec {
-        name: "head".into(),
-        units: vec![layers + 1, 0],
+        name: "last".into(),
+        units: vec![blocks + 1, 0],
     });
     ModelSpec {
         units,

@@ -1,4 +1,4 @@
-//! File-level checkpoint tests without MPI: shard files written by hand for a GPT-shaped
+//! File-level checkpoint tests without MPI: shard files written by hand for a tied-table
 //! layout over 3 ranks with tiny checksum blocks (5 elements, so every dataset has many),
 //! then verify, read_param (tensors that straddle rank boundaries), consolidate, hyperslab
 //! reads, corruption found block-exactly, and bad pointers and metadata refused.
@@ -12,7 +12,7 @@ use super::*;
 use crate::config::EngineConfig;
 use crate::engine::LossScaler;
 use crate::layout::PartitionLayout;
-use crate::testutil::gpt_like;
+use crate::testutil::tied_spec;
 
 const BLOCK: usize = 5;
 
@@ -53,7 +53,7 @@ fn write_checkpoint(dir: &Path, layout: &PartitionLayout) -> Meta {
 }
 
 fn layout() -> PartitionLayout {
-    PartitionLayout::new(&gpt_like(11, 5, 2, 6), 3, 1).unwrap()
+    PartitionLayout::new(&tied_spec(11, 5, 2, 6), 3, 1).unwrap()
 }
 
 #[test]
@@ -198,21 +198,21 @@ fn another_model_is_refused_naming_the_difference() {
     let tmp = tempfile::tempdir().unwrap();
     let meta = write_checkpoint(tmp.path(), &layout());
     // Same names, one more layer: the tensor count differs.
-    let deeper = PartitionLayout::new(&gpt_like(11, 5, 3, 6), 2, 1).unwrap();
+    let deeper = PartitionLayout::new(&tied_spec(11, 5, 3, 6), 2, 1).unwrap();
     let err = meta
         .check_fits(&deeper, tmp.path())
         .unwrap_err()
         .to_string();
     assert!(err.contains("does not fit"), "{err}");
     // Another width: the first tensor's shapes are named.
-    let wider = PartitionLayout::new(&gpt_like(11, 5, 2, 8), 3, 1).unwrap();
+    let wider = PartitionLayout::new(&tied_spec(11, 5, 2, 8), 3, 1).unwrap();
     let err = meta.check_fits(&wider, tmp.path()).unwrap_err().to_string();
     assert!(
-        err.contains("wte") && err.contains("[11, 6]") && err.contains("[11, 8]"),
+        err.contains("table.rows") && err.contains("[11, 6]") && err.contains("[11, 8]"),
         "{err}"
     );
     // Another world size and alignment of the same model fits (resharding).
-    let other_n = PartitionLayout::new(&gpt_like(11, 5, 2, 6), 5, 4).unwrap();
+    let other_n = PartitionLayout::new(&tied_spec(11, 5, 2, 6), 5, 4).unwrap();
     meta.check_fits(&other_n, tmp.path()).unwrap();
 }
 

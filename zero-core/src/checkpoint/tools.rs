@@ -4,8 +4,8 @@
 //! ndarray arrays.
 //!
 //! Consolidated format (what `train --init-from` reads and h5py opens as-is): one
-//! dataset per parameter at the root, named as the model's spec names it (GPT-2: `wte`,
-//! `h.0.attn.c_attn.weight`, ...; docs/ARCHITECTURE.md lists them), fp32, shaped as the
+//! dataset per parameter at the root, named as the model's spec names it (the reference
+//! model's names are in docs/ARCHITECTURE.md), fp32, shaped as the
 //! parameter ([out, in] for linear weights). Written one tensor at a time: peak memory is
 //! the largest tensor.
 

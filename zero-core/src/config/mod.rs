@@ -313,7 +313,7 @@ impl Default for OptimConfig {
 }
 
 impl OptimConfig {
-    /// Learning rate of step `step` (0-based) (nanoGPT's schedule: warmup
+    /// Learning rate of step `step` (0-based) (the usual warmup-cosine schedule: warmup
     /// `lr * (step + 1) / warmup`, then `min_lr + 0.5 (1 + cos(pi r)) (lr - min_lr)` with
     /// r the fraction of the decay to `decay_steps` done, held at `min_lr` after it).
     pub fn lr_at(&self, step: usize) -> f64 {

@@ -1,12 +1,12 @@
 //! Layout properties over odd world sizes, worlds larger than a unit, and alignments.
 
 use super::*;
-use crate::testutil::{chain, gpt_like};
+use crate::testutil::{chain, tied_spec};
 
 fn specs() -> Vec<ModelSpec> {
     vec![
-        gpt_like(65, 16, 2, 8),
-        gpt_like(50257, 1024, 1, 24),
+        tied_spec(65, 16, 2, 8),
+        tied_spec(50257, 1024, 1, 24),
         chain(&[1, 3, 1000, 7]),
     ]
 }
@@ -80,7 +80,7 @@ fn pieces_cover_every_parameter_exactly_once() {
 
 #[test]
 fn segments_follow_weight_decay_and_cover_the_shard() {
-    let spec = gpt_like(65, 16, 2, 8);
+    let spec = tied_spec(65, 16, 2, 8);
     for world in [1, 2, 3, 5] {
         let l = PartitionLayout::new(&spec, world, 8).unwrap();
         for r in 0..world {
@@ -126,7 +126,7 @@ fn segments_follow_weight_decay_and_cover_the_shard() {
 
 #[test]
 fn reshard_moves_every_element_to_its_new_owner() {
-    let spec = gpt_like(65, 16, 2, 8);
+    let spec = tied_spec(65, 16, 2, 8);
     for (n, m) in [(4, 3), (3, 4), (1, 5), (7, 2), (2, 2)] {
         let old = PartitionLayout::new(&spec, n, 4).unwrap();
         let new = PartitionLayout::new(&spec, m, 8).unwrap();
@@ -156,12 +156,12 @@ fn reshard_moves_every_element_to_its_new_owner() {
 
 #[test]
 fn layout_round_trips_through_serde_and_refuses_other_models() {
-    let spec = gpt_like(65, 16, 2, 8);
+    let spec = tied_spec(65, 16, 2, 8);
     let l = PartitionLayout::new(&spec, 3, DEFAULT_ALIGN).unwrap();
     let text = toml::to_string(&l).unwrap();
     let back: PartitionLayout = toml::from_str(&text).unwrap();
     assert_eq!(back, l);
-    let other = PartitionLayout::new(&gpt_like(65, 16, 3, 8), 3, DEFAULT_ALIGN).unwrap();
+    let other = PartitionLayout::new(&tied_spec(65, 16, 3, 8), 3, DEFAULT_ALIGN).unwrap();
     assert!(matches!(
         l.reshard_from(&other, 0),
         Err(LayoutError::Incompatible(_))

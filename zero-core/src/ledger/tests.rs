@@ -7,7 +7,7 @@ use crate::config::{Precision, Stage};
 use crate::layout::PartitionLayout;
 use crate::plan::{BufferPlan, BufferRole, Extent, PlanError, PlanInputs};
 use crate::spec::{LayerSpec, ModelSpec, ParamSpec, UnitSpec};
-use crate::testutil::{chain, gpt_like};
+use crate::testutil::{chain, tied_spec};
 use zero_kernels::DType;
 
 fn inputs(stage: Stage, precision: Precision, reduce_f32: bool, every: bool) -> PlanInputs {
@@ -48,7 +48,7 @@ fn all_inputs() -> Vec<PlanInputs> {
 
 #[test]
 fn plan_equals_formula_plus_explained_differences_exactly() {
-    let spec = gpt_like(65, 16, 3, 8);
+    let spec = tied_spec(65, 16, 3, 8);
     for world in [1, 2, 3, 4, 7] {
         let layout = PartitionLayout::new(&spec, world, 4).unwrap();
         for inp in all_inputs() {
@@ -133,7 +133,7 @@ fn fp32_has_no_separate_master_and_reports_why() {
 
 #[test]
 fn stage_buffers_follow_the_table() {
-    let spec = gpt_like(65, 16, 2, 8);
+    let spec = tied_spec(65, 16, 2, 8);
     let layout = PartitionLayout::new(&spec, 4, 4).unwrap();
     let ext = |plan: &BufferPlan, r| plan.get(r).map(|b| b.extent);
     for inp in all_inputs() {
@@ -218,7 +218,7 @@ fn simulate(spec: &ModelSpec, plan: &BufferPlan) {
 
 #[test]
 fn gather_schedule_is_safe_and_holds_tied_units() {
-    let spec = gpt_like(65, 16, 4, 8);
+    let spec = tied_spec(65, 16, 4, 8);
     for world in [1, 3, 4] {
         let layout = PartitionLayout::new(&spec, world, 4).unwrap();
         for prefetch in [0, 1, 2, 10] {
@@ -231,7 +231,7 @@ fn gather_schedule_is_safe_and_holds_tied_units() {
                 let g = plan.gather.as_ref().unwrap();
                 let lens: Vec<usize> = layout.units.iter().map(|u| u.padded_len).collect();
                 assert!(g.slot_elems() >= g.peak_resident(&lens));
-                // The tied embedding is gathered at the first forward step and released
+                // The tied table is gathered at the first forward step and released
                 // only after the last layer.
                 assert!(g.forward[0].gather.contains(&0));
                 assert!(g.forward[spec.layers.len() - 1].release.contains(&0));
@@ -293,7 +293,7 @@ fn paper_worked_example_7_5b_on_64_gpus() {
 
 #[test]
 fn comm_volume_matches_design_table() {
-    let spec = gpt_like(65, 16, 3, 8);
+    let spec = tied_spec(65, 16, 3, 8);
     for world in [2, 3, 4] {
         let layout = PartitionLayout::new(&spec, world, 4).unwrap();
         let psi_p = layout.padded_numel() as u64;
@@ -322,17 +322,19 @@ fn comm_volume_matches_design_table() {
 
 #[test]
 fn comm_with_f32_reduce_and_persistent_units() {
-    let spec = gpt_like(65, 16, 3, 8);
+    let spec = tied_spec(65, 16, 3, 8);
     let layout = PartitionLayout::new(&spec, 4, 4).unwrap();
     let mut inp = inputs(Stage::Zero3, Precision::Bf16, true, true);
-    inp.persistence_threshold = 100; // ln_f (16 elements) stays gathered
+    inp.persistence_threshold = 100; // `final` (16 elements) stays gathered
     let plan = BufferPlan::new(&spec, &layout, &inp, 0).unwrap();
-    let ln_f = layout.units.len() - 1;
-    assert!(plan.persistent[ln_f] && !plan.persistent[0]);
-    assert!(plan.get(BufferRole::Persistent { unit: ln_f }).is_some());
+    let last_unit = layout.units.len() - 1;
+    assert!(plan.persistent[last_unit] && !plan.persistent[0]);
+    assert!(plan
+        .get(BufferRole::Persistent { unit: last_unit })
+        .is_some());
     let comm = CommPlan::new(&layout, &plan, 2);
     let psi_p = layout.padded_numel() as u64;
-    let psi_s = layout.units[ln_f].padded_len as u64;
+    let psi_s = layout.units[last_unit].padded_len as u64;
     let rs = comm.sent_bytes_of(Collective::ReduceScatter);
     assert_eq!(rs, 2 * psi_p * 4 * 3 / 4, "A x Ψp in f32");
     let ag = comm.sent_bytes_of(Collective::AllGather);
@@ -396,15 +398,15 @@ fn frac_arithmetic_is_exact() {
     assert_eq!(human_bytes(1.875e9), "1.88 GB");
 }
 
-/// Stage 3 saves memory at every shape, a vocabulary-heavy one included (V = 50257, L = 6,
-/// C = 384: the tied embedding is 64% of Ψ). With buckets sized by the memory budget
+/// Stage 3 saves memory at every shape, one dominated by a tied table included (50257
+/// rows, six blocks, width 384: the table is 64% of Ψ). With buckets sized by the memory budget
 /// (`ZeroConfig::bucket_elems_for`) rather than by the largest unit, the stage-3 plan sits
 /// under the stage-0 plan by at least half of the paper's model-state saving (16Ψ -
 /// 16Ψ/N) in mixed precision. What stage 3 cannot shed is the widest layer's working
-/// set (the tied embedding gathered, and its gradient), which it needs whole.
+/// set (the tied table gathered, and its gradient), which it needs whole.
 #[test]
-fn stage_3_saves_at_least_half_the_model_state_saving_on_a_vocab_heavy_shape() {
-    let spec = gpt_like(50257, 256, 6, 384);
+fn stage_3_saves_at_least_half_the_model_state_saving_on_a_table_heavy_shape() {
+    let spec = tied_spec(50257, 256, 6, 384);
     let world = 2;
     let layout = PartitionLayout::new(&spec, world, 32).unwrap();
     let plan = |stage: Stage, precision: Precision| {
