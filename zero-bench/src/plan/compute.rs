@@ -34,6 +34,8 @@ pub struct Knobs {
     pub seq_len: usize,
     /// Bucket capacity, elements.
     pub bucket_elems: Option<usize>,
+    /// Reuse distance, elements (`zero.reuse_distance`).
+    pub reuse_distance: usize,
     /// Stage-3 prefetch, layers.
     pub prefetch: usize,
     /// Stage-3 persistence threshold, elements.
@@ -63,6 +65,7 @@ impl Knobs {
         let mut c = Config::default();
         c.zero.stage = stage;
         c.zero.bucket_elems = self.bucket_elems;
+        c.zero.reuse_distance = self.reuse_distance;
         c.zero.prefetch = self.prefetch;
         c.zero.persistence_threshold = self.persistence_threshold;
         c.zero.align = self.align;

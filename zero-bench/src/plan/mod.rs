@@ -155,6 +155,11 @@ pub struct PlanArgs {
     /// max(4Mi, 64Ki x N)).
     #[arg(long, value_parser = parse_positive_usize)]
     pub bucket_elems: Option<usize>,
+    /// A unit used again later (a tied table) stays resident in between when the layers
+    /// in between use at most this many elements of other units; else it is gathered
+    /// again (stage 3) and its gradient reduced after each use (stages 2/3).
+    #[arg(long, default_value_t = ZeroConfig::default().reuse_distance, value_parser = parse_usize)]
+    pub reuse_distance: usize,
     /// Stage 3: layers whose parameters are gathered ahead.
     #[arg(long, default_value_t = ZeroConfig::default().prefetch, value_parser = parse_usize)]
     pub prefetch: usize,
@@ -214,6 +219,7 @@ pub fn run(a: &PlanArgs) -> anyhow::Result<()> {
         micro_batch: a.micro_batch,
         seq_len,
         bucket_elems: a.bucket_elems,
+        reuse_distance: a.reuse_distance,
         prefetch: a.prefetch,
         persistence_threshold: a.persistence_threshold,
         align: a.align,

@@ -130,6 +130,12 @@ pub struct ZeroConfig {
     /// Stage 3: units with fewer elements than this stay gathered (not partitioned for
     /// compute; updated by one all-gather per step). 0: none.
     pub persistence_threshold: usize,
+    /// A unit used again later (a tied table) stays resident in between, gathered and,
+    /// with sharded gradients, accumulating its gradient, when the layers in between use
+    /// at most this many elements of other units; beyond that it is released: gathered
+    /// again and its gradient reduced after each use (see zero-core/src/plan/uses.rs).
+    /// 0: release every unit between uses; `usize::MAX`: keep every unit.
+    pub reuse_distance: usize,
     /// Shard alignment in elements (32 = 64 bytes for 16-bit elements).
     pub align: usize,
 }
@@ -142,6 +148,7 @@ impl Default for ZeroConfig {
             bucket_elems: None,
             prefetch: 1,
             persistence_threshold: 0,
+            reuse_distance: DEFAULT_REUSE_DISTANCE,
             align: crate::layout::DEFAULT_ALIGN,
         }
     }
@@ -153,6 +160,11 @@ impl Default for ZeroConfig {
 pub const DEFAULT_BUCKET_ELEMS: usize = 1 << 22;
 /// The smallest piece per rank the default bucket keeps.
 pub const MIN_PIECE_ELEMS: usize = 1 << 16;
+/// The default reuse distance, 4Mi elements: a gap of a few layers of a small model
+/// keeps the unit (no extra traffic, and stages agree bit for bit with stage 0); a gap
+/// of tens of millions of parameters (a tied table across the blocks of any GPT-2
+/// sized model) releases it.
+pub const DEFAULT_REUSE_DISTANCE: usize = 1 << 22;
 
 impl ZeroConfig {
     /// The effective reduce policy (the default follows the stage).

@@ -7,8 +7,9 @@
 //!   only for the units this layer reads, and releases a slot after the last layer that
 //!   reads its unit;
 //! - stages 2/3 reducing every micro-step: a unit's gradient is complete after the
-//!   backward of the first layer that uses it; its chunks go through the reducer right
-//!   away and reduce on comm while compute runs the next layer.
+//!   backward of the first layer of each of its uses (`plan/uses.rs`); its chunks go
+//!   through the reducer right away and reduce on comm while compute runs the next
+//!   layer.
 //!
 //! The model computes in f32: 16-bit parameters are widened into the ParamWindow per
 //! layer, and 16-bit (or sharded) gradients are written into the GradWindow first.
@@ -63,13 +64,8 @@ pub(super) fn backward<P: Float, W: Float, D: Device, C: Communicator, M: Model<
     weight: f32,
 ) -> Result<(), EngineError> {
     let layers = core.spec.layers.len();
-    let first_use = core.spec.first_use();
     let sharded = core.plan.grads_sharded;
     let compute = &core.streams.compute;
-    bufs.reducer.before_rewriting_sources(core)?;
-    for t in bufs.tied_grads.iter_mut().flatten() {
-        core.dev.fill(compute, t.view_mut(), 0.0)?;
-    }
     let mut gathered: Vec<Option<D::Event>> = vec![None; core.spec.units.len()];
     for t in 0..layers {
         let l = layers - 1 - t;
@@ -78,6 +74,13 @@ pub(super) fn backward<P: Float, W: Float, D: Device, C: Communicator, M: Model<
             gather_units::<P, D, C>(core, bufs, &step.gather, &mut gathered)?;
         }
         bufs.reducer.before_rewriting_sources(core)?;
+        for &u in &core.spec.layers[l].units {
+            if sharded && core.plan.starts_accumulating(u, l) {
+                if let Some(t) = bufs.tied_grads[u].as_mut() {
+                    core.dev.fill(compute, t.view_mut(), 0.0)?;
+                }
+            }
+        }
         {
             let Buffers {
                 params,
@@ -120,7 +123,7 @@ pub(super) fn backward<P: Float, W: Float, D: Device, C: Communicator, M: Model<
                 reducer,
                 ..
             } = &mut *bufs;
-            for (u, _) in first_use.iter().enumerate().filter(|(_, f)| **f == Some(l)) {
+            for u in core.plan.completed_after(l) {
                 let unit = &core.layout.units[u];
                 let src: DView<'_, D, f32> = match &tied_grads[u] {
                     Some(tied) => tied.view(),
@@ -313,7 +316,7 @@ fn layer_grads<'a, P: Float, D: Device, C: Communicator>(
     units
         .iter()
         .map(|&u| {
-            let view = if sharded && core.plan.tied[u] {
+            let view = if sharded && core.plan.accumulated[u] {
                 tied[u].take()
             } else {
                 ranges

@@ -17,9 +17,13 @@
 //!        + reduce-scatter AΨp (W) + all-gather Ψs  + all-gather Ψs (P)
 //! ```
 //!
+//! The table holds when every unit has one use. A unit released between uses
+//! (zero-core/src/plan/uses.rs) adds, per extra use, one gather of it per pass at stage
+//! 3 and one reduce-scatter per micro-step with sharded gradients: the plan counts them.
+//!
 //! Calls follow the engine: gradient reductions in bucket-sized chunks per unit (stage 0
 //! in place, one call per unit, when no conversion is needed), stage-1/2 parameter
-//! gathers and stage-3 gathers one call per unit. Every stage also all-reduces 3 f64
+//! gathers and stage-3 gathers one call per unit and use. Every stage also all-reduces 3 f64
 //! (squared norm, overflow flag, loss sum) once per step to agree on clipping, skipping
 //! and the reported loss: [`CommPlan::control`], outside the volume formulas.
 
@@ -142,7 +146,19 @@ impl CommPlan {
         };
         use Collective::*;
         use CommPurpose::*;
-        let reduce_times = if plan.grads_sharded { a } else { 1 };
+        // Sharded gradients reduce every micro-step, each unit once per use; else once a
+        // step.
+        let uses = |u: usize| plan.uses[u].len().max(1) as u64;
+        let reduced = || -> (u64, u64) {
+            if !plan.grads_sharded {
+                return chunked(&mut all());
+            }
+            let (c, e) = (0..layout.units.len()).fold((0, 0), |(c, e), u| {
+                let (cu, eu) = chunked(&mut std::iter::once(u));
+                (c + cu * uses(u), e + eu * uses(u))
+            });
+            (c * a, e * a)
+        };
         match stage {
             Stage::Zero0 => {
                 // In place, one call per unit, when no conversion is needed (W = P);
@@ -161,14 +177,9 @@ impl CommPlan {
                 line(AllReduce, Grads, w, calls, layout.padded_numel() as u64);
             }
             Stage::Zero1 | Stage::Zero2 => {
-                let (calls, elems) = chunked(&mut all());
-                line(
-                    ReduceScatter,
-                    Grads,
-                    w,
-                    calls * reduce_times,
-                    elems * reduce_times,
-                );
+                let (calls, elems) = reduced();
+                line(ReduceScatter, Grads, w, calls, elems);
+                let (_, elems) = chunked(&mut all());
                 // Updated parameters: one in-place all-gather per unit.
                 line(
                     AllGather,
@@ -179,28 +190,29 @@ impl CommPlan {
                 );
             }
             Stage::Zero3 => {
-                let persistent = &plan.persistent;
-                let (mut g_calls, mut g_elems) = (0, 0);
                 let (mut s_calls, mut s_elems) = (0, 0);
                 for (u, unit) in layout.units.iter().enumerate() {
-                    if persistent[u] {
+                    if plan.persistent[u] {
                         s_calls += 1;
                         s_elems += unit.padded_len as u64;
-                    } else {
-                        g_calls += 1;
-                        g_elems += unit.padded_len as u64;
                     }
                 }
-                line(AllGather, GatherForward, p, a * g_calls, a * g_elems);
-                line(AllGather, GatherBackward, p, a * g_calls, a * g_elems);
-                let (calls, elems) = chunked(&mut all());
-                line(
-                    ReduceScatter,
-                    Grads,
-                    w,
-                    calls * reduce_times,
-                    elems * reduce_times,
-                );
+                // Gathers as the schedule issues them (once per use and pass).
+                let gathers = |pass: &[crate::plan::PassStep]| -> (u64, u64) {
+                    pass.iter()
+                        .flat_map(|s| &s.gather)
+                        .fold((0, 0), |(c, e), &u| {
+                            (c + 1, e + layout.units[u].padded_len as u64)
+                        })
+                };
+                if let Some(g) = &plan.gather {
+                    let (calls, elems) = gathers(&g.forward);
+                    line(AllGather, GatherForward, p, a * calls, a * elems);
+                    let (calls, elems) = gathers(&g.backward);
+                    line(AllGather, GatherBackward, p, a * calls, a * elems);
+                }
+                let (calls, elems) = reduced();
+                line(ReduceScatter, Grads, w, calls, elems);
                 line(AllGather, ParamsAfterStep, p, s_calls, s_elems);
             }
         }

@@ -216,8 +216,9 @@ impl Explanation {
         let (bytes, k, lens, dt) = sum(&|r| matches!(r, BufferRole::GatherSlot { .. }));
         if let Some(dt) = dt {
             extra(MemCategory::Gather, bytes, format!(
-                "{k} stage-3 gather slot(s) of {lens} elements of {dt}: the units a layer uses, prefetch of the next {} layer(s), tied units held from first to last use",
-                plan.inputs.prefetch
+                "{k} stage-3 gather slot(s) of {lens} elements of {dt}: the units a layer uses, prefetch of the next {} layer(s), units held across a gap within the reuse distance ({} elements)",
+                plan.inputs.prefetch,
+                plan.inputs.reuse_distance
             ));
         }
         for (role, what) in [
@@ -239,7 +240,7 @@ impl Explanation {
         }
         let (bytes, k, lens, _) = sum(&|r| matches!(r, BufferRole::TiedGrad { .. }));
         extra(MemCategory::Compute, bytes, format!(
-            "{k} f32 gradient accumulator(s) of tied units ({lens} elements), complete only after the unit's first layer's backward"
+            "{k} f32 gradient accumulator(s) of units with a use spanning several layers ({lens} elements), complete after the backward of the use's first layer"
         ));
         let (bytes, _, _, _) = sum(&|r| {
             matches!(

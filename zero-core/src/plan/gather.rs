@@ -1,23 +1,26 @@
 //! Stage 3: when each unit is gathered and released, and which gather slot holds it.
 //!
 //! One micro-step is a timeline of 2L steps: forward step t runs layer t, backward step
-//! t runs layer L-1-t. With prefetch p (layers) and a unit u first used by layer f and
-//! last used by layer e (a tied unit has f < e):
+//! t runs layer L-1-t. With prefetch p (layers), each use `f..=e` of a unit
+//! ([`super::uses`]) is one span per pass:
 //!
 //! ```text
 //! forward:  gathered at step max(0, f - p), released after step e
 //! backward: gathered at step max(0, (L-1-e) - p), released after step L-1-f
 //! ```
 //!
-//! so a tied unit stays gathered from its first to its last use within a pass, and every
-//! non-persistent unit is gathered exactly once per pass (the 2AΨ of the table in docs/ARCHITECTURE.md).
-//! Nothing stays gathered across passes or micro-steps.
+//! Spans of one unit that touch or overlap once prefetch moves them earlier merge into
+//! one (a gather never lands in a slot its unit still holds). So a unit with U uses is
+//! gathered at most U times per pass, the table in docs/ARCHITECTURE.md's AΨ per pass
+//! when every unit has one use; nothing stays gathered across passes or micro-steps.
 //!
 //! The engine follows [`GatherSchedule`] literally, at each step t of a pass: (1) issue
 //! the gathers of `gather[t]` (non-blocking, into the unit's slot), (2) wait for the
 //! layer's own units, compute, (3) release `release[t]`. A slot is reused only by a
-//! unit whose intervals do not overlap those of the slot's other units (closed integer
+//! unit whose spans do not overlap those of the slot's other units (closed integer
 //! intervals), so step (1) never writes a slot that is still in use.
+
+use super::uses::UnitUse;
 
 /// What the engine does at one step of a pass.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -48,13 +51,25 @@ fn overlaps(a: Span, b: Span) -> bool {
     a.0 <= b.1 && b.0 <= a.1
 }
 
+/// Spans in step order, those that overlap or touch (the next gathered at or before
+/// the step after the previous release) merged.
+fn merged(spans: impl Iterator<Item = Span>) -> Vec<Span> {
+    let mut out: Vec<Span> = Vec::new();
+    for (g, r) in spans {
+        match out.last_mut() {
+            Some(last) if g <= last.1 + 1 => last.1 = last.1.max(r),
+            _ => out.push((g, r)),
+        }
+    }
+    out
+}
+
 impl GatherSchedule {
-    /// Plan gathers for units of `padded_len`, used by layers as `first_use`/`last_use`
-    /// say (`None`: unused), `persistent` units excluded, with `prefetch` layers ahead.
+    /// Plan gathers for units of `padded_len` with `uses` ([`super::uses::unit_uses`];
+    /// empty: unused), `persistent` units excluded, with `prefetch` layers ahead.
     pub fn new(
         padded_len: &[usize],
-        first_use: &[Option<usize>],
-        last_use: &[Option<usize>],
+        uses: &[Vec<UnitUse>],
         layers: usize,
         persistent: &[bool],
         prefetch: usize,
@@ -62,39 +77,52 @@ impl GatherSchedule {
         let units = padded_len.len();
         let mut forward = vec![PassStep::default(); layers];
         let mut backward = vec![PassStep::default(); layers];
-        let mut spans: Vec<Option<[Span; 2]>> = vec![None; units];
+        let mut spans: Vec<Vec<Span>> = vec![Vec::new(); units];
         for u in 0..units {
-            let (Some(f), Some(e)) = (first_use[u], last_use[u]) else {
-                continue;
-            };
-            if persistent[u] {
+            if persistent[u] || uses[u].is_empty() {
                 continue;
             }
-            let fwd = (f.saturating_sub(prefetch), e);
-            let bwd = ((layers - 1 - e).saturating_sub(prefetch), layers - 1 - f);
-            forward[fwd.0].gather.push(u);
-            forward[fwd.1].release.push(u);
-            backward[bwd.0].gather.push(u);
-            backward[bwd.1].release.push(u);
+            let fwd = merged(
+                uses[u]
+                    .iter()
+                    .map(|x| (x.first.saturating_sub(prefetch), x.last)),
+            );
+            let bwd = merged(uses[u].iter().rev().map(|x| {
+                (
+                    (layers - 1 - x.last).saturating_sub(prefetch),
+                    layers - 1 - x.first,
+                )
+            }));
+            for &(g, r) in &fwd {
+                forward[g].gather.push(u);
+                forward[r].release.push(u);
+            }
+            for &(g, r) in &bwd {
+                backward[g].gather.push(u);
+                backward[r].release.push(u);
+            }
             // Backward steps sit after the forward ones on one timeline.
-            spans[u] = Some([fwd, (bwd.0 + layers, bwd.1 + layers)]);
+            spans[u] = fwd
+                .into_iter()
+                .chain(bwd.into_iter().map(|(g, r)| (g + layers, r + layers)))
+                .collect();
         }
 
         // Greedy slot assignment in order of first gather (largest first on ties):
         // prefer the smallest free slot that fits, else grow the largest free one, else
         // open a new slot.
-        let mut order: Vec<usize> = (0..units).filter(|&u| spans[u].is_some()).collect();
-        order.sort_by_key(|&u| (spans[u].map(|s| s[0].0), std::cmp::Reverse(padded_len[u])));
+        let mut order: Vec<usize> = (0..units).filter(|&u| !spans[u].is_empty()).collect();
+        order.sort_by_key(|&u| (spans[u][0].0, std::cmp::Reverse(padded_len[u])));
         let mut slots: Vec<usize> = Vec::new();
-        let mut members: Vec<Vec<[Span; 2]>> = Vec::new();
+        let mut members: Vec<Vec<Span>> = Vec::new();
         let mut unit_slot = vec![None; units];
         for u in order {
-            let Some(su) = spans[u] else { continue };
+            let su = &spans[u];
             let need = padded_len[u];
             let free = |s: usize| {
                 members[s]
                     .iter()
-                    .all(|m| m.iter().all(|&a| su.iter().all(|&b| !overlaps(a, b))))
+                    .all(|&a| su.iter().all(|&b| !overlaps(a, b)))
             };
             let fits = (0..slots.len())
                 .filter(|&s| free(s) && slots[s] >= need)
@@ -111,7 +139,7 @@ impl GatherSchedule {
                 }
             };
             slots[s] = slots[s].max(need);
-            members[s].push(su);
+            members[s].extend_from_slice(su);
             unit_slot[u] = Some(s);
         }
         GatherSchedule {

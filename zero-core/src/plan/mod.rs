@@ -17,10 +17,10 @@
 //! Master            f32    full      shard     shard            shard            16-bit training only
 //! AdamM, AdamV      f32    full      shard     shard            shard
 //! Persistent{u}     P      -         -         -                unit u           units under persistence_threshold
-//! GatherSlot{s}     P      -         -         -                see gather.rs    resident window incl. prefetch, tied units
+//! GatherSlot{s}     P      -         -         -                see gather.rs    resident window incl. prefetch and uses
 //! ParamWindow       f32    Lw        Lw        Lw               Lw               16-bit only: the model reads f32
 //! GradWindow        f32    Lw (16-bit only)    Lw' (sharded)    Lw' (sharded)    model writes f32 gradients here
-//! TiedGrad{u}       f32    -         -         sharded only     sharded only     a unit used by several layers
+//! TiedGrad{u}       f32    -         -         sharded only     sharded only     a use spans several layers
 //! Bucket{0,1}       W      bucket    bucket    bucket           bucket           reduction staging, double-buffered
 //! BucketPiece{0,1}  W      -         bucket/N  bucket/N         bucket/N         reduce-scatter output
 //! GradStats         f64    2 per unit (sum of squares, overflow flag)                     read by the host
@@ -36,10 +36,11 @@
 //!   model `+=` straight into Grads; 16-bit training gives it the zeroed GradWindow
 //!   (all the layer's units) and adds the window into Grads after each layer.
 //! - Gradients, sharded (stages 2/3 reducing every micro-step): the model writes into the
-//!   zeroed GradWindow (the layer's units that are not tied: Lw' excludes them) and into
-//!   TiedGrad{u} for tied units (zeroed at the start of the backward, complete after the
-//!   backward of the unit's first layer). A completed unit is packed into a bucket,
-//!   reduce-scattered into a piece and added into the Grads shard.
+//!   zeroed GradWindow (the layer's units without an accumulator: Lw' excludes them)
+//!   and into TiedGrad{u} for units with a use spanning several layers ([`uses`]:
+//!   zeroed at the backward of the use's last layer, complete after the backward of its
+//!   first). After each use a unit is packed into a bucket, reduce-scattered into a
+//!   piece and added into the Grads shard (a unit with U uses: U times a micro-step).
 //! - Buckets: a unit of shard length S is reduced in ceil(S / (bucket/N)) chunks; chunk
 //!   k holds, for every rank r in order, elements [r*S + k*c, r*S + k*c + len) (c =
 //!   bucket/N), converted to W, so one reduce-scatter leaves rank r the chunk of its own
@@ -65,9 +66,11 @@ use zero_kernels::DType;
 
 pub mod gather;
 mod placement;
+pub mod uses;
 
 pub use gather::{GatherSchedule, PassStep};
 pub use placement::UnitPlacement;
+pub use uses::{unit_uses, UnitUse};
 
 use crate::config::{EngineConfig, Precision, Stage};
 use crate::layout::{LayoutError, PartitionLayout};
@@ -91,6 +94,9 @@ pub struct PlanInputs {
     pub prefetch: usize,
     /// Stage 3: units with fewer elements stay gathered.
     pub persistence_threshold: usize,
+    /// A unit used again after layers that use at most this many elements of other
+    /// units stays resident in between ([`uses`]).
+    pub reuse_distance: usize,
     /// A: micro-steps per optimizer step (one loss slot each).
     pub grad_accum: usize,
     /// The model's activation arena for one micro-step.
@@ -109,6 +115,7 @@ impl PlanInputs {
             bucket_elems: c.zero.bucket_elems_for(world),
             prefetch: c.zero.prefetch,
             persistence_threshold: c.zero.persistence_threshold,
+            reuse_distance: c.zero.reuse_distance,
             grad_accum: c.grad_accum,
             activation_bytes,
         }
@@ -176,7 +183,8 @@ pub enum BufferRole {
     ParamWindow,
     /// f32 gradients of the computing layer's units.
     GradWindow,
-    /// f32 gradient accumulator of a tied unit (sharded gradients only).
+    /// f32 gradient accumulator of a unit with a use spanning several layers (sharded
+    /// gradients only).
     TiedGrad {
         /// Unit index.
         unit: usize,
@@ -258,8 +266,12 @@ pub struct BufferPlan {
     pub bucket_len: usize,
     /// Elements of each bucket piece (`bucket_len / N`).
     pub piece_len: usize,
-    /// Units used by more than one layer.
-    pub tied: Vec<bool>,
+    /// Each unit's uses ([`uses`]).
+    pub uses: Vec<Vec<UnitUse>>,
+    /// Units with a use spanning several layers (a tied table kept across the gap, or
+    /// a unit two consecutive layers read): with sharded gradients their gradient is
+    /// accumulated in a TiedGrad buffer over the use.
+    pub accumulated: Vec<bool>,
     /// Stage 3: units kept gathered.
     pub persistent: Vec<bool>,
     /// Stage 3: the gather schedule.
@@ -348,8 +360,11 @@ impl BufferPlan {
         b.push(state(R::AdamV, C::AdamV, DType::F32, opt_sharded));
 
         // Stage 3: persistent units and the gather slots.
-        let (first, last) = (spec.first_use(), spec.last_use());
-        let tied: Vec<bool> = first.iter().zip(&last).map(|(f, l)| f != l).collect();
+        let uses = unit_uses(spec, inputs.reuse_distance);
+        let accumulated: Vec<bool> = uses
+            .iter()
+            .map(|us| us.iter().any(UnitUse::accumulates))
+            .collect();
         let persistent: Vec<bool> = layout
             .units
             .iter()
@@ -372,8 +387,7 @@ impl BufferPlan {
             let lens: Vec<usize> = layout.units.iter().map(|u| u.padded_len).collect();
             let g = GatherSchedule::new(
                 &lens,
-                &first,
-                &last,
+                &uses,
                 spec.layers.len(),
                 &persistent,
                 inputs.prefetch,
@@ -384,12 +398,13 @@ impl BufferPlan {
             gather = Some(g);
         }
 
-        // Compute windows: the widest layer, counted over all or only untied units.
-        let window = |skip_tied: bool| {
+        // Compute windows: the widest layer, counted over all units or only those
+        // without an accumulator.
+        let window = |skip_accumulated: bool| {
             spec.layers
                 .iter()
                 .map(|l| {
-                    let skip = skip_tied.then_some(tied.as_slice());
+                    let skip = skip_accumulated.then_some(accumulated.as_slice());
                     window_ranges(layout, &l.units, skip)
                         .last()
                         .map_or(0, |(_, r)| r.end)
@@ -408,7 +423,7 @@ impl BufferPlan {
         if grads_sharded {
             b.push(scratch(R::GradWindow, C::Compute, DType::F32, window(true)));
             for (u, unit) in layout.units.iter().enumerate() {
-                if tied[u] {
+                if accumulated[u] {
                     let mut t = scratch(R::TiedGrad { unit: u }, C::Compute, DType::F32, 0);
                     t.len = unit.padded_len;
                     t.extent = Extent::Unit(u);
@@ -470,7 +485,8 @@ impl BufferPlan {
             grads_sharded,
             bucket_len,
             piece_len,
-            tied,
+            uses,
+            accumulated,
             persistent,
             gather,
             placements,
@@ -491,20 +507,32 @@ impl BufferPlan {
         split(padded_len, self.bucket_len)
     }
 
-    /// Where each unit of `layer` sits in the ParamWindow (`skip_tied = false`) or the
-    /// GradWindow (`skip_tied = self.grads_sharded`: tied units then live in their
-    /// TiedGrad buffer instead).
+    /// Where each unit of `layer` sits in the ParamWindow (`skip_accumulated = false`)
+    /// or the GradWindow (`skip_accumulated = self.grads_sharded`: units with an
+    /// accumulator then live in their TiedGrad buffer instead).
     pub fn window_ranges(
         &self,
         layout: &PartitionLayout,
         layer_units: &[usize],
-        skip_tied: bool,
+        skip_accumulated: bool,
     ) -> Vec<(usize, Range<usize>)> {
         window_ranges(
             layout,
             layer_units,
-            skip_tied.then_some(self.tied.as_slice()),
+            skip_accumulated.then_some(self.accumulated.as_slice()),
         )
+    }
+
+    /// Sharded gradients: the units whose gradient is complete after layer `l`'s
+    /// backward (a use of theirs starts at `l`), to reduce then.
+    pub fn completed_after(&self, l: usize) -> impl Iterator<Item = usize> + '_ {
+        (0..self.uses.len()).filter(move |&u| self.uses[u].iter().any(|x| x.first == l))
+    }
+
+    /// Sharded gradients: whether unit `u`'s accumulator starts a new use at layer
+    /// `l`'s backward (zero it first).
+    pub fn starts_accumulating(&self, u: usize, l: usize) -> bool {
+        self.accumulated[u] && self.uses[u].iter().any(|x| x.last == l)
     }
 
     /// The buffer with this role, if the plan has one.

@@ -48,6 +48,16 @@ pub fn config(stage: Stage, precision: Precision, accum: usize) -> EngineConfig 
     // Small buckets so that units reduce in several chunks.
     c.zero.bucket_elems = Some(256);
     c.zero.align = 8;
+    // The tied table stays resident from the lookup to the head (one use), as stage 0
+    // keeps it: see `released` for the other policy.
+    c.zero.reuse_distance = usize::MAX;
+    c
+}
+
+/// `c` with every unit released between its uses: the tied table is gathered again for
+/// the head (stage 3) and its gradient reduced after each use (stages 2/3).
+pub fn released(mut c: EngineConfig) -> EngineConfig {
+    c.zero.reuse_distance = 0;
     c
 }
 
