@@ -1033,6 +1033,58 @@ impl<Q: CpuQueue> Device for Q {
         )
     }
 
+    fn gather_rows_block<F: Scalar>(
+        &self,
+        stream: &CpuStream,
+        out: ViewMut<'_, CpuBuffer<F>>,
+        ids: View<'_, CpuBuffer<u32>>,
+        block: View<'_, CpuBuffer<F>>,
+        first: usize,
+        width: usize,
+    ) -> Result<()> {
+        let name = "gather_rows_block";
+        let rows = rows_of(name, "out", out.len(), width)?;
+        same_len(name, "ids", ids.len(), rows)?;
+        rows_of(name, "block", block.len(), width)?;
+        let mut op = OpBuilder::new(name);
+        let (ids, block, out) = (op.r(&ids), op.r(&block), op.w(&out));
+        self.submit(
+            stream,
+            op.finish(move || {
+                // SAFETY: see the module documentation.
+                unsafe { nn::gather_rows_block(out.get(), ids.get(), block.get(), first, width) };
+                Ok(())
+            })?,
+        )
+    }
+
+    fn scatter_add_rows_block<F: Scalar>(
+        &self,
+        stream: &CpuStream,
+        dblock: ViewMut<'_, CpuBuffer<F>>,
+        ids: View<'_, CpuBuffer<u32>>,
+        dout: View<'_, CpuBuffer<F>>,
+        first: usize,
+        width: usize,
+    ) -> Result<()> {
+        let name = "scatter_add_rows_block";
+        let rows = rows_of(name, "dout", dout.len(), width)?;
+        same_len(name, "ids", ids.len(), rows)?;
+        rows_of(name, "dblock", dblock.len(), width)?;
+        let mut op = OpBuilder::new(name);
+        let (ids, dout, dblock) = (op.r(&ids), op.r(&dout), op.w(&dblock));
+        self.submit(
+            stream,
+            op.finish(move || {
+                // SAFETY: see the module documentation.
+                unsafe {
+                    nn::scatter_add_rows_block(dblock.get(), ids.get(), dout.get(), first, width)
+                };
+                Ok(())
+            })?,
+        )
+    }
+
     fn add_periodic_rows<F: Scalar>(
         &self,
         stream: &CpuStream,

@@ -391,6 +391,27 @@ pub trait Device {
         dout: DView<'_, Self, F>,
         width: usize,
     ) -> Result<()>;
+    /// `out[i] = block[ids[i] - first]` for the ids in `first .. first + block rows`; the
+    /// other rows of `out` are left alone (a lookup in one row block of a split table).
+    fn gather_rows_block<F: Scalar>(
+        &self,
+        stream: &Self::Stream,
+        out: DViewMut<'_, Self, F>,
+        ids: DView<'_, Self, u32>,
+        block: DView<'_, Self, F>,
+        first: usize,
+        width: usize,
+    ) -> Result<()>;
+    /// `dblock[ids[i] - first] += dout[i]` for the ids in the block, in i order.
+    fn scatter_add_rows_block<F: Scalar>(
+        &self,
+        stream: &Self::Stream,
+        dblock: DViewMut<'_, Self, F>,
+        ids: DView<'_, Self, u32>,
+        dout: DView<'_, Self, F>,
+        first: usize,
+        width: usize,
+    ) -> Result<()>;
     /// `out[i] += table[i % period]` (positional rows).
     fn add_periodic_rows<F: Scalar>(
         &self,

@@ -47,7 +47,8 @@ pub use gemm::{Gemm, MatLayout};
 pub use norm::{layernorm_backward, layernorm_forward, LN_EPS};
 pub use rows::{
     add_into, add_periodic_rows, add_rows, bias_backward, fill_rows, gather_rows,
-    periodic_rows_backward, scale_into, scatter_add_rows, shift_rows_backward, shift_rows_forward,
+    gather_rows_block, periodic_rows_backward, scale_into, scatter_add_rows,
+    scatter_add_rows_block, shift_rows_backward, shift_rows_forward,
 };
 pub use scalar::{exp_f32, tanh_f32, Scalar};
 pub use softmax::{softmax_row_backward_inplace, softmax_row_inplace};

@@ -80,6 +80,48 @@ pub fn scatter_add_rows<F: Scalar>(dtable: &mut [F], ids: &[u32], dout: &[F], wi
     }
 }
 
+/// `out[i] = block[ids[i] - first]` (**writes**) for the ids in `first .. first + rows`
+/// of `block` (rows of width `width`); the rows of `out` whose id falls outside are left
+/// as they are. A lookup in one row block of a table split by rows: the blocks' lookups
+/// together write every row once, with the values of [`gather_rows`] on the whole table.
+pub fn gather_rows_block<F: Scalar>(
+    out: &mut [F],
+    ids: &[u32],
+    block: &[F],
+    first: usize,
+    width: usize,
+) {
+    let rows = rows_of("gather_rows_block", out.len(), width);
+    same_len("gather_rows_block (out rows, ids)", rows, ids.len());
+    let n = rows_of("gather_rows_block table", block.len(), width);
+    for (o, &id) in out.chunks_exact_mut(width).zip(ids) {
+        if let Some(r) = (id as usize).checked_sub(first).filter(|&r| r < n) {
+            o.copy_from_slice(&block[r * width..][..width]);
+        }
+    }
+}
+
+/// `dblock[ids[i] - first] += dout[i]` (**adds**) for the ids in `first .. first + rows`,
+/// in i order: the backward of [`gather_rows_block`]. Each row of the whole table gets
+/// the sums [`scatter_add_rows`] would give it, in the same order.
+pub fn scatter_add_rows_block<F: Scalar>(
+    dblock: &mut [F],
+    ids: &[u32],
+    dout: &[F],
+    first: usize,
+    width: usize,
+) {
+    let rows = rows_of("scatter_add_rows_block", dout.len(), width);
+    same_len("scatter_add_rows_block (dout rows, ids)", rows, ids.len());
+    let n = rows_of("scatter_add_rows_block table", dblock.len(), width);
+    for (g, &id) in dout.chunks_exact(width).zip(ids) {
+        if let Some(r) = (id as usize).checked_sub(first).filter(|&r| r < n) {
+            let e = &mut dblock[r * width..][..width];
+            e.iter_mut().zip(g).for_each(|(e, &g)| *e += g);
+        }
+    }
+}
+
 /// `out[i] += table[i % period]` for every row i of `out`: a table of `period` rows
 /// repeated down the buffer (GPT-2's position embedding wpe, period T, over [B*T, C]).
 /// `table` has exactly `period` rows.
@@ -205,6 +247,35 @@ mod tests {
         }
         scatter_add_rows(&mut dt, &ids, &dout, w);
         assert_eq!(dt, want);
+    }
+
+    #[test]
+    fn row_blocks_together_equal_the_whole_table() {
+        // A 7-row table split into blocks of 3, 3, 1 rows: the blocks' lookups write each
+        // row once and their scatters give each row the whole table's sums, bitwise.
+        let (w, n) = (2, 7);
+        let table = vals(n * w, 6);
+        let ids = [6u32, 0, 4, 2, 4, 3, 6];
+        let mut whole = vec![0.0; ids.len() * w];
+        gather_rows(&mut whole, &ids, &table, w);
+        let mut blocked = vec![9.0; ids.len() * w];
+        let blocks = [(0, 3), (3, 6), (6, 7)];
+        for &(lo, hi) in &blocks {
+            gather_rows_block(&mut blocked, &ids, &table[lo * w..hi * w], lo, w);
+        }
+        assert_eq!(blocked, whole);
+        let dout = vals(ids.len() * w, 7);
+        let mut dwhole = vals(n * w, 8);
+        let mut dblocked = dwhole.clone();
+        scatter_add_rows(&mut dwhole, &ids, &dout, w);
+        for &(lo, hi) in &blocks {
+            scatter_add_rows_block(&mut dblocked[lo * w..hi * w], &ids, &dout, lo, w);
+        }
+        assert_eq!(dblocked, dwhole);
+        // Ids outside a block leave its rows alone.
+        let mut out = vec![5.0; 2 * w];
+        gather_rows_block(&mut out, &[0, 1], &table[3 * w..6 * w], 3, w);
+        assert_eq!(out, vec![5.0; 2 * w]);
     }
 
     #[test]
