@@ -100,5 +100,5 @@ pub use engine::state::UnitState;
 pub use engine::{Engine, EngineError, LossScaler, StepReport, WaitPoint};
 pub use layout::{LayoutError, PartitionLayout};
 pub use model::{Model, ModelError};
-pub use spec::{LayerSpec, ModelSpec, ParamSpec, UnitSpec};
+pub use spec::{LayerSpec, ModelSpec, ParamSpec, RowBlock, Tensor, UnitSpec};
 pub use zero_kernels::DType;

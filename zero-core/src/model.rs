@@ -176,6 +176,22 @@ impl<'a, D: Device> UnitGrads<'a, D> {
     pub fn view(&mut self) -> DViewMut<'_, D, f32> {
         self.view.reborrow()
     }
+
+    /// Parameter `i`'s gradient so far as an ndarray of its shape (a host copy:
+    /// downloads after the work queued on `stream`).
+    pub fn to_ndarray(
+        &mut self,
+        cx: Compute<'_, D>,
+        i: usize,
+    ) -> Result<ndarray::ArrayD<f32>, ModelError> {
+        let shape = self.unit.params[i].shape.clone();
+        let name = self.unit.name.clone();
+        let v = self.param(i);
+        let mut host = vec![0.0f32; v.len()];
+        cx.dev.download(cx.stream, v.as_view(), &mut host)?;
+        ndarray::ArrayD::from_shape_vec(shape, host)
+            .map_err(|e| ModelError::Other(format!("gradient {i} of '{name}': {e}")))
+    }
 }
 
 fn param_range(unit: &UnitSpec, i: usize) -> Range<usize> {

@@ -5,18 +5,102 @@
 //! A unit's flat buffer is its parameters concatenated in declaration order, with no gap
 //! between them ([`UnitSpec::offsets`]); the partition layout adds padding only at the end
 //! of a unit. Every layer above (engine, model, checkpoints) uses these offsets.
+//!
+//! A large tensor may be split by rows over several units ([`RowBlock`],
+//! [`ParamSpec::split_rows`]), so that each block is gathered, computed with and reduced
+//! on its own: a lookup table of many rows whose gather and gradient would otherwise be
+//! the widest thing any layer holds, and so the floor of stage 3's memory. The model sees
+//! the blocks; consolidated files, model files and [`crate::Engine::master_arrays`] see the
+//! whole tensor ([`crate::PartitionLayout::tensors`]).
+
+use serde::{Deserialize, Serialize};
+
+/// A parameter that is rows `first_row .. first_row + shape[0]` of the tensor named
+/// `tensor`, which has `tensor_rows` rows (its other dimensions are the parameter's).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct RowBlock {
+    /// The whole tensor's name.
+    pub tensor: String,
+    /// The first row of the whole tensor this block holds.
+    pub first_row: usize,
+    /// Rows of the whole tensor.
+    pub tensor_rows: usize,
+}
+
+/// A whole tensor as files hold it: one parameter, or the row blocks of a split one
+/// ([`ModelSpec::tensors`], [`crate::PartitionLayout::tensors`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tensor {
+    /// Its name ([`ParamSpec::tensor_name`]).
+    pub name: String,
+    /// Its whole shape.
+    pub shape: Vec<usize>,
+    /// Its parameters (indices into the model's parameters in unit order) in row order,
+    /// each with the first row it holds (one parameter at row 0 when not split).
+    pub parts: Vec<(usize, usize)>,
+}
+
+impl Tensor {
+    /// Elements of one row (the product of the shape past the first dimension).
+    pub fn row_len(&self) -> usize {
+        self.shape.iter().skip(1).product()
+    }
+
+    /// Elements of the whole tensor.
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
+
+/// Join parameters (name, shape, row block; in unit order) into whole tensors, in the
+/// order their first parameter appears.
+pub(crate) fn join_tensors<'a>(
+    params: impl Iterator<Item = (&'a str, &'a [usize], Option<&'a RowBlock>)>,
+) -> Vec<Tensor> {
+    let mut out: Vec<Tensor> = Vec::new();
+    for (i, (name, shape, block)) in params.enumerate() {
+        let Some(b) = block else {
+            out.push(Tensor {
+                name: name.to_string(),
+                shape: shape.to_vec(),
+                parts: vec![(i, 0)],
+            });
+            continue;
+        };
+        match out.iter_mut().find(|t| t.name == b.tensor) {
+            Some(t) => t.parts.push((i, b.first_row)),
+            None => {
+                let mut whole = shape.to_vec();
+                if let Some(rows) = whole.first_mut() {
+                    *rows = b.tensor_rows;
+                }
+                out.push(Tensor {
+                    name: b.tensor.clone(),
+                    shape: whole,
+                    parts: vec![(i, b.first_row)],
+                });
+            }
+        }
+    }
+    for t in &mut out {
+        t.parts.sort_by_key(|&(_, row)| row);
+    }
+    out
+}
 
 /// One named parameter tensor.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ParamSpec {
-    /// Name, unique in the model, e.g. `block.3.proj.weight` (checkpoints and
-    /// consolidated files use it).
+    /// Name, unique in the model, e.g. `block.3.proj.weight` (checkpoints use it;
+    /// consolidated files too, unless the parameter is a [`RowBlock`]).
     pub name: String,
     /// Shape, row-major; weights are [out, in].
     pub shape: Vec<usize>,
     /// AdamW weight decay applies to this tensor (2-D weights and lookup tables; not biases
     /// or LayerNorm). Decided by the parameter's identity, never by a shard's shape.
     pub weight_decay: bool,
+    /// Set when the parameter is a block of rows of a larger tensor.
+    pub row_block: Option<RowBlock>,
 }
 
 impl ParamSpec {
@@ -26,7 +110,63 @@ impl ParamSpec {
             name: name.into(),
             shape: shape.to_vec(),
             weight_decay: shape.len() >= 2,
+            row_block: None,
         }
+    }
+
+    /// Rows `first_row .. first_row + shape[0]` of the tensor `tensor` of `tensor_rows`
+    /// rows, as a parameter named `name` (unique in the model).
+    pub fn rows_of(
+        name: impl Into<String>,
+        shape: &[usize],
+        tensor: impl Into<String>,
+        first_row: usize,
+        tensor_rows: usize,
+    ) -> Self {
+        ParamSpec {
+            row_block: Some(RowBlock {
+                tensor: tensor.into(),
+                first_row,
+                tensor_rows,
+            }),
+            ..ParamSpec::new(name, shape)
+        }
+    }
+
+    /// The tensor `name` of `shape` ([rows, ...]) cut into row blocks of at most
+    /// `block_rows` rows, in row order: each block a parameter named `name[first..end]`
+    /// (its rows), all with the decay flag of the whole tensor. A tensor of at most
+    /// `block_rows` rows (or a scalar) stays one plain parameter named `name`.
+    pub fn split_rows(name: &str, shape: &[usize], block_rows: usize) -> Vec<ParamSpec> {
+        let rows = shape.first().copied().unwrap_or(0);
+        let block_rows = block_rows.max(1);
+        if rows <= block_rows {
+            return vec![ParamSpec::new(name, shape)];
+        }
+        let decay = shape.len() >= 2;
+        (0..rows)
+            .step_by(block_rows)
+            .map(|first| {
+                let end = (first + block_rows).min(rows);
+                let mut block = shape.to_vec();
+                block[0] = end - first;
+                ParamSpec {
+                    weight_decay: decay,
+                    ..ParamSpec::rows_of(
+                        format!("{name}[{first}..{end}]"),
+                        &block,
+                        name,
+                        first,
+                        rows,
+                    )
+                }
+            })
+            .collect()
+    }
+
+    /// The name of the tensor this parameter is (or is a block of).
+    pub fn tensor_name(&self) -> &str {
+        self.row_block.as_ref().map_or(&self.name, |b| &b.tensor)
     }
 
     /// Number of elements.
@@ -90,6 +230,17 @@ impl ModelSpec {
         self.units.iter().map(UnitSpec::numel).sum()
     }
 
+    /// The whole tensors ([`Tensor`]): the parameters, with the row blocks of a split
+    /// tensor joined; `parts` index the parameters in unit order.
+    pub fn tensors(&self) -> Vec<Tensor> {
+        join_tensors(
+            self.units
+                .iter()
+                .flat_map(|u| &u.params)
+                .map(|p| (p.name.as_str(), p.shape.as_slice(), p.row_block.as_ref())),
+        )
+    }
+
     /// Find a parameter by name: (unit index, parameter index in the unit).
     pub fn find(&self, name: &str) -> Option<(usize, usize)> {
         self.units.iter().enumerate().find_map(|(u, unit)| {
@@ -138,6 +289,11 @@ impl ModelSpec {
                 h.str(&p.name);
                 h.u64(p.shape.len() as u64);
                 p.shape.iter().for_each(|&d| h.u64(d as u64));
+                if let Some(b) = &p.row_block {
+                    h.str(&b.tensor);
+                    h.u64(b.first_row as u64);
+                    h.u64(b.tensor_rows as u64);
+                }
                 h.u64(p.weight_decay as u64);
             }
             h.u64(u64::MAX);
@@ -161,7 +317,8 @@ impl ModelSpec {
     }
 
     /// Check the spec is well formed: names unique, every layer's units exist and are
-    /// distinct, every unit is used by some layer, no empty unit.
+    /// distinct, every unit is used by some layer, no empty unit, the row blocks of each
+    /// split tensor tile its rows exactly.
     pub fn validate(&self) -> Result<(), String> {
         let mut names = std::collections::HashSet::new();
         for unit in &self.units {
@@ -172,6 +329,49 @@ impl ModelSpec {
                 if !names.insert(p.name.as_str()) {
                     return Err(format!("parameter name '{}' appears twice", p.name));
                 }
+            }
+        }
+        let mut split: std::collections::BTreeMap<&str, Vec<&ParamSpec>> = Default::default();
+        for p in self.units.iter().flat_map(|u| &u.params) {
+            if let Some(b) = &p.row_block {
+                split.entry(b.tensor.as_str()).or_default().push(p);
+            }
+        }
+        for (tensor, mut blocks) in split {
+            if names.contains(tensor) {
+                return Err(format!(
+                    "'{tensor}' names both a parameter and a tensor split into row blocks"
+                ));
+            }
+            blocks.sort_by_key(|p| p.row_block.as_ref().map_or(0, |b| b.first_row));
+            let whole = blocks[0].row_block.as_ref().map_or(0, |b| b.tensor_rows);
+            let mut next = 0;
+            for p in &blocks {
+                let b = p.row_block.as_ref().ok_or("row block lost")?;
+                let Some(&rows) = p.shape.first() else {
+                    return Err(format!("row block '{}' has no rows (a scalar)", p.name));
+                };
+                if b.first_row != next
+                    || b.tensor_rows != whole
+                    || p.shape.get(1..) != blocks[0].shape.get(1..)
+                    || p.weight_decay != blocks[0].weight_decay
+                {
+                    return Err(format!(
+                        "the row blocks of '{tensor}' must tile its {whole} rows in order with \
+                         one row shape and decay flag: '{}' holds rows {}..{} of {}, expected \
+                         to start at row {next}",
+                        p.name,
+                        b.first_row,
+                        b.first_row + rows,
+                        b.tensor_rows
+                    ));
+                }
+                next += rows;
+            }
+            if next != whole {
+                return Err(format!(
+                    "the row blocks of '{tensor}' cover {next} of its {whole} rows"
+                ));
             }
         }
         for layer in &self.layers {
@@ -225,5 +425,94 @@ impl Fnv {
     fn str(&mut self, s: &str) {
         self.u64(s.len() as u64);
         self.bytes(s.as_bytes());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec_of(units: Vec<UnitSpec>) -> ModelSpec {
+        let layers = (0..units.len())
+            .map(|u| LayerSpec {
+                name: format!("l{u}"),
+                units: vec![u],
+            })
+            .collect();
+        ModelSpec { units, layers }
+    }
+
+    fn unit(params: Vec<ParamSpec>) -> UnitSpec {
+        UnitSpec {
+            name: params[0].name.clone(),
+            params,
+        }
+    }
+
+    #[test]
+    fn split_rows_tiles_the_rows_and_keeps_the_decay() {
+        let blocks = ParamSpec::split_rows("t", &[10, 3], 4);
+        let rows: Vec<(String, Vec<usize>, usize)> = blocks
+            .iter()
+            .map(|b| {
+                let rb = b.row_block.as_ref().unwrap();
+                assert_eq!((rb.tensor.as_str(), rb.tensor_rows), ("t", 10));
+                assert!(b.weight_decay);
+                assert_eq!(b.tensor_name(), "t");
+                (b.name.clone(), b.shape.clone(), rb.first_row)
+            })
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                ("t[0..4]".to_string(), vec![4, 3], 0),
+                ("t[4..8]".to_string(), vec![4, 3], 4),
+                ("t[8..10]".to_string(), vec![2, 3], 8)
+            ]
+        );
+        // A tensor of at most `block_rows` rows stays whole.
+        assert_eq!(
+            ParamSpec::split_rows("t", &[4, 3], 4),
+            vec![ParamSpec::new("t", &[4, 3])]
+        );
+        let one_d = ParamSpec::split_rows("b", &[5], 2);
+        assert!(
+            one_d.iter().all(|b| !b.weight_decay),
+            "a 1-D tensor never decays"
+        );
+        let spec = spec_of(blocks.into_iter().map(|b| unit(vec![b])).collect());
+        spec.validate().unwrap();
+        let t = spec.tensors();
+        assert_eq!(t.len(), 1);
+        assert_eq!((t[0].name.as_str(), t[0].shape.clone()), ("t", vec![10, 3]));
+        assert_eq!(t[0].parts, [(0, 0), (1, 4), (2, 8)]);
+    }
+
+    #[test]
+    fn validate_refuses_row_blocks_that_do_not_tile() {
+        let blocks = ParamSpec::split_rows("t", &[10, 3], 4);
+        let refused = |units: Vec<UnitSpec>, needle: &str| {
+            let e = spec_of(units).validate().unwrap_err();
+            assert!(e.contains(needle), "{e}");
+        };
+        // A block missing: rows 4..8 are not covered.
+        refused(
+            vec![unit(vec![blocks[0].clone()]), unit(vec![blocks[2].clone()])],
+            "expected to start at row 4",
+        );
+        // The last block missing: 8 of 10 rows.
+        refused(
+            vec![unit(vec![blocks[0].clone()]), unit(vec![blocks[1].clone()])],
+            "cover 8 of its 10 rows",
+        );
+        // A parameter named like the split tensor.
+        refused(
+            vec![unit(blocks.clone()), unit(vec![ParamSpec::new("t", &[1])])],
+            "names both",
+        );
+        // Blocks of different row shapes.
+        let mut odd = blocks.clone();
+        odd[1].shape = vec![4, 2];
+        refused(vec![unit(odd)], "one row shape");
     }
 }

@@ -1,6 +1,7 @@
 //! Model specs for unit tests: a spec with a table unit used by the first and the last
 //! layer (a tied unit, the shape language models have), blocks in between, and a small
-//! final unit; and one-unit-per-layer specs of any size (no allocation).
+//! final unit; the same with the table split into row blocks; and one-unit-per-layer
+//! specs of any size (no allocation).
 
 use crate::spec::{LayerSpec, ModelSpec, ParamSpec, UnitSpec};
 
@@ -60,6 +61,49 @@ pub fn tied_spec(rows: usize, positions: usize, blocks: usize, c: usize) -> Mode
         units,
         layers: lspecs,
     }
+}
+
+/// [`tied_spec`] with the table's rows split into blocks of `block_rows`
+/// ([`ParamSpec::split_rows`]): block 0 stays in unit `table` with the positions, each
+/// other block is a unit of its own, looked up by a layer of its own before `first` and
+/// read by one after `last` (k blocks: k - 1 more units and 2 (k - 1) more layers).
+pub fn tied_split_spec(
+    rows: usize,
+    positions: usize,
+    blocks: usize,
+    c: usize,
+    block_rows: usize,
+) -> ModelSpec {
+    let mut spec = tied_spec(rows, positions, blocks, c);
+    let table = ParamSpec::split_rows("table.rows", &[rows, c], block_rows);
+    let more = table.len() - 1;
+    let mut table = table.into_iter();
+    spec.units[0].params[0] = table.next().expect("at least one block");
+    // Units: [table, block 1.., block.i.., final]; every old unit index past 0 shifts.
+    let extra: Vec<UnitSpec> = table
+        .map(|b| UnitSpec {
+            name: b.name.clone(),
+            params: vec![b],
+        })
+        .collect();
+    spec.units.splice(1..1, extra);
+    for layer in &mut spec.layers {
+        layer
+            .units
+            .iter_mut()
+            .filter(|u| **u > 0)
+            .for_each(|u| *u += more);
+    }
+    let lookups = (1..=more).map(|k| LayerSpec {
+        name: format!("first.{k}"),
+        units: vec![k],
+    });
+    spec.layers.splice(0..0, lookups);
+    spec.layers.extend((1..=more).map(|k| LayerSpec {
+        name: format!("last.{k}"),
+        units: vec![k],
+    }));
+    spec
 }
 
 /// One unit and one layer per entry of `sizes`, each a single 1-D or 2-D parameter.

@@ -273,7 +273,7 @@ fn a_step_refuses_another_model_and_a_wrong_batch_count() {
 #[test]
 fn parameters_come_back_as_shaped_arrays() {
     use common::models::char_lm::CharLm;
-    use zero_core::model::{Compute, Model, UnitParams};
+    use zero_core::model::{Compute, Model, UnitGrads, UnitParams};
     use zero_kernels::device::{Buffer, Device, HostDevice};
     use zero_kernels::Float;
     let out = zero_comm::run_local(2, Default::default(), |comm| {
@@ -331,4 +331,14 @@ fn parameters_come_back_as_shaped_arrays() {
         "after ln.weight and ln.bias (16 each)"
     );
     assert!(p.by_name("no such tensor").is_none());
+    // And its gradients likewise.
+    let mut gbuf = dev.alloc::<f32>(unit.numel(), "grad").unwrap();
+    dev.upload(&s, &values, gbuf.view_mut()).unwrap();
+    let mut g = UnitGrads::new(unit, gbuf.view_mut());
+    let cx = Compute {
+        dev: &dev,
+        stream: &s,
+    };
+    let ga = g.to_ndarray(cx, 2).unwrap();
+    assert_eq!(ga, a, "the same tensor of the same values");
 }

@@ -55,7 +55,7 @@ pub use load::{load, resolve, LoadInfo};
 pub use meta::{Meta, FORMAT_NAME, FORMAT_VERSION};
 pub use save::{clean_partial, save, SaveOptions};
 pub use shard::{block_crcs, ShardReader, ShardWriter, BLOCK_ELEMS, KINDS};
-pub use tools::{consolidate, read_consolidated, read_param, verify, VerifyReport};
+pub use tools::{consolidate, read_consolidated, read_param, read_tensor, verify, VerifyReport};
 
 /// The metadata file's name inside a step directory.
 pub const META_FILE: &str = "meta.json";

@@ -12,7 +12,7 @@ use super::*;
 use crate::config::EngineConfig;
 use crate::engine::LossScaler;
 use crate::layout::PartitionLayout;
-use crate::testutil::tied_spec;
+use crate::testutil::{tied_spec, tied_split_spec};
 
 const BLOCK: usize = 5;
 
@@ -101,6 +101,51 @@ fn verify_read_param_and_consolidate_round_trip() {
     }
     // An existing output is never overwritten.
     assert!(consolidate(&dir, &out).is_err());
+}
+
+/// A table held in row blocks (11 rows in blocks of 4, 4 and 3, over three units) is
+/// consolidated as one dataset of its whole shape, its rows in order, and read back
+/// whole as an ndarray.
+#[test]
+fn consolidate_joins_the_row_blocks_of_a_split_table() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("step-7");
+    let layout = PartitionLayout::new(&tied_split_spec(11, 5, 2, 6, 4), 3, 1).unwrap();
+    let meta = write_checkpoint(&dir, &layout);
+    let tensors = layout.tensors();
+    assert_eq!(
+        tensors.len(),
+        layout.params.len() - 2,
+        "three blocks, one tensor"
+    );
+    let table = tensors.iter().find(|t| t.name == "table.rows").unwrap();
+    assert_eq!(table.shape, vec![11, 6]);
+    // The blocks' values, in row order: the whole table.
+    let want: Vec<f32> = table
+        .parts
+        .iter()
+        .flat_map(|&(i, _)| {
+            let p = &layout.params[i];
+            (p.offset..p.offset + p.numel).map(|e| value(&layout, p.unit, e, 0))
+        })
+        .collect();
+    assert_eq!(
+        table.parts.iter().map(|&(_, row)| row).collect::<Vec<_>>(),
+        [0, 4, 8]
+    );
+    let out = tmp.path().join("model.h5");
+    assert_eq!(consolidate(&dir, &out).unwrap(), tensors.len());
+    let arrays = read_consolidated(&out).unwrap();
+    assert_eq!(arrays.len(), tensors.len());
+    let a = &arrays["table.rows"];
+    assert_eq!(a.shape(), &[11, 6]);
+    assert_eq!(a.iter().copied().collect::<Vec<_>>(), want);
+    assert!(
+        arrays.keys().all(|n| !n.contains('[')),
+        "no block names in the file"
+    );
+    let mut files = HashMap::new();
+    assert_eq!(read_tensor(&dir, &meta, table, &mut files).unwrap(), want);
 }
 
 #[test]

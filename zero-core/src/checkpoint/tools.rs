@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use super::meta::Meta;
 use super::shard::{ShardReader, KINDS};
 use super::{rank_file, CheckpointError};
+use crate::spec::Tensor;
 
 /// What [`verify`] found.
 #[derive(Debug)]
@@ -105,6 +106,22 @@ pub fn read_param(
     Ok(out)
 }
 
+/// Read a whole tensor (its master weights, row-major) from the shard files: its one
+/// parameter, or the row blocks of a split tensor joined in row order (they tile its
+/// rows; [`crate::PartitionLayout::tensors`]).
+pub fn read_tensor(
+    dir: &Path,
+    meta: &Meta,
+    tensor: &Tensor,
+    files: &mut HashMap<usize, ShardReader>,
+) -> Result<Vec<f32>, CheckpointError> {
+    let mut values = Vec::with_capacity(tensor.numel());
+    for &(i, _) in &tensor.parts {
+        values.extend(read_param(dir, meta, i, files)?);
+    }
+    Ok(values)
+}
+
 /// Write the master weights of the checkpoint at `path` as one HDF5 file of named fp32
 /// tensors at `out` (created; an existing file is an error). Returns the tensors written.
 pub fn consolidate(path: &Path, out: &Path) -> Result<usize, CheckpointError> {
@@ -116,17 +133,18 @@ pub fn consolidate(path: &Path, out: &Path) -> Result<usize, CheckpointError> {
         .and_then(|a| a.write_scalar(&meta.step))
         .map_err(CheckpointError::h5(out, "attribute step"))?;
     let mut files = HashMap::new();
-    for (i, p) in meta.layout.params.iter().enumerate() {
-        let values = read_param(&dir, &meta, i, &mut files)?;
+    let tensors = meta.layout.tensors();
+    for t in &tensors {
+        let values = read_tensor(&dir, &meta, t, &mut files)?;
         file.new_dataset::<f32>()
-            .shape(p.shape.clone())
-            .create(p.name.as_str())
+            .shape(t.shape.clone())
+            .create(t.name.as_str())
             .and_then(|ds| ds.write_raw(&values))
-            .map_err(CheckpointError::h5(out, &p.name))?;
+            .map_err(CheckpointError::h5(out, &t.name))?;
     }
     file.flush().map_err(CheckpointError::h5(out, "(file)"))?;
     file.close().map_err(CheckpointError::h5(out, "(file)"))?;
-    Ok(meta.layout.params.len())
+    Ok(tensors.len())
 }
 
 /// Every dataset of a consolidated file (as [`consolidate`] writes it, or h5py) as an

@@ -162,8 +162,8 @@ pub const DEFAULT_BUCKET_ELEMS: usize = 1 << 22;
 pub const MIN_PIECE_ELEMS: usize = 1 << 16;
 /// The default reuse distance, 4Mi elements: a gap of a few layers of a small model
 /// keeps the unit (no extra traffic, and stages agree bit for bit with stage 0); a gap
-/// of tens of millions of parameters (a tied table across the blocks of any GPT-2
-/// sized model) releases it.
+/// of tens of millions of parameters (a table tied between the first and the last layer
+/// of a model of a hundred million parameters or more) releases it.
 pub const DEFAULT_REUSE_DISTANCE: usize = 1 << 22;
 
 impl ZeroConfig {

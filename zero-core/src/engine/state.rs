@@ -196,18 +196,26 @@ impl<D: Device, C: Communicator> Engine<'_, D, C> {
         Ok(out)
     }
 
-    /// Every parameter's fp32 master as an ndarray of its shape, by name (gathered to
-    /// every rank, like [`Engine::full_master_f32`]).
+    /// Every tensor's fp32 master as an ndarray of its shape, by name (gathered to every
+    /// rank, like [`Engine::full_master_f32`]); the row blocks of a split tensor joined
+    /// ([`crate::RowBlock`]).
     pub fn master_arrays(&self) -> Result<Vec<(String, ndarray::ArrayD<f32>)>, EngineError> {
         let flat = self.full_master_f32()?;
-        let mut at = 0;
-        let mut out = Vec::with_capacity(self.core.layout.params.len());
-        for p in &self.core.layout.params {
-            let a =
-                ndarray::ArrayD::from_shape_vec(p.shape.clone(), flat[at..at + p.numel].to_vec())
-                    .map_err(|e| EngineError::Internal(format!("parameter '{}': {e}", p.name)))?;
-            out.push((p.name.clone(), a));
-            at += p.numel;
+        let params = &self.core.layout.params;
+        let mut starts = Vec::with_capacity(params.len());
+        params.iter().fold(0, |at, p| {
+            starts.push(at);
+            at + p.numel
+        });
+        let mut out = Vec::new();
+        for t in self.core.layout.tensors() {
+            let mut values = Vec::with_capacity(t.numel());
+            for &(i, _) in &t.parts {
+                values.extend_from_slice(&flat[starts[i]..starts[i] + params[i].numel]);
+            }
+            let a = ndarray::ArrayD::from_shape_vec(t.shape.clone(), values)
+                .map_err(|e| EngineError::Internal(format!("tensor '{}': {e}", t.name)))?;
+            out.push((t.name, a));
         }
         Ok(out)
     }

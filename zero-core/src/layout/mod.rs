@@ -20,7 +20,7 @@ use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
 
-use crate::spec::{ModelSpec, UnitSpec};
+use crate::spec::{join_tensors, ModelSpec, RowBlock, Tensor, UnitSpec};
 
 #[cfg(test)]
 mod tests;
@@ -110,6 +110,9 @@ pub struct ParamLayout {
     pub numel: usize,
     /// AdamW weight decay applies (by identity, never by a shard's shape).
     pub weight_decay: bool,
+    /// Set when the parameter is a block of rows of a larger tensor.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub row_block: Option<RowBlock>,
 }
 
 /// The part of one parameter that falls inside a range of a unit's buffer.
@@ -213,6 +216,17 @@ impl PartitionLayout {
     /// Ψ: parameter elements, without padding.
     pub fn numel(&self) -> usize {
         self.units.iter().map(|u| u.numel).sum()
+    }
+
+    /// The whole tensors, in the order their first parameter appears: each parameter
+    /// on its own, the row blocks of a split tensor joined; `parts` index
+    /// [`PartitionLayout::params`].
+    pub fn tensors(&self) -> Vec<Tensor> {
+        join_tensors(
+            self.params
+                .iter()
+                .map(|p| (p.name.as_str(), p.shape.as_slice(), p.row_block.as_ref())),
+        )
     }
 
     /// Padded Ψ: length of the full concatenated buffer.
@@ -439,5 +453,6 @@ fn unit_params(u: usize, unit: &UnitSpec) -> impl Iterator<Item = ParamLayout> +
             shape: p.shape.clone(),
             numel: p.numel(),
             weight_decay: p.weight_decay,
+            row_block: p.row_block.clone(),
         })
 }
