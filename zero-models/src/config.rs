@@ -3,6 +3,8 @@
 //! names as docs/ARCHITECTURE.md lists them), parameter counts and FLOPs per token.
 //! Nothing here allocates weights, so the planner can size a 1.5B model on a laptop.
 
+use std::ops::Range;
+
 use zero_core::{LayerSpec, ModelSpec, ParamSpec, UnitSpec};
 
 /// Errors in a model configuration, with the offending numbers.
@@ -49,6 +51,7 @@ const fn shape(v: usize, t: usize, l: usize, h: usize, c: usize) -> GptConfig {
         n_layer: l,
         n_head: h,
         n_embd: c,
+        vocab_block_rows: None,
     }
 }
 
@@ -70,6 +73,29 @@ pub struct GptConfig {
     pub n_head: usize,
     /// C: width of the residual stream.
     pub n_embd: usize,
+    /// Rows of `wte` per unit: the table (and so the tied head's logits) is split into
+    /// row blocks of this many rows, each gathered, used and reduced on its own, so that
+    /// no layer's working set is the whole table. `None`: 12C + 13 rows, one transformer
+    /// block's worth of elements. A table of at most this many rows stays one tensor.
+    pub vocab_block_rows: Option<usize>,
+}
+
+/// What one layer of the model computes, in the spec's forward order
+/// ([`GptConfig::layers`]). Block k of `wte` is the k-th range of
+/// [`GptConfig::vocab_blocks`]; block 0 lives in unit `embed` with `wpe`, block k >= 1
+/// in a unit of its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GptLayer {
+    /// Look up the tokens that fall in block k >= 1 of `wte` (rows of x0).
+    Lookup(usize),
+    /// Look up block 0's tokens, then add the positions: `x0 = wte[token] + wpe[t]`.
+    Embed,
+    /// Transformer block i.
+    Block(usize),
+    /// The final LayerNorm and the logits of block 0 (and the loss, when `wte` is one block).
+    Head,
+    /// The logits of block k >= 1 (and the loss, after the last block).
+    Logits(usize),
 }
 
 impl GptConfig {
@@ -83,6 +109,34 @@ impl GptConfig {
             .find(|(n, _)| *n == name)
             .map(|(_, d)| *d)
             .ok_or_else(|| GptConfigError::UnknownPreset(name.to_string()))
+    }
+
+    /// Rows of `wte` per unit ([`GptConfig::vocab_block_rows`], resolved).
+    pub fn block_rows(&self) -> usize {
+        self.vocab_block_rows
+            .unwrap_or(12 * self.n_embd + 13)
+            .max(1)
+    }
+
+    /// The row ranges of `wte`'s blocks, in order (one range when it is not split).
+    pub fn vocab_blocks(&self) -> Vec<Range<usize>> {
+        let (v, r) = (self.vocab_size, self.block_rows());
+        (0..v.max(1))
+            .step_by(r)
+            .map(|a| a..(a + r).min(v))
+            .collect()
+    }
+
+    /// The layers in forward order: lookups of blocks 1.., embed, blocks, head, logits of
+    /// blocks 1.. (see [`GptLayer`]).
+    pub fn layers(&self) -> Vec<GptLayer> {
+        let k = self.vocab_blocks().len();
+        let mut out: Vec<GptLayer> = (1..k).map(GptLayer::Lookup).collect();
+        out.push(GptLayer::Embed);
+        out.extend((0..self.n_layer).map(GptLayer::Block));
+        out.push(GptLayer::Head);
+        out.extend((1..k).map(GptLayer::Logits));
+        out
     }
 
     /// Check the shape: all dimensions positive, H divides C, V fits u16 tokens.
@@ -104,24 +158,34 @@ impl GptConfig {
                 h: self.n_head,
             });
         }
+        if self.vocab_block_rows == Some(0) {
+            return Err(GptConfigError::Zero {
+                name: "vocab_block_rows",
+            });
+        }
         if self.vocab_size > 65536 {
             return Err(GptConfigError::VocabTooLarge(self.vocab_size));
         }
         Ok(())
     }
 
-    /// Units and layers: units = [embed {wte, wpe}, h.0 .. h.{L-1}, ln_f]; layers =
-    /// [embed (unit 0), block i (unit 1+i), head (units ln_f and embed: tied LM head)].
+    /// Units and layers. Units: `embed` {block 0 of `wte`, `wpe`}, one unit per further
+    /// block of `wte` (named as its rows, `wte[4621..9242]`), `h.0` .. `h.{L-1}`, `ln_f`.
+    /// Layers: [`GptConfig::layers`], named `embed.{k}`, `embed`, `h.{i}`, `head`,
+    /// `head.{k}`; `head` reads `ln_f` and `embed`, `head.{k}` block k's unit (the tied LM
+    /// head). With one block: units [embed {wte, wpe}, h.*, ln_f], layers [embed, h.*, head].
     pub fn spec(&self) -> ModelSpec {
         let (v, t, c, l) = (self.vocab_size, self.max_seq_len, self.n_embd, self.n_layer);
+        let mut blocks = ParamSpec::split_rows("wte", &[v, c], self.block_rows()).into_iter();
         let mut units = Vec::with_capacity(l + 2);
-        units.push(UnitSpec {
+        units.extend(blocks.next().map(|wte0| UnitSpec {
             name: "embed".into(),
-            params: vec![
-                ParamSpec::new("wte", &[v, c]),
-                ParamSpec::new("wpe", &[t, c]),
-            ],
-        });
+            params: vec![wte0, ParamSpec::new("wpe", &[t, c])],
+        }));
+        units.extend(blocks.map(|b| UnitSpec {
+            name: b.name.clone(),
+            params: vec![b],
+        }));
         for i in 0..l {
             let p = |s: &str, shape: &[usize]| ParamSpec::new(format!("h.{i}.{s}"), shape);
             units.push(UnitSpec {
@@ -149,21 +213,32 @@ impl GptConfig {
                 ParamSpec::new("ln_f.bias", &[c]),
             ],
         });
-        let mut layers = vec![LayerSpec {
-            name: "embed".into(),
-            units: vec![0],
-        }];
-        for i in 0..l {
-            layers.push(LayerSpec {
-                name: format!("h.{i}"),
-                units: vec![1 + i],
-            });
-        }
-        layers.push(LayerSpec {
-            name: "head".into(),
-            units: vec![l + 1, 0],
-        });
+        let layers = self
+            .layers()
+            .into_iter()
+            .map(|layer| LayerSpec {
+                name: match layer {
+                    GptLayer::Lookup(k) => format!("embed.{k}"),
+                    GptLayer::Embed => "embed".into(),
+                    GptLayer::Block(i) => format!("h.{i}"),
+                    GptLayer::Head => "head".into(),
+                    GptLayer::Logits(k) => format!("head.{k}"),
+                },
+                units: self.layer_units(layer),
+            })
+            .collect();
         ModelSpec { units, layers }
+    }
+
+    /// The units a layer reads, as indices into [`GptConfig::spec`]'s units.
+    pub fn layer_units(&self, layer: GptLayer) -> Vec<usize> {
+        let k = self.vocab_blocks().len();
+        match layer {
+            GptLayer::Lookup(b) | GptLayer::Logits(b) => vec![b],
+            GptLayer::Embed => vec![0],
+            GptLayer::Block(i) => vec![k + i],
+            GptLayer::Head => vec![k + self.n_layer, 0],
+        }
     }
 
     /// Ψ: parameter count, without building the spec.

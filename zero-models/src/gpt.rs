@@ -4,21 +4,29 @@
 //! head's backward adds dlogits^T lnf into `wte`'s gradient, and the embed layer's
 //! backward adds its rows later.
 //!
+//! A large `wte` is held in row blocks ([`GptConfig::vocab_blocks`], [`GptLayer`]): the
+//! lookup of each further block is a layer before `embed` (each writes the rows of x0
+//! whose token is in its block, `embed` then adds the positions), and the logits of each
+//! further block a layer after `head` (`head.rs`), so no layer reads the whole table.
+//!
 //! Generic over the device and the scalar: `Gpt<D, f32>` is the model the engine trains,
 //! `Gpt<HostDevice, f64>` the reference the gradient checks hold it against, and every op
 //! is a device op (`zero_kernels::device`), so the same code runs on the simulated device
 //! and, with CUDA kernels behind the same ops, on a GPU.
 
+use std::ops::Range;
 use zero_core::model::{Compute, UnitGrads, UnitParams};
 use zero_core::{Model, ModelError, ModelSpec};
+
 use zero_kernels::device::{
-    Buffer, DView, DViewMut, Device, LayerNormGrads, LayerNormOut, LayerNormSaved, MatMul, Scalar,
+    Buffer, DView, DViewMut, Device, LayerNormGrads, LayerNormOut, LayerNormSaved, Scalar,
 };
-use zero_kernels::nn::{mean_f64, MatLayout};
+use zero_kernels::nn::mean_f64;
 use zero_kernels::KernelError;
 
 use crate::block::{block_backward, block_forward};
-use crate::config::{GptConfig, GptConfigError};
+use crate::config::{GptConfig, GptConfigError, GptLayer};
+use crate::head::{logits_backward, logits_forward};
 use crate::init;
 use crate::layout::Dims;
 
@@ -51,6 +59,10 @@ pub enum GptError {
 pub struct Gpt<D: Device, F: Scalar = f32> {
     cfg: GptConfig,
     spec: ModelSpec,
+    /// What each of the spec's layers computes.
+    layers: Vec<GptLayer>,
+    /// The row ranges of `wte`'s blocks.
+    vocab_blocks: Vec<Range<usize>>,
     max_rows: usize,
     arena: D::Buf<F>,
     inputs: D::Buf<u32>,
@@ -90,10 +102,6 @@ fn bad_call(msg: String) -> ModelError {
     ModelError::BadCall(msg)
 }
 
-fn rm(rows: usize, cols: usize) -> MatLayout {
-    MatLayout::rm(rows, cols, cols)
-}
-
 impl<D: Device, F: Scalar> Gpt<D, F> {
     /// A model for micro-batches of up to `max_rows` x `cfg.max_seq_len` tokens, its
     /// activation arena allocated on `dev` now (see [`activation_bytes_for`]); parameters
@@ -108,6 +116,8 @@ impl<D: Device, F: Scalar> Gpt<D, F> {
         Ok(Gpt {
             cfg,
             spec: cfg.spec(),
+            layers: cfg.layers(),
+            vocab_blocks: cfg.vocab_blocks(),
             max_rows,
             arena: dev.alloc(dims.total(), "gpt activations")?,
             inputs: dev.alloc(tokens, "gpt inputs")?,
@@ -221,6 +231,28 @@ impl<D: Device, F: Scalar> Gpt<D, F> {
         Ok(())
     }
 
+    /// Where a layer's activations live: 0 = x0, 1..=L the blocks, L+1 the head.
+    fn region(&self, layer: GptLayer) -> usize {
+        match layer {
+            GptLayer::Lookup(_) | GptLayer::Embed => 0,
+            GptLayer::Block(i) => i + 1,
+            GptLayer::Head | GptLayer::Logits(_) => self.cfg.n_layer + 1,
+        }
+    }
+
+    /// The rows of the `wte` block a layer of the table uses (block 0 for the others),
+    /// and whether it is the last block (the one the loss follows).
+    fn vocab_block(&self, layer: GptLayer) -> (Range<usize>, bool) {
+        let k = match layer {
+            GptLayer::Lookup(k) | GptLayer::Logits(k) => k,
+            _ => 0,
+        };
+        (
+            self.vocab_blocks[k].clone(),
+            k + 1 == self.vocab_blocks.len(),
+        )
+    }
+
     /// Forward of `layer` on the parameters of its units.
     pub fn forward(
         &mut self,
@@ -228,7 +260,7 @@ impl<D: Device, F: Scalar> Gpt<D, F> {
         layer: usize,
         params: &[DView<'_, D, F>],
     ) -> Result<(), ModelError> {
-        if layer != self.fwd_next || layer >= self.spec.layers.len() {
+        if layer != self.fwd_next || layer >= self.layers.len() {
             return Err(bad_call(format!(
                 "forward of layer {layer}, expected layer {} (call begin_micro_step first; \
                  layers run in order)",
@@ -239,50 +271,76 @@ impl<D: Device, F: Scalar> Gpt<D, F> {
         self.check_units(layer, &lens, "parameter")?;
         let (dev, s) = (cx.dev, cx.stream);
         let d = self.dims;
-        let (bt, c, l, v) = (d.bt(), d.c, d.l, d.v);
-        let start = d.layer_start(layer);
+        let (bt, c) = (d.bt(), d.c);
+        let kind = self.layers[layer];
+        let (rows, last) = self.vocab_block(kind);
+        let start = d.layer_start(self.region(kind));
         let mut parts = self
             .arena
-            .split_mut(&[0..start, start..start + d.layer_len(layer)])?
+            .split_mut(&[0..start, start..start + d.layer_len(self.region(kind))])?
             .into_iter();
         let (Some(before), Some(mut region)) = (parts.next(), parts.next()) else {
             return Err(bad_call("arena split".into()));
         };
         let x = before.as_view().slice(start.saturating_sub(bt * c)..start);
-        if layer == 0 {
-            // x0[b,t] = wte[token] + wpe[t]: the gather then one add rounds e + p once.
-            let wte = params[0].slice(0..v * c);
-            let wpe = params[0].slice(v * c..v * c + d.t * c);
-            dev.gather_rows(s, region.reborrow(), self.inputs.slice(0..bt), wte, c)?;
-            dev.add_periodic_rows(s, region, wpe, d.t, c)?;
-        } else if layer <= l {
-            block_forward(cx, d, params[0].clone(), x, region)?;
-        } else {
-            // Head: lnf = LN(x); logits = lnf wte^T; per position the cross-entropy as
-            // log-sum-exp (never log 0), the probabilities left in the arena.
-            let [mut lnf, mean, rstd, mut probs, mut losses] = region.carve(d.head_sizes());
-            let (w, b) = (params[0].slice(0..c), params[0].slice(c..2 * c));
-            let out = LayerNormOut {
-                out: lnf.reborrow(),
-                mean,
-                rstd,
-            };
-            dev.layernorm_forward(s, out, x, w, b, c)?;
-            let mm = MatMul {
-                alpha: F::ONE,
-                beta: F::ZERO,
-                a: rm(bt, c),
-                b: rm(v, c).t(),
-                c: rm(bt, v),
-            };
-            dev.matmul(
-                s,
-                mm,
-                lnf.as_view(),
-                params[1].slice(0..v * c),
-                probs.reborrow(),
-            )?;
-            dev.softmax_xent_forward(s, probs, losses.reborrow(), self.targets.slice(0..bt), v)?;
+        let ids = self.inputs.slice(0..bt);
+        let head = match kind {
+            GptLayer::Lookup(_) => {
+                // x0's rows whose token falls in block k (each row is written by one block).
+                let w = params[0].slice(0..rows.len() * c);
+                dev.gather_rows_block(s, region, ids, w, rows.start, c)?;
+                None
+            }
+            GptLayer::Embed => {
+                // x0[b,t] = wte[token] + wpe[t]: the lookups then one add round e + p once.
+                let wte = params[0].slice(0..rows.len() * c);
+                let wpe = params[0].slice(rows.len() * c..(rows.len() + d.t) * c);
+                dev.gather_rows_block(s, region.reborrow(), ids, wte, 0, c)?;
+                dev.add_periodic_rows(s, region, wpe, d.t, c)?;
+                None
+            }
+            GptLayer::Block(_) => {
+                block_forward(cx, d, params[0].clone(), x, region)?;
+                None
+            }
+            GptLayer::Head => {
+                // lnf = LN(x), then block 0's logits lnf wte^T.
+                let [mut lnf, mean, rstd, mut probs, losses] = region.carve(d.head_sizes());
+                let (w, b) = (params[0].slice(0..c), params[0].slice(c..2 * c));
+                let out = LayerNormOut {
+                    out: lnf.reborrow(),
+                    mean,
+                    rstd,
+                };
+                dev.layernorm_forward(s, out, x, w, b, c)?;
+                logits_forward(
+                    cx,
+                    d,
+                    lnf.as_view(),
+                    params[1].clone(),
+                    probs.reborrow(),
+                    &rows,
+                )?;
+                last.then_some((probs, losses))
+            }
+            GptLayer::Logits(_) => {
+                let [lnf, _, _, mut probs, losses] = region.carve(d.head_sizes());
+                logits_forward(
+                    cx,
+                    d,
+                    lnf.as_view(),
+                    params[0].clone(),
+                    probs.reborrow(),
+                    &rows,
+                )?;
+                last.then_some((probs, losses))
+            }
+        };
+        if let Some((probs, mut losses)) = head {
+            // Every column is in: per position the cross-entropy as log-sum-exp (never
+            // log 0), the probabilities left in the arena for the backward.
+            let targets = self.targets.slice(0..bt);
+            dev.softmax_xent_forward(s, probs, losses.reborrow(), targets, d.v)?;
             dev.mean(s, self.loss.view_mut(), losses.as_view())?;
             self.bwd_next = Some(layer);
         }
@@ -313,14 +371,17 @@ impl<D: Device, F: Scalar> Gpt<D, F> {
         self.check_units(layer, &lens, "gradient")?;
         let (dev, s) = (cx.dev, cx.stream);
         let d = self.dims;
-        let (bt, c, l, v) = (d.bt(), d.c, d.l, d.v);
-        let start = d.layer_start(layer);
-        let end = start + d.layer_len(layer);
+        let (bt, c, v) = (d.bt(), d.c, d.v);
+        let kind = self.layers[layer];
+        let (rows, last) = self.vocab_block(kind);
+        let start = d.layer_start(self.region(kind));
+        let end = start + d.layer_len(self.region(kind));
         let scratch_at = d.scratch_start();
         let scratch = scratch_at..scratch_at + d.scratch_sizes().iter().sum::<usize>();
         // The head rewrites its probabilities in place: they get a write view of their own.
+        let head = matches!(kind, GptLayer::Head | GptLayer::Logits(_));
         let probs_at = start + d.head_sizes()[..3].iter().sum::<usize>();
-        let ranges = if layer == l + 1 {
+        let ranges = if head {
             vec![0..probs_at, probs_at..probs_at + bt * v, scratch]
         } else {
             vec![0..end, scratch]
@@ -329,85 +390,84 @@ impl<D: Device, F: Scalar> Gpt<D, F> {
         let acts = parts.next().ok_or_else(|| bad_call("arena split".into()))?;
         let acts = acts.as_view();
         let x = acts.slice(start.saturating_sub(bt * c)..start);
-        if layer == 0 {
-            // wte[token] += dx0; wpe[t] += dx0 (the head added its part of wte already).
-            let scratch = parts.next().ok_or_else(|| bad_call("arena split".into()))?;
-            let dres = scratch.as_view().slice(0..bt * c);
-            let g = grads[0].reborrow();
-            let (dwte, rest) = g.split_at(v * c);
-            let dwpe = rest.slice_mut(0..d.t * c);
-            dev.scatter_add_rows(s, dwte, self.inputs.slice(0..bt), dres.clone(), c)?;
-            dev.periodic_rows_backward(s, dwpe, dres, d.t, c)?;
-        } else if layer <= l {
-            let scratch = parts.next().ok_or_else(|| bad_call("arena split".into()))?;
-            let region = acts.slice(start..end);
-            block_backward(
-                cx,
-                d,
-                params[0].clone(),
-                grads[0].reborrow(),
-                x,
-                region,
-                scratch,
-            )?;
-        } else {
-            // dlogits = (probs - onehot) grad_scale (in place); dwte += dlogits^T lnf;
-            // dlnf = dlogits wte; LayerNorm backward writes dres = d(x), adds into ln_f.
-            let (Some(mut probs), Some(scratch)) = (parts.next(), parts.next()) else {
-                return Err(bad_call("arena split".into()));
-            };
-            let [lnf, mean, rstd] = acts.slice(start..probs_at).carve([bt * c, bt, bt]);
-            let [mut dres, mut dln, ..] = scratch.carve(d.scratch_sizes());
-            dev.softmax_xent_backward(
-                s,
-                probs.reborrow(),
-                self.targets.slice(0..bt),
-                v,
-                grad_scale,
-            )?;
-            let (g0, g1) = grads.split_at_mut(1);
-            let mm = MatMul {
-                alpha: F::ONE,
-                beta: F::ONE,
-                a: rm(bt, v).t(),
-                b: rm(bt, c),
-                c: rm(v, c),
-            };
-            dev.matmul(
-                s,
-                mm,
-                probs.as_view(),
-                lnf,
-                g1[0].reborrow().slice_mut(0..v * c),
-            )?;
-            let mm = MatMul {
-                alpha: F::ONE,
-                beta: F::ZERO,
-                a: rm(bt, v),
-                b: rm(v, c),
-                c: rm(bt, c),
-            };
-            dev.matmul(
-                s,
-                mm,
-                probs.as_view(),
-                params[1].slice(0..v * c),
-                dln.reborrow(),
-            )?;
-            dev.fill(s, dres.reborrow(), F::ZERO)?;
-            let (dw, db) = g0[0].reborrow().split_at(c);
-            let grads = LayerNormGrads {
-                dx: dres,
-                dw,
-                db: db.slice_mut(0..c),
-            };
-            let saved = LayerNormSaved {
-                x,
-                w: params[0].slice(0..c),
-                mean,
-                rstd,
-            };
-            dev.layernorm_backward(s, grads, dln.as_view(), saved, c)?;
+        let ids = self.inputs.slice(0..bt);
+        match kind {
+            GptLayer::Lookup(_) => {
+                // wte[token] += dx0 for the tokens in block k.
+                let scratch = parts.next().ok_or_else(|| bad_call("arena split".into()))?;
+                let dres = scratch.as_view().slice(0..bt * c);
+                let dw = grads[0].reborrow().slice_mut(0..rows.len() * c);
+                dev.scatter_add_rows_block(s, dw, ids, dres, rows.start, c)?;
+            }
+            GptLayer::Embed => {
+                // wte[token] += dx0 (block 0's tokens); wpe[t] += dx0. The head added its
+                // part of wte already.
+                let scratch = parts.next().ok_or_else(|| bad_call("arena split".into()))?;
+                let dres = scratch.as_view().slice(0..bt * c);
+                let (dwte, rest) = grads[0].reborrow().split_at(rows.len() * c);
+                let dwpe = rest.slice_mut(0..d.t * c);
+                dev.scatter_add_rows_block(s, dwte, ids, dres.clone(), 0, c)?;
+                dev.periodic_rows_backward(s, dwpe, dres, d.t, c)?;
+            }
+            GptLayer::Block(_) => {
+                let scratch = parts.next().ok_or_else(|| bad_call("arena split".into()))?;
+                let region = acts.slice(start..end);
+                block_backward(
+                    cx,
+                    d,
+                    params[0].clone(),
+                    grads[0].reborrow(),
+                    x,
+                    region,
+                    scratch,
+                )?;
+            }
+            GptLayer::Head | GptLayer::Logits(_) => {
+                // The last block first: dlogits = (probs - onehot) grad_scale, in place.
+                // Each block: dwte_k += dlogits_k^T lnf; dln (+)= dlogits_k wte_k. The head
+                // ends with the LayerNorm's backward: dres = d(x), ln_f's gradient added.
+                let (Some(mut probs), Some(scratch)) = (parts.next(), parts.next()) else {
+                    return Err(bad_call("arena split".into()));
+                };
+                let [lnf, mean, rstd] = acts.slice(start..probs_at).carve([bt * c, bt, bt]);
+                let [mut dres, mut dln, ..] = scratch.carve(d.scratch_sizes());
+                if last {
+                    let targets = self.targets.slice(0..bt);
+                    dev.softmax_xent_backward(s, probs.reborrow(), targets, v, grad_scale)?;
+                }
+                let (wte, dwte) = match kind {
+                    GptLayer::Head => (params[1].clone(), grads[1].reborrow()),
+                    _ => (params[0].clone(), grads[0].reborrow()),
+                };
+                let (dlogits, lnf_in) = (probs.as_view(), lnf.clone());
+                logits_backward(
+                    cx,
+                    d,
+                    dlogits,
+                    lnf_in,
+                    wte,
+                    dwte,
+                    dln.reborrow(),
+                    &rows,
+                    last,
+                )?;
+                if kind == GptLayer::Head {
+                    dev.fill(s, dres.reborrow(), F::ZERO)?;
+                    let (dw, db) = grads[0].reborrow().split_at(c);
+                    let grads = LayerNormGrads {
+                        dx: dres,
+                        dw,
+                        db: db.slice_mut(0..c),
+                    };
+                    let saved = LayerNormSaved {
+                        x,
+                        w: params[0].slice(0..c),
+                        mean,
+                        rstd,
+                    };
+                    dev.layernorm_backward(s, grads, dln.as_view(), saved, c)?;
+                }
+            }
         }
         self.bwd_next = layer.checked_sub(1);
         Ok(())

@@ -2,8 +2,9 @@
 //! N(0, 0.02), the residual projections `attn.c_proj.weight` and `mlp.c_proj.weight`
 //! N(0, 0.02/sqrt(2L)) (GPT-2 paper, section 2.3), biases 0, LayerNorm weight 1 and bias 0.
 //!
-//! Each tensor draws from its own stream, seeded by `(seed, parameter name)` only, so the
-//! values do not depend on how parameters are grouped into units or split across ranks.
+//! Each tensor draws from its own stream, seeded by `(seed, tensor name)` only, so the
+//! values do not depend on how parameters are grouped into units, split into row blocks,
+//! or split across ranks.
 
 use zero_core::{ParamSpec, UnitSpec};
 use zero_kernels::nn::Scalar;
@@ -27,6 +28,13 @@ impl SplitMix64 {
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         z ^ (z >> 31)
+    }
+
+    /// Skip the next `n` draws of [`Self::next_u64`] in O(1) (the state is a counter).
+    pub fn skip(&mut self, n: u64) {
+        self.0 = self
+            .0
+            .wrapping_add(0x9E37_79B9_7F4A_7C15u64.wrapping_mul(n));
     }
 
     /// Uniform in [0, 1), 53 bits.
@@ -59,7 +67,7 @@ pub fn param_rng(seed: u64, name: &str) -> SplitMix64 {
 
 /// The initial value rule of one parameter: Some(std) for a normal draw, or a constant.
 fn rule(p: &ParamSpec, n_layer: usize) -> Result<f64, f64> {
-    let n = p.name.as_str();
+    let n = p.tensor_name();
     if n.ends_with("c_proj.weight") {
         Ok(0.02 / ((2 * n_layer) as f64).sqrt())
     } else if n.ends_with(".bias") {
@@ -79,7 +87,13 @@ pub fn init_unit<F: Scalar>(unit: &UnitSpec, n_layer: usize, seed: u64, out: &mu
         let dst = &mut out[at..at + p.numel()];
         match rule(p, n_layer) {
             Ok(std) => {
-                let mut g = param_rng(seed, &p.name);
+                // A row block draws the values its rows have in the whole tensor: the
+                // tensor's stream, from its first element (two draws per normal).
+                let mut g = param_rng(seed, p.tensor_name());
+                if let Some(b) = &p.row_block {
+                    let row_len: usize = p.shape.iter().skip(1).product();
+                    g.skip(2 * (b.first_row * row_len) as u64);
+                }
                 dst.iter_mut()
                     .for_each(|x| *x = F::from_f64(std * g.next_normal()));
             }

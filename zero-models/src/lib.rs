@@ -40,11 +40,12 @@ mod block;
 pub mod config;
 pub mod data;
 pub mod gpt;
+mod head;
 pub mod init;
 mod layout;
 mod units;
 
-pub use config::{preset_names, GptConfig, GptConfigError, PRESETS};
+pub use config::{preset_names, GptConfig, GptConfigError, GptLayer, PRESETS};
 pub use gpt::{activation_bytes_for, Gpt, GptError, TokenBatch};
 pub use units::{download_units, upload_units};
 /// The scalar the model computes in (f32, f64): [`zero_kernels::nn::Scalar`].

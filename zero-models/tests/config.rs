@@ -65,6 +65,56 @@ fn names_shapes_units_and_layers_follow_design() {
     assert!(!wd("h.0.attn.c_attn.bias") && !wd("h.0.ln_1.weight") && !wd("ln_f.weight"));
 }
 
+/// GPT-2 124M's table (50257 x 768) in blocks of 12C + 13 = 9229 rows: six units, each
+/// no wider than a transformer block, looked up before `embed` and read by the head
+/// after `head`; their row blocks tile `wte` and the layout joins them back.
+#[test]
+fn a_large_table_is_split_into_row_blocks_no_wider_than_a_block() {
+    let cfg = GptConfig::preset("gpt2-124m").expect("preset");
+    let (v, c, l) = (cfg.vocab_size, cfg.n_embd, cfg.n_layer);
+    assert_eq!(cfg.block_rows(), 12 * c + 13);
+    let blocks = cfg.vocab_blocks();
+    assert_eq!(blocks.len(), 6);
+    assert_eq!(blocks[5], 5 * 9229..v);
+    let spec = cfg.spec();
+    spec.validate().expect("valid spec");
+    assert_eq!(spec.numel(), cfg.num_params());
+    let names: Vec<&str> = spec.units.iter().map(|u| u.name.as_str()).collect();
+    assert_eq!(
+        &names[..3],
+        ["embed", "wte[9229..18458]", "wte[18458..27687]"]
+    );
+    assert_eq!(spec.units[0].params[0].name, "wte[0..9229]");
+    let block_numel = spec.units[6].numel();
+    assert!(spec.units[..6]
+        .iter()
+        .all(|u| u.numel() <= block_numel + cfg.max_seq_len * c));
+    let layers: Vec<(&str, Vec<usize>)> = spec
+        .layers
+        .iter()
+        .map(|l| (l.name.as_str(), l.units.clone()))
+        .collect();
+    assert_eq!(layers[0], ("embed.1", vec![1]));
+    assert_eq!(layers[5], ("embed", vec![0]));
+    assert_eq!(layers[6], ("h.0", vec![6]));
+    assert_eq!(layers[6 + l], ("head", vec![6 + l, 0]));
+    assert_eq!(layers[6 + l + 5], ("head.5", vec![5]));
+    assert!(
+        spec.units[3].params[0].weight_decay,
+        "a block of wte decays"
+    );
+    let layout = zero_core::PartitionLayout::new(&spec, 4, 32).expect("layout");
+    let tensors = layout.tensors();
+    let wte = tensors
+        .iter()
+        .find(|t| t.name == "wte")
+        .expect("wte joined");
+    assert_eq!(wte.shape, vec![v, c]);
+    assert_eq!(wte.parts.len(), 6);
+    assert!(tensors.iter().all(|t| !t.name.contains('[')));
+    assert_eq!(tensors.len(), 2 + 12 * l + 2);
+}
+
 #[test]
 fn big_specs_and_activation_sizes_need_no_allocation() {
     let cfg = GptConfig::preset("gpt2-1.5b").expect("preset");

@@ -1,8 +1,9 @@
 //! Model correctness on the `tiny` preset: backward against central finite differences in
 //! f64 for every parameter tensor; f32 against the f64 reference; loss at init ~ ln V;
 //! overfitting one batch; determinism; layer-by-layer execution with unit parameters
-//! gathered into separate buffers per call (stage 3) giving the same bits as one pass; and
-//! the simulated device giving the host device's bits.
+//! gathered into separate buffers per call (stage 3) giving the same bits as one pass;
+//! the simulated device giving the host device's bits; and the token table split into
+//! row blocks being the same model.
 
 use zero_core::model::{Compute, UnitGrads, UnitParams};
 use zero_core::Model;
@@ -111,8 +112,68 @@ fn backward_matches_central_differences_f64_across_attention_bands() {
         n_layer: 1,
         n_head: 2,
         n_embd: 8,
+        vocab_block_rows: None,
     };
     gradcheck(cfg, 1);
+}
+
+/// `tiny` with its 32-row table in blocks of 10, 10, 10 and 2 rows: four units, three
+/// more lookup layers and three more logits layers.
+fn tiny_split() -> GptConfig {
+    GptConfig {
+        vocab_block_rows: Some(10),
+        ..tiny()
+    }
+}
+
+#[test]
+fn backward_matches_central_differences_f64_with_the_table_in_row_blocks() {
+    let cfg = tiny_split();
+    assert_eq!(cfg.vocab_blocks(), vec![0..10, 10..20, 20..30, 30..32]);
+    assert_eq!(cfg.spec().units.len(), 4 + cfg.n_layer + 1);
+    assert_eq!(cfg.spec().layers.len(), 4 + cfg.n_layer + 4);
+    gradcheck(cfg, B);
+}
+
+/// Splitting the table changes no value: the blocks hold the whole table's initial rows,
+/// the forward computes the same logits and loss, and the gradients agree with the
+/// unsplit model's (the lookups' bitwise; the head's to f32 rounding, since the input
+/// gradient of the head is summed block by block).
+#[test]
+fn the_table_in_row_blocks_is_the_same_model() {
+    let (whole_cfg, split_cfg) = (tiny(), tiny_split());
+    let on = host();
+    let io = batch_tokens(&whole_cfg, B, 41);
+    let bt = batch(&whole_cfg, B, &io);
+    let scale = 1.0 / (B * whole_cfg.max_seq_len) as f32;
+    let mut whole = Gpt::<HostDevice, f32>::new(&on.dev, whole_cfg, B).expect("valid");
+    let mut split = Gpt::<HostDevice, f32>::new(&on.dev, split_cfg, B).expect("valid");
+    let (pw, ps) = (whole.init_params(8), split.init_params(8));
+    // Units of the split model: [wte[0..10] + wpe, wte[10..20], wte[20..30], wte[30..32],
+    // h.0, h.1, ln_f]; of the whole one: [wte + wpe, h.0, h.1, ln_f].
+    let c = whole_cfg.n_embd;
+    let join = |u: &[Vec<f32>]| -> Vec<f32> {
+        let mut wte = u[0][..10 * c].to_vec();
+        (1..4).for_each(|k| wte.extend_from_slice(&u[k]));
+        wte.extend_from_slice(&u[0][10 * c..]);
+        wte.extend(u[4..].iter().flatten());
+        wte
+    };
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let flat_whole: Vec<f32> = pw.iter().flatten().copied().collect();
+    assert_eq!(bits(&join(&ps)), bits(&flat_whole), "initial values");
+    let (mut gw, mut gs) = (whole.zero_grads(), split.zero_grads());
+    let lw = on.fb(&mut whole, &bt, &pw, &mut gw, scale);
+    let ls = on.fb(&mut split, &bt, &ps, &mut gs, scale);
+    // Each logit is the same dot product: the losses agree to f64 rounding of the mean.
+    assert!((lw - ls).abs() <= 1e-12 * lw.abs(), "loss {lw} vs {ls}");
+    let (gw, gs) = (gw.concat(), join(&gs));
+    // f32 rounding of sums over V = 32 blocks' terms in another grouping: 1e-5 of the
+    // largest gradient is ~100x the expected difference, and any missing term fails.
+    let tol = 1e-5 * max_abs(&gw.iter().map(|&x| x as f64).collect::<Vec<_>>());
+    for (i, (a, b)) in gw.iter().zip(&gs).enumerate() {
+        assert!((a - b).abs() as f64 <= tol, "element {i}: {a:e} vs {b:e}");
+    }
 }
 
 fn gradcheck(cfg: GptConfig, rows: usize) {
@@ -313,6 +374,13 @@ fn layer_by_layer_with_separate_unit_buffers_is_bitwise_one_pass() {
     cfg.n_head = 4;
     cfg.max_seq_len = 96; // two attention bands
     cfg.vocab_size = 96;
+    layer_by_layer(cfg);
+    // The table in three row blocks (40, 40, 16 rows).
+    cfg.vocab_block_rows = Some(40);
+    layer_by_layer(cfg);
+}
+
+fn layer_by_layer(cfg: GptConfig) {
     let rows = 4;
     let io = batch_tokens(&cfg, rows, 23);
     let bt = batch(&cfg, rows, &io);
@@ -403,7 +471,11 @@ fn layer_by_layer_with_separate_unit_buffers_is_bitwise_one_pass() {
 /// bits: the model's ops are ordered correctly on one stream.
 #[test]
 fn simulated_device_gives_the_host_bits() {
-    let cfg = tiny();
+    simulated_equals_host(tiny());
+    simulated_equals_host(tiny_split());
+}
+
+fn simulated_equals_host(cfg: GptConfig) {
     let io = batch_tokens(&cfg, B, 31);
     let bt = batch(&cfg, B, &io);
     let h = host();
