@@ -39,6 +39,7 @@ pub fn tiny_gpt(n_embd: usize) -> GptConfig {
         n_layer: 2,
         n_head: 2,
         n_embd,
+        vocab_block_rows: None,
     }
 }
 
@@ -105,9 +106,19 @@ pub fn train_losses<C: Communicator>(
     cfg: &Tiny,
     tokens: &Tokens,
 ) -> Result<Vec<f64>, String> {
+    train_model_losses(comm, tiny_gpt(32), cfg, tokens)
+}
+
+/// [`train_losses`] for another GPT shape of the corpus's 64 symbols and [`SEQ_LEN`].
+pub fn train_model_losses<C: Communicator>(
+    comm: &C,
+    gpt: GptConfig,
+    cfg: &Tiny,
+    tokens: &Tokens,
+) -> Result<Vec<f64>, String> {
     let dev = HostDevice::new();
     let e = |e: &dyn std::fmt::Display| format!("rank {}: {e}", comm.rank());
-    let mut model = Gpt::<HostDevice, f32>::new(&dev, tiny_gpt(32), cfg.rows).map_err(|x| e(&x))?;
+    let mut model = Gpt::<HostDevice, f32>::new(&dev, gpt, cfg.rows).map_err(|x| e(&x))?;
     let mut engine = Engine::new(&cfg.engine, comm, &dev, &model).map_err(|x| e(&x))?;
     let a = cfg.engine.grad_accum;
     let order =

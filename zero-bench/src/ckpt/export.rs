@@ -16,6 +16,7 @@ use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
 use safetensors::{Dtype, View};
 use zero_core::checkpoint::{self, CheckpointError, Meta, ShardReader};
+use zero_core::Tensor;
 
 /// Tensor naming of the export.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -43,7 +44,7 @@ pub struct ExportArgs {
 
 /// One tensor, read from the shard files when the writer asks for its bytes.
 struct Lazy<'a> {
-    index: usize,
+    tensor: Tensor,
     shape: Vec<usize>,
     transpose: bool,
     source: &'a Source,
@@ -70,7 +71,8 @@ impl View for Lazy<'_> {
     }
     fn data(&self) -> Cow<'_, [u8]> {
         let s = self.source;
-        let read = checkpoint::read_param(&s.dir, &s.meta, self.index, &mut s.files.borrow_mut());
+        let read =
+            checkpoint::read_tensor(&s.dir, &s.meta, &self.tensor, &mut s.files.borrow_mut());
         let values = match read {
             Ok(v) if self.transpose => transpose(&v, self.shape[1], self.shape[0]),
             Ok(v) => v,
@@ -127,17 +129,17 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<()> {
         error: RefCell::new(None),
     };
     let mut tensors = Vec::new();
-    for (index, p) in source.meta.layout.params.iter().enumerate() {
-        let (name, transpose) = export_name(args.names, &p.name, &p.shape);
+    for t in source.meta.layout.tensors() {
+        let (name, transpose) = export_name(args.names, &t.name, &t.shape);
         let shape = if transpose {
-            vec![p.shape[1], p.shape[0]]
+            vec![t.shape[1], t.shape[0]]
         } else {
-            p.shape.clone()
+            t.shape.clone()
         };
         tensors.push((
             name,
             Lazy {
-                index,
+                tensor: t,
                 shape,
                 transpose,
                 source: &source,

@@ -202,6 +202,12 @@ impl LoadedConfig {
             derived(&mut rows, "model.layers", d.n_layer.to_string(), &why);
             derived(&mut rows, "model.heads", d.n_head.to_string(), &why);
             derived(&mut rows, "model.width", d.n_embd.to_string(), &why);
+            derived(
+                &mut rows,
+                "model.vocab_block_rows",
+                d.block_rows().to_string(),
+                &format!("12 x width + 13: wte in {} unit(s)", d.vocab_blocks().len()),
+            );
         }
         derived(
             &mut rows,

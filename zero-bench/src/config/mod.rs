@@ -128,6 +128,11 @@ pub struct ModelConfig {
     /// Channels (overrides the preset's).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub width: Option<usize>,
+    /// Rows of the token table `wte` per unit (partitioned, gathered and reduced on its
+    /// own). Default: 12 x width + 13, one transformer block's worth of elements, so the
+    /// table never widens a layer's working set beyond a block's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vocab_block_rows: Option<usize>,
 }
 
 impl Default for ModelConfig {
@@ -139,6 +144,7 @@ impl Default for ModelConfig {
             layers: None,
             heads: None,
             width: None,
+            vocab_block_rows: None,
         }
     }
 }
@@ -236,6 +242,7 @@ pub fn resolve_model(m: &ModelConfig) -> Result<GptConfig, String> {
         n_layer: pick(m.layers, base.map(|d| d.n_layer), "layers")?,
         n_head: pick(m.heads, base.map(|d| d.n_head), "heads")?,
         n_embd: pick(m.width, base.map(|d| d.n_embd), "width")?,
+        vocab_block_rows: m.vocab_block_rows,
     })
 }
 
@@ -268,6 +275,11 @@ impl Config {
                         "model.heads ({}) must divide model.width ({}); pick heads among the divisors of the width",
                         d.n_head, d.n_embd
                     ),
+                );
+                need(
+                    &mut p,
+                    d.vocab_block_rows != Some(0),
+                    "model.vocab_block_rows is 0; leave it unset (one transformer block's worth) or give at least 1 row".into(),
                 );
                 need(
                     &mut p,

@@ -1,10 +1,12 @@
 //! Consolidated HDF5 model files: `--init-from` reads one, `--save-model` writes one.
 //!
 //! Layout (what `zero-bench ckpt consolidate` writes and h5py reads as-is): one dataset
-//! per parameter at the root of the file, named as docs/ARCHITECTURE.md lists them (`wte`, `wpe`,
-//! `h.{i}.attn.c_attn.weight`, ...), 32-bit float, row-major, with the parameter's shape
-//! ([out, in] for linear weights). Every parameter of the model must be present with its
-//! exact shape; tensors the model does not have are ignored with a warning.
+//! per tensor at the root of the file, named as docs/ARCHITECTURE.md lists them (`wte`, `wpe`,
+//! `h.{i}.attn.c_attn.weight`, ...), 32-bit float, row-major, with the tensor's shape
+//! ([out, in] for linear weights). A tensor the model holds in row blocks (`wte`) is one
+//! dataset of its whole shape, read block by block. Every tensor of the model must be
+//! present with its exact shape; tensors the model does not have are ignored with a
+//! warning.
 //!
 //! Loading goes through the engine's import interface (`Engine::import_unit`, then
 //! `finish_import`): each rank copies only the elements it keeps (its shard at stages
@@ -14,7 +16,9 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context};
+use hdf5::{Hyperslab, SliceOrIndex};
 use zero_comm::Communicator;
+use zero_core::layout::ParamLayout;
 use zero_core::{Engine, LossScaler, ModelSpec, PartitionLayout};
 use zero_kernels::device::Device;
 
@@ -30,63 +34,63 @@ fn shape_str(s: &[usize]) -> String {
 }
 
 impl InitFile {
-    /// Open `path` and check that it holds every parameter of `spec`, as f32 with the
-    /// right shape. Returns the names of tensors in the file the model does not use.
+    /// Open `path` and check that it holds every tensor of `spec` (a tensor split into
+    /// row blocks is one dataset of its whole shape), as f32 with the right shape.
+    /// Returns the names of tensors in the file the model does not use.
     pub fn open(path: &Path, spec: &ModelSpec) -> anyhow::Result<(InitFile, Vec<String>)> {
         let file = hdf5::File::open(path)
             .with_context(|| format!("opening the model file {} (HDF5)", path.display()))?;
         let names = file
             .member_names()
             .with_context(|| format!("listing the tensors of {}", path.display()))?;
+        let tensors = spec.tensors();
         let mut missing = Vec::new();
-        for unit in &spec.units {
-            for p in &unit.params {
-                if !names.contains(&p.name) {
-                    missing.push(format!("{} {}", p.name, shape_str(&p.shape)));
-                    continue;
-                }
-                let ds = file.dataset(&p.name).with_context(|| {
-                    format!(
-                        "{}: '{}' is not a dataset (expected f32 {})",
-                        path.display(),
-                        p.name,
-                        shape_str(&p.shape)
-                    )
-                })?;
-                let found = ds.shape();
-                if found != p.shape {
-                    let mut reversed = found.clone();
-                    reversed.reverse();
-                    let transposed = found.len() == 2 && reversed == p.shape;
-                    bail!(
-                        "{}: tensor '{}' has shape {}, the model expects {}; {}",
-                        path.display(),
-                        p.name,
-                        shape_str(&found),
-                        shape_str(&p.shape),
-                        if transposed {
-                            "weights are stored [out, in] (torch.nn.Linear); a Hugging Face \
-                             GPT-2 (Conv1D) export must transpose them"
-                        } else {
-                            "the file is for a different model size (check model.* in the config)"
-                        }
-                    );
-                }
-                let dtype = ds.dtype().with_context(|| {
-                    format!("{}: reading the type of '{}'", path.display(), p.name)
-                })?;
-                if !dtype.is::<f32>() {
-                    let found = dtype
-                        .to_descriptor()
-                        .map(|d| format!("{d:?}"))
-                        .unwrap_or_else(|_| "an unknown type".into());
-                    bail!(
-                        "{}: tensor '{}' is {found}, expected 32-bit float (in h5py: \
-                         f.create_dataset(name, data=x.astype('float32')))",
-                        path.display(),
-                        p.name
-                    );
-                }
+        for t in &tensors {
+            if !names.contains(&t.name) {
+                missing.push(format!("{} {}", t.name, shape_str(&t.shape)));
+                continue;
+            }
+            let ds = file.dataset(&t.name).with_context(|| {
+                format!(
+                    "{}: '{}' is not a dataset (expected f32 {})",
+                    path.display(),
+                    t.name,
+                    shape_str(&t.shape)
+                )
+            })?;
+            let found = ds.shape();
+            if found != t.shape {
+                let mut reversed = found.clone();
+                reversed.reverse();
+                let transposed = found.len() == 2 && reversed == t.shape;
+                bail!(
+                    "{}: tensor '{}' has shape {}, the model expects {}; {}",
+                    path.display(),
+                    t.name,
+                    shape_str(&found),
+                    shape_str(&t.shape),
+                    if transposed {
+                        "weights are stored [out, in] (torch.nn.Linear); a Hugging Face \
+                         GPT-2 (Conv1D) export must transpose them"
+                    } else {
+                        "the file is for a different model size (check model.* in the config)"
+                    }
+                );
+            }
+            let dtype = ds
+                .dtype()
+                .with_context(|| format!("{}: reading the type of '{}'", path.display(), t.name))?;
+            if !dtype.is::<f32>() {
+                let found = dtype
+                    .to_descriptor()
+                    .map(|d| format!("{d:?}"))
+                    .unwrap_or_else(|_| "an unknown type".into());
+                bail!(
+                    "{}: tensor '{}' is {found}, expected 32-bit float (in h5py: \
+                     f.create_dataset(name, data=x.astype('float32')))",
+                    path.display(),
+                    t.name
+                );
             }
         }
         if !missing.is_empty() {
@@ -95,14 +99,14 @@ impl InitFile {
                 "{} lacks {} of the model's {} tensors: {}{}",
                 path.display(),
                 missing.len(),
-                spec.units.iter().map(|u| u.params.len()).sum::<usize>(),
+                tensors.len(),
                 missing[..shown].join(", "),
                 if missing.len() > shown { ", ..." } else { "" }
             );
         }
         let extra: Vec<String> = names
             .into_iter()
-            .filter(|n| spec.find(n).is_none())
+            .filter(|n| tensors.iter().all(|t| &t.name != n))
             .collect();
         Ok((
             InitFile {
@@ -111,6 +115,37 @@ impl InitFile {
             },
             extra,
         ))
+    }
+
+    /// The values of one parameter: its whole dataset, or for a row block its rows of the
+    /// tensor's dataset (a hyperslab, so a split table is never read whole).
+    fn read_param(&self, p: &ParamLayout) -> anyhow::Result<Vec<f32>> {
+        let name = p.row_block.as_ref().map_or(p.name.as_str(), |b| &b.tensor);
+        let ds = self
+            .file
+            .dataset(name)
+            .with_context(|| format!("{}: opening '{name}'", self.path.display()))?;
+        let values: Vec<f32> = match &p.row_block {
+            None => ds.read_raw::<f32>(),
+            Some(b) => {
+                let rows = p.shape.first().copied().unwrap_or(0);
+                let mut sel = vec![SliceOrIndex::from(b.first_row..b.first_row + rows)];
+                sel.extend(p.shape.iter().skip(1).map(|_| SliceOrIndex::from(..)));
+                ds.read_slice::<f32, _, ndarray::IxDyn>(Hyperslab::from(sel))
+                    .map(|a| a.iter().copied().collect())
+            }
+        }
+        .with_context(|| format!("{}: reading '{}'", self.path.display(), p.name))?;
+        if values.len() != p.numel {
+            bail!(
+                "{}: '{}' holds {} values, expected {}",
+                self.path.display(),
+                p.name,
+                values.len(),
+                p.numel
+            );
+        }
+        Ok(values)
     }
 
     /// The file's path.
@@ -129,21 +164,7 @@ impl InitFile {
             // The unit's flat buffer: parameters at their offsets, zero padding after.
             let mut flat = vec![0.0f32; unit.padded_len];
             for p in &layout.params[unit.params.clone()] {
-                let values: Vec<f32> = self
-                    .file
-                    .dataset(&p.name)
-                    .and_then(|ds| ds.read_raw::<f32>())
-                    .with_context(|| format!("{}: reading '{}'", self.path.display(), p.name))?;
-                if values.len() != p.numel {
-                    bail!(
-                        "{}: '{}' holds {} values, expected {}",
-                        self.path.display(),
-                        p.name,
-                        values.len(),
-                        p.numel
-                    );
-                }
-                flat[p.offset..p.offset + p.numel].copy_from_slice(&values);
+                flat[p.offset..p.offset + p.numel].copy_from_slice(&self.read_param(p)?);
             }
             // The master of what this rank keeps; Adam's moments start at zero.
             let kept = engine
@@ -189,13 +210,19 @@ pub fn save(
         unit_start.push(at);
         at += unit.numel;
     }
-    for p in &layout.params {
-        let from = unit_start[p.unit] + p.offset;
+    // One dataset per whole tensor: a split tensor's row blocks joined in row order.
+    for t in layout.tensors() {
+        let mut whole = Vec::with_capacity(t.numel());
+        for &(i, _) in &t.parts {
+            let p = &layout.params[i];
+            let from = unit_start[p.unit] + p.offset;
+            whole.extend_from_slice(&values[from..from + p.numel]);
+        }
         file.new_dataset::<f32>()
-            .shape(p.shape.clone())
-            .create(p.name.as_str())
-            .and_then(|ds| ds.write_raw(&values[from..from + p.numel]))
-            .with_context(|| format!("{}: writing '{}'", path.display(), p.name))?;
+            .shape(t.shape.clone())
+            .create(t.name.as_str())
+            .and_then(|ds| ds.write_raw(&whole))
+            .with_context(|| format!("{}: writing '{}'", path.display(), t.name))?;
     }
     file.flush()
         .with_context(|| format!("flushing {}", path.display()))?;
