@@ -19,3 +19,86 @@ pub fn lowest_failing_rank<C: Communicator>(comm: &C, failed: bool) -> Result<Op
     comm.all_reduce(&mut flag[..], ReduceOp::Max)?;
     Ok((flag[0] > 0.0).then(|| n - flag[0] as usize))
 }
+
+/// The longest message [`gather_failures`] carries per rank, in bytes (longer ones are
+/// cut at a character boundary and end in "...").
+pub const MAX_FAILURE_BYTES: usize = 4096;
+
+/// Every failing rank's own message, agreed on every rank, in rank order: each rank
+/// passes its error text (`None`: it succeeded), and every rank gets the list, so that
+/// whoever reports the failure (rank 0) can print what went wrong where, not just that
+/// some rank failed. Collective: one all-reduce, then one all-gather of the longest
+/// message's length per rank when any rank failed.
+pub fn gather_failures<C: Communicator>(
+    comm: &C,
+    mine: Option<&str>,
+) -> Result<Vec<(usize, String)>> {
+    let bytes = mine.map(|m| truncate(m, MAX_FAILURE_BYTES));
+    // Longest message + 1 (0: nobody failed); +1 tells an empty message from success.
+    let mut width = [bytes.as_ref().map_or(0.0, |b| (b.len() + 1) as f64)];
+    comm.all_reduce(&mut width[..], ReduceOp::Max)?;
+    let width = width[0] as usize;
+    if width == 0 {
+        return Ok(Vec::new());
+    }
+    // Each rank's block: a flag byte (1: failed) then its message, zero-padded.
+    let mut block = vec![0u8; width];
+    if let Some(b) = &bytes {
+        block[0] = 1;
+        block[1..=b.len()].copy_from_slice(b);
+    }
+    let mut all = vec![0u8; width * comm.size()];
+    comm.all_gather(&block[..], &mut all[..])?;
+    Ok(all
+        .chunks_exact(width)
+        .enumerate()
+        .filter(|(_, b)| b[0] == 1)
+        .map(|(rank, b)| {
+            let text = &b[1..];
+            let end = text.iter().position(|&x| x == 0).unwrap_or(text.len());
+            (rank, String::from_utf8_lossy(&text[..end]).into_owned())
+        })
+        .collect())
+}
+
+/// `s` as bytes, at most `max` (cut at a character boundary, "..." appended), with NUL
+/// bytes replaced (they end a message on the wire).
+fn truncate(s: &str, max: usize) -> Vec<u8> {
+    let clean = s.replace('\0', " ");
+    if clean.len() <= max {
+        return clean.into_bytes();
+    }
+    let mut end = max - 3;
+    while !clean.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &clean[..end]).into_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_rank_learns_each_failing_ranks_message() {
+        let results = crate::run_local(4, Default::default(), |comm| {
+            let mine = match comm.rank() {
+                1 => Some("rank one's reason: checksum mismatch in 'rank-00001.h5'".to_string()),
+                3 => Some("x".repeat(10_000) + "é"),
+                _ => None,
+            };
+            gather_failures(&comm, mine.as_deref())
+        });
+        for r in results {
+            let got = r.unwrap().unwrap();
+            assert_eq!(got.len(), 2);
+            assert_eq!(got[0].0, 1);
+            assert!(got[0].1.contains("checksum mismatch"));
+            assert_eq!(got[1].0, 3);
+            assert_eq!(got[1].1.len(), MAX_FAILURE_BYTES);
+            assert!(got[1].1.ends_with("..."));
+        }
+        let none = crate::run_local(3, Default::default(), |comm| gather_failures(&comm, None));
+        assert!(none.into_iter().all(|r| r.unwrap().unwrap().is_empty()));
+    }
+}

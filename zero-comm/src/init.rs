@@ -102,11 +102,15 @@ pub fn init_with(config: CommConfig) -> Result<(MpiContext, MpiComm)> {
         ))
     })?;
     let watchdog = match config.timeout {
-        Some(t) => Some(Watchdog::start(world_rank, t).map_err(|e| {
-            CommError::Init(format!(
-                "rank {world_rank}: cannot start the watchdog thread: {e}"
-            ))
-        })?),
+        Some(t) => {
+            let (dog, port) = Watchdog::start(world_rank, t).map_err(|e| {
+                CommError::Init(format!(
+                    "rank {world_rank}: cannot start the watchdog and its heartbeat server: {e}"
+                ))
+            })?;
+            dog.set_peers(exchange_addresses(world_rank, world_size, port)?);
+            Some(dog)
+        }
         None => None,
     };
     let mut dup = std::mem::MaybeUninit::<ffi::MPI_Comm>::uninit();
@@ -139,6 +143,38 @@ pub fn init_with(config: CommConfig) -> Result<(MpiContext, MpiComm)> {
         },
         world,
     ))
+}
+
+/// Every rank's heartbeat address: one MPI_Allgather of fixed-size blocks on
+/// MPI_COMM_WORLD itself (not on our duplicate: its calls are counted and numbered).
+fn exchange_addresses(
+    world_rank: usize,
+    world_size: usize,
+    port: u16,
+) -> Result<Vec<crate::heartbeat::Peer>> {
+    use crate::heartbeat::{decode_addresses, encode_address, ADDRESS_BYTES};
+    let mine = encode_address(port);
+    let mut all = vec![0u8; ADDRESS_BYTES * world_size];
+    // SAFETY: `mine` holds ADDRESS_BYTES bytes and `all` that many per rank; MPI writes
+    // only `all`. Collective over the world, called by every rank at the same point.
+    let rc = unsafe {
+        ffi::MPI_Allgather(
+            mine.as_ptr() as *const std::os::raw::c_void,
+            ADDRESS_BYTES as i32,
+            ffi::RSMPI_UINT8_T,
+            all.as_mut_ptr() as *mut std::os::raw::c_void,
+            ADDRESS_BYTES as i32,
+            ffi::RSMPI_UINT8_T,
+            ffi::RSMPI_COMM_WORLD,
+        )
+    };
+    if rc != 0 {
+        return Err(CommError::Init(format!(
+            "rank {world_rank}: exchanging the watchdog's heartbeat addresses failed: {}",
+            mpi_error_string(rc)
+        )));
+    }
+    Ok(decode_addresses(&all))
 }
 
 fn install_panic_hook(world_rank: usize) {

@@ -22,6 +22,7 @@ pub mod buffer;
 pub mod communicator;
 pub mod config;
 pub mod error;
+mod heartbeat;
 mod init;
 pub mod local;
 mod mpi;
@@ -31,7 +32,7 @@ pub mod selftest;
 pub mod stats;
 mod watchdog;
 
-pub use agree::lowest_failing_rank;
+pub use agree::{gather_failures, lowest_failing_rank};
 pub use buffer::{CommBuf, CommBufMut, Location};
 pub use communicator::{Communicator, InFlight, RawBuf, RawCall, ReduceOp};
 pub use config::{CommConfig, HalfSum};

@@ -1,15 +1,20 @@
 //! The watchdog: a thread that aborts the job when a collective has not finished within
 //! the configured timeout, after printing which one (communicator, sequence number,
-//! collective, element count, dtype). Every rank stuck in the same collective fires at
-//! about the same moment; each waits a short grace period before MPI_Abort so that the
-//! others' lines get printed too.
+//! collective, element count, dtype) and which ranks are behind: it asks every other rank
+//! over the heartbeat side channel (`heartbeat.rs`) what it last completed and where it
+//! is now, and the lowest rank waiting in the collective prints the ranks that are not in
+//! it, with their hosts, and those that do not answer (a stopped or hung process). Every
+//! rank stuck in the same collective fires at about the same moment; each waits a grace
+//! period before MPI_Abort so that the report gets printed first.
 
 use crate::stats::CollectiveKind;
 use crate::DType;
 use std::collections::HashMap;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use crate::heartbeat::{self, Call, Calls, Completed, Peer};
 use std::time::{Duration, Instant};
 
 /// Exit code of a job the watchdog aborted.
@@ -35,7 +40,35 @@ pub(crate) struct Watchdog {
     timeout: Duration,
     next_id: AtomicU64,
     in_flight: Mutex<HashMap<u64, Entry>>,
+    /// The last collective completed on each communicator (for the heartbeat's answers).
+    completed: Mutex<Completed>,
+    /// Every rank's heartbeat address (set once after MPI is up).
+    peers: OnceLock<Vec<Peer>>,
     stop: AtomicBool,
+}
+
+impl heartbeat::State for Watchdog {
+    fn snapshot(&self) -> (Calls, Calls) {
+        let waiting = self
+            .in_flight
+            .lock()
+            .map(|m| {
+                m.values()
+                    .map(|e| (e.kind, e.seq, e.comm.clone()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let done = self
+            .completed
+            .lock()
+            .map(|m| {
+                m.iter()
+                    .map(|(c, &(seq, kind))| (kind, seq, c.clone()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        (waiting, done)
+    }
 }
 
 /// What to watch for one collective; [`WatchSpec::enter`] starts the clock. Blocking
@@ -66,29 +99,48 @@ pub(crate) struct WatchToken {
 
 impl Drop for WatchToken {
     fn drop(&mut self) {
-        if let Ok(mut m) = self.dog.in_flight.lock() {
-            m.remove(&self.id);
+        let done = self
+            .dog
+            .in_flight
+            .lock()
+            .ok()
+            .and_then(|mut m| m.remove(&self.id));
+        if let (Some(e), Ok(mut c)) = (done, self.dog.completed.lock()) {
+            let last = c.entry(e.comm).or_insert((e.seq, e.kind));
+            if e.seq >= last.0 {
+                *last = (e.seq, e.kind);
+            }
         }
     }
 }
 
 impl Watchdog {
-    /// Start the watching thread.
-    pub(crate) fn start(world_rank: usize, timeout: Duration) -> std::io::Result<Arc<Self>> {
+    /// Start the watching thread and the heartbeat server; returns the watchdog and the
+    /// server's port (the caller exchanges the addresses and hands them to
+    /// [`Watchdog::set_peers`]).
+    pub(crate) fn start(world_rank: usize, timeout: Duration) -> std::io::Result<(Arc<Self>, u16)> {
         let dog = Arc::new(Watchdog {
             world_rank,
             timeout,
             next_id: AtomicU64::new(0),
             in_flight: Mutex::new(HashMap::new()),
+            completed: Mutex::new(HashMap::new()),
+            peers: OnceLock::new(),
             stop: AtomicBool::new(false),
         });
+        let port = heartbeat::serve(world_rank, Arc::clone(&dog) as Arc<dyn heartbeat::State>)?;
         let d = Arc::clone(&dog);
         // Poll often enough that the abort comes within ~10% of the timeout.
         let poll = (timeout / 10).clamp(Duration::from_millis(10), Duration::from_millis(500));
         std::thread::Builder::new()
             .name("zero-comm-watchdog".into())
             .spawn(move || d.run(poll))?;
-        Ok(dog)
+        Ok((dog, port))
+    }
+
+    /// Every rank's heartbeat address, in rank order (once, after the exchange).
+    pub(crate) fn set_peers(&self, peers: Vec<Peer>) {
+        let _ = self.peers.set(peers);
     }
 
     pub(crate) fn stop(&self) {
@@ -150,7 +202,28 @@ impl Watchdog {
                     self.timeout.as_secs_f64()
                 ));
                 let _ = std::io::stderr().flush();
-                std::thread::sleep(GRACE);
+                // Ask the others where they are; the lowest rank waiting here reports.
+                let stuck = Call {
+                    kind: e.kind.name().to_string(),
+                    seq: e.seq,
+                    comm: e.comm.clone(),
+                };
+                let grace = match self.peers.get() {
+                    Some(peers) => {
+                        let answers = heartbeat::ask_all(peers, self.world_rank);
+                        match heartbeat::report(self.world_rank, &stuck, &answers, peers) {
+                            Some(text) => {
+                                crate::init::line_to_stderr(&text);
+                                GRACE
+                            }
+                            // Leave the reporting rank time to print before the abort.
+                            None => GRACE + 3 * heartbeat::ANSWER_TIMEOUT,
+                        }
+                    }
+                    None => GRACE,
+                };
+                let _ = std::io::stderr().flush();
+                std::thread::sleep(grace);
                 crate::init::abort_world(WATCHDOG_EXIT_CODE);
             }
         }
