@@ -103,6 +103,65 @@ fn token_outside_vocab_is_reported_with_its_position() {
     let (mut x, mut y) = (Vec::new(), Vec::new());
     assert!(order.fill(&t, 0, 0, &mut x, &mut y).is_err());
     assert!(Tokens::from_vec("mem", vec![0, 9], 5).is_err());
+    // The up-front scan finds the first one, in any range, on either storage.
+    assert_eq!(t.first_out_of_vocab(0..4, |_| {}), Some((2, 300)));
+    assert_eq!(t.first_out_of_vocab(3..4, |_| {}), None);
+    assert_eq!(
+        t.first_out_of_vocab(0..100, |_| {}),
+        Some((2, 300)),
+        "range clipped"
+    );
+    let _ = std::fs::remove_file(p);
+    // Past the scan's chunk of 2^24 tokens, with progress reported per chunk.
+    let mut big = vec![7u16; (1 << 24) + 10];
+    big[(1 << 24) + 3] = 999;
+    let p = tmp("vocab-big.bin");
+    write_llmc(&p, &big).expect("write");
+    let t = Tokens::open(&p, TokenFormat::Auto, 500).expect("opens");
+    let mut calls = Vec::new();
+    let found = t.first_out_of_vocab(0..t.len(), |done| calls.push(done));
+    assert_eq!(found, Some(((1 << 24) + 3, 999)));
+    assert_eq!(calls, vec![1 << 24]);
+    let mem = Tokens::from_vec("mem", vec![1, 2, 3], 4).expect("valid");
+    assert_eq!(mem.first_out_of_vocab(0..3, |_| {}), None);
+    let _ = std::fs::remove_file(p);
+}
+
+/// A header shaped like llm.c's (version, token count matching the length, zeros after)
+/// with another magic, or another version, is an error when the format is detected,
+/// never read as raw tokens.
+#[test]
+fn an_llmc_looking_header_with_a_wrong_magic_or_version_is_refused() {
+    let p = tmp("llmc-like.bin");
+    write_llmc(&p, &[1, 2, 3, 4, 5]).expect("write");
+    let good = std::fs::read(&p).expect("read");
+    let mut wrong = good.clone();
+    wrong[0..4].copy_from_slice(&20240801i32.to_le_bytes());
+    std::fs::write(&p, &wrong).expect("write");
+    let e = Tokens::open(&p, TokenFormat::Auto, 10)
+        .err()
+        .expect("wrong magic");
+    assert!(
+        matches!(
+            e,
+            DataError::WrongMagic {
+                found: 20240801,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let mut v2 = good.clone();
+    v2[4..8].copy_from_slice(&2i32.to_le_bytes());
+    std::fs::write(&p, &v2).expect("write");
+    let e = Tokens::open(&p, TokenFormat::Auto, 10)
+        .err()
+        .expect("wrong version");
+    assert!(matches!(e, DataError::WrongVersion { found: 2, .. }), "{e}");
+    // Raw tokens that merely start with a large number stay raw tokens.
+    write_nanogpt(&p, &[54000, 300, 7, 9]).expect("write");
+    let t = Tokens::open(&p, TokenFormat::Auto, 60000).expect("raw tokens");
+    assert_eq!(t.len(), 4);
     let _ = std::fs::remove_file(p);
 }
 

@@ -54,6 +54,22 @@ fn header_i32(map: &[u8], i: usize) -> i32 {
     i32::from_le_bytes([map[4 * i], map[4 * i + 1], map[4 * i + 2], map[4 * i + 3]])
 }
 
+/// Whether the file starts with what llm.c writes, whatever its magic: a small version
+/// ([1]), a token count ([2]) that the file's length matches for 2- or 4-byte tokens, and
+/// zeros in the rest of the 256 int32. (Raw tokens do that by chance with odds of about
+/// 2^-8000.)
+fn looks_like_llmc_header(map: &[u8]) -> bool {
+    if map.len() < LLMC_HEADER_BYTES {
+        return false;
+    }
+    let (version, count) = (header_i32(map, 1), header_i32(map, 2));
+    let body = (map.len() - LLMC_HEADER_BYTES) as u64;
+    (1..=16).contains(&version)
+        && count > 0
+        && (body == 2 * count as u64 || body == 4 * count as u64)
+        && (3..256).all(|i| header_i32(map, i) == 0)
+}
+
 impl Tokens {
     /// Map a token file; tokens are checked against `vocab` as they are read.
     pub fn open(path: &Path, format: TokenFormat, vocab: usize) -> Result<Self, DataError> {
@@ -63,8 +79,10 @@ impl Tokens {
         let map = unsafe { Mmap::map(&file) }.map_err(|e| io_err(path, e))?;
         let p = PathBuf::from(path);
         let is_llmc = map.len() >= 4 && header_i32(&map, 0) == LLMC_MAGIC;
+        // A header shaped like llm.c's but with another magic is a wrong file (or another
+        // llm.c format), not raw tokens that happen to start oddly.
         let format = match format {
-            TokenFormat::Auto if is_llmc => TokenFormat::LlmC,
+            TokenFormat::Auto if is_llmc || looks_like_llmc_header(&map) => TokenFormat::LlmC,
             TokenFormat::Auto => TokenFormat::NanoGpt,
             f => f,
         };
@@ -152,6 +170,43 @@ impl Tokens {
             vocab,
             name: name.to_string(),
         })
+    }
+
+    /// The first token in `range` outside the vocabulary, as (position, token), reading
+    /// the tokens without checking them one by one; `progress(done)` is called every
+    /// 2^24 tokens with the tokens read so far. Scanning a 10 GB file this way takes
+    /// seconds; split the range across ranks to share it.
+    pub fn first_out_of_vocab(
+        &self,
+        range: std::ops::Range<usize>,
+        mut progress: impl FnMut(usize),
+    ) -> Option<(usize, u16)> {
+        const CHUNK: usize = 1 << 24;
+        let range = range.start.min(self.len)..range.end.min(self.len);
+        let vocab = self.vocab.min(1 << 16) as u32;
+        let mut at = range.start;
+        while at < range.end {
+            let end = (at + CHUNK).min(range.end);
+            let found = match &self.storage {
+                Storage::Mapped(map, off) => map[off + 2 * at..off + 2 * end]
+                    .chunks_exact(2)
+                    .position(|b| u16::from_le_bytes([b[0], b[1]]) as u32 >= vocab),
+                Storage::Owned(v) => v[at..end].iter().position(|&t| t as u32 >= vocab),
+            };
+            if let Some(i) = found {
+                let pos = at + i;
+                let token = match &self.storage {
+                    Storage::Mapped(map, off) => {
+                        u16::from_le_bytes([map[off + 2 * pos], map[off + 2 * pos + 1]])
+                    }
+                    Storage::Owned(v) => v[pos],
+                };
+                return Some((pos, token));
+            }
+            at = end;
+            progress(at - range.start);
+        }
+        None
     }
 
     /// Number of tokens.

@@ -25,8 +25,9 @@ pub enum DataError {
         /// The cause.
         source: std::io::Error,
     },
-    /// An llm.c file whose header does not start with the magic number.
-    #[error("{path}: not an llm.c token file: header magic is {found}, expected {LLMC_MAGIC}")]
+    /// An llm.c file (or a file with a header shaped like llm.c's) whose header does
+    /// not start with the token-file magic number.
+    #[error("{path}: not an llm.c token file: its header magic is {found}, llm.c token files have {LLMC_MAGIC} (version {LLMC_VERSION}, uint16 tokens); re-export the tokens with llm.c's data scripts or `zero-bench data tokenize`")]
     WrongMagic {
         /// The file.
         path: PathBuf,
