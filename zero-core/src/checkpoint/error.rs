@@ -74,15 +74,16 @@ pub enum CheckpointError {
         /// What differs, with both values.
         reason: String,
     },
-    /// Another rank failed; its own error is in its log.
-    #[error("rank {rank} failed to {what} the checkpoint in '{path}' (its error is in its log)")]
-    Peer {
-        /// The failing rank (the lowest one when several failed).
-        rank: usize,
+    /// Some ranks failed: each failing rank's own message, known on every rank (so rank 0
+    /// prints what went wrong where).
+    #[error("{what} of the checkpoint in '{}' failed on {} rank(s):{}", path.display(), failures.len(), list(failures))]
+    Ranks {
         /// "save" or "load".
         what: &'static str,
         /// The directory concerned.
         path: PathBuf,
+        /// (rank, its error), in rank order.
+        failures: Vec<(usize, String)>,
     },
     /// A bad argument (keep_last = 0...).
     #[error("{0}")]
@@ -120,4 +121,12 @@ impl From<zero_comm::CommError> for CheckpointError {
     fn from(e: zero_comm::CommError) -> Self {
         CheckpointError::Engine(EngineError::Comm(e))
     }
+}
+
+/// One indented line per failing rank.
+fn list(failures: &[(usize, String)]) -> String {
+    failures
+        .iter()
+        .map(|(r, m)| format!("\n  rank {r}: {m}"))
+        .collect()
 }

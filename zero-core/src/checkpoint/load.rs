@@ -8,14 +8,14 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use zero_comm::{lowest_failing_rank, Communicator};
+use zero_comm::Communicator;
 use zero_kernels::device::Device;
 
 use super::meta::Meta;
 use super::shard::{ShardReader, KINDS};
 use super::{rank_file, CheckpointError, LATEST};
 use crate::config::Stage;
-use crate::engine::Engine;
+use crate::engine::{Engine, LossScaler};
 use crate::layout::PartitionLayout;
 
 /// What was loaded.
@@ -68,17 +68,7 @@ pub fn load<D: Device, C: Communicator>(
         fill(engine, &dir, &meta)?;
         Ok(LoadInfo { dir, meta })
     });
-    if let Some(bad) = lowest_failing_rank(comm, read.is_err())? {
-        return Err(match read {
-            Err(e) => e,
-            Ok(_) => CheckpointError::Peer {
-                rank: bad,
-                what: "load",
-                path: path.to_path_buf(),
-            },
-        });
-    }
-    let info = read?;
+    let info = super::agree(comm, read, "load", path)?;
     let m = &info.meta;
     if comm.rank() == 0 && m.seed != engine.config().seed {
         log::warn!(
@@ -88,7 +78,46 @@ pub fn load<D: Device, C: Communicator>(
             engine.config().seed
         );
     }
-    engine.finish_import(m.step, m.applied, m.scaler.clone())?;
+    // What belongs to the precision comes from this run's configuration when the
+    // precision changed: an fp32 checkpoint resumed in fp16 scales dynamically from the
+    // configured initial scale, an fp16 one resumed in fp32 has no scaler.
+    let precision = engine.config().precision.clone();
+    let same_precision =
+        m.precision == precision.dtype && m.scaler.enabled == precision.loss_scaling();
+    let scaler = if same_precision {
+        m.scaler.with_policy_of(&precision)
+    } else {
+        LossScaler::new(&precision)
+    };
+    let mut history = m.history.clone();
+    history.push(format!(
+        "after step {}: resumed from '{}' (saved by {} rank(s) at {:?}, {:?}) on {} rank(s) at {:?}, {:?}",
+        m.step,
+        info.dir.display(),
+        m.world,
+        m.stage,
+        m.precision,
+        comm.size(),
+        engine.config().zero.stage,
+        precision.dtype
+    ));
+    if !same_precision {
+        let change = format!(
+            "after step {}: precision {:?} (loss scaling {}) -> {:?} (loss scaling {}): the loss scaler restarts from this run's configuration (scale {})",
+            m.step,
+            m.precision,
+            if m.scaler.enabled { "on" } else { "off" },
+            precision.dtype,
+            if scaler.enabled { "on" } else { "off" },
+            scaler.scale
+        );
+        if comm.rank() == 0 {
+            log::warn!("{change}");
+        }
+        history.push(change);
+    }
+    engine.finish_import(m.step, m.applied, scaler)?;
+    engine.restore_run(m.loss_guard.clone(), history);
     if comm.rank() == 0 {
         log::info!(
             "loaded checkpoint '{}' (step {}, saved by {} ranks at {:?}, loaded on {} at {:?})",

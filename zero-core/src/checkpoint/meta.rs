@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use super::shard::KINDS;
 use super::{CheckpointError, BLOCK_ELEMS};
 use crate::config::{EngineConfig, Precision, Stage};
+use crate::engine::guard::LossGuard;
 use crate::engine::LossScaler;
 use crate::layout::PartitionLayout;
 
@@ -49,6 +50,13 @@ pub struct Meta {
     /// The application's own configuration as it gave it (zero-bench: its TOML), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub app_config: Option<String>,
+    /// What happened to the training beyond its steps, oldest first (resumes, precision
+    /// and batch changes): [`crate::Engine::history`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<String>,
+    /// The loss guard's recent losses and divergence count.
+    #[serde(default)]
+    pub loss_guard: LossGuard,
     /// Elements per checksummed block.
     pub block_elems: usize,
     /// CRC32 (IEEE) per block: `crc32[rank][unit * 3 + kind][block]`, `kind` in
@@ -80,6 +88,8 @@ impl Meta {
             layout: layout.clone(),
             engine: config.clone(),
             app_config: app_config.map(str::to_string),
+            history: Vec::new(),
+            loss_guard: LossGuard::default(),
             block_elems: BLOCK_ELEMS,
             crc32: Vec::new(),
         }
@@ -121,6 +131,9 @@ impl Meta {
                 meta.format, meta.format_version
             )));
         }
+        meta.layout
+            .check_consistent()
+            .map_err(|e| bad(e.to_string()))?;
         if meta.world != meta.layout.world || meta.world == 0 {
             return Err(bad(format!(
                 "world {} but the layout is for {} ranks",

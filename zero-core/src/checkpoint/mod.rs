@@ -55,7 +55,10 @@ pub use load::{load, resolve, LoadInfo};
 pub use meta::{Meta, FORMAT_NAME, FORMAT_VERSION};
 pub use save::{clean_partial, save, SaveOptions};
 pub use shard::{block_crcs, ShardReader, ShardWriter, BLOCK_ELEMS, KINDS};
-pub use tools::{consolidate, read_consolidated, read_param, read_tensor, verify, VerifyReport};
+pub use tools::{
+    consolidate, partial_path, read_consolidated, read_param, read_tensor, verify, write_whole,
+    VerifyReport,
+};
 
 /// The metadata file's name inside a step directory.
 pub const META_FILE: &str = "meta.json";
@@ -65,6 +68,29 @@ pub const LATEST: &str = "latest";
 /// Name of rank `r`'s shard file.
 pub fn rank_file(rank: usize) -> String {
     format!("rank-{rank:05}.h5")
+}
+
+/// Agree across ranks on a part of a save or load that each rank (or rank 0 alone) did:
+/// `Ok` on every rank, or on every rank [`CheckpointError::Ranks`] carrying each failing
+/// rank's own message, so that whoever reports it says what failed where. On one rank the
+/// error is returned as it is. Collective.
+pub(crate) fn agree<T, C: zero_comm::Communicator>(
+    comm: &C,
+    result: Result<T, CheckpointError>,
+    what: &'static str,
+    path: &std::path::Path,
+) -> Result<T, CheckpointError> {
+    let mine = result.as_ref().err().map(|e| e.to_string());
+    let failures = zero_comm::gather_failures(comm, mine.as_deref())?;
+    match result {
+        Ok(v) if failures.is_empty() => Ok(v),
+        Err(e) if comm.size() == 1 => Err(e),
+        _ => Err(CheckpointError::Ranks {
+            what,
+            path: path.to_path_buf(),
+            failures,
+        }),
+    }
 }
 
 /// Name of the step directory of step `step`.

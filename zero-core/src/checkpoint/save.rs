@@ -17,7 +17,7 @@
 
 use std::path::{Path, PathBuf};
 
-use zero_comm::{lowest_failing_rank, Communicator};
+use zero_comm::Communicator;
 use zero_kernels::device::Device;
 
 use super::meta::Meta;
@@ -104,7 +104,7 @@ pub fn save<D: Device, C: Communicator>(
 
     // 1. Rank 0 prepares the temporary directory and broadcasts its nonce.
     let mut head = [0i64; 2];
-    let mut prep_err = None;
+    let mut prepared = Ok(());
     if rank == 0 {
         let nonce = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -113,72 +113,51 @@ pub fn save<D: Device, C: Communicator>(
             ^ ((std::process::id() as i64) << 32);
         let nonce = nonce & i64::MAX;
         let tmp = root.join(format!("tmp-step-{step}-{nonce:x}"));
-        let prepared = std::fs::create_dir_all(root)
+        prepared = std::fs::create_dir_all(root)
             .map_err(CheckpointError::io("create directory", root))
             .and_then(|_| clean_partial(root, None))
             .and_then(|_| {
                 std::fs::create_dir(&tmp).map_err(CheckpointError::io("create directory", &tmp))
             });
-        match prepared {
-            Ok(()) => head = [1, nonce],
-            Err(e) => prep_err = Some(e),
-        }
+        head = [1, nonce];
     }
+    super::agree(comm, prepared, "save", root)?;
     comm.broadcast(&mut head[..], 0)?;
-    if head[0] != 1 {
-        return Err(prep_err.unwrap_or(CheckpointError::Peer {
-            rank: 0,
-            what: "save",
-            path: root.to_path_buf(),
-        }));
-    }
     let tmp = root.join(format!("tmp-step-{step}-{:x}", head[1]));
 
     // 2. Every rank writes its own file.
     let written = write_shard(engine, &tmp, opts);
     // 3. Agree before anything becomes visible.
-    if let Some(bad) = lowest_failing_rank(comm, written.is_err())? {
-        if rank == 0 {
-            if let Err(e) = std::fs::remove_dir_all(&tmp) {
-                log::warn!("could not remove '{}': {e}", tmp.display());
+    let crcs = match super::agree(comm, written, "save", &tmp) {
+        Ok(crcs) => crcs,
+        Err(e) => {
+            if rank == 0 {
+                if let Err(e) = std::fs::remove_dir_all(&tmp) {
+                    log::warn!("could not remove '{}': {e}", tmp.display());
+                }
             }
+            // No rank returns before the partial directory is gone.
+            comm.barrier()?;
+            return Err(e);
         }
-        return Err(match written {
-            Err(e) => e,
-            Ok(_) => CheckpointError::Peer {
-                rank: bad,
-                what: "save",
-                path: tmp,
-            },
-        });
-    }
-    let crcs = written?;
+    };
 
     // 4. Checksums to rank 0, metadata, renames.
     let flat: Vec<i64> = crcs.iter().flatten().flatten().map(|&c| c as i64).collect();
     let mut all = vec![0i64; flat.len() * world];
     comm.all_gather(&flat[..], &mut all[..])?;
-    let mut outcome = [1i64];
-    let mut publish_err = None;
+    let mut published = Ok(());
     let final_dir = root.join(step_dir_name(step));
     if rank == 0 {
-        let published = publish(engine, root, &tmp, &final_dir, &crcs, &all, head[1], opts);
-        if let Err(e) = published {
-            outcome[0] = 0;
+        published = publish(engine, root, &tmp, &final_dir, &crcs, &all, head[1], opts);
+        // (The temporary directory is gone when the failure came after its rename.)
+        if published.is_err() && tmp.exists() {
             if let Err(e) = std::fs::remove_dir_all(&tmp) {
                 log::warn!("could not remove '{}': {e}", tmp.display());
             }
-            publish_err = Some(e);
         }
     }
-    comm.broadcast(&mut outcome[..], 0)?;
-    if outcome[0] != 1 {
-        return Err(publish_err.unwrap_or(CheckpointError::Peer {
-            rank: 0,
-            what: "save",
-            path: root.to_path_buf(),
-        }));
-    }
+    super::agree(comm, published, "save", root)?;
     if rank == 0 {
         log::info!(
             "saved checkpoint '{}' (step {step}, {world} ranks)",
@@ -237,6 +216,8 @@ fn publish<D: Device, C: Communicator>(
         engine.scaler(),
         opts.app_config,
     );
+    meta.history = engine.history().to_vec();
+    meta.loss_guard = engine.loss_guard().clone();
     // Reshape the gathered CRCs like this rank's (every rank has the same block counts).
     let per_rank = all.len() / world;
     for r in 0..world {

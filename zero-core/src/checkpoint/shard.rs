@@ -155,9 +155,44 @@ impl ShardReader {
         crcs: &[u32],
         block: usize,
     ) -> Result<Vec<f32>, CheckpointError> {
+        // The dataset's size first: a corrupt metadata file must not make us allocate
+        // what it claims.
+        self.dataset_of(unit, kind, len)?;
+        if range.end > len || range.start > range.end {
+            return Err(CheckpointError::Invalid(format!(
+                "read of {}..{} from '{}' of {len} elements in '{}'",
+                range.start,
+                range.end,
+                dataset_name(unit, kind),
+                self.path.display()
+            )));
+        }
         let mut out = vec![0.0f32; range.len()];
         self.read_checked_into(unit, kind, range, len, crcs, block, &mut out)?;
         Ok(out)
+    }
+
+    /// Dataset `kind` of unit `unit`, checked to be 1-D of `len` elements.
+    fn dataset_of(
+        &self,
+        unit: usize,
+        kind: usize,
+        len: usize,
+    ) -> Result<hdf5::Dataset, CheckpointError> {
+        let name = dataset_name(unit, kind);
+        let ds = self
+            .file
+            .dataset(&name)
+            .map_err(CheckpointError::h5(&self.path, &name))?;
+        if ds.size() != len || ds.ndim() != 1 {
+            return Err(CheckpointError::Shape {
+                path: self.path.clone(),
+                dataset: name,
+                found: ds.size(),
+                expected: len,
+            });
+        }
+        Ok(ds)
     }
 
     /// [`Self::read_checked`] into `out` (`range.len()` elements). A whole dataset is
@@ -175,18 +210,7 @@ impl ShardReader {
         out: &mut [f32],
     ) -> Result<(), CheckpointError> {
         let name = dataset_name(unit, kind);
-        let ds = self
-            .file
-            .dataset(&name)
-            .map_err(CheckpointError::h5(&self.path, &name))?;
-        if ds.size() != len || ds.ndim() != 1 {
-            return Err(CheckpointError::Shape {
-                path: self.path.clone(),
-                dataset: name,
-                found: ds.size(),
-                expected: len,
-            });
-        }
+        let ds = self.dataset_of(unit, kind, len)?;
         if range.end > len || range.start > range.end || out.len() != range.len() || block == 0 {
             return Err(CheckpointError::Invalid(format!(
                 "read of {}..{} into {} elements from '{name}' of {len} elements in '{}' (checksum block {block})",

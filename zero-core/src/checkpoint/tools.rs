@@ -122,11 +122,58 @@ pub fn read_tensor(
     Ok(values)
 }
 
+/// The temporary name an output is written under before it is renamed to `out`: in
+/// the same directory (so the rename is atomic), hidden, with the process id.
+pub fn partial_path(out: &Path) -> PathBuf {
+    let name = out
+        .file_name()
+        .map_or("output".into(), |n| n.to_string_lossy().into_owned());
+    out.with_file_name(format!(".{name}.partial-{}", std::process::id()))
+}
+
+/// Write `out` through [`partial_path`]: `write` fills the temporary file; it is renamed
+/// to `out` only when complete, and removed on failure, so `out` is either absent or
+/// whole. An existing `out` is an error (never overwritten).
+pub fn write_whole<T>(
+    out: &Path,
+    write: impl FnOnce(&Path) -> Result<T, CheckpointError>,
+) -> Result<T, CheckpointError> {
+    if out.exists() {
+        return Err(CheckpointError::Invalid(format!(
+            "'{}' exists; not overwriting it",
+            out.display()
+        )));
+    }
+    let tmp = partial_path(out);
+    let result = write(&tmp).and_then(|v| {
+        if out.exists() {
+            return Err(CheckpointError::Invalid(format!(
+                "'{}' appeared while it was being written; not overwriting it",
+                out.display()
+            )));
+        }
+        std::fs::rename(&tmp, out)
+            .map(|_| v)
+            .map_err(CheckpointError::io("rename into place", out))
+    });
+    if result.is_err() && tmp.exists() {
+        if let Err(e) = std::fs::remove_file(&tmp) {
+            log::warn!("could not remove the partial '{}': {e}", tmp.display());
+        }
+    }
+    result
+}
+
 /// Write the master weights of the checkpoint at `path` as one HDF5 file of named fp32
-/// tensors at `out` (created; an existing file is an error). Returns the tensors written.
+/// tensors at `out` (created; an existing file is an error, and `out` appears only when
+/// complete: [`write_whole`]). Returns the tensors written.
 pub fn consolidate(path: &Path, out: &Path) -> Result<usize, CheckpointError> {
     let dir = super::resolve(path)?;
     let meta = Meta::read(&dir)?;
+    write_whole(out, |tmp| write_consolidated(&dir, &meta, tmp))
+}
+
+fn write_consolidated(dir: &Path, meta: &Meta, out: &Path) -> Result<usize, CheckpointError> {
     let file = hdf5::File::create_excl(out).map_err(CheckpointError::h5(out, "(file)"))?;
     file.new_attr::<u64>()
         .create("step")
@@ -135,7 +182,7 @@ pub fn consolidate(path: &Path, out: &Path) -> Result<usize, CheckpointError> {
     let mut files = HashMap::new();
     let tensors = meta.layout.tensors();
     for t in &tensors {
-        let values = read_tensor(&dir, &meta, t, &mut files)?;
+        let values = read_tensor(dir, meta, t, &mut files)?;
         file.new_dataset::<f32>()
             .shape(t.shape.clone())
             .create(t.name.as_str())

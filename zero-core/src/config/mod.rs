@@ -33,6 +33,8 @@ pub struct EngineConfig {
     pub precision: PrecisionConfig,
     /// AdamW and the learning-rate schedule.
     pub optim: OptimConfig,
+    /// What a diverging loss (non-finite, or a spike) does.
+    pub divergence: DivergenceConfig,
     /// A: micro-batches accumulated per optimizer step (each rank passes this many to
     /// [`crate::Engine::step`]).
     pub grad_accum: usize,
@@ -47,6 +49,7 @@ impl Default for EngineConfig {
             zero: ZeroConfig::default(),
             precision: PrecisionConfig::default(),
             optim: OptimConfig::default(),
+            divergence: DivergenceConfig::default(),
             grad_accum: 1,
             seed: 1337,
         }
@@ -239,6 +242,9 @@ pub struct PrecisionConfig {
     pub hysteresis: usize,
     /// The scale never goes below this.
     pub min_scale: f64,
+    /// Steps in a row that may overflow at `min_scale` before training stops with an
+    /// error: at the floor, skipping more steps makes no progress.
+    pub max_skips_at_min_scale: usize,
 }
 
 impl Default for PrecisionConfig {
@@ -253,6 +259,7 @@ impl Default for PrecisionConfig {
             backoff_factor: 0.5,
             hysteresis: 2,
             min_scale: 1.0,
+            max_skips_at_min_scale: 100,
         }
     }
 }
@@ -269,6 +276,42 @@ impl PrecisionConfig {
     /// Whether dynamic loss scaling is on (resolved default).
     pub fn loss_scaling(&self) -> bool {
         self.loss_scaling.unwrap_or(self.dtype == Precision::Fp16)
+    }
+}
+
+/// What happens when the loss diverges.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DivergencePolicy {
+    /// Log the step and go on (the count is in [`crate::Engine::divergences`]).
+    Warn,
+    /// Stop with [`crate::EngineError::Diverged`], the step not applied.
+    Stop,
+    /// Do not apply the step (on every rank), log it, and go on.
+    SkipStep,
+}
+
+/// `[divergence]`: the loss guard. A step's loss diverges when it is not finite, or
+/// above `spike_factor` times the median of the last `window` losses (once 10 are
+/// known; skipped steps' losses are left out of the median).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DivergenceConfig {
+    /// warn | stop | skip_step.
+    pub policy: DivergencePolicy,
+    /// A loss above this multiple of the recent median is a spike.
+    pub spike_factor: f64,
+    /// Losses the median is taken over.
+    pub window: usize,
+}
+
+impl Default for DivergenceConfig {
+    fn default() -> Self {
+        DivergenceConfig {
+            policy: DivergencePolicy::Warn,
+            spike_factor: 3.0,
+            window: 50,
+        }
     }
 }
 

@@ -112,7 +112,28 @@ impl EngineConfig {
                 pr.hysteresis > 0,
                 "precision.hysteresis is 0; set the overflows tolerated before backing off (default 2)".into(),
             );
+            need(
+                p,
+                pr.max_skips_at_min_scale > 0,
+                "precision.max_skips_at_min_scale is 0; set how many overflowing steps in a row at the minimum loss scale stop training (default 100)".into(),
+            );
         }
+
+        // [divergence]
+        let d = &self.divergence;
+        need(
+            p,
+            d.spike_factor > 1.0 && d.spike_factor.is_finite(),
+            format!(
+                "divergence.spike_factor ({}) must be > 1: a loss above this multiple of its recent median is a spike (default 3)",
+                d.spike_factor
+            ),
+        );
+        need(
+            p,
+            d.window > 0,
+            "divergence.window is 0; set the number of recent losses the median is taken over (default 50)".into(),
+        );
 
         // [optim]
         let o = &self.optim;

@@ -24,6 +24,7 @@
 
 mod agree;
 mod buffers;
+pub mod guard;
 mod optimizer;
 mod passes;
 mod reducer;
@@ -89,6 +90,27 @@ pub enum EngineError {
         /// The precision (`fp32`, `bf16`).
         precision: String,
     },
+    /// fp16 overflowed `skips` steps in a row at the minimum loss scale: skipping more
+    /// makes no progress (`precision.max_skips_at_min_scale`).
+    #[error("step {step}: {skips} steps in a row overflowed in fp16 at the minimum loss scale {scale}, so training makes no progress; train in bf16 (precision.dtype = \"bf16\": fp32's exponent range, no loss scaling) or lower optim.lr, and resume from the last checkpoint")]
+    NoProgress {
+        /// The step (counted from 1).
+        step: u64,
+        /// Overflowing steps in a row at the floor.
+        skips: usize,
+        /// The floor.
+        scale: f64,
+    },
+    /// The loss diverged and `divergence.policy = "stop"`: the step was not applied.
+    #[error("step {step}: the loss {loss} is {why}; stopping (divergence.policy = \"stop\"; \"warn\" or \"skip_step\" go on). Lower optim.lr or raise optim.warmup_steps, and resume from the last checkpoint")]
+    Diverged {
+        /// The step (counted from 1).
+        step: u64,
+        /// Its loss.
+        loss: f64,
+        /// Why it counts as divergent.
+        why: guard::Divergence,
+    },
     /// A broken engine invariant (a bug: please report it with the config).
     #[error("internal engine error: {0}")]
     Internal(String),
@@ -97,7 +119,8 @@ pub enum EngineError {
 /// What one optimizer step did, on this rank (values agreed across ranks where noted).
 #[derive(Clone, Debug)]
 pub struct StepReport {
-    /// Index of the step (0-based, counts skipped steps too).
+    /// The step's number, counted from 1 (skipped steps count too): after it,
+    /// [`Engine::steps_done`] is this number.
     pub step: u64,
     /// Mean loss over the global batch (same on every rank): the mean of the N x A
     /// micro-batch losses.
@@ -109,8 +132,11 @@ pub struct StepReport {
     pub lr: f64,
     /// Loss scale used for this step (1 without scaling).
     pub loss_scale: f64,
-    /// The step was skipped on every rank (inf/NaN gradient somewhere).
+    /// The step was skipped on every rank (inf/NaN gradient somewhere, or a divergent
+    /// loss under `divergence.policy = "skip_step"`).
     pub skipped: bool,
+    /// The loss diverged ([`guard::Divergence`]); what followed is the policy's.
+    pub diverged: Option<guard::Divergence>,
     /// Wall-clock seconds of the step on this rank.
     pub seconds: f64,
     /// Bytes and calls per collective kind this rank did during the step.
@@ -208,6 +234,11 @@ pub struct Engine<'c, D: Device, C: Communicator> {
     step: u64,
     /// AdamW steps applied (skipped excluded): Adam's bias-correction t.
     applied: u64,
+    /// Recent losses and divergent steps.
+    guard: guard::LossGuard,
+    /// What happened to this training beyond its steps (resumes, precision or batch
+    /// changes), oldest first; carried through checkpoints.
+    history: Vec<String>,
     activation_bytes: u64,
 }
 
@@ -249,6 +280,8 @@ impl<'c, D: Device, C: Communicator> Engine<'c, D, C> {
             scaler: LossScaler::new(&config.precision),
             step: 0,
             applied: 0,
+            guard: guard::LossGuard::default(),
+            history: Vec::new(),
             activation_bytes,
         };
         match engine.core.plan.param_dtype {
@@ -348,6 +381,29 @@ impl<'c, D: Device, C: Communicator> Engine<'c, D, C> {
     /// AdamW steps applied so far.
     pub fn steps_applied(&self) -> u64 {
         self.applied
+    }
+
+    /// Steps whose loss diverged so far (`[divergence]`), this run and the runs it
+    /// resumed.
+    pub fn divergences(&self) -> u64 {
+        self.guard.events
+    }
+
+    /// The loss guard's state (saved in checkpoints).
+    pub fn loss_guard(&self) -> &guard::LossGuard {
+        &self.guard
+    }
+
+    /// What happened to this training beyond its steps, oldest first (saved in
+    /// checkpoints): resumes, precision changes, and what the application records.
+    pub fn history(&self) -> &[String] {
+        &self.history
+    }
+
+    /// Record an event in [`Engine::history`] (e.g. an application allowed a different
+    /// batch size on resume).
+    pub fn record(&mut self, event: impl Into<String>) {
+        self.history.push(event.into());
     }
 
     /// Bytes held per memory category, measured from the allocations.

@@ -7,6 +7,9 @@
 //! the scale is multiplied by `backoff` (never below `min_scale`). After `growth_interval`
 //! clean steps in a row it is multiplied by `growth`. A clean step restores the hysteresis
 //! budget. With scaling off (fp32, bf16) the scale stays 1 and nothing changes.
+//! Overflows at the floor are counted (`skips_at_min`): many in a row mean fp16 can no
+//! longer represent this training's gradients, and the engine stops
+//! (`precision.max_skips_at_min_scale`).
 
 use serde::{Deserialize, Serialize};
 
@@ -33,6 +36,9 @@ pub struct LossScaler {
     pub clean_steps: usize,
     /// Hysteresis budget left.
     pub hysteresis_left: usize,
+    /// Overflowing steps in a row at `min_scale` (0 after a clean step).
+    #[serde(default)]
+    pub skips_at_min: usize,
 }
 
 impl LossScaler {
@@ -49,6 +55,21 @@ impl LossScaler {
             min_scale: p.min_scale,
             clean_steps: 0,
             hysteresis_left: p.hysteresis.max(1),
+            skips_at_min: 0,
+        }
+    }
+
+    /// This scaler's state (scale and counters) under the policy of `p` (growth, backoff,
+    /// hysteresis, floor): what a resumed run continues with when its precision is the
+    /// saved one. The scale is kept within the new floor.
+    pub fn with_policy_of(&self, p: &PrecisionConfig) -> LossScaler {
+        let fresh = LossScaler::new(p);
+        LossScaler {
+            scale: self.scale.max(fresh.min_scale),
+            clean_steps: self.clean_steps,
+            hysteresis_left: self.hysteresis_left.clamp(1, fresh.hysteresis),
+            skips_at_min: self.skips_at_min,
+            ..fresh
         }
     }
 
@@ -58,6 +79,9 @@ impl LossScaler {
             return;
         }
         if overflow {
+            if self.scale <= self.min_scale {
+                self.skips_at_min += 1;
+            }
             self.clean_steps = 0;
             self.hysteresis_left = self.hysteresis_left.saturating_sub(1);
             if self.hysteresis_left == 0 {
@@ -65,6 +89,7 @@ impl LossScaler {
                 self.hysteresis_left = self.hysteresis;
             }
         } else {
+            self.skips_at_min = 0;
             self.clean_steps += 1;
             self.hysteresis_left = self.hysteresis;
             if self.clean_steps >= self.growth_interval {
@@ -112,6 +137,24 @@ mod tests {
             s.update(false);
         }
         assert_eq!(s.scale, 65536.0);
+    }
+
+    #[test]
+    fn overflows_at_the_floor_are_counted_until_a_clean_step() {
+        let mut s = fp16();
+        s.min_scale = 16384.0;
+        s.update(true);
+        s.update(true); // the second overflow in a row backs off: 65536 -> 32768
+        assert_eq!(s.scale, 32768.0);
+        assert_eq!(s.skips_at_min, 0, "32768 is above the floor");
+        s.update(true);
+        s.update(true);
+        assert_eq!(s.scale, 16384.0);
+        s.update(true);
+        s.update(true);
+        assert_eq!((s.scale, s.skips_at_min), (16384.0, 2));
+        s.update(false);
+        assert_eq!(s.skips_at_min, 0);
     }
 
     #[test]

@@ -151,6 +151,13 @@ impl<D: Device, C: Communicator> Engine<'_, D, C> {
         Ok(())
     }
 
+    /// Restore what a checkpoint carries of the run beyond its tensors and counters: the
+    /// loss guard and the history (a resume then records itself on top).
+    pub fn restore_run(&mut self, guard: super::guard::LossGuard, history: Vec<String>) {
+        self.guard = guard;
+        self.history = history;
+    }
+
     /// The fp32 value of every parameter (unpadded, in layout order) as the working
     /// copy holds it, gathered to every rank: for tests and export. Allocates Ψ floats
     /// on the host; not for the training loop.

@@ -4,6 +4,11 @@
 //! loss across ranks -> AdamW on this rank's share -> share the new parameters. The
 //! stage differences sit at three points: which buffers hold what (the plan's
 //! placements), the boundary reduction below, and the sharing (`optimizer.rs`).
+//!
+//! Steps are numbered from 1 wherever a user sees them (reports, logs, errors, the
+//! checkpoint `step-S` holding the state after step S); the engine's step counter is
+//! the number of steps done, which is also the 0-based index of the next step (its data
+//! position and learning rate).
 
 use std::time::Instant;
 
@@ -14,7 +19,7 @@ use zero_kernels::{DType, Float};
 use super::buffers::Buffers;
 use super::reducer::Landing;
 use super::{agree, optimizer, passes, Core, Engine, EngineError, StepReport, WaitPoint};
-use crate::config::Stage;
+use crate::config::{DivergencePolicy, Stage};
 use crate::model::Model;
 
 impl<D: Device, C: Communicator> Engine<'_, D, C> {
@@ -61,6 +66,7 @@ impl<D: Device, C: Communicator> Engine<'_, D, C> {
             scaler,
             step,
             applied,
+            guard,
             ..
         } = self;
         let comm_before = core.comm.stats();
@@ -92,13 +98,45 @@ impl<D: Device, C: Communicator> Engine<'_, D, C> {
             (_, true) => {} // reduced during the backward
         }
 
-        // 3. Agree across ranks on overflow, gradient norm and loss.
+        // 3. Agree across ranks on overflow, gradient norm and loss; judge the loss.
         let agreed = agree::agree::<P, D, C>(core, bufs, a, loss_scale)?;
-        let this_step = *step;
-        let lr = core.config.optim.lr_at(this_step as usize);
+        let index = *step; // 0-based: the data position and the schedule's step
+        let number = index + 1; // what users see: steps count from 1
+        let lr = core.config.optim.lr_at(index as usize);
+        let guard_cfg = &core.config.divergence;
+        // An overflowing step is the loss scaler's business (skipped, or NonFinite below).
+        let diverged = match agreed.overflow {
+            true => None,
+            false => guard.judge(agreed.loss, guard_cfg),
+        };
+        let rank0 = core.comm.rank() == 0;
+        if let Some(why) = diverged {
+            guard.events += 1;
+            match guard_cfg.policy {
+                DivergencePolicy::Stop => {
+                    return Err(EngineError::Diverged {
+                        step: number,
+                        loss: agreed.loss,
+                        why,
+                    })
+                }
+                DivergencePolicy::Warn if rank0 => log::warn!(
+                    "step {number}: the loss {} is {why} ({} divergent step(s) so far; divergence.policy = \"warn\")",
+                    agreed.loss,
+                    guard.events
+                ),
+                DivergencePolicy::SkipStep if rank0 => log::warn!(
+                    "step {number}: the loss {} is {why}; the step is skipped on every rank ({} divergent step(s) so far)",
+                    agreed.loss,
+                    guard.events
+                ),
+                _ => {}
+            }
+        }
+        let skip_for_loss = diverged.is_some() && guard_cfg.policy == DivergencePolicy::SkipStep;
 
         // 4-5. AdamW on this rank's share, then share the new parameters.
-        if !agreed.overflow {
+        if !agreed.overflow && !skip_for_loss {
             let clip = core.config.optim.grad_clip;
             // torch.nn.utils.clip_grad_norm_: coef = max_norm / (norm + 1e-6), capped at 1.
             let coef = if clip > 0.0 && agreed.grad_norm > clip {
@@ -110,30 +148,40 @@ impl<D: Device, C: Communicator> Engine<'_, D, C> {
             optimizer::update::<P, D, C>(core, bufs, *applied + 1, lr, grad_mult)?;
             optimizer::publish::<P, D, C>(core, bufs)?;
             *applied += 1;
-        } else if !scaler.enabled {
+            guard.record(agreed.loss, guard_cfg);
+        } else if agreed.overflow && !scaler.enabled {
             // Nothing will make the next step finite: stop with what happened (every rank
             // agreed on the overflow, so every rank returns this error).
             return Err(EngineError::NonFinite {
-                step: this_step,
+                step: number,
                 loss: agreed.loss,
                 precision: format!("{:?}", core.config.precision.dtype).to_lowercase(),
             });
-        } else if core.comm.rank() == 0 {
+        } else if agreed.overflow && rank0 {
             log::warn!(
-                "step {this_step}: inf/NaN gradient (loss scale {loss_scale}); step skipped on every rank"
+                "step {number}: inf/NaN gradient (loss scale {loss_scale}); step skipped on every rank"
             );
         }
         scaler.update(agreed.overflow);
         *step += 1;
+        let max_skips = core.config.precision.max_skips_at_min_scale;
+        if scaler.enabled && scaler.skips_at_min >= max_skips {
+            return Err(EngineError::NoProgress {
+                step: number,
+                skips: scaler.skips_at_min,
+                scale: scaler.min_scale,
+            });
+        }
         core.dev.synchronize()?;
         let memory = self.memory();
         Ok(StepReport {
-            step: this_step,
+            step: number,
             loss: agreed.loss,
             grad_norm: agreed.grad_norm,
             lr,
             loss_scale,
-            skipped: agreed.overflow,
+            skipped: agreed.overflow || skip_for_loss,
+            diverged,
             seconds: start.elapsed().as_secs_f64(),
             comm: self.core.comm.stats() - comm_before,
             memory,

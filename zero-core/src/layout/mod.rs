@@ -20,7 +20,7 @@ use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
 
-use crate::spec::{join_tensors, ModelSpec, RowBlock, Tensor, UnitSpec};
+use crate::spec::{join_tensors, LayerSpec, ModelSpec, ParamSpec, RowBlock, Tensor, UnitSpec};
 
 #[cfg(test)]
 mod tests;
@@ -73,7 +73,14 @@ pub enum LayoutError {
     /// Two layouts that do not describe the same parameters (resharding refused).
     #[error("layouts describe different models: {0}")]
     Incompatible(String),
+    /// A layout read from a file that no model lays out so (corrupt or edited).
+    #[error("inconsistent layout: {0}")]
+    Inconsistent(String),
 }
+
+/// The most elements a layout read from a file may describe (2^48, a quarter of a
+/// petabyte of fp32 state): beyond it the numbers are corrupt, not a model.
+pub const MAX_LAYOUT_ELEMS: u128 = 1 << 48;
 
 /// One unit in the layout.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -211,6 +218,117 @@ impl PartitionLayout {
             units,
             params,
         })
+    }
+
+    /// Check a layout that came from a file before trusting its numbers: every shape's
+    /// element count is its numel, the sizes are bounded ([`MAX_LAYOUT_ELEMS`]), and the
+    /// layout is exactly what [`PartitionLayout::new`] makes of the model it describes at
+    /// its world size and alignment (offsets, padding, shards, unit ranges, row blocks).
+    /// Nothing is allocated in proportion to the sizes it claims.
+    pub fn check_consistent(&self) -> Result<(), LayoutError> {
+        let bad = |m: String| Err(LayoutError::Inconsistent(m));
+        if !(1..=1 << 24).contains(&self.world) || !(1..=1 << 20).contains(&self.align) {
+            return bad(format!(
+                "world {} and align {} must be in 1..=2^24 and 1..=2^20",
+                self.world, self.align
+            ));
+        }
+        let mut total: u128 = 0;
+        for p in &self.params {
+            let n = p.shape.iter().try_fold(1u128, |a, &d| {
+                a.checked_mul(d as u128).filter(|&x| x <= MAX_LAYOUT_ELEMS)
+            });
+            if n != Some(p.numel as u128) {
+                return bad(format!(
+                    "parameter '{}' has shape {:?} but numel {}",
+                    p.name, p.shape, p.numel
+                ));
+            }
+            total += p.numel as u128;
+        }
+        let padded: u128 = self.units.iter().map(|u| u.padded_len as u128).sum();
+        if total > MAX_LAYOUT_ELEMS || padded > MAX_LAYOUT_ELEMS {
+            return bad(format!(
+                "{total} parameter elements ({padded} padded): beyond any model ({MAX_LAYOUT_ELEMS} at most)"
+            ));
+        }
+        // The model it describes, laid out again.
+        let mut units = Vec::with_capacity(self.units.len());
+        let mut next = 0;
+        for u in &self.units {
+            if u.params.start != next
+                || u.params.end < u.params.start
+                || u.params.end > self.params.len()
+            {
+                return bad(format!(
+                    "unit '{}' lists parameters {:?}, expected to start at {next} (of {})",
+                    u.name,
+                    u.params,
+                    self.params.len()
+                ));
+            }
+            next = u.params.end;
+            let params = self.params[u.params.clone()]
+                .iter()
+                .map(|p| ParamSpec {
+                    name: p.name.clone(),
+                    shape: p.shape.clone(),
+                    weight_decay: p.weight_decay,
+                    row_block: p.row_block.clone(),
+                })
+                .collect();
+            units.push(UnitSpec {
+                name: u.name.clone(),
+                params,
+            });
+        }
+        if next != self.params.len() {
+            return bad(format!(
+                "the units list {next} of the {} parameters",
+                self.params.len()
+            ));
+        }
+        // One layer per unit: the layout does not record layers, only what they use.
+        let layers = (0..units.len())
+            .map(|u| LayerSpec {
+                name: format!("{u}"),
+                units: vec![u],
+            })
+            .collect();
+        let spec = ModelSpec { units, layers };
+        let again = PartitionLayout::new(&spec, self.world, self.align)
+            .map_err(|e| LayoutError::Inconsistent(e.to_string()))?;
+        if let Some((u, (a, b))) = self
+            .units
+            .iter()
+            .zip(&again.units)
+            .enumerate()
+            .find(|(_, (a, b))| a != b)
+        {
+            return bad(format!(
+                "unit {u} '{}': numel {}, padded {}, shard {}, offsets {}/{}; {} ranks with alignment {} give numel {}, padded {}, shard {}, offsets {}/{}",
+                a.name,
+                a.numel,
+                a.padded_len,
+                a.shard_len,
+                a.unit_offset,
+                a.shard_offset,
+                self.world,
+                self.align,
+                b.numel,
+                b.padded_len,
+                b.shard_len,
+                b.unit_offset,
+                b.shard_offset
+            ));
+        }
+        if let Some((a, b)) = self.params.iter().zip(&again.params).find(|(a, b)| a != b) {
+            return bad(format!(
+                "parameter '{}' at unit {} offset {}, expected unit {} offset {}",
+                a.name, a.unit, a.offset, b.unit, b.offset
+            ));
+        }
+        Ok(())
     }
 
     /// Ψ: parameter elements, without padding.
