@@ -11,6 +11,7 @@
 //! exactly N of them plus a zero exit status.
 
 pub mod accounting;
+pub mod cli;
 pub mod plots;
 pub mod scenario;
 pub mod slurm;

@@ -67,6 +67,43 @@ fn watchdog_aborts_a_hung_collective() {
     }
 }
 
+/// A rank stopped with SIGSTOP and a rank computing outside any collective: the ranks
+/// that time out ask everyone over the heartbeat side channel, and the lowest of them
+/// names the two ranks behind, with their hosts: one with what it last completed, the
+/// stopped one as not answering.
+#[test]
+fn watchdog_names_the_ranks_behind_a_stopped_one_included() {
+    let ranks = 4;
+    let out = job(ranks, "stopped").env("ZERO_COMM_TIMEOUT", "2").run();
+    out.assert_failed_by_itself();
+    let text = out.all_text();
+    let host = String::from_utf8_lossy(
+        &std::process::Command::new("hostname")
+            .output()
+            .expect("hostname runs")
+            .stdout,
+    )
+    .trim()
+    .to_string();
+    for needle in [
+        "rank 0: watchdog: 2 of 4 ranks wait in all_reduce #2 on 'world'; behind".to_string(),
+        format!("rank 2 on {host} (pid "),
+        "last completed all_reduce #1 on 'world', now outside any collective".to_string(),
+        format!("rank 3 on {host}: no answer within 2 s"),
+    ] {
+        assert!(
+            text.contains(&needle),
+            "missing '{needle}'\n{}",
+            out.transcript()
+        );
+    }
+    assert!(
+        !text.contains("rank 1: watchdog: 2 of 4"),
+        "only the lowest waiting rank reports\n{}",
+        out.transcript()
+    );
+}
+
 #[test]
 fn watchdog_watches_non_blocking_collectives_while_waited_on() {
     let ranks = 2;

@@ -18,22 +18,13 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
-use std::time::Duration;
 
 use serde_json::Value;
 use zero_models::GptConfig;
-use zero_tests::{JobOutput, MpiJob};
+use zero_tests::cli::{ok, read_json, read_lines, repo, s, train};
+use zero_tests::JobOutput;
 
 use zero_tests::zero_bench_bin as zero_bench;
-
-/// A file of the repository (configs/...).
-fn repo(rel: &str) -> String {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .join(rel)
-        .to_string_lossy()
-        .into_owned()
-}
 
 /// A fresh, empty directory for one test.
 fn scratch(name: &str) -> PathBuf {
@@ -41,40 +32,6 @@ fn scratch(name: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("create the test's scratch directory");
     dir
-}
-
-fn s(p: &Path) -> String {
-    p.to_string_lossy().into_owned()
-}
-
-fn train(ranks: usize, args: &[String]) -> JobOutput {
-    MpiJob::new(ranks, zero_bench())
-        .args(
-            ["train".to_string()]
-                .into_iter()
-                .chain(args.iter().cloned()),
-        )
-        .timeout(Duration::from_secs(180))
-        .run()
-}
-
-fn ok(out: &JobOutput) {
-    assert!(!out.timed_out, "timed out\n{}", out.transcript());
-    assert_eq!(out.code, Some(0), "failed\n{}", out.transcript());
-}
-
-fn read_json(path: &Path) -> Value {
-    let text =
-        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}\n{text}", path.display()))
-}
-
-fn read_lines(path: &Path) -> Vec<Value> {
-    let text =
-        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    text.lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad JSON line {l:?}: {e}")))
-        .collect()
 }
 
 // ---------------------------------------------------------------------------------------
@@ -145,9 +102,9 @@ fn four_ranks_every_stage_loss_falls_metrics_complete_ledgers_printed() {
     // One complete line per step per stage, in order.
     assert_eq!(run.metrics.len(), 4 * STEPS, "{:#?}", run.metrics);
     for (i, m) in run.metrics.iter().enumerate() {
-        let (stage, step) = (i / STEPS, i % STEPS);
+        let (stage, step) = (i / STEPS, i % STEPS + 1);
         assert_eq!(m["stage"], stage as u64, "{m}");
-        assert_eq!(m["step"], step as u64, "{m}");
+        assert_eq!(m["step"], step as u64, "{m}: steps count from 1");
         for key in [
             "loss",
             "grad_norm",
@@ -693,10 +650,44 @@ fn resume_from_a_checkpoint_continues_the_same_run() {
         );
     }
     // Resharded: the 2-rank stage-2 checkpoint continues on 3 ranks at stage 3. The
-    // global batch is different (N changes), so only check it trains on from there.
-    let other = run(3, 6, "3", &["--resume", &ck], &dir.join("c.jsonl"));
+    // global batch is different (N changes): refused without --allow-batch-change, and
+    // with it the run trains on from step 5.
+    let mut a: Vec<String> = [
+        "--config",
+        &repo("configs/tiny.toml"),
+        "--stage",
+        "3",
+        "--steps",
+        "6",
+        "--resume",
+        &ck,
+    ]
+    .iter()
+    .map(|x| x.to_string())
+    .collect();
+    let refused = train(3, &a);
+    assert_eq!(refused.code, Some(1), "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("global batch") && refused.stderr.contains("--allow-batch-change"),
+        "{}",
+        refused.stderr
+    );
+    a[5] = "4".into(); // --steps 4: the checkpoint is at step 4 already
+    let nothing_left = train(3, &a);
+    assert!(
+        nothing_left.code == Some(1) && nothing_left.stderr.contains("is at step 4"),
+        "{}",
+        nothing_left.stderr
+    );
+    let other = run(
+        3,
+        6,
+        "3",
+        &["--resume", &ck, "--allow-batch-change"],
+        &dir.join("c.jsonl"),
+    );
     assert_eq!(other.len(), 2);
-    assert_eq!(other[0]["step"], Value::from(4));
+    assert_eq!(other[0]["step"], Value::from(5));
     assert!(other
         .iter()
         .all(|v| v["loss"].as_f64().is_some_and(f64::is_finite)));

@@ -56,6 +56,24 @@ fn main() {
             }
             let _ = world.all_reduce(&mut buf[..], ReduceOp::Sum);
         }
+        "stopped" => {
+            // Two collectives everyone completes; then the last rank stops itself (as
+            // `kill -STOP` would) and the one before it computes for a minute: the others
+            // wait in all_reduce #2, and the watchdog's report names both.
+            for _ in 0..2 {
+                world
+                    .all_reduce(&mut buf[..], ReduceOp::Sum)
+                    .unwrap_or_else(|e| zero_comm::abort(&e.to_string(), 1));
+            }
+            if me == n - 1 {
+                // SAFETY: raising a signal on this process.
+                unsafe { libc::raise(libc::SIGSTOP) };
+            }
+            if me == n - 2 {
+                std::thread::sleep(Duration::from_secs(60));
+            }
+            let _ = world.all_reduce(&mut buf[..], ReduceOp::Sum);
+        }
         "hang-nonblocking" => {
             if me == 0 {
                 std::thread::sleep(Duration::from_secs(60));

@@ -336,8 +336,9 @@ fn main() {
                     }
                 }
                 match stopped {
+                    // The error names the step by its number, counted from 1.
                     Some((s, msg))
-                        if msg.contains("inf/NaN") && msg.contains(&format!("step {s}")) =>
+                        if msg.contains("inf/NaN") && msg.contains(&format!("step {}:", s + 1)) =>
                     {
                         if rank == 0 {
                             println!("{precision:?} divergence stopped at step {s}: {msg}");

@@ -10,7 +10,7 @@
 use std::borrow::Cow;
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
@@ -119,9 +119,6 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<()> {
     let dir = checkpoint::resolve(&args.dir)
         .with_context(|| format!("opening {}", args.dir.display()))?;
     let meta = Meta::read(&dir)?;
-    if args.out.exists() {
-        bail!("{} exists; not overwriting it", args.out.display());
-    }
     let source = Source {
         dir,
         meta,
@@ -151,28 +148,21 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<()> {
         ("format".to_string(), "pt".to_string()),
         ("zero_rs_step".to_string(), source.meta.step.to_string()),
     ]));
-    let written = safetensors::tensor::serialize_to_file(tensors, &info, &args.out);
-    let read_error = source.error.borrow_mut().take();
-    if let Some(e) = read_error {
-        remove(&args.out);
-        return Err(e).context("reading the checkpoint for the export");
-    }
-    if let Err(e) = written {
-        remove(&args.out);
-        bail!("writing {}: {e}", args.out.display());
-    }
+    // Written under a temporary name and renamed when whole: the output is never partial.
+    checkpoint::write_whole(&args.out, |tmp| {
+        let written = safetensors::tensor::serialize_to_file(tensors, &info, tmp);
+        if let Some(e) = source.error.borrow_mut().take() {
+            return Err(e);
+        }
+        written.map_err(|e| CheckpointError::Invalid(format!("writing {}: {e}", tmp.display())))
+    })
+    .with_context(|| format!("exporting {} to {}", args.dir.display(), args.out.display()))?;
     println!(
         "wrote {n} tensors to {} (safetensors, {:?} names)",
         args.out.display(),
         args.names
     );
     Ok(())
-}
-
-fn remove(path: &Path) {
-    if let Err(e) = std::fs::remove_file(path) {
-        log::warn!("could not remove the partial {}: {e}", path.display());
-    }
 }
 
 #[cfg(test)]

@@ -3,8 +3,8 @@
 //! validated in one place ([`Config::validate`]) with every problem reported at once.
 //!
 //! Sections: `[model]`, `[data]` and `[train]` are this tool's own (the GPT of
-//! zero-models, its token data, how long to run and log); `[zero]`, `[precision]` and
-//! `[optim]` are zero-core's engine sections as they are, and [`Config::engine`] turns the
+//! zero-models, its token data, how long to run and log); `[zero]`, `[precision]`,
+//! `[optim]` and `[divergence]` are zero-core's engine sections as they are, and [`Config::engine`] turns the
 //! whole into the engine's [`EngineConfig`] (grad_accum and seed from `[train]`, the
 //! cosine's horizon from `train.steps` unless `optim.decay_steps` says otherwise).
 //!
@@ -14,7 +14,7 @@
 //! the resolved configuration can be printed at start with its provenance.
 
 use serde::{Deserialize, Serialize};
-use zero_core::config::{EngineConfig, OptimConfig, PrecisionConfig, ZeroConfig};
+use zero_core::config::{DivergenceConfig, EngineConfig, OptimConfig, PrecisionConfig, ZeroConfig};
 use zero_models::{GptConfig, PRESETS};
 
 mod load;
@@ -76,6 +76,8 @@ pub struct Config {
     pub precision: PrecisionConfig,
     /// AdamW and the learning-rate schedule (zero-core's section).
     pub optim: OptimConfig,
+    /// The loss guard: what a non-finite or spiking loss does (zero-core's section).
+    pub divergence: DivergenceConfig,
 }
 
 impl Config {
@@ -93,6 +95,7 @@ impl Config {
             zero: self.zero.clone(),
             precision: self.precision.clone(),
             optim,
+            divergence: self.divergence.clone(),
             grad_accum: self.train.grad_accum,
             seed: self.train.seed,
         }

@@ -87,24 +87,34 @@ pub struct TrainArgs {
     pub save_model: Option<PathBuf>,
 
     /// Save a sharded checkpoint (every rank its shard, atomically) into --ckpt-dir every
-    /// N steps and after the last one. 0: never.
+    /// N steps. Whatever N, --ckpt-dir always gets one after the last step, and one when
+    /// SIGTERM or SIGUSR1 stops the run (then the exit status is 85).
     #[arg(long, default_value_t = 0, value_name = "N", requires = "ckpt_dir")]
     pub save_every: u64,
 
-    /// Root directory of the checkpoints (`step-<S>/`, `latest`); on a filesystem every
-    /// rank sees.
+    /// Root directory of the checkpoints (`step-<S>/` holds the state after step S,
+    /// `latest` names the newest); on a filesystem every rank can write, checked before
+    /// step 1. If the checkpoint after the last step cannot be saved, the run exits 1.
     #[arg(long, value_name = "DIR")]
     pub ckpt_dir: Option<PathBuf>,
 
-    /// Checkpoints to keep in --ckpt-dir (the newest ones).
+    /// Checkpoints to keep in --ckpt-dir (the newest ones; at least 1).
     #[arg(long, default_value_t = 3, value_name = "K")]
     pub keep_last: usize,
 
     /// Resume from a checkpoint: a root (its `latest`) or a `step-<S>` directory. Any
-    /// world size and stage may load it (resharded on load); training continues at the
-    /// saved step with the saved optimizer state and loss scale.
+    /// world size and stage may load it (resharded on load); training continues with
+    /// step S + 1 with the saved optimizer state (and loss scale, unless the precision
+    /// changed: then the scaler starts from this run's configuration). --steps must be
+    /// above S; --metrics keeps the file's lines up to step S and appends.
     #[arg(long, value_name = "DIR", conflicts_with_all = ["init_from", "stages"])]
     pub resume: Option<PathBuf>,
+
+    /// With --resume: go on although the global batch (ranks x grad_accum x micro_batch
+    /// x seq_len) differs from the checkpoint's; the change is logged and recorded in
+    /// the checkpoints that follow. Without it such a resume is refused.
+    #[arg(long, requires = "resume")]
+    pub allow_batch_change: bool,
 
     /// Write the run summary (with --stages: the stage table; with --dry-run: the plans)
     /// as JSON here (rank 0).

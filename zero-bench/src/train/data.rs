@@ -10,9 +10,11 @@
 //! N*A*B, never on the stage or on how it is split into ranks and micro-steps.
 
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use crate::config::{Config, DataOrder};
 use anyhow::{bail, Context};
+use zero_comm::{Communicator, ReduceOp};
 use zero_models::data::{MarkovSource, Sequential, TokenFormat, Tokens};
 use zero_models::init::SplitMix64;
 use zero_models::TokenBatch as Batch;
@@ -47,6 +49,71 @@ pub fn open(config: &Config, vocab: usize) -> anyhow::Result<Tokens> {
         );
     }
     Ok(tokens)
+}
+
+/// Check the token source before training (collective): every token must be inside the
+/// vocabulary (each rank scans 1/N of the file, memory-mapped, and the ranks agree on the
+/// first bad position, so the error names it on every rank), and a source shorter than one
+/// global batch gets a warning (the order wraps around inside a step). Rank 0 reports
+/// progress when the scan takes more than a few seconds.
+pub fn check<C: Communicator>(comm: &C, tokens: &Tokens, config: &Config) -> anyhow::Result<()> {
+    let (rank, world) = (comm.rank(), comm.size());
+    let len = tokens.len();
+    let share = len.div_ceil(world);
+    let mine = (rank * share).min(len)..((rank + 1) * share).min(len);
+    let started = Instant::now();
+    let mut next_report = Duration::from_secs(3);
+    let total = mine.len();
+    let found = tokens.first_out_of_vocab(mine.clone(), |done| {
+        if rank == 0 && started.elapsed() >= next_report {
+            log::info!(
+                "checking {}: {:.0}% of this rank's {} tokens",
+                tokens.name(),
+                100.0 * done as f64 / total.max(1) as f64,
+                total
+            );
+            next_report += Duration::from_secs(3);
+        }
+    });
+    // The lowest bad position over the ranks, as the max of its negation (positions
+    // below 2^53 are exact in f64).
+    let mut first = [found.map_or(f64::NEG_INFINITY, |(pos, _)| -(pos as f64))];
+    comm.all_reduce(&mut first[..], ReduceOp::Max)
+        .context("agreeing on the token check")?;
+    if first[0].is_finite() {
+        let pos = (-first[0]) as usize;
+        return match tokens.get(pos) {
+            Err(e) => Err(e).context(format!(
+                "data.path holds a token outside the model's vocabulary (model.vocab_size = {}); \
+                 tokenize with the model's vocabulary or raise model.vocab_size",
+                tokens.vocab()
+            )),
+            Ok(t) => bail!(
+                "{}: token {t} at position {pos} is outside the vocabulary",
+                tokens.name()
+            ),
+        };
+    }
+    if rank == 0 && started.elapsed() > Duration::from_secs(1) {
+        log::info!(
+            "checked {} tokens of {} in {:.1} s",
+            len,
+            tokens.name(),
+            started.elapsed().as_secs_f64()
+        );
+    }
+    let t = &config.train;
+    let batch = world * t.grad_accum * t.micro_batch * t.seq_len + 1;
+    if rank == 0 && len < batch {
+        log::warn!(
+            "{} holds {len} tokens, fewer than one global batch ({world} rank(s) x grad_accum {} x micro_batch {} x seq_len {} + 1 = {batch}): the sequential order wraps around inside every step, so steps repeat the same tokens",
+            tokens.name(),
+            t.grad_accum,
+            t.micro_batch,
+            t.seq_len
+        );
+    }
+    Ok(())
 }
 
 /// This rank's micro-batches of each step.

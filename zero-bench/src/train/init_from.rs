@@ -183,8 +183,28 @@ impl InitFile {
 }
 
 /// Write `values` (every parameter's fp32 value, unpadded, in layout order, as
-/// `Engine::full_master_f32` returns them) to `path` as a consolidated model file.
+/// `Engine::full_master_f32` returns them) to `path` as a consolidated model file,
+/// written under a temporary name and renamed over `path` when complete.
 pub fn save(
+    path: &Path,
+    layout: &PartitionLayout,
+    values: &[f32],
+    step: u64,
+) -> anyhow::Result<()> {
+    let tmp = zero_core::checkpoint::partial_path(path);
+    let written = write_model(&tmp, layout, values, step).and_then(|_| {
+        std::fs::rename(&tmp, path)
+            .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
+    });
+    if written.is_err() && tmp.exists() {
+        if let Err(e) = std::fs::remove_file(&tmp) {
+            log::warn!("could not remove the partial {}: {e}", tmp.display());
+        }
+    }
+    written
+}
+
+fn write_model(
     path: &Path,
     layout: &PartitionLayout,
     values: &[f32],

@@ -1,8 +1,9 @@
 //! Per-step metrics as JSON lines (rank 0): one object per optimizer step, flushed as it
 //! is written so a crashed or killed run keeps every step it finished.
 //!
-//! Fields: `stage`, `step`, `loss`, `grad_norm`, `lr`, `loss_scale`, `skipped`,
-//! `tokens`, `tokens_per_s`, `step_seconds`, `comm_sent_bytes` {collective kind: bytes
+//! Fields: `stage`, `step` (counted from 1: the state after it is checkpoint `step-S`),
+//! `loss`, `grad_norm`, `lr`, `loss_scale`, `skipped`, `diverged` (the loss guard called
+//! the loss divergent), `tokens`, `tokens_per_s`, `step_seconds`, `comm_sent_bytes` {collective kind: bytes
 //! this rank sent during the step}, `memory_bytes` {ledger category: bytes this rank
 //! holds}. Non-finite numbers (an overflowed gradient norm) are written as null.
 
@@ -50,6 +51,7 @@ pub fn step_json(stage: usize, r: &StepReport, tokens: u64) -> Value {
         "lr": num(r.lr),
         "loss_scale": num(r.loss_scale),
         "skipped": r.skipped,
+        "diverged": r.diverged.is_some(),
         "tokens": tokens,
         "tokens_per_s": num(tokens as f64 / r.seconds.max(f64::MIN_POSITIVE)),
         "step_seconds": num(r.seconds),
@@ -63,6 +65,47 @@ impl Metrics {
     pub fn create(path: &Path) -> anyhow::Result<Metrics> {
         let f = File::create(path)
             .with_context(|| format!("creating the metrics file {}", path.display()))?;
+        Ok(Metrics {
+            path: path.to_path_buf(),
+            out: BufWriter::new(f),
+        })
+    }
+
+    /// Continue `path` for a run resumed after step `step`: the lines of steps up to
+    /// `step` stay (a run killed after its last checkpoint may have written later ones,
+    /// which the resumed run writes again), then new lines are appended. The kept lines
+    /// are rewritten through a temporary file renamed into place. A missing file is
+    /// created.
+    pub fn resume(path: &Path, step: u64) -> anyhow::Result<Metrics> {
+        let kept: Vec<String> = match std::fs::read_to_string(path) {
+            Ok(text) => text
+                .lines()
+                .filter(|l| {
+                    serde_json::from_str::<Value>(l)
+                        .ok()
+                        .and_then(|v| v["step"].as_u64())
+                        .is_some_and(|s| s <= step)
+                })
+                .map(str::to_string)
+                .collect(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => {
+                return Err(e)
+                    .with_context(|| format!("reading the metrics file {}", path.display()))
+            }
+        };
+        let tmp = path.with_extension("jsonl.tmp");
+        let mut text = kept.join("\n");
+        if !text.is_empty() {
+            text.push('\n');
+        }
+        std::fs::write(&tmp, text)
+            .and_then(|_| std::fs::rename(&tmp, path))
+            .with_context(|| format!("rewriting the metrics file {}", path.display()))?;
+        let f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(path)
+            .with_context(|| format!("opening the metrics file {}", path.display()))?;
         Ok(Metrics {
             path: path.to_path_buf(),
             out: BufWriter::new(f),
@@ -92,6 +135,7 @@ mod tests {
             lr: 1e-3,
             loss_scale: 65536.0,
             skipped: true,
+            diverged: None,
             seconds: 0.5,
             comm: Default::default(),
             memory: BTreeMap::from([(MemCategory::Params, 10)]),
@@ -100,10 +144,47 @@ mod tests {
         assert_eq!(v["stage"], 2);
         assert_eq!(v["step"], 3);
         assert_eq!(v["grad_norm"], Value::Null);
+        assert_eq!(v["diverged"], false);
         assert_eq!(v["tokens_per_s"], 2048.0);
         assert_eq!(v["memory_bytes"]["params"], 10);
         assert_eq!(v["memory_bytes"]["adam_v"], 0);
         assert_eq!(v["comm_sent_bytes"]["all_gather"], 0);
         assert!(v["comm_sent_bytes"].get("barrier").is_none());
+    }
+
+    #[test]
+    fn a_resumed_run_keeps_the_steps_up_to_its_checkpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.jsonl");
+        let lines: Vec<String> = (1..=6).map(|s| format!("{{\"step\":{s}}}")).collect();
+        std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+        let mut m = Metrics::resume(&path, 4).unwrap();
+        let r = StepReport {
+            step: 5,
+            loss: 1.0,
+            grad_norm: 1.0,
+            lr: 1e-3,
+            loss_scale: 1.0,
+            skipped: false,
+            diverged: None,
+            seconds: 0.1,
+            comm: Default::default(),
+            memory: BTreeMap::new(),
+        };
+        m.write(0, &r, 1).unwrap();
+        drop(m);
+        let steps: Vec<u64> = std::fs::read_to_string(&path)
+            .unwrap()
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<Value>(l).unwrap()["step"]
+                    .as_u64()
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(steps, [1, 2, 3, 4, 5]);
+        let fresh = dir.path().join("new.jsonl");
+        Metrics::resume(&fresh, 3).unwrap();
+        assert_eq!(std::fs::read_to_string(&fresh).unwrap(), "");
     }
 }

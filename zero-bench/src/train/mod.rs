@@ -14,6 +14,7 @@
 //! 5. summary: one stage's loss, throughput and memory, or the `--stages` table.
 
 mod args;
+mod checkpoints;
 mod data;
 mod dry_run;
 mod init_from;
@@ -23,6 +24,7 @@ mod progress;
 mod report;
 mod rss;
 mod run;
+mod signals;
 
 use std::path::Path;
 
@@ -35,9 +37,14 @@ use launch::{agree, Failure};
 use report::StageResult;
 
 /// Run `zero-bench train`. On failure exactly one rank prints the error, then every rank
-/// shuts MPI down and exits with status 1.
+/// shuts MPI down and exits with status 1 (85 when a stop signal ended the run after a
+/// checkpoint: [`launch::PREEMPTED_EXIT_CODE`]).
 pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     let without_mpi = args.dry_run && !launch::under_launcher();
+    if !args.dry_run {
+        // As early as can be: a signal that comes during start-up is kept, not fatal.
+        signals::install()?;
+    }
     let mpi = if without_mpi {
         None
     } else {
@@ -51,12 +58,15 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         Err(f) => {
             // Print before MPI_Finalize: finalising waits for every rank, so no rank can
             // exit (and make mpirun kill the others) before the message is out.
-            if f.print {
+            if f.print && f.code == launch::PREEMPTED_EXIT_CODE {
+                eprintln!("{:#}", f.error);
+                let _ = std::io::Write::flush(&mut std::io::stderr());
+            } else if f.print {
                 eprintln!("error: {:#}", f.error);
                 let _ = std::io::Write::flush(&mut std::io::stderr());
             }
             drop(mpi);
-            std::process::exit(1)
+            std::process::exit(f.code)
         }
     }
 }
@@ -77,6 +87,11 @@ fn configs(args: &TrainArgs) -> anyhow::Result<Vec<LoadedConfig>> {
     if args.rounds == 0 {
         return Err(anyhow!("--rounds 0: run the stage list at least once"));
     }
+    if args.keep_last == 0 {
+        return Err(anyhow!(
+            "--keep-last 0 would delete every checkpoint, the one just written included; keep at least 1 (default 3)"
+        ));
+    }
     Ok(out)
 }
 
@@ -90,6 +105,8 @@ fn run_on(args: &TrainArgs, comm: Option<&MpiComm>) -> Result<(), Failure> {
     }
     let comm =
         comm.ok_or_else(|| same(anyhow!("training needs MPI (internal: not initialised)")))?;
+    // Again after MPI_Init, in case the MPI library installed handlers of its own.
+    signals::install().map_err(same)?;
     if rank == 0 {
         println!(
             "resolved configuration ({} rank(s){}):",
@@ -107,6 +124,7 @@ fn run_on(args: &TrainArgs, comm: Option<&MpiComm>) -> Result<(), Failure> {
     let c = &first.config;
     let vocab = run::gpt_config(c).map_err(same)?.vocab_size;
     let tokens = agree(comm, data::open(c, vocab))?;
+    data::check(comm, &tokens, c).map_err(same)?;
     let init = match &args.init_from {
         Some(path) => {
             let spec = run::gpt_config(c).map_err(same)?.spec();
@@ -123,11 +141,14 @@ fn run_on(args: &TrainArgs, comm: Option<&MpiComm>) -> Result<(), Failure> {
         }
         None => None,
     };
+    // Checkpoint directory writable, resume consistent: before step 1.
+    let resume = checkpoints::prepare(comm, args, &loaded)?;
     let metrics_file = c.train.metrics_file.as_deref().map(Path::new);
     let mut metrics = agree(
         comm,
-        match metrics_file {
-            Some(p) if rank == 0 => metrics::Metrics::create(p).map(Some),
+        match (metrics_file, &resume) {
+            (Some(p), Some(r)) if rank == 0 => metrics::Metrics::resume(p, r.step).map(Some),
+            (Some(p), None) if rank == 0 => metrics::Metrics::create(p).map(Some),
             _ => Ok(None),
         },
     )?;
@@ -144,7 +165,7 @@ fn run_on(args: &TrainArgs, comm: Option<&MpiComm>) -> Result<(), Failure> {
                     dir: args.ckpt_dir.as_deref(),
                     every: args.save_every,
                     keep_last: args.keep_last,
-                    resume: args.resume.as_deref(),
+                    resume: resume.as_ref(),
                 },
                 threads: args.threads,
                 plain: args.no_progress,

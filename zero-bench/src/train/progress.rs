@@ -48,7 +48,12 @@ impl Progress {
             return;
         }
         let tps = tokens as f64 / r.seconds.max(f64::MIN_POSITIVE);
-        let skipped = if r.skipped { " (skipped: inf/NaN)" } else { "" };
+        let skipped = match (r.skipped, r.diverged.is_some()) {
+            (true, true) => " (skipped: loss diverged)",
+            (true, false) => " (skipped: inf/NaN)",
+            (false, true) => " (loss diverged)",
+            (false, false) => "",
+        };
         match &self.bar {
             Some(bar) => {
                 bar.set_message(format!(
@@ -60,7 +65,7 @@ impl Progress {
                 bar.inc(1);
             }
             None => {
-                let n = r.step as usize + 1;
+                let n = r.step as usize;
                 if n.is_multiple_of(self.log_every) || n == self.steps || n == 1 {
                     log::info!(
                         "{} step {n}/{}: loss {:.4}, grad norm {:.3}, lr {:.3e}, loss scale {}, {} tok/s, {:.1} ms{skipped}",

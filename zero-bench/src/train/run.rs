@@ -9,20 +9,23 @@ use crate::config::{Config, LoadedConfig};
 use anyhow::{anyhow, Context};
 use zero_comm::{Communicator, ReduceOp};
 use zero_core::checkpoint::{self, SaveOptions};
+use zero_core::config::{DivergencePolicy, Stage};
 use zero_core::ledger::{CommPlan, MemCategory, PaperFormula};
-use zero_core::Engine;
+use zero_core::{Engine, EngineError};
 use zero_kernels::device::HostDevice;
 use zero_kernels::Exec;
 use zero_models::data::Tokens;
 use zero_models::{Gpt, GptConfig};
 
+use super::checkpoints::Resume;
 use super::data::Batches;
 use super::init_from::{self, InitFile};
-use super::launch::{agree, Failure};
+use super::launch::{agree, Failure, PREEMPTED_EXIT_CODE};
 use super::metrics::Metrics;
 use super::progress::Progress;
 use super::report::{self, StageResult};
 use super::rss;
+use super::signals;
 
 /// The ledger categories the paper's formula counts (padding belongs to them).
 const STATE_CATEGORIES: [MemCategory; 6] = [
@@ -60,16 +63,31 @@ pub struct Shared<'a> {
 }
 
 /// Where and when to save and resume sharded checkpoints.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy)]
 pub struct Checkpoints<'a> {
-    /// Root directory (`--ckpt-dir`).
+    /// Root directory (`--ckpt-dir`): a checkpoint after the last step, and on a stop
+    /// signal, whatever `every` says.
     pub dir: Option<&'a Path>,
-    /// Save every this many steps and after the last (0: never).
+    /// Save every this many steps too (0: only after the last).
     pub every: u64,
     /// Checkpoints kept.
     pub keep_last: usize,
-    /// Resume from this root or step directory.
-    pub resume: Option<&'a Path>,
+    /// The checkpoint to resume from, checked (`checkpoints::prepare`).
+    pub resume: Option<&'a Resume>,
+}
+
+/// How a run that cannot go on ends: an error every rank agreed on (a clean exit, rank 0
+/// prints) or one this rank alone hit (the job is aborted from here: another rank may
+/// be waiting in a collective).
+enum Stop {
+    Agreed(Failure),
+    Local(anyhow::Error),
+}
+
+impl From<anyhow::Error> for Stop {
+    fn from(e: anyhow::Error) -> Self {
+        Stop::Local(e)
+    }
 }
 
 /// Gather one number per rank to every rank, in rank order.
@@ -122,11 +140,15 @@ pub fn train<C: Communicator>(
         }
     }
 
-    if let Some(from) = shared.checkpoints.resume {
-        // Collective; an error is returned on every rank (CheckpointError::Peer elsewhere).
+    if let Some(resume) = shared.checkpoints.resume {
+        // Collective; every rank gets each failing rank's own error (CheckpointError::Ranks).
+        let from = &resume.dir;
         let info = checkpoint::load(&mut engine, from)
             .with_context(|| format!("resuming from {}", from.display()));
         let info = agree(comm, info)?;
+        if let Some(change) = &resume.batch_change {
+            engine.record(change.clone());
+        }
         if rank == 0 && !shared.quiet {
             log::info!(
                 "{stage}: resumed from {} at step {} (saved by {} rank(s) at {}, {})",
@@ -153,7 +175,27 @@ pub fn train<C: Communicator>(
         &mut batches,
     ) {
         Ok(r) => Ok(r),
-        Err(e) => zero_comm::abort(&format!("error: {e:#}"), 1),
+        Err(Stop::Agreed(f)) => Err(f),
+        Err(Stop::Local(e)) => zero_comm::abort(&format!("error: {e:#}"), 1),
+    }
+}
+
+/// An engine error of a step: agreed on every rank when the engine decided it from agreed
+/// values (a non-finite gradient without loss scaling, fp16 stuck at its floor, a
+/// divergent loss under `divergence.policy = "stop"`), else this rank's own.
+fn step_error(e: EngineError, rank: usize, stage: Stage, number: u64) -> Stop {
+    let agreed = matches!(
+        e,
+        EngineError::NonFinite { .. }
+            | EngineError::NoProgress { .. }
+            | EngineError::Diverged { .. }
+    );
+    if agreed {
+        // The engine's message names the step.
+        let e = anyhow::Error::new(e).context(format!("{stage}: training stopped"));
+        Stop::Agreed(Failure::same_everywhere(e, rank))
+    } else {
+        Stop::Local(anyhow::Error::new(e).context(format!("{stage} step {number}")))
     }
 }
 
@@ -165,7 +207,7 @@ fn run_steps<C: Communicator>(
     model: &mut Gpt<HostDevice, f32>,
     engine: &mut Engine<'_, HostDevice, C>,
     batches: &mut Batches,
-) -> anyhow::Result<StageResult> {
+) -> Result<StageResult, Stop> {
     let (rank, world) = (comm.rank(), comm.size());
     let config = &loaded.config;
     let stage = config.zero.stage;
@@ -199,36 +241,19 @@ fn run_steps<C: Communicator>(
     let mut losses = Vec::with_capacity(steps);
     let mut seconds = Vec::with_capacity(steps);
     let mut sent = 0u64;
+    let mut skipped = 0u64;
     let t = &config.train;
     let tokens_per_step = (world * t.grad_accum * t.micro_batch * t.seq_len) as u64;
-    // What the checkpoint metadata records of this tool's own configuration.
-    let app_config = toml::to_string(config).ok();
-    let ckpt = shared.checkpoints;
-    for s in engine.steps_done()..steps as u64 {
-        let b = batches.fill(shared.tokens, s)?;
+    let mut saver = Saver::new(shared.checkpoints, config);
+    let last = steps as u64;
+    // Steps are counted from 1: `done` is the number of the step just run, and the
+    // checkpoint saved after it is `step-<done>` (its state after `done` steps).
+    for index in engine.steps_done()..last {
+        let b = batches.fill(shared.tokens, index)?;
         let r = engine
             .step(model, &b)
-            .with_context(|| format!("{stage} step {s}"))?;
-        let done = s + 1;
-        if let Some(dir) = ckpt.dir {
-            if ckpt.every > 0 && (done % ckpt.every == 0 || done == steps as u64) {
-                let opts = SaveOptions {
-                    keep_last: ckpt.keep_last,
-                    app_config: app_config.as_deref(),
-                    ..Default::default()
-                };
-                // Every rank gets the same outcome. A failed save loses nothing: the
-                // previous checkpoint and `latest` are untouched, so training goes on.
-                match checkpoint::save(engine, dir, &opts) {
-                    Ok(path) if rank == 0 => log::info!("checkpoint {}", path.display()),
-                    Ok(_) => {}
-                    Err(e) if rank == 0 => log::error!(
-                        "checkpoint after step {done} failed: {e}; training goes on, the previous checkpoint is intact"
-                    ),
-                    Err(_) => {}
-                }
-            }
-        }
+            .map_err(|e| step_error(e, rank, stage, index + 1))?;
+        let done = r.step;
         if let Some(m) = metrics.as_mut() {
             m.write(stage.number(), &r, tokens_per_step)?;
         }
@@ -236,8 +261,34 @@ fn run_steps<C: Communicator>(
         losses.push(r.loss);
         seconds.push(r.seconds);
         sent += r.comm.total().bytes_sent;
+        skipped += r.skipped as u64;
+        // Every rank learns whether any rank was told to stop (SIGTERM, SIGUSR1).
+        let signal = signals::agreed(comm)?;
+        if saver.due(done, last, signal.is_some()) {
+            saver.save(engine, done, rank);
+        }
+        if let Some(sig) = signal.filter(|_| done < last) {
+            progress.finish();
+            return Err(Stop::Agreed(saver.stopped_by(sig, done, last, rank)));
+        }
     }
     progress.finish();
+    if let Some(f) = saver.final_failure(last, rank) {
+        return Err(Stop::Agreed(f));
+    }
+    if rank == 0 && (skipped > 0 || engine.divergences() > 0) {
+        log::warn!(
+            "{stage}: {skipped} of {} step(s) skipped (inf/NaN gradients{}), {} step(s) with a divergent loss (divergence.policy = {:?})",
+            losses.len(),
+            if config.divergence.policy == DivergencePolicy::SkipStep {
+                " or divergent losses"
+            } else {
+                ""
+            },
+            engine.divergences(),
+            config.divergence.policy
+        );
+    }
 
     // Mean step time without the warm-up step, the slowest rank's.
     let timed = if seconds.len() > 1 {
@@ -279,4 +330,135 @@ fn run_steps<C: Communicator>(
         comm_sent_bytes_per_step: sent / steps.max(1) as u64,
         comm_plan_bytes_per_step: comm_plan.sent_bytes(),
     })
+}
+
+/// The checkpoints of one run: when they are due, what the last one was, and what a run
+/// that must stop or has ended says about them.
+struct Saver<'a> {
+    ckpt: Checkpoints<'a>,
+    /// This tool's configuration, recorded in each checkpoint's metadata.
+    app_config: Option<String>,
+    /// The last checkpoint this run saved: (step, directory).
+    saved: Option<(u64, std::path::PathBuf)>,
+    /// The error of the last save, if it failed (cleared by a success).
+    failed: Option<(u64, String)>,
+}
+
+impl<'a> Saver<'a> {
+    fn new(ckpt: Checkpoints<'a>, config: &Config) -> Self {
+        Saver {
+            ckpt,
+            app_config: toml::to_string(config).ok(),
+            saved: None,
+            failed: None,
+        }
+    }
+
+    /// Whether step `done` ends with a checkpoint: every `every` steps, after the last,
+    /// and when the run is stopped by a signal.
+    fn due(&self, done: u64, last: u64, stopping: bool) -> bool {
+        let every = self.ckpt.every;
+        self.ckpt.dir.is_some()
+            && (done == last || stopping || (every > 0 && done.is_multiple_of(every)))
+    }
+
+    /// Save (collective; every rank gets the same outcome). A failed save loses nothing
+    /// already saved: the previous checkpoint and `latest` are untouched, and training
+    /// goes on; the end of the run reports it.
+    fn save<C: Communicator>(
+        &mut self,
+        engine: &Engine<'_, HostDevice, C>,
+        done: u64,
+        rank: usize,
+    ) {
+        let Some(dir) = self.ckpt.dir else {
+            return;
+        };
+        let opts = SaveOptions {
+            keep_last: self.ckpt.keep_last,
+            app_config: self.app_config.as_deref(),
+            ..Default::default()
+        };
+        match checkpoint::save(engine, dir, &opts) {
+            Ok(path) => {
+                self.saved = Some((done, path));
+                self.failed = None;
+            }
+            Err(e) => {
+                if rank == 0 {
+                    log::error!(
+                        "checkpoint after step {done} failed: {e}; training goes on, {}",
+                        self.last_good()
+                    );
+                }
+                self.failed = Some((done, e.to_string()));
+            }
+        }
+    }
+
+    /// Where the newest good checkpoint is, in words.
+    fn last_good(&self) -> String {
+        match (&self.saved, self.ckpt.resume) {
+            (Some((step, path)), _) => format!(
+                "the last good checkpoint is {} (step {step})",
+                path.display()
+            ),
+            (None, Some(r)) => format!(
+                "no checkpoint of this run was saved; the one it resumed from is {} (step {})",
+                r.dir.display(),
+                r.step
+            ),
+            (None, None) => "no checkpoint of this run was saved".into(),
+        }
+    }
+
+    /// The run was told to stop (signal `sig`) after step `done` of `last`.
+    fn stopped_by(&self, sig: i32, done: u64, last: u64, rank: usize) -> Failure {
+        let what = signals::name(sig);
+        match (&self.saved, self.ckpt.dir) {
+            (Some((step, path)), Some(dir)) if *step == done => Failure {
+                error: anyhow!(
+                    "stopped by {what} after step {done} of {last}; checkpoint saved in {}: continue with --resume {} (exit status {PREEMPTED_EXIT_CODE})",
+                    path.display(),
+                    dir.display()
+                ),
+                print: rank == 0,
+                code: PREEMPTED_EXIT_CODE,
+            },
+            (_, Some(_)) => Failure::same_everywhere(
+                anyhow!(
+                    "stopped by {what} after step {done} of {last}, but its checkpoint could not be saved ({}); {}",
+                    self.failed.as_ref().map_or("unknown error", |(_, e)| e.as_str()),
+                    self.last_good()
+                ),
+                rank,
+            ),
+            (_, None) => Failure::same_everywhere(
+                anyhow!(
+                    "stopped by {what} after step {done} of {last}; no --ckpt-dir was given, so the steps of this run are not saved (give --ckpt-dir to checkpoint on a stop signal)"
+                ),
+                rank,
+            ),
+        }
+    }
+
+    /// A run that trained to its last step but could not save it fails (the exit status
+    /// says the trained weights are not on disk).
+    fn final_failure(&self, last: u64, rank: usize) -> Option<Failure> {
+        self.ckpt.dir?;
+        if self.saved.as_ref().is_some_and(|(step, _)| *step == last) {
+            return None;
+        }
+        let why = self
+            .failed
+            .as_ref()
+            .map_or("it was not attempted".to_string(), |(_, e)| e.clone());
+        Some(Failure::same_everywhere(
+            anyhow!(
+                "training reached step {last}, but its checkpoint could not be saved: {why}; {}",
+                self.last_good()
+            ),
+            rank,
+        ))
+    }
 }

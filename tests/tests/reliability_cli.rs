@@ -1,0 +1,414 @@
+//! `zero-bench train` and `ckpt` fail loudly and lose nothing: each case a user can run
+//! into, with the exit status and the message they see (the stderr of mpirun, where
+//! rank 0 prints). Every test here failed before the fix it covers (see the closing table
+//! in the README's "Failures and exit codes").
+//!
+//! - checkpoint set-up checked before step 1 (uncreatable or read-only directory,
+//!   --keep-last 0); --ckpt-dir alone saves after the last step; a failed final save
+//!   exits 1;
+//! - fp16 stuck at its minimum loss scale stops, naming the step;
+//! - resuming in another precision takes the loss scaler from the new configuration;
+//! - a rank that cannot load a checkpoint has its own reason printed by rank 0;
+//! - data checked up front (a token outside the vocabulary anywhere in the file, an
+//!   llm.c-looking header with a wrong magic, a file shorter than a global batch);
+//! - the loss guard's three policies on a real loss spike;
+//! - `ckpt inspect`/`consolidate` refuse inconsistent metadata and leave no partial file.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+use zero_tests::cli::{ok, read_lines, repo, s, train};
+use zero_tests::{zero_bench_bin, JobOutput};
+
+/// A fresh, empty directory for one test.
+fn scratch(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("reliability-{name}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create the test's scratch directory");
+    dir
+}
+
+/// configs/tiny.toml on 2 ranks with `extra` arguments.
+fn tiny(extra: &[&str]) -> JobOutput {
+    let mut a: Vec<String> = vec![
+        "--config".into(),
+        repo("configs/tiny.toml"),
+        "--no-progress".into(),
+    ];
+    a.extend(extra.iter().map(|x| x.to_string()));
+    train(2, &a)
+}
+
+/// The run failed by itself with status `code`, and its output says every needle.
+fn failed_with(out: &JobOutput, code: i32, needles: &[&str]) {
+    assert!(!out.timed_out, "timed out\n{}", out.transcript());
+    assert_eq!(out.code, Some(code), "exit status\n{}", out.transcript());
+    let text = out.all_text();
+    for n in needles {
+        assert!(text.contains(n), "output lacks {n:?}\n{}", out.transcript());
+    }
+}
+
+/// No training step ran (the progress log never reached step 1).
+fn no_step_ran(out: &JobOutput) {
+    assert!(
+        !out.all_text().contains(" step 1/"),
+        "a step ran before the error\n{}",
+        out.transcript()
+    );
+}
+
+/// A read-only directory: a read-only tmpfs when this machine lets us mount one (root
+/// outside a restricted container), else /proc/self, where no file can be created.
+fn read_only_dir(dir: &Path) -> (PathBuf, bool) {
+    let ro = dir.join("ro");
+    std::fs::create_dir_all(&ro).expect("mkdir");
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "ro,size=64k", "tmpfs"])
+        .arg(&ro)
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if mounted {
+        (ro, true)
+    } else {
+        (PathBuf::from("/proc/self"), false)
+    }
+}
+
+#[test]
+fn an_unusable_checkpoint_setup_stops_before_step_1() {
+    let dir = scratch("setup");
+    // A directory that cannot be created (under a regular file; root ignores modes).
+    let blocker = dir.join("a-file");
+    std::fs::write(&blocker, "not a directory").expect("write");
+    let bad = s(&blocker.join("ckpt"));
+    let out = tiny(&["--steps", "3", "--ckpt-dir", &bad, "--save-every", "1"]);
+    failed_with(&out, 1, &["--ckpt-dir", "cannot create it"]);
+    no_step_ran(&out);
+    // A read-only filesystem.
+    let (ro, mounted) = read_only_dir(&dir);
+    let out = tiny(&["--steps", "3", "--ckpt-dir", &s(&ro), "--save-every", "1"]);
+    if mounted {
+        let _ = Command::new("umount").arg(&ro).status();
+    }
+    failed_with(&out, 1, &["cannot write a file there"]);
+    if mounted {
+        assert!(
+            out.all_text().contains("Read-only file system"),
+            "{}",
+            out.transcript()
+        );
+    }
+    no_step_ran(&out);
+    // --keep-last 0 would delete the checkpoint it just wrote.
+    let ck = s(&dir.join("ck"));
+    let out = tiny(&["--steps", "3", "--ckpt-dir", &ck, "--keep-last", "0"]);
+    failed_with(&out, 1, &["--keep-last 0"]);
+    no_step_ran(&out);
+}
+
+/// --ckpt-dir without --save-every saves once, after the last step; steps count from 1
+/// alike in the metrics and the checkpoint's name.
+#[test]
+fn ckpt_dir_alone_saves_after_the_last_step() {
+    let dir = scratch("alone");
+    let (ck, m) = (dir.join("ck"), dir.join("m.jsonl"));
+    let out = tiny(&["--steps", "3", "--ckpt-dir", &s(&ck), "--metrics", &s(&m)]);
+    ok(&out);
+    let latest = std::fs::read_to_string(ck.join("latest")).expect("a checkpoint was saved");
+    assert_eq!(latest.trim(), "step-3");
+    let steps: Vec<u64> = read_lines(&m)
+        .iter()
+        .map(|v| v["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(steps, [1, 2, 3]);
+}
+
+/// Every save fails (its `latest` pointer cannot be replaced): training goes on, but the
+/// run exits 1 because its trained weights are not on disk.
+#[test]
+fn a_run_whose_final_checkpoint_fails_exits_1() {
+    let dir = scratch("final");
+    let ck = dir.join("ck");
+    std::fs::create_dir_all(ck.join("latest").join("x")).expect("mkdir");
+    let out = tiny(&["--steps", "4", "--ckpt-dir", &s(&ck), "--save-every", "2"]);
+    failed_with(
+        &out,
+        1,
+        &[
+            "checkpoint after step 2 failed",
+            "training reached step 4, but its checkpoint could not be saved",
+        ],
+    );
+}
+
+#[test]
+fn fp16_stuck_at_its_minimum_loss_scale_stops_naming_the_step() {
+    // A loss scale of 1e30 overflows fp16 at every step, and it is the floor too.
+    let out = tiny(&[
+        "--steps",
+        "20",
+        "--precision",
+        "fp16",
+        "--set",
+        "precision.initial_scale=1e30",
+        "--set",
+        "precision.min_scale=1e30",
+        "--set",
+        "precision.max_skips_at_min_scale=5",
+    ]);
+    failed_with(
+        &out,
+        1,
+        &[
+            "step 5: 5 steps in a row overflowed in fp16 at the minimum loss scale",
+            "train in bf16",
+        ],
+    );
+    assert!(!out.all_text().contains("step 6:"), "{}", out.transcript());
+}
+
+/// fp32 -> fp16: dynamic scaling from the configured initial scale (not the fp32 run's
+/// disabled scale of 1), and the change recorded in the next checkpoint; fp16 -> fp32:
+/// no scaling.
+#[test]
+fn resuming_in_another_precision_takes_the_loss_scaler_from_the_new_configuration() {
+    let dir = scratch("precision");
+    let ck = s(&dir.join("ck"));
+    ok(&tiny(&[
+        "--steps",
+        "3",
+        "--ckpt-dir",
+        &ck,
+        "--precision",
+        "fp32",
+    ]));
+    let m16 = dir.join("m16.jsonl");
+    let out = tiny(&[
+        "--steps",
+        "5",
+        "--ckpt-dir",
+        &ck,
+        "--resume",
+        &ck,
+        "--precision",
+        "fp16",
+        "--metrics",
+        &s(&m16),
+    ]);
+    ok(&out);
+    let scales: Vec<f64> = read_lines(&m16)
+        .iter()
+        .map(|v| v["loss_scale"].as_f64().unwrap())
+        .collect();
+    assert_eq!(scales, [65536.0, 65536.0], "{}", out.transcript());
+    let meta: Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("ck/step-5/meta.json")).expect("step-5 saved"),
+    )
+    .expect("JSON");
+    let history = meta["history"].to_string();
+    assert!(
+        history.contains("precision Fp32 (loss scaling off) -> Fp16 (loss scaling on)"),
+        "{history}"
+    );
+    let m32 = dir.join("m32.jsonl");
+    ok(&tiny(&[
+        "--steps",
+        "6",
+        "--ckpt-dir",
+        &ck,
+        "--resume",
+        &ck,
+        "--precision",
+        "fp32",
+        "--metrics",
+        &s(&m32),
+    ]));
+    assert_eq!(read_lines(&m32)[0]["loss_scale"].as_f64(), Some(1.0));
+}
+
+#[test]
+fn a_rank_that_cannot_load_has_its_own_reason_printed() {
+    let dir = scratch("load");
+    let ck = dir.join("ck");
+    ok(&tiny(&["--steps", "2", "--ckpt-dir", &s(&ck)]));
+    let f = ck.join("step-2").join("rank-00001.h5");
+    let mut bytes = std::fs::read(&f).expect("read shard");
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 1;
+    std::fs::write(&f, bytes).expect("write shard");
+    let out = tiny(&["--steps", "4", "--resume", &s(&ck)]);
+    failed_with(
+        &out,
+        1,
+        &[
+            "failed on 1 rank(s)",
+            "rank 1: checksum mismatch",
+            "rank-00001.h5",
+        ],
+    );
+    assert!(
+        !out.all_text().contains("in its log"),
+        "{}",
+        out.transcript()
+    );
+}
+
+/// Little-endian u16 tokens as a nanoGPT file, optionally behind an llm.c-style header.
+fn token_file(path: &Path, header: Option<[i32; 3]>, tokens: &[u16]) {
+    let mut bytes = Vec::new();
+    if let Some(h) = header {
+        let mut full = [0i32; 256];
+        full[..3].copy_from_slice(&h);
+        full.iter()
+            .for_each(|x| bytes.extend_from_slice(&x.to_le_bytes()));
+    }
+    tokens
+        .iter()
+        .for_each(|t| bytes.extend_from_slice(&t.to_le_bytes()));
+    std::fs::write(path, bytes).expect("write tokens");
+}
+
+#[test]
+fn data_is_checked_before_training() {
+    let dir = scratch("data");
+    let path = |n: &str| format!("data.path={:?}", s(&dir.join(n)));
+    // A token outside V = 64 far past anything 3 steps read: an error before step 1.
+    let mut tokens: Vec<u16> = (0..100_000).map(|i| (i * 7 % 64) as u16).collect();
+    tokens[90_000] = 500;
+    token_file(&dir.join("bad.bin"), None, &tokens);
+    let out = tiny(&["--steps", "3", "--set", &path("bad.bin")]);
+    failed_with(
+        &out,
+        1,
+        &["token 500 at position 90000", "model.vocab_size = 64"],
+    );
+    no_step_ran(&out);
+    // An llm.c header (version 1, the right count) with another magic.
+    let good: Vec<u16> = (0..5000).map(|i| (i % 64) as u16).collect();
+    token_file(&dir.join("magic.bin"), Some([20240801, 1, 5000]), &good);
+    let out = tiny(&["--steps", "3", "--set", &path("magic.bin")]);
+    failed_with(&out, 1, &["header magic is 20240801", "20240520"]);
+    // Shorter than one global batch (2 x 2 x 16 + 1 = 65 tokens): a warning, and it runs.
+    token_file(&dir.join("short.bin"), None, &good[..50]);
+    let out = tiny(&["--steps", "2", "--set", &path("short.bin")]);
+    ok(&out);
+    assert!(
+        out.all_text()
+            .contains("holds 50 tokens, fewer than one global batch"),
+        "{}",
+        out.transcript()
+    );
+}
+
+/// A token stream the model learns (period 8) for 40 steps, then one it has not seen:
+/// the loss jumps from ~0.2 to ~10, over 3x its recent median. `warn` logs and counts,
+/// `stop` exits 1 naming the step, `skip_step` skips those steps on every rank.
+#[test]
+fn a_diverging_loss_follows_the_configured_policy() {
+    let dir = scratch("diverge");
+    let mut tokens: Vec<u16> = (0..64 * 40).map(|i| (i % 8) as u16).collect();
+    tokens.extend((0..64 * 40).map(|i| (32 + (i * 13 + i / 7) % 32) as u16));
+    let data = dir.join("shift.bin");
+    token_file(&data, None, &tokens);
+    let run = |policy: &str, metrics: &Path| {
+        tiny(&[
+            "--steps",
+            "45",
+            "--set",
+            "optim.lr=1e-2",
+            "--set",
+            &format!("data.path={:?}", s(&data)),
+            "--set",
+            &format!("divergence.policy={policy:?}"),
+            "--metrics",
+            &s(metrics),
+        ])
+    };
+    let warned = dir.join("warn.jsonl");
+    let out = run("warn", &warned);
+    ok(&out);
+    let lines = read_lines(&warned);
+    let diverged: Vec<u64> = lines
+        .iter()
+        .filter(|v| v["diverged"] == Value::Bool(true))
+        .map(|v| v["step"].as_u64().unwrap())
+        .collect();
+    assert!(
+        !diverged.is_empty(),
+        "no divergence seen\n{}",
+        out.transcript()
+    );
+    assert!(lines.iter().all(|v| v["skipped"] == Value::Bool(false)));
+    let first = diverged[0];
+    assert!(
+        out.all_text().contains(&format!(
+            "{} step(s) with a divergent loss (divergence.policy = Warn)",
+            diverged.len()
+        )),
+        "{}",
+        out.transcript()
+    );
+
+    let out = run("stop", &dir.join("stop.jsonl"));
+    failed_with(
+        &out,
+        1,
+        &[
+            &format!("step {first}: the loss"),
+            "divergence.policy = \"stop\"",
+        ],
+    );
+
+    let skipped = dir.join("skip.jsonl");
+    ok(&run("skip_step", &skipped));
+    let lines = read_lines(&skipped);
+    let first_skip = lines
+        .iter()
+        .find(|v| v["skipped"] == Value::Bool(true))
+        .expect("a skipped step");
+    assert_eq!(first_skip["step"].as_u64(), Some(first));
+    assert_eq!(first_skip["diverged"], Value::Bool(true));
+}
+
+/// Metadata that no model lays out so is refused before anything is read or allocated,
+/// and an output is never left half-written.
+#[test]
+fn ckpt_tools_refuse_inconsistent_metadata_and_leave_no_partial_output() {
+    let dir = scratch("meta");
+    let ck = dir.join("ck");
+    ok(&tiny(&["--steps", "2", "--ckpt-dir", &s(&ck)]));
+    let step = ck.join("step-2");
+    let meta_path = step.join("meta.json");
+    let text = std::fs::read_to_string(&meta_path).expect("meta.json");
+    let mut meta: Value = serde_json::from_str(&text).expect("JSON");
+    meta["layout"]["params"][3]["shape"] = serde_json::json!([64, 64]);
+    std::fs::write(&meta_path, meta.to_string()).expect("write meta");
+    let bench = zero_bench_bin();
+    let inspect = Command::new(&bench)
+        .args(["ckpt", "inspect"])
+        .arg(&step)
+        .output()
+        .expect("zero-bench runs");
+    let err = String::from_utf8_lossy(&inspect.stderr);
+    assert_eq!(inspect.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("inconsistent layout") && err.contains("numel 32"),
+        "{err}"
+    );
+    let out = dir.join("model.h5");
+    let consolidate = Command::new(&bench)
+        .args(["ckpt", "consolidate"])
+        .arg(&step)
+        .arg(&out)
+        .output()
+        .expect("zero-bench runs");
+    assert_eq!(consolidate.status.code(), Some(1));
+    let left: Vec<String> = std::fs::read_dir(&dir)
+        .expect("list")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains("model.h5"))
+        .collect();
+    assert!(left.is_empty(), "partial output left: {left:?}");
+}

@@ -1,0 +1,192 @@
+//! Time limits and preemption on a real Slurm cluster (the two-node local cluster of
+//! scripts/slurm-cluster): slurm/train.sbatch submitted with a one-minute time limit gets
+//! SIGUSR1 from Slurm (its `--signal=USR1@120`), every rank finishes its step, they save
+//! a checkpoint together and exit 85, the script requeues the job, and the requeued job
+//! resumes from the checkpoint. The whole loss curve (metrics.jsonl, appended across the
+//! runs) equals an uninterrupted run's under mpirun, bit for bit (fp32, the same 4 ranks).
+//!
+//! Two things the test does that a user would not: Slurm holds a requeued job for about
+//! two minutes before it may start again, and the test lets it start after 10 s; and it
+//! gives the requeued run a longer time limit (one minute would signal it again within
+//! seconds, since Slurm may send the signal up to a minute early), so the job ends after
+//! one requeue instead of many. Both are `scontrol update` of the pending job.
+//!
+//! Needs the cluster up, as tests/tests/slurm_cluster.rs; never skips.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use zero_tests::slurm::{job_state, slurm, slurm_conf, submit, text};
+use zero_tests::{zero_bench_bin, MpiJob};
+
+/// Long enough that the first run is still training when Slurm's time-limit check sends
+/// the signal (within ~35 s of the start: the check runs every 30 s). On the emulated
+/// two-node cluster a step takes ~60-90 ms (ranks on the two "nodes" talk over TCP), so
+/// the job runs ~60 s; the mpirun reference ~15 s.
+const STEPS: usize = 800;
+
+fn repo(rel: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(rel)
+        .display()
+        .to_string()
+}
+
+fn job_dir() -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("slurm_preempt")
+        .join(format!("job-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+    dir
+}
+
+fn losses(path: &Path) -> Vec<(u64, u64)> {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .lines()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}"));
+            let step = v["step"].as_u64().unwrap_or_else(|| panic!("no step: {l}"));
+            let loss = v["loss"].as_f64().unwrap_or_else(|| panic!("no loss: {l}"));
+            (step, loss.to_bits())
+        })
+        .collect()
+}
+
+/// `scontrol show job` field `key` of job `id` ("" when absent).
+fn job_field(conf: &str, id: u64, key: &str) -> String {
+    let out = slurm(conf, "scontrol")
+        .args(["show", "job", &id.to_string()])
+        .output()
+        .unwrap_or_else(|e| panic!("scontrol: {e}"));
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    text.split_whitespace()
+        .find_map(|kv| kv.strip_prefix(&format!("{key}=")))
+        .unwrap_or("")
+        .to_string()
+}
+
+#[test]
+fn a_job_signalled_before_its_time_limit_checkpoints_requeues_and_resumes_bitwise() {
+    let conf = slurm_conf();
+    let dir = job_dir();
+    let bench = zero_bench_bin().display().to_string();
+    let demo = repo("configs/demo.toml");
+    let train_args = [
+        "--precision".to_string(),
+        "fp32".into(),
+        "--stage".into(),
+        "2".into(),
+        "--steps".into(),
+        STEPS.to_string(),
+    ];
+    let output = dir.join("job.out");
+    let (chdir, out, time) = (
+        format!("--chdir={}", dir.display()),
+        format!("--output={}", output.display()),
+        "--time=1".to_string(),
+    );
+    let script = repo("slurm/train.sbatch");
+    let mut args: Vec<&str> = vec![&chdir, &out, &time, &script];
+    args.extend(train_args.iter().map(String::as_str));
+    let id = submit(&conf, &args, &[("ZERO_BENCH", &bench), ("CONFIG", &demo)]);
+
+    // Follow the job: once requeued (pending on its begin time), let it start now with a
+    // longer limit; then wait for the end.
+    let start = Instant::now();
+    let mut nudged = false;
+    let state = loop {
+        let state = job_state(&conf, id);
+        if state == "PENDING" && !nudged && job_field(&conf, id, "Reason") == "BeginTime" {
+            let upd = slurm(&conf, "scontrol")
+                // (now+10: the first run's step daemons finish their cleanup first; a
+                // requeued job keeps its id, and its new step would reuse their sockets.)
+                .args([
+                    "update",
+                    &format!("JobId={id}"),
+                    "StartTime=now+10",
+                    "TimeLimit=20",
+                ])
+                .output()
+                .unwrap_or_else(|e| panic!("scontrol update: {e}"));
+            assert!(upd.status.success(), "{}", text(&upd));
+            nudged = true;
+        }
+        if [
+            "COMPLETED",
+            "FAILED",
+            "CANCELLED",
+            "TIMEOUT",
+            "NODE_FAIL",
+            "OUT_OF_MEMORY",
+        ]
+        .contains(&state.as_str())
+        {
+            break state;
+        }
+        if start.elapsed() > Duration::from_secs(600) {
+            let _ = slurm(&conf, "scancel").arg(id.to_string()).output();
+            panic!(
+                "job {id} not finished after 10 min (state '{state}')\n{}",
+                std::fs::read_to_string(&output).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    let log = std::fs::read_to_string(&output).unwrap_or_default();
+    assert_eq!(state, "COMPLETED", "job {id}\n{log}");
+    assert!(nudged, "the job was never requeued\n{log}");
+    for needle in [
+        "stopped by SIGUSR1 after step",
+        "(exit status 85)",
+        "requeueing job",
+        "(restart 1): resuming from",
+        "done: metrics",
+    ] {
+        assert!(log.contains(needle), "job output lacks {needle:?}\n{log}");
+    }
+    assert_eq!(job_field(&conf, id, "Restarts"), "1", "{log}");
+
+    // The uninterrupted run, under mpirun on the same 4 ranks.
+    let reference = dir.join("reference.jsonl");
+    let mut ref_args = vec![
+        "train".to_string(),
+        "--config".into(),
+        demo.clone(),
+        "--no-progress".into(),
+        "--metrics".into(),
+        reference.display().to_string(),
+    ];
+    ref_args.extend(train_args.iter().cloned());
+    let r = MpiJob::new(4, &bench)
+        .args(ref_args)
+        .timeout(Duration::from_secs(600))
+        .run();
+    assert_eq!(r.code, Some(0), "reference run\n{}", r.transcript());
+
+    // The whole curve, every step once, equals the uninterrupted run's bit for bit.
+    let run_dir = dir.join(format!("zero-train-{id}"));
+    let got = losses(&run_dir.join("metrics.jsonl"));
+    let want = losses(&reference);
+    assert_eq!(want.len(), STEPS);
+    assert_eq!(
+        got.iter().map(|(s, _)| *s).collect::<Vec<_>>(),
+        (1..=STEPS as u64).collect::<Vec<_>>(),
+        "steps of the job's metrics"
+    );
+    for ((s, a), (_, b)) in got.iter().zip(&want) {
+        assert_eq!(
+            a,
+            b,
+            "step {s}: loss {} after the requeue vs {} uninterrupted",
+            f64::from_bits(*a),
+            f64::from_bits(*b)
+        );
+    }
+    let ckpt = run_dir.join("ckpt");
+    let latest = std::fs::read_to_string(ckpt.join("latest")).unwrap_or_default();
+    assert_eq!(latest.trim(), format!("step-{STEPS}"), "{log}");
+}

@@ -1,0 +1,194 @@
+//! What `--ckpt-dir` and `--resume` need, checked on every rank before step 1, so that a
+//! run that could not save, or should not resume, stops before it spends its allocation:
+//!
+//! - `--ckpt-dir`: rank 0 creates it; every rank writes and removes a probe file there
+//!   (each rank writes its own shard into it later). A directory that cannot be created,
+//!   a read-only filesystem, or one that a rank cannot see is an error naming the rank.
+//!   Without `--save-every` the run saves once, after its last step.
+//! - `--resume`: every rank reads the checkpoint's metadata. `train.steps` must be above
+//!   the checkpoint's step, and the global batch (ranks x grad_accum x micro_batch rows
+//!   of seq_len tokens) must be the checkpoint's unless `--allow-batch-change` says
+//!   otherwise; the change is then logged and recorded in the next checkpoints.
+//!
+//! Step numbers count from 1 everywhere: the checkpoint `step-S` holds the state after
+//! step S (its metadata's `step`), and a resumed run continues with step S + 1.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail, Context};
+use zero_comm::Communicator;
+use zero_core::checkpoint::{self, Meta};
+
+use super::launch::{agree, Failure};
+use super::TrainArgs;
+use crate::config::{Config, LoadedConfig};
+
+/// What the run learned of the checkpoint it resumes.
+pub struct Resume {
+    /// The step directory.
+    pub dir: PathBuf,
+    /// Its step (the state after that many steps).
+    pub step: u64,
+    /// The global batch change allowed by `--allow-batch-change`, as a history line.
+    pub batch_change: Option<String>,
+}
+
+/// The global batch of a run: N ranks x A micro-steps x B rows of T tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct GlobalBatch {
+    world: usize,
+    accum: usize,
+    rows: usize,
+    seq_len: usize,
+}
+
+impl GlobalBatch {
+    fn of(config: &Config, world: usize) -> Self {
+        GlobalBatch {
+            world,
+            accum: config.train.grad_accum,
+            rows: config.train.micro_batch,
+            seq_len: config.train.seq_len,
+        }
+    }
+
+    fn tokens(&self) -> usize {
+        self.world * self.accum * self.rows * self.seq_len
+    }
+}
+
+impl std::fmt::Display for GlobalBatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} rank(s) x grad_accum {} x micro_batch {} rows x seq_len {} = {} tokens per step",
+            self.world,
+            self.accum,
+            self.rows,
+            self.seq_len,
+            self.tokens()
+        )
+    }
+}
+
+/// Check `--ckpt-dir` and `--resume` on every rank (collective). Returns what a resume
+/// starts from.
+pub fn prepare<C: Communicator>(
+    comm: &C,
+    args: &TrainArgs,
+    loaded: &[LoadedConfig],
+) -> Result<Option<Resume>, Failure> {
+    let rank = comm.rank();
+    if let Some(dir) = &args.ckpt_dir {
+        let created = match rank {
+            0 => std::fs::create_dir_all(dir).with_context(|| {
+                format!(
+                    "--ckpt-dir {}: cannot create it; give a directory on a filesystem every rank can write",
+                    dir.display()
+                )
+            }),
+            _ => Ok(()),
+        };
+        agree(comm, created)?;
+        agree(comm, probe(dir, rank))?;
+        if rank == 0 && args.save_every == 0 {
+            log::info!(
+                "--ckpt-dir {} without --save-every: one checkpoint after the last step (and one if SIGTERM/SIGUSR1 stops the run)",
+                dir.display()
+            );
+        }
+    }
+    let Some(path) = &args.resume else {
+        return Ok(None);
+    };
+    let read = checkpoint::resolve(path)
+        .and_then(|dir| Meta::read(&dir).map(|m| (dir, m)))
+        .with_context(|| format!("--resume {}", path.display()));
+    let (dir, meta) = agree(comm, read)?;
+    // The checks below depend only on the metadata and the configuration, the same on
+    // every rank: rank 0 reports.
+    let same = |e: anyhow::Error| Failure::same_everywhere(e, rank);
+    let config = &loaded[0].config;
+    let steps = config.train.steps as u64;
+    if steps <= meta.step {
+        return Err(same(anyhow!(
+            "the checkpoint {} is at step {}, and train.steps is {steps}: there is nothing left to train; give --steps above {} (e.g. --steps {})",
+            dir.display(),
+            meta.step,
+            meta.step,
+            meta.step + steps.max(1)
+        )));
+    }
+    let ours = GlobalBatch::of(config, comm.size());
+    let batch_change = match saved_batch(&meta) {
+        Ok(theirs) if theirs == ours => None,
+        Ok(theirs) if args.allow_batch_change => {
+            let line = format!(
+                "after step {}: global batch changed from {theirs} to {ours} (--allow-batch-change)",
+                meta.step
+            );
+            if rank == 0 {
+                log::warn!("{line}");
+            }
+            Some(line)
+        }
+        Ok(theirs) => {
+            return Err(same(anyhow!(
+                "the checkpoint {} was trained with a global batch of {theirs}; this run has {ours}. \
+                 The data order and the optimizer's dynamics follow the global batch: launch as many \
+                 ranks with the same train.grad_accum, train.micro_batch and train.seq_len, or pass \
+                 --allow-batch-change to go on with the new batch (logged, and recorded in the \
+                 checkpoints that follow)",
+                dir.display()
+            )))
+        }
+        Err(why) => {
+            if rank == 0 {
+                log::warn!(
+                    "cannot compare the global batch with the checkpoint's ({why}); resuming as asked"
+                );
+            }
+            None
+        }
+    };
+    Ok(Some(Resume {
+        dir,
+        step: meta.step,
+        batch_change,
+    }))
+}
+
+/// The global batch a checkpoint was trained with: N and A from its engine record, B and
+/// T from this tool's configuration saved beside it.
+fn saved_batch(meta: &Meta) -> anyhow::Result<GlobalBatch> {
+    let text = meta
+        .app_config
+        .as_deref()
+        .ok_or_else(|| anyhow!("the checkpoint records no zero-bench configuration"))?;
+    let saved: Config = toml::from_str(text).context("its recorded configuration")?;
+    Ok(GlobalBatch {
+        world: meta.world,
+        accum: meta.engine.grad_accum,
+        rows: saved.train.micro_batch,
+        seq_len: saved.train.seq_len,
+    })
+}
+
+/// Write, sync and remove a small file in `dir`: this rank can save its shard there.
+/// (The message does not name the rank: identical messages are printed once, with the
+/// count of ranks that gave it.)
+fn probe(dir: &Path, rank: usize) -> anyhow::Result<()> {
+    let file = dir.join(format!(".write-test-rank-{rank}-{}", std::process::id()));
+    let written = std::fs::File::create(&file).and_then(|mut f| {
+        std::io::Write::write_all(&mut f, b"zero-rs checkpoint directory probe\n")?;
+        f.sync_all()
+    });
+    let removed = std::fs::remove_file(&file);
+    match (written, removed) {
+        (Ok(()), Ok(())) => Ok(()),
+        (Err(e), _) | (Ok(()), Err(e)) => bail!(
+            "--ckpt-dir {}: cannot write a file there ({e}); give a directory every rank can write (a read-only or missing mount?)",
+            dir.display()
+        ),
+    }
+}
