@@ -143,6 +143,28 @@ fn seventy_b_on_512_gpus_says_which_stages_fit() {
     // 16Ψ = 1.12 TB, 4Ψ = 280 GB, 2Ψ = 140 GB cannot fit in 80 GiB; 16Ψ/N = 2.2 GB can.
     assert_eq!(fits, [false, false, false, true], "\n{text}");
     assert!(text.contains("N = 512: fits with ZeRO-3"), "\n{text}");
+    assert!(
+        text.contains("recommend ZeRO-3: the lowest stage that fits (ZeRO-0 needs"),
+        "\n{text}"
+    );
+}
+
+/// fp32 is planned against the fp32 formula (no master copy: stage 1 = 4Ψ + 4Ψ + 8Ψ/N),
+/// with the paper's mixed-precision formula beside it.
+#[test]
+fn fp32_plans_use_the_fp32_formula_with_the_papers_beside_it() {
+    let (doc, text) = run_json(
+        &["--params", "7.5e9", "--gpus", "64", "--precision", "fp32"],
+        "fp32",
+    );
+    let psi = 7.5e9;
+    let points = doc.get("points").arr();
+    let f = |i: usize, key: &str| points[i].get(key).num();
+    assert_eq!(f(1, "formula_bytes"), 8.0 * psi + 8.0 * psi / 64.0);
+    assert_eq!(f(1, "paper_formula_bytes"), 4.0 * psi + 12.0 * psi / 64.0);
+    assert_eq!(points[1].get("formula").str(), "4Ψ + 4Ψ + 8Ψ/N");
+    assert!(text.contains("4Ψ + 4Ψ + 8Ψ/N = 60.94 GB"), "\n{text}");
+    assert!(text.contains("2Ψ + 2Ψ + 12Ψ/N = 31.41 GB"), "\n{text}");
 }
 
 #[test]
@@ -166,7 +188,7 @@ fn table_over_n_and_verbose_details() {
         "gather_forward",
         "alpha-beta",
         "total difference",
-        "formula 16Ψ/N",
+        "formula for bf16 16Ψ/N",
     ] {
         assert!(
             text.contains(needle),

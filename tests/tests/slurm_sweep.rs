@@ -232,6 +232,53 @@ fn sweep_run_with_srun_as_launcher_inside_an_allocation() {
     assert_svg(&out.join("comm.svg"));
 }
 
+/// `zero-bench tune` inside an allocation, srun as its launcher: 4 ranks over the two
+/// nodes, the tiny model; it probes the link, measures one candidate per stage (and the
+/// configuration as given), and writes a configuration that the allocation then trains.
+#[test]
+fn tune_with_srun_as_launcher_inside_an_allocation() {
+    let conf = slurm_conf();
+    let dir = job_dir("tune");
+    let bench = zero_bench_bin().display().to_string();
+    let out = dir.join("out");
+    let batch = dir.join("tune.sbatch");
+    std::fs::write(
+        &batch,
+        format!(
+            "#!/bin/bash\nset -euo pipefail\n{bench} tune --config {} --world 4 \
+             --global-batch 8 --mem-limit 1GiB --top 4 --steps 4 --rounds 1 \
+             --ranks-per-node 2 --out {out} \
+             --launcher 'srun --mpi=pmix --kill-on-bad-exit=1 -n {{n}}'\n\
+             srun --mpi=pmix --kill-on-bad-exit=1 -n 4 {bench} train --config {out}/best.toml \
+             --steps 2 --no-progress\n",
+            config("tiny.toml"),
+            out = out.display()
+        ),
+    )
+    .unwrap_or_else(|e| panic!("write {}: {e}", batch.display()));
+    let batch = batch.display().to_string();
+    let (id, state, log) = run_job(
+        &conf,
+        &dir,
+        &["-N", "2", "--ntasks-per-node=2", "--time=00:10:00", &batch],
+        &[],
+    );
+    assert_eq!(state, "COMPLETED", "job {id}\n{log}");
+    assert!(
+        log.contains("predicted order matches the measured one for") && log.contains("chosen:"),
+        "{log}"
+    );
+    let report = read_json(&out.join("tune.json"));
+    let measured = report["measured"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{report}"));
+    assert!(measured.len() >= 4, "{report}");
+    assert!(
+        report["beta_bytes_per_s"].as_f64().is_some_and(|b| b > 0.0),
+        "{report}"
+    );
+}
+
 #[test]
 fn train_and_sweep_sbatch_refuse_to_run_outside_an_allocation() {
     for name in ["train.sbatch", "sweep.sbatch"] {

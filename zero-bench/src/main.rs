@@ -12,6 +12,7 @@ mod micro;
 mod plan;
 mod sweep;
 mod train;
+mod tune;
 
 use clap::{Parser, Subcommand};
 
@@ -41,6 +42,9 @@ enum Command {
     /// Scaling sweeps over N, stage, model, precision, accumulation: table (CSV, JSON) and plots.
     #[command(subcommand)]
     Sweep(sweep::SweepCommand),
+    /// Choose stage, micro-batch, buckets and prefetch for a world size, a global batch
+    /// and a memory budget: predicted, then the best measured under the real launcher.
+    Tune(tune::TuneArgs),
 }
 
 fn main() {
@@ -52,6 +56,7 @@ fn main() {
         Command::Plan(args) => plan::run(&args),
         Command::Train(args) => train::run(*args),
         Command::Sweep(cmd) => sweep::run(cmd),
+        Command::Tune(args) => tune::run(&args),
     };
     if let Err(err) = result {
         // `{:#}` prints the whole context chain on one line: what failed and why.

@@ -41,6 +41,9 @@ pub struct LoadedConfig {
     pub config: Config,
     /// Source of each explicitly set leaf.
     pub provenance: BTreeMap<String, Source>,
+    /// `zero.stage = "auto"`: the stage is chosen from the memory budget before the run
+    /// (`config.zero.stage` holds the default until then).
+    pub auto_stage: bool,
 }
 
 /// Read `path` (or start from defaults when `None`), apply `overrides`
@@ -60,10 +63,12 @@ pub fn load(path: Option<&Path>, overrides: &[String]) -> Result<LoadedConfig, L
 
 /// As [`load`], from TOML text; `origin` names it in messages and provenance.
 pub fn load_str(text: &str, origin: &str, overrides: &[String]) -> Result<LoadedConfig, LoadError> {
-    let file: Table = toml::from_str(text).map_err(|e| LoadError::Parse {
+    let mut file: Table = toml::from_str(text).map_err(|e| LoadError::Parse {
         origin: origin.to_string(),
         message: e.to_string(),
     })?;
+    // `zero.stage = "auto"` is this tool's to resolve (zero-core's stage is a number).
+    let file_auto = take_auto_stage(&mut file);
     // Deserialise each layer alone first so an unknown key or a bad type is reported
     // against the place it came from.
     typed(&file, origin)?;
@@ -76,15 +81,44 @@ pub fn load_str(text: &str, origin: &str, overrides: &[String]) -> Result<Loaded
         let (key, value) = parse_override(arg)?;
         set_path(&mut cli, &key, value.clone(), arg)?;
     }
+    let cli_auto = take_auto_stage(&mut cli);
+    let cli_stage = cli
+        .get("zero")
+        .and_then(Value::as_table)
+        .is_some_and(|z| z.contains_key("stage"));
     typed(&cli, "command line (--set)")?;
     let mut merged = file;
     leaves(&cli, "", &mut |k| {
         provenance.insert(k, Source::CommandLine);
     });
+    if cli_auto {
+        provenance.insert("zero.stage".into(), Source::CommandLine);
+    } else if file_auto && !cli_stage {
+        provenance.insert("zero.stage".into(), Source::File(origin.to_string()));
+    }
     merge(&mut merged, cli);
     let config = typed(&merged, origin)?;
     config.validate()?;
-    Ok(LoadedConfig { config, provenance })
+    Ok(LoadedConfig {
+        config,
+        provenance,
+        auto_stage: cli_auto || (file_auto && !cli_stage),
+    })
+}
+
+/// Remove `zero.stage` from `t` when it is the string "auto" (any case); whether it was.
+fn take_auto_stage(t: &mut Table) -> bool {
+    let Some(zero) = t.get_mut("zero").and_then(Value::as_table_mut) else {
+        return false;
+    };
+    let auto = zero
+        .get("stage")
+        .and_then(Value::as_str)
+        .is_some_and(|s| s.trim().eq_ignore_ascii_case("auto"));
+    if auto {
+        zero.remove("stage");
+    }
+    auto
 }
 
 fn typed(t: &Table, origin: &str) -> Result<Config, LoadError> {
@@ -175,6 +209,11 @@ impl LoadedConfig {
         if let Ok(Value::Table(t)) = Value::try_from(c) {
             leaves_with_values(&t, "", &mut |k, v| {
                 let src = self.source(&k);
+                let v = if self.auto_stage && k == "zero.stage" {
+                    "\"auto\" (chosen from the memory budget before the run)".into()
+                } else {
+                    v
+                };
                 rows.push((k, v, src));
             });
         }

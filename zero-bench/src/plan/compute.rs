@@ -11,7 +11,9 @@ use crate::config::Config;
 use anyhow::Context as _;
 use serde::Serialize;
 use zero_core::config::GradReduceDtype;
-use zero_core::ledger::{paper_volume_psi, Collective, CommPlan, CommPurpose, Explanation};
+use zero_core::ledger::{
+    paper_volume_psi, Collective, CommPlan, CommPurpose, Explanation, PaperFormula,
+};
 use zero_core::plan::{BufferPlan, PlanInputs};
 use zero_core::{PartitionLayout, Precision, Stage};
 
@@ -138,10 +140,16 @@ pub struct PointReport {
     /// The rank whose ledger is reported (N - 1: its shards hold the units' padding;
     /// every rank's total is the same).
     pub rank: usize,
-    /// The paper's expression for this stage.
+    /// The ZeRO formula for this stage at the plan's precision (`4Ψ + 4Ψ + 8Ψ/N` for
+    /// fp32 stage 1: no master copy).
     pub formula: &'static str,
-    /// The paper's model-state bytes per GPU.
+    /// Its model-state bytes per GPU.
     pub formula_bytes: f64,
+    /// The paper's mixed-precision expression (K = 12), the same as `formula` for
+    /// bf16/fp16.
+    pub paper_formula: &'static str,
+    /// Its bytes per GPU.
+    pub paper_formula_bytes: f64,
     /// The plan: every buffer the engine allocates plus the activation arena.
     pub plan_bytes: u64,
     /// Bytes the plan may use (`gpu_mem x (1 - headroom)`).
@@ -189,16 +197,6 @@ fn purpose_name(p: CommPurpose) -> &'static str {
     }
 }
 
-/// The paper's expression (the table in docs/ARCHITECTURE.md).
-pub fn formula_text(stage: Stage) -> &'static str {
-    match stage {
-        Stage::Zero0 => "16Ψ",
-        Stage::Zero1 => "4Ψ+12Ψ/N",
-        Stage::Zero2 => "2Ψ+14Ψ/N",
-        Stage::Zero3 => "16Ψ/N",
-    }
-}
-
 /// Plan one point on an already built layout (N = `layout.world`).
 pub fn plan_point(
     model: &PlanModel,
@@ -213,6 +211,7 @@ pub fn plan_point(
     let plan = BufferPlan::new(&model.spec, layout, &inputs, rank)
         .with_context(|| format!("planning {stage} on N = {n}"))?;
     let expl = Explanation::new(&plan);
+    let paper = PaperFormula::new(stage, plan.numel, n);
     let comm = CommPlan::new(layout, &plan, knobs.grad_accum);
 
     let latency: f64 = comm
@@ -231,8 +230,10 @@ pub fn plan_point(
         world: n,
         stage: stage.number(),
         rank,
-        formula: formula_text(stage),
+        formula: expl.formula.expression(),
         formula_bytes: expl.formula.total().to_f64(),
+        paper_formula: paper.expression(),
+        paper_formula_bytes: paper.total().to_f64(),
         plan_bytes,
         usable_bytes: usable,
         fits: plan_bytes <= usable,

@@ -13,6 +13,8 @@ mod model;
 mod report;
 mod units;
 
+pub use units::{parse_fraction, parse_mem};
+
 use std::path::PathBuf;
 
 use anyhow::{bail, Context as _};

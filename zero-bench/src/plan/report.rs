@@ -110,31 +110,55 @@ impl PlanReport {
             human_bytes(self.link_bytes_per_s),
             self.link_bytes_per_s * 8.0 / 1e9
         );
+        let fp32 = self.precision == "fp32";
         let _ = writeln!(
             o,
-            "plan = the engine's own buffer ledger (rank N-1) + activations; formula = the ZeRO paper's model states"
+            "plan = the engine's own buffer ledger (rank N-1) + activations; formula = the ZeRO model states at {}{}",
+            self.precision,
+            if fp32 {
+                " (no master copy); paper = the ZeRO paper's mixed-precision formula"
+            } else {
+                " (the ZeRO paper's mixed-precision formula)"
+            }
         );
         o.push('\n');
 
-        let mut header = format!(
-            "{:>7}  {:<7} {:<24} {:>11}  {:<4} {:>12} {:>11}",
-            "N", "stage", "formula", "plan", "fits", "comm/step", "est. comm"
-        );
+        let mut header = format!("{:>7}  {:<7} {:<28}", "N", "stage", "formula");
+        if fp32 {
+            header.push_str(&format!(" {:<28}", "paper"));
+        }
+        header.push_str(&format!(
+            " {:>11}  {:<4} {:>12} {:>11}",
+            "plan", "fits", "comm/step", "est. comm"
+        ));
         if tflops.is_some() {
             header.push_str(&format!(" {:>12}", "est. compute"));
         }
         let _ = writeln!(o, "{}", header.trim_end());
         for p in &self.points {
             let mut line = format!(
-                "{:>7}  {:<7} {:<24} {:>11}  {:<4} {:>12} {:>11}",
+                "{:>7}  {:<7} {:<28}",
                 p.world,
                 format!("ZeRO-{}", p.stage),
                 format!("{} = {}", p.formula, human_bytes(p.formula_bytes)),
+            );
+            if fp32 {
+                line.push_str(&format!(
+                    " {:<28}",
+                    format!(
+                        "{} = {}",
+                        p.paper_formula,
+                        human_bytes(p.paper_formula_bytes)
+                    )
+                ));
+            }
+            line.push_str(&format!(
+                " {:>11}  {:<4} {:>12} {:>11}",
                 human_bytes(p.plan_bytes as f64),
                 if p.fits { "yes" } else { "no" },
                 human_bytes(p.comm_sent_bytes as f64),
                 seconds(p.est_comm_seconds)
-            );
+            ));
             if let Some(c) = p.est_compute_seconds {
                 line.push_str(&format!(" {:>12}", seconds(c)));
             }
@@ -144,21 +168,22 @@ impl PlanReport {
         let mut worlds: Vec<usize> = self.points.iter().map(|p| p.world).collect();
         worlds.dedup();
         for n in worlds {
-            let fit: Vec<String> = self
-                .points
+            let at_n: Vec<&PointReport> = self.points.iter().filter(|p| p.world == n).collect();
+            let fit: Vec<String> = at_n
                 .iter()
-                .filter(|p| p.world == n && p.fits)
+                .filter(|p| p.fits)
                 .map(|p| format!("ZeRO-{}", p.stage))
                 .collect();
             let _ = writeln!(
                 o,
-                "N = {n}: {} in {}",
+                "N = {n}: {} in {}; {}",
                 if fit.is_empty() {
                     "no stage fits".to_string()
                 } else {
                     format!("fits with {}", fit.join(", "))
                 },
-                human_bytes(self.usable_bytes as f64)
+                human_bytes(self.usable_bytes as f64),
+                recommend(&at_n)
             );
         }
         if verbose {
@@ -174,6 +199,48 @@ impl PlanReport {
         }
         o
     }
+}
+
+/// One line: which of the planned stages at one N to use, and why. The rule is the one
+/// `zero.stage = "auto"` applies: the lowest stage that fits, since each stage up holds
+/// less but does more (stages 1 and 2 move what stage 0 moves but add a reduce-scatter
+/// and an all-gather per step in place of one all-reduce; stage 3 moves 1.5x).
+pub fn recommend(points: &[&PointReport]) -> String {
+    let mut sorted: Vec<&&PointReport> = points.iter().collect();
+    sorted.sort_by_key(|p| p.stage);
+    let Some(best) = sorted.iter().find(|p| p.fits) else {
+        let least = sorted.iter().min_by_key(|p| p.plan_bytes);
+        return match least {
+            Some(p) => format!(
+                "recommend: none fits; the leanest planned, ZeRO-{}, needs {} ({} over): more GPUs, a smaller --micro-batch, or more memory",
+                p.stage,
+                human_bytes(p.plan_bytes as f64),
+                human_bytes(p.plan_bytes.saturating_sub(p.usable_bytes) as f64)
+            ),
+            None => "recommend: nothing planned".into(),
+        };
+    };
+    let lower: Vec<String> = sorted
+        .iter()
+        .filter(|p| p.stage < best.stage)
+        .map(|p| {
+            format!(
+                "ZeRO-{} needs {}",
+                p.stage,
+                human_bytes(p.plan_bytes as f64)
+            )
+        })
+        .collect();
+    let why = if lower.is_empty() {
+        "the lowest planned stage, and it fits".to_string()
+    } else {
+        format!("the lowest stage that fits ({})", lower.join(", "))
+    };
+    format!(
+        "recommend ZeRO-{}: {why}; it moves {} per step",
+        best.stage,
+        human_bytes(best.comm_sent_bytes as f64)
+    )
 }
 
 /// One point's details.
@@ -201,7 +268,7 @@ fn render_point(p: &PointReport) -> String {
             )
         }
     );
-    let _ = writeln!(o, "plan vs the paper's formula:");
+    let _ = writeln!(o, "plan vs the ZeRO formula:");
     for line in p.explanation_text.lines() {
         let _ = writeln!(o, "  {line}");
     }

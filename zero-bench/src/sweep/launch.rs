@@ -51,6 +51,65 @@ pub fn launcher_words(template: &str, n: usize) -> anyhow::Result<Vec<String>> {
     Ok(words)
 }
 
+/// Run `words` (a launcher command line) to its end, stdout and stderr into `log_path`,
+/// in a process group of its own killed after `timeout`; Ok when it exited 0. `what`
+/// names the job in errors.
+pub fn run_logged(
+    words: &[String],
+    log_path: &Path,
+    timeout: Duration,
+    what: &str,
+) -> anyhow::Result<()> {
+    let log = File::create(log_path).with_context(|| format!("creating {}", log_path.display()))?;
+    let log_err = log
+        .try_clone()
+        .with_context(|| format!("duplicating {}", log_path.display()))?;
+    let (program, args) = words
+        .split_first()
+        .with_context(|| format!("{what}: empty command line"))?;
+    let mut child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(log_err)
+        // Its own process group, so that a timeout kills every rank with it.
+        .process_group(0)
+        .spawn()
+        .with_context(|| format!("starting '{program}' for {what}"))?;
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child
+            .try_wait()
+            .with_context(|| format!("waiting for {what}"))?
+        {
+            break status;
+        }
+        if start.elapsed() > timeout {
+            let pgid = child.id() as libc::pid_t;
+            // SAFETY: kill(2) on the process group we created; no memory involved.
+            unsafe {
+                libc::kill(-pgid, libc::SIGKILL);
+            }
+            let _ = child.wait();
+            bail!(
+                "{what}: killed after {:?} (timeout {}s); output in {}",
+                start.elapsed(),
+                timeout.as_secs(),
+                log_path.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    if !status.success() {
+        bail!(
+            "{what}: the job failed ({status}) after {:.1} s; output in {}",
+            start.elapsed().as_secs_f64(),
+            log_path.display()
+        );
+    }
+    Ok(())
+}
+
 impl Job<'_> {
     /// The full command line of `point`'s job.
     pub fn command_line(&self, point: &Point) -> anyhow::Result<Vec<String>> {
@@ -80,52 +139,9 @@ impl Job<'_> {
                 .with_context(|| format!("removing the old {}", result.display()))?;
         }
         let log_path = result.with_extension("log");
-        let log =
-            File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
-        let log_err = log
-            .try_clone()
-            .with_context(|| format!("duplicating {}", log_path.display()))?;
         log::info!("{point}: {}", words.join(" "));
-        let mut child = Command::new(&words[0])
-            .args(&words[1..])
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(log_err)
-            // Its own process group, so that a timeout kills every rank with it.
-            .process_group(0)
-            .spawn()
-            .with_context(|| format!("starting '{}' for {point}", words[0]))?;
         let start = Instant::now();
-        let status = loop {
-            if let Some(status) = child
-                .try_wait()
-                .with_context(|| format!("waiting for {point}"))?
-            {
-                break status;
-            }
-            if start.elapsed() > self.timeout {
-                let pgid = child.id() as libc::pid_t;
-                // SAFETY: kill(2) on the process group we created; no memory involved.
-                unsafe {
-                    libc::kill(-pgid, libc::SIGKILL);
-                }
-                let _ = child.wait();
-                bail!(
-                    "{point}: killed after {:?} (--timeout {}s); output in {}",
-                    start.elapsed(),
-                    self.timeout.as_secs(),
-                    log_path.display()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        };
-        if !status.success() {
-            bail!(
-                "{point}: the job failed ({status}) after {:.1} s; output in {}",
-                start.elapsed().as_secs_f64(),
-                log_path.display()
-            );
-        }
+        run_logged(&words, &log_path, self.timeout, &point.to_string())?;
         if !result.is_file() {
             bail!(
                 "{point}: the job succeeded but wrote no {}; output in {}",
@@ -155,13 +171,17 @@ mod tests {
         let p = Point {
             n: 4,
             model: "tiny".into(),
-            precision: "config".into(),
+            precision: "bf16".into(),
             grad_accum: Some(2),
+            from_config: crate::sweep::point::FromConfig {
+                precision: true,
+                ..Default::default()
+            },
         };
         assert_eq!(
             job.command_line(&p).unwrap().join(" "),
             "srun --mpi=pmix -n 4 /bin/zb train --config c.toml --model tiny --grad-accum 2 \
-             --json /out/n4_tiny_config_a2.json"
+             --json /out/n4_tiny_bf16_a2.json"
         );
         assert!(launcher_words("mpirun -n 4", 4).is_err());
         assert_eq!(

@@ -10,7 +10,7 @@
 //! `comm`, each `.png` and `.svg`) into the output directory. Results: point.rs (names),
 //! launch.rs (jobs), table.rs (rows), plot.rs (figures).
 
-mod launch;
+pub mod launch;
 mod plot;
 mod point;
 mod table;
@@ -21,6 +21,8 @@ use std::time::Duration;
 use anyhow::{bail, Context as _};
 use clap::{Args, Subcommand};
 
+use crate::config::load;
+use point::Resolved;
 use table::Row;
 
 /// `zero-bench sweep` subcommands.
@@ -32,6 +34,20 @@ pub enum SweepCommand {
     /// Gather the per-point result files in DIR (from `sweep run` or slurm/sweep.sbatch)
     /// into the table and plots.
     Collect(CollectArgs),
+    /// Print the labels a configuration gives the dimensions a sweep leaves to it:
+    /// `<model> <precision> <grad_accum>` (slurm/sweep.sbatch names its files with them).
+    Resolve(ResolveArgs),
+}
+
+/// Options of `sweep resolve`.
+#[derive(Args, Debug)]
+pub struct ResolveArgs {
+    /// Training configuration file.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Configuration override (as train --set), repeatable.
+    #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
+    pub set: Vec<String>,
 }
 
 /// Options of `sweep run`.
@@ -114,6 +130,11 @@ pub fn run(cmd: SweepCommand) -> anyhow::Result<()> {
             let rows = table::collect(&args.dir)?;
             write_outputs(&rows, args.out.as_deref().unwrap_or(&args.dir))
         }
+        SweepCommand::Resolve(args) => {
+            let r = Resolved::of(&load(args.config.as_deref(), &args.set)?.config)?;
+            println!("{} {} {}", r.model, r.precision, r.grad_accum);
+            Ok(())
+        }
     }
 }
 
@@ -124,11 +145,14 @@ fn run_sweep(args: &RunArgs) -> anyhow::Result<()> {
     if args.stages.is_empty() {
         bail!("--stages is empty: give the stages each job runs, e.g. --stages 0,1,2,3");
     }
+    // What the configuration leaves to itself, named by its values in files and plots.
+    let resolved = Resolved::of(&load(args.config.as_deref(), &args.set)?.config)?;
     let points = point::matrix(
         &args.ranks,
         &args.models,
         &args.precisions,
         &args.grad_accum,
+        &resolved,
     )?;
     // Check the launcher before creating or starting anything.
     launch::launcher_words(&args.launcher, 1)?;

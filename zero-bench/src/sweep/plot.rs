@@ -1,13 +1,15 @@
 //! The sweep's plots, each as PNG and SVG (plotters; text drawn with the DejaVu Sans
 //! font compiled into the binary, so no system font library is needed):
 //! - `memory`: per-rank model states against N for each stage, the ledger (solid) next
-//!   to the ZeRO paper's formula (dashed: 16Ψ, 4Ψ+12Ψ/N, 2Ψ+14Ψ/N, 16Ψ/N); and the
+//!   to the ZeRO formula of the run's precision (dashed; mixed precision 16Ψ, 4Ψ+12Ψ/N,
+//!   2Ψ+14Ψ/N, 16Ψ/N; fp32 16Ψ, 8Ψ+8Ψ/N, 4Ψ+12Ψ/N, 16Ψ/N); and the
 //!   measured peak RSS (solid) with the ledger's total (dashed);
 //! - `throughput`: tokens/s and weak-scaling efficiency against N;
 //! - `comm`: bytes sent per step against N, measured (solid) and planned (dashed).
 //!
 //! A figure is a list of panels of lines, built from the table first and then rendered
-//! by the same code on both backends. Per-rank values are the largest rank's.
+//! by the same code on both backends. Per-rank values are the largest rank's. N is on a
+//! log2 axis (sweeps double N), labelled 1, 2, 4, ...
 
 use std::path::{Path, PathBuf};
 use std::sync::Once;
@@ -200,7 +202,7 @@ fn figures(rows: &[Row]) -> Vec<(&'static str, Vec<Panel>)> {
                 byte_panel(
                     rows,
                     SeriesLabelPosition::UpperRight,
-                    "Model states per rank: ledger (solid), paper formula (dashed)",
+                    "Model states per rank: ledger (solid), ZeRO formula (dashed)",
                     "bytes per rank",
                     |r| max_u64(&r.state_bytes_per_rank),
                     Some(&|r: &Row| r.formula_bytes_per_rank),
@@ -254,7 +256,12 @@ fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, panels: &[Panel]) -> a
     root.fill(&WHITE).map_err(err)?;
     for (area, panel) in root.split_evenly((1, panels.len())).iter().zip(panels) {
         let all = panel.lines.iter().flat_map(|l| l.points.iter());
-        let x_max = all.clone().map(|p| p.0).max().unwrap_or(1);
+        // N on a log2 axis: powers of two equally spaced, ticks labelled 1, 2, 4, ...
+        let log2 = |n: u32| (n.max(1) as f64).log2();
+        let x_lo = all.clone().map(|p| log2(p.0)).fold(f64::INFINITY, f64::min);
+        let x_hi = all.clone().map(|p| log2(p.0)).fold(0.0, f64::max);
+        let x_lo = if x_lo.is_finite() { x_lo.floor() } else { 0.0 };
+        let x_hi = x_hi.ceil().max(x_lo + 1.0);
         let y_max = all
             .map(|p| p.1)
             .filter(|y| y.is_finite())
@@ -272,15 +279,24 @@ fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, panels: &[Panel]) -> a
             .margin(15)
             .x_label_area_size(45)
             .y_label_area_size(80)
-            .build_cartesian_2d(0u32..x_max + 1, 0f64..y_top)
+            .build_cartesian_2d((x_lo - 0.25)..(x_hi + 0.25), 0f64..y_top)
             .map_err(err)?;
+        let power_of_two = |x: &f64| {
+            if (x - x.round()).abs() < 1e-6 && *x >= 0.0 {
+                format!("{}", 1u64 << (x.round() as u32).min(62))
+            } else {
+                String::new()
+            }
+        };
         chart
             .configure_mesh()
-            .x_desc("N (ranks)")
+            .x_desc("N (ranks, log2 scale)")
             .y_desc(&panel.y_desc)
             .label_style(("sans-serif", 15))
             .axis_desc_style(("sans-serif", 16))
-            .x_labels((x_max as usize + 2).min(17))
+            // Ticks at every quarter: the formatter labels the powers of two only.
+            .x_labels((4.0 * (x_hi - x_lo + 0.5)) as usize + 1)
+            .x_label_formatter(&power_of_two)
             .y_label_formatter(&tick)
             .draw()
             .map_err(err)?;
@@ -290,11 +306,11 @@ fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, panels: &[Panel]) -> a
             // Earlier series drawn wider, so that a later one on top of it (stages
             // 0-2 often send the same bytes) still shows both.
             let width = 2 + 2 * (series - 1 - line.color).min(3) as u32;
-            let pts: Vec<(u32, f64)> = line
+            let pts: Vec<(f64, f64)> = line
                 .points
                 .iter()
-                .copied()
                 .filter(|p| p.1.is_finite())
+                .map(|&(n, y)| (log2(n), y))
                 .collect();
             if line.dashed {
                 chart

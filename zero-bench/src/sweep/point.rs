@@ -5,14 +5,70 @@
 //! (what `train --json` writes: `{"world": N, "stages": [StageResult...]}`), so that
 //! slurm/sweep.sbatch can name the files in bash and `sweep collect` can read the point
 //! back from the name alone. A dimension the sweep leaves to the configuration file is
-//! written as `config` (`n4_config_config_aconfig.json`).
+//! named by the configuration's resolved value ([`Resolved`]: the preset, or the model's
+//! dimensions `v256-t64-l2-h4-c128`; the precision; the accumulation), never by the word
+//! `config` (which older result files may still carry, and which still parses).
 
 use std::fmt;
 
 use anyhow::{bail, Context as _};
 
-/// The label of a dimension taken from the configuration file, not the command line.
+use crate::config::Config;
+
+/// The label older result files carry for a dimension taken from the configuration.
 pub const FROM_CONFIG: &str = "config";
+
+/// The configuration's own model, precision and accumulation, as point labels.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Resolved {
+    /// The preset when the configuration names one and changes none of its dimensions,
+    /// else the dimensions (`v50257-t1024-l12-h12-c768`).
+    pub model: String,
+    /// fp32, bf16 or fp16.
+    pub precision: String,
+    /// A.
+    pub grad_accum: usize,
+}
+
+impl Resolved {
+    /// The labels of `config`.
+    pub fn of(config: &Config) -> anyhow::Result<Resolved> {
+        let m = &config.model;
+        let plain_preset = m.vocab_size.is_none()
+            && m.context_len.is_none()
+            && m.layers.is_none()
+            && m.heads.is_none()
+            && m.width.is_none();
+        let model = match &m.preset {
+            Some(p) if plain_preset => p.clone(),
+            _ => {
+                let g = config.gpt().map_err(anyhow::Error::msg)?;
+                format!(
+                    "v{}-t{}-l{}-h{}-c{}",
+                    g.vocab_size, g.max_seq_len, g.n_layer, g.n_head, g.n_embd
+                )
+            }
+        };
+        let precision = crate::train::precision_name(config.precision.dtype).to_string();
+        Ok(Resolved {
+            model,
+            precision,
+            grad_accum: config.train.grad_accum,
+        })
+    }
+}
+
+/// Which dimensions of a point come from the configuration (so the job passes no flag
+/// for them).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct FromConfig {
+    /// The model.
+    pub model: bool,
+    /// The precision.
+    pub precision: bool,
+    /// The accumulation.
+    pub grad_accum: bool,
+}
 
 /// One job of a sweep.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -23,8 +79,10 @@ pub struct Point {
     pub model: String,
     /// Precision (fp32, bf16, fp16), or `config`.
     pub precision: String,
-    /// Micro-batches accumulated per step, or `None` for the configuration's value.
+    /// Micro-batches accumulated per step (`None`: an older file's `config`).
     pub grad_accum: Option<usize>,
+    /// The dimensions taken from the configuration (named by their resolved values).
+    pub from_config: FromConfig,
 }
 
 impl Point {
@@ -84,20 +142,25 @@ impl Point {
             model: model.to_string(),
             precision: precision.to_string(),
             grad_accum,
+            from_config: FromConfig::default(),
         })
     }
 
-    /// The `train` flags that select this point (none for `config` dimensions).
+    /// The `train` flags that select this point (none for dimensions from the
+    /// configuration).
     pub fn train_flags(&self) -> Vec<String> {
         let mut f = Vec::new();
-        if self.model != FROM_CONFIG {
+        if !self.from_config.model && self.model != FROM_CONFIG {
             f.extend(["--model".to_string(), self.model.clone()]);
         }
-        if self.precision != FROM_CONFIG {
+        if !self.from_config.precision && self.precision != FROM_CONFIG {
             f.extend(["--precision".to_string(), self.precision.clone()]);
         }
-        if let Some(a) = self.grad_accum {
-            f.extend(["--grad-accum".to_string(), a.to_string()]);
+        match self.grad_accum {
+            Some(a) if !self.from_config.grad_accum => {
+                f.extend(["--grad-accum".to_string(), a.to_string()])
+            }
+            _ => {}
         }
         f
     }
@@ -117,12 +180,13 @@ impl fmt::Display for Point {
 }
 
 /// Every point of the matrix ranks x models x precisions x accumulations, in that nesting
-/// order (N outermost); an empty list stands for the configuration's value.
+/// order (N outermost); an empty list stands for the configuration's value, `resolved`.
 pub fn matrix(
     ranks: &[usize],
     models: &[String],
     precisions: &[String],
     grad_accums: &[usize],
+    resolved: &Resolved,
 ) -> anyhow::Result<Vec<Point>> {
     if ranks.is_empty() {
         bail!("--ranks is empty: give the world sizes to sweep, e.g. --ranks 1,2,4");
@@ -157,11 +221,24 @@ pub fn matrix(
         for model in &models {
             for precision in &precisions {
                 for &grad_accum in &accums {
+                    let from_config = FromConfig {
+                        model: model == FROM_CONFIG,
+                        precision: precision == FROM_CONFIG,
+                        grad_accum: grad_accum.is_none(),
+                    };
+                    let pick = |label: &String, own: &String| {
+                        if label == FROM_CONFIG {
+                            own.clone()
+                        } else {
+                            label.clone()
+                        }
+                    };
                     points.push(Point {
                         n,
-                        model: model.clone(),
-                        precision: precision.clone(),
-                        grad_accum,
+                        model: pick(model, &resolved.model),
+                        precision: pick(precision, &resolved.precision),
+                        grad_accum: Some(grad_accum.unwrap_or(resolved.grad_accum)),
+                        from_config,
                     });
                 }
             }
@@ -174,14 +251,35 @@ pub fn matrix(
 mod tests {
     use super::*;
 
-    #[test]
-    fn file_names_round_trip() {
-        let points = matrix(&[1, 4], &["gpt2-124m".into()], &[], &[2]).unwrap();
-        assert_eq!(points.len(), 2);
-        assert_eq!(points[1].file_name(), "n4_gpt2-124m_config_a2.json");
-        for p in &points {
-            assert_eq!(&Point::from_file_name(&p.file_name()).unwrap(), p);
+    fn resolved() -> Resolved {
+        Resolved {
+            model: "v64-t64-l2-h4-c128".into(),
+            precision: "bf16".into(),
+            grad_accum: 1,
         }
+    }
+
+    #[test]
+    fn file_names_show_resolved_values_and_round_trip() {
+        let points = matrix(&[1, 4], &["gpt2-124m".into()], &[], &[2], &resolved()).unwrap();
+        assert_eq!(points.len(), 2);
+        assert_eq!(points[1].file_name(), "n4_gpt2-124m_bf16_a2.json");
+        // The precision is the configuration's: no flag, but named by its value.
+        assert_eq!(
+            points[1].train_flags(),
+            vec!["--model", "gpt2-124m", "--grad-accum", "2"]
+        );
+        for p in &points {
+            let back = Point::from_file_name(&p.file_name()).unwrap();
+            assert_eq!(
+                (back.n, &back.model, &back.precision, back.grad_accum),
+                (p.n, &p.model, &p.precision, p.grad_accum)
+            );
+        }
+        let all = matrix(&[2], &[], &[], &[], &resolved()).unwrap();
+        assert_eq!(all[0].file_name(), "n2_v64-t64-l2-h4-c128_bf16_a1.json");
+        assert!(all[0].train_flags().is_empty());
+        // Older files named `config` still parse.
         let p = Point::from_file_name("n2_config_bf16_aconfig.json").unwrap();
         assert_eq!(p.grad_accum, None);
         assert_eq!(p.train_flags(), vec!["--precision", "bf16"]);
@@ -198,9 +296,10 @@ mod tests {
         ] {
             assert!(Point::from_file_name(bad).is_err(), "{bad}");
         }
-        assert!(matrix(&[], &[], &[], &[]).is_err());
-        assert!(matrix(&[0], &[], &[], &[]).is_err());
-        assert!(matrix(&[1], &["a_b".into()], &[], &[]).is_err());
-        assert!(matrix(&[1], &[], &[], &[0]).is_err());
+        let r = resolved();
+        assert!(matrix(&[], &[], &[], &[], &r).is_err());
+        assert!(matrix(&[0], &[], &[], &[], &r).is_err());
+        assert!(matrix(&[1], &["a_b".into()], &[], &[], &r).is_err());
+        assert!(matrix(&[1], &[], &[], &[0], &r).is_err());
     }
 }

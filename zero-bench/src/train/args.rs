@@ -22,9 +22,24 @@ pub struct TrainArgs {
     #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
     pub set: Vec<String>,
 
-    /// ZeRO stage 0-3 (= --set zero.stage=N).
-    #[arg(long, value_name = "N", conflicts_with = "stages")]
-    pub stage: Option<u8>,
+    /// ZeRO stage 0-3, or `auto`: the lowest stage whose memory plan fits the budget
+    /// (--mem-limit, else this node's available memory shared by its ranks, minus
+    /// --mem-headroom); rank 0 prints the decision and the alternatives
+    /// (= --set zero.stage=N / --set zero.stage='"auto"').
+    #[arg(long, value_name = "N|auto", conflicts_with = "stages", value_parser = parse_stage_setting)]
+    pub stage: Option<StageSetting>,
+
+    /// Memory each rank may plan for: 12GiB, 500MB (KiB/MiB/GiB = 1024, kB/MB/GB = 1000),
+    /// or `none` for no limit. Default: this node's available memory (the smaller of
+    /// MemAvailable and the cgroup's limit minus its usage) divided by the ranks on it.
+    /// A run whose plan exceeds it stops before allocating, saying what would fit.
+    #[arg(long, value_name = "SIZE|none", value_parser = parse_mem_limit)]
+    pub mem_limit: Option<MemLimit>,
+
+    /// Share of the budget kept free for what the ledger does not hold (the program,
+    /// MPI's buffers, the allocator): 10% or 0.1.
+    #[arg(long, default_value = "10%", value_name = "FRACTION", value_parser = crate::plan::parse_fraction)]
+    pub mem_headroom: f64,
 
     /// Run the same training once per listed stage, one after another in this process
     /// (fresh model and engine each), then print a table comparing them: step time
@@ -150,6 +165,41 @@ Examples:
 Errors in the configuration (unknown keys, values out of range, impossible
 combinations) are reported before anything runs, with what to change.";
 
+/// `--stage`: a stage, or chosen from the memory budget.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StageSetting {
+    /// This stage.
+    Fixed(Stage),
+    /// The lowest stage that fits the budget.
+    Auto,
+}
+
+/// `"2"` -> `Fixed(Zero2)`, `"auto"` -> `Auto`.
+fn parse_stage_setting(s: &str) -> Result<StageSetting, String> {
+    if s.trim().eq_ignore_ascii_case("auto") {
+        Ok(StageSetting::Auto)
+    } else {
+        parse_stage(s).map(StageSetting::Fixed)
+    }
+}
+
+/// `--mem-limit`: bytes per rank, or no limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemLimit {
+    /// At most this many bytes per rank.
+    Bytes(u64),
+    /// No limit (the guard is off).
+    None,
+}
+
+fn parse_mem_limit(s: &str) -> Result<MemLimit, String> {
+    if s.trim().eq_ignore_ascii_case("none") {
+        Ok(MemLimit::None)
+    } else {
+        crate::plan::parse_mem(s).map(MemLimit::Bytes)
+    }
+}
+
 /// `"2"` -> `Stage::Zero2`.
 fn parse_stage(s: &str) -> Result<Stage, String> {
     let n: i64 = s
@@ -169,8 +219,10 @@ impl TrainArgs {
     /// then the convenience flags (so a flag wins over a `--set` of the same key).
     pub fn overrides(&self) -> Vec<String> {
         let mut o = self.set.clone();
-        if let Some(s) = self.stage {
-            o.push(format!("zero.stage={s}"));
+        match self.stage {
+            Some(StageSetting::Fixed(s)) => o.push(format!("zero.stage={}", s.number())),
+            Some(StageSetting::Auto) => o.push("zero.stage=\"auto\"".into()),
+            None => {}
         }
         if let Some(p) = &self.precision {
             o.push(format!("precision.dtype={}", toml_string(p)));

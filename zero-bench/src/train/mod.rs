@@ -14,6 +14,7 @@
 //! 5. summary: one stage's loss, throughput and memory, or the `--stages` table.
 
 mod args;
+pub mod budget;
 mod checkpoints;
 mod data;
 mod dry_run;
@@ -34,7 +35,9 @@ use zero_comm::{Communicator, MpiComm};
 
 pub use args::TrainArgs;
 use launch::{agree, Failure};
+pub use report::precision_name;
 use report::StageResult;
+pub use run::gpt_config;
 
 /// Run `zero-bench train`. On failure exactly one rank prints the error, then every rank
 /// shuts MPI down and exits with status 1 (85 when a stop signal ended the run after a
@@ -98,10 +101,9 @@ fn configs(args: &TrainArgs) -> anyhow::Result<Vec<LoadedConfig>> {
 fn run_on(args: &TrainArgs, comm: Option<&MpiComm>) -> Result<(), Failure> {
     let rank = comm.map_or(0, |c| c.rank());
     let same = |e: anyhow::Error| Failure::same_everywhere(e, rank);
-    let loaded = configs(args).map_err(same)?;
-    let first = &loaded[0];
+    let mut loaded = configs(args).map_err(same)?;
     if args.dry_run {
-        return dry_run(args, &loaded, comm).map_err(same);
+        return dry_run(args, &mut loaded, comm).map_err(same);
     }
     let comm =
         comm.ok_or_else(|| same(anyhow!("training needs MPI (internal: not initialised)")))?;
@@ -117,8 +119,12 @@ fn run_on(args: &TrainArgs, comm: Option<&MpiComm>) -> Result<(), Failure> {
                 String::new()
             }
         );
-        print!("{}", first.render());
+        print!("{}", loaded[0].render());
     }
+    // The memory guard (and the automatic stage) before anything is allocated.
+    let fitted = fit_to_budget(args, &mut loaded, comm.size(), rank, Some(comm), rank == 0);
+    agree(comm, fitted)?;
+    let first = &loaded[0];
 
     // Set-up shared by every stage; each step agreed on across ranks.
     let c = &first.config;
@@ -222,9 +228,49 @@ fn stage_list(loaded: &[LoadedConfig]) -> String {
     s.join(",")
 }
 
+/// Resolve each rank's memory budget, choose the stage where it is `"auto"`, and refuse
+/// a plan over the budget (collective under MPI). Rank 0 prints when `print`.
+fn fit_to_budget(
+    args: &TrainArgs,
+    loaded: &mut [LoadedConfig],
+    world: usize,
+    rank: usize,
+    comm: Option<&MpiComm>,
+    print: bool,
+) -> anyhow::Result<()> {
+    let budget = budget::resolve(args.mem_limit, args.mem_headroom, comm)?;
+    if print {
+        if let Some(b) = &budget {
+            log::info!(
+                "memory budget per rank: {} ({})",
+                zero_core::ledger::human_bytes(b.bytes as f64),
+                b.source
+            );
+        }
+    }
+    for l in loaded.iter_mut() {
+        if l.auto_stage {
+            let Some(b) = &budget else {
+                return Err(anyhow!(
+                    "zero.stage = \"auto\" chooses from a memory budget, and there is none: give --mem-limit SIZE (a dry run outside MPI, or --mem-limit none, has no budget)"
+                ));
+            };
+            let (stage, table) = budget::choose_stage(&l.config, world, rank, b, comm)?;
+            if print {
+                print!("{table}");
+            }
+            l.config.zero.stage = stage;
+        }
+        if let Some(b) = &budget {
+            budget::guard(&l.config, world, rank, b)?;
+        }
+    }
+    Ok(())
+}
+
 fn dry_run(
     args: &TrainArgs,
-    loaded: &[LoadedConfig],
+    loaded: &mut [LoadedConfig],
     comm: Option<&MpiComm>,
 ) -> anyhow::Result<()> {
     let (rank, world) = match comm {
@@ -261,6 +307,7 @@ fn dry_run(
         );
         print!("{}", loaded[0].render());
     }
+    fit_to_budget(args, loaded, world, show, comm, print)?;
     let plans = dry_run::plan(loaded, world, show, print)?;
     if let Some(path) = &args.init_from {
         // Pre-flight: the file fits the model (names, shapes, f32), read nothing else.
@@ -298,7 +345,7 @@ fn summary(r: &StageResult, builtin: bool) {
     let first = r.losses.first().copied().unwrap_or(f64::NAN);
     println!(
         "summary ZeRO-{}: {} steps, loss {first:.4} -> {:.4}{}, {} tok/s, {:.1} ms/step (after the first), \
-         ledger {} per rank (paper formula {}), peak RSS {}",
+         ledger {} per rank (ZeRO formula {}), peak RSS {}",
         r.stage,
         r.steps,
         r.final_loss,

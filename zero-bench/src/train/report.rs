@@ -8,73 +8,68 @@
 use std::fmt::Write as _;
 
 use serde::Serialize;
-use zero_core::config::Stage;
+use zero_core::config::Precision;
 use zero_core::ledger::{
     human_bytes, paper_volume_psi, Collective, CommPlan, Explanation, MemCategory, PaperFormula,
 };
 use zero_core::plan::BufferPlan;
-
-/// The formula's term for a category at `stage` ("2Ψ", "4Ψ/N", or "" beyond the formula).
-fn formula_term(stage: Stage, c: MemCategory) -> &'static str {
-    match c {
-        MemCategory::Params if stage >= Stage::Zero3 => "2Ψ/N",
-        MemCategory::Params => "2Ψ",
-        MemCategory::Grads if stage >= Stage::Zero2 => "2Ψ/N",
-        MemCategory::Grads => "2Ψ",
-        MemCategory::Master | MemCategory::AdamM | MemCategory::AdamV if stage >= Stage::Zero1 => {
-            "4Ψ/N"
-        }
-        MemCategory::Master | MemCategory::AdamM | MemCategory::AdamV => "4Ψ",
-        _ => "",
-    }
-}
 
 /// The ledger of `plan`'s rank next to the paper's formula, category by category, then
 /// the explanation of every difference; `totals` (every rank's total bytes, in rank
 /// order) is listed when ranks differ (partition padding falls unevenly).
 pub fn ledger(plan: &BufferPlan, totals: &[u64]) -> String {
     let stage = plan.inputs.stage;
-    let f = PaperFormula::new(stage, plan.numel, plan.world);
+    let precision = plan.inputs.precision;
+    // The formula of the run's precision; for fp32 the paper's mixed-precision one beside.
+    let f = PaperFormula::for_precision(stage, precision, plan.numel, plan.world);
+    let mixed =
+        (precision == Precision::Fp32).then(|| PaperFormula::new(stage, plan.numel, plan.world));
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "memory of rank {} of {} ({stage}, {:?}, Ψ = {} parameters):",
-        plan.rank, plan.world, plan.inputs.precision, plan.numel
+        "memory of rank {} of {} ({stage}, {precision:?}, Ψ = {} parameters):",
+        plan.rank, plan.world, plan.numel
     );
-    let _ = writeln!(
-        out,
+    let mut head = format!(
         "  {:<12} {:>12}   {:<19}",
-        "category", "ledger", "paper formula"
+        "category",
+        "ledger",
+        format!("formula ({})", precision_name(precision))
     );
+    if mixed.is_some() {
+        head.push_str(&format!("   {:<19}", "paper (mixed prec.)"));
+    }
+    let _ = writeln!(out, "{}", head.trim_end());
+    let cell = |f: &PaperFormula, cat: MemCategory| match f.get(cat) {
+        Some(b) => format!("{:<6} {:>12}", f.term(cat), b.to_string()),
+        None => format!("{:<6} {:>12}", "", ""),
+    };
     for (cat, bytes) in plan.by_category() {
-        let paper = match cat {
-            MemCategory::Params => Some(f.params),
-            MemCategory::Grads => Some(f.grads),
-            MemCategory::Master => Some(f.master),
-            MemCategory::AdamM => Some(f.adam_m),
-            MemCategory::AdamV => Some(f.adam_v),
-            _ => None,
-        };
-        if bytes == 0 && paper.is_none() {
+        if bytes == 0 && f.get(cat).is_none() {
             continue;
         }
-        let _ = writeln!(
-            out,
-            "  {:<12} {:>12}   {:<6} {:>12}",
+        let mut line = format!(
+            "  {:<12} {:>12}   {}",
             cat.name(),
             human_bytes(bytes as f64),
-            formula_term(stage, cat),
-            paper.map(|p| p.to_string()).unwrap_or_default()
+            cell(&f, cat)
         );
+        if let Some(m) = &mixed {
+            line.push_str(&format!("   {}", cell(m, cat)));
+        }
+        let _ = writeln!(out, "{}", line.trim_end());
     }
-    let _ = writeln!(
-        out,
+    let mut line = format!(
         "  {:<12} {:>12}   {:<6} {:>12}",
         "total",
         human_bytes(plan.total_bytes() as f64),
         "",
         f.total().to_string()
     );
+    if let Some(m) = &mixed {
+        line.push_str(&format!("   {:<6} {:>12}", "", m.total().to_string()));
+    }
+    let _ = writeln!(out, "{line}");
     out.push_str(&Explanation::new(plan).render());
     if totals.iter().any(|&t| t != totals[0]) {
         let list: Vec<String> = totals
@@ -95,6 +90,15 @@ pub fn ledger(plan: &BufferPlan, totals: &[u64]) -> String {
         );
     }
     out
+}
+
+/// "fp32", "bf16", "fp16".
+pub fn precision_name(p: Precision) -> &'static str {
+    match p {
+        Precision::Fp32 => "fp32",
+        Precision::Bf16 => "bf16",
+        Precision::Fp16 => "fp16",
+    }
 }
 
 /// The communication of one optimizer step, per collective, with the volume of docs/ARCHITECTURE.md's table.
@@ -185,7 +189,8 @@ pub struct StageResult {
     /// Model-state bytes of each rank (parameters, gradients, master, m, v and their
     /// partition padding: what the paper's formula counts), measured, rank order.
     pub state_bytes_per_rank: Vec<u64>,
-    /// The paper's model-state bytes per rank (16Ψ, 4Ψ+12Ψ/N, 2Ψ+14Ψ/N, 16Ψ/N).
+    /// The formula's model-state bytes per rank for the run's precision (mixed: 16Ψ,
+    /// 4Ψ+12Ψ/N, 2Ψ+14Ψ/N, 16Ψ/N; fp32: 16Ψ, 8Ψ+8Ψ/N, 4Ψ+12Ψ/N, 16Ψ/N).
     pub formula_bytes_per_rank: f64,
     /// Peak resident set size of each rank during this stage's first run (VmHWM, reset
     /// before the stage; 0 if unknown).
@@ -300,8 +305,9 @@ pub fn stage_table(results: &[StageResult]) -> String {
     }
     let _ = writeln!(
         out,
-        "states: parameters, gradients, fp32 master, Adam m and v (+ padding), what the paper's \
-         formula counts; ledger: every byte the engine holds (+ buffers, activations).\n\
+        "states: parameters, gradients, fp32 master, Adam m and v (+ padding), what the ZeRO \
+         formula counts (for the run's precision: fp32 has no master copy); ledger: every byte \
+         the engine holds (+ buffers, activations).\n\
          step ms: mean over steps after the first (warm-up), slowest rank (and over --rounds); \
          vs stage 0: ratio of \
          those means in this run (CPU targets from the issue in parentheses: reported, not enforced)"

@@ -311,7 +311,9 @@ fn run_steps<C: Communicator>(
         }
     }
 
-    let formula = PaperFormula::new(stage, plan.numel, world).total().to_f64();
+    let formula = PaperFormula::for_precision(stage, config.precision.dtype, plan.numel, world)
+        .total()
+        .to_f64();
     Ok(StageResult {
         stage: stage.number(),
         steps,

@@ -1,25 +1,29 @@
 //! The ZeRO paper's model-state formula (Rajbhandari et al., SC'20, section 5 / figure 1:
 //! mixed-precision Adam, 2 bytes of parameters + 2 of gradients + K = 12 of fp32 master,
-//! m and v per parameter) and the explanation of every byte by which a [`BufferPlan`]
-//! differs from it.
+//! m and v per parameter), the same accounting for fp32 training (4-byte parameters and
+//! gradients, no separate master: K = 8), and the explanation of every byte by which a
+//! [`BufferPlan`] differs from the formula of its precision.
 //!
 //! ```text
-//! stage 0: 2Ψ + 2Ψ + 12Ψ      stage 2: 2Ψ + (2 + 12)Ψ/N
-//! stage 1: 2Ψ + 2Ψ + 12Ψ/N    stage 3: (2 + 2 + 12)Ψ/N
+//!            mixed precision (bf16, fp16)     fp32
+//! stage 0:   2Ψ + 2Ψ + 12Ψ                    4Ψ + 4Ψ + 8Ψ
+//! stage 1:   2Ψ + 2Ψ + 12Ψ/N                  4Ψ + 4Ψ + 8Ψ/N
+//! stage 2:   2Ψ + (2 + 12)Ψ/N                 4Ψ + (4 + 8)Ψ/N
+//! stage 3:   (2 + 2 + 12)Ψ/N                  (4 + 4 + 8)Ψ/N
 //! ```
 //!
 //! Invariant: `plan.total_bytes() - formula.total() == sum of the explanation items`,
 //! exactly (fractions, since Ψ/N need not be whole). Per model-state category the
-//! difference splits into: element type (fp32 training: 4-byte parameters and gradients,
-//! no separate master), extent (full gradients held by stages 2/3 accumulating locally),
-//! and partition padding; every other buffer (persistent units, gather slots, compute
+//! difference splits into: element type (a buffer of another type than the formula
+//! counts), extent (full gradients held by stages 2/3 accumulating locally), and
+//! partition padding; every other buffer (persistent units, gather slots, compute
 //! windows, buckets) and the activation arena is an item of its own.
 
 use std::fmt::Write as _;
 
 use super::frac::{human_bytes, Frac};
 use super::MemCategory;
-use crate::config::Stage;
+use crate::config::{Precision, Stage};
 use crate::plan::{BufferPlan, BufferRole, Extent};
 
 /// The formula's bytes per category for one rank.
@@ -27,6 +31,8 @@ use crate::plan::{BufferPlan, BufferRole, Extent};
 pub struct PaperFormula {
     /// Stage.
     pub stage: Stage,
+    /// The precision whose bytes per element it counts.
+    pub precision: Precision,
     /// Ψ.
     pub numel: usize,
     /// N.
@@ -52,12 +58,36 @@ fn formula_sharded(stage: Stage, c: MemCategory) -> bool {
     }
 }
 
+/// Bytes per parameter the formula counts in `category` for training in `precision`.
+pub fn bytes_per_param(precision: Precision, category: MemCategory) -> i128 {
+    match (precision, category) {
+        (Precision::Fp32, MemCategory::Params | MemCategory::Grads) => 4,
+        (Precision::Fp32, MemCategory::Master) => 0,
+        (_, MemCategory::Params | MemCategory::Grads) => 2,
+        (_, MemCategory::Master | MemCategory::AdamM | MemCategory::AdamV) => 4,
+        _ => 0,
+    }
+}
+
 impl PaperFormula {
-    /// The formula for Ψ = `numel` parameters on `world` ranks.
+    /// The paper's mixed-precision formula (K = 12) for Ψ = `numel` parameters on
+    /// `world` ranks.
     pub fn new(stage: Stage, numel: usize, world: usize) -> PaperFormula {
+        PaperFormula::for_precision(stage, Precision::Bf16, numel, world)
+    }
+
+    /// The formula for training in `precision`: the paper's for bf16 and fp16; for fp32,
+    /// 4-byte parameters and gradients and no master copy (K = 8).
+    pub fn for_precision(
+        stage: Stage,
+        precision: Precision,
+        numel: usize,
+        world: usize,
+    ) -> PaperFormula {
         let psi = numel as i128;
         let n = world.max(1) as i128;
-        let bytes = |c, k: i128| {
+        let bytes = |c| {
+            let k = bytes_per_param(precision, c);
             if formula_sharded(stage, c) {
                 Frac::new(k * psi, n)
             } else {
@@ -66,19 +96,56 @@ impl PaperFormula {
         };
         PaperFormula {
             stage,
+            precision,
             numel,
             world,
-            params: bytes(MemCategory::Params, 2),
-            grads: bytes(MemCategory::Grads, 2),
-            master: bytes(MemCategory::Master, 4),
-            adam_m: bytes(MemCategory::AdamM, 4),
-            adam_v: bytes(MemCategory::AdamV, 4),
+            params: bytes(MemCategory::Params),
+            grads: bytes(MemCategory::Grads),
+            master: bytes(MemCategory::Master),
+            adam_m: bytes(MemCategory::AdamM),
+            adam_v: bytes(MemCategory::AdamV),
         }
     }
 
-    /// Sum over categories (16Ψ, 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N).
+    /// Sum over categories (mixed precision: 16Ψ, 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N).
     pub fn total(&self) -> Frac {
         self.params + self.grads + self.master + self.adam_m + self.adam_v
+    }
+
+    /// The category's bytes.
+    pub fn get(&self, category: MemCategory) -> Option<Frac> {
+        match category {
+            MemCategory::Params => Some(self.params),
+            MemCategory::Grads => Some(self.grads),
+            MemCategory::Master => Some(self.master),
+            MemCategory::AdamM => Some(self.adam_m),
+            MemCategory::AdamV => Some(self.adam_v),
+            _ => None,
+        }
+    }
+
+    /// The category's term ("2Ψ", "4Ψ/N"; "0" for fp32's master; "" beyond the formula).
+    pub fn term(&self, category: MemCategory) -> String {
+        match bytes_per_param(self.precision, category) {
+            0 if category == MemCategory::Master => "0".into(),
+            0 => String::new(),
+            k if formula_sharded(self.stage, category) => format!("{k}Ψ/N"),
+            k => format!("{k}Ψ"),
+        }
+    }
+
+    /// The whole formula ("2Ψ + 2Ψ + 12Ψ/N", "4Ψ + 4Ψ + 8Ψ/N").
+    pub fn expression(&self) -> &'static str {
+        match (self.precision, self.stage) {
+            (Precision::Fp32, Stage::Zero0) => "4Ψ + 4Ψ + 8Ψ",
+            (Precision::Fp32, Stage::Zero1) => "4Ψ + 4Ψ + 8Ψ/N",
+            (Precision::Fp32, Stage::Zero2) => "4Ψ + 12Ψ/N",
+            (Precision::Fp32, Stage::Zero3) => "16Ψ/N",
+            (_, Stage::Zero0) => "2Ψ + 2Ψ + 12Ψ",
+            (_, Stage::Zero1) => "2Ψ + 2Ψ + 12Ψ/N",
+            (_, Stage::Zero2) => "2Ψ + 14Ψ/N",
+            (_, Stage::Zero3) => "16Ψ/N",
+        }
     }
 }
 
@@ -108,7 +175,7 @@ impl Explanation {
     /// Explain `plan` against the formula for its stage, Ψ and N.
     pub fn new(plan: &BufferPlan) -> Explanation {
         let stage = plan.inputs.stage;
-        let f = PaperFormula::new(stage, plan.numel, plan.world);
+        let f = PaperFormula::for_precision(stage, plan.inputs.precision, plan.numel, plan.world);
         let psi = plan.numel as i128;
         let n = plan.world as i128;
         let elems = |sharded: bool| {
@@ -120,24 +187,27 @@ impl Explanation {
         };
         let mut items = Vec::new();
         let state = [
-            (MemCategory::Params, BufferRole::Params, 2, "parameters"),
-            (MemCategory::Grads, BufferRole::Grads, 2, "gradients"),
-            (MemCategory::Master, BufferRole::Master, 4, "fp32 master"),
-            (MemCategory::AdamM, BufferRole::AdamM, 4, "Adam m"),
-            (MemCategory::AdamV, BufferRole::AdamV, 4, "Adam v"),
+            (MemCategory::Params, BufferRole::Params, "parameters"),
+            (MemCategory::Grads, BufferRole::Grads, "gradients"),
+            (MemCategory::Master, BufferRole::Master, "fp32 master"),
+            (MemCategory::AdamM, BufferRole::AdamM, "Adam m"),
+            (MemCategory::AdamV, BufferRole::AdamV, "Adam v"),
         ];
-        for (cat, role, sf, what) in state {
+        for (cat, role, what) in state {
+            let sf = bytes_per_param(f.precision, cat);
             let fsh = formula_sharded(stage, cat);
             let ef = elems(fsh);
             let Some(buf) = plan.get(role) else {
-                items.push(Difference {
-                    category: cat,
-                    bytes: -ef.times(sf),
-                    reason: format!(
-                        "fp32 training keeps no separate {what}: the fp32 parameters are the master (formula: {sf} bytes x {}Ψ)",
-                        if fsh { "1/N " } else { "" }
-                    ),
-                });
+                if sf != 0 {
+                    items.push(Difference {
+                        category: cat,
+                        bytes: -ef.times(sf),
+                        reason: format!(
+                            "no {what} buffer (formula: {sf} bytes x {}Ψ)",
+                            if fsh { "1/N " } else { "" }
+                        ),
+                    });
+                }
                 continue;
             };
             let sp = buf.dtype.size_bytes() as i128;
@@ -287,20 +357,25 @@ impl Explanation {
     pub fn render(&self) -> String {
         let f = &self.formula;
         let mut out = String::new();
-        let formula = match f.stage {
-            Stage::Zero0 => "2Ψ + 2Ψ + 12Ψ",
-            Stage::Zero1 => "2Ψ + 2Ψ + 12Ψ/N",
-            Stage::Zero2 => "2Ψ + 14Ψ/N",
-            Stage::Zero3 => "16Ψ/N",
-        };
         let _ = writeln!(
             out,
-            "{} formula {formula} (Ψ = {}, N = {}): {}",
+            "{} formula for {} {} (Ψ = {}, N = {}): {}",
             f.stage,
+            precision_name(f.precision),
+            f.expression(),
             f.numel,
             f.world,
             f.total()
         );
+        if f.precision == Precision::Fp32 {
+            let mixed = PaperFormula::new(f.stage, f.numel, f.world);
+            let _ = writeln!(
+                out,
+                "  (the paper's mixed-precision formula {}: {}; fp32 keeps no master copy)",
+                mixed.expression(),
+                mixed.total()
+            );
+        }
         let _ = writeln!(out, "plan: {}", human_bytes(self.plan_bytes as f64));
         for d in &self.items {
             let _ = writeln!(
@@ -313,6 +388,15 @@ impl Explanation {
         }
         let _ = writeln!(out, "  {:>12}  total difference", signed(self.explained()));
         out
+    }
+}
+
+/// "fp32", "bf16", "fp16".
+fn precision_name(p: Precision) -> &'static str {
+    match p {
+        Precision::Fp32 => "fp32",
+        Precision::Bf16 => "bf16",
+        Precision::Fp16 => "fp16",
     }
 }
 

@@ -1,0 +1,736 @@
+//! `zero-bench tune`: choose stage, micro-batch, accumulation, bucket size and (stage 3)
+//! prefetch and persistence for a model, a world size, a global batch and a memory
+//! budget, by prediction first and measurement after.
+//!
+//! 1. Enumerate the candidates: every stage x every micro-batch B that divides the
+//!    per-rank batch (A = global / (N B)) x bucket sizes x (stage 3) prefetch and
+//!    persistence thresholds.
+//! 2. Drop those whose memory plan (the engine's own, `train --dry-run`'s) exceeds the
+//!    budget.
+//! 3. Predict each step time: compute from the model's forward+backward measured here on
+//!    one micro-batch of B rows (in this process, as `micro model` times it), plus the
+//!    optimizer over this rank's share at the AdamW rate measured here, plus the
+//!    communication from the ledger's collectives and an alpha-beta model whose alpha and
+//!    beta come from a reduce-scatter probe under the real launcher (`micro comm`).
+//! 4. Run `--top` candidates (the best predicted of each stage first, then the next
+//!    best overall) and the configuration as given, a few steps each, interleaved over
+//!    `--rounds`, under the real launcher.
+//! 5. Write the fastest measured as a TOML configuration, and the table of predicted vs
+//!    measured times with how often the predicted order agrees with the measured one
+//!    (pairs of candidates ordered alike).
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context as _};
+use clap::Args;
+use serde::Serialize;
+use zero_core::config::Stage;
+use zero_core::ledger::{human_bytes, CommPlan};
+use zero_core::model::Compute;
+use zero_kernels::device::{Device, HostDevice};
+use zero_kernels::Exec;
+use zero_models::init::SplitMix64;
+use zero_models::{upload_units, Gpt, TokenBatch};
+
+use crate::config::{load, Config};
+use crate::sweep::launch::{launcher_words, run_logged};
+use crate::train::{budget, gpt_config};
+
+/// Options of `zero-bench tune`.
+#[derive(Args, Debug)]
+#[command(after_long_help = EXAMPLES)]
+pub struct TuneArgs {
+    /// Training configuration file (the model, data, precision and optimizer; what tune
+    /// chooses overrides its `[zero]` and `[train]` batch keys).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Override one configuration value (as train --set), repeatable.
+    #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
+    pub set: Vec<String>,
+    /// N: the world size to tune for (the launcher starts this many ranks).
+    #[arg(long, value_name = "N")]
+    pub world: usize,
+    /// Sequences per optimizer step over all ranks (N x A x B). Default: the
+    /// configuration's.
+    #[arg(long, value_name = "SEQUENCES")]
+    pub global_batch: Option<usize>,
+    /// Memory each rank may plan for (12GiB, 500MB). Default: this machine's available
+    /// memory divided by N (all ranks on this node; on a cluster give the per-rank
+    /// memory of the nodes you will run on).
+    #[arg(long, value_name = "SIZE", value_parser = crate::plan::parse_mem)]
+    pub mem_limit: Option<u64>,
+    /// Share of the budget kept free (as train --mem-headroom).
+    #[arg(long, default_value = "10%", value_parser = crate::plan::parse_fraction)]
+    pub mem_headroom: f64,
+    /// Candidates to measure, best predicted first (the configuration as given is
+    /// measured too).
+    #[arg(long, default_value_t = 4)]
+    pub top: usize,
+    /// Steps each measured run takes (the first is warm-up, not timed).
+    #[arg(long, default_value_t = 6)]
+    pub steps: usize,
+    /// Rounds over the measured candidates (interleaved); each candidate's time is the
+    /// median over rounds.
+    #[arg(long, default_value_t = 2)]
+    pub rounds: usize,
+    /// How to start N ranks ({n} = N), as sweep run's.
+    #[arg(long, value_name = "TEMPLATE", default_value = "scripts/mpirun.sh {n}")]
+    pub launcher: String,
+    /// Directory for the runs' reports and logs, the table and the chosen configuration.
+    #[arg(long, value_name = "DIR", default_value = "tune-out")]
+    pub out: PathBuf,
+    /// Kill a run that takes longer than this many seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 600)]
+    pub timeout: u64,
+    /// Ranks the launcher puts on one node (default: all N, as on this machine): with
+    /// more ranks than cores, each rank's compute is predicted that much slower.
+    #[arg(long, value_name = "R")]
+    pub ranks_per_node: Option<usize>,
+    /// Cores of one node (default: this machine's).
+    #[arg(long, value_name = "C")]
+    pub cores_per_node: Option<usize>,
+}
+
+const EXAMPLES: &str = "\
+Examples:
+  # 4 ranks on this machine, 16 sequences per step, within 2 GiB per rank:
+  zero-bench tune --config configs/demo.toml --world 4 --global-batch 16 --mem-limit 2GiB
+  # Inside a Slurm allocation:
+  zero-bench tune --config my.toml --world 16 --mem-limit 60GiB \\
+      --launcher \"srun --mpi=pmix --kill-on-bad-exit=1 -n {n}\"";
+
+/// One configuration tune considers.
+#[derive(Clone, Debug, Serialize)]
+pub struct Candidate {
+    /// Stage 0-3.
+    pub stage: usize,
+    /// B.
+    pub micro_batch: usize,
+    /// A.
+    pub grad_accum: usize,
+    /// zero.bucket_elems (None: the default budget).
+    pub bucket_elems: Option<usize>,
+    /// zero.prefetch.
+    pub prefetch: usize,
+    /// zero.persistence_threshold.
+    pub persistence_threshold: usize,
+    /// The configuration as given (the baseline).
+    pub given: bool,
+    /// Plan bytes per rank.
+    pub plan_bytes: u64,
+    /// Predicted step time: compute + optimizer + communication, seconds.
+    pub predicted_s: f64,
+    /// Its communication part.
+    pub predicted_comm_s: f64,
+    /// Measured step times, one per round (mean over the timed steps of a run).
+    pub measured_s: Vec<f64>,
+}
+
+impl Candidate {
+    /// The `--set` overrides that make this candidate from the base configuration.
+    fn overrides(&self) -> Vec<String> {
+        let mut o = vec![
+            format!("zero.stage={}", self.stage),
+            format!("train.micro_batch={}", self.micro_batch),
+            format!("train.grad_accum={}", self.grad_accum),
+            format!("zero.prefetch={}", self.prefetch),
+            format!("zero.persistence_threshold={}", self.persistence_threshold),
+        ];
+        if let Some(b) = self.bucket_elems {
+            o.push(format!("zero.bucket_elems={b}"));
+        }
+        o
+    }
+
+    fn apply(&self, base: &Config) -> Config {
+        let mut c = base.clone();
+        c.zero.stage = Stage::try_from(self.stage as i64).unwrap_or(c.zero.stage);
+        c.train.micro_batch = self.micro_batch;
+        c.train.grad_accum = self.grad_accum;
+        c.zero.bucket_elems = self.bucket_elems;
+        c.zero.prefetch = self.prefetch;
+        c.zero.persistence_threshold = self.persistence_threshold;
+        c
+    }
+
+    fn measured(&self) -> Option<f64> {
+        let mut v = self.measured_s.clone();
+        if v.is_empty() {
+            return None;
+        }
+        v.sort_by(f64::total_cmp);
+        Some(v[v.len() / 2])
+    }
+
+    fn label(&self) -> String {
+        let mut s = format!(
+            "ZeRO-{} B={} A={} bucket={}",
+            self.stage,
+            self.micro_batch,
+            self.grad_accum,
+            self.bucket_elems
+                .map_or("default".to_string(), |b| b.to_string())
+        );
+        if self.stage == 3 {
+            s += &format!(
+                " prefetch={} persist={}",
+                self.prefetch, self.persistence_threshold
+            );
+        }
+        s
+    }
+}
+
+/// What the machine measures for the predictions.
+struct Rates {
+    /// Seconds of one forward+backward per micro-batch size.
+    fwd_bwd_s: Vec<(usize, f64)>,
+    /// Seconds per parameter of one AdamW step on this rank's share.
+    adam_s_per_param: f64,
+    /// Alpha (seconds per ring step) and beta (bytes per second per rank).
+    alpha_s: f64,
+    beta_bytes_per_s: f64,
+    /// How much slower a rank computes when the node has fewer cores than ranks x
+    /// threads (1 otherwise).
+    contention: f64,
+}
+
+/// Run `zero-bench tune`.
+pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
+    crate::logging::init(None);
+    let n = args.world;
+    if n == 0 {
+        bail!("--world 0: tune for at least 1 rank");
+    }
+    if args.top == 0 || args.steps < 2 || args.rounds == 0 {
+        bail!("--top must be >= 1, --steps >= 2 (the first is warm-up), --rounds >= 1");
+    }
+    launcher_words(&args.launcher, n)?;
+    let loaded = load(args.config.as_deref(), &args.set)?;
+    let base = loaded.config;
+    let t = &base.train;
+    let global = args
+        .global_batch
+        .unwrap_or(n * t.grad_accum * t.micro_batch);
+    if global == 0 || !global.is_multiple_of(n) {
+        bail!("--global-batch {global} is not a positive multiple of the world size {n}: every rank takes the same number of sequences");
+    }
+    let per_rank = global / n;
+    let budget = match args.mem_limit {
+        Some(b) => budget::Budget {
+            bytes: (b as f64 * (1.0 - args.mem_headroom)) as u64,
+            source: format!("--mem-limit {} less headroom", human_bytes(b as f64)),
+        },
+        None => {
+            let (avail, what) = budget::host_available().ok_or_else(|| {
+                anyhow!("cannot read this machine's available memory; give --mem-limit")
+            })?;
+            budget::Budget {
+                bytes: (avail as f64 * (1.0 - args.mem_headroom) / n as f64) as u64,
+                source: format!(
+                    "{what} {} / {n} ranks, less headroom",
+                    human_bytes(avail as f64)
+                ),
+            }
+        }
+    };
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("creating {}", args.out.display()))?;
+    println!(
+        "tune: N = {n}, global batch {global} sequences ({per_rank} per rank), budget {} per rank ({})",
+        human_bytes(budget.bytes as f64),
+        budget.source
+    );
+
+    // 1-2. Candidates that fit.
+    let mut cands = enumerate(&base, n, per_rank)?;
+    let total = cands.len();
+    let mut fitting = Vec::new();
+    for mut c in cands.drain(..) {
+        let plan = budget::plan(&c.apply(&base), n, n - 1)?;
+        c.plan_bytes = plan.plan.total_bytes();
+        if c.plan_bytes <= budget.bytes || c.given {
+            fitting.push((c, plan));
+        }
+    }
+    let fits = fitting
+        .iter()
+        .filter(|(c, _)| c.plan_bytes <= budget.bytes)
+        .count();
+    println!("{total} candidates, {fits} fit the budget");
+    if fits == 0 {
+        bail!(
+            "no candidate fits {} per rank: use more ranks, a smaller model, or more memory",
+            human_bytes(budget.bytes as f64)
+        );
+    }
+
+    // 3. Predictions.
+    let rates = measure_rates(args, &base, &fitting)?;
+    println!(
+        "measured here: alpha {:.1} us per ring step, beta {:.2} GB/s per rank, AdamW {:.2} ns/param, compute x{:.1} for {} rank(s) on {} core(s); forward+backward: {}",
+        rates.alpha_s * 1e6,
+        rates.beta_bytes_per_s / 1e9,
+        rates.adam_s_per_param * 1e9,
+        rates.contention,
+        args.ranks_per_node.unwrap_or(n),
+        args.cores_per_node
+            .or_else(|| std::thread::available_parallelism().ok().map(|c| c.get()))
+            .unwrap_or(1),
+        rates
+            .fwd_bwd_s
+            .iter()
+            .map(|(b, s)| format!("B={b} {:.1} ms", s * 1e3))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let mut cands: Vec<Candidate> = fitting
+        .into_iter()
+        .map(|(mut c, p)| {
+            let fb = rates
+                .fwd_bwd_s
+                .iter()
+                .find(|(b, _)| *b == c.micro_batch)
+                .map_or(f64::NAN, |(_, s)| *s);
+            let comm = CommPlan::new(&p.layout, &p.plan, c.grad_accum);
+            c.predicted_comm_s = comm.estimate_seconds(rates.alpha_s, rates.beta_bytes_per_s);
+            // AdamW runs over this rank's share: everything at stage 0, 1/N of it above.
+            let updated = if c.stage == 0 {
+                p.layout.numel()
+            } else {
+                p.layout.shard_numel()
+            };
+            c.predicted_s = rates.contention
+                * (c.grad_accum as f64 * fb + updated as f64 * rates.adam_s_per_param)
+                + c.predicted_comm_s;
+            c
+        })
+        .collect();
+    cands.sort_by(|a, b| a.predicted_s.total_cmp(&b.predicted_s));
+
+    // 4. Measure the best predicted of each stage first (so the measured set spans
+    // what matters most), then the next best overall up to --top, and the configuration
+    // as given; interleaved over the rounds.
+    let fit = |i: &usize| cands[*i].plan_bytes <= budget.bytes;
+    let mut chosen: Vec<usize> = Vec::new();
+    for stage in 0..4 {
+        if let Some(i) = (0..cands.len())
+            .filter(fit)
+            .find(|&i| cands[i].stage == stage)
+        {
+            chosen.push(i);
+        }
+    }
+    chosen.sort_unstable();
+    chosen.truncate(args.top);
+    for i in (0..cands.len()).filter(fit) {
+        if chosen.len() >= args.top {
+            break;
+        }
+        if !chosen.contains(&i) {
+            chosen.push(i);
+        }
+    }
+    if let Some(g) = cands.iter().position(|c| c.given) {
+        if !chosen.contains(&g) {
+            chosen.push(g);
+        }
+    }
+    let program = std::env::current_exe().context("finding the zero-bench binary")?;
+    let timeout = Duration::from_secs(args.timeout);
+    for round in 0..args.rounds {
+        for &i in &chosen {
+            let c = &cands[i];
+            let report = args.out.join(format!("run-{i}-round-{round}.json"));
+            let mut words = launcher_words(&args.launcher, n)?;
+            words.push(program.display().to_string());
+            words.push("train".into());
+            if let Some(cfg) = &args.config {
+                words.extend(["--config".into(), cfg.display().to_string()]);
+            }
+            for s in args.set.iter().cloned().chain(c.overrides()) {
+                words.extend(["--set".into(), s]);
+            }
+            words.extend([
+                "--steps".into(),
+                args.steps.to_string(),
+                "--no-progress".into(),
+                "--json".into(),
+                report.display().to_string(),
+            ]);
+            eprintln!("[tune round {}/{}] {}", round + 1, args.rounds, c.label());
+            run_logged(&words, &report.with_extension("log"), timeout, &c.label())?;
+            let step_s = read_step_seconds(&report)?;
+            cands[i].measured_s.push(step_s);
+        }
+    }
+
+    // 5. Report and the chosen configuration.
+    let measured: Vec<&Candidate> = chosen.iter().map(|&i| &cands[i]).collect();
+    let best = measured
+        .iter()
+        .filter(|c| c.plan_bytes <= budget.bytes)
+        .min_by(|a, b| {
+            a.measured()
+                .unwrap_or(f64::INFINITY)
+                .total_cmp(&b.measured().unwrap_or(f64::INFINITY))
+        })
+        .ok_or_else(|| anyhow!("nothing was measured"))?;
+    let (agree, pairs) = concordance(&measured);
+    let table = render(&measured, agree, pairs);
+    print!("{table}");
+    let best_cfg = best.apply(&base);
+    let toml_path = args.out.join("best.toml");
+    let text = format!(
+        "# Chosen by zero-bench tune for N = {n}, {global} sequences per step, {} per rank:\n# {} (measured {:.2} ms per step)\n{}",
+        human_bytes(budget.bytes as f64),
+        best.label(),
+        best.measured().unwrap_or(f64::NAN) * 1e3,
+        toml::to_string(&best_cfg).context("writing the chosen configuration")?
+    );
+    std::fs::write(&toml_path, text).with_context(|| format!("writing {}", toml_path.display()))?;
+    let json = serde_json::json!({
+        "world": n, "global_batch": global, "budget_bytes": budget.bytes,
+        "alpha_s": rates.alpha_s, "beta_bytes_per_s": rates.beta_bytes_per_s,
+        "pairs_ordered_alike": agree, "pairs": pairs,
+        "best": best.label(),
+        "measured": measured,
+    });
+    std::fs::write(
+        args.out.join("tune.json"),
+        serde_json::to_string_pretty(&json).context("serialising the tune report")? + "\n",
+    )
+    .context("writing tune.json")?;
+    if let Some(given) = measured.iter().find(|c| c.given) {
+        println!(
+            "chosen: {} at {:.2} ms per step; the configuration as given ({}) {:.2} ms: {:.2}x",
+            best.label(),
+            best.measured().unwrap_or(f64::NAN) * 1e3,
+            given.label(),
+            given.measured().unwrap_or(f64::NAN) * 1e3,
+            given.measured().unwrap_or(f64::NAN) / best.measured().unwrap_or(f64::NAN)
+        );
+    }
+    println!(
+        "written: {} {}",
+        toml_path.display(),
+        args.out.join("tune.json").display()
+    );
+    Ok(())
+}
+
+/// Every candidate: stages x micro-batches dividing `per_rank` x buckets x (stage 3)
+/// prefetch and persistence; the configuration as given is marked.
+fn enumerate(base: &Config, n: usize, per_rank: usize) -> anyhow::Result<Vec<Candidate>> {
+    let micro: Vec<usize> = (1..=per_rank.min(64))
+        .filter(|&b| per_rank.is_multiple_of(b))
+        .collect();
+    let buckets = [None, Some(1 << 20), Some(1 << 24)];
+    let mut out = Vec::new();
+    for stage in 0..4usize {
+        for &b in &micro {
+            for &bucket in &buckets {
+                let stage3 = if stage == 3 {
+                    vec![(1, 0), (2, 0), (1, 1 << 16), (2, 1 << 16)]
+                } else {
+                    vec![(base.zero.prefetch, base.zero.persistence_threshold)]
+                };
+                for (prefetch, persist) in stage3 {
+                    out.push(Candidate {
+                        stage,
+                        micro_batch: b,
+                        grad_accum: per_rank / b,
+                        bucket_elems: bucket,
+                        prefetch,
+                        persistence_threshold: persist,
+                        given: false,
+                        plan_bytes: 0,
+                        predicted_s: 0.0,
+                        predicted_comm_s: 0.0,
+                        measured_s: Vec::new(),
+                    });
+                }
+            }
+        }
+    }
+    let given = Candidate {
+        stage: base.zero.stage.number(),
+        micro_batch: base.train.micro_batch,
+        grad_accum: base.train.grad_accum,
+        bucket_elems: base.zero.bucket_elems,
+        prefetch: base.zero.prefetch,
+        persistence_threshold: base.zero.persistence_threshold,
+        given: true,
+        plan_bytes: 0,
+        predicted_s: 0.0,
+        predicted_comm_s: 0.0,
+        measured_s: Vec::new(),
+    };
+    if given.micro_batch * given.grad_accum * n == per_rank * n {
+        // The same point may be among the enumerated ones: mark it instead of adding it.
+        match out.iter_mut().find(|c| {
+            (
+                c.stage,
+                c.micro_batch,
+                c.bucket_elems,
+                c.prefetch,
+                c.persistence_threshold,
+            ) == (
+                given.stage,
+                given.micro_batch,
+                given.bucket_elems,
+                given.prefetch,
+                given.persistence_threshold,
+            )
+        }) {
+            Some(c) => c.given = true,
+            None => out.push(given),
+        }
+    }
+    Ok(out)
+}
+
+/// The rates the predictions use, measured on this machine.
+fn measure_rates(
+    args: &TuneArgs,
+    base: &Config,
+    cands: &[(Candidate, budget::RankPlan)],
+) -> anyhow::Result<Rates> {
+    let gpt = gpt_config(base)?;
+    let mut micro: Vec<usize> = cands.iter().map(|(c, _)| c.micro_batch).collect();
+    micro.sort_unstable();
+    micro.dedup();
+    let dev = HostDevice::with_exec(Exec::default(), 1);
+    let stream = dev.stream("compute")?;
+    let cx = Compute {
+        dev: &dev,
+        stream: &stream,
+    };
+    let t = base.train.seq_len;
+    let mut fwd_bwd_s = Vec::new();
+    for &b in &micro {
+        let mut model = Gpt::<HostDevice, f32>::new(&dev, gpt, b).context("building the model")?;
+        let params = upload_units(cx, &model.init_params(1), "param")?;
+        let mut grads = upload_units(cx, &model.zero_grads(), "grad")?;
+        let mut rng = SplitMix64::new(7);
+        let v = gpt.vocab_size as u64;
+        let x: Vec<u32> = (0..b * t).map(|_| (rng.next_u64() % v) as u32).collect();
+        let batch = TokenBatch {
+            rows: b,
+            seq_len: t,
+            inputs: &x,
+            targets: &x,
+        };
+        // The fastest of 3 after a warm-up: the machine may be shared.
+        let mut best = f64::INFINITY;
+        for i in 0..4 {
+            let t0 = Instant::now();
+            model
+                .forward_backward(cx, &batch, &params, &mut grads, 1e-3)
+                .context("timing forward+backward")?;
+            if i > 0 {
+                best = best.min(t0.elapsed().as_secs_f64());
+            }
+        }
+        fwd_bwd_s.push((b, best));
+    }
+    let adam_s_per_param = adam_rate()?;
+    let (alpha_s, beta_bytes_per_s) = probe_link(args)?;
+    let cores = args
+        .cores_per_node
+        .or_else(|| std::thread::available_parallelism().ok().map(|c| c.get()))
+        .unwrap_or(1);
+    let ranks = args.ranks_per_node.unwrap_or(args.world);
+    Ok(Rates {
+        fwd_bwd_s,
+        adam_s_per_param,
+        alpha_s,
+        beta_bytes_per_s,
+        contention: (ranks as f64 / cores.max(1) as f64).max(1.0),
+    })
+}
+
+/// Seconds per parameter of the fused AdamW kernel (fp32 master, m, v; bf16 gradient and
+/// working copy: what a mixed-precision rank streams), fastest of 3 over 4M parameters.
+fn adam_rate() -> anyhow::Result<f64> {
+    use zero_kernels::adamw::{self, AdamWCoeffs, AdamWHyper, AdamWState};
+    use zero_kernels::{FloatSlice, HalfSliceMut};
+    let n = 1 << 22;
+    let (mut p, mut m, mut v) = (vec![0.1f32; n], vec![0f32; n], vec![0f32; n]);
+    let g = vec![half::bf16::from_f32(0.01); n];
+    let mut copy = vec![half::bf16::ZERO; n];
+    let c = AdamWCoeffs::new(&AdamWHyper::default(), 1, 1.0, true)
+        .map_err(|e| anyhow!("AdamW constants: {e}"))?;
+    let exec = Exec::default();
+    let mut best = f64::INFINITY;
+    for _ in 0..3 {
+        let t0 = Instant::now();
+        let state = AdamWState {
+            master: &mut p,
+            m: &mut m,
+            v: &mut v,
+        };
+        adamw::run(
+            &exec,
+            &c,
+            FloatSlice::BF16(&g),
+            state,
+            Some(HalfSliceMut::BF16(&mut copy)),
+        )
+        .map_err(|e| anyhow!("timing AdamW: {e}"))?;
+        best = best.min(t0.elapsed().as_secs_f64());
+    }
+    Ok(best / n as f64)
+}
+
+/// Alpha and beta of the link between `--world` ranks under the launcher: a reduce-scatter
+/// sweep (`micro comm`), fitted as time = (N-1) alpha + bytes (N-1)/N / beta by least
+/// squares over the sizes.
+fn probe_link(args: &TuneArgs) -> anyhow::Result<(f64, f64)> {
+    let n = args.world;
+    if n == 1 {
+        return Ok((0.0, f64::INFINITY));
+    }
+    let csv = args.out.join("probe-comm.csv");
+    let mut words = launcher_words(&args.launcher, n)?;
+    words.push(
+        std::env::current_exe()
+            .context("finding the zero-bench binary")?
+            .display()
+            .to_string(),
+    );
+    words.extend(
+        [
+            "micro",
+            "comm",
+            "--ops",
+            "reduce_scatter",
+            "--min-size",
+            "4KiB",
+            "--max-size",
+            "16MiB",
+            "--iters",
+            "10",
+            "--csv",
+        ]
+        .iter()
+        .map(|s| s.to_string()),
+    );
+    words.push(csv.display().to_string());
+    run_logged(
+        &words,
+        &csv.with_extension("log"),
+        Duration::from_secs(args.timeout),
+        "the communication probe",
+    )?;
+    let text =
+        std::fs::read_to_string(&csv).with_context(|| format!("reading {}", csv.display()))?;
+    // op,dtype,ranks,size_bytes,count,pairs,ours_us,...
+    let pts: Vec<(f64, f64)> = text
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            Some((
+                f.get(3)?.parse().ok()?,
+                f.get(6)?.parse::<f64>().ok()? * 1e-6,
+            ))
+        })
+        .collect();
+    if pts.len() < 2 {
+        bail!(
+            "the communication probe wrote {} rows to {}",
+            pts.len(),
+            csv.display()
+        );
+    }
+    // Bandwidth from the largest size (where latency is negligible), latency from the
+    // smallest (less its bandwidth part): the two ends of time = (N-1) alpha +
+    // bytes (N-1)/N / beta.
+    let nf = n as f64;
+    let (small, large) = (pts[0], pts[pts.len() - 1]);
+    let beta = large.0 * (nf - 1.0) / nf / large.1.max(1e-12);
+    let alpha = ((small.1 - small.0 * (nf - 1.0) / nf / beta) / (nf - 1.0)).max(0.0);
+    Ok((alpha, beta))
+}
+
+/// A run's mean step time (after the warm-up step), from its `--json` report.
+fn read_step_seconds(path: &Path) -> anyhow::Result<f64> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{} is not JSON", path.display()))?;
+    v["stages"][0]["mean_step_seconds"]
+        .as_f64()
+        .ok_or_else(|| anyhow!("{} has no mean_step_seconds", path.display()))
+}
+
+/// Pairs of measured candidates that prediction and measurement order alike, and pairs.
+fn concordance(c: &[&Candidate]) -> (usize, usize) {
+    let (mut agree, mut pairs) = (0, 0);
+    for i in 0..c.len() {
+        for j in i + 1..c.len() {
+            let (Some(mi), Some(mj)) = (c[i].measured(), c[j].measured()) else {
+                continue;
+            };
+            pairs += 1;
+            if (c[i].predicted_s < c[j].predicted_s) == (mi < mj) {
+                agree += 1;
+            }
+        }
+    }
+    (agree, pairs)
+}
+
+fn render(c: &[&Candidate], agree: usize, pairs: usize) -> String {
+    let mut o = String::new();
+    let mut by_pred: Vec<&&Candidate> = c.iter().collect();
+    by_pred.sort_by(|a, b| a.predicted_s.total_cmp(&b.predicted_s));
+    let mut by_meas: Vec<&&Candidate> = c.iter().collect();
+    by_meas.sort_by(|a, b| {
+        a.measured()
+            .unwrap_or(f64::INFINITY)
+            .total_cmp(&b.measured().unwrap_or(f64::INFINITY))
+    });
+    let _ = writeln!(
+        o,
+        "{:<60} {:>11} {:>12} {:>11} {:>9} {:>9}",
+        "candidate", "plan/rank", "predicted", "measured", "pred rank", "meas rank"
+    );
+    for cand in &by_meas {
+        let pr = by_pred
+            .iter()
+            .position(|x| std::ptr::eq(**x, **cand))
+            .map_or(0, |p| p + 1);
+        let mr = by_meas
+            .iter()
+            .position(|x| std::ptr::eq(**x, **cand))
+            .map_or(0, |p| p + 1);
+        let _ = writeln!(
+            o,
+            "{:<60} {:>11} {:>9.2} ms {:>8.2} ms {:>9} {:>9}",
+            format!(
+                "{}{}",
+                cand.label(),
+                if cand.given { " (given)" } else { "" }
+            ),
+            human_bytes(cand.plan_bytes as f64),
+            cand.predicted_s * 1e3,
+            cand.measured().unwrap_or(f64::NAN) * 1e3,
+            pr,
+            mr
+        );
+    }
+    let _ = writeln!(
+        o,
+        "predicted order matches the measured one for {agree} of {pairs} pairs{}",
+        if by_pred.first().map(|x| **x as *const _) == by_meas.first().map(|x| **x as *const _) {
+            "; the predicted fastest is the measured fastest"
+        } else {
+            "; the predicted fastest is not the measured fastest"
+        }
+    );
+    o
+}
