@@ -370,6 +370,66 @@ fn a_diverging_loss_follows_the_configured_policy() {
         .expect("a skipped step");
     assert_eq!(first_skip["step"].as_u64(), Some(first));
     assert_eq!(first_skip["diverged"], Value::Bool(true));
+
+    // A loss that stays high would be skipped forever: past max_consecutive_skips the
+    // run stops, naming the step.
+    let out = tiny(&[
+        "--steps",
+        "45",
+        "--set",
+        "optim.lr=1e-2",
+        "--set",
+        &format!("data.path={:?}", s(&data)),
+        "--set",
+        "divergence.policy=\"skip_step\"",
+        "--set",
+        "divergence.max_consecutive_skips=2",
+    ]);
+    failed_with(
+        &out,
+        1,
+        &[
+            &format!("step {}: 2 steps in a row were skipped", first + 2),
+            "max_consecutive_skips",
+        ],
+    );
+}
+
+/// The global batch is N x A x B rows: a 2-rank, A = 1 checkpoint resumes on 1 rank with
+/// A = 2 (the same rows, the same data) without --allow-batch-change, and --init-from
+/// beside --resume is ignored with a warning (what a requeued job script passes).
+#[test]
+fn a_resume_with_the_same_rows_split_otherwise_is_accepted() {
+    let dir = scratch("same-batch");
+    let ck = s(&dir.join("ck"));
+    ok(&tiny(&["--steps", "3", "--ckpt-dir", &ck]));
+    let mut a: Vec<String> = [
+        "--config",
+        &repo("configs/tiny.toml"),
+        "--no-progress",
+        "--steps",
+        "5",
+        "--resume",
+        &ck,
+        "--grad-accum",
+        "2",
+        "--init-from",
+        "/nonexistent/model.h5",
+    ]
+    .iter()
+    .map(|x| x.to_string())
+    .collect();
+    let out = train(1, &a);
+    ok(&out);
+    assert!(
+        out.all_text().contains("--init-from /nonexistent/model.h5 is ignored"),
+        "{}",
+        out.transcript()
+    );
+    // Another number of rows is still refused.
+    a[8] = "1".into();
+    let out = train(1, &a);
+    failed_with(&out, 1, &["global batch", "--allow-batch-change"]);
 }
 
 /// Metadata that no model lays out so is refused before anything is read or allocated,

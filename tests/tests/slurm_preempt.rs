@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use zero_tests::cli::repo;
 use zero_tests::slurm::{job_state, slurm, slurm_conf, submit, text};
 use zero_tests::{zero_bench_bin, MpiJob};
 
@@ -25,14 +26,6 @@ use zero_tests::{zero_bench_bin, MpiJob};
 /// two-node cluster a step takes ~60-90 ms (ranks on the two "nodes" talk over TCP), so
 /// the job runs ~60 s; the mpirun reference ~15 s.
 const STEPS: usize = 800;
-
-fn repo(rel: &str) -> String {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .join(rel)
-        .display()
-        .to_string()
-}
 
 fn job_dir() -> PathBuf {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))

@@ -1,19 +1,25 @@
 //! The watchdog's side channel: when a collective times out, the ranks waiting in it ask
-//! every other rank, over plain TCP and not over MPI (which is stuck), what it last
-//! completed and what it is in now, and the report names the ranks behind: those that
-//! never entered the collective, with their host, and those that do not answer at all
-//! (stopped, or hung with their threads blocked).
+//! the others, over plain TCP and not over MPI (which is stuck), what they last
+//! completed and what they are in now, and one report names the ranks behind: those that
+//! never entered the collective, with their host, those that do not answer (stopped, or
+//! hung with their threads blocked), and those that cannot be reached.
 //!
 //! Each rank runs a small server thread on an ephemeral port; the addresses (host name,
-//! port) are exchanged once at start-up with one MPI_Allgather on MPI_COMM_WORLD. A
-//! question is a connection; the answer is a few text lines, then the connection closes:
+//! port; port 0 for a rank without a server) are exchanged once at start-up with one
+//! MPI_Allgather on MPI_COMM_WORLD. A question is a connection; the answer is a few text
+//! lines, then the connection closes:
 //!
 //! ```text
 //! zero-comm heartbeat 1 rank 3 pid 4242 host n2
-//! in all_reduce 1469 world          (a collective this rank is waiting in)
+//! in all_reduce 1469 31200 world    (a collective it waits in: kind, number, ms waited, communicator)
 //! done all_gather 1468 world        (the last collective it completed, per communicator)
 //! end
 //! ```
+//!
+//! Who reports: a rank that times out asks the lower ranks, lowest first, and leaves the
+//! report to the first one that waits in the same collective and has itself waited past
+//! the timeout; a rank that finds none asks everyone and reports. So one rank reports,
+//! and the others make one or two connections each.
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -46,14 +52,37 @@ pub(crate) struct Call {
 }
 
 /// What a rank answered.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub(crate) struct Answer {
     pub pid: u32,
     pub host: String,
-    /// Collectives it is waiting in.
-    pub waiting: Vec<Call>,
+    /// Collectives it is waiting in, with the seconds it has waited.
+    pub waiting: Vec<(Call, f64)>,
     /// The last collective it completed, per communicator.
     pub done: Vec<Call>,
+}
+
+impl Answer {
+    /// Whether it waits in `call`, and for how long.
+    fn waits_in(&self, call: &Call) -> Option<f64> {
+        self.waiting
+            .iter()
+            .find(|(c, _)| c == call)
+            .map(|(_, s)| *s)
+    }
+}
+
+/// Why a rank gave no answer.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum NoAnswer {
+    /// It has no heartbeat server (its watchdog is off, or its port did not bind).
+    NoServer,
+    /// The connection failed (the host name does not resolve here, a firewall, a dead
+    /// node): the reason.
+    Unreachable(String),
+    /// It accepted but did not answer in time (its process is stopped, or hung with its
+    /// threads blocked).
+    Silent,
 }
 
 /// Collectives as (kind, sequence number, communicator name).
@@ -61,9 +90,9 @@ pub(crate) type Calls = Vec<(CollectiveKind, u64, String)>;
 
 /// What a rank's server reports: a snapshot taken when asked.
 pub(crate) trait State: Send + Sync + 'static {
-    /// (kind, seq, comm) of the collectives this rank waits in, and of the last one it
-    /// completed on each communicator.
-    fn snapshot(&self) -> (Calls, Calls);
+    /// (kind, seq, comm, seconds waited) of the collectives this rank waits in, and
+    /// (kind, seq, comm) of the last one it completed on each communicator.
+    fn snapshot(&self) -> (Vec<(CollectiveKind, u64, String, f64)>, Calls);
 }
 
 /// This machine's host name (`gethostname`), or "unknown".
@@ -92,8 +121,9 @@ pub(crate) fn serve(rank: usize, state: Arc<dyn State>) -> std::io::Result<u16> 
                 let Ok(mut stream) = stream else { continue };
                 let (waiting, done) = state.snapshot();
                 let mut text = format!("zero-comm heartbeat 1 rank {rank} pid {pid} host {host}\n");
-                for (kind, seq, comm) in waiting {
-                    text.push_str(&format!("in {} {seq} {comm}\n", kind.name()));
+                for (kind, seq, comm, waited) in waiting {
+                    let ms = (waited * 1e3) as u64;
+                    text.push_str(&format!("in {} {seq} {ms} {comm}\n", kind.name()));
                 }
                 for (kind, seq, comm) in done {
                     text.push_str(&format!("done {} {seq} {comm}\n", kind.name()));
@@ -132,29 +162,51 @@ pub(crate) fn decode_addresses(all: &[u8]) -> Vec<Peer> {
         .collect()
 }
 
-/// Ask one rank; `None` when it does not answer in time.
-pub(crate) fn ask(peer: &Peer) -> Option<Answer> {
-    // The host name first; this machine's loopback when the name does not resolve here.
-    let addrs: Vec<_> = (peer.host.as_str(), peer.port)
+/// Ask one rank.
+pub(crate) fn ask(peer: &Peer) -> Result<Answer, NoAnswer> {
+    if peer.port == 0 {
+        return Err(NoAnswer::NoServer);
+    }
+    // The host name first; this machine's loopback when it is this host's own name.
+    let mut addrs: Vec<_> = (peer.host.as_str(), peer.port)
         .to_socket_addrs()
         .map(|a| a.collect())
         .unwrap_or_default();
-    let fallback = ("127.0.0.1", peer.port)
-        .to_socket_addrs()
-        .ok()?
-        .collect::<Vec<_>>();
-    let mut stream = addrs
-        .iter()
-        .chain(if peer.host == host_name() {
-            &fallback[..]
-        } else {
-            &[]
-        })
-        .find_map(|a| TcpStream::connect_timeout(a, ANSWER_TIMEOUT).ok())?;
-    stream.set_read_timeout(Some(ANSWER_TIMEOUT)).ok()?;
+    if peer.host == host_name() {
+        addrs.extend(
+            ("127.0.0.1", peer.port)
+                .to_socket_addrs()
+                .into_iter()
+                .flatten(),
+        );
+    }
+    if addrs.is_empty() {
+        return Err(NoAnswer::Unreachable(format!(
+            "its host name '{}' does not resolve here",
+            peer.host
+        )));
+    }
+    let mut last = String::new();
+    let mut stream = None;
+    for a in &addrs {
+        match TcpStream::connect_timeout(a, ANSWER_TIMEOUT) {
+            Ok(s) => {
+                stream = Some(s);
+                break;
+            }
+            Err(e) => last = format!("connecting to {a}: {e}"),
+        }
+    }
+    let mut stream = stream.ok_or(NoAnswer::Unreachable(last))?;
+    stream
+        .set_read_timeout(Some(ANSWER_TIMEOUT))
+        .map_err(|e| NoAnswer::Unreachable(e.to_string()))?;
     let mut text = String::new();
-    stream.read_to_string(&mut text).ok()?;
-    parse(&text)
+    // A stopped process's kernel accepts the connection; nothing answers.
+    match stream.read_to_string(&mut text) {
+        Ok(_) => parse(&text).ok_or(NoAnswer::Silent),
+        Err(_) => Err(NoAnswer::Silent),
+    }
 }
 
 fn parse(text: &str) -> Option<Answer> {
@@ -172,20 +224,23 @@ fn parse(text: &str) -> Option<Answer> {
         ..Default::default()
     };
     for line in lines {
-        let f: Vec<&str> = line.splitn(4, ' ').collect();
+        let f: Vec<&str> = line.splitn(5, ' ').collect();
+        let call = |kind: &str, seq: &str, comm: &str| -> Option<Call> {
+            Some(Call {
+                kind: kind.to_string(),
+                seq: seq.parse().ok()?,
+                comm: comm.to_string(),
+            })
+        };
         match f.as_slice() {
             ["end"] => return Some(a),
-            [which, kind, seq, comm] => {
-                let call = Call {
-                    kind: kind.to_string(),
-                    seq: seq.parse().ok()?,
-                    comm: comm.to_string(),
-                };
-                match *which {
-                    "in" => a.waiting.push(call),
-                    "done" => a.done.push(call),
-                    _ => return None,
-                }
+            ["in", kind, seq, ms, comm] => {
+                let waited = ms.parse::<f64>().ok()? / 1e3;
+                a.waiting.push((call(kind, seq, comm)?, waited));
+            }
+            ["done", kind, seq, rest @ ..] => {
+                // The communicator name is the rest of the line.
+                a.done.push(call(kind, seq, &rest.join(" "))?);
             }
             _ => return None,
         }
@@ -193,41 +248,56 @@ fn parse(text: &str) -> Option<Answer> {
     None // no "end": cut off
 }
 
-/// Ask every peer but `me` at once (one thread each, at most 64 at a time): (rank, its
-/// answer or None), in rank order.
-pub(crate) fn ask_all(peers: &[Peer], me: usize) -> Vec<(usize, Option<Answer>)> {
-    let others: Vec<&Peer> = peers.iter().filter(|p| p.rank != me).collect();
-    let mut out = Vec::with_capacity(others.len());
-    for batch in others.chunks(64) {
+/// Ask `peers` at once (one thread each, at most 64 at a time): (rank, its answer), in
+/// the order given.
+pub(crate) fn ask_all(peers: &[&Peer]) -> Vec<(usize, Result<Answer, NoAnswer>)> {
+    let mut out = Vec::with_capacity(peers.len());
+    for batch in peers.chunks(64) {
         std::thread::scope(|s| {
             let handles: Vec<_> = batch
                 .iter()
                 .map(|p| (p.rank, s.spawn(move || ask(p))))
                 .collect();
             for (rank, h) in handles {
-                out.push((rank, h.join().ok().flatten()));
+                let answer = h.join().unwrap_or_else(|_| {
+                    Err(NoAnswer::Unreachable("the asking thread failed".into()))
+                });
+                out.push((rank, answer));
             }
         });
     }
     out
 }
 
+/// The rank `me`, timed out in `stuck` after `timeout`: `None` when a lower rank waits in
+/// the same collective past the timeout (it reports); else every other rank's answer.
+pub(crate) fn gather(
+    me: usize,
+    stuck: &Call,
+    timeout: std::time::Duration,
+    peers: &[Peer],
+) -> Option<Vec<(usize, Result<Answer, NoAnswer>)>> {
+    for p in peers.iter().filter(|p| p.rank < me) {
+        if let Ok(a) = ask(p) {
+            if a.waits_in(stuck)
+                .is_some_and(|s| s >= timeout.as_secs_f64() * 0.9)
+            {
+                return None;
+            }
+        }
+    }
+    let others: Vec<&Peer> = peers.iter().filter(|p| p.rank != me).collect();
+    Some(ask_all(&others))
+}
+
 /// The report of a collective (`kind` #`seq` on `comm`) this rank waits in, from the other
-/// ranks' answers: which ranks are behind and where, which did not answer. `None` when a
-/// lower rank waits in the same collective (it reports instead).
+/// ranks' answers: which ranks are behind and where, which cannot be asked.
 pub(crate) fn report(
     me: usize,
     stuck: &Call,
-    answers: &[(usize, Option<Answer>)],
+    answers: &[(usize, Result<Answer, NoAnswer>)],
     peers: &[Peer],
-) -> Option<String> {
-    let same = |a: &Answer| a.waiting.iter().any(|c| c == stuck);
-    if answers
-        .iter()
-        .any(|(r, a)| *r < me && a.as_ref().is_some_and(same))
-    {
-        return None;
-    }
+) -> String {
     let host_of = |r: usize| {
         peers
             .iter()
@@ -238,23 +308,34 @@ pub(crate) fn report(
     let mut waiting = 1; // this rank
     for (rank, answer) in answers {
         match answer {
-            None => behind.push(format!(
+            Err(NoAnswer::Silent) => behind.push(format!(
                 "rank {rank} on {}: no answer within {} s (stopped, or hung with its threads blocked)",
                 host_of(*rank),
                 ANSWER_TIMEOUT.as_secs()
             )),
-            Some(a) if same(a) => waiting += 1,
-            Some(a) => {
+            Err(NoAnswer::NoServer) => behind.push(format!(
+                "rank {rank} on {}: cannot be asked (no heartbeat server there: is ZERO_COMM_TIMEOUT set on every node? mpirun -x ZERO_COMM_TIMEOUT)",
+                host_of(*rank)
+            )),
+            Err(NoAnswer::Unreachable(why)) => behind.push(format!(
+                "rank {rank} on {}: unreachable from here ({why})",
+                host_of(*rank)
+            )),
+            Ok(a) if a.waits_in(stuck).is_some() => waiting += 1,
+            Ok(a) => {
+                if a.done.iter().any(|c| c.comm == stuck.comm && c.seq >= stuck.seq) {
+                    continue; // it has completed this collective: not behind
+                }
                 let last = a
                     .done
                     .iter()
                     .find(|c| c.comm == stuck.comm)
                     .map_or("nothing yet".to_string(), |c| format!("{} #{}", c.kind, c.seq));
-                if a.done.iter().any(|c| c.comm == stuck.comm && c.seq >= stuck.seq) {
-                    continue; // it has completed this collective: not behind
-                }
                 let now = match a.waiting.first() {
-                    Some(c) => format!("now waiting in {} #{} on '{}'", c.kind, c.seq, c.comm),
+                    Some((c, s)) => format!(
+                        "now waiting in {} #{} on '{}' for {s:.1} s",
+                        c.kind, c.seq, c.comm
+                    ),
                     None => "now outside any collective (computing, or stuck there)".into(),
                 };
                 behind.push(format!(
@@ -273,7 +354,7 @@ pub(crate) fn report(
             stuck.comm
         )
     };
-    Some(if behind.is_empty() {
+    if behind.is_empty() {
         format!(
             "rank {me}: watchdog: every rank answered and none is behind {} #{} on '{}' ({waiting} of {total} waiting in it)",
             stuck.kind, stuck.seq, stuck.comm
@@ -286,7 +367,7 @@ pub(crate) fn report(
             stuck.comm,
             behind.join("\n  ")
         )
-    })
+    }
 }
 
 /// Per communicator, the last completed collective (kept by the watchdog).
@@ -298,9 +379,9 @@ mod tests {
 
     struct Fixed;
     impl State for Fixed {
-        fn snapshot(&self) -> (Calls, Calls) {
+        fn snapshot(&self) -> (Vec<(CollectiveKind, u64, String, f64)>, Calls) {
             (
-                vec![(CollectiveKind::AllReduce, 7, "world".into())],
+                vec![(CollectiveKind::AllReduce, 7, "world".into(), 31.25)],
                 vec![(CollectiveKind::AllGather, 6, "world".into())],
             )
         }
@@ -327,26 +408,35 @@ mod tests {
         .expect("an answer");
         assert_eq!(a.pid, std::process::id());
         assert_eq!(a.host, host_name());
-        assert_eq!(a.waiting, vec![call("all_reduce", 7)]);
+        assert_eq!(a.waiting, vec![(call("all_reduce", 7), 31.25)]);
         assert_eq!(a.done, vec![call("all_gather", 6)]);
-        // Nobody listens on a closed port: no answer, not a hang.
+        // Nobody listens on a closed port: unreachable, not a hang; port 0: no server.
         let dead = TcpListener::bind(("127.0.0.1", 0))
             .unwrap()
             .local_addr()
             .unwrap()
             .port();
-        let none = ask(&Peer {
+        let unreachable = ask(&Peer {
             rank: 9,
             host: "127.0.0.1".into(),
             port: dead,
         });
-        assert!(none.is_none());
+        assert!(
+            matches!(unreachable, Err(NoAnswer::Unreachable(_))),
+            "{unreachable:?}"
+        );
+        let none = ask(&Peer {
+            rank: 9,
+            host: "x".into(),
+            port: 0,
+        });
+        assert_eq!(none, Err(NoAnswer::NoServer));
     }
 
     #[test]
-    fn the_report_names_the_ranks_behind_and_the_silent_ones() {
+    fn the_report_names_the_ranks_behind_and_why_they_cannot_be_asked() {
         let stuck = call("all_reduce", 7);
-        let peers: Vec<Peer> = (0..4)
+        let peers: Vec<Peer> = (0..5)
             .map(|rank| Peer {
                 rank,
                 host: format!("n{}", rank / 2),
@@ -356,7 +446,7 @@ mod tests {
         let waiting = Answer {
             pid: 1,
             host: "n0".into(),
-            waiting: vec![stuck.clone()],
+            waiting: vec![(stuck.clone(), 30.0)],
             done: vec![call("all_gather", 6)],
         };
         let computing = Answer {
@@ -365,10 +455,15 @@ mod tests {
             waiting: vec![],
             done: vec![call("all_gather", 6)],
         };
-        let answers = vec![(1, Some(waiting.clone())), (2, Some(computing)), (3, None)];
-        let text = report(0, &stuck, &answers, &peers).expect("rank 0 reports");
+        let answers = vec![
+            (1, Ok(waiting)),
+            (2, Ok(computing)),
+            (3, Err(NoAnswer::Silent)),
+            (4, Err(NoAnswer::Unreachable("connection refused".into()))),
+        ];
+        let text = report(0, &stuck, &answers, &peers);
         assert!(
-            text.contains("2 of 4 ranks wait in all_reduce #7 on 'world'"),
+            text.contains("2 of 5 ranks wait in all_reduce #7 on 'world'"),
             "{text}"
         );
         assert!(
@@ -379,8 +474,9 @@ mod tests {
             text.contains("rank 3 on n1: no answer within 2 s"),
             "{text}"
         );
-        // Rank 1 leaves the report to rank 0, which waits in the same collective.
-        let answers = vec![(0, Some(waiting)), (2, None), (3, None)];
-        assert!(report(1, &stuck, &answers, &peers).is_none());
+        assert!(
+            text.contains("rank 4 on n2: unreachable from here (connection refused)"),
+            "{text}"
+        );
     }
 }

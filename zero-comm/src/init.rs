@@ -102,17 +102,32 @@ pub fn init_with(config: CommConfig) -> Result<(MpiContext, MpiComm)> {
         ))
     })?;
     let watchdog = match config.timeout {
-        Some(t) => {
-            let (dog, port) = Watchdog::start(world_rank, t).map_err(|e| {
-                CommError::Init(format!(
-                    "rank {world_rank}: cannot start the watchdog and its heartbeat server: {e}"
-                ))
-            })?;
-            dog.set_peers(exchange_addresses(world_rank, world_size, port)?);
-            Some(dog)
-        }
+        Some(t) => Some(Watchdog::start(world_rank, t).map_err(|e| {
+            CommError::Init(format!(
+                "rank {world_rank}: cannot start the watchdog thread: {e}"
+            ))
+        })?),
         None => None,
     };
+    // Every rank takes part in the exchange, watchdog or not (ZERO_COMM_TIMEOUT may not
+    // reach every node, a port may fail to bind): a rank with nothing to offer sends
+    // port 0, and the others know it cannot be asked.
+    let port = match &watchdog {
+        Some(dog) => match dog.serve_heartbeat() {
+            Ok(port) => port,
+            Err(e) => {
+                log::warn!(
+                    "rank {world_rank}: no heartbeat server ({e}); a hang will not be diagnosed from this rank's side"
+                );
+                0
+            }
+        },
+        None => 0,
+    };
+    let peers = exchange_addresses(world_rank, world_size, port)?;
+    if let Some(dog) = &watchdog {
+        dog.set_peers(peers);
+    }
     let mut dup = std::mem::MaybeUninit::<ffi::MPI_Comm>::uninit();
     // SAFETY: collective over the world; MPI writes one handle.
     let rc = unsafe { ffi::MPI_Comm_dup(ffi::RSMPI_COMM_WORLD, dup.as_mut_ptr()) };

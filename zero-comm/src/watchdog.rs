@@ -48,13 +48,16 @@ pub(crate) struct Watchdog {
 }
 
 impl heartbeat::State for Watchdog {
-    fn snapshot(&self) -> (Calls, Calls) {
+    fn snapshot(&self) -> (Vec<(CollectiveKind, u64, String, f64)>, Calls) {
         let waiting = self
             .in_flight
             .lock()
             .map(|m| {
                 m.values()
-                    .map(|e| (e.kind, e.seq, e.comm.clone()))
+                    .map(|e| {
+                        let waited = e.started.elapsed().as_secs_f64();
+                        (e.kind, e.seq, e.comm.clone(), waited)
+                    })
                     .collect()
             })
             .unwrap_or_default();
@@ -115,10 +118,8 @@ impl Drop for WatchToken {
 }
 
 impl Watchdog {
-    /// Start the watching thread and the heartbeat server; returns the watchdog and the
-    /// server's port (the caller exchanges the addresses and hands them to
-    /// [`Watchdog::set_peers`]).
-    pub(crate) fn start(world_rank: usize, timeout: Duration) -> std::io::Result<(Arc<Self>, u16)> {
+    /// Start the watching thread.
+    pub(crate) fn start(world_rank: usize, timeout: Duration) -> std::io::Result<Arc<Self>> {
         let dog = Arc::new(Watchdog {
             world_rank,
             timeout,
@@ -128,14 +129,23 @@ impl Watchdog {
             peers: OnceLock::new(),
             stop: AtomicBool::new(false),
         });
-        let port = heartbeat::serve(world_rank, Arc::clone(&dog) as Arc<dyn heartbeat::State>)?;
+
         let d = Arc::clone(&dog);
         // Poll often enough that the abort comes within ~10% of the timeout.
         let poll = (timeout / 10).clamp(Duration::from_millis(10), Duration::from_millis(500));
         std::thread::Builder::new()
             .name("zero-comm-watchdog".into())
             .spawn(move || d.run(poll))?;
-        Ok((dog, port))
+        Ok(dog)
+    }
+
+    /// Start this rank's heartbeat server; returns its port (the caller exchanges the
+    /// addresses and hands them to [`Watchdog::set_peers`]).
+    pub(crate) fn serve_heartbeat(self: &Arc<Self>) -> std::io::Result<u16> {
+        heartbeat::serve(
+            self.world_rank,
+            Arc::clone(self) as Arc<dyn heartbeat::State>,
+        )
     }
 
     /// Every rank's heartbeat address, in rank order (once, after the exchange).
@@ -202,7 +212,7 @@ impl Watchdog {
                     self.timeout.as_secs_f64()
                 ));
                 let _ = std::io::stderr().flush();
-                // Ask the others where they are; the lowest rank waiting here reports.
+                // Ask the others where they are; one rank reports (heartbeat.rs).
                 let stuck = Call {
                     kind: e.kind.name().to_string(),
                     seq: e.seq,
@@ -210,13 +220,14 @@ impl Watchdog {
                 };
                 let grace = match self.peers.get() {
                     Some(peers) => {
-                        let answers = heartbeat::ask_all(peers, self.world_rank);
-                        match heartbeat::report(self.world_rank, &stuck, &answers, peers) {
-                            Some(text) => {
+                        match heartbeat::gather(self.world_rank, &stuck, self.timeout, peers) {
+                            Some(answers) => {
+                                let text =
+                                    heartbeat::report(self.world_rank, &stuck, &answers, peers);
                                 crate::init::line_to_stderr(&text);
                                 GRACE
                             }
-                            // Leave the reporting rank time to print before the abort.
+                            // A lower rank reports: leave it time to ask and print.
                             None => GRACE + 3 * heartbeat::ANSWER_TIMEOUT,
                         }
                     }

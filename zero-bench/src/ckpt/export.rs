@@ -149,7 +149,7 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<()> {
         ("zero_rs_step".to_string(), source.meta.step.to_string()),
     ]));
     // Written under a temporary name and renamed when whole: the output is never partial.
-    checkpoint::write_whole(&args.out, |tmp| {
+    checkpoint::write_whole(&args.out, false, |tmp| {
         let written = safetensors::tensor::serialize_to_file(tensors, &info, tmp);
         if let Some(e) = source.error.borrow_mut().take() {
             return Err(e);

@@ -122,13 +122,16 @@ pub struct TrainArgs {
     /// step S + 1 with the saved optimizer state (and loss scale, unless the precision
     /// changed: then the scaler starts from this run's configuration). --steps must be
     /// above S; --metrics keeps the file's lines up to step S and appends.
-    #[arg(long, value_name = "DIR", conflicts_with_all = ["init_from", "stages"])]
+    /// With --init-from too, the checkpoint wins (it holds the trained weights; a
+    /// requeued job script may pass both).
+    #[arg(long, value_name = "DIR", conflicts_with = "stages")]
     pub resume: Option<PathBuf>,
 
     /// With --resume: go on although the global batch (ranks x grad_accum x micro_batch
-    /// x seq_len) differs from the checkpoint's; the change is logged and recorded in
-    /// the checkpoints that follow. Without it such a resume is refused.
-    #[arg(long, requires = "resume")]
+    /// sequences of seq_len tokens) differs from the checkpoint's; the change is logged
+    /// and recorded in the checkpoints that follow. Without it such a resume is refused.
+    /// Without --resume it has no effect.
+    #[arg(long)]
     pub allow_batch_change: bool,
 
     /// Write the run summary (with --stages: the stage table; with --dry-run: the plans)

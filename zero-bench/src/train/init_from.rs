@@ -191,17 +191,12 @@ pub fn save(
     values: &[f32],
     step: u64,
 ) -> anyhow::Result<()> {
-    let tmp = zero_core::checkpoint::partial_path(path);
-    let written = write_model(&tmp, layout, values, step).and_then(|_| {
-        std::fs::rename(&tmp, path)
-            .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
-    });
-    if written.is_err() && tmp.exists() {
-        if let Err(e) = std::fs::remove_file(&tmp) {
-            log::warn!("could not remove the partial {}: {e}", tmp.display());
-        }
-    }
-    written
+    // Replaces an earlier model file whole, or leaves it as it was.
+    zero_core::checkpoint::write_whole(path, true, |tmp| {
+        write_model(tmp, layout, values, step)
+            .map_err(|e| zero_core::CheckpointError::Invalid(format!("{e:#}")))
+    })
+    .with_context(|| format!("writing the model file {}", path.display()))
 }
 
 fn write_model(

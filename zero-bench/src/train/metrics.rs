@@ -94,7 +94,7 @@ impl Metrics {
                     .with_context(|| format!("reading the metrics file {}", path.display()))
             }
         };
-        let tmp = path.with_extension("jsonl.tmp");
+        let tmp = zero_core::checkpoint::partial_path(path);
         let mut text = kept.join("\n");
         if !text.is_empty() {
             text.push('\n');

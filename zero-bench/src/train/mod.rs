@@ -131,7 +131,20 @@ fn run_on(args: &TrainArgs, comm: Option<&MpiComm>) -> Result<(), Failure> {
     let vocab = run::gpt_config(c).map_err(same)?.vocab_size;
     let tokens = agree(comm, data::open(c, vocab))?;
     data::check(comm, &tokens, c).map_err(same)?;
-    let init = match &args.init_from {
+    let init_path = match (&args.init_from, &args.resume) {
+        (Some(path), Some(ckpt)) => {
+            if rank == 0 {
+                log::warn!(
+                    "--init-from {} is ignored: --resume {} continues the trained run (a requeued job passes both)",
+                    path.display(),
+                    ckpt.display()
+                );
+            }
+            None
+        }
+        (from, _) => from.as_ref(),
+    };
+    let init = match init_path {
         Some(path) => {
             let spec = run::gpt_config(c).map_err(same)?.spec();
             let (file, extra) = agree(comm, init_from::InitFile::open(path, &spec))?;
@@ -195,6 +208,26 @@ fn run_on(args: &TrainArgs, comm: Option<&MpiComm>) -> Result<(), Failure> {
             // Start the next run together (fair timing, RSS reset after the last drop).
             comm.barrier()
                 .map_err(|e| Failure::same_everywhere(anyhow!("barrier: {e}"), rank))?;
+            // A stop signal during a run that then finished: start no further run.
+            let signal = signals::agreed(comm).map_err(same)?;
+            if let (Some(sig), false) = (signal, last) {
+                let (what, code) = match args.ckpt_dir.as_deref() {
+                    Some(dir) => (
+                        format!("its checkpoint is in {}", dir.display()),
+                        launch::PREEMPTED_EXIT_CODE,
+                    ),
+                    None => ("no --ckpt-dir was given".to_string(), 1),
+                };
+                return Err(Failure {
+                    error: anyhow!(
+                        "stopped by {} after the {} run of the stage list ({what}); the runs after it did not start",
+                        signals::name(sig),
+                        l.config.zero.stage
+                    ),
+                    print: rank == 0,
+                    code,
+                });
+            }
         }
         if rank == 0 && args.rounds > 1 {
             log::info!("round {}/{} of the stage list done", round + 1, args.rounds);

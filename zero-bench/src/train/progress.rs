@@ -19,10 +19,18 @@ pub struct Progress {
 }
 
 impl Progress {
-    /// Start showing a run of `steps` steps labelled `label` (e.g. "ZeRO-2").
-    pub fn new(active: bool, plain: bool, label: &str, steps: usize, log_every: usize) -> Self {
+    /// Start showing a run of `steps` steps labelled `label` (e.g. "ZeRO-2"), `done` of
+    /// them done already (a resumed run).
+    pub fn new(
+        active: bool,
+        plain: bool,
+        label: &str,
+        (done, steps): (u64, usize),
+        log_every: usize,
+    ) -> Self {
         let bar = (active && !plain && std::io::stderr().is_terminal()).then(|| {
             let bar = ProgressBar::new(steps as u64);
+            bar.set_position(done);
             // The template is a constant: an error here is a bug of this file.
             if let Ok(style) = ProgressStyle::with_template(
                 "{prefix:>7} [{bar:30.cyan/blue}] {pos}/{len} {msg} ({elapsed}, eta {eta})",

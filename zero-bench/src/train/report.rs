@@ -192,6 +192,13 @@ pub struct StageResult {
     /// The formula's model-state bytes per rank for the run's precision (mixed: 16Ψ,
     /// 4Ψ+12Ψ/N, 2Ψ+14Ψ/N, 16Ψ/N; fp32: 16Ψ, 8Ψ+8Ψ/N, 4Ψ+12Ψ/N, 16Ψ/N).
     pub formula_bytes_per_rank: f64,
+    /// Steps skipped on every rank (inf/NaN gradients; divergent losses under
+    /// `divergence.policy = "skip_step"`).
+    #[serde(default)]
+    pub skipped_steps: u64,
+    /// Steps whose loss the loss guard called divergent (`[divergence]`).
+    #[serde(default)]
+    pub divergent_steps: u64,
     /// Peak resident set size of each rank during this stage's first run (VmHWM, reset
     /// before the stage; 0 if unknown).
     pub peak_rss_bytes_per_rank: Vec<u64>,
@@ -337,6 +344,8 @@ mod tests {
             peak_rss_bytes_per_rank: vec![0, 0],
             comm_sent_bytes_per_step: 4096,
             comm_plan_bytes_per_step: 4096,
+            skipped_steps: 0,
+            divergent_steps: 0,
         }
     }
 

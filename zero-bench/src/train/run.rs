@@ -235,7 +235,7 @@ fn run_steps<C: Communicator>(
         rank == 0 && !shared.quiet,
         shared.plain,
         &stage.to_string(),
-        steps,
+        (engine.steps_done(), steps),
         config.train.log_every,
     );
     let mut losses = Vec::with_capacity(steps);
@@ -269,10 +269,25 @@ fn run_steps<C: Communicator>(
         }
         if let Some(sig) = signal.filter(|_| done < last) {
             progress.finish();
-            return Err(Stop::Agreed(saver.stopped_by(sig, done, last, rank)));
+            let stop = saver.stopped_by(sig, done, last, rank);
+            if stop.code == PREEMPTED_EXIT_CODE && rank == 0 {
+                saver.mark_stopped(done, sig);
+            }
+            return Err(Stop::Agreed(stop));
         }
     }
     progress.finish();
+    // The model file first: when the last checkpoint failed, it may be the only copy of
+    // the trained weights (on another filesystem).
+    if let Some(path) = shared.save_model {
+        let values = engine
+            .full_master_f32()
+            .context("gathering the final weights")?;
+        if rank == 0 {
+            init_from::save(path, engine.layout(), &values, engine.steps_done())?;
+            log::info!("final weights written to {}", path.display());
+        }
+    }
     if let Some(f) = saver.final_failure(last, rank) {
         return Err(Stop::Agreed(f));
     }
@@ -301,19 +316,10 @@ fn run_steps<C: Communicator>(
         .context("agreeing on the step time")?;
     let peak = gather_u64(comm, rss::peak_bytes().unwrap_or(0))?;
 
-    if let Some(path) = shared.save_model {
-        let values = engine
-            .full_master_f32()
-            .context("gathering the final weights")?;
-        if rank == 0 {
-            init_from::save(path, engine.layout(), &values, engine.steps_done())?;
-            log::info!("final weights written to {}", path.display());
-        }
-    }
-
     let formula = PaperFormula::for_precision(stage, config.precision.dtype, plan.numel, world)
         .total()
         .to_f64();
+    let losses_run = losses.len();
     Ok(StageResult {
         stage: stage.number(),
         steps,
@@ -329,10 +335,17 @@ fn run_steps<C: Communicator>(
         state_bytes_per_rank: states,
         formula_bytes_per_rank: formula,
         peak_rss_bytes_per_rank: peak,
-        comm_sent_bytes_per_step: sent / steps.max(1) as u64,
+        // Per step this run ran (a resumed run runs fewer than `steps`).
+        comm_sent_bytes_per_step: sent / (losses_run as u64).max(1),
+        skipped_steps: skipped,
+        divergent_steps: engine.divergences(),
         comm_plan_bytes_per_step: comm_plan.sent_bytes(),
     })
 }
+
+/// The file a run stopped by a signal leaves in `--ckpt-dir` (slurm/train.sbatch removes
+/// it before each run and requeues the job when it finds it).
+pub const STOPPED_MARKER: &str = "STOPPED";
 
 /// The checkpoints of one run: when they are due, what the last one was, and what a run
 /// that must stop or has ended says about them.
@@ -398,6 +411,24 @@ impl<'a> Saver<'a> {
         }
     }
 
+    /// Leave `STOPPED_MARKER` in the checkpoint directory: the run stopped on a signal
+    /// with a checkpoint to resume. A job script requeues on it even when the launcher
+    /// reports another status than 85 (srun may kill ranks finishing their exit).
+    fn mark_stopped(&self, done: u64, sig: i32) {
+        if let Some(dir) = self.ckpt.dir {
+            let path = dir.join(STOPPED_MARKER);
+            let text = format!("stopped by {} after step {done}\n", signals::name(sig));
+            if let Err(e) = std::fs::write(&path, text) {
+                log::warn!("could not write {}: {e}", path.display());
+            }
+        }
+    }
+
+    /// Whether some checkpoint (this run's, or the one it resumed) can be resumed.
+    fn resumable(&self) -> bool {
+        self.saved.is_some() || self.ckpt.resume.is_some()
+    }
+
     /// Where the newest good checkpoint is, in words.
     fn last_good(&self) -> String {
         match (&self.saved, self.ckpt.resume) {
@@ -422,6 +453,18 @@ impl<'a> Saver<'a> {
                 error: anyhow!(
                     "stopped by {what} after step {done} of {last}; checkpoint saved in {}: continue with --resume {} (exit status {PREEMPTED_EXIT_CODE})",
                     path.display(),
+                    dir.display()
+                ),
+                print: rank == 0,
+                code: PREEMPTED_EXIT_CODE,
+            },
+            // Its checkpoint failed, but an older one can be resumed: the steps since are
+            // lost, the run is not; a job script requeues on 85 as usual.
+            (_, Some(dir)) if self.resumable() => Failure {
+                error: anyhow!(
+                    "stopped by {what} after step {done} of {last}, but its checkpoint could not be saved ({}); {}: continue with --resume {} (the steps since are lost; exit status {PREEMPTED_EXIT_CODE})",
+                    self.failed.as_ref().map_or("unknown error", |(_, e)| e.as_str()),
+                    self.last_good(),
                     dir.display()
                 ),
                 print: rank == 0,

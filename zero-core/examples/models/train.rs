@@ -47,10 +47,11 @@ pub fn train_mlp<C: Communicator, D: Device>(
                 labels: &y,
             }],
         )?;
+        // Steps are numbered from 1 (report.step), as everywhere in zero-rs.
         if comm.rank() == 0 && (step % 20 == 0 || step + 1 == steps) {
             println!(
-                "step {step:4}  loss {:.4}  grad norm {:.3}",
-                report.loss, report.grad_norm
+                "step {:4}  loss {:.4}  grad norm {:.3}",
+                report.step, report.loss, report.grad_norm
             );
         }
         losses.push(report.loss);
@@ -99,7 +100,7 @@ pub fn train_char_lm<C: Communicator, D: Device>(
         };
         let report = engine.step(&mut model, &[batch])?;
         if comm.rank() == 0 && (step % 25 == 0 || step + 1 == steps) {
-            println!("step {step:4}  loss {:.4}", report.loss);
+            println!("step {:4}  loss {:.4}", report.step, report.loss);
         }
         losses.push(report.loss);
     }

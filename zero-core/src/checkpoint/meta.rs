@@ -183,8 +183,30 @@ impl Meta {
         let (a, b) = (&self.layout, layout);
         for (i, (x, y)) in a.params.iter().zip(&b.params).enumerate() {
             if x.name != y.name || x.shape != y.shape || x.unit != y.unit || x.offset != y.offset {
+                // The same tensor cut into other row blocks: say so, it is the usual cause.
+                let tensor = |p: &crate::layout::ParamLayout| {
+                    p.row_block
+                        .as_ref()
+                        .map_or(p.name.clone(), |r| r.tensor.clone())
+                };
+                let blocks = |l: &PartitionLayout, t: &str| {
+                    l.tensors()
+                        .into_iter()
+                        .find(|x| x.name == t)
+                        .map_or(0, |x| x.parts.len())
+                };
+                let hint = if tensor(x) == tensor(y) {
+                    let t = tensor(x);
+                    format!(
+                        "; the checkpoint holds '{t}' in {} row block(s), the model in {}: build the model with the checkpoint's row blocks",
+                        blocks(a, &t),
+                        blocks(b, &t)
+                    )
+                } else {
+                    String::new()
+                };
                 return Err(incompatible(format!(
-                    "parameter {i}: checkpoint '{}' {:?} (unit {}, offset {}) vs model '{}' {:?} (unit {}, offset {})",
+                    "parameter {i}: checkpoint '{}' {:?} (unit {}, offset {}) vs model '{}' {:?} (unit {}, offset {}){hint}",
                     x.name, x.shape, x.unit, x.offset, y.name, y.shape, y.unit, y.offset
                 )));
             }

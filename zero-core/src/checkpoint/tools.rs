@@ -132,13 +132,14 @@ pub fn partial_path(out: &Path) -> PathBuf {
 }
 
 /// Write `out` through [`partial_path`]: `write` fills the temporary file; it is renamed
-/// to `out` only when complete, and removed on failure, so `out` is either absent or
-/// whole. An existing `out` is an error (never overwritten).
+/// to `out` only when complete, and removed on failure, so `out` is either as before or
+/// whole. An existing `out` is an error unless `overwrite` (then it is replaced whole).
 pub fn write_whole<T>(
     out: &Path,
+    overwrite: bool,
     write: impl FnOnce(&Path) -> Result<T, CheckpointError>,
 ) -> Result<T, CheckpointError> {
-    if out.exists() {
+    if out.exists() && !overwrite {
         return Err(CheckpointError::Invalid(format!(
             "'{}' exists; not overwriting it",
             out.display()
@@ -146,7 +147,7 @@ pub fn write_whole<T>(
     }
     let tmp = partial_path(out);
     let result = write(&tmp).and_then(|v| {
-        if out.exists() {
+        if out.exists() && !overwrite {
             return Err(CheckpointError::Invalid(format!(
                 "'{}' appeared while it was being written; not overwriting it",
                 out.display()
@@ -170,7 +171,7 @@ pub fn write_whole<T>(
 pub fn consolidate(path: &Path, out: &Path) -> Result<usize, CheckpointError> {
     let dir = super::resolve(path)?;
     let meta = Meta::read(&dir)?;
-    write_whole(out, |tmp| write_consolidated(&dir, &meta, tmp))
+    write_whole(out, false, |tmp| write_consolidated(&dir, &meta, tmp))
 }
 
 fn write_consolidated(dir: &Path, meta: &Meta, out: &Path) -> Result<usize, CheckpointError> {

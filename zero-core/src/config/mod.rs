@@ -292,8 +292,9 @@ pub enum DivergencePolicy {
 }
 
 /// `[divergence]`: the loss guard. A step's loss diverges when it is not finite, or
-/// above `spike_factor` times the median of the last `window` losses (once 10 are
-/// known; skipped steps' losses are left out of the median).
+/// above `spike_factor` times the median of the last `window` losses (once
+/// min(10, window) are known; skipped steps' losses are left out of the median). The
+/// spike test assumes a loss that is positive (a cross-entropy, a squared error).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DivergenceConfig {
@@ -303,6 +304,9 @@ pub struct DivergenceConfig {
     pub spike_factor: f64,
     /// Losses the median is taken over.
     pub window: usize,
+    /// `skip_step`: steps in a row that may be skipped for their loss before training
+    /// stops with an error (a lasting shift of the loss would skip every step).
+    pub max_consecutive_skips: usize,
 }
 
 impl Default for DivergenceConfig {
@@ -311,6 +315,7 @@ impl Default for DivergenceConfig {
             policy: DivergencePolicy::Warn,
             spike_factor: 3.0,
             window: 50,
+            max_consecutive_skips: 20,
         }
     }
 }

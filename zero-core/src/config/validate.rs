@@ -134,6 +134,11 @@ impl EngineConfig {
             d.window > 0,
             "divergence.window is 0; set the number of recent losses the median is taken over (default 50)".into(),
         );
+        need(
+            p,
+            d.max_consecutive_skips > 0,
+            "divergence.max_consecutive_skips is 0; set how many steps in a row skip_step may skip before training stops (default 20)".into(),
+        );
 
         // [optim]
         let o = &self.optim;

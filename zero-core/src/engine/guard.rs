@@ -46,6 +46,9 @@ pub struct LossGuard {
     pub recent: VecDeque<f64>,
     /// Steps whose loss diverged so far.
     pub events: u64,
+    /// Steps skipped in a row for their loss (`skip_step`), 0 after an applied step.
+    #[serde(default)]
+    pub skipped_in_a_row: usize,
 }
 
 impl LossGuard {

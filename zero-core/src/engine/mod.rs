@@ -111,6 +111,16 @@ pub enum EngineError {
         /// Why it counts as divergent.
         why: guard::Divergence,
     },
+    /// `divergence.policy = "skip_step"` skipped more than `max_consecutive_skips` steps
+    /// in a row: the loss stays far above its recent median, and skipping makes no
+    /// progress.
+    #[error("step {step}: {skipped} steps in a row were skipped for a divergent loss (divergence.max_consecutive_skips) and this one diverges too: the loss has moved for good (new data? a resume?), and skipping makes no progress. Use divergence.policy = \"warn\", raise divergence.spike_factor, or lower optim.lr, and resume from the last checkpoint")]
+    SkippedTooLong {
+        /// The step (counted from 1).
+        step: u64,
+        /// Steps skipped in a row before it.
+        skipped: usize,
+    },
     /// A broken engine invariant (a bug: please report it with the config).
     #[error("internal engine error: {0}")]
     Internal(String),

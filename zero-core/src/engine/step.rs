@@ -134,6 +134,15 @@ impl<D: Device, C: Communicator> Engine<'_, D, C> {
             }
         }
         let skip_for_loss = diverged.is_some() && guard_cfg.policy == DivergencePolicy::SkipStep;
+        if skip_for_loss {
+            guard.skipped_in_a_row += 1;
+            if guard.skipped_in_a_row > guard_cfg.max_consecutive_skips {
+                return Err(EngineError::SkippedTooLong {
+                    step: number,
+                    skipped: guard.skipped_in_a_row - 1,
+                });
+            }
+        }
 
         // 4-5. AdamW on this rank's share, then share the new parameters.
         if !agreed.overflow && !skip_for_loss {
@@ -149,6 +158,7 @@ impl<D: Device, C: Communicator> Engine<'_, D, C> {
             optimizer::publish::<P, D, C>(core, bufs)?;
             *applied += 1;
             guard.record(agreed.loss, guard_cfg);
+            guard.skipped_in_a_row = 0;
         } else if agreed.overflow && !scaler.enabled {
             // Nothing will make the next step finite: stop with what happened (every rank
             // agreed on the overflow, so every rank returns this error).
@@ -162,7 +172,11 @@ impl<D: Device, C: Communicator> Engine<'_, D, C> {
                 "step {number}: inf/NaN gradient (loss scale {loss_scale}); step skipped on every rank"
             );
         }
-        scaler.update(agreed.overflow);
+        // A step skipped for its loss had finite gradients: it tells the loss scaler
+        // nothing (neither an overflow nor a clean step).
+        if !skip_for_loss {
+            scaler.update(agreed.overflow);
+        }
         *step += 1;
         let max_skips = core.config.precision.max_skips_at_min_scale;
         if scaler.enabled && scaler.skips_at_min >= max_skips {
