@@ -422,7 +422,8 @@ fn a_resume_with_the_same_rows_split_otherwise_is_accepted() {
     let out = train(1, &a);
     ok(&out);
     assert!(
-        out.all_text().contains("--init-from /nonexistent/model.h5 is ignored"),
+        out.all_text()
+            .contains("--init-from /nonexistent/model.h5 is ignored"),
         "{}",
         out.transcript()
     );
