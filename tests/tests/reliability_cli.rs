@@ -312,20 +312,24 @@ fn a_diverging_loss_follows_the_configured_policy() {
     tokens.extend((0..64 * 40).map(|i| (32 + (i * 13 + i / 7) % 32) as u16));
     let data = dir.join("shift.bin");
     token_file(&data, None, &tokens);
-    let run = |policy: &str, metrics: &Path| {
-        tiny(&[
+    let data_set = format!("data.path={:?}", s(&data));
+    // 45 steps of the shifting data under `policy`, plus `extra` arguments.
+    let run_with = |policy: &str, extra: &[&str]| {
+        let policy = format!("divergence.policy={policy:?}");
+        let mut a = vec![
             "--steps",
             "45",
             "--set",
             "optim.lr=1e-2",
             "--set",
-            &format!("data.path={:?}", s(&data)),
+            &data_set,
             "--set",
-            &format!("divergence.policy={policy:?}"),
-            "--metrics",
-            &s(metrics),
-        ])
+            &policy,
+        ];
+        a.extend_from_slice(extra);
+        tiny(&a)
     };
+    let run = |policy: &str, metrics: &Path| run_with(policy, &["--metrics", &s(metrics)]);
     let warned = dir.join("warn.jsonl");
     let out = run("warn", &warned);
     ok(&out);
@@ -373,18 +377,10 @@ fn a_diverging_loss_follows_the_configured_policy() {
 
     // A loss that stays high would be skipped forever: past max_consecutive_skips the
     // run stops, naming the step.
-    let out = tiny(&[
-        "--steps",
-        "45",
-        "--set",
-        "optim.lr=1e-2",
-        "--set",
-        &format!("data.path={:?}", s(&data)),
-        "--set",
-        "divergence.policy=\"skip_step\"",
-        "--set",
-        "divergence.max_consecutive_skips=2",
-    ]);
+    let out = run_with(
+        "skip_step",
+        &["--set", "divergence.max_consecutive_skips=2"],
+    );
     failed_with(
         &out,
         1,
