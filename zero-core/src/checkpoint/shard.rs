@@ -155,20 +155,12 @@ impl ShardReader {
         crcs: &[u32],
         block: usize,
     ) -> Result<Vec<f32>, CheckpointError> {
-        // The dataset's size first: a corrupt metadata file must not make us allocate
-        // what it claims.
-        self.dataset_of(unit, kind, len)?;
-        if range.end > len || range.start > range.end {
-            return Err(CheckpointError::Invalid(format!(
-                "read of {}..{} from '{}' of {len} elements in '{}'",
-                range.start,
-                range.end,
-                dataset_name(unit, kind),
-                self.path.display()
-            )));
-        }
+        // The dataset's real size first: a corrupt metadata file must not make us
+        // allocate what it claims.
+        let ds = self.dataset_of(unit, kind, len)?;
+        self.check_read(unit, kind, &range, len, range.len(), block)?;
         let mut out = vec![0.0f32; range.len()];
-        self.read_checked_into(unit, kind, range, len, crcs, block, &mut out)?;
+        self.read_dataset_into(&ds, unit, kind, range, len, crcs, block, &mut out)?;
         Ok(out)
     }
 
@@ -209,17 +201,49 @@ impl ShardReader {
         block: usize,
         out: &mut [f32],
     ) -> Result<(), CheckpointError> {
-        let name = dataset_name(unit, kind);
         let ds = self.dataset_of(unit, kind, len)?;
-        if range.end > len || range.start > range.end || out.len() != range.len() || block == 0 {
+        self.check_read(unit, kind, &range, len, out.len(), block)?;
+        self.read_dataset_into(&ds, unit, kind, range, len, crcs, block, out)
+    }
+
+    /// A read of `range` into `out_len` elements from a dataset of `len` elements, in
+    /// checksum blocks of `block`, must fit.
+    fn check_read(
+        &self,
+        unit: usize,
+        kind: usize,
+        range: &Range<usize>,
+        len: usize,
+        out_len: usize,
+        block: usize,
+    ) -> Result<(), CheckpointError> {
+        if range.end > len || range.start > range.end || out_len != range.len() || block == 0 {
             return Err(CheckpointError::Invalid(format!(
-                "read of {}..{} into {} elements from '{name}' of {len} elements in '{}' (checksum block {block})",
+                "read of {}..{} into {out_len} elements from '{}' of {len} elements in '{}' (checksum block {block})",
                 range.start,
                 range.end,
-                out.len(),
+                dataset_name(unit, kind),
                 self.path.display()
             )));
         }
+        Ok(())
+    }
+
+    /// Elements `range` of the opened dataset `ds` (already checked) into `out`, each
+    /// covering block checked against `crcs`.
+    #[allow(clippy::too_many_arguments)]
+    fn read_dataset_into(
+        &self,
+        ds: &hdf5::Dataset,
+        unit: usize,
+        kind: usize,
+        range: Range<usize>,
+        len: usize,
+        crcs: &[u32],
+        block: usize,
+        out: &mut [f32],
+    ) -> Result<(), CheckpointError> {
+        let name = dataset_name(unit, kind);
         if range.is_empty() {
             return Ok(());
         }
