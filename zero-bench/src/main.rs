@@ -7,12 +7,18 @@
 mod ckpt;
 mod config;
 mod data;
+#[cfg(not(all(feature = "mpi", feature = "hdf5")))]
+mod features;
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+mod glibc_compat;
+mod gpu_check;
 mod logging;
 mod micro;
 mod plan;
 mod sweep;
 mod train;
 mod tune;
+mod world;
 
 use clap::{Parser, Subcommand};
 
@@ -45,6 +51,10 @@ enum Command {
     /// Choose stage, micro-batch, buckets and prefetch for a world size, a global batch
     /// and a memory budget: predicted, then the best measured under the real launcher.
     Tune(tune::TuneArgs),
+    /// The GPU check: `prepare` the CPU references here, `run` them on a GPU machine
+    /// (`run --device sim`: the dry run without a GPU). See scripts/gpu-check.sh.
+    #[command(subcommand)]
+    GpuCheck(gpu_check::GpuCheckCommand),
 }
 
 fn main() {
@@ -57,6 +67,7 @@ fn main() {
         Command::Train(args) => train::run(*args),
         Command::Sweep(cmd) => sweep::run(cmd),
         Command::Tune(args) => tune::run(&args),
+        Command::GpuCheck(cmd) => gpu_check::run(cmd),
     };
     if let Err(err) = result {
         // `{:#}` prints the whole context chain on one line: what failed and why.

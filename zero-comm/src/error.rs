@@ -68,6 +68,21 @@ pub enum CommError {
         /// Backend name.
         backend: &'static str,
     },
+    /// Buffers of one call in different memories (host and a GPU, or two GPUs): a
+    /// backend that can reach each still needs one place to move the data between.
+    #[error("rank {rank}: {op}: one call's buffers are in {first:?} and {other:?} memory; the {backend} backend needs all of them in one")]
+    MixedLocations {
+        /// Rank in the world.
+        rank: usize,
+        /// The collective.
+        op: &'static str,
+        /// Where the call's first buffer lives.
+        first: Location,
+        /// Where another of its buffers lives.
+        other: Location,
+        /// Backend name.
+        backend: &'static str,
+    },
     /// A reduction this dtype has no meaning for.
     #[error("rank {rank}: {op} with {reduce} is not defined for {dtype}")]
     Unsupported {

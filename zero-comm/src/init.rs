@@ -8,20 +8,15 @@
 
 use crate::config::CommConfig;
 use crate::error::{CommError, Result};
+use crate::exit::{abort_world, line_to_stderr, PANIC_EXIT_CODE, WORLD_RANK};
 use crate::mpi::{mpi_error_string, ops::HalfOps, MpiComm, Shared};
 use crate::watchdog::Watchdog;
 use mpi::environment::Universe;
 use mpi::ffi;
 use mpi::Threading;
-use std::io::Write;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-
-/// Exit code of a job aborted by a panicking rank.
-pub const PANIC_EXIT_CODE: i32 = 101;
-
-static WORLD_RANK: AtomicUsize = AtomicUsize::new(usize::MAX);
 
 /// Keeps MPI initialised; dropping it stops the watchdog and calls MPI_Finalize. Drop the
 /// communicators first (a communicator dropped later is not freed, which is harmless).
@@ -209,40 +204,4 @@ fn install_panic_hook(world_rank: usize) {
         line_to_stderr(&format!("rank {world_rank}: {msg}{at}"));
         abort_world(PANIC_EXIT_CODE);
     }));
-}
-
-/// Print `rank R: <message>` on stderr and abort every rank of the job.
-pub fn abort(message: &str, code: i32) -> ! {
-    let r = WORLD_RANK.load(Ordering::Relaxed);
-    if r == usize::MAX {
-        line_to_stderr(message);
-    } else {
-        line_to_stderr(&format!("rank {r}: {message}"));
-    }
-    abort_world(code)
-}
-
-/// Write `line` and a newline to stderr in one `write`, so that mpirun, which merges the
-/// ranks' streams, never interleaves two ranks' messages inside a line (`eprintln!` may
-/// issue one write per formatted piece).
-pub fn line_to_stderr(line: &str) {
-    let mut buf = String::with_capacity(line.len() + 1);
-    buf.push_str(line);
-    buf.push('\n');
-    let _ = std::io::stderr().lock().write_all(buf.as_bytes());
-}
-
-/// MPI_Abort on MPI_COMM_WORLD (or a plain exit when MPI is not running).
-pub(crate) fn abort_world(code: i32) -> ! {
-    let _ = std::io::stderr().flush();
-    let _ = std::io::stdout().flush();
-    if mpi::environment::is_initialized() && !mpi::environment::is_finalized() {
-        // SAFETY: MPI is running; MPI_Abort does not return when it succeeds.
-        unsafe {
-            ffi::MPI_Abort(ffi::RSMPI_COMM_WORLD, code);
-        }
-    }
-    // SAFETY: _exit ends the process without running destructors (which could block in
-    // MPI); nothing of ours needs to run.
-    unsafe { libc::_exit(code) }
 }

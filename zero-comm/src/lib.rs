@@ -15,6 +15,10 @@
 //! - Accounting per [`CollectiveKind`] ([`CommStats`], ring-algorithm bytes).
 //! - Failure: typed [`CommError`]s with the rank; optional watchdog and consistency check
 //!   ([`CommConfig`], `ZERO_COMM_TIMEOUT`, `ZERO_COMM_CHECK`).
+//!
+//! Feature `mpi` (default) builds the MPI backend ([`init`], `MpiComm`, the watchdog) and
+//! links the MPI library; without it the crate is [`LocalComm`] and the rest, and links
+//! no MPI (the carried GPU build of zero-bench).
 #![deny(missing_docs)]
 
 pub mod agree;
@@ -22,14 +26,20 @@ pub mod buffer;
 pub mod communicator;
 pub mod config;
 pub mod error;
+mod exit;
+mod fingerprint;
+#[cfg(feature = "mpi")]
 mod heartbeat;
+#[cfg(feature = "mpi")]
 mod init;
 pub mod local;
+#[cfg(feature = "mpi")]
 mod mpi;
 pub mod nonblocking;
 pub mod on_stream;
 pub mod selftest;
 pub mod stats;
+#[cfg(feature = "mpi")]
 mod watchdog;
 
 pub use agree::{gather_failures, lowest_failing_rank};
@@ -37,13 +47,18 @@ pub use buffer::{CommBuf, CommBufMut, Location};
 pub use communicator::{Communicator, InFlight, RawBuf, RawCall, ReduceOp};
 pub use config::{CommConfig, HalfSum};
 pub use error::{CommError, Result};
-pub use init::{abort, init, init_with, line_to_stderr, MpiContext, PANIC_EXIT_CODE};
+pub use exit::{abort, line_to_stderr, PANIC_EXIT_CODE};
+#[cfg(feature = "mpi")]
+pub use init::{init, init_with, MpiContext};
 pub use local::{run_local, LocalComm, RankPanic};
+#[cfg(feature = "mpi")]
 pub use mpi::MpiComm;
 pub use nonblocking::{Pending, Scope};
 pub use stats::{ring_bytes, CollectiveKind, CommStats, KindStats};
+#[cfg(feature = "mpi")]
 pub use watchdog::WATCHDOG_EXIT_CODE;
 pub use zero_kernels::{DType, Element};
 
 /// rsmpi, re-exported so callers use the same version (e.g. for raw baselines).
+#[cfg(feature = "mpi")]
 pub use ::mpi as rsmpi;

@@ -199,7 +199,7 @@ impl Watchdog {
                 if self.stop.load(Ordering::Relaxed) {
                     return;
                 }
-                crate::init::line_to_stderr(&format!(
+                crate::exit::line_to_stderr(&format!(
                     "rank {}: watchdog: {} #{} on '{}' ({} x {}) has not finished after {:.1} s \
                      (timeout {:.1} s); aborting the job",
                     self.world_rank,
@@ -224,7 +224,7 @@ impl Watchdog {
                             Some(answers) => {
                                 let text =
                                     heartbeat::report(self.world_rank, &stuck, &answers, peers);
-                                crate::init::line_to_stderr(&text);
+                                crate::exit::line_to_stderr(&text);
                                 GRACE
                             }
                             // A lower rank reports: leave it time to ask and print.
@@ -235,7 +235,7 @@ impl Watchdog {
                 };
                 let _ = std::io::stderr().flush();
                 std::thread::sleep(grace);
-                crate::init::abort_world(WATCHDOG_EXIT_CODE);
+                crate::exit::abort_world(WATCHDOG_EXIT_CODE);
             }
         }
     }

@@ -15,7 +15,8 @@
 //!   [`zero_comm::LocalComm`] between threads).
 //! - [`plan`] and [`ledger`]: every byte each rank holds and sends, computed without
 //!   allocating (the dry run), equal to what a run measures.
-//! - [`checkpoint`]: sharded HDF5 checkpoints that reshard to any N and stage.
+//! - `checkpoint` (feature `hdf5`, default): sharded HDF5 checkpoints that reshard to any
+//!   N and stage. The only part that links a system library; the rest builds without it.
 //!
 //! Training a model of your own, here a linear regression `y = x . w`, at ZeRO-3 on two
 //! thread ranks (the whole program; `zero-core/examples/` has an MLP classifier and a
@@ -83,6 +84,7 @@
 //! ```
 #![deny(missing_docs)]
 
+#[cfg(feature = "hdf5")]
 pub mod checkpoint;
 pub mod config;
 pub mod engine;
@@ -94,6 +96,7 @@ pub mod spec;
 #[cfg(test)]
 mod testutil;
 
+#[cfg(feature = "hdf5")]
 pub use checkpoint::CheckpointError;
 pub use config::{ConfigError, EngineConfig, Precision, Stage};
 pub use engine::state::UnitState;

@@ -49,6 +49,7 @@ mod simd;
 pub mod slices;
 #[cfg(test)]
 mod testutil;
+pub mod twin;
 
 pub use dtype::{DType, Element};
 pub use error::KernelError;

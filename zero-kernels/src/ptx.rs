@@ -39,7 +39,7 @@ pub struct PtxSource {
 }
 
 /// Every kernel module.
-pub const SOURCES: [PtxSource; 3] = [
+pub const SOURCES: &[PtxSource] = &[
     PtxSource {
         name: "adamw",
         cu_path: "src/adamw/adamw.cu",
@@ -60,6 +60,48 @@ pub const SOURCES: [PtxSource; 3] = [
         ptx_path: "src/gradstats/gradstats.ptx",
         cu: include_str!("gradstats/gradstats.cu"),
         ptx: include_str!("gradstats/gradstats.ptx"),
+    },
+    PtxSource {
+        name: "peer",
+        cu_path: "src/cuda/peer.cu",
+        ptx_path: "src/cuda/peer.ptx",
+        cu: include_str!("cuda/peer.cu"),
+        ptx: include_str!("cuda/peer.ptx"),
+    },
+    PtxSource {
+        name: "attention",
+        cu_path: "src/nn/cuda/attention.cu",
+        ptx_path: "src/nn/cuda/attention.ptx",
+        cu: include_str!("nn/cuda/attention.cu"),
+        ptx: include_str!("nn/cuda/attention.ptx"),
+    },
+    PtxSource {
+        name: "xent",
+        cu_path: "src/nn/cuda/xent.cu",
+        ptx_path: "src/nn/cuda/xent.ptx",
+        cu: include_str!("nn/cuda/xent.cu"),
+        ptx: include_str!("nn/cuda/xent.ptx"),
+    },
+    PtxSource {
+        name: "norm",
+        cu_path: "src/nn/cuda/norm.cu",
+        ptx_path: "src/nn/cuda/norm.ptx",
+        cu: include_str!("nn/cuda/norm.cu"),
+        ptx: include_str!("nn/cuda/norm.ptx"),
+    },
+    PtxSource {
+        name: "elementwise",
+        cu_path: "src/nn/cuda/elementwise.cu",
+        ptx_path: "src/nn/cuda/elementwise.ptx",
+        cu: include_str!("nn/cuda/elementwise.cu"),
+        ptx: include_str!("nn/cuda/elementwise.ptx"),
+    },
+    PtxSource {
+        name: "rows",
+        cu_path: "src/nn/cuda/rows.cu",
+        ptx_path: "src/nn/cuda/rows.ptx",
+        cu: include_str!("nn/cuda/rows.cu"),
+        ptx: include_str!("nn/cuda/rows.ptx"),
     },
 ];
 
@@ -155,6 +197,12 @@ pub fn gradstats_entry(grad: DType, in_place: bool) -> String {
     }
 }
 
+/// Entry name of a thread-rank fold over peers' device buffers: `fold_{reduce}_{dtype}`,
+/// `reduce` one of `sum`, `max`, `sum_upcast` (halves only).
+pub fn peer_fold_entry(dtype: DType, reduce: &str) -> String {
+    format!("fold_{reduce}_{}", dtype.name())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -163,7 +211,7 @@ mod tests {
 
     #[test]
     fn checked_in_ptx_is_generated_from_the_current_cu_files() {
-        for s in SOURCES {
+        for s in SOURCES.iter() {
             assert!(
                 s.is_current(),
                 "{} is stale: {} or src/cuda/bits.cuh changed since it was generated \
@@ -182,6 +230,37 @@ mod tests {
         }
     }
 
+    /// The model-op launchers (src/cuda/nn/*.rs, compiled only with the `cuda` feature)
+    /// name their kernels as string literals, `dev.kernel("name")`: each must be an entry
+    /// of the PTX, checked here from the launchers' source text without the feature.
+    #[test]
+    fn every_kernel_the_model_launchers_name_is_in_the_ptx() {
+        let all: Vec<&str> = SOURCES.iter().flat_map(|s| s.entries()).collect();
+        let launchers = [
+            ("cuda/nn/norm.rs", include_str!("cuda/nn/norm.rs")),
+            (
+                "cuda/nn/elementwise.rs",
+                include_str!("cuda/nn/elementwise.rs"),
+            ),
+            ("cuda/nn/rows.rs", include_str!("cuda/nn/rows.rs")),
+        ];
+        let mut named = std::collections::BTreeSet::new();
+        for (file, text) in launchers {
+            // Literals passed to dev.kernel(..) or through a `name` argument: every
+            // "..._f32" string literal.
+            for lit in text.split('"').skip(1).step_by(2) {
+                if lit.ends_with("_f32") && !lit.contains(' ') {
+                    named.insert(lit);
+                    assert!(
+                        all.contains(&lit),
+                        "{file} names kernel {lit}, not in the PTX"
+                    );
+                }
+            }
+        }
+        assert!(named.len() >= 16, "found only {named:?} in the launchers");
+    }
+
     #[test]
     fn every_entry_the_rust_side_names_is_in_the_ptx() {
         let all: Vec<&str> = SOURCES.iter().flat_map(|s| s.entries()).collect();
@@ -198,6 +277,24 @@ mod tests {
             wanted.push(cast_entry(false, h));
         }
         wanted.push(gradstats_entry(DType::F32, true));
+        wanted.push("gradstats_finish".to_string());
+        for d in DType::ALL {
+            wanted.push(peer_fold_entry(d, "sum"));
+            wanted.push(peer_fold_entry(d, "max"));
+        }
+        wanted.push(peer_fold_entry(DType::BF16, "sum_upcast"));
+        wanted.push(peer_fold_entry(DType::F16, "sum_upcast"));
+        // The model kernels the launchers of src/cuda/nn/{attention,xent}.rs name.
+        for name in [
+            "attention_forward_f32",
+            "attention_backward_dq_f32",
+            "attention_backward_dkv_f32",
+            "softmax_xent_forward_f32",
+            "softmax_xent_backward_f32",
+            "mean_f32",
+        ] {
+            wanted.push(name.to_string());
+        }
         for w in &wanted {
             assert!(
                 all.contains(&w.as_str()),

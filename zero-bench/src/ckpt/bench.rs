@@ -5,12 +5,10 @@
 //! when the files are fresh, which is the same for both sides of the comparison.
 
 use std::io::Write;
-use std::path::PathBuf;
 use std::time::Instant;
 
 use crate::config::Config;
 use anyhow::{anyhow, Context};
-use clap::Args;
 use zero_comm::Communicator;
 use zero_core::checkpoint::{self, SaveOptions};
 use zero_core::config::Stage;
@@ -18,28 +16,7 @@ use zero_core::Engine;
 use zero_kernels::device::HostDevice;
 use zero_models::{Gpt, GptConfig};
 
-/// Arguments of `ckpt bench`.
-#[derive(Args, Debug)]
-pub struct BenchArgs {
-    /// Directory to write into (a checkpoint root; plain files beside it).
-    #[arg(long)]
-    dir: PathBuf,
-    /// Transformer blocks.
-    #[arg(long, default_value_t = 4)]
-    n_layer: usize,
-    /// Embedding width C.
-    #[arg(long, default_value_t = 256)]
-    n_embd: usize,
-    /// Vocabulary V.
-    #[arg(long, default_value_t = 8192)]
-    vocab: usize,
-    /// ZeRO stage of the engine (0-3).
-    #[arg(long, default_value_t = 1)]
-    stage: u8,
-    /// Repetitions (the best of them is reported).
-    #[arg(long, default_value_t = 3)]
-    repeat: usize,
-}
+use super::args::BenchArgs;
 
 /// Seconds of `f` on the slowest rank (barrier before, max-reduce after).
 fn timed<C: Communicator>(comm: &C, f: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<f64> {
@@ -54,7 +31,9 @@ fn timed<C: Communicator>(comm: &C, f: impl FnOnce() -> anyhow::Result<()>) -> a
 
 /// Run `ckpt bench`.
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
-    let (_mpi, comm) = zero_comm::init().map_err(|e| anyhow!("cannot initialise MPI: {e}"))?;
+    // `comm` is dropped before what is left of `up` (MPI finalised last).
+    let up = crate::world::init("ckpt bench")?;
+    let comm = up.comm;
     let (rank, world) = (comm.rank(), comm.size());
     let mut cfg = Config::default();
     cfg.zero.stage = match args.stage {

@@ -13,34 +13,11 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
-use clap::{Args, ValueEnum};
 use safetensors::{Dtype, View};
 use zero_core::checkpoint::{self, CheckpointError, Meta, ShardReader};
 use zero_core::Tensor;
 
-/// Tensor naming of the export.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Names {
-    /// docs/ARCHITECTURE.md names, [out, in] weights (nanoGPT's state dict without the prefix).
-    Nanogpt,
-    /// Hugging Face GPT2Model names, Conv1D weights transposed to [in, out].
-    HfGpt2,
-}
-
-/// Arguments of `ckpt export`.
-#[derive(Args, Debug)]
-pub struct ExportArgs {
-    /// Write a safetensors file (the only format for now; required).
-    #[arg(long)]
-    safetensors: bool,
-    /// Tensor names and orientation.
-    #[arg(long, value_enum, default_value = "nanogpt")]
-    names: Names,
-    /// A checkpoint root (follows `latest`) or a step directory.
-    dir: PathBuf,
-    /// The file to write.
-    out: PathBuf,
-}
+use super::args::{ExportArgs, Names};
 
 /// One tensor, read from the shard files when the writer asks for its bytes.
 struct Lazy<'a> {

@@ -18,80 +18,11 @@ use anyhow::{bail, Context, Result};
 use half::{bf16, f16};
 use serde::Serialize;
 use std::io::Write;
-use std::path::PathBuf;
 use zero_comm::rsmpi::collective::{CommunicatorCollectives, SystemOperation, UserOperation};
 use zero_comm::rsmpi::topology::SimpleCommunicator;
 use zero_comm::{selftest, Communicator, DType, Element, MpiComm, ReduceOp};
 
-/// Options of `micro comm`.
-#[derive(clap::Args, Debug)]
-pub struct CommArgs {
-    /// Smallest full-buffer size (bytes; suffixes KiB, MiB, GiB or K, M, G, all binary).
-    #[arg(long, default_value = "1KiB", value_parser = parse_size)]
-    min_size: usize,
-    /// Largest full-buffer size; sizes double from --min-size.
-    #[arg(long, default_value = "256MiB", value_parser = parse_size)]
-    max_size: usize,
-    /// Element type: f32, f64, bf16, f16, u8, i32, i64.
-    #[arg(long, default_value = "f32")]
-    dtype: DType,
-    /// Timed ours/raw call pairs per size and collective at most (fewer for large sizes,
-    /// see --bytes-per-point).
-    #[arg(long, default_value_t = 20)]
-    iters: usize,
-    /// Untimed ours/raw pairs before each point.
-    #[arg(long, default_value_t = 1)]
-    warmup: usize,
-    /// Timed ours/raw call pairs per size and collective at least.
-    #[arg(long, default_value_t = 5)]
-    min_pairs: usize,
-    /// Caps the timed pairs so that each side moves about this many bytes per point.
-    #[arg(long, default_value = "64MiB", value_parser = parse_size)]
-    bytes_per_point: usize,
-    /// Collectives to measure (comma-separated: reduce_scatter, all_gather, all_reduce).
-    #[arg(
-        long,
-        default_value = "reduce_scatter,all_gather,all_reduce",
-        value_delimiter = ','
-    )]
-    ops: Vec<String>,
-    /// Check every collective on every dtype against serial answers first.
-    #[arg(long)]
-    self_test: bool,
-    /// A/A control: run the raw MPI call on both sides, to show how far the ratio strays
-    /// from 1 by noise alone on this machine.
-    #[arg(long)]
-    raw_vs_raw: bool,
-    /// Also write the table as CSV here (rank 0).
-    #[arg(long)]
-    csv: Option<PathBuf>,
-    /// Also write the table as JSON here (rank 0).
-    #[arg(long)]
-    json: Option<PathBuf>,
-}
-
-/// `16MiB` -> 16777216.
-fn parse_size(s: &str) -> Result<usize, String> {
-    let t = s.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: usize = num
-        .parse()
-        .map_err(|_| format!("'{s}' is not a size (e.g. 1024, 64KiB, 16MiB, 1GiB)"))?;
-    let mult: usize = match unit.trim() {
-        "" | "B" => 1,
-        "K" | "k" | "KiB" | "KB" | "kB" => 1 << 10,
-        "M" | "MiB" | "MB" => 1 << 20,
-        "G" | "GiB" | "GB" => 1 << 30,
-        u => {
-            return Err(format!(
-                "unknown size unit '{u}' in '{s}' (use KiB, MiB, GiB)"
-            ))
-        }
-    };
-    n.checked_mul(mult)
-        .ok_or_else(|| format!("size '{s}' overflows"))
-}
+use super::comm_args::CommArgs;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Op {

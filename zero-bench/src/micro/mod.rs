@@ -2,8 +2,12 @@
 //! run (raw MPI, a memory copy, SGEMM), never against a hard-coded number.
 
 pub mod adam;
+#[cfg(feature = "mpi")]
 pub mod comm;
+mod comm_args;
 pub mod model;
+
+pub use comm_args::CommArgs;
 
 use clap::Subcommand;
 
@@ -11,7 +15,7 @@ use clap::Subcommand;
 #[derive(Subcommand, Debug)]
 pub enum MicroCommand {
     /// Collectives (ours vs the raw MPI call on the same buffers); run under mpirun/srun.
-    Comm(comm::CommArgs),
+    Comm(CommArgs),
     /// Fused AdamW step vs an Adam-shaped copy and an unfused step.
     Adam(adam::AdamArgs),
     /// GPT forward+backward FLOP/s vs SGEMM on the same threads.
@@ -24,5 +28,16 @@ pub fn run(cmd: MicroCommand) -> anyhow::Result<()> {
         MicroCommand::Comm(a) => comm::run(&a),
         MicroCommand::Adam(a) => adam::run(&a),
         MicroCommand::Model(a) => model::run(&a),
+    }
+}
+
+/// `micro comm` in a build without MPI: there is no raw MPI call to compare with.
+#[cfg(not(feature = "mpi"))]
+mod comm {
+    pub fn run(_args: &super::CommArgs) -> anyhow::Result<()> {
+        Err(crate::features::missing(
+            "mpi",
+            "`micro comm` (ours vs the raw MPI call, under mpirun/srun)",
+        ))
     }
 }

@@ -15,8 +15,9 @@
 
 use std::fmt::Write as _;
 
+use crate::world::{self, WorldComm};
 use anyhow::{anyhow, bail, Context};
-use zero_comm::{Communicator, MpiComm, ReduceOp};
+use zero_comm::{Communicator, ReduceOp};
 use zero_core::config::Stage;
 use zero_core::ledger::{human_bytes, CommPlan};
 use zero_core::plan::{BufferPlan, PlanInputs};
@@ -107,7 +108,7 @@ pub fn host_available() -> Option<(u64, String)> {
 pub fn resolve(
     limit: Option<MemLimit>,
     headroom: f64,
-    comm: Option<&MpiComm>,
+    comm: Option<&WorldComm>,
 ) -> anyhow::Result<Option<Budget>> {
     let keep = 1.0 - headroom;
     match (limit, comm) {
@@ -122,10 +123,7 @@ pub fn resolve(
         })),
         (None, None) => Ok(None),
         (None, Some(comm)) => {
-            let local = comm
-                .node_local()
-                .map_err(|e| anyhow!("counting the ranks on this node: {e}"))?
-                .size();
+            let local = world::ranks_on_this_node(comm)?;
             let Some((avail, what)) = host_available() else {
                 log::warn!(
                     "cannot read this node's available memory (/proc/meminfo); no memory guard (give --mem-limit)"
@@ -152,7 +150,7 @@ pub fn choose_stage(
     world: usize,
     rank: usize,
     budget: &Budget,
-    comm: Option<&MpiComm>,
+    comm: Option<&WorldComm>,
 ) -> anyhow::Result<(Stage, String)> {
     let plans: Vec<(Stage, RankPlan)> = Stage::ALL
         .iter()

@@ -10,6 +10,10 @@
 //!   of seq_len tokens) must be the checkpoint's unless `--allow-batch-change` says
 //!   otherwise; the change is then logged and recorded in the next checkpoints.
 //!
+//! Loading and saving during the run go through here too ([`load`], [`save`]): this module
+//! and `init_from` are all of `train` that needs HDF5 (a build without it has stand-ins
+//! that refuse the options: `without_hdf5.rs`).
+//!
 //! Step numbers count from 1 everywhere: the checkpoint `step-S` holds the state after
 //! step S (its metadata's `step`), and a resumed run continues with step S + 1.
 
@@ -17,7 +21,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context};
 use zero_comm::Communicator;
-use zero_core::checkpoint::{self, Meta};
+use zero_core::checkpoint::{self, Meta, SaveOptions};
+use zero_core::Engine;
+use zero_kernels::device::HostDevice;
 
 use super::launch::{agree, Failure};
 use super::TrainArgs;
@@ -31,6 +37,20 @@ pub struct Resume {
     pub step: u64,
     /// The global batch change allowed by `--allow-batch-change`, as a history line.
     pub batch_change: Option<String>,
+}
+
+impl Resume {
+    /// Its step.
+    pub fn step(&self) -> u64 {
+        self.step
+    }
+}
+
+impl std::fmt::Display for Resume {
+    /// "DIR (step S)".
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (step {})", self.dir.display(), self.step)
+    }
 }
 
 /// The global batch of a run: N ranks x A micro-steps x B rows of T tokens. Two are the
@@ -165,6 +185,58 @@ pub fn prepare<C: Communicator>(
         step: meta.step,
         batch_change,
     }))
+}
+
+/// Load the checkpoint `resume` names into `engine` (collective; every rank gets each
+/// failing rank's own error, `CheckpointError::Ranks`). Rank 0 logs where from unless
+/// `quiet`.
+pub fn load<C: Communicator>(
+    comm: &C,
+    engine: &mut Engine<'_, HostDevice, C>,
+    resume: &Resume,
+    quiet: bool,
+) -> Result<(), Failure> {
+    let (rank, world) = (comm.rank(), comm.size());
+    let stage = engine.config().zero.stage;
+    let from = &resume.dir;
+    let info =
+        checkpoint::load(engine, from).with_context(|| format!("resuming from {}", from.display()));
+    let info = agree(comm, info)?;
+    if let Some(change) = &resume.batch_change {
+        engine.record(change.clone());
+    }
+    if rank == 0 && !quiet {
+        log::info!(
+            "{stage}: resumed from {} at step {} (saved by {} rank(s) at {}, {})",
+            from.display(),
+            info.meta.step,
+            info.meta.world,
+            info.meta.stage,
+            if info.meta.world == world && info.meta.stage == stage {
+                "same layout"
+            } else {
+                "resharded on load"
+            }
+        );
+    }
+    Ok(())
+}
+
+/// Save a checkpoint of `engine` under the root `dir`, keeping the newest `keep_last`,
+/// with `app_config` (this tool's configuration) in its metadata. Collective; returns
+/// the step directory.
+pub fn save<C: Communicator>(
+    engine: &Engine<'_, HostDevice, C>,
+    dir: &Path,
+    keep_last: usize,
+    app_config: Option<&str>,
+) -> anyhow::Result<PathBuf> {
+    let opts = SaveOptions {
+        keep_last,
+        app_config,
+        ..Default::default()
+    };
+    Ok(checkpoint::save(engine, dir, &opts)?)
 }
 
 /// The global batch a checkpoint was trained with: N and A from its engine record, B and

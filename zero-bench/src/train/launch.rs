@@ -1,41 +1,10 @@
-//! Where `train` runs: under an MPI launcher (mpirun, srun) with one process per rank, or
-//! as a single process. Also the rule for errors every rank sees alike: they are printed
-//! once (by rank 0, with each failing rank's own message) and every rank exits with the
+//! The rule for errors every rank sees alike (where `train` runs: `crate::world`): they
+//! are printed once (by rank 0, with each failing rank's own message) and every rank exits with the
 //! same code without a backtrace, instead of N copies of the message or a hung
 //! collective.
 
 use anyhow::anyhow;
-use zero_comm::{Communicator, MpiComm, MpiContext};
-
-/// Environment variables set by the launchers we know for every rank they start:
-/// Open MPI's mpirun, PMIx (srun --mpi=pmix, prterun), PMI-1/2 (MPICH hydra, srun
-/// --mpi=pmi2) and MPICH's `MPI_LOCALNRANKS`.
-const LAUNCHER_VARS: &[&str] = &[
-    "OMPI_COMM_WORLD_SIZE",
-    "PMIX_RANK",
-    "PMI_RANK",
-    "PMI_SIZE",
-    "MPI_LOCALNRANKS",
-];
-
-/// Whether this process was started by an MPI launcher.
-pub fn under_launcher() -> bool {
-    LAUNCHER_VARS.iter().any(|v| std::env::var_os(v).is_some())
-}
-
-/// MPI, up: keep `ctx` alive for as long as `comm` is used.
-pub struct Mpi {
-    /// The world communicator.
-    pub comm: MpiComm,
-    /// Finalises MPI when dropped (after `comm`: fields drop in declaration order).
-    pub _ctx: MpiContext,
-}
-
-/// Bring MPI up (a singleton world of 1 when not launched by mpirun/srun).
-pub fn init_mpi() -> anyhow::Result<Mpi> {
-    let (ctx, comm) = zero_comm::init().map_err(|e| anyhow!("cannot initialise MPI: {e}"))?;
-    Ok(Mpi { comm, _ctx: ctx })
-}
+use zero_comm::Communicator;
 
 /// Exit status of a run stopped by SIGTERM or SIGUSR1 (Slurm's time limit warning,
 /// `scancel`, preemption) after it saved a checkpoint to resume from: a job script

@@ -94,7 +94,11 @@ impl Metrics {
                     .with_context(|| format!("reading the metrics file {}", path.display()))
             }
         };
-        let tmp = zero_core::checkpoint::partial_path(path);
+        // Beside it (an atomic rename), hidden, with the process id: as checkpoints do.
+        let name = path
+            .file_name()
+            .map_or("metrics".into(), |n| n.to_string_lossy().into_owned());
+        let tmp = path.with_file_name(format!(".{name}.partial-{}", std::process::id()));
         let mut text = kept.join("\n");
         if !text.is_empty() {
             text.push('\n');

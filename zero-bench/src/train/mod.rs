@@ -15,9 +15,11 @@
 
 mod args;
 pub mod budget;
+#[cfg(feature = "hdf5")]
 mod checkpoints;
 mod data;
 mod dry_run;
+#[cfg(feature = "hdf5")]
 mod init_from;
 mod launch;
 mod metrics;
@@ -26,12 +28,17 @@ mod report;
 mod rss;
 mod run;
 mod signals;
+#[cfg(not(feature = "hdf5"))]
+mod without_hdf5;
+#[cfg(not(feature = "hdf5"))]
+use without_hdf5::{checkpoints, init_from};
 
 use std::path::Path;
 
 use crate::config::{load, LoadedConfig};
+use crate::world::{self, WorldComm};
 use anyhow::{anyhow, Context};
-use zero_comm::{Communicator, MpiComm};
+use zero_comm::Communicator;
 
 pub use args::TrainArgs;
 use launch::{agree, Failure};
@@ -43,7 +50,7 @@ pub use run::gpt_config;
 /// shuts MPI down and exits with status 1 (85 when a stop signal ended the run after a
 /// checkpoint: [`launch::PREEMPTED_EXIT_CODE`]).
 pub fn run(args: TrainArgs) -> anyhow::Result<()> {
-    let without_mpi = args.dry_run && !launch::under_launcher();
+    let without_mpi = args.dry_run && !world::under_launcher();
     if !args.dry_run {
         // As early as can be: a signal that comes during start-up is kept, not fatal.
         signals::install()?;
@@ -51,7 +58,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     let mpi = if without_mpi {
         None
     } else {
-        Some(launch::init_mpi()?)
+        Some(world::init("train")?)
     };
     let world = mpi.as_ref().map(|m| (m.comm.rank(), m.comm.size()));
     crate::logging::init(world);
@@ -98,7 +105,7 @@ fn configs(args: &TrainArgs) -> anyhow::Result<Vec<LoadedConfig>> {
     Ok(out)
 }
 
-fn run_on(args: &TrainArgs, comm: Option<&MpiComm>) -> Result<(), Failure> {
+fn run_on(args: &TrainArgs, comm: Option<&WorldComm>) -> Result<(), Failure> {
     let rank = comm.map_or(0, |c| c.rank());
     let same = |e: anyhow::Error| Failure::same_everywhere(e, rank);
     let mut loaded = configs(args).map_err(same)?;
@@ -166,7 +173,7 @@ fn run_on(args: &TrainArgs, comm: Option<&MpiComm>) -> Result<(), Failure> {
     let mut metrics = agree(
         comm,
         match (metrics_file, &resume) {
-            (Some(p), Some(r)) if rank == 0 => metrics::Metrics::resume(p, r.step).map(Some),
+            (Some(p), Some(r)) if rank == 0 => metrics::Metrics::resume(p, r.step()).map(Some),
             (Some(p), None) if rank == 0 => metrics::Metrics::create(p).map(Some),
             _ => Ok(None),
         },
@@ -268,7 +275,7 @@ fn fit_to_budget(
     loaded: &mut [LoadedConfig],
     world: usize,
     rank: usize,
-    comm: Option<&MpiComm>,
+    comm: Option<&WorldComm>,
     print: bool,
 ) -> anyhow::Result<()> {
     let budget = budget::resolve(args.mem_limit, args.mem_headroom, comm)?;
@@ -304,7 +311,7 @@ fn fit_to_budget(
 fn dry_run(
     args: &TrainArgs,
     loaded: &mut [LoadedConfig],
-    comm: Option<&MpiComm>,
+    comm: Option<&WorldComm>,
 ) -> anyhow::Result<()> {
     let (rank, world) = match comm {
         Some(c) => {

@@ -8,7 +8,6 @@ use std::path::Path;
 use crate::config::{Config, LoadedConfig};
 use anyhow::{anyhow, Context};
 use zero_comm::{Communicator, ReduceOp};
-use zero_core::checkpoint::{self, SaveOptions};
 use zero_core::config::{DivergencePolicy, Stage};
 use zero_core::ledger::{CommPlan, MemCategory, PaperFormula};
 use zero_core::{Engine, EngineError};
@@ -17,7 +16,7 @@ use zero_kernels::Exec;
 use zero_models::data::Tokens;
 use zero_models::{Gpt, GptConfig};
 
-use super::checkpoints::Resume;
+use super::checkpoints::{self, Resume};
 use super::data::Batches;
 use super::init_from::{self, InitFile};
 use super::launch::{agree, Failure, PREEMPTED_EXIT_CODE};
@@ -141,28 +140,7 @@ pub fn train<C: Communicator>(
     }
 
     if let Some(resume) = shared.checkpoints.resume {
-        // Collective; every rank gets each failing rank's own error (CheckpointError::Ranks).
-        let from = &resume.dir;
-        let info = checkpoint::load(&mut engine, from)
-            .with_context(|| format!("resuming from {}", from.display()));
-        let info = agree(comm, info)?;
-        if let Some(change) = &resume.batch_change {
-            engine.record(change.clone());
-        }
-        if rank == 0 && !shared.quiet {
-            log::info!(
-                "{stage}: resumed from {} at step {} (saved by {} rank(s) at {}, {})",
-                from.display(),
-                info.meta.step,
-                info.meta.world,
-                info.meta.stage,
-                if info.meta.world == world && info.meta.stage == stage {
-                    "same layout"
-                } else {
-                    "resharded on load"
-                }
-            );
-        }
+        checkpoints::load(comm, &mut engine, resume, shared.quiet)?;
     }
 
     match run_steps(
@@ -389,12 +367,7 @@ impl<'a> Saver<'a> {
         let Some(dir) = self.ckpt.dir else {
             return;
         };
-        let opts = SaveOptions {
-            keep_last: self.ckpt.keep_last,
-            app_config: self.app_config.as_deref(),
-            ..Default::default()
-        };
-        match checkpoint::save(engine, dir, &opts) {
+        match checkpoints::save(engine, dir, self.ckpt.keep_last, self.app_config.as_deref()) {
             Ok(path) => {
                 self.saved = Some((done, path));
                 self.failed = None;
@@ -436,11 +409,9 @@ impl<'a> Saver<'a> {
                 "the last good checkpoint is {} (step {step})",
                 path.display()
             ),
-            (None, Some(r)) => format!(
-                "no checkpoint of this run was saved; the one it resumed from is {} (step {})",
-                r.dir.display(),
-                r.step
-            ),
+            (None, Some(r)) => {
+                format!("no checkpoint of this run was saved; the one it resumed from is {r}")
+            }
             (None, None) => "no checkpoint of this run was saved".into(),
         }
     }

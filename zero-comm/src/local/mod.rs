@@ -1,4 +1,5 @@
-//! The in-process backend: `N` ranks that are threads of one process, over host memory.
+//! The in-process backend: `N` ranks that are threads of one process, over host memory
+//! or (feature `cuda`) the memory of one GPU they share.
 //!
 //! [`LocalComm::world`] makes the `N` communicators of a group (move each into its own
 //! thread); [`run_local`] does that and runs a closure per rank. The collectives, their
@@ -8,7 +9,9 @@
 //! - **Deterministic reductions.** Sums and maxima are computed element-wise in rank
 //!   order, `((x0 + x1) + x2) + ...`, by every rank on the same inputs, so every rank gets
 //!   the same bits, and the same bits on every run:
-//!   - f32, f64: IEEE addition in the type itself;
+//!   - f32, f64: IEEE addition in the type itself; a NaN sum is defined (the lowest
+//!     rank's NaN operand, quieted; inf - inf the canonical NaN), where Rust would leave
+//!     the payload to the code generator;
 //!   - bf16, f16 with [`HalfSum::Op`]: each step converts both operands to f32, adds and
 //!     rounds back to the half type (round-to-nearest-even), as the MPI backend's user op;
 //!     with [`HalfSum::Upcast`]: summed in f32 in rank order and rounded once at the end;
@@ -53,6 +56,29 @@
 //! 3. every rank waits until all have finished reading;
 //! 4. each rank copies its temporary into its output buffer and returns.
 //!
+//! **Device buffers** (feature `cuda`; without it they are refused with
+//! [`CommError::Location`]): the buffers of a call may all be in the memory of one GPU,
+//! `Location::Cuda(ordinal)`, the same on every rank (the consistency check compares it;
+//! buffers of one call in two places are [`CommError::MixedLocations`]). The thread ranks
+//! share the GPU's primary context, so a published device address is valid in every rank's
+//! thread, and the protocol above is unchanged; the data moves on the GPU, on a stream of
+//! the rank's own (opened at its first device collective, before point 1: a failure, such
+//! as no driver, is a [`CommError::Device`] and poisons the group):
+//! - step 2 queues device-to-device copies or one rank-order fold kernel (the same bits as
+//!   the host fold, NaN payloads included: zero-kernels' `cuda::peer`), then *waits for the
+//!   stream* before point 3, so no queued work reads a peer's input after it;
+//! - step 4 copies the temporary (device scratch of the rank, in-place all-reduce only: an
+//!   upcast half sum accumulates in registers) and waits again, so the result is complete
+//!   when the collective returns (the engine runs collectives as host tasks that block).
+//!
+//! A device input must be complete when the collective is called (the stream that wrote
+//! it synchronized, as [`crate::on_stream`]'s host tasks do); the GPU work is not ordered
+//! after any stream of the caller's.
+//!
+//! A GPU failure on one rank poisons the group (that rank's stream has run dry when it
+//! reports, so it reads nothing afterwards); the peers' own results of that collective are
+//! unaffected.
+//!
 //! Cost: for an all-reduce every rank reduces the whole buffer (N-fold redundant
 //! arithmetic, no staging through a shared buffer); a reduce-scatter reduces only the
 //! rank's block. Plus two condvar rendezvous per collective (one for a barrier).
@@ -70,6 +96,11 @@
 //! }
 //! ```
 
+#[cfg(feature = "cuda")]
+mod device;
+#[cfg(not(feature = "cuda"))]
+#[path = "device_off.rs"]
+mod device;
 mod reduce;
 mod rendezvous;
 #[cfg(test)]
@@ -79,7 +110,7 @@ use crate::buffer::Location;
 use crate::communicator::{Communicator, InFlight, RawBuf, RawCall, ReduceOp};
 use crate::config::{CommConfig, HalfSum};
 use crate::error::{CommError, Result};
-use crate::mpi::check::{describe, fingerprint};
+use crate::fingerprint::{describe, fingerprint};
 use crate::stats::{ring_bytes, CollectiveKind, CommStats, Counters};
 use crate::DType;
 use half::{bf16, f16};
@@ -101,6 +132,8 @@ pub struct LocalComm {
     half_sum: Cell<HalfSum>,
     /// Temporary outputs, kept between calls (as u64 words: aligned for every dtype).
     scratch: Cell<Vec<u64>>,
+    /// This rank's GPU data movement (feature `cuda`), opened at its first device call.
+    device: device::DeviceState,
 }
 
 impl std::fmt::Debug for LocalComm {
@@ -136,6 +169,7 @@ impl LocalComm {
                 counters: Counters::default(),
                 half_sum: Cell::new(config.half_sum),
                 scratch: Cell::new(Vec::new()),
+                device: device::DeviceState::default(),
             })
             .collect())
     }
@@ -155,17 +189,34 @@ impl LocalComm {
         }
     }
 
-    /// Everything that can be wrong with a call on this rank alone.
-    fn validate(&self, call: &RawCall) -> Result<()> {
-        let bufs = || call.send.iter().chain(std::iter::once(&call.recv));
-        if let Some(b) = bufs().find(|b| b.location != Location::Host) {
-            return Err(CommError::Location {
+    /// Where the call's buffers live: all in one place, one this backend reaches.
+    fn location(&self, call: &RawCall) -> Result<Location> {
+        let first = call.send.unwrap_or(call.recv).location;
+        if call.recv.location != first {
+            return Err(CommError::MixedLocations {
                 rank: self.rank,
                 op: call.kind.name(),
-                location: b.location,
-                backend: "local",
+                first,
+                other: call.recv.location,
+                backend: NAME,
             });
         }
+        match first {
+            Location::Host => Ok(first),
+            Location::Cuda(_) if device::ENABLED => Ok(first),
+            Location::Cuda(_) => Err(CommError::Location {
+                rank: self.rank,
+                op: call.kind.name(),
+                location: first,
+                backend: NAME,
+            }),
+        }
+    }
+
+    /// Everything that can be wrong with a call on this rank alone; where its buffers are.
+    fn validate(&self, call: &RawCall) -> Result<Location> {
+        let bufs = || call.send.iter().chain(std::iter::once(&call.recv));
+        let location = self.location(call)?;
         let n = self.size;
         let (send, recv) = (call.send.map(|s| s.len), call.recv.len);
         let bad = match call.kind {
@@ -221,7 +272,7 @@ impl LocalComm {
                 return Err(self.size_err(call, format!("{} elements overflow", b.len)));
             }
         }
-        Ok(())
+        Ok(location)
     }
 
     /// What this rank publishes for its peers to read: `(address, elements)`.
@@ -250,9 +301,13 @@ impl LocalComm {
             return Ok(());
         };
         for (i, p) in rest.iter().enumerate() {
-            if p.fp != first.fp || p.len != first.len {
+            if p.fp != first.fp || p.len != first.len || p.location != first.location {
                 let (mut a, mut b) = (describe(&first.fp), describe(&p.fp));
-                if p.fp == first.fp {
+                if p.location != first.location {
+                    // Host and device (or two GPUs): the ranks could not read each other.
+                    a.push_str(&format!(" on {:?} memory", first.location));
+                    b.push_str(&format!(" on {:?} memory", p.location));
+                } else if p.fp == first.fp {
                     // Same call, different input length (mixing in-place and separate
                     // all-gathers with different blocks).
                     a.push_str(&format!(" with a {}-element input", first.len));
@@ -505,11 +560,21 @@ impl Communicator for LocalComm {
     }
 
     unsafe fn execute(&self, call: &RawCall) -> Result<()> {
-        if let Err(e) = self.validate(call) {
-            // Our peers would wait for a call we do not make: make them fail instead.
-            self.group.poison(self.rank, e.to_string());
-            return Err(e);
-        }
+        let location = self.validate(call).and_then(|loc| {
+            if let Location::Cuda(ordinal) = loc {
+                // Before point 1, so a failure (no driver, ...) leaves no peer reading.
+                self.device.open(self.rank, call.kind.name(), ordinal)?;
+            }
+            Ok(loc)
+        });
+        let location = match location {
+            Ok(l) => l,
+            Err(e) => {
+                // Our peers would wait for a call we do not make: make them fail instead.
+                self.group.poison(self.rank, e.to_string());
+                return Err(e);
+            }
+        };
         let upcast = call.dtype.is_half()
             && call.op == Some(ReduceOp::Sum)
             && self.half_sum.get() == HalfSum::Upcast;
@@ -525,6 +590,7 @@ impl Communicator for LocalComm {
             fp: fingerprint(seq, call, upcast),
             ptr,
             len,
+            location,
         };
         let mut peers = Vec::with_capacity(self.size);
         // Point 1. From here until point 2 (`Reading`), our input stays published: the
@@ -543,10 +609,16 @@ impl Communicator for LocalComm {
             // Nothing published to read: no point 2 (every rank agrees, by the check).
             return Ok(());
         }
-        // SAFETY: validated, checked, and every rank is between points 1 and 2 of this
-        // collective until `Reading` finishes; see `move_data`.
-        self.move_data(call, &peers, upcast, Reading::new(&self.group, self.rank));
-        Ok(())
+        let reading = Reading::new(&self.group, self.rank);
+        if location == Location::Host {
+            // SAFETY: validated, checked, and every rank is between points 1 and 2 of this
+            // collective until `Reading` finishes; see `move_data`.
+            self.move_data(call, &peers, upcast, reading);
+            Ok(())
+        } else {
+            // SAFETY: as above; every rank's buffers are on this GPU (checked).
+            self.device.move_data(self, call, &peers, upcast, reading)
+        }
     }
 
     unsafe fn start(&self, call: &RawCall) -> Result<Box<dyn InFlight>> {

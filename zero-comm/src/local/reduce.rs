@@ -4,7 +4,11 @@
 //! performs, for every element, exactly the operations of the rank-order expression in
 //! the same order, so the bits are those of the serial sum however the loop is blocked.
 //!
-//! - f32, f64: IEEE addition in the type itself.
+//! - f32, f64: IEEE addition in the type itself, with a defined NaN (Rust leaves the
+//!   payload of a NaN sum to the code generator, which may swap the operands): a NaN
+//!   operand comes back quieted, the accumulator's (the lowest rank's) first; an invalid
+//!   sum (inf - inf) is the canonical quiet NaN (`f32::NAN`'s bits). The GPU fold of the
+//!   thread ranks on device buffers (zero-kernels' `cuda/peer.cu`) does the same.
 //! - bf16, f16, [`crate::HalfSum::Op`]: each step converts both operands to f32, adds and
 //!   rounds back to the half type (round-to-nearest-even), as the MPI backend's user op.
 //!   [`crate::HalfSum::Upcast`]: [`fold_upcast`] sums in f32 in rank order, [`narrow`]
@@ -49,10 +53,40 @@ macro_rules! float_max {
     }};
 }
 
+/// `acc + x` with the NaN of the module documentation.
+#[inline]
+pub(super) fn add_f32(acc: f32, x: f32) -> f32 {
+    let s = acc + x;
+    if !s.is_nan() {
+        s
+    } else if acc.is_nan() {
+        f32::from_bits(acc.to_bits() | 0x0040_0000)
+    } else if x.is_nan() {
+        f32::from_bits(x.to_bits() | 0x0040_0000)
+    } else {
+        f32::from_bits(0x7fc0_0000)
+    }
+}
+
+/// As [`add_f32`], for f64.
+#[inline]
+pub(super) fn add_f64(acc: f64, x: f64) -> f64 {
+    let s = acc + x;
+    if !s.is_nan() {
+        s
+    } else if acc.is_nan() {
+        f64::from_bits(acc.to_bits() | 0x0008_0000_0000_0000)
+    } else if x.is_nan() {
+        f64::from_bits(x.to_bits() | 0x0008_0000_0000_0000)
+    } else {
+        f64::from_bits(0x7ff8_0000_0000_0000)
+    }
+}
+
 impl Elem for f32 {
     #[inline]
     fn sum(acc: f32, x: f32) -> f32 {
-        acc + x
+        add_f32(acc, x)
     }
     #[inline]
     fn max(acc: f32, x: f32) -> f32 {
@@ -63,7 +97,7 @@ impl Elem for f32 {
 impl Elem for f64 {
     #[inline]
     fn sum(acc: f64, x: f64) -> f64 {
-        acc + x
+        add_f64(acc, x)
     }
     #[inline]
     fn max(acc: f64, x: f64) -> f64 {
@@ -76,7 +110,7 @@ macro_rules! half_elem {
         impl Elem for $t {
             #[inline]
             fn sum(acc: $t, x: $t) -> $t {
-                <$t>::from_f32(acc.to_f32() + x.to_f32())
+                <$t>::from_f32(add_f32(acc.to_f32(), x.to_f32()))
             }
             #[inline]
             fn max(acc: $t, x: $t) -> $t {
@@ -145,7 +179,7 @@ pub(super) fn fold_upcast<H: Half>(inputs: &[&[H]], acc: &mut [f32]) {
         }
         for x in rest {
             for (a, &b) in o.iter_mut().zip(&x[lo..hi]) {
-                *a += b.widen();
+                *a = add_f32(*a, b.widen());
             }
         }
     }

@@ -14,7 +14,8 @@
 //!   the watchdog ([`CommError::Timeout`]), or an earlier failure ([`CommError::Poisoned`]).
 //! - [`Reading::finish`] (point 2): "I have finished reading the peers' inputs"; waits until
 //!   every rank has said so. This wait never fails and has no timeout: a rank that passed
-//!   point 1 runs only our own copy/reduce code before point 2 (no user code, no waits), and
+//!   point 1 runs only our own copy/reduce code before point 2 (no user code, no waits but
+//!   for its own GPU stream when the buffers are device memory), and
 //!   if that code ever unwound, [`Reading`]'s `Drop` still passes point 2. Returning early
 //!   from it would let the caller free or overwrite a buffer a peer is still reading.
 //!
@@ -30,8 +31,9 @@
 //! - slots are double-buffered by point parity, so a rank that runs ahead into its next
 //!   point never overwrites a table a slower peer has yet to copy.
 
+use crate::buffer::Location;
 use crate::error::{CommError, Result};
-use crate::mpi::check::FIELDS;
+use crate::fingerprint::FIELDS;
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -47,10 +49,14 @@ const POLL: Duration = Duration::from_millis(100);
 pub(super) struct Slot {
     /// The consistency check's fingerprint of the call.
     pub(super) fp: [i64; FIELDS],
-    /// The rank's input (host memory; see `LocalComm::input_of`).
+    /// The rank's input (see `LocalComm::input_of`): a host address, or a device address
+    /// when `location` is a GPU.
     pub(super) ptr: *const u8,
     /// Elements at `ptr`.
     pub(super) len: usize,
+    /// Where the call's buffers live (every rank's must agree: a rank reads its peers'
+    /// inputs the way it reaches its own).
+    pub(super) location: Location,
 }
 
 // SAFETY: a Slot is an address and numbers; sending it to another thread is harmless by
@@ -64,6 +70,7 @@ impl Slot {
         fp: [0; FIELDS],
         ptr: std::ptr::null(),
         len: 0,
+        location: Location::Host,
     };
 }
 

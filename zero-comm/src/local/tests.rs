@@ -462,6 +462,7 @@ fn cuda_call(dtype: DType, x: &mut [u64; 2]) -> RawCall {
     }
 }
 
+#[cfg(not(feature = "cuda"))]
 #[test]
 fn device_buffers_are_refused_and_poison_the_group() {
     let w = LocalComm::world(1, cfg()).expect("1 rank");
@@ -500,6 +501,157 @@ fn device_buffers_are_refused_and_poison_the_group() {
             )
         }
         other => panic!("{other:?}"),
+    }
+}
+
+/// With the `cuda` feature but no driver (this project's build machines): a clear error
+/// on the rank, the group poisoned, no panic. (Skipped with a driver: `cuda_call`'s
+/// "device" buffer is host memory.)
+#[cfg(feature = "cuda")]
+#[test]
+fn device_buffers_without_a_driver_are_a_device_error() {
+    if zero_kernels::cuda::CudaDevice::driver_present() {
+        return;
+    }
+    let out = values(run_local(2, cfg(), |c| {
+        if c.rank() == 0 {
+            // SAFETY: refused before any access (opening the GPU fails).
+            let mut x = [0u64; 2];
+            unsafe { c.execute(&cuda_call(DType::F32, &mut x)) }
+        } else {
+            c.all_reduce(&mut [1f32; 2][..], ReduceOp::Sum)
+        }
+    }));
+    match &out[0] {
+        Err(
+            e @ CommError::Device {
+                rank: 0,
+                op: "all_reduce",
+                ..
+            },
+        ) => {
+            let msg = e.to_string();
+            assert!(
+                msg.contains("cuda:0") && msg.contains("no CUDA driver"),
+                "{msg}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        matches!(out[1], Err(CommError::Poisoned { rank: 1, by: 0, .. })),
+        "{:?}",
+        out[1]
+    );
+}
+
+/// Host and device buffers in one call: refused on that rank, naming both places,
+/// whatever the build (nothing is touched).
+#[test]
+fn mixed_host_and_device_buffers_are_refused() {
+    let w = LocalComm::world(1, cfg()).expect("1 rank");
+    let send = [1f32; 2];
+    let mut recv = [0u64; 1];
+    let call = RawCall {
+        kind: CollectiveKind::AllReduce,
+        op: Some(ReduceOp::Sum),
+        dtype: DType::F32,
+        send: Some(RawBuf {
+            ptr: send.as_ptr() as *mut u8,
+            len: 2,
+            location: Location::Host,
+        }),
+        recv: RawBuf {
+            ptr: recv.as_mut_ptr() as *mut u8,
+            len: 2,
+            location: Location::Cuda(0),
+        },
+        root: 0,
+    };
+    // SAFETY: refused before any access.
+    match unsafe { w[0].execute(&call) } {
+        Err(
+            e @ CommError::MixedLocations {
+                rank: 0,
+                op: "all_reduce",
+                first: Location::Host,
+                other: Location::Cuda(0),
+                ..
+            },
+        ) => {
+            let msg = e.to_string();
+            assert!(msg.contains("Host") && msg.contains("Cuda(0)"), "{msg}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // The group is poisoned, as after any refused call.
+    assert!(matches!(
+        w[0].barrier(),
+        Err(CommError::Poisoned { by: 0, .. })
+    ));
+}
+
+/// Ranks whose buffers are in different places (host on one, a GPU on another) cannot
+/// read each other's: the check reports it on every rank, before any data moves.
+#[test]
+fn ranks_with_buffers_in_different_places_mismatch() {
+    let w = LocalComm::world(2, cfg()).expect("2 ranks");
+    let mut x = [0u64; 2];
+    let call = cuda_call(DType::F32, &mut x);
+    let fp = fingerprint(0, &call, false);
+    let slot = |location| Slot {
+        fp,
+        ptr: std::ptr::null(),
+        len: 2,
+        location,
+    };
+    let here = Here {
+        rank: 1,
+        seq: 0,
+        op: "all_reduce",
+    };
+    let peers = [slot(Location::Host), slot(Location::Cuda(0))];
+    match w[1].check(&here, &peers) {
+        Err(
+            e @ CommError::Mismatch {
+                rank_a: 0,
+                rank_b: 1,
+                ..
+            },
+        ) => {
+            let msg = e.to_string();
+            assert!(
+                msg.contains("on Host memory") && msg.contains("on Cuda(0) memory"),
+                "{msg}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    let same = [slot(Location::Cuda(0)), slot(Location::Cuda(0))];
+    assert!(w[1].check(&here, &same).is_ok());
+}
+
+/// Sums with NaNs have defined bits (the lowest rank's NaN, quieted; inf - inf the
+/// canonical NaN), whatever order the compiler gives the additions.
+#[test]
+fn nan_sums_are_defined() {
+    let (qa, sb) = (f32::from_bits(0xffc0_1234), f32::from_bits(0x7f80_0001));
+    let out = values(run_local(3, cfg(), |c| {
+        let mine = [
+            [1.0, qa, f32::INFINITY][c.rank()],
+            [1.0, sb, qa][c.rank()],
+            [1.0, f32::INFINITY, 2.0][c.rank()],
+        ];
+        let mut x = [mine[0], mine[1], mine[2], -f32::INFINITY];
+        if c.rank() == 2 {
+            x[3] = f32::INFINITY;
+        }
+        c.all_reduce(&mut x[..], ReduceOp::Sum)
+            .map(|()| x.map(f32::to_bits))
+    }));
+    for r in out {
+        let x = r.expect("all-reduce");
+        assert_eq!(x, [0xffc0_1234, 0x7fc0_0001, 0x7f80_0000, 0x7fc0_0000]);
     }
 }
 

@@ -533,3 +533,14 @@ impl Communicator for MpiComm {
 pub(crate) unsafe fn in_place() -> *mut c_void {
     zero_comm_mpi_in_place()
 }
+
+/// MPI_Abort on MPI_COMM_WORLD when MPI is running; returns when it is not (before init,
+/// after finalize), for the caller to exit plainly.
+pub(crate) fn abort_if_running(code: i32) {
+    if ::mpi::environment::is_initialized() && !::mpi::environment::is_finalized() {
+        // SAFETY: MPI is running; MPI_Abort does not return when it succeeds.
+        unsafe {
+            ffi::MPI_Abort(ffi::RSMPI_COMM_WORLD, code);
+        }
+    }
+}

@@ -4,9 +4,10 @@
 use super::{check_segments, AdamWCoeffs, AdamWHyper, AdamWSegment};
 use crate::cuda::buffer_check_len as check_len;
 use crate::cuda::{CudaDevice, DeviceAdamWState, DeviceFloat, DeviceHalfMut};
+use crate::dtype::DType;
 use crate::error::KernelError;
 use crate::ptx::adamw_entry;
-use cudarc::driver::{DeviceRepr, PushKernelArg};
+use cudarc::driver::{CudaStream, DeviceRepr, PushKernelArg};
 use std::ops::Range;
 
 // SAFETY: #[repr(C)], nine f32, the layout of `struct Coeffs` in adamw.cu.
@@ -36,29 +37,62 @@ fn launch(
     param: &Option<DeviceHalfMut<'_>>,
     range: Range<usize>,
 ) -> Result<(), KernelError> {
-    if range.is_empty() {
+    let at = range.start;
+    let ptrs = AdamWPtrs {
+        grad: grad.addr(dev, at),
+        master: state.master.addr(dev, at),
+        m: state.m.addr(dev, at),
+        v: state.v.addr(dev, at),
+        // A null copy pointer selects nothing: the `_none` kernels never touch it.
+        param: param.as_ref().map_or(0, |p| p.addr(dev, at)),
+    };
+    launch_raw(
+        dev,
+        dev.default_stream(),
+        c,
+        (grad.dtype(), param.as_ref().map(|p| p.dtype())),
+        ptrs,
+        range.len(),
+    )
+}
+
+/// Device addresses of one AdamW launch's first elements (`param` 0: no 16-bit copy).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct AdamWPtrs {
+    pub(crate) grad: u64,
+    pub(crate) master: u64,
+    pub(crate) m: u64,
+    pub(crate) v: u64,
+    pub(crate) param: u64,
+}
+
+/// Queue the fused kernel for the (gradient, copy) types over `n` elements at `ptrs` on
+/// `stream`; the caller checked that every address holds `n` elements of its type.
+pub(crate) fn launch_raw(
+    dev: &CudaDevice,
+    stream: &CudaStream,
+    c: &AdamWCoeffs,
+    (grad, param): (DType, Option<DType>),
+    ptrs: AdamWPtrs,
+    n: usize,
+) -> Result<(), KernelError> {
+    if n == 0 {
         return Ok(());
     }
-    let f = dev.kernel(&adamw_entry(
-        grad.dtype(),
-        param.as_ref().map(|p| p.dtype()),
-    ))?;
-    let at = range.start;
-    let g = grad.addr(dev, at);
-    let (p, m, v) = (
-        state.master.addr(dev, at),
-        state.m.addr(dev, at),
-        state.v.addr(dev, at),
-    );
-    // A null copy pointer selects nothing: the `_none` kernels never touch it.
-    let out = param.as_ref().map_or(0, |p| p.addr(dev, at));
-    let n = range.len() as u64;
-    let mut b = dev.stream().launch_builder(f);
-    b.arg(c).arg(&g).arg(&p).arg(&m).arg(&v).arg(&out).arg(&n);
+    let f = dev.kernel(&adamw_entry(grad, param))?;
+    let n64 = n as u64;
+    let AdamWPtrs {
+        grad: g,
+        master: p,
+        m,
+        v,
+        param: out,
+    } = ptrs;
+    let mut b = stream.launch_builder(f);
+    b.arg(c).arg(&g).arg(&p).arg(&m).arg(&v).arg(&out).arg(&n64);
     // SAFETY: the arguments match the kernel's signature (adamw.cu); every pointer is valid
-    // for `n` elements past it (lengths checked), and the written buffers are borrowed
-    // mutably by the caller.
-    unsafe { b.launch(CudaDevice::elementwise(range.len())) }?;
+    // for `n` elements past it (the caller's contract), and nothing else writes them.
+    unsafe { b.launch(CudaDevice::elementwise(n)) }?;
     Ok(())
 }
 

@@ -39,7 +39,7 @@ fn main() -> ExitCode {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut stale = 0;
     for s in SOURCES {
-        let text = match generate(&s) {
+        let text = match generate(s) {
             Ok(t) => t,
             Err(e) => {
                 eprintln!("error: {e}");

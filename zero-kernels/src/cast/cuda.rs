@@ -6,19 +6,31 @@ use crate::cuda::{CudaDevice, DeviceBuffer, DeviceFloat, DeviceHalfMut};
 use crate::dtype::DType;
 use crate::error::KernelError;
 use crate::ptx::{accumulate_entry, cast_entry};
-use cudarc::driver::PushKernelArg;
+use cudarc::driver::{CudaStream, PushKernelArg};
 
-/// Launch `name(a, b, n)`.
+/// Launch `name(a, b, n)` on the device's default stream.
 fn launch2(dev: &CudaDevice, name: &str, a: u64, b: u64, n: usize) -> Result<(), KernelError> {
+    launch2_on(dev, dev.default_stream(), name, a, b, n)
+}
+
+/// Queue `name(a, b, n)` on `stream`: every cast kernel takes (pointer, pointer, u64 n);
+/// the caller checked both addresses hold `n` elements of the types the name says.
+pub(crate) fn launch2_on(
+    dev: &CudaDevice,
+    stream: &CudaStream,
+    name: &str,
+    a: u64,
+    b: u64,
+    n: usize,
+) -> Result<(), KernelError> {
     if n == 0 {
         return Ok(());
     }
     let f = dev.kernel(name)?;
     let n64 = n as u64;
-    let mut l = dev.stream().launch_builder(f);
+    let mut l = stream.launch_builder(f);
     l.arg(&a).arg(&b).arg(&n64);
-    // SAFETY: every cast kernel takes (pointer, pointer, u64 n); both buffers hold `n`
-    // elements of the types the kernel name says (checked by the callers).
+    // SAFETY: the signature above, and the caller's length contract.
     unsafe { l.launch(CudaDevice::elementwise(n)) }?;
     Ok(())
 }

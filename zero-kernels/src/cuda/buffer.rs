@@ -27,14 +27,14 @@ impl<T: DeviceElement> DeviceBuffer<T> {
             return Self::empty(dev);
         }
         Ok(DeviceBuffer {
-            slice: dev.stream().alloc_zeros::<T>(n)?,
+            slice: dev.default_stream().alloc_zeros::<T>(n)?,
         })
     }
 
     /// A zero-length buffer (cuMemAlloc rejects 0 bytes; cudarc's `null` does not).
     fn empty(dev: &CudaDevice) -> Result<Self, KernelError> {
         Ok(DeviceBuffer {
-            slice: dev.stream().null::<T>()?,
+            slice: dev.default_stream().null::<T>()?,
         })
     }
 
@@ -44,7 +44,7 @@ impl<T: DeviceElement> DeviceBuffer<T> {
             return Self::empty(dev);
         }
         Ok(DeviceBuffer {
-            slice: dev.stream().clone_htod(src)?,
+            slice: dev.default_stream().clone_htod(src)?,
         })
     }
 
@@ -53,7 +53,7 @@ impl<T: DeviceElement> DeviceBuffer<T> {
         if self.is_empty() {
             return Ok(Vec::new());
         }
-        Ok(dev.stream().clone_dtoh(&self.slice)?)
+        Ok(dev.default_stream().clone_dtoh(&self.slice)?)
     }
 
     /// Overwrite the contents with host data of the same length.
@@ -62,7 +62,7 @@ impl<T: DeviceElement> DeviceBuffer<T> {
         if src.is_empty() {
             return Ok(());
         }
-        Ok(dev.stream().memcpy_htod(src, &mut self.slice)?)
+        Ok(dev.default_stream().memcpy_htod(src, &mut self.slice)?)
     }
 
     /// Overwrite the contents with another device buffer of the same length.
@@ -75,7 +75,9 @@ impl<T: DeviceElement> DeviceBuffer<T> {
         if src.is_empty() {
             return Ok(());
         }
-        Ok(dev.stream().memcpy_dtod(&src.slice, &mut self.slice)?)
+        Ok(dev
+            .default_stream()
+            .memcpy_dtod(&src.slice, &mut self.slice)?)
     }
 
     /// Number of elements.
@@ -106,7 +108,7 @@ impl<T: DeviceElement> DeviceBuffer<T> {
     /// Raw device address of element `offset` (kernels take raw pointers; everything runs
     /// on the device's one stream, so no event is needed to order the access).
     pub(crate) fn addr(&self, dev: &CudaDevice, offset: usize) -> u64 {
-        let (ptr, _sync) = self.slice.device_ptr(dev.stream());
+        let (ptr, _sync) = self.slice.device_ptr(dev.default_stream());
         ptr + (offset * std::mem::size_of::<T>()) as u64
     }
 }

@@ -1,9 +1,25 @@
-//! The CUDA device the kernels run on (feature `cuda`): a context, its stream and the
-//! kernels of the checked-in PTX, loaded at run time through cudarc with dynamic loading —
+//! The CUDA device (feature `cuda`): a context, the kernels of the checked-in PTX, a
+//! caching allocator and cuBLASLt, loaded at run time through cudarc with dynamic loading,
 //! so this compiles without CUDA, and on a machine without a driver [`CudaDevice::new`]
 //! returns [`KernelError::NoCudaDriver`] instead of letting cudarc panic.
+//!
+//! Two APIs over the same device:
+//! - the [`crate::device::Device`] implementation (`device.rs`): [`CudaBuf`] buffers from
+//!   the pool, any number of streams and events, every model and optimizer op, so the
+//!   engine and the models run here unchanged;
+//! - the older buffer-level API ([`DeviceBuffer`], `adamw::cuda`, `cast::cuda`,
+//!   `gradstats::cuda`) on the device's default stream, used by the kernel check binary.
 
+mod blas;
 mod buffer;
+mod device;
+pub(crate) mod nn;
+pub mod peer;
+mod pool;
+
+pub use blas::MatmulPrecision;
+pub use device::{CudaBuf, CudaEventRef, CudaStreamRef};
+pub use pool::PoolStats;
 
 pub(crate) use buffer::check_len as buffer_check_len;
 pub use buffer::{DeviceAdamWState, DeviceBuffer, DeviceElement, DeviceFloat, DeviceHalfMut};
@@ -12,17 +28,24 @@ use crate::error::KernelError;
 use crate::ptx::SOURCES;
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig};
 use cudarc::nvrtc::Ptx;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::sync::Arc;
 
 /// Threads per CUDA block of the elementwise kernels.
 const THREADS: u32 = 256;
 
-/// One GPU with every zero-kernels kernel loaded; all work goes to its default stream.
+/// One GPU with every zero-kernels kernel loaded. Each thread rank opens its own (they
+/// share the GPU's primary context); a device is used from the thread that opened it.
 pub struct CudaDevice {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     kernels: HashMap<&'static str, CudaFunction>,
+    pool: Arc<pool::Pool>,
+    /// cuBLASLt, loaded at the first matrix product (the kernel checks need none).
+    blas: RefCell<Option<blas::Blas>>,
+    precision: Cell<MatmulPrecision>,
+    next_id: Cell<u64>,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -66,11 +89,37 @@ impl CudaDevice {
             }
         }
         log::debug!("CUDA device {ordinal}: {} kernels loaded", kernels.len());
+        let pool = pool::Pool::new(Arc::clone(&ctx));
         Ok(CudaDevice {
             ctx,
             stream,
             kernels,
+            pool,
+            blas: RefCell::new(None),
+            precision: Cell::new(MatmulPrecision::F32),
+            next_id: Cell::new(1),
         })
+    }
+
+    /// How matrix products round their operands from now on ([`MatmulPrecision::Bf16`]
+    /// for bf16 training: bf16 tensor cores, fp32 accumulation).
+    pub fn set_matmul_precision(&self, p: MatmulPrecision) {
+        self.precision.set(p);
+    }
+
+    /// The matrix products' precision.
+    pub fn matmul_precision(&self) -> MatmulPrecision {
+        self.precision.get()
+    }
+
+    /// The caching allocator's counters.
+    pub fn pool_stats(&self) -> PoolStats {
+        self.pool.stats()
+    }
+
+    /// GPU memory (free, total) in bytes, as the driver reports it.
+    pub fn memory_info(&self) -> Result<(usize, usize), KernelError> {
+        Ok(self.ctx.mem_get_info()?)
     }
 
     /// The cudarc context (for other crates: NCCL, CUDA-aware MPI).
@@ -78,8 +127,9 @@ impl CudaDevice {
         &self.ctx
     }
 
-    /// The stream every kernel of this device is launched on.
-    pub fn stream(&self) -> &Arc<CudaStream> {
+    /// The stream the buffer-level API ([`DeviceBuffer`], [`crate::adamw::cuda`], ...)
+    /// queues on (the `Device` implementation takes its streams as arguments).
+    pub fn default_stream(&self) -> &Arc<CudaStream> {
         &self.stream
     }
 
@@ -88,8 +138,8 @@ impl CudaDevice {
         Ok(self.ctx.name()?)
     }
 
-    /// Wait for all work queued on the stream.
-    pub fn synchronize(&self) -> Result<(), KernelError> {
+    /// Wait for all work queued on the default stream.
+    pub fn synchronize_default(&self) -> Result<(), KernelError> {
         Ok(self.stream.synchronize()?)
     }
 

@@ -23,7 +23,10 @@ use crate::dtype::{DType, Element};
 use crate::error::KernelError;
 use crate::float::Float;
 use crate::isa::Exec;
-use crate::nn::{self, AttnShape, Gemm, MatLayout, Scalar};
+use crate::nn::{self, AttnShape, Gemm, Scalar};
+use crate::twin;
+
+use super::check::{self, ids_below as check_ids, rows_of, same_len};
 use crate::{cast, gradstats};
 
 /// The host allocation behind a [`CpuBuffer`]: freed when the last handle (the owner's,
@@ -247,56 +250,6 @@ pub(crate) fn overlap(a: &Range<usize>, b: &Range<usize>) -> bool {
     a.start < b.end && b.start < a.end
 }
 
-fn same_len(op: &'static str, what: &'static str, got: usize, expected: usize) -> Result<()> {
-    if got != expected {
-        return Err(KernelError::LengthMismatch {
-            what: leak_what(op, what),
-            got,
-            expected,
-        });
-    }
-    Ok(())
-}
-
-/// `"op: what"` as a `&'static str` for the error (a handful of fixed pairs, cached).
-fn leak_what(op: &'static str, what: &'static str) -> &'static str {
-    use std::collections::HashMap;
-    use std::sync::{Mutex, OnceLock};
-    static NAMES: OnceLock<Mutex<HashMap<(&'static str, &'static str), &'static str>>> =
-        OnceLock::new();
-    let names = NAMES.get_or_init(|| Mutex::new(HashMap::new()));
-    match names.lock() {
-        Ok(mut m) => m
-            .entry((op, what))
-            .or_insert_with(|| Box::leak(format!("{op}: {what}").into_boxed_str())),
-        Err(_) => what,
-    }
-}
-
-fn shape_err(op: &'static str, detail: String) -> KernelError {
-    KernelError::BadShape { op, detail }
-}
-
-/// Rows of `width` in a view of `len` elements.
-fn rows_of(op: &'static str, what: &str, len: usize, width: usize) -> Result<usize> {
-    if width == 0 || !len.is_multiple_of(width) {
-        return Err(shape_err(
-            op,
-            format!("{what} has {len} elements, not a whole number of rows of {width}"),
-        ));
-    }
-    Ok(len / width)
-}
-
-/// Elements from the first to one past the last element a strided view addresses.
-fn span(l: &MatLayout) -> usize {
-    if l.rows == 0 || l.cols == 0 {
-        0
-    } else {
-        (l.rows - 1) * l.rs + (l.cols - 1) * l.cs + 1
-    }
-}
-
 /// The execution side of a CPU device: how an op, a host task, a transfer, a stream and
 /// an event are handled. Implemented by [`super::HostDevice`] (eagerly) and
 /// [`super::SimDevice`] (queued, checked); every [`Device`] op is written once on top.
@@ -311,6 +264,10 @@ pub trait CpuQueue {
     fn describe_queue(&self) -> String;
     /// A new stream.
     fn new_stream(&self, name: &str) -> Result<CpuStream>;
+    /// True when model ops run the CUDA kernels' CPU twins ([`crate::twin`]).
+    fn gpu_order(&self) -> bool {
+        false
+    }
     /// Queue (or run) `op` on `stream`.
     fn submit(&self, stream: &CpuStream, op: CpuOp) -> Result<()>;
     /// An event after everything queued on `stream`.
@@ -562,17 +519,13 @@ impl<Q: CpuQueue> Device for Q {
         param: Option<ViewMut<'_, CpuBuffer<P>>>,
     ) -> Result<()> {
         let n = grad.len();
-        same_len("adamw", "master", state.master.len(), n)?;
-        same_len("adamw", "m", state.m.len(), n)?;
-        same_len("adamw", "v", state.v.len(), n)?;
-        if let Some(p) = &param {
-            same_len("adamw", "param", p.len(), n)?;
-            if P::DTYPE == DType::F32 {
-                return Err(KernelError::BadViews(
-                    "adamw: the parameter copy must be 16-bit (in fp32 training the master is the parameter)".into(),
-                ));
-            }
-        }
+        check::adamw(
+            n,
+            state.master.len(),
+            state.m.len(),
+            state.v.len(),
+            param.as_ref().map(|p| (p.len(), P::DTYPE)),
+        )?;
         adamw::check_segments(step.segments, step.groups.len(), n)?;
         let exec = *self.exec();
         let groups: Vec<AdamWHyper> = step.groups.to_vec();
@@ -617,31 +570,8 @@ impl<Q: CpuQueue> Device for Q {
         b: View<'_, CpuBuffer<F>>,
         c: ViewMut<'_, CpuBuffer<F>>,
     ) -> Result<()> {
+        check::matmul(&mm, a.len(), b.len(), c.len())?;
         let (la, lb, lc) = (mm.a, mm.b, mm.c);
-        if la.cols != lb.rows || la.rows != lc.rows || lb.cols != lc.cols {
-            return Err(shape_err(
-                "matmul",
-                format!(
-                    "A {}x{} times B {}x{} into C {}x{}",
-                    la.rows, la.cols, lb.rows, lb.cols, lc.rows, lc.cols
-                ),
-            ));
-        }
-        for (what, l, len) in [
-            ("A", &la, a.len()),
-            ("B", &lb, b.len()),
-            ("C", &lc, c.len()),
-        ] {
-            if span(l) > len {
-                return Err(shape_err(
-                    "matmul",
-                    format!(
-                        "{what}'s layout {l:?} addresses {} elements of a {len}-element view",
-                        span(l)
-                    ),
-                ));
-            }
-        }
         let gemm = *self.gemm();
         let mut op = OpBuilder::new("matmul");
         let (a, b, c) = (op.r(&a), op.r(&b), op.w(&c));
@@ -666,21 +596,29 @@ impl<Q: CpuQueue> Device for Q {
         width: usize,
     ) -> Result<()> {
         let op_name = "layernorm_forward";
-        let rows = rows_of(op_name, "x", x.len(), width)?;
-        same_len(op_name, "out", out.out.len(), x.len())?;
-        same_len(op_name, "w", w.len(), width)?;
-        same_len(op_name, "b", b.len(), width)?;
-        same_len(op_name, "mean", out.mean.len(), rows)?;
-        same_len(op_name, "rstd", out.rstd.len(), rows)?;
+        check::layernorm_forward(
+            x.len(),
+            out.out.len(),
+            w.len(),
+            b.len(),
+            out.mean.len(),
+            out.rstd.len(),
+            width,
+        )?;
         let mut op = OpBuilder::new(op_name);
         let (x, w, b) = (op.r(&x), op.r(&w), op.r(&b));
         let (o, mean, rstd) = (op.w(&out.out), op.w(&out.mean), op.w(&out.rstd));
+        let gpu = self.gpu_order();
         self.submit(
             stream,
             op.finish(move || {
                 // SAFETY: see the module documentation.
                 unsafe {
-                    nn::layernorm_forward(
+                    (if gpu {
+                        twin::norm::layernorm_forward
+                    } else {
+                        nn::layernorm_forward
+                    })(
                         o.get(),
                         mean.get(),
                         rstd.get(),
@@ -704,24 +642,32 @@ impl<Q: CpuQueue> Device for Q {
         width: usize,
     ) -> Result<()> {
         let op_name = "layernorm_backward";
-        let rows = rows_of(op_name, "dout", dout.len(), width)?;
-        same_len(op_name, "dx", grads.dx.len(), dout.len())?;
-        same_len(op_name, "x", saved.x.len(), dout.len())?;
-        same_len(op_name, "dw", grads.dw.len(), width)?;
-        same_len(op_name, "db", grads.db.len(), width)?;
-        same_len(op_name, "w", saved.w.len(), width)?;
-        same_len(op_name, "mean", saved.mean.len(), rows)?;
-        same_len(op_name, "rstd", saved.rstd.len(), rows)?;
+        check::layernorm_backward(
+            dout.len(),
+            grads.dx.len(),
+            saved.x.len(),
+            grads.dw.len(),
+            grads.db.len(),
+            saved.w.len(),
+            saved.mean.len(),
+            saved.rstd.len(),
+            width,
+        )?;
         let mut op = OpBuilder::new(op_name);
         let (dout, x, w) = (op.r(&dout), op.r(&saved.x), op.r(&saved.w));
         let (mean, rstd) = (op.r(&saved.mean), op.r(&saved.rstd));
         let (dx, dw, db) = (op.w(&grads.dx), op.w(&grads.dw), op.w(&grads.db));
+        let gpu = self.gpu_order();
         self.submit(
             stream,
             op.finish(move || {
                 // SAFETY: see the module documentation.
                 unsafe {
-                    nn::layernorm_backward(
+                    (if gpu {
+                        twin::norm::layernorm_backward
+                    } else {
+                        nn::layernorm_backward
+                    })(
                         dx.get(),
                         dw.get(),
                         db.get(),
@@ -747,11 +693,18 @@ impl<Q: CpuQueue> Device for Q {
         same_len("gelu_forward", "out", out.len(), x.len())?;
         let mut op = OpBuilder::new("gelu_forward");
         let (x, out) = (op.r(&x), op.w(&out));
+        let gpu = self.gpu_order();
         self.submit(
             stream,
             op.finish(move || {
                 // SAFETY: see the module documentation.
-                unsafe { nn::gelu_forward(out.get(), x.get()) };
+                unsafe {
+                    (if gpu {
+                        twin::elementwise::gelu_forward
+                    } else {
+                        nn::gelu_forward
+                    })(out.get(), x.get())
+                };
                 Ok(())
             })?,
         )
@@ -766,11 +719,18 @@ impl<Q: CpuQueue> Device for Q {
         same_len("gelu_backward", "d", d.len(), x.len())?;
         let mut op = OpBuilder::new("gelu_backward");
         let (x, d) = (op.r(&x), op.w(&d));
+        let gpu = self.gpu_order();
         self.submit(
             stream,
             op.finish(move || {
                 // SAFETY: see the module documentation.
-                unsafe { nn::gelu_backward_inplace(d.get(), x.get()) };
+                unsafe {
+                    (if gpu {
+                        twin::elementwise::gelu_backward_inplace
+                    } else {
+                        nn::gelu_backward_inplace
+                    })(d.get(), x.get())
+                };
                 Ok(())
             })?,
         )
@@ -784,19 +744,22 @@ impl<Q: CpuQueue> Device for Q {
         qkv: View<'_, CpuBuffer<F>>,
         shape: AttnShape,
     ) -> Result<()> {
-        check_attention("attention_forward", &shape)?;
-        let AttnShape { b, t, c, h } = shape;
-        same_len("attention_forward", "qkv", qkv.len(), b * t * 3 * c)?;
-        same_len("attention_forward", "y", y.len(), b * t * c)?;
-        same_len("attention_forward", "p", p.len(), b * h * t * t)?;
+        check::attention_forward(y.len(), p.len(), qkv.len(), &shape)?;
         let gemm = *self.gemm();
         let mut op = OpBuilder::new("attention_forward");
         let (qkv, y, p) = (op.r(&qkv), op.w(&y), op.w(&p));
+        let gpu = self.gpu_order();
         self.submit(
             stream,
             op.finish(move || {
                 // SAFETY: see the module documentation.
-                unsafe { nn::attention_forward(&gemm, y.get(), p.get(), qkv.get(), shape) };
+                unsafe {
+                    if gpu {
+                        twin::attention::attention_forward(y.get(), p.get(), qkv.get(), shape)
+                    } else {
+                        nn::attention_forward(&gemm, y.get(), p.get(), qkv.get(), shape)
+                    }
+                };
                 Ok(())
             })?,
         )
@@ -813,37 +776,30 @@ impl<Q: CpuQueue> Device for Q {
         shape: AttnShape,
     ) -> Result<()> {
         let name = "attention_backward";
-        check_attention(name, &shape)?;
-        let AttnShape { b, t, c, h } = shape;
-        same_len(name, "qkv", qkv.len(), b * t * 3 * c)?;
-        same_len(name, "dqkv", dqkv.len(), b * t * 3 * c)?;
-        same_len(name, "dy", dy.len(), b * t * c)?;
-        same_len(name, "p", p.len(), b * h * t * t)?;
-        if scratch.len() < t * t {
-            return Err(shape_err(
-                name,
-                format!("scratch of {} elements < T*T = {}", scratch.len(), t * t),
-            ));
-        }
+        check::attention_backward(
+            dqkv.len(),
+            scratch.len(),
+            dy.len(),
+            p.len(),
+            qkv.len(),
+            &shape,
+        )?;
         let gemm = *self.gemm();
         let mut op = OpBuilder::new(name);
         let (dy, p, qkv) = (op.r(&dy), op.r(&p), op.r(&qkv));
         let (dqkv, scratch) = (op.w(&dqkv), op.w(&scratch));
+        let gpu = self.gpu_order();
         self.submit(
             stream,
             op.finish(move || {
                 // SAFETY: see the module documentation.
-                unsafe {
-                    nn::attention_backward(
-                        &gemm,
-                        dqkv.get(),
-                        scratch.get(),
-                        dy.get(),
-                        p.get(),
-                        qkv.get(),
-                        shape,
-                    )
-                };
+                let (dqkv, scratch) = unsafe { (dqkv.get(), scratch.get()) };
+                let (dy, p, qkv) = unsafe { (dy.get(), p.get(), qkv.get()) };
+                if gpu {
+                    twin::attention::attention_backward(dqkv, scratch, dy, p, qkv, shape)
+                } else {
+                    nn::attention_backward(&gemm, dqkv, scratch, dy, p, qkv, shape)
+                }
                 Ok(())
             })?,
         )
@@ -858,19 +814,24 @@ impl<Q: CpuQueue> Device for Q {
         v: usize,
     ) -> Result<()> {
         let name = "softmax_xent_forward";
-        let rows = rows_of(name, "logits", logits.len(), v)?;
-        same_len(name, "losses", losses.len(), rows)?;
-        same_len(name, "targets", targets.len(), rows)?;
+        check::softmax_xent(name, logits.len(), Some(losses.len()), targets.len(), v)?;
         let mut op = OpBuilder::new(name);
         let targets = op.r(&targets);
         let (logits, losses) = (op.w(&logits), op.w(&losses));
+        let gpu = self.gpu_order();
         self.submit(
             stream,
             op.finish(move || {
                 // SAFETY: see the module documentation.
                 let t = unsafe { targets.get() };
                 check_ids(name, "target", t, v)?;
-                unsafe { nn::softmax_xent_forward(logits.get(), losses.get(), t, v) };
+                unsafe {
+                    (if gpu {
+                        twin::xent::softmax_xent_forward
+                    } else {
+                        nn::softmax_xent_forward
+                    })(logits.get(), losses.get(), t, v)
+                };
                 Ok(())
             })?,
         )
@@ -885,18 +846,24 @@ impl<Q: CpuQueue> Device for Q {
         scale: F,
     ) -> Result<()> {
         let name = "softmax_xent_backward";
-        let rows = rows_of(name, "probs", probs.len(), v)?;
-        same_len(name, "targets", targets.len(), rows)?;
+        check::softmax_xent(name, probs.len(), None, targets.len(), v)?;
         let mut op = OpBuilder::new(name);
         let targets = op.r(&targets);
         let probs = op.w(&probs);
+        let gpu = self.gpu_order();
         self.submit(
             stream,
             op.finish(move || {
                 // SAFETY: see the module documentation.
                 let t = unsafe { targets.get() };
                 check_ids(name, "target", t, v)?;
-                unsafe { nn::softmax_xent_backward(probs.get(), t, v, scale) };
+                unsafe {
+                    (if gpu {
+                        twin::xent::softmax_xent_backward
+                    } else {
+                        nn::softmax_xent_backward
+                    })(probs.get(), t, v, scale)
+                };
                 Ok(())
             })?,
         )
@@ -908,17 +875,21 @@ impl<Q: CpuQueue> Device for Q {
         dst: ViewMut<'_, CpuBuffer<F>>,
         src: View<'_, CpuBuffer<F>>,
     ) -> Result<()> {
-        same_len("mean", "dst", dst.len(), 1)?;
-        if src.is_empty() {
-            return Err(shape_err("mean", "the mean of no elements".into()));
-        }
+        check::mean(dst.len(), src.len())?;
         let mut op = OpBuilder::new("mean");
         let (src, dst) = (op.r(&src), op.w(&dst));
+        let gpu = self.gpu_order();
         self.submit(
             stream,
             op.finish(move || {
                 // SAFETY: see the module documentation.
-                unsafe { nn::mean_into(&mut dst.get()[0], src.get()) };
+                unsafe {
+                    (if gpu {
+                        twin::xent::mean_into
+                    } else {
+                        nn::mean_into
+                    })(&mut dst.get()[0], src.get())
+                };
                 Ok(())
             })?,
         )
@@ -933,11 +904,18 @@ impl<Q: CpuQueue> Device for Q {
         rows_of("fill_rows", "out", out.len(), row.len())?;
         let mut op = OpBuilder::new("fill_rows");
         let (row, out) = (op.r(&row), op.w(&out));
+        let gpu = self.gpu_order();
         self.submit(
             stream,
             op.finish(move || {
                 // SAFETY: see the module documentation.
-                unsafe { nn::fill_rows(out.get(), row.get()) };
+                unsafe {
+                    (if gpu {
+                        twin::rows::fill_rows
+                    } else {
+                        nn::fill_rows
+                    })(out.get(), row.get())
+                };
                 Ok(())
             })?,
         )
@@ -952,11 +930,18 @@ impl<Q: CpuQueue> Device for Q {
         rows_of("add_rows", "out", out.len(), row.len())?;
         let mut op = OpBuilder::new("add_rows");
         let (row, out) = (op.r(&row), op.w(&out));
+        let gpu = self.gpu_order();
         self.submit(
             stream,
             op.finish(move || {
                 // SAFETY: see the module documentation.
-                unsafe { nn::add_rows(out.get(), row.get()) };
+                unsafe {
+                    (if gpu {
+                        twin::rows::add_rows
+                    } else {
+                        nn::add_rows
+                    })(out.get(), row.get())
+                };
                 Ok(())
             })?,
         )
@@ -971,11 +956,18 @@ impl<Q: CpuQueue> Device for Q {
         rows_of("bias_backward", "dout", dout.len(), db.len())?;
         let mut op = OpBuilder::new("bias_backward");
         let (dout, db) = (op.r(&dout), op.w(&db));
+        let gpu = self.gpu_order();
         self.submit(
             stream,
             op.finish(move || {
                 // SAFETY: see the module documentation.
-                unsafe { nn::bias_backward(db.get(), dout.get()) };
+                unsafe {
+                    (if gpu {
+                        twin::rows::bias_backward
+                    } else {
+                        nn::bias_backward
+                    })(db.get(), dout.get())
+                };
                 Ok(())
             })?,
         )
@@ -990,18 +982,31 @@ impl<Q: CpuQueue> Device for Q {
         width: usize,
     ) -> Result<()> {
         let name = "gather_rows";
-        let rows = rows_of(name, "out", out.len(), width)?;
-        same_len(name, "ids", ids.len(), rows)?;
-        let table_rows = rows_of(name, "table", table.len(), width)?;
+        let (_, table_rows) = check::lookup(
+            name,
+            "out",
+            out.len(),
+            ids.len(),
+            "table",
+            table.len(),
+            width,
+        )?;
         let mut op = OpBuilder::new(name);
         let (ids, table, out) = (op.r(&ids), op.r(&table), op.w(&out));
+        let gpu = self.gpu_order();
         self.submit(
             stream,
             op.finish(move || {
                 // SAFETY: see the module documentation.
                 let i = unsafe { ids.get() };
                 check_ids(name, "id", i, table_rows)?;
-                unsafe { nn::gather_rows(out.get(), i, table.get(), width) };
+                unsafe {
+                    (if gpu {
+                        twin::rows::gather_rows
+                    } else {
+                        nn::gather_rows
+                    })(out.get(), i, table.get(), width)
+                };
                 Ok(())
             })?,
         )
@@ -1016,18 +1021,31 @@ impl<Q: CpuQueue> Device for Q {
         width: usize,
     ) -> Result<()> {
         let name = "scatter_add_rows";
-        let rows = rows_of(name, "dout", dout.len(), width)?;
-        same_len(name, "ids", ids.len(), rows)?;
-        let table_rows = rows_of(name, "dtable", dtable.len(), width)?;
+        let (_, table_rows) = check::lookup(
+            name,
+            "dout",
+            dout.len(),
+            ids.len(),
+            "dtable",
+            dtable.len(),
+            width,
+        )?;
         let mut op = OpBuilder::new(name);
         let (ids, dout, dtable) = (op.r(&ids), op.r(&dout), op.w(&dtable));
+        let gpu = self.gpu_order();
         self.submit(
             stream,
             op.finish(move || {
                 // SAFETY: see the module documentation.
                 let i = unsafe { ids.get() };
                 check_ids(name, "id", i, table_rows)?;
-                unsafe { nn::scatter_add_rows(dtable.get(), i, dout.get(), width) };
+                unsafe {
+                    (if gpu {
+                        twin::rows::scatter_add_rows
+                    } else {
+                        nn::scatter_add_rows
+                    })(dtable.get(), i, dout.get(), width)
+                };
                 Ok(())
             })?,
         )
@@ -1043,16 +1061,29 @@ impl<Q: CpuQueue> Device for Q {
         width: usize,
     ) -> Result<()> {
         let name = "gather_rows_block";
-        let rows = rows_of(name, "out", out.len(), width)?;
-        same_len(name, "ids", ids.len(), rows)?;
-        rows_of(name, "block", block.len(), width)?;
+        check::lookup(
+            name,
+            "out",
+            out.len(),
+            ids.len(),
+            "block",
+            block.len(),
+            width,
+        )?;
         let mut op = OpBuilder::new(name);
         let (ids, block, out) = (op.r(&ids), op.r(&block), op.w(&out));
+        let gpu = self.gpu_order();
         self.submit(
             stream,
             op.finish(move || {
                 // SAFETY: see the module documentation.
-                unsafe { nn::gather_rows_block(out.get(), ids.get(), block.get(), first, width) };
+                unsafe {
+                    (if gpu {
+                        twin::rows::gather_rows_block
+                    } else {
+                        nn::gather_rows_block
+                    })(out.get(), ids.get(), block.get(), first, width)
+                };
                 Ok(())
             })?,
         )
@@ -1068,17 +1099,28 @@ impl<Q: CpuQueue> Device for Q {
         width: usize,
     ) -> Result<()> {
         let name = "scatter_add_rows_block";
-        let rows = rows_of(name, "dout", dout.len(), width)?;
-        same_len(name, "ids", ids.len(), rows)?;
-        rows_of(name, "dblock", dblock.len(), width)?;
+        check::lookup(
+            name,
+            "dout",
+            dout.len(),
+            ids.len(),
+            "dblock",
+            dblock.len(),
+            width,
+        )?;
         let mut op = OpBuilder::new(name);
         let (ids, dout, dblock) = (op.r(&ids), op.r(&dout), op.w(&dblock));
+        let gpu = self.gpu_order();
         self.submit(
             stream,
             op.finish(move || {
                 // SAFETY: see the module documentation.
                 unsafe {
-                    nn::scatter_add_rows_block(dblock.get(), ids.get(), dout.get(), first, width)
+                    (if gpu {
+                        twin::rows::scatter_add_rows_block
+                    } else {
+                        nn::scatter_add_rows_block
+                    })(dblock.get(), ids.get(), dout.get(), first, width)
                 };
                 Ok(())
             })?,
@@ -1094,23 +1136,21 @@ impl<Q: CpuQueue> Device for Q {
         width: usize,
     ) -> Result<()> {
         let name = "add_periodic_rows";
-        rows_of(name, "out", out.len(), width)?;
-        if period == 0 || table.len() != period * width {
-            return Err(shape_err(
-                name,
-                format!(
-                    "table of {} elements is not period {period} x width {width}",
-                    table.len()
-                ),
-            ));
-        }
+        check::periodic(name, "out", out.len(), table.len(), period, width)?;
         let mut op = OpBuilder::new(name);
         let (table, out) = (op.r(&table), op.w(&out));
+        let gpu = self.gpu_order();
         self.submit(
             stream,
             op.finish(move || {
                 // SAFETY: see the module documentation.
-                unsafe { nn::add_periodic_rows(out.get(), table.get(), period, width) };
+                unsafe {
+                    (if gpu {
+                        twin::rows::add_periodic_rows
+                    } else {
+                        nn::add_periodic_rows
+                    })(out.get(), table.get(), period, width)
+                };
                 Ok(())
             })?,
         )
@@ -1125,23 +1165,21 @@ impl<Q: CpuQueue> Device for Q {
         width: usize,
     ) -> Result<()> {
         let name = "periodic_rows_backward";
-        rows_of(name, "dout", dout.len(), width)?;
-        if period == 0 || dtable.len() != period * width {
-            return Err(shape_err(
-                name,
-                format!(
-                    "dtable of {} elements is not period {period} x width {width}",
-                    dtable.len()
-                ),
-            ));
-        }
+        check::periodic(name, "dout", dout.len(), dtable.len(), period, width)?;
         let mut op = OpBuilder::new(name);
         let (dout, dtable) = (op.r(&dout), op.w(&dtable));
+        let gpu = self.gpu_order();
         self.submit(
             stream,
             op.finish(move || {
                 // SAFETY: see the module documentation.
-                unsafe { nn::periodic_rows_backward(dtable.get(), dout.get(), period, width) };
+                unsafe {
+                    (if gpu {
+                        twin::rows::periodic_rows_backward
+                    } else {
+                        nn::periodic_rows_backward
+                    })(dtable.get(), dout.get(), period, width)
+                };
                 Ok(())
             })?,
         )
@@ -1156,21 +1194,21 @@ impl<Q: CpuQueue> Device for Q {
         width: usize,
     ) -> Result<()> {
         let name = "shift_rows_forward";
-        let rows = rows_of(name, "x", x.len(), width)?;
-        same_len(name, "out", out.len(), x.len())?;
-        if seq_len == 0 || !rows.is_multiple_of(seq_len) {
-            return Err(shape_err(
-                name,
-                format!("{rows} rows are not whole sequences of {seq_len}"),
-            ));
-        }
+        check::shift(name, "x", x.len(), "out", out.len(), seq_len, width)?;
         let mut op = OpBuilder::new(name);
         let (x, out) = (op.r(&x), op.w(&out));
+        let gpu = self.gpu_order();
         self.submit(
             stream,
             op.finish(move || {
                 // SAFETY: see the module documentation.
-                unsafe { nn::shift_rows_forward(out.get(), x.get(), seq_len, width) };
+                unsafe {
+                    (if gpu {
+                        twin::rows::shift_rows_forward
+                    } else {
+                        nn::shift_rows_forward
+                    })(out.get(), x.get(), seq_len, width)
+                };
                 Ok(())
             })?,
         )
@@ -1185,21 +1223,21 @@ impl<Q: CpuQueue> Device for Q {
         width: usize,
     ) -> Result<()> {
         let name = "shift_rows_backward";
-        let rows = rows_of(name, "dout", dout.len(), width)?;
-        same_len(name, "dx", dx.len(), dout.len())?;
-        if seq_len == 0 || !rows.is_multiple_of(seq_len) {
-            return Err(shape_err(
-                name,
-                format!("{rows} rows are not whole sequences of {seq_len}"),
-            ));
-        }
+        check::shift(name, "dout", dout.len(), "dx", dx.len(), seq_len, width)?;
         let mut op = OpBuilder::new(name);
         let (dout, dx) = (op.r(&dout), op.w(&dx));
+        let gpu = self.gpu_order();
         self.submit(
             stream,
             op.finish(move || {
                 // SAFETY: see the module documentation.
-                unsafe { nn::shift_rows_backward(dx.get(), dout.get(), seq_len, width) };
+                unsafe {
+                    (if gpu {
+                        twin::rows::shift_rows_backward
+                    } else {
+                        nn::shift_rows_backward
+                    })(dx.get(), dout.get(), seq_len, width)
+                };
                 Ok(())
             })?,
         )
@@ -1214,11 +1252,18 @@ impl<Q: CpuQueue> Device for Q {
         same_len("add", "src", src.len(), dst.len())?;
         let mut op = OpBuilder::new("add");
         let (src, dst) = (op.r(&src), op.w(&dst));
+        let gpu = self.gpu_order();
         self.submit(
             stream,
             op.finish(move || {
                 // SAFETY: see the module documentation.
-                unsafe { nn::add_into(dst.get(), src.get()) };
+                unsafe {
+                    (if gpu {
+                        twin::elementwise::add_into
+                    } else {
+                        nn::add_into
+                    })(dst.get(), src.get())
+                };
                 Ok(())
             })?,
         )
@@ -1232,42 +1277,24 @@ impl<Q: CpuQueue> Device for Q {
     ) -> Result<()> {
         let mut op = OpBuilder::new("scale");
         let dst = op.w(&dst);
+        let gpu = self.gpu_order();
         self.submit(
             stream,
             op.finish(move || {
                 // SAFETY: see the module documentation.
-                unsafe { nn::scale_into(dst.get(), a) };
+                unsafe {
+                    (if gpu {
+                        twin::elementwise::scale_into
+                    } else {
+                        nn::scale_into
+                    })(dst.get(), a)
+                };
                 Ok(())
             })?,
         )
     }
 }
 
-fn check_attention(op: &'static str, s: &AttnShape) -> Result<()> {
-    if s.h == 0 || !s.c.is_multiple_of(s.h) || s.t == 0 {
-        return Err(shape_err(
-            op,
-            format!("{s:?}: heads must divide C and T must be > 0"),
-        ));
-    }
-    Ok(())
-}
-
-/// Every id < `limit`, else an error naming the first that is not.
-fn check_ids(op: &'static str, what: &str, ids: &[u32], limit: usize) -> Result<()> {
-    match ids.iter().position(|&i| i as usize >= limit) {
-        None => Ok(()),
-        Some(at) => Err(shape_err(
-            op,
-            format!(
-                "{what}s[{at}] = {} is out of range (must be < {limit})",
-                ids[at]
-            ),
-        )),
-    }
-}
-
-/// `dst = src` converted between the float types.
 fn convert<S: Float, T: Float>(exec: &Exec, src: &[S], dst: &mut [T]) -> Result<()> {
     if S::DTYPE == T::DTYPE {
         dst.copy_from_slice(as_type(src));

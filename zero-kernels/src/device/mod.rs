@@ -20,7 +20,8 @@
 //!   not ordered after a conflicting one (same stream, or an event waited in between)
 //!   fails with both ops, both streams and the buffer named. A missing event wait that
 //!   the host device's eager order hides is an error here, deterministically.
-//! - `CudaDevice` (feature `cuda`, next): the same trait over cudarc.
+//! - `CudaDevice` (feature `cuda`): the same trait over cudarc (pooled
+//!   buffers, CUDA streams and events, our PTX kernels, cuBLASLt).
 //!
 //! The CPU kernels are the same on both CPU devices, so a run on [`SimDevice`] gives the
 //! same bits as on [`HostDevice`].
@@ -46,6 +47,7 @@
 //! ```
 
 mod buffer;
+pub(crate) mod check;
 mod cpu;
 mod float_buf;
 mod host;

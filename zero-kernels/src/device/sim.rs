@@ -118,6 +118,9 @@ pub struct SimDevice {
     gemm: Gemm,
     ids: Ids,
     seed: u64,
+    /// Model ops run the CUDA kernels' CPU twins ([`crate::twin`]) instead of the
+    /// vectorised host kernels: a simulated *GPU*, arithmetic order included.
+    gpu_order: bool,
     state: RefCell<State>,
 }
 
@@ -135,6 +138,17 @@ impl SimDevice {
         SimDevice::with_exec(seed, Exec::default(), 1)
     }
 
+    /// A simulated GPU: as [`SimDevice::new`], but the model ops run the CPU twins of
+    /// the CUDA kernels ([`crate::twin`]), in the GPU kernels' arithmetic order, so a run
+    /// here executes the logic of the GPU path (streams, events, kernels) without a GPU.
+    /// Matrix products stay the host GEMM (cuBLAS's order is its own).
+    pub fn gpu_twin(seed: u64) -> Self {
+        SimDevice {
+            gpu_order: true,
+            ..SimDevice::new(seed)
+        }
+    }
+
     /// As [`SimDevice::new`], the kernels as `exec` says, GEMMs on `gemm_threads` threads.
     pub fn with_exec(seed: u64, exec: Exec, gemm_threads: usize) -> Self {
         SimDevice {
@@ -142,6 +156,7 @@ impl SimDevice {
             gemm: Gemm::new(gemm_threads),
             ids: Ids::default(),
             seed,
+            gpu_order: false,
             state: RefCell::new(State {
                 rng: seed ^ 0x5DEE_CE66_D1CE_4E5B,
                 streams: Vec::new(),
@@ -378,7 +393,17 @@ impl CpuQueue for SimDevice {
         self.ids.next()
     }
     fn describe_queue(&self) -> String {
-        format!("simulated device (seed {}, {})", self.seed, self.exec.isa())
+        if self.gpu_order {
+            format!(
+                "simulated GPU (seed {}, CUDA kernels' CPU twins)",
+                self.seed
+            )
+        } else {
+            format!("simulated device (seed {}, {})", self.seed, self.exec.isa())
+        }
+    }
+    fn gpu_order(&self) -> bool {
+        self.gpu_order
     }
 
     fn new_stream(&self, name: &str) -> Result<CpuStream> {

@@ -45,3 +45,31 @@ extern "C" __global__ void sumsq_bf16(const BF16* g, float scale, double* sums, 
 extern "C" __global__ void sumsq_f16(const F16* g, float scale, double* sums, u64 n) { block_sums(g, (float*)0, scale, sums, n); }
 // In-place unscale of an f32 gradient (each element read, then written, by one thread).
 extern "C" __global__ void unscale_f32(F32* g, float scale, double* sums, u64 n) { block_sums((const F32*)g, (float*)g, scale, sums, n); }
+
+// The device-side total of the block sums (Device::grad_stats keeps the result on the
+// GPU): one CTA of FINISH_THREADS threads, thread l adding blocks l, l + FINISH_THREADS, ...
+// in order from 0.0, then the fixed fold acc[l] += acc[l + w] for w = FINISH_THREADS/2 .. 1.
+// (The host path above adds the block sums serially; this order is stated in reference.rs
+// as `finish_tree`, and the two agree to f64 rounding.) out[1] = 1 when the total is not
+// finite (an inf or NaN gradient), else 0.
+#define FINISH_THREADS 256
+extern "C" __global__ void gradstats_finish(const double* sums, u64 blocks, double* out) {
+    __shared__ double acc[FINISH_THREADS];
+    u32 l = threadIdx.x;
+    double a = 0.0;
+    for (u64 b = l; b < blocks; b += FINISH_THREADS) a = __dadd_rn(a, sums[b]);
+    acc[l] = a;
+    __syncthreads();
+    for (u32 w = FINISH_THREADS / 2; w > 0; w /= 2) {
+        double mine = acc[l];
+        double other = l < w ? acc[l + w] : 0.0;
+        __syncthreads();
+        if (l < w) acc[l] = __dadd_rn(mine, other);
+        __syncthreads();
+    }
+    if (l == 0) {
+        double total = acc[0];
+        out[0] = total;
+        out[1] = (total - total == 0.0) ? 0.0 : 1.0;
+    }
+}

@@ -37,3 +37,44 @@ pub(crate) fn sum_squares<G: SimdFloat>(grad: &[G], scale: f32) -> f64 {
     }
     total
 }
+
+/// Threads of the GPU's device-side finish (`gradstats_finish` in gradstats.cu).
+pub const FINISH_THREADS: usize = 256;
+
+/// The GPU's device-side total of block sums: lane l adds blocks l, l + 256, ... in order
+/// from 0.0, then the lanes fold as `a[l] += a[l + w]` for w = 128, 64, .., 1. Equal to the
+/// serial block-order total to f64 rounding; this is the twin the GPU check compares with.
+pub fn finish_tree(sums: &[f64]) -> f64 {
+    let mut acc = [0.0f64; FINISH_THREADS];
+    for (b, s) in sums.iter().enumerate() {
+        acc[b % FINISH_THREADS] += s;
+    }
+    let mut w = FINISH_THREADS / 2;
+    while w > 0 {
+        for l in 0..w {
+            acc[l] += acc[l + w];
+        }
+        w /= 2;
+    }
+    acc[0]
+}
+
+#[cfg(test)]
+mod finish_tests {
+    use super::*;
+
+    #[test]
+    fn the_device_side_total_tracks_the_serial_one() {
+        let sums: Vec<f64> = (0..1000)
+            .map(|i| (i as f64 * 0.37).sin().abs() * 1e3)
+            .collect();
+        let serial = sums.iter().fold(0.0, |a, s| a + s);
+        let tree = finish_tree(&sums);
+        assert!(
+            (tree - serial).abs() <= 1e-13 * serial,
+            "{tree} vs {serial}"
+        );
+        assert_eq!(finish_tree(&[]), 0.0);
+        assert_eq!(finish_tree(&[2.5]), 2.5);
+    }
+}

@@ -1,0 +1,212 @@
+#!/usr/bin/env bash
+# The GPU check, in two halves: `prepare` here (where Rust and the sources are), `run` on
+# the GPU machine (which needs only a driver and the CUDA libraries of a pip install).
+#
+#   scripts/gpu-check.sh prepare [DIR]         build the carried zero-bench (CUDA, no MPI, no
+#                                              HDF5, stripped) and the CPU reference runs into
+#                                              DIR (default .gpu-check/, git ignores it), with
+#                                              a copy of this script; checks DIR < 64 MiB
+#   DIR/gpu-check.sh run [DIR] [OUTDIR] [ARGS] on the GPU machine: finds the CUDA libraries in
+#                                              Python's site-packages (nvidia/*/lib) and the
+#                                              driver's libcuda, runs every check (under 480 s),
+#                                              one line each and a summary; results JSON in
+#                                              OUTDIR (default DIR/results)
+#   scripts/gpu-check.sh dry-run [DIR] [ARGS]  here, without a GPU: prepare if needed, the CUDA
+#                                              run (which must say "no GPU"), then the same
+#                                              checks on the simulated GPU (which must pass)
+#
+# ARGS go to `zero-bench gpu-check run` (e.g. --quick). Exit status: 0 passed, 2 a check
+# failed, 3 no GPU (`run`), 124 out of time, 1 anything else.
+# GPU_CHECK_FEATURES (default: cuda) are the zero-bench features of the build; with `cuda`
+# the build is scripts/carry-check.sh's (which also checks the binary carries).
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+limit_bytes=$((64 * 1024 * 1024))
+run_timeout=${GPU_CHECK_TIMEOUT:-480}
+
+say() { echo "gpu-check.sh: $*"; }
+die() {
+    echo "gpu-check.sh: error: $*" >&2
+    exit 1
+}
+
+# The repository root (prepare and dry-run build there).
+repo_root() {
+    local root
+    root=$(cd "$here/.." && pwd)
+    [ -f "$root/Cargo.toml" ] && [ -d "$root/zero-bench" ] ||
+        die "run '$1' from the repository's scripts/ (it builds zero-bench)"
+    echo "$root"
+}
+
+prepare() {
+    local root dir features bin
+    root=$(repo_root prepare)
+    dir=${1:-$root/.gpu-check}
+    features=${GPU_CHECK_FEATURES-cuda}
+    mkdir -p "$dir"
+    dir=$(cd "$dir" && pwd)
+    cd "$root"
+    if [ "$features" = cuda ] && [ -x scripts/carry-check.sh ]; then
+        say "building the carried binary (scripts/carry-check.sh)"
+        scripts/carry-check.sh
+        bin="${CARRY_TARGET_DIR:-target-carry}/carry/zero-bench"
+        cp "$bin" "$dir/zero-bench.tmp"
+    else
+        say "cargo build -p zero-bench --release --no-default-features${features:+ --features $features}"
+        cargo build -q -p zero-bench --release --no-default-features ${features:+--features "$features"}
+        bin="${CARGO_TARGET_DIR:-target}/release/zero-bench"
+        cp "$bin" "$dir/zero-bench.tmp"
+        if command -v strip >/dev/null; then
+            strip --strip-all "$dir/zero-bench.tmp"
+        else
+            say "strip not found: the copy keeps its symbols"
+        fi
+    fi
+    mv "$dir/zero-bench.tmp" "$dir/zero-bench"
+    cp "$here/gpu-check.sh" "$dir/gpu-check.sh"
+    say "CPU reference runs"
+    "$dir/zero-bench" gpu-check prepare --out "$dir/ref"
+    local bytes
+    bytes=$(du -sb "$dir" | cut -f1)
+    if [ "$bytes" -ge "$limit_bytes" ]; then
+        die "$dir holds $bytes bytes, over the 64 MiB a carried folder may hold"
+    fi
+    say "ready: $dir ($((bytes / 1024)) KiB: zero-bench, gpu-check.sh, ref/); on the GPU machine: $dir/gpu-check.sh run $dir"
+}
+
+# Site-packages folders of every Python here (system, user, virtual environment).
+site_packages() {
+    local py
+    for py in python3 python; do
+        command -v "$py" >/dev/null || continue
+        "$py" - <<'EOF' 2>/dev/null || true
+import site, sysconfig
+seen = []
+paths = [sysconfig.get_paths().get(k) for k in ("purelib", "platlib")]
+try:
+    paths += site.getsitepackages()
+except Exception:
+    pass
+try:
+    paths.append(site.getusersitepackages())
+except Exception:
+    pass
+for p in paths:
+    if p and p not in seen:
+        seen.append(p)
+        print(p)
+EOF
+    done | awk '!seen[$0]++'
+}
+
+# Put the CUDA libraries on LD_LIBRARY_PATH: nvidia/*/lib of the pip wheels (cu13, cublas,
+# cuda_runtime, nccl, ...), and the driver's libcuda where ldconfig does not know it.
+cuda_libs() {
+    local sp d found=()
+    while IFS= read -r sp; do
+        [ -d "$sp/nvidia" ] || continue
+        for d in "$sp"/nvidia/*/lib "$sp"/nvidia/*/lib64 "$sp"/nvidia/cu13/lib; do
+            [ -d "$d" ] && found+=("$d")
+        done
+    done < <(site_packages)
+    if ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so'; then
+        for d in /usr/local/nvidia/lib64 /usr/local/nvidia/lib /usr/lib/x86_64-linux-gnu \
+            /usr/lib64 /usr/lib/wsl/lib /usr/local/cuda/compat /usr/local/cuda/lib64; do
+            if compgen -G "$d/libcuda.so*" >/dev/null; then
+                found+=("$d")
+                break
+            fi
+        done
+    fi
+    local uniq=() seen=" "
+    for d in "${found[@]}"; do
+        case "$seen" in *" $d "*) ;; *)
+            uniq+=("$d")
+            seen="$seen$d "
+            ;;
+        esac
+    done
+    if [ ${#uniq[@]} -eq 0 ]; then
+        say "no CUDA libraries found in Python's site-packages (pip install nvidia-cublas nvidia-cuda-runtime, or the cu13 wheels)"
+        return
+    fi
+    local joined
+    joined=$(
+        IFS=:
+        echo "${uniq[*]}"
+    )
+    export LD_LIBRARY_PATH="$joined${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    say "CUDA libraries: ${uniq[*]}"
+}
+
+# Run the checks with the binary and reference of DIR; returns the binary's status.
+run_checks() {
+    local dir=$1 out=$2
+    shift 2
+    [ -x "$dir/zero-bench" ] || die "$dir/zero-bench is missing: run 'scripts/gpu-check.sh prepare $dir' first"
+    [ -f "$dir/ref/reference.json" ] || die "$dir/ref/reference.json is missing: run 'scripts/gpu-check.sh prepare $dir' first"
+    mkdir -p "$out"
+    local rc=0
+    timeout --kill-after=10 "$run_timeout" "$dir/zero-bench" gpu-check run --ref "$dir/ref" --out "$out" "$@" || rc=$?
+    case $rc in
+    0) say "PASSED: every check passed; results in $out/gpu-check.json" ;;
+    2) say "FAILED: some checks failed (the FAIL lines above); results in $out/gpu-check.json" ;;
+    3) say "no GPU: this machine has no usable GPU (reason above); nothing was checked" ;;
+    124 | 137) say "TIMED OUT after ${run_timeout} s; the checks done so far are in $out/gpu-check.json" ;;
+    *) say "ERROR: zero-bench exited with status $rc" ;;
+    esac
+    return "$rc"
+}
+
+run() {
+    local dir out default=$here
+    # Inside a prepared folder the binary is next to this script; in the repository, .gpu-check/.
+    [ -x "$here/zero-bench" ] || default=$here/../.gpu-check
+    dir=${1:-$default}
+    [ $# -gt 0 ] && shift
+    out=${1:-$dir/results}
+    [ $# -gt 0 ] && shift
+    cuda_libs
+    run_checks "$dir" "$out" "$@"
+}
+
+dry_run() {
+    local root dir rc=0
+    root=$(repo_root dry-run)
+    dir=${1:-$root/.gpu-check}
+    [ $# -gt 0 ] && shift
+    if [ ! -x "$dir/zero-bench" ] || [ ! -f "$dir/ref/reference.json" ]; then
+        prepare "$dir"
+    fi
+    say "1/2: the CUDA run (expects no GPU here)"
+    cuda_libs
+    run_checks "$dir" "$dir/results-cuda" "$@" || rc=$?
+    if [ "$rc" -eq 0 ]; then
+        say "there is a GPU here and every check passed on it"
+    elif [ "$rc" -ne 3 ]; then
+        say "dry run FAILED: the CUDA run ended with status $rc (not 'no GPU')"
+        return "$rc"
+    fi
+    say "2/2: the same checks on the simulated GPU"
+    rc=0
+    run_checks "$dir" "$dir/results-sim" --device sim "$@" || rc=$?
+    if [ "$rc" -ne 0 ]; then
+        say "dry run FAILED"
+        return "$rc"
+    fi
+    say "dry run passed"
+}
+
+cmd=${1:-}
+[ $# -gt 0 ] && shift
+case $cmd in
+prepare) prepare "$@" ;;
+run) run "$@" ;;
+dry-run) dry_run "$@" ;;
+*)
+    sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'
+    exit 1
+    ;;
+esac

@@ -1,0 +1,295 @@
+//! `zero-bench gpu-check`: the GPU check, in two halves (scripts/gpu-check.sh runs both).
+//!
+//! - `prepare --out DIR`, here: the host's 4-thread-rank training curves (stages 0-3,
+//!   fp32 and bf16) into `DIR/reference.json`, carried to the GPU machine with the
+//!   binary.
+//! - `run --ref DIR --out DIR`, on the GPU machine: every check, one line each (`ok`,
+//!   `FAIL`, `skip` and the figures) as it finishes, then a summary; the results as JSON
+//!   in `--out` (rewritten after every check). `--device sim` is the dry run: the same
+//!   checks on the simulated GPU (`SimDevice::gpu_twin`) against the host, timings
+//!   labelled as not measurements.
+//!
+//! Exit status: 0 every check passed (or was skipped), 2 a check failed, 3 there is no
+//! GPU here (the reason is printed, starting `no GPU:`), 1 anything else went wrong.
+
+mod dut;
+mod kernels;
+mod model;
+mod perf;
+mod report;
+mod stats;
+mod train;
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Args, Subcommand, ValueEnum};
+use zero_kernels::device::{HostDevice, SimDevice};
+
+use dut::{CheckDevice, Opener};
+use report::{Check, Kind, Report};
+
+/// Exit status when a check failed.
+pub const EXIT_FAILED: i32 = 2;
+/// Exit status when there is no GPU to check.
+pub const EXIT_NO_GPU: i32 = 3;
+
+/// `gpu-check` subcommands.
+#[derive(Subcommand, Debug)]
+pub enum GpuCheckCommand {
+    /// Before carrying the binary: the CPU reference runs the GPU's are compared with.
+    Prepare(PrepareArgs),
+    /// On the GPU machine (`--device sim`: the dry run here): every check, one line each.
+    Run(RunArgs),
+}
+
+/// `gpu-check prepare`.
+#[derive(Args, Debug)]
+pub struct PrepareArgs {
+    /// Folder for reference.json (created).
+    #[arg(long)]
+    out: PathBuf,
+    /// Optimizer steps of each reference run.
+    #[arg(long, default_value_t = 20)]
+    steps: usize,
+}
+
+/// The device under test.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DeviceArg {
+    /// CUDA device 0.
+    Cuda,
+    /// The simulated GPU (the CUDA kernels' CPU twins): the dry run.
+    Sim,
+}
+
+/// `gpu-check run`.
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// The folder `gpu-check prepare` wrote.
+    #[arg(long = "ref")]
+    reference: PathBuf,
+    /// Folder for gpu-check.json (created).
+    #[arg(long)]
+    out: PathBuf,
+    /// The device under test.
+    #[arg(long, value_enum, default_value_t = DeviceArg::Cuda)]
+    device: DeviceArg,
+    /// Small sizes and few steps (the dry run in tests).
+    #[arg(long)]
+    quick: bool,
+    /// Seconds after which the remaining long checks are skipped (the script kills the
+    /// run at 480).
+    #[arg(long, default_value_t = 420.0)]
+    budget_s: f64,
+}
+
+/// Run a `gpu-check` subcommand.
+pub fn run(cmd: GpuCheckCommand) -> anyhow::Result<()> {
+    crate::logging::init(None);
+    match cmd {
+        GpuCheckCommand::Prepare(a) => prepare(&a),
+        GpuCheckCommand::Run(a) => {
+            let code = run_checks(&a)?;
+            std::io::stdout().flush().ok();
+            if code != 0 {
+                std::process::exit(code);
+            }
+            Ok(())
+        }
+    }
+}
+
+fn prepare(a: &PrepareArgs) -> anyhow::Result<()> {
+    if a.steps < train::QUICK_STEPS {
+        anyhow::bail!(
+            "--steps {} is fewer than the {} a quick run compares",
+            a.steps,
+            train::QUICK_STEPS
+        );
+    }
+    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    let t0 = std::time::Instant::now();
+    let r = train::prepare(&a.out, a.steps)?;
+    println!(
+        "gpu-check prepare: {} reference curves in {:.1} s -> {}",
+        r.curves.len(),
+        t0.elapsed().as_secs_f64(),
+        a.out.join(train::REFERENCE_FILE).display()
+    );
+    Ok(())
+}
+
+/// Say there is no GPU, and why; the exit status tells the script.
+fn no_gpu(reason: &str) -> i32 {
+    println!("no GPU: {reason}");
+    EXIT_NO_GPU
+}
+
+fn run_checks(a: &RunArgs) -> anyhow::Result<i32> {
+    let reference = train::Reference::load(&a.reference)?;
+    match a.device {
+        DeviceArg::Sim => {
+            let open = |rank: usize| Ok(SimDevice::gpu_twin(0x5157 + rank as u64));
+            let desc = zero_kernels::device::Device::describe(&SimDevice::gpu_twin(0x5157));
+            all_checks(&open, desc, a, &reference)
+        }
+        DeviceArg::Cuda => cuda(a, &reference),
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn cuda(a: &RunArgs, reference: &train::Reference) -> anyhow::Result<i32> {
+    match dut::cuda::open_first() {
+        Ok(dev) => {
+            let desc = dut::cuda::describe(&dev);
+            drop(dev);
+            let open = |_rank: usize| zero_kernels::cuda::CudaDevice::new(0);
+            all_checks(&open, desc, a, reference)
+        }
+        Err(Ok(reason)) => Ok(no_gpu(&reason)),
+        Err(Err(e)) => Err(anyhow::Error::new(e).context("opening CUDA device 0")),
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda(_a: &RunArgs, _reference: &train::Reference) -> anyhow::Result<i32> {
+    Ok(no_gpu(
+        "this zero-bench was built without the `cuda` feature \
+         (cargo build -p zero-bench --release --no-default-features --features cuda)",
+    ))
+}
+
+/// Every check on the device `open` gives, in order of cost; returns the exit status.
+fn all_checks<D: CheckDevice>(
+    open: &Opener<D>,
+    desc: String,
+    a: &RunArgs,
+    reference: &train::Reference,
+) -> anyhow::Result<i32> {
+    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    let dut = open(0).context("opening the device under test")?;
+    let sim = dut.simulated();
+    let mut report = Report::new(desc.clone(), sim, a.quick, &a.reference, &a.out);
+    println!(
+        "gpu-check: {desc}{}; reference {} ({} curves from {})",
+        if a.quick { ", quick" } else { "" },
+        a.reference.display(),
+        reference.curves.len(),
+        reference.device
+    );
+
+    // 1. Every kernel against its reference.
+    let shape = if a.quick {
+        kernels::Shape::QUICK
+    } else {
+        kernels::Shape::FULL
+    };
+    if sim {
+        let host = HostDevice::new();
+        kernels::check_all(&dut, &host, kernels::Against::Host, &shape, &mut report)?;
+    } else {
+        let twin = SimDevice::gpu_twin(0x7477);
+        kernels::check_all(&dut, &twin, kernels::Against::Twin, &shape, &mut report)?;
+    }
+
+    // 2. AdamW bandwidth.
+    let (n, rounds, iters) = match (sim, a.quick) {
+        (false, _) => (64 << 20, 7, 10),
+        (true, false) => (1 << 20, 3, 2),
+        (true, true) => (1 << 16, 3, 2),
+    };
+    perf::adamw_bandwidth(&dut, n, rounds, iters, &mut report)?;
+
+    // 3. GPT-2 forward and backward against the host.
+    let case = if a.quick {
+        model::Case {
+            preset: "small",
+            rows: 1,
+            seq_len: 64,
+        }
+    } else {
+        model::Case {
+            preset: "gpt2-124m",
+            rows: 1,
+            seq_len: 64,
+        }
+    };
+    guarded(&mut report, a.budget_s, "gpt-fwd-bwd", case.preset, |r| {
+        model::check(&dut, &case, r)
+    })?;
+    drop(dut);
+
+    // 4. The 4-thread-rank curves against the prepared reference.
+    let steps = if a.quick {
+        train::QUICK_STEPS
+    } else {
+        reference.setup.steps
+    };
+    train::check(open, reference, steps, a.budget_s, &mut report)?;
+
+    // 5. Throughput, 124M and 350M.
+    for preset in ["gpt2-124m", "gpt2-350m"] {
+        let tp = if sim {
+            perf::Throughput {
+                preset,
+                run_preset: "small",
+                rows: 2,
+                seq_len: if a.quick { 32 } else { 64 },
+                warmup: 1,
+                timed: 2,
+            }
+        } else {
+            perf::Throughput {
+                preset,
+                run_preset: preset,
+                rows: 16,
+                seq_len: 1024,
+                warmup: 2,
+                timed: 5,
+            }
+        };
+        guarded(&mut report, a.budget_s, "throughput", preset, |r| {
+            perf::throughput(open, &tp, r)
+        })?;
+    }
+
+    report.save(true)?;
+    let s = report.summary();
+    println!(
+        "summary: {} ok, {} FAIL ({} of them performance goals), {} skip in {:.1} s -> {}",
+        s.ok,
+        s.fail,
+        s.fail_performance,
+        s.skip,
+        report.elapsed(),
+        report.json_path().display()
+    );
+    let failed: Vec<String> = report
+        .checks()
+        .iter()
+        .filter(|c| c.status == report::Status::Fail)
+        .map(|c| format!("{} {}", c.group, c.name))
+        .collect();
+    if !failed.is_empty() {
+        println!("failed: {}", failed.join("; "));
+        return Ok(EXIT_FAILED);
+    }
+    Ok(0)
+}
+
+/// Run a long group unless the budget is spent (then one `skip` line says so).
+fn guarded(
+    report: &mut Report,
+    budget_s: f64,
+    group: &'static str,
+    what: &str,
+    f: impl FnOnce(&mut Report) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    if report.elapsed() > budget_s {
+        let c = Check::new(group, what.to_string(), Kind::Correctness);
+        return report.add(c.skip(format!("out of time (budget {budget_s:.0} s)")));
+    }
+    f(report)
+}

@@ -1,0 +1,372 @@
+//! The 4-thread-rank training run at ZeRO stages 0-3, fp32 and bf16: prepared here on the
+//! host (the reference curves, carried with the binary), run again on the device under
+//! test, and the loss curves compared step by step.
+//!
+//! A small GPT over the built-in Markov corpus keeps the reference cheap to make and the
+//! GPU run short. In fp32 the device differs from the host only in summation orders, so
+//! the curves agree to 1e-5 relative at every step; in bf16 the GPU also multiplies on
+//! bf16 tensor cores (the host does not), so its curve only tracks the host's: 2e-2.
+
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use serde::{Deserialize, Serialize};
+use zero_comm::{run_local, CommConfig, Communicator};
+use zero_core::{Engine, EngineConfig, Precision, Stage};
+use zero_kernels::device::{Device, HostDevice};
+use zero_models::data::{MarkovSource, Sequential, Tokens};
+use zero_models::{Gpt, GptConfig, TokenBatch};
+
+use super::dut::{CheckDevice, Opener};
+use super::report::{Check, Kind, Report};
+
+/// The reference file inside the prepared folder.
+pub const REFERENCE_FILE: &str = "reference.json";
+/// Format of [`REFERENCE_FILE`]; a binary reads only its own.
+const FORMAT: u32 = 1;
+/// Largest relative loss difference at any step, fp32.
+pub const FP32_TOL: f64 = 1e-5;
+/// Largest relative loss difference at any step, bf16 (tracks).
+pub const BF16_TOL: f64 = 2e-2;
+/// Steps compared with `--quick`.
+pub const QUICK_STEPS: usize = 6;
+
+/// Everything that decides the curves, saved with them so the run repeats exactly what
+/// the reference ran.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Setup {
+    /// Thread ranks.
+    pub ranks: usize,
+    /// B per rank.
+    pub rows: usize,
+    /// T.
+    pub seq_len: usize,
+    /// V (the corpus's symbols).
+    pub vocab: usize,
+    /// L.
+    pub layers: usize,
+    /// H.
+    pub heads: usize,
+    /// C.
+    pub embd: usize,
+    /// Optimizer steps.
+    pub steps: usize,
+    /// AdamW learning rate.
+    pub lr: f64,
+    /// AdamW epsilon (1e-6: steps of pure rounding noise stay small, see tests/src/scenario.rs).
+    pub eps: f64,
+    /// Engine seed (initial weights).
+    pub seed: u64,
+    /// Tokens of the built-in corpus.
+    pub corpus_tokens: usize,
+    /// Reduction bucket elements (small: units travel in several chunks).
+    pub bucket_elems: usize,
+}
+
+impl Setup {
+    /// The run `gpu-check prepare` makes.
+    pub fn standard(steps: usize) -> Self {
+        Setup {
+            ranks: 4,
+            rows: 2,
+            seq_len: 32,
+            vocab: 64,
+            layers: 2,
+            heads: 4,
+            embd: 64,
+            steps,
+            lr: 1e-2,
+            eps: 1e-6,
+            seed: 1234,
+            corpus_tokens: 1 << 15,
+            bucket_elems: 512,
+        }
+    }
+
+    fn gpt(&self) -> GptConfig {
+        GptConfig {
+            vocab_size: self.vocab,
+            max_seq_len: self.seq_len,
+            n_layer: self.layers,
+            n_head: self.heads,
+            n_embd: self.embd,
+            vocab_block_rows: None,
+        }
+    }
+
+    fn engine(&self, stage: Stage, precision: Precision) -> EngineConfig {
+        let mut c = EngineConfig {
+            grad_accum: 1,
+            seed: self.seed,
+            ..Default::default()
+        };
+        c.zero.stage = stage;
+        c.zero.align = 4;
+        c.zero.bucket_elems = Some(self.bucket_elems);
+        c.precision.dtype = precision;
+        c.optim.lr = self.lr;
+        c.optim.eps = self.eps;
+        c
+    }
+}
+
+/// One case's loss per step.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Curve {
+    /// ZeRO stage 0-3.
+    pub stage: usize,
+    /// `fp32` or `bf16`.
+    pub precision: String,
+    /// Mean loss of each step, from step 1.
+    pub losses: Vec<f64>,
+}
+
+/// What `gpu-check prepare` writes.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Reference {
+    /// [`FORMAT`].
+    pub format: u32,
+    /// The device the curves come from.
+    pub device: String,
+    /// The run.
+    pub setup: Setup,
+    /// Stages 0-3 in fp32, then in bf16.
+    pub curves: Vec<Curve>,
+}
+
+impl Reference {
+    /// Read `dir/reference.json`.
+    pub fn load(dir: &Path) -> anyhow::Result<Self> {
+        let path = dir.join(REFERENCE_FILE);
+        let text = std::fs::read_to_string(&path).with_context(|| {
+            format!(
+                "reading {} (make it with `zero-bench gpu-check prepare --out {}`)",
+                path.display(),
+                dir.display()
+            )
+        })?;
+        let r: Reference =
+            serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+        if r.format != FORMAT {
+            bail!(
+                "{} has format {}, this binary reads {FORMAT}: prepare it again with this binary",
+                path.display(),
+                r.format
+            );
+        }
+        Ok(r)
+    }
+}
+
+fn precision_of(name: &str) -> anyhow::Result<Precision> {
+    match name {
+        "fp32" => Ok(Precision::Fp32),
+        "bf16" => Ok(Precision::Bf16),
+        other => bail!("unknown precision '{other}' in the reference"),
+    }
+}
+
+fn precision_name(p: Precision) -> &'static str {
+    match p {
+        Precision::Fp32 => "fp32",
+        Precision::Bf16 => "bf16",
+        Precision::Fp16 => "fp16",
+    }
+}
+
+/// One rank's training: `steps` losses.
+fn train_rank<D: CheckDevice, C: Communicator>(
+    comm: &C,
+    dev: &D,
+    setup: &Setup,
+    cfg: &EngineConfig,
+    tokens: &Tokens,
+    steps: usize,
+) -> Result<Vec<f64>, String> {
+    let e = |x: &dyn std::fmt::Display| format!("rank {}: {x}", comm.rank());
+    let mut model = Gpt::<D, f32>::new(dev, setup.gpt(), setup.rows).map_err(|x| e(&x))?;
+    let mut engine = Engine::new(cfg, comm, dev, &model).map_err(|x| e(&x))?;
+    let order = Sequential::new(setup.rows, setup.seq_len, 1, comm.size(), comm.rank())
+        .map_err(|x| e(&x))?;
+    let (mut x, mut y) = (Vec::new(), Vec::new());
+    let mut losses = Vec::with_capacity(steps);
+    for s in 0..steps as u64 {
+        order
+            .fill(tokens, s, 0, &mut x, &mut y)
+            .map_err(|v| e(&v))?;
+        let batch = TokenBatch {
+            rows: setup.rows,
+            seq_len: setup.seq_len,
+            inputs: &x,
+            targets: &y,
+        };
+        let report = engine.step(&mut model, &[batch]).map_err(|v| e(&v))?;
+        losses.push(report.loss);
+    }
+    Ok(losses)
+}
+
+/// Train `setup` at `stage`/`precision` on thread ranks, each on a device from `open`
+/// (bf16 products where it has them, for bf16), and return the loss curve (the same on
+/// every rank: it is the agreed global loss; checked).
+pub fn curve<D: CheckDevice>(
+    open: &Opener<D>,
+    setup: &Setup,
+    stage: Stage,
+    precision: Precision,
+    steps: usize,
+) -> anyhow::Result<Vec<f64>> {
+    let tokens = MarkovSource::default_corpus(setup.corpus_tokens, setup.vocab)
+        .context("building the built-in corpus")?;
+    let cfg = setup.engine(stage, precision);
+    // A rank that fails leaves the others in a collective: the watchdog ends them.
+    let comm_cfg = CommConfig {
+        timeout: Some(std::time::Duration::from_secs(120)),
+        ..CommConfig::default()
+    };
+    let results = run_local(setup.ranks, comm_cfg, |comm| {
+        let dev = open(comm.rank())
+            .map_err(|e| format!("rank {}: opening the device: {e}", comm.rank()))?;
+        if precision == Precision::Bf16 {
+            dev.set_bf16_matmul(true);
+        }
+        train_rank(&comm, &dev, setup, &cfg, &tokens, steps)
+    });
+    if results.len() != setup.ranks {
+        bail!("{} of {} ranks ran", results.len(), setup.ranks);
+    }
+    let mut curves = Vec::new();
+    for r in results {
+        match r {
+            Ok(Ok(c)) => curves.push(c),
+            Ok(Err(e)) => bail!("{e}"),
+            Err(p) => bail!("{p}"),
+        }
+    }
+    if let Some(r) = curves.iter().position(|c| c != &curves[0]) {
+        bail!("rank {r}'s losses differ from rank 0's: the global loss must agree");
+    }
+    Ok(curves.swap_remove(0))
+}
+
+/// The cases, in the reference's order.
+fn cases() -> Vec<(Stage, Precision)> {
+    let mut v = Vec::new();
+    for p in [Precision::Fp32, Precision::Bf16] {
+        for s in Stage::ALL {
+            v.push((s, p));
+        }
+    }
+    v
+}
+
+/// `gpu-check prepare`: the host's curves into `dir/reference.json`.
+pub fn prepare(dir: &Path, steps: usize) -> anyhow::Result<Reference> {
+    let setup = Setup::standard(steps);
+    let open = |_rank: usize| Ok(HostDevice::new());
+    let mut curves = Vec::new();
+    for (stage, precision) in cases() {
+        let t0 = Instant::now();
+        let losses = curve(&open, &setup, stage, precision, steps)
+            .with_context(|| format!("reference run {stage} {}", precision_name(precision)))?;
+        println!(
+            "reference {stage} {}: {} ranks x {steps} steps, loss {:.4} -> {:.4} ({:.1} s)",
+            precision_name(precision),
+            setup.ranks,
+            losses.first().copied().unwrap_or(f64::NAN),
+            losses.last().copied().unwrap_or(f64::NAN),
+            t0.elapsed().as_secs_f64()
+        );
+        curves.push(Curve {
+            stage: stage.number(),
+            precision: precision_name(precision).to_string(),
+            losses,
+        });
+    }
+    let reference = Reference {
+        format: FORMAT,
+        device: HostDevice::new().describe(),
+        setup,
+        curves,
+    };
+    let path = dir.join(REFERENCE_FILE);
+    let text = serde_json::to_string_pretty(&reference)?;
+    std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+    Ok(reference)
+}
+
+/// Compare `dut`'s curves with the reference's, one line per case. `steps`: how many of
+/// the reference's steps (all, or [`QUICK_STEPS`]); `deadline`: seconds of the report
+/// after which the remaining cases are skipped.
+pub fn check<D: CheckDevice>(
+    open: &Opener<D>,
+    reference: &Reference,
+    steps: usize,
+    deadline: f64,
+    report: &mut Report,
+) -> anyhow::Result<()> {
+    let setup = &reference.setup;
+    let steps = steps.min(setup.steps);
+    for want in &reference.curves {
+        let precision = precision_of(&want.precision)?;
+        let stage = Stage::try_from(want.stage as i64).map_err(anyhow::Error::msg)?;
+        let name = format!(
+            "{stage} {}, {} ranks x {steps} steps",
+            want.precision, setup.ranks
+        );
+        let check = Check::new("train-4-ranks", name, Kind::Correctness);
+        if report.elapsed() > deadline {
+            report.add(check.skip(format!("out of time (budget {deadline:.0} s)")))?;
+            continue;
+        }
+        let t0 = Instant::now();
+        let mut check = match curve(open, setup, stage, precision, steps) {
+            Err(e) => check.fail(format!("{e:#}")),
+            Ok(got) => {
+                let tol = if precision == Precision::Bf16 {
+                    BF16_TOL
+                } else {
+                    FP32_TOL
+                };
+                let (mut worst, mut at) = (0f64, 0);
+                for (i, (g, w)) in got.iter().zip(&want.losses).enumerate() {
+                    let rel = if g == w { 0.0 } else { ((g - w) / w).abs() };
+                    // NaN is worst.
+                    if rel.is_nan() || rel > worst {
+                        worst = rel;
+                        at = i + 1;
+                    }
+                }
+                if got.len() < steps || want.losses.len() < steps {
+                    worst = f64::INFINITY;
+                }
+                let (first, last) = (
+                    got.first().copied().unwrap_or(f64::NAN),
+                    got.last().copied().unwrap_or(f64::NAN),
+                );
+                let verb = if precision == Precision::Bf16 {
+                    "tracks"
+                } else {
+                    "matches"
+                };
+                check
+                    .at_most(
+                        worst,
+                        tol,
+                        format!(
+                            "{verb} the host curve: max rel {worst:.2e}{} <= {tol:.0e}; loss {first:.4} -> {last:.4}",
+                            if worst > 0.0 { format!(" (step {at})") } else { String::new() }
+                        ),
+                    )
+                    .with_data(serde_json::json!({
+                        "device": got,
+                        "reference": &want.losses[..steps.min(want.losses.len())],
+                    }))
+            }
+        };
+        check.seconds = t0.elapsed().as_secs_f64();
+        report.add(check)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,132 @@
+//! `train` in a build without HDF5 (the carried GPU build): stand-ins for `checkpoints`
+//! and `init_from` with their interface. Training runs; `--ckpt-dir`, `--resume`,
+//! `--save-model` and `--init-from` stop before the first step and say what to build.
+//! [`checkpoints::Resume`] and [`init_from::InitFile`] have no values, so the code that
+//! would use one cannot run.
+
+use crate::features::missing;
+
+/// Stand-in for `train/checkpoints.rs`.
+pub mod checkpoints {
+    use std::path::{Path, PathBuf};
+
+    use zero_comm::Communicator;
+    use zero_core::Engine;
+    use zero_kernels::device::HostDevice;
+
+    use super::super::launch::Failure;
+    use super::super::TrainArgs;
+    use crate::config::LoadedConfig;
+
+    /// A checkpoint to resume: there is none without HDF5.
+    pub enum Resume {}
+
+    impl Resume {
+        /// Unreachable: there is no [`Resume`].
+        pub fn step(&self) -> u64 {
+            match *self {}
+        }
+    }
+
+    impl std::fmt::Display for Resume {
+        fn fmt(&self, _: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            match *self {}
+        }
+    }
+
+    /// Refuse the options that read or write HDF5 files, before step 1.
+    pub fn prepare<C: Communicator>(
+        comm: &C,
+        args: &TrainArgs,
+        _loaded: &[LoadedConfig],
+    ) -> Result<Option<Resume>, Failure> {
+        let given: Vec<&str> = [
+            ("--ckpt-dir", args.ckpt_dir.is_some()),
+            ("--resume", args.resume.is_some()),
+            ("--save-model", args.save_model.is_some()),
+        ]
+        .iter()
+        .filter(|(_, on)| *on)
+        .map(|(flag, _)| *flag)
+        .collect();
+        if given.is_empty() {
+            return Ok(None);
+        }
+        let what = format!(
+            "`train {}` (checkpoints and model files are HDF5)",
+            given.join(" ")
+        );
+        Err(Failure::same_everywhere(
+            super::missing("hdf5", &what),
+            comm.rank(),
+        ))
+    }
+
+    /// Unreachable: there is no [`Resume`].
+    pub fn load<C: Communicator>(
+        _comm: &C,
+        _engine: &mut Engine<'_, HostDevice, C>,
+        resume: &Resume,
+        _quiet: bool,
+    ) -> Result<(), Failure> {
+        match *resume {}
+    }
+
+    /// Unreachable in practice (`prepare` refuses `--ckpt-dir`); an error all the same.
+    pub fn save<C: Communicator>(
+        _engine: &Engine<'_, HostDevice, C>,
+        _dir: &Path,
+        _keep_last: usize,
+        _app_config: Option<&str>,
+    ) -> anyhow::Result<PathBuf> {
+        Err(super::missing("hdf5", "saving a checkpoint"))
+    }
+}
+
+/// Stand-in for `train/init_from.rs`.
+pub mod init_from {
+    use std::path::Path;
+
+    use zero_comm::Communicator;
+    use zero_core::{Engine, ModelSpec, PartitionLayout};
+    use zero_kernels::device::Device;
+
+    /// An opened model file: there is none without HDF5.
+    pub enum InitFile {}
+
+    impl InitFile {
+        /// `--init-from` needs HDF5: always an error here.
+        pub fn open(path: &Path, _spec: &ModelSpec) -> anyhow::Result<(InitFile, Vec<String>)> {
+            Err(super::missing(
+                "hdf5",
+                &format!("--init-from {} (an HDF5 model file)", path.display()),
+            ))
+        }
+
+        /// Unreachable: there is no [`InitFile`].
+        pub fn path(&self) -> &Path {
+            match *self {}
+        }
+
+        /// Unreachable: there is no [`InitFile`].
+        pub fn load_into<D: Device, C: Communicator>(
+            &self,
+            _engine: &mut Engine<'_, D, C>,
+        ) -> anyhow::Result<()> {
+            match *self {}
+        }
+    }
+
+    /// `--save-model` needs HDF5 (refused before step 1; an error all the same).
+    pub fn save(
+        path: &Path,
+        _layout: &PartitionLayout,
+        _values: &[f32],
+        _step: u64,
+    ) -> anyhow::Result<()> {
+        Err(super::missing(
+            "hdf5",
+            &format!("--save-model {} (an HDF5 model file)", path.display()),
+        ))
+    }
+}

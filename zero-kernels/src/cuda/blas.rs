@@ -1,0 +1,362 @@
+//! Matrix products on the GPU through cuBLASLt, with each shape's descriptors and
+//! algorithm looked up once and cached (cuBLASLt's heuristic costs tens of microseconds,
+//! as much as a small GEMM; cudarc's safe `Matmul` runs it on every call).
+//!
+//! Our matrices are strided views ([`MatLayout`]): row-major (`cs == 1`, leading
+//! dimension `rs`) or column-major (`rs == 1`, leading dimension `cs`), the transpose of a
+//! row-major one. cuBLAS is column-major, so a row-major `C = A B` is computed as the
+//! column-major `C^T = B^T A^T`: a row-major operand read as column-major *is* its
+//! transpose, which then needs no transpose op.
+//!
+//! Precision: [`MatmulPrecision::F32`] computes in fp32 (`CUBLAS_COMPUTE_32F`);
+//! [`MatmulPrecision::Bf16`] rounds the fp32 operands to bf16 inside the tensor cores and
+//! accumulates in fp32 (`CUBLAS_COMPUTE_32F_FAST_16BF`), which is bf16 training's matmul.
+
+use std::cell::RefCell;
+use std::collections::hash_map::Entry;
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use cudarc::cublaslt::result as lt;
+use cudarc::cublaslt::sys;
+use cudarc::driver::sys::CUdeviceptr;
+use cudarc::driver::CudaStream;
+
+use super::pool::{Block, Pool};
+use crate::error::KernelError;
+use crate::nn::MatLayout;
+
+/// Workspace cuBLASLt may use per call (what its documentation recommends for Hopper).
+const WORKSPACE_BYTES: usize = 32 << 20;
+
+/// How a GPU matrix product rounds its operands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum MatmulPrecision {
+    /// fp32 operands, fp32 arithmetic.
+    #[default]
+    F32,
+    /// Operands rounded to bf16, products accumulated in fp32 (tensor cores).
+    Bf16,
+}
+
+/// One cuBLAS call's shape: everything the descriptors and the algorithm depend on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct GemmKey {
+    trans_a: bool,
+    trans_b: bool,
+    m: u64,
+    n: u64,
+    k: u64,
+    lda: i64,
+    ldb: i64,
+    ldc: i64,
+    precision: MatmulPrecision,
+}
+
+/// The cached descriptors of one shape.
+struct Plan {
+    desc: sys::cublasLtMatmulDesc_t,
+    a: sys::cublasLtMatrixLayout_t,
+    b: sys::cublasLtMatrixLayout_t,
+    c: sys::cublasLtMatrixLayout_t,
+    algo: sys::cublasLtMatmulAlgo_t,
+}
+
+impl Drop for Plan {
+    fn drop(&mut self) {
+        // SAFETY: created by this plan and used by no queued call any more (plans live as
+        // long as the handle, which is dropped after the device synchronised).
+        unsafe {
+            let _ = lt::destroy_matrix_layout(self.a);
+            let _ = lt::destroy_matrix_layout(self.b);
+            let _ = lt::destroy_matrix_layout(self.c);
+            let _ = lt::destroy_matmul_desc(self.desc);
+        }
+    }
+}
+
+/// One operand as cuBLAS sees it: column-major storage with a leading dimension, and
+/// whether the product uses its transpose.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct ColMajor {
+    trans: bool,
+    ld: usize,
+}
+
+/// Read an `r x c` view as a column-major operand: `Some((stored_is_transposed, ld))`.
+/// Column-major (`rs == 1`): as is. Row-major (`cs == 1`): its storage is the
+/// column-major transpose. Anything else cuBLAS cannot address.
+fn as_col_major(l: &MatLayout) -> Option<ColMajor> {
+    if l.rs == 1 && (l.cols <= 1 || l.cs >= l.rows.max(1)) {
+        Some(ColMajor {
+            trans: false,
+            ld: l.cs.max(l.rows).max(1),
+        })
+    } else if l.cs == 1 && (l.rows <= 1 || l.rs >= l.cols.max(1)) {
+        Some(ColMajor {
+            trans: true,
+            ld: l.rs.max(l.cols).max(1),
+        })
+    } else {
+        None
+    }
+}
+
+/// A cuBLASLt handle, its workspace and its plans (one per [`super::CudaDevice`]).
+pub(crate) struct Blas {
+    handle: sys::cublasLtHandle_t,
+    workspace: Block,
+    plans: RefCell<HashMap<GemmKey, Plan>>,
+}
+
+impl Blas {
+    /// Load cuBLASLt (an error naming the library when it cannot be found).
+    pub(crate) fn new(pool: &Arc<Pool>) -> Result<Blas, KernelError> {
+        // SAFETY: only tries to dlopen the library.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(KernelError::Cuda(
+                "cuBLASLt (libcublasLt.so.13 or .so.12) could not be loaded: put the CUDA libraries' folder on LD_LIBRARY_PATH (scripts/gpu-check.sh shows how to find them in a Python environment)".into(),
+            ));
+        }
+        let handle = lt::create_handle().map_err(cublas_err)?;
+        let workspace = Block::new(pool, WORKSPACE_BYTES, "cuBLASLt workspace")?;
+        Ok(Blas {
+            handle,
+            workspace,
+            plans: RefCell::new(HashMap::new()),
+        })
+    }
+
+    /// `C = alpha A B + beta C` in f32 storage, queued on `stream`. `a`, `b`, `c` are the
+    /// device addresses of the views' first elements; the layouts were checked against
+    /// the views by the caller.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn gemm(
+        &self,
+        stream: &CudaStream,
+        precision: MatmulPrecision,
+        alpha: f32,
+        beta: f32,
+        (a, la): (CUdeviceptr, MatLayout),
+        (b, lb): (CUdeviceptr, MatLayout),
+        (c, lc): (CUdeviceptr, MatLayout),
+    ) -> Result<(), KernelError> {
+        let (m, n, k) = (lc.rows, lc.cols, la.cols);
+        if m == 0 || n == 0 {
+            return Ok(());
+        }
+        let unsupported = |what: &str, l: &MatLayout| KernelError::BadShape {
+            op: "matmul",
+            detail: format!(
+                "{what}'s layout {l:?} is neither row- nor column-major: cuBLAS cannot address it"
+            ),
+        };
+        let ca = as_col_major(&la).ok_or_else(|| unsupported("A", &la))?;
+        let cb = as_col_major(&lb).ok_or_else(|| unsupported("B", &lb))?;
+        let cc = as_col_major(&lc).ok_or_else(|| unsupported("C", &lc))?;
+        // Column-major C (not transposed): C = op(A) op(B). Row-major C (its storage is
+        // C^T): C^T = op(B^T) op(A^T), where a row-major operand's storage is already
+        // the transpose and a column-major one needs the T op.
+        let (key, first, second) = if !cc.trans {
+            (
+                GemmKey {
+                    trans_a: ca.trans,
+                    trans_b: cb.trans,
+                    m: m as u64,
+                    n: n as u64,
+                    k: k as u64,
+                    lda: ca.ld as i64,
+                    ldb: cb.ld as i64,
+                    ldc: cc.ld as i64,
+                    precision,
+                },
+                a,
+                b,
+            )
+        } else {
+            (
+                GemmKey {
+                    trans_a: !cb.trans,
+                    trans_b: !ca.trans,
+                    m: n as u64,
+                    n: m as u64,
+                    k: k as u64,
+                    lda: cb.ld as i64,
+                    ldb: ca.ld as i64,
+                    ldc: cc.ld as i64,
+                    precision,
+                },
+                b,
+                a,
+            )
+        };
+        if k == 0 {
+            // C = beta C: no model has an empty inner dimension, and cuBLAS versions
+            // differ on it, so it is refused rather than special-cased.
+            return Err(KernelError::BadShape {
+                op: "matmul",
+                detail: "inner dimension 0 (C = beta C) is not supported on the GPU".into(),
+            });
+        }
+        let mut plans = self.plans.borrow_mut();
+        let plan = match plans.entry(key) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(e) => e.insert(self.plan(&key)?),
+        };
+        // SAFETY: the descriptors describe these addresses (the caller checked every view
+        // holds its layout's span); alpha/beta are host scalars (default pointer mode);
+        // the workspace is ours and as large as the preference said.
+        unsafe {
+            lt::matmul(
+                self.handle,
+                plan.desc,
+                (&alpha) as *const f32 as *const c_void,
+                (&beta) as *const f32 as *const c_void,
+                first as *const c_void,
+                plan.a,
+                second as *const c_void,
+                plan.b,
+                c as *const c_void,
+                plan.c,
+                c as *mut c_void,
+                plan.c,
+                &plan.algo,
+                self.workspace.ptr as *mut c_void,
+                WORKSPACE_BYTES,
+                stream.cu_stream() as sys::cudaStream_t,
+            )
+        }
+        .map_err(cublas_err)
+    }
+
+    /// Descriptors and the heuristic's best algorithm for one shape.
+    fn plan(&self, key: &GemmKey) -> Result<Plan, KernelError> {
+        let compute = match key.precision {
+            MatmulPrecision::F32 => sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            MatmulPrecision::Bf16 => sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_16BF,
+        };
+        let f32t = sys::cudaDataType::CUDA_R_32F;
+        let desc = lt::create_matmul_desc(compute, f32t).map_err(cublas_err)?;
+        // Stored shapes: op(X) is rows x cols; X itself is cols x rows when transposed.
+        let (ar, ac) = if key.trans_a {
+            (key.k, key.m)
+        } else {
+            (key.m, key.k)
+        };
+        let (br, bc) = if key.trans_b {
+            (key.n, key.k)
+        } else {
+            (key.k, key.n)
+        };
+        let mut plan = Plan {
+            desc,
+            a: lt::create_matrix_layout(f32t, ar, ac, key.lda).map_err(cublas_err)?,
+            b: lt::create_matrix_layout(f32t, br, bc, key.ldb).map_err(cublas_err)?,
+            c: lt::create_matrix_layout(f32t, key.m, key.n, key.ldc).map_err(cublas_err)?,
+            // SAFETY: a plain-data struct, filled in by the heuristic below.
+            algo: unsafe { std::mem::zeroed() },
+        };
+        for (attr, on) in [
+            (
+                sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
+                key.trans_a,
+            ),
+            (
+                sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB,
+                key.trans_b,
+            ),
+        ] {
+            let op: i32 = on as i32; // CUBLAS_OP_N = 0, CUBLAS_OP_T = 1
+                                     // SAFETY: the attribute takes a cublasOperation_t (a 32-bit enum).
+            unsafe {
+                lt::set_matmul_desc_attribute(
+                    plan.desc,
+                    attr,
+                    (&op) as *const i32 as *const c_void,
+                    std::mem::size_of::<i32>(),
+                )
+            }
+            .map_err(cublas_err)?;
+        }
+        let pref = lt::create_matmul_pref().map_err(cublas_err)?;
+        let ws = WORKSPACE_BYTES;
+        // SAFETY: the attribute takes a u64/size_t byte count; pref is destroyed below.
+        let heuristic = unsafe {
+            let set = lt::set_matmul_pref_attribute(
+                pref,
+                sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                (&ws) as *const usize as *const c_void,
+                std::mem::size_of::<usize>(),
+            );
+            let h = set.and_then(|_| {
+                lt::get_matmul_algo_heuristic(
+                    self.handle,
+                    plan.desc,
+                    plan.a,
+                    plan.b,
+                    plan.c,
+                    plan.c,
+                    pref,
+                )
+            });
+            let _ = lt::destroy_matmul_pref(pref);
+            h
+        }
+        .map_err(|e| {
+            KernelError::Cuda(format!(
+                "cuBLASLt has no algorithm for {key:?}: {}",
+                cublas_err(e)
+            ))
+        })?;
+        plan.algo = heuristic.algo;
+        Ok(plan)
+    }
+}
+
+impl Drop for Blas {
+    fn drop(&mut self) {
+        self.plans.borrow_mut().clear();
+        // SAFETY: created in `new`; the owning device synchronises before dropping us.
+        unsafe {
+            let _ = lt::destroy_handle(self.handle);
+        }
+    }
+}
+
+fn cublas_err(e: lt::CublasError) -> KernelError {
+    KernelError::Cuda(format!("cuBLASLt: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn row_and_column_major_views_map_to_cublas_operands() {
+        // Row-major 3x4 with ld 5: its storage is the column-major 4x3 transpose.
+        let rm = MatLayout::rm(3, 4, 5);
+        assert_eq!(as_col_major(&rm), Some(ColMajor { trans: true, ld: 5 }));
+        // Its transpose (a 4x3 view of the same memory) is column-major with ld 5.
+        assert_eq!(
+            as_col_major(&rm.t()),
+            Some(ColMajor {
+                trans: false,
+                ld: 5
+            })
+        );
+        // A strided view in both directions is refused.
+        let odd = MatLayout {
+            rows: 3,
+            cols: 4,
+            rs: 8,
+            cs: 2,
+        };
+        assert_eq!(as_col_major(&odd), None);
+        // One row: any row stride works; ld is at least the column count.
+        assert_eq!(
+            as_col_major(&MatLayout::rm(1, 7, 7)),
+            Some(ColMajor { trans: true, ld: 7 })
+        );
+    }
+}

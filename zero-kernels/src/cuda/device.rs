@@ -1,0 +1,1008 @@
+//! [`CudaDevice`] as a [`Device`]: pooled device buffers, cudarc streams and events, and
+//! every op as a queued copy, memset, kernel or cuBLASLt call. The checks are the CPU
+//! devices' ([`crate::device::check`]), made on the host before anything is queued.
+//!
+//! Differences from the CPU devices, each forced by where the data lives:
+//! - model ops run in f32 only (an f64 reference model stays on the CPU): another element
+//!   type is a typed error;
+//! - indices (token ids, targets) live on the device, so the kernels cannot report one
+//!   out of range: they skip it. The models check their batches on the host before the
+//!   upload (zero-models' `Gpt` does), which is where a user's bad token is caught;
+//! - a host task (a collective of a host transport) first waits for its stream, then runs
+//!   on the calling thread.
+
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use cudarc::driver::sys::CUdeviceptr;
+use cudarc::driver::{result, sys, CudaEvent, CudaStream};
+
+use super::pool::Block;
+use super::{nn as launch, CudaDevice, MatmulPrecision};
+use crate::adamw::{self, cuda::AdamWPtrs, AdamWCoeffs};
+use crate::device::check::{self, same_len};
+use crate::device::{
+    Access, AdamWStep, AdamWViews, Buffer, DView, DViewMut, Device, LayerNormGrads, LayerNormOut,
+    LayerNormSaved, Location, MatMul, Result, View, ViewMut,
+};
+use crate::dtype::{DType, Element};
+use crate::error::KernelError;
+use crate::float::Float;
+use crate::nn::{AttnShape, Scalar};
+use crate::ptx::{accumulate_entry, cast_entry};
+
+/// A buffer in GPU memory, from its device's pool (the block returns there when the last
+/// handle goes, reusable once no queued work can still touch it).
+pub struct CudaBuf<T: Element> {
+    block: Arc<Block>,
+    len: usize,
+    name: Arc<str>,
+    id: u64,
+    ordinal: usize,
+    _elem: PhantomData<T>,
+}
+
+impl<T: Element> std::fmt::Debug for CudaBuf<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "CudaBuf<{}>('{}', {} elements on cuda:{})",
+            T::DTYPE,
+            self.name,
+            self.len,
+            self.ordinal
+        )
+    }
+}
+
+impl<T: Element> Buffer for CudaBuf<T> {
+    type Elem = T;
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn id(&self) -> u64 {
+        self.id
+    }
+    fn location(&self) -> Location {
+        Location::Cuda(self.ordinal)
+    }
+    /// The device address (not dereferenceable on the host).
+    fn raw_ptr(&self) -> *mut T {
+        self.block.ptr as *mut T
+    }
+}
+
+/// A stream of a [`CudaDevice`], with the name it was created with.
+#[derive(Clone)]
+pub struct CudaStreamRef {
+    inner: Arc<CudaStream>,
+    name: Arc<str>,
+}
+
+impl std::fmt::Debug for CudaStreamRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CudaStream('{}')", self.name)
+    }
+}
+
+impl CudaStreamRef {
+    /// The cudarc stream (for NCCL and other libraries that queue on it).
+    pub fn cuda_stream(&self) -> &Arc<CudaStream> {
+        &self.inner
+    }
+    /// The name it was created with.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+/// An event of a [`CudaDevice`].
+#[derive(Clone)]
+pub struct CudaEventRef(Arc<CudaEvent>);
+
+impl std::fmt::Debug for CudaEventRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CudaEvent")
+    }
+}
+
+/// Device address of a view's first element.
+fn addr<T: Element>(v: &View<'_, CudaBuf<T>>) -> CUdeviceptr {
+    v.buffer().block.ptr + (v.range().start * T::DTYPE.size_bytes()) as u64
+}
+
+/// Device address of a write view's first element.
+fn addr_mut<T: Element>(v: &ViewMut<'_, CudaBuf<T>>) -> CUdeviceptr {
+    v.buffer().block.ptr + (v.range().start * T::DTYPE.size_bytes()) as u64
+}
+
+/// Model ops run in f32 on the GPU.
+fn f32_only<F: Element>(op: &'static str) -> Result<()> {
+    if F::DTYPE != DType::F32 {
+        return Err(KernelError::BadShape {
+            op,
+            detail: format!(
+                "the CUDA device runs model ops in f32, not {} (an f64 reference model runs on the host device)",
+                F::DTYPE
+            ),
+        });
+    }
+    Ok(())
+}
+
+fn unsupported(op: &'static str, detail: String) -> KernelError {
+    KernelError::BadShape { op, detail }
+}
+
+impl CudaDevice {
+    /// A temporary of `len` elements for work queued on `stream`: it returns to the pool
+    /// once that work has run.
+    fn scratch<'s, T: Element>(
+        &self,
+        stream: &'s CudaStreamRef,
+        len: usize,
+        name: &str,
+    ) -> Result<Scratch<'s>> {
+        let block = Block::new(&self.pool, len * T::DTYPE.size_bytes(), name)?;
+        Ok(Scratch {
+            block,
+            stream: &stream.inner,
+        })
+    }
+
+    fn bind(&self) -> Result<()> {
+        Ok(self.ctx.bind_to_thread()?)
+    }
+}
+
+/// A temporary block released after the work queued on its stream so far.
+struct Scratch<'a> {
+    block: Block,
+    stream: &'a Arc<CudaStream>,
+}
+
+impl Scratch<'_> {
+    fn ptr(&self) -> CUdeviceptr {
+        self.block.ptr
+    }
+    /// Hand the block back, reusable after the work queued on the stream until now.
+    fn done(self) -> Result<()> {
+        let ev = self.stream.record_event(None)?;
+        self.block.release_after(Arc::new(ev));
+        Ok(())
+    }
+}
+
+impl Device for CudaDevice {
+    type Buf<T: Element> = CudaBuf<T>;
+    type Stream = CudaStreamRef;
+    type Event = CudaEventRef;
+
+    fn describe(&self) -> String {
+        let name = self.ctx.name().unwrap_or_else(|_| "unknown GPU".into());
+        let cc = self
+            .ctx
+            .compute_capability()
+            .map(|(a, b)| format!("sm_{a}{b}"))
+            .unwrap_or_default();
+        let precision = match self.precision.get() {
+            MatmulPrecision::F32 => "fp32 matmul",
+            MatmulPrecision::Bf16 => "bf16 matmul",
+        };
+        format!("cuda:{} ({name}, {cc}, {precision})", self.ctx.ordinal())
+    }
+
+    fn location(&self) -> Location {
+        Location::Cuda(self.ctx.ordinal())
+    }
+
+    fn alloc<T: Element>(&self, len: usize, name: &str) -> Result<CudaBuf<T>> {
+        let bytes = len
+            .checked_mul(T::DTYPE.size_bytes())
+            .ok_or_else(|| KernelError::Alloc {
+                name: name.to_string(),
+                bytes: len as u128 * T::DTYPE.size_bytes() as u128,
+            })?;
+        let block = Block::new(&self.pool, bytes, name)?;
+        let id = self.next_id.get();
+        self.next_id.set(id + 1);
+        Ok(CudaBuf {
+            block: Arc::new(block),
+            len,
+            name: Arc::from(name),
+            id,
+            ordinal: self.ctx.ordinal(),
+            _elem: PhantomData,
+        })
+    }
+
+    fn stream(&self, name: &str) -> Result<CudaStreamRef> {
+        Ok(CudaStreamRef {
+            inner: self.ctx.new_stream()?,
+            name: Arc::from(name),
+        })
+    }
+
+    fn record(&self, stream: &CudaStreamRef) -> Result<CudaEventRef> {
+        Ok(CudaEventRef(Arc::new(stream.inner.record_event(None)?)))
+    }
+
+    fn wait_event(&self, stream: &CudaStreamRef, event: &CudaEventRef) -> Result<()> {
+        Ok(stream.inner.wait(&event.0)?)
+    }
+
+    fn sync_event(&self, event: &CudaEventRef) -> Result<()> {
+        Ok(event.0.synchronize()?)
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.ctx.synchronize()?;
+        self.pool.after_synchronize();
+        Ok(())
+    }
+
+    fn host_task<R>(
+        &self,
+        stream: &CudaStreamRef,
+        _name: &'static str,
+        _reads: &[Access<'_>],
+        _writes: &[Access<'_>],
+        task: impl FnOnce() -> R,
+    ) -> Result<R> {
+        // The work queued before has run when the stream is idle; the work queued after
+        // is queued after `task` returns. That is the host task's whole contract.
+        stream.inner.synchronize()?;
+        Ok(task())
+    }
+
+    fn upload<T: Element>(
+        &self,
+        stream: &CudaStreamRef,
+        src: &[T],
+        dst: DViewMut<'_, Self, T>,
+    ) -> Result<()> {
+        same_len("upload", "dst", dst.len(), src.len())?;
+        if src.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: dst holds src.len() elements. From pageable memory the driver copies
+        // `src` to a staging buffer before returning, so it may be reused at once.
+        unsafe { result::memcpy_htod_async(addr_mut(&dst), src, stream.inner.cu_stream()) }?;
+        Ok(())
+    }
+
+    fn download<T: Element>(
+        &self,
+        stream: &CudaStreamRef,
+        src: DView<'_, Self, T>,
+        dst: &mut [T],
+    ) -> Result<()> {
+        same_len("download", "dst", dst.len(), src.len())?;
+        if dst.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: src holds dst.len() elements; the host waits below before reading dst.
+        unsafe { result::memcpy_dtoh_async(dst, addr(&src), stream.inner.cu_stream()) }?;
+        Ok(stream.inner.synchronize()?)
+    }
+
+    fn fill<T: Element>(
+        &self,
+        stream: &CudaStreamRef,
+        dst: DViewMut<'_, Self, T>,
+        value: T,
+    ) -> Result<()> {
+        let n = dst.len();
+        if n == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        let (ptr, s) = (addr_mut(&dst), stream.inner.cu_stream());
+        let bytes = bytemuck::bytes_of(&value);
+        // SAFETY (all arms): dst holds n elements of bytes.len() bytes each.
+        match *bytes {
+            [b] => unsafe { result::memset_d8_async(ptr, b, n, s) }?,
+            [a, b] => {
+                unsafe { sys::cuMemsetD16Async(ptr, u16::from_ne_bytes([a, b]), n, s).result() }?
+            }
+            [a, b, c, d] => unsafe {
+                sys::cuMemsetD32Async(ptr, u32::from_ne_bytes([a, b, c, d]), n, s).result()
+            }?,
+            _ if bytes[..4] == bytes[4..] => unsafe {
+                let word = u32::from_ne_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+                sys::cuMemsetD32Async(ptr, word, 2 * n, s).result()
+            }?,
+            _ => {
+                // An 8-byte pattern with unequal halves (rare: f64/i64 constants).
+                let host = vec![value; n];
+                self.upload(stream, &host, dst)?;
+                return stream.inner.synchronize().map_err(Into::into);
+            }
+        }
+        Ok(())
+    }
+
+    fn copy<T: Element>(
+        &self,
+        stream: &CudaStreamRef,
+        src: DView<'_, Self, T>,
+        dst: DViewMut<'_, Self, T>,
+    ) -> Result<()> {
+        same_len("copy", "dst", dst.len(), src.len())?;
+        if src.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        let bytes = src.len() * T::DTYPE.size_bytes();
+        // SAFETY: both views hold `bytes`; a write view never overlaps a read view.
+        unsafe {
+            result::memcpy_dtod_async(addr_mut(&dst), addr(&src), bytes, stream.inner.cu_stream())
+        }?;
+        Ok(())
+    }
+
+    fn cast<S: Float, T: Float>(
+        &self,
+        stream: &CudaStreamRef,
+        src: DView<'_, Self, S>,
+        dst: DViewMut<'_, Self, T>,
+    ) -> Result<()> {
+        same_len("cast", "dst", dst.len(), src.len())?;
+        if S::DTYPE == T::DTYPE {
+            let bytes = src.len() * S::DTYPE.size_bytes();
+            if bytes > 0 {
+                self.bind()?;
+                // SAFETY: as in `copy` (same element size).
+                unsafe {
+                    result::memcpy_dtod_async(
+                        addr_mut(&dst),
+                        addr(&src),
+                        bytes,
+                        stream.inner.cu_stream(),
+                    )
+                }?;
+            }
+            return Ok(());
+        }
+        let entry = match (S::DTYPE, T::DTYPE) {
+            (DType::F32, half) => cast_entry(true, half),
+            (half, DType::F32) => cast_entry(false, half),
+            (s, t) => {
+                return Err(unsupported(
+                    "cast",
+                    format!("{s} to {t} has no GPU kernel (go through f32)"),
+                ))
+            }
+        };
+        crate::cast::cuda::launch2_on(
+            self,
+            &stream.inner,
+            &entry,
+            addr(&src),
+            addr_mut(&dst),
+            src.len(),
+        )
+    }
+
+    fn accumulate<S: Float, T: Float>(
+        &self,
+        stream: &CudaStreamRef,
+        dst: DViewMut<'_, Self, T>,
+        src: DView<'_, Self, S>,
+    ) -> Result<()> {
+        same_len("accumulate", "src", src.len(), dst.len())?;
+        if T::DTYPE != DType::F32 {
+            return Err(unsupported(
+                "accumulate",
+                format!("into {} has no GPU kernel (accumulate into f32)", T::DTYPE),
+            ));
+        }
+        crate::cast::cuda::launch2_on(
+            self,
+            &stream.inner,
+            &accumulate_entry(S::DTYPE),
+            addr_mut(&dst),
+            addr(&src),
+            src.len(),
+        )
+    }
+
+    fn grad_stats<G: Float>(
+        &self,
+        stream: &CudaStreamRef,
+        grad: DView<'_, Self, G>,
+        scale: f32,
+        out: DViewMut<'_, Self, f64>,
+    ) -> Result<()> {
+        same_len("grad_stats", "out", out.len(), 2)?;
+        let n = grad.len();
+        let sums = self.scratch::<f64>(
+            stream,
+            crate::gradstats::cuda::sums_len(n),
+            "grad_stats block sums",
+        )?;
+        crate::gradstats::cuda::stats_on(
+            self,
+            &stream.inner,
+            G::DTYPE,
+            addr(&grad),
+            n,
+            scale,
+            sums.ptr(),
+            addr_mut(&out),
+        )?;
+        sums.done()
+    }
+
+    fn adamw<G: Float, P: Float>(
+        &self,
+        stream: &CudaStreamRef,
+        step: &AdamWStep<'_>,
+        grad: DView<'_, Self, G>,
+        state: AdamWViews<'_, Self>,
+        param: Option<DViewMut<'_, Self, P>>,
+    ) -> Result<()> {
+        let n = grad.len();
+        check::adamw(
+            n,
+            state.master.len(),
+            state.m.len(),
+            state.v.len(),
+            param.as_ref().map(|p| (p.len(), P::DTYPE)),
+        )?;
+        adamw::check_segments(step.segments, step.groups.len(), n)?;
+        let elem = |base: CUdeviceptr, size: usize, at: usize| base + (at * size) as u64;
+        let (g0, p0, m0, v0) = (
+            addr(&grad),
+            addr_mut(&state.master),
+            addr_mut(&state.m),
+            addr_mut(&state.v),
+        );
+        let out0 = param.as_ref().map(addr_mut);
+        let half = param.as_ref().map(|_| P::DTYPE);
+        for s in step.segments {
+            let c = AdamWCoeffs::new(&step.groups[s.group], step.t, step.grad_scale, s.decay)?;
+            let at = s.range.start;
+            let ptrs = AdamWPtrs {
+                grad: elem(g0, G::DTYPE.size_bytes(), at),
+                master: elem(p0, 4, at),
+                m: elem(m0, 4, at),
+                v: elem(v0, 4, at),
+                // A null copy pointer selects nothing: the `_none` kernels never touch it.
+                param: out0.map_or(0, |o| elem(o, P::DTYPE.size_bytes(), at)),
+            };
+            adamw::cuda::launch_raw(
+                self,
+                &stream.inner,
+                &c,
+                (G::DTYPE, half),
+                ptrs,
+                s.range.len(),
+            )?;
+        }
+        Ok(())
+    }
+
+    fn matmul<F: Scalar>(
+        &self,
+        stream: &CudaStreamRef,
+        mm: MatMul<F>,
+        a: DView<'_, Self, F>,
+        b: DView<'_, Self, F>,
+        c: DViewMut<'_, Self, F>,
+    ) -> Result<()> {
+        f32_only::<F>("matmul")?;
+        check::matmul(&mm, a.len(), b.len(), c.len())?;
+        self.bind()?;
+        let mut blas = self.blas.borrow_mut();
+        if blas.is_none() {
+            *blas = Some(super::blas::Blas::new(&self.pool)?);
+        }
+        let Some(blas) = blas.as_ref() else {
+            return Err(KernelError::Cuda("cuBLASLt did not load".into()));
+        };
+        blas.gemm(
+            &stream.inner,
+            self.precision.get(),
+            mm.alpha.to_f64() as f32,
+            mm.beta.to_f64() as f32,
+            (addr(&a), mm.a),
+            (addr(&b), mm.b),
+            (addr_mut(&c), mm.c),
+        )
+    }
+
+    fn layernorm_forward<F: Scalar>(
+        &self,
+        stream: &CudaStreamRef,
+        out: LayerNormOut<'_, Self, F>,
+        x: DView<'_, Self, F>,
+        w: DView<'_, Self, F>,
+        b: DView<'_, Self, F>,
+        width: usize,
+    ) -> Result<()> {
+        f32_only::<F>("layernorm_forward")?;
+        let rows = check::layernorm_forward(
+            x.len(),
+            out.out.len(),
+            w.len(),
+            b.len(),
+            out.mean.len(),
+            out.rstd.len(),
+            width,
+        )?;
+        launch::norm::layernorm_forward(
+            self,
+            &stream.inner,
+            addr_mut(&out.out),
+            addr_mut(&out.mean),
+            addr_mut(&out.rstd),
+            addr(&x),
+            addr(&w),
+            addr(&b),
+            rows,
+            width,
+        )
+    }
+
+    fn layernorm_backward<F: Scalar>(
+        &self,
+        stream: &CudaStreamRef,
+        grads: LayerNormGrads<'_, Self, F>,
+        dout: DView<'_, Self, F>,
+        saved: LayerNormSaved<'_, Self, F>,
+        width: usize,
+    ) -> Result<()> {
+        f32_only::<F>("layernorm_backward")?;
+        let rows = check::layernorm_backward(
+            dout.len(),
+            grads.dx.len(),
+            saved.x.len(),
+            grads.dw.len(),
+            grads.db.len(),
+            saved.w.len(),
+            saved.mean.len(),
+            saved.rstd.len(),
+            width,
+        )?;
+        let scratch = self.scratch::<f32>(
+            stream,
+            launch::norm::layernorm_backward_scratch_len(rows, width),
+            "layernorm_backward partial sums",
+        )?;
+        launch::norm::layernorm_backward(
+            self,
+            &stream.inner,
+            addr_mut(&grads.dx),
+            addr_mut(&grads.dw),
+            addr_mut(&grads.db),
+            scratch.ptr(),
+            addr(&dout),
+            addr(&saved.x),
+            addr(&saved.w),
+            addr(&saved.mean),
+            addr(&saved.rstd),
+            rows,
+            width,
+        )?;
+        scratch.done()
+    }
+
+    fn gelu_forward<F: Scalar>(
+        &self,
+        stream: &CudaStreamRef,
+        out: DViewMut<'_, Self, F>,
+        x: DView<'_, Self, F>,
+    ) -> Result<()> {
+        f32_only::<F>("gelu_forward")?;
+        same_len("gelu_forward", "out", out.len(), x.len())?;
+        launch::elementwise::gelu_forward(self, &stream.inner, addr_mut(&out), addr(&x), x.len())
+    }
+
+    fn gelu_backward<F: Scalar>(
+        &self,
+        stream: &CudaStreamRef,
+        d: DViewMut<'_, Self, F>,
+        x: DView<'_, Self, F>,
+    ) -> Result<()> {
+        f32_only::<F>("gelu_backward")?;
+        same_len("gelu_backward", "d", d.len(), x.len())?;
+        launch::elementwise::gelu_backward(self, &stream.inner, addr_mut(&d), addr(&x), x.len())
+    }
+
+    fn attention_forward<F: Scalar>(
+        &self,
+        stream: &CudaStreamRef,
+        y: DViewMut<'_, Self, F>,
+        p: DViewMut<'_, Self, F>,
+        qkv: DView<'_, Self, F>,
+        shape: AttnShape,
+    ) -> Result<()> {
+        f32_only::<F>("attention_forward")?;
+        check::attention_forward(y.len(), p.len(), qkv.len(), &shape)?;
+        launch::attention::attention_forward(
+            self,
+            &stream.inner,
+            addr_mut(&y),
+            addr_mut(&p),
+            addr(&qkv),
+            shape,
+        )
+    }
+
+    fn attention_backward<F: Scalar>(
+        &self,
+        stream: &CudaStreamRef,
+        dqkv: DViewMut<'_, Self, F>,
+        scratch: DViewMut<'_, Self, F>,
+        dy: DView<'_, Self, F>,
+        p: DView<'_, Self, F>,
+        qkv: DView<'_, Self, F>,
+        shape: AttnShape,
+    ) -> Result<()> {
+        f32_only::<F>("attention_backward")?;
+        check::attention_backward(
+            dqkv.len(),
+            scratch.len(),
+            dy.len(),
+            p.len(),
+            qkv.len(),
+            &shape,
+        )?;
+        launch::attention::attention_backward(
+            self,
+            &stream.inner,
+            addr_mut(&dqkv),
+            addr_mut(&scratch),
+            addr(&dy),
+            addr(&p),
+            addr(&qkv),
+            shape,
+        )
+    }
+
+    fn softmax_xent_forward<F: Scalar>(
+        &self,
+        stream: &CudaStreamRef,
+        logits: DViewMut<'_, Self, F>,
+        losses: DViewMut<'_, Self, F>,
+        targets: DView<'_, Self, u32>,
+        v: usize,
+    ) -> Result<()> {
+        let op = "softmax_xent_forward";
+        f32_only::<F>(op)?;
+        let rows = check::softmax_xent(op, logits.len(), Some(losses.len()), targets.len(), v)?;
+        launch::xent::softmax_xent_forward(
+            self,
+            &stream.inner,
+            addr_mut(&logits),
+            addr_mut(&losses),
+            addr(&targets),
+            rows,
+            v,
+        )
+    }
+
+    fn softmax_xent_backward<F: Scalar>(
+        &self,
+        stream: &CudaStreamRef,
+        probs: DViewMut<'_, Self, F>,
+        targets: DView<'_, Self, u32>,
+        v: usize,
+        scale: F,
+    ) -> Result<()> {
+        let op = "softmax_xent_backward";
+        f32_only::<F>(op)?;
+        let rows = check::softmax_xent(op, probs.len(), None, targets.len(), v)?;
+        launch::xent::softmax_xent_backward(
+            self,
+            &stream.inner,
+            addr_mut(&probs),
+            addr(&targets),
+            rows,
+            v,
+            scale.to_f64() as f32,
+        )
+    }
+
+    fn mean<F: Scalar>(
+        &self,
+        stream: &CudaStreamRef,
+        dst: DViewMut<'_, Self, F>,
+        src: DView<'_, Self, F>,
+    ) -> Result<()> {
+        f32_only::<F>("mean")?;
+        check::mean(dst.len(), src.len())?;
+        launch::xent::mean(self, &stream.inner, addr_mut(&dst), addr(&src), src.len())
+    }
+
+    fn fill_rows<F: Scalar>(
+        &self,
+        stream: &CudaStreamRef,
+        out: DViewMut<'_, Self, F>,
+        row: DView<'_, Self, F>,
+    ) -> Result<()> {
+        f32_only::<F>("fill_rows")?;
+        let rows = check::rows_of("fill_rows", "out", out.len(), row.len())?;
+        launch::rows::fill_rows(
+            self,
+            &stream.inner,
+            addr_mut(&out),
+            addr(&row),
+            rows,
+            row.len(),
+        )
+    }
+
+    fn add_rows<F: Scalar>(
+        &self,
+        stream: &CudaStreamRef,
+        out: DViewMut<'_, Self, F>,
+        row: DView<'_, Self, F>,
+    ) -> Result<()> {
+        f32_only::<F>("add_rows")?;
+        let rows = check::rows_of("add_rows", "out", out.len(), row.len())?;
+        launch::rows::add_rows(
+            self,
+            &stream.inner,
+            addr_mut(&out),
+            addr(&row),
+            rows,
+            row.len(),
+        )
+    }
+
+    fn bias_backward<F: Scalar>(
+        &self,
+        stream: &CudaStreamRef,
+        db: DViewMut<'_, Self, F>,
+        dout: DView<'_, Self, F>,
+    ) -> Result<()> {
+        f32_only::<F>("bias_backward")?;
+        let rows = check::rows_of("bias_backward", "dout", dout.len(), db.len())?;
+        let scratch = self.scratch::<f32>(
+            stream,
+            launch::rows::bias_backward_scratch_len(rows, db.len()),
+            "bias_backward partial sums",
+        )?;
+        launch::rows::bias_backward(
+            self,
+            &stream.inner,
+            addr_mut(&db),
+            scratch.ptr(),
+            addr(&dout),
+            rows,
+            db.len(),
+        )?;
+        scratch.done()
+    }
+
+    fn gather_rows<F: Scalar>(
+        &self,
+        stream: &CudaStreamRef,
+        out: DViewMut<'_, Self, F>,
+        ids: DView<'_, Self, u32>,
+        table: DView<'_, Self, F>,
+        width: usize,
+    ) -> Result<()> {
+        let op = "gather_rows";
+        f32_only::<F>(op)?;
+        let (rows, table_rows) =
+            check::lookup(op, "out", out.len(), ids.len(), "table", table.len(), width)?;
+        launch::rows::gather_rows(
+            self,
+            &stream.inner,
+            addr_mut(&out),
+            addr(&ids),
+            addr(&table),
+            rows,
+            width,
+            table_rows,
+        )
+    }
+
+    fn scatter_add_rows<F: Scalar>(
+        &self,
+        stream: &CudaStreamRef,
+        dtable: DViewMut<'_, Self, F>,
+        ids: DView<'_, Self, u32>,
+        dout: DView<'_, Self, F>,
+        width: usize,
+    ) -> Result<()> {
+        let op = "scatter_add_rows";
+        f32_only::<F>(op)?;
+        let (rows, table_rows) = check::lookup(
+            op,
+            "dout",
+            dout.len(),
+            ids.len(),
+            "dtable",
+            dtable.len(),
+            width,
+        )?;
+        launch::rows::scatter_add_rows(
+            self,
+            &stream.inner,
+            addr_mut(&dtable),
+            addr(&ids),
+            addr(&dout),
+            rows,
+            width,
+            table_rows,
+        )
+    }
+
+    fn gather_rows_block<F: Scalar>(
+        &self,
+        stream: &CudaStreamRef,
+        out: DViewMut<'_, Self, F>,
+        ids: DView<'_, Self, u32>,
+        block: DView<'_, Self, F>,
+        first: usize,
+        width: usize,
+    ) -> Result<()> {
+        let op = "gather_rows_block";
+        f32_only::<F>(op)?;
+        let (rows, block_rows) =
+            check::lookup(op, "out", out.len(), ids.len(), "block", block.len(), width)?;
+        launch::rows::gather_rows_block(
+            self,
+            &stream.inner,
+            addr_mut(&out),
+            addr(&ids),
+            addr(&block),
+            rows,
+            width,
+            first,
+            block_rows,
+        )
+    }
+
+    fn scatter_add_rows_block<F: Scalar>(
+        &self,
+        stream: &CudaStreamRef,
+        dblock: DViewMut<'_, Self, F>,
+        ids: DView<'_, Self, u32>,
+        dout: DView<'_, Self, F>,
+        first: usize,
+        width: usize,
+    ) -> Result<()> {
+        let op = "scatter_add_rows_block";
+        f32_only::<F>(op)?;
+        let (rows, block_rows) = check::lookup(
+            op,
+            "dout",
+            dout.len(),
+            ids.len(),
+            "dblock",
+            dblock.len(),
+            width,
+        )?;
+        launch::rows::scatter_add_rows_block(
+            self,
+            &stream.inner,
+            addr_mut(&dblock),
+            addr(&ids),
+            addr(&dout),
+            rows,
+            width,
+            first,
+            block_rows,
+        )
+    }
+
+    fn add_periodic_rows<F: Scalar>(
+        &self,
+        stream: &CudaStreamRef,
+        out: DViewMut<'_, Self, F>,
+        table: DView<'_, Self, F>,
+        period: usize,
+        width: usize,
+    ) -> Result<()> {
+        let op = "add_periodic_rows";
+        f32_only::<F>(op)?;
+        let rows = check::periodic(op, "out", out.len(), table.len(), period, width)?;
+        launch::rows::add_periodic_rows(
+            self,
+            &stream.inner,
+            addr_mut(&out),
+            addr(&table),
+            rows,
+            width,
+            period,
+        )
+    }
+
+    fn periodic_rows_backward<F: Scalar>(
+        &self,
+        stream: &CudaStreamRef,
+        dtable: DViewMut<'_, Self, F>,
+        dout: DView<'_, Self, F>,
+        period: usize,
+        width: usize,
+    ) -> Result<()> {
+        let op = "periodic_rows_backward";
+        f32_only::<F>(op)?;
+        let rows = check::periodic(op, "dout", dout.len(), dtable.len(), period, width)?;
+        launch::rows::periodic_rows_backward(
+            self,
+            &stream.inner,
+            addr_mut(&dtable),
+            addr(&dout),
+            rows,
+            width,
+            period,
+        )
+    }
+
+    fn shift_rows_forward<F: Scalar>(
+        &self,
+        stream: &CudaStreamRef,
+        out: DViewMut<'_, Self, F>,
+        x: DView<'_, Self, F>,
+        seq_len: usize,
+        width: usize,
+    ) -> Result<()> {
+        let op = "shift_rows_forward";
+        f32_only::<F>(op)?;
+        let rows = check::shift(op, "x", x.len(), "out", out.len(), seq_len, width)?;
+        launch::rows::shift_rows_forward(
+            self,
+            &stream.inner,
+            addr_mut(&out),
+            addr(&x),
+            rows,
+            width,
+            seq_len,
+        )
+    }
+
+    fn shift_rows_backward<F: Scalar>(
+        &self,
+        stream: &CudaStreamRef,
+        dx: DViewMut<'_, Self, F>,
+        dout: DView<'_, Self, F>,
+        seq_len: usize,
+        width: usize,
+    ) -> Result<()> {
+        let op = "shift_rows_backward";
+        f32_only::<F>(op)?;
+        let rows = check::shift(op, "dout", dout.len(), "dx", dx.len(), seq_len, width)?;
+        launch::rows::shift_rows_backward(
+            self,
+            &stream.inner,
+            addr_mut(&dx),
+            addr(&dout),
+            rows,
+            width,
+            seq_len,
+        )
+    }
+
+    fn add<F: Scalar>(
+        &self,
+        stream: &CudaStreamRef,
+        dst: DViewMut<'_, Self, F>,
+        src: DView<'_, Self, F>,
+    ) -> Result<()> {
+        f32_only::<F>("add")?;
+        same_len("add", "src", src.len(), dst.len())?;
+        launch::elementwise::add(self, &stream.inner, addr_mut(&dst), addr(&src), src.len())
+    }
+
+    fn scale<F: Scalar>(
+        &self,
+        stream: &CudaStreamRef,
+        dst: DViewMut<'_, Self, F>,
+        a: F,
+    ) -> Result<()> {
+        f32_only::<F>("scale")?;
+        let n = dst.len();
+        launch::elementwise::scale(self, &stream.inner, addr_mut(&dst), a.to_f64() as f32, n)
+    }
+}
