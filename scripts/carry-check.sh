@@ -65,4 +65,15 @@ if [ "$(printf '%s\n%s\n' "$highest_num" "$max_glibc" | sort -V | tail -n 1)" !=
     fail "$out references $highest (above $max_glibc, the GPU machine's): symbols ${symbols:-?}"
 fi
 "$out" --help >/dev/null || fail "$out --help did not run here"
+# Training on the GPU from the carried binary: a short run where there is a GPU, else a
+# clear error (exit 1, naming the missing driver or device), never a panic.
+rc=0
+train_out=$("$out" train --device cuda --config configs/tiny.toml --steps 2 --no-progress 2>&1) || rc=$?
+if [ "$rc" -eq 0 ]; then
+    echo "carry-check: train --device cuda: trained 2 steps on this machine's GPU"
+elif [ "$rc" -eq 1 ] && grep -q -e 'no CUDA driver' -e 'requested but only' <<<"$train_out"; then
+    echo "carry-check: train --device cuda without a GPU: exit 1, $(grep -o 'error: .*' <<<"$train_out" | head -n 1 | cut -c1-120)"
+else
+    fail "train --device cuda ended with status $rc and no clear reason: $train_out"
+fi
 echo "carry-check: OK: no MPI, no HDF5, glibc <= $max_glibc"

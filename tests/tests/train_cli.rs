@@ -692,3 +692,92 @@ fn resume_from_a_checkpoint_continues_the_same_run() {
         .iter()
         .all(|v| v["loss"].as_f64().is_some_and(f64::is_finite)));
 }
+
+/// `--device sim-gpu` (the simulated GPU: the CUDA kernels' CPU twins, with CUDA's
+/// stream rules checked) trains through the same command as the host: on 2 ranks every
+/// stage gives its stage 0's losses bitwise (sums of two addends are order-free), the
+/// curve follows the host's to the drift of two summation orders over 8 steps, and a
+/// checkpoint saved and resumed on the simulated GPU continues the same run bitwise.
+/// `--device cuda` in a build without the `cuda` feature says how to get it.
+#[test]
+fn the_simulated_gpu_trains_every_stage_like_the_host_and_resumes_bitwise() {
+    let dir = scratch("sim-gpu");
+    let run = |device: &str, extra: &[&str], name: &str| {
+        let json = dir.join(format!("{name}.json"));
+        let mut a: Vec<String> = [
+            "--config",
+            &repo("configs/tiny.toml"),
+            "--device",
+            device,
+            "--no-progress",
+            "--json",
+            &s(&json),
+        ]
+        .iter()
+        .map(|x| x.to_string())
+        .collect();
+        a.extend(extra.iter().map(|x| x.to_string()));
+        let out = train(2, &a);
+        ok(&out);
+        (out, read_json(&json))
+    };
+    let losses = |v: &Value, i: usize| -> Vec<f64> {
+        v["stages"][i]["losses"]
+            .as_array()
+            .expect("losses")
+            .iter()
+            .map(|x| x.as_f64().expect("a loss"))
+            .collect()
+    };
+    let (out, sim) = run("sim-gpu", &["--stages", "0,1,2,3"], "sim");
+    assert!(
+        out.stdout.contains("on simulated GPU"),
+        "the resolved configuration names the device\n{}",
+        out.transcript()
+    );
+    assert!(sim["device"]
+        .as_str()
+        .is_some_and(|d| d.contains("simulated GPU")));
+    let (_, host) = run("host", &["--stage", "0"], "host");
+    let stage0 = losses(&sim, 0);
+    assert_eq!(stage0.len(), 8);
+    for i in 1..4 {
+        assert_eq!(
+            losses(&sim, i),
+            stage0,
+            "stage {i} vs stage 0 on the simulated GPU"
+        );
+    }
+    for (step, (g, h)) in stage0.iter().zip(&losses(&host, 0)).enumerate() {
+        assert!(
+            ((g - h) / h).abs() <= 1e-5,
+            "step {}: simulated GPU {g} vs host {h}",
+            step + 1
+        );
+    }
+    // Save after 4 steps on the simulated GPU at stage 3, resume for 4 more.
+    let ck = s(&dir.join("ckpt"));
+    run(
+        "sim-gpu",
+        &["--stage", "3", "--steps", "4", "--ckpt-dir", &ck],
+        "first",
+    );
+    let (_, resumed) = run("sim-gpu", &["--stage", "3", "--resume", &ck], "resumed");
+    assert_eq!(losses(&resumed, 0), stage0[4..], "resumed vs uninterrupted");
+
+    let out = train(
+        1,
+        &[
+            "--config".to_string(),
+            repo("configs/tiny.toml"),
+            "--device".into(),
+            "cuda".into(),
+        ],
+    );
+    assert_eq!(out.code, Some(1), "{}", out.transcript());
+    assert!(
+        out.stderr.contains("built without the `cuda` feature"),
+        "{}",
+        out.transcript()
+    );
+}

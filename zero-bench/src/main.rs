@@ -7,6 +7,7 @@
 mod ckpt;
 mod config;
 mod data;
+mod device;
 #[cfg(not(all(feature = "mpi", feature = "hdf5")))]
 mod features;
 #[cfg(all(target_os = "linux", target_env = "gnu"))]

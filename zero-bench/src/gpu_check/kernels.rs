@@ -19,9 +19,9 @@ use zero_kernels::device::{
 };
 use zero_kernels::{Element, Float};
 
-use super::dut::CheckDevice;
 use super::report::{Check, Kind, Report};
 use super::stats::{diff, Rng};
+use crate::device::BenchDevice;
 
 /// The shape the ops run at: B x T rows of width C, H heads, V classes.
 #[derive(Clone, Copy, Debug)]
@@ -241,6 +241,10 @@ impl Op {
             (_, op) if op.moves_data() => (Tol::Bitwise, "no reordering possible"),
             (Against::Twin, Op::XentFwd) => (Tol::Rel(1e-6), "exp/ln of the loss: a few ulp"),
             (Against::Twin, _) => (Tol::Bitwise, "same operations in the same order"),
+            (Against::Host, Op::XentFwd) => (
+                Tol::Rel(1e-4),
+                "twin vs host kernel: exp/ln and a V-long sum grouped differently (the twin's own tests allow 5e-5)",
+            ),
             (Against::Host, _) => (
                 Tol::Rel(1e-5),
                 "twin vs vectorised host kernel: reductions grouped differently",
@@ -733,7 +737,7 @@ fn judge(check: Check, got: &[Out], want: &[Out], tol: Tol, why: &str) -> Check 
 }
 
 /// Check every op of `dut` against `reference` at shape `s`.
-pub fn check_all<D: CheckDevice, R: Device>(
+pub fn check_all<D: BenchDevice, R: Device>(
     dut: &D,
     reference: &R,
     against: Against,

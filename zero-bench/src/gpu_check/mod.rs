@@ -12,7 +12,6 @@
 //! Exit status: 0 every check passed (or was skipped), 2 a check failed, 3 there is no
 //! GPU here (the reason is printed, starting `no GPU:`), 1 anything else went wrong.
 
-mod dut;
 mod kernels;
 mod model;
 mod perf;
@@ -27,7 +26,7 @@ use anyhow::Context;
 use clap::{Args, Subcommand, ValueEnum};
 use zero_kernels::device::{HostDevice, SimDevice};
 
-use dut::{CheckDevice, Opener};
+use crate::device::{BenchDevice, Opener};
 use report::{Check, Kind, Report};
 
 /// Exit status when a check failed.
@@ -141,9 +140,9 @@ fn run_checks(a: &RunArgs) -> anyhow::Result<i32> {
 
 #[cfg(feature = "cuda")]
 fn cuda(a: &RunArgs, reference: &train::Reference) -> anyhow::Result<i32> {
-    match dut::cuda::open_first() {
+    match crate::device::cuda::open_first() {
         Ok(dev) => {
-            let desc = dut::cuda::describe(&dev);
+            let desc = crate::device::cuda::describe(&dev);
             drop(dev);
             let open = |_rank: usize| zero_kernels::cuda::CudaDevice::new(0);
             all_checks(&open, desc, a, reference)
@@ -162,7 +161,7 @@ fn cuda(_a: &RunArgs, _reference: &train::Reference) -> anyhow::Result<i32> {
 }
 
 /// Every check on the device `open` gives, in order of cost; returns the exit status.
-fn all_checks<D: CheckDevice>(
+fn all_checks<D: BenchDevice>(
     open: &Opener<D>,
     desc: String,
     a: &RunArgs,

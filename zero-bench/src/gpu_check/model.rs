@@ -15,9 +15,9 @@ use zero_kernels::device::{Buffer, Device, HostDevice};
 use zero_kernels::Exec;
 use zero_models::{Gpt, GptConfig, TokenBatch};
 
-use super::dut::CheckDevice;
 use super::report::{Check, Kind, Report};
 use super::stats::{rel_l2, Rng};
+use crate::device::BenchDevice;
 
 /// Loss tolerance with fp32 products.
 pub const FP32_TOL: f64 = 1e-5;
@@ -101,7 +101,7 @@ fn tensor_errors(spec: &zero_core::ModelSpec, got: &Run, want: &Run) -> Vec<(Str
 
 /// Check `dut` against the host on `case`, fp32 products and (where the device has
 /// them) bf16.
-pub fn check<D: CheckDevice>(dut: &D, case: &Case, report: &mut Report) -> anyhow::Result<()> {
+pub fn check<D: BenchDevice>(dut: &D, case: &Case, report: &mut Report) -> anyhow::Result<()> {
     let started = Instant::now();
     let tag = format!("{} B{} T{}", case.preset, case.rows, case.seq_len);
     let cfg = GptConfig::preset(case.preset)?;

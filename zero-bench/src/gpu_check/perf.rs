@@ -14,9 +14,9 @@ use zero_kernels::adamw::{AdamWHyper, AdamWSegment};
 use zero_kernels::device::{AdamWStep, AdamWViews, Buffer, Device};
 use zero_models::{activation_bytes_for, Gpt, GptConfig, TokenBatch};
 
-use super::dut::{CheckDevice, Opener};
 use super::report::{Check, Kind, Report};
 use super::stats::{median, Rng};
+use crate::device::{BenchDevice, Opener};
 
 /// Bytes AdamW moves per parameter: reads a bf16 gradient (2) and fp32 master, m, v (12),
 /// writes master, m, v (12) and the bf16 copy (2).
@@ -32,7 +32,7 @@ const NOT_MEASURED: &str = "simulated, not a measurement";
 
 /// AdamW over `n` parameters vs a copy of 14n bytes (read 14n + write 14n = 28n), in
 /// `rounds` interleaved rounds of `iters` calls each; medians of the rounds.
-pub fn adamw_bandwidth<D: CheckDevice>(
+pub fn adamw_bandwidth<D: BenchDevice>(
     dev: &D,
     n: usize,
     rounds: usize,
@@ -155,7 +155,7 @@ pub fn flops_per_token(cfg: &GptConfig, seq_len: usize) -> f64 {
 }
 
 /// Train `tp` in bf16 on one rank (stage 0; bf16 products) and report tokens/s and MFU.
-pub fn throughput<D: CheckDevice>(
+pub fn throughput<D: BenchDevice>(
     open: &Opener<D>,
     tp: &Throughput,
     report: &mut Report,
@@ -211,7 +211,7 @@ pub fn throughput<D: CheckDevice>(
 
 /// Seconds of `tp.timed` steps after `tp.warmup`, whether the device is simulated, and
 /// a note on memory.
-fn timed_steps<D: CheckDevice, C: zero_comm::Communicator>(
+fn timed_steps<D: BenchDevice, C: zero_comm::Communicator>(
     comm: &C,
     dev: &D,
     cfg: GptConfig,

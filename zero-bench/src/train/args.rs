@@ -143,6 +143,15 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 1, value_name = "K")]
     pub threads: usize,
 
+    /// Where to compute: `host` (this CPU, --threads per rank); `cuda` or `cuda:N` (GPU N;
+    /// a zero-bench built with the `cuda` feature; one rank per job, as collectives
+    /// between processes on GPU memory are not built yet; bf16 runs its products on
+    /// tensor cores, and the memory guard budgets the GPU's free memory); `sim-gpu` (a
+    /// test tool: the simulated GPU runs the CUDA kernels' CPU twins with CUDA's stream
+    /// rules checked, on any number of ranks; slow, and its timings measure nothing).
+    #[arg(long, default_value = "host", value_name = "DEVICE")]
+    pub device: crate::device::DeviceChoice,
+
     /// Plain log lines even when stderr is a terminal (no progress bar).
     #[arg(long)]
     pub no_progress: bool,
@@ -161,6 +170,9 @@ Examples:
   srun --mpi=pmix zero-bench train --config configs/demo.toml --stage 2 \
       --ckpt-dir ckpt --save-every 100
   srun -n 16 --mpi=pmix zero-bench train --config configs/demo.toml --stage 3 --resume ckpt
+
+  # One GPU (a build with --features cuda), bf16 products on its tensor cores:
+  zero-bench train --device cuda --model gpt2-124m --precision bf16 --steps 100
 
   # Per-rank memory of GPT-2 1.5B on 64 ranks at stage 3, without running anything:
   zero-bench train --dry-run --world 64 --model gpt2-1.5b --stage 3 --precision bf16

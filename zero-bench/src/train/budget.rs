@@ -104,13 +104,26 @@ pub fn host_available() -> Option<(u64, String)> {
 }
 
 /// Each rank's budget (collective under MPI: the ranks of this node are counted).
-/// `None` with `--mem-limit none`, or in a dry run without `--mem-limit`.
+/// `None` with `--mem-limit none`, or in a dry run without `--mem-limit`. On a device
+/// with memory of its own (`device_memory`: its free bytes and its name), the budget is
+/// that memory: the buffers the plan counts live there, one rank per device.
 pub fn resolve(
     limit: Option<MemLimit>,
     headroom: f64,
     comm: Option<&WorldComm>,
+    device_memory: Option<(u64, String)>,
 ) -> anyhow::Result<Option<Budget>> {
     let keep = 1.0 - headroom;
+    if let (None, Some((free, name))) = (limit, &device_memory) {
+        return Ok(Some(Budget {
+            bytes: (*free as f64 * keep) as u64,
+            source: format!(
+                "free memory of {name}, {}, less {:.0}% headroom",
+                human_bytes(*free as f64),
+                headroom * 100.0
+            ),
+        }));
+    }
     match (limit, comm) {
         (Some(MemLimit::None), _) => Ok(None),
         (Some(MemLimit::Bytes(b)), _) => Ok(Some(Budget {

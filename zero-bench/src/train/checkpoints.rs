@@ -23,7 +23,7 @@ use anyhow::{anyhow, bail, Context};
 use zero_comm::Communicator;
 use zero_core::checkpoint::{self, Meta, SaveOptions};
 use zero_core::Engine;
-use zero_kernels::device::HostDevice;
+use zero_kernels::device::Device;
 
 use super::launch::{agree, Failure};
 use super::TrainArgs;
@@ -190,9 +190,9 @@ pub fn prepare<C: Communicator>(
 /// Load the checkpoint `resume` names into `engine` (collective; every rank gets each
 /// failing rank's own error, `CheckpointError::Ranks`). Rank 0 logs where from unless
 /// `quiet`.
-pub fn load<C: Communicator>(
+pub fn load<C: Communicator, E: Communicator, D: Device>(
     comm: &C,
-    engine: &mut Engine<'_, HostDevice, C>,
+    engine: &mut Engine<'_, D, E>,
     resume: &Resume,
     quiet: bool,
 ) -> Result<(), Failure> {
@@ -225,8 +225,8 @@ pub fn load<C: Communicator>(
 /// Save a checkpoint of `engine` under the root `dir`, keeping the newest `keep_last`,
 /// with `app_config` (this tool's configuration) in its metadata. Collective; returns
 /// the step directory.
-pub fn save<C: Communicator>(
-    engine: &Engine<'_, HostDevice, C>,
+pub fn save<D: Device, E: Communicator>(
+    engine: &Engine<'_, D, E>,
     dir: &Path,
     keep_last: usize,
     app_config: Option<&str>,

@@ -36,9 +36,12 @@ use without_hdf5::{checkpoints, init_from};
 use std::path::Path;
 
 use crate::config::{load, LoadedConfig};
+use crate::device::{BenchDevice, DeviceChoice};
 use crate::world::{self, WorldComm};
 use anyhow::{anyhow, Context};
 use zero_comm::Communicator;
+use zero_kernels::device::{HostDevice, SimDevice};
+use zero_kernels::Exec;
 
 pub use args::TrainArgs;
 use launch::{agree, Failure};
@@ -116,10 +119,90 @@ fn run_on(args: &TrainArgs, comm: Option<&WorldComm>) -> Result<(), Failure> {
         comm.ok_or_else(|| same(anyhow!("training needs MPI (internal: not initialised)")))?;
     // Again after MPI_Init, in case the MPI library installed handlers of its own.
     signals::install().map_err(same)?;
+    if args.device.is_gpu() && comm.size() > 1 {
+        return Err(same(anyhow!(
+            "--device {} on {} ranks: ranks in separate processes would exchange GPU memory \
+             through MPI, which this version cannot do yet (NCCL, CUDA-aware and host-staged \
+             MPI are planned); run one rank per job, or train on --device host",
+            args.device,
+            comm.size()
+        )));
+    }
+    // One device per rank for every run of the stage list. The engine's collectives go
+    // through `comm`, except on a GPU: there a communicator of this one rank in this
+    // process, which reaches GPU memory.
+    match args.device {
+        DeviceChoice::Host => {
+            let dev = HostDevice::with_exec(Exec::default(), args.threads);
+            run_with(args, loaded, comm, comm, &dev)
+        }
+        DeviceChoice::SimGpu => {
+            let dev = SimDevice::gpu_twin(SIM_GPU_SEED + rank as u64);
+            run_with(args, loaded, comm, comm, &dev)
+        }
+        DeviceChoice::Cuda(ordinal) => on_cuda(args, loaded, comm, ordinal),
+    }
+}
+
+/// Seed of the simulated GPU's scheduling choices (`--device sim-gpu`), plus the rank.
+const SIM_GPU_SEED: u64 = 0x5157_6770;
+
+/// Train on CUDA GPU `ordinal`, as the one rank of this job.
+#[cfg(feature = "cuda")]
+fn on_cuda(
+    args: &TrainArgs,
+    loaded: Vec<LoadedConfig>,
+    comm: &WorldComm,
+    ordinal: usize,
+) -> Result<(), Failure> {
+    let dev = agree(comm, crate::device::cuda::open(ordinal))?;
+    let engine_comm = agree(
+        comm,
+        (|| -> anyhow::Result<_> {
+            let config = zero_comm::CommConfig::from_env()?;
+            zero_comm::LocalComm::world(1, config)?
+                .pop()
+                .ok_or_else(|| anyhow!("no communicator"))
+        })()
+        .context("creating the one-rank communicator for GPU memory"),
+    )?;
+    run_with(args, loaded, comm, &engine_comm, &dev)
+}
+
+/// Without the `cuda` feature: say how to build with it.
+#[cfg(not(feature = "cuda"))]
+fn on_cuda(
+    _args: &TrainArgs,
+    _loaded: Vec<LoadedConfig>,
+    comm: &WorldComm,
+    ordinal: usize,
+) -> Result<(), Failure> {
+    Err(Failure::same_everywhere(
+        anyhow!(
+            "--device cuda:{ordinal}: this zero-bench was built without the `cuda` feature; build \
+             it with `cargo build -p zero-bench --release --features cuda` (or the carried GPU \
+             build: --no-default-features --features cuda), or train with --device host"
+        ),
+        comm.rank(),
+    ))
+}
+
+/// The rest of `train` on `dev`, the engine's collectives on `engine_comm` (everything
+/// else, agreement included, on `comm`).
+fn run_with<E: Communicator, D: BenchDevice>(
+    args: &TrainArgs,
+    mut loaded: Vec<LoadedConfig>,
+    comm: &WorldComm,
+    engine_comm: &E,
+    dev: &D,
+) -> Result<(), Failure> {
+    let rank = comm.rank();
+    let same = |e: anyhow::Error| Failure::same_everywhere(e, rank);
     if rank == 0 {
         println!(
-            "resolved configuration ({} rank(s){}):",
+            "resolved configuration ({} rank(s) on {}{}):",
             comm.size(),
+            dev.describe(),
             if loaded.len() > 1 {
                 format!(", zero.stage set per run: {}", stage_list(&loaded))
             } else {
@@ -129,7 +212,16 @@ fn run_on(args: &TrainArgs, comm: Option<&WorldComm>) -> Result<(), Failure> {
         print!("{}", loaded[0].render());
     }
     // The memory guard (and the automatic stage) before anything is allocated.
-    let fitted = fit_to_budget(args, &mut loaded, comm.size(), rank, Some(comm), rank == 0);
+    let device_memory = dev.free_memory().map(|free| (free, dev.describe()));
+    let fitted = fit_to_budget(
+        args,
+        &mut loaded,
+        comm.size(),
+        rank,
+        Some(comm),
+        device_memory,
+        rank == 0,
+    );
     agree(comm, fitted)?;
     let first = &loaded[0];
 
@@ -193,7 +285,6 @@ fn run_on(args: &TrainArgs, comm: Option<&WorldComm>) -> Result<(), Failure> {
                     keep_last: args.keep_last,
                     resume: resume.as_ref(),
                 },
-                threads: args.threads,
                 plain: args.no_progress,
                 quiet: round > 0,
             };
@@ -203,7 +294,7 @@ fn run_on(args: &TrainArgs, comm: Option<&WorldComm>) -> Result<(), Failure> {
             } else {
                 &mut no_metrics
             };
-            let r = run::train(comm, l, &shared, m)?;
+            let r = run::train(comm, engine_comm, dev, l, &shared, m)?;
             if round == 0 {
                 if rank == 0 {
                     summary(&r, c.data.path == "builtin");
@@ -249,7 +340,7 @@ fn run_on(args: &TrainArgs, comm: Option<&WorldComm>) -> Result<(), Failure> {
         if let Some(path) = &args.json {
             write_json(
                 path,
-                &serde_json::json!({ "world": comm.size(), "stages": results }),
+                &serde_json::json!({ "world": comm.size(), "device": dev.describe(), "stages": results }),
             )
             .map_err(same)?;
         }
@@ -276,9 +367,10 @@ fn fit_to_budget(
     world: usize,
     rank: usize,
     comm: Option<&WorldComm>,
+    device_memory: Option<(u64, String)>,
     print: bool,
 ) -> anyhow::Result<()> {
-    let budget = budget::resolve(args.mem_limit, args.mem_headroom, comm)?;
+    let budget = budget::resolve(args.mem_limit, args.mem_headroom, comm, device_memory)?;
     if print {
         if let Some(b) = &budget {
             log::info!(
@@ -347,7 +439,7 @@ fn dry_run(
         );
         print!("{}", loaded[0].render());
     }
-    fit_to_budget(args, loaded, world, show, comm, print)?;
+    fit_to_budget(args, loaded, world, show, comm, None, print)?;
     let plans = dry_run::plan(loaded, world, show, print)?;
     if let Some(path) = &args.init_from {
         // Pre-flight: the file fits the model (names, shapes, f32), read nothing else.

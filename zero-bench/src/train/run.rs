@@ -6,13 +6,13 @@
 use std::path::Path;
 
 use crate::config::{Config, LoadedConfig};
+use crate::device::BenchDevice;
 use anyhow::{anyhow, Context};
 use zero_comm::{Communicator, ReduceOp};
 use zero_core::config::{DivergencePolicy, Stage};
 use zero_core::ledger::{CommPlan, MemCategory, PaperFormula};
 use zero_core::{Engine, EngineError};
-use zero_kernels::device::HostDevice;
-use zero_kernels::Exec;
+use zero_kernels::device::Device;
 use zero_models::data::Tokens;
 use zero_models::{Gpt, GptConfig};
 
@@ -53,8 +53,6 @@ pub struct Shared<'a> {
     pub save_model: Option<&'a Path>,
     /// `--ckpt-dir`, `--save-every`, `--keep-last`, `--resume`.
     pub checkpoints: Checkpoints<'a>,
-    /// GEMM threads per rank.
-    pub threads: usize,
     /// No progress bar.
     pub plain: bool,
     /// A repeat round (`--rounds`): print no ledger and no progress.
@@ -98,11 +96,15 @@ fn gather_u64<C: Communicator>(comm: &C, x: u64) -> anyhow::Result<Vec<u64>> {
     Ok(all.into_iter().map(|v| v.max(0) as u64).collect())
 }
 
-/// Train `loaded.config` from scratch (or from `--init-from`). Set-up errors (the same
-/// on every rank, or agreed on) come back as a [`Failure`]; errors during training abort
+/// Train `loaded.config` on `dev` from scratch (or from `--init-from`), the engine's
+/// collectives on `engine_comm` (`comm` itself, or on a GPU a communicator that reaches
+/// its memory; agreement and reports go through `comm`). Set-up errors (the same on
+/// every rank, or agreed on) come back as a [`Failure`]; errors during training abort
 /// the job from the rank that hit them (another rank may be inside a collective).
-pub fn train<C: Communicator>(
+pub fn train<C: Communicator, E: Communicator, D: BenchDevice>(
     comm: &C,
+    engine_comm: &E,
+    dev: &D,
     loaded: &LoadedConfig,
     shared: &Shared<'_>,
     metrics: &mut Option<Metrics>,
@@ -113,15 +115,14 @@ pub fn train<C: Communicator>(
     let t = &config.train;
     rss::reset_peak();
 
-    // Set-up: device, model, engine (allocates exactly the plan), initial weights. The
-    // device is the CPU, its GEMMs on --threads threads.
-    let dev = HostDevice::with_exec(Exec::default(), shared.threads);
+    // Set-up: model, engine (allocates exactly the plan), initial weights. In bf16 a GPU
+    // multiplies on its tensor cores (bf16 operands, fp32 accumulation).
+    dev.set_bf16_matmul(config.precision.dtype == zero_core::Precision::Bf16);
     let setup = (|| -> anyhow::Result<_> {
         let gpt = gpt_config(config)?;
-        let model =
-            Gpt::<HostDevice, f32>::new(&dev, gpt, t.micro_batch).context("building the model")?;
-        let engine =
-            Engine::new(&config.engine(), comm, &dev, &model).context("creating the engine")?;
+        let model = Gpt::<D, f32>::new(dev, gpt, t.micro_batch).context("building the model")?;
+        let engine = Engine::new(&config.engine(), engine_comm, dev, &model)
+            .context("creating the engine")?;
         let batches = Batches::new(config, world, rank)?;
         Ok((model, engine, batches))
     })();
@@ -177,13 +178,13 @@ fn step_error(e: EngineError, rank: usize, stage: Stage, number: u64) -> Stop {
     }
 }
 
-fn run_steps<C: Communicator>(
+fn run_steps<C: Communicator, E: Communicator, D: Device>(
     comm: &C,
     loaded: &LoadedConfig,
     shared: &Shared<'_>,
     metrics: &mut Option<Metrics>,
-    model: &mut Gpt<HostDevice, f32>,
-    engine: &mut Engine<'_, HostDevice, C>,
+    model: &mut Gpt<D, f32>,
+    engine: &mut Engine<'_, D, E>,
     batches: &mut Batches,
 ) -> Result<StageResult, Stop> {
     let (rank, world) = (comm.rank(), comm.size());
@@ -358,9 +359,9 @@ impl<'a> Saver<'a> {
     /// Save (collective; every rank gets the same outcome). A failed save loses nothing
     /// already saved: the previous checkpoint and `latest` are untouched, and training
     /// goes on; the end of the run reports it.
-    fn save<C: Communicator>(
+    fn save<D: Device, E: Communicator>(
         &mut self,
-        engine: &Engine<'_, HostDevice, C>,
+        engine: &Engine<'_, D, E>,
         done: u64,
         rank: usize,
     ) {

@@ -12,7 +12,7 @@ pub mod checkpoints {
 
     use zero_comm::Communicator;
     use zero_core::Engine;
-    use zero_kernels::device::HostDevice;
+    use zero_kernels::device::Device;
 
     use super::super::launch::Failure;
     use super::super::TrainArgs;
@@ -63,9 +63,9 @@ pub mod checkpoints {
     }
 
     /// Unreachable: there is no [`Resume`].
-    pub fn load<C: Communicator>(
+    pub fn load<C: Communicator, E: Communicator, D: Device>(
         _comm: &C,
-        _engine: &mut Engine<'_, HostDevice, C>,
+        _engine: &mut Engine<'_, D, E>,
         resume: &Resume,
         _quiet: bool,
     ) -> Result<(), Failure> {
@@ -73,8 +73,8 @@ pub mod checkpoints {
     }
 
     /// Unreachable in practice (`prepare` refuses `--ckpt-dir`); an error all the same.
-    pub fn save<C: Communicator>(
-        _engine: &Engine<'_, HostDevice, C>,
+    pub fn save<D: Device, E: Communicator>(
+        _engine: &Engine<'_, D, E>,
         _dir: &Path,
         _keep_last: usize,
         _app_config: Option<&str>,

@@ -1,0 +1,157 @@
+//! The devices zero-bench runs on: `train --device` and the GPU check. What they need of
+//! a device beyond [`Device`] (is it simulated, can it switch its matrix products to
+//! bf16, how much memory is free) for the host, the CUDA device, and the simulated GPU
+//! (a test tool: the CUDA kernels' CPU twins, with CUDA's stream rules checked).
+
+use std::fmt;
+use std::str::FromStr;
+
+use zero_kernels::device::{Device, HostDevice, SimDevice};
+
+/// `--device`: where `train` computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum DeviceChoice {
+    /// This CPU (`--threads` GEMM threads per rank).
+    #[default]
+    Host,
+    /// CUDA GPU number N (a build with the `cuda` feature).
+    Cuda(usize),
+    /// The simulated GPU: a test tool, slow, and its timings measure nothing.
+    SimGpu,
+}
+
+impl DeviceChoice {
+    /// Whether the device's memory is not the host's: the memory guard then budgets the
+    /// device's free memory, and buffers cannot go through MPI.
+    pub fn is_gpu(self) -> bool {
+        matches!(self, DeviceChoice::Cuda(_))
+    }
+}
+
+impl fmt::Display for DeviceChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceChoice::Host => write!(f, "host"),
+            DeviceChoice::Cuda(n) => write!(f, "cuda:{n}"),
+            DeviceChoice::SimGpu => write!(f, "sim-gpu"),
+        }
+    }
+}
+
+impl FromStr for DeviceChoice {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || {
+            format!(
+                "unknown device '{s}': give host, cuda, cuda:N (GPU number N) or sim-gpu (the simulated GPU, a test tool)"
+            )
+        };
+        match s.trim() {
+            "host" | "cpu" => Ok(DeviceChoice::Host),
+            "cuda" => Ok(DeviceChoice::Cuda(0)),
+            "sim-gpu" => Ok(DeviceChoice::SimGpu),
+            other => match other.strip_prefix("cuda:") {
+                Some(n) => n.parse().map(DeviceChoice::Cuda).map_err(|_| bad()),
+                None => Err(bad()),
+            },
+        }
+    }
+}
+
+/// A device zero-bench runs on.
+pub trait BenchDevice: Device {
+    /// A simulated device: its timings are not measurements of anything.
+    fn simulated(&self) -> bool;
+    /// Matrix products on bf16 tensor cores (fp32 accumulation) from now on, or back to
+    /// fp32; false where the device has no such mode (the CPU devices).
+    fn set_bf16_matmul(&self, on: bool) -> bool;
+    /// Free device memory in bytes, where the device can tell.
+    fn free_memory(&self) -> Option<u64> {
+        None
+    }
+}
+
+impl BenchDevice for SimDevice {
+    fn simulated(&self) -> bool {
+        true
+    }
+    fn set_bf16_matmul(&self, _on: bool) -> bool {
+        false
+    }
+}
+
+impl BenchDevice for HostDevice {
+    fn simulated(&self) -> bool {
+        false
+    }
+    fn set_bf16_matmul(&self, _on: bool) -> bool {
+        false
+    }
+}
+
+/// Opens one device per thread rank (a device is used from the thread that opened it);
+/// the argument is the rank.
+pub type Opener<D> = dyn Fn(usize) -> zero_kernels::Result<D> + Sync;
+
+#[cfg(feature = "cuda")]
+pub mod cuda {
+    //! The CUDA device under test.
+
+    use zero_kernels::cuda::{CudaDevice, MatmulPrecision};
+    use zero_kernels::KernelError;
+
+    use super::BenchDevice;
+
+    impl BenchDevice for CudaDevice {
+        fn simulated(&self) -> bool {
+            false
+        }
+        fn set_bf16_matmul(&self, on: bool) -> bool {
+            self.set_matmul_precision(if on {
+                MatmulPrecision::Bf16
+            } else {
+                MatmulPrecision::F32
+            });
+            true
+        }
+        fn free_memory(&self) -> Option<u64> {
+            self.memory_info().ok().map(|(free, _)| free as u64)
+        }
+    }
+
+    /// GPU `ordinal` for `train --device cuda:N`, with an error that says what to do.
+    pub fn open(ordinal: usize) -> anyhow::Result<CudaDevice> {
+        CudaDevice::new(ordinal).map_err(|e| {
+            let hint = match e {
+                KernelError::NoCudaDriver => {
+                    "run on a GPU node, or train with --device host"
+                }
+                KernelError::NoSuchDevice { .. } => {
+                    "give --device cuda:N with N below the count (CUDA_VISIBLE_DEVICES renumbers them)"
+                }
+                _ => "check the driver with nvidia-smi",
+            };
+            anyhow::anyhow!("--device cuda:{ordinal}: {e}; {hint}")
+        })
+    }
+
+    /// GPU 0, or why not. `Err(Ok(reason))`: there is no GPU here (no driver, no
+    /// device), which the caller reports as such; `Err(Err(e))`: a GPU that failed.
+    pub fn open_first() -> Result<CudaDevice, Result<String, KernelError>> {
+        match CudaDevice::new(0) {
+            Ok(d) => Ok(d),
+            Err(e @ (KernelError::NoCudaDriver | KernelError::NoSuchDevice { .. })) => {
+                Err(Ok(e.to_string()))
+            }
+            Err(e) => Err(Err(e)),
+        }
+    }
+
+    /// A device name for the report.
+    pub fn describe(dev: &CudaDevice) -> String {
+        match dev.name() {
+            Ok(n) => format!("cuda:0 {n}"),
+            Err(_) => "cuda:0".to_string(),
+        }
+    }
+}
