@@ -6,7 +6,7 @@
 //! - forward, one warp per query row i: s_j = dot(q_i, k_j) * scale (dot: d ascending from
 //!   0); lane l keeps the running max and the sum of e_j = exp(s_j - m) over
 //!   j = l, l+32, ..; the 32 lane values fold by the xor butterfly (16, 8, 4, 2, 1);
-//!   p_ij = e_j * (1/sum); y_i[d] = sum_{j <= i} p_ij v_j[d], j ascending;
+//!   p_ij = e_j * (1/sum); `y_i[d] = sum_{j <= i} p_ij v_j[d]`, j ascending;
 //! - backward, in groups of at most T (b, h) pairs so the row sums fit a T*T scratch:
 //!   dp_ij = dot(dy_i, v_j); D_i = butterfly of the lane sums of p_ij dp_ij (kept in the
 //!   scratch); ds_ij = p_ij (dp_ij - D_i); dq_i = (sum_{j <= i} ds_ij k_j) * scale,
