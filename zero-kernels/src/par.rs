@@ -5,6 +5,7 @@
 
 use crate::isa::Exec;
 use std::ops::Range;
+use std::sync::Arc;
 
 /// Below this many elements per thread, spawning costs more than it saves (tests split
 /// anything, to exercise the chunking).
@@ -59,4 +60,102 @@ pub(crate) fn map<R: Send>(
         }
         out
     })
+}
+
+/// Rows per part when `rows` rows of about `work_per_row` element operations each go to
+/// at most `threads` threads: fewer parts when a part would be too small to pay for its
+/// thread (the ops that split this way compute each row alone, so the split changes no
+/// bit).
+pub(crate) fn rows_per_part(threads: usize, rows: usize, work_per_row: usize) -> usize {
+    let by_size = (rows.saturating_mul(work_per_row) / MIN_PER_THREAD).max(1);
+    let parts = threads.min(by_size).min(rows).max(1);
+    rows.div_ceil(parts).max(1)
+}
+
+/// Run `f` on every job: the first on this thread, the others on scoped threads.
+pub(crate) fn run_parts<J: Send>(jobs: Vec<J>, f: impl Fn(J) + Sync) {
+    let mut jobs = jobs.into_iter();
+    let Some(first) = jobs.next() else {
+        return;
+    };
+    let rest: Vec<J> = jobs.collect();
+    if rest.is_empty() {
+        f(first);
+        return;
+    }
+    std::thread::scope(|s| {
+        let f = &f;
+        let handles: Vec<_> = rest.into_iter().map(|j| s.spawn(move || f(j))).collect();
+        f(first);
+        for h in handles {
+            if let Err(e) = h.join() {
+                // A kernel thread only panics on a bug; carry the panic to the caller.
+                std::panic::resume_unwind(e);
+            }
+        }
+    });
+}
+
+/// The threads one device's kernels run on: the calling thread plus `threads - 1` workers
+/// of a rayon pool kept for the device's life, so a kernel split costs a task hand-off,
+/// not a thread spawn. Cloning shares the pool.
+#[derive(Clone)]
+pub struct Workers {
+    threads: usize,
+    pool: Option<Arc<rayon::ThreadPool>>,
+}
+
+impl std::fmt::Debug for Workers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Workers({})", self.threads)
+    }
+}
+
+impl Workers {
+    /// `threads` threads in all (0 is taken as 1). If the pool cannot be made (the OS
+    /// refuses threads), kernels fall back to scoped threads per call, with a warning.
+    pub fn new(threads: usize) -> Self {
+        let threads = threads.max(1);
+        let pool = if threads > 1 {
+            match rayon::ThreadPoolBuilder::new()
+                .num_threads(threads - 1)
+                .thread_name(|i| format!("zero-kernels-{i}"))
+                .build()
+            {
+                Ok(p) => Some(Arc::new(p)),
+                Err(e) => {
+                    log::warn!("no kernel thread pool ({e}); threads are spawned per call");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        Workers { threads, pool }
+    }
+
+    /// Threads in all, the caller's included.
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// Run `f` on every job: the first on this thread, the others on the pool's workers
+    /// (or scoped threads without a pool). Returns when all are done; a panic in a job is
+    /// carried to the caller.
+    pub(crate) fn run<J: Send>(&self, jobs: Vec<J>, f: impl Fn(J) + Sync) {
+        let Some(pool) = &self.pool else {
+            return run_parts(jobs, f);
+        };
+        let mut jobs = jobs.into_iter();
+        let Some(first) = jobs.next() else {
+            return;
+        };
+        let f = &f;
+        pool.in_place_scope(|s| {
+            for j in jobs {
+                s.spawn(move |_| f(j));
+            }
+            f(first);
+        });
+    }
 }

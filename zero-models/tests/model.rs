@@ -8,7 +8,6 @@
 use zero_core::model::{Compute, UnitGrads, UnitParams};
 use zero_core::Model;
 use zero_kernels::device::{Buffer, Device, HostDevice, Scalar, SimDevice};
-use zero_kernels::Exec;
 use zero_models::init::SplitMix64;
 use zero_models::{download_units, upload_units, Gpt, GptConfig, TokenBatch};
 
@@ -394,7 +393,7 @@ fn layer_by_layer(cfg: GptConfig) {
     let want_loss = on.fb(&mut reference, &bt, &params, &mut want_grads, scale);
 
     for threads in [1, 2] {
-        let on = On::new(HostDevice::with_exec(Exec::default(), threads));
+        let on = On::new(HostDevice::with_threads(threads));
         let cx = on.cx();
         let mut model = Gpt::<HostDevice, f32>::new(&on.dev, cfg, rows).expect("valid");
         const PAD: usize = 5;

@@ -12,7 +12,6 @@ use std::time::Instant;
 use anyhow::Context;
 use zero_core::model::Compute;
 use zero_kernels::device::{Buffer, Device, HostDevice};
-use zero_kernels::Exec;
 use zero_models::{Gpt, GptConfig, TokenBatch};
 
 use super::report::{Check, Kind, Report};
@@ -110,7 +109,7 @@ pub fn check<D: BenchDevice>(dut: &D, case: &Case, report: &mut Report) -> anyho
     let inputs = rng.ids(n, cfg.vocab_size);
     let targets = rng.ids(n, cfg.vocab_size);
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let host = HostDevice::with_exec(Exec::default(), threads);
+    let host = HostDevice::with_threads(threads);
     let spec = cfg.spec();
     let want = match forward_backward(&host, cfg, case, &inputs, &targets) {
         Ok(r) => r,

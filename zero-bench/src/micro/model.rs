@@ -8,7 +8,6 @@ use anyhow::Context;
 use std::time::Instant;
 use zero_core::model::Compute;
 use zero_kernels::device::{Device, HostDevice};
-use zero_kernels::Exec;
 use zero_models::gemm::{Gemm, Lay};
 use zero_models::init::SplitMix64;
 use zero_models::{upload_units, Gpt, GptConfig, TokenBatch as Batch};
@@ -143,7 +142,7 @@ pub fn run(args: &ModelArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.steps > 0, "--steps must be > 0");
     let b = args.rows;
     // The host device, its GEMMs on --threads threads (the model runs its ops on it).
-    let dev = HostDevice::with_exec(Exec::default(), args.threads);
+    let dev = HostDevice::with_threads(args.threads);
     let stream = dev.stream("compute")?;
     let cx = Compute {
         dev: &dev,

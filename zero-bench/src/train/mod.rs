@@ -41,7 +41,6 @@ use crate::world::{self, WorldComm};
 use anyhow::{anyhow, Context};
 use zero_comm::Communicator;
 use zero_kernels::device::{HostDevice, SimDevice};
-use zero_kernels::Exec;
 
 pub use args::TrainArgs;
 use launch::{agree, Failure};
@@ -133,7 +132,7 @@ fn run_on(args: &TrainArgs, comm: Option<&WorldComm>) -> Result<(), Failure> {
     // process, which reaches GPU memory.
     match args.device {
         DeviceChoice::Host => {
-            let dev = HostDevice::with_exec(Exec::default(), args.threads);
+            let dev = HostDevice::with_threads(args.threads);
             run_with(args, loaded, comm, comm, &dev)
         }
         DeviceChoice::SimGpu => {

@@ -24,6 +24,7 @@ use crate::error::KernelError;
 use crate::float::Float;
 use crate::isa::Exec;
 use crate::nn::{self, AttnShape, Gemm, Scalar};
+use crate::par::rows_per_part;
 use crate::twin;
 
 use super::check::{self, ids_below as check_ids, rows_of, same_len};
@@ -572,7 +573,7 @@ impl<Q: CpuQueue> Device for Q {
     ) -> Result<()> {
         check::matmul(&mm, a.len(), b.len(), c.len())?;
         let (la, lb, lc) = (mm.a, mm.b, mm.c);
-        let gemm = *self.gemm();
+        let gemm = self.gemm().clone();
         let mut op = OpBuilder::new("matmul");
         let (a, b, c) = (op.r(&a), op.r(&b), op.w(&c));
         self.submit(
@@ -609,25 +610,29 @@ impl<Q: CpuQueue> Device for Q {
         let (x, w, b) = (op.r(&x), op.r(&w), op.r(&b));
         let (o, mean, rstd) = (op.w(&out.out), op.w(&out.mean), op.w(&out.rstd));
         let gpu = self.gpu_order();
+        let workers = self.gemm().workers().clone();
         self.submit(
             stream,
             op.finish(move || {
                 // SAFETY: see the module documentation.
-                unsafe {
-                    (if gpu {
-                        twin::norm::layernorm_forward
-                    } else {
-                        nn::layernorm_forward
-                    })(
-                        o.get(),
-                        mean.get(),
-                        rstd.get(),
-                        x.get(),
-                        w.get(),
-                        b.get(),
-                        width,
-                    )
-                };
+                let (o, mean, rstd) = unsafe { (o.get(), mean.get(), rstd.get()) };
+                let (x, w, b) = unsafe { (x.get(), w.get(), b.get()) };
+                if gpu {
+                    twin::norm::layernorm_forward(o, mean, rstd, x, w, b, width);
+                } else {
+                    // Rows are independent: split them over the threads.
+                    let rows = x.len() / width.max(1);
+                    let per = rows_per_part(workers.threads(), rows, width * 4);
+                    let jobs: Vec<_> = o[..rows * width]
+                        .chunks_mut(per * width)
+                        .zip(mean[..rows].chunks_mut(per))
+                        .zip(rstd[..rows].chunks_mut(per))
+                        .zip(x[..rows * width].chunks(per * width))
+                        .collect();
+                    workers.run(jobs, |(((o, mean), rstd), x)| {
+                        nn::layernorm_forward(o, mean, rstd, x, w, b, width)
+                    });
+                }
                 Ok(())
             })?,
         )
@@ -694,17 +699,19 @@ impl<Q: CpuQueue> Device for Q {
         let mut op = OpBuilder::new("gelu_forward");
         let (x, out) = (op.r(&x), op.w(&out));
         let gpu = self.gpu_order();
+        let workers = self.gemm().workers().clone();
         self.submit(
             stream,
             op.finish(move || {
                 // SAFETY: see the module documentation.
-                unsafe {
-                    (if gpu {
-                        twin::elementwise::gelu_forward
-                    } else {
-                        nn::gelu_forward
-                    })(out.get(), x.get())
-                };
+                let (out, x) = unsafe { (out.get(), x.get()) };
+                if gpu {
+                    twin::elementwise::gelu_forward(out, x);
+                } else {
+                    let per = rows_per_part(workers.threads(), out.len(), 16);
+                    let jobs: Vec<_> = out.chunks_mut(per).zip(x.chunks(per)).collect();
+                    workers.run(jobs, |(o, x)| nn::gelu_forward(o, x));
+                }
                 Ok(())
             })?,
         )
@@ -720,17 +727,19 @@ impl<Q: CpuQueue> Device for Q {
         let mut op = OpBuilder::new("gelu_backward");
         let (x, d) = (op.r(&x), op.w(&d));
         let gpu = self.gpu_order();
+        let workers = self.gemm().workers().clone();
         self.submit(
             stream,
             op.finish(move || {
                 // SAFETY: see the module documentation.
-                unsafe {
-                    (if gpu {
-                        twin::elementwise::gelu_backward_inplace
-                    } else {
-                        nn::gelu_backward_inplace
-                    })(d.get(), x.get())
-                };
+                let (d, x) = unsafe { (d.get(), x.get()) };
+                if gpu {
+                    twin::elementwise::gelu_backward_inplace(d, x);
+                } else {
+                    let per = rows_per_part(workers.threads(), d.len(), 16);
+                    let jobs: Vec<_> = d.chunks_mut(per).zip(x.chunks(per)).collect();
+                    workers.run(jobs, |(d, x)| nn::gelu_backward_inplace(d, x));
+                }
                 Ok(())
             })?,
         )
@@ -745,7 +754,7 @@ impl<Q: CpuQueue> Device for Q {
         shape: AttnShape,
     ) -> Result<()> {
         check::attention_forward(y.len(), p.len(), qkv.len(), &shape)?;
-        let gemm = *self.gemm();
+        let gemm = self.gemm().clone();
         let mut op = OpBuilder::new("attention_forward");
         let (qkv, y, p) = (op.r(&qkv), op.w(&y), op.w(&p));
         let gpu = self.gpu_order();
@@ -784,7 +793,7 @@ impl<Q: CpuQueue> Device for Q {
             qkv.len(),
             &shape,
         )?;
-        let gemm = *self.gemm();
+        let gemm = self.gemm().clone();
         let mut op = OpBuilder::new(name);
         let (dy, p, qkv) = (op.r(&dy), op.r(&p), op.r(&qkv));
         let (dqkv, scratch) = (op.w(&dqkv), op.w(&scratch));
@@ -819,19 +828,26 @@ impl<Q: CpuQueue> Device for Q {
         let targets = op.r(&targets);
         let (logits, losses) = (op.w(&logits), op.w(&losses));
         let gpu = self.gpu_order();
+        let workers = self.gemm().workers().clone();
         self.submit(
             stream,
             op.finish(move || {
                 // SAFETY: see the module documentation.
                 let t = unsafe { targets.get() };
                 check_ids(name, "target", t, v)?;
-                unsafe {
-                    (if gpu {
-                        twin::xent::softmax_xent_forward
-                    } else {
-                        nn::softmax_xent_forward
-                    })(logits.get(), losses.get(), t, v)
-                };
+                let (logits, losses) = unsafe { (logits.get(), losses.get()) };
+                if gpu {
+                    twin::xent::softmax_xent_forward(logits, losses, t, v);
+                } else {
+                    // Rows are independent: split them over the threads.
+                    let per = rows_per_part(workers.threads(), t.len(), v * 8);
+                    let jobs: Vec<_> = logits
+                        .chunks_mut(per * v)
+                        .zip(losses.chunks_mut(per))
+                        .zip(t.chunks(per))
+                        .collect();
+                    workers.run(jobs, |((z, l), t)| nn::softmax_xent_forward(z, l, t, v));
+                }
                 Ok(())
             })?,
         )
@@ -851,19 +867,21 @@ impl<Q: CpuQueue> Device for Q {
         let targets = op.r(&targets);
         let probs = op.w(&probs);
         let gpu = self.gpu_order();
+        let workers = self.gemm().workers().clone();
         self.submit(
             stream,
             op.finish(move || {
                 // SAFETY: see the module documentation.
                 let t = unsafe { targets.get() };
                 check_ids(name, "target", t, v)?;
-                unsafe {
-                    (if gpu {
-                        twin::xent::softmax_xent_backward
-                    } else {
-                        nn::softmax_xent_backward
-                    })(probs.get(), t, v, scale)
-                };
+                let probs = unsafe { probs.get() };
+                if gpu {
+                    twin::xent::softmax_xent_backward(probs, t, v, scale);
+                } else {
+                    let per = rows_per_part(workers.threads(), t.len(), v);
+                    let jobs: Vec<_> = probs.chunks_mut(per * v).zip(t.chunks(per)).collect();
+                    workers.run(jobs, |(p, t)| nn::softmax_xent_backward(p, t, v, scale));
+                }
                 Ok(())
             })?,
         )
@@ -931,17 +949,20 @@ impl<Q: CpuQueue> Device for Q {
         let mut op = OpBuilder::new("add_rows");
         let (row, out) = (op.r(&row), op.w(&out));
         let gpu = self.gpu_order();
+        let workers = self.gemm().workers().clone();
         self.submit(
             stream,
             op.finish(move || {
                 // SAFETY: see the module documentation.
-                unsafe {
-                    (if gpu {
-                        twin::rows::add_rows
-                    } else {
-                        nn::add_rows
-                    })(out.get(), row.get())
-                };
+                let (out, row) = unsafe { (out.get(), row.get()) };
+                if gpu {
+                    twin::rows::add_rows(out, row);
+                } else {
+                    let width = row.len();
+                    let per = rows_per_part(workers.threads(), out.len() / width.max(1), width);
+                    let jobs: Vec<_> = out.chunks_mut((per * width).max(1)).collect();
+                    workers.run(jobs, |o| nn::add_rows(o, row));
+                }
                 Ok(())
             })?,
         )
@@ -1253,17 +1274,19 @@ impl<Q: CpuQueue> Device for Q {
         let mut op = OpBuilder::new("add");
         let (src, dst) = (op.r(&src), op.w(&dst));
         let gpu = self.gpu_order();
+        let workers = self.gemm().workers().clone();
         self.submit(
             stream,
             op.finish(move || {
                 // SAFETY: see the module documentation.
-                unsafe {
-                    (if gpu {
-                        twin::elementwise::add_into
-                    } else {
-                        nn::add_into
-                    })(dst.get(), src.get())
-                };
+                let (dst, src) = unsafe { (dst.get(), src.get()) };
+                if gpu {
+                    twin::elementwise::add_into(dst, src);
+                } else {
+                    let per = rows_per_part(workers.threads(), dst.len(), 1);
+                    let jobs: Vec<_> = dst.chunks_mut(per).zip(src.chunks(per)).collect();
+                    workers.run(jobs, |(d, s)| nn::add_into(d, s));
+                }
                 Ok(())
             })?,
         )

@@ -31,6 +31,16 @@ impl HostDevice {
         HostDevice::with_exec(Exec::default(), 1)
     }
 
+    /// The best instruction set of this CPU, every op on `threads` threads (0 is taken as
+    /// 1): matrix products split C's rows, attention its sequences, the row-wise ops
+    /// their rows, the vectorised kernels their chunks. No result depends on the count.
+    pub fn with_threads(threads: usize) -> Self {
+        let threads = threads.max(1);
+        let exec = Exec::default();
+        let exec = exec.with_threads(threads).unwrap_or(exec);
+        HostDevice::with_exec(exec, threads)
+    }
+
     /// Kernels as `exec` says, matrix products on `gemm_threads` threads.
     pub fn with_exec(exec: Exec, gemm_threads: usize) -> Self {
         HostDevice {

@@ -303,3 +303,103 @@ fn bad_views_and_shapes_are_errors_and_the_simulation_stops_after_one() {
         .gather_rows(&s, out.view_mut(), ids.view(), table.view(), 2)
         .is_err());
 }
+
+/// The model's row-wise ops and attention on `dev`: layer norm, GELU and its backward,
+/// bias rows, add, attention forward and backward, softmax cross-entropy and its
+/// backward. Returns every output.
+fn model_ops<D: Device>(dev: &D) -> Result<Vec<Vec<f32>>> {
+    let s = dev.stream("compute")?;
+    let shape = AttnShape {
+        b: 5,
+        t: 7,
+        c: 12,
+        h: 3,
+    };
+    let (rows, c, v) = (shape.b * shape.t, shape.c, 11);
+    let vals = |n: usize, seed: usize| -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i * 37 + seed * 11) % 41) as f32 * 0.05 - 1.0)
+            .collect()
+    };
+    let up = |x: &[f32], name: &str| -> Result<D::Buf<f32>> {
+        let mut b = dev.alloc::<f32>(x.len(), name)?;
+        dev.upload(&s, x, b.view_mut())?;
+        Ok(b)
+    };
+    let x = up(&vals(rows * c, 1), "x")?;
+    let wb = up(&vals(2 * c, 2), "w|b")?;
+    let (mut ln, mut mean, mut rstd) = (
+        dev.alloc::<f32>(rows * c, "ln")?,
+        dev.alloc::<f32>(rows, "mean")?,
+        dev.alloc::<f32>(rows, "rstd")?,
+    );
+    dev.layernorm_forward(
+        &s,
+        LayerNormOut {
+            out: ln.view_mut(),
+            mean: mean.view_mut(),
+            rstd: rstd.view_mut(),
+        },
+        x.view(),
+        wb.slice(0..c),
+        wb.slice(c..2 * c),
+        c,
+    )?;
+    let mut g = dev.alloc::<f32>(rows * c, "gelu")?;
+    dev.gelu_forward(&s, g.view_mut(), ln.view())?;
+    let mut dg = up(&vals(rows * c, 3), "dgelu")?;
+    dev.gelu_backward(&s, dg.view_mut(), ln.view())?;
+    dev.add_rows(&s, g.view_mut(), wb.slice(0..c))?;
+    dev.add(&s, g.view_mut(), x.view())?;
+    let qkv = up(&vals(rows * 3 * c, 4), "qkv")?;
+    let (mut y, mut p) = (
+        dev.alloc::<f32>(rows * c, "y")?,
+        dev.alloc::<f32>(shape.b * shape.h * shape.t * shape.t, "p")?,
+    );
+    dev.attention_forward(&s, y.view_mut(), p.view_mut(), qkv.view(), shape)?;
+    let (mut dqkv, mut scratch) = (
+        dev.alloc::<f32>(rows * 3 * c, "dqkv")?,
+        dev.alloc::<f32>(shape.t * shape.t, "scratch")?,
+    );
+    dev.attention_backward(
+        &s,
+        dqkv.view_mut(),
+        scratch.view_mut(),
+        g.view(),
+        p.view(),
+        qkv.view(),
+        shape,
+    )?;
+    let mut logits = up(&vals(rows * v, 5), "logits")?;
+    let mut losses = dev.alloc::<f32>(rows, "losses")?;
+    let targets: Vec<u32> = (0..rows as u32).map(|r| (r * 7) % v as u32).collect();
+    let mut tg = dev.alloc::<u32>(rows, "targets")?;
+    dev.upload(&s, &targets, tg.view_mut())?;
+    dev.softmax_xent_forward(&s, logits.view_mut(), losses.view_mut(), tg.view(), v)?;
+    let mut probs = dev.alloc::<f32>(rows * v, "probs")?;
+    dev.copy(&s, logits.view(), probs.view_mut())?;
+    dev.softmax_xent_backward(&s, probs.view_mut(), tg.view(), v, 0.25)?;
+    let mut out = Vec::new();
+    for b in [
+        &ln, &mean, &rstd, &g, &dg, &y, &p, &dqkv, &logits, &losses, &probs,
+    ] {
+        let mut h = vec![0f32; b.len()];
+        dev.download(&s, b.view(), &mut h)?;
+        out.push(h);
+    }
+    Ok(out)
+}
+
+#[test]
+fn threads_split_the_model_ops_without_changing_a_bit() {
+    let one = model_ops(&HostDevice::with_threads(1)).expect("one thread");
+    for threads in [2, 3, 8] {
+        let many = model_ops(&HostDevice::with_threads(threads)).expect("threads");
+        for (i, (a, b)) in one.iter().zip(&many).enumerate() {
+            assert!(
+                a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                "output {i} differs on {threads} threads"
+            );
+        }
+    }
+}

@@ -43,10 +43,31 @@ fn bands(t: usize) -> impl Iterator<Item = (usize, usize)> {
 }
 
 /// Forward: writes `y` `[B,T,C]` and `p` `[B,H,T,T]` (P's upper triangle is written 0) from
-/// `qkv` `[B,T,3C]`.
+/// `qkv` `[B,T,3C]`. With several threads the sequences are split between them (each
+/// computed exactly as on one thread); a single sequence threads its products instead.
 pub fn attention_forward<F: Scalar>(g: &Gemm, y: &mut [F], p: &mut [F], qkv: &[F], s: AttnShape) {
     let AttnShape { b, t, c, h } = s;
     check_heads(c, h);
+    let parts = g.threads().min(b);
+    if parts <= 1 || t == 0 {
+        return forward_sequences(g, y, p, qkv, s);
+    }
+    let per = b.div_ceil(parts);
+    let jobs: Vec<_> = y[..b * t * c]
+        .chunks_mut(per * t * c)
+        .zip(p[..b * h * t * t].chunks_mut(per * h * t * t))
+        .zip(qkv[..b * t * 3 * c].chunks(per * t * 3 * c))
+        .collect();
+    let one = Gemm::new(1);
+    g.workers().run(jobs, |((y, p), qkv)| {
+        let b = qkv.len() / (t * 3 * c);
+        forward_sequences(&one, y, p, qkv, AttnShape { b, ..s })
+    });
+}
+
+/// [`attention_forward`] on this thread (its products on `g`'s threads).
+fn forward_sequences<F: Scalar>(g: &Gemm, y: &mut [F], p: &mut [F], qkv: &[F], s: AttnShape) {
+    let AttnShape { b, t, c, h } = s;
     let hs = c / h;
     let scale = F::from_f64(1.0 / (hs as f64).sqrt());
     for bi in 0..b {
@@ -88,6 +109,8 @@ pub fn attention_forward<F: Scalar>(g: &Gemm, y: &mut [F], p: &mut [F], qkv: &[F
 /// Backward: **writes** (not adds) `dqkv` `[B,T,3C]` from `dy` `[B,T,C]`, with `p` `[B,H,T,T]`
 /// and `qkv` as the forward left and saw them; `dp` is a scratch of at least T*T elements.
 /// dV = P^T dY; dS = softmax'(dP = dY V^T); dQ = dS K / sqrt(hs); dK = dS^T Q / sqrt(hs).
+/// Threads split the sequences as in [`attention_forward`]; each thread past the first
+/// gets a T*T scratch of its own.
 pub fn attention_backward<F: Scalar>(
     g: &Gemm,
     dqkv: &mut [F],
@@ -99,6 +122,38 @@ pub fn attention_backward<F: Scalar>(
 ) {
     let AttnShape { b, t, c, h } = s;
     check_heads(c, h);
+    let parts = g.threads().min(b);
+    if parts <= 1 || t == 0 {
+        return backward_sequences(g, dqkv, dp, dy, p, qkv, s);
+    }
+    let per = b.div_ceil(parts);
+    let mut scratch: Vec<Vec<F>> = (1..parts).map(|_| vec![F::ZERO; t * t]).collect();
+    let scratches = std::iter::once(&mut dp[..t * t]).chain(scratch.iter_mut().map(|v| &mut v[..]));
+    let jobs: Vec<_> = dqkv[..b * t * 3 * c]
+        .chunks_mut(per * t * 3 * c)
+        .zip(scratches)
+        .zip(dy[..b * t * c].chunks(per * t * c))
+        .zip(p[..b * h * t * t].chunks(per * h * t * t))
+        .zip(qkv[..b * t * 3 * c].chunks(per * t * 3 * c))
+        .collect();
+    let one = Gemm::new(1);
+    g.workers().run(jobs, |((((dqkv, dp), dy), p), qkv)| {
+        let b = qkv.len() / (t * 3 * c);
+        backward_sequences(&one, dqkv, dp, dy, p, qkv, AttnShape { b, ..s })
+    });
+}
+
+/// [`attention_backward`] on this thread (its products on `g`'s threads).
+fn backward_sequences<F: Scalar>(
+    g: &Gemm,
+    dqkv: &mut [F],
+    dp: &mut [F],
+    dy: &[F],
+    p: &[F],
+    qkv: &[F],
+    s: AttnShape,
+) {
+    let AttnShape { b, t, c, h } = s;
     let hs = c / h;
     let scale = F::from_f64(1.0 / (hs as f64).sqrt());
     let dp = &mut dp[..t * t];

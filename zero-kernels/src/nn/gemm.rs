@@ -10,6 +10,7 @@
 //! thread.
 
 use super::scalar::Scalar;
+use crate::par::Workers;
 
 /// A strided matrix view into a slice: element (i, j) lives at `i*rs + j*cs`.
 /// `MatLayout::rm(rows, cols, ld)` is row-major with leading dimension `ld`; `.t()` is its
@@ -77,23 +78,28 @@ impl<T> SendPtr<T> {
 /// more than it saves).
 const MIN_PARALLEL_WORK: usize = 1 << 20;
 
-/// The matrix multiply, with its thread count.
-#[derive(Clone, Copy, Debug)]
+/// The matrix multiply, with its threads (cloning shares them).
+#[derive(Clone, Debug)]
 pub struct Gemm {
-    threads: usize,
+    workers: Workers,
 }
 
 impl Gemm {
-    /// A GEMM on `threads` threads (0 is taken as 1).
+    /// A GEMM on `threads` threads (0 is taken as 1), a pool of them kept for its life.
     pub fn new(threads: usize) -> Self {
         Gemm {
-            threads: threads.max(1),
+            workers: Workers::new(threads),
         }
     }
 
     /// Threads used.
     pub fn threads(&self) -> usize {
-        self.threads
+        self.workers.threads()
+    }
+
+    /// The threads, for the other kernels that split their work.
+    pub fn workers(&self) -> &Workers {
+        &self.workers
     }
 
     /// `C = alpha * A B + beta * C`. Panics when the shapes disagree or a view runs past
@@ -135,12 +141,13 @@ impl Gemm {
             return;
         }
         // Threads only over row-major C whose bands are disjoint memory.
-        let bands = if self.threads > 1
+        let threads = self.threads();
+        let bands = if threads > 1
             && lc.cs == 1
             && lc.rs >= n
             && m.saturating_mul(n).saturating_mul(k) >= MIN_PARALLEL_WORK
         {
-            self.threads.min(m)
+            threads.min(m)
         } else {
             1
         };
@@ -173,36 +180,31 @@ impl Gemm {
         }
         let per = m.div_ceil(bands);
         let (pa_s, pb_s) = (SendPtr(pa as *mut F), SendPtr(pb as *mut F));
-        std::thread::scope(|s| {
-            for i in 1..bands {
-                let (r0, r1) = (i * per, ((i + 1) * per).min(m));
-                if r0 >= r1 {
-                    continue;
-                }
-                let (pa_s, pb_s) = (pa_s, pb_s);
-                s.spawn(move || {
-                    // SAFETY: as above; each band i writes rows r0..r1 of C only.
-                    unsafe {
-                        F::gemm_raw(
-                            r1 - r0,
-                            k,
-                            n,
-                            alpha,
-                            pa_s.get().add(r0 * la.rs),
-                            la.rs as isize,
-                            la.cs as isize,
-                            pb_s.get(),
-                            lb.rs as isize,
-                            lb.cs as isize,
-                            beta,
-                            pc.get().add(r0 * lc.rs),
-                            lc.rs as isize,
-                            lc.cs as isize,
-                        )
-                    }
-                });
+        let jobs: Vec<(usize, usize)> = (0..bands)
+            .map(|i| (i * per, ((i + 1) * per).min(m)))
+            .filter(|(r0, r1)| r0 < r1)
+            .collect();
+        self.workers.run(jobs, |(r0, r1)| {
+            let (pa_s, pb_s) = (pa_s, pb_s);
+            // SAFETY: as above; each band writes rows r0..r1 of C only.
+            unsafe {
+                F::gemm_raw(
+                    r1 - r0,
+                    k,
+                    n,
+                    alpha,
+                    pa_s.get().add(r0 * la.rs),
+                    la.rs as isize,
+                    la.cs as isize,
+                    pb_s.get(),
+                    lb.rs as isize,
+                    lb.cs as isize,
+                    beta,
+                    pc.get().add(r0 * lc.rs),
+                    lc.rs as isize,
+                    lc.cs as isize,
+                )
             }
-            call(0, per.min(m), pc);
         });
     }
 }
