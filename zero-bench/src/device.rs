@@ -62,9 +62,6 @@ impl FromStr for DeviceChoice {
 pub trait BenchDevice: Device {
     /// A simulated device: its timings are not measurements of anything.
     fn simulated(&self) -> bool;
-    /// Matrix products on bf16 tensor cores (fp32 accumulation) from now on, or back to
-    /// fp32; false where the device has no such mode (the CPU devices).
-    fn set_bf16_matmul(&self, on: bool) -> bool;
     /// Free device memory in bytes, where the device can tell.
     fn free_memory(&self) -> Option<u64> {
         None
@@ -75,16 +72,10 @@ impl BenchDevice for SimDevice {
     fn simulated(&self) -> bool {
         true
     }
-    fn set_bf16_matmul(&self, _on: bool) -> bool {
-        false
-    }
 }
 
 impl BenchDevice for HostDevice {
     fn simulated(&self) -> bool {
-        false
-    }
-    fn set_bf16_matmul(&self, _on: bool) -> bool {
         false
     }
 }
@@ -97,7 +88,7 @@ pub type Opener<D> = dyn Fn(usize) -> zero_kernels::Result<D> + Sync;
 pub mod cuda {
     //! The CUDA device under test.
 
-    use zero_kernels::cuda::{CudaDevice, MatmulPrecision};
+    use zero_kernels::cuda::CudaDevice;
     use zero_kernels::KernelError;
 
     use super::BenchDevice;
@@ -105,14 +96,6 @@ pub mod cuda {
     impl BenchDevice for CudaDevice {
         fn simulated(&self) -> bool {
             false
-        }
-        fn set_bf16_matmul(&self, on: bool) -> bool {
-            self.set_matmul_precision(if on {
-                MatmulPrecision::Bf16
-            } else {
-                MatmulPrecision::F32
-            });
-            true
         }
         fn free_memory(&self) -> Option<u64> {
             self.memory_info().ok().map(|(free, _)| free as u64)

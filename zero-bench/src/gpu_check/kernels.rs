@@ -749,12 +749,12 @@ pub fn check_all<D: BenchDevice, R: Device>(
         let seed = 0x6b65_726e_0000 + i as u64;
         let check = Check::new("kernel", op.name(s), Kind::Correctness);
         let (tol, why) = op.tolerance(against);
-        let mut check = if op == Op::MatmulBf16 && !dut.set_bf16_matmul(true) {
+        let mut check = if op == Op::MatmulBf16 && !dut.set_bf16_products(true) {
             check.skip("this device has no bf16 matrix-product mode")
         } else {
             let got = run_op(dut, op, s, seed, false);
             if op == Op::MatmulBf16 {
-                dut.set_bf16_matmul(false);
+                dut.set_bf16_products(false);
             }
             match (got, run_op(reference, op, s, seed, op == Op::MatmulBf16)) {
                 (Ok(got), Ok(want)) => judge(check, &got, &want, tol, why),

@@ -139,7 +139,7 @@ pub fn check<D: BenchDevice>(dut: &D, case: &Case, report: &mut Report) -> anyho
             format!("{tag} {prec}: gradients"),
             Kind::Correctness,
         );
-        if bf16 && !dut.set_bf16_matmul(true) {
+        if bf16 && !dut.set_bf16_products(true) {
             let why = "this device has no bf16 matrix-product mode";
             report.add(loss_check.skip(why))?;
             report.add(grad_check.skip(why))?;
@@ -148,7 +148,7 @@ pub fn check<D: BenchDevice>(dut: &D, case: &Case, report: &mut Report) -> anyho
         let t0 = Instant::now();
         let got = forward_backward(dut, cfg, case, &inputs, &targets);
         if bf16 {
-            dut.set_bf16_matmul(false);
+            dut.set_bf16_products(false);
         }
         let got = match got {
             Ok(r) => r,

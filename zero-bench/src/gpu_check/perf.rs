@@ -217,7 +217,7 @@ fn timed_steps<D: BenchDevice, C: zero_comm::Communicator>(
     cfg: GptConfig,
     tp: &Throughput,
 ) -> anyhow::Result<(f64, bool, String)> {
-    dev.set_bf16_matmul(true);
+    dev.set_bf16_products(true);
     let act = activation_bytes_for(&cfg, tp.rows, tp.seq_len, 4);
     let state = 16 * cfg.num_params();
     let sizes = match dev.free_memory() {

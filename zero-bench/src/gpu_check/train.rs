@@ -272,9 +272,7 @@ pub fn curve<D: BenchDevice>(
     let results = run_local(setup.ranks, comm_cfg, |comm| {
         let dev = open(comm.rank())
             .map_err(|e| format!("rank {}: opening the device: {e}", comm.rank()))?;
-        if precision == Precision::Bf16 {
-            dev.set_bf16_matmul(true);
-        }
+        // The engine turns bf16 products on for bf16 (on the host too: AVX-512 BF16).
         train_rank(&comm, &dev, setup, &cfg, &tokens, steps)
     });
     if results.len() != setup.ranks {

@@ -30,6 +30,11 @@ pub struct ModelArgs {
     /// Timed forward+backward steps (after one warm-up step).
     #[arg(long, default_value_t = 5)]
     steps: usize,
+    /// Matrix products with bf16 operands and f32 sums (what `precision = "bf16"`
+    /// trains with: AVX-512 BF16 where the CPU has it), the model and the reference GEMM
+    /// alike.
+    #[arg(long)]
+    bf16: bool,
 }
 
 /// Wall and process-CPU seconds since an arbitrary origin. CPU time counts only the time
@@ -143,6 +148,7 @@ pub fn run(args: &ModelArgs) -> anyhow::Result<()> {
     let b = args.rows;
     // The host device, its GEMMs on --threads threads (the model runs its ops on it).
     let dev = HostDevice::with_threads(args.threads);
+    dev.set_bf16_products(args.bf16);
     let stream = dev.stream("compute")?;
     let cx = Compute {
         dev: &dev,
@@ -165,7 +171,8 @@ pub fn run(args: &ModelArgs) -> anyhow::Result<()> {
     // The machine may be shared: model steps and SGEMM calls are interleaved and the
     // fastest of each is kept, so both see the same conditions and the ratio is of
     // uncontended times.
-    let g = Gemm::new(args.threads);
+    let g = Gemm::new(args.threads).with_bf16_operands(args.bf16);
+    let gemm_name = if args.bf16 { "bf16 GEMM" } else { "SGEMM" };
     let c = cfg.n_embd;
     let mut shape = Sgemm::new(b * t, c, 4 * c);
     let mut square = Sgemm::new(1024, 1024, 1024);
@@ -191,7 +198,7 @@ pub fn run(args: &ModelArgs) -> anyhow::Result<()> {
     };
 
     println!(
-        "model {} (V={} L={} H={} C={}, {} params), B={b} T={t}, {} thread(s), activation arena {:.1} MiB",
+        "model {} (V={} L={} H={} C={}, {} params), B={b} T={t}, {} thread(s), {} products, activation arena {:.1} MiB",
         args.preset,
         cfg.vocab_size,
         cfg.n_layer,
@@ -199,6 +206,11 @@ pub fn run(args: &ModelArgs) -> anyhow::Result<()> {
         cfg.n_embd,
         cfg.num_params(),
         args.threads,
+        if args.bf16 {
+            "bf16-operand (attention's stay f32)"
+        } else {
+            "f32"
+        },
         model.arena_bytes() as f64 / (1 << 20) as f64
     );
     println!(
@@ -222,10 +234,11 @@ pub fn run(args: &ModelArgs) -> anyhow::Result<()> {
     row("step fwd+bwd (s)", best.wall, best.cpu, 4);
     row("tokens/s", tokens / best.wall, tokens / best.cpu, 0);
     row("model GFLOP/s (fwd+bwd)", model_gf.0, model_gf.1, 1);
-    let label = format!("SGEMM GFLOP/s {}x{}x{} (c_fc shape)", b * t, c, 4 * c);
+    let label = format!("{gemm_name} GFLOP/s {}x{}x{} (c_fc shape)", b * t, c, 4 * c);
     row(&label, shape_gf.0, shape_gf.1, 1);
-    row("SGEMM GFLOP/s 1024x1024x1024", square_gf.0, square_gf.1, 1);
-    row("model / best SGEMM", ratio(0), ratio(1), 3);
+    let label = format!("{gemm_name} GFLOP/s 1024x1024x1024");
+    row(&label, square_gf.0, square_gf.1, 1);
+    row(&format!("model / best {gemm_name}"), ratio(0), ratio(1), 3);
     println!("loss of the batch (sanity, ~ln V at init): {loss:.4}");
     Ok(())
 }

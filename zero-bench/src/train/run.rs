@@ -115,9 +115,8 @@ pub fn train<C: Communicator, E: Communicator, D: BenchDevice>(
     let t = &config.train;
     rss::reset_peak();
 
-    // Set-up: model, engine (allocates exactly the plan), initial weights. In bf16 a GPU
-    // multiplies on its tensor cores (bf16 operands, fp32 accumulation).
-    dev.set_bf16_matmul(config.precision.dtype == zero_core::Precision::Bf16);
+    // Set-up: model, engine (allocates exactly the plan; in bf16 it switches the device's
+    // matrix products to bf16 operands with f32 sums), initial weights.
     let setup = (|| -> anyhow::Result<_> {
         let gpt = gpt_config(config)?;
         let model = Gpt::<D, f32>::new(dev, gpt, t.micro_batch).context("building the model")?;

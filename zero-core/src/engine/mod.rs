@@ -38,7 +38,7 @@ use zero_comm::{CommError, CommStats, Communicator};
 use zero_kernels::device::{Buffer, Device};
 use zero_kernels::{DType, Float, KernelError};
 
-use crate::config::{ConfigError, EngineConfig, Stage};
+use crate::config::{ConfigError, EngineConfig, Precision, Stage};
 use crate::layout::{LayoutError, PartitionLayout};
 use crate::ledger::MemCategory;
 use crate::model::{Compute, Model, ModelError};
@@ -270,6 +270,12 @@ impl<'c, D: Device, C: Communicator> Engine<'c, D, C> {
         let inputs = PlanInputs::from_config(config, world, activation_bytes);
         let plan = BufferPlan::new(&spec, &layout, &inputs, rank)?;
         let bufs = Buffers::allocate(dev, &plan, spec.units.len())?;
+        // Mixed precision as the hardware does it: in bf16 the model's matrix products take
+        // bf16 operands with f32 sums (tensor cores, AVX-512 BF16) where the device can.
+        let bf16 = dev.set_bf16_products(config.precision.dtype == Precision::Bf16);
+        if bf16 && config.precision.dtype == Precision::Bf16 && rank == 0 {
+            log::debug!("matrix products with bf16 operands on {}", dev.describe());
+        }
         let streams = Streams {
             compute: dev.stream("compute")?,
             comm: dev.stream("comm")?,

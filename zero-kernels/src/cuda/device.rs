@@ -181,6 +181,15 @@ impl Device for CudaDevice {
     type Stream = CudaStreamRef;
     type Event = CudaEventRef;
 
+    fn set_bf16_products(&self, on: bool) -> bool {
+        self.set_matmul_precision(if on {
+            MatmulPrecision::Bf16
+        } else {
+            MatmulPrecision::F32
+        });
+        true
+    }
+
     fn describe(&self) -> String {
         let name = self.ctx.name().unwrap_or_else(|_| "unknown GPU".into());
         let cc = self

@@ -269,6 +269,15 @@ pub trait CpuQueue {
     fn gpu_order(&self) -> bool {
         false
     }
+    /// Whether f32 matrix products round their operands to bf16 ([`Device::set_bf16_products`]).
+    fn bf16_products(&self) -> bool {
+        false
+    }
+    /// Switch bf16 operands on or off; false where the queue has no such mode.
+    fn set_bf16_products(&self, on: bool) -> bool {
+        let _ = on;
+        false
+    }
     /// Queue (or run) `op` on `stream`.
     fn submit(&self, stream: &CpuStream, op: CpuOp) -> Result<()>;
     /// An event after everything queued on `stream`.
@@ -324,6 +333,10 @@ impl<Q: CpuQueue> Device for Q {
 
     fn location(&self) -> Location {
         Location::Host
+    }
+
+    fn set_bf16_products(&self, on: bool) -> bool {
+        CpuQueue::set_bf16_products(self, on)
     }
 
     fn alloc<T: Element>(&self, len: usize, name: &str) -> Result<CpuBuffer<T>> {
@@ -573,7 +586,7 @@ impl<Q: CpuQueue> Device for Q {
     ) -> Result<()> {
         check::matmul(&mm, a.len(), b.len(), c.len())?;
         let (la, lb, lc) = (mm.a, mm.b, mm.c);
-        let gemm = self.gemm().clone();
+        let gemm = self.gemm().with_bf16_operands(self.bf16_products());
         let mut op = OpBuilder::new("matmul");
         let (a, b, c) = (op.r(&a), op.r(&b), op.w(&c));
         self.submit(

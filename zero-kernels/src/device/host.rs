@@ -17,6 +17,8 @@ pub struct HostDevice {
     gemm: Gemm,
     ids: Ids,
     streams: Cell<usize>,
+    /// f32 products with bf16 operands ([`super::Device::set_bf16_products`]).
+    bf16_products: Cell<bool>,
 }
 
 impl Default for HostDevice {
@@ -48,6 +50,7 @@ impl HostDevice {
             gemm: Gemm::new(gemm_threads),
             ids: Ids::default(),
             streams: Cell::new(0),
+            bf16_products: Cell::new(false),
         }
     }
 
@@ -68,11 +71,26 @@ impl CpuQueue for HostDevice {
         self.ids.next()
     }
     fn describe_queue(&self) -> String {
+        let products = if self.bf16_products.get() {
+            match crate::nn::gemm_bf16::Bf16Kernel::detect() {
+                crate::nn::gemm_bf16::Bf16Kernel::Avx512Bf16 => ", bf16 products (avx512bf16)",
+                crate::nn::gemm_bf16::Bf16Kernel::Portable => ", bf16 products (portable)",
+            }
+        } else {
+            ""
+        };
         format!(
-            "host ({}, {} thread(s))",
+            "host ({}, {} thread(s){products})",
             self.exec.isa(),
             self.exec.threads().max(self.gemm.threads())
         )
+    }
+    fn bf16_products(&self) -> bool {
+        self.bf16_products.get()
+    }
+    fn set_bf16_products(&self, on: bool) -> bool {
+        self.bf16_products.set(on);
+        true
     }
     fn new_stream(&self, name: &str) -> Result<CpuStream> {
         let index = self.streams.get();

@@ -9,6 +9,7 @@
 //! each; every element of C is still one dot product in the same K order as on one
 //! thread.
 
+use super::gemm_bf16::Bf16Kernel;
 use super::scalar::Scalar;
 use crate::par::Workers;
 
@@ -78,10 +79,13 @@ impl<T> SendPtr<T> {
 /// more than it saves).
 const MIN_PARALLEL_WORK: usize = 1 << 20;
 
-/// The matrix multiply, with its threads (cloning shares them).
+/// The matrix multiply, with its threads (cloning shares them) and its operand precision.
 #[derive(Clone, Debug)]
 pub struct Gemm {
     workers: Workers,
+    /// f32 products rounded their operands to bf16 with this micro-kernel
+    /// ([`super::gemm_bf16`]); `None`: exact f32 operands.
+    bf16: Option<Bf16Kernel>,
 }
 
 impl Gemm {
@@ -89,7 +93,22 @@ impl Gemm {
     pub fn new(threads: usize) -> Self {
         Gemm {
             workers: Workers::new(threads),
+            bf16: None,
         }
+    }
+
+    /// The same GEMM (same threads) with f32 operands rounded to bf16 (f32 sums) when
+    /// `on`, on this CPU's fastest bf16 micro-kernel; f64 products stay exact.
+    pub fn with_bf16_operands(&self, on: bool) -> Self {
+        Gemm {
+            workers: self.workers.clone(),
+            bf16: on.then(Bf16Kernel::detect),
+        }
+    }
+
+    /// Whether f32 operands are rounded to bf16.
+    pub fn bf16_operands(&self) -> bool {
+        self.bf16.is_some()
     }
 
     /// Threads used.
@@ -152,11 +171,13 @@ impl Gemm {
             1
         };
         let (pa, pb, pc) = (a.as_ptr(), b.as_ptr(), SendPtr(c.as_mut_ptr()));
+        let bf16 = self.bf16;
         let call = |r0: usize, r1: usize, pc: SendPtr<F>| {
             // SAFETY: the views were bounds-checked above; rows r0..r1 of A and C are
             // inside them; C does not alias A or B (a `&mut` and two `&`).
             unsafe {
-                F::gemm_raw(
+                gemm_band(
+                    bf16,
                     r1 - r0,
                     k,
                     n,
@@ -188,7 +209,8 @@ impl Gemm {
             let (pa_s, pb_s) = (pa_s, pb_s);
             // SAFETY: as above; each band writes rows r0..r1 of C only.
             unsafe {
-                F::gemm_raw(
+                gemm_band(
+                    bf16,
                     r1 - r0,
                     k,
                     n,
@@ -206,6 +228,40 @@ impl Gemm {
                 )
             }
         });
+    }
+}
+
+/// One band's product: exact operands, or rounded to bf16 with `bf16`'s micro-kernel.
+///
+/// # Safety
+/// As [`Scalar::gemm_raw`].
+#[allow(clippy::too_many_arguments)]
+#[inline]
+unsafe fn gemm_band<F: Scalar>(
+    bf16: Option<Bf16Kernel>,
+    m: usize,
+    k: usize,
+    n: usize,
+    alpha: F,
+    a: *const F,
+    rsa: isize,
+    csa: isize,
+    b: *const F,
+    rsb: isize,
+    csb: isize,
+    beta: F,
+    c: *mut F,
+    rsc: isize,
+    csc: isize,
+) {
+    // SAFETY: forwarded contract.
+    unsafe {
+        match bf16 {
+            Some(kernel) => F::gemm_raw_bf16(
+                kernel, m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc,
+            ),
+            None => F::gemm_raw(m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc),
+        }
     }
 }
 

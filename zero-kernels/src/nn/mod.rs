@@ -5,7 +5,8 @@
 //! zero-models is written on them.
 //!
 //! - [`gemm`]: `C = alpha * A B + beta * C` over strided views ([`MatLayout`]), with
-//!   threads over row bands ([`Gemm`]);
+//!   threads over row bands ([`Gemm`]); [`gemm_bf16`]: the same product with bf16
+//!   operands and f32 sums (AVX-512 BF16 or portable), for bf16 training;
 //! - [`norm`]: LayerNorm; [`activation`]: GELU (tanh approximation);
 //! - [`softmax`]: the causal row softmax; [`attention`]: causal multi-head attention over
 //!   a packed qkv, in query bands;
@@ -35,6 +36,7 @@
 pub mod activation;
 pub mod attention;
 pub mod gemm;
+pub mod gemm_bf16;
 pub mod norm;
 pub mod rows;
 pub mod scalar;

@@ -67,6 +67,30 @@ pub trait Scalar:
         rsc: isize,
         csc: isize,
     );
+
+    /// [`Scalar::gemm_raw`] with the operands rounded to bf16 and f32 sums
+    /// ([`super::gemm_bf16`]); f64 (the reference) has no such mode and multiplies exactly.
+    ///
+    /// # Safety
+    /// As [`Scalar::gemm_raw`], and `kernel` is one this CPU runs.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn gemm_raw_bf16(
+        kernel: super::gemm_bf16::Bf16Kernel,
+        m: usize,
+        k: usize,
+        n: usize,
+        alpha: Self,
+        a: *const Self,
+        rsa: isize,
+        csa: isize,
+        b: *const Self,
+        rsb: isize,
+        csb: isize,
+        beta: Self,
+        c: *mut Self,
+        rsc: isize,
+        csc: isize,
+    );
 }
 
 /// e^x for f32 without libm, branch-free so loops over it vectorise (Cephes `expf`):
@@ -95,7 +119,7 @@ pub fn tanh_f32(u: f32) -> f32 {
 }
 
 macro_rules! impl_scalar {
-    ($t:ty, $gemm:path, $exp:path, $tanh:path) => {
+    ($t:ty, $gemm:path, $gemm_bf16:path, $exp:path, $tanh:path) => {
         impl Scalar for $t {
             const ZERO: Self = 0.0;
             const ONE: Self = 1.0;
@@ -143,12 +167,65 @@ macro_rules! impl_scalar {
                 // SAFETY: forwarded contract; `Gemm::run` checked every index is in bounds.
                 unsafe { $gemm(m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc) }
             }
+            unsafe fn gemm_raw_bf16(
+                kernel: super::gemm_bf16::Bf16Kernel,
+                m: usize,
+                k: usize,
+                n: usize,
+                alpha: Self,
+                a: *const Self,
+                rsa: isize,
+                csa: isize,
+                b: *const Self,
+                rsb: isize,
+                csb: isize,
+                beta: Self,
+                c: *mut Self,
+                rsc: isize,
+                csc: isize,
+            ) {
+                // SAFETY: forwarded contract, as above.
+                unsafe {
+                    $gemm_bf16(
+                        kernel, m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc,
+                    )
+                }
+            }
         }
     };
 }
 
-impl_scalar!(f32, matrixmultiply::sgemm, exp_f32, tanh_f32);
-impl_scalar!(f64, matrixmultiply::dgemm, f64::exp, f64::tanh);
+/// f64 has no bf16 mode: the exact product (the reference stays the reference).
+#[allow(clippy::too_many_arguments)]
+unsafe fn dgemm_exact(
+    _kernel: super::gemm_bf16::Bf16Kernel,
+    m: usize,
+    k: usize,
+    n: usize,
+    alpha: f64,
+    a: *const f64,
+    rsa: isize,
+    csa: isize,
+    b: *const f64,
+    rsb: isize,
+    csb: isize,
+    beta: f64,
+    c: *mut f64,
+    rsc: isize,
+    csc: isize,
+) {
+    // SAFETY: forwarded contract.
+    unsafe { matrixmultiply::dgemm(m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc) }
+}
+
+impl_scalar!(
+    f32,
+    matrixmultiply::sgemm,
+    super::gemm_bf16::sgemm_bf16,
+    exp_f32,
+    tanh_f32
+);
+impl_scalar!(f64, matrixmultiply::dgemm, dgemm_exact, f64::exp, f64::tanh);
 
 #[cfg(test)]
 mod tests {
