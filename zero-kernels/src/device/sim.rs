@@ -22,7 +22,7 @@
 //! After the first error the device refuses every further call (the state of its buffers
 //! is then meaningless).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 use std::rc::Rc;
@@ -121,6 +121,9 @@ pub struct SimDevice {
     /// Model ops run the CUDA kernels' CPU twins ([`crate::twin`]) instead of the
     /// vectorised host kernels: a simulated *GPU*, arithmetic order included.
     gpu_order: bool,
+    /// f32 products with bf16 operands ([`super::Device::set_bf16_products`]): the host
+    /// GEMM's bf16 mode, standing in for a GPU's tensor cores.
+    bf16_products: Cell<bool>,
     state: RefCell<State>,
 }
 
@@ -141,7 +144,8 @@ impl SimDevice {
     /// A simulated GPU: as [`SimDevice::new`], but the model ops run the CPU twins of
     /// the CUDA kernels ([`crate::twin`]), in the GPU kernels' arithmetic order, so a run
     /// here executes the logic of the GPU path (streams, events, kernels) without a GPU.
-    /// Matrix products stay the host GEMM (cuBLAS's order is its own).
+    /// Matrix products stay the host GEMM (cuBLAS's order is its own), with bf16 operands
+    /// when the engine trains in bf16, as tensor cores take them.
     pub fn gpu_twin(seed: u64) -> Self {
         SimDevice {
             gpu_order: true,
@@ -157,6 +161,7 @@ impl SimDevice {
             ids: Ids::default(),
             seed,
             gpu_order: false,
+            bf16_products: Cell::new(false),
             state: RefCell::new(State {
                 rng: seed ^ 0x5DEE_CE66_D1CE_4E5B,
                 streams: Vec::new(),
@@ -404,6 +409,13 @@ impl CpuQueue for SimDevice {
     }
     fn gpu_order(&self) -> bool {
         self.gpu_order
+    }
+    fn bf16_products(&self) -> bool {
+        self.bf16_products.get()
+    }
+    fn set_bf16_products(&self, on: bool) -> bool {
+        self.bf16_products.set(on);
+        true
     }
 
     fn new_stream(&self, name: &str) -> Result<CpuStream> {
