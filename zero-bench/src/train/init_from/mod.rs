@@ -166,7 +166,7 @@ fn kind_of(path: &Path) -> anyhow::Result<Kind> {
     Ok(Kind::Hdf5(path.to_path_buf()))
 }
 
-pub(crate) fn shape_str(s: &[usize]) -> String {
+fn shape_str(s: &[usize]) -> String {
     let parts: Vec<String> = s.iter().map(|d| d.to_string()).collect();
     format!("[{}]", parts.join(", "))
 }
