@@ -218,8 +218,19 @@ fn run_a() -> &'static RunA {
             corpus,
             dir,
         };
-        assert_ran(&zb(&["ckpt", "consolidate", &s(&step), &s(&a.consolidated)]));
-        assert_ran(&zb(&["ckpt", "export", "--safetensors", &s(&step), &s(&a.nanogpt)]));
+        assert_ran(&zb(&[
+            "ckpt",
+            "consolidate",
+            &s(&step),
+            &s(&a.consolidated),
+        ]));
+        assert_ran(&zb(&[
+            "ckpt",
+            "export",
+            "--safetensors",
+            &s(&step),
+            &s(&a.nanogpt),
+        ]));
         assert_ran(&zb(&[
             "ckpt",
             "export",
@@ -325,7 +336,10 @@ fn both_name_sets_load_the_exported_weights_bit_for_bit() {
         .into_iter()
         .map(|(n, t)| (format!("transformer.{n}"), t))
         .collect();
-    whole.insert("lm_head.weight".into(), whole["transformer.wte.weight"].clone());
+    whole.insert(
+        "lm_head.weight".into(),
+        whole["transformer.wte.weight"].clone(),
+    );
     for i in 0..2 {
         let mask = Raw {
             dtype: "F32".into(),
@@ -338,7 +352,10 @@ fn both_name_sets_load_the_exported_weights_bit_for_bit() {
     let file = dir.join("lm-head-model.safetensors");
     write_st(&file, &whole);
     let (got, text) = loaded(&file, &dir, &[]);
-    assert!(got == want, "a whole-model state dict: the loaded weights differ");
+    assert!(
+        got == want,
+        "a whole-model state dict: the loaded weights differ"
+    );
     assert!(
         text.contains("not loading 5 tensor(s) that hold nothing to load"),
         "{text}"
@@ -375,19 +392,25 @@ fn a_sharded_folder_with_an_index_loads_like_one_file() {
     )
     .unwrap();
     let (got, text) = loaded(&folder, &dir, &[]);
-    assert!(text.contains("sharded safetensors, hf-gpt2 names"), "{text}");
+    assert!(
+        text.contains("sharded safetensors, hf-gpt2 names"),
+        "{text}"
+    );
     assert!(
         got == h5_bits(&a.consolidated),
         "sharded: the loaded weights differ"
     );
 }
 
+/// A 16-bit type: its safetensors name, f32 -> its bits (rounded to nearest even), back.
+type HalfType = (&'static str, fn(f32) -> u16, fn(u16) -> f32);
+
 #[test]
 fn f16_and_bf16_files_load_as_their_values_widened() {
     let a = run_a();
     let dir = scratch("half");
     let tensors = read_st(&a.nanogpt);
-    let cases: [(&str, fn(f32) -> u16, fn(u16) -> f32); 2] = [
+    let cases: [HalfType; 2] = [
         (
             "BF16",
             |x| half::bf16::from_f32(x).to_bits(),
@@ -410,7 +433,10 @@ fn f16_and_bf16_files_load_as_their_values_widened() {
                 .iter()
                 .map(|&x| widen(narrow(x)).to_bits())
                 .collect();
-            assert!(got[name] == want, "{dtype}: '{name}' is not the rounded f32");
+            assert!(
+                got[name] == want,
+                "{dtype}: '{name}' is not the rounded f32"
+            );
             changed += t.f32s().iter().filter(|&&x| widen(narrow(x)) != x).count();
         }
         // The rounding did something (so the check above could fail).

@@ -252,7 +252,7 @@ mod tests {
         }
         // An odd header length: elements are not 4-byte aligned in the file.
         let mut h = serde_json::Value::Object(header).to_string();
-        if (8 + h.len()) % 2 == 0 {
+        if (8 + h.len()).is_multiple_of(2) {
             h.push(' ');
         }
         let mut out = (h.len() as u64).to_le_bytes().to_vec();
