@@ -33,7 +33,7 @@ mod st;
 #[cfg(not(feature = "hdf5"))]
 use super::without_hdf5::init_from_h5 as h5;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::Read;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -303,7 +303,7 @@ impl InitFile {
                 fit.problems.join("\n  ")
             );
         }
-        let used: Vec<usize> = fit.bound.values().map(|b| b.entry).collect();
+        let used: HashSet<usize> = fit.bound.values().map(|b| b.entry).collect();
         let mut extra = Vec::new();
         let mut redundant = Vec::new();
         for (i, e) in entries.iter().enumerate() {
