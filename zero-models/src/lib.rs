@@ -8,6 +8,7 @@
 //!   cross-entropy, row ops; their CPU kernels are [`zero_kernels::nn`]).
 //! - [`data`]: token files (nanoGPT and llm.c `.bin`), the sequential batch order, a
 //!   built-in synthetic corpus, byte tokenisation.
+//! - [`names`]: GPT-2's tensor names in files, ours and Hugging Face's, both ways.
 //!
 //! Driving the model as the engine does, one layer at a time, each call handed only the
 //! parameters of the units that layer uses (here on the host device):
@@ -43,6 +44,7 @@ pub mod gpt;
 mod head;
 pub mod init;
 mod layout;
+pub mod names;
 mod units;
 
 pub use config::{preset_names, GptConfig, GptConfigError, GptLayer, PRESETS};

@@ -5,13 +5,23 @@ use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 
-/// Tensor naming of the export.
+/// Tensor naming of the export (`zero_models::names::NameSet`, which `train --init-from`
+/// reads with).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Names {
     /// docs/ARCHITECTURE.md names, [out, in] weights (nanoGPT's state dict without the prefix).
     Nanogpt,
     /// Hugging Face GPT2Model names, Conv1D weights transposed to [in, out].
     HfGpt2,
+}
+
+impl From<Names> for zero_models::names::NameSet {
+    fn from(n: Names) -> Self {
+        match n {
+            Names::Nanogpt => zero_models::names::NameSet::Nanogpt,
+            Names::HfGpt2 => zero_models::names::NameSet::HfGpt2,
+        }
+    }
 }
 
 /// Arguments of `ckpt export`.

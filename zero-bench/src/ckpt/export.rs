@@ -5,7 +5,8 @@
 //! `--names nanogpt` (default) keeps the names docs/ARCHITECTURE.md lists and [out, in] shapes.
 //! `--names hf-gpt2` writes what `GPT2Model.from_pretrained` expects: `wte.weight`,
 //! `wpe.weight`, and the four linear weights of each block transposed to Conv1D's
-//! [in, out] (docs/ARCHITECTURE.md: HF's GPT-2 holds the transpose).
+//! [in, out] (docs/ARCHITECTURE.md: HF's GPT-2 holds the transpose). The mapping is
+//! `zero_models::names`, the one `train --init-from` reads with.
 
 use std::borrow::Cow;
 use std::cell::RefCell;
@@ -16,8 +17,9 @@ use anyhow::{bail, Context};
 use safetensors::{Dtype, View};
 use zero_core::checkpoint::{self, CheckpointError, Meta, ShardReader};
 use zero_core::Tensor;
+use zero_models::names::{self, NameSet};
 
-use super::args::{ExportArgs, Names};
+use super::args::ExportArgs;
 
 /// One tensor, read from the shard files when the writer asks for its bytes.
 struct Lazy<'a> {
@@ -73,21 +75,6 @@ fn transpose(v: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     out
 }
 
-/// The exported name, and whether the tensor is transposed.
-fn export_name(names: Names, name: &str, shape: &[usize]) -> (String, bool) {
-    match names {
-        Names::Nanogpt => (name.to_string(), false),
-        Names::HfGpt2 => match name {
-            "wte" | "wpe" => (format!("{name}.weight"), false),
-            _ => {
-                let linear =
-                    name.starts_with("h.") && name.ends_with(".weight") && shape.len() == 2;
-                (name.to_string(), linear)
-            }
-        },
-    }
-}
-
 /// Run `ckpt export`.
 pub fn run(args: &ExportArgs) -> anyhow::Result<()> {
     if !args.safetensors {
@@ -102,20 +89,17 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<()> {
         files: RefCell::new(HashMap::new()),
         error: RefCell::new(None),
     };
+    let set = NameSet::from(args.names);
     let mut tensors = Vec::new();
     for t in source.meta.layout.tensors() {
-        let (name, transpose) = export_name(args.names, &t.name, &t.shape);
-        let shape = if transpose {
-            vec![t.shape[1], t.shape[0]]
-        } else {
-            t.shape.clone()
-        };
+        let stored = names::stored(set, &t.name);
+        let shape = stored.shape(&t.shape);
         tensors.push((
-            name,
+            stored.name,
             Lazy {
                 tensor: t,
                 shape,
-                transpose,
+                transpose: stored.transposed,
                 source: &source,
             },
         ));
@@ -135,9 +119,8 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<()> {
     })
     .with_context(|| format!("exporting {} to {}", args.dir.display(), args.out.display()))?;
     println!(
-        "wrote {n} tensors to {} (safetensors, {:?} names)",
-        args.out.display(),
-        args.names
+        "wrote {n} tensors to {} (safetensors, {set} names)",
+        args.out.display()
     );
     Ok(())
 }
@@ -151,30 +134,5 @@ mod tests {
         // [[1, 2, 3], [4, 5, 6]] -> [[1, 4], [2, 5], [3, 6]]
         let t = transpose(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], 2, 3);
         assert_eq!(t, vec![1.0, 4.0, 2.0, 5.0, 3.0, 6.0]);
-    }
-
-    #[test]
-    fn hf_names_transpose_only_block_linear_weights() {
-        let hf = Names::HfGpt2;
-        assert_eq!(
-            export_name(hf, "wte", &[64, 32]),
-            ("wte.weight".into(), false)
-        );
-        assert_eq!(
-            export_name(hf, "h.0.attn.c_attn.weight", &[96, 32]),
-            ("h.0.attn.c_attn.weight".into(), true)
-        );
-        assert_eq!(
-            export_name(hf, "h.0.ln_1.weight", &[32]),
-            ("h.0.ln_1.weight".into(), false)
-        );
-        assert_eq!(
-            export_name(hf, "ln_f.bias", &[32]),
-            ("ln_f.bias".into(), false)
-        );
-        assert_eq!(
-            export_name(Names::Nanogpt, "h.1.mlp.c_fc.weight", &[128, 32]),
-            ("h.1.mlp.c_fc.weight".into(), false)
-        );
     }
 }

@@ -90,14 +90,20 @@ pub struct TrainArgs {
     #[arg(long, value_name = "R", requires = "dry_run")]
     pub rank: Option<usize>,
 
-    /// Start from the weights of a consolidated HDF5 model file (one fp32 dataset per
-    /// parameter at the root, named as docs/ARCHITECTURE.md lists them, e.g. `h.0.attn.c_attn.weight`
-    /// [3C, C]), as `zero-bench ckpt consolidate` and h5py write them.
-    #[arg(long, value_name = "FILE.h5")]
+    /// Start from the weights of a model file (the optimizer starts fresh): safetensors
+    /// (`model.safetensors`, or a folder of shards with Hugging Face's
+    /// `model.safetensors.index.json`; f32, f16 or bf16), with our names or Hugging Face
+    /// GPT-2's (`wte.weight`, ..., Conv1D weights [in, out]), as `zero-bench ckpt export
+    /// --safetensors [--names hf-gpt2]` writes them; or a consolidated HDF5 file (one fp32
+    /// dataset per tensor, named as docs/ARCHITECTURE.md lists them, e.g.
+    /// `h.0.attn.c_attn.weight` [3C, C]), as `ckpt consolidate`, `--save-model` and h5py
+    /// write them. Told apart by the path (a folder, `.safetensors`) and the file's first
+    /// bytes. Every missing, misshaped or unreadable tensor is named before step 1.
+    #[arg(long, value_name = "FILE|DIR")]
     pub init_from: Option<PathBuf>,
 
-    /// After training, write the final fp32 weights to this HDF5 file in the same layout
-    /// (readable by --init-from and by h5py). With --stages: the last stage's weights.
+    /// After training, write the final fp32 weights to this HDF5 file in the consolidated
+    /// layout (readable by --init-from and by h5py). With --stages: the last stage's weights.
     #[arg(long, value_name = "FILE.h5")]
     pub save_model: Option<PathBuf>,
 

@@ -19,7 +19,6 @@ pub mod budget;
 mod checkpoints;
 mod data;
 mod dry_run;
-#[cfg(feature = "hdf5")]
 mod init_from;
 mod launch;
 mod metrics;
@@ -31,7 +30,7 @@ mod signals;
 #[cfg(not(feature = "hdf5"))]
 mod without_hdf5;
 #[cfg(not(feature = "hdf5"))]
-use without_hdf5::{checkpoints, init_from};
+use without_hdf5::checkpoints;
 
 use std::path::Path;
 
@@ -245,14 +244,9 @@ fn run_with<E: Communicator, D: BenchDevice>(
     let init = match init_path {
         Some(path) => {
             let spec = run::gpt_config(c).map_err(same)?.spec();
-            let (file, extra) = agree(comm, init_from::InitFile::open(path, &spec))?;
-            if rank == 0 && !extra.is_empty() {
-                log::warn!(
-                    "{}: ignoring {} tensor(s) the model does not have: {}",
-                    path.display(),
-                    extra.len(),
-                    extra.join(", ")
-                );
+            let file = agree(comm, init_from::InitFile::open(path, &spec))?;
+            if rank == 0 {
+                file.log_unused();
             }
             Some(file)
         }
@@ -441,17 +435,18 @@ fn dry_run(
     fit_to_budget(args, loaded, world, show, comm, None, print)?;
     let plans = dry_run::plan(loaded, world, show, print)?;
     if let Some(path) = &args.init_from {
-        // Pre-flight: the file fits the model (names, shapes, f32), read nothing else.
+        // Pre-flight: the file fits the model (names, shapes, types), read nothing else.
         let spec = run::gpt_config(&loaded[0].config)?.spec();
-        let (_, extra) = init_from::InitFile::open(path, &spec)?;
+        let file = init_from::InitFile::open(path, &spec)?;
         if print {
             println!(
-                "--init-from {}: every tensor of the model present with its shape{}",
+                "--init-from {} ({}): every tensor of the model present with its shape{}",
                 path.display(),
-                if extra.is_empty() {
+                file.describe(),
+                if file.extra().is_empty() {
                     String::new()
                 } else {
-                    format!(" ({} extra tensor(s) would be ignored)", extra.len())
+                    format!(" ({} extra tensor(s) would be ignored)", file.extra().len())
                 }
             );
         }

@@ -133,8 +133,9 @@ pub fn train<C: Communicator, E: Communicator, D: BenchDevice>(
         agree(comm, load)?;
         if rank == 0 && !shared.quiet {
             log::info!(
-                "{stage}: weights loaded from {} (optimizer state fresh)",
-                init.path().display()
+                "{stage}: weights loaded from {} ({}; optimizer state fresh)",
+                init.path().display(),
+                init.describe()
             );
         }
     }

@@ -1,8 +1,9 @@
 //! `train` in a build without HDF5 (the carried GPU build): stand-ins for `checkpoints`
-//! and `init_from` with their interface. Training runs; `--ckpt-dir`, `--resume`,
-//! `--save-model` and `--init-from` stop before the first step and say what to build.
-//! [`checkpoints::Resume`] and [`init_from::InitFile`] have no values, so the code that
-//! would use one cannot run.
+//! and the HDF5 part of `init_from` with their interface. Training runs, `--init-from`
+//! of safetensors too; `--ckpt-dir`, `--resume`, `--save-model` and `--init-from` of an
+//! HDF5 file stop before the first step and say what to build. [`checkpoints::Resume`]
+//! and [`init_from_h5::H5File`] have no values, so the code that would use one cannot
+//! run.
 
 use crate::features::missing;
 
@@ -83,35 +84,42 @@ pub mod checkpoints {
     }
 }
 
-/// Stand-in for `train/init_from.rs`.
-pub mod init_from {
+/// Stand-in for `train/init_from/h5.rs`: HDF5 model files. (`--init-from` of
+/// safetensors needs no HDF5 and works in this build.)
+pub mod init_from_h5 {
+    use std::ops::Range;
     use std::path::Path;
 
-    use zero_comm::Communicator;
-    use zero_core::{Engine, ModelSpec, PartitionLayout};
-    use zero_kernels::device::Device;
+    use zero_core::PartitionLayout;
 
-    /// An opened model file: there is none without HDF5.
-    pub enum InitFile {}
+    use super::super::init_from::Entry;
 
-    impl InitFile {
-        /// `--init-from` needs HDF5: always an error here.
-        pub fn open(path: &Path, _spec: &ModelSpec) -> anyhow::Result<(InitFile, Vec<String>)> {
+    /// An opened HDF5 model file: there is none without HDF5.
+    pub enum H5File {}
+
+    impl H5File {
+        /// An HDF5 model file needs HDF5: always an error here.
+        pub fn open(path: &Path) -> anyhow::Result<H5File> {
             Err(super::missing(
                 "hdf5",
-                &format!("--init-from {} (an HDF5 model file)", path.display()),
+                &format!(
+                    "--init-from {} (not safetensors, so read as an HDF5 model file)",
+                    path.display()
+                ),
             ))
         }
 
-        /// Unreachable: there is no [`InitFile`].
-        pub fn path(&self) -> &Path {
+        /// Unreachable: there is no [`H5File`].
+        pub fn entries(&self) -> &[Entry] {
             match *self {}
         }
 
-        /// Unreachable: there is no [`InitFile`].
-        pub fn load_into<D: Device, C: Communicator>(
+        /// Unreachable: there is no [`H5File`].
+        pub fn read(
             &self,
-            _engine: &mut Engine<'_, D, C>,
+            _entry: usize,
+            _range: Range<usize>,
+            _out: &mut [f32],
         ) -> anyhow::Result<()> {
             match *self {}
         }

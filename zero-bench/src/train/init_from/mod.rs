@@ -1,0 +1,532 @@
+//! `--init-from`: start training from the weights of a model file. Three inputs, told
+//! apart by the path and, failing that, by the file's first bytes:
+//!
+//! - a directory (or a `*.index.json` file): sharded safetensors, as Hugging Face writes
+//!   them: `model.safetensors.index.json` whose `weight_map` names each tensor's shard
+//!   (a directory without an index but with one `model.safetensors` is that file);
+//! - `*.safetensors`, or a file that begins as one (an 8-byte length, then `{`): one
+//!   safetensors file (st.rs);
+//! - anything else: a consolidated HDF5 model file (h5.rs, feature `hdf5`), as `ckpt
+//!   consolidate` and `--save-model` write it.
+//!
+//! Names: ours or Hugging Face GPT-2's (`zero_models::names`, the mapping `ckpt export
+//! --names` writes with), whichever fits more of the model's tensors, with or without a
+//! `transformer.` prefix; under HF names the four linear weights of a block are stored
+//! [in, out] (Conv1D) and transposed on load. Element types: f32, and in safetensors
+//! also f16 and bf16 (widened to f32, which is exact).
+//!
+//! [`InitFile::open`] (every rank, before step 1) checks the file against the model and
+//! lists, in one error, every tensor that is missing, misshaped (saying when it looks
+//! transposed) or of a type we do not read. Tensors the model does not have are a
+//! warning; the tied LM head and attention-mask buffers of a whole-model state dict are
+//! one info line. [`InitFile::load_into`] goes through the engine's import interface
+//! (`Engine::import_unit` per unit, then `finish_import`): each rank reads and converts
+//! only the elements it keeps (`Engine::import_range`, its shard at stages 1-3), a row
+//! block of `wte` from its rows; safetensors are memory-mapped, so a rank touches only the
+//! pages it reads. The optimizer starts fresh (m = v = 0, step 0, the configured loss
+//! scale).
+
+#[cfg(feature = "hdf5")]
+mod h5;
+mod st;
+
+#[cfg(not(feature = "hdf5"))]
+use super::without_hdf5::init_from_h5 as h5;
+
+use std::collections::{HashMap, HashSet};
+use std::io::Read;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail, Context};
+use zero_comm::Communicator;
+use zero_core::{Engine, LossScaler, ModelSpec, Tensor};
+use zero_kernels::device::Device;
+use zero_models::names::{self, NameSet};
+
+pub use h5::save;
+
+/// The element types a model file may hold that `--init-from` reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Elem {
+    /// 32-bit float.
+    F32,
+    /// IEEE half (safetensors `F16`).
+    F16,
+    /// bfloat16 (safetensors `BF16`).
+    Bf16,
+}
+
+/// One tensor as a file holds it.
+pub struct Entry {
+    /// Its name in the file.
+    pub name: String,
+    /// Its shape in the file.
+    pub shape: Vec<usize>,
+    /// Its element type, or what it is instead (said in the error if the model needs it).
+    pub elem: Result<Elem, String>,
+}
+
+/// The opened file, by format.
+enum Source {
+    H5(h5::H5File),
+    St(st::StFile),
+}
+
+impl Source {
+    fn entries(&self) -> &[Entry] {
+        match self {
+            Source::H5(f) => f.entries(),
+            Source::St(f) => f.entries(),
+        }
+    }
+
+    /// Elements `range` of entry `entry` (flat, row-major, in the file's orientation),
+    /// widened to f32, into `out` (of `range.len()`).
+    fn read(&self, entry: usize, range: Range<usize>, out: &mut [f32]) -> anyhow::Result<()> {
+        match self {
+            Source::H5(f) => f.read(entry, range, out),
+            Source::St(f) => f.read(entry, range, out),
+        }
+    }
+
+    fn kind(&self) -> &'static str {
+        match self {
+            Source::H5(_) => "HDF5",
+            Source::St(f) => f.kind(),
+        }
+    }
+}
+
+/// Where a tensor of the model is in the file.
+struct Bound {
+    entry: usize,
+    /// The file holds it [cols, rows] (Conv1D under HF names).
+    transposed: bool,
+}
+
+/// A model file whose tensors were checked against a model's spec.
+pub struct InitFile {
+    path: PathBuf,
+    source: Source,
+    names: NameSet,
+    /// By our tensor name (a split tensor's whole name).
+    bound: HashMap<String, Bound>,
+    extra: Vec<String>,
+    redundant: Vec<(&'static str, String)>,
+}
+
+/// What `--init-from PATH` points at.
+#[derive(Debug, PartialEq, Eq)]
+enum Kind {
+    /// A safetensors index (`weight_map`) and its shards.
+    Index(PathBuf),
+    /// One safetensors file.
+    Safetensors(PathBuf),
+    /// An HDF5 model file (or something that is no model file: HDF5 says what).
+    Hdf5(PathBuf),
+}
+
+/// Hugging Face's name of the index of a sharded safetensors model.
+const INDEX_NAME: &str = "model.safetensors.index.json";
+/// Hugging Face's name of a one-file safetensors model.
+const SINGLE_NAME: &str = "model.safetensors";
+
+fn kind_of(path: &Path) -> anyhow::Result<Kind> {
+    if path.is_dir() {
+        let index = path.join(INDEX_NAME);
+        let single = path.join(SINGLE_NAME);
+        return if index.is_file() {
+            Ok(Kind::Index(index))
+        } else if single.is_file() {
+            Ok(Kind::Safetensors(single))
+        } else {
+            bail!(
+                "{} is a directory without {INDEX_NAME} (sharded safetensors) or {SINGLE_NAME}",
+                path.display()
+            )
+        };
+    }
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    if name.ends_with(".index.json") {
+        return Ok(Kind::Index(path.to_path_buf()));
+    }
+    if name.ends_with(".safetensors") {
+        return Ok(Kind::Safetensors(path.to_path_buf()));
+    }
+    // By content: safetensors begins with its header's length (u64 LE), then the JSON
+    // header's `{`; HDF5 files begin with their signature (or a user block before it).
+    let mut head = [0u8; 9];
+    let n = std::fs::File::open(path)
+        .and_then(|mut f| f.read(&mut head))
+        .with_context(|| format!("opening the model file {}", path.display()))?;
+    if n == head.len() && head[8] == b'{' {
+        return Ok(Kind::Safetensors(path.to_path_buf()));
+    }
+    Ok(Kind::Hdf5(path.to_path_buf()))
+}
+
+fn shape_str(s: &[usize]) -> String {
+    let parts: Vec<String> = s.iter().map(|d| d.to_string()).collect();
+    format!("[{}]", parts.join(", "))
+}
+
+/// At most `n` of `items`, then ", ..." when there were more.
+fn some_of(items: &[String], n: usize) -> String {
+    let shown = items.len().min(n);
+    format!(
+        "{}{}",
+        items[..shown].join(", "),
+        if items.len() > shown { ", ..." } else { "" }
+    )
+}
+
+/// How `entries` hold `tensors` under one name set.
+struct Fit {
+    names: NameSet,
+    bound: HashMap<String, Bound>,
+    /// Tensors present with their shape (in the set's orientation).
+    shapes_match: usize,
+    problems: Vec<String>,
+}
+
+/// Match the model's tensors to the file's entries under `set`. `by_name`: the file's
+/// names without the `transformer.` prefix.
+fn fit(set: NameSet, tensors: &[Tensor], entries: &[Entry], by_name: &HashMap<&str, usize>) -> Fit {
+    let mut bound = HashMap::new();
+    let mut missing = Vec::new();
+    let mut problems = Vec::new();
+    let mut shapes_match = 0;
+    for t in tensors {
+        let stored = names::stored(set, &t.name);
+        let want = stored.shape(&t.shape);
+        let Some(&i) = by_name.get(stored.name.as_str()) else {
+            missing.push(format!("{} {}", stored.name, shape_str(&want)));
+            continue;
+        };
+        let e = &entries[i];
+        if e.shape == want {
+            shapes_match += 1;
+        } else {
+            let mut reversed = e.shape.clone();
+            reversed.reverse();
+            let hint = if e.shape.len() == 2 && reversed == want {
+                match set {
+                    NameSet::Nanogpt => {
+                        "looks transposed: under these names weights are stored [out, in] \
+                         (torch.nn.Linear); a file in Conv1D's [in, out] must use Hugging Face \
+                         GPT-2 names (wte.weight, wpe.weight, ...), which are transposed on load"
+                    }
+                    NameSet::HfGpt2 => {
+                        "looks transposed: under Hugging Face GPT-2 names the block's linear \
+                         weights are Conv1D's [in, out], and this one is stored [out, in] \
+                         (torch.nn.Linear), as our names (wte, wpe, ...) hold them"
+                    }
+                }
+            } else {
+                "the file is for a different model size (check model.* in the config)"
+            };
+            problems.push(format!(
+                "tensor '{}' has shape {}, the model expects {}: {hint}",
+                e.name,
+                shape_str(&e.shape),
+                shape_str(&want)
+            ));
+        }
+        if let Err(what) = &e.elem {
+            problems.push(format!("tensor '{}' is {what}", e.name));
+        }
+        bound.insert(
+            t.name.clone(),
+            Bound {
+                entry: i,
+                transposed: stored.transposed,
+            },
+        );
+    }
+    if !missing.is_empty() {
+        problems.insert(
+            0,
+            format!(
+                "lacks {} of the model's {} tensors: {}",
+                missing.len(),
+                tensors.len(),
+                missing.join(", ")
+            ),
+        );
+    }
+    Fit {
+        names: set,
+        bound,
+        shapes_match,
+        problems,
+    }
+}
+
+impl InitFile {
+    /// Open `path` and check that it holds every tensor of `spec` (a tensor split into
+    /// row blocks is one tensor of its whole shape) with its shape and a type we read.
+    /// Every rank calls it; it reads the file's headers only.
+    pub fn open(path: &Path, spec: &ModelSpec) -> anyhow::Result<InitFile> {
+        let source = match kind_of(path)? {
+            Kind::Index(index) => Source::St(st::StFile::open_index(&index)?),
+            Kind::Safetensors(file) => Source::St(st::StFile::open(&file)?),
+            Kind::Hdf5(file) => Source::H5(h5::H5File::open(&file)?),
+        };
+        let entries = source.entries();
+        let mut by_name: HashMap<&str, usize> = HashMap::new();
+        for (i, e) in entries.iter().enumerate() {
+            let name = e.name.strip_prefix(names::PREFIX).unwrap_or(&e.name);
+            by_name.entry(name).or_insert(i);
+        }
+        let tensors = spec.tensors();
+        // The name set that fits more tensors with their shapes, then more names; ours on a
+        // tie (the two differ in `wte`/`wpe` and in the orientation of block weights).
+        let mut best: Option<Fit> = None;
+        for set in NameSet::ALL {
+            let f = fit(set, &tensors, entries, &by_name);
+            let score = (f.shapes_match, f.bound.len());
+            if best
+                .as_ref()
+                .is_none_or(|b| score > (b.shapes_match, b.bound.len()))
+            {
+                best = Some(f);
+            }
+        }
+        let fit = best.ok_or_else(|| anyhow!("no name set to match"))?;
+        if !fit.problems.is_empty() {
+            bail!(
+                "{} ({}, {} names) does not fit the model:\n  {}",
+                path.display(),
+                source.kind(),
+                fit.names,
+                fit.problems.join("\n  ")
+            );
+        }
+        let used: HashSet<usize> = fit.bound.values().map(|b| b.entry).collect();
+        let mut extra = Vec::new();
+        let mut redundant = Vec::new();
+        for (i, e) in entries.iter().enumerate() {
+            if used.contains(&i) {
+                continue;
+            }
+            let name = e.name.strip_prefix(names::PREFIX).unwrap_or(&e.name);
+            match names::redundant(name) {
+                Some(why) => redundant.push((why, e.name.clone())),
+                None => extra.push(e.name.clone()),
+            }
+        }
+        Ok(InitFile {
+            path: path.to_path_buf(),
+            source,
+            names: fit.names,
+            bound: fit.bound,
+            extra,
+            redundant,
+        })
+    }
+
+    /// The file's path, as given.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Format and names, for the log: "safetensors, hf-gpt2 names".
+    pub fn describe(&self) -> String {
+        format!("{}, {} names", self.source.kind(), self.names)
+    }
+
+    /// Tensors in the file that the model does not have (warned about, not loaded).
+    pub fn extra(&self) -> &[String] {
+        &self.extra
+    }
+
+    /// Log what is not loaded: the extra tensors (a warning listing them all) and the
+    /// redundant ones of a whole-model state dict (one info line). Rank 0 calls it.
+    pub fn log_unused(&self) {
+        if !self.extra.is_empty() {
+            log::warn!(
+                "{}: ignoring {} tensor(s) the model does not have: {}",
+                self.path.display(),
+                self.extra.len(),
+                self.extra.join(", ")
+            );
+        }
+        if !self.redundant.is_empty() {
+            let mut reasons: Vec<&str> = self.redundant.iter().map(|(why, _)| *why).collect();
+            reasons.dedup();
+            let groups: Vec<String> = reasons
+                .iter()
+                .map(|why| {
+                    let names: Vec<String> = self
+                        .redundant
+                        .iter()
+                        .filter(|(w, _)| w == why)
+                        .map(|(_, n)| n.clone())
+                        .collect();
+                    format!("{why} ({})", some_of(&names, 3))
+                })
+                .collect();
+            log::info!(
+                "{}: not loading {} tensor(s) that hold nothing to load: {}",
+                self.path.display(),
+                self.redundant.len(),
+                groups.join("; ")
+            );
+        }
+    }
+
+    /// Set the engine's parameters (master and working copies) to the file's, unit by
+    /// unit, each rank only what it keeps. Collective: every rank calls it.
+    pub fn load_into<D: Device, C: Communicator>(
+        &self,
+        engine: &mut Engine<'_, D, C>,
+    ) -> anyhow::Result<()> {
+        let layout = engine.layout().clone();
+        for (u, unit) in layout.units.iter().enumerate() {
+            let kept = engine
+                .import_range(u)
+                .map_err(|e| anyhow!("loading unit '{}': {e}", unit.name))?;
+            // The master of what this rank keeps (padding stays zero).
+            let mut master = vec![0.0f32; kept.len()];
+            let pieces = layout
+                .pieces(u, kept)
+                .map_err(|e| anyhow!("loading unit '{}': {e}", unit.name))?;
+            for piece in pieces {
+                let p = &layout.params[piece.param];
+                let (tensor, first_row) = match &p.row_block {
+                    Some(b) => (b.tensor.as_str(), b.first_row),
+                    None => (p.name.as_str(), 0),
+                };
+                let b = self
+                    .bound
+                    .get(tensor)
+                    .ok_or_else(|| anyhow!("internal: '{tensor}' was not matched to the file"))?;
+                // Elements of the whole tensor (ours, row-major) this piece covers.
+                let cols: usize = p.shape.iter().skip(1).product();
+                let at = first_row * cols;
+                let whole = at + piece.in_param.start..at + piece.in_param.end;
+                let out = &mut master[piece.in_range.clone()];
+                self.read_ours(b, cols, whole, out)
+                    .with_context(|| format!("{}: reading '{}'", self.path.display(), p.name))?;
+            }
+            // Adam's moments start at zero.
+            let zeros = vec![0.0f32; master.len()];
+            engine
+                .import_unit(u, &master, &zeros, &zeros)
+                .map_err(|e| anyhow!("loading unit '{}': {e}", unit.name))?;
+        }
+        let scaler = LossScaler::new(&engine.config().precision);
+        engine
+            .finish_import(0, 0, scaler)
+            .map_err(|e| anyhow!("finishing the load of {}: {e}", self.path.display()))
+    }
+
+    /// Elements `range` of a tensor of ours ([rows, cols] row-major) into `out`.
+    fn read_ours(
+        &self,
+        b: &Bound,
+        cols: usize,
+        range: Range<usize>,
+        out: &mut [f32],
+    ) -> anyhow::Result<()> {
+        if !b.transposed {
+            return self.source.read(b.entry, range, out);
+        }
+        // The file holds [cols, rows]: our (r, c) is its (c, r). Only the four linear
+        // weights of a block (one unit's worth) are stored so: read the whole tensor.
+        let rows = self.source.entries()[b.entry].shape[1];
+        let mut stored = vec![0.0f32; rows * cols];
+        self.source.read(b.entry, 0..rows * cols, &mut stored)?;
+        for (o, i) in out.iter_mut().zip(range) {
+            *o = stored[(i % cols) * rows + i / cols];
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(name: &str, shape: &[usize]) -> Entry {
+        Entry {
+            name: name.into(),
+            shape: shape.to_vec(),
+            elem: Ok(Elem::F32),
+        }
+    }
+
+    fn tensor(name: &str, shape: &[usize]) -> Tensor {
+        Tensor {
+            name: name.into(),
+            shape: shape.to_vec(),
+            parts: Vec::new(),
+        }
+    }
+
+    fn by_name(entries: &[Entry]) -> HashMap<&str, usize> {
+        entries
+            .iter()
+            .enumerate()
+            .map(|(i, e)| (e.name.as_str(), i))
+            .collect()
+    }
+
+    #[test]
+    fn every_problem_is_listed_with_a_transposed_hint() {
+        let tensors = [
+            tensor("wte", &[64, 32]),
+            tensor("h.0.mlp.c_fc.weight", &[128, 32]),
+            tensor("h.0.mlp.c_fc.bias", &[128]),
+            tensor("ln_f.bias", &[32]),
+        ];
+        let mut entries = vec![
+            entry("wte", &[64, 32]),
+            entry("h.0.mlp.c_fc.weight", &[32, 128]),
+            entry("h.0.mlp.c_fc.bias", &[100]),
+        ];
+        entries[0].elem = Err("F64".into());
+        let f = fit(NameSet::Nanogpt, &tensors, &entries, &by_name(&entries));
+        assert_eq!(f.problems.len(), 4, "{:?}", f.problems);
+        assert!(f.problems[0].contains("lacks 1 of the model's 4 tensors: ln_f.bias [32]"));
+        assert!(f.problems[1].contains("'wte' is F64"));
+        assert!(f.problems[2].contains("looks transposed"));
+        assert!(f.problems[3].contains("different model size"));
+    }
+
+    #[test]
+    fn hf_names_bind_transposed_block_weights() {
+        let tensors = [
+            tensor("wte", &[64, 32]),
+            tensor("h.0.mlp.c_fc.weight", &[128, 32]),
+        ];
+        let entries = [
+            entry("wte.weight", &[64, 32]),
+            entry("h.0.mlp.c_fc.weight", &[32, 128]),
+        ];
+        let f = fit(NameSet::HfGpt2, &tensors, &entries, &by_name(&entries));
+        assert!(f.problems.is_empty(), "{:?}", f.problems);
+        assert!(f.bound["h.0.mlp.c_fc.weight"].transposed);
+        assert!(!f.bound["wte"].transposed);
+        let ours = fit(NameSet::Nanogpt, &tensors, &entries, &by_name(&entries));
+        assert_eq!(ours.shapes_match, 0);
+    }
+
+    #[test]
+    fn the_kind_follows_the_path_then_the_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        assert!(kind_of(d).is_err());
+        std::fs::write(d.join(SINGLE_NAME), b"").unwrap();
+        assert_eq!(kind_of(d).unwrap(), Kind::Safetensors(d.join(SINGLE_NAME)));
+        std::fs::write(d.join(INDEX_NAME), b"{}").unwrap();
+        assert_eq!(kind_of(d).unwrap(), Kind::Index(d.join(INDEX_NAME)));
+        let st = d.join("weights.bin");
+        std::fs::write(&st, b"\x02\0\0\0\0\0\0\0{}").unwrap();
+        assert_eq!(kind_of(&st).unwrap(), Kind::Safetensors(st.clone()));
+        let h5 = d.join("model.h5");
+        std::fs::write(&h5, b"\x89HDF\r\n\x1a\n\0\0").unwrap();
+        assert_eq!(kind_of(&h5).unwrap(), Kind::Hdf5(h5.clone()));
+    }
+}
