@@ -19,6 +19,7 @@ import json
 import math
 import os
 import statistics
+import sys
 import time
 
 import torch
@@ -153,3 +154,7 @@ def main():
 
 if __name__ == "__main__":
     main()
+    # Skip the interpreter's teardown: with FSDP2 on gloo, torch 2.15 sometimes aborts
+    # there ("terminate called without an active exception") after the run is complete.
+    sys.stdout.flush()
+    os._exit(0)
