@@ -65,10 +65,18 @@ fn decode_of_encode_is_the_text() {
     for t in [Tokenizer::Byte, gpt2()] {
         let ids = t.encode(SAMPLE);
         assert!(ids.iter().all(|&id| (id as usize) < t.vocab()));
-        assert_eq!(t.decode(&ids).expect("whole characters"), SAMPLE, "{}", t.name());
+        assert_eq!(
+            t.decode(&ids).expect("whole characters"),
+            SAMPLE,
+            "{}",
+            t.name()
+        );
     }
     let special = Tokenizer::Gpt2(Gpt2::new(true).expect("ranks"));
-    assert_eq!(special.decode(&special.encode(SAMPLE)).expect("utf8"), SAMPLE);
+    assert_eq!(
+        special.decode(&special.encode(SAMPLE)).expect("utf8"),
+        SAMPLE
+    );
     assert!(gpt2().decode(&[50257]).is_err(), "id outside V");
 }
 
@@ -76,7 +84,11 @@ fn decode_of_encode_is_the_text() {
 fn safe_splits_fall_before_whitespace_runs() {
     assert_eq!(last_safe_split("Hello world"), Some(5));
     assert_eq!(last_safe_split("a b\n\nc  "), Some(6));
-    assert_eq!(last_safe_split("a\u{a0}é\u{3000}"), Some(5), "Unicode spaces count");
+    assert_eq!(
+        last_safe_split("a\u{a0}é\u{3000}"),
+        Some(5),
+        "Unicode spaces count"
+    );
     assert_eq!(last_safe_split("   word"), None);
     assert_eq!(last_safe_split("nowhitespace"), None);
     assert_eq!(last_safe_split(""), None);
@@ -129,7 +141,11 @@ fn chunked_streaming_gives_the_whole_text_tokens() {
         .map(|i| format!("{i}: {SAMPLE}\n"))
         .collect::<Vec<_>>()
         .concat();
-    for t in [Tokenizer::Byte, gpt2(), Tokenizer::Gpt2(Gpt2::new(true).expect("ranks"))] {
+    for t in [
+        Tokenizer::Byte,
+        gpt2(),
+        Tokenizer::Gpt2(Gpt2::new(true).expect("ranks")),
+    ] {
         let mut whole = t.file_prefix().to_vec();
         t.encode_into(&text, &mut whole);
         for (chunk, threads, step) in [(64, 1, 7), (64, 3, 1000), (4096, 2, 4096), (1, 1, 3)] {
@@ -162,13 +178,20 @@ fn non_utf8_input_names_its_byte_offset() {
                 step: 5,
             },
             Path::new("bad.txt"),
-            StreamOptions { chunk_bytes: chunk, threads: 2 },
+            StreamOptions {
+                chunk_bytes: chunk,
+                threads: 2,
+            },
             |_| Ok(()),
             |_| {},
         )
         .expect_err("invalid UTF-8");
         assert!(matches!(e, DataError::NotUtf8 { at: 801, .. }), "{e}");
-        assert!(e.to_string().contains("bad.txt: not valid UTF-8 at byte 801"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("bad.txt: not valid UTF-8 at byte 801"),
+            "{e}"
+        );
     }
     // A character cut by the end of the file.
     let e = encode_stream(
@@ -207,11 +230,19 @@ fn token_writer_renames_on_finish_and_leaves_nothing_on_error() {
         .filter(|e| e.file_name().to_string_lossy().contains(".tmp-"))
         .collect();
     assert!(left.is_empty(), "temporary files left: {left:?}");
-    assert_eq!(Tokens::open(&p, TokenFormat::Auto, GPT2_VOCAB).expect("open").len(), 3);
+    assert_eq!(
+        Tokens::open(&p, TokenFormat::Auto, GPT2_VOCAB)
+            .expect("open")
+            .len(),
+        3
+    );
 
     let e = TokenWriter::create(&dir.join("no/such/dir/x.bin"), TokenFormat::LlmC)
         .err()
         .expect("unwritable");
     assert!(matches!(e, DataError::Io { .. }), "{e}");
-    assert!(TokenWriter::create(&p, TokenFormat::Auto).is_err(), "Auto is not a format to write");
+    assert!(
+        TokenWriter::create(&p, TokenFormat::Auto).is_err(),
+        "Auto is not a format to write"
+    );
 }

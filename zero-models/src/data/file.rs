@@ -274,9 +274,9 @@ impl TokenWriter {
                 )))
             }
         };
-        let name = path.file_name().ok_or_else(|| {
-            DataError::Invalid(format!("{}: not a file name", path.display()))
-        })?;
+        let name = path
+            .file_name()
+            .ok_or_else(|| DataError::Invalid(format!("{}: not a file name", path.display())))?;
         let mut tmp_name = std::ffi::OsString::from(".");
         tmp_name.push(name);
         tmp_name.push(format!(".tmp-{}", std::process::id()));
@@ -346,7 +346,9 @@ impl TokenWriter {
                 self.path.display()
             )));
         };
-        let mut f = w.into_inner().map_err(|e| io_err(&self.path, e.into_error()))?;
+        let mut f = w
+            .into_inner()
+            .map_err(|e| io_err(&self.path, e.into_error()))?;
         if self.llmc {
             // write() kept count <= i32::MAX.
             let count = self.count as i32;
