@@ -65,6 +65,16 @@ impl Tokenizer {
         }
     }
 
+    /// An independent copy: the same encoding, sharing no state with `self`. GPT-2's
+    /// pre-tokenizer regex keeps match caches that clones share and that are fast only for
+    /// the first thread using them, so each worker thread encodes with its own copy.
+    pub fn fork(&self) -> Result<Tokenizer, DataError> {
+        Ok(match self {
+            Tokenizer::Byte => Tokenizer::Byte,
+            Tokenizer::Gpt2(g) => Tokenizer::Gpt2(Gpt2::new(g.allow_special())?),
+        })
+    }
+
     /// Append the tokens of `text` to `out`.
     pub fn encode_into(&self, text: &str, out: &mut Vec<u16>) {
         match self {

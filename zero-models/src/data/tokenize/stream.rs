@@ -25,13 +25,16 @@
 //! around it is encoded in pieces that end there in both cases.
 //!
 //! A chunk with no such offset (no whitespace, or only whitespace) is read further until
-//! one appears or the file ends. Chunks are encoded `threads` at a time and written in file
-//! order.
+//! one appears or the file ends. With several threads, this thread reads chunks and writes
+//! tokens in file order while the workers encode up to 2 x threads chunks ahead.
 
 use super::super::DataError;
 use super::Tokenizer;
+use std::collections::{BTreeMap, VecDeque};
 use std::io::Read;
+use std::panic::AssertUnwindSafe;
 use std::path::Path;
+use std::sync::{mpsc, Mutex};
 
 /// How [`encode_stream`] reads and encodes.
 #[derive(Clone, Copy, Debug)]
@@ -161,10 +164,10 @@ impl<R: Read> Chunker<'_, R> {
 
 /// Encode the UTF-8 text of `input` (named `path` in errors) with `tok`, handing the
 /// tokens to `sink` in order: first [`Tokenizer::file_prefix`], then the text's. The
-/// tokens are those of `tok.encode(whole text)` for any chunk size (see the file head).
-/// `progress` is called with the bytes read so far after each group of chunks. Text that
-/// is not UTF-8 is [`DataError::NotUtf8`] with its byte offset in the input (tokens of the
-/// text before it may have reached `sink`).
+/// tokens are those of `tok.encode(whole text)` for any chunk size and thread count (see
+/// the file head). `progress` is called with the bytes of text whose tokens have reached
+/// `sink`, after each chunk. Text that is not UTF-8 is [`DataError::NotUtf8`] with its byte
+/// offset in the input (tokens of the text before it may have reached `sink`).
 pub fn encode_stream<R: Read>(
     tok: &Tokenizer,
     input: R,
@@ -193,35 +196,88 @@ pub fn encode_stream<R: Read>(
         bytes: 0,
         tokens: prefix.len() as u64,
     };
-    let mut outs: Vec<Vec<u16>> = vec![Vec::new(); opts.threads];
-    loop {
-        let mut chunks = Vec::with_capacity(opts.threads);
-        while chunks.len() < opts.threads {
-            match chunker.next_chunk()? {
-                Some(c) => chunks.push(c),
-                None => break,
-            }
+    if opts.threads == 1 {
+        let mut ids = Vec::new();
+        while let Some(text) = chunker.next_chunk()? {
+            ids.clear();
+            tok.encode_into(&text, &mut ids);
+            sink(&ids)?;
+            stats.tokens += ids.len() as u64;
+            stats.bytes = chunker.offset;
+            progress(stats.bytes);
         }
-        if chunks.is_empty() {
-            return Ok(stats);
-        }
-        for out in outs.iter_mut() {
-            out.clear();
-        }
-        if chunks.len() == 1 {
-            tok.encode_into(&chunks[0], &mut outs[0]);
-        } else {
-            std::thread::scope(|s| {
-                for (chunk, out) in chunks.iter().zip(outs.iter_mut()) {
-                    s.spawn(move || tok.encode_into(chunk, out));
+        return Ok(stats);
+    }
+    // Workers live for the whole stream, each with its own tokenizer: GPT-2's regex keeps
+    // match caches that are fast only for the first thread to use them (see
+    // Tokenizer::fork); sharing one, or a fresh thread per chunk, was slower than one thread.
+    // Worker 0 encodes with `tok` (this thread never has), the others with copies of it.
+    let forks = (0..opts.threads)
+        .map(|w| (w > 0).then(|| tok.fork()).transpose())
+        .collect::<Result<Vec<_>, _>>()?;
+    let (job_tx, job_rx) = mpsc::sync_channel::<(u64, String)>(opts.threads);
+    let job_rx = Mutex::new(job_rx);
+    std::thread::scope(|s| {
+        // Owned by this closure, so that any return (an error too) closes the job channel
+        // and the workers end before the scope joins them.
+        let job_tx = job_tx;
+        let (out_tx, out_rx) = mpsc::channel::<(u64, Option<Vec<u16>>)>();
+        for own in &forks {
+            let tok = own.as_ref().unwrap_or(tok);
+            let (job_rx, out_tx) = (&job_rx, out_tx.clone());
+            s.spawn(move || loop {
+                // The lock is held only while waiting for the next job.
+                let job = match job_rx.lock() {
+                    Ok(rx) => rx.recv(),
+                    Err(_) => break,
+                };
+                let Ok((seq, text)) = job else { break };
+                // A panic in the tokenizer (a bug) becomes an error, not a hang.
+                let ids = std::panic::catch_unwind(AssertUnwindSafe(|| tok.encode(&text))).ok();
+                if out_tx.send((seq, ids)).is_err() {
+                    break;
                 }
             });
         }
-        for out in &outs[..chunks.len()] {
-            sink(out)?;
-            stats.tokens += out.len() as u64;
+        drop(out_tx);
+        // Chunks sent and written; the file offset where each unwritten chunk ends.
+        let (mut sent, mut written) = (0u64, 0u64);
+        let mut ends = VecDeque::new();
+        let mut done: BTreeMap<u64, Vec<u16>> = BTreeMap::new();
+        let mut eof = false;
+        loop {
+            while !eof && sent - written < 2 * opts.threads as u64 {
+                match chunker.next_chunk()? {
+                    Some(text) => {
+                        ends.push_back(chunker.offset);
+                        if job_tx.send((sent, text)).is_err() {
+                            break;
+                        }
+                        sent += 1;
+                    }
+                    None => eof = true,
+                }
+            }
+            if written == sent {
+                return Ok(stats);
+            }
+            let (seq, ids) = out_rx.recv().map_err(|_| {
+                DataError::Invalid("the tokenizer's worker threads ended early".into())
+            })?;
+            let ids = ids.ok_or_else(|| {
+                DataError::Invalid(format!(
+                    "the tokenizer panicked on chunk {seq} of {}",
+                    path.display()
+                ))
+            })?;
+            done.insert(seq, ids);
+            while let Some(ids) = done.remove(&written) {
+                sink(&ids)?;
+                stats.tokens += ids.len() as u64;
+                stats.bytes = ends.pop_front().unwrap_or(stats.bytes);
+                written += 1;
+                progress(stats.bytes);
+            }
         }
-        stats.bytes = chunker.offset;
-        progress(stats.bytes);
-    }
+    })
 }
