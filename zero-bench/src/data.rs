@@ -15,7 +15,7 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use zero_models::data::{
-    encode_stream, write_llmc, write_nanogpt, Gpt2, MarkovSource, StreamOptions, TokenFormat,
+    encode_stream, write_llmc, write_nanogpt, MarkovSource, StreamOptions, TokenFormat,
     TokenWriter, Tokenizer, Tokens, BYTE_VOCAB, GPT2_EOT, GPT2_VOCAB,
 };
 
@@ -193,7 +193,7 @@ pub fn run(cmd: DataCommand) -> anyhow::Result<()> {
                     "--allow-special needs --tokenizer gpt2 (byte tokens have no special tokens)"
                 ),
                 (TokenizerKind::Byte, false) => Tokenizer::Byte,
-                (TokenizerKind::Gpt2, special) => Tokenizer::Gpt2(Gpt2::new(special)?),
+                (TokenizerKind::Gpt2, special) => Tokenizer::gpt2(special)?,
             };
             let threads = threads.unwrap_or_else(|| {
                 std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)

@@ -9,12 +9,12 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use zero_models::data::{
-    encode_stream, last_safe_split, DataError, Gpt2, StreamOptions, TokenFormat, TokenWriter,
-    Tokenizer, Tokens, GPT2_EOT, GPT2_VOCAB,
+    encode_stream, last_safe_split, DataError, StreamOptions, TokenFormat, TokenWriter, Tokenizer,
+    Tokens, GPT2_EOT, GPT2_VOCAB,
 };
 
 fn gpt2() -> Tokenizer {
-    Tokenizer::Gpt2(Gpt2::new(false).expect("GPT-2 ranks are compiled in"))
+    Tokenizer::gpt2(false).expect("GPT-2 ranks are compiled in")
 }
 
 fn tmp(name: &str) -> PathBuf {
@@ -50,7 +50,7 @@ fn gpt2_ids_match_the_published_encoding() {
     );
     // The special token's text is ordinary text unless asked for.
     assert_eq!(t.encode("<|endoftext|>"), [27, 91, 437, 1659, 5239, 91, 29]);
-    let special = Tokenizer::Gpt2(Gpt2::new(true).expect("ranks"));
+    let special = Tokenizer::gpt2(true).expect("ranks");
     assert_eq!(special.encode("<|endoftext|>"), [GPT2_EOT]);
     assert_eq!(GPT2_EOT, 50256);
     assert_eq!(
@@ -72,7 +72,7 @@ fn decode_of_encode_is_the_text() {
             t.name()
         );
     }
-    let special = Tokenizer::Gpt2(Gpt2::new(true).expect("ranks"));
+    let special = Tokenizer::gpt2(true).expect("ranks");
     assert_eq!(
         special.decode(&special.encode(SAMPLE)).expect("utf8"),
         SAMPLE
@@ -144,7 +144,7 @@ fn chunked_streaming_gives_the_whole_text_tokens() {
     for t in [
         Tokenizer::Byte,
         gpt2(),
-        Tokenizer::Gpt2(Gpt2::new(true).expect("ranks")),
+        Tokenizer::gpt2(true).expect("ranks"),
     ] {
         let mut whole = t.file_prefix().to_vec();
         t.encode_into(&text, &mut whole);

@@ -35,11 +35,16 @@ pub fn tokenize_utf8(path: &Path, text: &[u8]) -> Result<Vec<u16>, DataError> {
 pub enum Tokenizer {
     /// One token per byte (V = 256).
     Byte,
-    /// GPT-2's BPE (V = 50257).
-    Gpt2(Gpt2),
+    /// GPT-2's BPE (V = 50257); boxed, it holds the ranks' tables.
+    Gpt2(Box<Gpt2>),
 }
 
 impl Tokenizer {
+    /// GPT-2's BPE; with `allow_special`, the text `<|endoftext|>` is the token 50256.
+    pub fn gpt2(allow_special: bool) -> Result<Self, DataError> {
+        Ok(Tokenizer::Gpt2(Box::new(Gpt2::new(allow_special)?)))
+    }
+
     /// Vocabulary size V: every id is below it.
     pub fn vocab(&self) -> usize {
         match self {
@@ -71,7 +76,7 @@ impl Tokenizer {
     pub fn fork(&self) -> Result<Tokenizer, DataError> {
         Ok(match self {
             Tokenizer::Byte => Tokenizer::Byte,
-            Tokenizer::Gpt2(g) => Tokenizer::Gpt2(Gpt2::new(g.allow_special())?),
+            Tokenizer::Gpt2(g) => Tokenizer::gpt2(g.allow_special())?,
         })
     }
 

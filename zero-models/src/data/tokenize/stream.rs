@@ -3,10 +3,15 @@
 //!
 //! Chunks end where a whitespace run starts: at a byte offset `p` where the character
 //! before is not whitespace and the character at `p` is ([`last_safe_split`]). For bytes
-//! any offset would do. For GPT-2 this is where its pre-tokenizer (the regex in
-//! tiktoken-rs's r50k_base, `'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|
-//! \s++$|\s+(?!\S)|\s`) ends a piece in the whole text, and the pieces on either side are
-//! the ones each chunk alone gives; BPE then runs on each piece alone, so the tokens agree:
+//! any offset would do. For GPT-2 this is where its pre-tokenizer, the regex of
+//! tiktoken-rs's r50k_base (equivalent to GPT-2's original one),
+//!
+//! ```text
+//! '(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s
+//! ```
+//!
+//! ends a piece in the whole text, and the pieces on either side are the ones each chunk
+//! alone gives; BPE then runs on each piece alone, so the tokens agree:
 //!
 //! - `p` is a piece boundary: a piece holds whitespace only as an optional leading ' ' or
 //!   as a whole whitespace run, so the piece holding the non-whitespace character at p-1
