@@ -1,15 +1,22 @@
 //! `zero-bench data ...`: make and inspect token files.
 //!
-//! - `data tokenize IN.txt OUT.bin`: UTF-8 text to byte tokens (V = 256), llm.c format
-//!   (or nanoGPT's with `--format nanogpt`).
+//! - `data tokenize IN.txt OUT.bin`: UTF-8 text to byte tokens (V = 256) or, with
+//!   `--tokenizer gpt2`, GPT-2's BPE ids (V = 50257, the file starting with one
+//!   `<|endoftext|>`); llm.c format (or nanoGPT's with `--format nanogpt`). The text is
+//!   streamed in chunks (zero-models/src/data/tokenize/stream.rs) and the output written
+//!   under a temporary name, renamed when complete.
 //! - `data corpus OUT.bin`: write the built-in synthetic corpus and print its entropy
 //!   floor (the loss no model can beat on it).
 //! - `data info FILE.bin`: format, token count, largest token.
 
 use anyhow::Context;
+use indicatif::{ProgressBar, ProgressStyle};
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 use zero_models::data::{
-    tokenize_utf8, write_llmc, write_nanogpt, MarkovSource, TokenFormat, Tokens, BYTE_VOCAB,
+    encode_stream, write_llmc, write_nanogpt, MarkovSource, StreamOptions, TokenFormat,
+    TokenWriter, Tokenizer, Tokens, BYTE_VOCAB, GPT2_EOT, GPT2_VOCAB,
 };
 
 /// Output format of written token files.
@@ -21,10 +28,24 @@ pub enum OutFormat {
     Nanogpt,
 }
 
+/// Which tokenizer `data tokenize` uses.
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum TokenizerKind {
+    /// Each byte of the UTF-8 text is a token (V = 256).
+    Byte,
+    /// GPT-2's byte-level BPE (V = 50257), compiled in (tiktoken-rs's r50k_base).
+    Gpt2,
+}
+
 /// The data tools.
 #[derive(clap::Subcommand, Debug)]
 pub enum DataCommand {
-    /// Tokenise a UTF-8 text file into byte tokens (V = 256).
+    /// Tokenise a UTF-8 text file: byte tokens (V = 256) or GPT-2's BPE (V = 50257).
+    ///
+    /// gpt2 writes one <|endoftext|> (50256) first, as llm.c's GPT-2 data files start each
+    /// document with it, then the ids of the whole text; the text "<|endoftext|>" in the
+    /// file is ordinary text (7 tokens) unless --allow-special. The output appears under
+    /// its name only when complete (an error leaves no file).
     Tokenize {
         /// Input text file (UTF-8).
         input: PathBuf,
@@ -33,6 +54,21 @@ pub enum DataCommand {
         /// Output format.
         #[arg(long, value_enum, default_value = "llmc")]
         format: OutFormat,
+        /// Tokenizer.
+        #[arg(long, value_enum, default_value = "byte")]
+        tokenizer: TokenizerKind,
+        /// gpt2 only: encode each literal "<|endoftext|>" in the text as the token 50256
+        /// (put it between documents to separate them). Without it, that text is ordinary
+        /// text, so quoted text cannot forge a document boundary.
+        #[arg(long)]
+        allow_special: bool,
+        /// Chunks encoded in parallel (file order kept). Default: the available cores.
+        #[arg(long)]
+        threads: Option<usize>,
+        /// Bytes of text read per chunk; a chunk ends before a whitespace run, where GPT-2's
+        /// pre-tokenizer splits anyway, so the tokens are those of the whole text.
+        #[arg(long, default_value_t = 4 << 20)]
+        chunk_bytes: usize,
     },
     /// Write the built-in Markov corpus (V = 64 symbols, order 2) and print its entropy floor.
     Corpus {
@@ -60,6 +96,85 @@ fn write(path: &Path, tokens: &[u16], format: OutFormat) -> anyhow::Result<()> {
     .with_context(|| format!("writing {}", path.display()))
 }
 
+/// `data tokenize`: stream `input` through `tok` into `output`, with a progress bar on a
+/// terminal (a log line every 5 s otherwise) and a final line with the throughput.
+fn tokenize(
+    input: &Path,
+    output: &Path,
+    format: OutFormat,
+    tok: &Tokenizer,
+    threads: usize,
+    chunk_bytes: usize,
+) -> anyhow::Result<()> {
+    let file = std::fs::File::open(input)
+        .with_context(|| format!("cannot read the input {}", input.display()))?;
+    let size = file
+        .metadata()
+        .with_context(|| format!("reading the size of {}", input.display()))?
+        .len();
+    let mut writer = TokenWriter::create(
+        output,
+        match format {
+            OutFormat::Llmc => TokenFormat::LlmC,
+            OutFormat::Nanogpt => TokenFormat::NanoGpt,
+        },
+    )
+    .with_context(|| format!("cannot write the output {}", output.display()))?;
+    let bar = std::io::stderr().is_terminal().then(|| {
+        let bar = ProgressBar::new(size);
+        // The template is a constant: an error here is a bug of this file.
+        if let Ok(style) = ProgressStyle::with_template(
+            "tokenize [{bar:30.cyan/blue}] {bytes}/{total_bytes} {bytes_per_sec} (eta {eta})",
+        ) {
+            bar.set_style(style.progress_chars("=> "));
+        }
+        bar
+    });
+    let start = Instant::now();
+    let mut last_log = start;
+    let stats = encode_stream(
+        tok,
+        std::io::BufReader::with_capacity(1 << 20, file),
+        input,
+        StreamOptions {
+            chunk_bytes,
+            threads,
+        },
+        |ids| writer.write(ids),
+        |done| match &bar {
+            Some(bar) => bar.set_position(done),
+            None if last_log.elapsed() >= Duration::from_secs(5) => {
+                last_log = Instant::now();
+                log::info!(
+                    "tokenize: {done} of {size} bytes ({:.0}%)",
+                    100.0 * done as f64 / size.max(1) as f64
+                );
+            }
+            None => {}
+        },
+    )
+    .context("tokenising")?;
+    if let Some(bar) = &bar {
+        bar.finish_and_clear();
+    }
+    writer
+        .finish()
+        .with_context(|| format!("cannot write the output {}", output.display()))?;
+    let secs = start.elapsed().as_secs_f64();
+    println!(
+        "{} tokens ({}, V={}) from {} bytes in {secs:.2} s ({:.1} MB/s, {threads} thread{}) \
+         written to {} ({format:?})",
+        stats.tokens,
+        tok.name(),
+        tok.vocab(),
+        stats.bytes,
+        stats.bytes as f64 / 1e6 / secs.max(1e-9),
+        if threads == 1 { "" } else { "s" },
+        output.display()
+    );
+    Ok(())
+}
+
 /// Run a data tool.
 pub fn run(cmd: DataCommand) -> anyhow::Result<()> {
     crate::logging::init(None);
@@ -68,16 +183,22 @@ pub fn run(cmd: DataCommand) -> anyhow::Result<()> {
             input,
             output,
             format,
+            tokenizer,
+            allow_special,
+            threads,
+            chunk_bytes,
         } => {
-            let text =
-                std::fs::read(&input).with_context(|| format!("reading {}", input.display()))?;
-            let tokens = tokenize_utf8(&input, &text).context("tokenising")?;
-            write(&output, &tokens, format)?;
-            println!(
-                "{} tokens (bytes, V={BYTE_VOCAB}) written to {} ({format:?})",
-                tokens.len(),
-                output.display()
-            );
+            let tok = match (tokenizer, allow_special) {
+                (TokenizerKind::Byte, true) => anyhow::bail!(
+                    "--allow-special needs --tokenizer gpt2 (byte tokens have no special tokens)"
+                ),
+                (TokenizerKind::Byte, false) => Tokenizer::Byte,
+                (TokenizerKind::Gpt2, special) => Tokenizer::gpt2(special)?,
+            };
+            let threads = threads.unwrap_or_else(|| {
+                std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+            });
+            tokenize(&input, &output, format, &tok, threads, chunk_bytes)?;
         }
         DataCommand::Corpus {
             output,
@@ -117,8 +238,21 @@ pub fn run(cmd: DataCommand) -> anyhow::Result<()> {
             } else {
                 "llm.c (header + uint16)"
             };
+            let fits = if (max as usize) < BYTE_VOCAB {
+                format!("fits byte tokens (V = {BYTE_VOCAB}) and GPT-2 (V = {GPT2_VOCAB})")
+            } else if (max as usize) < GPT2_VOCAB {
+                let eot = (0..t.len())
+                    .map(|i| t.get(i))
+                    .filter(|r| matches!(r, Ok(GPT2_EOT)))
+                    .count();
+                format!(
+                    "fits GPT-2 (V = {GPT2_VOCAB}; as GPT-2 ids: {eot} x <|endoftext|> = {GPT2_EOT})"
+                )
+            } else {
+                format!("too large for GPT-2 (V = {GPT2_VOCAB})")
+            };
             println!(
-                "{}: {format}, {} tokens, largest token {max} (needs V >= {})",
+                "{}: {format}, {} tokens, largest token {max} (needs V >= {}; {fits})",
                 file.display(),
                 t.len(),
                 max as usize + 1

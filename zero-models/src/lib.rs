@@ -7,7 +7,7 @@
 //!   layer by layer, every op a device op (GEMM, LayerNorm, GELU, attention,
 //!   cross-entropy, row ops; their CPU kernels are [`zero_kernels::nn`]).
 //! - [`data`]: token files (nanoGPT and llm.c `.bin`), the sequential batch order, a
-//!   built-in synthetic corpus, byte tokenisation.
+//!   built-in synthetic corpus, tokenisation of text (bytes or GPT-2's BPE, streamed).
 //! - [`names`]: GPT-2's tensor names in files, ours and Hugging Face's, both ways.
 //!
 //! Driving the model as the engine does, one layer at a time, each call handed only the

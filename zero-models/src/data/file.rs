@@ -7,7 +7,7 @@
 use super::DataError;
 use memmap2::Mmap;
 use std::fs::File;
-use std::io::Write;
+use std::io::{BufWriter, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 /// llm.c's header magic for token files.
@@ -249,37 +249,142 @@ impl Tokens {
     }
 }
 
-fn write_file(path: &Path, header: Option<[i32; 256]>, tokens: &[u16]) -> Result<(), DataError> {
-    let mut bytes = Vec::with_capacity(LLMC_HEADER_BYTES + 2 * tokens.len());
-    if let Some(h) = header {
-        h.iter()
-            .for_each(|x| bytes.extend_from_slice(&x.to_le_bytes()));
+/// A token file written as tokens come (llm.c's or nanoGPT's layout), under a temporary
+/// name beside `path` that becomes `path` only in [`TokenWriter::finish`]: an error or a
+/// drop before that removes it, so no partial file is ever left under the final name.
+pub struct TokenWriter {
+    path: PathBuf,
+    tmp: PathBuf,
+    file: Option<BufWriter<File>>,
+    llmc: bool,
+    count: u64,
+    bytes: Vec<u8>,
+}
+
+impl TokenWriter {
+    /// Start writing `path` in `format` (`LlmC` or `NanoGpt`; `Auto` is an error).
+    pub fn create(path: &Path, format: TokenFormat) -> Result<Self, DataError> {
+        let llmc = match format {
+            TokenFormat::LlmC => true,
+            TokenFormat::NanoGpt => false,
+            TokenFormat::Auto => {
+                return Err(DataError::Invalid(format!(
+                    "{}: say which format to write (llm.c or nanoGPT), not Auto",
+                    path.display()
+                )))
+            }
+        };
+        let name = path
+            .file_name()
+            .ok_or_else(|| DataError::Invalid(format!("{}: not a file name", path.display())))?;
+        let mut tmp_name = std::ffi::OsString::from(".");
+        tmp_name.push(name);
+        tmp_name.push(format!(".tmp-{}", std::process::id()));
+        let tmp = path.with_file_name(tmp_name);
+        let file = File::create(&tmp).map_err(|e| io_err(path, e))?;
+        let mut w = TokenWriter {
+            path: path.to_path_buf(),
+            tmp,
+            file: Some(BufWriter::with_capacity(1 << 20, file)),
+            llmc,
+            count: 0,
+            bytes: Vec::new(),
+        };
+        if llmc {
+            // The count is filled in by finish().
+            let mut header = [0u8; LLMC_HEADER_BYTES];
+            header[0..4].copy_from_slice(&LLMC_MAGIC.to_le_bytes());
+            header[4..8].copy_from_slice(&LLMC_VERSION.to_le_bytes());
+            w.write_bytes(&header)?;
+        }
+        Ok(w)
     }
-    tokens
-        .iter()
-        .for_each(|t| bytes.extend_from_slice(&t.to_le_bytes()));
-    let mut f = File::create(path).map_err(|e| io_err(path, e))?;
-    f.write_all(&bytes).map_err(|e| io_err(path, e))?;
-    f.sync_all().map_err(|e| io_err(path, e))
+
+    fn write_bytes(&mut self, bytes: &[u8]) -> Result<(), DataError> {
+        match self.file.as_mut() {
+            Some(f) => f.write_all(bytes).map_err(|e| io_err(&self.path, e)),
+            None => Err(DataError::Invalid(format!(
+                "{}: written after finish",
+                self.path.display()
+            ))),
+        }
+    }
+
+    /// Append tokens. An llm.c file holds at most i32::MAX tokens (its header's count).
+    pub fn write(&mut self, tokens: &[u16]) -> Result<(), DataError> {
+        let count = self.count + tokens.len() as u64;
+        if self.llmc && count > i32::MAX as u64 {
+            return Err(DataError::Invalid(format!(
+                "{}: {count} tokens do not fit the llm.c header's int32 count (at most {}); \
+                 write nanoGPT's format or split the text",
+                self.path.display(),
+                i32::MAX
+            )));
+        }
+        let mut bytes = std::mem::take(&mut self.bytes);
+        bytes.clear();
+        tokens
+            .iter()
+            .for_each(|t| bytes.extend_from_slice(&t.to_le_bytes()));
+        let written = self.write_bytes(&bytes);
+        self.bytes = bytes;
+        written?;
+        self.count = count;
+        Ok(())
+    }
+
+    /// Tokens written so far.
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// Write the llm.c count, flush to disk and move the file to its name; the count.
+    pub fn finish(mut self) -> Result<u64, DataError> {
+        let Some(w) = self.file.take() else {
+            return Err(DataError::Invalid(format!(
+                "{}: finished twice",
+                self.path.display()
+            )));
+        };
+        let mut f = w
+            .into_inner()
+            .map_err(|e| io_err(&self.path, e.into_error()))?;
+        if self.llmc {
+            // write() kept count <= i32::MAX.
+            let count = self.count as i32;
+            f.seek(SeekFrom::Start(8))
+                .and_then(|_| f.write_all(&count.to_le_bytes()))
+                .map_err(|e| io_err(&self.path, e))?;
+        }
+        f.sync_all().map_err(|e| io_err(&self.path, e))?;
+        drop(f);
+        std::fs::rename(&self.tmp, &self.path).map_err(|e| io_err(&self.path, e))?;
+        Ok(self.count)
+    }
 }
 
-/// Write tokens as an llm.c `.bin` (header with magic, version 1, count; then uint16).
+impl Drop for TokenWriter {
+    fn drop(&mut self) {
+        // Not finished (an error on the way): leave nothing behind.
+        if self.file.take().is_some() {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}
+
+fn write_file(path: &Path, format: TokenFormat, tokens: &[u16]) -> Result<(), DataError> {
+    let mut w = TokenWriter::create(path, format)?;
+    w.write(tokens)?;
+    w.finish().map(|_| ())
+}
+
+/// Write tokens as an llm.c `.bin` (header with magic, version 1, count; then uint16),
+/// atomically (a temporary file renamed, as [`TokenWriter`]).
 pub fn write_llmc(path: &Path, tokens: &[u16]) -> Result<(), DataError> {
-    let count = i32::try_from(tokens.len()).map_err(|_| {
-        DataError::Invalid(format!(
-            "{}: {} tokens do not fit the llm.c header's int32 count",
-            path.display(),
-            tokens.len()
-        ))
-    })?;
-    let mut header = [0i32; 256];
-    header[0] = LLMC_MAGIC;
-    header[1] = LLMC_VERSION;
-    header[2] = count;
-    write_file(path, Some(header), tokens)
+    write_file(path, TokenFormat::LlmC, tokens)
 }
 
-/// Write tokens as a nanoGPT `.bin` (raw little-endian uint16).
+/// Write tokens as a nanoGPT `.bin` (raw little-endian uint16), atomically.
 pub fn write_nanogpt(path: &Path, tokens: &[u16]) -> Result<(), DataError> {
-    write_file(path, None, tokens)
+    write_file(path, TokenFormat::NanoGpt, tokens)
 }

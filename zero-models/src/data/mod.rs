@@ -1,16 +1,22 @@
 //! Token data: files users already have (nanoGPT's and llm.c's `.bin`, memory-mapped),
 //! the one deterministic batch order ([`Sequential`]), a built-in synthetic corpus with
-//! a known entropy floor ([`MarkovSource`]), and byte-level tokenisation of text.
+//! a known entropy floor ([`MarkovSource`]), and tokenisation of text (bytes or GPT-2's
+//! BPE, streamed: [`Tokenizer`], [`encode_stream`], [`TokenWriter`]).
 
 mod file;
 mod markov;
 mod order;
 mod tokenize;
 
-pub use file::{write_llmc, write_nanogpt, TokenFormat, Tokens, LLMC_MAGIC, LLMC_VERSION};
+pub use file::{
+    write_llmc, write_nanogpt, TokenFormat, TokenWriter, Tokens, LLMC_MAGIC, LLMC_VERSION,
+};
 pub use markov::MarkovSource;
 pub use order::Sequential;
-pub use tokenize::{tokenize_utf8, BYTE_VOCAB};
+pub use tokenize::{
+    encode_stream, last_safe_split, tokenize_utf8, Gpt2, StreamOptions, StreamStats, Tokenizer,
+    BYTE_VOCAB, GPT2_EOT, GPT2_VOCAB,
+};
 
 use std::path::PathBuf;
 
@@ -87,8 +93,8 @@ pub enum DataError {
     NotUtf8 {
         /// The file.
         path: PathBuf,
-        /// Byte offset of the first invalid sequence.
-        at: usize,
+        /// Byte offset in the file of the first invalid sequence.
+        at: u64,
     },
     /// Invalid parameters of an order or a corpus.
     #[error("{0}")]

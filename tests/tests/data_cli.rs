@@ -1,0 +1,239 @@
+//! `zero-bench data tokenize` and `data info` as users run them (plain process, no MPI):
+//!
+//! - `--tokenizer gpt2` on a multi-line text with unicode: the llm.c file holds one
+//!   `<|endoftext|>` and then GPT-2's ids (the published ones for "Hello world"), the same
+//!   with 1 thread and 64-byte chunks as with the defaults; `data info` reads it back; a
+//!   2-rank `train` with `model.vocab_size=50257` trains on it, and the default V = 64 is
+//!   refused by name.
+//! - `--format nanogpt --allow-special`: the text `<|endoftext|>` becomes the token 50256.
+//! - Non-UTF-8 input: exit 1 naming the byte offset, and no output file (nor a temporary).
+//! - A missing input and an unwritable output: exit 1 naming the path.
+//!
+//! The binary is `zero-bench` next to this test's `deps/` directory; build it first with
+//! `cargo build -p zero-bench --release` (scripts/test.sh does).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use zero_tests::cli::{ok, read_lines, repo, s, train};
+use zero_tests::zero_bench_bin as zero_bench;
+
+/// A fresh, empty directory for one test.
+fn scratch(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("data-{name}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create the test's scratch directory");
+    dir
+}
+
+fn data(args: &[&str]) -> Output {
+    Command::new(zero_bench())
+        .arg("data")
+        .args(args)
+        .output()
+        .expect("zero-bench starts")
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// The tokens of an llm.c file, checking its header.
+fn llmc_tokens(path: &Path) -> Vec<u16> {
+    let bytes = std::fs::read(path).expect("read the token file");
+    let int = |i: usize| i32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().expect("4 bytes"));
+    assert_eq!((int(0), int(1)), (20240520, 1), "llm.c magic and version");
+    let toks: Vec<u16> = bytes[1024..]
+        .chunks_exact(2)
+        .map(|b| u16::from_le_bytes([b[0], b[1]]))
+        .collect();
+    assert_eq!(int(2) as usize, toks.len(), "header count");
+    toks
+}
+
+fn no_temporaries(dir: &Path) {
+    let left: Vec<String> = std::fs::read_dir(dir)
+        .expect("list the scratch directory")
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".tmp-"))
+        .collect();
+    assert!(left.is_empty(), "temporary files left: {left:?}");
+}
+
+#[test]
+fn gpt2_tokens_read_back_and_train() {
+    let dir = scratch("gpt2");
+    let txt = dir.join("in.txt");
+    // ~30 KB, so that 64-byte chunks are many.
+    let para = "Hello world\nIt's a naïve café — 日本語 🙂, they'd said.\n\n\tAnd then  some.\n";
+    std::fs::write(&txt, para.repeat(400)).expect("write the text");
+    let bin = dir.join("out.bin");
+    let out = data(&["tokenize", &s(&txt), &s(&bin), "--tokenizer", "gpt2"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let toks = llmc_tokens(&bin);
+    assert!(
+        text(&out).contains(&format!("{} tokens (gpt2, V=50257)", toks.len())),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(toks[..3], [50256, 15496, 995], "EOT, then \"Hello world\"");
+    assert_eq!(toks.iter().filter(|&&t| t == 50256).count(), 1);
+
+    let small = dir.join("small.bin");
+    let out = data(&[
+        "tokenize",
+        &s(&txt),
+        &s(&small),
+        "--tokenizer",
+        "gpt2",
+        "--threads",
+        "1",
+        "--chunk-bytes",
+        "64",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(llmc_tokens(&small), toks, "chunking changes nothing");
+
+    let out = data(&["info", &s(&bin)]);
+    assert!(out.status.success(), "{}", text(&out));
+    let t = text(&out);
+    assert!(
+        t.contains(&format!("llm.c (header + uint16), {} tokens", toks.len()))
+            && t.contains("largest token 50256 (needs V >= 50257")
+            && t.contains("1 x <|endoftext|>"),
+        "{t}"
+    );
+
+    // It trains with GPT-2's vocabulary (the loss starts near ln V and falls) ...
+    let metrics = dir.join("metrics.jsonl");
+    let args = |extra: &[&str]| -> Vec<String> {
+        let mut a = vec![
+            "--config".to_string(),
+            repo("configs/tiny.toml"),
+            "--set".to_string(),
+            format!("data.path={:?}", s(&bin)),
+            "--steps".to_string(),
+            "6".to_string(),
+        ];
+        a.extend(extra.iter().map(|x| x.to_string()));
+        a
+    };
+    let run = train(
+        2,
+        &args(&["--set", "model.vocab_size=50257", "--metrics", &s(&metrics)]),
+    );
+    ok(&run);
+    let losses: Vec<f64> = read_lines(&metrics)
+        .iter()
+        .map(|l| l["loss"].as_f64().expect("loss"))
+        .collect();
+    assert_eq!(losses.len(), 6, "{losses:?}");
+    assert!((losses[0] - 50257f64.ln()).abs() < 0.5, "{losses:?}");
+    assert!(losses[5] < losses[0], "{losses:?}");
+    // ... and the config's V = 64 is refused by name.
+    let run = train(2, &args(&[]));
+    run.assert_failed_by_itself();
+    assert!(
+        run.all_text()
+            .contains("token 50256 at position 0 is outside the vocabulary (V = 64)"),
+        "{}",
+        run.all_text()
+    );
+}
+
+#[test]
+fn allow_special_and_nanogpt() {
+    let dir = scratch("special");
+    let txt = dir.join("docs.txt");
+    std::fs::write(&txt, "Hello world<|endoftext|> the").expect("write");
+    let bin = dir.join("docs.bin");
+    let out = data(&[
+        "tokenize",
+        &s(&txt),
+        &s(&bin),
+        "--tokenizer",
+        "gpt2",
+        "--allow-special",
+        "--format",
+        "nanogpt",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let bytes = std::fs::read(&bin).expect("read");
+    let toks: Vec<u16> = bytes
+        .chunks_exact(2)
+        .map(|b| u16::from_le_bytes([b[0], b[1]]))
+        .collect();
+    assert_eq!(toks, [50256, 15496, 995, 50256, 262]);
+    // Without the flag the same text is ordinary text: 7 tokens for "<|endoftext|>".
+    let out = data(&[
+        "tokenize",
+        &s(&txt),
+        &s(&bin),
+        "--tokenizer",
+        "gpt2",
+        "--format",
+        "nanogpt",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        std::fs::read(&bin).expect("read").len(),
+        2 * (1 + 2 + 7 + 1)
+    );
+    // Byte tokens have no special tokens.
+    let out = data(&["tokenize", &s(&txt), &s(&bin), "--allow-special"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+}
+
+#[test]
+fn bad_input_and_output_exit_1_and_leave_no_file() {
+    let dir = scratch("errors");
+    let txt = dir.join("bad.txt");
+    let mut bytes = "fine text\n".repeat(50).into_bytes(); // 500 bytes
+    bytes.extend_from_slice(b"ok \xff\xfe more");
+    std::fs::write(&txt, &bytes).expect("write");
+    let bin = dir.join("bad.bin");
+    for tokenizer in ["byte", "gpt2"] {
+        for chunk in ["64", "4194304"] {
+            let out = data(&[
+                "tokenize",
+                &s(&txt),
+                &s(&bin),
+                "--tokenizer",
+                tokenizer,
+                "--chunk-bytes",
+                chunk,
+            ]);
+            assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+            assert!(
+                text(&out).contains("bad.txt: not valid UTF-8 at byte 503"),
+                "{}",
+                text(&out)
+            );
+            assert!(!bin.exists(), "a partial output was left");
+            no_temporaries(&dir);
+        }
+    }
+
+    let out = data(&["tokenize", &s(&dir.join("missing.txt")), &s(&bin)]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("missing.txt"), "{}", text(&out));
+
+    let good = dir.join("good.txt");
+    std::fs::write(&good, "Hello world").expect("write");
+    let out = data(&["tokenize", &s(&good), &s(&dir.join("no/such/dir/out.bin"))]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains("cannot write the output")
+            && text(&out).contains("no/such/dir/out.bin"),
+        "{}",
+        text(&out)
+    );
+    for bad in ["panicked", "stack backtrace"] {
+        assert!(!text(&out).contains(bad), "{}", text(&out));
+    }
+}

@@ -1,0 +1,288 @@
+//! Encoding a file of any size chunk by chunk, with exactly the tokens of encoding the
+//! whole text at once.
+//!
+//! Chunks end where a whitespace run starts: at a byte offset `p` where the character
+//! before is not whitespace and the character at `p` is ([`last_safe_split`]). For bytes
+//! any offset would do. For GPT-2 this is where its pre-tokenizer, the regex of
+//! tiktoken-rs's r50k_base (equivalent to GPT-2's original one),
+//!
+//! ```text
+//! '(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s
+//! ```
+//!
+//! ends a piece in the whole text, and the pieces on either side are the ones each chunk
+//! alone gives; BPE then runs on each piece alone, so the tokens agree:
+//!
+//! - `p` is a piece boundary: a piece holds whitespace only as an optional leading ' ' or
+//!   as a whole whitespace run, so the piece holding the non-whitespace character at p-1
+//!   cannot reach over p.
+//! - Left chunk: every piece before p is decided by characters before p and by whether
+//!   text\[p\] is whitespace. Letter, digit and symbol runs stop at whitespace as they stop at
+//!   the end of the input; the lookahead `(?!\S)` and `$` only follow whitespace runs, and
+//!   every whitespace run of the left chunk is followed by a non-whitespace character inside
+//!   it (the chunk ends with one).
+//! - Right chunk: the pattern has no look-behind and no `^`, and `$` is the end of the whole
+//!   text in both, so matching from p alone finds what matching on from p in the whole text
+//!   finds.
+//!
+//! `\s` is Unicode White_Space, the set [`char::is_whitespace`] tests. With special tokens
+//! allowed, `<|endoftext|>` holds no whitespace, so no split falls inside it, and the text
+//! around it is encoded in pieces that end there in both cases.
+//!
+//! A chunk with no such offset (no whitespace, or only whitespace) is read further until
+//! one appears or the file ends. With several threads, this thread reads chunks and writes
+//! tokens in file order while the workers encode up to 2 x threads chunks ahead.
+
+use super::super::DataError;
+use super::Tokenizer;
+use std::collections::{BTreeMap, VecDeque};
+use std::io::Read;
+use std::panic::AssertUnwindSafe;
+use std::path::Path;
+use std::sync::{mpsc, Mutex};
+
+/// How [`encode_stream`] reads and encodes.
+#[derive(Clone, Copy, Debug)]
+pub struct StreamOptions {
+    /// Bytes read per chunk (a chunk ends at the last safe split before this, or later if
+    /// there is none); at least 1.
+    pub chunk_bytes: usize,
+    /// Chunks encoded in parallel; at least 1.
+    pub threads: usize,
+}
+
+impl Default for StreamOptions {
+    fn default() -> Self {
+        StreamOptions {
+            chunk_bytes: 4 << 20,
+            threads: 1,
+        }
+    }
+}
+
+/// What [`encode_stream`] read and produced.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StreamStats {
+    /// Bytes of text read.
+    pub bytes: u64,
+    /// Tokens produced, the file prefix included.
+    pub tokens: u64,
+}
+
+/// The last byte offset in `text` where a chunk may end: the character before it is not
+/// whitespace and the one at it is (see the file head for why GPT-2's pre-tokenizer splits
+/// there). `None` if there is none (offset 0 never counts).
+pub fn last_safe_split(text: &str) -> Option<usize> {
+    let mut after_is_ws = false;
+    for (i, c) in text.char_indices().rev() {
+        let ws = c.is_whitespace();
+        if !ws && after_is_ws {
+            return Some(i + c.len_utf8());
+        }
+        after_is_ws = ws;
+    }
+    None
+}
+
+/// Reads `input` into chunks of text that end at safe splits.
+struct Chunker<'a, R> {
+    input: R,
+    path: &'a Path,
+    chunk_bytes: usize,
+    /// Read but not yet handed out.
+    buf: Vec<u8>,
+    /// File offset of `buf[0]`.
+    offset: u64,
+    eof: bool,
+}
+
+impl<R: Read> Chunker<'_, R> {
+    /// Read until `buf` holds `want` bytes or the input ends.
+    fn fill(&mut self, want: usize) -> Result<(), DataError> {
+        while self.buf.len() < want && !self.eof {
+            let old = self.buf.len();
+            self.buf.resize(want, 0);
+            let read = loop {
+                match self.input.read(&mut self.buf[old..]) {
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    r => break r,
+                }
+            };
+            let n = match read {
+                Ok(n) => n,
+                Err(source) => {
+                    return Err(DataError::Io {
+                        path: self.path.to_path_buf(),
+                        source,
+                    })
+                }
+            };
+            self.buf.truncate(old + n);
+            self.eof = n == 0;
+        }
+        Ok(())
+    }
+
+    /// The next chunk, or `None` at the end of the input.
+    fn next_chunk(&mut self) -> Result<Option<String>, DataError> {
+        let mut want = self.chunk_bytes;
+        loop {
+            self.fill(want)?;
+            // A character cut by the end of the buffer is completed by the next read; any
+            // other invalid byte (or a cut one at the end of the file) is an error.
+            let valid = match std::str::from_utf8(&self.buf) {
+                Ok(_) => self.buf.len(),
+                Err(e) if e.error_len().is_none() && !self.eof => e.valid_up_to(),
+                Err(e) => {
+                    return Err(DataError::NotUtf8 {
+                        path: self.path.to_path_buf(),
+                        at: self.offset + e.valid_up_to() as u64,
+                    })
+                }
+            };
+            let end = if self.eof {
+                Some(valid)
+            } else {
+                std::str::from_utf8(&self.buf[..valid])
+                    .ok()
+                    .and_then(last_safe_split)
+            };
+            match end {
+                Some(0) => return Ok(None),
+                Some(p) => {
+                    let rest = self.buf.split_off(p);
+                    let chunk = std::mem::replace(&mut self.buf, rest);
+                    self.offset += p as u64;
+                    // Validated above: from_utf8 cannot fail here.
+                    let text = String::from_utf8(chunk).map_err(|e| DataError::NotUtf8 {
+                        path: self.path.to_path_buf(),
+                        at: self.offset + e.utf8_error().valid_up_to() as u64,
+                    })?;
+                    return Ok(Some(text));
+                }
+                // No safe split yet: read on (doubling, so a long run costs linear time).
+                None => want = (2 * self.buf.len()).max(want),
+            }
+        }
+    }
+}
+
+/// Encode the UTF-8 text of `input` (named `path` in errors) with `tok`, handing the
+/// tokens to `sink` in order: first [`Tokenizer::file_prefix`], then the text's. The
+/// tokens are those of `tok.encode(whole text)` for any chunk size and thread count (see
+/// the file head). `progress` is called with the bytes of text whose tokens have reached
+/// `sink`, after each chunk. Text that is not UTF-8 is [`DataError::NotUtf8`] with its byte
+/// offset in the input (tokens of the text before it may have reached `sink`).
+pub fn encode_stream<R: Read>(
+    tok: &Tokenizer,
+    input: R,
+    path: &Path,
+    opts: StreamOptions,
+    mut sink: impl FnMut(&[u16]) -> Result<(), DataError>,
+    mut progress: impl FnMut(u64),
+) -> Result<StreamStats, DataError> {
+    if opts.chunk_bytes == 0 || opts.threads == 0 {
+        return Err(DataError::Invalid(format!(
+            "chunk_bytes ({}) and threads ({}) must be at least 1",
+            opts.chunk_bytes, opts.threads
+        )));
+    }
+    let mut chunker = Chunker {
+        input,
+        path,
+        chunk_bytes: opts.chunk_bytes,
+        buf: Vec::new(),
+        offset: 0,
+        eof: false,
+    };
+    let prefix = tok.file_prefix();
+    sink(prefix)?;
+    let mut stats = StreamStats {
+        bytes: 0,
+        tokens: prefix.len() as u64,
+    };
+    if opts.threads == 1 {
+        let mut ids = Vec::new();
+        while let Some(text) = chunker.next_chunk()? {
+            ids.clear();
+            tok.encode_into(&text, &mut ids);
+            sink(&ids)?;
+            stats.tokens += ids.len() as u64;
+            stats.bytes = chunker.offset;
+            progress(stats.bytes);
+        }
+        return Ok(stats);
+    }
+    // Workers live for the whole stream, each with its own tokenizer: GPT-2's regex keeps
+    // match caches that are fast only for the first thread to use them (see
+    // Tokenizer::fork); sharing one, or a fresh thread per chunk, was slower than one thread.
+    // Worker 0 encodes with `tok` (this thread never has), the others with copies of it.
+    let forks = (0..opts.threads)
+        .map(|w| (w > 0).then(|| tok.fork()).transpose())
+        .collect::<Result<Vec<_>, _>>()?;
+    let (job_tx, job_rx) = mpsc::sync_channel::<(u64, String)>(opts.threads);
+    let job_rx = Mutex::new(job_rx);
+    std::thread::scope(|s| {
+        // Owned by this closure, so that any return (an error too) closes the job channel
+        // and the workers end before the scope joins them.
+        let job_tx = job_tx;
+        let (out_tx, out_rx) = mpsc::channel::<(u64, Option<Vec<u16>>)>();
+        for own in &forks {
+            let tok = own.as_ref().unwrap_or(tok);
+            let (job_rx, out_tx) = (&job_rx, out_tx.clone());
+            s.spawn(move || loop {
+                // The lock is held only while waiting for the next job.
+                let job = match job_rx.lock() {
+                    Ok(rx) => rx.recv(),
+                    Err(_) => break,
+                };
+                let Ok((seq, text)) = job else { break };
+                // A panic in the tokenizer (a bug) becomes an error, not a hang.
+                let ids = std::panic::catch_unwind(AssertUnwindSafe(|| tok.encode(&text))).ok();
+                if out_tx.send((seq, ids)).is_err() {
+                    break;
+                }
+            });
+        }
+        drop(out_tx);
+        // Chunks sent and written; the file offset where each unwritten chunk ends.
+        let (mut sent, mut written) = (0u64, 0u64);
+        let mut ends = VecDeque::new();
+        let mut done: BTreeMap<u64, Vec<u16>> = BTreeMap::new();
+        let mut eof = false;
+        loop {
+            while !eof && sent - written < 2 * opts.threads as u64 {
+                match chunker.next_chunk()? {
+                    Some(text) => {
+                        ends.push_back(chunker.offset);
+                        if job_tx.send((sent, text)).is_err() {
+                            break;
+                        }
+                        sent += 1;
+                    }
+                    None => eof = true,
+                }
+            }
+            if written == sent {
+                return Ok(stats);
+            }
+            let (seq, ids) = out_rx.recv().map_err(|_| {
+                DataError::Invalid("the tokenizer's worker threads ended early".into())
+            })?;
+            let ids = ids.ok_or_else(|| {
+                DataError::Invalid(format!(
+                    "the tokenizer panicked on chunk {seq} of {}",
+                    path.display()
+                ))
+            })?;
+            done.insert(seq, ids);
+            while let Some(ids) = done.remove(&written) {
+                sink(&ids)?;
+                stats.tokens += ids.len() as u64;
+                stats.bytes = ends.pop_front().unwrap_or(stats.bytes);
+                written += 1;
+                progress(stats.bytes);
+            }
+        }
+    })
+}
