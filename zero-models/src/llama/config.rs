@@ -1,0 +1,252 @@
+//! Llama shapes (V, T, L, H, Hkv, C, F, theta, eps), the named Llama presets (a sibling of
+//! GPT-2's [`crate::config::PRESETS`]: GPT-2's shape struct has no room for the key/value
+//! heads, the MLP width or the rotary base), and everything derived from a shape alone:
+//! the [`ModelSpec`], parameter counts and FLOPs per token. Nothing allocates weights.
+//! [`crate::ModelPreset`] is the one lookup that knows both tables.
+
+use zero_core::{LayerSpec, ModelSpec, ParamSpec, UnitSpec};
+
+use crate::config::GptConfigError;
+
+/// Named Llama shapes: `llama-tiny` (gradient checks, CPU runs), the published Llama 2
+/// and Llama 3 shapes (Meta's `params.json`; the MLP width is the one the published
+/// weights have), and `llama-7b`/`-13b`/`-70b` as aliases of the Llama 2 ones.
+pub const LLAMA_PRESETS: &[(&str, LlamaConfig)] = &[
+    ("llama-tiny", llama(64, 16, 2, 4, 2, 16, 40, 10_000.0)),
+    (
+        "llama2-7b",
+        llama(32000, 4096, 32, 32, 32, 4096, 11008, 10_000.0),
+    ),
+    (
+        "llama2-13b",
+        llama(32000, 4096, 40, 40, 40, 5120, 13824, 10_000.0),
+    ),
+    (
+        "llama2-70b",
+        llama(32000, 4096, 80, 64, 8, 8192, 28672, 10_000.0),
+    ),
+    (
+        "llama3-8b",
+        llama(128256, 8192, 32, 32, 8, 4096, 14336, 500_000.0),
+    ),
+    (
+        "llama3-70b",
+        llama(128256, 8192, 80, 64, 8, 8192, 28672, 500_000.0),
+    ),
+    (
+        "llama-7b",
+        llama(32000, 4096, 32, 32, 32, 4096, 11008, 10_000.0),
+    ),
+    (
+        "llama-13b",
+        llama(32000, 4096, 40, 40, 40, 5120, 13824, 10_000.0),
+    ),
+    (
+        "llama-70b",
+        llama(32000, 4096, 80, 64, 8, 8192, 28672, 10_000.0),
+    ),
+];
+
+#[allow(clippy::too_many_arguments)]
+const fn llama(
+    v: usize,
+    t: usize,
+    l: usize,
+    h: usize,
+    kv: usize,
+    c: usize,
+    f: usize,
+    theta: f64,
+) -> LlamaConfig {
+    LlamaConfig {
+        vocab_size: v,
+        max_seq_len: t,
+        n_layer: l,
+        n_head: h,
+        n_kv_head: kv,
+        n_embd: c,
+        ffn_hidden: f,
+        rope_theta: theta,
+        norm_eps: crate::llama::RMS_EPS,
+    }
+}
+
+/// The shape of a Llama model (Meta's `ModelArgs`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LlamaConfig {
+    /// V: vocabulary size (rows of `tok_embeddings` and of the untied `output`).
+    pub vocab_size: usize,
+    /// T: maximum sequence length (positions are rotary: no table).
+    pub max_seq_len: usize,
+    /// L: transformer blocks.
+    pub n_layer: usize,
+    /// H: query heads.
+    pub n_head: usize,
+    /// Hkv: key/value heads (divides H; H/Hkv query heads share one, grouped-query
+    /// attention; Hkv = H is multi-head attention).
+    pub n_kv_head: usize,
+    /// C: width of the residual stream.
+    pub n_embd: usize,
+    /// F: hidden width of the SwiGLU MLP.
+    pub ffn_hidden: usize,
+    /// The rotary base theta (10000 in Llama 2, 500000 in Llama 3).
+    pub rope_theta: f64,
+    /// RMSNorm's epsilon (1e-5).
+    pub norm_eps: f64,
+}
+
+/// What one layer of a Llama computes, in forward order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LlamaLayer {
+    /// `x0 = tok_embeddings[token]`.
+    Embed,
+    /// Transformer block i.
+    Block(usize),
+    /// The final RMSNorm, the logits and the loss.
+    Head,
+}
+
+impl LlamaConfig {
+    /// A named preset (see [`LLAMA_PRESETS`]).
+    pub fn preset(name: &str) -> Option<Self> {
+        LLAMA_PRESETS
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, c)| *c)
+    }
+
+    /// C/H.
+    pub fn head_dim(&self) -> usize {
+        self.n_embd / self.n_head.max(1)
+    }
+
+    /// Ckv = Hkv hd: the width of k and v.
+    pub fn kv_dim(&self) -> usize {
+        self.n_kv_head * self.head_dim()
+    }
+
+    /// Check the shape: dimensions positive, H divides C into even heads, Hkv divides H,
+    /// theta > 1 and eps > 0.
+    pub fn validate(&self) -> Result<(), GptConfigError> {
+        for (name, v) in [
+            ("vocab_size", self.vocab_size),
+            ("max_seq_len", self.max_seq_len),
+            ("n_layer", self.n_layer),
+            ("n_head", self.n_head),
+            ("n_kv_head", self.n_kv_head),
+            ("n_embd", self.n_embd),
+            ("ffn_hidden", self.ffn_hidden),
+        ] {
+            if v == 0 {
+                return Err(GptConfigError::Zero { name });
+            }
+        }
+        if !self.n_embd.is_multiple_of(self.n_head) {
+            return Err(GptConfigError::HeadsDontDivide {
+                c: self.n_embd,
+                h: self.n_head,
+            });
+        }
+        let problem = if !self.n_head.is_multiple_of(self.n_kv_head) {
+            Some(format!(
+                "n_kv_head Hkv={} does not divide n_head H={}",
+                self.n_kv_head, self.n_head
+            ))
+        } else if !self.head_dim().is_multiple_of(2) {
+            Some(format!(
+                "the head size C/H = {}/{} = {} is odd; rotary embeddings rotate pairs",
+                self.n_embd,
+                self.n_head,
+                self.head_dim()
+            ))
+        } else if self.rope_theta.is_nan() || self.rope_theta <= 1.0 {
+            Some(format!("rope_theta = {} must be > 1", self.rope_theta))
+        } else if self.norm_eps.is_nan() || self.norm_eps <= 0.0 {
+            Some(format!("norm_eps = {} must be > 0", self.norm_eps))
+        } else {
+            None
+        };
+        match problem {
+            Some(p) => Err(GptConfigError::Llama(p)),
+            None => Ok(()),
+        }
+    }
+
+    /// The layers in forward order: embed, blocks, head.
+    pub fn layers(&self) -> Vec<LlamaLayer> {
+        let mut out = vec![LlamaLayer::Embed];
+        out.extend((0..self.n_layer).map(LlamaLayer::Block));
+        out.push(LlamaLayer::Head);
+        out
+    }
+
+    /// Units `tok_embeddings`, `layers.0` .. `layers.{L-1}`, `output` {norm, output}
+    /// (Meta's tensor names); layers `embed`, `layers.{i}`, `head`, each on its own unit.
+    /// The embedding and the output head are untied and each one unit (no row blocks).
+    pub fn spec(&self) -> ModelSpec {
+        let (v, c, f, kv) = (self.vocab_size, self.n_embd, self.ffn_hidden, self.kv_dim());
+        let mut units = vec![UnitSpec {
+            name: "tok_embeddings".into(),
+            params: vec![ParamSpec::new("tok_embeddings.weight", &[v, c])],
+        }];
+        for i in 0..self.n_layer {
+            let p = |s: &str, shape: &[usize]| ParamSpec::new(format!("layers.{i}.{s}"), shape);
+            units.push(UnitSpec {
+                name: format!("layers.{i}"),
+                params: vec![
+                    p("attention_norm.weight", &[c]),
+                    p("attention.wq.weight", &[c, c]),
+                    p("attention.wk.weight", &[kv, c]),
+                    p("attention.wv.weight", &[kv, c]),
+                    p("attention.wo.weight", &[c, c]),
+                    p("ffn_norm.weight", &[c]),
+                    p("feed_forward.w1.weight", &[f, c]),
+                    p("feed_forward.w2.weight", &[c, f]),
+                    p("feed_forward.w3.weight", &[f, c]),
+                ],
+            });
+        }
+        units.push(UnitSpec {
+            name: "output".into(),
+            params: vec![
+                ParamSpec::new("norm.weight", &[c]),
+                ParamSpec::new("output.weight", &[v, c]),
+            ],
+        });
+        let layers = self
+            .layers()
+            .into_iter()
+            .enumerate()
+            .map(|(u, layer)| LayerSpec {
+                name: match layer {
+                    LlamaLayer::Embed => "embed".into(),
+                    LlamaLayer::Block(i) => format!("layers.{i}"),
+                    LlamaLayer::Head => "head".into(),
+                },
+                units: vec![u],
+            })
+            .collect();
+        ModelSpec { units, layers }
+    }
+
+    /// Ψ: parameter count, without building the spec.
+    pub fn num_params(&self) -> usize {
+        let (v, c, f, kv, l) = (
+            self.vocab_size,
+            self.n_embd,
+            self.ffn_hidden,
+            self.kv_dim(),
+            self.n_layer,
+        );
+        2 * v * c + l * (2 * c + 2 * c * c + 2 * c * kv + 3 * c * f) + c
+    }
+
+    /// Training FLOPs per token at sequence length `seq_len`, as
+    /// [`crate::GptConfig::flops_per_token`] counts them: 6 per matmul weight (all but
+    /// the embedding lookup and the norms) plus attention's `12 L C seq_len`.
+    pub fn flops_per_token(&self, seq_len: usize) -> f64 {
+        let norms = (2 * self.n_layer + 1) * self.n_embd;
+        let matmul = self.num_params() - self.vocab_size * self.n_embd - norms;
+        6.0 * matmul as f64 + 12.0 * (self.n_layer * self.n_embd * seq_len) as f64
+    }
+}
