@@ -10,8 +10,12 @@ use zero_models::{download_units, upload_units, Llama, LlamaConfig, ModelPreset,
 
 const B: usize = 2;
 
+/// `llama-tiny` at T = 8: a gradient check runs two forwards per parameter.
 fn tiny() -> LlamaConfig {
-    LlamaConfig::preset("llama-tiny").expect("llama-tiny is a preset")
+    LlamaConfig {
+        max_seq_len: 8,
+        ..LlamaConfig::preset("llama-tiny").expect("llama-tiny is a preset")
+    }
 }
 
 fn batch_tokens(cfg: &LlamaConfig, rows: usize, seed: u64) -> (Vec<u32>, Vec<u32>) {

@@ -12,7 +12,7 @@ use crate::config::GptConfigError;
 /// and Llama 3 shapes (Meta's `params.json`; the MLP width is the one the published
 /// weights have), and `llama-7b`/`-13b`/`-70b` as aliases of the Llama 2 ones.
 pub const LLAMA_PRESETS: &[(&str, LlamaConfig)] = &[
-    ("llama-tiny", llama(64, 16, 2, 4, 2, 16, 40, 10_000.0)),
+    ("llama-tiny", llama(64, 64, 2, 4, 2, 16, 40, 10_000.0)),
     (
         "llama2-7b",
         llama(32000, 4096, 32, 32, 32, 4096, 11008, 10_000.0),
