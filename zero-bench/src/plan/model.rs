@@ -153,7 +153,9 @@ mod tests {
         let m = preset("gpt2-124m", 1, None).unwrap();
         assert_eq!(
             m.numel,
-            zero_models::GptConfig::preset("gpt2-124m").unwrap().num_params()
+            zero_models::GptConfig::preset("gpt2-124m")
+                .unwrap()
+                .num_params()
         );
         assert!(m.activation_bytes > 0);
     }
