@@ -108,13 +108,13 @@ mod tests {
         rmsnorm_forward(&mut o, &mut s, &x, &w, c, RMS_EPS);
         let (mut dx, mut dw) = (vec![1.0; rows * c], vec![2.0; c]);
         rmsnorm_backward(&mut dx, &mut dw, &g, &x, &w, &s, c);
-        for i in 0..x.len() {
+        for (i, got) in dx.iter().enumerate() {
             let want = central_difference(&x, i, |xe| loss(xe, &w));
-            assert!((dx[i] - 1.0 - want).abs() < 1e-8, "dx[{i}]");
+            assert!((got - 1.0 - want).abs() < 1e-8, "dx[{i}]");
         }
-        for i in 0..c {
+        for (i, got) in dw.iter().enumerate() {
             let want = central_difference(&w, i, |we| loss(&x, we));
-            assert!((dw[i] - 2.0 - want).abs() < 1e-8, "dw[{i}]");
+            assert!((got - 2.0 - want).abs() < 1e-8, "dw[{i}]");
         }
     }
 }

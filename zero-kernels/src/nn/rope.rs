@@ -8,8 +8,12 @@
 //!
 //! Rotation layout: Hugging Face's `rotate_half` (the Llama of `transformers`), which pairs
 //! element i of a head with element i + hd/2: for i < hd/2, angle = t theta^(-2i/hd),
-//!   y[i]        = x[i] cos - x[i + hd/2] sin,
-//!   y[i + hd/2] = x[i + hd/2] cos + x[i] sin.
+//!
+//! ```text
+//! y[i]        = x[i] cos - x[i + hd/2] sin
+//! y[i + hd/2] = x[i + hd/2] cos + x[i] sin
+//! ```
+//!
 //! (Meta's reference code pairs 2i with 2i+1 instead; the two differ by a permutation of
 //! each head's q and k rows, which the checkpoint converters apply.) The angles are
 //! computed in f64 and rounded once to the scalar.
@@ -256,9 +260,9 @@ mod tests {
         let (mut dq, mut dk, mut dv) =
             (vec![9.0; bt * c], vec![9.0; bt * ckv], vec![9.0; bt * ckv]);
         rope_gqa_backward(&mut dq, &mut dk, &mut dv, &g, s);
-        for i in 0..q.len() {
+        for (i, got) in dq.iter().enumerate() {
             let want = central_difference(&q, i, |e| loss(e, &k, &v));
-            assert!((dq[i] - want).abs() < 1e-8, "dq[{i}]");
+            assert!((got - want).abs() < 1e-8, "dq[{i}]");
         }
         for i in 0..k.len() {
             let want_k = central_difference(&k, i, |e| loss(&q, e, &v));
