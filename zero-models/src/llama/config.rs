@@ -8,11 +8,13 @@ use zero_core::{LayerSpec, ModelSpec, ParamSpec, UnitSpec};
 
 use crate::config::GptConfigError;
 
-/// Named Llama shapes: `llama-tiny` (gradient checks, CPU runs), the published Llama 2
+/// Named Llama shapes: `llama-tiny` (gradient checks, CPU runs), `llama-small` (bytes,
+/// the size of GPT-2's `small`, for CPU benchmarks), the published Llama 2
 /// and Llama 3 shapes (Meta's `params.json`; the MLP width is the one the published
 /// weights have), and `llama-7b`/`-13b`/`-70b` as aliases of the Llama 2 ones.
 pub const LLAMA_PRESETS: &[(&str, LlamaConfig)] = &[
     ("llama-tiny", llama(64, 64, 2, 4, 2, 16, 40, 10_000.0)),
+    ("llama-small", llama(256, 256, 4, 4, 2, 256, 688, 10_000.0)),
     (
         "llama2-7b",
         llama(32000, 4096, 32, 32, 32, 4096, 11008, 10_000.0),
