@@ -111,6 +111,54 @@ fn backward_matches_central_differences_f64_mha_and_one_kv_head() {
     }
 }
 
+/// `llama-tiny` with its 64-row tables in blocks of 20, 20, 20 and 4 rows: three more
+/// lookup layers, three more logits layers, six more units.
+fn tiny_split() -> LlamaConfig {
+    LlamaConfig {
+        vocab_block_rows: Some(20),
+        ..tiny()
+    }
+}
+
+#[test]
+fn backward_matches_central_differences_f64_with_the_tables_in_row_blocks() {
+    let cfg = tiny_split();
+    assert_eq!(cfg.vocab_blocks(), vec![0..20, 20..40, 40..60, 60..64]);
+    assert_eq!(cfg.spec().units.len(), 4 + cfg.n_layer + 4);
+    assert_eq!(cfg.spec().layers.len(), 4 + cfg.n_layer + 4);
+    gradcheck(cfg, B);
+}
+
+/// Splitting the tables changes no value: the blocks hold the whole tables' initial rows,
+/// and the loss and gradients agree with the unsplit model's (the head's input gradient
+/// is summed block by block: f32 rounding).
+#[test]
+fn the_tables_in_row_blocks_are_the_same_model() {
+    let (whole_cfg, split_cfg) = (tiny(), tiny_split());
+    let on = On::new(HostDevice::new());
+    let io = batch_tokens(&whole_cfg, B, 41);
+    let bt = batch(&whole_cfg, B, &io);
+    let mut whole = Llama::<HostDevice, f32>::new(&on.dev, whole_cfg, B).expect("valid");
+    let mut split = Llama::<HostDevice, f32>::new(&on.dev, split_cfg, B).expect("valid");
+    let (pw, ps) = (whole.init_params(8), split.init_params(8));
+    // Split units: [emb 0..20, emb 20..40, emb 40..60, emb 60..64, layers.0, layers.1,
+    // norm + out 0..20, out 20..40, out 40..60, out 60..64]; whole: [emb, layers.*, norm + out].
+    let join = |u: &[Vec<f32>]| -> Vec<f32> { u.concat() };
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&join(&ps)), bits(&join(&pw)), "initial values");
+    let (mut gw, mut gs) = (whole.zero_grads(), split.zero_grads());
+    let scale = 1.0 / (B * whole_cfg.max_seq_len) as f32;
+    let lw = on.fb(&mut whole, &bt, &pw, &mut gw, scale);
+    let ls = on.fb(&mut split, &bt, &ps, &mut gs, scale);
+    assert!((lw - ls).abs() <= 1e-12 * lw.abs(), "loss {lw} vs {ls}");
+    let (gw, gs) = (join(&gw), join(&gs));
+    // f32 sums of V = 64 terms in another grouping: 1e-5 of the largest gradient.
+    let tol = 1e-5 * gw.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+    for (i, (a, b)) in gw.iter().zip(&gs).enumerate() {
+        assert!((a - b).abs() <= tol, "element {i}: {a:e} vs {b:e}");
+    }
+}
+
 fn gradcheck(cfg: LlamaConfig, rows: usize) {
     let on = On::new(HostDevice::new());
     let mut model = Llama::<HostDevice, f64>::new(&on.dev, cfg, rows).expect("valid config");
@@ -156,7 +204,11 @@ fn gradcheck(cfg: LlamaConfig, rows: usize) {
 /// host device's bits.
 #[test]
 fn simulated_device_gives_the_host_bits() {
-    let cfg = tiny();
+    simulated_equals_host(tiny());
+    simulated_equals_host(tiny_split());
+}
+
+fn simulated_equals_host(cfg: LlamaConfig) {
     let io = batch_tokens(&cfg, B, 31);
     let bt = batch(&cfg, B, &io);
     let h = On::new(HostDevice::new());
@@ -199,6 +251,7 @@ fn published_shapes_have_their_parameter_counts() {
         ("llama3-70b", 70_553_706_496),
         ("llama-7b", 6_738_415_616),
         ("llama-70b", 68_976_648_192),
+        ("llama3-70b", 70_553_706_496),
     ] {
         let m = ModelPreset::lookup(name).expect("preset");
         m.validate().expect("valid");
@@ -210,4 +263,23 @@ fn published_shapes_have_their_parameter_counts() {
         _ => panic!("{n} is a Llama preset"),
     };
     assert_eq!((theta("llama2-7b"), theta("llama3-8b")), (1e4, 5e5));
+    // One block's worth of rows per table unit: Llama 2's 32000 rows stay whole, Llama 3's
+    // 128256 split (so no unit outgrows a transformer block).
+    for (name, blocks) in [
+        ("llama2-7b", 1),
+        ("llama2-70b", 1),
+        ("llama3-8b", 3),
+        ("llama3-70b", 2),
+    ] {
+        let Ok(ModelPreset::Llama(l)) = ModelPreset::lookup(name) else {
+            panic!("{name}")
+        };
+        assert_eq!(l.vocab_blocks().len(), blocks, "{name}");
+        let spec = l.spec();
+        let block = spec.units[l.vocab_blocks().len()].numel();
+        assert!(
+            spec.units.iter().all(|u| u.numel() <= block + l.n_embd),
+            "{name}"
+        );
+    }
 }

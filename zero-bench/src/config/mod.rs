@@ -140,7 +140,8 @@ pub struct ModelConfig {
     pub width: Option<usize>,
     /// Rows of the token table `wte` per unit (partitioned, gathered and reduced on its
     /// own). Default: 12 x width + 13, one transformer block's worth of elements, so the
-    /// table never widens a layer's working set beyond a block's.
+    /// table never widens a layer's working set beyond a block's. A Llama splits both its
+    /// tables (`tok_embeddings`, `output`) so, by default into one block's worth too.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub vocab_block_rows: Option<usize>,
 }
@@ -231,18 +232,13 @@ pub fn resolve_any(m: &ModelConfig) -> Result<ModelPreset, String> {
     let Some(base) = llama else {
         return resolve_model(m).map(ModelPreset::Gpt);
     };
-    if m.vocab_block_rows.is_some() {
-        return Err(
-            "model.vocab_block_rows splits GPT-2's tied token table; a Llama's tables are one unit each: unset it"
-                .into(),
-        );
-    }
     Ok(ModelPreset::Llama(LlamaConfig {
         vocab_size: m.vocab_size.unwrap_or(base.vocab_size),
         max_seq_len: m.context_len.unwrap_or(base.max_seq_len),
         n_layer: m.layers.unwrap_or(base.n_layer),
         n_head: m.heads.unwrap_or(base.n_head),
         n_embd: m.width.unwrap_or(base.n_embd),
+        vocab_block_rows: m.vocab_block_rows,
         ..base
     }))
 }

@@ -4,6 +4,8 @@
 //! the [`ModelSpec`], parameter counts and FLOPs per token. Nothing allocates weights.
 //! [`crate::ModelPreset`] is the one lookup that knows both tables.
 
+use std::ops::Range;
+
 use zero_core::{LayerSpec, ModelSpec, ParamSpec, UnitSpec};
 
 use crate::config::GptConfigError;
@@ -70,6 +72,7 @@ const fn llama(
         ffn_hidden: f,
         rope_theta: theta,
         norm_eps: crate::llama::RMS_EPS,
+        vocab_block_rows: None,
     }
 }
 
@@ -95,17 +98,29 @@ pub struct LlamaConfig {
     pub rope_theta: f64,
     /// RMSNorm's epsilon (1e-5).
     pub norm_eps: f64,
+    /// Rows of `tok_embeddings` and of `output` per unit: each table is split into row
+    /// blocks of this many rows, gathered, used and reduced on its own (as GPT-2's `wte`,
+    /// `crate::GptConfig::vocab_block_rows`). `None`: one transformer block's worth of
+    /// elements, 2 + 2C + 2Ckv + 3F rows (Llama 3's 128256-row tables split, Llama 2's
+    /// 32000 do not).
+    pub vocab_block_rows: Option<usize>,
 }
 
-/// What one layer of a Llama computes, in forward order.
+/// What one layer of a Llama computes, in forward order ([`LlamaConfig::layers`]). Block
+/// k of a table is the k-th range of [`LlamaConfig::vocab_blocks`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LlamaLayer {
-    /// `x0 = tok_embeddings[token]`.
+    /// The rows of x0 whose token falls in block k >= 1 of `tok_embeddings`.
+    Lookup(usize),
+    /// `x0 = tok_embeddings[token]` for block 0's tokens.
     Embed,
     /// Transformer block i.
     Block(usize),
-    /// The final RMSNorm, the logits and the loss.
+    /// The final RMSNorm and the logits of block 0 of `output` (and the loss, when the
+    /// table is one block).
     Head,
+    /// The logits of block k >= 1 of `output` (and the loss, after the last block).
+    Logits(usize),
 }
 
 impl LlamaConfig {
@@ -143,6 +158,11 @@ impl LlamaConfig {
                 return Err(GptConfigError::Zero { name });
             }
         }
+        if self.vocab_block_rows == Some(0) {
+            return Err(GptConfigError::Zero {
+                name: "vocab_block_rows",
+            });
+        }
         if !self.n_embd.is_multiple_of(self.n_head) {
             return Err(GptConfigError::HeadsDontDivide {
                 c: self.n_embd,
@@ -174,23 +194,70 @@ impl LlamaConfig {
         }
     }
 
-    /// The layers in forward order: embed, blocks, head.
+    /// Rows per table block ([`LlamaConfig::vocab_block_rows`], resolved).
+    pub fn block_rows(&self) -> usize {
+        let default = 2 + 2 * self.n_embd + 2 * self.kv_dim() + 3 * self.ffn_hidden;
+        self.vocab_block_rows.unwrap_or(default).max(1)
+    }
+
+    /// The row ranges of the tables' blocks, in order (one range when not split).
+    pub fn vocab_blocks(&self) -> Vec<Range<usize>> {
+        let (v, r) = (self.vocab_size, self.block_rows());
+        (0..v.max(1))
+            .step_by(r)
+            .map(|a| a..(a + r).min(v))
+            .collect()
+    }
+
+    /// The layers in forward order: lookups of blocks 1.., embed, blocks, head, logits of
+    /// blocks 1.. (see [`LlamaLayer`]).
     pub fn layers(&self) -> Vec<LlamaLayer> {
-        let mut out = vec![LlamaLayer::Embed];
+        let k = self.vocab_blocks().len();
+        let mut out: Vec<LlamaLayer> = (1..k).map(LlamaLayer::Lookup).collect();
+        out.push(LlamaLayer::Embed);
         out.extend((0..self.n_layer).map(LlamaLayer::Block));
         out.push(LlamaLayer::Head);
+        out.extend((1..k).map(LlamaLayer::Logits));
         out
     }
 
-    /// Units `tok_embeddings`, `layers.0` .. `layers.{L-1}`, `output` {norm, output}
-    /// (Meta's tensor names); layers `embed`, `layers.{i}`, `head`, each on its own unit.
-    /// The embedding and the output head are untied and each one unit (no row blocks).
+    /// The unit a layer reads, as an index into [`LlamaConfig::spec`]'s units (each layer
+    /// reads one: the tables are untied).
+    pub fn layer_unit(&self, layer: LlamaLayer) -> usize {
+        let (k, l) = (self.vocab_blocks().len(), self.n_layer);
+        match layer {
+            LlamaLayer::Lookup(b) => b,
+            LlamaLayer::Embed => 0,
+            LlamaLayer::Block(i) => k + i,
+            LlamaLayer::Head => k + l,
+            LlamaLayer::Logits(b) => k + l + b,
+        }
+    }
+
+    /// Units (Meta's tensor names): `tok_embeddings` {block 0 of the table}, one unit per
+    /// further block (named as its rows, `tok_embeddings.weight[53250..106500]`),
+    /// `layers.0` .. `layers.{L-1}`, `output` {`norm.weight`, block 0 of `output.weight`},
+    /// one unit per further block of `output.weight`. Layers: [`LlamaConfig::layers`],
+    /// named `embed.{k}`, `embed`, `layers.{i}`, `head`, `head.{k}`, each on one unit.
+    /// With one block: units [tok_embeddings, layers.*, output], layers [embed, layers.*,
+    /// head].
     pub fn spec(&self) -> ModelSpec {
         let (v, c, f, kv) = (self.vocab_size, self.n_embd, self.ffn_hidden, self.kv_dim());
-        let mut units = vec![UnitSpec {
-            name: "tok_embeddings".into(),
-            params: vec![ParamSpec::new("tok_embeddings.weight", &[v, c])],
-        }];
+        let rows = self.block_rows();
+        let mut emb = ParamSpec::split_rows("tok_embeddings.weight", &[v, c], rows).into_iter();
+        let mut out = ParamSpec::split_rows("output.weight", &[v, c], rows).into_iter();
+        let mut units: Vec<UnitSpec> = emb
+            .next()
+            .map(|b| UnitSpec {
+                name: "tok_embeddings".into(),
+                params: vec![b],
+            })
+            .into_iter()
+            .collect();
+        units.extend(emb.map(|b| UnitSpec {
+            name: b.name.clone(),
+            params: vec![b],
+        }));
         for i in 0..self.n_layer {
             let p = |s: &str, shape: &[usize]| ParamSpec::new(format!("layers.{i}.{s}"), shape);
             units.push(UnitSpec {
@@ -208,24 +275,28 @@ impl LlamaConfig {
                 ],
             });
         }
+        let mut head = vec![ParamSpec::new("norm.weight", &[c])];
+        head.extend(out.next());
         units.push(UnitSpec {
             name: "output".into(),
-            params: vec![
-                ParamSpec::new("norm.weight", &[c]),
-                ParamSpec::new("output.weight", &[v, c]),
-            ],
+            params: head,
         });
+        units.extend(out.map(|b| UnitSpec {
+            name: b.name.clone(),
+            params: vec![b],
+        }));
         let layers = self
             .layers()
             .into_iter()
-            .enumerate()
-            .map(|(u, layer)| LayerSpec {
+            .map(|layer| LayerSpec {
                 name: match layer {
+                    LlamaLayer::Lookup(k) => format!("embed.{k}"),
                     LlamaLayer::Embed => "embed".into(),
                     LlamaLayer::Block(i) => format!("layers.{i}"),
                     LlamaLayer::Head => "head".into(),
+                    LlamaLayer::Logits(k) => format!("head.{k}"),
                 },
-                units: vec![u],
+                units: vec![self.layer_unit(layer)],
             })
             .collect();
         ModelSpec { units, layers }

@@ -11,8 +11,11 @@
 //! same code runs on the host and the simulated device; the CUDA device has no kernels
 //! for them yet and returns `KernelError::NoCudaKernel`.
 //!
-//! The embedding and the output matrix are one unit each (no row blocks, unlike GPT-2's
-//! `wte`): for V = 128256, C = 8192 a unit is 1.05e9 elements, the largest of the model.
+//! Large tables are held in row blocks ([`LlamaConfig::vocab_blocks`], as GPT-2's `wte`):
+//! the lookup of each further block of `tok_embeddings` is a layer before `embed` (each
+//! writes the rows of x0 whose token is in its block), and the logits of each further
+//! block of `output` a layer after `head` (`crate::head`, the same column blocks as
+//! GPT-2's), so no layer's working set is a whole table.
 
 mod block;
 pub mod config;
@@ -20,6 +23,8 @@ mod layout;
 
 pub use config::{LlamaConfig, LlamaLayer, LLAMA_PRESETS};
 pub use zero_kernels::nn::RMS_EPS;
+
+use std::ops::Range;
 
 use zero_core::model::{Compute, UnitGrads, UnitParams};
 use zero_core::{Model, ModelError, ModelSpec};
@@ -38,6 +43,8 @@ pub struct Llama<D: Device, F: Scalar = f32> {
     cfg: LlamaConfig,
     spec: ModelSpec,
     layers: Vec<LlamaLayer>,
+    /// The row ranges of the tables' blocks.
+    vocab_blocks: Vec<Range<usize>>,
     max_rows: usize,
     arena: D::Buf<F>,
     inputs: D::Buf<u32>,
@@ -106,6 +113,7 @@ impl<D: Device, F: Scalar> Llama<D, F> {
             cfg,
             spec: cfg.spec(),
             layers: cfg.layers(),
+            vocab_blocks: cfg.vocab_blocks(),
             max_rows,
             arena: dev.alloc(dims.total(), "llama activations")?,
             inputs: dev.alloc(tokens, "llama inputs")?,
@@ -218,8 +226,29 @@ impl<D: Device, F: Scalar> Llama<D, F> {
         Ok(())
     }
 
-    /// Forward of `layer` on the parameters of its unit (the arena region of layer i is
-    /// region i: embed 0, blocks 1..=L, head L+1).
+    /// Where a layer's activations live: 0 = x0, 1..=L the blocks, L+1 the head.
+    fn region(&self, layer: LlamaLayer) -> usize {
+        match layer {
+            LlamaLayer::Lookup(_) | LlamaLayer::Embed => 0,
+            LlamaLayer::Block(i) => i + 1,
+            LlamaLayer::Head | LlamaLayer::Logits(_) => self.cfg.n_layer + 1,
+        }
+    }
+
+    /// The rows of the table block a layer uses (block 0 for the others), and whether it
+    /// is the last block (the one the loss follows).
+    fn vocab_block(&self, layer: LlamaLayer) -> (Range<usize>, bool) {
+        let k = match layer {
+            LlamaLayer::Lookup(k) | LlamaLayer::Logits(k) => k,
+            _ => 0,
+        };
+        (
+            self.vocab_blocks[k].clone(),
+            k + 1 == self.vocab_blocks.len(),
+        )
+    }
+
+    /// Forward of `layer` on the parameters of its unit.
     pub fn forward(
         &mut self,
         cx: Compute<'_, D>,
@@ -238,33 +267,51 @@ impl<D: Device, F: Scalar> Llama<D, F> {
         let (dev, s) = (cx.dev, cx.stream);
         let d = self.dims;
         let (bt, c, v) = (d.bt(), d.c, d.v);
-        let start = d.region_start(layer);
-        let mut parts = self
-            .arena
-            .split_mut(&[0..start, start..start + d.region_len(layer)])?
-            .into_iter();
+        let kind = self.layers[layer];
+        let (rows, last) = self.vocab_block(kind);
+        let n = rows.len() * c;
+        let start = d.region_start(self.region(kind));
+        let end = start + d.region_len(self.region(kind));
+        let mut parts = self.arena.split_mut(&[0..start, start..end])?.into_iter();
         let (Some(before), Some(region)) = (parts.next(), parts.next()) else {
             return Err(bad_call("arena split".into()));
         };
         let x = before.as_view().slice(start.saturating_sub(bt * c)..start);
-        match self.layers[layer] {
-            LlamaLayer::Embed => {
-                let ids = self.inputs.slice(0..bt);
-                dev.gather_rows(s, region, ids, params[0].slice(0..v * c), c)?;
+        let ids = self.inputs.slice(0..bt);
+        let hd = head_dims(&d);
+        let head = match kind {
+            LlamaLayer::Lookup(_) | LlamaLayer::Embed => {
+                // x0's rows whose token falls in this block (each row written by one block).
+                let table = params[0].slice(0..n);
+                dev.gather_rows_block(s, region, ids, table, rows.start, c)?;
+                None
             }
-            LlamaLayer::Block(_) => block_forward(cx, d, params[0].clone(), x, region)?,
+            LlamaLayer::Block(_) => {
+                block_forward(cx, d, params[0].clone(), x, region)?;
+                None
+            }
             LlamaLayer::Head => {
-                // norm = RMSNorm(x); logits = norm output^T; then the cross-entropy.
-                let [mut norm, rstd, mut probs, mut losses] = region.carve(d.head_sizes());
-                let (w, out) = (params[0].slice(0..c), params[0].slice(c..c + v * c));
+                // norm = RMSNorm(x), then block 0's logits norm output^T.
+                let [mut norm, rstd, mut probs, losses] = region.carve(d.head_sizes());
+                let (w, out) = (params[0].slice(0..c), params[0].slice(c..c + n));
                 dev.rmsnorm_forward(s, norm.reborrow(), rstd, x, w, c, d.eps)?;
-                let hd = head_dims(&d);
-                logits_forward(cx, hd, norm.as_view(), out, probs.reborrow(), &(0..v))?;
-                let targets = self.targets.slice(0..bt);
-                dev.softmax_xent_forward(s, probs, losses.reborrow(), targets, v)?;
-                dev.mean(s, self.loss.view_mut(), losses.as_view())?;
-                self.bwd_next = Some(layer);
+                logits_forward(cx, hd, norm.as_view(), out, probs.reborrow(), &rows)?;
+                last.then_some((probs, losses))
             }
+            LlamaLayer::Logits(_) => {
+                let [norm, _, mut probs, losses] = region.carve(d.head_sizes());
+                let out = params[0].slice(0..n);
+                logits_forward(cx, hd, norm.as_view(), out, probs.reborrow(), &rows)?;
+                last.then_some((probs, losses))
+            }
+        };
+        if let Some((probs, mut losses)) = head {
+            // Every column is in: the cross-entropy per position, the probabilities left
+            // in the arena for the backward.
+            let targets = self.targets.slice(0..bt);
+            dev.softmax_xent_forward(s, probs, losses.reborrow(), targets, v)?;
+            dev.mean(s, self.loss.view_mut(), losses.as_view())?;
+            self.bwd_next = Some(layer);
         }
         self.fwd_next = layer + 1;
         Ok(())
@@ -294,14 +341,17 @@ impl<D: Device, F: Scalar> Llama<D, F> {
         let (dev, s) = (cx.dev, cx.stream);
         let d = self.dims;
         let (bt, c, v) = (d.bt(), d.c, d.v);
-        let start = d.region_start(layer);
-        let end = start + d.region_len(layer);
+        let kind = self.layers[layer];
+        let (rows, last) = self.vocab_block(kind);
+        let n = rows.len() * c;
+        let start = d.region_start(self.region(kind));
+        let end = start + d.region_len(self.region(kind));
         let scratch_at = d.scratch_start();
         let scratch = scratch_at..scratch_at + d.scratch_sizes().iter().sum::<usize>();
         // The head rewrites its probabilities in place: they get a write view of their own.
-        let kind = self.layers[layer];
+        let head = matches!(kind, LlamaLayer::Head | LlamaLayer::Logits(_));
         let probs_at = start + d.head_sizes()[..2].iter().sum::<usize>();
-        let ranges = if kind == LlamaLayer::Head {
+        let ranges = if head {
             vec![0..probs_at, probs_at..probs_at + bt * v, scratch]
         } else {
             vec![0..end, scratch]
@@ -311,13 +361,13 @@ impl<D: Device, F: Scalar> Llama<D, F> {
         let acts = acts.as_view();
         let x = acts.slice(start.saturating_sub(bt * c)..start);
         match kind {
-            LlamaLayer::Embed => {
-                // tok_embeddings[token] += dx0.
+            LlamaLayer::Lookup(_) | LlamaLayer::Embed => {
+                // tok_embeddings[token] += dx0, for the tokens in this block.
                 let scratch = parts.next().ok_or_else(|| bad_call("arena split".into()))?;
                 let dres = scratch.as_view().slice(0..bt * c);
                 let ids = self.inputs.slice(0..bt);
-                let dw = grads[0].reborrow().slice_mut(0..v * c);
-                dev.scatter_add_rows(s, dw, ids, dres, c)?;
+                let dw = grads[0].reborrow().slice_mut(0..n);
+                dev.scatter_add_rows_block(s, dw, ids, dres, rows.start, c)?;
             }
             LlamaLayer::Block(_) => {
                 let scratch = parts.next().ok_or_else(|| bad_call("arena split".into()))?;
@@ -325,34 +375,33 @@ impl<D: Device, F: Scalar> Llama<D, F> {
                 let (p, g) = (params[0].clone(), grads[0].reborrow());
                 block_backward(cx, d, p, g, x, region, scratch)?;
             }
-            LlamaLayer::Head => {
-                // dlogits = (probs - onehot) grad_scale in place; dout += dlogits^T norm;
-                // dnorm = dlogits out; then the RMSNorm's backward writes dres = d(x).
+            LlamaLayer::Head | LlamaLayer::Logits(_) => {
+                // The last block first: dlogits = (probs - onehot) grad_scale, in place.
+                // Each block: dout_k += dlogits_k^T norm; dnorm (+)= dlogits_k out_k. The
+                // head ends with the RMSNorm's backward: dres = d(x), norm's gradient added.
                 let (Some(mut probs), Some(scratch)) = (parts.next(), parts.next()) else {
                     return Err(bad_call("arena split".into()));
                 };
                 let [norm, rstd] = acts.slice(start..probs_at).carve([bt * c, bt]);
                 let [mut dres, mut dln, ..] = scratch.carve(d.scratch_sizes());
-                let targets = self.targets.slice(0..bt);
-                dev.softmax_xent_backward(s, probs.reborrow(), targets, v, grad_scale)?;
-                let (dnw, dout) = grads[0].reborrow().split_at(c);
-                let (w, out) = (params[0].slice(0..c), params[0].slice(c..c + v * c));
-                let dout = dout.slice_mut(0..v * c);
+                if last {
+                    let targets = self.targets.slice(0..bt);
+                    dev.softmax_xent_backward(s, probs.reborrow(), targets, v, grad_scale)?;
+                }
+                let at = if kind == LlamaLayer::Head { c } else { 0 };
+                let (dnw, dout) = grads[0].reborrow().split_at(at);
+                let out = params[0].slice(at..at + n);
+                let dout = dout.slice_mut(0..n);
                 let hd = head_dims(&d);
                 let dlogits = probs.as_view();
-                logits_backward(
-                    cx,
-                    hd,
-                    dlogits,
-                    norm,
-                    out,
-                    dout,
-                    dln.reborrow(),
-                    &(0..v),
-                    true,
-                )?;
-                dev.fill(s, dres.reborrow(), F::ZERO)?;
-                dev.rmsnorm_backward(s, dres, dnw, dln.as_view(), x, w, rstd, c)?;
+                let dnorm = dln.reborrow();
+                logits_backward(cx, hd, dlogits, norm, out, dout, dnorm, &rows, last)?;
+                if kind == LlamaLayer::Head {
+                    let w = params[0].slice(0..c);
+                    dev.fill(s, dres.reborrow(), F::ZERO)?;
+                    let dnw = dnw.slice_mut(0..c);
+                    dev.rmsnorm_backward(s, dres, dnw, dln.as_view(), x, w, rstd, c)?;
+                }
             }
         }
         self.bwd_next = layer.checked_sub(1);
@@ -360,7 +409,7 @@ impl<D: Device, F: Scalar> Llama<D, F> {
     }
 
     /// Every layer forward and backward on per-unit parameter and gradient buffers
-    /// (indexed by unit, one unit per layer), adding into the gradients. Returns the
+    /// (indexed by unit; each layer reads one), adding into the gradients. Returns the
     /// micro-batch's mean loss (in f64).
     pub fn forward_backward(
         &mut self,
@@ -379,8 +428,9 @@ impl<D: Device, F: Scalar> Llama<D, F> {
             )));
         }
         for layer in (0..self.spec.layers.len()).rev() {
-            let p = [params[layer].view()];
-            let mut g = [grads[layer].view_mut()];
+            let u = self.spec.layers[layer].units[0];
+            let p = [params[u].view()];
+            let mut g = [grads[u].view_mut()];
             self.backward(cx, layer, &p, &mut g, grad_scale)?;
         }
         Ok(loss)
@@ -401,8 +451,9 @@ impl<D: Device, F: Scalar> Llama<D, F> {
             )));
         }
         self.begin(cx, batch)?;
-        for (layer, p) in params.iter().enumerate() {
-            self.forward(cx, layer, &[p.view()])?;
+        for layer in 0..self.spec.layers.len() {
+            let u = self.spec.layers[layer].units[0];
+            self.forward(cx, layer, &[params[u].view()])?;
         }
         self.loss_f64(cx)
     }
