@@ -4,11 +4,11 @@
 
 use zero_comm::Communicator;
 use zero_core::config::{EngineConfig, Precision, Stage};
-use zero_core::Engine;
+use zero_core::{Engine, Model};
 use zero_kernels::device::HostDevice;
 use zero_models::data::{MarkovSource, Sequential, Tokens};
 use zero_models::GptConfig;
-use zero_models::{Gpt, TokenBatch};
+use zero_models::{Gpt, Llama, LlamaConfig, TokenBatch};
 
 /// A host device for one engine and its model, alive for the rest of the process (an
 /// engine borrows its device; a scenario binary builds a few dozen engines and exits).
@@ -119,7 +119,36 @@ pub fn train_model_losses<C: Communicator>(
     let dev = HostDevice::new();
     let e = |e: &dyn std::fmt::Display| format!("rank {}: {e}", comm.rank());
     let mut model = Gpt::<HostDevice, f32>::new(&dev, gpt, cfg.rows).map_err(|x| e(&x))?;
-    let mut engine = Engine::new(&cfg.engine, comm, &dev, &model).map_err(|x| e(&x))?;
+    steps_losses(comm, &dev, &mut model, cfg, tokens)
+}
+
+/// [`train_losses`] for a Llama shape of the corpus's 64 symbols (context >= [`SEQ_LEN`]).
+pub fn train_llama_losses<C: Communicator>(
+    comm: &C,
+    llama: LlamaConfig,
+    cfg: &Tiny,
+    tokens: &Tokens,
+) -> Result<Vec<f64>, String> {
+    let dev = HostDevice::new();
+    let e = |e: &dyn std::fmt::Display| format!("rank {}: {e}", comm.rank());
+    let mut model = Llama::<HostDevice, f32>::new(&dev, llama, cfg.rows).map_err(|x| e(&x))?;
+    steps_losses(comm, &dev, &mut model, cfg, tokens)
+}
+
+/// Train any token model with `cfg` on `comm`: every step's loss.
+fn steps_losses<C, M>(
+    comm: &C,
+    dev: &HostDevice,
+    model: &mut M,
+    cfg: &Tiny,
+    tokens: &Tokens,
+) -> Result<Vec<f64>, String>
+where
+    C: Communicator,
+    M: for<'a> Model<HostDevice, Batch<'a> = TokenBatch<'a>>,
+{
+    let e = |e: &dyn std::fmt::Display| format!("rank {}: {e}", comm.rank());
+    let mut engine = Engine::new(&cfg.engine, comm, dev, model).map_err(|x| e(&x))?;
     let a = cfg.engine.grad_accum;
     let order =
         Sequential::new(cfg.rows, SEQ_LEN, a, comm.size(), comm.rank()).map_err(|x| e(&x))?;
@@ -139,7 +168,7 @@ pub fn train_model_losses<C: Communicator>(
                 targets: &y[m],
             })
             .collect();
-        losses.push(engine.step(&mut model, &batches).map_err(|x| e(&x))?.loss);
+        losses.push(engine.step(model, &batches).map_err(|x| e(&x))?.loss);
     }
     Ok(losses)
 }

@@ -27,6 +27,9 @@ pub enum GptConfigError {
     /// The vocabulary does not fit the u16 token files.
     #[error("vocab_size V={0} exceeds 65536, the range of the u16 token files")]
     VocabTooLarge(usize),
+    /// A Llama shape that does not fit together (the message has the numbers).
+    #[error("{0}")]
+    Llama(String),
     /// An unknown preset name.
     #[error("unknown model preset '{0}' (known: {known})", known = preset_names().join(", "))]
     UnknownPreset(String),
@@ -55,9 +58,93 @@ const fn shape(v: usize, t: usize, l: usize, h: usize, c: usize) -> GptConfig {
     }
 }
 
-/// Names accepted by [`GptConfig::preset`].
+/// Names of every preset, GPT-2's ([`PRESETS`]) then Llama's
+/// ([`crate::llama::LLAMA_PRESETS`]); [`ModelPreset::lookup`] takes them all.
 pub fn preset_names() -> Vec<&'static str> {
-    PRESETS.iter().map(|(name, _)| *name).collect()
+    PRESETS
+        .iter()
+        .map(|(name, _)| *name)
+        .chain(crate::llama::LLAMA_PRESETS.iter().map(|(name, _)| *name))
+        .collect()
+}
+
+/// A preset of either model family: the one lookup that knows both tables, and what the
+/// planner and the training tool need from a shape without knowing the family.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ModelPreset {
+    /// A GPT-2 shape ([`PRESETS`]).
+    Gpt(GptConfig),
+    /// A Llama shape ([`crate::llama::LLAMA_PRESETS`]).
+    Llama(crate::llama::LlamaConfig),
+}
+
+impl ModelPreset {
+    /// The preset called `name`, in either table.
+    pub fn lookup(name: &str) -> Result<Self, GptConfigError> {
+        match crate::llama::LlamaConfig::preset(name) {
+            Some(l) => Ok(ModelPreset::Llama(l)),
+            None => GptConfig::preset(name).map(ModelPreset::Gpt),
+        }
+    }
+
+    /// Check the shape.
+    pub fn validate(&self) -> Result<(), GptConfigError> {
+        match self {
+            ModelPreset::Gpt(g) => g.validate(),
+            ModelPreset::Llama(l) => l.validate(),
+        }
+    }
+
+    /// Units and layers.
+    pub fn spec(&self) -> ModelSpec {
+        match self {
+            ModelPreset::Gpt(g) => g.spec(),
+            ModelPreset::Llama(l) => l.spec(),
+        }
+    }
+
+    /// Ψ.
+    pub fn num_params(&self) -> usize {
+        match self {
+            ModelPreset::Gpt(g) => g.num_params(),
+            ModelPreset::Llama(l) => l.num_params(),
+        }
+    }
+
+    /// Training FLOPs per token at `seq_len`.
+    pub fn flops_per_token(&self, seq_len: usize) -> f64 {
+        match self {
+            ModelPreset::Gpt(g) => g.flops_per_token(seq_len),
+            ModelPreset::Llama(l) => l.flops_per_token(seq_len),
+        }
+    }
+
+    /// T: the context length.
+    pub fn max_seq_len(&self) -> usize {
+        match self {
+            ModelPreset::Gpt(g) => g.max_seq_len,
+            ModelPreset::Llama(l) => l.max_seq_len,
+        }
+    }
+
+    /// V.
+    pub fn vocab_size(&self) -> usize {
+        match self {
+            ModelPreset::Gpt(g) => g.vocab_size,
+            ModelPreset::Llama(l) => l.vocab_size,
+        }
+    }
+
+    /// Bytes of the model's activation arena for micro-batches of `rows` x `seq_len`
+    /// ([`crate::activation_bytes_for`], [`crate::llama::activation_bytes_for`]).
+    pub fn activation_bytes(&self, rows: usize, seq_len: usize, elem_bytes: usize) -> usize {
+        match self {
+            ModelPreset::Gpt(g) => crate::gpt::activation_bytes_for(g, rows, seq_len, elem_bytes),
+            ModelPreset::Llama(l) => {
+                crate::llama::activation_bytes_for(l, rows, seq_len, elem_bytes)
+            }
+        }
+    }
 }
 
 /// The shape of a GPT-2 model (nanoGPT's `GPTConfig`, llm.c's `GPT2Config`).

@@ -79,13 +79,42 @@ fn rule(p: &ParamSpec, n_layer: usize) -> Result<f64, f64> {
     }
 }
 
+/// Llama's rule (as GPT-2's, for want of a published one): RMSNorm weights 1, the
+/// residual projections `attention.wo` and `feed_forward.w2` N(0, 0.02/sqrt(2L)), every
+/// other weight (q, k, v, w1, w3, the embedding and the untied output) N(0, 0.02).
+fn llama_rule(p: &ParamSpec, n_layer: usize) -> Result<f64, f64> {
+    let n = p.tensor_name();
+    if n.contains("norm") {
+        Err(1.0)
+    } else if n.ends_with("wo.weight") || n.ends_with("w2.weight") {
+        Ok(0.02 / ((2 * n_layer) as f64).sqrt())
+    } else {
+        Ok(0.02)
+    }
+}
+
 /// Fill `out` (length >= unit numel; any padding past it is left alone) with the unit's
 /// initial parameters.
 pub fn init_unit<F: Scalar>(unit: &UnitSpec, n_layer: usize, seed: u64, out: &mut [F]) {
+    init_with(unit, seed, out, |p| rule(p, n_layer))
+}
+
+/// [`init_unit`] for a Llama unit (`llama_rule`): each tensor from its own
+/// `(seed, name)` stream, as GPT-2's.
+pub fn init_llama_unit<F: Scalar>(unit: &UnitSpec, n_layer: usize, seed: u64, out: &mut [F]) {
+    init_with(unit, seed, out, |p| llama_rule(p, n_layer))
+}
+
+fn init_with<F: Scalar>(
+    unit: &UnitSpec,
+    seed: u64,
+    out: &mut [F],
+    rule: impl Fn(&ParamSpec) -> Result<f64, f64>,
+) {
     let mut at = 0;
     for p in &unit.params {
         let dst = &mut out[at..at + p.numel()];
-        match rule(p, n_layer) {
+        match rule(p) {
             Ok(std) => {
                 // A row block draws the values its rows have in the whole tensor: the
                 // tensor's stream, from its first element (two draws per normal).

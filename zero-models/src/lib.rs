@@ -6,6 +6,9 @@
 //!   for training, f64 as reference on the host), implementing [`zero_core::Model`]
 //!   layer by layer, every op a device op (GEMM, LayerNorm, GELU, attention,
 //!   cross-entropy, row ops; their CPU kernels are [`zero_kernels::nn`]).
+//! - [`Llama`]: the Llama family (RMSNorm, rotary embeddings, grouped-query attention,
+//!   SwiGLU, untied head) on the same device ops plus three of its own; presets
+//!   [`LLAMA_PRESETS`], and [`ModelPreset`] looks a name up in either table.
 //! - [`data`]: token files (nanoGPT and llm.c `.bin`), the sequential batch order, a
 //!   built-in synthetic corpus, tokenisation of text (bytes or GPT-2's BPE, streamed).
 //! - [`names`]: GPT-2's tensor names in files, ours and Hugging Face's, both ways.
@@ -44,11 +47,13 @@ pub mod gpt;
 mod head;
 pub mod init;
 mod layout;
+pub mod llama;
 pub mod names;
 mod units;
 
-pub use config::{preset_names, GptConfig, GptConfigError, GptLayer, PRESETS};
+pub use config::{preset_names, GptConfig, GptConfigError, GptLayer, ModelPreset, PRESETS};
 pub use gpt::{activation_bytes_for, Gpt, GptError, TokenBatch};
+pub use llama::{Llama, LlamaConfig, LLAMA_PRESETS};
 pub use units::{download_units, upload_units};
 /// The scalar the model computes in (f32, f64): [`zero_kernels::nn::Scalar`].
 pub use zero_kernels::nn::Scalar;

@@ -1,7 +1,7 @@
 //! Presets and specs: parameter counts against the published GPT-2 sizes, names and
 //! shapes as docs/ARCHITECTURE.md lists them, and the 1.5B spec built without allocating weights.
 
-use zero_models::{activation_bytes_for, preset_names, GptConfig, GptConfigError};
+use zero_models::{activation_bytes_for, preset_names, GptConfig, GptConfigError, ModelPreset};
 
 #[test]
 fn presets_have_the_published_parameter_counts() {
@@ -19,7 +19,7 @@ fn presets_have_the_published_parameter_counts() {
         spec.validate().expect("spec is well formed");
     }
     for name in preset_names() {
-        let cfg = GptConfig::preset(name).expect("listed preset");
+        let cfg = ModelPreset::lookup(name).expect("listed preset");
         cfg.validate().expect("preset is valid");
         assert_eq!(cfg.spec().numel(), cfg.num_params());
     }

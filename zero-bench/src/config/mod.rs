@@ -15,7 +15,7 @@
 
 use serde::{Deserialize, Serialize};
 use zero_core::config::{DivergenceConfig, EngineConfig, OptimConfig, PrecisionConfig, ZeroConfig};
-use zero_models::{GptConfig, PRESETS};
+use zero_models::{GptConfig, LlamaConfig, ModelPreset, PRESETS};
 
 mod load;
 #[cfg(test)]
@@ -105,6 +105,11 @@ impl Config {
     pub fn gpt(&self) -> Result<GptConfig, String> {
         resolve_model(&self.model)
     }
+
+    /// The model of either family ([`resolve_any`]).
+    pub fn model_preset(&self) -> Result<ModelPreset, String> {
+        resolve_any(&self.model)
+    }
 }
 
 /// `[model]`: a preset, optionally with some dimensions overridden, or all five
@@ -113,7 +118,9 @@ impl Config {
 #[serde(deny_unknown_fields, default)]
 pub struct ModelConfig {
     /// Preset name (see [`PRESETS`]): tiny, small, gpt2-124m, gpt2-350m, gpt2-774m,
-    /// gpt2-1.5b. Unset: all five dimensions below must be given.
+    /// gpt2-1.5b; or a Llama ([`zero_models::LLAMA_PRESETS`]): llama-tiny, llama2-7b,
+    /// llama2-13b, llama2-70b, llama3-8b, llama3-70b, llama-7b/13b/70b. Unset: all five
+    /// dimensions below must be given (a GPT-2).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub preset: Option<String>,
     /// Vocabulary size (overrides the preset's).
@@ -133,7 +140,8 @@ pub struct ModelConfig {
     pub width: Option<usize>,
     /// Rows of the token table `wte` per unit (partitioned, gathered and reduced on its
     /// own). Default: 12 x width + 13, one transformer block's worth of elements, so the
-    /// table never widens a layer's working set beyond a block's.
+    /// table never widens a layer's working set beyond a block's. A Llama splits both its
+    /// tables (`tok_embeddings`, `output`) so, by default into one block's worth too.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub vocab_block_rows: Option<usize>,
 }
@@ -216,6 +224,25 @@ impl Default for TrainConfig {
     }
 }
 
+/// Resolve a model of either family: a Llama preset (with vocab_size, context_len,
+/// layers, heads and width set on top; the key/value heads, MLP width and rotary base
+/// stay the preset's), or a GPT-2 as [`resolve_model`] resolves it.
+pub fn resolve_any(m: &ModelConfig) -> Result<ModelPreset, String> {
+    let llama = m.preset.as_deref().and_then(LlamaConfig::preset);
+    let Some(base) = llama else {
+        return resolve_model(m).map(ModelPreset::Gpt);
+    };
+    Ok(ModelPreset::Llama(LlamaConfig {
+        vocab_size: m.vocab_size.unwrap_or(base.vocab_size),
+        max_seq_len: m.context_len.unwrap_or(base.max_seq_len),
+        n_layer: m.layers.unwrap_or(base.n_layer),
+        n_head: m.heads.unwrap_or(base.n_head),
+        n_embd: m.width.unwrap_or(base.n_embd),
+        vocab_block_rows: m.vocab_block_rows,
+        ..base
+    }))
+}
+
 /// Resolve the model shape: the preset's, with the explicitly set fields on top.
 pub fn resolve_model(m: &ModelConfig) -> Result<GptConfig, String> {
     let base = match &m.preset {
@@ -261,7 +288,25 @@ impl Config {
     /// problems are reported at once.
     pub fn validate(&self) -> Result<(), LoadError> {
         let mut p: Vec<String> = Vec::new();
+        let llama = match resolve_any(&self.model) {
+            Ok(ModelPreset::Llama(l)) => Some(l),
+            _ => None,
+        };
+        if let Some(l) = llama {
+            if let Err(e) = l.validate() {
+                p.push(format!("model: {e}"));
+            }
+            need(
+                &mut p,
+                self.train.seq_len <= l.max_seq_len,
+                format!(
+                    "train.seq_len ({}) exceeds the model's context_len ({}); lower train.seq_len or raise model.context_len",
+                    self.train.seq_len, l.max_seq_len
+                ),
+            );
+        }
         match resolve_model(&self.model) {
+            _ if llama.is_some() => {}
             Ok(d) => {
                 need(
                     &mut p,

@@ -1,21 +1,22 @@
-//! `zero-bench micro model`: GPT-2 forward + backward on the CPU, as tokens/s and achieved
-//! FLOP/s, next to SGEMM FLOP/s measured in the same process on the same thread count
-//! (the model's largest GEMM shape, and a square one). FLOPs per token are
-//! `6 * (Ψ - T_max*C) + 12 * L * C * T` (nanoGPT's `estimate_mfu`; see
-//! `GptConfig::flops_per_token`).
+//! `zero-bench micro model`: GPT-2 or Llama forward + backward on the CPU, as tokens/s and
+//! achieved FLOP/s, next to SGEMM FLOP/s measured in the same process on the same thread
+//! count (the model's MLP up-projection shape, and a square one). FLOPs per token are
+//! `6 * (matmul weights) + 12 * L * C * T` (nanoGPT's `estimate_mfu`; see
+//! `GptConfig::flops_per_token`, `LlamaConfig::flops_per_token`).
 
 use anyhow::Context;
 use std::time::Instant;
 use zero_core::model::Compute;
+use zero_kernels::device::Buffer;
 use zero_kernels::device::{Device, HostDevice};
 use zero_models::gemm::{Gemm, Lay};
 use zero_models::init::SplitMix64;
-use zero_models::{upload_units, Gpt, GptConfig, TokenBatch as Batch};
+use zero_models::{upload_units, Gpt, Llama, ModelPreset, TokenBatch as Batch};
 
 /// Options of `micro model`.
 #[derive(clap::Args, Debug)]
 pub struct ModelArgs {
-    /// Model preset (tiny, small, gpt2-124m, ...).
+    /// Model preset (tiny, small, gpt2-124m, ..., llama-tiny, llama2-7b, ...).
     #[arg(long, default_value = "small")]
     preset: String,
     /// B: rows per micro-batch.
@@ -133,15 +134,61 @@ impl Sgemm {
     }
 }
 
+/// The model under test, of either family.
+enum Net {
+    Gpt(Gpt<HostDevice, f32>),
+    Llama(Llama<HostDevice, f32>),
+}
+
+impl Net {
+    fn init_params(&self, seed: u64) -> Vec<Vec<f32>> {
+        match self {
+            Net::Gpt(m) => m.init_params(seed),
+            Net::Llama(m) => m.init_params(seed),
+        }
+    }
+
+    fn zero_grads(&self) -> Vec<Vec<f32>> {
+        match self {
+            Net::Gpt(m) => m.zero_grads(),
+            Net::Llama(m) => m.zero_grads(),
+        }
+    }
+
+    fn arena_bytes(&self) -> usize {
+        match self {
+            Net::Gpt(m) => m.arena_bytes(),
+            Net::Llama(m) => m.arena_bytes(),
+        }
+    }
+
+    fn forward_backward<B: Buffer<Elem = f32>>(
+        &mut self,
+        cx: Compute<'_, HostDevice>,
+        batch: &Batch<'_>,
+        params: &[B],
+        grads: &mut [B],
+        scale: f32,
+    ) -> anyhow::Result<f64>
+    where
+        HostDevice: Device<Buf<f32> = B>,
+    {
+        Ok(match self {
+            Net::Gpt(m) => m.forward_backward(cx, batch, params, grads, scale)?,
+            Net::Llama(m) => m.forward_backward(cx, batch, params, grads, scale)?,
+        })
+    }
+}
+
 /// Run the benchmark.
 pub fn run(args: &ModelArgs) -> anyhow::Result<()> {
     crate::logging::init(None);
-    let cfg = GptConfig::preset(&args.preset).context("choosing the model")?;
-    let t = args.seq_len.unwrap_or(cfg.max_seq_len);
+    let cfg = ModelPreset::lookup(&args.preset).context("choosing the model")?;
+    let ctx = cfg.max_seq_len();
+    let t = args.seq_len.unwrap_or(ctx);
     anyhow::ensure!(
-        (1..=cfg.max_seq_len).contains(&t),
-        "--seq-len {t} must be in 1..={} for preset {}",
-        cfg.max_seq_len,
+        (1..=ctx).contains(&t),
+        "--seq-len {t} must be in 1..={ctx} for preset {}",
         args.preset
     );
     anyhow::ensure!(args.steps > 0, "--steps must be > 0");
@@ -154,11 +201,37 @@ pub fn run(args: &ModelArgs) -> anyhow::Result<()> {
         dev: &dev,
         stream: &stream,
     };
-    let mut model = Gpt::<HostDevice, f32>::new(&dev, cfg, b).context("building the model")?;
+    // (C, the MLP's hidden width, a description of the shape.)
+    let (c, hidden, shape_text) = match cfg {
+        ModelPreset::Gpt(g) => (
+            g.n_embd,
+            4 * g.n_embd,
+            format!(
+                "V={} L={} H={} C={}",
+                g.vocab_size, g.n_layer, g.n_head, g.n_embd
+            ),
+        ),
+        ModelPreset::Llama(l) => (
+            l.n_embd,
+            l.ffn_hidden,
+            format!(
+                "V={} L={} H={} Hkv={} C={} F={}",
+                l.vocab_size, l.n_layer, l.n_head, l.n_kv_head, l.n_embd, l.ffn_hidden
+            ),
+        ),
+    };
+    let mut model = match cfg {
+        ModelPreset::Gpt(g) => {
+            Net::Gpt(Gpt::<HostDevice, f32>::new(&dev, g, b).context("building the model")?)
+        }
+        ModelPreset::Llama(l) => {
+            Net::Llama(Llama::<HostDevice, f32>::new(&dev, l, b).context("building the model")?)
+        }
+    };
     let params = upload_units(cx, &model.init_params(1), "param")?;
     let mut grads = upload_units(cx, &model.zero_grads(), "grad")?;
     let mut rng = SplitMix64::new(2);
-    let v = cfg.vocab_size as u64;
+    let v = cfg.vocab_size() as u64;
     let inputs: Vec<u32> = (0..b * t).map(|_| (rng.next_u64() % v) as u32).collect();
     let targets: Vec<u32> = (0..b * t).map(|_| (rng.next_u64() % v) as u32).collect();
     let batch = Batch {
@@ -173,8 +246,7 @@ pub fn run(args: &ModelArgs) -> anyhow::Result<()> {
     // uncontended times.
     let g = Gemm::new(args.threads).with_bf16_operands(args.bf16);
     let gemm_name = if args.bf16 { "bf16 GEMM" } else { "SGEMM" };
-    let c = cfg.n_embd;
-    let mut shape = Sgemm::new(b * t, c, 4 * c);
+    let mut shape = Sgemm::new(b * t, c, hidden);
     let mut square = Sgemm::new(1024, 1024, 1024);
     let mut best = Best::new();
     let mut loss = 0.0;
@@ -198,12 +270,8 @@ pub fn run(args: &ModelArgs) -> anyhow::Result<()> {
     };
 
     println!(
-        "model {} (V={} L={} H={} C={}, {} params), B={b} T={t}, {} thread(s), {} products, activation arena {:.1} MiB",
+        "model {} ({shape_text}, {} params), B={b} T={t}, {} thread(s), {} products, activation arena {:.1} MiB",
         args.preset,
-        cfg.vocab_size,
-        cfg.n_layer,
-        cfg.n_head,
-        cfg.n_embd,
         cfg.num_params(),
         args.threads,
         if args.bf16 {
@@ -214,7 +282,7 @@ pub fn run(args: &ModelArgs) -> anyhow::Result<()> {
         model.arena_bytes() as f64 / (1 << 20) as f64
     );
     println!(
-        "flops/token = 6*(params - T_max*C) + 12*L*C*T = {:.4e}; fastest of {} steps",
+        "flops/token = 6*(matmul weights) + 12*L*C*T = {:.4e}; fastest of {} steps",
         cfg.flops_per_token(t),
         args.steps
     );
@@ -234,7 +302,7 @@ pub fn run(args: &ModelArgs) -> anyhow::Result<()> {
     row("step fwd+bwd (s)", best.wall, best.cpu, 4);
     row("tokens/s", tokens / best.wall, tokens / best.cpu, 0);
     row("model GFLOP/s (fwd+bwd)", model_gf.0, model_gf.1, 1);
-    let label = format!("{gemm_name} GFLOP/s {}x{}x{} (c_fc shape)", b * t, c, 4 * c);
+    let label = format!("{gemm_name} GFLOP/s {}x{c}x{hidden} (MLP up shape)", b * t);
     row(&label, shape_gf.0, shape_gf.1, 1);
     let label = format!("{gemm_name} GFLOP/s 1024x1024x1024");
     row(&label, square_gf.0, square_gf.1, 1);

@@ -84,7 +84,7 @@ impl Knobs {
         // A preset is a model the config knows: validate the whole configuration as a
         // run would. A synthetic model has no [model] section; its knobs were checked
         // when the command line was parsed.
-        if model.gpt.is_some() {
+        if model.preset.is_some() {
             c.model.preset = Some(model.name.clone());
             c.validate()
                 .with_context(|| format!("the configuration of {stage} is invalid"))?;

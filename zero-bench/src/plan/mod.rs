@@ -107,7 +107,9 @@ pub struct PlanArgs {
     /// stage-3 gather and compute buffers).
     #[arg(long, value_parser = parse_params, allow_negative_numbers = true, conflicts_with = "model", required_unless_present = "model")]
     pub params: Option<u64>,
-    /// A model preset instead: tiny, small, gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b.
+    /// A model preset instead: tiny, small, gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b,
+    /// llama-tiny, llama2-7b, llama2-13b, llama2-70b, llama3-8b, llama3-70b, llama-7b,
+    /// llama-13b, llama-70b.
     #[arg(long)]
     pub model: Option<String>,
     /// --params only: units of the synthetic model. Default: the depth of a transformer
@@ -209,8 +211,8 @@ pub fn run(a: &PlanArgs) -> anyhow::Result<()> {
         )?,
         (None, None) => bail!("give --params (e.g. 70e9) or --model (e.g. gpt2-1.5b)"),
     };
-    let seq_len = match &plan_model.gpt {
-        Some(cfg) => a.seq_len.unwrap_or(cfg.max_seq_len),
+    let seq_len = match &plan_model.preset {
+        Some(cfg) => a.seq_len.unwrap_or(cfg.max_seq_len()),
         None => a.seq_len.unwrap_or(2048),
     };
     let knobs = Knobs {

@@ -12,7 +12,7 @@
 
 use anyhow::{bail, Context as _};
 use zero_core::{LayerSpec, ModelSpec, ParamSpec, UnitSpec};
-use zero_models::GptConfig;
+use zero_models::ModelPreset;
 
 /// Bytes per element of the reference model's activations (`Gpt<f32>`).
 const ACTIVATION_ELEM_BYTES: usize = 4;
@@ -32,8 +32,8 @@ pub struct PlanModel {
     pub activation_note: String,
     /// Training FLOPs per token (forward + backward), for the optional compute estimate.
     pub flops_per_token: f64,
-    /// The preset's shape, when the model is a preset.
-    pub gpt: Option<GptConfig>,
+    /// The preset's shape (GPT-2 or Llama), when the model is a preset.
+    pub preset: Option<ModelPreset>,
 }
 
 /// The default number of units of a synthetic model of `params` parameters.
@@ -43,38 +43,34 @@ pub fn default_units(params: u64) -> usize {
     (l as usize).max(1)
 }
 
-/// A GPT-2 preset with micro-batches of B sequences; `seq_len` (T, default the context
-/// length) only sets the FLOPs per token.
+/// A GPT-2 or Llama preset with micro-batches of B sequences; `seq_len` (T, default the
+/// context length) only sets the FLOPs per token.
 pub fn preset(name: &str, micro_batch: usize, seq_len: Option<usize>) -> anyhow::Result<PlanModel> {
     let cfg =
-        GptConfig::preset(name).with_context(|| format!("--model {name}: not a model preset"))?;
-    let t = seq_len.unwrap_or(cfg.max_seq_len);
-    if t == 0 || t > cfg.max_seq_len {
-        bail!(
-            "--seq-len {t} is outside 1..={} (the context length of {name})",
-            cfg.max_seq_len
-        );
+        ModelPreset::lookup(name).with_context(|| format!("--model {name}: not a model preset"))?;
+    let ctx = cfg.max_seq_len();
+    let t = seq_len.unwrap_or(ctx);
+    if t == 0 || t > ctx {
+        bail!("--seq-len {t} is outside 1..={ctx} (the context length of {name})");
     }
     let spec = cfg.spec();
-    // `Gpt::new` sizes its arena for micro-batches of up to B x the context length,
-    // whatever T a step uses: the plan reports what the engine's model allocates.
-    let act = zero_models::activation_bytes_for(
-        &cfg,
-        micro_batch,
-        cfg.max_seq_len,
-        ACTIVATION_ELEM_BYTES,
-    );
+    // `Gpt::new` and `Llama::new` size their arena for micro-batches of up to B x the
+    // context length, whatever T a step uses: the plan reports what the model allocates.
+    let act = cfg.activation_bytes(micro_batch, ctx, ACTIVATION_ELEM_BYTES);
+    let family = match cfg {
+        ModelPreset::Gpt(_) => "GPT",
+        ModelPreset::Llama(_) => "Llama",
+    };
     Ok(PlanModel {
         name: name.to_string(),
         numel: spec.numel(),
         spec,
         activation_bytes: act as u64,
         activation_note: format!(
-            "the GPT's f32 activation arena, sized by Gpt::new for B = {micro_batch} x the context length {} (zero_models::activation_bytes_for)",
-            cfg.max_seq_len
+            "the {family}'s f32 activation arena, sized by its `new` for B = {micro_batch} x the context length {ctx} (zero_models::ModelPreset::activation_bytes)"
         ),
         flops_per_token: cfg.flops_per_token(t),
-        gpt: Some(cfg),
+        preset: Some(cfg),
     })
 }
 
@@ -122,7 +118,7 @@ pub fn synthetic(params: u64, units: usize, activation_bytes: u64) -> anyhow::Re
         },
         // 6 FLOPs per parameter per token (2 forward, 4 backward), attention left out.
         flops_per_token: 6.0 * numel as f64,
-        gpt: None,
+        preset: None,
     })
 }
 
@@ -157,7 +153,9 @@ mod tests {
         let m = preset("gpt2-124m", 1, None).unwrap();
         assert_eq!(
             m.numel,
-            GptConfig::preset("gpt2-124m").unwrap().num_params()
+            zero_models::GptConfig::preset("gpt2-124m")
+                .unwrap()
+                .num_params()
         );
         assert!(m.activation_bytes > 0);
     }

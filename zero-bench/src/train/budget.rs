@@ -22,11 +22,10 @@ use zero_core::config::Stage;
 use zero_core::ledger::{human_bytes, CommPlan};
 use zero_core::plan::{BufferPlan, PlanInputs};
 use zero_core::PartitionLayout;
-use zero_models::activation_bytes_for;
 
 use super::args::MemLimit;
 use super::report;
-use super::run::gpt_config;
+use super::run::model_preset;
 use crate::config::Config;
 
 /// What each rank may plan for.
@@ -51,12 +50,12 @@ pub struct RankPlan {
 
 /// Plan `config` as the engine would for rank `rank` of `world`.
 pub fn plan(config: &Config, world: usize, rank: usize) -> anyhow::Result<RankPlan> {
-    let gpt = gpt_config(config)?;
-    let spec = gpt.spec();
+    let model = model_preset(config)?;
+    let spec = model.spec();
     let layout =
         PartitionLayout::new(&spec, world, config.zero.align).context("partition layout")?;
     // The engine's model allocates its arena for micro_batch x context_len in f32.
-    let act = activation_bytes_for(&gpt, config.train.micro_batch, gpt.max_seq_len, 4) as u64;
+    let act = model.activation_bytes(config.train.micro_batch, model.max_seq_len(), 4) as u64;
     let inputs = PlanInputs::from_config(&config.engine(), world, act);
     let plan = BufferPlan::new(&spec, &layout, &inputs, rank).context("memory plan")?;
     let comm_bytes = CommPlan::new(&layout, &plan, config.train.grad_accum).sent_bytes();

@@ -88,8 +88,9 @@ fn configs(args: &TrainArgs) -> anyhow::Result<Vec<LoadedConfig>> {
     let mut out = Vec::with_capacity(runs.len());
     for stage in runs {
         let loaded = load(args.config.as_deref(), &args.overrides_for(stage))?;
-        // Model checks zero-core cannot do (it does not know the GPT): e.g. V <= 65536.
-        run::gpt_config(&loaded.config)?;
+        // Model checks zero-core cannot do (it knows no model family): e.g. a GPT-2's
+        // V <= 65536, a Llama's Hkv dividing H.
+        run::model_preset(&loaded.config)?;
         out.push(loaded);
     }
     if args.threads == 0 {
@@ -225,7 +226,7 @@ fn run_with<E: Communicator, D: BenchDevice>(
 
     // Set-up shared by every stage; each step agreed on across ranks.
     let c = &first.config;
-    let vocab = run::gpt_config(c).map_err(same)?.vocab_size;
+    let vocab = run::model_preset(c).map_err(same)?.vocab_size();
     let tokens = agree(comm, data::open(c, vocab))?;
     data::check(comm, &tokens, c).map_err(same)?;
     let init_path = match (&args.init_from, &args.resume) {
@@ -243,7 +244,7 @@ fn run_with<E: Communicator, D: BenchDevice>(
     };
     let init = match init_path {
         Some(path) => {
-            let spec = run::gpt_config(c).map_err(same)?.spec();
+            let spec = run::model_preset(c).map_err(same)?.spec();
             let file = agree(comm, init_from::InitFile::open(path, &spec))?;
             if rank == 0 {
                 file.log_unused();
@@ -436,7 +437,7 @@ fn dry_run(
     let plans = dry_run::plan(loaded, world, show, print)?;
     if let Some(path) = &args.init_from {
         // Pre-flight: the file fits the model (names, shapes, types), read nothing else.
-        let spec = run::gpt_config(&loaded[0].config)?.spec();
+        let spec = run::model_preset(&loaded[0].config)?.spec();
         let file = init_from::InitFile::open(path, &spec)?;
         if print {
             println!(

@@ -11,10 +11,11 @@ use anyhow::{anyhow, Context};
 use zero_comm::{Communicator, ReduceOp};
 use zero_core::config::{DivergencePolicy, Stage};
 use zero_core::ledger::{CommPlan, MemCategory, PaperFormula};
+use zero_core::Model;
 use zero_core::{Engine, EngineError};
 use zero_kernels::device::Device;
 use zero_models::data::Tokens;
-use zero_models::{Gpt, GptConfig};
+use zero_models::{Gpt, GptConfig, Llama, ModelPreset, TokenBatch};
 
 use super::checkpoints::{self, Resume};
 use super::data::Batches;
@@ -41,6 +42,13 @@ pub fn gpt_config(config: &Config) -> anyhow::Result<GptConfig> {
     let g = config.gpt().map_err(|e| anyhow!(e))?;
     g.validate().context("model")?;
     Ok(g)
+}
+
+/// The model of a validated configuration, of either family (GPT-2 or Llama).
+pub fn model_preset(config: &Config) -> anyhow::Result<ModelPreset> {
+    let m = config.model_preset().map_err(|e| anyhow!(e))?;
+    m.validate().context("model")?;
+    Ok(m)
 }
 
 /// What every stage shares.
@@ -109,23 +117,57 @@ pub fn train<C: Communicator, E: Communicator, D: BenchDevice>(
     shared: &Shared<'_>,
     metrics: &mut Option<Metrics>,
 ) -> Result<StageResult, Failure> {
-    let (rank, world) = (comm.rank(), comm.size());
-    let config = &loaded.config;
-    let stage = config.zero.stage;
-    let t = &config.train;
+    let t = &loaded.config.train;
     rss::reset_peak();
 
-    // Set-up: model, engine (allocates exactly the plan; in bf16 it switches the device's
+    let family = agree(comm, model_preset(&loaded.config))?;
+    match family {
+        ModelPreset::Gpt(gpt) => {
+            let model = agree(
+                comm,
+                Gpt::<D, f32>::new(dev, gpt, t.micro_batch).context("building the model"),
+            )?;
+            train_model(comm, engine_comm, dev, loaded, shared, metrics, model)
+        }
+        ModelPreset::Llama(llama) => {
+            let model = agree(
+                comm,
+                Llama::<D, f32>::new(dev, llama, t.micro_batch).context("building the model"),
+            )?;
+            train_model(comm, engine_comm, dev, loaded, shared, metrics, model)
+        }
+    }
+}
+
+/// [`train`] on a built model of either family.
+fn train_model<C, E, D, M>(
+    comm: &C,
+    engine_comm: &E,
+    dev: &D,
+    loaded: &LoadedConfig,
+    shared: &Shared<'_>,
+    metrics: &mut Option<Metrics>,
+    mut model: M,
+) -> Result<StageResult, Failure>
+where
+    C: Communicator,
+    E: Communicator,
+    D: BenchDevice,
+    M: for<'a> Model<D, Batch<'a> = TokenBatch<'a>>,
+{
+    let rank = comm.rank();
+    let world = comm.size();
+    let config = &loaded.config;
+    let stage = config.zero.stage;
+    // Set-up: engine (allocates exactly the plan; in bf16 it switches the device's
     // matrix products to bf16 operands with f32 sums), initial weights.
     let setup = (|| -> anyhow::Result<_> {
-        let gpt = gpt_config(config)?;
-        let model = Gpt::<D, f32>::new(dev, gpt, t.micro_batch).context("building the model")?;
         let engine = Engine::new(&config.engine(), engine_comm, dev, &model)
             .context("creating the engine")?;
         let batches = Batches::new(config, world, rank)?;
-        Ok((model, engine, batches))
+        Ok((engine, batches))
     })();
-    let (mut model, mut engine, mut batches) = agree(comm, setup)?;
+    let (mut engine, mut batches) = agree(comm, setup)?;
     if let Some(init) = shared.init {
         // Reads are checked on every rank before this (InitFile::open), so a failure here
         // is an I/O error mid-way: agree, since finish_import's gathers follow.
@@ -178,15 +220,21 @@ fn step_error(e: EngineError, rank: usize, stage: Stage, number: u64) -> Stop {
     }
 }
 
-fn run_steps<C: Communicator, E: Communicator, D: Device>(
+fn run_steps<C, E, D, M>(
     comm: &C,
     loaded: &LoadedConfig,
     shared: &Shared<'_>,
     metrics: &mut Option<Metrics>,
-    model: &mut Gpt<D, f32>,
+    model: &mut M,
     engine: &mut Engine<'_, D, E>,
     batches: &mut Batches,
-) -> Result<StageResult, Stop> {
+) -> Result<StageResult, Stop>
+where
+    C: Communicator,
+    E: Communicator,
+    D: Device,
+    M: for<'a> Model<D, Batch<'a> = TokenBatch<'a>>,
+{
     let (rank, world) = (comm.rank(), comm.size());
     let config = &loaded.config;
     let stage = config.zero.stage;

@@ -28,7 +28,7 @@ use crate::device::{
 use crate::dtype::{DType, Element};
 use crate::error::KernelError;
 use crate::float::Float;
-use crate::nn::{AttnShape, Scalar};
+use crate::nn::{AttnShape, RopeShape, Scalar};
 use crate::ptx::{accumulate_entry, cast_entry};
 
 /// A buffer in GPU memory, from its device's pool (the block returns there when the last
@@ -600,6 +600,93 @@ impl Device for CudaDevice {
             width,
         )?;
         scratch.done()
+    }
+
+    // Llama's ops: no CUDA kernels yet; a typed error, never a panic.
+
+    fn rmsnorm_forward<F: Scalar>(
+        &self,
+        _stream: &CudaStreamRef,
+        _out: DViewMut<'_, Self, F>,
+        _rstd: DViewMut<'_, Self, F>,
+        _x: DView<'_, Self, F>,
+        _w: DView<'_, Self, F>,
+        _width: usize,
+        _eps: f64,
+    ) -> Result<()> {
+        Err(KernelError::NoCudaKernel {
+            op: "rmsnorm_forward",
+        })
+    }
+
+    fn rmsnorm_backward<F: Scalar>(
+        &self,
+        _stream: &CudaStreamRef,
+        _dx: DViewMut<'_, Self, F>,
+        _dw: DViewMut<'_, Self, F>,
+        _dout: DView<'_, Self, F>,
+        _x: DView<'_, Self, F>,
+        _w: DView<'_, Self, F>,
+        _rstd: DView<'_, Self, F>,
+        _width: usize,
+    ) -> Result<()> {
+        Err(KernelError::NoCudaKernel {
+            op: "rmsnorm_backward",
+        })
+    }
+
+    fn rope_gqa_forward<F: Scalar>(
+        &self,
+        _stream: &CudaStreamRef,
+        _qkv: DViewMut<'_, Self, F>,
+        _q: DView<'_, Self, F>,
+        _k: DView<'_, Self, F>,
+        _v: DView<'_, Self, F>,
+        _shape: RopeShape,
+    ) -> Result<()> {
+        Err(KernelError::NoCudaKernel {
+            op: "rope_gqa_forward",
+        })
+    }
+
+    fn rope_gqa_backward<F: Scalar>(
+        &self,
+        _stream: &CudaStreamRef,
+        _dq: DViewMut<'_, Self, F>,
+        _dk: DViewMut<'_, Self, F>,
+        _dv: DViewMut<'_, Self, F>,
+        _dqkv: DView<'_, Self, F>,
+        _shape: RopeShape,
+    ) -> Result<()> {
+        Err(KernelError::NoCudaKernel {
+            op: "rope_gqa_backward",
+        })
+    }
+
+    fn swiglu_forward<F: Scalar>(
+        &self,
+        _stream: &CudaStreamRef,
+        _out: DViewMut<'_, Self, F>,
+        _a: DView<'_, Self, F>,
+        _b: DView<'_, Self, F>,
+    ) -> Result<()> {
+        Err(KernelError::NoCudaKernel {
+            op: "swiglu_forward",
+        })
+    }
+
+    fn swiglu_backward<F: Scalar>(
+        &self,
+        _stream: &CudaStreamRef,
+        _da: DViewMut<'_, Self, F>,
+        _db: DViewMut<'_, Self, F>,
+        _dout: DView<'_, Self, F>,
+        _a: DView<'_, Self, F>,
+        _b: DView<'_, Self, F>,
+    ) -> Result<()> {
+        Err(KernelError::NoCudaKernel {
+            op: "swiglu_backward",
+        })
     }
 
     fn gelu_forward<F: Scalar>(

@@ -6,7 +6,7 @@
 
 use super::{MatMul, Result};
 use crate::error::KernelError;
-use crate::nn::{AttnShape, MatLayout, Scalar};
+use crate::nn::{AttnShape, MatLayout, RopeShape, Scalar};
 
 /// `what` of `op` has `got` elements where `expected` were due.
 pub(crate) fn same_len(
@@ -293,4 +293,58 @@ pub(crate) fn adamw(
         }
     }
     Ok(())
+}
+
+/// RMSNorm forward: `out` as `x`, `w` of `width`, `rstd` one per row. Returns the rows.
+pub(crate) fn rmsnorm_forward(
+    x: usize,
+    out: usize,
+    w: usize,
+    rstd: usize,
+    width: usize,
+) -> Result<usize> {
+    let op = "rmsnorm_forward";
+    let rows = rows_of(op, "x", x, width)?;
+    same_len(op, "out", out, x)?;
+    same_len(op, "w", w, width)?;
+    same_len(op, "rstd", rstd, rows)?;
+    Ok(rows)
+}
+
+/// RMSNorm backward: `dx`, `x` as `dout`; `dw`, `w` of `width`; `rstd` one per row.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn rmsnorm_backward(
+    dout: usize,
+    dx: usize,
+    x: usize,
+    dw: usize,
+    w: usize,
+    rstd: usize,
+    width: usize,
+) -> Result<usize> {
+    let op = "rmsnorm_backward";
+    let rows = rows_of(op, "dout", dout, width)?;
+    same_len(op, "dx", dx, dout)?;
+    same_len(op, "x", x, dout)?;
+    same_len(op, "dw", dw, width)?;
+    same_len(op, "w", w, width)?;
+    same_len(op, "rstd", rstd, rows)?;
+    Ok(rows)
+}
+
+/// Rotary/GQA: `qkv` `[B,T,3C]`, `q` `[B,T,C]`, `k`, `v` `[B,T,Ckv]`, heads that fit.
+pub(crate) fn rope_gqa(
+    op: &'static str,
+    qkv: usize,
+    q: usize,
+    k: usize,
+    v: usize,
+    s: &RopeShape,
+) -> Result<()> {
+    s.check().map_err(|e| shape_err(op, e))?;
+    let bt = s.b * s.t;
+    same_len(op, "qkv", qkv, 3 * bt * s.c())?;
+    same_len(op, "q", q, bt * s.c())?;
+    same_len(op, "k", k, bt * s.c_kv())?;
+    same_len(op, "v", v, bt * s.c_kv())
 }

@@ -23,7 +23,7 @@ use crate::dtype::{DType, Element};
 use crate::error::KernelError;
 use crate::float::Float;
 use crate::isa::Exec;
-use crate::nn::{self, AttnShape, Gemm, Scalar};
+use crate::nn::{self, AttnShape, Gemm, RopeShape, Scalar};
 use crate::par::rows_per_part;
 use crate::twin;
 
@@ -1272,6 +1272,210 @@ impl<Q: CpuQueue> Device for Q {
                         nn::shift_rows_backward
                     })(dx.get(), dout.get(), seq_len, width)
                 };
+                Ok(())
+            })?,
+        )
+    }
+
+    // Llama's ops (RMSNorm, rotary/GQA, SwiGLU): one CPU kernel each; SimDevice's
+    // `gpu_order` twin runs the same code, as there is no CUDA kernel for them to mirror
+    // yet (the CUDA device returns `KernelError::NoCudaKernel`).
+
+    fn rmsnorm_forward<F: Scalar>(
+        &self,
+        stream: &CpuStream,
+        out: ViewMut<'_, CpuBuffer<F>>,
+        rstd: ViewMut<'_, CpuBuffer<F>>,
+        x: View<'_, CpuBuffer<F>>,
+        w: View<'_, CpuBuffer<F>>,
+        width: usize,
+        eps: f64,
+    ) -> Result<()> {
+        check::rmsnorm_forward(x.len(), out.len(), w.len(), rstd.len(), width)?;
+        let mut op = OpBuilder::new("rmsnorm_forward");
+        let (x, w) = (op.r(&x), op.r(&w));
+        let (o, rstd) = (op.w(&out), op.w(&rstd));
+        let workers = self.gemm().workers().clone();
+        self.submit(
+            stream,
+            op.finish(move || {
+                // SAFETY: see the module documentation.
+                let (o, rstd) = unsafe { (o.get(), rstd.get()) };
+                let (x, w) = unsafe { (x.get(), w.get()) };
+                // Rows are independent: split them over the threads.
+                let rows = x.len() / width.max(1);
+                let per = rows_per_part(workers.threads(), rows, width * 4);
+                let jobs: Vec<_> = o[..rows * width]
+                    .chunks_mut(per * width)
+                    .zip(rstd[..rows].chunks_mut(per))
+                    .zip(x[..rows * width].chunks(per * width))
+                    .collect();
+                workers.run(jobs, |((o, rstd), x)| {
+                    nn::rmsnorm_forward(o, rstd, x, w, width, eps)
+                });
+                Ok(())
+            })?,
+        )
+    }
+
+    fn rmsnorm_backward<F: Scalar>(
+        &self,
+        stream: &CpuStream,
+        dx: ViewMut<'_, CpuBuffer<F>>,
+        dw: ViewMut<'_, CpuBuffer<F>>,
+        dout: View<'_, CpuBuffer<F>>,
+        x: View<'_, CpuBuffer<F>>,
+        w: View<'_, CpuBuffer<F>>,
+        rstd: View<'_, CpuBuffer<F>>,
+        width: usize,
+    ) -> Result<()> {
+        check::rmsnorm_backward(
+            dout.len(),
+            dx.len(),
+            x.len(),
+            dw.len(),
+            w.len(),
+            rstd.len(),
+            width,
+        )?;
+        let mut op = OpBuilder::new("rmsnorm_backward");
+        let (dout, x, w, rstd) = (op.r(&dout), op.r(&x), op.r(&w), op.r(&rstd));
+        let (dx, dw) = (op.w(&dx), op.w(&dw));
+        self.submit(
+            stream,
+            op.finish(move || {
+                // SAFETY: see the module documentation. One thread: `dw` sums over rows
+                // in row order, the same bits at every thread count.
+                unsafe {
+                    nn::rmsnorm_backward(
+                        dx.get(),
+                        dw.get(),
+                        dout.get(),
+                        x.get(),
+                        w.get(),
+                        rstd.get(),
+                        width,
+                    )
+                };
+                Ok(())
+            })?,
+        )
+    }
+
+    fn rope_gqa_forward<F: Scalar>(
+        &self,
+        stream: &CpuStream,
+        qkv: ViewMut<'_, CpuBuffer<F>>,
+        q: View<'_, CpuBuffer<F>>,
+        k: View<'_, CpuBuffer<F>>,
+        v: View<'_, CpuBuffer<F>>,
+        shape: RopeShape,
+    ) -> Result<()> {
+        let name = "rope_gqa_forward";
+        check::rope_gqa(name, qkv.len(), q.len(), k.len(), v.len(), &shape)?;
+        let mut op = OpBuilder::new(name);
+        let (q, k, v, qkv) = (op.r(&q), op.r(&k), op.r(&v), op.w(&qkv));
+        self.submit(
+            stream,
+            op.finish(move || {
+                // SAFETY: see the module documentation.
+                unsafe { nn::rope_gqa_forward(qkv.get(), q.get(), k.get(), v.get(), shape) };
+                Ok(())
+            })?,
+        )
+    }
+
+    fn rope_gqa_backward<F: Scalar>(
+        &self,
+        stream: &CpuStream,
+        dq: ViewMut<'_, CpuBuffer<F>>,
+        dk: ViewMut<'_, CpuBuffer<F>>,
+        dv: ViewMut<'_, CpuBuffer<F>>,
+        dqkv: View<'_, CpuBuffer<F>>,
+        shape: RopeShape,
+    ) -> Result<()> {
+        let name = "rope_gqa_backward";
+        check::rope_gqa(name, dqkv.len(), dq.len(), dk.len(), dv.len(), &shape)?;
+        let mut op = OpBuilder::new(name);
+        let (dqkv, dq, dk, dv) = (op.r(&dqkv), op.w(&dq), op.w(&dk), op.w(&dv));
+        self.submit(
+            stream,
+            op.finish(move || {
+                // SAFETY: see the module documentation.
+                unsafe { nn::rope_gqa_backward(dq.get(), dk.get(), dv.get(), dqkv.get(), shape) };
+                Ok(())
+            })?,
+        )
+    }
+
+    fn swiglu_forward<F: Scalar>(
+        &self,
+        stream: &CpuStream,
+        out: ViewMut<'_, CpuBuffer<F>>,
+        a: View<'_, CpuBuffer<F>>,
+        b: View<'_, CpuBuffer<F>>,
+    ) -> Result<()> {
+        same_len("swiglu_forward", "a", a.len(), out.len())?;
+        same_len("swiglu_forward", "b", b.len(), out.len())?;
+        let mut op = OpBuilder::new("swiglu_forward");
+        let (a, b, out) = (op.r(&a), op.r(&b), op.w(&out));
+        let workers = self.gemm().workers().clone();
+        self.submit(
+            stream,
+            op.finish(move || {
+                // SAFETY: see the module documentation.
+                let (out, a, b) = unsafe { (out.get(), a.get(), b.get()) };
+                let per = rows_per_part(workers.threads(), out.len(), 16);
+                let jobs: Vec<_> = out
+                    .chunks_mut(per)
+                    .zip(a.chunks(per))
+                    .zip(b.chunks(per))
+                    .collect();
+                workers.run(jobs, |((o, a), b)| nn::swiglu_forward(o, a, b));
+                Ok(())
+            })?,
+        )
+    }
+
+    fn swiglu_backward<F: Scalar>(
+        &self,
+        stream: &CpuStream,
+        da: ViewMut<'_, CpuBuffer<F>>,
+        db: ViewMut<'_, CpuBuffer<F>>,
+        dout: View<'_, CpuBuffer<F>>,
+        a: View<'_, CpuBuffer<F>>,
+        b: View<'_, CpuBuffer<F>>,
+    ) -> Result<()> {
+        let name = "swiglu_backward";
+        for (what, len) in [
+            ("db", db.len()),
+            ("dout", dout.len()),
+            ("a", a.len()),
+            ("b", b.len()),
+        ] {
+            same_len(name, what, len, da.len())?;
+        }
+        let mut op = OpBuilder::new(name);
+        let (dout, a, b) = (op.r(&dout), op.r(&a), op.r(&b));
+        let (da, db) = (op.w(&da), op.w(&db));
+        let workers = self.gemm().workers().clone();
+        self.submit(
+            stream,
+            op.finish(move || {
+                // SAFETY: see the module documentation.
+                let (da, db) = unsafe { (da.get(), db.get()) };
+                let (dout, a, b) = unsafe { (dout.get(), a.get(), b.get()) };
+                let per = rows_per_part(workers.threads(), da.len(), 16);
+                let jobs: Vec<_> = da
+                    .chunks_mut(per)
+                    .zip(db.chunks_mut(per))
+                    .zip(dout.chunks(per))
+                    .zip(a.chunks(per))
+                    .zip(b.chunks(per))
+                    .collect();
+                workers.run(jobs, |((((da, db), d), a), b)| {
+                    nn::swiglu_backward(da, db, d, a, b)
+                });
                 Ok(())
             })?,
         )

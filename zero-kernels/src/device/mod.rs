@@ -57,7 +57,7 @@ mod tests;
 
 use std::fmt::Debug;
 
-pub use crate::nn::{AttnShape, MatLayout};
+pub use crate::nn::{AttnShape, MatLayout, RopeShape};
 pub use buffer::{Access, Buffer, Location, View, ViewMut};
 pub use cpu::{CpuBuffer, CpuEvent, CpuStream};
 pub use float_buf::{same_type, same_type_mut, FloatBuffer, FloatView, FloatViewMut};
@@ -459,6 +459,75 @@ pub trait Device {
         dout: DView<'_, Self, F>,
         seq_len: usize,
         width: usize,
+    ) -> Result<()>;
+    /// RMSNorm over rows of `width` ([`crate::nn::rmsnorm_forward`]): writes `out` and the
+    /// rows' `rstd`.
+    #[allow(clippy::too_many_arguments)]
+    fn rmsnorm_forward<F: Scalar>(
+        &self,
+        stream: &Self::Stream,
+        out: DViewMut<'_, Self, F>,
+        rstd: DViewMut<'_, Self, F>,
+        x: DView<'_, Self, F>,
+        w: DView<'_, Self, F>,
+        width: usize,
+        eps: f64,
+    ) -> Result<()>;
+    /// RMSNorm backward, adding into `dx` and `dw` ([`crate::nn::rmsnorm_backward`]).
+    #[allow(clippy::too_many_arguments)]
+    fn rmsnorm_backward<F: Scalar>(
+        &self,
+        stream: &Self::Stream,
+        dx: DViewMut<'_, Self, F>,
+        dw: DViewMut<'_, Self, F>,
+        dout: DView<'_, Self, F>,
+        x: DView<'_, Self, F>,
+        w: DView<'_, Self, F>,
+        rstd: DView<'_, Self, F>,
+        width: usize,
+    ) -> Result<()>;
+    /// Rotary embeddings and GQA's repeated key/value heads: writes the packed `qkv`
+    /// `[B,T,3C]` of [`Device::attention_forward`] from `q`, `k`, `v`
+    /// ([`crate::nn::rope_gqa_forward`]).
+    fn rope_gqa_forward<F: Scalar>(
+        &self,
+        stream: &Self::Stream,
+        qkv: DViewMut<'_, Self, F>,
+        q: DView<'_, Self, F>,
+        k: DView<'_, Self, F>,
+        v: DView<'_, Self, F>,
+        shape: RopeShape,
+    ) -> Result<()>;
+    /// Its backward: writes `dq`, `dk`, `dv` from `dqkv`, the repeated heads' gradients
+    /// summed ([`crate::nn::rope_gqa_backward`]).
+    #[allow(clippy::too_many_arguments)]
+    fn rope_gqa_backward<F: Scalar>(
+        &self,
+        stream: &Self::Stream,
+        dq: DViewMut<'_, Self, F>,
+        dk: DViewMut<'_, Self, F>,
+        dv: DViewMut<'_, Self, F>,
+        dqkv: DView<'_, Self, F>,
+        shape: RopeShape,
+    ) -> Result<()>;
+    /// `out = silu(a) * b` ([`crate::nn::swiglu_forward`]).
+    fn swiglu_forward<F: Scalar>(
+        &self,
+        stream: &Self::Stream,
+        out: DViewMut<'_, Self, F>,
+        a: DView<'_, Self, F>,
+        b: DView<'_, Self, F>,
+    ) -> Result<()>;
+    /// Writes `da`, `db` from `dout` ([`crate::nn::swiglu_backward`]).
+    #[allow(clippy::too_many_arguments)]
+    fn swiglu_backward<F: Scalar>(
+        &self,
+        stream: &Self::Stream,
+        da: DViewMut<'_, Self, F>,
+        db: DViewMut<'_, Self, F>,
+        dout: DView<'_, Self, F>,
+        a: DView<'_, Self, F>,
+        b: DView<'_, Self, F>,
     ) -> Result<()>;
     /// `dst += src` elementwise.
     fn add<F: Scalar>(

@@ -403,3 +403,157 @@ fn threads_split_the_model_ops_without_changing_a_bit() {
         }
     }
 }
+
+/// Llama's ops on `dev` in scalar `F`: RMSNorm forward and backward, rotary/GQA forward
+/// and backward, SwiGLU forward and backward, on fixed inputs. Returns every output in f64.
+fn llama_ops<D: Device, F: Scalar>(dev: &D) -> Result<Vec<Vec<f64>>> {
+    let s = dev.stream("compute")?;
+    let rope = RopeShape {
+        b: 3,
+        t: 5,
+        h: 4,
+        kv_h: 2,
+        hd: 6,
+        theta: 10000.0,
+    };
+    let (rows, c, ckv) = (rope.b * rope.t, rope.c(), rope.c_kv());
+    let up = |n: usize, seed: usize, name: &str| -> Result<D::Buf<F>> {
+        let x: Vec<F> = (0..n)
+            .map(|i| F::from_f64(((i * 37 + seed * 11) % 41) as f64 * 0.05 - 1.0))
+            .collect();
+        let mut b = dev.alloc::<F>(n, name)?;
+        dev.upload(&s, &x, b.view_mut())?;
+        Ok(b)
+    };
+    let (x, w, dout) = (
+        up(rows * c, 1, "x")?,
+        up(c, 2, "w")?,
+        up(rows * c, 3, "dout")?,
+    );
+    let (mut y, mut rstd) = (
+        dev.alloc::<F>(rows * c, "y")?,
+        dev.alloc::<F>(rows, "rstd")?,
+    );
+    dev.rmsnorm_forward(
+        &s,
+        y.view_mut(),
+        rstd.view_mut(),
+        x.view(),
+        w.view(),
+        c,
+        1e-5,
+    )?;
+    let (mut dx, mut dw) = (up(rows * c, 4, "dx")?, up(c, 5, "dw")?);
+    dev.rmsnorm_backward(
+        &s,
+        dx.view_mut(),
+        dw.view_mut(),
+        dout.view(),
+        x.view(),
+        w.view(),
+        rstd.view(),
+        c,
+    )?;
+    let (k, v) = (up(rows * ckv, 6, "k")?, up(rows * ckv, 7, "v")?);
+    let mut qkv = dev.alloc::<F>(rows * 3 * c, "qkv")?;
+    dev.rope_gqa_forward(&s, qkv.view_mut(), y.view(), k.view(), v.view(), rope)?;
+    let dqkv = up(rows * 3 * c, 8, "dqkv")?;
+    let (mut dq, mut dk, mut dv) = (
+        dev.alloc::<F>(rows * c, "dq")?,
+        dev.alloc::<F>(rows * ckv, "dk")?,
+        dev.alloc::<F>(rows * ckv, "dv")?,
+    );
+    dev.rope_gqa_backward(
+        &s,
+        dq.view_mut(),
+        dk.view_mut(),
+        dv.view_mut(),
+        dqkv.view(),
+        rope,
+    )?;
+    let mut gate = dev.alloc::<F>(rows * c, "gate")?;
+    dev.swiglu_forward(&s, gate.view_mut(), x.view(), y.view())?;
+    let (mut da, mut db) = (
+        dev.alloc::<F>(rows * c, "da")?,
+        dev.alloc::<F>(rows * c, "db")?,
+    );
+    dev.swiglu_backward(
+        &s,
+        da.view_mut(),
+        db.view_mut(),
+        dout.view(),
+        x.view(),
+        y.view(),
+    )?;
+    let mut out = Vec::new();
+    for b in [&y, &rstd, &dx, &dw, &qkv, &dq, &dk, &dv, &gate, &da, &db] {
+        let mut h = vec![F::ZERO; b.len()];
+        dev.download(&s, b.view(), &mut h)?;
+        out.push(h.iter().map(|x| x.to_f64()).collect());
+    }
+    Ok(out)
+}
+
+/// Llama's ops give the same bits on the host device at any thread count and on the
+/// simulated device at any seed, and agree with the same ops in f64 (the reference) to
+/// f32 rounding: values of order 1 through a handful of roundings, 1e-5.
+#[test]
+fn llama_ops_agree_across_devices_and_with_f64() {
+    let want = llama_ops::<_, f32>(&HostDevice::with_threads(1)).expect("host");
+    let reference = llama_ops::<_, f64>(&HostDevice::new()).expect("f64");
+    let bits = |v: &[Vec<f64>]| -> Vec<u64> { v.iter().flatten().map(|x| x.to_bits()).collect() };
+    for threads in [2, 3] {
+        let got = llama_ops::<_, f32>(&HostDevice::with_threads(threads)).expect("threads");
+        assert_eq!(bits(&got), bits(&want), "{threads} threads");
+    }
+    for seed in [1, 2, 3] {
+        let got = llama_ops::<_, f32>(&SimDevice::new(seed)).expect("sim");
+        assert_eq!(bits(&got), bits(&want), "sim seed {seed}");
+    }
+    for (i, (a, b)) in want.iter().zip(&reference).enumerate() {
+        for (x, y) in a.iter().zip(b) {
+            assert!(
+                (x - y).abs() <= 1e-5 * (1.0 + y.abs()),
+                "output {i}: {x} vs {y}"
+            );
+        }
+    }
+}
+
+#[test]
+fn llama_ops_refuse_bad_shapes_with_errors() {
+    let host = HostDevice::new();
+    let s = host.stream("s").unwrap();
+    let buf = |n: usize| host.alloc::<f32>(n, "b").unwrap();
+    let (mut y, mut rstd, x, w) = (buf(12), buf(3), buf(12), buf(3));
+    // 3 rows of width 4, but w has 3 elements.
+    let e = host.rmsnorm_forward(
+        &s,
+        y.view_mut(),
+        rstd.view_mut(),
+        x.view(),
+        w.view(),
+        4,
+        1e-5,
+    );
+    assert!(
+        matches!(e, Err(KernelError::LengthMismatch { .. })),
+        "{e:?}"
+    );
+    // 3 kv heads do not divide 4 query heads.
+    let rope = RopeShape {
+        b: 1,
+        t: 1,
+        h: 4,
+        kv_h: 3,
+        hd: 2,
+        theta: 1e4,
+    };
+    let (mut qkv, q, k, v) = (buf(24), buf(8), buf(6), buf(6));
+    let e = host.rope_gqa_forward(&s, qkv.view_mut(), q.view(), k.view(), v.view(), rope);
+    assert!(matches!(e, Err(KernelError::BadShape { .. })), "{e:?}");
+    let (mut o, a) = (buf(5), buf(4));
+    assert!(host
+        .swiglu_forward(&s, o.view_mut(), a.view(), a.view())
+        .is_err());
+}

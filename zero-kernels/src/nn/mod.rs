@@ -8,6 +8,8 @@
 //!   threads over row bands ([`Gemm`]); [`gemm_bf16`]: the same product with bf16
 //!   operands and f32 sums (AVX-512 BF16 or portable), for bf16 training;
 //! - [`norm`]: LayerNorm; [`activation`]: GELU (tanh approximation);
+//! - Llama's: [`rmsnorm`], [`rope`] (rotary embeddings and GQA's shared key/value heads
+//!   into the packed qkv of [`attention`]), [`swiglu`] (the gated MLP's elementwise part);
 //! - [`softmax`]: the causal row softmax; [`attention`]: causal multi-head attention over
 //!   a packed qkv, in query bands;
 //! - [`xent`]: softmax cross-entropy of a classifier and the mean loss;
@@ -38,15 +40,22 @@ pub mod attention;
 pub mod gemm;
 pub mod gemm_bf16;
 pub mod norm;
+pub mod rmsnorm;
+pub mod rope;
 pub mod rows;
 pub mod scalar;
 pub mod softmax;
+pub mod swiglu;
+#[cfg(test)]
+mod testvals;
 pub mod xent;
 
 pub use activation::{gelu_backward_inplace, gelu_forward};
 pub use attention::{attention_backward, attention_forward, AttnShape};
 pub use gemm::{Gemm, MatLayout};
 pub use norm::{layernorm_backward, layernorm_forward, LN_EPS};
+pub use rmsnorm::{rmsnorm_backward, rmsnorm_forward, RMS_EPS};
+pub use rope::{rope_gqa_backward, rope_gqa_forward, RopeShape};
 pub use rows::{
     add_into, add_periodic_rows, add_rows, bias_backward, fill_rows, gather_rows,
     gather_rows_block, periodic_rows_backward, scale_into, scatter_add_rows,
@@ -54,4 +63,5 @@ pub use rows::{
 };
 pub use scalar::{exp_f32, tanh_f32, Scalar};
 pub use softmax::{softmax_row_backward_inplace, softmax_row_inplace};
+pub use swiglu::{swiglu_backward, swiglu_forward};
 pub use xent::{mean_f64, mean_into, softmax_xent_backward, softmax_xent_forward};

@@ -1,0 +1,120 @@
+//! RMSNorm over rows of width C (Zhang & Sennrich 2019; Llama's `RMSNorm`): no mean, no
+//! shift, `out = x * rstd * w` with rstd = 1/sqrt(mean(x^2) + eps).
+
+use super::scalar::Scalar;
+
+/// RMSNorm epsilon of the Llama presets (Meta's `norm_eps`, 1e-5).
+pub const RMS_EPS: f64 = 1e-5;
+
+/// RMSNorm over rows of width `c`: writes `out` `[rows, c]` and saves `rstd` `[rows]`
+/// (1/sqrt(mean(x^2) + eps)) per row for the backward.
+///
+/// # Panics
+/// If `rstd` has fewer than rows = `x.len() / c` elements or `w` fewer than `c`.
+pub fn rmsnorm_forward<F: Scalar>(
+    out: &mut [F],
+    rstd: &mut [F],
+    x: &[F],
+    w: &[F],
+    c: usize,
+    eps: f64,
+) {
+    let inv_c = F::from_f64(1.0 / c as f64);
+    let eps = F::from_f64(eps);
+    for (r, (xr, or)) in x.chunks_exact(c).zip(out.chunks_exact_mut(c)).enumerate() {
+        let mut ss = F::ZERO;
+        xr.iter().for_each(|&v| ss += v * v);
+        let s = F::ONE / (ss * inv_c + eps).sqrt();
+        for i in 0..c {
+            or[i] = xr[i] * s * w[i];
+        }
+        rstd[r] = s;
+    }
+}
+
+/// RMSNorm backward. **Adds** into `dx` `[rows, c]` and `dw` `[c]`. With g = dout * w:
+/// dx = rstd * g - x * rstd^3 * mean(g * x), dw = sum over rows of dout * x * rstd.
+///
+/// # Panics
+/// As [`rmsnorm_forward`], for `rstd`, `w`, `dw` too short.
+pub fn rmsnorm_backward<F: Scalar>(
+    dx: &mut [F],
+    dw: &mut [F],
+    dout: &[F],
+    x: &[F],
+    w: &[F],
+    rstd: &[F],
+    c: usize,
+) {
+    let inv_c = F::from_f64(1.0 / c as f64);
+    for (r, ((dxr, xr), dr)) in dx
+        .chunks_exact_mut(c)
+        .zip(x.chunks_exact(c))
+        .zip(dout.chunks_exact(c))
+        .enumerate()
+    {
+        let s = rstd[r];
+        let mut gx_mean = F::ZERO;
+        for i in 0..c {
+            gx_mean += dr[i] * w[i] * xr[i];
+        }
+        gx_mean *= inv_c;
+        let k = s * s * s * gx_mean;
+        for i in 0..c {
+            dxr[i] += dr[i] * w[i] * s - xr[i] * k;
+            dw[i] += dr[i] * xr[i] * s;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nn::testvals::{central_difference, vals};
+
+    #[test]
+    fn forward_f32_matches_f64_reference() {
+        let (rows, c) = (5, 13);
+        let (x, w) = (vals(rows * c, 1), vals(c, 2));
+        let (mut o, mut s) = (vec![0.0; rows * c], vec![0.0; rows]);
+        rmsnorm_forward(&mut o, &mut s, &x, &w, c, RMS_EPS);
+        let x32: Vec<f32> = x.iter().map(|&v| v as f32).collect();
+        let w32: Vec<f32> = w.iter().map(|&v| v as f32).collect();
+        let (mut o32, mut s32) = (vec![0.0f32; rows * c], vec![0.0f32; rows]);
+        rmsnorm_forward(&mut o32, &mut s32, &x32, &w32, c, RMS_EPS);
+        for r in 0..rows {
+            // The reference, written out: x / sqrt(mean(x^2) + eps) * w.
+            let xr = &x[r * c..][..c];
+            let ms = xr.iter().map(|v| v * v).sum::<f64>() / c as f64;
+            for i in 0..c {
+                let want = xr[i] / (ms + RMS_EPS).sqrt() * w[i];
+                assert!((o[r * c + i] - want).abs() < 1e-14);
+                // f32: a few ulps of values of order 1.
+                assert!((o32[r * c + i] as f64 - want).abs() < 1e-5);
+            }
+        }
+    }
+
+    #[test]
+    fn backward_adds_and_matches_central_differences_f64() {
+        let (rows, c) = (3, 7);
+        let (x, w, g) = (vals(rows * c, 3), vals(c, 4), vals(rows * c, 5));
+        let loss = |x: &[f64], w: &[f64]| {
+            let (mut o, mut s) = (vec![0.0; rows * c], vec![0.0; rows]);
+            rmsnorm_forward(&mut o, &mut s, x, w, c, RMS_EPS);
+            o.iter().zip(&g).map(|(o, g)| o * g).sum::<f64>()
+        };
+        let (mut o, mut s) = (vec![0.0; rows * c], vec![0.0; rows]);
+        rmsnorm_forward(&mut o, &mut s, &x, &w, c, RMS_EPS);
+        let (mut dx, mut dw) = (vec![1.0; rows * c], vec![2.0; c]);
+        rmsnorm_backward(&mut dx, &mut dw, &g, &x, &w, &s, c);
+        for (i, got) in dx.iter().enumerate() {
+            let want = central_difference(&x, i, |xe| loss(xe, &w));
+            assert!((got - 1.0 - want).abs() < 1e-8, "dx[{i}]");
+        }
+        for (i, got) in dw.iter().enumerate() {
+            let want = central_difference(&w, i, |we| loss(&x, we));
+            assert!((got - 2.0 - want).abs() < 1e-8, "dw[{i}]");
+        }
+    }
+}

@@ -1,0 +1,325 @@
+//! Llama shapes (V, T, L, H, Hkv, C, F, theta, eps), the named Llama presets (a sibling of
+//! GPT-2's [`crate::config::PRESETS`]: GPT-2's shape struct has no room for the key/value
+//! heads, the MLP width or the rotary base), and everything derived from a shape alone:
+//! the [`ModelSpec`], parameter counts and FLOPs per token. Nothing allocates weights.
+//! [`crate::ModelPreset`] is the one lookup that knows both tables.
+
+use std::ops::Range;
+
+use zero_core::{LayerSpec, ModelSpec, ParamSpec, UnitSpec};
+
+use crate::config::GptConfigError;
+
+/// Named Llama shapes: `llama-tiny` (gradient checks, CPU runs), `llama-small` (bytes,
+/// the size of GPT-2's `small`, for CPU benchmarks), the published Llama 2
+/// and Llama 3 shapes (Meta's `params.json`; the MLP width is the one the published
+/// weights have), and `llama-7b`/`-13b`/`-70b` as aliases of the Llama 2 ones.
+pub const LLAMA_PRESETS: &[(&str, LlamaConfig)] = &[
+    ("llama-tiny", llama(64, 64, 2, 4, 2, 16, 40, 10_000.0)),
+    ("llama-small", llama(256, 256, 4, 4, 2, 256, 688, 10_000.0)),
+    (
+        "llama2-7b",
+        llama(32000, 4096, 32, 32, 32, 4096, 11008, 10_000.0),
+    ),
+    (
+        "llama2-13b",
+        llama(32000, 4096, 40, 40, 40, 5120, 13824, 10_000.0),
+    ),
+    (
+        "llama2-70b",
+        llama(32000, 4096, 80, 64, 8, 8192, 28672, 10_000.0),
+    ),
+    (
+        "llama3-8b",
+        llama(128256, 8192, 32, 32, 8, 4096, 14336, 500_000.0),
+    ),
+    (
+        "llama3-70b",
+        llama(128256, 8192, 80, 64, 8, 8192, 28672, 500_000.0),
+    ),
+    (
+        "llama-7b",
+        llama(32000, 4096, 32, 32, 32, 4096, 11008, 10_000.0),
+    ),
+    (
+        "llama-13b",
+        llama(32000, 4096, 40, 40, 40, 5120, 13824, 10_000.0),
+    ),
+    (
+        "llama-70b",
+        llama(32000, 4096, 80, 64, 8, 8192, 28672, 10_000.0),
+    ),
+];
+
+#[allow(clippy::too_many_arguments)]
+const fn llama(
+    v: usize,
+    t: usize,
+    l: usize,
+    h: usize,
+    kv: usize,
+    c: usize,
+    f: usize,
+    theta: f64,
+) -> LlamaConfig {
+    LlamaConfig {
+        vocab_size: v,
+        max_seq_len: t,
+        n_layer: l,
+        n_head: h,
+        n_kv_head: kv,
+        n_embd: c,
+        ffn_hidden: f,
+        rope_theta: theta,
+        norm_eps: crate::llama::RMS_EPS,
+        vocab_block_rows: None,
+    }
+}
+
+/// The shape of a Llama model (Meta's `ModelArgs`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LlamaConfig {
+    /// V: vocabulary size (rows of `tok_embeddings` and of the untied `output`).
+    pub vocab_size: usize,
+    /// T: maximum sequence length (positions are rotary: no table).
+    pub max_seq_len: usize,
+    /// L: transformer blocks.
+    pub n_layer: usize,
+    /// H: query heads.
+    pub n_head: usize,
+    /// Hkv: key/value heads (divides H; H/Hkv query heads share one, grouped-query
+    /// attention; Hkv = H is multi-head attention).
+    pub n_kv_head: usize,
+    /// C: width of the residual stream.
+    pub n_embd: usize,
+    /// F: hidden width of the SwiGLU MLP.
+    pub ffn_hidden: usize,
+    /// The rotary base theta (10000 in Llama 2, 500000 in Llama 3).
+    pub rope_theta: f64,
+    /// RMSNorm's epsilon (1e-5).
+    pub norm_eps: f64,
+    /// Rows of `tok_embeddings` and of `output` per unit: each table is split into row
+    /// blocks of this many rows, gathered, used and reduced on its own (as GPT-2's `wte`,
+    /// `crate::GptConfig::vocab_block_rows`). `None`: one transformer block's worth of
+    /// elements, 2 + 2C + 2Ckv + 3F rows (Llama 3's 128256-row tables split, Llama 2's
+    /// 32000 do not).
+    pub vocab_block_rows: Option<usize>,
+}
+
+/// What one layer of a Llama computes, in forward order ([`LlamaConfig::layers`]). Block
+/// k of a table is the k-th range of [`LlamaConfig::vocab_blocks`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LlamaLayer {
+    /// The rows of x0 whose token falls in block k >= 1 of `tok_embeddings`.
+    Lookup(usize),
+    /// `x0 = tok_embeddings[token]` for block 0's tokens.
+    Embed,
+    /// Transformer block i.
+    Block(usize),
+    /// The final RMSNorm and the logits of block 0 of `output` (and the loss, when the
+    /// table is one block).
+    Head,
+    /// The logits of block k >= 1 of `output` (and the loss, after the last block).
+    Logits(usize),
+}
+
+impl LlamaConfig {
+    /// A named preset (see [`LLAMA_PRESETS`]).
+    pub fn preset(name: &str) -> Option<Self> {
+        LLAMA_PRESETS
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, c)| *c)
+    }
+
+    /// C/H.
+    pub fn head_dim(&self) -> usize {
+        self.n_embd / self.n_head.max(1)
+    }
+
+    /// Ckv = Hkv hd: the width of k and v.
+    pub fn kv_dim(&self) -> usize {
+        self.n_kv_head * self.head_dim()
+    }
+
+    /// Check the shape: dimensions positive, H divides C into even heads, Hkv divides H,
+    /// theta > 1 and eps > 0.
+    pub fn validate(&self) -> Result<(), GptConfigError> {
+        for (name, v) in [
+            ("vocab_size", self.vocab_size),
+            ("max_seq_len", self.max_seq_len),
+            ("n_layer", self.n_layer),
+            ("n_head", self.n_head),
+            ("n_kv_head", self.n_kv_head),
+            ("n_embd", self.n_embd),
+            ("ffn_hidden", self.ffn_hidden),
+        ] {
+            if v == 0 {
+                return Err(GptConfigError::Zero { name });
+            }
+        }
+        if self.vocab_block_rows == Some(0) {
+            return Err(GptConfigError::Zero {
+                name: "vocab_block_rows",
+            });
+        }
+        if !self.n_embd.is_multiple_of(self.n_head) {
+            return Err(GptConfigError::HeadsDontDivide {
+                c: self.n_embd,
+                h: self.n_head,
+            });
+        }
+        let problem = if !self.n_head.is_multiple_of(self.n_kv_head) {
+            Some(format!(
+                "n_kv_head Hkv={} does not divide n_head H={}",
+                self.n_kv_head, self.n_head
+            ))
+        } else if !self.head_dim().is_multiple_of(2) {
+            Some(format!(
+                "the head size C/H = {}/{} = {} is odd; rotary embeddings rotate pairs",
+                self.n_embd,
+                self.n_head,
+                self.head_dim()
+            ))
+        } else if self.rope_theta.is_nan() || self.rope_theta <= 1.0 {
+            Some(format!("rope_theta = {} must be > 1", self.rope_theta))
+        } else if self.norm_eps.is_nan() || self.norm_eps <= 0.0 {
+            Some(format!("norm_eps = {} must be > 0", self.norm_eps))
+        } else {
+            None
+        };
+        match problem {
+            Some(p) => Err(GptConfigError::Llama(p)),
+            None => Ok(()),
+        }
+    }
+
+    /// Rows per table block ([`LlamaConfig::vocab_block_rows`], resolved).
+    pub fn block_rows(&self) -> usize {
+        let default = 2 + 2 * self.n_embd + 2 * self.kv_dim() + 3 * self.ffn_hidden;
+        self.vocab_block_rows.unwrap_or(default).max(1)
+    }
+
+    /// The row ranges of the tables' blocks, in order (one range when not split).
+    pub fn vocab_blocks(&self) -> Vec<Range<usize>> {
+        let (v, r) = (self.vocab_size, self.block_rows());
+        (0..v.max(1))
+            .step_by(r)
+            .map(|a| a..(a + r).min(v))
+            .collect()
+    }
+
+    /// The layers in forward order: lookups of blocks 1.., embed, blocks, head, logits of
+    /// blocks 1.. (see [`LlamaLayer`]).
+    pub fn layers(&self) -> Vec<LlamaLayer> {
+        let k = self.vocab_blocks().len();
+        let mut out: Vec<LlamaLayer> = (1..k).map(LlamaLayer::Lookup).collect();
+        out.push(LlamaLayer::Embed);
+        out.extend((0..self.n_layer).map(LlamaLayer::Block));
+        out.push(LlamaLayer::Head);
+        out.extend((1..k).map(LlamaLayer::Logits));
+        out
+    }
+
+    /// The unit a layer reads, as an index into [`LlamaConfig::spec`]'s units (each layer
+    /// reads one: the tables are untied).
+    pub fn layer_unit(&self, layer: LlamaLayer) -> usize {
+        let (k, l) = (self.vocab_blocks().len(), self.n_layer);
+        match layer {
+            LlamaLayer::Lookup(b) => b,
+            LlamaLayer::Embed => 0,
+            LlamaLayer::Block(i) => k + i,
+            LlamaLayer::Head => k + l,
+            LlamaLayer::Logits(b) => k + l + b,
+        }
+    }
+
+    /// Units (Meta's tensor names): `tok_embeddings` {block 0 of the table}, one unit per
+    /// further block (named as its rows, `tok_embeddings.weight[53250..106500]`),
+    /// `layers.0` .. `layers.{L-1}`, `output` {`norm.weight`, block 0 of `output.weight`},
+    /// one unit per further block of `output.weight`. Layers: [`LlamaConfig::layers`],
+    /// named `embed.{k}`, `embed`, `layers.{i}`, `head`, `head.{k}`, each on one unit.
+    /// With one block: units [tok_embeddings, layers.*, output], layers [embed, layers.*,
+    /// head].
+    pub fn spec(&self) -> ModelSpec {
+        let (v, c, f, kv) = (self.vocab_size, self.n_embd, self.ffn_hidden, self.kv_dim());
+        let rows = self.block_rows();
+        let mut emb = ParamSpec::split_rows("tok_embeddings.weight", &[v, c], rows).into_iter();
+        let mut out = ParamSpec::split_rows("output.weight", &[v, c], rows).into_iter();
+        let mut units: Vec<UnitSpec> = emb
+            .next()
+            .map(|b| UnitSpec {
+                name: "tok_embeddings".into(),
+                params: vec![b],
+            })
+            .into_iter()
+            .collect();
+        units.extend(emb.map(|b| UnitSpec {
+            name: b.name.clone(),
+            params: vec![b],
+        }));
+        for i in 0..self.n_layer {
+            let p = |s: &str, shape: &[usize]| ParamSpec::new(format!("layers.{i}.{s}"), shape);
+            units.push(UnitSpec {
+                name: format!("layers.{i}"),
+                params: vec![
+                    p("attention_norm.weight", &[c]),
+                    p("attention.wq.weight", &[c, c]),
+                    p("attention.wk.weight", &[kv, c]),
+                    p("attention.wv.weight", &[kv, c]),
+                    p("attention.wo.weight", &[c, c]),
+                    p("ffn_norm.weight", &[c]),
+                    p("feed_forward.w1.weight", &[f, c]),
+                    p("feed_forward.w2.weight", &[c, f]),
+                    p("feed_forward.w3.weight", &[f, c]),
+                ],
+            });
+        }
+        let mut head = vec![ParamSpec::new("norm.weight", &[c])];
+        head.extend(out.next());
+        units.push(UnitSpec {
+            name: "output".into(),
+            params: head,
+        });
+        units.extend(out.map(|b| UnitSpec {
+            name: b.name.clone(),
+            params: vec![b],
+        }));
+        let layers = self
+            .layers()
+            .into_iter()
+            .map(|layer| LayerSpec {
+                name: match layer {
+                    LlamaLayer::Lookup(k) => format!("embed.{k}"),
+                    LlamaLayer::Embed => "embed".into(),
+                    LlamaLayer::Block(i) => format!("layers.{i}"),
+                    LlamaLayer::Head => "head".into(),
+                    LlamaLayer::Logits(k) => format!("head.{k}"),
+                },
+                units: vec![self.layer_unit(layer)],
+            })
+            .collect();
+        ModelSpec { units, layers }
+    }
+
+    /// Ψ: parameter count, without building the spec.
+    pub fn num_params(&self) -> usize {
+        let (v, c, f, kv, l) = (
+            self.vocab_size,
+            self.n_embd,
+            self.ffn_hidden,
+            self.kv_dim(),
+            self.n_layer,
+        );
+        2 * v * c + l * (2 * c + 2 * c * c + 2 * c * kv + 3 * c * f) + c
+    }
+
+    /// Training FLOPs per token at sequence length `seq_len`, as
+    /// [`crate::GptConfig::flops_per_token`] counts them: 6 per matmul weight (all but
+    /// the embedding lookup and the norms) plus attention's `12 L C seq_len`.
+    pub fn flops_per_token(&self, seq_len: usize) -> f64 {
+        let norms = (2 * self.n_layer + 1) * self.n_embd;
+        let matmul = self.num_params() - self.vocab_size * self.n_embd - norms;
+        6.0 * matmul as f64 + 12.0 * (self.n_layer * self.n_embd * seq_len) as f64
+    }
+}
