@@ -272,9 +272,18 @@ impl<'c, D: Device, C: Communicator> Engine<'c, D, C> {
         let bufs = Buffers::allocate(dev, &plan, spec.units.len())?;
         // Mixed precision as the hardware does it: in bf16 the model's matrix products take
         // bf16 operands with f32 sums (tensor cores, AVX-512 BF16) where the device can.
-        let bf16 = dev.set_bf16_products(config.precision.dtype == Precision::Bf16);
-        if bf16 && config.precision.dtype == Precision::Bf16 && rank == 0 {
-            log::debug!("matrix products with bf16 operands on {}", dev.describe());
+        let wants_bf16 = config.precision.dtype == Precision::Bf16;
+        let bf16 = dev.set_bf16_products(wants_bf16);
+        if wants_bf16 && rank == 0 {
+            if bf16 {
+                log::debug!("matrix products with bf16 operands on {}", dev.describe());
+            } else {
+                log::warn!(
+                    "{} has no bf16 matrix-product mode: bf16 training multiplies f32 operands \
+                     there (weights and gradients are still bf16)",
+                    dev.describe()
+                );
+            }
         }
         let streams = Streams {
             compute: dev.stream("compute")?,

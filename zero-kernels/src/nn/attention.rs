@@ -49,7 +49,8 @@ pub fn attention_forward<F: Scalar>(g: &Gemm, y: &mut [F], p: &mut [F], qkv: &[F
     let AttnShape { b, t, c, h } = s;
     check_heads(c, h);
     let parts = g.threads().min(b);
-    if parts <= 1 || t == 0 {
+    // c == 0 (an empty model width) has nothing to split: chunks of 0 would panic.
+    if parts <= 1 || t == 0 || c == 0 {
         return forward_sequences(g, y, p, qkv, s);
     }
     let per = b.div_ceil(parts);
@@ -123,7 +124,8 @@ pub fn attention_backward<F: Scalar>(
     let AttnShape { b, t, c, h } = s;
     check_heads(c, h);
     let parts = g.threads().min(b);
-    if parts <= 1 || t == 0 {
+    // c == 0 (an empty model width) has nothing to split: chunks of 0 would panic.
+    if parts <= 1 || t == 0 || c == 0 {
         return backward_sequences(g, dqkv, dp, dy, p, qkv, s);
     }
     let per = b.div_ceil(parts);
