@@ -40,6 +40,7 @@ pub fn tiny_gpt(n_embd: usize) -> GptConfig {
         n_head: 2,
         n_embd,
         vocab_block_rows: None,
+        checkpoint_every: 0,
     }
 }
 

@@ -334,6 +334,7 @@ fn tiny() -> GptConfig {
         n_head: 2,
         n_embd: 32,
         vocab_block_rows: None,
+        checkpoint_every: 0,
     }
 }
 

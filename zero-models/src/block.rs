@@ -3,6 +3,11 @@
 //! Linear layers are `y = x W^T + b` with W stored [out, in] (torch.nn.Linear). The block
 //! reads its parameters from the unit's flat view on each call and keeps no view of them,
 //! so at stage 3 the memory behind them may be reused between calls.
+//!
+//! The forward is two parts: [`block_internals`] (every activation the backward reads,
+//! from the input) and the last projection into the output. A checkpointed block runs the
+//! first part again in its backward, on the same input and parameters: the same ops in
+//! the same order, so the same bits.
 
 use zero_core::model::Compute;
 use zero_kernels::device::{
@@ -98,8 +103,29 @@ fn linear_backward<D: Device, F: Scalar>(
     dev.matmul(s, mm, dout, w, dx)
 }
 
-/// Forward of one block: `x` is the block input [B,T,C]; `acts` its region of the arena.
+/// Forward of one block: `x` is the block input [B,T,C]; `acts` receives its internal
+/// activations (`Dims::block_sizes`), `out` its output [B,T,C].
 pub fn block_forward<D: Device, F: Scalar>(
+    cx: Compute<'_, D>,
+    d: Dims,
+    params: DView<'_, D, F>,
+    x: DView<'_, D, F>,
+    mut acts: DViewMut<'_, D, F>,
+    mut out: DViewMut<'_, D, F>,
+) -> zero_kernels::Result<()> {
+    block_internals(cx, d, params.clone(), x, acts.reborrow())?;
+    let (bt, c) = (d.bt(), d.c);
+    let [.., fpw, fpb] = params.carve(block_param_sizes(c));
+    let [.., res2, _, _, _, _, fcg] = acts.as_view().carve(d.block_sizes());
+    // x3 = x2 + mlp.c_proj(gelu(...)).
+    cx.dev.copy(cx.stream, res2, out.reborrow())?;
+    linear_forward(cx, out, fcg, fpw, fpb, bt, 4 * c, c, true)
+}
+
+/// The block's internal activations from its input `x`, written into `acts`
+/// (`Dims::block_sizes`): everything up to, not including, the output. The forward, and
+/// the recomputation of a checkpointed block in the backward.
+pub fn block_internals<D: Device, F: Scalar>(
     cx: Compute<'_, D>,
     d: Dims,
     params: DView<'_, D, F>,
@@ -108,9 +134,9 @@ pub fn block_forward<D: Device, F: Scalar>(
 ) -> zero_kernels::Result<()> {
     let (dev, s) = (cx.dev, cx.stream);
     let (bt, c) = (d.bt(), d.c);
-    let [ln1w, ln1b, attw, attb, projw, projb, ln2w, ln2b, fcw, fcb, fpw, fpb] =
+    let [ln1w, ln1b, attw, attb, projw, projb, ln2w, ln2b, fcw, fcb, ..] =
         params.carve(block_param_sizes(c));
-    let [mut ln1, ln1_mean, ln1_rstd, mut qkv, mut atty, att, mut res2, mut ln2, ln2_mean, ln2_rstd, mut fch, mut fcg, mut res3] =
+    let [mut ln1, ln1_mean, ln1_rstd, mut qkv, mut atty, att, mut res2, mut ln2, ln2_mean, ln2_rstd, mut fch, fcg] =
         acts.carve(d.block_sizes());
     let shape = AttnShape {
         b: d.b,
@@ -165,13 +191,12 @@ pub fn block_forward<D: Device, F: Scalar>(
         4 * c,
         false,
     )?;
-    dev.gelu_forward(s, fcg.reborrow(), fch.as_view())?;
-    dev.copy(s, res2.as_view(), res3.reborrow())?;
-    linear_forward(cx, res3, fcg.as_view(), fpw, fpb, bt, 4 * c, c, true)
+    dev.gelu_forward(s, fcg, fch.as_view())
 }
 
-/// Backward of one block. On entry `scratch`'s first piece (dres) holds d(output); on exit
-/// it holds d(input). Parameter gradients are added into `grads`.
+/// Backward of one block from its input `x` and internal activations `acts`
+/// (`Dims::block_sizes`). On entry `scratch`'s first piece (dres) holds d(output); on
+/// exit it holds d(input). Parameter gradients are added into `grads`.
 pub fn block_backward<D: Device, F: Scalar>(
     cx: Compute<'_, D>,
     d: Dims,
@@ -186,7 +211,7 @@ pub fn block_backward<D: Device, F: Scalar>(
     let [ln1w, _, attw, _, projw, _, ln2w, _, fcw, _, fpw, _] = params.carve(block_param_sizes(c));
     let [dln1w, dln1b, dattw, dattb, dprojw, dprojb, dln2w, dln2b, dfcw, dfcb, dfpw, dfpb] =
         grads.carve(block_param_sizes(c));
-    let [ln1, ln1_mean, ln1_rstd, qkv, atty, att, res2, ln2, ln2_mean, ln2_rstd, fch, fcg, _] =
+    let [ln1, ln1_mean, ln1_rstd, qkv, atty, att, res2, ln2, ln2_mean, ln2_rstd, fch, fcg] =
         acts.carve(d.block_sizes());
     let [mut dres, mut dln, mut dqkv, mut datty, mut dfch, dp] = scratch.carve(d.scratch_sizes());
     let shape = AttnShape {

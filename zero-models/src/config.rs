@@ -55,6 +55,7 @@ const fn shape(v: usize, t: usize, l: usize, h: usize, c: usize) -> GptConfig {
         n_head: h,
         n_embd: c,
         vocab_block_rows: None,
+        checkpoint_every: 0,
     }
 }
 
@@ -165,6 +166,11 @@ pub struct GptConfig {
     /// no layer's working set is the whole table. `None`: 12C + 13 rows, one transformer
     /// block's worth of elements. A table of at most this many rows stays one tensor.
     pub vocab_block_rows: Option<usize>,
+    /// Activation checkpointing: every k-th transformer block (blocks 0, k, 2k, ...)
+    /// keeps only its output and recomputes its internal activations in its backward,
+    /// which then need one block's worth of memory in all (`layout.rs`). 0: off; 1: every
+    /// block. Not part of the shape: the spec and the parameters do not depend on it.
+    pub checkpoint_every: usize,
 }
 
 /// What one layer of the model computes, in the spec's forward order

@@ -24,7 +24,7 @@ use zero_kernels::device::{
 use zero_kernels::nn::mean_f64;
 use zero_kernels::KernelError;
 
-use crate::block::{block_backward, block_forward};
+use crate::block::{block_backward, block_forward, block_internals};
 use crate::config::{GptConfig, GptConfigError, GptLayer};
 use crate::head::{logits_backward, logits_forward};
 use crate::init;
@@ -95,6 +95,7 @@ fn dims_for(cfg: &GptConfig, b: usize, t: usize) -> Dims {
         h: cfg.n_head,
         v: cfg.vocab_size,
         l: cfg.n_layer,
+        every: cfg.checkpoint_every,
     }
 }
 
@@ -275,11 +276,18 @@ impl<D: Device, F: Scalar> Gpt<D, F> {
         let kind = self.layers[layer];
         let (rows, last) = self.vocab_block(kind);
         let start = d.layer_start(self.region(kind));
+        let recompute = d.recompute_start()..d.recompute_start() + d.recompute_len();
         let mut parts = self
             .arena
-            .split_mut(&[0..start, start..start + d.layer_len(self.region(kind))])?
+            .split_mut(&[
+                0..start,
+                start..start + d.layer_len(self.region(kind)),
+                recompute,
+            ])?
             .into_iter();
-        let (Some(before), Some(mut region)) = (parts.next(), parts.next()) else {
+        let (Some(before), Some(mut region), Some(spare)) =
+            (parts.next(), parts.next(), parts.next())
+        else {
             return Err(bad_call("arena split".into()));
         };
         let x = before.as_view().slice(start.saturating_sub(bt * c)..start);
@@ -299,8 +307,15 @@ impl<D: Device, F: Scalar> Gpt<D, F> {
                 dev.add_periodic_rows(s, region, wpe, d.t, c)?;
                 None
             }
-            GptLayer::Block(_) => {
-                block_forward(cx, d, params[0].clone(), x, region)?;
+            GptLayer::Block(i) => {
+                // A checkpointed block's region is its output alone; its internals go to
+                // the recompute region, overwritten by the next checkpointed block.
+                let (acts, out) = if d.checkpointed(i) {
+                    (spare, region)
+                } else {
+                    region.split_at(d.internal_len())
+                };
+                block_forward(cx, d, params[0].clone(), x, acts, out)?;
                 None
             }
             GptLayer::Head => {
@@ -378,11 +393,17 @@ impl<D: Device, F: Scalar> Gpt<D, F> {
         let end = start + d.layer_len(self.region(kind));
         let scratch_at = d.scratch_start();
         let scratch = scratch_at..scratch_at + d.scratch_sizes().iter().sum::<usize>();
+        let recompute = match kind {
+            GptLayer::Block(i) if d.checkpointed(i) => Some(d.recompute_start()..scratch_at),
+            _ => None,
+        };
         // The head rewrites its probabilities in place: they get a write view of their own.
         let head = matches!(kind, GptLayer::Head | GptLayer::Logits(_));
         let probs_at = start + d.head_sizes()[..3].iter().sum::<usize>();
         let ranges = if head {
             vec![0..probs_at, probs_at..probs_at + bt * v, scratch]
+        } else if let Some(r) = recompute.clone() {
+            vec![0..end, r, scratch]
         } else {
             vec![0..end, scratch]
         };
@@ -410,8 +431,19 @@ impl<D: Device, F: Scalar> Gpt<D, F> {
                 dev.periodic_rows_backward(s, dwpe, dres, d.t, c)?;
             }
             GptLayer::Block(_) => {
+                // Checkpointed: the internals again, from the saved input x.
+                let mut spare = match recompute {
+                    Some(_) => Some(parts.next().ok_or_else(|| bad_call("arena split".into()))?),
+                    None => None,
+                };
+                if let Some(spare) = spare.as_mut() {
+                    block_internals(cx, d, params[0].clone(), x.clone(), spare.reborrow())?;
+                }
+                let region = match &spare {
+                    Some(spare) => spare.as_view(),
+                    None => acts.slice(start..start + d.internal_len()),
+                };
                 let scratch = parts.next().ok_or_else(|| bad_call("arena split".into()))?;
-                let region = acts.slice(start..end);
                 block_backward(
                     cx,
                     d,

@@ -2,17 +2,25 @@
 //! every activation the backward needs plus the gradient scratch of one layer:
 //!
 //! ```text
-//! [embed: x0 BTC][block 0 ...][block L-1 ...][head ...][scratch ...]
+//! [embed: x0 BTC][block 0 ...][block L-1 ...][head ...][recompute ...][scratch ...]
 //! block: ln1 BTC | ln1_mean BT | ln1_rstd BT | qkv 3BTC | atty BTC | att BHTT | res2 BTC
 //!        | ln2 BTC | ln2_mean BT | ln2_rstd BT | fch 4BTC | fcg 4BTC | res3 BTC
+//! checkpointed block: res3 BTC
 //! head:  lnf BTC | lnf_mean BT | lnf_rstd BT | probs BTV | losses BT
+//! recompute: a block's pieces before res3 (only when some block is checkpointed)
 //! scratch: dres BTC | dln BTC | dqkv 3BTC | datty BTC | dfch 4BTC | dp TT
 //! ```
 //!
 //! Each block's output (`res3`) is the last thing in its region, so the input of block i
 //! is the tail of everything before it: a layer's call views the regions before it to
-//! read and its own to write (one device buffer, split into disjoint views). Every region grows with B and T, so a smaller batch
-//! fits the arena laid out for a larger one.
+//! read and its own to write (one device buffer, split into disjoint views). Every region
+//! grows with B and T, so a smaller batch fits the arena laid out for a larger one.
+//!
+//! Activation checkpointing (`GptConfig::checkpoint_every` = k > 0): blocks 0, k, 2k, ...
+//! keep only their output, which is the next layer's input; their internal activations
+//! (the twelve pieces before `res3`) live in the one `recompute` region, written by the
+//! block's forward and rewritten from the saved input by its backward (`gpt.rs`). At
+//! k = 1 the blocks hold L x BTC plus one block's internals instead of L full regions.
 
 /// Dimensions of one micro-batch's activations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,6 +37,8 @@ pub struct Dims {
     pub v: usize,
     /// L.
     pub l: usize,
+    /// Checkpoint every k-th block (blocks 0, k, 2k, ...); 0: none.
+    pub every: usize,
 }
 
 impl Dims {
@@ -37,8 +47,9 @@ impl Dims {
         self.b * self.t
     }
 
-    /// Piece lengths of a block region, in the order of the module doc.
-    pub fn block_sizes(&self) -> [usize; 13] {
+    /// Piece lengths of a block's internal activations (a full region without `res3`),
+    /// in the order of the module doc.
+    pub fn block_sizes(&self) -> [usize; 12] {
         let (bt, c) = (self.bt(), self.c);
         let att = self.b * self.h * self.t * self.t;
         [
@@ -54,8 +65,26 @@ impl Dims {
             bt,
             4 * bt * c,
             4 * bt * c,
-            bt * c,
         ]
+    }
+
+    /// Elements of a block's internal activations (what checkpointing drops per block).
+    pub fn internal_len(&self) -> usize {
+        self.block_sizes().iter().sum()
+    }
+
+    /// Whether block `i` is checkpointed (keeps only its output).
+    pub fn checkpointed(&self, i: usize) -> bool {
+        self.every > 0 && i % self.every == 0
+    }
+
+    /// Checkpointed blocks among blocks `0..n`.
+    fn checkpointed_before(&self, n: usize) -> usize {
+        if self.every == 0 {
+            0
+        } else {
+            n.div_ceil(self.every)
+        }
     }
 
     /// Piece lengths of the head region.
@@ -82,9 +111,9 @@ impl Dims {
         self.bt() * self.c
     }
 
-    /// Elements of one block region.
+    /// Elements of one full block region: the internals and `res3`.
     pub fn block_len(&self) -> usize {
-        self.block_sizes().iter().sum()
+        self.internal_len() + self.bt() * self.c
     }
 
     /// Where forward layer `layer` (0 = embed, 1..=L blocks, L+1 head) starts.
@@ -92,7 +121,9 @@ impl Dims {
         if layer == 0 {
             0
         } else {
-            self.embed_len() + (layer - 1).min(self.l) * self.block_len()
+            let n = (layer - 1).min(self.l);
+            self.embed_len() + n * self.block_len()
+                - self.checkpointed_before(n) * self.internal_len()
         }
     }
 
@@ -100,14 +131,30 @@ impl Dims {
     pub fn layer_len(&self, layer: usize) -> usize {
         match layer {
             0 => self.embed_len(),
+            x if x <= self.l && self.checkpointed(x - 1) => self.bt() * self.c,
             x if x <= self.l => self.block_len(),
             _ => self.head_sizes().iter().sum(),
         }
     }
 
+    /// Where the recompute region of checkpointed blocks starts (after the head).
+    pub fn recompute_start(&self) -> usize {
+        self.layer_start(self.l + 1) + self.layer_len(self.l + 1)
+    }
+
+    /// Elements of the recompute region: one block's internals, or none without
+    /// checkpointing.
+    pub fn recompute_len(&self) -> usize {
+        if self.every == 0 {
+            0
+        } else {
+            self.internal_len()
+        }
+    }
+
     /// Where the gradient scratch starts.
     pub fn scratch_start(&self) -> usize {
-        self.layer_start(self.l + 1) + self.layer_len(self.l + 1)
+        self.recompute_start() + self.recompute_len()
     }
 
     /// Elements of the whole arena.

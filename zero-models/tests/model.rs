@@ -112,6 +112,7 @@ fn backward_matches_central_differences_f64_across_attention_bands() {
         n_head: 2,
         n_embd: 8,
         vocab_block_rows: None,
+        checkpoint_every: 0,
     };
     gradcheck(cfg, 1);
 }

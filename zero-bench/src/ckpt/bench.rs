@@ -52,6 +52,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         n_head: 4,
         n_embd: args.n_embd,
         vocab_block_rows: None,
+        checkpoint_every: 0,
     };
     let dev = HostDevice::new();
     let model = Gpt::<HostDevice, f32>::new(&dev, gpt, 1).map_err(|e| anyhow!("model: {e}"))?;

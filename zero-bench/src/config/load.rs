@@ -247,6 +247,12 @@ impl LoadedConfig {
                 d.block_rows().to_string(),
                 &format!("12 x width + 13: wte in {} unit(s)", d.vocab_blocks().len()),
             );
+            derived(
+                &mut rows,
+                "model.checkpoint_every",
+                d.checkpoint_every.to_string(),
+                "0: activation checkpointing off",
+            );
         }
         derived(
             &mut rows,

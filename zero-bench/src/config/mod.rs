@@ -144,6 +144,12 @@ pub struct ModelConfig {
     /// tables (`tok_embeddings`, `output`) so, by default into one block's worth too.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub vocab_block_rows: Option<usize>,
+    /// Activation checkpointing: every k-th transformer block (blocks 0, k, 2k, ...)
+    /// keeps only its input for the backward and recomputes the rest there, so the
+    /// activation arena holds one block's internals instead of one per such block. 0 (the
+    /// default): off; 1: every block.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checkpoint_every: Option<usize>,
 }
 
 impl Default for ModelConfig {
@@ -156,6 +162,7 @@ impl Default for ModelConfig {
             heads: None,
             width: None,
             vocab_block_rows: None,
+            checkpoint_every: None,
         }
     }
 }
@@ -273,6 +280,7 @@ pub fn resolve_model(m: &ModelConfig) -> Result<GptConfig, String> {
         n_head: pick(m.heads, base.map(|d| d.n_head), "heads")?,
         n_embd: pick(m.width, base.map(|d| d.n_embd), "width")?,
         vocab_block_rows: m.vocab_block_rows,
+        checkpoint_every: m.checkpoint_every.unwrap_or(0),
     })
 }
 

@@ -106,6 +106,7 @@ impl Setup {
             n_head: self.heads,
             n_embd: self.embd,
             vocab_block_rows: None,
+            checkpoint_every: 0,
         }
     }
 

@@ -64,6 +64,12 @@ pub struct TrainArgs {
     #[arg(long, value_name = "PRESET")]
     pub model: Option<String>,
 
+    /// Activation checkpointing: every K-th transformer block recomputes its activations
+    /// in the backward instead of keeping them; 0 = off, 1 = every block
+    /// (= --set model.checkpoint_every=K).
+    #[arg(long, value_name = "K")]
+    pub checkpoint_every: Option<usize>,
+
     /// Per-step metrics as JSON lines, written by rank 0 (= --set train.metrics_file=FILE).
     #[arg(long, value_name = "FILE")]
     pub metrics: Option<PathBuf>,
@@ -256,6 +262,9 @@ impl TrainArgs {
         }
         if let Some(m) = &self.model {
             o.push(format!("model.preset={}", toml_string(m)));
+        }
+        if let Some(k) = self.checkpoint_every {
+            o.push(format!("model.checkpoint_every={k}"));
         }
         if let Some(f) = &self.metrics {
             o.push(format!(

@@ -1,0 +1,137 @@
+//! Activation checkpointing (`GptConfig::checkpoint_every`): a checkpointed block keeps
+//! only its output and recomputes its internals in the backward, with the same ops on the
+//! same input, so the loss and every gradient are the bits of the model that keeps
+//! everything: f64 and f32, bf16 products, the table in row blocks, a batch smaller than
+//! the arena, on the host (1 and 2 threads), the simulated device and the simulated GPU.
+//! The arena shrinks by exactly the internals of every checkpointed block but one.
+
+use zero_core::model::Compute;
+use zero_kernels::device::{Device, HostDevice, Scalar, SimDevice};
+use zero_models::init::SplitMix64;
+use zero_models::{activation_bytes_for, download_units, upload_units, Gpt, GptConfig, TokenBatch};
+
+/// Three blocks (so k = 2 mixes checkpointed and full blocks), two attention heads.
+fn three_blocks() -> GptConfig {
+    let mut cfg = GptConfig::preset("tiny").expect("tiny is a preset");
+    cfg.n_layer = 3;
+    cfg.n_embd = 32;
+    cfg.max_seq_len = 12;
+    cfg
+}
+
+fn with_every(cfg: GptConfig, k: usize) -> GptConfig {
+    GptConfig {
+        checkpoint_every: k,
+        ..cfg
+    }
+}
+
+/// The loss and every gradient (bits) of one forward + backward of a fixed batch of
+/// `rows` rows on a model whose arena takes `max_rows`.
+fn run<D: Device, F: Scalar>(
+    dev: &D,
+    cfg: GptConfig,
+    rows: usize,
+    max_rows: usize,
+) -> (u64, Vec<Vec<F>>) {
+    let stream = dev.stream("compute").expect("stream");
+    let cx = Compute {
+        dev,
+        stream: &stream,
+    };
+    let mut g = SplitMix64::new(17);
+    let n = rows * cfg.max_seq_len;
+    let v = cfg.vocab_size as u64;
+    let x: Vec<u32> = (0..n).map(|_| (g.next_u64() % v) as u32).collect();
+    let y: Vec<u32> = (0..n).map(|_| (g.next_u64() % v) as u32).collect();
+    let batch = TokenBatch {
+        rows,
+        seq_len: cfg.max_seq_len,
+        inputs: &x,
+        targets: &y,
+    };
+    let mut model = Gpt::<D, F>::new(dev, cfg, max_rows).expect("valid");
+    let mut params = model.init_params(5);
+    // Off the init (zero biases, unit LayerNorm weights) so every path carries gradient.
+    for p in params.iter_mut().flatten() {
+        *p += F::from_f64(0.1 * g.next_normal());
+    }
+    let p = upload_units(cx, &params, "p").expect("upload");
+    let mut grads = upload_units(cx, &model.zero_grads(), "g").expect("upload");
+    let scale = F::from_f64(1.0 / n as f64);
+    let loss = model
+        .forward_backward(cx, &batch, &p, &mut grads, scale)
+        .expect("valid call");
+    let grads = download_units(cx, &grads).expect("download");
+    (loss.to_bits(), grads)
+}
+
+fn bits<F: Scalar>(g: &[Vec<F>]) -> Vec<u64> {
+    g.iter().flatten().map(|x| x.to_f64().to_bits()).collect()
+}
+
+/// `run` at k = 1, 2, 3 gives k = 0's loss and gradients bit for bit.
+fn same_bits<D: Device, F: Scalar>(dev: &D, cfg: GptConfig, rows: usize, max_rows: usize) {
+    let (loss, grads) = run::<D, F>(dev, with_every(cfg, 0), rows, max_rows);
+    assert!(grads.iter().flatten().any(|g| g.to_f64() != 0.0));
+    for k in [1, 2, 3] {
+        let (l, g) = run::<D, F>(dev, with_every(cfg, k), rows, max_rows);
+        assert_eq!(l, loss, "loss at checkpoint_every = {k}");
+        assert_eq!(bits(&g), bits(&grads), "gradients at checkpoint_every = {k}");
+    }
+}
+
+#[test]
+fn checkpointed_blocks_give_the_bits_of_kept_activations() {
+    let cfg = three_blocks();
+    same_bits::<_, f64>(&HostDevice::new(), cfg, 2, 2);
+    same_bits::<_, f32>(&HostDevice::new(), cfg, 2, 2);
+    same_bits::<_, f32>(&HostDevice::with_threads(2), cfg, 2, 2);
+    // A batch of fewer rows than the arena was laid out for.
+    same_bits::<_, f32>(&HostDevice::new(), cfg, 2, 3);
+    // The token table in row blocks of 10 rows (lookup and logits layers around the blocks).
+    let split = GptConfig {
+        vocab_block_rows: Some(10),
+        ..cfg
+    };
+    same_bits::<_, f32>(&HostDevice::new(), split, 2, 2);
+    // bf16 products (what bf16 training sets): the recompute rounds the same operands.
+    let dev = HostDevice::new();
+    dev.set_bf16_products(true);
+    same_bits::<_, f32>(&dev, cfg, 2, 2);
+    // Queued and interleaved, every access hazard-checked; and the GPU kernels' twins.
+    same_bits::<_, f32>(&SimDevice::new(3), cfg, 2, 2);
+    same_bits::<_, f32>(&SimDevice::gpu_twin(4), cfg, 2, 2);
+}
+
+/// Elements of one block's internal activations: everything but its output, B T (15 C +
+/// 4) + B H T^2 (ln1, qkv, atty, res2, ln2 and the MLP's 4C twice; four LayerNorm
+/// statistics; the attention probabilities).
+fn internals(cfg: &GptConfig, b: usize, t: usize) -> usize {
+    b * t * (15 * cfg.n_embd + 4) + b * cfg.n_head * t * t
+}
+
+#[test]
+fn the_arena_shrinks_by_the_internals_of_every_checkpointed_block_but_one() {
+    for cfg in [three_blocks(), GptConfig::preset("small").expect("preset")] {
+        let (b, t) = (3, cfg.max_seq_len);
+        let full = activation_bytes_for(&cfg, b, t, 4);
+        let l = cfg.n_layer;
+        for k in 1..=l + 1 {
+            // Blocks 0, k, 2k, ... keep their output only; one block's internals remain
+            // for the recompute.
+            let checkpointed = l.div_ceil(k);
+            let want = full - (checkpointed - 1) * internals(&cfg, b, t) * 4;
+            let got = activation_bytes_for(&with_every(cfg, k), b, t, 4);
+            assert_eq!(got, want, "L = {l}, k = {k}");
+        }
+    }
+    // What `Gpt::new` allocates is what the planner is told.
+    let cfg = with_every(three_blocks(), 2);
+    let dev = HostDevice::new();
+    let model = Gpt::<HostDevice, f32>::new(&dev, cfg, 3).expect("valid");
+    assert_eq!(
+        model.arena_bytes(),
+        activation_bytes_for(&cfg, 3, cfg.max_seq_len, 4)
+    );
+}
