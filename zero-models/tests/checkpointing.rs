@@ -77,7 +77,11 @@ fn same_bits<D: Device, F: Scalar>(dev: &D, cfg: GptConfig, rows: usize, max_row
     for k in [1, 2, 3] {
         let (l, g) = run::<D, F>(dev, with_every(cfg, k), rows, max_rows);
         assert_eq!(l, loss, "loss at checkpoint_every = {k}");
-        assert_eq!(bits(&g), bits(&grads), "gradients at checkpoint_every = {k}");
+        assert_eq!(
+            bits(&g),
+            bits(&grads),
+            "gradients at checkpoint_every = {k}"
+        );
     }
 }
 
