@@ -75,7 +75,7 @@ impl Dims {
 
     /// Whether block `i` is checkpointed (keeps only its output).
     pub fn checkpointed(&self, i: usize) -> bool {
-        self.every > 0 && i % self.every == 0
+        self.every > 0 && i.is_multiple_of(self.every)
     }
 
     /// Checkpointed blocks among blocks `0..n`.

@@ -312,6 +312,13 @@ impl Config {
                     self.train.seq_len, l.max_seq_len
                 ),
             );
+            need(
+                &mut p,
+                self.model.checkpoint_every.unwrap_or(0) == 0,
+                "model.checkpoint_every: activation checkpointing is GPT-2's for now, the Llama \
+                 model keeps every block's activations; remove it or use a GPT-2 preset"
+                    .to_string(),
+            );
         }
         match resolve_model(&self.model) {
             _ if llama.is_some() => {}
