@@ -136,6 +136,20 @@ impl ModelPreset {
         }
     }
 
+    /// The same shape with activation checkpointing every `k` blocks (0: off).
+    pub fn with_checkpoint_every(self, k: usize) -> Self {
+        match self {
+            ModelPreset::Gpt(g) => ModelPreset::Gpt(GptConfig {
+                checkpoint_every: k,
+                ..g
+            }),
+            ModelPreset::Llama(l) => ModelPreset::Llama(crate::LlamaConfig {
+                checkpoint_every: k,
+                ..l
+            }),
+        }
+    }
+
     /// Bytes of the model's activation arena for micro-batches of `rows` x `seq_len`
     /// ([`crate::activation_bytes_for`], [`crate::llama::activation_bytes_for`]).
     pub fn activation_bytes(&self, rows: usize, seq_len: usize, elem_bytes: usize) -> usize {

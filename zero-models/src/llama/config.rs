@@ -73,6 +73,7 @@ const fn llama(
         rope_theta: theta,
         norm_eps: crate::llama::RMS_EPS,
         vocab_block_rows: None,
+        checkpoint_every: 0,
     }
 }
 
@@ -104,6 +105,9 @@ pub struct LlamaConfig {
     /// elements, 2 + 2C + 2Ckv + 3F rows (Llama 3's 128256-row tables split, Llama 2's
     /// 32000 do not).
     pub vocab_block_rows: Option<usize>,
+    /// Activation checkpointing: blocks 0, k, 2k, ... keep only their output and
+    /// recompute their internals in the backward (`super::layout`); 0 keeps everything.
+    pub checkpoint_every: usize,
 }
 
 /// What one layer of a Llama computes, in forward order ([`LlamaConfig::layers`]). Block

@@ -35,7 +35,7 @@ use crate::gpt::{GptError, TokenBatch};
 use crate::head::{logits_backward, logits_forward};
 use crate::init;
 use crate::layout::Dims;
-use block::{block_backward, block_forward};
+use block::{block_backward, block_forward, block_internals};
 use layout::LlamaDims;
 
 /// Llama with its activation arena on device `D`.
@@ -68,6 +68,7 @@ fn dims_for(cfg: &LlamaConfig, b: usize, t: usize) -> LlamaDims {
         l: cfg.n_layer,
         theta: cfg.rope_theta,
         eps: cfg.norm_eps,
+        every: cfg.checkpoint_every,
     }
 }
 
@@ -274,8 +275,13 @@ impl<D: Device, F: Scalar> Llama<D, F> {
         let n = rows.len() * c;
         let start = d.region_start(self.region(kind));
         let end = start + d.region_len(self.region(kind));
-        let mut parts = self.arena.split_mut(&[0..start, start..end])?.into_iter();
-        let (Some(before), Some(region)) = (parts.next(), parts.next()) else {
+        let recompute = d.recompute_start()..d.recompute_start() + d.recompute_len();
+        let mut parts = self
+            .arena
+            .split_mut(&[0..start, start..end, recompute])?
+            .into_iter();
+        let (Some(before), Some(region), Some(spare)) = (parts.next(), parts.next(), parts.next())
+        else {
             return Err(bad_call("arena split".into()));
         };
         let x = before.as_view().slice(start.saturating_sub(bt * c)..start);
@@ -288,8 +294,15 @@ impl<D: Device, F: Scalar> Llama<D, F> {
                 dev.gather_rows_block(s, region, ids, table, rows.start, c)?;
                 None
             }
-            LlamaLayer::Block(_) => {
-                block_forward(cx, d, params[0].clone(), x, region)?;
+            LlamaLayer::Block(i) => {
+                // A checkpointed block's region is its output alone; its internals go to
+                // the recompute region, overwritten by the next checkpointed block.
+                let (acts, out) = if d.checkpointed(i) {
+                    (spare, region)
+                } else {
+                    region.split_at(d.internal_len())
+                };
+                block_forward(cx, d, params[0].clone(), x, acts, out)?;
                 None
             }
             LlamaLayer::Head => {
@@ -350,11 +363,17 @@ impl<D: Device, F: Scalar> Llama<D, F> {
         let end = start + d.region_len(self.region(kind));
         let scratch_at = d.scratch_start();
         let scratch = scratch_at..scratch_at + d.scratch_sizes().iter().sum::<usize>();
+        let recompute = match kind {
+            LlamaLayer::Block(i) if d.checkpointed(i) => Some(d.recompute_start()..scratch_at),
+            _ => None,
+        };
         // The head rewrites its probabilities in place: they get a write view of their own.
         let head = matches!(kind, LlamaLayer::Head | LlamaLayer::Logits(_));
         let probs_at = start + d.head_sizes()[..2].iter().sum::<usize>();
         let ranges = if head {
             vec![0..probs_at, probs_at..probs_at + bt * v, scratch]
+        } else if let Some(r) = recompute.clone() {
+            vec![0..end, r, scratch]
         } else {
             vec![0..end, scratch]
         };
@@ -372,10 +391,21 @@ impl<D: Device, F: Scalar> Llama<D, F> {
                 dev.scatter_add_rows_block(s, dw, ids, dres, rows.start, c)?;
             }
             LlamaLayer::Block(_) => {
+                // Checkpointed: the internals again, from the saved input x.
+                let mut spare = match recompute {
+                    Some(_) => Some(parts.next().ok_or_else(|| bad_call("arena split".into()))?),
+                    None => None,
+                };
+                if let Some(spare) = spare.as_mut() {
+                    block_internals(cx, d, params[0].clone(), x.clone(), spare.reborrow())?;
+                }
+                let internals = match &spare {
+                    Some(spare) => spare.as_view(),
+                    None => acts.slice(start..start + d.internal_len()),
+                };
                 let scratch = parts.next().ok_or_else(|| bad_call("arena split".into()))?;
-                let region = acts.slice(start..end);
                 let (p, g) = (params[0].clone(), grads[0].reborrow());
-                block_backward(cx, d, p, g, x, region, scratch)?;
+                block_backward(cx, d, p, g, x, internals, scratch)?;
             }
             LlamaLayer::Head | LlamaLayer::Logits(_) => {
                 // The last block first: dlogits = (probs - onehot) grad_scale, in place.
