@@ -9,6 +9,7 @@
 use zero_core::model::Compute;
 use zero_kernels::device::{Device, HostDevice, Scalar, SimDevice};
 use zero_models::init::SplitMix64;
+use zero_models::LayeredLm;
 use zero_models::{
     activation_bytes_for, download_units, upload_units, Gpt, GptConfig, Llama, LlamaConfig,
     TokenBatch,
