@@ -30,8 +30,7 @@ use crate::init;
 use crate::layout::Dims;
 pub use crate::lm::TokenBatch;
 use crate::lm::{
-    arena_bytes_for, bad_call, check_units, host_units, impl_model, table_block, LayeredLm,
-    TokenArena,
+    arena_bytes_for, bad_call, check_units, host_units, impl_model, LayeredLm, TokenArena,
 };
 
 /// Errors of building the model.
@@ -127,25 +126,6 @@ impl<D: Device, F: Scalar> Gpt<D, F> {
     pub fn arena_bytes(&self) -> usize {
         self.io.bytes()
     }
-
-    /// Where a layer's activations live: 0 = x0, 1..=L the blocks, L+1 the head.
-    fn region(&self, layer: GptLayer) -> usize {
-        match layer {
-            GptLayer::Lookup(_) | GptLayer::Embed => 0,
-            GptLayer::Block(i) => i + 1,
-            GptLayer::Head | GptLayer::Logits(_) => self.cfg.n_layer + 1,
-        }
-    }
-
-    /// The rows of the `wte` block a layer of the table uses (block 0 for the others),
-    /// and whether it is the last block (the one the loss follows).
-    fn vocab_block(&self, layer: GptLayer) -> (Range<usize>, bool) {
-        let k = match layer {
-            GptLayer::Lookup(k) | GptLayer::Logits(k) => k,
-            _ => 0,
-        };
-        table_block(&self.vocab_blocks, k)
-    }
 }
 
 impl<D: Device, F: Scalar> LayeredLm<D, F> for Gpt<D, F> {
@@ -178,15 +158,15 @@ impl<D: Device, F: Scalar> LayeredLm<D, F> for Gpt<D, F> {
         let d = self.dims;
         let (bt, c) = (d.bt(), d.c);
         let kind = self.layers[layer];
-        let (rows, last) = self.vocab_block(kind);
-        let start = d.layer_start(self.region(kind));
+        let (rows, last) = kind.table_rows(&self.vocab_blocks);
+        let start = d.layer_start(kind.region(self.cfg.n_layer));
         let recompute = d.recompute_start()..d.recompute_start() + d.recompute_len();
         let mut parts = self
             .io
             .acts
             .split_mut(&[
                 0..start,
-                start..start + d.layer_len(self.region(kind)),
+                start..start + d.layer_len(kind.region(self.cfg.n_layer)),
                 recompute,
             ])?
             .into_iter();
@@ -285,9 +265,9 @@ impl<D: Device, F: Scalar> LayeredLm<D, F> for Gpt<D, F> {
         let d = self.dims;
         let (bt, c, v) = (d.bt(), d.c, d.v);
         let kind = self.layers[layer];
-        let (rows, last) = self.vocab_block(kind);
-        let start = d.layer_start(self.region(kind));
-        let end = start + d.layer_len(self.region(kind));
+        let (rows, last) = kind.table_rows(&self.vocab_blocks);
+        let start = d.layer_start(kind.region(self.cfg.n_layer));
+        let end = start + d.layer_len(kind.region(self.cfg.n_layer));
         let scratch_at = d.scratch_start();
         let scratch = scratch_at..scratch_at + d.scratch_sizes().iter().sum::<usize>();
         let recompute = match kind {

@@ -55,7 +55,7 @@ mod units;
 pub use config::{preset_names, GptConfig, GptConfigError, GptLayer, ModelPreset, PRESETS};
 pub use gpt::{activation_bytes_for, Gpt, GptError, TokenBatch};
 pub use llama::{Llama, LlamaConfig, LLAMA_PRESETS};
-pub use lm::LayeredLm;
+pub use lm::{LayeredLm, TokenLayer};
 pub use units::{download_units, upload_units};
 /// The scalar the model computes in (f32, f64): [`zero_kernels::nn::Scalar`].
 pub use zero_kernels::nn::Scalar;

@@ -26,6 +26,59 @@ pub struct TokenBatch<'a> {
     pub targets: &'a [u32],
 }
 
+/// What one layer of a token model computes, in forward order
+/// ([`TokenLayer::sequence`]); the large token tables are held in row blocks, block k
+/// being the k-th range of the model's `vocab_blocks` (`crate::GptConfig::vocab_blocks`,
+/// `crate::LlamaConfig::vocab_blocks`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TokenLayer {
+    /// Look up the tokens that fall in block k >= 1 of the token table (rows of x0).
+    Lookup(usize),
+    /// Look up block 0's tokens (GPT-2 then adds the positions: `x0 = wte[token] +
+    /// wpe[t]`).
+    Embed,
+    /// Transformer block i.
+    Block(usize),
+    /// The final norm and the logits of block 0 (and the loss, when the table is one
+    /// block).
+    Head,
+    /// The logits of block k >= 1 (and the loss, after the last block).
+    Logits(usize),
+}
+
+impl TokenLayer {
+    /// The layers of a model of `n_layer` blocks and `table_blocks` table blocks, in
+    /// forward order: lookups of blocks 1.., embed, blocks, head, logits of blocks 1...
+    pub fn sequence(n_layer: usize, table_blocks: usize) -> Vec<TokenLayer> {
+        let mut out: Vec<TokenLayer> = (1..table_blocks).map(TokenLayer::Lookup).collect();
+        out.push(TokenLayer::Embed);
+        out.extend((0..n_layer).map(TokenLayer::Block));
+        out.push(TokenLayer::Head);
+        out.extend((1..table_blocks).map(TokenLayer::Logits));
+        out
+    }
+
+    /// Where the layer's activations live in a model of `n_layer` blocks: region 0 = x0,
+    /// 1..=L the blocks, L+1 the head.
+    pub(crate) fn region(self, n_layer: usize) -> usize {
+        match self {
+            TokenLayer::Lookup(_) | TokenLayer::Embed => 0,
+            TokenLayer::Block(i) => i + 1,
+            TokenLayer::Head | TokenLayer::Logits(_) => n_layer + 1,
+        }
+    }
+
+    /// The rows of the table block the layer uses (block 0 for the others), and whether
+    /// it is the last block (the one the loss follows).
+    pub(crate) fn table_rows(self, blocks: &[Range<usize>]) -> (Range<usize>, bool) {
+        let k = match self {
+            TokenLayer::Lookup(k) | TokenLayer::Logits(k) => k,
+            _ => 0,
+        };
+        (blocks[k].clone(), k + 1 == blocks.len())
+    }
+}
+
 pub(crate) fn bad_call(msg: String) -> ModelError {
     ModelError::BadCall(msg)
 }
@@ -198,11 +251,6 @@ pub(crate) fn check_units(
         }
     }
     Ok(())
-}
-
-/// The rows of table block `k` and whether it is the last (the one the loss follows).
-pub(crate) fn table_block(blocks: &[Range<usize>], k: usize) -> (Range<usize>, bool) {
-    (blocks[k].clone(), k + 1 == blocks.len())
 }
 
 /// One host buffer per unit of `spec`, filled by `init` (zeros when it does nothing).

@@ -195,68 +195,61 @@ fn checkpointed_llama_blocks_give_the_bits_of_kept_activations() {
     same_bits_everywhere(cfg, split);
 }
 
-/// Elements of one block's internal activations: everything but its output, B T (15 C +
-/// 4) + B H T^2 (ln1, qkv, atty, res2, ln2 and the MLP's 4C twice; four LayerNorm
+/// Elements of one GPT-2 block's internal activations: everything but its output, B T
+/// (15 C + 4) + B H T^2 (ln1, qkv, atty, res2, ln2 and the MLP's 4C twice; four LayerNorm
 /// statistics; the attention probabilities).
-fn internals(cfg: &GptConfig, b: usize, t: usize) -> usize {
+fn gpt_internals(cfg: GptConfig, b: usize, t: usize) -> usize {
     b * t * (15 * cfg.n_embd + 4) + b * cfg.n_head * t * t
-}
-
-#[test]
-fn the_arena_shrinks_by_the_internals_of_every_checkpointed_block_but_one() {
-    for cfg in [three_blocks(), GptConfig::preset("small").expect("preset")] {
-        let (b, t) = (3, cfg.max_seq_len);
-        let full = activation_bytes_for(&cfg, b, t, 4);
-        let l = cfg.n_layer;
-        for k in 1..=l + 1 {
-            // Blocks 0, k, 2k, ... keep their output only; one block's internals remain
-            // for the recompute.
-            let checkpointed = l.div_ceil(k);
-            let want = full - (checkpointed - 1) * internals(&cfg, b, t) * 4;
-            let got = activation_bytes_for(&with_every(cfg, k), b, t, 4);
-            assert_eq!(got, want, "L = {l}, k = {k}");
-        }
-    }
-    // What `Gpt::new` allocates is what the planner is told.
-    let cfg = with_every(three_blocks(), 2);
-    let dev = HostDevice::new();
-    let model = Gpt::<HostDevice, f32>::new(&dev, cfg, 3).expect("valid");
-    assert_eq!(
-        model.arena_bytes(),
-        activation_bytes_for(&cfg, 3, cfg.max_seq_len, 4)
-    );
 }
 
 /// Elements of one Llama block's internals: everything but its output, B T (8 C + 2 Ckv +
 /// 3 F + 2) + B H T^2 (an, q, qkv (3C), atty, res2, fn; k and v; h1, h3 and g; two RMSNorm
 /// statistics; the attention probabilities).
-fn llama_internals(cfg: &LlamaConfig, b: usize, t: usize) -> usize {
+fn llama_internals(cfg: LlamaConfig, b: usize, t: usize) -> usize {
     let c = cfg.n_embd;
     let kv = cfg.kv_dim();
     b * t * (8 * c + 2 * kv + 3 * cfg.ffn_hidden + 2) + b * cfg.n_head * t * t
 }
 
-#[test]
-fn the_llama_arena_shrinks_by_the_internals_of_every_checkpointed_block_but_one() {
-    use zero_models::llama::activation_bytes_for as llama_bytes;
-    let small = LlamaConfig::preset("llama-small").expect("preset");
-    for cfg in [llama_three_blocks(), small] {
-        let (b, t) = (3, cfg.max_seq_len);
-        let full = llama_bytes(&cfg, b, t, 4);
-        let l = cfg.n_layer;
+/// For each shape in `cfgs` (L blocks): at k = 1..=L+1, blocks 0, k, 2k, ... keep their
+/// output only and one block's internals remain for the recompute, so the arena of
+/// `bytes` (B = 3 x the context) is smaller by `internals` x (checkpointed blocks - 1).
+fn arena_shrinks<M: Family>(
+    cfgs: &[(M, usize)],
+    bytes: impl Fn(M, usize, usize) -> usize,
+    internals: impl Fn(M, usize, usize) -> usize,
+) {
+    for &(cfg, l) in cfgs {
+        let (b, t) = (3, cfg.vocab_and_seq().1);
+        let full = bytes(cfg, b, t);
         for k in 1..=l + 1 {
             let checkpointed = l.div_ceil(k);
-            let want = full - (checkpointed - 1) * llama_internals(&cfg, b, t) * 4;
-            let got = llama_bytes(&with_every(cfg, k), b, t, 4);
-            assert_eq!(got, want, "L = {l}, k = {k}");
+            let want = full - (checkpointed - 1) * internals(cfg, b, t) * 4;
+            assert_eq!(bytes(with_every(cfg, k), b, t), want, "L = {l}, k = {k}");
         }
     }
-    // What `Llama::new` allocates is what the planner is told.
-    let cfg = with_every(llama_three_blocks(), 2);
-    let dev = HostDevice::new();
-    let model = Llama::<HostDevice, f32>::new(&dev, cfg, 3).expect("valid");
-    assert_eq!(
-        model.arena_bytes(),
-        llama_bytes(&cfg, 3, cfg.max_seq_len, 4)
+}
+
+#[test]
+fn the_arena_shrinks_by_the_internals_of_every_checkpointed_block_but_one() {
+    let small = GptConfig::preset("small").expect("preset");
+    let gpt_bytes = |cfg: GptConfig, b, t| activation_bytes_for(&cfg, b, t, 4);
+    arena_shrinks(
+        &[(three_blocks(), 3), (small, small.n_layer)],
+        gpt_bytes,
+        gpt_internals,
     );
+    let small = LlamaConfig::preset("llama-small").expect("preset");
+    let llama_bytes =
+        |cfg: LlamaConfig, b, t| zero_models::llama::activation_bytes_for(&cfg, b, t, 4);
+    let shapes = [(llama_three_blocks(), 3), (small, small.n_layer)];
+    arena_shrinks(&shapes, llama_bytes, llama_internals);
+    // What `new` allocates is what the planner is told.
+    let dev = HostDevice::new();
+    let cfg = with_every(three_blocks(), 2);
+    let model = Gpt::<HostDevice, f32>::new(&dev, cfg, 3).expect("valid");
+    assert_eq!(model.arena_bytes(), gpt_bytes(cfg, 3, cfg.max_seq_len));
+    let cfg = with_every(llama_three_blocks(), 2);
+    let model = Llama::<HostDevice, f32>::new(&dev, cfg, 3).expect("valid");
+    assert_eq!(model.arena_bytes(), llama_bytes(cfg, 3, cfg.max_seq_len));
 }

@@ -21,6 +21,8 @@
 //! scratch, written by the block's forward and rewritten from the saved input by its
 //! backward (`super::block::block_internals`).
 
+use crate::layout::Checkpointing;
+
 /// Dimensions of one micro-batch's activations, and the shape constants the ops need.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LlamaDims {
@@ -86,16 +88,7 @@ impl LlamaDims {
 
     /// Whether block `i` is checkpointed (keeps only its output).
     pub fn checkpointed(&self, i: usize) -> bool {
-        self.every > 0 && i.is_multiple_of(self.every)
-    }
-
-    /// Checkpointed blocks among blocks `0..n`.
-    fn checkpointed_before(&self, n: usize) -> usize {
-        if self.every == 0 {
-            0
-        } else {
-            n.div_ceil(self.every)
-        }
+        Checkpointing(self.every).keeps_output_only(i)
     }
 
     /// Piece lengths of the head region.
@@ -133,8 +126,8 @@ impl LlamaDims {
             0
         } else {
             let n = (r - 1).min(self.l);
-            self.bt() * self.c + n * self.block_len()
-                - self.checkpointed_before(n) * self.internal_len()
+            let out = self.bt() * self.c;
+            out + Checkpointing(self.every).blocks_len(n, out, self.internal_len())
         }
     }
 
@@ -156,11 +149,7 @@ impl LlamaDims {
     /// Elements of the recompute region: one block's internals, or none without
     /// checkpointing.
     pub fn recompute_len(&self) -> usize {
-        if self.every == 0 {
-            0
-        } else {
-            self.internal_len()
-        }
+        Checkpointing(self.every).recompute_len(self.internal_len())
     }
 
     /// Where the gradient scratch starts.

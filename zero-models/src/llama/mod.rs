@@ -35,8 +35,8 @@ use crate::head::{logits_backward, logits_forward};
 use crate::init;
 use crate::layout::Dims;
 use crate::lm::{
-    arena_bytes_for, bad_call, check_units, host_units, impl_model, table_block, LayeredLm,
-    TokenArena, TokenBatch,
+    arena_bytes_for, bad_call, check_units, host_units, impl_model, LayeredLm, TokenArena,
+    TokenBatch,
 };
 use block::{block_backward, block_forward, block_internals};
 use layout::LlamaDims;
@@ -140,25 +140,6 @@ impl<D: Device, F: Scalar> Llama<D, F> {
     pub fn arena_bytes(&self) -> usize {
         self.io.bytes()
     }
-
-    /// Where a layer's activations live: 0 = x0, 1..=L the blocks, L+1 the head.
-    fn region(&self, layer: LlamaLayer) -> usize {
-        match layer {
-            LlamaLayer::Lookup(_) | LlamaLayer::Embed => 0,
-            LlamaLayer::Block(i) => i + 1,
-            LlamaLayer::Head | LlamaLayer::Logits(_) => self.cfg.n_layer + 1,
-        }
-    }
-
-    /// The rows of the table block a layer uses (block 0 for the others), and whether it
-    /// is the last block (the one the loss follows).
-    fn vocab_block(&self, layer: LlamaLayer) -> (Range<usize>, bool) {
-        let k = match layer {
-            LlamaLayer::Lookup(k) | LlamaLayer::Logits(k) => k,
-            _ => 0,
-        };
-        table_block(&self.vocab_blocks, k)
-    }
 }
 
 impl<D: Device, F: Scalar> LayeredLm<D, F> for Llama<D, F> {
@@ -191,10 +172,10 @@ impl<D: Device, F: Scalar> LayeredLm<D, F> for Llama<D, F> {
         let d = self.dims;
         let (bt, c, v) = (d.bt(), d.c, d.v);
         let kind = self.layers[layer];
-        let (rows, last) = self.vocab_block(kind);
+        let (rows, last) = kind.table_rows(&self.vocab_blocks);
         let n = rows.len() * c;
-        let start = d.region_start(self.region(kind));
-        let end = start + d.region_len(self.region(kind));
+        let start = d.region_start(kind.region(self.cfg.n_layer));
+        let end = start + d.region_len(kind.region(self.cfg.n_layer));
         let recompute = d.recompute_start()..d.recompute_start() + d.recompute_len();
         let mut parts = self
             .io
@@ -270,10 +251,10 @@ impl<D: Device, F: Scalar> LayeredLm<D, F> for Llama<D, F> {
         let d = self.dims;
         let (bt, c, v) = (d.bt(), d.c, d.v);
         let kind = self.layers[layer];
-        let (rows, last) = self.vocab_block(kind);
+        let (rows, last) = kind.table_rows(&self.vocab_blocks);
         let n = rows.len() * c;
-        let start = d.region_start(self.region(kind));
-        let end = start + d.region_len(self.region(kind));
+        let start = d.region_start(kind.region(self.cfg.n_layer));
+        let end = start + d.region_len(kind.region(self.cfg.n_layer));
         let scratch_at = d.scratch_start();
         let scratch = scratch_at..scratch_at + d.scratch_sizes().iter().sum::<usize>();
         let recompute = match kind {
