@@ -6,6 +6,7 @@ pub mod adam;
 pub mod comm;
 mod comm_args;
 pub mod model;
+pub mod quant;
 
 pub use comm_args::CommArgs;
 
@@ -20,6 +21,8 @@ pub enum MicroCommand {
     Adam(adam::AdamArgs),
     /// GPT forward+backward FLOP/s vs SGEMM on the same threads.
     Model(model::ModelArgs),
+    /// Block-wise int8 quantize / dequantize (quantized communication) vs a copy.
+    Quant(quant::QuantArgs),
 }
 
 /// Run one micro-benchmark.
@@ -28,6 +31,7 @@ pub fn run(cmd: MicroCommand) -> anyhow::Result<()> {
         MicroCommand::Comm(a) => comm::run(&a),
         MicroCommand::Adam(a) => adam::run(&a),
         MicroCommand::Model(a) => model::run(&a),
+        MicroCommand::Quant(a) => quant::run(&a),
     }
 }
 
