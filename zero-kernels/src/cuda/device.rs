@@ -450,7 +450,7 @@ impl Device for CudaDevice {
         let f = self.kernel(&entry)?;
         let (x, q, s) = (addr(&src), addr_mut(&codes), addr_mut(&scales));
         let (n64, b64) = (n as u64, block as u64);
-        let mut l = stream.inner.launch_builder(&f);
+        let mut l = stream.inner.launch_builder(f);
         l.arg(&x).arg(&q).arg(&s).arg(&n64).arg(&b64);
         // One thread block per quantization block (grid-stride beyond the cap).
         let cfg = LaunchConfig {
@@ -482,7 +482,7 @@ impl Device for CudaDevice {
         let f = self.kernel(&entry)?;
         let (q, s, out) = (addr(&codes), addr(&scales), addr_mut(&dst));
         let (n64, b64) = (n as u64, block as u64);
-        let mut l = stream.inner.launch_builder(&f);
+        let mut l = stream.inner.launch_builder(f);
         l.arg(&q).arg(&s).arg(&out).arg(&n64).arg(&b64);
         // SAFETY: dequantize_{f32,bf16}(const i8*, const float*, T*, u64 n, u64 block) in
         // quant.cu; lengths checked above.
