@@ -23,6 +23,8 @@
 //! TiedGrad{u}       f32    -         -         sharded only     sharded only     a use spans several layers
 //! Bucket{0,1}       W      bucket    bucket    bucket           bucket           reduction staging, double-buffered
 //! BucketPiece{0,1}  W      -         bucket/N  bucket/N         bucket/N         reduce-scatter output
+//! QuantCodes{0,1}   u8     -         -         -                shard | unit     qwZ only: int8 codes sent | gathered
+//! QuantScales{0,1}  f32    -         -         -                ns | N ns        qwZ only: ns = ceil(shard / block)
 //! GradStats         f64    2 per unit (sum of squares, overflow flag)                     read by the host
 //! Losses            f32    A (one per micro-step)                                          read by the host
 //! Agreement         f64    3 (squared norm, overflow, loss sum)                            all-reduced once a step
@@ -54,6 +56,11 @@
 //!   straight into its slot (or, once per step after the update, into its Persistent
 //!   buffer). Neither is chunked: the layer needs the whole unit resident, so a staging
 //!   bucket would only add a copy.
+//!
+//! - Quantized gathers (qwZ, stage 3): the shard is quantized into QuantCodes{0} /
+//!   QuantScales{0}, both all-gathered into QuantCodes{1} / QuantScales{1}, and read back
+//!   into the slot, all on the comm stream; sized by the largest non-persistent unit.
+//!   The persistent units' after-step gathers stay exact.
 //!
 //! Padding: buffers laid out as full or shard contain partition padding; the ledger
 //! reports it as its own category (the rest of the buffer under its role's category).
