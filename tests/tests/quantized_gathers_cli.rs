@@ -1,5 +1,6 @@
-//! Quantized stage-3 gathers (ZeRO++'s qwZ, `zero.quantize_weights`) under real mpirun on
-//! 3 ranks, as users run them: `configs/tiny.toml` at stage 3, fp32 and bf16, 8 steps.
+//! Quantized parameter gathers (ZeRO++'s qwZ, `zero.quantize_weights`) under real mpirun
+//! on 3 ranks, as users run them: `configs/tiny.toml` at stage 3 (fp32 and bf16) and at
+//! stage 2 (bf16: the after-step gathers), 8 steps.
 //! The all-gathers move the int8 codes and the f32 scales the ledger plans (the run's
 //! per-step bytes of its data collectives, in its metrics, equal the printed plan's
 //! total), about a
@@ -17,7 +18,7 @@ const STEPS: usize = 8;
 
 /// The run's losses, its all-gather bytes per step, and its transcript; checks that the
 /// bytes its data collectives sent per step are the printed plan's total.
-fn run(name: &str, precision: &str, quantized: bool) -> (Vec<f64>, u64, String) {
+fn run(name: &str, stage: &str, precision: &str, quantized: bool) -> (Vec<f64>, u64, String) {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("qwz-{name}"));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("scratch directory");
@@ -26,7 +27,7 @@ fn run(name: &str, precision: &str, quantized: bool) -> (Vec<f64>, u64, String) 
         "--config",
         &repo("configs/tiny.toml"),
         "--stage",
-        "3",
+        stage,
         "--precision",
         precision,
         "--steps",
@@ -66,9 +67,10 @@ fn run(name: &str, precision: &str, quantized: bool) -> (Vec<f64>, u64, String) 
     (losses, bytes("all_gather"), transcript)
 }
 
-fn quantized_tracks_exact(precision: &str, elem_bytes: f64) {
-    let (exact, exact_bytes, _) = run(&format!("exact-{precision}"), precision, false);
-    let (quant, quant_bytes, transcript) = run(&format!("quant-{precision}"), precision, true);
+fn quantized_tracks_exact(stage: &str, precision: &str, elem_bytes: f64) {
+    let name = |q| format!("{q}-{stage}-{precision}");
+    let (exact, exact_bytes, _) = run(&name("exact"), stage, precision, false);
+    let (quant, quant_bytes, transcript) = run(&name("quant"), stage, precision, true);
     for (q, e) in quant.iter().zip(&exact) {
         assert!(
             (q - e).abs() <= 1e-2 * e,
@@ -77,7 +79,7 @@ fn quantized_tracks_exact(precision: &str, elem_bytes: f64) {
     }
     // The plan says qwZ is on.
     assert!(
-        transcript.contains("stage-3 gathers quantized (qwZ"),
+        transcript.contains("gathers quantized (qwZ"),
         "{transcript}"
     );
     // Codes are 1 byte a value instead of elem_bytes, plus a 4-byte scale per 256.
@@ -91,10 +93,17 @@ fn quantized_tracks_exact(precision: &str, elem_bytes: f64) {
 
 #[test]
 fn quantized_gathers_send_a_quarter_of_fp32_and_track_the_exact_loss() {
-    quantized_tracks_exact("fp32", 4.0);
+    quantized_tracks_exact("3", "fp32", 4.0);
 }
 
 #[test]
 fn quantized_gathers_send_half_of_bf16_and_track_the_exact_loss() {
-    quantized_tracks_exact("bf16", 2.0);
+    quantized_tracks_exact("3", "bf16", 2.0);
+}
+
+/// Stage 2 in bf16: the updated parameters are gathered after the step as codes (the
+/// fp32 master stays exact).
+#[test]
+fn stage_2_after_step_gathers_send_half_of_bf16_and_track_the_exact_loss() {
+    quantized_tracks_exact("2", "bf16", 2.0);
 }

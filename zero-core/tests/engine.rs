@@ -179,7 +179,8 @@ fn assert_ledgers_exact(run: &common::RankRun, n: usize, what: &str) {
     }
 }
 
-/// qwZ (`zero.quantize_weights`): stage 3 gathers int8 codes and f32 scales. The ledgers
+/// qwZ (`zero.quantize_weights`): stage 3's gathers, and the after-step gathers of
+/// stages 1/2 in bf16 training, move int8 codes and f32 scales. The ledgers
 /// stay exact (the staging buffers are planned, the codes and scales are the ledger's
 /// lines), every rank computes with the same rounded weights (equal losses across
 /// ranks), the gathers send about a quarter of fp32's bytes, and the losses track the
@@ -187,9 +188,15 @@ fn assert_ledgers_exact(run: &common::RankRun, n: usize, what: &str) {
 /// int8 grid), which changes this model's loss by well under 1% over 8 steps.
 #[test]
 fn quantized_gathers_keep_exact_ledgers_and_track_exact_gathers() {
+    let cases = [
+        (Stage::Zero3, Precision::Fp32),
+        (Stage::Zero3, Precision::Bf16),
+        (Stage::Zero1, Precision::Bf16),
+        (Stage::Zero2, Precision::Bf16),
+    ];
     for n in [2, 3] {
-        for precision in [Precision::Fp32, Precision::Bf16] {
-            let exact = config(Stage::Zero3, precision, 1);
+        for (stage, precision) in cases {
+            let exact = config(stage, precision, 1);
             let base = run_lm(n, &exact, On::Host, 8).unwrap();
             for block in [16, 256] {
                 let mut c = exact.clone();
@@ -197,7 +204,7 @@ fn quantized_gathers_keep_exact_ledgers_and_track_exact_gathers() {
                 c.zero.quant_block = block;
                 for on in [On::Host, On::Sim(7 + n as u64)] {
                     let runs = run_lm(n, &c, on, 8).unwrap();
-                    let what = format!("N={n} {precision:?} block {block} {on:?}");
+                    let what = format!("N={n} {stage} {precision:?} block {block} {on:?}");
                     for (r, run) in runs.iter().enumerate() {
                         assert_ledgers_exact(run, n, &format!("{what} rank {r}"));
                         assert_eq!(bits(&run.losses), bits(&runs[0].losses), "{what}: ranks");

@@ -8,7 +8,7 @@
 use std::fmt::Write as _;
 
 use serde::Serialize;
-use zero_core::config::Precision;
+use zero_core::config::{Precision, Stage};
 use zero_core::ledger::{
     human_bytes, paper_volume_psi, Collective, CommLine, CommPlan, CommPurpose, Explanation,
     MemCategory, PaperFormula,
@@ -135,11 +135,13 @@ pub fn comm(cp: &CommPlan, plan: &BufferPlan) -> String {
         plan.inputs.reduce_every_micro_step,
     ) as u64;
     // qwZ's scales are not model elements: the volume counts the codes only.
-    let is_gather = |l: &CommLine| {
-        matches!(
+    // The quantized gathers: stage 3's before each layer, else the after-step gathers.
+    let is_gather = |l: &CommLine| match plan.inputs.stage {
+        Stage::Zero3 => matches!(
             l.purpose,
             CommPurpose::GatherForward | CommPurpose::GatherBackward
-        )
+        ),
+        _ => l.purpose == CommPurpose::ParamsAfterStep,
     };
     let quant_scales =
         |l: &CommLine| plan.inputs.quant_block.is_some() && is_gather(l) && l.dtype == DType::F32;
@@ -179,7 +181,7 @@ pub fn comm(cp: &CommPlan, plan: &BufferPlan) -> String {
             .sum();
         let _ = writeln!(
             out,
-            "  stage-3 gathers quantized (qwZ: int8 codes + one f32 scale per {block} values): {} vs {} as {} ({:.2}x less)",
+            "  parameter gathers quantized (qwZ: int8 codes + one f32 scale per {block} values): {} vs {} as {} ({:.2}x less)",
             human_bytes(sent as f64),
             human_bytes(exact as f64),
             plan.param_dtype,

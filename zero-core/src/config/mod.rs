@@ -141,10 +141,12 @@ pub struct ZeroConfig {
     pub reuse_distance: usize,
     /// Shard alignment in elements (32 = 64 bytes for 16-bit elements).
     pub align: usize,
-    /// Stage 3: gather parameters for compute as block-wise int8 codes plus one f32 scale
-    /// per `quant_block` values (ZeRO++'s qwZ, Wang et al. 2023): about a quarter of the
-    /// fp32 bytes, half of bf16's. Only the gathered compute copy is rounded; the shards,
-    /// the master weights and the optimizer stay exact. Off by default.
+    /// Gather parameters as block-wise int8 codes plus one f32 scale per `quant_block`
+    /// values (ZeRO++'s qwZ, Wang et al. 2023): stage 3's gathers before each layer, or
+    /// stages 1/2's gather of the updated parameters (16-bit training only: in fp32 those
+    /// are the master). About a quarter of fp32's bytes, half of bf16's. Only the
+    /// gathered compute copy is rounded; the master weights and the optimizer stay
+    /// exact. Off by default.
     pub quantize_weights: bool,
     /// Values per scale of quantized communication (`zero_kernels::quant`).
     pub quant_block: usize,

@@ -45,12 +45,21 @@ fn the_default_bucket_is_a_budget_that_grows_with_n() {
 }
 
 #[test]
-fn quantized_gathers_need_stage_3_and_a_block() {
-    for stage in [0, 1, 2] {
+fn quantized_gathers_need_a_gather_a_master_and_a_block() {
+    has(
+        &problems("[zero]\nstage = 0\nquantize_weights = true\n"),
+        "stage 0 gathers none",
+    );
+    for stage in [1, 2] {
         let p = problems(&format!(
-            "[zero]\nstage = {stage}\nquantize_weights = true\n"
+            "[zero]\nstage = {stage}\nquantize_weights = true\n[precision]\ndtype = \"fp32\"\n"
         ));
-        has(&p, "quantizes stage 3's parameter gathers");
+        has(&p, "are the master weights");
+        let ok: EngineConfig = toml::from_str(&format!(
+            "[zero]\nstage = {stage}\nquantize_weights = true\n[precision]\ndtype = \"bf16\"\n"
+        ))
+        .unwrap();
+        ok.validate().unwrap();
     }
     has(
         &problems("[zero]\nstage = 3\nquantize_weights = true\nquant_block = 0\n"),

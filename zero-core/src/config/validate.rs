@@ -49,14 +49,21 @@ impl EngineConfig {
             "zero.bucket_elems is 0; give the bucket capacity in elements, or remove the key for the default (max(4Mi, 64Ki x N))"
                 .into(),
         );
-        need(
-            p,
-            !z.quantize_weights || z.stage == Stage::Zero3,
-            format!(
-                "zero.quantize_weights = true quantizes stage 3's parameter gathers, but the stage is {}: set zero.stage = 3 or remove the key",
-                z.stage.number()
-            ),
-        );
+        if z.quantize_weights {
+            need(
+                p,
+                z.stage != Stage::Zero0,
+                "zero.quantize_weights = true quantizes parameter gathers, and stage 0 gathers none: set zero.stage to 1, 2 or 3, or remove the key".into(),
+            );
+            need(
+                p,
+                z.stage == Stage::Zero3 || self.precision.dtype != Precision::Fp32,
+                format!(
+                    "zero.quantize_weights = true at stage {} rounds the parameters gathered after the step, which in fp32 training are the master weights: use precision.dtype = \"bf16\" (the master stays fp32 and exact) or stage 3, or remove the key",
+                    z.stage.number()
+                ),
+            );
+        }
         need(
             p,
             z.quant_block > 0,

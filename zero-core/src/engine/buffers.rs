@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use zero_kernels::device::{Buffer, Device, FloatBuffer};
 use zero_kernels::DType;
 
+use super::qwz::QuantStaging;
 use super::reducer::Reducer;
 use super::EngineError;
 use crate::ledger::MemCategory;
@@ -22,22 +23,6 @@ pub(crate) struct GatherSlot<D: Device> {
     pub buf: FloatBuffer<D>,
     /// Recorded on compute after the last layer that read the slot's current unit.
     pub free: Option<D::Event>,
-}
-
-/// Stage 3 with quantized gathers (qwZ): where a unit's shard is quantized before its
-/// all-gather, and where the gathered codes land before they are read back into the
-/// unit's slot. All of it is used on the comm stream only, one unit at a time.
-pub(crate) struct QuantStaging<D: Device> {
-    /// Values per scale.
-    pub block: usize,
-    /// This rank's shard as codes (bytes of i8).
-    pub send_codes: D::Buf<u8>,
-    /// The shard's scales.
-    pub send_scales: D::Buf<f32>,
-    /// Every rank's codes, in rank order.
-    pub recv_codes: D::Buf<u8>,
-    /// Every rank's scales, in rank order.
-    pub recv_scales: D::Buf<f32>,
 }
 
 /// Every buffer of one rank.
@@ -56,7 +41,7 @@ pub(crate) struct Buffers<D: Device> {
     pub persistent: Vec<Option<FloatBuffer<D>>>,
     /// Stage 3: gather slots.
     pub slots: Vec<GatherSlot<D>>,
-    /// Stage 3 with quantized gathers: the staging of the codes.
+    /// Quantized parameter gathers (qwZ): the staging of the codes.
     pub quant: Option<QuantStaging<D>>,
     /// f32 parameters of the computing layer (16-bit training).
     pub param_window: D::Buf<f32>,

@@ -27,6 +27,7 @@ mod buffers;
 pub mod guard;
 mod optimizer;
 mod passes;
+mod qwz;
 mod reducer;
 pub mod scaler;
 pub mod state;

@@ -107,10 +107,21 @@ pub(super) fn publish<P: Float, D: Device, C: Communicator>(
     match core.config.zero.stage {
         Stage::Zero0 => {}
         Stage::Zero1 | Stage::Zero2 => {
-            let params = bufs.params.get_mut::<P>()?;
             for at in &core.plan.placements {
-                let unit = params.slice_mut(at.params.clone());
-                on_stream::all_gather_in_place(core.comm, core.dev, comm, unit)?;
+                let unit = at.params.clone();
+                match &mut bufs.quant {
+                    None => {
+                        let unit = bufs.params.get_mut::<P>()?.slice_mut(unit);
+                        on_stream::all_gather_in_place(core.comm, core.dev, comm, unit)?;
+                    }
+                    // qwZ: this rank's block as codes; every block read back, its own too.
+                    Some(q) => {
+                        let s = unit.len() / core.layout.world;
+                        let own = unit.start + core.comm.rank() * s;
+                        q.send(core, bufs.params.get::<P>()?.slice(own..own + s))?;
+                        q.receive(core, s, bufs.params.get_mut::<P>()?.slice_mut(unit))?;
+                    }
+                }
             }
         }
         Stage::Zero3 => {

@@ -18,8 +18,8 @@
 //! ```
 //!
 //! With quantized gathers (qwZ, `zero.quantize_weights`), each stage-3 gather of a unit
-//! of padded length E moves E int8 codes and N x ceil(E / N / B) f32 scales instead of E
-//! values of P, in two all-gathers.
+//! (and each after-step gather at stages 1/2) of padded length E moves E int8 codes and
+//! N x ceil(E / N / B) f32 scales instead of E values of P, in two all-gathers.
 //!
 //! The table holds when every unit has one use. A unit released between uses
 //! (zero-core/src/plan/uses.rs) adds, per extra use, one gather of it per pass at stage
@@ -184,14 +184,20 @@ impl CommPlan {
                 let (calls, elems) = reduced();
                 line(ReduceScatter, Grads, w, calls, elems);
                 let (_, elems) = chunked(&mut all());
-                // Updated parameters: one in-place all-gather per unit.
-                line(
-                    AllGather,
-                    ParamsAfterStep,
-                    p,
-                    layout.units.len() as u64,
-                    elems,
-                );
+                // Updated parameters: one in-place all-gather per unit (qwZ: codes, then
+                // scales).
+                let calls = layout.units.len() as u64;
+                match plan.inputs.quant_block {
+                    None => line(AllGather, ParamsAfterStep, p, calls, elems),
+                    Some(block) => {
+                        line(AllGather, ParamsAfterStep, DType::U8, calls, elems);
+                        let scales = all().fold(0, |e, u| {
+                            let shard = layout.units[u].shard_len;
+                            e + (n * zero_kernels::quant::scale_count(shard, block)) as u64
+                        });
+                        line(AllGather, ParamsAfterStep, DType::F32, calls, scales);
+                    }
+                }
             }
             Stage::Zero3 => {
                 let (mut s_calls, mut s_elems) = (0, 0);
