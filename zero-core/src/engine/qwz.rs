@@ -69,7 +69,7 @@ impl<D: Device> QuantStaging<D> {
     ) -> Result<(), EngineError> {
         let (dev, comm, n, b) = (core.dev, &core.streams.comm, core.layout.world, self.block);
         let ns = scale_count(s, b);
-        if s % b == 0 {
+        if s.is_multiple_of(b) {
             // Shards of whole blocks: the gathered codes are one run of blocks.
             let (codes, scales) = (
                 self.recv_codes.slice(0..n * s),
