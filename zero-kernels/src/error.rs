@@ -104,13 +104,6 @@ pub enum KernelError {
     /// A device failed (or refuses work after an earlier failure).
     #[error("device: {0}")]
     Device(String),
-    /// A model op has no CUDA kernel yet: Llama's RMSNorm, rotary/GQA and SwiGLU ops run
-    /// on the CPU devices only (`crate::nn::{rmsnorm, rope, swiglu}`).
-    #[error("{op}: no CUDA kernel yet (Llama's GPU kernels are not written yet; train Llama on the host or simulated device)")]
-    NoCudaKernel {
-        /// The op.
-        op: &'static str,
-    },
     /// The crate was built without the `cuda` feature.
     #[error("zero-kernels was built without the `cuda` feature")]
     NotCompiledWithCuda,

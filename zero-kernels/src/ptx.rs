@@ -104,6 +104,13 @@ pub const SOURCES: &[PtxSource] = &[
         ptx: include_str!("nn/cuda/elementwise.ptx"),
     },
     PtxSource {
+        name: "llama",
+        cu_path: "src/nn/cuda/llama.cu",
+        ptx_path: "src/nn/cuda/llama.ptx",
+        cu: include_str!("nn/cuda/llama.cu"),
+        ptx: include_str!("nn/cuda/llama.ptx"),
+    },
+    PtxSource {
         name: "rows",
         cu_path: "src/nn/cuda/rows.cu",
         ptx_path: "src/nn/cuda/rows.ptx",
@@ -260,6 +267,7 @@ mod tests {
                 include_str!("cuda/nn/elementwise.rs"),
             ),
             ("cuda/nn/rows.rs", include_str!("cuda/nn/rows.rs")),
+            ("cuda/nn/llama.rs", include_str!("cuda/nn/llama.rs")),
         ];
         let mut named = std::collections::BTreeSet::new();
         for (file, text) in launchers {
@@ -275,7 +283,7 @@ mod tests {
                 }
             }
         }
-        assert!(named.len() >= 16, "found only {named:?} in the launchers");
+        assert!(named.len() >= 22, "found only {named:?} in the launchers");
     }
 
     #[test]

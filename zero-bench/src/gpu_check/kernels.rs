@@ -7,7 +7,8 @@
 //! bf16 tensor-core products: a bf16 tolerance) or the math library's (the log-sum-exp
 //! of the loss: a few ulp). In the dry run the device under test is the simulated GPU and
 //! the reference the host's vectorised kernels, whose reductions group differently: a
-//! rounding tolerance for every op that computes, bitwise for those that move data.
+//! rounding tolerance for every op that computes, bitwise for those that move data and
+//! for those whose twin keeps the host kernel's order (Llama's rotary/GQA and SwiGLU).
 
 use half::{bf16, f16};
 use std::time::Instant;
@@ -15,7 +16,7 @@ use std::time::Instant;
 use zero_kernels::adamw::{AdamWHyper, AdamWSegment};
 use zero_kernels::device::{
     AdamWStep, AdamWViews, AttnShape, Buffer, Device, LayerNormGrads, LayerNormOut, LayerNormSaved,
-    MatLayout, MatMul,
+    MatLayout, MatMul, RopeShape,
 };
 use zero_kernels::{Element, Float};
 
@@ -59,6 +60,17 @@ impl Shape {
     fn rows(&self) -> usize {
         self.b * self.t
     }
+    /// Llama's rotary/GQA shape at these widths: hd = C/H, H/2 key/value heads.
+    fn rope(&self) -> RopeShape {
+        RopeShape {
+            b: self.b,
+            t: self.t,
+            h: self.h,
+            kv_h: self.h / 2,
+            hd: self.c / self.h,
+            theta: 10000.0,
+        }
+    }
     /// Rows of the lookup tables (at most 4096: a GPT table's rows are all alike).
     fn table_rows(&self) -> usize {
         self.v.min(4096)
@@ -92,6 +104,12 @@ pub enum Op {
     MatmulBf16,
     LnFwd,
     LnBwd,
+    RmsFwd,
+    RmsBwd,
+    RopeFwd,
+    RopeBwd,
+    SwigluFwd,
+    SwigluBwd,
     GeluFwd,
     GeluBwd,
     AttnFwd,
@@ -124,13 +142,19 @@ pub enum Op {
 
 impl Op {
     /// Every op, in the order of the report.
-    pub const ALL: [Op; 34] = [
+    pub const ALL: [Op; 40] = [
         Op::MatmulXWt,
         Op::MatmulDyW,
         Op::MatmulDytXAcc,
         Op::MatmulBf16,
         Op::LnFwd,
         Op::LnBwd,
+        Op::RmsFwd,
+        Op::RmsBwd,
+        Op::RopeFwd,
+        Op::RopeBwd,
+        Op::SwigluFwd,
+        Op::SwigluBwd,
         Op::GeluFwd,
         Op::GeluBwd,
         Op::AttnFwd,
@@ -170,6 +194,22 @@ impl Op {
             Op::MatmulBf16 => format!("matmul bf16 x W^T [{r}x{c} . {c}x{n}]"),
             Op::LnFwd => format!("layernorm_forward [{r}x{c}]"),
             Op::LnBwd => format!("layernorm_backward [{r}x{c}]"),
+            Op::RmsFwd => format!("rmsnorm_forward [{r}x{c}]"),
+            Op::RmsBwd => format!("rmsnorm_backward [{r}x{c}]"),
+            Op::RopeFwd | Op::RopeBwd => {
+                let rs = s.rope();
+                let dir = if self == Op::RopeFwd {
+                    "forward"
+                } else {
+                    "backward"
+                };
+                format!(
+                    "rope_gqa_{dir} B{} T{} H{} Hkv{} hd{}",
+                    rs.b, rs.t, rs.h, rs.kv_h, rs.hd
+                )
+            }
+            Op::SwigluFwd => format!("swiglu_forward [{}]", r * n),
+            Op::SwigluBwd => format!("swiglu_backward [{}]", r * n),
             Op::GeluFwd => format!("gelu_forward [{}]", r * n),
             Op::GeluBwd => format!("gelu_backward [{}]", r * n),
             Op::AttnFwd => format!("attention_forward B{} T{} C{c} H{}", s.b, s.t, s.h),
@@ -241,6 +281,14 @@ impl Op {
             (_, op) if op.moves_data() => (Tol::Bitwise, "no reordering possible"),
             (Against::Twin, Op::XentFwd) => (Tol::Rel(1e-6), "exp/ln of the loss: a few ulp"),
             (Against::Twin, _) => (Tol::Bitwise, "same operations in the same order"),
+            (Against::Host, Op::RopeFwd | Op::RopeBwd) => (
+                Tol::Bitwise,
+                "the host's cos/sin table, operations and head order",
+            ),
+            (Against::Host, Op::SwigluFwd | Op::SwigluBwd) => (
+                Tol::Bitwise,
+                "the host kernel's operations per element",
+            ),
             (Against::Host, Op::XentFwd) => (
                 Tol::Rel(1e-4),
                 "twin vs host kernel: exp/ln and a V-long sum grouped differently (the twin's own tests allow 5e-5)",
@@ -427,6 +475,97 @@ pub fn run_op<D: Device>(
             };
             dev.layernorm_backward(&on.s, g, dout.view(), saved, c)?;
             vec![on.out("dx", &dx)?, on.out("dw", &dw)?, on.out("db", &db)?]
+        }
+        Op::RmsFwd => {
+            let x = on.up(&rng.vec_offset(rows * c, 2.0, 0.5), "x")?;
+            let w = on.up(&rng.vec_offset(c, 0.1, 1.0), "w")?;
+            let mut out = on.zeros::<f32>(rows * c, "out")?;
+            let mut rstd = on.zeros::<f32>(rows, "rstd")?;
+            dev.rmsnorm_forward(
+                &on.s,
+                out.view_mut(),
+                rstd.view_mut(),
+                x.view(),
+                w.view(),
+                c,
+                1e-5,
+            )?;
+            vec![on.out("out", &out)?, on.out("rstd", &rstd)?]
+        }
+        Op::RmsBwd => {
+            let xh = rng.vec_offset(rows * c, 2.0, 0.5);
+            let rh: Vec<f32> = xh
+                .chunks(c)
+                .map(|row| {
+                    let ms = row.iter().map(|&v| f64::from(v).powi(2)).sum::<f64>() / c as f64;
+                    (1.0 / (ms + 1e-5).sqrt()) as f32
+                })
+                .collect();
+            let x = on.up(&xh, "x")?;
+            let w = on.up(&rng.vec_offset(c, 0.1, 1.0), "w")?;
+            let rstd = on.up(&rh, "rstd")?;
+            let dout = on.up(&rng.vec(rows * c, 1.0), "dout")?;
+            let mut dx = on.up(&rng.vec(rows * c, 1.0), "dx")?;
+            let mut dw = on.up(&rng.vec(c, 1.0), "dw")?;
+            dev.rmsnorm_backward(
+                &on.s,
+                dx.view_mut(),
+                dw.view_mut(),
+                dout.view(),
+                x.view(),
+                w.view(),
+                rstd.view(),
+                c,
+            )?;
+            vec![on.out("dx", &dx)?, on.out("dw", &dw)?]
+        }
+        Op::RopeFwd => {
+            let rs = s.rope();
+            let q = on.up(&rng.vec(rows * rs.c(), 1.0), "q")?;
+            let k = on.up(&rng.vec(rows * rs.c_kv(), 1.0), "k")?;
+            let v = on.up(&rng.vec(rows * rs.c_kv(), 1.0), "v")?;
+            let mut qkv = on.zeros::<f32>(rows * 3 * rs.c(), "qkv")?;
+            dev.rope_gqa_forward(&on.s, qkv.view_mut(), q.view(), k.view(), v.view(), rs)?;
+            vec![on.out("qkv", &qkv)?]
+        }
+        Op::RopeBwd => {
+            let rs = s.rope();
+            let dqkv = on.up(&rng.vec(rows * 3 * rs.c(), 1.0), "dqkv")?;
+            let mut dq = on.zeros::<f32>(rows * rs.c(), "dq")?;
+            let mut dk = on.zeros::<f32>(rows * rs.c_kv(), "dk")?;
+            let mut dv = on.zeros::<f32>(rows * rs.c_kv(), "dv")?;
+            dev.rope_gqa_backward(
+                &on.s,
+                dq.view_mut(),
+                dk.view_mut(),
+                dv.view_mut(),
+                dqkv.view(),
+                rs,
+            )?;
+            vec![on.out("dq", &dq)?, on.out("dk", &dk)?, on.out("dv", &dv)?]
+        }
+        Op::SwigluFwd => {
+            let a = on.up(&rng.vec(rows * n, 8.0), "a")?;
+            let b = on.up(&rng.vec(rows * n, 1.0), "b")?;
+            let mut out = on.zeros::<f32>(rows * n, "out")?;
+            dev.swiglu_forward(&on.s, out.view_mut(), a.view(), b.view())?;
+            vec![on.out("out", &out)?]
+        }
+        Op::SwigluBwd => {
+            let a = on.up(&rng.vec(rows * n, 8.0), "a")?;
+            let b = on.up(&rng.vec(rows * n, 1.0), "b")?;
+            let dout = on.up(&rng.vec(rows * n, 1.0), "dout")?;
+            let mut da = on.zeros::<f32>(rows * n, "da")?;
+            let mut db = on.zeros::<f32>(rows * n, "db")?;
+            dev.swiglu_backward(
+                &on.s,
+                da.view_mut(),
+                db.view_mut(),
+                dout.view(),
+                a.view(),
+                b.view(),
+            )?;
+            vec![on.out("da", &da)?, on.out("db", &db)?]
         }
         Op::GeluFwd => {
             let x = on.up(&rng.vec(rows * n, 4.0), "x")?;

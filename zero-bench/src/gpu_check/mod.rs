@@ -201,7 +201,7 @@ fn all_checks<D: BenchDevice>(
     };
     perf::adamw_bandwidth(&dut, n, rounds, iters, &mut report)?;
 
-    // 3. GPT-2 forward and backward against the host.
+    // 3. GPT-2 and Llama forward and backward against the host.
     let case = if a.quick {
         model::Case {
             preset: "small",
@@ -216,6 +216,15 @@ fn all_checks<D: BenchDevice>(
         }
     };
     guarded(&mut report, a.budget_s, "gpt-fwd-bwd", case.preset, |r| {
+        model::check(&dut, &case, r)
+    })?;
+    // Llama (its RMSNorm, rotary/GQA and SwiGLU kernels) against the host.
+    let case = model::Case {
+        preset: if a.quick { "llama-tiny" } else { "llama-small" },
+        rows: 2,
+        seq_len: 64,
+    };
+    guarded(&mut report, a.budget_s, "llama-fwd-bwd", case.preset, |r| {
         model::check(&dut, &case, r)
     })?;
     drop(dut);

@@ -1,5 +1,7 @@
-//! GPT-2 forward and backward on the device under test against the host, on the same
-//! weights and tokens: the loss, and every parameter's gradient tensor by tensor.
+//! A model's forward and backward on the device under test against the host, on the same
+//! weights and tokens: the loss, and every parameter's gradient tensor by tensor. GPT-2
+//! (`gpt-fwd-bwd`) and Llama (`llama-fwd-bwd`: RMSNorm, rotary/GQA and SwiGLU kernels
+//! besides the ops it shares with GPT-2), under the same tolerances.
 //!
 //! fp32 matrix products differ from the host's only in summation order, so the loss and
 //! each gradient agree to 1e-5 (relative, L2 over the tensor). With bf16 tensor-core
@@ -13,7 +15,7 @@ use anyhow::Context;
 use zero_core::model::Compute;
 use zero_kernels::device::{Buffer, Device, HostDevice};
 use zero_models::LayeredLm;
-use zero_models::{Gpt, GptConfig, TokenBatch};
+use zero_models::{Gpt, Llama, ModelPreset, TokenBatch};
 
 use super::report::{Check, Kind, Report};
 use super::stats::{rel_l2, Rng};
@@ -29,7 +31,7 @@ pub const BF16_GRAD_TOL: f64 = 5e-2;
 /// Which model and micro-batch.
 #[derive(Clone, Copy, Debug)]
 pub struct Case {
-    /// A preset of zero-models (`gpt2-124m`).
+    /// A preset of zero-models, either family (`gpt2-124m`, `llama-small`).
     pub preset: &'static str,
     /// B.
     pub rows: usize,
@@ -43,17 +45,40 @@ struct Run {
     grads: Vec<Vec<f32>>,
 }
 
+/// Seed of the weights both devices start from.
+const INIT_SEED: u64 = 0x6770_7432;
+
 fn forward_backward<D: Device>(
     dev: &D,
-    cfg: GptConfig,
+    preset: &ModelPreset,
     case: &Case,
     inputs: &[u32],
     targets: &[u32],
 ) -> anyhow::Result<Run> {
-    let mut model = Gpt::<D, f32>::new(dev, cfg, case.rows).context("building the model")?;
-    let host_params = model.init_params(0x6770_7432);
+    match preset {
+        ModelPreset::Gpt(cfg) => {
+            let model = Gpt::<D, f32>::new(dev, *cfg, case.rows).context("building the model")?;
+            let params = model.init_params(INIT_SEED);
+            run_model(dev, model, &params, case, inputs, targets)
+        }
+        ModelPreset::Llama(cfg) => {
+            let model = Llama::<D, f32>::new(dev, *cfg, case.rows).context("building the model")?;
+            let params = model.init_params(INIT_SEED);
+            run_model(dev, model, &params, case, inputs, targets)
+        }
+    }
+}
+
+fn run_model<D: Device, M: LayeredLm<D, f32>>(
+    dev: &D,
+    mut model: M,
+    host_params: &[Vec<f32>],
+    case: &Case,
+    inputs: &[u32],
+    targets: &[u32],
+) -> anyhow::Result<Run> {
     let stream = dev.stream("compute")?;
-    let spec = zero_core::Model::<D>::spec(&model).clone();
+    let spec = model.layer_spec().clone();
     let mut params = Vec::with_capacity(host_params.len());
     let mut grads = Vec::with_capacity(host_params.len());
     for (p, u) in host_params.iter().zip(&spec.units) {
@@ -104,42 +129,34 @@ fn tensor_errors(spec: &zero_core::ModelSpec, got: &Run, want: &Run) -> Vec<(Str
 pub fn check<D: BenchDevice>(dut: &D, case: &Case, report: &mut Report) -> anyhow::Result<()> {
     let started = Instant::now();
     let tag = format!("{} B{} T{}", case.preset, case.rows, case.seq_len);
-    let cfg = GptConfig::preset(case.preset)?;
+    let preset = ModelPreset::lookup(case.preset)?;
+    let (group, vocab) = match &preset {
+        ModelPreset::Gpt(c) => ("gpt-fwd-bwd", c.vocab_size),
+        ModelPreset::Llama(c) => ("llama-fwd-bwd", c.vocab_size),
+    };
     let mut rng = Rng::new(0x746f_6b73);
     let n = case.rows * case.seq_len;
-    let inputs = rng.ids(n, cfg.vocab_size);
-    let targets = rng.ids(n, cfg.vocab_size);
+    let inputs = rng.ids(n, vocab);
+    let targets = rng.ids(n, vocab);
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let host = HostDevice::with_threads(threads);
-    let spec = cfg.spec();
-    let want = match forward_backward(&host, cfg, case, &inputs, &targets) {
+    let spec = preset.spec();
+    let want = match forward_backward(&host, &preset, case, &inputs, &targets) {
         Ok(r) => r,
         Err(e) => {
-            let c = Check::new(
-                "gpt-fwd-bwd",
-                format!("{tag} host reference"),
-                Kind::Correctness,
-            );
+            let c = Check::new(group, format!("{tag} host reference"), Kind::Correctness);
             return report.add(c.fail(format!("{e:#}")));
         }
     };
     log::info!(
-        "gpt fwd/bwd: host reference {tag} in {:.1} s, loss {:.6}",
+        "{group}: host reference {tag} in {:.1} s, loss {:.6}",
         started.elapsed().as_secs_f64(),
         want.loss
     );
     for bf16 in [false, true] {
         let prec = if bf16 { "bf16 matmul" } else { "fp32" };
-        let loss_check = Check::new(
-            "gpt-fwd-bwd",
-            format!("{tag} {prec}: loss"),
-            Kind::Correctness,
-        );
-        let grad_check = Check::new(
-            "gpt-fwd-bwd",
-            format!("{tag} {prec}: gradients"),
-            Kind::Correctness,
-        );
+        let loss_check = Check::new(group, format!("{tag} {prec}: loss"), Kind::Correctness);
+        let grad_check = Check::new(group, format!("{tag} {prec}: gradients"), Kind::Correctness);
         if bf16 && !dut.set_bf16_products(true) {
             let why = "this device has no bf16 matrix-product mode";
             report.add(loss_check.skip(why))?;
@@ -147,7 +164,7 @@ pub fn check<D: BenchDevice>(dut: &D, case: &Case, report: &mut Report) -> anyho
             continue;
         }
         let t0 = Instant::now();
-        let got = forward_backward(dut, cfg, case, &inputs, &targets);
+        let got = forward_backward(dut, &preset, case, &inputs, &targets);
         if bf16 {
             dut.set_bf16_products(false);
         }

@@ -43,7 +43,7 @@ pub enum Kind {
 /// One check's result.
 #[derive(Clone, Debug, Serialize)]
 pub struct Check {
-    /// kernel, adamw-bandwidth, gpt-fwd-bwd, train-4-ranks, throughput.
+    /// kernel, adamw-bandwidth, gpt-fwd-bwd, llama-fwd-bwd, train-4-ranks, throughput.
     pub group: &'static str,
     /// What was checked, e.g. "matmul f32 x W^T [128x64 x 64x256]".
     pub name: String,

@@ -167,6 +167,27 @@ impl CudaDevice {
     fn bind(&self) -> Result<()> {
         Ok(self.ctx.bind_to_thread()?)
     }
+
+    /// The rotary kernels' cos/sin table of `shape` in a temporary, uploaded on `stream`
+    /// (from the host's copy, which lives as long as the device, so the asynchronous copy
+    /// never reads freed memory).
+    fn rope_table_on<'s>(
+        &self,
+        stream: &'s CudaStreamRef,
+        shape: &RopeShape,
+    ) -> Result<Scratch<'s>> {
+        let host = self.rope_table(shape);
+        let table = self.scratch::<f32>(stream, host.len(), "rope cos/sin table")?;
+        if !host.is_empty() {
+            self.bind()?;
+            // SAFETY: the temporary holds host.len() f32; the host table is kept in the
+            // device's cache, never changed or freed while the device lives.
+            unsafe {
+                result::memcpy_htod_async(table.ptr(), host.as_slice(), stream.inner.cu_stream())
+            }?;
+        }
+        Ok(table)
+    }
 }
 
 /// A temporary block released after the work queued on its stream so far.
@@ -671,91 +692,176 @@ impl Device for CudaDevice {
         scratch.done()
     }
 
-    // Llama's ops: no CUDA kernels yet; a typed error, never a panic.
+    // Llama's ops (`src/nn/cuda/llama.cu`, launchers in `nn/llama.rs`).
 
     fn rmsnorm_forward<F: Scalar>(
         &self,
-        _stream: &CudaStreamRef,
-        _out: DViewMut<'_, Self, F>,
-        _rstd: DViewMut<'_, Self, F>,
-        _x: DView<'_, Self, F>,
-        _w: DView<'_, Self, F>,
-        _width: usize,
-        _eps: f64,
+        stream: &CudaStreamRef,
+        out: DViewMut<'_, Self, F>,
+        rstd: DViewMut<'_, Self, F>,
+        x: DView<'_, Self, F>,
+        w: DView<'_, Self, F>,
+        width: usize,
+        eps: f64,
     ) -> Result<()> {
-        Err(KernelError::NoCudaKernel {
-            op: "rmsnorm_forward",
-        })
+        f32_only::<F>("rmsnorm_forward")?;
+        let rows = check::rmsnorm_forward(x.len(), out.len(), w.len(), rstd.len(), width)?;
+        launch::llama::rmsnorm_forward(
+            self,
+            &stream.inner,
+            addr_mut(&out),
+            addr_mut(&rstd),
+            addr(&x),
+            addr(&w),
+            rows,
+            width,
+            eps,
+        )
     }
 
     fn rmsnorm_backward<F: Scalar>(
         &self,
-        _stream: &CudaStreamRef,
-        _dx: DViewMut<'_, Self, F>,
-        _dw: DViewMut<'_, Self, F>,
-        _dout: DView<'_, Self, F>,
-        _x: DView<'_, Self, F>,
-        _w: DView<'_, Self, F>,
-        _rstd: DView<'_, Self, F>,
-        _width: usize,
+        stream: &CudaStreamRef,
+        dx: DViewMut<'_, Self, F>,
+        dw: DViewMut<'_, Self, F>,
+        dout: DView<'_, Self, F>,
+        x: DView<'_, Self, F>,
+        w: DView<'_, Self, F>,
+        rstd: DView<'_, Self, F>,
+        width: usize,
     ) -> Result<()> {
-        Err(KernelError::NoCudaKernel {
-            op: "rmsnorm_backward",
-        })
+        f32_only::<F>("rmsnorm_backward")?;
+        let rows = check::rmsnorm_backward(
+            dout.len(),
+            dx.len(),
+            x.len(),
+            dw.len(),
+            w.len(),
+            rstd.len(),
+            width,
+        )?;
+        let scratch = self.scratch::<f32>(
+            stream,
+            launch::llama::rmsnorm_backward_scratch_len(rows, width),
+            "rmsnorm_backward partial sums",
+        )?;
+        launch::llama::rmsnorm_backward(
+            self,
+            &stream.inner,
+            addr_mut(&dx),
+            addr_mut(&dw),
+            scratch.ptr(),
+            addr(&dout),
+            addr(&x),
+            addr(&w),
+            addr(&rstd),
+            rows,
+            width,
+        )?;
+        scratch.done()
     }
 
     fn rope_gqa_forward<F: Scalar>(
         &self,
-        _stream: &CudaStreamRef,
-        _qkv: DViewMut<'_, Self, F>,
-        _q: DView<'_, Self, F>,
-        _k: DView<'_, Self, F>,
-        _v: DView<'_, Self, F>,
-        _shape: RopeShape,
+        stream: &CudaStreamRef,
+        qkv: DViewMut<'_, Self, F>,
+        q: DView<'_, Self, F>,
+        k: DView<'_, Self, F>,
+        v: DView<'_, Self, F>,
+        shape: RopeShape,
     ) -> Result<()> {
-        Err(KernelError::NoCudaKernel {
-            op: "rope_gqa_forward",
-        })
+        let name = "rope_gqa_forward";
+        f32_only::<F>(name)?;
+        check::rope_gqa(name, qkv.len(), q.len(), k.len(), v.len(), &shape)?;
+        let table = self.rope_table_on(stream, &shape)?;
+        launch::llama::rope_gqa_forward(
+            self,
+            &stream.inner,
+            addr_mut(&qkv),
+            addr(&q),
+            addr(&k),
+            addr(&v),
+            table.ptr(),
+            shape,
+        )?;
+        table.done()
     }
 
     fn rope_gqa_backward<F: Scalar>(
         &self,
-        _stream: &CudaStreamRef,
-        _dq: DViewMut<'_, Self, F>,
-        _dk: DViewMut<'_, Self, F>,
-        _dv: DViewMut<'_, Self, F>,
-        _dqkv: DView<'_, Self, F>,
-        _shape: RopeShape,
+        stream: &CudaStreamRef,
+        dq: DViewMut<'_, Self, F>,
+        dk: DViewMut<'_, Self, F>,
+        dv: DViewMut<'_, Self, F>,
+        dqkv: DView<'_, Self, F>,
+        shape: RopeShape,
     ) -> Result<()> {
-        Err(KernelError::NoCudaKernel {
-            op: "rope_gqa_backward",
-        })
+        let name = "rope_gqa_backward";
+        f32_only::<F>(name)?;
+        check::rope_gqa(name, dqkv.len(), dq.len(), dk.len(), dv.len(), &shape)?;
+        let table = self.rope_table_on(stream, &shape)?;
+        launch::llama::rope_gqa_backward(
+            self,
+            &stream.inner,
+            addr_mut(&dq),
+            addr_mut(&dk),
+            addr_mut(&dv),
+            addr(&dqkv),
+            table.ptr(),
+            shape,
+        )?;
+        table.done()
     }
 
     fn swiglu_forward<F: Scalar>(
         &self,
-        _stream: &CudaStreamRef,
-        _out: DViewMut<'_, Self, F>,
-        _a: DView<'_, Self, F>,
-        _b: DView<'_, Self, F>,
+        stream: &CudaStreamRef,
+        out: DViewMut<'_, Self, F>,
+        a: DView<'_, Self, F>,
+        b: DView<'_, Self, F>,
     ) -> Result<()> {
-        Err(KernelError::NoCudaKernel {
-            op: "swiglu_forward",
-        })
+        f32_only::<F>("swiglu_forward")?;
+        same_len("swiglu_forward", "a", a.len(), out.len())?;
+        same_len("swiglu_forward", "b", b.len(), out.len())?;
+        launch::llama::swiglu_forward(
+            self,
+            &stream.inner,
+            addr_mut(&out),
+            addr(&a),
+            addr(&b),
+            out.len(),
+        )
     }
 
     fn swiglu_backward<F: Scalar>(
         &self,
-        _stream: &CudaStreamRef,
-        _da: DViewMut<'_, Self, F>,
-        _db: DViewMut<'_, Self, F>,
-        _dout: DView<'_, Self, F>,
-        _a: DView<'_, Self, F>,
-        _b: DView<'_, Self, F>,
+        stream: &CudaStreamRef,
+        da: DViewMut<'_, Self, F>,
+        db: DViewMut<'_, Self, F>,
+        dout: DView<'_, Self, F>,
+        a: DView<'_, Self, F>,
+        b: DView<'_, Self, F>,
     ) -> Result<()> {
-        Err(KernelError::NoCudaKernel {
-            op: "swiglu_backward",
-        })
+        let name = "swiglu_backward";
+        f32_only::<F>(name)?;
+        for (what, len) in [
+            ("db", db.len()),
+            ("dout", dout.len()),
+            ("a", a.len()),
+            ("b", b.len()),
+        ] {
+            same_len(name, what, len, da.len())?;
+        }
+        launch::llama::swiglu_backward(
+            self,
+            &stream.inner,
+            addr_mut(&da),
+            addr_mut(&db),
+            addr(&dout),
+            addr(&a),
+            addr(&b),
+            da.len(),
+        )
     }
 
     fn gelu_forward<F: Scalar>(

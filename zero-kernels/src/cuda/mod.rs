@@ -46,7 +46,14 @@ pub struct CudaDevice {
     blas: RefCell<Option<blas::Blas>>,
     precision: Cell<MatmulPrecision>,
     next_id: Cell<u64>,
+    /// The rotary kernels' cos/sin tables by (T, hd, theta's bits), computed on the host
+    /// once per shape ([`nn::llama::rope_table`]) and uploaded into a temporary per call,
+    /// so that no device memory outlives the op (the memory ledger counts none).
+    rope_tables: RefCell<HashMap<RopeKey, Arc<Vec<f32>>>>,
 }
+
+/// A rotary table's shape: (T, hd, the bits of theta).
+type RopeKey = (usize, usize, u64);
 
 impl std::fmt::Debug for CudaDevice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -98,6 +105,7 @@ impl CudaDevice {
             blas: RefCell::new(None),
             precision: Cell::new(MatmulPrecision::F32),
             next_id: Cell::new(1),
+            rope_tables: RefCell::new(HashMap::new()),
         })
     }
 
@@ -147,6 +155,17 @@ impl CudaDevice {
         self.kernels
             .get(name)
             .ok_or_else(|| KernelError::MissingKernel(name.to_string()))
+    }
+
+    /// The cos/sin table of a rotary shape (computed at its first use).
+    pub(crate) fn rope_table(&self, s: &crate::nn::RopeShape) -> Arc<Vec<f32>> {
+        let key = (s.t, s.hd, s.theta.to_bits());
+        Arc::clone(
+            self.rope_tables
+                .borrow_mut()
+                .entry(key)
+                .or_insert_with(|| Arc::new(nn::llama::rope_table(s))),
+        )
     }
 
     /// Launch shape of a grid-stride elementwise kernel over `n` elements.

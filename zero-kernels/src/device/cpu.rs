@@ -1324,9 +1324,9 @@ impl<Q: CpuQueue> Device for Q {
         )
     }
 
-    // Llama's ops (RMSNorm, rotary/GQA, SwiGLU): one CPU kernel each; SimDevice's
-    // `gpu_order` twin runs the same code, as there is no CUDA kernel for them to mirror
-    // yet (the CUDA device returns `KernelError::NoCudaKernel`).
+    // Llama's ops (RMSNorm, rotary/GQA, SwiGLU): in `gpu_order` the twins of
+    // `src/nn/cuda/llama.cu` ([`twin::llama`]); RMSNorm's sums are grouped as the GPU's
+    // warps group them, the other two give the CPU kernels' bits either way.
 
     fn rmsnorm_forward<F: Scalar>(
         &self,
@@ -1342,6 +1342,7 @@ impl<Q: CpuQueue> Device for Q {
         let mut op = OpBuilder::new("rmsnorm_forward");
         let (x, w) = (op.r(&x), op.r(&w));
         let (o, rstd) = (op.w(&out), op.w(&rstd));
+        let gpu = self.gpu_order();
         let workers = self.gemm().workers().clone();
         self.submit(
             stream,
@@ -1349,6 +1350,10 @@ impl<Q: CpuQueue> Device for Q {
                 // SAFETY: see the module documentation.
                 let (o, rstd) = unsafe { (o.get(), rstd.get()) };
                 let (x, w) = unsafe { (x.get(), w.get()) };
+                if gpu {
+                    twin::llama::rmsnorm_forward(o, rstd, x, w, width, eps);
+                    return Ok(());
+                }
                 // Rows are independent: split them over the threads.
                 let rows = x.len() / width.max(1);
                 let per = rows_per_part(workers.threads(), rows, width * 4);
@@ -1388,13 +1393,18 @@ impl<Q: CpuQueue> Device for Q {
         let mut op = OpBuilder::new("rmsnorm_backward");
         let (dout, x, w, rstd) = (op.r(&dout), op.r(&x), op.r(&w), op.r(&rstd));
         let (dx, dw) = (op.w(&dx), op.w(&dw));
+        let gpu = self.gpu_order();
         self.submit(
             stream,
             op.finish(move || {
                 // SAFETY: see the module documentation. One thread: `dw` sums over rows
                 // in row order, the same bits at every thread count.
                 unsafe {
-                    nn::rmsnorm_backward(
+                    (if gpu {
+                        twin::llama::rmsnorm_backward
+                    } else {
+                        nn::rmsnorm_backward
+                    })(
                         dx.get(),
                         dw.get(),
                         dout.get(),
@@ -1422,11 +1432,18 @@ impl<Q: CpuQueue> Device for Q {
         check::rope_gqa(name, qkv.len(), q.len(), k.len(), v.len(), &shape)?;
         let mut op = OpBuilder::new(name);
         let (q, k, v, qkv) = (op.r(&q), op.r(&k), op.r(&v), op.w(&qkv));
+        let gpu = self.gpu_order();
         self.submit(
             stream,
             op.finish(move || {
                 // SAFETY: see the module documentation.
-                unsafe { nn::rope_gqa_forward(qkv.get(), q.get(), k.get(), v.get(), shape) };
+                unsafe {
+                    (if gpu {
+                        twin::llama::rope_gqa_forward
+                    } else {
+                        nn::rope_gqa_forward
+                    })(qkv.get(), q.get(), k.get(), v.get(), shape)
+                };
                 Ok(())
             })?,
         )
@@ -1445,11 +1462,18 @@ impl<Q: CpuQueue> Device for Q {
         check::rope_gqa(name, dqkv.len(), dq.len(), dk.len(), dv.len(), &shape)?;
         let mut op = OpBuilder::new(name);
         let (dqkv, dq, dk, dv) = (op.r(&dqkv), op.w(&dq), op.w(&dk), op.w(&dv));
+        let gpu = self.gpu_order();
         self.submit(
             stream,
             op.finish(move || {
                 // SAFETY: see the module documentation.
-                unsafe { nn::rope_gqa_backward(dq.get(), dk.get(), dv.get(), dqkv.get(), shape) };
+                unsafe {
+                    (if gpu {
+                        twin::llama::rope_gqa_backward
+                    } else {
+                        nn::rope_gqa_backward
+                    })(dq.get(), dk.get(), dv.get(), dqkv.get(), shape)
+                };
                 Ok(())
             })?,
         )
@@ -1466,12 +1490,17 @@ impl<Q: CpuQueue> Device for Q {
         same_len("swiglu_forward", "b", b.len(), out.len())?;
         let mut op = OpBuilder::new("swiglu_forward");
         let (a, b, out) = (op.r(&a), op.r(&b), op.w(&out));
+        let gpu = self.gpu_order();
         let workers = self.gemm().workers().clone();
         self.submit(
             stream,
             op.finish(move || {
                 // SAFETY: see the module documentation.
                 let (out, a, b) = unsafe { (out.get(), a.get(), b.get()) };
+                if gpu {
+                    twin::llama::swiglu_forward(out, a, b);
+                    return Ok(());
+                }
                 let per = rows_per_part(workers.threads(), out.len(), 16);
                 let jobs: Vec<_> = out
                     .chunks_mut(per)
@@ -1505,6 +1534,7 @@ impl<Q: CpuQueue> Device for Q {
         let mut op = OpBuilder::new(name);
         let (dout, a, b) = (op.r(&dout), op.r(&a), op.r(&b));
         let (da, db) = (op.w(&da), op.w(&db));
+        let gpu = self.gpu_order();
         let workers = self.gemm().workers().clone();
         self.submit(
             stream,
@@ -1512,6 +1542,10 @@ impl<Q: CpuQueue> Device for Q {
                 // SAFETY: see the module documentation.
                 let (da, db) = unsafe { (da.get(), db.get()) };
                 let (dout, a, b) = unsafe { (dout.get(), a.get(), b.get()) };
+                if gpu {
+                    twin::llama::swiglu_backward(da, db, dout, a, b);
+                    return Ok(());
+                }
                 let per = rows_per_part(workers.threads(), da.len(), 16);
                 let jobs: Vec<_> = da
                     .chunks_mut(per)

@@ -62,8 +62,10 @@ impl RopeShape {
         Ok(())
     }
 
-    /// cos and sin per (t, i < hd/2), row-major `[T, hd/2]`.
-    fn table<F: Scalar>(&self) -> (Vec<F>, Vec<F>) {
+    /// cos and sin per (t, i < hd/2), row-major `[T, hd/2]`: the angle t theta^(-2i/hd)
+    /// in f64, rounded once. The GPU kernels read this table (uploaded) rather than
+    /// computing it, so that every device rotates by the same bits.
+    pub(crate) fn table<F: Scalar>(&self) -> (Vec<F>, Vec<F>) {
         let half = self.hd / 2;
         let mut cos = Vec::with_capacity(self.t * half);
         let mut sin = Vec::with_capacity(self.t * half);

@@ -12,6 +12,7 @@
 
 pub mod attention;
 pub mod elementwise;
+pub mod llama;
 pub mod norm;
 pub mod reduce;
 pub mod rows;

@@ -5,6 +5,7 @@
 
 pub(crate) mod attention;
 pub(crate) mod elementwise;
+pub(crate) mod llama;
 pub(crate) mod norm;
 pub(crate) mod rows;
 pub(crate) mod xent;
