@@ -9,17 +9,37 @@ use clap::{Args, ValueEnum};
 /// reads with).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Names {
-    /// docs/ARCHITECTURE.md names, [out, in] weights (nanoGPT's state dict without the prefix).
+    /// docs/ARCHITECTURE.md names (Meta's for a Llama), [out, in] weights (for GPT-2,
+    /// nanoGPT's state dict without the prefix).
     Nanogpt,
+    /// Hugging Face's names for the checkpoint's family: hf-gpt2 or hf-llama.
+    Hf,
     /// Hugging Face GPT2Model names, Conv1D weights transposed to [in, out].
     HfGpt2,
+    /// Hugging Face LlamaForCausalLM names (model.embed_tokens.weight, ..., lm_head.weight).
+    HfLlama,
 }
 
-impl From<Names> for zero_models::names::NameSet {
-    fn from(n: Names) -> Self {
-        match n {
-            Names::Nanogpt => zero_models::names::NameSet::Nanogpt,
-            Names::HfGpt2 => zero_models::names::NameSet::HfGpt2,
+impl Names {
+    /// The name set for a checkpoint of `family`; an error for a set of another family.
+    pub fn resolve(
+        self,
+        family: zero_models::names::Family,
+    ) -> Result<zero_models::names::NameSet, String> {
+        use zero_models::names::NameSet;
+        let set = match self {
+            Names::Nanogpt => NameSet::Nanogpt,
+            Names::Hf => family.hf(),
+            Names::HfGpt2 => NameSet::HfGpt2,
+            Names::HfLlama => NameSet::HfLlama,
+        };
+        match set.family() {
+            Some(f) if f != family => Err(format!(
+                "--names {set} names {f} tensors, and this checkpoint is a {family}; use \
+                 --names hf (here: {}) or nanogpt (ours)",
+                family.hf()
+            )),
+            _ => Ok(set),
         }
     }
 }

@@ -7,6 +7,10 @@
 //! `wpe.weight`, and the four linear weights of each block transposed to Conv1D's
 //! [in, out] (docs/ARCHITECTURE.md: HF's GPT-2 holds the transpose). The mapping is
 //! `zero_models::names`, the one `train --init-from` reads with.
+//! `--names hf-llama` (a Llama checkpoint) writes `LlamaForCausalLM`'s names
+//! (`model.embed_tokens.weight`, `model.layers.{i}.self_attn.q_proj.weight`, ...,
+//! `lm_head.weight`), nothing transposed. `--names hf` is the HF set of the checkpoint's
+//! family; a set of the other family is refused.
 
 use std::borrow::Cow;
 use std::cell::RefCell;
@@ -17,7 +21,7 @@ use anyhow::{bail, Context};
 use safetensors::{Dtype, View};
 use zero_core::checkpoint::{self, CheckpointError, Meta, ShardReader};
 use zero_core::Tensor;
-use zero_models::names::{self, NameSet};
+use zero_models::names::{self, Family};
 
 use super::args::ExportArgs;
 
@@ -89,9 +93,14 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<()> {
         files: RefCell::new(HashMap::new()),
         error: RefCell::new(None),
     };
-    let set = NameSet::from(args.names);
+    let layout_tensors = source.meta.layout.tensors();
+    let family = Family::of(layout_tensors.iter().map(|t| t.name.as_str()));
+    let set = args
+        .names
+        .resolve(family)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut tensors = Vec::new();
-    for t in source.meta.layout.tensors() {
+    for t in layout_tensors {
         let stored = names::stored(set, &t.name);
         let shape = stored.shape(&t.shape);
         tensors.push((
