@@ -586,16 +586,33 @@ fn our_loss_is_hf_llamas_loss_on_the_exported_weights() {
     check_against_reference(&tied, &a.corpus, &dir, true);
 
     // Unless its config says the embeddings are not tied: then the head is missing.
-    std::fs::write(
-        tied_dir.join("config.json"),
-        r#"{"architectures": ["LlamaForCausalLM"], "tie_word_embeddings": false}"#,
-    )
-    .unwrap();
+    let mut config = json!({
+        "architectures": ["LlamaForCausalLM"], "hidden_act": "silu", "hidden_size": 16,
+        "intermediate_size": 40, "num_attention_heads": 4, "num_hidden_layers": 2,
+        "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+        "vocab_size": 64, "tie_word_embeddings": false
+    });
+    std::fs::write(tied_dir.join("config.json"), config.to_string()).unwrap();
     refused(
         &tied_dir,
         &[
             "lacks 1 of the model's 21 tensors: lm_head.weight [64, 16] (config.json: \
              tie_word_embeddings = false)",
+        ],
+    );
+
+    // Twice the heads of half the size: the same shapes, another function. The config
+    // beside the file says so (and so would a rotary base or epsilon of its own).
+    config["num_attention_heads"] = json!(8);
+    config["num_key_value_heads"] = json!(4);
+    config["tie_word_embeddings"] = json!(true);
+    std::fs::write(tied_dir.join("config.json"), config.to_string()).unwrap();
+    refused(
+        &tied_dir,
+        &[
+            "config.json does not describe the model",
+            "num_attention_heads = 8, the model has n_head = 4",
+            "num_key_value_heads = 4, the model has n_kv_head = 2",
         ],
     );
 }

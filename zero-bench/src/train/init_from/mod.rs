@@ -45,7 +45,9 @@ use anyhow::{anyhow, bail, Context};
 use zero_comm::Communicator;
 use zero_core::{Engine, LossScaler, ModelSpec, Tensor};
 use zero_kernels::device::Device;
+use zero_models::llama::LlamaConfig;
 use zero_models::names::{self, Family, NameSet};
+use zero_models::ModelPreset;
 
 pub use h5::save;
 
@@ -197,13 +199,128 @@ struct Fit {
     tied_head: bool,
 }
 
+/// Hugging Face's `config.json` beside the model file (in the folder, or beside the
+/// file), when there is one.
+fn hf_config_path(path: &Path) -> Option<PathBuf> {
+    let dir = if path.is_dir() { path } else { path.parent()? };
+    Some(dir.join("config.json")).filter(|p| p.is_file())
+}
+
 /// What the file says of Hugging Face's `tie_word_embeddings`: Some(x) when a
 /// `config.json` beside it sets it, None when there is none or it does not say.
 fn tie_word_embeddings(path: &Path) -> Option<bool> {
-    let dir = if path.is_dir() { path } else { path.parent()? };
-    let text = std::fs::read_to_string(dir.join("config.json")).ok()?;
+    let text = std::fs::read_to_string(hf_config_path(path)?).ok()?;
     let json: serde_json::Value = serde_json::from_str(&text).ok()?;
     json.get("tie_word_embeddings")?.as_bool()
+}
+
+/// Check a Llama model against the Hugging Face `config.json` beside `path`, if there is
+/// one: the numbers the tensors' shapes do not show (heads and key/value heads of the
+/// same widths, the rotary base, RMSNorm's epsilon, rope scaling) load a different
+/// function when they differ, so each difference is listed in one error. Nothing to check
+/// for GPT-2 or without a config.json.
+pub fn check_hf_config(path: &Path, preset: &ModelPreset) -> anyhow::Result<()> {
+    let ModelPreset::Llama(m) = preset else {
+        return Ok(());
+    };
+    let Some(file) = hf_config_path(path) else {
+        return Ok(());
+    };
+    let text =
+        std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+    let json: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("{} (beside the model file) is not JSON", file.display()))?;
+    let differences = llama_config_differences(&json, m);
+    if !differences.is_empty() {
+        bail!(
+            "{} does not describe the model (pick the preset of these weights, e.g. \
+             llama2-7b or llama3-8b, or --set the sizes):\n  {}",
+            file.display(),
+            differences.join("\n  ")
+        );
+    }
+    Ok(())
+}
+
+/// Each way `json` (a `LlamaConfig` of `transformers`) differs from `m`, with HF's
+/// defaults for fields it leaves out.
+fn llama_config_differences(json: &serde_json::Value, m: &LlamaConfig) -> Vec<String> {
+    let int = |k: &str| json.get(k).and_then(|v| v.as_u64());
+    let float = |k: &str| json.get(k).and_then(|v| v.as_f64());
+    let heads = int("num_attention_heads");
+    let mut out = Vec::new();
+    let ints = [
+        ("vocab_size", int("vocab_size"), m.vocab_size, "vocab_size"),
+        ("hidden_size", int("hidden_size"), m.n_embd, "n_embd"),
+        (
+            "intermediate_size",
+            int("intermediate_size"),
+            m.ffn_hidden,
+            "ffn_hidden",
+        ),
+        (
+            "num_hidden_layers",
+            int("num_hidden_layers"),
+            m.n_layer,
+            "n_layer",
+        ),
+        ("num_attention_heads", heads, m.n_head, "n_head"),
+        (
+            "num_key_value_heads",
+            int("num_key_value_heads").or(heads),
+            m.n_kv_head,
+            "n_kv_head",
+        ),
+        ("head_dim", int("head_dim"), m.head_dim(), "head size C/H"),
+    ];
+    for (key, theirs, ours, name) in ints {
+        if let Some(t) = theirs.filter(|&t| t != ours as u64) {
+            out.push(format!("{key} = {t}, the model has {name} = {ours}"));
+        }
+    }
+    // transformers' LlamaConfig defaults: rope_theta 10000, rms_norm_eps 1e-6.
+    let floats = [
+        (
+            "rope_theta",
+            float("rope_theta").unwrap_or(10_000.0),
+            m.rope_theta,
+            "rope_theta",
+        ),
+        (
+            "rms_norm_eps",
+            float("rms_norm_eps").unwrap_or(1e-6),
+            m.norm_eps,
+            "norm_eps",
+        ),
+    ];
+    for (key, theirs, ours, name) in floats {
+        if (theirs - ours).abs() > 1e-9 * ours.abs() {
+            out.push(format!(
+                "{key} = {theirs:e}, the model has {name} = {ours:e}"
+            ));
+        }
+    }
+    if let Some(r) = json.get("rope_scaling").filter(|r| !r.is_null()) {
+        out.push(format!(
+            "rope_scaling = {r}: scaled rotary frequencies (Llama 3.1 and later) are not \
+             implemented; ours are theta^(-2i/hd) unscaled"
+        ));
+    }
+    if let Some(act) = json.get("hidden_act").and_then(|v| v.as_str()) {
+        if act != "silu" {
+            out.push(format!(
+                "hidden_act = {act:?}, the model's MLP is SwiGLU (silu)"
+            ));
+        }
+    }
+    for key in ["attention_bias", "mlp_bias"] {
+        if json.get(key).and_then(|v| v.as_bool()) == Some(true) {
+            out.push(format!(
+                "{key} = true: the model's linear layers have no biases"
+            ));
+        }
+    }
+    out
 }
 
 /// Why a tensor's shape differs from the model's, when it is its transpose.
@@ -646,6 +763,33 @@ mod tests {
         assert!(f.problems[0].contains(
             "lacks 1 of the model's 3 tensors: lm_head.weight [64, 16] (config.json: tie_word_embeddings = false)"
         ));
+    }
+
+    #[test]
+    fn a_hf_config_is_checked_against_the_llama_model() {
+        let m = LlamaConfig::preset("llama3-8b").unwrap();
+        let meta = serde_json::json!({
+            "architectures": ["LlamaForCausalLM"], "hidden_act": "silu", "hidden_size": 4096,
+            "intermediate_size": 14336, "num_attention_heads": 32, "num_hidden_layers": 32,
+            "num_key_value_heads": 8, "rms_norm_eps": 1e-5, "rope_scaling": null,
+            "rope_theta": 500000.0, "tie_word_embeddings": false, "vocab_size": 128256,
+            "max_position_embeddings": 8192
+        });
+        assert!(llama_config_differences(&meta, &m).is_empty());
+        let mut v31 = meta.clone();
+        v31["rope_scaling"] = serde_json::json!({"rope_type": "llama3", "factor": 8.0});
+        v31["num_key_value_heads"] = serde_json::json!(32);
+        v31["rope_theta"] = serde_json::json!(10000.0);
+        let d = llama_config_differences(&v31, &m);
+        assert_eq!(d.len(), 3, "{d:?}");
+        assert!(d[0].contains("num_key_value_heads = 32, the model has n_kv_head = 8"));
+        assert!(d[1].contains("rope_theta = 1e4, the model has rope_theta = 5e5"));
+        assert!(d[2].contains("rope_scaling"));
+        // HF's default epsilon (1e-6) when the file leaves it out.
+        let mut no_eps = meta;
+        no_eps.as_object_mut().unwrap().remove("rms_norm_eps");
+        let d = llama_config_differences(&no_eps, &m);
+        assert_eq!(d, ["rms_norm_eps = 1e-6, the model has norm_eps = 1e-5"]);
     }
 
     #[test]
