@@ -20,30 +20,6 @@ pub enum Names {
     HfLlama,
 }
 
-impl Names {
-    /// The name set for a checkpoint of `family`; an error for a set of another family.
-    pub fn resolve(
-        self,
-        family: zero_models::names::Family,
-    ) -> Result<zero_models::names::NameSet, String> {
-        use zero_models::names::NameSet;
-        let set = match self {
-            Names::Nanogpt => NameSet::Nanogpt,
-            Names::Hf => family.hf(),
-            Names::HfGpt2 => NameSet::HfGpt2,
-            Names::HfLlama => NameSet::HfLlama,
-        };
-        match set.family() {
-            Some(f) if f != family => Err(format!(
-                "--names {set} names {f} tensors, and this checkpoint is a {family}; use \
-                 --names hf (here: {}) or nanogpt (ours)",
-                family.hf()
-            )),
-            _ => Ok(set),
-        }
-    }
-}
-
 /// Arguments of `ckpt export`.
 #[derive(Args, Debug)]
 pub struct ExportArgs {

@@ -21,9 +21,9 @@ use anyhow::{bail, Context};
 use safetensors::{Dtype, View};
 use zero_core::checkpoint::{self, CheckpointError, Meta, ShardReader};
 use zero_core::Tensor;
-use zero_models::names::{self, Family};
+use zero_models::names::{self, Family, NameSet};
 
-use super::args::ExportArgs;
+use super::args::{ExportArgs, Names};
 
 /// One tensor, read from the shard files when the writer asks for its bytes.
 struct Lazy<'a> {
@@ -79,6 +79,25 @@ fn transpose(v: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     out
 }
 
+/// The name set `names` asks for, for a checkpoint of `family`; an error for a set of
+/// the other family.
+fn resolve(names: Names, family: Family) -> Result<NameSet, String> {
+    let set = match names {
+        Names::Nanogpt => NameSet::Nanogpt,
+        Names::Hf => family.hf(),
+        Names::HfGpt2 => NameSet::HfGpt2,
+        Names::HfLlama => NameSet::HfLlama,
+    };
+    match set.family() {
+        Some(f) if f != family => Err(format!(
+            "--names {set} names {f} tensors, and this checkpoint is a {family}; use \
+             --names hf (here: {}) or nanogpt (ours)",
+            family.hf()
+        )),
+        _ => Ok(set),
+    }
+}
+
 /// Run `ckpt export`.
 pub fn run(args: &ExportArgs) -> anyhow::Result<()> {
     if !args.safetensors {
@@ -95,10 +114,7 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<()> {
     };
     let layout_tensors = source.meta.layout.tensors();
     let family = Family::of(layout_tensors.iter().map(|t| t.name.as_str()));
-    let set = args
-        .names
-        .resolve(family)
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let set = resolve(args.names, family).map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut tensors = Vec::new();
     for t in layout_tensors {
         let stored = names::stored(set, &t.name);
