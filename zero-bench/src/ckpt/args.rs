@@ -9,19 +9,15 @@ use clap::{Args, ValueEnum};
 /// reads with).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Names {
-    /// docs/ARCHITECTURE.md names, [out, in] weights (nanoGPT's state dict without the prefix).
+    /// docs/ARCHITECTURE.md names (Meta's for a Llama), [out, in] weights (for GPT-2,
+    /// nanoGPT's state dict without the prefix).
     Nanogpt,
+    /// Hugging Face's names for the checkpoint's family: hf-gpt2 or hf-llama.
+    Hf,
     /// Hugging Face GPT2Model names, Conv1D weights transposed to [in, out].
     HfGpt2,
-}
-
-impl From<Names> for zero_models::names::NameSet {
-    fn from(n: Names) -> Self {
-        match n {
-            Names::Nanogpt => zero_models::names::NameSet::Nanogpt,
-            Names::HfGpt2 => zero_models::names::NameSet::HfGpt2,
-        }
-    }
+    /// Hugging Face LlamaForCausalLM names (model.embed_tokens.weight, ..., lm_head.weight).
+    HfLlama,
 }
 
 /// Arguments of `ckpt export`.

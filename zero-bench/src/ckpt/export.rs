@@ -7,6 +7,10 @@
 //! `wpe.weight`, and the four linear weights of each block transposed to Conv1D's
 //! [in, out] (docs/ARCHITECTURE.md: HF's GPT-2 holds the transpose). The mapping is
 //! `zero_models::names`, the one `train --init-from` reads with.
+//! `--names hf-llama` (a Llama checkpoint) writes `LlamaForCausalLM`'s names
+//! (`model.embed_tokens.weight`, `model.layers.{i}.self_attn.q_proj.weight`, ...,
+//! `lm_head.weight`), nothing transposed. `--names hf` is the HF set of the checkpoint's
+//! family; a set of the other family is refused.
 
 use std::borrow::Cow;
 use std::cell::RefCell;
@@ -17,9 +21,9 @@ use anyhow::{bail, Context};
 use safetensors::{Dtype, View};
 use zero_core::checkpoint::{self, CheckpointError, Meta, ShardReader};
 use zero_core::Tensor;
-use zero_models::names::{self, NameSet};
+use zero_models::names::{self, Family, NameSet};
 
-use super::args::ExportArgs;
+use super::args::{ExportArgs, Names};
 
 /// One tensor, read from the shard files when the writer asks for its bytes.
 struct Lazy<'a> {
@@ -75,6 +79,25 @@ fn transpose(v: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     out
 }
 
+/// The name set `names` asks for, for a checkpoint of `family`; an error for a set of
+/// the other family.
+fn resolve(names: Names, family: Family) -> Result<NameSet, String> {
+    let set = match names {
+        Names::Nanogpt => NameSet::Nanogpt,
+        Names::Hf => family.hf(),
+        Names::HfGpt2 => NameSet::HfGpt2,
+        Names::HfLlama => NameSet::HfLlama,
+    };
+    match set.family() {
+        Some(f) if f != family => Err(format!(
+            "--names {set} names {f} tensors, and this checkpoint is a {family}; use \
+             --names hf (here: {}) or nanogpt (ours)",
+            family.hf()
+        )),
+        _ => Ok(set),
+    }
+}
+
 /// Run `ckpt export`.
 pub fn run(args: &ExportArgs) -> anyhow::Result<()> {
     if !args.safetensors {
@@ -89,9 +112,11 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<()> {
         files: RefCell::new(HashMap::new()),
         error: RefCell::new(None),
     };
-    let set = NameSet::from(args.names);
+    let layout_tensors = source.meta.layout.tensors();
+    let family = Family::of(layout_tensors.iter().map(|t| t.name.as_str()));
+    let set = resolve(args.names, family).map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut tensors = Vec::new();
-    for t in source.meta.layout.tensors() {
+    for t in layout_tensors {
         let stored = names::stored(set, &t.name);
         let shape = stored.shape(&t.shape);
         tensors.push((

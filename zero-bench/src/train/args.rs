@@ -99,8 +99,10 @@ pub struct TrainArgs {
     /// Start from the weights of a model file (the optimizer starts fresh): safetensors
     /// (`model.safetensors`, or a folder of shards with Hugging Face's
     /// `model.safetensors.index.json`; f32, f16 or bf16), with our names or Hugging Face
-    /// GPT-2's (`wte.weight`, ..., Conv1D weights [in, out]), as `zero-bench ckpt export
-    /// --safetensors [--names hf-gpt2]` writes them; or a consolidated HDF5 file (one fp32
+    /// GPT-2's (`wte.weight`, ..., Conv1D weights [in, out]) or Llama's
+    /// (`model.embed_tokens.weight`, ..., `lm_head.weight`, which may be absent: tied), as
+    /// `zero-bench ckpt export --safetensors [--names hf]` writes them; or a consolidated
+    /// HDF5 file (one fp32
     /// dataset per tensor, named as docs/ARCHITECTURE.md lists them, e.g.
     /// `h.0.attn.c_attn.weight` [3C, C]), as `ckpt consolidate`, `--save-model` and h5py
     /// write them. Told apart by the path (a folder, `.safetensors`) and the file's first

@@ -244,8 +244,12 @@ fn run_with<E: Communicator, D: BenchDevice>(
     };
     let init = match init_path {
         Some(path) => {
-            let spec = run::model_preset(c).map_err(same)?.spec();
-            let file = agree(comm, init_from::InitFile::open(path, &spec))?;
+            let preset = run::model_preset(c).map_err(same)?;
+            let file = agree(
+                comm,
+                init_from::check_hf_config(path, &preset)
+                    .and_then(|()| init_from::InitFile::open(path, &preset.spec())),
+            )?;
             if rank == 0 {
                 file.log_unused();
             }
@@ -437,8 +441,9 @@ fn dry_run(
     let plans = dry_run::plan(loaded, world, show, print)?;
     if let Some(path) = &args.init_from {
         // Pre-flight: the file fits the model (names, shapes, types), read nothing else.
-        let spec = run::model_preset(&loaded[0].config)?.spec();
-        let file = init_from::InitFile::open(path, &spec)?;
+        let preset = run::model_preset(&loaded[0].config)?;
+        init_from::check_hf_config(path, &preset)?;
+        let file = init_from::InitFile::open(path, &preset.spec())?;
         if print {
             println!(
                 "--init-from {} ({}): every tensor of the model present with its shape{}",

@@ -9,11 +9,14 @@
 //! - anything else: a consolidated HDF5 model file (h5.rs, feature `hdf5`), as `ckpt
 //!   consolidate` and `--save-model` write it.
 //!
-//! Names: ours or Hugging Face GPT-2's (`zero_models::names`, the mapping `ckpt export
-//! --names` writes with), whichever fits more of the model's tensors, with or without a
-//! `transformer.` prefix; under HF names the four linear weights of a block are stored
-//! [in, out] (Conv1D) and transposed on load. Element types: f32, and in safetensors
-//! also f16 and bf16 (widened to f32, which is exact).
+//! Names: ours or Hugging Face's for the model's family (`zero_models::names`, the
+//! mapping `ckpt export --names` writes with), whichever fits more of the model's tensors.
+//! GPT-2: with or without a `transformer.` prefix; under HF names the four linear weights
+//! of a block are stored [in, out] (Conv1D) and transposed on load. Llama: HF's
+//! `LlamaForCausalLM` names, nothing transposed; a file without `lm_head.weight` is a
+//! model with `tie_word_embeddings` (unless a `config.json` beside it says otherwise), and
+//! our untied `output.weight` starts as a copy of `model.embed_tokens.weight`. Element
+//! types: f32, and in safetensors also f16 and bf16 (widened to f32, which is exact).
 //!
 //! [`InitFile::open`] (every rank, before step 1) checks the file against the model and
 //! lists, in one error, every tensor that is missing, misshaped (saying when it looks
@@ -42,7 +45,9 @@ use anyhow::{anyhow, bail, Context};
 use zero_comm::Communicator;
 use zero_core::{Engine, LossScaler, ModelSpec, Tensor};
 use zero_kernels::device::Device;
-use zero_models::names::{self, NameSet};
+use zero_models::llama::LlamaConfig;
+use zero_models::names::{self, Family, NameSet};
+use zero_models::ModelPreset;
 
 pub use h5::save;
 
@@ -114,6 +119,8 @@ pub struct InitFile {
     bound: HashMap<String, Bound>,
     extra: Vec<String>,
     redundant: Vec<(&'static str, String)>,
+    /// Our head was bound to the file's embedding (a Llama saved with tied embeddings).
+    tied_head: bool,
 }
 
 /// What `--init-from PATH` points at.
@@ -188,20 +195,191 @@ struct Fit {
     /// Tensors present with their shape (in the set's orientation).
     shapes_match: usize,
     problems: Vec<String>,
+    /// The head was bound to the embedding (see [`fit`]).
+    tied_head: bool,
 }
 
-/// Match the model's tensors to the file's entries under `set`. `by_name`: the file's
-/// names without the `transformer.` prefix.
-fn fit(set: NameSet, tensors: &[Tensor], entries: &[Entry], by_name: &HashMap<&str, usize>) -> Fit {
+/// Hugging Face's `config.json` beside the model file (in the folder, or beside the
+/// file), when there is one.
+fn hf_config_path(path: &Path) -> Option<PathBuf> {
+    let dir = if path.is_dir() { path } else { path.parent()? };
+    Some(dir.join("config.json")).filter(|p| p.is_file())
+}
+
+/// What the file says of Hugging Face's `tie_word_embeddings`: Some(x) when a
+/// `config.json` beside it sets it, None when there is none or it does not say.
+fn tie_word_embeddings(path: &Path) -> Option<bool> {
+    let text = std::fs::read_to_string(hf_config_path(path)?).ok()?;
+    let json: serde_json::Value = serde_json::from_str(&text).ok()?;
+    json.get("tie_word_embeddings")?.as_bool()
+}
+
+/// Check a Llama model against the Hugging Face `config.json` beside `path`, if there is
+/// one: the numbers the tensors' shapes do not show (heads and key/value heads of the
+/// same widths, the rotary base, RMSNorm's epsilon, rope scaling) load a different
+/// function when they differ, so each difference is listed in one error. Nothing to check
+/// for GPT-2 or without a config.json.
+pub fn check_hf_config(path: &Path, preset: &ModelPreset) -> anyhow::Result<()> {
+    let ModelPreset::Llama(m) = preset else {
+        return Ok(());
+    };
+    let Some(file) = hf_config_path(path) else {
+        return Ok(());
+    };
+    let text =
+        std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+    let json: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("{} (beside the model file) is not JSON", file.display()))?;
+    let differences = llama_config_differences(&json, m);
+    if !differences.is_empty() {
+        bail!(
+            "{} does not describe the model (pick the preset of these weights, e.g. \
+             llama2-7b or llama3-8b, or --set the sizes):\n  {}",
+            file.display(),
+            differences.join("\n  ")
+        );
+    }
+    Ok(())
+}
+
+/// Each way `json` (a `LlamaConfig` of `transformers`) differs from `m`, with HF's
+/// defaults for fields it leaves out.
+fn llama_config_differences(json: &serde_json::Value, m: &LlamaConfig) -> Vec<String> {
+    let int = |k: &str| json.get(k).and_then(|v| v.as_u64());
+    let float = |k: &str| json.get(k).and_then(|v| v.as_f64());
+    let heads = int("num_attention_heads");
+    let mut out = Vec::new();
+    let ints = [
+        ("vocab_size", int("vocab_size"), m.vocab_size, "vocab_size"),
+        ("hidden_size", int("hidden_size"), m.n_embd, "n_embd"),
+        (
+            "intermediate_size",
+            int("intermediate_size"),
+            m.ffn_hidden,
+            "ffn_hidden",
+        ),
+        (
+            "num_hidden_layers",
+            int("num_hidden_layers"),
+            m.n_layer,
+            "n_layer",
+        ),
+        ("num_attention_heads", heads, m.n_head, "n_head"),
+        (
+            "num_key_value_heads",
+            int("num_key_value_heads").or(heads),
+            m.n_kv_head,
+            "n_kv_head",
+        ),
+        ("head_dim", int("head_dim"), m.head_dim(), "head size C/H"),
+    ];
+    for (key, theirs, ours, name) in ints {
+        if let Some(t) = theirs.filter(|&t| t != ours as u64) {
+            out.push(format!("{key} = {t}, the model has {name} = {ours}"));
+        }
+    }
+    // transformers' LlamaConfig defaults: rope_theta 10000, rms_norm_eps 1e-6.
+    let floats = [
+        (
+            "rope_theta",
+            float("rope_theta").unwrap_or(10_000.0),
+            m.rope_theta,
+            "rope_theta",
+        ),
+        (
+            "rms_norm_eps",
+            float("rms_norm_eps").unwrap_or(1e-6),
+            m.norm_eps,
+            "norm_eps",
+        ),
+    ];
+    for (key, theirs, ours, name) in floats {
+        if (theirs - ours).abs() > 1e-9 * ours.abs() {
+            out.push(format!(
+                "{key} = {theirs:e}, the model has {name} = {ours:e}"
+            ));
+        }
+    }
+    if let Some(r) = json.get("rope_scaling").filter(|r| !r.is_null()) {
+        out.push(format!(
+            "rope_scaling = {r}: scaled rotary frequencies (Llama 3.1 and later) are not \
+             implemented; ours are theta^(-2i/hd) unscaled"
+        ));
+    }
+    if let Some(act) = json.get("hidden_act").and_then(|v| v.as_str()) {
+        if act != "silu" {
+            out.push(format!(
+                "hidden_act = {act:?}, the model's MLP is SwiGLU (silu)"
+            ));
+        }
+    }
+    for key in ["attention_bias", "mlp_bias"] {
+        if json.get(key).and_then(|v| v.as_bool()) == Some(true) {
+            out.push(format!(
+                "{key} = true: the model's linear layers have no biases"
+            ));
+        }
+    }
+    out
+}
+
+/// Why a tensor's shape differs from the model's, when it is its transpose.
+fn transposed_hint(set: NameSet, family: Family) -> &'static str {
+    match (set, family) {
+        (_, Family::Llama) => {
+            "looks transposed: Llama's linear weights are stored [out, in] \
+             (torch.nn.Linear), under Hugging Face's names as under ours"
+        }
+        (NameSet::HfGpt2, _) => {
+            "looks transposed: under Hugging Face GPT-2 names the block's linear \
+             weights are Conv1D's [in, out], and this one is stored [out, in] \
+             (torch.nn.Linear), as our names (wte, wpe, ...) hold them"
+        }
+        _ => {
+            "looks transposed: under these names weights are stored [out, in] \
+             (torch.nn.Linear); a file in Conv1D's [in, out] must use Hugging Face \
+             GPT-2 names (wte.weight, wpe.weight, ...), which are transposed on load"
+        }
+    }
+}
+
+/// Match the model's tensors (of `family`) to the file's entries under `set`. `by_name`:
+/// the file's names without the `transformer.` prefix. `tie`: what the file's config
+/// says of `tie_word_embeddings` (None: nothing), for a Llama file without
+/// `lm_head.weight`.
+fn fit(
+    set: NameSet,
+    family: Family,
+    tensors: &[Tensor],
+    entries: &[Entry],
+    by_name: &HashMap<&str, usize>,
+    tie: Option<bool>,
+) -> Fit {
     let mut bound = HashMap::new();
     let mut missing = Vec::new();
     let mut problems = Vec::new();
     let mut shapes_match = 0;
+    let mut tied_head = false;
     for t in tensors {
         let stored = names::stored(set, &t.name);
         let want = stored.shape(&t.shape);
-        let Some(&i) = by_name.get(stored.name.as_str()) else {
-            missing.push(format!("{} {}", stored.name, shape_str(&want)));
+        let mut found = by_name.get(stored.name.as_str()).copied();
+        // Hugging Face does not save a tied head: it is the embedding (same [V, C]).
+        if found.is_none()
+            && set == NameSet::HfLlama
+            && stored.name == names::HF_LLAMA_HEAD
+            && tie != Some(false)
+        {
+            found = by_name.get(names::HF_LLAMA_EMBED).copied();
+            tied_head = found.is_some();
+        }
+        let Some(i) = found else {
+            let why = if stored.name == names::HF_LLAMA_HEAD && tie == Some(false) {
+                " (config.json: tie_word_embeddings = false)"
+            } else {
+                ""
+            };
+            missing.push(format!("{} {}{why}", stored.name, shape_str(&want)));
             continue;
         };
         let e = &entries[i];
@@ -211,18 +389,7 @@ fn fit(set: NameSet, tensors: &[Tensor], entries: &[Entry], by_name: &HashMap<&s
             let mut reversed = e.shape.clone();
             reversed.reverse();
             let hint = if e.shape.len() == 2 && reversed == want {
-                match set {
-                    NameSet::Nanogpt => {
-                        "looks transposed: under these names weights are stored [out, in] \
-                         (torch.nn.Linear); a file in Conv1D's [in, out] must use Hugging Face \
-                         GPT-2 names (wte.weight, wpe.weight, ...), which are transposed on load"
-                    }
-                    NameSet::HfGpt2 => {
-                        "looks transposed: under Hugging Face GPT-2 names the block's linear \
-                         weights are Conv1D's [in, out], and this one is stored [out, in] \
-                         (torch.nn.Linear), as our names (wte, wpe, ...) hold them"
-                    }
-                }
+                transposed_hint(set, family)
             } else {
                 "the file is for a different model size (check model.* in the config)"
             };
@@ -260,6 +427,7 @@ fn fit(set: NameSet, tensors: &[Tensor], entries: &[Entry], by_name: &HashMap<&s
         bound,
         shapes_match,
         problems,
+        tied_head,
     }
 }
 
@@ -280,11 +448,14 @@ impl InitFile {
             by_name.entry(name).or_insert(i);
         }
         let tensors = spec.tensors();
-        // The name set that fits more tensors with their shapes, then more names; ours on a
-        // tie (the two differ in `wte`/`wpe` and in the orientation of block weights).
+        let family = Family::of(tensors.iter().map(|t| t.name.as_str()));
+        let tie = tie_word_embeddings(path);
+        // The name set of the family that fits more tensors with their shapes, then more
+        // names; ours on a tie (GPT-2's differ in `wte`/`wpe` and in the orientation of
+        // block weights, Llama's in every name).
         let mut best: Option<Fit> = None;
-        for set in NameSet::ALL {
-            let f = fit(set, &tensors, entries, &by_name);
+        for set in family.name_sets() {
+            let f = fit(set, family, &tensors, entries, &by_name, tie);
             let score = (f.shapes_match, f.bound.len());
             if best
                 .as_ref()
@@ -293,16 +464,7 @@ impl InitFile {
                 best = Some(f);
             }
         }
-        let fit = best.ok_or_else(|| anyhow!("no name set to match"))?;
-        if !fit.problems.is_empty() {
-            bail!(
-                "{} ({}, {} names) does not fit the model:\n  {}",
-                path.display(),
-                source.kind(),
-                fit.names,
-                fit.problems.join("\n  ")
-            );
-        }
+        let mut fit = best.ok_or_else(|| anyhow!("no name set to match"))?;
         let used: HashSet<usize> = fit.bound.values().map(|b| b.entry).collect();
         let mut extra = Vec::new();
         let mut redundant = Vec::new();
@@ -311,10 +473,36 @@ impl InitFile {
                 continue;
             }
             let name = e.name.strip_prefix(names::PREFIX).unwrap_or(&e.name);
-            match names::redundant(name) {
+            match names::redundant(family, name) {
                 Some(why) => redundant.push((why, e.name.clone())),
                 None => extra.push(e.name.clone()),
             }
+        }
+        if !extra.is_empty() && (family == Family::Llama || !fit.problems.is_empty()) {
+            // A Llama-like file with more tensors is another architecture (attention
+            // biases, say): ignoring them would load a different function. GPT-2 files
+            // keep the warning (tests/tests/safetensors_cli.rs), but an error lists them.
+            let why = match family {
+                Family::Llama => {
+                    " (a Llama file holds only these names; more tensors mean another \
+                     architecture, e.g. attention biases, whose weights would load wrong)"
+                }
+                Family::Gpt2 => "",
+            };
+            fit.problems.push(format!(
+                "has {} tensor(s) the model does not have: {}{why}",
+                extra.len(),
+                extra.join(", ")
+            ));
+        }
+        if !fit.problems.is_empty() {
+            bail!(
+                "{} ({}, {} names) does not fit the model ({family}):\n  {}",
+                path.display(),
+                source.kind(),
+                fit.names,
+                fit.problems.join("\n  ")
+            );
         }
         Ok(InitFile {
             path: path.to_path_buf(),
@@ -323,6 +511,7 @@ impl InitFile {
             bound: fit.bound,
             extra,
             redundant,
+            tied_head: fit.tied_head,
         })
     }
 
@@ -342,8 +531,18 @@ impl InitFile {
     }
 
     /// Log what is not loaded: the extra tensors (a warning listing them all) and the
-    /// redundant ones of a whole-model state dict (one info line). Rank 0 calls it.
+    /// redundant ones of a whole-model state dict (one info line), and a head loaded from
+    /// the embedding. Rank 0 calls it.
     pub fn log_unused(&self) {
+        if self.tied_head {
+            log::info!(
+                "{}: no {}: a model with tied embeddings (tie_word_embeddings); output.weight \
+                 starts as a copy of {} and trains untied",
+                self.path.display(),
+                names::HF_LLAMA_HEAD,
+                names::HF_LLAMA_EMBED
+            );
+        }
         if !self.extra.is_empty() {
             log::warn!(
                 "{}: ignoring {} tensor(s) the model does not have: {}",
@@ -487,7 +686,14 @@ mod tests {
             entry("h.0.mlp.c_fc.bias", &[100]),
         ];
         entries[0].elem = Err("F64".into());
-        let f = fit(NameSet::Nanogpt, &tensors, &entries, &by_name(&entries));
+        let f = fit(
+            NameSet::Nanogpt,
+            Family::Gpt2,
+            &tensors,
+            &entries,
+            &by_name(&entries),
+            None,
+        );
         assert_eq!(f.problems.len(), 4, "{:?}", f.problems);
         assert!(f.problems[0].contains("lacks 1 of the model's 4 tensors: ln_f.bias [32]"));
         assert!(f.problems[1].contains("'wte' is F64"));
@@ -505,12 +711,85 @@ mod tests {
             entry("wte.weight", &[64, 32]),
             entry("h.0.mlp.c_fc.weight", &[32, 128]),
         ];
-        let f = fit(NameSet::HfGpt2, &tensors, &entries, &by_name(&entries));
+        let by = by_name(&entries);
+        let f = fit(NameSet::HfGpt2, Family::Gpt2, &tensors, &entries, &by, None);
         assert!(f.problems.is_empty(), "{:?}", f.problems);
         assert!(f.bound["h.0.mlp.c_fc.weight"].transposed);
         assert!(!f.bound["wte"].transposed);
-        let ours = fit(NameSet::Nanogpt, &tensors, &entries, &by_name(&entries));
+        let ours = fit(
+            NameSet::Nanogpt,
+            Family::Gpt2,
+            &tensors,
+            &entries,
+            &by,
+            None,
+        );
         assert_eq!(ours.shapes_match, 0);
+    }
+
+    #[test]
+    fn a_llama_file_without_its_head_is_tied_unless_its_config_says_not() {
+        let tensors = [
+            tensor("tok_embeddings.weight", &[64, 16]),
+            tensor("layers.0.attention.wk.weight", &[8, 16]),
+            tensor("output.weight", &[64, 16]),
+        ];
+        let entries = [
+            entry("model.embed_tokens.weight", &[64, 16]),
+            entry("model.layers.0.self_attn.k_proj.weight", &[16, 8]),
+        ];
+        let by = by_name(&entries);
+        let f = fit(
+            NameSet::HfLlama,
+            Family::Llama,
+            &tensors,
+            &entries,
+            &by,
+            None,
+        );
+        assert!(f.tied_head);
+        assert_eq!(f.bound["output.weight"].entry, 0);
+        assert_eq!(f.problems.len(), 1, "{:?}", f.problems);
+        assert!(f.problems[0].contains("'model.layers.0.self_attn.k_proj.weight' has shape [16, 8], the model expects [8, 16]: looks transposed: Llama's"));
+        let f = fit(
+            NameSet::HfLlama,
+            Family::Llama,
+            &tensors,
+            &entries,
+            &by,
+            Some(false),
+        );
+        assert!(!f.tied_head);
+        assert!(f.problems[0].contains(
+            "lacks 1 of the model's 3 tensors: lm_head.weight [64, 16] (config.json: tie_word_embeddings = false)"
+        ));
+    }
+
+    #[test]
+    fn a_hf_config_is_checked_against_the_llama_model() {
+        let m = LlamaConfig::preset("llama3-8b").unwrap();
+        let meta = serde_json::json!({
+            "architectures": ["LlamaForCausalLM"], "hidden_act": "silu", "hidden_size": 4096,
+            "intermediate_size": 14336, "num_attention_heads": 32, "num_hidden_layers": 32,
+            "num_key_value_heads": 8, "rms_norm_eps": 1e-5, "rope_scaling": null,
+            "rope_theta": 500000.0, "tie_word_embeddings": false, "vocab_size": 128256,
+            "max_position_embeddings": 8192
+        });
+        assert!(llama_config_differences(&meta, &m).is_empty());
+        let mut v31 = meta.clone();
+        v31["rope_scaling"] = serde_json::json!({"rope_type": "llama3", "factor": 8.0});
+        v31["num_key_value_heads"] = serde_json::json!(32);
+        v31["rope_theta"] = serde_json::json!(10000.0);
+        let d = llama_config_differences(&v31, &m);
+        assert_eq!(d.len(), 3, "{d:?}");
+        assert!(d[0].contains("num_key_value_heads = 32, the model has n_kv_head = 8"));
+        assert!(d[1].contains("rope_theta = 1e4, the model has rope_theta = 5e5"));
+        assert!(d[2].contains("rope_scaling"));
+        // HF's default epsilon (1e-6) when the file leaves it out.
+        let mut no_eps = meta;
+        no_eps.as_object_mut().unwrap().remove("rms_norm_eps");
+        let d = llama_config_differences(&no_eps, &m);
+        assert_eq!(d, ["rms_norm_eps = 1e-6, the model has norm_eps = 1e-5"]);
     }
 
     #[test]
