@@ -137,12 +137,14 @@ pub enum Op {
     AccumF32IntoBf16,
     GradStatsF32,
     GradStatsBf16Inf,
+    QuantizeF32,
+    DequantizeBf16,
     AdamW,
 }
 
 impl Op {
     /// Every op, in the order of the report.
-    pub const ALL: [Op; 40] = [
+    pub const ALL: [Op; 42] = [
         Op::MatmulXWt,
         Op::MatmulDyW,
         Op::MatmulDytXAcc,
@@ -182,6 +184,8 @@ impl Op {
         Op::AccumF32IntoBf16,
         Op::GradStatsF32,
         Op::GradStatsBf16Inf,
+        Op::QuantizeF32,
+        Op::DequantizeBf16,
         Op::AdamW,
     ];
 
@@ -237,6 +241,8 @@ impl Op {
             Op::AccumF32IntoBf16 => format!("accumulate bf16 += f32 [{}]", r * c),
             Op::GradStatsF32 => format!("grad_stats f32 [{}]", r * n),
             Op::GradStatsBf16Inf => format!("grad_stats bf16 with inf [{}]", r * n),
+            Op::QuantizeF32 => format!("quantize_int8 f32, blocks of 256 [{}]", r * n + 5),
+            Op::DequantizeBf16 => format!("dequantize_int8 to bf16, blocks of 256 [{}]", r * n + 5),
             Op::AdamW => format!("adamw bf16 grad, bf16 copy [{}]", r * n),
         }
     }
@@ -264,6 +270,9 @@ impl Op {
                 | Op::CastBf16F32
                 | Op::AccumBf16IntoF32
                 | Op::AccumF32IntoBf16
+                // An integer maximum per block, then one rounded operation per value.
+                | Op::QuantizeF32
+                | Op::DequantizeBf16
         )
     }
 
@@ -766,6 +775,46 @@ pub fn run_op<D: Device>(
                 name: "dst",
                 vals: f64s(&on.down(&dst)?),
             }]
+        }
+        Op::QuantizeF32 | Op::DequantizeBf16 => {
+            // A last block shorter than the rest; magnitudes that differ per block.
+            let len = rows * n + 5;
+            let block = zero_kernels::quant::DEFAULT_BLOCK;
+            let ns = zero_kernels::quant::scale_count(len, block);
+            let x = on.up(&rng.wide(len), "x")?;
+            let mut codes = on.zeros::<u8>(len, "codes")?;
+            let mut scales = on.zeros::<f32>(ns, "scales")?;
+            dev.quantize_int8::<f32>(&on.s, x.view(), block, codes.view_mut(), scales.view_mut())?;
+            if op == Op::QuantizeF32 {
+                let codes: Vec<f64> = on
+                    .down(&codes)?
+                    .iter()
+                    .map(|&b| f64::from(b as i8))
+                    .collect();
+                vec![
+                    Out {
+                        name: "codes",
+                        vals: codes,
+                    },
+                    Out {
+                        name: "scales",
+                        vals: f64s(&on.down(&scales)?),
+                    },
+                ]
+            } else {
+                let mut back = on.zeros::<bf16>(len, "back")?;
+                dev.dequantize_int8::<bf16>(
+                    &on.s,
+                    codes.view(),
+                    scales.view(),
+                    block,
+                    back.view_mut(),
+                )?;
+                vec![Out {
+                    name: "values",
+                    vals: f64s(&on.down(&back)?),
+                }]
+            }
         }
         Op::GradStatsF32 | Op::GradStatsBf16Inf => {
             let mut out = on.zeros::<f64>(2, "stats")?;

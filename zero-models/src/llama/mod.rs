@@ -7,9 +7,9 @@
 //! embeddings instead of a position table, grouped-query attention (Hkv key/value heads
 //! shared by H/Hkv query heads each), a SwiGLU MLP of width F, no biases, and an untied
 //! output head (its own unit with the final norm). Each of those is a device op
-//! (`rmsnorm_*`, `rope_gqa_*`, `swiglu_*`; CPU kernels in `zero_kernels::nn`), so the
-//! same code runs on the host and the simulated device; the CUDA device has no kernels
-//! for them yet and returns `KernelError::NoCudaKernel`.
+//! (`rmsnorm_*`, `rope_gqa_*`, `swiglu_*`; CPU kernels in `zero_kernels::nn`, CUDA
+//! kernels in `zero-kernels/src/nn/cuda/llama.cu` with their CPU twins), so the same code
+//! runs on the host, the simulated devices and a GPU.
 //!
 //! Large tables are held in row blocks ([`LlamaConfig::vocab_blocks`], as GPT-2's `wte`):
 //! the lookup of each further block of `tok_embeddings` is a layer before `embed` (each
