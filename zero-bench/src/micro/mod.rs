@@ -6,6 +6,8 @@ pub mod adam;
 pub mod comm;
 mod comm_args;
 pub mod model;
+#[cfg(feature = "mpi")]
+pub mod overlap;
 
 pub use comm_args::CommArgs;
 
@@ -20,6 +22,10 @@ pub enum MicroCommand {
     Adam(adam::AdamArgs),
     /// GPT forward+backward FLOP/s vs SGEMM on the same threads.
     Model(model::ModelArgs),
+    /// Host-staged communication hidden behind a simulated backward: serial, non-blocking
+    /// without progress, and with a progress thread; run under mpirun/srun.
+    #[cfg(feature = "mpi")]
+    Overlap(overlap::OverlapArgs),
 }
 
 /// Run one micro-benchmark.
@@ -28,6 +34,8 @@ pub fn run(cmd: MicroCommand) -> anyhow::Result<()> {
         MicroCommand::Comm(a) => comm::run(&a),
         MicroCommand::Adam(a) => adam::run(&a),
         MicroCommand::Model(a) => model::run(&a),
+        #[cfg(feature = "mpi")]
+        MicroCommand::Overlap(a) => overlap::run(&a),
     }
 }
 
