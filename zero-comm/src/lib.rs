@@ -39,6 +39,7 @@ mod init;
 pub mod local;
 #[cfg(feature = "mpi")]
 mod mpi;
+pub mod nccl_id;
 pub mod nonblocking;
 pub mod on_stream;
 pub mod selftest;
