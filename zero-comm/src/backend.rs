@@ -169,6 +169,8 @@ pub struct Facts {
     pub processes: usize,
     /// This binary has the NCCL backend (cudarc's `nccl` feature).
     pub nccl_compiled: bool,
+    /// The NCCL library can be loaded here (`libnccl.so.2`).
+    pub nccl_present: bool,
     /// The CUDA-aware probe.
     pub cuda_aware: CudaAware,
 }
@@ -226,9 +228,9 @@ pub fn select(choice: CommChoice, facts: &Facts) -> Result<(Backend, String), Se
                 Backend::Local,
                 "one process: the collectives stay inside it".to_string(),
             ),
-            Buffers::Device { .. } if facts.nccl_compiled => (
+            Buffers::Device { .. } if facts.nccl_compiled && facts.nccl_present => (
                 Backend::Nccl,
-                "device buffers across processes, and NCCL is built in".to_string(),
+                "device buffers across processes, and NCCL is built in and present".to_string(),
             ),
             Buffers::Device { .. } if facts.cuda_aware.yes() => (
                 Backend::MpiCuda,
@@ -241,7 +243,7 @@ pub fn select(choice: CommChoice, facts: &Facts) -> Result<(Backend, String), Se
                 Backend::MpiStaged,
                 format!(
                     "device buffers across processes, no NCCL{}, and MPI is not CUDA-aware ({}): staging through host memory",
-                    if facts.nccl_compiled { "" } else { " in this build" },
+                    if facts.nccl_compiled { " library here" } else { " in this build" },
                     facts.cuda_aware.describe()
                 ),
             ),
@@ -256,6 +258,13 @@ pub fn select(choice: CommChoice, facts: &Facts) -> Result<(Backend, String), Se
             }
             if !facts.nccl_compiled {
                 return Err(nccl_missing());
+            }
+            if !facts.nccl_present {
+                return Err(SelectError::Missing {
+                    asked: choice,
+                    missing: "the NCCL library (libnccl.so.2) cannot be loaded".into(),
+                    todo: "install NCCL or put it on LD_LIBRARY_PATH, or use --comm mpi-staged (always works)".into(),
+                });
             }
             Ok((Backend::Nccl, "asked for (--comm nccl)".into()))
         }
@@ -390,6 +399,7 @@ mod tests {
             buffers,
             processes,
             nccl_compiled: nccl,
+            nccl_present: nccl,
             cuda_aware: CudaAware {
                 library: cuda_aware,
                 env: None,
@@ -433,6 +443,19 @@ mod tests {
     fn a_backend_asked_for_and_missing_is_a_clear_error() {
         let e = select(CommChoice::Nccl, &facts(GPU, 2, false, None)).unwrap_err();
         assert!(e.to_string().contains("built without NCCL"), "{e}");
+        let no_lib = Facts {
+            nccl_present: false,
+            ..facts(GPU, 2, true, None)
+        };
+        let e = select(CommChoice::Nccl, &no_lib).unwrap_err();
+        assert!(
+            e.to_string().contains("(libnccl.so.2) cannot be loaded"),
+            "{e}"
+        );
+        assert_eq!(
+            select(CommChoice::Auto, &no_lib).map(|(b, _)| b),
+            Ok(Backend::MpiStaged)
+        );
         assert!(e.to_string().contains("mpi-staged"), "{e}");
         let e = select(CommChoice::MpiCuda, &facts(GPU, 2, false, Some(false))).unwrap_err();
         assert!(e.to_string().contains("not CUDA-aware"), "{e}");

@@ -180,6 +180,16 @@ pub enum CommError {
         /// Bytes each staging buffer holds.
         have: usize,
     },
+    /// An NCCL call failed (feature `nccl`).
+    #[error("rank {rank}: NCCL {op} failed: {message}")]
+    Nccl {
+        /// Rank in the world.
+        rank: usize,
+        /// The collective (or `init`).
+        op: &'static str,
+        /// NCCL's error.
+        message: String,
+    },
     /// The device a stream-ordered collective was queued on failed (or its simulator
     /// found an ordering hazard): [`crate::on_stream`].
     #[error("rank {rank}: {op} on the device: {message}")]

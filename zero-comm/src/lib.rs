@@ -39,6 +39,8 @@ mod init;
 pub mod local;
 #[cfg(feature = "mpi")]
 mod mpi;
+#[cfg(feature = "nccl")]
+pub mod nccl;
 pub mod nccl_id;
 pub mod nonblocking;
 pub mod on_stream;
@@ -62,6 +64,8 @@ pub use init::{init, init_with, MpiContext};
 pub use local::{run_local, LocalComm, RankPanic};
 #[cfg(feature = "mpi")]
 pub use mpi::MpiComm;
+#[cfg(feature = "nccl")]
+pub use nccl::NcclComm;
 pub use nonblocking::{Pending, Scope};
 pub use staged::{StagedComm, Staging, StagingStats};
 pub use stats::{ring_bytes, CollectiveKind, CommStats, KindStats};

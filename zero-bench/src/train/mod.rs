@@ -124,7 +124,8 @@ fn run_on(args: &TrainArgs, comm: Option<&WorldComm>) -> Result<(), Failure> {
     let facts = zero_comm::Facts {
         buffers: args.device.buffers(),
         processes: comm.size(),
-        nccl_compiled: false,
+        nccl_compiled: cfg!(feature = "nccl"),
+        nccl_present: nccl_present(),
         cuda_aware: zero_comm::probe_cuda_aware(),
     };
     let (backend, why) = zero_comm::select(args.comm, &facts).map_err(|e| same(anyhow!(e)))?;
@@ -180,10 +181,44 @@ fn with_backend<D: BenchDevice>(
             )?;
             run_with(args, loaded, comm, &engine_comm, dev, backend)
         }
+        #[cfg(feature = "nccl")]
+        Backend::Nccl => {
+            // The GPU this rank trains on; the id from rank 0 over MPI (a failure to make
+            // it reaches every rank, so none waits in ncclCommInitRank).
+            let ordinal = match dev.location() {
+                zero_kernels::device::Location::Cuda(o) => o,
+                zero_kernels::device::Location::Host => {
+                    return Err(Failure::same_everywhere(
+                        anyhow!("--comm nccl needs a CUDA device (--device cuda)"),
+                        rank,
+                    ))
+                }
+            };
+            let id = zero_comm::nccl_id::exchange(comm, zero_comm::nccl::unique_id)
+                .map_err(anyhow::Error::from);
+            let id = agree(comm, id)?;
+            let nccl = zero_comm::NcclComm::new(ordinal, &id, rank, comm.size(), rank)
+                .map_err(anyhow::Error::from);
+            let nccl = agree(comm, nccl)?;
+            run_with(args, loaded, comm, &nccl, dev, backend)
+        }
+        #[cfg(not(feature = "nccl"))]
         Backend::Nccl => Err(Failure::same_everywhere(
             anyhow!("--comm nccl: this build has no NCCL backend (internal: it was selected)"),
             rank,
         )),
+    }
+}
+
+/// The NCCL library can be loaded (only asked in a build with the NCCL backend).
+fn nccl_present() -> bool {
+    #[cfg(feature = "nccl")]
+    {
+        zero_comm::nccl::present()
+    }
+    #[cfg(not(feature = "nccl"))]
+    {
+        false
     }
 }
 
