@@ -793,6 +793,7 @@ fn host_staged_mpi_on_the_simulated_gpu_trains_every_stage_like_direct_mpi() {
     let dir = scratch("staged");
     let run = |comm: &str| {
         let json = dir.join(format!("{comm}.json"));
+        let metrics = dir.join(format!("{comm}.jsonl"));
         let a: Vec<String> = [
             "--config",
             &repo("configs/tiny.toml"),
@@ -807,6 +808,8 @@ fn host_staged_mpi_on_the_simulated_gpu_trains_every_stage_like_direct_mpi() {
             comm,
             "--json",
             &s(&json),
+            "--metrics",
+            &s(&metrics),
         ]
         .iter()
         .map(|x| x.to_string())
@@ -840,6 +843,15 @@ fn host_staged_mpi_on_the_simulated_gpu_trains_every_stage_like_direct_mpi() {
         .expect("staging bytes");
     assert!(held > 0 && held % 4 == 0, "{}", staged["staging"]);
     assert!(staged["staging"]["to_host_bytes"].as_u64() > Some(0));
+    // The metrics lines carry the staging beside the device ledger.
+    let lines = read_lines(&dir.join("mpi-staged.jsonl"));
+    assert_eq!(lines.len(), 16);
+    assert!(lines
+        .iter()
+        .all(|l| l["host_staging_bytes"].as_u64() == Some(held)));
+    assert!(read_lines(&dir.join("mpi.jsonl"))
+        .iter()
+        .all(|l| l.get("host_staging_bytes").is_none()));
     for i in 0..4 {
         let stage = |v: &Value, key: &str| v["stages"][i][key].clone();
         assert_eq!(
