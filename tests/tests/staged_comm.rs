@@ -5,7 +5,8 @@
 //!   network bytes, and counts its copies apart;
 //! - a collective larger than the staging buffers is a typed error, not an allocation;
 //! - the engine trains every stage, fp32 and bf16, through staging with the losses of the
-//!   direct path bit for bit (2 ranks), and the same comm ledger.
+//!   direct path bit for bit (2 ranks), and the same comm ledger;
+//! - `micro overlap` runs every mode under mpirun with its sums checked.
 //!
 //! The same backend under real mpirun: train_cli.rs
 //! (`host_staged_mpi_on_the_simulated_gpu_trains_every_stage_like_direct_mpi`).
@@ -140,4 +141,41 @@ fn the_engine_trains_every_stage_through_staging_like_the_direct_path_on_thread_
         compared += 1;
     }
     assert_eq!(compared, 8);
+}
+
+/// `micro overlap` (the staged path's overlap on the CPU) under real mpirun, small: every
+/// mode runs, its sums are checked (a wrong sum exits non-zero), and the JSON has a
+/// hidden fraction in [0, 1] per mode.
+#[test]
+fn micro_overlap_runs_every_mode_under_mpirun() {
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("micro-overlap");
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("overlap.json");
+    let out = zero_tests::MpiJob::new(2, zero_tests::zero_bench_bin())
+        .args([
+            "micro",
+            "overlap",
+            "--layers",
+            "3",
+            "--bucket",
+            "64KiB",
+            "--compute-ms",
+            "2",
+            "--reps",
+            "1",
+            "--json",
+            json.to_str().unwrap(),
+        ])
+        .timeout(std::time::Duration::from_secs(120))
+        .run();
+    assert_eq!(out.code, Some(0), "{}", out.transcript());
+    for mode in ["serial", "nonblocking", "thread", "thread-poll"] {
+        assert!(out.stdout.contains(mode), "{mode}\n{}", out.transcript());
+    }
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    for mode in ["serial", "nonblocking", "thread", "thread_poll"] {
+        let h = v["hidden"][mode].as_f64().expect("a fraction");
+        assert!((0.0..=1.0).contains(&h), "{mode}: {h}");
+    }
 }
