@@ -118,16 +118,21 @@ fn run_on(args: &TrainArgs, comm: Option<&WorldComm>) -> Result<(), Failure> {
         comm.ok_or_else(|| same(anyhow!("training needs MPI (internal: not initialised)")))?;
     // Again after MPI_Init, in case the MPI library installed handlers of its own.
     signals::install().map_err(same)?;
-    // The transport of the engine's collectives (issue 14), chosen once, the same on
-    // every rank: every input of the choice is the same everywhere (the probe asks the
-    // one MPI library of the job).
-    let facts = zero_comm::Facts {
-        buffers: args.device.buffers(),
-        processes: comm.size(),
-        nccl_compiled: cfg!(feature = "nccl"),
-        nccl_present: nccl_present(),
-        cuda_aware: zero_comm::probe_cuda_aware(),
-    };
+    // The transport of the engine's collectives (issue 14), chosen once and the same on
+    // every rank: what rank 0 finds (the NCCL library, the CUDA-aware probe) decides for
+    // all, so nodes that differ cannot pick different backends and wait for each other
+    // forever; a rank where rank 0's choice then cannot start fails in the agreed set-up.
+    let facts = agreed_facts(
+        comm,
+        zero_comm::Facts {
+            buffers: args.device.buffers(),
+            processes: comm.size(),
+            nccl_compiled: cfg!(feature = "nccl"),
+            nccl_present: nccl_present(),
+            cuda_aware: zero_comm::probe_cuda_aware(),
+        },
+    )
+    .map_err(same)?;
     let (backend, why) = zero_comm::select(args.comm, &facts).map_err(|e| same(anyhow!(e)))?;
     if rank == 0 {
         log::info!("comm backend: {backend} ({why})");
@@ -208,6 +213,29 @@ fn with_backend<D: BenchDevice>(
             rank,
         )),
     }
+}
+
+/// `mine` with rank 0's NCCL presence and CUDA-aware probe (a broadcast).
+fn agreed_facts(comm: &WorldComm, mine: zero_comm::Facts) -> anyhow::Result<zero_comm::Facts> {
+    let tri = |b: Option<bool>| b.map_or(-1, i32::from);
+    let from = |v: i32| (v >= 0).then_some(v == 1);
+    let env = mine.cuda_aware.env;
+    let mut v = [
+        i32::from(mine.nccl_present),
+        tri(mine.cuda_aware.library),
+        tri(env.map(|(_, on)| on)),
+    ];
+    comm.broadcast(&mut v[..], 0)
+        .map_err(|e| anyhow!("agreeing on the comm backend: {e}"))?;
+    Ok(zero_comm::Facts {
+        nccl_present: v[0] == 1,
+        cuda_aware: zero_comm::backend::CudaAware {
+            library: from(v[1]),
+            // The variable's name is the same convention everywhere; rank 0's value.
+            env: from(v[2]).map(|on| (env.map_or("OMPI_MCA_opal_cuda_support", |(n, _)| n), on)),
+        },
+        ..mine
+    })
 }
 
 /// The NCCL library can be loaded (only asked in a build with the NCCL backend).
