@@ -279,7 +279,13 @@ fn local_gpu(comm: &WorldComm) -> anyhow::Result<usize> {
     if visible == 0 {
         return Ok(0);
     }
-    let per_task = std::env::var_os("SLURM_GPUS_PER_TASK").is_some();
+    // Slurm bound each task its own GPU (slurm/README.md): --gpus-per-task, or
+    // --gpu-bind=single:1, which leaves one visible device inside a job step.
+    let env = |v: &str| std::env::var(v).ok().filter(|x| !x.trim().is_empty());
+    let one_visible = env("CUDA_VISIBLE_DEVICES").is_some_and(|v| !v.contains(','));
+    let per_task = env("SLURM_GPUS_PER_TASK").is_some()
+        || env("SLURM_GPU_BIND").is_some_and(|v| v.contains("single"))
+        || (one_visible && visible == 1 && env("SLURM_JOB_ID").is_some());
     let share = std::env::var("ZERO_SHARE_GPUS").is_ok_and(|v| v.trim() == "1");
     Ok(zero_comm::gpu_for_rank(
         local, ranks, visible, per_task, share,
