@@ -32,6 +32,7 @@ use zero_core::model::Compute;
 use zero_kernels::device::{Device, HostDevice};
 use zero_kernels::Exec;
 use zero_models::init::SplitMix64;
+use zero_models::LayeredLm;
 use zero_models::{upload_units, Gpt, TokenBatch};
 
 use crate::config::{load, Config};

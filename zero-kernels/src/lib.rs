@@ -45,6 +45,7 @@ pub mod isa;
 pub mod nn;
 mod par;
 pub mod ptx;
+pub mod quant;
 mod simd;
 pub mod slices;
 #[cfg(test)]

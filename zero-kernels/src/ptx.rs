@@ -62,6 +62,13 @@ pub const SOURCES: &[PtxSource] = &[
         ptx: include_str!("gradstats/gradstats.ptx"),
     },
     PtxSource {
+        name: "quant",
+        cu_path: "src/quant/quant.cu",
+        ptx_path: "src/quant/quant.ptx",
+        cu: include_str!("quant/quant.cu"),
+        ptx: include_str!("quant/quant.ptx"),
+    },
+    PtxSource {
         name: "peer",
         cu_path: "src/cuda/peer.cu",
         ptx_path: "src/cuda/peer.ptx",
@@ -197,6 +204,16 @@ pub fn gradstats_entry(grad: DType, in_place: bool) -> String {
     }
 }
 
+/// Entry name of block-wise int8 quantization (`quantize_{dtype}`) or of reading the
+/// codes back (`dequantize_{dtype}`), for f32 and bf16 values.
+pub fn quant_entry(quantize: bool, dtype: DType) -> String {
+    format!(
+        "{}_{}",
+        if quantize { "quantize" } else { "dequantize" },
+        dtype.name()
+    )
+}
+
 /// Entry name of a thread-rank fold over peers' device buffers: `fold_{reduce}_{dtype}`,
 /// `reduce` one of `sum`, `max`, `sum_upcast` (halves only).
 pub fn peer_fold_entry(dtype: DType, reduce: &str) -> String {
@@ -281,6 +298,10 @@ mod tests {
         for d in DType::ALL {
             wanted.push(peer_fold_entry(d, "sum"));
             wanted.push(peer_fold_entry(d, "max"));
+        }
+        for d in [DType::F32, DType::BF16] {
+            wanted.push(quant_entry(true, d));
+            wanted.push(quant_entry(false, d));
         }
         wanted.push(peer_fold_entry(DType::BF16, "sum_upcast"));
         wanted.push(peer_fold_entry(DType::F16, "sum_upcast"));

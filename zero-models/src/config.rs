@@ -136,6 +136,20 @@ impl ModelPreset {
         }
     }
 
+    /// The same shape with activation checkpointing every `k` blocks (0: off).
+    pub fn with_checkpoint_every(self, k: usize) -> Self {
+        match self {
+            ModelPreset::Gpt(g) => ModelPreset::Gpt(GptConfig {
+                checkpoint_every: k,
+                ..g
+            }),
+            ModelPreset::Llama(l) => ModelPreset::Llama(crate::LlamaConfig {
+                checkpoint_every: k,
+                ..l
+            }),
+        }
+    }
+
     /// Bytes of the model's activation arena for micro-batches of `rows` x `seq_len`
     /// ([`crate::activation_bytes_for`], [`crate::llama::activation_bytes_for`]).
     pub fn activation_bytes(&self, rows: usize, seq_len: usize, elem_bytes: usize) -> usize {
@@ -173,23 +187,9 @@ pub struct GptConfig {
     pub checkpoint_every: usize,
 }
 
-/// What one layer of the model computes, in the spec's forward order
-/// ([`GptConfig::layers`]). Block k of `wte` is the k-th range of
-/// [`GptConfig::vocab_blocks`]; block 0 lives in unit `embed` with `wpe`, block k >= 1
-/// in a unit of its own.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum GptLayer {
-    /// Look up the tokens that fall in block k >= 1 of `wte` (rows of x0).
-    Lookup(usize),
-    /// Look up block 0's tokens, then add the positions: `x0 = wte[token] + wpe[t]`.
-    Embed,
-    /// Transformer block i.
-    Block(usize),
-    /// The final LayerNorm and the logits of block 0 (and the loss, when `wte` is one block).
-    Head,
-    /// The logits of block k >= 1 (and the loss, after the last block).
-    Logits(usize),
-}
+/// What one layer of GPT-2 computes, in the spec's forward order ([`GptConfig::layers`]).
+/// Block 0 of `wte` lives in unit `embed` with `wpe`, block k >= 1 in a unit of its own.
+pub type GptLayer = crate::lm::TokenLayer;
 
 impl GptConfig {
     /// A named preset (see [`PRESETS`]):
@@ -223,13 +223,7 @@ impl GptConfig {
     /// The layers in forward order: lookups of blocks 1.., embed, blocks, head, logits of
     /// blocks 1.. (see [`GptLayer`]).
     pub fn layers(&self) -> Vec<GptLayer> {
-        let k = self.vocab_blocks().len();
-        let mut out: Vec<GptLayer> = (1..k).map(GptLayer::Lookup).collect();
-        out.push(GptLayer::Embed);
-        out.extend((0..self.n_layer).map(GptLayer::Block));
-        out.push(GptLayer::Head);
-        out.extend((1..k).map(GptLayer::Logits));
-        out
+        GptLayer::sequence(self.n_layer, self.vocab_blocks().len())
     }
 
     /// Check the shape: all dimensions positive, H divides C, V fits u16 tokens.

@@ -75,16 +75,7 @@ impl Dims {
 
     /// Whether block `i` is checkpointed (keeps only its output).
     pub fn checkpointed(&self, i: usize) -> bool {
-        self.every > 0 && i.is_multiple_of(self.every)
-    }
-
-    /// Checkpointed blocks among blocks `0..n`.
-    fn checkpointed_before(&self, n: usize) -> usize {
-        if self.every == 0 {
-            0
-        } else {
-            n.div_ceil(self.every)
-        }
+        Checkpointing(self.every).keeps_output_only(i)
     }
 
     /// Piece lengths of the head region.
@@ -122,8 +113,9 @@ impl Dims {
             0
         } else {
             let n = (layer - 1).min(self.l);
-            self.embed_len() + n * self.block_len()
-                - self.checkpointed_before(n) * self.internal_len()
+            let blocks =
+                Checkpointing(self.every).blocks_len(n, self.bt() * self.c, self.internal_len());
+            self.embed_len() + blocks
         }
     }
 
@@ -145,11 +137,7 @@ impl Dims {
     /// Elements of the recompute region: one block's internals, or none without
     /// checkpointing.
     pub fn recompute_len(&self) -> usize {
-        if self.every == 0 {
-            0
-        } else {
-            self.internal_len()
-        }
+        Checkpointing(self.every).recompute_len(self.internal_len())
     }
 
     /// Where the gradient scratch starts.
@@ -160,5 +148,33 @@ impl Dims {
     /// Elements of the whole arena.
     pub fn total(&self) -> usize {
         self.scratch_start() + self.scratch_sizes().iter().sum::<usize>()
+    }
+}
+
+/// Activation checkpointing every k blocks (0: off), the arithmetic both families' arenas
+/// share (this module's and `crate::llama::layout`'s): blocks 0, k, 2k, ... keep only their
+/// output, and one block's internals are kept for the recompute.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Checkpointing(pub usize);
+
+impl Checkpointing {
+    /// Whether block `i` keeps only its output.
+    pub fn keeps_output_only(self, i: usize) -> bool {
+        self.0 > 0 && i.is_multiple_of(self.0)
+    }
+
+    /// Elements of blocks `0..n` whose output is `out_len` and internals `internal_len`.
+    pub fn blocks_len(self, n: usize, out_len: usize, internal_len: usize) -> usize {
+        let checkpointed = if self.0 == 0 { 0 } else { n.div_ceil(self.0) };
+        n * (internal_len + out_len) - checkpointed * internal_len
+    }
+
+    /// Elements of the recompute region: one block's internals, or none when off.
+    pub fn recompute_len(self, internal_len: usize) -> usize {
+        if self.0 == 0 {
+            0
+        } else {
+            internal_len
+        }
     }
 }

@@ -20,7 +20,7 @@
 //! use zero_core::model::Compute;
 //! use zero_kernels::device::{Buffer, Device, HostDevice};
 //! use zero_models::data::{MarkovSource, Sequential};
-//! use zero_models::{upload_units, Gpt, GptConfig, TokenBatch};
+//! use zero_models::{upload_units, Gpt, GptConfig, LayeredLm, TokenBatch};
 //!
 //! let dev = HostDevice::new();
 //! let stream = dev.stream("compute").unwrap();
@@ -48,12 +48,14 @@ mod head;
 pub mod init;
 mod layout;
 pub mod llama;
+mod lm;
 pub mod names;
 mod units;
 
 pub use config::{preset_names, GptConfig, GptConfigError, GptLayer, ModelPreset, PRESETS};
 pub use gpt::{activation_bytes_for, Gpt, GptError, TokenBatch};
 pub use llama::{Llama, LlamaConfig, LLAMA_PRESETS};
+pub use lm::{LayeredLm, TokenLayer};
 pub use units::{download_units, upload_units};
 /// The scalar the model computes in (f32, f64): [`zero_kernels::nn::Scalar`].
 pub use zero_kernels::nn::Scalar;

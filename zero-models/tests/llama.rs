@@ -6,6 +6,7 @@
 use zero_core::model::Compute;
 use zero_kernels::device::{Device, HostDevice, Scalar, SimDevice};
 use zero_models::init::SplitMix64;
+use zero_models::LayeredLm;
 use zero_models::{download_units, upload_units, Llama, LlamaConfig, ModelPreset, TokenBatch};
 
 const B: usize = 2;

@@ -9,6 +9,7 @@ use zero_core::model::{Compute, UnitGrads, UnitParams};
 use zero_core::Model;
 use zero_kernels::device::{Buffer, Device, HostDevice, Scalar, SimDevice};
 use zero_models::init::SplitMix64;
+use zero_models::LayeredLm;
 use zero_models::{download_units, upload_units, Gpt, GptConfig, TokenBatch};
 
 const B: usize = 2;

@@ -246,6 +246,7 @@ pub fn resolve_any(m: &ModelConfig) -> Result<ModelPreset, String> {
         n_head: m.heads.unwrap_or(base.n_head),
         n_embd: m.width.unwrap_or(base.n_embd),
         vocab_block_rows: m.vocab_block_rows,
+        checkpoint_every: m.checkpoint_every.unwrap_or(0),
         ..base
     }))
 }
@@ -311,13 +312,6 @@ impl Config {
                     "train.seq_len ({}) exceeds the model's context_len ({}); lower train.seq_len or raise model.context_len",
                     self.train.seq_len, l.max_seq_len
                 ),
-            );
-            need(
-                &mut p,
-                self.model.checkpoint_every.unwrap_or(0) == 0,
-                "model.checkpoint_every: activation checkpointing is GPT-2's for now, the Llama \
-                 model keeps every block's activations; remove it or use a GPT-2 preset"
-                    .to_string(),
             );
         }
         match resolve_model(&self.model) {

@@ -12,6 +12,7 @@ use std::time::Instant;
 use anyhow::Context;
 use zero_core::model::Compute;
 use zero_kernels::device::{Buffer, Device, HostDevice};
+use zero_models::LayeredLm;
 use zero_models::{Gpt, GptConfig, TokenBatch};
 
 use super::report::{Check, Kind, Report};

@@ -8,6 +8,7 @@ mod comm_args;
 pub mod model;
 #[cfg(feature = "mpi")]
 pub mod overlap;
+pub mod quant;
 
 pub use comm_args::CommArgs;
 
@@ -26,6 +27,8 @@ pub enum MicroCommand {
     /// without progress, and with a progress thread; run under mpirun/srun.
     #[cfg(feature = "mpi")]
     Overlap(overlap::OverlapArgs),
+    /// Block-wise int8 quantize / dequantize (quantized communication) vs a copy.
+    Quant(quant::QuantArgs),
 }
 
 /// Run one micro-benchmark.
@@ -36,6 +39,7 @@ pub fn run(cmd: MicroCommand) -> anyhow::Result<()> {
         MicroCommand::Model(a) => model::run(&a),
         #[cfg(feature = "mpi")]
         MicroCommand::Overlap(a) => overlap::run(&a),
+        MicroCommand::Quant(a) => quant::run(&a),
     }
 }
 

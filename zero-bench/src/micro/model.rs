@@ -11,6 +11,7 @@ use zero_kernels::device::Buffer;
 use zero_kernels::device::{Device, HostDevice};
 use zero_models::gemm::{Gemm, Lay};
 use zero_models::init::SplitMix64;
+use zero_models::LayeredLm;
 use zero_models::{upload_units, Gpt, Llama, ModelPreset, TokenBatch as Batch};
 
 /// Options of `micro model`.

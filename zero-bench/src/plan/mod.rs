@@ -112,6 +112,11 @@ pub struct PlanArgs {
     /// llama-13b, llama-70b.
     #[arg(long)]
     pub model: Option<String>,
+    /// --model only: activation checkpointing every K transformer blocks (blocks 0, K,
+    /// 2K, ... keep only their output and recompute the rest in the backward); 0: off.
+    /// The report gives the activations with it and without.
+    #[arg(long, default_value_t = 0, value_parser = parse_usize, requires = "model")]
+    pub checkpoint_every: usize,
     /// --params only: units of the synthetic model. Default: the depth of a transformer
     /// of that size with GPT-3's aspect ratio C = 128 L, i.e. L = (Ψ / 196608)^(1/3)
     /// (96 for 175e9, 71 for 70e9, 34 for 7.5e9).
@@ -203,7 +208,7 @@ pub fn run(a: &PlanArgs) -> anyhow::Result<()> {
         }
     }
     let plan_model = match (&a.model, a.params) {
-        (Some(name), _) => model::preset(name, a.micro_batch, a.seq_len)?,
+        (Some(name), _) => model::preset(name, a.micro_batch, a.seq_len, a.checkpoint_every)?,
         (None, Some(psi)) => model::synthetic(
             psi,
             a.units.unwrap_or_else(|| model::default_units(psi)),

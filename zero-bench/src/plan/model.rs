@@ -43,11 +43,18 @@ pub fn default_units(params: u64) -> usize {
     (l as usize).max(1)
 }
 
-/// A GPT-2 or Llama preset with micro-batches of B sequences; `seq_len` (T, default the
+/// A GPT-2 or Llama preset with micro-batches of B sequences and activation
+/// checkpointing every `checkpoint_every` blocks (0: off); `seq_len` (T, default the
 /// context length) only sets the FLOPs per token.
-pub fn preset(name: &str, micro_batch: usize, seq_len: Option<usize>) -> anyhow::Result<PlanModel> {
-    let cfg =
-        ModelPreset::lookup(name).with_context(|| format!("--model {name}: not a model preset"))?;
+pub fn preset(
+    name: &str,
+    micro_batch: usize,
+    seq_len: Option<usize>,
+    checkpoint_every: usize,
+) -> anyhow::Result<PlanModel> {
+    let cfg = ModelPreset::lookup(name)
+        .with_context(|| format!("--model {name}: not a model preset"))?
+        .with_checkpoint_every(checkpoint_every);
     let ctx = cfg.max_seq_len();
     let t = seq_len.unwrap_or(ctx);
     if t == 0 || t > ctx {
@@ -66,9 +73,21 @@ pub fn preset(name: &str, micro_batch: usize, seq_len: Option<usize>) -> anyhow:
         numel: spec.numel(),
         spec,
         activation_bytes: act as u64,
-        activation_note: format!(
-            "the {family}'s f32 activation arena, sized by its `new` for B = {micro_batch} x the context length {ctx} (zero_models::ModelPreset::activation_bytes)"
-        ),
+        activation_note: if checkpoint_every == 0 {
+            format!(
+                "the {family}'s f32 activation arena, sized by its `new` for B = {micro_batch} x the context length {ctx} (zero_models::ModelPreset::activation_bytes); no activation checkpointing"
+            )
+        } else {
+            let full = cfg.with_checkpoint_every(0).activation_bytes(
+                micro_batch,
+                ctx,
+                ACTIVATION_ELEM_BYTES,
+            );
+            format!(
+                "the {family}'s f32 activation arena, sized by its `new` for B = {micro_batch} x the context length {ctx} (zero_models::ModelPreset::activation_bytes), checkpointing every {checkpoint_every} block(s); without checkpointing: {}",
+                zero_core::ledger::human_bytes(full as f64)
+            )
+        },
         flops_per_token: cfg.flops_per_token(t),
         preset: Some(cfg),
     })
@@ -148,9 +167,9 @@ mod tests {
     fn bad_models_are_errors() {
         assert!(synthetic(0, 1, 0).is_err());
         assert!(synthetic(10, 11, 0).is_err());
-        assert!(preset("gpt5", 1, None).is_err());
-        assert!(preset("gpt2-124m", 1, Some(4096)).is_err());
-        let m = preset("gpt2-124m", 1, None).unwrap();
+        assert!(preset("gpt5", 1, None, 0).is_err());
+        assert!(preset("gpt2-124m", 1, Some(4096), 0).is_err());
+        let m = preset("gpt2-124m", 1, None, 0).unwrap();
         assert_eq!(
             m.numel,
             zero_models::GptConfig::preset("gpt2-124m")

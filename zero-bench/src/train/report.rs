@@ -10,9 +10,11 @@ use std::fmt::Write as _;
 use serde::Serialize;
 use zero_core::config::Precision;
 use zero_core::ledger::{
-    human_bytes, paper_volume_psi, Collective, CommPlan, Explanation, MemCategory, PaperFormula,
+    human_bytes, paper_volume_psi, Collective, CommLine, CommPlan, CommPurpose, Explanation,
+    MemCategory, PaperFormula,
 };
 use zero_core::plan::BufferPlan;
+use zero_kernels::DType;
 
 /// The ledger of `plan`'s rank next to the paper's formula, category by category, then
 /// the explanation of every difference; `totals` (every rank's total bytes, in rank
@@ -132,10 +134,20 @@ pub fn comm(cp: &CommPlan, plan: &BufferPlan) -> String {
         cp.grad_accum,
         plan.inputs.reduce_every_micro_step,
     ) as u64;
+    // qwZ's scales are not model elements: the volume counts the codes only.
+    let is_gather = |l: &CommLine| {
+        matches!(
+            l.purpose,
+            CommPurpose::GatherForward | CommPurpose::GatherBackward
+        )
+    };
+    let quant_scales =
+        |l: &CommLine| plan.inputs.quant_block.is_some() && is_gather(l) && l.dtype == DType::F32;
     // An all-reduce moves its buffer twice (reduce-scatter + all-gather).
     let elems: u64 = cp
         .lines
         .iter()
+        .filter(|l| !quant_scales(l))
         .map(|l| match l.collective {
             Collective::AllReduce => 2 * l.elems,
             _ => l.elems,
@@ -150,6 +162,30 @@ pub fn comm(cp: &CommPlan, plan: &BufferPlan) -> String {
         k * plan.numel as u64,
         n.saturating_sub(1),
     );
+    if let Some(block) = plan.inputs.quant_block {
+        // What the same gathers would send as P values.
+        let sent: u64 = cp
+            .lines
+            .iter()
+            .filter(|l| is_gather(l))
+            .map(|l| l.sent_bytes)
+            .sum();
+        let p = plan.param_dtype.size_bytes() as u64;
+        let exact: u64 = cp
+            .lines
+            .iter()
+            .filter(|l| is_gather(l) && l.dtype == DType::U8)
+            .map(|l| l.elems * p * (n - 1) / n)
+            .sum();
+        let _ = writeln!(
+            out,
+            "  stage-3 gathers quantized (qwZ: int8 codes + one f32 scale per {block} values): {} vs {} as {} ({:.2}x less)",
+            human_bytes(sent as f64),
+            human_bytes(exact as f64),
+            plan.param_dtype,
+            exact as f64 / sent.max(1) as f64
+        );
+    }
     if let Some(c) = &cp.control {
         let _ = writeln!(
             out,

@@ -141,6 +141,13 @@ pub struct ZeroConfig {
     pub reuse_distance: usize,
     /// Shard alignment in elements (32 = 64 bytes for 16-bit elements).
     pub align: usize,
+    /// Stage 3: gather parameters for compute as block-wise int8 codes plus one f32 scale
+    /// per `quant_block` values (ZeRO++'s qwZ, Wang et al. 2023): about a quarter of the
+    /// fp32 bytes, half of bf16's. Only the gathered compute copy is rounded; the shards,
+    /// the master weights and the optimizer stay exact. Off by default.
+    pub quantize_weights: bool,
+    /// Values per scale of quantized communication (`zero_kernels::quant`).
+    pub quant_block: usize,
 }
 
 impl Default for ZeroConfig {
@@ -153,6 +160,8 @@ impl Default for ZeroConfig {
             persistence_threshold: 0,
             reuse_distance: DEFAULT_REUSE_DISTANCE,
             align: crate::layout::DEFAULT_ALIGN,
+            quantize_weights: false,
+            quant_block: zero_kernels::quant::DEFAULT_BLOCK,
         }
     }
 }

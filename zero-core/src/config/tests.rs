@@ -45,6 +45,23 @@ fn the_default_bucket_is_a_budget_that_grows_with_n() {
 }
 
 #[test]
+fn quantized_gathers_need_stage_3_and_a_block() {
+    for stage in [0, 1, 2] {
+        let p = problems(&format!(
+            "[zero]\nstage = {stage}\nquantize_weights = true\n"
+        ));
+        has(&p, "quantizes stage 3's parameter gathers");
+    }
+    has(
+        &problems("[zero]\nstage = 3\nquantize_weights = true\nquant_block = 0\n"),
+        "zero.quant_block is 0",
+    );
+    let ok: EngineConfig = toml::from_str("[zero]\nstage = 3\nquantize_weights = true\n").unwrap();
+    ok.validate().unwrap();
+    assert_eq!(ok.zero.quant_block, 256);
+}
+
+#[test]
 fn reduce_every_micro_step_needs_stage_2_or_3() {
     for stage in [0, 1] {
         let p = problems(&format!(

@@ -50,7 +50,20 @@ impl EngineConfig {
                 .into(),
         );
         need(
-                p,
+            p,
+            !z.quantize_weights || z.stage == Stage::Zero3,
+            format!(
+                "zero.quantize_weights = true quantizes stage 3's parameter gathers, but the stage is {}: set zero.stage = 3 or remove the key",
+                z.stage.number()
+            ),
+        );
+        need(
+            p,
+            z.quant_block > 0,
+            "zero.quant_block is 0; give the values per scale of quantized communication (default 256)".into(),
+        );
+        need(
+            p,
             z.align > 0,
             "zero.align is 0; give the shard alignment in elements (default 32 = 64 bytes of 16-bit elements)".into(),
         );

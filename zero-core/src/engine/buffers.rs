@@ -24,6 +24,22 @@ pub(crate) struct GatherSlot<D: Device> {
     pub free: Option<D::Event>,
 }
 
+/// Stage 3 with quantized gathers (qwZ): where a unit's shard is quantized before its
+/// all-gather, and where the gathered codes land before they are read back into the
+/// unit's slot. All of it is used on the comm stream only, one unit at a time.
+pub(crate) struct QuantStaging<D: Device> {
+    /// Values per scale.
+    pub block: usize,
+    /// This rank's shard as codes (bytes of i8).
+    pub send_codes: D::Buf<u8>,
+    /// The shard's scales.
+    pub send_scales: D::Buf<f32>,
+    /// Every rank's codes, in rank order.
+    pub recv_codes: D::Buf<u8>,
+    /// Every rank's scales, in rank order.
+    pub recv_scales: D::Buf<f32>,
+}
+
 /// Every buffer of one rank.
 pub(crate) struct Buffers<D: Device> {
     /// Working parameters P (full, or shard at stage 3). In fp32 training: the master.
@@ -40,6 +56,8 @@ pub(crate) struct Buffers<D: Device> {
     pub persistent: Vec<Option<FloatBuffer<D>>>,
     /// Stage 3: gather slots.
     pub slots: Vec<GatherSlot<D>>,
+    /// Stage 3 with quantized gathers: the staging of the codes.
+    pub quant: Option<QuantStaging<D>>,
     /// f32 parameters of the computing layer (16-bit training).
     pub param_window: D::Buf<f32>,
     /// f32 gradients of the computing layer.
@@ -98,6 +116,27 @@ impl<D: Device> Buffers<D> {
                 })
             })
             .collect::<Result<Vec<_>, EngineError>>()?;
+        let quant = match plan.inputs.quant_block {
+            Some(block) => {
+                let bytes = |gathered| {
+                    dev.alloc::<u8>(len(BufferRole::QuantCodes { gathered }), "quantized codes")
+                };
+                let scales = |gathered| {
+                    dev.alloc::<f32>(
+                        len(BufferRole::QuantScales { gathered }),
+                        "quantization scales",
+                    )
+                };
+                Some(QuantStaging {
+                    block,
+                    send_codes: bytes(false)?,
+                    send_scales: scales(false)?,
+                    recv_codes: bytes(true)?,
+                    recv_scales: scales(true)?,
+                })
+            }
+            None => None,
+        };
         let mut buckets = Vec::new();
         for index in 0..2 {
             let bucket = float(BufferRole::Bucket { index }, &format!("bucket {index}"), w)?;
@@ -120,6 +159,7 @@ impl<D: Device> Buffers<D> {
             adam_v: f32s(BufferRole::AdamV, "adam v")?,
             persistent,
             slots,
+            quant,
             param_window: f32s(BufferRole::ParamWindow, "param window")?,
             grad_window: f32s(BufferRole::GradWindow, "grad window")?,
             tied_grads,
@@ -180,6 +220,17 @@ impl<D: Device> Buffers<D> {
         for (unit, t) in self.tied_grads.iter().enumerate() {
             if let Some(t) = t {
                 typed(&mut out, BufferRole::TiedGrad { unit }, t);
+            }
+        }
+        if let Some(q) = &self.quant {
+            for gathered in [false, true] {
+                let (codes, scales) = if gathered {
+                    (&q.recv_codes, &q.recv_scales)
+                } else {
+                    (&q.send_codes, &q.send_scales)
+                };
+                typed(&mut out, BufferRole::QuantCodes { gathered }, codes);
+                typed(&mut out, BufferRole::QuantScales { gathered }, scales);
             }
         }
         typed(&mut out, BufferRole::GradStats, &self.grad_stats);

@@ -17,10 +17,10 @@
 //! [`GatherSchedule`]: crate::plan::GatherSchedule
 
 use zero_comm::{on_stream, Communicator};
-use zero_kernels::device::{same_type, Buffer, DView, Device, FloatBuffer};
+use zero_kernels::device::{same_type, Buffer, DView, DViewMut, Device, FloatBuffer};
 use zero_kernels::{DType, Float};
 
-use super::buffers::{Buffers, GatherSlot};
+use super::buffers::{Buffers, GatherSlot, QuantStaging};
 use super::reducer::Landing;
 use super::{Core, EngineError, WaitPoint};
 use crate::model::{Model, UnitGrads, UnitParams};
@@ -172,14 +172,57 @@ fn gather_units<P: Float, D: Device, C: Communicator>(
             .params
             .get::<P>()?
             .slice(core.plan.placements[u].params.clone());
-        on_stream::all_gather(
-            core.comm,
-            core.dev,
-            comm,
-            shard,
-            buf.get_mut::<P>()?.slice_mut(0..len),
-        )?;
+        let dst = buf.get_mut::<P>()?.slice_mut(0..len);
+        match &mut bufs.quant {
+            None => on_stream::all_gather(core.comm, core.dev, comm, shard, dst)?,
+            Some(q) => gather_quantized(core, q, shard, dst)?,
+        }
         gathered[u] = Some(core.dev.record(comm)?);
+    }
+    Ok(())
+}
+
+/// qwZ: quantize this rank's shard (block-wise int8, `zero_kernels::quant`), all-gather
+/// the codes and the scales, read every rank's codes back into the slot `dst`. All on
+/// the comm stream, so the staging is free again when the next gather starts. Every rank
+/// reads the same codes, so all compute with the same rounded weights.
+fn gather_quantized<P: Float, D: Device, C: Communicator>(
+    core: &Core<'_, D, C>,
+    q: &mut QuantStaging<D>,
+    shard: DView<'_, D, P>,
+    mut dst: DViewMut<'_, D, P>,
+) -> Result<(), EngineError> {
+    let (dev, comm, n) = (core.dev, &core.streams.comm, core.layout.world);
+    let (s, b) = (shard.len(), q.block);
+    let ns = zero_kernels::quant::scale_count(s, b);
+    let (codes, scales) = (q.send_codes.slice_mut(0..s), q.send_scales.slice_mut(0..ns));
+    dev.quantize_int8(comm, shard, b, codes, scales)?;
+    let (codes, scales) = (q.send_codes.slice(0..s), q.send_scales.slice(0..ns));
+    on_stream::all_gather(
+        core.comm,
+        dev,
+        comm,
+        codes,
+        q.recv_codes.slice_mut(0..n * s),
+    )?;
+    on_stream::all_gather(
+        core.comm,
+        dev,
+        comm,
+        scales,
+        q.recv_scales.slice_mut(0..n * ns),
+    )?;
+    if s % b == 0 {
+        // Shards of whole blocks: the gathered codes are one run of blocks.
+        let (codes, scales) = (q.recv_codes.slice(0..n * s), q.recv_scales.slice(0..n * ns));
+        dev.dequantize_int8(comm, codes, scales, b, dst)?;
+    } else {
+        for r in 0..n {
+            let codes = q.recv_codes.slice(r * s..(r + 1) * s);
+            let scales = q.recv_scales.slice(r * ns..(r + 1) * ns);
+            let out = dst.reborrow().slice_mut(r * s..(r + 1) * s);
+            dev.dequantize_int8(comm, codes, scales, b, out)?;
+        }
     }
     Ok(())
 }

@@ -17,6 +17,10 @@
 //!        + reduce-scatter AΨp (W) + all-gather Ψs  + all-gather Ψs (P)
 //! ```
 //!
+//! With quantized gathers (qwZ, `zero.quantize_weights`), each stage-3 gather of a unit
+//! of padded length E moves E int8 codes and N x ceil(E / N / B) f32 scales instead of E
+//! values of P, in two all-gathers.
+//!
 //! The table holds when every unit has one use. A unit released between uses
 //! (zero-core/src/plan/uses.rs) adds, per extra use, one gather of it per pass at stage
 //! 3 and one reduce-scatter per micro-step with sharded gradients: the plan counts them.
@@ -206,10 +210,26 @@ impl CommPlan {
                         })
                 };
                 if let Some(g) = &plan.gather {
-                    let (calls, elems) = gathers(&g.forward);
-                    line(AllGather, GatherForward, p, a * calls, a * elems);
-                    let (calls, elems) = gathers(&g.backward);
-                    line(AllGather, GatherBackward, p, a * calls, a * elems);
+                    for (pass, purpose) in
+                        [(&g.forward, GatherForward), (&g.backward, GatherBackward)]
+                    {
+                        let (calls, elems) = gathers(pass);
+                        match plan.inputs.quant_block {
+                            None => line(AllGather, purpose, p, a * calls, a * elems),
+                            // qwZ: the codes (a byte a value) and, per shard, one f32
+                            // scale per block, in two all-gathers.
+                            Some(block) => {
+                                line(AllGather, purpose, DType::U8, a * calls, a * elems);
+                                let scales =
+                                    pass.iter().flat_map(|s| &s.gather).fold(0, |e, &u| {
+                                        let shard = layout.units[u].shard_len;
+                                        e + (n * zero_kernels::quant::scale_count(shard, block))
+                                            as u64
+                                    });
+                                line(AllGather, purpose, DType::F32, a * calls, a * scales);
+                            }
+                        }
+                    }
                 }
                 let (calls, elems) = reduced();
                 line(ReduceScatter, Grads, w, calls, elems);

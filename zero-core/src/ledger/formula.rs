@@ -291,6 +291,17 @@ impl Explanation {
                 plan.inputs.reuse_distance
             ));
         }
+        let (bytes, _, _, _) = sum(&|r| {
+            matches!(
+                r,
+                BufferRole::QuantCodes { .. } | BufferRole::QuantScales { .. }
+            )
+        });
+        if let Some(block) = plan.inputs.quant_block {
+            extra(MemCategory::Gather, bytes, format!(
+                "quantized gathers (qwZ, one f32 scale per {block} values): the int8 codes and scales of the largest gathered unit's shard, and of the whole unit as gathered"
+            ));
+        }
         for (role, what) in [
             (
                 BufferRole::ParamWindow,

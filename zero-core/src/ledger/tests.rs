@@ -26,6 +26,7 @@ fn inputs(stage: Stage, precision: Precision, reduce_f32: bool, every: bool) -> 
         reuse_distance: usize::MAX,
         grad_accum: 2,
         activation_bytes: 12345,
+        quant_block: None,
     }
 }
 

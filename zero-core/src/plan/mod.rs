@@ -23,6 +23,8 @@
 //! TiedGrad{u}       f32    -         -         sharded only     sharded only     a use spans several layers
 //! Bucket{0,1}       W      bucket    bucket    bucket           bucket           reduction staging, double-buffered
 //! BucketPiece{0,1}  W      -         bucket/N  bucket/N         bucket/N         reduce-scatter output
+//! QuantCodes{0,1}   u8     -         -         -                shard | unit     qwZ only: int8 codes sent | gathered
+//! QuantScales{0,1}  f32    -         -         -                ns | N ns        qwZ only: ns = ceil(shard / block)
 //! GradStats         f64    2 per unit (sum of squares, overflow flag)                     read by the host
 //! Losses            f32    A (one per micro-step)                                          read by the host
 //! Agreement         f64    3 (squared norm, overflow, loss sum)                            all-reduced once a step
@@ -54,6 +56,11 @@
 //!   straight into its slot (or, once per step after the update, into its Persistent
 //!   buffer). Neither is chunked: the layer needs the whole unit resident, so a staging
 //!   bucket would only add a copy.
+//!
+//! - Quantized gathers (qwZ, stage 3): the shard is quantized into QuantCodes{0} /
+//!   QuantScales{0}, both all-gathered into QuantCodes{1} / QuantScales{1}, and read back
+//!   into the slot, all on the comm stream; sized by the largest non-persistent unit.
+//!   The persistent units' after-step gathers stay exact.
 //!
 //! Padding: buffers laid out as full or shard contain partition padding; the ledger
 //! reports it as its own category (the rest of the buffer under its role's category).
@@ -101,6 +108,8 @@ pub struct PlanInputs {
     pub grad_accum: usize,
     /// The model's activation arena for one micro-step.
     pub activation_bytes: u64,
+    /// Stage 3 with quantized gathers (qwZ): the values per scale; None: exact gathers.
+    pub quant_block: Option<usize>,
 }
 
 impl PlanInputs {
@@ -118,6 +127,8 @@ impl PlanInputs {
             reuse_distance: c.zero.reuse_distance,
             grad_accum: c.grad_accum,
             activation_bytes,
+            quant_block: (c.zero.stage == Stage::Zero3 && c.zero.quantize_weights)
+                .then_some(c.zero.quant_block),
         }
     }
 }
@@ -207,6 +218,18 @@ pub enum BufferRole {
     /// The agreement vector all-reduced once per step (3 f64: squared norm, overflow,
     /// loss sum).
     Agreement,
+    /// Stage 3 with quantized gathers: int8 codes (as bytes) of this rank's shard of the
+    /// unit being gathered (`gathered`: false), or of the whole unit as gathered (true).
+    QuantCodes {
+        /// The gathered side.
+        gathered: bool,
+    },
+    /// Stage 3 with quantized gathers: the f32 scales of the codes, one per block of
+    /// `quant_block` values of a shard (`gathered`: N shards' worth).
+    QuantScales {
+        /// The gathered side.
+        gathered: bool,
+    },
 }
 
 /// How a buffer's elements are laid out.
@@ -396,6 +419,24 @@ impl BufferPlan {
                 b.push(scratch(R::GatherSlot { slot }, C::Gather, p, len));
             }
             gather = Some(g);
+            // Quantized gathers stage one unit at a time on the comm stream, so one set of
+            // buffers sized by the largest gathered unit serves them all.
+            if let Some(block) = inputs.quant_block {
+                let gathered = layout.units.iter().zip(&persistent).filter(|(_, &p)| !p);
+                let shard = gathered
+                    .clone()
+                    .map(|(u, _)| u.shard_len)
+                    .max()
+                    .unwrap_or(0);
+                let full = gathered.map(|(u, _)| u.padded_len).max().unwrap_or(0);
+                let scales = zero_kernels::quant::scale_count(shard, block);
+                let codes = |gathered| R::QuantCodes { gathered };
+                let scale = |gathered| R::QuantScales { gathered };
+                b.push(scratch(codes(false), C::Gather, DType::U8, shard));
+                b.push(scratch(scale(false), C::Gather, DType::F32, scales));
+                b.push(scratch(codes(true), C::Gather, DType::U8, full));
+                b.push(scratch(scale(true), C::Gather, DType::F32, n * scales));
+            }
         }
 
         // Compute windows: the widest layer, counted over all units or only those

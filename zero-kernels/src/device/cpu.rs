@@ -25,6 +25,7 @@ use crate::float::Float;
 use crate::isa::Exec;
 use crate::nn::{self, AttnShape, Gemm, RopeShape, Scalar};
 use crate::par::rows_per_part;
+use crate::quant;
 use crate::twin;
 
 use super::check::{self, ids_below as check_ids, rows_of, same_len};
@@ -496,6 +497,52 @@ impl<Q: CpuQueue> Device for Q {
                     }
                     Ok(())
                 }
+            })?,
+        )
+    }
+
+    fn quantize_int8<T: Float>(
+        &self,
+        stream: &CpuStream,
+        src: View<'_, CpuBuffer<T>>,
+        block: usize,
+        codes: ViewMut<'_, CpuBuffer<u8>>,
+        scales: ViewMut<'_, CpuBuffer<f32>>,
+    ) -> Result<()> {
+        quant::check_lengths(src.len(), block, codes.len(), scales.len())?;
+        let exec = *self.exec();
+        let mut op = OpBuilder::new("quantize_int8");
+        let (src, codes, scales) = (op.r(&src), op.w(&codes), op.w(&scales));
+        self.submit(
+            stream,
+            op.finish(move || {
+                // SAFETY: see the module documentation.
+                let (x, q, s) = unsafe { (src.get(), codes.get(), scales.get()) };
+                // The GPU's order and the host's are the same (the block maximum is exact
+                // in any order): one kernel serves both, and the simulated GPU.
+                quant::quantize(&exec, x, block, bytemuck::cast_slice_mut(q), s)
+            })?,
+        )
+    }
+
+    fn dequantize_int8<T: Float>(
+        &self,
+        stream: &CpuStream,
+        codes: View<'_, CpuBuffer<u8>>,
+        scales: View<'_, CpuBuffer<f32>>,
+        block: usize,
+        dst: ViewMut<'_, CpuBuffer<T>>,
+    ) -> Result<()> {
+        quant::check_lengths(dst.len(), block, codes.len(), scales.len())?;
+        let exec = *self.exec();
+        let mut op = OpBuilder::new("dequantize_int8");
+        let (codes, scales, dst) = (op.r(&codes), op.r(&scales), op.w(&dst));
+        self.submit(
+            stream,
+            op.finish(move || {
+                // SAFETY: see the module documentation.
+                let (q, s, out) = unsafe { (codes.get(), scales.get(), dst.get()) };
+                quant::dequantize(&exec, bytemuck::cast_slice(q), s, block, out)
             })?,
         )
     }

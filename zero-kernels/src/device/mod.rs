@@ -251,6 +251,27 @@ pub trait Device {
         dst: DViewMut<'_, Self, T>,
         src: DView<'_, Self, S>,
     ) -> Result<()>;
+    /// Block-wise symmetric int8 quantization ([`crate::quant`]): `codes` gets one code
+    /// per value of `src` (the two's-complement byte of an i8), `scales` one f32 per block
+    /// of `block` values (the last block may be shorter).
+    fn quantize_int8<T: Float>(
+        &self,
+        stream: &Self::Stream,
+        src: DView<'_, Self, T>,
+        block: usize,
+        codes: DViewMut<'_, Self, u8>,
+        scales: DViewMut<'_, Self, f32>,
+    ) -> Result<()>;
+    /// Read back what [`Device::quantize_int8`] made: `dst[i] = code[i] x scale[i /
+    /// block]`, rounded to `T`.
+    fn dequantize_int8<T: Float>(
+        &self,
+        stream: &Self::Stream,
+        codes: DView<'_, Self, u8>,
+        scales: DView<'_, Self, f32>,
+        block: usize,
+        dst: DViewMut<'_, Self, T>,
+    ) -> Result<()>;
     /// Gradient statistics of `grad` times `scale` ([`crate::gradstats::stats`]):
     /// `out[0]` = the sum of squares (f64, fixed order), `out[1]` = 1 if some element is
     /// inf/NaN else 0. `out` has 2 elements.

@@ -99,8 +99,31 @@ fn shapes(d: &LlamaDims) -> (AttnShape, RopeShape) {
     )
 }
 
-/// Forward of one block: `x` is the block input [B,T,C]; `acts` its region of the arena.
+/// Forward of one block: `x` is the block input [B,T,C]; `acts` the internals
+/// (`LlamaDims::internal_sizes`, the arena's block region or, for a checkpointed block,
+/// the recompute region) and `out` the output `res3` [B,T,C].
 pub fn block_forward<D: Device, F: Scalar>(
+    cx: Compute<'_, D>,
+    d: LlamaDims,
+    params: DView<'_, D, F>,
+    x: DView<'_, D, F>,
+    mut acts: DViewMut<'_, D, F>,
+    mut out: DViewMut<'_, D, F>,
+) -> zero_kernels::Result<()> {
+    block_internals(cx, d, params.clone(), x, acts.reborrow())?;
+    let (bt, c, f) = (d.bt(), d.c, d.f);
+    let [.., w2, _] = params.carve(block_param_sizes(&d));
+    let [.., res2, _, _, _, _, g] = acts.as_view().carve(d.internal_sizes());
+    // out = res2 + w2(g).
+    cx.dev.copy(cx.stream, res2, out.reborrow())?;
+    linear(cx, out, g, w2, bt, f, c, F::ONE)
+}
+
+/// The block's internal activations from its input `x`, written into `acts`: everything
+/// up to, not including, the output. The forward, and the recomputation of a checkpointed
+/// block in its backward: the same ops in the same order on the same input, so the same
+/// bits.
+pub fn block_internals<D: Device, F: Scalar>(
     cx: Compute<'_, D>,
     d: LlamaDims,
     params: DView<'_, D, F>,
@@ -109,9 +132,9 @@ pub fn block_forward<D: Device, F: Scalar>(
 ) -> zero_kernels::Result<()> {
     let (dev, s) = (cx.dev, cx.stream);
     let (bt, c, kv, f) = (d.bt(), d.c, d.kv, d.f);
-    let [anw, wq, wk, wv, wo, fnw, w1, w2, w3] = params.carve(block_param_sizes(&d));
-    let [mut an, an_rstd, mut q, mut k, mut v, mut qkv, mut atty, att, mut res2, mut fnn, fn_rstd, mut h1, mut h3, mut g, mut res3] =
-        acts.carve(d.block_sizes());
+    let [anw, wq, wk, wv, wo, fnw, w1, _, w3] = params.carve(block_param_sizes(&d));
+    let [mut an, an_rstd, mut q, mut k, mut v, mut qkv, mut atty, att, mut res2, mut fnn, fn_rstd, mut h1, mut h3, g] =
+        acts.carve(d.internal_sizes());
     let (attn, rope) = shapes(&d);
     let zero = F::ZERO;
     dev.rmsnorm_forward(s, an.reborrow(), an_rstd, x.clone(), anw, c, d.eps)?;
@@ -132,13 +155,11 @@ pub fn block_forward<D: Device, F: Scalar>(
     dev.rmsnorm_forward(s, fnn.reborrow(), fn_rstd, res2.as_view(), fnw, c, d.eps)?;
     linear(cx, h1.reborrow(), fnn.as_view(), w1, bt, c, f, zero)?;
     linear(cx, h3.reborrow(), fnn.as_view(), w3, bt, c, f, zero)?;
-    dev.swiglu_forward(s, g.reborrow(), h1.as_view(), h3.as_view())?;
-    dev.copy(s, res2.as_view(), res3.reborrow())?;
-    linear(cx, res3, g.as_view(), w2, bt, f, c, F::ONE)
+    dev.swiglu_forward(s, g, h1.as_view(), h3.as_view())
 }
 
-/// Backward of one block. On entry `scratch`'s first piece (dres) holds d(output); on exit
-/// it holds d(input). Parameter gradients are added into `grads`.
+/// Backward of one block from its internals `acts` (`LlamaDims::internal_sizes`). On
+/// entry `scratch`'s first piece (dres) holds d(output); on exit it holds d(input). Parameter gradients are added into `grads`.
 pub fn block_backward<D: Device, F: Scalar>(
     cx: Compute<'_, D>,
     d: LlamaDims,
@@ -153,8 +174,8 @@ pub fn block_backward<D: Device, F: Scalar>(
     let (zero, one) = (F::ZERO, F::ONE);
     let [anw, wq, wk, wv, wo, fnw, w1, w2, w3] = params.carve(block_param_sizes(&d));
     let [danw, dwq, dwk, dwv, dwo, dfnw, dw1, dw2, dw3] = grads.carve(block_param_sizes(&d));
-    let [an, an_rstd, _, _, _, qkv, atty, att, res2, fnn, fn_rstd, h1, h3, g, _] =
-        acts.carve(d.block_sizes());
+    let [an, an_rstd, _, _, _, qkv, atty, att, res2, fnn, fn_rstd, h1, h3, g] =
+        acts.carve(d.internal_sizes());
     let [mut dres, mut dln, mut dqkv, mut datty, mut dq, mut dk, mut dv, mut dh1, mut dh3, mut dg, dp] =
         scratch.carve(d.scratch_sizes());
     let (attn, rope) = shapes(&d);

@@ -73,6 +73,7 @@ const fn llama(
         rope_theta: theta,
         norm_eps: crate::llama::RMS_EPS,
         vocab_block_rows: None,
+        checkpoint_every: 0,
     }
 }
 
@@ -104,24 +105,14 @@ pub struct LlamaConfig {
     /// elements, 2 + 2C + 2Ckv + 3F rows (Llama 3's 128256-row tables split, Llama 2's
     /// 32000 do not).
     pub vocab_block_rows: Option<usize>,
+    /// Activation checkpointing: blocks 0, k, 2k, ... keep only their output and
+    /// recompute their internals in the backward (`super::layout`); 0 keeps everything.
+    pub checkpoint_every: usize,
 }
 
-/// What one layer of a Llama computes, in forward order ([`LlamaConfig::layers`]). Block
-/// k of a table is the k-th range of [`LlamaConfig::vocab_blocks`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LlamaLayer {
-    /// The rows of x0 whose token falls in block k >= 1 of `tok_embeddings`.
-    Lookup(usize),
-    /// `x0 = tok_embeddings[token]` for block 0's tokens.
-    Embed,
-    /// Transformer block i.
-    Block(usize),
-    /// The final RMSNorm and the logits of block 0 of `output` (and the loss, when the
-    /// table is one block).
-    Head,
-    /// The logits of block k >= 1 of `output` (and the loss, after the last block).
-    Logits(usize),
-}
+/// What one layer of a Llama computes, in forward order ([`LlamaConfig::layers`]). Each
+/// reads one unit ([`LlamaConfig::layer_unit`]): the tables are untied.
+pub type LlamaLayer = crate::lm::TokenLayer;
 
 impl LlamaConfig {
     /// A named preset (see [`LLAMA_PRESETS`]).
@@ -212,13 +203,7 @@ impl LlamaConfig {
     /// The layers in forward order: lookups of blocks 1.., embed, blocks, head, logits of
     /// blocks 1.. (see [`LlamaLayer`]).
     pub fn layers(&self) -> Vec<LlamaLayer> {
-        let k = self.vocab_blocks().len();
-        let mut out: Vec<LlamaLayer> = (1..k).map(LlamaLayer::Lookup).collect();
-        out.push(LlamaLayer::Embed);
-        out.extend((0..self.n_layer).map(LlamaLayer::Block));
-        out.push(LlamaLayer::Head);
-        out.extend((1..k).map(LlamaLayer::Logits));
-        out
+        LlamaLayer::sequence(self.n_layer, self.vocab_blocks().len())
     }
 
     /// The unit a layer reads, as an index into [`LlamaConfig::spec`]'s units (each layer

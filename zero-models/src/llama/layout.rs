@@ -2,16 +2,26 @@
 //! (the same scheme as GPT-2's, `crate::layout`), Ckv = Hkv C/H, F the MLP width:
 //!
 //! ```text
-//! [embed: x0 BTC][block 0 ...][block L-1 ...][head ...][scratch ...]
+//! [embed: x0 BTC][block 0 ...][block L-1 ...][head ...][recompute ...][scratch ...]
 //! block: an BTC | an_rstd BT | q BTC | k BTCkv | v BTCkv | qkv 3BTC | atty BTC | att BHTT
 //!        | res2 BTC | fn BTC | fn_rstd BT | h1 BTF | h3 BTF | g BTF | res3 BTC
+//! checkpointed block: res3 BTC
 //! head:  norm BTC | norm_rstd BT | probs BTV | losses BT
+//! recompute: a block's pieces before res3 (only when some block is checkpointed)
 //! scratch: dres BTC | dln BTC | dqkv 3BTC | datty BTC | dq BTC | dk BTCkv | dv BTCkv
 //!          | dh1 BTF | dh3 BTF | dg BTF | dp TT
 //! ```
 //!
 //! Each block's output (`res3`) ends its region, so block i's input is the tail of
 //! everything before it.
+//!
+//! Activation checkpointing (`LlamaConfig::checkpoint_every` = k > 0), as GPT-2's
+//! (`crate::layout`): blocks 0, k, 2k, ... keep only `res3`; their internals (the
+//! fourteen pieces before it) live in one `recompute` region between the head and the
+//! scratch, written by the block's forward and rewritten from the saved input by its
+//! backward (`super::block::block_internals`).
+
+use crate::layout::Checkpointing;
 
 /// Dimensions of one micro-batch's activations, and the shape constants the ops need.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -38,6 +48,8 @@ pub struct LlamaDims {
     pub theta: f64,
     /// RMSNorm's epsilon.
     pub eps: f64,
+    /// Checkpoint every k-th block (blocks 0, k, 2k, ...); 0: none.
+    pub every: usize,
 }
 
 impl LlamaDims {
@@ -46,8 +58,9 @@ impl LlamaDims {
         self.b * self.t
     }
 
-    /// Piece lengths of a block region, in the order of the module doc.
-    pub fn block_sizes(&self) -> [usize; 15] {
+    /// Piece lengths of a block's internals: the region of the module doc without its
+    /// output `res3`.
+    pub fn internal_sizes(&self) -> [usize; 14] {
         let (bt, c, kv, f) = (self.bt(), self.c, self.kv, self.f);
         let att = self.b * self.h * self.t * self.t;
         [
@@ -65,8 +78,17 @@ impl LlamaDims {
             bt * f,
             bt * f,
             bt * f,
-            bt * c,
         ]
+    }
+
+    /// Elements of a block's internals (what checkpointing drops per block).
+    pub fn internal_len(&self) -> usize {
+        self.internal_sizes().iter().sum()
+    }
+
+    /// Whether block `i` is checkpointed (keeps only its output).
+    pub fn checkpointed(&self, i: usize) -> bool {
+        Checkpointing(self.every).keeps_output_only(i)
     }
 
     /// Piece lengths of the head region.
@@ -93,9 +115,9 @@ impl LlamaDims {
         ]
     }
 
-    /// Elements of one block region.
+    /// Elements of one full block region: the internals and `res3`.
     pub fn block_len(&self) -> usize {
-        self.block_sizes().iter().sum()
+        self.internal_len() + self.bt() * self.c
     }
 
     /// Where region `r` (0 = embed, 1..=L blocks, L+1 head) starts.
@@ -103,7 +125,9 @@ impl LlamaDims {
         if r == 0 {
             0
         } else {
-            self.bt() * self.c + (r - 1).min(self.l) * self.block_len()
+            let n = (r - 1).min(self.l);
+            let out = self.bt() * self.c;
+            out + Checkpointing(self.every).blocks_len(n, out, self.internal_len())
         }
     }
 
@@ -111,14 +135,26 @@ impl LlamaDims {
     pub fn region_len(&self, r: usize) -> usize {
         match r {
             0 => self.bt() * self.c,
+            x if x <= self.l && self.checkpointed(x - 1) => self.bt() * self.c,
             x if x <= self.l => self.block_len(),
             _ => self.head_sizes().iter().sum(),
         }
     }
 
+    /// Where the recompute region of checkpointed blocks starts (after the head).
+    pub fn recompute_start(&self) -> usize {
+        self.region_start(self.l + 1) + self.region_len(self.l + 1)
+    }
+
+    /// Elements of the recompute region: one block's internals, or none without
+    /// checkpointing.
+    pub fn recompute_len(&self) -> usize {
+        Checkpointing(self.every).recompute_len(self.internal_len())
+    }
+
     /// Where the gradient scratch starts.
     pub fn scratch_start(&self) -> usize {
-        self.region_start(self.l + 1) + self.region_len(self.l + 1)
+        self.recompute_start() + self.recompute_len()
     }
 
     /// Elements of the whole arena.

@@ -26,16 +26,19 @@ pub use zero_kernels::nn::RMS_EPS;
 
 use std::ops::Range;
 
-use zero_core::model::{Compute, UnitGrads, UnitParams};
-use zero_core::{Model, ModelError, ModelSpec};
+use zero_core::model::Compute;
+use zero_core::{ModelError, ModelSpec};
 use zero_kernels::device::{Buffer, DView, DViewMut, Device, Scalar};
-use zero_kernels::nn::mean_f64;
 
-use crate::gpt::{GptError, TokenBatch};
+use crate::gpt::GptError;
 use crate::head::{logits_backward, logits_forward};
 use crate::init;
 use crate::layout::Dims;
-use block::{block_backward, block_forward};
+use crate::lm::{
+    arena_bytes_for, bad_call, check_units, host_units, impl_model, LayeredLm, TokenArena,
+    TokenBatch,
+};
+use block::{block_backward, block_forward, block_internals};
 use layout::LlamaDims;
 
 /// Llama with its activation arena on device `D`.
@@ -45,14 +48,8 @@ pub struct Llama<D: Device, F: Scalar = f32> {
     layers: Vec<LlamaLayer>,
     /// The row ranges of the tables' blocks.
     vocab_blocks: Vec<Range<usize>>,
-    max_rows: usize,
-    arena: D::Buf<F>,
-    inputs: D::Buf<u32>,
-    targets: D::Buf<u32>,
-    loss: D::Buf<F>,
+    io: TokenArena<D, F>,
     dims: LlamaDims,
-    fwd_next: usize,
-    bwd_next: Option<usize>,
 }
 
 fn dims_for(cfg: &LlamaConfig, b: usize, t: usize) -> LlamaDims {
@@ -68,6 +65,7 @@ fn dims_for(cfg: &LlamaConfig, b: usize, t: usize) -> LlamaDims {
         l: cfg.n_layer,
         theta: cfg.rope_theta,
         eps: cfg.norm_eps,
+        every: cfg.checkpoint_every,
     }
 }
 
@@ -79,12 +77,12 @@ pub fn activation_bytes_for(
     seq_len: usize,
     elem_bytes: usize,
 ) -> usize {
-    let tokens = rows * seq_len;
-    dims_for(cfg, rows, seq_len).total() * elem_bytes + 2 * tokens * 4 + elem_bytes
-}
-
-fn bad_call(msg: String) -> ModelError {
-    ModelError::BadCall(msg)
+    arena_bytes_for(
+        dims_for(cfg, rows, seq_len).total(),
+        rows,
+        seq_len,
+        elem_bytes,
+    )
 }
 
 /// GPT-2's head functions take its dims; the logits need only B, T, C and V.
@@ -110,20 +108,14 @@ impl<D: Device, F: Scalar> Llama<D, F> {
             return Err(crate::GptConfigError::Zero { name: "max_rows" }.into());
         }
         let dims = dims_for(&cfg, max_rows, cfg.max_seq_len);
-        let tokens = max_rows * cfg.max_seq_len;
+        let limits = (max_rows, cfg.max_seq_len, cfg.vocab_size);
         Ok(Llama {
             cfg,
             spec: cfg.spec(),
             layers: cfg.layers(),
             vocab_blocks: cfg.vocab_blocks(),
-            max_rows,
-            arena: dev.alloc(dims.total(), "llama activations")?,
-            inputs: dev.alloc(tokens, "llama inputs")?,
-            targets: dev.alloc(tokens, "llama targets")?,
-            loss: dev.alloc(1, "llama loss")?,
+            io: TokenArena::new(dev, dims.total(), limits, "llama")?,
             dims,
-            fwd_next: 0,
-            bwd_next: None,
         })
     }
 
@@ -134,152 +126,68 @@ impl<D: Device, F: Scalar> Llama<D, F> {
 
     /// Fresh parameters, one flat host buffer per unit.
     pub fn init_params(&self, seed: u64) -> Vec<Vec<F>> {
-        self.spec
-            .units
-            .iter()
-            .map(|u| {
-                let mut v = vec![F::ZERO; u.numel()];
-                init::init_llama_unit(u, self.cfg.n_layer, seed, &mut v);
-                v
-            })
-            .collect()
+        host_units(&self.spec, |u, v| {
+            init::init_llama_unit(u, self.cfg.n_layer, seed, v)
+        })
     }
 
     /// Zeroed gradient buffers, one per unit (host).
     pub fn zero_grads(&self) -> Vec<Vec<F>> {
-        self.spec
-            .units
-            .iter()
-            .map(|u| vec![F::ZERO; u.numel()])
-            .collect()
+        host_units(&self.spec, |_, _| {})
     }
 
     /// Bytes of the activations (fixed at construction).
     pub fn arena_bytes(&self) -> usize {
-        (self.arena.allocated_bytes()
-            + self.inputs.allocated_bytes()
-            + self.targets.allocated_bytes()
-            + self.loss.allocated_bytes()) as usize
+        self.io.bytes()
+    }
+}
+
+impl<D: Device, F: Scalar> LayeredLm<D, F> for Llama<D, F> {
+    fn layer_spec(&self) -> &ModelSpec {
+        &self.spec
     }
 
-    /// Start a micro-step: check the batch on the host, upload it, lay the arena out for
-    /// its B x T.
-    pub fn begin(&mut self, cx: Compute<'_, D>, batch: &TokenBatch<'_>) -> Result<(), ModelError> {
-        let (b, t) = (batch.rows, batch.seq_len);
-        if b == 0 || b > self.max_rows || t == 0 || t > self.cfg.max_seq_len {
-            return Err(ModelError::BadBatch(format!(
-                "batch of {b} rows x {t} tokens; this model takes 1..={} rows x 1..={} tokens",
-                self.max_rows, self.cfg.max_seq_len
-            )));
-        }
-        for (what, v) in [("inputs", batch.inputs), ("targets", batch.targets)] {
-            if v.len() != b * t {
-                return Err(ModelError::BadBatch(format!(
-                    "{what} has {} tokens, expected rows*seq_len = {b}*{t} = {}",
-                    v.len(),
-                    b * t
-                )));
-            }
-            if let Some(i) = v.iter().position(|&x| x as usize >= self.cfg.vocab_size) {
-                return Err(ModelError::BadBatch(format!(
-                    "{what}[{i}] = {} is outside the vocabulary (V = {})",
-                    v[i], self.cfg.vocab_size
-                )));
-            }
-        }
-        cx.dev
-            .upload(cx.stream, batch.inputs, self.inputs.slice_mut(0..b * t))?;
-        cx.dev
-            .upload(cx.stream, batch.targets, self.targets.slice_mut(0..b * t))?;
-        self.dims = dims_for(&self.cfg, b, t);
-        self.fwd_next = 0;
-        self.bwd_next = None;
+    fn begin(&mut self, cx: Compute<'_, D>, batch: &TokenBatch<'_>) -> Result<(), ModelError> {
+        self.io.begin(cx, batch)?;
+        self.dims = dims_for(&self.cfg, batch.rows, batch.seq_len);
         Ok(())
     }
 
-    /// The micro-step's mean cross-entropy in f64 (after the head's forward; waits).
-    pub fn loss_f64(&self, cx: Compute<'_, D>) -> Result<f64, ModelError> {
+    fn loss_f64(&self, cx: Compute<'_, D>) -> Result<f64, ModelError> {
         let d = self.dims;
         let at = d.region_start(d.l + 1) + d.head_sizes()[..3].iter().sum::<usize>();
-        let mut losses = vec![F::ZERO; d.bt()];
-        cx.dev
-            .download(cx.stream, self.arena.slice(at..at + d.bt()), &mut losses)?;
-        Ok(mean_f64(&losses))
+        self.io.mean_loss(cx, at, d.bt())
     }
 
-    fn check_units(&self, layer: usize, lens: &[usize], what: &str) -> Result<(), ModelError> {
-        let units = &self.spec.layers[layer].units;
-        if lens.len() != units.len() {
-            return Err(bad_call(format!(
-                "layer {layer} uses {} units, got {} {what} views",
-                units.len(),
-                lens.len()
-            )));
-        }
-        for (&u, &len) in units.iter().zip(lens) {
-            let need = self.spec.units[u].numel();
-            if len < need {
-                return Err(bad_call(format!(
-                    "{what} view of unit '{}' has {len} elements, needs {need}",
-                    self.spec.units[u].name
-                )));
-            }
-        }
-        Ok(())
-    }
-
-    /// Where a layer's activations live: 0 = x0, 1..=L the blocks, L+1 the head.
-    fn region(&self, layer: LlamaLayer) -> usize {
-        match layer {
-            LlamaLayer::Lookup(_) | LlamaLayer::Embed => 0,
-            LlamaLayer::Block(i) => i + 1,
-            LlamaLayer::Head | LlamaLayer::Logits(_) => self.cfg.n_layer + 1,
-        }
-    }
-
-    /// The rows of the table block a layer uses (block 0 for the others), and whether it
-    /// is the last block (the one the loss follows).
-    fn vocab_block(&self, layer: LlamaLayer) -> (Range<usize>, bool) {
-        let k = match layer {
-            LlamaLayer::Lookup(k) | LlamaLayer::Logits(k) => k,
-            _ => 0,
-        };
-        (
-            self.vocab_blocks[k].clone(),
-            k + 1 == self.vocab_blocks.len(),
-        )
-    }
-
-    /// Forward of `layer` on the parameters of its unit.
-    pub fn forward(
+    fn forward(
         &mut self,
         cx: Compute<'_, D>,
         layer: usize,
         params: &[DView<'_, D, F>],
     ) -> Result<(), ModelError> {
-        if layer != self.fwd_next || layer >= self.layers.len() {
-            return Err(bad_call(format!(
-                "forward of layer {layer}, expected layer {} (call begin_micro_step first; \
-                 layers run in order)",
-                self.fwd_next
-            )));
-        }
+        self.io.expect_forward(layer, self.layers.len())?;
         let lens: Vec<usize> = params.iter().map(|p| p.len()).collect();
-        self.check_units(layer, &lens, "parameter")?;
+        check_units(&self.spec, layer, &lens, "parameter")?;
         let (dev, s) = (cx.dev, cx.stream);
         let d = self.dims;
         let (bt, c, v) = (d.bt(), d.c, d.v);
         let kind = self.layers[layer];
-        let (rows, last) = self.vocab_block(kind);
+        let (rows, last) = kind.table_rows(&self.vocab_blocks);
         let n = rows.len() * c;
-        let start = d.region_start(self.region(kind));
-        let end = start + d.region_len(self.region(kind));
-        let mut parts = self.arena.split_mut(&[0..start, start..end])?.into_iter();
-        let (Some(before), Some(region)) = (parts.next(), parts.next()) else {
+        let start = d.region_start(kind.region(self.cfg.n_layer));
+        let end = start + d.region_len(kind.region(self.cfg.n_layer));
+        let recompute = d.recompute_start()..d.recompute_start() + d.recompute_len();
+        let mut parts = self
+            .io
+            .acts
+            .split_mut(&[0..start, start..end, recompute])?
+            .into_iter();
+        let (Some(before), Some(region), Some(spare)) = (parts.next(), parts.next(), parts.next())
+        else {
             return Err(bad_call("arena split".into()));
         };
         let x = before.as_view().slice(start.saturating_sub(bt * c)..start);
-        let ids = self.inputs.slice(0..bt);
+        let ids = self.io.inputs.slice(0..bt);
         let hd = head_dims(&d);
         let head = match kind {
             LlamaLayer::Lookup(_) | LlamaLayer::Embed => {
@@ -288,8 +196,15 @@ impl<D: Device, F: Scalar> Llama<D, F> {
                 dev.gather_rows_block(s, region, ids, table, rows.start, c)?;
                 None
             }
-            LlamaLayer::Block(_) => {
-                block_forward(cx, d, params[0].clone(), x, region)?;
+            LlamaLayer::Block(i) => {
+                // A checkpointed block's region is its output alone; its internals go to
+                // the recompute region, overwritten by the next checkpointed block.
+                let (acts, out) = if d.checkpointed(i) {
+                    (spare, region)
+                } else {
+                    region.split_at(d.internal_len())
+                };
+                block_forward(cx, d, params[0].clone(), x, acts, out)?;
                 None
             }
             LlamaLayer::Head => {
@@ -307,21 +222,19 @@ impl<D: Device, F: Scalar> Llama<D, F> {
                 last.then_some((probs, losses))
             }
         };
+        let head_done = head.is_some();
         if let Some((probs, mut losses)) = head {
             // Every column is in: the cross-entropy per position, the probabilities left
             // in the arena for the backward.
-            let targets = self.targets.slice(0..bt);
+            let targets = self.io.targets.slice(0..bt);
             dev.softmax_xent_forward(s, probs, losses.reborrow(), targets, v)?;
-            dev.mean(s, self.loss.view_mut(), losses.as_view())?;
-            self.bwd_next = Some(layer);
+            dev.mean(s, self.io.loss.view_mut(), losses.as_view())?;
         }
-        self.fwd_next = layer + 1;
+        self.io.forward_done(layer, head_done);
         Ok(())
     }
 
-    /// Backward of `layer`, adding into the gradients of its unit; each position's
-    /// cross-entropy has gradient weight `grad_scale`.
-    pub fn backward(
+    fn backward(
         &mut self,
         cx: Compute<'_, D>,
         layer: usize,
@@ -329,36 +242,36 @@ impl<D: Device, F: Scalar> Llama<D, F> {
         grads: &mut [DViewMut<'_, D, F>],
         grad_scale: F,
     ) -> Result<(), ModelError> {
-        if self.bwd_next != Some(layer) {
-            return Err(bad_call(format!(
-                "backward of layer {layer}, expected {:?} (forward all layers first; backward \
-                 runs in reverse order)",
-                self.bwd_next
-            )));
-        }
+        self.io.expect_backward(layer)?;
         let lens: Vec<usize> = params.iter().map(|p| p.len()).collect();
-        self.check_units(layer, &lens, "parameter")?;
+        check_units(&self.spec, layer, &lens, "parameter")?;
         let lens: Vec<usize> = grads.iter().map(|p| p.len()).collect();
-        self.check_units(layer, &lens, "gradient")?;
+        check_units(&self.spec, layer, &lens, "gradient")?;
         let (dev, s) = (cx.dev, cx.stream);
         let d = self.dims;
         let (bt, c, v) = (d.bt(), d.c, d.v);
         let kind = self.layers[layer];
-        let (rows, last) = self.vocab_block(kind);
+        let (rows, last) = kind.table_rows(&self.vocab_blocks);
         let n = rows.len() * c;
-        let start = d.region_start(self.region(kind));
-        let end = start + d.region_len(self.region(kind));
+        let start = d.region_start(kind.region(self.cfg.n_layer));
+        let end = start + d.region_len(kind.region(self.cfg.n_layer));
         let scratch_at = d.scratch_start();
         let scratch = scratch_at..scratch_at + d.scratch_sizes().iter().sum::<usize>();
+        let recompute = match kind {
+            LlamaLayer::Block(i) if d.checkpointed(i) => Some(d.recompute_start()..scratch_at),
+            _ => None,
+        };
         // The head rewrites its probabilities in place: they get a write view of their own.
         let head = matches!(kind, LlamaLayer::Head | LlamaLayer::Logits(_));
         let probs_at = start + d.head_sizes()[..2].iter().sum::<usize>();
         let ranges = if head {
             vec![0..probs_at, probs_at..probs_at + bt * v, scratch]
+        } else if let Some(r) = recompute.clone() {
+            vec![0..end, r, scratch]
         } else {
             vec![0..end, scratch]
         };
-        let mut parts = self.arena.split_mut(&ranges)?.into_iter();
+        let mut parts = self.io.acts.split_mut(&ranges)?.into_iter();
         let acts = parts.next().ok_or_else(|| bad_call("arena split".into()))?;
         let acts = acts.as_view();
         let x = acts.slice(start.saturating_sub(bt * c)..start);
@@ -367,15 +280,26 @@ impl<D: Device, F: Scalar> Llama<D, F> {
                 // tok_embeddings[token] += dx0, for the tokens in this block.
                 let scratch = parts.next().ok_or_else(|| bad_call("arena split".into()))?;
                 let dres = scratch.as_view().slice(0..bt * c);
-                let ids = self.inputs.slice(0..bt);
+                let ids = self.io.inputs.slice(0..bt);
                 let dw = grads[0].reborrow().slice_mut(0..n);
                 dev.scatter_add_rows_block(s, dw, ids, dres, rows.start, c)?;
             }
             LlamaLayer::Block(_) => {
+                // Checkpointed: the internals again, from the saved input x.
+                let mut spare = match recompute {
+                    Some(_) => Some(parts.next().ok_or_else(|| bad_call("arena split".into()))?),
+                    None => None,
+                };
+                if let Some(spare) = spare.as_mut() {
+                    block_internals(cx, d, params[0].clone(), x.clone(), spare.reborrow())?;
+                }
+                let internals = match &spare {
+                    Some(spare) => spare.as_view(),
+                    None => acts.slice(start..start + d.internal_len()),
+                };
                 let scratch = parts.next().ok_or_else(|| bad_call("arena split".into()))?;
-                let region = acts.slice(start..end);
                 let (p, g) = (params[0].clone(), grads[0].reborrow());
-                block_backward(cx, d, p, g, x, region, scratch)?;
+                block_backward(cx, d, p, g, x, internals, scratch)?;
             }
             LlamaLayer::Head | LlamaLayer::Logits(_) => {
                 // The last block first: dlogits = (probs - onehot) grad_scale, in place.
@@ -387,7 +311,7 @@ impl<D: Device, F: Scalar> Llama<D, F> {
                 let [norm, rstd] = acts.slice(start..probs_at).carve([bt * c, bt]);
                 let [mut dres, mut dln, ..] = scratch.carve(d.scratch_sizes());
                 if last {
-                    let targets = self.targets.slice(0..bt);
+                    let targets = self.io.targets.slice(0..bt);
                     dev.softmax_xent_backward(s, probs.reborrow(), targets, v, grad_scale)?;
                 }
                 let at = if kind == LlamaLayer::Head { c } else { 0 };
@@ -406,111 +330,9 @@ impl<D: Device, F: Scalar> Llama<D, F> {
                 }
             }
         }
-        self.bwd_next = layer.checked_sub(1);
+        self.io.backward_done(layer);
         Ok(())
     }
-
-    /// Every layer forward and backward on per-unit parameter and gradient buffers
-    /// (indexed by unit; each layer reads one), adding into the gradients. Returns the
-    /// micro-batch's mean loss (in f64).
-    pub fn forward_backward(
-        &mut self,
-        cx: Compute<'_, D>,
-        batch: &TokenBatch<'_>,
-        params: &[D::Buf<F>],
-        grads: &mut [D::Buf<F>],
-        grad_scale: F,
-    ) -> Result<f64, ModelError> {
-        let loss = self.forward_all(cx, batch, params)?;
-        if grads.len() != params.len() {
-            return Err(bad_call(format!(
-                "{} gradient buffers for {} units",
-                grads.len(),
-                params.len()
-            )));
-        }
-        for layer in (0..self.spec.layers.len()).rev() {
-            let u = self.spec.layers[layer].units[0];
-            let p = [params[u].view()];
-            let mut g = [grads[u].view_mut()];
-            self.backward(cx, layer, &p, &mut g, grad_scale)?;
-        }
-        Ok(loss)
-    }
-
-    /// Forward only (evaluation): the micro-batch's mean loss (in f64).
-    pub fn forward_all(
-        &mut self,
-        cx: Compute<'_, D>,
-        batch: &TokenBatch<'_>,
-        params: &[D::Buf<F>],
-    ) -> Result<f64, ModelError> {
-        if params.len() != self.spec.units.len() {
-            return Err(bad_call(format!(
-                "{} parameter buffers for {} units",
-                params.len(),
-                self.spec.units.len()
-            )));
-        }
-        self.begin(cx, batch)?;
-        for layer in 0..self.spec.layers.len() {
-            let u = self.spec.layers[layer].units[0];
-            self.forward(cx, layer, &[params[u].view()])?;
-        }
-        self.loss_f64(cx)
-    }
 }
 
-impl<D: Device> Model<D> for Llama<D, f32> {
-    type Batch<'a> = TokenBatch<'a>;
-
-    fn spec(&self) -> &ModelSpec {
-        &self.spec
-    }
-
-    /// Panics if `unit` is not a unit of the spec or `out` is shorter than it (engine bugs).
-    fn init_unit(&self, seed: u64, unit: usize, out: &mut [f32]) {
-        init::init_llama_unit(&self.spec.units[unit], self.cfg.n_layer, seed, out);
-    }
-
-    fn begin_micro_step(
-        &mut self,
-        cx: Compute<'_, D>,
-        batch: &TokenBatch<'_>,
-    ) -> Result<(), ModelError> {
-        self.begin(cx, batch)
-    }
-
-    fn forward_layer(
-        &mut self,
-        cx: Compute<'_, D>,
-        layer: usize,
-        params: &[UnitParams<'_, D>],
-    ) -> Result<(), ModelError> {
-        let p: Vec<DView<'_, D, f32>> = params.iter().map(UnitParams::view).collect();
-        self.forward(cx, layer, &p)
-    }
-
-    fn loss(&self) -> DView<'_, D, f32> {
-        self.loss.view()
-    }
-
-    fn backward_layer(
-        &mut self,
-        cx: Compute<'_, D>,
-        layer: usize,
-        params: &[UnitParams<'_, D>],
-        grads: &mut [UnitGrads<'_, D>],
-        weight: f32,
-    ) -> Result<(), ModelError> {
-        let p: Vec<DView<'_, D, f32>> = params.iter().map(UnitParams::view).collect();
-        let mut g: Vec<DViewMut<'_, D, f32>> = grads.iter_mut().map(|g| g.view()).collect();
-        // The loss is the mean over B x T positions: each position's weight.
-        let per_position = weight / self.dims.bt() as f32;
-        self.backward(cx, layer, &p, &mut g, per_position)
-    }
-
-    fn activation_bytes(&self) -> usize {
-        self.arena_bytes()
-    }
-}
+impl_model!(Llama, init::init_llama_unit);

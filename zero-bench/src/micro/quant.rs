@@ -1,0 +1,83 @@
+//! `zero-bench micro quant`: block-wise int8 quantization and dequantization (the kernels
+//! of ZeRO++-style quantized communication, `zero_kernels::quant`) against a plain copy
+//! of the same values in the same run, on every instruction-set level this CPU has.
+//!
+//! Reported per level: values per second of quantize (reads 4 bytes, writes 1 + 4/B per
+//! value), dequantize (the reverse) and an f32 copy (reads 4, writes 4), and the ratios
+//! quantize/copy and dequantize/copy in values per second. Medians of `--reps` rounds,
+//! the three kernels interleaved in each round so a shared machine's drift hits all alike.
+
+use anyhow::{Context, Result};
+use std::time::Instant;
+use zero_kernels::quant::{dequantize, quantize, scale_count};
+use zero_kernels::{Exec, Isa};
+
+/// Options of `micro quant`.
+#[derive(clap::Args, Debug)]
+pub struct QuantArgs {
+    /// Values per call, in millions.
+    #[arg(long, default_value_t = 16)]
+    mvalues: usize,
+    /// Values per scale (the quantization block).
+    #[arg(long, default_value_t = zero_kernels::quant::DEFAULT_BLOCK)]
+    block: usize,
+    /// Threads per kernel call.
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// Rounds (the median is reported).
+    #[arg(long, default_value_t = 7)]
+    reps: usize,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Run the benchmark and print one line per instruction-set level.
+pub fn run(a: &QuantArgs) -> Result<()> {
+    if a.mvalues == 0 || a.block == 0 || a.reps == 0 {
+        anyhow::bail!("--mvalues, --block and --reps must be at least 1");
+    }
+    let n = a.mvalues << 20;
+    let x: Vec<f32> = (0..n)
+        .map(|i| ((i * 7919) % 2001) as f32 / 1000.0 - 1.0)
+        .collect();
+    let mut q = vec![0i8; n];
+    let mut s = vec![0f32; scale_count(n, a.block)];
+    let mut y = vec![0f32; n];
+    println!(
+        "micro quant: {} M values, blocks of {}, {} thread(s), median of {} rounds",
+        a.mvalues, a.block, a.threads, a.reps
+    );
+    for isa in Isa::available() {
+        let exec = Exec::default()
+            .with_isa(isa)
+            .and_then(|e| e.with_threads(a.threads))
+            .context("choosing the instruction-set level")?;
+        let (mut tq, mut td, mut tc) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..a.reps {
+            let t = Instant::now();
+            quantize(&exec, &x, a.block, &mut q, &mut s)?;
+            tq.push(t.elapsed().as_secs_f64());
+            let t = Instant::now();
+            dequantize(&exec, &q, &s, a.block, &mut y)?;
+            td.push(t.elapsed().as_secs_f64());
+            let t = Instant::now();
+            y.copy_from_slice(std::hint::black_box(&x));
+            tc.push(t.elapsed().as_secs_f64());
+        }
+        let (tq, td, tc) = (median(tq), median(td), median(tc));
+        let gv = |t: f64| n as f64 / t / 1e9;
+        println!(
+            "  {isa:>6}: quantize {:.2} Gvalues/s ({:.2}x copy), dequantize {:.2} Gvalues/s ({:.2}x copy), f32 copy {:.2} Gvalues/s ({:.1} GB/s)",
+            gv(tq),
+            tc / tq,
+            gv(td),
+            tc / td,
+            gv(tc),
+            8.0 * n as f64 / tc / 1e9
+        );
+    }
+    Ok(())
+}
