@@ -786,8 +786,9 @@ fn the_simulated_gpu_trains_every_stage_like_the_host_and_resumes_bitwise() {
 /// Issue 14's host-staged MPI under real mpirun, on the simulated GPU (whose every copy
 /// is hazard-checked like a kernel): every stage gives the losses of MPI on the buffers
 /// as they are (the simulated GPU's memory is host memory, so `--comm mpi` can take
-/// it), bit for bit, with the same network bytes per step; `auto` picks staging here
-/// (no NCCL in this build, and the probe says the MPI is not CUDA-aware) and says why.
+/// it), bit for bit, with the same network bytes per step, quantized stage-3 gathers
+/// included; `auto` picks staging here (no NCCL in this build, and the probe says the
+/// MPI is not CUDA-aware) and says why.
 #[test]
 fn host_staged_mpi_on_the_simulated_gpu_trains_every_stage_like_direct_mpi() {
     let dir = scratch("staged");
@@ -867,6 +868,40 @@ fn host_staged_mpi_on_the_simulated_gpu_trains_every_stage_like_direct_mpi() {
         for key in ["comm_sent_bytes_per_step", "comm_plan_bytes_per_step"] {
             assert_eq!(stage(&staged, key), stage(&direct, key), "stage {i}: {key}");
         }
+    }
+    // Stage 3 with quantized gathers (qwZ): int8 codes and f32 scales go through the
+    // staging as well, with the direct path's losses and bytes.
+    let quantized = |comm: &str| {
+        let json = dir.join(format!("qwz-{comm}.json"));
+        let a: Vec<String> = [
+            "--config",
+            &repo("configs/tiny.toml"),
+            "--device",
+            "sim-gpu",
+            "--stage",
+            "3",
+            "--steps",
+            "4",
+            "--no-progress",
+            "--set",
+            "zero.quantize_weights=true",
+            "--comm",
+            comm,
+            "--json",
+            &s(&json),
+        ]
+        .iter()
+        .map(|x| x.to_string())
+        .collect();
+        ok(&train(2, &a));
+        read_json(&json)
+    };
+    let (q_staged, q_direct) = (quantized("mpi-staged"), quantized("mpi"));
+    for key in ["losses", "comm_sent_bytes_per_step"] {
+        assert_eq!(
+            q_staged["stages"][0][key], q_direct["stages"][0][key],
+            "qwZ: {key}"
+        );
     }
 }
 
