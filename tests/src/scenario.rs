@@ -136,17 +136,33 @@ pub fn train_llama_losses<C: Communicator>(
     steps_losses(comm, &dev, &mut model, cfg, tokens)
 }
 
-/// Train any token model with `cfg` on `comm`: every step's loss.
-fn steps_losses<C, M>(
+/// [`train_losses`] on the simulated GPU (seed `seed`): the CUDA kernels' CPU twins,
+/// with CUDA's stream rules checked on every op, the collectives' copies included.
+pub fn train_losses_sim_gpu<C: Communicator>(
     comm: &C,
-    dev: &HostDevice,
+    cfg: &Tiny,
+    tokens: &Tokens,
+    seed: u64,
+) -> Result<Vec<f64>, String> {
+    let dev = zero_kernels::device::SimDevice::gpu_twin(seed);
+    let e = |e: &dyn std::fmt::Display| format!("rank {}: {e}", comm.rank());
+    let mut model = Gpt::<zero_kernels::device::SimDevice, f32>::new(&dev, tiny_gpt(32), cfg.rows)
+        .map_err(|x| e(&x))?;
+    steps_losses(comm, &dev, &mut model, cfg, tokens)
+}
+
+/// Train any token model with `cfg` on `comm`: every step's loss.
+fn steps_losses<C, D, M>(
+    comm: &C,
+    dev: &D,
     model: &mut M,
     cfg: &Tiny,
     tokens: &Tokens,
 ) -> Result<Vec<f64>, String>
 where
     C: Communicator,
-    M: for<'a> Model<HostDevice, Batch<'a> = TokenBatch<'a>>,
+    D: zero_kernels::device::Device,
+    M: for<'a> Model<D, Batch<'a> = TokenBatch<'a>>,
 {
     let e = |e: &dyn std::fmt::Display| format!("rank {}: {e}", comm.rank());
     let mut engine = Engine::new(&cfg.engine, comm, dev, model).map_err(|x| e(&x))?;

@@ -67,6 +67,23 @@ fn watchdog_aborts_a_hung_collective() {
     }
 }
 
+/// The same for a host-staged collective of device buffers (issue 14): the watchdog
+/// covers the MPI call between the staging copies.
+#[test]
+fn watchdog_aborts_a_hung_staged_collective() {
+    let ranks = 2;
+    let out = job(ranks, "hang-staged")
+        .env("ZERO_COMM_TIMEOUT", "2")
+        .run();
+    out.assert_failed_by_itself();
+    let line = "rank 1: watchdog: reduce_scatter #0 on 'world' (1000 x f32) has not finished";
+    assert!(
+        out.all_text().contains(line),
+        "missing '{line}'\n{}",
+        out.transcript()
+    );
+}
+
 /// A rank stopped with SIGSTOP and a rank computing outside any collective: the ranks
 /// that time out ask everyone over the heartbeat side channel, and the lowest of them
 /// names the two ranks behind, with their hosts: one with what it last completed, the

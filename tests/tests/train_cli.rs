@@ -782,3 +782,176 @@ fn the_simulated_gpu_trains_every_stage_like_the_host_and_resumes_bitwise() {
         out.transcript()
     );
 }
+
+/// Issue 14's host-staged MPI under real mpirun, on the simulated GPU (whose every copy
+/// is hazard-checked like a kernel): every stage gives the losses of MPI on the buffers
+/// as they are (the simulated GPU's memory is host memory, so `--comm mpi` can take
+/// it), bit for bit, with the same network bytes per step, quantized stage-3 gathers
+/// included; `auto` picks staging here (no NCCL in this build, and the probe says the
+/// MPI is not CUDA-aware) and says why.
+#[test]
+fn host_staged_mpi_on_the_simulated_gpu_trains_every_stage_like_direct_mpi() {
+    let dir = scratch("staged");
+    let run = |comm: &str| {
+        let json = dir.join(format!("{comm}.json"));
+        let metrics = dir.join(format!("{comm}.jsonl"));
+        let a: Vec<String> = [
+            "--config",
+            &repo("configs/tiny.toml"),
+            "--device",
+            "sim-gpu",
+            "--stages",
+            "0,1,2,3",
+            "--steps",
+            "4",
+            "--no-progress",
+            "--comm",
+            comm,
+            "--json",
+            &s(&json),
+            "--metrics",
+            &s(&metrics),
+        ]
+        .iter()
+        .map(|x| x.to_string())
+        .collect();
+        let out = train(2, &a);
+        ok(&out);
+        (out, read_json(&json))
+    };
+    let (_, staged) = run("mpi-staged");
+    let (_, direct) = run("mpi");
+    let (auto_out, auto) = run("auto");
+    assert!(
+        auto_out
+            .all_text()
+            .contains("comm backend: mpi-staged (device buffers across processes"),
+        "{}",
+        auto_out.transcript()
+    );
+    assert_eq!(
+        auto_out.all_text().matches("comm backend:").count(),
+        1,
+        "rank 0 logs the choice once\n{}",
+        auto_out.transcript()
+    );
+    assert_eq!(staged["comm"], "mpi-staged");
+    assert_eq!(direct["comm"], "mpi");
+    assert_eq!(auto["comm"], "mpi-staged");
+    assert!(direct["staging"].is_null());
+    let held = staged["staging"]["held_bytes"]
+        .as_u64()
+        .expect("staging bytes");
+    assert!(held > 0 && held % 4 == 0, "{}", staged["staging"]);
+    assert!(staged["staging"]["to_host_bytes"].as_u64() > Some(0));
+    // The metrics lines carry the staging beside the device ledger.
+    let lines = read_lines(&dir.join("mpi-staged.jsonl"));
+    assert_eq!(lines.len(), 16);
+    assert!(lines
+        .iter()
+        .all(|l| l["host_staging_bytes"].as_u64() == Some(held)));
+    assert!(read_lines(&dir.join("mpi.jsonl"))
+        .iter()
+        .all(|l| l.get("host_staging_bytes").is_none()));
+    for i in 0..4 {
+        let stage = |v: &Value, key: &str| v["stages"][i][key].clone();
+        assert_eq!(
+            stage(&staged, "losses"),
+            stage(&direct, "losses"),
+            "stage {i}"
+        );
+        assert_eq!(
+            stage(&auto, "losses"),
+            stage(&direct, "losses"),
+            "stage {i}"
+        );
+        for key in ["comm_sent_bytes_per_step", "comm_plan_bytes_per_step"] {
+            assert_eq!(stage(&staged, key), stage(&direct, key), "stage {i}: {key}");
+        }
+    }
+    // Stage 3 with quantized gathers (qwZ): int8 codes and f32 scales go through the
+    // staging as well, with the direct path's losses and bytes.
+    let quantized = |comm: &str| {
+        let json = dir.join(format!("qwz-{comm}.json"));
+        let a: Vec<String> = [
+            "--config",
+            &repo("configs/tiny.toml"),
+            "--device",
+            "sim-gpu",
+            "--stage",
+            "3",
+            "--steps",
+            "4",
+            "--no-progress",
+            "--set",
+            "zero.quantize_weights=true",
+            "--comm",
+            comm,
+            "--json",
+            &s(&json),
+        ]
+        .iter()
+        .map(|x| x.to_string())
+        .collect();
+        ok(&train(2, &a));
+        read_json(&json)
+    };
+    let (q_staged, q_direct) = (quantized("mpi-staged"), quantized("mpi"));
+    for key in ["losses", "comm_sent_bytes_per_step"] {
+        assert_eq!(
+            q_staged["stages"][0][key], q_direct["stages"][0][key],
+            "qwZ: {key}"
+        );
+    }
+}
+
+/// A transport asked for that cannot run here stops every rank with one message that
+/// names what is missing and what to do.
+#[test]
+fn asking_for_a_comm_backend_that_cannot_run_is_a_clear_error() {
+    let fails = |device: &str, comm: &str, ranks: usize, says: &[&str]| {
+        let a: Vec<String> = [
+            "--config",
+            &repo("configs/tiny.toml"),
+            "--device",
+            device,
+            "--comm",
+            comm,
+            "--steps",
+            "1",
+        ]
+        .iter()
+        .map(|x| x.to_string())
+        .collect();
+        let out = train(ranks, &a);
+        assert_eq!(out.code, Some(1), "{}", out.transcript());
+        assert_eq!(
+            out.stderr.matches("error:").count(),
+            1,
+            "{}",
+            out.transcript()
+        );
+        for s in says {
+            assert!(out.stderr.contains(s), "{s}\n{}", out.transcript());
+        }
+    };
+    fails(
+        "sim-gpu",
+        "nccl",
+        2,
+        &["--comm nccl", "built without NCCL", "--comm mpi-staged"],
+    );
+    fails(
+        "sim-gpu",
+        "mpi-cuda",
+        2,
+        &[
+            "--comm mpi-cuda",
+            "not CUDA-aware",
+            "MPIX_Query_cuda_support",
+            "mpi-staged",
+        ],
+    );
+    fails("host", "mpi-cuda", 2, &["on the host", "use --comm mpi"]);
+    fails("host", "local", 2, &["2 processes", "--comm auto"]);
+}

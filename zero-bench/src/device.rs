@@ -16,15 +16,27 @@ pub enum DeviceChoice {
     Host,
     /// CUDA GPU number N (a build with the `cuda` feature).
     Cuda(usize),
+    /// `cuda`: the GPU of this rank's node-local rank ([`zero_comm::gpu_for_rank`]).
+    CudaLocal,
     /// The simulated GPU: a test tool, slow, and its timings measure nothing.
     SimGpu,
 }
 
 impl DeviceChoice {
-    /// Whether the device's memory is not the host's: the memory guard then budgets the
-    /// device's free memory, and buffers cannot go through MPI.
-    pub fn is_gpu(self) -> bool {
-        matches!(self, DeviceChoice::Cuda(_))
+    /// Where the engine's buffers live, for choosing the transport.
+    pub fn buffers(self) -> zero_comm::backend::Buffers {
+        use zero_comm::backend::Buffers;
+        match self {
+            DeviceChoice::Host => Buffers::Host,
+            // The simulated GPU stands for a GPU (auto stages), though its buffers are
+            // host memory (so `--comm mpi` can take them as they are, for comparison).
+            DeviceChoice::SimGpu => Buffers::Device {
+                host_reachable: true,
+            },
+            DeviceChoice::Cuda(_) | DeviceChoice::CudaLocal => Buffers::Device {
+                host_reachable: false,
+            },
+        }
     }
 }
 
@@ -33,6 +45,7 @@ impl fmt::Display for DeviceChoice {
         match self {
             DeviceChoice::Host => write!(f, "host"),
             DeviceChoice::Cuda(n) => write!(f, "cuda:{n}"),
+            DeviceChoice::CudaLocal => write!(f, "cuda"),
             DeviceChoice::SimGpu => write!(f, "sim-gpu"),
         }
     }
@@ -48,7 +61,7 @@ impl FromStr for DeviceChoice {
         };
         match s.trim() {
             "host" | "cpu" => Ok(DeviceChoice::Host),
-            "cuda" => Ok(DeviceChoice::Cuda(0)),
+            "cuda" => Ok(DeviceChoice::CudaLocal),
             "sim-gpu" => Ok(DeviceChoice::SimGpu),
             other => match other.strip_prefix("cuda:") {
                 Some(n) => n.parse().map(DeviceChoice::Cuda).map_err(|_| bad()),

@@ -25,7 +25,9 @@ pub fn under_launcher() -> bool {
     LAUNCHER_VARS.iter().any(|v| std::env::var_os(v).is_some())
 }
 
-pub use backend::{init, ranks_on_this_node, WorldComm};
+#[cfg(feature = "cuda")]
+pub use backend::node_rank;
+pub use backend::{device_pointers, init, ranks_on_this_node, WorldComm};
 
 #[cfg(feature = "mpi")]
 mod backend {
@@ -51,10 +53,22 @@ mod backend {
 
     /// The ranks of this job on this node (collective).
     pub fn ranks_on_this_node(comm: &WorldComm) -> anyhow::Result<usize> {
-        Ok(comm
+        Ok(node_rank(comm)?.1)
+    }
+
+    /// (this rank's rank among the ranks on its node, how many there are): the shared
+    /// memory split (collective).
+    pub fn node_rank(comm: &WorldComm) -> anyhow::Result<(usize, usize)> {
+        let node = comm
             .node_local()
-            .map_err(|e| anyhow!("counting the ranks on this node: {e}"))?
-            .size())
+            .map_err(|e| anyhow!("finding the ranks on this node: {e}"))?;
+        Ok((node.rank(), node.size()))
+    }
+
+    /// `--comm mpi-cuda`: MPI takes device pointers (the probe said it can).
+    pub fn device_pointers(comm: &WorldComm) -> anyhow::Result<()> {
+        comm.set_device_pointers(true);
+        Ok(())
     }
 }
 
@@ -92,6 +106,20 @@ mod backend {
     /// One process: all of this node is its own.
     pub fn ranks_on_this_node(_comm: &WorldComm) -> anyhow::Result<usize> {
         Ok(1)
+    }
+
+    /// One process: rank 0 of 1 on its node.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub fn node_rank(_comm: &WorldComm) -> anyhow::Result<(usize, usize)> {
+        Ok((0, 1))
+    }
+
+    /// There is no MPI in this build to take device pointers.
+    pub fn device_pointers(_comm: &WorldComm) -> anyhow::Result<()> {
+        Err(crate::features::missing(
+            "mpi",
+            "--comm mpi-cuda (CUDA-aware MPI)",
+        ))
     }
 
     /// The launcher's variable that says this process is not alone (a world size above 1

@@ -133,6 +133,13 @@ pub trait Communicator {
     /// the returned request has completed (a [`Scope`] guarantees this).
     unsafe fn start(&self, call: &RawCall) -> Result<Box<dyn InFlight>>;
 
+    /// Host staging for collectives on device buffers ([`crate::on_stream`]): `Some` for
+    /// a [`crate::StagedComm`], which copies device buffers through host memory around
+    /// each collective; `None` (every other backend) passes the buffers as they are.
+    fn staging(&self) -> Option<&crate::staged::Staging> {
+        None
+    }
+
     /// Run non-blocking collectives: every request started in `f` has completed when this
     /// returns (see [`crate::nonblocking`] for why a scope).
     fn scope<'env, F, T>(&'env self, f: F) -> T
@@ -367,5 +374,45 @@ pub(crate) mod lower {
             });
         }
         Ok(())
+    }
+}
+
+/// A borrowed communicator is one (a [`crate::StagedComm`] over the world communicator
+/// that the rest of the program keeps using).
+impl<C: Communicator + ?Sized> Communicator for &C {
+    fn rank(&self) -> usize {
+        (**self).rank()
+    }
+    fn size(&self) -> usize {
+        (**self).size()
+    }
+    fn world_rank(&self) -> usize {
+        (**self).world_rank()
+    }
+    fn name(&self) -> &str {
+        (**self).name()
+    }
+    fn stats(&self) -> CommStats {
+        (**self).stats()
+    }
+    fn reset_stats(&self) {
+        (**self).reset_stats()
+    }
+    fn half_sum(&self) -> HalfSum {
+        (**self).half_sum()
+    }
+    fn set_half_sum(&self, mode: HalfSum) {
+        (**self).set_half_sum(mode)
+    }
+    unsafe fn execute(&self, call: &RawCall) -> Result<()> {
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { (**self).execute(call) }
+    }
+    unsafe fn start(&self, call: &RawCall) -> Result<Box<dyn InFlight>> {
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { (**self).start(call) }
+    }
+    fn staging(&self) -> Option<&crate::staged::Staging> {
+        (**self).staging()
     }
 }

@@ -166,6 +166,30 @@ pub enum CommError {
         /// That rank's error.
         reason: String,
     },
+    /// A host-staged collective ([`crate::StagedComm`]) larger than the staging buffers
+    /// were sized for: they are sized once, before the first step, for the largest
+    /// collective of the plan ([`crate::Staging::reserve`]).
+    #[error("rank {rank}: {op} needs {need} bytes of host staging but the staging buffers hold {have} bytes each; reserve them for the largest collective first (Staging::reserve)")]
+    Staging {
+        /// Rank in the world.
+        rank: usize,
+        /// The collective.
+        op: &'static str,
+        /// Bytes the call needs in one staging buffer.
+        need: usize,
+        /// Bytes each staging buffer holds.
+        have: usize,
+    },
+    /// An NCCL call failed (feature `nccl`).
+    #[error("rank {rank}: NCCL {op} failed: {message}")]
+    Nccl {
+        /// Rank in the world.
+        rank: usize,
+        /// The collective (or `init`).
+        op: &'static str,
+        /// NCCL's error.
+        message: String,
+    },
     /// The device a stream-ordered collective was queued on failed (or its simulator
     /// found an ordering hazard): [`crate::on_stream`].
     #[error("rank {rank}: {op} on the device: {message}")]

@@ -12,6 +12,9 @@
 //! - Element types: every [`DType`]; bf16/f16 sums per [`HalfSum`].
 //! - [`on_stream`]: the same collectives on device buffers, ordered on a device stream
 //!   (what the engine calls); [`lowest_failing_rank`] to agree on a failure.
+//! - [`StagedComm`] (module [`staged`]): device buffers through a host-only transport by
+//!   way of double-buffered host staging; [`backend`]: choosing the transport at run
+//!   time (NCCL, CUDA-aware MPI, host-staged MPI, host MPI) and each rank's GPU.
 //! - Accounting per [`CollectiveKind`] ([`CommStats`], ring-algorithm bytes).
 //! - Failure: typed [`CommError`]s with the rank; optional watchdog and consistency check
 //!   ([`CommConfig`], `ZERO_COMM_TIMEOUT`, `ZERO_COMM_CHECK`).
@@ -22,6 +25,7 @@
 #![deny(missing_docs)]
 
 pub mod agree;
+pub mod backend;
 pub mod buffer;
 pub mod communicator;
 pub mod config;
@@ -35,14 +39,21 @@ mod init;
 pub mod local;
 #[cfg(feature = "mpi")]
 mod mpi;
+#[cfg(feature = "nccl")]
+pub mod nccl;
+pub mod nccl_id;
 pub mod nonblocking;
 pub mod on_stream;
 pub mod selftest;
+pub mod staged;
 pub mod stats;
 #[cfg(feature = "mpi")]
 mod watchdog;
 
 pub use agree::{gather_failures, lowest_failing_rank};
+pub use backend::{
+    gpu_for_rank, probe_cuda_aware, select, Backend, CommChoice, Facts, SelectError,
+};
 pub use buffer::{CommBuf, CommBufMut, Location};
 pub use communicator::{Communicator, InFlight, RawBuf, RawCall, ReduceOp};
 pub use config::{CommConfig, HalfSum};
@@ -53,7 +64,10 @@ pub use init::{init, init_with, MpiContext};
 pub use local::{run_local, LocalComm, RankPanic};
 #[cfg(feature = "mpi")]
 pub use mpi::MpiComm;
+#[cfg(feature = "nccl")]
+pub use nccl::NcclComm;
 pub use nonblocking::{Pending, Scope};
+pub use staged::{StagedComm, Staging, StagingStats};
 pub use stats::{ring_bytes, CollectiveKind, CommStats, KindStats};
 #[cfg(feature = "mpi")]
 pub use watchdog::WATCHDOG_EXIT_CODE;

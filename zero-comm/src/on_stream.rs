@@ -4,7 +4,10 @@
 //! waiting for an event recorded on this stream afterwards (the rule a stream-ordered
 //! NCCL collective follows too, so code checked on the simulated device is right for
 //! both). The communicator must be able to reach the buffers' memory: a host transport
-//! (MPI, thread ranks) refuses device memory with [`CommError::Location`].
+//! (MPI, thread ranks) refuses device memory with [`CommError::Location`], unless it is
+//! wrapped in a [`crate::StagedComm`]: then each collective copies the device buffers
+//! into host staging on the stream, runs on the host copies and copies the result back
+//! on the stream (`staged.rs` has the ordering).
 //!
 //! Lengths follow [`Communicator`]'s conventions (equal blocks, rank order).
 
@@ -13,6 +16,7 @@ use zero_kernels::Element;
 
 use crate::communicator::{lower, Communicator, RawBuf, RawCall, ReduceOp};
 use crate::error::{CommError, Result};
+use crate::staged::Staging;
 
 fn raw<B: Buffer>(buf: &B, range: std::ops::Range<usize>) -> RawBuf {
     // SAFETY: only address arithmetic; the range lies inside the buffer (views are
@@ -52,6 +56,9 @@ pub fn all_reduce<C: Communicator, D: Device, T: Element>(
     buf: DViewMut<'_, D, T>,
     op: ReduceOp,
 ) -> Result<()> {
+    if let Some(st) = comm.staging() {
+        return staged::all_reduce(comm, st, dev, stream, buf, op);
+    }
     let call = lower::all_reduce(None, raw(buf.buffer(), buf.range()), T::DTYPE, op);
     run(comm, dev, stream, "all_reduce", &[], &[buf.access()], call)
 }
@@ -66,6 +73,9 @@ pub fn reduce_scatter<C: Communicator, D: Device, T: Element>(
     op: ReduceOp,
 ) -> Result<()> {
     lower::check_blocks(comm, "reduce_scatter", send.len(), recv.len())?;
+    if let Some(st) = comm.staging() {
+        return staged::reduce_scatter(comm, st, dev, stream, send, recv, op);
+    }
     let call = lower::reduce_scatter(
         raw(send.buffer(), send.range()),
         raw(recv.buffer(), recv.range()),
@@ -92,6 +102,9 @@ pub fn all_gather<C: Communicator, D: Device, T: Element>(
     recv: DViewMut<'_, D, T>,
 ) -> Result<()> {
     lower::check_blocks(comm, "all_gather", recv.len(), send.len())?;
+    if let Some(st) = comm.staging() {
+        return staged::all_gather(comm, st, dev, stream, send, recv);
+    }
     let call = lower::all_gather(
         Some(raw(send.buffer(), send.range())),
         raw(recv.buffer(), recv.range()),
@@ -116,6 +129,9 @@ pub fn all_gather_in_place<C: Communicator, D: Device, T: Element>(
     buf: DViewMut<'_, D, T>,
 ) -> Result<()> {
     lower::check_divisible(comm, "all_gather_in_place", buf.len())?;
+    if let Some(st) = comm.staging() {
+        return staged::all_gather_in_place(comm, st, dev, stream, buf);
+    }
     let call = lower::all_gather(None, raw(buf.buffer(), buf.range()), T::DTYPE);
     run(comm, dev, stream, "all_gather", &[], &[buf.access()], call)
 }
@@ -129,6 +145,135 @@ pub fn broadcast<C: Communicator, D: Device, T: Element>(
     root: usize,
 ) -> Result<()> {
     lower::check_root(comm, "broadcast", root)?;
+    if let Some(st) = comm.staging() {
+        return staged::broadcast(comm, st, dev, stream, buf, root);
+    }
     let call = lower::broadcast(raw(buf.buffer(), buf.range()), T::DTYPE, root);
     run(comm, dev, stream, "broadcast", &[], &[buf.access()], call)
+}
+
+/// The host-staged versions (`staged.rs`): download on `stream`, the collective on the
+/// host regions through the communicator's own (host) path, upload on `stream`. The
+/// collectives on the regions are the same calls with the same lengths as the direct
+/// path, so [`crate::CommStats`] counts the same bytes; the copies are counted apart
+/// ([`Staging::stats`]).
+mod staged {
+    use super::*;
+
+    fn dev_err<C: Communicator>(
+        comm: &C,
+        op: &'static str,
+    ) -> impl Fn(zero_kernels::KernelError) -> CommError {
+        let rank = comm.world_rank();
+        move |e| CommError::device(rank, op, format!("host staging: {e}"))
+    }
+
+    pub(super) fn all_reduce<C: Communicator, D: Device, T: Element>(
+        comm: &C,
+        st: &Staging,
+        dev: &D,
+        stream: &D::Stream,
+        mut buf: DViewMut<'_, D, T>,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let (len, name) = (buf.len(), "all_reduce");
+        st.with_slot::<T, _>(comm.world_rank(), name, 0, len, |_, host| {
+            dev.download(stream, buf.as_view(), host)
+                .map_err(dev_err(comm, name))?;
+            st.count_to_host::<T>(len);
+            comm.all_reduce(host, op)?;
+            dev.upload(stream, host, buf.reborrow())
+                .map_err(dev_err(comm, name))?;
+            st.count_to_device::<T>(len);
+            Ok(())
+        })
+    }
+
+    pub(super) fn reduce_scatter<C: Communicator, D: Device, T: Element>(
+        comm: &C,
+        st: &Staging,
+        dev: &D,
+        stream: &D::Stream,
+        send: DView<'_, D, T>,
+        recv: DViewMut<'_, D, T>,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let (n, len, name) = (send.len(), recv.len(), "reduce_scatter");
+        st.with_slot::<T, _>(comm.world_rank(), name, n, len, |hs, hr| {
+            dev.download(stream, send, hs)
+                .map_err(dev_err(comm, name))?;
+            st.count_to_host::<T>(n);
+            comm.reduce_scatter(&*hs, hr, op)?;
+            dev.upload(stream, hr, recv).map_err(dev_err(comm, name))?;
+            st.count_to_device::<T>(len);
+            Ok(())
+        })
+    }
+
+    pub(super) fn all_gather<C: Communicator, D: Device, T: Element>(
+        comm: &C,
+        st: &Staging,
+        dev: &D,
+        stream: &D::Stream,
+        send: DView<'_, D, T>,
+        recv: DViewMut<'_, D, T>,
+    ) -> Result<()> {
+        let (n, len, name) = (send.len(), recv.len(), "all_gather");
+        st.with_slot::<T, _>(comm.world_rank(), name, n, len, |hs, hr| {
+            dev.download(stream, send, hs)
+                .map_err(dev_err(comm, name))?;
+            st.count_to_host::<T>(n);
+            comm.all_gather(&*hs, hr)?;
+            dev.upload(stream, hr, recv).map_err(dev_err(comm, name))?;
+            st.count_to_device::<T>(len);
+            Ok(())
+        })
+    }
+
+    /// Only this rank's block goes down; the whole gathered buffer comes back up.
+    pub(super) fn all_gather_in_place<C: Communicator, D: Device, T: Element>(
+        comm: &C,
+        st: &Staging,
+        dev: &D,
+        stream: &D::Stream,
+        mut buf: DViewMut<'_, D, T>,
+    ) -> Result<()> {
+        let (len, name) = (buf.len(), "all_gather");
+        let block = len / comm.size();
+        let own = comm.rank() * block..(comm.rank() + 1) * block;
+        st.with_slot::<T, _>(comm.world_rank(), name, 0, len, |_, host| {
+            dev.download(stream, buf.as_view().slice(own.clone()), &mut host[own])
+                .map_err(dev_err(comm, name))?;
+            st.count_to_host::<T>(block);
+            comm.all_gather_in_place(host)?;
+            dev.upload(stream, host, buf.reborrow())
+                .map_err(dev_err(comm, name))?;
+            st.count_to_device::<T>(len);
+            Ok(())
+        })
+    }
+
+    /// Only the root's buffer goes down.
+    pub(super) fn broadcast<C: Communicator, D: Device, T: Element>(
+        comm: &C,
+        st: &Staging,
+        dev: &D,
+        stream: &D::Stream,
+        mut buf: DViewMut<'_, D, T>,
+        root: usize,
+    ) -> Result<()> {
+        let (len, name) = (buf.len(), "broadcast");
+        st.with_slot::<T, _>(comm.world_rank(), name, 0, len, |_, host| {
+            if comm.rank() == root {
+                dev.download(stream, buf.as_view(), host)
+                    .map_err(dev_err(comm, name))?;
+                st.count_to_host::<T>(len);
+            }
+            comm.broadcast(host, root)?;
+            dev.upload(stream, host, buf.reborrow())
+                .map_err(dev_err(comm, name))?;
+            st.count_to_device::<T>(len);
+            Ok(())
+        })
+    }
 }

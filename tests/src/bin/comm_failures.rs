@@ -8,6 +8,9 @@
 //! - `hang-nonblocking` (run with ZERO_COMM_TIMEOUT=2): the same with a non-blocking
 //!   all-gather that the others overlap with 2.5 s of "compute" before waiting; the
 //!   watchdog must fire only once they wait.
+//! - `hang-staged` (run with ZERO_COMM_TIMEOUT): the same as `hang` for a host-staged
+//!   reduce-scatter of device buffers (zero-comm's StagedComm on the simulated GPU): the
+//!   watchdog covers the MPI call between the staging copies.
 //! - `mpi-error`: an MPI call with an invalid root must come back as `CommError::Mpi`
 //!   carrying the rank, not abort inside MPI.
 
@@ -55,6 +58,32 @@ fn main() {
                 std::thread::sleep(Duration::from_secs(60));
             }
             let _ = world.all_reduce(&mut buf[..], ReduceOp::Sum);
+        }
+        "hang-staged" => {
+            use zero_kernels::device::{Buffer, Device, SimDevice};
+            if me == 0 {
+                std::thread::sleep(Duration::from_secs(60));
+            }
+            let staged = zero_comm::StagedComm::new(&world);
+            staged.buffers().reserve(4 * 1000);
+            let dev = SimDevice::gpu_twin(1);
+            let run = || -> Result<(), String> {
+                let side = dev.stream("comm").map_err(|e| e.to_string())?;
+                let full = dev.alloc::<f32>(1000, "grads").map_err(|e| e.to_string())?;
+                let mut piece = dev
+                    .alloc::<f32>(1000 / n, "piece")
+                    .map_err(|e| e.to_string())?;
+                zero_comm::on_stream::reduce_scatter(
+                    &staged,
+                    &dev,
+                    &side,
+                    full.slice(0..1000 / n * n),
+                    piece.view_mut(),
+                    ReduceOp::Sum,
+                )
+                .map_err(|e| e.to_string())
+            };
+            let _ = run();
         }
         "stopped" => {
             // Two collectives everyone completes; then the last rank stops itself (as

@@ -6,6 +6,8 @@ pub mod adam;
 pub mod comm;
 mod comm_args;
 pub mod model;
+#[cfg(feature = "mpi")]
+pub mod overlap;
 pub mod quant;
 
 pub use comm_args::CommArgs;
@@ -21,6 +23,10 @@ pub enum MicroCommand {
     Adam(adam::AdamArgs),
     /// GPT forward+backward FLOP/s vs SGEMM on the same threads.
     Model(model::ModelArgs),
+    /// Host-staged communication hidden behind a simulated backward: serial, non-blocking
+    /// without progress, and with a progress thread; run under mpirun/srun.
+    #[cfg(feature = "mpi")]
+    Overlap(overlap::OverlapArgs),
     /// Block-wise int8 quantize / dequantize (quantized communication) vs a copy.
     Quant(quant::QuantArgs),
 }
@@ -31,6 +37,8 @@ pub fn run(cmd: MicroCommand) -> anyhow::Result<()> {
         MicroCommand::Comm(a) => comm::run(&a),
         MicroCommand::Adam(a) => adam::run(&a),
         MicroCommand::Model(a) => model::run(&a),
+        #[cfg(feature = "mpi")]
+        MicroCommand::Overlap(a) => overlap::run(&a),
         MicroCommand::Quant(a) => quant::run(&a),
     }
 }

@@ -157,14 +157,24 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 1, value_name = "K")]
     pub threads: usize,
 
-    /// Where to compute: `host` (this CPU, --threads per rank); `cuda` or `cuda:N` (GPU N;
-    /// a zero-bench built with the `cuda` feature; one rank per job, as collectives
-    /// between processes on GPU memory are not built yet; bf16 runs its products on
+    /// Where to compute: `host` (this CPU, --threads per rank); `cuda` (the GPU of this
+    /// rank's node-local rank) or `cuda:N` (GPU N; a zero-bench built with the `cuda`
+    /// feature; several ranks exchange GPU memory as --comm says; bf16 runs its products on
     /// tensor cores, and the memory guard budgets the GPU's free memory); `sim-gpu` (a
     /// test tool: the simulated GPU runs the CUDA kernels' CPU twins with CUDA's stream
     /// rules checked, on any number of ranks; slow, and its timings measure nothing).
     #[arg(long, default_value = "host", value_name = "DEVICE")]
     pub device: crate::device::DeviceChoice,
+
+    /// How the engine's collectives travel between ranks: `auto` (host buffers: `mpi`;
+    /// device buffers across processes: NCCL where built in, else CUDA-aware MPI where
+    /// the run-time probe says yes, else `mpi-staged`; one process: `local`), `nccl`,
+    /// `mpi-cuda` (device pointers to a CUDA-aware MPI), `mpi-staged` (device buffers
+    /// copied through host staging buffers around each collective: always works), `mpi`
+    /// (host buffers) or `local` (one process). Rank 0 logs the choice and why; a
+    /// backend asked for that cannot run here is an error saying what is missing.
+    #[arg(long, default_value = "auto", value_name = "BACKEND")]
+    pub comm: zero_comm::CommChoice,
 
     /// Plain log lines even when stderr is a terminal (no progress bar).
     #[arg(long)]

@@ -5,7 +5,8 @@
 //! `loss`, `grad_norm`, `lr`, `loss_scale`, `skipped`, `diverged` (the loss guard called
 //! the loss divergent), `tokens`, `tokens_per_s`, `step_seconds`, `comm_sent_bytes` {collective kind: bytes
 //! this rank sent during the step}, `memory_bytes` {ledger category: bytes this rank
-//! holds}. Non-finite numbers (an overflowed gradient norm) are written as null.
+//! holds}, and with host-staged communication (`--comm mpi-staged`) `host_staging_bytes`
+//! (the staging buffers, host memory beside the device ledger). Non-finite numbers (an overflowed gradient norm) are written as null.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -29,7 +30,7 @@ fn num(x: f64) -> Value {
 }
 
 /// One step as a JSON object.
-pub fn step_json(stage: usize, r: &StepReport, tokens: u64) -> Value {
+pub fn step_json(stage: usize, r: &StepReport, tokens: u64, staging: Option<u64>) -> Value {
     let mut comm = Map::new();
     for kind in CollectiveKind::ALL {
         if kind != CollectiveKind::Barrier {
@@ -43,7 +44,7 @@ pub fn step_json(stage: usize, r: &StepReport, tokens: u64) -> Value {
             json!(r.memory.get(&cat).copied().unwrap_or(0)),
         );
     }
-    json!({
+    let mut line = json!({
         "stage": stage,
         "step": r.step,
         "loss": num(r.loss),
@@ -57,7 +58,11 @@ pub fn step_json(stage: usize, r: &StepReport, tokens: u64) -> Value {
         "step_seconds": num(r.seconds),
         "comm_sent_bytes": comm,
         "memory_bytes": memory,
-    })
+    });
+    if let (Some(bytes), Some(obj)) = (staging, line.as_object_mut()) {
+        obj.insert("host_staging_bytes".into(), json!(bytes));
+    }
+    line
 }
 
 impl Metrics {
@@ -117,8 +122,14 @@ impl Metrics {
     }
 
     /// Append one step.
-    pub fn write(&mut self, stage: usize, r: &StepReport, tokens: u64) -> anyhow::Result<()> {
-        let line = step_json(stage, r, tokens).to_string();
+    pub fn write(
+        &mut self,
+        stage: usize,
+        r: &StepReport,
+        tokens: u64,
+        staging: Option<u64>,
+    ) -> anyhow::Result<()> {
+        let line = step_json(stage, r, tokens, staging).to_string();
         writeln!(self.out, "{line}")
             .and_then(|_| self.out.flush())
             .with_context(|| format!("writing {}", self.path.display()))
@@ -144,7 +155,7 @@ mod tests {
             comm: Default::default(),
             memory: BTreeMap::from([(MemCategory::Params, 10)]),
         };
-        let v = step_json(2, &r, 1024);
+        let v = step_json(2, &r, 1024, None);
         assert_eq!(v["stage"], 2);
         assert_eq!(v["step"], 3);
         assert_eq!(v["grad_norm"], Value::Null);
@@ -154,6 +165,9 @@ mod tests {
         assert_eq!(v["memory_bytes"]["adam_v"], 0);
         assert_eq!(v["comm_sent_bytes"]["all_gather"], 0);
         assert!(v["comm_sent_bytes"].get("barrier").is_none());
+        assert!(v.get("host_staging_bytes").is_none());
+        let staged = step_json(2, &r, 1024, Some(4096));
+        assert_eq!(staged["host_staging_bytes"], 4096);
     }
 
     #[test]
@@ -175,7 +189,7 @@ mod tests {
             comm: Default::default(),
             memory: BTreeMap::new(),
         };
-        m.write(0, &r, 1).unwrap();
+        m.write(0, &r, 1, None).unwrap();
         drop(m);
         let steps: Vec<u64> = std::fs::read_to_string(&path)
             .unwrap()

@@ -118,54 +118,178 @@ fn run_on(args: &TrainArgs, comm: Option<&WorldComm>) -> Result<(), Failure> {
         comm.ok_or_else(|| same(anyhow!("training needs MPI (internal: not initialised)")))?;
     // Again after MPI_Init, in case the MPI library installed handlers of its own.
     signals::install().map_err(same)?;
-    if args.device.is_gpu() && comm.size() > 1 {
-        return Err(same(anyhow!(
-            "--device {} on {} ranks: ranks in separate processes would exchange GPU memory \
-             through MPI, which this version cannot do yet (NCCL, CUDA-aware and host-staged \
-             MPI are planned); run one rank per job, or train on --device host",
-            args.device,
-            comm.size()
-        )));
+    // The transport of the engine's collectives (issue 14), chosen once and the same on
+    // every rank: what rank 0 finds (the NCCL library, the CUDA-aware probe) decides for
+    // all, so nodes that differ cannot pick different backends and wait for each other
+    // forever; a rank where rank 0's choice then cannot start fails in the agreed set-up.
+    let facts = agreed_facts(
+        comm,
+        zero_comm::Facts {
+            buffers: args.device.buffers(),
+            processes: comm.size(),
+            nccl_compiled: cfg!(feature = "nccl"),
+            nccl_present: nccl_present(),
+            cuda_aware: zero_comm::probe_cuda_aware(),
+        },
+    )
+    .map_err(same)?;
+    let (backend, why) = zero_comm::select(args.comm, &facts).map_err(|e| same(anyhow!(e)))?;
+    if rank == 0 {
+        log::info!("comm backend: {backend} ({why})");
     }
-    // One device per rank for every run of the stage list. The engine's collectives go
-    // through `comm`, except on a GPU: there a communicator of this one rank in this
-    // process, which reaches GPU memory.
+    // One device per rank for every run of the stage list.
     match args.device {
         DeviceChoice::Host => {
             let dev = HostDevice::with_threads(args.threads);
-            run_with(args, loaded, comm, comm, &dev)
+            with_backend(args, loaded, comm, backend, &dev)
         }
         DeviceChoice::SimGpu => {
             let dev = SimDevice::gpu_twin(SIM_GPU_SEED + rank as u64);
-            run_with(args, loaded, comm, comm, &dev)
+            with_backend(args, loaded, comm, backend, &dev)
         }
-        DeviceChoice::Cuda(ordinal) => on_cuda(args, loaded, comm, ordinal),
+        DeviceChoice::Cuda(ordinal) => on_cuda(args, loaded, comm, Some(ordinal), backend),
+        DeviceChoice::CudaLocal => on_cuda(args, loaded, comm, None, backend),
+    }
+}
+
+/// The rest of `train` on `dev` with the engine's collectives on `backend`.
+fn with_backend<D: BenchDevice>(
+    args: &TrainArgs,
+    loaded: Vec<LoadedConfig>,
+    comm: &WorldComm,
+    backend: zero_comm::Backend,
+    dev: &D,
+) -> Result<(), Failure> {
+    use zero_comm::Backend;
+    let rank = comm.rank();
+    match backend {
+        Backend::Mpi => run_with(args, loaded, comm, comm, dev, backend),
+        Backend::MpiStaged => {
+            let staged = zero_comm::StagedComm::new(comm);
+            run_with(args, loaded, comm, &staged, dev, backend)
+        }
+        Backend::MpiCuda => {
+            agree(comm, crate::world::device_pointers(comm))?;
+            run_with(args, loaded, comm, comm, dev, backend)
+        }
+        Backend::Local => {
+            // One process: a communicator of this one rank, which reaches any memory.
+            let engine_comm = agree(
+                comm,
+                (|| -> anyhow::Result<_> {
+                    let config = zero_comm::CommConfig::from_env()?;
+                    zero_comm::LocalComm::world(1, config)?
+                        .pop()
+                        .ok_or_else(|| anyhow!("no communicator"))
+                })()
+                .context("creating the one-rank communicator"),
+            )?;
+            run_with(args, loaded, comm, &engine_comm, dev, backend)
+        }
+        #[cfg(feature = "nccl")]
+        Backend::Nccl => {
+            // The GPU this rank trains on; the id from rank 0 over MPI (a failure to make
+            // it reaches every rank, so none waits in ncclCommInitRank).
+            let ordinal = match dev.location() {
+                zero_kernels::device::Location::Cuda(o) => o,
+                zero_kernels::device::Location::Host => {
+                    return Err(Failure::same_everywhere(
+                        anyhow!("--comm nccl needs a CUDA device (--device cuda)"),
+                        rank,
+                    ))
+                }
+            };
+            let id = zero_comm::nccl_id::exchange(comm, zero_comm::nccl::unique_id)
+                .map_err(anyhow::Error::from);
+            let id = agree(comm, id)?;
+            let nccl = zero_comm::NcclComm::new(ordinal, &id, rank, comm.size(), rank)
+                .map_err(anyhow::Error::from);
+            let nccl = agree(comm, nccl)?;
+            run_with(args, loaded, comm, &nccl, dev, backend)
+        }
+        #[cfg(not(feature = "nccl"))]
+        Backend::Nccl => Err(Failure::same_everywhere(
+            anyhow!("--comm nccl: this build has no NCCL backend (internal: it was selected)"),
+            rank,
+        )),
+    }
+}
+
+/// `mine` with rank 0's NCCL presence and CUDA-aware probe (a broadcast).
+fn agreed_facts(comm: &WorldComm, mine: zero_comm::Facts) -> anyhow::Result<zero_comm::Facts> {
+    let tri = |b: Option<bool>| b.map_or(-1, i32::from);
+    let from = |v: i32| (v >= 0).then_some(v == 1);
+    let env = mine.cuda_aware.env;
+    let mut v = [
+        i32::from(mine.nccl_present),
+        tri(mine.cuda_aware.library),
+        tri(env.map(|(_, on)| on)),
+    ];
+    comm.broadcast(&mut v[..], 0)
+        .map_err(|e| anyhow!("agreeing on the comm backend: {e}"))?;
+    Ok(zero_comm::Facts {
+        nccl_present: v[0] == 1,
+        cuda_aware: zero_comm::backend::CudaAware {
+            library: from(v[1]),
+            // The variable's name is the same convention everywhere; rank 0's value.
+            env: from(v[2]).map(|on| (env.map_or("OMPI_MCA_opal_cuda_support", |(n, _)| n), on)),
+        },
+        ..mine
+    })
+}
+
+/// The NCCL library can be loaded (only asked in a build with the NCCL backend).
+fn nccl_present() -> bool {
+    #[cfg(feature = "nccl")]
+    {
+        zero_comm::nccl::present()
+    }
+    #[cfg(not(feature = "nccl"))]
+    {
+        false
     }
 }
 
 /// Seed of the simulated GPU's scheduling choices (`--device sim-gpu`), plus the rank.
 const SIM_GPU_SEED: u64 = 0x5157_6770;
 
-/// Train on CUDA GPU `ordinal`, as the one rank of this job.
+/// Train on CUDA GPU `ordinal`, or (`None`) the GPU of this rank's node-local rank.
 #[cfg(feature = "cuda")]
 fn on_cuda(
     args: &TrainArgs,
     loaded: Vec<LoadedConfig>,
     comm: &WorldComm,
-    ordinal: usize,
+    ordinal: Option<usize>,
+    backend: zero_comm::Backend,
 ) -> Result<(), Failure> {
+    let ordinal = match ordinal {
+        Some(o) => o,
+        None => agree(comm, local_gpu(comm))?,
+    };
     let dev = agree(comm, crate::device::cuda::open(ordinal))?;
-    let engine_comm = agree(
-        comm,
-        (|| -> anyhow::Result<_> {
-            let config = zero_comm::CommConfig::from_env()?;
-            zero_comm::LocalComm::world(1, config)?
-                .pop()
-                .ok_or_else(|| anyhow!("no communicator"))
-        })()
-        .context("creating the one-rank communicator for GPU memory"),
-    )?;
-    run_with(args, loaded, comm, &engine_comm, &dev)
+    with_backend(args, loaded, comm, backend, &dev)
+}
+
+/// This rank's GPU from its node-local rank (collective: the shared-memory split). Where
+/// the driver is missing or shows no GPU, GPU 0, and opening it says what is wrong.
+#[cfg(feature = "cuda")]
+fn local_gpu(comm: &WorldComm) -> anyhow::Result<usize> {
+    let (local, ranks) = world::node_rank(comm)?;
+    let visible = zero_kernels::cuda::CudaDevice::count().unwrap_or(0);
+    if visible == 0 {
+        return Ok(0);
+    }
+    // Slurm bound each task its own GPU (slurm/README.md): --gpus-per-task, or
+    // --gpu-bind=single:1, which leaves one visible device inside a job step.
+    let env = |v: &str| std::env::var(v).ok().filter(|x| !x.trim().is_empty());
+    let one_visible = env("CUDA_VISIBLE_DEVICES").is_some_and(|v| !v.contains(','));
+    let per_task = env("SLURM_GPUS_PER_TASK").is_some()
+        || env("SLURM_GPU_BIND").is_some_and(|v| v.contains("single"))
+        || (one_visible && visible == 1 && env("SLURM_JOB_ID").is_some());
+    let share = std::env::var("ZERO_SHARE_GPUS").is_ok_and(|v| v.trim() == "1");
+    Ok(zero_comm::gpu_for_rank(
+        local, ranks, visible, per_task, share,
+    )?)
 }
 
 /// Without the `cuda` feature: say how to build with it.
@@ -174,11 +298,13 @@ fn on_cuda(
     _args: &TrainArgs,
     _loaded: Vec<LoadedConfig>,
     comm: &WorldComm,
-    ordinal: usize,
+    ordinal: Option<usize>,
+    _backend: zero_comm::Backend,
 ) -> Result<(), Failure> {
+    let device = ordinal.map_or("cuda".to_string(), |o| format!("cuda:{o}"));
     Err(Failure::same_everywhere(
         anyhow!(
-            "--device cuda:{ordinal}: this zero-bench was built without the `cuda` feature; build \
+            "--device {device}: this zero-bench was built without the `cuda` feature; build \
              it with `cargo build -p zero-bench --release --features cuda` (or the carried GPU \
              build: --no-default-features --features cuda), or train with --device host"
         ),
@@ -194,6 +320,7 @@ fn run_with<E: Communicator, D: BenchDevice>(
     comm: &WorldComm,
     engine_comm: &E,
     dev: &D,
+    backend: zero_comm::Backend,
 ) -> Result<(), Failure> {
     let rank = comm.rank();
     let same = |e: anyhow::Error| Failure::same_everywhere(e, rank);
@@ -330,6 +457,29 @@ fn run_with<E: Communicator, D: BenchDevice>(
         }
     }
     report::set_ratios(&mut results);
+    // Host staging (mpi-staged): host memory held beside the device ledger, and the
+    // copies, which are not network bytes (the step ledgers count those, as for every
+    // backend).
+    let staging = engine_comm.staging().map(|st| {
+        let c = st.stats();
+        serde_json::json!({
+            "held_bytes": st.held_bytes(),
+            "to_host_bytes": c.to_host,
+            "to_device_bytes": c.to_device,
+            "collectives": c.calls,
+        })
+    });
+    if let (0, Some(st)) = (rank, engine_comm.staging()) {
+        let c = st.stats();
+        log::info!(
+            "host staging: {} held (2 slots x send + receive of {} each); {} copied to host and {} to the device in {} collectives",
+            zero_core::ledger::human_bytes(st.held_bytes() as f64),
+            zero_core::ledger::human_bytes(st.capacity() as f64),
+            zero_core::ledger::human_bytes(c.to_host as f64),
+            zero_core::ledger::human_bytes(c.to_device as f64),
+            c.calls
+        );
+    }
     if rank == 0 {
         if results.len() > 1 {
             println!("\n=== stages compared ({} rank(s)) ===", comm.size());
@@ -338,7 +488,13 @@ fn run_with<E: Communicator, D: BenchDevice>(
         if let Some(path) = &args.json {
             write_json(
                 path,
-                &serde_json::json!({ "world": comm.size(), "device": dev.describe(), "stages": results }),
+                &serde_json::json!({
+                    "world": comm.size(),
+                    "device": dev.describe(),
+                    "comm": backend.name(),
+                    "staging": staging,
+                    "stages": results,
+                }),
             )
             .map_err(same)?;
         }

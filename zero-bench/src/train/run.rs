@@ -282,7 +282,8 @@ where
             .map_err(|e| step_error(e, rank, stage, index + 1))?;
         let done = r.step;
         if let Some(m) = metrics.as_mut() {
-            m.write(stage.number(), &r, tokens_per_step)?;
+            let staging = engine.communicator().staging().map(|s| s.held_bytes());
+            m.write(stage.number(), &r, tokens_per_step, staging)?;
         }
         progress.step(&r, tokens_per_step);
         losses.push(r.loss);

@@ -52,6 +52,9 @@ pub struct MpiComm {
     seq: Cell<u64>,
     counters: Counters,
     half_sum: Cell<HalfSum>,
+    /// Device pointers go to MPI as they are (`--comm mpi-cuda`, after the CUDA-aware
+    /// probe said yes: backend.rs).
+    device_pointers: Cell<bool>,
 }
 
 impl std::fmt::Debug for MpiComm {
@@ -113,7 +116,15 @@ impl MpiComm {
             seq: Cell::new(0),
             counters: Counters::default(),
             half_sum: Cell::new(half_sum),
+            device_pointers: Cell::new(false),
         })
+    }
+
+    /// Hand device pointers to MPI as they are: only for a CUDA-aware MPI library
+    /// ([`crate::backend::probe_cuda_aware`] said yes). Half-precision reductions stay
+    /// refused on device memory: their sums run in host code (ops.rs).
+    pub fn set_device_pointers(&self, on: bool) {
+        self.device_pointers.set(on);
     }
 
     /// The raw MPI handle (for calls zero-comm does not wrap; keep it valid: do not free).
@@ -201,7 +212,9 @@ impl MpiComm {
             .iter()
             .chain(std::iter::once(&call.recv))
             .find(|b| b.location != Location::Host);
+        let half_reduction = call.op.is_some() && call.dtype.size_bytes() == 2;
         match bad {
+            Some(_) if self.device_pointers.get() && !half_reduction => Ok(()),
             Some(b) => Err(CommError::Location {
                 rank: self.shared.world_rank,
                 op: call.kind.name(),

@@ -235,6 +235,16 @@ impl<D: Device, C: Communicator> Core<'_, D, C> {
     }
 }
 
+/// Bytes of the largest collective buffer of a step on this plan: a unit's whole padded
+/// buffer (stage 0's in-place all-reduce, stage 1-2's parameter all-gather, stage 3's
+/// gathers) or a bucket (reduce-scatter input). The elements the engine moves are at
+/// most 4 bytes (P and W are f32, bf16 or f16); the agreement's three f64s are below
+/// any unit.
+pub(crate) fn staging_bytes(layout: &PartitionLayout, plan: &BufferPlan) -> usize {
+    let unit = layout.units.iter().map(|u| u.padded_len).max().unwrap_or(0);
+    (unit.max(plan.bucket_len) * 4).max(64)
+}
+
 /// One rank's ZeRO engine.
 pub struct Engine<'c, D: Device, C: Communicator> {
     core: Core<'c, D, C>,
@@ -271,6 +281,11 @@ impl<'c, D: Device, C: Communicator> Engine<'c, D, C> {
         let inputs = PlanInputs::from_config(config, world, activation_bytes);
         let plan = BufferPlan::new(&spec, &layout, &inputs, rank)?;
         let bufs = Buffers::allocate(dev, &plan, spec.units.len())?;
+        // Host-staged collectives (zero-comm's StagedComm): the staging buffers are sized
+        // here, once, for the largest collective of this plan, not in the middle of a step.
+        if let Some(staging) = comm.staging() {
+            staging.reserve(staging_bytes(&layout, &plan));
+        }
         // Mixed precision as the hardware does it: in bf16 the model's matrix products take
         // bf16 operands with f32 sums (tensor cores, AVX-512 BF16) where the device can.
         let wants_bf16 = config.precision.dtype == Precision::Bf16;

@@ -1,0 +1,313 @@
+//! The NCCL backend (feature `nccl`: cudarc's NCCL bindings, loaded at run time): a
+//! communicator over GPU memory between processes (issue 14). Compiled in CI, run only on
+//! a GPU machine; nothing here is exercised without one.
+//!
+//! - Set-up: rank 0 makes the unique id, every rank gets it ([`crate::nccl_id`]: over MPI,
+//!   or from an environment variable or a file where MPI cannot start), then
+//!   `ncclCommInitRank` on the GPU the rank trains on ([`NcclComm::new`]).
+//! - A collective is queued on this communicator's own CUDA stream and waited for before
+//!   `execute` returns: the stream-ordered collectives (`on_stream`) run it as a host task
+//!   of the engine's comm stream, which the CUDA device starts only after that stream's
+//!   earlier work, so the inputs are complete and the outputs are seen by the work queued
+//!   after. (Queueing it on the engine's comm stream itself, so the host never blocks,
+//!   needs the device's stream handle; see docs/ARCHITECTURE.md.)
+//! - Accounting: the ring-algorithm bytes of [`crate::stats`], as for MPI.
+//! - Errors: `CommError::Nccl` naming the rank, the collective and NCCL's message.
+//!   bf16/f16 sums are NCCL's native ones (`HalfSum` does not apply).
+
+use std::cell::Cell;
+use std::os::raw::{c_char, c_int, c_void};
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
+use cudarc::nccl::{result, sys};
+
+use crate::buffer::Location;
+use crate::communicator::{Communicator, InFlight, RawCall, ReduceOp};
+use crate::config::HalfSum;
+use crate::error::{CommError, Result};
+use crate::nccl_id::{UniqueId, UNIQUE_ID_BYTES};
+use crate::stats::{ring_bytes, CollectiveKind, CommStats, Counters};
+use crate::DType;
+
+/// Whether the NCCL library can be loaded here.
+pub fn present() -> bool {
+    // SAFETY: only tries to dlopen the library.
+    unsafe { sys::is_culib_present() }
+}
+
+/// A fresh unique id (rank 0 calls this; [`crate::nccl_id::exchange`] hands it over).
+pub fn unique_id() -> std::result::Result<UniqueId, String> {
+    if !present() {
+        return Err("the NCCL library (libnccl.so.2) cannot be loaded: install NCCL or put it on LD_LIBRARY_PATH".into());
+    }
+    let id = result::get_uniqueid().map_err(|e| format!("ncclGetUniqueId: {e:?}"))?;
+    let mut out = [0u8; UNIQUE_ID_BYTES];
+    for (o, &c) in out.iter_mut().zip(id.internal.iter()) {
+        *o = c as u8;
+    }
+    Ok(UniqueId(out))
+}
+
+/// A communicator over NCCL (see the module documentation).
+pub struct NcclComm {
+    raw: sys::ncclComm_t,
+    stream: Arc<CudaStream>,
+    /// One f32 on the GPU: NCCL has no barrier, so a barrier is an all-reduce of it.
+    barrier: CudaSlice<f32>,
+    rank: usize,
+    size: usize,
+    world_rank: usize,
+    name: String,
+    counters: Counters,
+    half_sum: Cell<HalfSum>,
+}
+
+impl std::fmt::Debug for NcclComm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NcclComm")
+            .field("rank", &self.rank)
+            .field("size", &self.size)
+            .finish()
+    }
+}
+
+fn dtype(d: DType) -> Option<sys::ncclDataType_t> {
+    use sys::ncclDataType_t as T;
+    Some(match d {
+        DType::F32 => T::ncclFloat32,
+        DType::F64 => T::ncclFloat64,
+        DType::BF16 => T::ncclBfloat16,
+        DType::F16 => T::ncclFloat16,
+        DType::U8 => T::ncclUint8,
+        DType::U32 => T::ncclUint32,
+        DType::I32 => T::ncclInt32,
+        DType::I64 => T::ncclInt64,
+    })
+}
+
+impl NcclComm {
+    /// Rank `rank` of `size` on GPU `ordinal`, joined through `id` (every rank passes the
+    /// same). `world_rank` is for messages.
+    pub fn new(
+        ordinal: usize,
+        id: &UniqueId,
+        rank: usize,
+        size: usize,
+        world_rank: usize,
+    ) -> Result<Self> {
+        let err = |op: &'static str, message: String| CommError::Nccl {
+            rank: world_rank,
+            op,
+            message,
+        };
+        if !present() {
+            return Err(err(
+                "init",
+                "the NCCL library (libnccl.so.2) cannot be loaded".into(),
+            ));
+        }
+        let ctx =
+            CudaContext::new(ordinal).map_err(|e| err("init", format!("GPU {ordinal}: {e:?}")))?;
+        let stream = ctx
+            .new_stream()
+            .map_err(|e| err("init", format!("a stream: {e:?}")))?;
+        let barrier = stream
+            .alloc_zeros::<f32>(1)
+            .map_err(|e| err("init", format!("the barrier's scratch: {e:?}")))?;
+        let mut internal = [0 as c_char; UNIQUE_ID_BYTES];
+        for (o, &b) in internal.iter_mut().zip(id.0.iter()) {
+            *o = b as c_char;
+        }
+        let mut raw = std::mem::MaybeUninit::<sys::ncclComm_t>::uninit();
+        // SAFETY: NCCL writes one handle; the id is plain bytes every rank shares.
+        unsafe {
+            result::comm_init_rank(
+                raw.as_mut_ptr(),
+                size as c_int,
+                sys::ncclUniqueId { internal },
+                rank as c_int,
+            )
+        }
+        .map_err(|e| err("ncclCommInitRank", format!("{e:?}")))?;
+        Ok(NcclComm {
+            // SAFETY: written on success.
+            raw: unsafe { raw.assume_init() },
+            stream,
+            barrier,
+            rank,
+            size,
+            world_rank,
+            name: "nccl".into(),
+            counters: Counters::default(),
+            half_sum: Cell::new(HalfSum::default()),
+        })
+    }
+
+    fn fail(&self, op: &'static str, e: impl std::fmt::Debug) -> CommError {
+        CommError::Nccl {
+            rank: self.world_rank,
+            op,
+            message: format!("{e:?}"),
+        }
+    }
+}
+
+impl Drop for NcclComm {
+    fn drop(&mut self) {
+        // SAFETY: our handle; nothing is queued on it after the last synchronize.
+        if let Err(e) = unsafe { result::comm_destroy(self.raw) } {
+            log::warn!("rank {}: ncclCommDestroy: {e:?}", self.world_rank);
+        }
+    }
+}
+
+/// A collective that completed inside `start`.
+struct Done;
+
+impl InFlight for Done {
+    fn test(&mut self) -> Result<bool> {
+        Ok(true)
+    }
+    fn wait(&mut self) -> Result<()> {
+        Ok(())
+    }
+}
+
+impl Communicator for NcclComm {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn size(&self) -> usize {
+        self.size
+    }
+    fn world_rank(&self) -> usize {
+        self.world_rank
+    }
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn stats(&self) -> CommStats {
+        self.counters.snapshot()
+    }
+    fn reset_stats(&self) {
+        self.counters.reset()
+    }
+    fn half_sum(&self) -> HalfSum {
+        self.half_sum.get()
+    }
+    fn set_half_sum(&self, mode: HalfSum) {
+        self.half_sum.set(mode)
+    }
+
+    unsafe fn execute(&self, call: &RawCall) -> Result<()> {
+        let op = call.kind.name();
+        if let Some(b) = call
+            .send
+            .iter()
+            .chain(std::iter::once(&call.recv))
+            .find(|b| b.len > 0 && !matches!(b.location, Location::Cuda(_)))
+        {
+            return Err(CommError::Location {
+                rank: self.world_rank,
+                op,
+                location: b.location,
+                backend: "NCCL",
+            });
+        }
+        let t = dtype(call.dtype).ok_or(CommError::Unsupported {
+            rank: self.world_rank,
+            op,
+            reduce: "any",
+            dtype: call.dtype,
+        })?;
+        let red = match call.op {
+            Some(ReduceOp::Max) => sys::ncclRedOp_t::ncclMax,
+            _ => sys::ncclRedOp_t::ncclSum,
+        };
+        let s = self.stream.cu_stream() as sys::cudaStream_t;
+        let elem = call.dtype.size_bytes();
+        let recv = call.recv.ptr as *mut c_void;
+        let send = call.send.map(|b| b.ptr as *const c_void);
+        // SAFETY: the caller guarantees the buffers (device memory, checked above) for the
+        // lengths given; the stream is synchronised before returning.
+        let r = unsafe {
+            match call.kind {
+                CollectiveKind::AllReduce => result::all_reduce(
+                    send.unwrap_or(recv),
+                    recv,
+                    call.recv.len,
+                    t,
+                    red,
+                    self.raw,
+                    s,
+                ),
+                CollectiveKind::ReduceScatter => result::reduce_scatter(
+                    send.unwrap_or(recv),
+                    recv,
+                    call.recv.len,
+                    t,
+                    red,
+                    self.raw,
+                    s,
+                ),
+                CollectiveKind::AllGather => {
+                    let block = call.recv.len / self.size.max(1);
+                    let own = (call.recv.ptr as *const u8).add(self.rank * block * elem);
+                    result::all_gather(
+                        send.unwrap_or(own as *const c_void),
+                        recv,
+                        block,
+                        t,
+                        self.raw,
+                        s,
+                    )
+                }
+                CollectiveKind::Broadcast => result::broadcast(
+                    recv,
+                    recv,
+                    call.recv.len,
+                    t,
+                    call.root as c_int,
+                    self.raw,
+                    s,
+                ),
+                CollectiveKind::Barrier => {
+                    // The record is dropped after the all-reduce is queued, as cudarc asks.
+                    let (p, _record) =
+                        cudarc::driver::DevicePtr::device_ptr(&self.barrier, &self.stream);
+                    result::all_reduce(
+                        p as *const c_void,
+                        p as *mut c_void,
+                        1,
+                        sys::ncclDataType_t::ncclFloat32,
+                        sys::ncclRedOp_t::ncclSum,
+                        self.raw,
+                        s,
+                    )
+                }
+            }
+        };
+        r.map_err(|e| self.fail(op, e))?;
+        self.stream.synchronize().map_err(|e| self.fail(op, e))?;
+        let basis = match call.kind {
+            CollectiveKind::ReduceScatter => call.send.map_or(0, |b| b.len),
+            _ => call.recv.len,
+        } as u64;
+        let (sent, received) = ring_bytes(
+            call.kind,
+            self.size,
+            self.rank,
+            basis * elem as u64,
+            call.root,
+        );
+        self.counters.record(call.kind, sent, received);
+        Ok(())
+    }
+
+    unsafe fn start(&self, call: &RawCall) -> Result<Box<dyn InFlight>> {
+        // SAFETY: forwarded with the caller's guarantees; complete when it returns.
+        unsafe { self.execute(call) }?;
+        Ok(Box::new(Done))
+    }
+}
