@@ -1,7 +1,7 @@
 //! Block-wise symmetric int8 quantization of weights and gradients for communication
 //! (ZeRO++'s qwZ and qgZ): each block of B values becomes B int8 codes and one f32 scale,
 //! so a block of B f32 crosses the network as B + 4 bytes instead of 4B (bf16: 2B). The
-//! definition, one element at a time, is [`reference`]; these are the same steps compiled
+//! definition, one element at a time, is [`mod@reference`]; these are the same steps compiled
 //! at each instruction-set level (the loops are written so LLVM vectorises them inside the
 //! level's `#[target_feature]` function, see `crate::simd`) and split over threads at
 //! block boundaries. Every step is exact or one correctly rounded IEEE operation on one
