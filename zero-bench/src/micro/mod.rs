@@ -5,6 +5,7 @@ pub mod adam;
 #[cfg(feature = "mpi")]
 pub mod comm;
 mod comm_args;
+pub mod gemm;
 pub mod model;
 
 pub use comm_args::CommArgs;
@@ -20,6 +21,8 @@ pub enum MicroCommand {
     Adam(adam::AdamArgs),
     /// GPT forward+backward FLOP/s vs SGEMM on the same threads.
     Model(model::ModelArgs),
+    /// bf16 GEMM micro-kernels (AMX, AVX-512 BF16) vs f32 SGEMM on the model's shapes.
+    Gemm(gemm::GemmArgs),
 }
 
 /// Run one micro-benchmark.
@@ -28,6 +31,7 @@ pub fn run(cmd: MicroCommand) -> anyhow::Result<()> {
         MicroCommand::Comm(a) => comm::run(&a),
         MicroCommand::Adam(a) => adam::run(&a),
         MicroCommand::Model(a) => model::run(&a),
+        MicroCommand::Gemm(a) => gemm::run(&a),
     }
 }
 
