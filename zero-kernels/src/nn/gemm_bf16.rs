@@ -5,7 +5,8 @@
 //! `MatmulPrecision::Bf16`), and what PyTorch's CPU autocast does to a linear layer's
 //! inputs.
 //!
-//! Layout (the BLIS scheme, one level): K is cut into blocks of [`KC`]; per block B is
+//! Layout (the BLIS scheme, one level): K is cut into blocks of [`KC`] ([`AMX_KC`] for
+//! AMX); per block B is
 //! packed once into panels of [`NR`] columns and A into bands of rows, both as *pairs*:
 //! one u32 holds the bf16 of k = 2p (low half) and k = 2p + 1 (high half), the operand
 //! layout of AVX-512 BF16's `vdpbf16ps` and of AMX's `tdpbf16ps` ("VNNI" layout), which
@@ -49,6 +50,10 @@ pub const AMX_MR: usize = 32;
 pub const NR: usize = 32;
 /// K per packed block (even, so pairs never straddle blocks).
 pub const KC: usize = 256;
+/// K per packed block of the AMX kernel: longer, as each block ends with four tile
+/// stores and an add of the 32 x 32 tile into C (1024 ran 1.1-1.3x faster than 256 at
+/// M = 4096, K, N in 768/3072 here; `zero-bench micro gemm`).
+pub const AMX_KC: usize = 1024;
 /// Pairs of k per AMX tile row: 64 bytes, the widest a tile row holds.
 const AMX_PAIRS: usize = 16;
 
@@ -641,10 +646,11 @@ pub unsafe fn sgemm_bf16(
     let amx = false;
     let (band, pad) = if amx { (AMX_MR, AMX_PAIRS) } else { (MR, 1) };
     let mut b_packed = Vec::new();
-    let mut a_packed = vec![0u32; padded_pairs(KC, pad) * band];
+    let kcb = if amx { AMX_KC } else { KC };
+    let mut a_packed = vec![0u32; padded_pairs(kcb, pad) * band];
     let mut tile = [0f32; AMX_MR * NR];
-    for kb in (0..k).step_by(KC) {
-        let kc = KC.min(k - kb);
+    for kb in (0..k).step_by(kcb) {
+        let kc = kcb.min(k - kb);
         let pairs = padded_pairs(kc, pad);
         pack_b(&mut b_packed, b, rsb, csb, kb, kc, n, pad);
         for i0 in (0..m).step_by(band) {
@@ -730,7 +736,8 @@ mod tests {
     /// The error bound of a sum of k products computed in f32: each product of two bf16
     /// is exact in f32 (8 + 8 significand bits <= 24, no subnormal products in these
     /// tests), and the k products of a K block plus the `ceil(k / KC)` block sums added
-    /// into C take at most `n = k + ceil(k / KC)` f32 additions, each rounded to nearest
+    /// into C (fewer with AMX's longer blocks) take at most `n = k + ceil(k / KC)` f32
+    /// additions, each rounded to nearest
     /// (u = 2^-24), in whatever order or tree a kernel sums them (`tdpbf16ps` pairs first,
     /// `vdpbf16ps` one at a time). For any summation tree |error| <= gamma_n sum |a| |b|,
     /// gamma_n = n u / (1 - n u) (Higham, Accuracy and Stability, 4.2).
@@ -790,9 +797,11 @@ mod tests {
     ];
 
     /// AMX's edges: M and N around its 16-row / 16-column tiles and 32 x 32 micro-tile,
-    /// K around its 32-value tile rows and the 256-value block (odd, short of a tile,
-    /// one past).
-    const AMX_EDGES: [(usize, usize, usize); 12] = [
+    /// K around its 32-value tile rows and the 256- and 1024-value blocks (odd, short of
+    /// a tile, one past).
+    const AMX_EDGES: [(usize, usize, usize); 14] = [
+        (17, 1025, 33),
+        (33, 1023, 16),
         (16, 32, 16),
         (15, 31, 17),
         (31, 33, 33),
