@@ -145,6 +145,9 @@ fn time(method: Method, s: &mut Shape, gemm: &Gemm, threads: usize) -> f64 {
 pub fn run(args: &GemmArgs) -> Result<()> {
     anyhow::ensure!(args.rounds > 0, "--rounds must be > 0");
     anyhow::ensure!(args.threads > 0, "--threads must be > 0");
+    // Every kernel is timed by name here, but a bad ZERO_BF16_KERNEL is still an error
+    // (as in `micro model`), not a surprise in the next run.
+    Bf16Kernel::from_env()?;
     let kernels: Vec<Bf16Kernel> = match &args.kernels {
         Some(list) => list
             .split(',')

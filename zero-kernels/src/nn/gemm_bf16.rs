@@ -76,8 +76,13 @@ pub enum Bf16Kernel {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Bf16KernelError {
     /// A name that is not a kernel.
-    #[error("{BF16_KERNEL_ENV}={0:?} is not a bf16 kernel: use amx, avx512 or portable")]
+    #[error("{0:?} is not a bf16 kernel: use amx, avx512 or portable")]
     Unknown(String),
+    /// `ZERO_BF16_KERNEL` set to a name that is not a kernel.
+    #[error(
+        "{BF16_KERNEL_ENV}={0:?} is not a bf16 kernel: use amx, avx512 or portable (or unset it)"
+    )]
+    BadEnv(String),
     /// A kernel this CPU (or OS) does not run.
     #[error("bf16 kernel {requested} requested but this CPU runs at best {best}")]
     Unavailable {
@@ -167,13 +172,16 @@ impl Bf16Kernel {
             Ok(v) => v,
             Err(std::env::VarError::NotPresent) => return Ok(None),
             Err(std::env::VarError::NotUnicode(v)) => {
-                return Err(Bf16KernelError::Unknown(v.to_string_lossy().into_owned()))
+                return Err(Bf16KernelError::BadEnv(v.to_string_lossy().into_owned()))
             }
         };
         if value.trim().is_empty() {
             return Ok(None);
         }
-        value.parse::<Bf16Kernel>()?.force().map(Some)
+        let kernel = value
+            .parse::<Bf16Kernel>()
+            .map_err(|_| Bf16KernelError::BadEnv(value.trim().to_string()))?;
+        kernel.force().map(Some)
     }
 
     /// Short name (what `ZERO_BF16_KERNEL` takes), for logs and benchmark tables.
@@ -944,11 +952,12 @@ mod tests {
         }
         assert_eq!(" AVX512 ".parse::<Bf16Kernel>(), Ok(Bf16Kernel::Avx512Bf16));
         let e = "avx2".parse::<Bf16Kernel>().expect_err("not a kernel");
-        assert!(
-            e.to_string().contains("ZERO_BF16_KERNEL")
-                && e.to_string().contains("amx, avx512 or portable"),
-            "{e}"
+        assert_eq!(
+            e.to_string(),
+            "\"avx2\" is not a bf16 kernel: use amx, avx512 or portable"
         );
+        let e = Bf16KernelError::BadEnv("avx2".into()).to_string();
+        assert!(e.starts_with("ZERO_BF16_KERNEL=\"avx2\" is not"), "{e}");
         assert_eq!(Bf16Kernel::Portable.force(), Ok(Bf16Kernel::Portable));
         for k in Bf16Kernel::ALL {
             match k.force() {
