@@ -5,6 +5,7 @@ pub mod adam;
 #[cfg(feature = "mpi")]
 pub mod comm;
 mod comm_args;
+pub mod gemm;
 pub mod model;
 #[cfg(feature = "mpi")]
 pub mod overlap;
@@ -29,6 +30,8 @@ pub enum MicroCommand {
     Overlap(overlap::OverlapArgs),
     /// Block-wise int8 quantize / dequantize (quantized communication) vs a copy.
     Quant(quant::QuantArgs),
+    /// bf16 GEMM micro-kernels (AMX, AVX-512 BF16) vs f32 SGEMM on the model's shapes.
+    Gemm(gemm::GemmArgs),
 }
 
 /// Run one micro-benchmark.
@@ -40,6 +43,7 @@ pub fn run(cmd: MicroCommand) -> anyhow::Result<()> {
         #[cfg(feature = "mpi")]
         MicroCommand::Overlap(a) => overlap::run(&a),
         MicroCommand::Quant(a) => quant::run(&a),
+        MicroCommand::Gemm(a) => gemm::run(&a),
     }
 }
 

@@ -33,8 +33,8 @@ pub struct ModelArgs {
     #[arg(long, default_value_t = 5)]
     steps: usize,
     /// Matrix products with bf16 operands and f32 sums (what `precision = "bf16"`
-    /// trains with: AVX-512 BF16 where the CPU has it), the model and the reference GEMM
-    /// alike.
+    /// trains with: AMX, else AVX-512 BF16, where the CPU has it; `ZERO_BF16_KERNEL=amx|
+    /// avx512|portable` forces one), the model and the reference GEMM alike.
     #[arg(long)]
     bf16: bool,
 }
@@ -194,6 +194,9 @@ pub fn run(args: &ModelArgs) -> anyhow::Result<()> {
     );
     anyhow::ensure!(args.steps > 0, "--steps must be > 0");
     let b = args.rows;
+    // A bad or unavailable ZERO_BF16_KERNEL is an error here, not a logged fallback.
+    let bf16_kernel = zero_kernels::nn::gemm_bf16::Bf16Kernel::from_env()?
+        .unwrap_or_else(zero_kernels::nn::gemm_bf16::Bf16Kernel::best);
     // The host device, its GEMMs on --threads threads (the model runs its ops on it).
     let dev = HostDevice::with_threads(args.threads);
     dev.set_bf16_products(args.bf16);
@@ -276,9 +279,9 @@ pub fn run(args: &ModelArgs) -> anyhow::Result<()> {
         cfg.num_params(),
         args.threads,
         if args.bf16 {
-            "bf16-operand (attention's stay f32)"
+            format!("bf16-operand ({bf16_kernel} kernel; attention's stay f32)")
         } else {
-            "f32"
+            "f32".to_string()
         },
         model.arena_bytes() as f64 / (1 << 20) as f64
     );

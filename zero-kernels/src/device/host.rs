@@ -75,6 +75,7 @@ impl CpuQueue for HostDevice {
             match crate::nn::gemm_bf16::Bf16Kernel::detect() {
                 crate::nn::gemm_bf16::Bf16Kernel::Avx512Bf16 => ", bf16 products (avx512bf16)",
                 crate::nn::gemm_bf16::Bf16Kernel::Portable => ", bf16 products (portable)",
+                crate::nn::gemm_bf16::Bf16Kernel::Amx => ", bf16 products (amx)",
             }
         } else {
             ""

@@ -5,46 +5,365 @@
 //! `MatmulPrecision::Bf16`), and what PyTorch's CPU autocast does to a linear layer's
 //! inputs.
 //!
-//! Layout (the BLIS scheme, one level): K is cut into blocks of [`KC`]; per block B is
-//! packed once into panels of [`NR`] columns and A into bands of [`MR`] rows, both as
-//! *pairs*: one u32 holds the bf16 of k = 2p (low half) and k = 2p + 1 (high half), the
-//! operand layout of AVX-512 BF16's `vdpbf16ps`, which adds both products of a pair to an
-//! f32 lane. The micro-kernel keeps an MR x NR tile of f32 sums in registers; the tile
-//! is then added into C: `beta C + alpha T` for the first K block, `C + alpha T` after.
+//! Layout (the BLIS scheme, one level): K is cut into blocks of [`KC`] ([`AMX_KC`] for
+//! AMX); per block B is
+//! packed once into panels of [`NR`] columns and A into bands of rows, both as *pairs*:
+//! one u32 holds the bf16 of k = 2p (low half) and k = 2p + 1 (high half), the operand
+//! layout of AVX-512 BF16's `vdpbf16ps` and of AMX's `tdpbf16ps` ("VNNI" layout), which
+//! add both products of a pair to an f32 lane. The micro-kernel keeps a tile of f32 sums
+//! in registers; the tile is then added into C: `beta C + alpha T` for the first K block,
+//! `C + alpha T` after.
 //!
-//! Two micro-kernels, chosen at run time: `vdpbf16ps` (AVX-512 BF16) and a portable one
-//! that adds the same products in the same order (per pair, the odd k first, as the
-//! instruction's definition in Intel's SDM says). A product of two bf16 is exact in f32,
-//! so each step is one f32 addition with one rounding either way, and the two agree bit
-//! for bit except on subnormals (the instruction flushes them to zero; see the tests).
-//! AMX (`tdpbf16ps`) would slot in as a third micro-kernel.
+//! Three micro-kernels, chosen at run time ([`Bf16Kernel::detect`]; `ZERO_BF16_KERNEL`
+//! forces one, [`BF16_KERNEL_ENV`]):
+//! - AMX `tdpbf16ps` ([`Bf16Kernel::Amx`]): an [`AMX_MR`] x [`NR`] = 32 x 32 tile held as
+//!   2 x 2 tiles of 16 x 16 f32 (tmm0-3), fed by two A tiles (16 rows x 16 pairs, tmm4-5)
+//!   and two B tiles (16 pairs x 16 columns, tmm6-7) per 32 values of k. B's panels are
+//!   the same as the other kernels' (a B tile is 16 rows of a panel, 4 * NR bytes apart);
+//!   A is packed row-major (each row's pairs contiguous, as a tile row needs) and both
+//!   are padded with zero pairs to a multiple of 16 pairs. Reached through `asm!` (the
+//!   AMX intrinsics are not stable Rust); needs CPUID leaf 7 EDX bits 22 (AMX-BF16) and
+//!   24 (AMX-TILE) and Linux's permission for the tile data (`arch_prctl`, requested
+//!   once per process). The tile configuration is per thread: each call loads it and
+//!   releases the tiles when done, so every thread that runs a band of rows
+//!   (`Gemm::run`) configures its own.
+//! - AVX-512 BF16 `vdpbf16ps` ([`Bf16Kernel::Avx512Bf16`]): [`MR`] x [`NR`] = 8 x 32 in
+//!   16 zmm registers.
+//! - Portable ([`Bf16Kernel::Portable`]): adds the same products as `vdpbf16ps` in the
+//!   same order (per pair, the odd k first, as the instruction's definition in Intel's
+//!   SDM says).
+//!
+//! A product of two bf16 is exact in f32, so each step is one f32 addition with one
+//! rounding: the portable and `vdpbf16ps` kernels agree bit for bit except on
+//! subnormals (the instruction flushes them to zero; see the tests). `tdpbf16ps` rounds
+//! with its own order and internal rounding (SDM, TDPBF16PS: round to nearest even,
+//! denormal inputs and outputs flushed), so it agrees with the others within the f32
+//! summation bound, not bit for bit (tested against that bound).
 
-/// Rows of A per micro-tile.
+use std::sync::OnceLock;
+
+/// Rows of A per micro-tile of the AVX-512 BF16 and portable kernels.
 pub const MR: usize = 8;
-/// Columns of B per micro-tile (two 16-lane registers).
+/// Rows of A per micro-tile of the AMX kernel (two 16-row tiles).
+pub const AMX_MR: usize = 32;
+/// Columns of B per micro-tile (two 16-lane registers, or two 16-column AMX tiles).
 pub const NR: usize = 32;
 /// K per packed block (even, so pairs never straddle blocks).
 pub const KC: usize = 256;
+/// K per packed block of the AMX kernel: longer, as each block ends with four tile
+/// stores and an add of the 32 x 32 tile into C (1024 ran 1.1-1.3x faster than 256 at
+/// M = 4096, K, N in 768/3072 here; `zero-bench micro gemm`).
+pub const AMX_KC: usize = 1024;
+/// Pairs of k per AMX tile row: 64 bytes, the widest a tile row holds.
+const AMX_PAIRS: usize = 16;
 
-/// The micro-kernel of this CPU.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The environment variable that forces a bf16 micro-kernel: `amx`, `avx512` or
+/// `portable` (unset or empty: the fastest this CPU runs).
+pub const BF16_KERNEL_ENV: &str = "ZERO_BF16_KERNEL";
+
+/// A bf16 micro-kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Bf16Kernel {
+    /// AMX `tdpbf16ps` (Intel Sapphire Rapids and later, on Linux).
+    Amx,
     /// AVX-512 BF16 `vdpbf16ps`.
     Avx512Bf16,
-    /// Plain f32 arithmetic in the instruction's order (any CPU).
+    /// Plain f32 arithmetic in `vdpbf16ps`'s order (any CPU).
     Portable,
 }
 
+/// A bf16 micro-kernel that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Bf16KernelError {
+    /// A name that is not a kernel.
+    #[error("{0:?} is not a bf16 kernel: use amx, avx512 or portable")]
+    Unknown(String),
+    /// `ZERO_BF16_KERNEL` set to a name that is not a kernel.
+    #[error(
+        "{BF16_KERNEL_ENV}={0:?} is not a bf16 kernel: use amx, avx512 or portable (or unset it)"
+    )]
+    BadEnv(String),
+    /// A kernel this CPU (or OS) does not run.
+    #[error("bf16 kernel {requested} requested but this CPU runs at best {best}")]
+    Unavailable {
+        /// The forced kernel.
+        requested: Bf16Kernel,
+        /// The fastest this CPU runs.
+        best: Bf16Kernel,
+    },
+}
+
 impl Bf16Kernel {
-    /// The fastest this CPU runs.
+    /// Every kernel, slowest first.
+    pub const ALL: [Bf16Kernel; 3] = [
+        Bf16Kernel::Portable,
+        Bf16Kernel::Avx512Bf16,
+        Bf16Kernel::Amx,
+    ];
+
+    /// The kernel this process uses: the one `ZERO_BF16_KERNEL` forces, else the fastest
+    /// this CPU runs. Read once. A bad value is logged as an error and ignored (callers
+    /// that can fail call [`Bf16Kernel::from_env`] first, as `zero-bench micro` does).
     pub fn detect() -> Self {
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bf16")
-        {
-            return Bf16Kernel::Avx512Bf16;
+        static CHOSEN: OnceLock<Bf16Kernel> = OnceLock::new();
+        *CHOSEN.get_or_init(|| match Bf16Kernel::from_env() {
+            Ok(Some(k)) => k,
+            Ok(None) => Bf16Kernel::best(),
+            Err(e) => {
+                let best = Bf16Kernel::best();
+                log::error!("{e}; using {best}");
+                best
+            }
+        })
+    }
+
+    /// The fastest kernel this CPU runs: AMX, then AVX-512 BF16, then portable.
+    pub fn best() -> Self {
+        if Bf16Kernel::Amx.is_available() {
+            Bf16Kernel::Amx
+        } else if Bf16Kernel::Avx512Bf16.is_available() {
+            Bf16Kernel::Avx512Bf16
+        } else {
+            Bf16Kernel::Portable
         }
-        Bf16Kernel::Portable
+    }
+
+    /// Whether this CPU (and, for AMX, the OS) runs the kernel.
+    pub fn is_available(self) -> bool {
+        match self {
+            Bf16Kernel::Portable => true,
+            #[cfg(target_arch = "x86_64")]
+            Bf16Kernel::Avx512Bf16 => {
+                std::arch::is_x86_feature_detected!("avx512f")
+                    && std::arch::is_x86_feature_detected!("avx512bf16")
+            }
+            #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+            Bf16Kernel::Amx => amx::usable(),
+            #[allow(unreachable_patterns)]
+            _ => false,
+        }
+    }
+
+    /// The kernels this CPU runs, slowest first (always includes `Portable`).
+    pub fn available() -> Vec<Self> {
+        Bf16Kernel::ALL
+            .into_iter()
+            .filter(|k| k.is_available())
+            .collect()
+    }
+
+    /// This kernel, or an error if this CPU does not run it (tests and benchmarks force
+    /// each kernel this way, as `Exec::with_isa` forces an instruction-set level).
+    pub fn force(self) -> Result<Self, Bf16KernelError> {
+        if self.is_available() {
+            Ok(self)
+        } else {
+            Err(Bf16KernelError::Unavailable {
+                requested: self,
+                best: Bf16Kernel::best(),
+            })
+        }
+    }
+
+    /// The kernel `ZERO_BF16_KERNEL` forces (`None` when unset or empty); an error for a
+    /// name that is not a kernel or a kernel this CPU does not run.
+    pub fn from_env() -> Result<Option<Self>, Bf16KernelError> {
+        let value = match std::env::var(BF16_KERNEL_ENV) {
+            Ok(v) => v,
+            Err(std::env::VarError::NotPresent) => return Ok(None),
+            Err(std::env::VarError::NotUnicode(v)) => {
+                return Err(Bf16KernelError::BadEnv(v.to_string_lossy().into_owned()))
+            }
+        };
+        if value.trim().is_empty() {
+            return Ok(None);
+        }
+        let kernel = value
+            .parse::<Bf16Kernel>()
+            .map_err(|_| Bf16KernelError::BadEnv(value.trim().to_string()))?;
+        kernel.force().map(Some)
+    }
+
+    /// Short name (what `ZERO_BF16_KERNEL` takes), for logs and benchmark tables.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Bf16Kernel::Amx => "amx",
+            Bf16Kernel::Avx512Bf16 => "avx512",
+            Bf16Kernel::Portable => "portable",
+        }
+    }
+}
+
+impl std::fmt::Display for Bf16Kernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Bf16Kernel {
+    type Err = Bf16KernelError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let s = s.trim();
+        Bf16Kernel::ALL
+            .into_iter()
+            .find(|k| k.name().eq_ignore_ascii_case(s))
+            .ok_or_else(|| Bf16KernelError::Unknown(s.to_string()))
+    }
+}
+
+/// AMX through inline assembly: detection, the tile configuration, the micro-kernel.
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+mod amx {
+    use super::{AMX_MR, AMX_PAIRS, NR};
+    use std::arch::asm;
+    use std::sync::OnceLock;
+
+    /// `arch_prctl` request for permission to use an extended state component (Linux,
+    /// `asm/prctl.h`).
+    const ARCH_REQ_XCOMP_PERM: libc::c_ulong = 0x1023;
+    /// The XSAVE state component of the AMX tile data (SDM Vol. 1, 13.1: component 18).
+    const XFEATURE_XTILEDATA: libc::c_ulong = 18;
+
+    /// CPUID says AMX-TILE and AMX-BF16 and Linux grants the tile data to this process
+    /// (asked once; the grant is process-wide, so threads started later have it too).
+    pub(super) fn usable() -> bool {
+        static USABLE: OnceLock<bool> = OnceLock::new();
+        *USABLE.get_or_init(|| {
+            use std::arch::x86_64::{__cpuid, __cpuid_count};
+            // CPUID leaf 7 exists when leaf 0 reports it (SDM Vol. 2, CPUID).
+            if __cpuid(0).eax < 7 {
+                return false;
+            }
+            // Leaf 7 subleaf 0, EDX: bit 22 AMX-BF16, bit 24 AMX-TILE.
+            let edx = __cpuid_count(7, 0).edx;
+            if edx & (1 << 22) == 0 || edx & (1 << 24) == 0 {
+                return false;
+            }
+            // SAFETY: arch_prctl with this request takes two integers and reads or writes
+            // no memory of ours; a kernel without AMX support returns an error.
+            let rc = unsafe {
+                libc::syscall(
+                    libc::SYS_arch_prctl,
+                    ARCH_REQ_XCOMP_PERM,
+                    XFEATURE_XTILEDATA,
+                )
+            };
+            rc == 0
+        })
+    }
+
+    /// The tiles of this thread, configured for the micro-kernel; released on drop.
+    pub(super) struct Tiles(());
+
+    impl Tiles {
+        /// Load the tile configuration (palette 1; tmm0-7 all 16 rows x 64 bytes).
+        ///
+        /// # Safety
+        /// [`usable`] returned true.
+        pub(super) unsafe fn configure() -> Tiles {
+            // LDTILECFG's 64-byte operand (SDM Vol. 2, LDTILECFG): byte 0 the palette,
+            // byte 1 the start row, bytes 16 + 2t the bytes per row of tmm t (u16), byte
+            // 48 + t its rows.
+            #[repr(C, align(64))]
+            struct Config([u8; 64]);
+            let mut cfg = Config([0; 64]);
+            cfg.0[0] = 1;
+            for t in 0..8 {
+                cfg.0[16 + 2 * t] = 64;
+                cfg.0[48 + t] = 16;
+            }
+            // SAFETY: AMX is usable (the caller's contract); the operand is 64 readable
+            // bytes, a valid palette-1 configuration.
+            unsafe {
+                asm!("ldtilecfg [{}]", in(reg) cfg.0.as_ptr(), options(nostack, readonly, preserves_flags));
+            }
+            Tiles(())
+        }
+    }
+
+    impl Drop for Tiles {
+        fn drop(&mut self) {
+            // SAFETY: the tiles were configured by `configure` (AMX usable); TILERELEASE
+            // returns them to the init state, touching no memory.
+            unsafe { asm!("tilerelease", options(nostack, nomem, preserves_flags)) }
+        }
+    }
+
+    /// `tile[r * NR + j] = sum over pairs of A[r] . B[j]` for 32 rows and 32 columns.
+    /// `a` is row-major (`a[r * pairs + p]`), `b` one packed panel (`b[p * NR + j]`).
+    ///
+    /// # Safety
+    /// `_tiles` is this thread's (tiles configured); `pairs` is a multiple of
+    /// [`AMX_PAIRS`]; `a` holds `AMX_MR * pairs` values, `b` `pairs * NR`, `tile`
+    /// `AMX_MR * NR`.
+    pub(super) unsafe fn kernel(
+        _tiles: &Tiles,
+        pairs: usize,
+        a: &[u32],
+        b: &[u32],
+        tile: &mut [f32],
+    ) {
+        debug_assert!(pairs.is_multiple_of(AMX_PAIRS));
+        assert!(a.len() >= AMX_MR * pairs && b.len() >= pairs * NR && tile.len() >= AMX_MR * NR);
+        let (sa, sb, sc) = (pairs * 4, NR * 4, NR * 4); // row strides in bytes
+                                                        // SAFETY: the tiles are configured; TILEZERO touches no memory.
+        unsafe {
+            asm!(
+                "tilezero tmm0",
+                "tilezero tmm1",
+                "tilezero tmm2",
+                "tilezero tmm3",
+                options(nostack, nomem, preserves_flags)
+            );
+        }
+        for p0 in (0..pairs).step_by(AMX_PAIRS) {
+            // tmm4/5: rows 0-15/16-31 of A, pairs p0..p0 + 16 (64 bytes per row, rows
+            // `sa` apart); tmm6/7: pairs p0..p0 + 16 of columns 0-15/16-31 of the panel.
+            // tmm(2h + c) += tmm(4 + h) . tmm(6 + c): C rows 16h.., columns 16c..
+            // SAFETY: every row read lies inside `a` and `b` (lengths asserted above:
+            // rows up to 31 of A at pairs < `pairs`, pairs < `pairs` of B).
+            unsafe {
+                let a0 = a.as_ptr().add(p0);
+                let a1 = a.as_ptr().add(16 * pairs + p0);
+                let b0 = b.as_ptr().add(p0 * NR);
+                let b1 = b0.add(16);
+                asm!(
+                    "tileloadd tmm4, [{a0} + {sa}*1]",
+                    "tileloadd tmm5, [{a1} + {sa}*1]",
+                    "tileloadd tmm6, [{b0} + {sb}*1]",
+                    "tileloadd tmm7, [{b1} + {sb}*1]",
+                    "tdpbf16ps tmm0, tmm4, tmm6",
+                    "tdpbf16ps tmm1, tmm4, tmm7",
+                    "tdpbf16ps tmm2, tmm5, tmm6",
+                    "tdpbf16ps tmm3, tmm5, tmm7",
+                    a0 = in(reg) a0,
+                    a1 = in(reg) a1,
+                    b0 = in(reg) b0,
+                    b1 = in(reg) b1,
+                    sa = in(reg) sa,
+                    sb = in(reg) sb,
+                    options(nostack, readonly, preserves_flags)
+                );
+            }
+        }
+        // SAFETY: the four 16 x 16 f32 quarters of the 32 x 32 tile (rows `sc` bytes
+        // apart) lie inside `tile` (length asserted above).
+        unsafe {
+            let c = tile.as_mut_ptr();
+            asm!(
+                "tilestored [{c0} + {sc}*1], tmm0",
+                "tilestored [{c1} + {sc}*1], tmm1",
+                "tilestored [{c2} + {sc}*1], tmm2",
+                "tilestored [{c3} + {sc}*1], tmm3",
+                c0 = in(reg) c,
+                c1 = in(reg) c.add(16),
+                c2 = in(reg) c.add(16 * NR),
+                c3 = in(reg) c.add(16 * NR + 16),
+                sc = in(reg) sc,
+                options(nostack, preserves_flags)
+            );
+        }
     }
 }
 
@@ -68,12 +387,20 @@ fn pair(lo: f32, hi: f32) -> u32 {
     to_bf16(lo) | (to_bf16(hi) << 16)
 }
 
+/// Pairs per packed block of `kc` values of k, padded with zero pairs to a multiple of
+/// `pad` (1, or [`AMX_PAIRS`] for AMX's whole tiles).
+fn padded_pairs(kc: usize, pad: usize) -> usize {
+    kc.div_ceil(2).next_multiple_of(pad)
+}
+
 /// Pack rows `kb..kb + kc` of B (`n` columns) into panels of NR columns, pair-major:
 /// `out[(panel * pairs + p) * NR + j]` holds columns `panel * NR + j` of k = kb + 2p and
-/// kb + 2p + 1. Missing columns and the odd k past `kc` are zero.
+/// kb + 2p + 1, `pairs = padded_pairs(kc, pad)`. Missing columns, the odd k past `kc`
+/// and the padding pairs are zero.
 ///
 /// # Safety
 /// `b` with strides `rsb`, `csb` addresses a valid K x n matrix with K >= kb + kc.
+#[allow(clippy::too_many_arguments)]
 unsafe fn pack_b(
     out: &mut Vec<u32>,
     b: *const f32,
@@ -82,8 +409,9 @@ unsafe fn pack_b(
     kb: usize,
     kc: usize,
     n: usize,
+    pad: usize,
 ) {
-    let pairs = kc.div_ceil(2);
+    let pairs = padded_pairs(kc, pad);
     let panels = n.div_ceil(NR);
     out.clear();
     out.resize(panels * pairs * NR, 0);
@@ -124,7 +452,7 @@ unsafe fn pack_b(
                 }
             }
         }
-        if full < pairs {
+        if kc % 2 == 1 {
             // K odd: the last pair's high half is zero.
             for j in 0..width {
                 dst[full * NR + j] = to_bf16(at(kb + 2 * full, j0 + j));
@@ -177,6 +505,54 @@ unsafe fn pack_a(
     }
 }
 
+/// Pack rows `i0..i0 + mr` (mr <= AMX_MR) of A, columns `kb..kb + kc`, row-major for
+/// AMX's A tiles: `out[r * pairs + p]`, `pairs = padded_pairs(kc, AMX_PAIRS)`. Missing
+/// rows, the odd k past `kc` and the padding pairs are zero.
+///
+/// # Safety
+/// `a` with strides `rsa`, `csa` addresses a valid matrix holding those rows and columns.
+#[allow(clippy::too_many_arguments)]
+unsafe fn pack_a_amx(
+    out: &mut [u32],
+    a: *const f32,
+    rsa: isize,
+    csa: isize,
+    i0: usize,
+    mr: usize,
+    kb: usize,
+    kc: usize,
+) {
+    let pairs = padded_pairs(kc, AMX_PAIRS);
+    let at = |i: usize, k: usize| *a.offset(i as isize * rsa + k as isize * csa);
+    let full = kc / 2;
+    let out = &mut out[..AMX_MR * pairs];
+    if mr < AMX_MR || 2 * pairs > kc {
+        out.fill(0);
+    }
+    if csa == 1 {
+        // Rows of A contiguous: each row's run of k converts in pairs, in place.
+        for r in 0..mr {
+            let row = std::slice::from_raw_parts(a.offset((i0 + r) as isize * rsa).add(kb), kc);
+            let dst = &mut out[r * pairs..][..full];
+            for (slot, two) in dst.iter_mut().zip(row.chunks_exact(2)) {
+                *slot = pair(two[0], two[1]);
+            }
+        }
+    } else {
+        // Columns of A contiguous (A = X^T): read along them, write across the rows.
+        for p in 0..full {
+            for r in 0..mr {
+                out[r * pairs + p] = pair(at(i0 + r, kb + 2 * p), at(i0 + r, kb + 2 * p + 1));
+            }
+        }
+    }
+    if kc % 2 == 1 {
+        for r in 0..mr {
+            out[r * pairs + full] = to_bf16(at(i0 + r, kb + 2 * full));
+        }
+    }
+}
+
 /// One bf16 value of a pair, widened to f32 (exact).
 #[inline(always)]
 fn half_of(pair: u32, high: bool) -> f32 {
@@ -186,7 +562,8 @@ fn half_of(pair: u32, high: bool) -> f32 {
 
 /// The portable micro-kernel: `tile[r * NR + j] = sum over pairs of A[r] . B[j]`, per
 /// pair the odd k first, each product added with one rounding (as `vdpbf16ps`).
-fn kernel_portable(pairs: usize, a: &[u32], b: &[u32], tile: &mut [f32; MR * NR]) {
+fn kernel_portable(pairs: usize, a: &[u32], b: &[u32], tile: &mut [f32]) {
+    let tile = &mut tile[..MR * NR];
     tile.fill(0.0);
     for p in 0..pairs {
         let (ap, bp) = (&a[p * MR..][..MR], &b[p * NR..][..NR]);
@@ -208,9 +585,10 @@ fn kernel_portable(pairs: usize, a: &[u32], b: &[u32], tile: &mut [f32; MR * NR]
 /// values.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bf16")]
-unsafe fn kernel_avx512bf16(pairs: usize, a: &[u32], b: &[u32], tile: &mut [f32; MR * NR]) {
+unsafe fn kernel_avx512bf16(pairs: usize, a: &[u32], b: &[u32], tile: &mut [f32]) {
     use std::arch::x86_64::*;
     debug_assert!(a.len() >= pairs * MR && b.len() >= pairs * NR);
+    assert!(tile.len() >= MR * NR);
     let mut acc = [[_mm512_setzero_ps(); 2]; MR];
     let (pa, pb) = (a.as_ptr(), b.as_ptr());
     for p in 0..pairs {
@@ -234,7 +612,7 @@ unsafe fn kernel_avx512bf16(pairs: usize, a: &[u32], b: &[u32], tile: &mut [f32;
 ///
 /// # Safety
 /// The pointers with these dimensions and strides address valid memory; `c` does not
-/// alias `a` or `b`; `kernel` is one this CPU runs ([`Bf16Kernel::detect`]).
+/// alias `a` or `b`; `kernel` is one this CPU runs ([`Bf16Kernel::is_available`]).
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn sgemm_bf16(
     kernel: Bf16Kernel,
@@ -266,18 +644,38 @@ pub unsafe fn sgemm_bf16(
         }
         return;
     }
+    // AMX: 32-row bands of A and whole tiles of 16 pairs; the tiles configured on this
+    // thread for the call (released when `tiles` drops).
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    let tiles = (kernel == Bf16Kernel::Amx).then(|| amx::Tiles::configure());
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    let amx = tiles.is_some();
+    #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+    let amx = false;
+    let (band, pad) = if amx { (AMX_MR, AMX_PAIRS) } else { (MR, 1) };
     let mut b_packed = Vec::new();
-    let mut a_packed = vec![0u32; KC.div_ceil(2) * MR];
-    let mut tile = [0f32; MR * NR];
-    for kb in (0..k).step_by(KC) {
-        let kc = KC.min(k - kb);
-        let pairs = kc.div_ceil(2);
-        pack_b(&mut b_packed, b, rsb, csb, kb, kc, n);
-        for i0 in (0..m).step_by(MR) {
-            let mr = MR.min(m - i0);
-            pack_a(&mut a_packed, a, rsa, csa, i0, mr, kb, kc);
+    let kcb = if amx { AMX_KC } else { KC };
+    let mut a_packed = vec![0u32; padded_pairs(kcb, pad) * band];
+    let mut tile = [0f32; AMX_MR * NR];
+    for kb in (0..k).step_by(kcb) {
+        let kc = kcb.min(k - kb);
+        let pairs = padded_pairs(kc, pad);
+        pack_b(&mut b_packed, b, rsb, csb, kb, kc, n, pad);
+        for i0 in (0..m).step_by(band) {
+            let mr = band.min(m - i0);
+            if amx {
+                pack_a_amx(&mut a_packed, a, rsa, csa, i0, mr, kb, kc);
+            } else {
+                pack_a(&mut a_packed, a, rsa, csa, i0, mr, kb, kc);
+            }
             for (panel, bp) in b_packed.chunks_exact(pairs * NR).enumerate() {
                 match kernel {
+                    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+                    Bf16Kernel::Amx => {
+                        if let Some(t) = &tiles {
+                            amx::kernel(t, pairs, &a_packed, bp, &mut tile);
+                        }
+                    }
                     #[cfg(target_arch = "x86_64")]
                     Bf16Kernel::Avx512Bf16 => kernel_avx512bf16(pairs, &a_packed, bp, &mut tile),
                     _ => kernel_portable(pairs, &a_packed, bp, &mut tile),
@@ -321,16 +719,40 @@ mod tests {
     use super::*;
     use half::bf16;
 
-    /// The definition in f64 over the bf16-rounded operands.
-    fn reference(m: usize, k: usize, n: usize, a: &[f32], b: &[f32]) -> Vec<f64> {
+    /// The definition in f64 over the bf16-rounded operands, and `sum |a| |b|` per
+    /// element (what the error bound scales with).
+    fn reference(m: usize, k: usize, n: usize, a: &[f32], b: &[f32]) -> (Vec<f64>, Vec<f64>) {
         let r = |x: f32| bf16::from_f32(x).to_f32() as f64;
+        let (ra, rb): (Vec<f64>, Vec<f64>) = (
+            a.iter().map(|&x| r(x)).collect(),
+            b.iter().map(|&x| r(x)).collect(),
+        );
         let mut c = vec![0.0; m * n];
+        let mut abs = vec![0.0; m * n];
         for i in 0..m {
-            for j in 0..n {
-                c[i * n + j] = (0..k).map(|p| r(a[i * k + p]) * r(b[p * n + j])).sum();
+            for p in 0..k {
+                let x = ra[i * k + p];
+                for j in 0..n {
+                    c[i * n + j] += x * rb[p * n + j];
+                    abs[i * n + j] += (x * rb[p * n + j]).abs();
+                }
             }
         }
-        c
+        (c, abs)
+    }
+
+    /// The error bound of a sum of k products computed in f32: each product of two bf16
+    /// is exact in f32 (8 + 8 significand bits <= 24, no subnormal products in these
+    /// tests), and the k products of a K block plus the `ceil(k / KC)` block sums added
+    /// into C (fewer with AMX's longer blocks) take at most `n = k + ceil(k / KC)` f32
+    /// additions, each rounded to nearest
+    /// (u = 2^-24), in whatever order or tree a kernel sums them (`tdpbf16ps` pairs first,
+    /// `vdpbf16ps` one at a time). For any summation tree |error| <= gamma_n sum |a| |b|,
+    /// gamma_n = n u / (1 - n u) (Higham, Accuracy and Stability, 4.2).
+    fn bound(k: usize, sum_abs: f64) -> f64 {
+        let u = f32::EPSILON as f64 / 2.0;
+        let n = (k + k.div_ceil(KC)) as f64;
+        n * u / (1.0 - n * u) * sum_abs
     }
 
     fn vals(len: usize, seed: u32) -> Vec<f32> {
@@ -343,8 +765,13 @@ mod tests {
     }
 
     fn run(kernel: Bf16Kernel, m: usize, k: usize, n: usize, a: &[f32], b: &[f32]) -> Vec<f32> {
+        assert!(
+            kernel.is_available(),
+            "{kernel} forced without the CPU for it"
+        );
         let mut c = vec![f32::NAN; m * n];
-        // SAFETY: row-major m x k, k x n, m x n over slices of those sizes.
+        // SAFETY: row-major m x k, k x n, m x n over slices of those sizes; the kernel is
+        // available (asserted).
         unsafe {
             sgemm_bf16(
                 kernel,
@@ -377,19 +804,63 @@ mod tests {
         (40, 64, 100),
     ];
 
+    /// AMX's edges: M and N around its 16-row / 16-column tiles and 32 x 32 micro-tile,
+    /// K around its 32-value tile rows and the 256- and 1024-value blocks (odd, short of
+    /// a tile, one past).
+    const AMX_EDGES: [(usize, usize, usize); 14] = [
+        (17, 1025, 33),
+        (33, 1023, 16),
+        (16, 32, 16),
+        (15, 31, 17),
+        (31, 33, 33),
+        (32, 32, 32),
+        (33, 63, 47),
+        (1, 1024, 1),
+        (70, 2, 95),
+        (64, 255, 64),
+        (65, 513, 31),
+        (2, 300, 130),
+        (48, 96, 16),
+        (100, 17, 3),
+    ];
+
+    /// The GPT-2 shapes the model multiplies (C = 256 `small`, 768 124M, 1024 350M; the
+    /// MLP's 4C), with fewer rows than B*T to keep the f64 reference quick: every
+    /// (K, N) pair of a layer's products.
+    const MODEL_SHAPES: [(usize, usize, usize); 6] = [
+        (64, 256, 768),
+        (64, 1024, 256),
+        (40, 768, 2304),
+        (33, 3072, 768),
+        (32, 1024, 1024),
+        (48, 768, 3072),
+    ];
+
+    fn all_shapes() -> impl Iterator<Item = (usize, usize, usize)> {
+        SHAPES.into_iter().chain(AMX_EDGES).chain(MODEL_SHAPES)
+    }
+
+    /// Skip line for tests that need a kernel this CPU lacks; true when it is here.
+    fn have(kernel: Bf16Kernel) -> bool {
+        let ok = kernel.is_available();
+        if !ok {
+            eprintln!("SKIP: this CPU (or OS) does not run the {kernel} bf16 kernel");
+        }
+        ok
+    }
+
     #[test]
     fn matches_the_f64_product_of_the_rounded_operands() {
-        for &(m, k, n) in &SHAPES {
+        for (m, k, n) in all_shapes() {
             let (a, b) = (vals(m * k, 1), vals(k * n, 2));
-            let want = reference(m, k, n, &a, &b);
-            for kernel in [Bf16Kernel::Portable, Bf16Kernel::detect()] {
+            let (want, abs) = reference(m, k, n, &a, &b);
+            for kernel in Bf16Kernel::available() {
                 let got = run(kernel, m, k, n, &a, &b);
-                for (g, w) in got.iter().zip(&want) {
-                    // f32 sums of k exact products: k roundings of at most 2^-24 each.
-                    let tol = 2.0 * k as f64 * f32::EPSILON as f64 * (1.0 + w.abs());
+                for ((g, w), s) in got.iter().zip(&want).zip(&abs) {
+                    let tol = bound(k, *s);
                     assert!(
                         (*g as f64 - w).abs() <= tol,
-                        "{kernel:?} {m}x{k}x{n}: {g} vs {w}"
+                        "{kernel} {m}x{k}x{n}: {g} vs {w} (bound {tol:e})"
                     );
                 }
             }
@@ -397,12 +868,74 @@ mod tests {
     }
 
     #[test]
-    fn the_vector_kernel_equals_the_portable_one_bit_for_bit() {
-        if Bf16Kernel::detect() == Bf16Kernel::Portable {
-            eprintln!("no AVX-512 BF16 here: only the portable kernel to test");
+    fn amx_agrees_with_avx512_bf16_within_the_bound() {
+        if !have(Bf16Kernel::Amx) || !have(Bf16Kernel::Avx512Bf16) {
             return;
         }
-        for &(m, k, n) in &SHAPES {
+        let mut worst = 0.0f64; // largest |amx - avx512| / bound seen
+        let mut differ = 0usize;
+        let mut total = 0usize;
+        for (m, k, n) in all_shapes() {
+            let (a, b) = (vals(m * k, 11), vals(k * n, 12));
+            let (_, abs) = reference(m, k, n, &a, &b);
+            let x = run(Bf16Kernel::Amx, m, k, n, &a, &b);
+            let v = run(Bf16Kernel::Avx512Bf16, m, k, n, &a, &b);
+            for ((x, v), s) in x.iter().zip(&v).zip(&abs) {
+                // Both within `bound` of the exact sum, so within twice it of each other.
+                let tol = 2.0 * bound(k, *s);
+                let d = (*x as f64 - *v as f64).abs();
+                assert!(
+                    d <= tol,
+                    "{m}x{k}x{n}: amx {x} vs avx512 {v} (bound {tol:e})"
+                );
+                worst = worst.max(if tol > 0.0 { d / tol } else { 0.0 });
+                differ += usize::from(x.to_bits() != v.to_bits());
+                total += 1;
+            }
+        }
+        eprintln!("amx vs avx512bf16: {differ} of {total} elements differ; worst |diff| = {worst:.3} x bound");
+    }
+
+    #[test]
+    fn amx_on_many_threads_at_once_gives_the_same_bits() {
+        // The tile configuration is per thread: bands on scoped threads, each configuring
+        // its own tiles, give the bits of the whole product on one thread.
+        if !have(Bf16Kernel::Amx) {
+            return;
+        }
+        let (m, k, n) = (150, 700, 90);
+        let (a, b) = (vals(m * k, 13), vals(k * n, 14));
+        let whole = run(Bf16Kernel::Amx, m, k, n, &a, &b);
+        let rows = 37;
+        let parts: Vec<Vec<f32>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..m)
+                .step_by(rows)
+                .map(|i0| {
+                    let (a, b) = (&a, &b);
+                    s.spawn(move || {
+                        let mr = rows.min(m - i0);
+                        run(Bf16Kernel::Amx, mr, k, n, &a[i0 * k..(i0 + mr) * k], b)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("band thread"))
+                .collect()
+        });
+        let banded: Vec<f32> = parts.concat();
+        assert!(whole
+            .iter()
+            .zip(&banded)
+            .all(|(x, y)| x.to_bits() == y.to_bits()));
+    }
+
+    #[test]
+    fn the_vector_kernel_equals_the_portable_one_bit_for_bit() {
+        if !have(Bf16Kernel::Avx512Bf16) {
+            return;
+        }
+        for (m, k, n) in all_shapes() {
             let (a, b) = (vals(m * k, 3), vals(k * n, 4));
             let p = run(Bf16Kernel::Portable, m, k, n, &a, &b);
             let v = run(Bf16Kernel::Avx512Bf16, m, k, n, &a, &b);
@@ -410,6 +943,35 @@ mod tests {
                 assert_eq!(x.to_bits(), y.to_bits(), "{m}x{k}x{n}: {x} vs {y}");
             }
         }
+    }
+
+    #[test]
+    fn kernel_names_parse_and_unavailable_ones_are_refused() {
+        for k in Bf16Kernel::ALL {
+            assert_eq!(k.name().parse::<Bf16Kernel>(), Ok(k));
+        }
+        assert_eq!(" AVX512 ".parse::<Bf16Kernel>(), Ok(Bf16Kernel::Avx512Bf16));
+        let e = "avx2".parse::<Bf16Kernel>().expect_err("not a kernel");
+        assert_eq!(
+            e.to_string(),
+            "\"avx2\" is not a bf16 kernel: use amx, avx512 or portable"
+        );
+        let e = Bf16KernelError::BadEnv("avx2".into()).to_string();
+        assert!(e.starts_with("ZERO_BF16_KERNEL=\"avx2\" is not"), "{e}");
+        assert_eq!(Bf16Kernel::Portable.force(), Ok(Bf16Kernel::Portable));
+        for k in Bf16Kernel::ALL {
+            match k.force() {
+                Ok(f) => assert!(f == k && Bf16Kernel::available().contains(&k)),
+                Err(e) => assert_eq!(
+                    e,
+                    Bf16KernelError::Unavailable {
+                        requested: k,
+                        best: Bf16Kernel::best()
+                    }
+                ),
+            }
+        }
+        assert_eq!(Bf16Kernel::available().last(), Some(&Bf16Kernel::best()));
     }
 
     #[test]
@@ -443,46 +1005,49 @@ mod tests {
     fn every_operand_layout_packs_alike() {
         // The same product from A and B stored row-major, transposed, and with both
         // strides above 1 (every packing path): equal bit for bit.
-        let (m, k, n) = (13, 37, 45);
+        let (m, k, n) = (35, 37, 45);
         let (a, b) = (vals(m * k, 8), vals(k * n, 9));
-        let want = run(Bf16Kernel::Portable, m, k, n, &a, &b);
-        let a_t: Vec<f32> = (0..k * m).map(|i| a[(i % m) * k + i / m]).collect();
-        let b_t: Vec<f32> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect();
-        // Strides 2 x: every other element of a doubled buffer.
-        let a2: Vec<f32> = a.iter().flat_map(|&x| [x, f32::NAN]).collect();
-        let b2: Vec<f32> = b.iter().flat_map(|&x| [x, f32::NAN]).collect();
-        type Case<'a> = (&'a [f32], isize, isize, &'a [f32], isize, isize);
-        let cases: [Case<'_>; 3] = [
-            (&a_t, 1, m as isize, &b_t, 1, k as isize),
-            (&a2, 2 * k as isize, 2, &b2, 2 * n as isize, 2),
-            (&a, k as isize, 1, &b_t, 1, k as isize),
-        ];
-        for (ca, rsa, csa, cb, rsb, csb) in cases {
-            let mut c = vec![0f32; m * n];
-            // SAFETY: each case's strides address its buffer's m x k and k x n elements.
-            unsafe {
-                sgemm_bf16(
-                    Bf16Kernel::Portable,
-                    m,
-                    k,
-                    n,
-                    1.0,
-                    ca.as_ptr(),
-                    rsa,
-                    csa,
-                    cb.as_ptr(),
-                    rsb,
-                    csb,
-                    0.0,
-                    c.as_mut_ptr(),
-                    n as isize,
-                    1,
-                )
-            };
-            assert!(
-                c.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits()),
-                "strides {rsa} {csa} {rsb} {csb}"
-            );
+        for kernel in Bf16Kernel::available() {
+            let want = run(kernel, m, k, n, &a, &b);
+            let a_t: Vec<f32> = (0..k * m).map(|i| a[(i % m) * k + i / m]).collect();
+            let b_t: Vec<f32> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect();
+            // Strides 2 x: every other element of a doubled buffer.
+            let a2: Vec<f32> = a.iter().flat_map(|&x| [x, f32::NAN]).collect();
+            let b2: Vec<f32> = b.iter().flat_map(|&x| [x, f32::NAN]).collect();
+            type Case<'a> = (&'a [f32], isize, isize, &'a [f32], isize, isize);
+            let cases: [Case<'_>; 3] = [
+                (&a_t, 1, m as isize, &b_t, 1, k as isize),
+                (&a2, 2 * k as isize, 2, &b2, 2 * n as isize, 2),
+                (&a, k as isize, 1, &b_t, 1, k as isize),
+            ];
+            for (ca, rsa, csa, cb, rsb, csb) in cases {
+                let mut c = vec![0f32; m * n];
+                // SAFETY: each case's strides address its buffer's m x k and k x n elements;
+                // the kernel is one of `available()`.
+                unsafe {
+                    sgemm_bf16(
+                        kernel,
+                        m,
+                        k,
+                        n,
+                        1.0,
+                        ca.as_ptr(),
+                        rsa,
+                        csa,
+                        cb.as_ptr(),
+                        rsb,
+                        csb,
+                        0.0,
+                        c.as_mut_ptr(),
+                        n as isize,
+                        1,
+                    )
+                };
+                assert!(
+                    c.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "{kernel}: strides {rsa} {csa} {rsb} {csb}"
+                );
+            }
         }
     }
 
@@ -493,37 +1058,40 @@ mod tests {
         let a_t = vals(k * m, 5); // A stored k x m
         let b = vals(k * n, 6);
         let c0 = vals(m * n, 7);
-        let mut c = c0.clone();
-        // SAFETY: the strides address k x m, k x n and n x m buffers of those sizes.
-        unsafe {
-            sgemm_bf16(
-                Bf16Kernel::detect(),
-                m,
-                k,
-                n,
-                0.5,
-                a_t.as_ptr(),
-                1,
-                m as isize,
-                b.as_ptr(),
-                n as isize,
-                1,
-                2.0,
-                c.as_mut_ptr(),
-                1,
-                m as isize,
-            )
-        };
-        let a: Vec<f32> = (0..m * k).map(|i| a_t[(i % k) * m + i / k]).collect();
-        let ab = reference(m, k, n, &a, &b);
-        for i in 0..m {
-            for j in 0..n {
-                let want = 0.5 * ab[i * n + j] + 2.0 * c0[j * m + i] as f64;
-                let got = c[j * m + i] as f64;
-                assert!(
-                    (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
-                    "{got} vs {want}"
-                );
+        for kernel in Bf16Kernel::available() {
+            let mut c = c0.clone();
+            // SAFETY: the strides address k x m, k x n and n x m buffers of those sizes; the
+            // kernel is one of `available()`.
+            unsafe {
+                sgemm_bf16(
+                    kernel,
+                    m,
+                    k,
+                    n,
+                    0.5,
+                    a_t.as_ptr(),
+                    1,
+                    m as isize,
+                    b.as_ptr(),
+                    n as isize,
+                    1,
+                    2.0,
+                    c.as_mut_ptr(),
+                    1,
+                    m as isize,
+                )
+            };
+            let a: Vec<f32> = (0..m * k).map(|i| a_t[(i % k) * m + i / k]).collect();
+            let (ab, _) = reference(m, k, n, &a, &b);
+            for i in 0..m {
+                for j in 0..n {
+                    let want = 0.5 * ab[i * n + j] + 2.0 * c0[j * m + i] as f64;
+                    let got = c[j * m + i] as f64;
+                    assert!(
+                        (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                        "{kernel}: {got} vs {want}"
+                    );
+                }
             }
         }
         // k = 0 with beta = 0 overwrites NaN.

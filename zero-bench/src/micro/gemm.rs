@@ -1,0 +1,237 @@
+//! `zero-bench micro gemm`: the bf16-operand GEMM's micro-kernels (AMX `tdpbf16ps`,
+//! AVX-512 BF16 `vdpbf16ps`, optionally the portable one) next to f32 SGEMM
+//! (`matrixmultiply`, what fp32 training multiplies with) on the same shapes, threads and
+//! buffers. Each shape is `C = A B^T` with B stored [N, K], as the model's linear layers
+//! compute; the defaults are GPT-2's layer shapes at M = B*T = 4096 rows.
+//!
+//! Rounds are interleaved (every method on every shape, then the next round), so a
+//! shared machine's drifts hit all methods alike; reported are the median GFLOP/s over
+//! the rounds and the median of the per-round ratios.
+
+use anyhow::{bail, Context, Result};
+use std::time::Instant;
+use zero_kernels::nn::gemm_bf16::{sgemm_bf16, Bf16Kernel};
+use zero_kernels::nn::{Gemm, MatLayout};
+
+/// Options of `micro gemm`.
+#[derive(clap::Args, Debug)]
+pub struct GemmArgs {
+    /// Shapes as MxKxN, comma-separated (C[M, N] = A[M, K] B[N, K]^T).
+    #[arg(
+        long,
+        default_value = "4096x256x256,4096x256x1024,4096x768x768,4096x768x3072,4096x3072x768,4096x1024x1024"
+    )]
+    shapes: String,
+    /// bf16 micro-kernels to time, comma-separated (amx, avx512, portable); default:
+    /// every one this CPU runs but the portable one.
+    #[arg(long)]
+    kernels: Option<String>,
+    /// Threads (rows of C split in bands, one per thread, as `Gemm::run` does).
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// Interleaved rounds (the median is reported).
+    #[arg(long, default_value_t = 7)]
+    rounds: usize,
+}
+
+/// One shape's buffers.
+struct Shape {
+    m: usize,
+    k: usize,
+    n: usize,
+    a: Vec<f32>,
+    b: Vec<f32>,
+    c: Vec<f32>,
+}
+
+/// A method under test: f32 SGEMM or one bf16 micro-kernel.
+#[derive(Clone, Copy)]
+enum Method {
+    Sgemm,
+    Bf16(Bf16Kernel),
+}
+
+impl Method {
+    fn name(self) -> String {
+        match self {
+            Method::Sgemm => "f32 sgemm".to_string(),
+            Method::Bf16(k) => format!("bf16 {k}"),
+        }
+    }
+}
+
+fn parse_shape(s: &str) -> Result<(usize, usize, usize)> {
+    let dims: Vec<usize> = s
+        .trim()
+        .split('x')
+        .map(|d| d.parse::<usize>())
+        .collect::<Result<_, _>>()
+        .with_context(|| format!("shape {s:?} is not MxKxN"))?;
+    match dims[..] {
+        [m, k, n] if m > 0 && k > 0 && n > 0 => Ok((m, k, n)),
+        _ => bail!("shape {s:?} must be MxKxN with three positive sizes"),
+    }
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let h = v.len() / 2;
+    if v.len() % 2 == 1 {
+        v[h]
+    } else {
+        0.5 * (v[h - 1] + v[h])
+    }
+}
+
+/// One timed product, in seconds.
+fn time(method: Method, s: &mut Shape, gemm: &Gemm, threads: usize) -> f64 {
+    let (m, k, n) = (s.m, s.k, s.n);
+    let t0 = Instant::now();
+    match method {
+        Method::Sgemm => gemm.run(
+            1.0,
+            &s.a,
+            MatLayout::rm(m, k, k),
+            &s.b,
+            MatLayout::rm(n, k, k).t(),
+            0.0,
+            &mut s.c,
+            MatLayout::rm(m, n, n),
+        ),
+        Method::Bf16(kernel) => {
+            let rows = m.div_ceil(threads.clamp(1, m));
+            let (a, b) = (&s.a, &s.b);
+            std::thread::scope(|sc| {
+                for (band, c) in s.c.chunks_mut(rows * n).enumerate() {
+                    let r0 = band * rows;
+                    let mr = c.len() / n;
+                    let mut run = move || {
+                        // SAFETY: A's rows r0..r0 + mr (row-major, K apart), B [N, K] read
+                        // as K x N (strides 1, K) and C's band (row-major, N apart) lie
+                        // inside their vectors; the kernel was checked available.
+                        unsafe {
+                            sgemm_bf16(
+                                kernel,
+                                mr,
+                                k,
+                                n,
+                                1.0,
+                                a[r0 * k..].as_ptr(),
+                                k as isize,
+                                1,
+                                b.as_ptr(),
+                                1,
+                                k as isize,
+                                0.0,
+                                c.as_mut_ptr(),
+                                n as isize,
+                                1,
+                            )
+                        }
+                    };
+                    if r0 == 0 {
+                        run();
+                    } else {
+                        sc.spawn(run);
+                    }
+                }
+            });
+        }
+    }
+    t0.elapsed().as_secs_f64()
+}
+
+/// Run the benchmark.
+pub fn run(args: &GemmArgs) -> Result<()> {
+    anyhow::ensure!(args.rounds > 0, "--rounds must be > 0");
+    anyhow::ensure!(args.threads > 0, "--threads must be > 0");
+    // Every kernel is timed by name here, but a bad ZERO_BF16_KERNEL is still an error
+    // (as in `micro model`), not a surprise in the next run.
+    Bf16Kernel::from_env()?;
+    let kernels: Vec<Bf16Kernel> = match &args.kernels {
+        Some(list) => list
+            .split(',')
+            .map(|name| Ok(name.parse::<Bf16Kernel>()?.force()?))
+            .collect::<Result<_>>()
+            .context("--kernels")?,
+        None => Bf16Kernel::available()
+            .into_iter()
+            .rev()
+            .filter(|&k| k != Bf16Kernel::Portable)
+            .collect(),
+    };
+    let mut methods = vec![Method::Sgemm];
+    methods.extend(kernels.iter().map(|&k| Method::Bf16(k)));
+    let mut shapes: Vec<Shape> = args
+        .shapes
+        .split(',')
+        .map(|s| {
+            let (m, k, n) = parse_shape(s)?;
+            let val =
+                |i: usize| ((i.wrapping_mul(2_654_435_761) >> 7) % 2001) as f32 / 1000.0 - 1.0;
+            Ok(Shape {
+                m,
+                k,
+                n,
+                a: (0..m * k).map(val).collect(),
+                b: (0..n * k).map(|i| val(i + 7)).collect(),
+                c: vec![0.0; m * n],
+            })
+        })
+        .collect::<Result<_>>()?;
+    let gemm = Gemm::new(args.threads);
+    // times[shape][method][round]
+    let mut times = vec![vec![Vec::new(); methods.len()]; shapes.len()];
+    for round in 0..=args.rounds {
+        for (s, shape) in shapes.iter_mut().enumerate() {
+            for (i, &method) in methods.iter().enumerate() {
+                let t = time(method, shape, &gemm, args.threads);
+                if round > 0 {
+                    // Round 0 warms caches, pages and the AMX permission up.
+                    times[s][i].push(t);
+                }
+            }
+        }
+    }
+    println!(
+        "bf16-operand GEMM micro-kernels vs f32 SGEMM, {} thread(s), median of {} interleaved rounds (GFLOP/s; ratios: median of per-round ratios)",
+        args.threads, args.rounds
+    );
+    let mut header = format!("{:<18}", "MxKxN");
+    for m in &methods {
+        header += &format!(" {:>14}", m.name());
+    }
+    for k in &kernels {
+        header += &format!(" {:>12}", format!("{k}/sgemm"));
+    }
+    if kernels.contains(&Bf16Kernel::Amx) && kernels.contains(&Bf16Kernel::Avx512Bf16) {
+        header += &format!(" {:>12}", "amx/avx512");
+    }
+    println!("{header}");
+    for (s, shape) in shapes.iter().enumerate() {
+        let flop = 2.0 * (shape.m * shape.k * shape.n) as f64;
+        let mut line = format!("{:<18}", format!("{}x{}x{}", shape.m, shape.k, shape.n));
+        for t in &times[s] {
+            let mut g: Vec<f64> = t.iter().map(|t| flop / t / 1e9).collect();
+            line += &format!(" {:>14.1}", median(&mut g));
+        }
+        // Ratio of speeds = inverse ratio of times, per round.
+        let ratio = |num: usize, den: usize| {
+            let mut r: Vec<f64> = times[s][den]
+                .iter()
+                .zip(&times[s][num])
+                .map(|(d, n)| d / n)
+                .collect();
+            median(&mut r)
+        };
+        for i in 1..methods.len() {
+            line += &format!(" {:>12.2}", ratio(i, 0));
+        }
+        let at = |k: Bf16Kernel| kernels.iter().position(|&x| x == k).map(|p| p + 1);
+        if let (Some(x), Some(v)) = (at(Bf16Kernel::Amx), at(Bf16Kernel::Avx512Bf16)) {
+            line += &format!(" {:>12.2}", ratio(x, v));
+        }
+        println!("{line}");
+    }
+    Ok(())
+}
