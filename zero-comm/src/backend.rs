@@ -173,6 +173,9 @@ pub struct Facts {
     pub nccl_present: bool,
     /// The CUDA-aware probe.
     pub cuda_aware: CudaAware,
+    /// The run reduces 16-bit floats (bf16/fp16 gradients reduced in their own type):
+    /// a CUDA-aware MPI cannot, its sums of those run in host code (`mpi/mod.rs`).
+    pub half_reductions: bool,
 }
 
 /// A backend that was asked for and cannot run here.
@@ -232,6 +235,13 @@ pub fn select(choice: CommChoice, facts: &Facts) -> Result<(Backend, String), Se
                 Backend::Nccl,
                 "device buffers across processes, and NCCL is built in and present".to_string(),
             ),
+            Buffers::Device { .. } if facts.cuda_aware.yes() && facts.half_reductions => (
+                Backend::MpiStaged,
+                format!(
+                    "device buffers across processes, no NCCL, and MPI is CUDA-aware ({}) but sums 16-bit gradients only in host code: staging through host memory",
+                    facts.cuda_aware.describe()
+                ),
+            ),
             Buffers::Device { .. } if facts.cuda_aware.yes() => (
                 Backend::MpiCuda,
                 format!(
@@ -286,6 +296,13 @@ pub fn select(choice: CommChoice, facts: &Facts) -> Result<(Backend, String), Se
                     todo: "use --comm mpi-staged (always works), or run with an MPI built with CUDA support (Open MPI --with-cuda, MPICH with MPICH_GPU_SUPPORT_ENABLED=1)".into(),
                 });
             }
+            if facts.half_reductions {
+                return Err(SelectError::Mismatch {
+                    asked: choice,
+                    why: "this run reduces 16-bit gradients, and MPI sums bf16/fp16 only in host code, which cannot read GPU memory".into(),
+                    todo: "use --comm mpi-staged, or reduce in f32 (precision.grad_reduce_dtype = \"f32\")".into(),
+                });
+            }
             Ok((
                 Backend::MpiCuda,
                 format!("asked for (--comm mpi-cuda; {})", facts.cuda_aware.describe()),
@@ -322,10 +339,11 @@ pub fn select(choice: CommChoice, facts: &Facts) -> Result<(Backend, String), Se
 }
 
 /// The GPU of the rank `local_rank` of `local_ranks` on its node, with `visible` GPUs
-/// visible to it. `per_task`: the launcher bound each rank its own GPUs (Slurm's
-/// `--gpus-per-task` sets `SLURM_GPUS_PER_TASK`), so the rank's GPUs are renumbered from
-/// 0. `share`: ranks may share GPUs (a test of several processes on one GPU,
-/// `ZERO_SHARE_GPUS=1`), rank i taking GPU i mod `visible`.
+/// visible to it: GPU `local_rank mod visible`. `per_task`: the launcher bound each rank
+/// its own GPUs (Slurm's `--gpus-per-task` sets `SLURM_GPUS_PER_TASK`), so fewer visible
+/// GPUs than ranks is expected (with one visible, each rank takes its own as GPU 0).
+/// `share`: ranks may share GPUs (a test of several processes on one GPU,
+/// `ZERO_SHARE_GPUS=1`). Otherwise more ranks than GPUs is an error.
 pub fn gpu_for_rank(
     local_rank: usize,
     local_ranks: usize,
@@ -339,10 +357,7 @@ pub fn gpu_for_rank(
             gpus: 0,
         });
     }
-    if per_task {
-        return Ok(0);
-    }
-    if local_ranks > visible && !share {
+    if local_ranks > visible && !share && !per_task {
         return Err(SelectError::TooFewGpus {
             ranks: local_ranks,
             gpus: visible,
@@ -404,6 +419,7 @@ mod tests {
                 library: cuda_aware,
                 env: None,
             },
+            half_reductions: false,
         }
     }
     const GPU: Buffers = Buffers::Device {
@@ -431,6 +447,14 @@ mod tests {
             Ok(Backend::MpiStaged)
         );
         assert_eq!(pick(&facts(GPU, 2, false, None)), Ok(Backend::MpiStaged));
+        // bf16 gradients reduced in bf16: a CUDA-aware MPI cannot sum them on the GPU.
+        let half = Facts {
+            half_reductions: true,
+            ..facts(GPU, 2, false, Some(true))
+        };
+        assert_eq!(pick(&half), Ok(Backend::MpiStaged));
+        let e = select(CommChoice::MpiCuda, &half).unwrap_err();
+        assert!(e.to_string().contains("16-bit gradients"), "{e}");
         assert_eq!(
             pick(&facts(SIM, 2, false, Some(false))),
             Ok(Backend::MpiStaged)
@@ -498,6 +522,9 @@ mod tests {
         assert!(g(0, 1, 0).is_err());
         // Bound per task by the launcher: every rank sees its own GPU as 0.
         assert_eq!(gpu_for_rank(3, 4, 1, true, false), Ok(0));
+        // An inherited SLURM_GPUS_PER_TASK with every GPU visible (mpirun inside sbatch):
+        // still one GPU per rank, not all on GPU 0.
+        assert_eq!(gpu_for_rank(3, 4, 4, true, false), Ok(3));
         // Sharing asked for: round robin.
         assert_eq!(gpu_for_rank(3, 4, 2, false, true), Ok(1));
         let e = g(2, 4, 2).unwrap_err().to_string();

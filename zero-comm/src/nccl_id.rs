@@ -94,6 +94,10 @@ impl UniqueId {
             let pair = t
                 .get(2 * i..2 * i + 2)
                 .ok_or_else(|| bad("non-ASCII text".into()))?;
+            // Hex digits only (`from_str_radix` alone would take a sign, "+f").
+            if !pair.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(bad(format!("'{pair}' at digit {}", 2 * i)));
+            }
             *byte = u8::from_str_radix(pair, 16)
                 .map_err(|_| bad(format!("'{pair}' at digit {}", 2 * i)))?;
         }
@@ -167,7 +171,9 @@ pub fn write_file(path: &Path, id: &UniqueId) -> Result<(), IdError> {
     std::fs::rename(&tmp, path).map_err(err)
 }
 
-/// Wait up to `timeout` for `path` to hold an id ([`write_file`]'s), polling.
+/// Wait up to `timeout` for `path` to hold an id ([`write_file`]'s), polling. The path
+/// must be new to this job (name it after the job, e.g. with `SLURM_JOB_ID`): a file left
+/// by an earlier job would be read as this one's id.
 pub fn wait_for_file(path: &Path, timeout: Duration) -> Result<UniqueId, IdError> {
     let start = Instant::now();
     loop {
@@ -213,6 +219,10 @@ mod tests {
         bad.replace_range(10..12, "zz");
         let e = UniqueId::from_hex(&bad, "f").unwrap_err().to_string();
         assert!(e.contains("'zz' at digit 10"), "{e}");
+        let mut signed = id.to_hex();
+        signed.replace_range(4..6, "+f");
+        let e = UniqueId::from_hex(&signed, "f").unwrap_err().to_string();
+        assert!(e.contains("'+f' at digit 4"), "{e}");
     }
 
     #[test]

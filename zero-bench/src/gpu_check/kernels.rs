@@ -781,7 +781,14 @@ pub fn run_op<D: Device>(
             let len = rows * n + 5;
             let block = zero_kernels::quant::DEFAULT_BLOCK;
             let ns = zero_kernels::quant::scale_count(len, block);
-            let x = on.up(&rng.wide(len), "x")?;
+            // Special blocks: all tiny (127 / amax overflows: zeros), one NaN, one infinity.
+            let mut xs = rng.wide(len);
+            if len > 3 * block {
+                xs[..block].iter_mut().for_each(|v| *v *= 1e-38);
+                xs[block + 3] = f32::NAN;
+                xs[2 * block + 7] = f32::NEG_INFINITY;
+            }
+            let x = on.up(&xs, "x")?;
             let mut codes = on.zeros::<u8>(len, "codes")?;
             let mut scales = on.zeros::<f32>(ns, "scales")?;
             dev.quantize_int8::<f32>(&on.s, x.view(), block, codes.view_mut(), scales.view_mut())?;

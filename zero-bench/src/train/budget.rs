@@ -164,8 +164,11 @@ pub fn choose_stage(
     budget: &Budget,
     comm: Option<&WorldComm>,
 ) -> anyhow::Result<(Stage, String)> {
+    // Only stages the rest of the configuration allows (zero.quantize_weights rules out
+    // stage 0, and stages 1/2 in fp32).
     let plans: Vec<(Stage, RankPlan)> = Stage::ALL
         .iter()
+        .filter(|&&s| at_stage(config, s).engine().validate().is_ok())
         .map(|&s| plan(&at_stage(config, s), world, rank).map(|p| (s, p)))
         .collect::<anyhow::Result<_>>()?;
     let mine = plans

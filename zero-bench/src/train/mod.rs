@@ -130,6 +130,9 @@ fn run_on(args: &TrainArgs, comm: Option<&WorldComm>) -> Result<(), Failure> {
             nccl_compiled: cfg!(feature = "nccl"),
             nccl_present: nccl_present(),
             cuda_aware: zero_comm::probe_cuda_aware(),
+            half_reductions: loaded
+                .iter()
+                .any(|l| l.config.engine().precision.reduce_dtype() != zero_kernels::DType::F32),
         },
     )
     .map_err(same)?;
@@ -280,12 +283,11 @@ fn local_gpu(comm: &WorldComm) -> anyhow::Result<usize> {
         return Ok(0);
     }
     // Slurm bound each task its own GPU (slurm/README.md): --gpus-per-task, or
-    // --gpu-bind=single:1, which leaves one visible device inside a job step.
+    // --gpu-bind=single:1. (One visible GPU alone proves nothing: a one-GPU node shows
+    // the same GPU to every task, and those ranks must not share it unasked.)
     let env = |v: &str| std::env::var(v).ok().filter(|x| !x.trim().is_empty());
-    let one_visible = env("CUDA_VISIBLE_DEVICES").is_some_and(|v| !v.contains(','));
     let per_task = env("SLURM_GPUS_PER_TASK").is_some()
-        || env("SLURM_GPU_BIND").is_some_and(|v| v.contains("single"))
-        || (one_visible && visible == 1 && env("SLURM_JOB_ID").is_some());
+        || env("SLURM_GPU_BIND").is_some_and(|v| v.contains("single"));
     let share = std::env::var("ZERO_SHARE_GPUS").is_ok_and(|v| v.trim() == "1");
     Ok(zero_comm::gpu_for_rank(
         local, ranks, visible, per_task, share,

@@ -219,13 +219,13 @@ pub enum BufferRole {
     /// The agreement vector all-reduced once per step (3 f64: squared norm, overflow,
     /// loss sum).
     Agreement,
-    /// Stage 3 with quantized gathers: int8 codes (as bytes) of this rank's shard of the
+    /// Quantized gathers (stages 1-3): int8 codes (as bytes) of this rank's shard of the
     /// unit being gathered (`gathered`: false), or of the whole unit as gathered (true).
     QuantCodes {
         /// The gathered side.
         gathered: bool,
     },
-    /// Stage 3 with quantized gathers: the f32 scales of the codes, one per block of
+    /// Quantized gathers (stages 1-3): the f32 scales of the codes, one per block of
     /// `quant_block` values of a shard (`gathered`: N shards' worth).
     QuantScales {
         /// The gathered side.

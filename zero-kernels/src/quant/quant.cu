@@ -49,7 +49,12 @@ __device__ __forceinline__ void quantize_blocks(const T* x, signed char* q, floa
 template <typename T>
 __device__ __forceinline__ void dequantize_values(const signed char* q, const float* scales,
                                                   T* out, u64 n, u64 block) {
-    FOR_EACH(i, n) { store(out, i, __fmul_rn((float)q[i], scales[i / block])); }
+    // A NaN scale (a block with a NaN or infinity) reads back as the one NaN the CPU
+    // writes: the GPU's own product would be its canonical NaN, other bits.
+    FOR_EACH(i, n) {
+        float s = scales[i / block];
+        store(out, i, isnan(s) ? __uint_as_float(0x7FC00000u) : __fmul_rn((float)q[i], s));
+    }
 }
 
 extern "C" __global__ void quantize_f32(const F32* x, signed char* q, float* s, u64 n, u64 block) {

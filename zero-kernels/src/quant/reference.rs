@@ -59,10 +59,15 @@ pub fn quantize_one(x: f32, inv: f32) -> i8 {
     (v.to_bits() as i32 - ROUNDER.to_bits() as i32) as i8
 }
 
-/// One value read back.
+/// One value read back; a NaN scale gives `f32::NAN`'s bits whatever the platform's
+/// NaN propagation (the CUDA kernel writes the same bits).
 #[inline(always)]
 pub fn dequantize_one(q: i8, scale: f32) -> f32 {
-    f32::from(q) * scale
+    if scale.is_nan() {
+        f32::NAN
+    } else {
+        f32::from(q) * scale
+    }
 }
 
 /// Quantize one block: codes into `q` (same length as `x`), the scale returned.
