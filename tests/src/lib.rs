@@ -13,6 +13,7 @@
 pub mod accounting;
 pub mod cli;
 pub mod plots;
+pub mod safetensors_files;
 pub mod scenario;
 pub mod slurm;
 

@@ -23,12 +23,13 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 use std::sync::OnceLock;
 
 use serde_json::{json, Value};
 use zero_tests::cli::{ok, read_lines, repo, s, train};
-use zero_tests::zero_bench_bin as zero_bench;
+use zero_tests::safetensors_files::{
+    assert_ran, checkpointed_run, read_st, strings, write_st, zb, Raw,
+};
 
 /// Ranks of every run here (stage 3 at load: each rank keeps half of every unit).
 const RANKS: usize = 2;
@@ -47,89 +48,8 @@ fn scratch(name: &str) -> PathBuf {
     dir
 }
 
-/// `zero-bench args...` as a plain process.
-fn zb(args: &[&str]) -> Output {
-    Command::new(zero_bench())
-        .args(args)
-        .output()
-        .expect("zero-bench starts")
-}
-
-fn assert_ran(out: &Output) {
-    assert!(
-        out.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn strings(args: &[&str]) -> Vec<String> {
-    args.iter().map(|a| a.to_string()).collect()
-}
-
 // ---------------------------------------------------------------------------------------
 // safetensors by hand.
-
-/// One tensor: dtype as safetensors spells it, shape, little-endian bytes.
-#[derive(Clone, Debug)]
-struct Raw {
-    dtype: String,
-    shape: Vec<usize>,
-    bytes: Vec<u8>,
-}
-
-impl Raw {
-    fn f32s(&self) -> Vec<f32> {
-        assert_eq!(self.dtype, "F32");
-        self.bytes
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect()
-    }
-}
-
-fn read_st(path: &Path) -> BTreeMap<String, Raw> {
-    let bytes = std::fs::read(path).expect("read the safetensors file");
-    let n = u64::from_le_bytes(bytes[..8].try_into().expect("8-byte header length")) as usize;
-    let header: Value = serde_json::from_slice(&bytes[8..8 + n]).expect("JSON header");
-    let data = &bytes[8 + n..];
-    let mut out = BTreeMap::new();
-    for (name, t) in header.as_object().expect("header object") {
-        if name == "__metadata__" {
-            continue;
-        }
-        let offsets: Vec<usize> = serde_json::from_value(t["data_offsets"].clone()).unwrap();
-        out.insert(
-            name.clone(),
-            Raw {
-                dtype: t["dtype"].as_str().unwrap().to_string(),
-                shape: serde_json::from_value(t["shape"].clone()).unwrap(),
-                bytes: data[offsets[0]..offsets[1]].to_vec(),
-            },
-        );
-    }
-    out
-}
-
-fn write_st(path: &Path, tensors: &BTreeMap<String, Raw>) {
-    let mut header = serde_json::Map::new();
-    header.insert("__metadata__".into(), json!({"format": "pt"}));
-    let mut data = Vec::new();
-    for (name, t) in tensors {
-        let end = data.len() + t.bytes.len();
-        header.insert(
-            name.clone(),
-            json!({"dtype": t.dtype, "shape": t.shape, "data_offsets": [data.len(), end]}),
-        );
-        data.extend_from_slice(&t.bytes);
-    }
-    let h = Value::Object(header).to_string();
-    let mut out = (h.len() as u64).to_le_bytes().to_vec();
-    out.extend_from_slice(h.as_bytes());
-    out.extend_from_slice(&data);
-    std::fs::write(path, out).expect("write a safetensors file");
-}
 
 /// Every tensor converted from F32 to a 16-bit type by `to_bits` (its name for safetensors).
 fn narrowed(
@@ -175,46 +95,14 @@ fn run_a() -> &'static RunA {
     static A: OnceLock<RunA> = OnceLock::new();
     A.get_or_init(|| {
         let dir = scratch("run-a");
-        let corpus = dir.join("corpus.bin");
-        assert_ran(&zb(&[
-            "data",
-            "corpus",
-            "--format",
-            "nanogpt",
-            "--tokens",
-            "20000",
-            &s(&corpus),
-        ]));
-        let (ckpt, metrics) = (dir.join("ckpt"), dir.join("a.jsonl"));
-        let out = train(
-            RANKS,
-            &strings(&[
-                "--config",
-                &repo("configs/tiny.toml"),
-                "--set",
-                &format!("data.path={:?}", s(&corpus)),
-                "--stage",
-                "2",
-                "--steps",
-                &STEPS_A.to_string(),
-                "--ckpt-dir",
-                &s(&ckpt),
-                "--save-every",
-                &K.to_string(),
-                "--keep-last",
-                "5",
-                "--metrics",
-                &s(&metrics),
-                "--no-progress",
-            ]),
-        );
-        ok(&out);
+        let run = checkpointed_run(&dir, "configs/tiny.toml", RANKS, STEPS_A, K);
+        let (corpus, ckpt) = (run.corpus, run.ckpt);
         let step = ckpt.join(format!("step-{K}"));
         let a = RunA {
             consolidated: dir.join("consolidated.h5"),
             nanogpt: dir.join("nanogpt.safetensors"),
             hf: dir.join("hf.safetensors"),
-            metrics: read_lines(&metrics),
+            metrics: run.metrics,
             corpus,
             dir,
         };
