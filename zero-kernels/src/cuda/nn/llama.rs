@@ -9,24 +9,17 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaStream, LaunchConfig, PushKernelArg};
 
-use super::rows::{column_fold, grid_dim, shape_err, width_u32};
+use super::norm::{block_per_chunk, inv, warp_per_row};
+use super::rows::{column_fold, shape_err, width_u32};
 use crate::cuda::CudaDevice;
 use crate::error::KernelError;
 use crate::nn::RopeShape;
 use crate::twin::rows::CHUNK_ROWS;
 
-/// Warps per block (llama.cu's WARPS).
-const WARPS: u64 = 8;
-
 /// Floats of scratch [`rmsnorm_backward`] needs: dw's partial sums, one per chunk of
 /// [`CHUNK_ROWS`] rows and column.
 pub(crate) fn rmsnorm_backward_scratch_len(rows: usize, c: usize) -> usize {
     rows.div_ceil(CHUNK_ROWS) * c
-}
-
-/// 1/C rounded to f32, as the CPU kernels compute it.
-fn inv(c: usize) -> f32 {
-    (1.0 / c as f64) as f32
 }
 
 /// Queue the forward on `stream` ([`crate::nn::rmsnorm_forward`]): `out` `[rows, c]` and
@@ -51,12 +44,7 @@ pub(crate) fn rmsnorm_forward(
     if rows == 0 || c == 0 {
         return Ok(());
     }
-    let rows64 = rows as u64;
-    let cfg = LaunchConfig {
-        grid_dim: (rows64.div_ceil(WARPS).min(i32::MAX as u64) as u32, 1, 1),
-        block_dim: ((WARPS * 32) as u32, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let (rows64, cfg) = (rows as u64, warp_per_row(rows));
     // eps rounded to f32 once, as the CPU kernel's F::from_f64(eps).
     let (inv_c, eps) = (inv(c), eps as f32);
     let f = dev.kernel("rmsnorm_forward_f32")?;
@@ -104,12 +92,7 @@ pub(crate) fn rmsnorm_backward(
     if rows == 0 || c == 0 {
         return Ok(());
     }
-    let chunks = rows.div_ceil(CHUNK_ROWS) as u64;
-    let cfg = LaunchConfig {
-        grid_dim: (grid_dim(op, chunks, i32::MAX as u64)?, 1, 1),
-        block_dim: ((WARPS * 32) as u32, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let (chunks, cfg) = block_per_chunk(op, rows)?;
     let (rows64, inv_c) = (rows as u64, inv(c));
     let f = dev.kernel("rmsnorm_backward_f32")?;
     let mut l = stream.launch_builder(f);

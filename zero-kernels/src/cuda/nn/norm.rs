@@ -14,7 +14,7 @@ use crate::error::KernelError;
 use crate::nn::LN_EPS;
 use crate::twin::rows::CHUNK_ROWS;
 
-/// Warps per block (norm.cu's WARPS).
+/// Warps per block (norm.cu's and llama.cu's WARPS).
 const WARPS: u64 = 8;
 
 /// Floats of scratch [`layernorm_backward`] needs: dw's and db's partial sums, one per
@@ -24,8 +24,38 @@ pub(crate) fn layernorm_backward_scratch_len(rows: usize, c: usize) -> usize {
 }
 
 /// 1/C rounded to f32, as the CPU kernels compute it.
-fn inv(c: usize) -> f32 {
+pub(super) fn inv(c: usize) -> f32 {
     (1.0 / c as f64) as f32
+}
+
+/// The launch of a row-norm forward: one warp per row, [`WARPS`] per block (blocks
+/// stride over rows past 2^31 - 1 blocks). Shared by LayerNorm and RMSNorm.
+pub(super) fn warp_per_row(rows: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (
+            (rows as u64).div_ceil(WARPS).min(i32::MAX as u64) as u32,
+            1,
+            1,
+        ),
+        block_dim: ((WARPS * 32) as u32, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// The launch of a row-norm backward: one block of [`WARPS`] warps per chunk of
+/// [`CHUNK_ROWS`] rows; also the chunk count, the rows of the partial sums the column fold
+/// adds up.
+pub(super) fn block_per_chunk(
+    op: &'static str,
+    rows: usize,
+) -> Result<(u64, LaunchConfig), KernelError> {
+    let chunks = rows.div_ceil(CHUNK_ROWS) as u64;
+    let cfg = LaunchConfig {
+        grid_dim: (grid_dim(op, chunks, i32::MAX as u64)?, 1, 1),
+        block_dim: ((WARPS * 32) as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    Ok((chunks, cfg))
 }
 
 /// Queue the forward on `stream` ([`crate::nn::layernorm_forward`]): `out` `[rows, c]`,
@@ -51,12 +81,7 @@ pub(crate) fn layernorm_forward(
     if rows == 0 || c == 0 {
         return Ok(());
     }
-    let rows64 = rows as u64;
-    let cfg = LaunchConfig {
-        grid_dim: (rows64.div_ceil(WARPS).min(i32::MAX as u64) as u32, 1, 1),
-        block_dim: ((WARPS * 32) as u32, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let (rows64, cfg) = (rows as u64, warp_per_row(rows));
     let (inv_c, eps) = (inv(c), LN_EPS as f32);
     let f = dev.kernel("layernorm_forward_f32")?;
     let mut l = stream.launch_builder(f);
@@ -108,12 +133,7 @@ pub(crate) fn layernorm_backward(
     if rows == 0 || c == 0 {
         return Ok(());
     }
-    let chunks = rows.div_ceil(CHUNK_ROWS) as u64;
-    let cfg = LaunchConfig {
-        grid_dim: (grid_dim(op, chunks, i32::MAX as u64)?, 1, 1),
-        block_dim: ((WARPS * 32) as u32, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let (chunks, cfg) = block_per_chunk(op, rows)?;
     let (rows64, inv_c) = (rows as u64, inv(c));
     let f = dev.kernel("layernorm_backward_f32")?;
     let mut l = stream.launch_builder(f);
