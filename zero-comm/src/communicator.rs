@@ -100,6 +100,19 @@ pub trait InFlight {
     fn wait(&mut self) -> Result<()>;
 }
 
+/// A collective that completed inside `start` (transports without non-blocking calls:
+/// thread ranks, NCCL waiting on its stream).
+pub(crate) struct Done;
+
+impl InFlight for Done {
+    fn test(&mut self) -> Result<bool> {
+        Ok(true)
+    }
+    fn wait(&mut self) -> Result<()> {
+        Ok(())
+    }
+}
+
 /// A group of ranks that run collectives together.
 pub trait Communicator {
     /// This process's rank in the communicator.

@@ -23,7 +23,7 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use cudarc::nccl::{result, sys};
 
 use crate::buffer::Location;
-use crate::communicator::{Communicator, InFlight, RawCall, ReduceOp};
+use crate::communicator::{Communicator, Done, InFlight, RawCall, ReduceOp};
 use crate::config::HalfSum;
 use crate::error::{CommError, Result};
 use crate::nccl_id::{UniqueId, UNIQUE_ID_BYTES};
@@ -159,18 +159,6 @@ impl Drop for NcclComm {
         if let Err(e) = unsafe { result::comm_destroy(self.raw) } {
             log::warn!("rank {}: ncclCommDestroy: {e:?}", self.world_rank);
         }
-    }
-}
-
-/// A collective that completed inside `start`.
-struct Done;
-
-impl InFlight for Done {
-    fn test(&mut self) -> Result<bool> {
-        Ok(true)
-    }
-    fn wait(&mut self) -> Result<()> {
-        Ok(())
     }
 }
 

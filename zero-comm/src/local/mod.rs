@@ -107,7 +107,7 @@ mod rendezvous;
 mod tests;
 
 use crate::buffer::Location;
-use crate::communicator::{Communicator, InFlight, RawBuf, RawCall, ReduceOp};
+use crate::communicator::{Communicator, Done, InFlight, RawBuf, RawCall, ReduceOp};
 use crate::config::{CommConfig, HalfSum};
 use crate::error::{CommError, Result};
 use crate::fingerprint::{describe, fingerprint};
@@ -519,18 +519,6 @@ fn scratch_as<T: bytemuck::Pod>(v: &mut Vec<u64>, len: usize) -> &mut [T] {
     // u64 words are aligned for, and a whole number of, every element type (1, 2, 4, 8
     // bytes), so the cast cannot fail.
     &mut bytemuck::cast_slice_mut::<u64, T>(&mut v[..words])[..len]
-}
-
-/// A collective that already completed at start.
-struct Done;
-
-impl InFlight for Done {
-    fn test(&mut self) -> Result<bool> {
-        Ok(true)
-    }
-    fn wait(&mut self) -> Result<()> {
-        Ok(())
-    }
 }
 
 impl Communicator for LocalComm {
