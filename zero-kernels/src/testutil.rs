@@ -75,3 +75,21 @@ pub(crate) fn finite_f32() -> BoxedStrategy<f32> {
 pub(crate) fn length() -> impl Strategy<Value = usize> {
     prop_oneof![0usize..=40, 4090usize..4110, 8000usize..9000]
 }
+
+/// `n` seeded values in `shift + scale * [-0.5, 0.5)` (xorshift), for the twins' tests.
+pub(crate) fn vals(n: usize, seed: u64, scale: f32, shift: f32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * scale + shift
+        })
+        .collect()
+}
+
+/// `v` widened to f64.
+pub(crate) fn wide(v: &[f32]) -> Vec<f64> {
+    v.iter().map(|&x| x as f64).collect()
+}

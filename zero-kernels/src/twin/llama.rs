@@ -181,22 +181,7 @@ pub fn swiglu_backward<F: Scalar>(da: &mut [F], db: &mut [F], dout: &[F], a: &[F
 mod tests {
     use super::*;
     use crate::nn;
-
-    fn vals(n: usize, seed: u64, scale: f32, shift: f32) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * scale + shift
-            })
-            .collect()
-    }
-
-    fn wide(v: &[f32]) -> Vec<f64> {
-        v.iter().map(|&x| x as f64).collect()
-    }
+    use crate::testutil::{vals, wide};
 
     fn bits(v: &[f32]) -> Vec<u32> {
         v.iter().map(|x| x.to_bits()).collect()

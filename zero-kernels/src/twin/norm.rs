@@ -83,22 +83,7 @@ pub fn layernorm_backward<F: Scalar>(
 mod tests {
     use super::*;
     use crate::nn;
-
-    fn vals(n: usize, seed: u64, scale: f32, shift: f32) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * scale + shift
-            })
-            .collect()
-    }
-
-    fn wide(v: &[f32]) -> Vec<f64> {
-        v.iter().map(|&x| x as f64).collect()
-    }
+    use crate::testutil::{vals, wide};
 
     /// (rows, C): rows not a multiple of 32 or of a chunk, C below 32, not a multiple of
     /// 4 or 32, one row, GPT-2's 768.
