@@ -5,7 +5,9 @@
 //!
 //! Conventions (rsmpi's): counts come from buffer lengths; `_into` takes a separate output;
 //! reduce-scatter and all-gather use equal blocks (`send.len() == size * recv.len()` and
-//! `recv.len() == size * send.len()`), block r belonging to rank r.
+//! `recv.len() == size * send.len()`), block r belonging to rank r; all-to-all takes
+//! `send.len() == recv.len()`, divisible by size: block r of `send` goes to rank r, block r
+//! of `recv` comes from rank r.
 
 use crate::buffer::{CommBuf, CommBufMut, Location};
 use crate::config::HalfSum;
@@ -75,7 +77,8 @@ pub struct RawCall {
     /// of `recv`). Unused by barrier and broadcast.
     pub send: Option<RawBuf>,
     /// Output (all-gather: the whole gathered buffer; reduce-scatter: this rank's block;
-    /// broadcast: the buffer). Empty for barrier.
+    /// broadcast: the buffer; all-to-all: the blocks received, rank order). Empty for
+    /// barrier.
     pub recv: RawBuf,
     /// Root of a broadcast (communicator rank).
     pub root: usize,
@@ -234,6 +237,19 @@ pub trait Communicator {
         // SAFETY: `buf` borrowed mutably for the call.
         unsafe { self.execute(&call) }
     }
+
+    /// Exchange equal blocks: block r of `send` goes to rank r, block r of `recv` comes
+    /// from rank r (`send.len() == recv.len()`, divisible by the size).
+    fn all_to_all<S, R>(&self, send: &S, recv: &mut R) -> Result<()>
+    where
+        S: CommBuf + ?Sized,
+        R: CommBufMut<Elem = S::Elem> + ?Sized,
+    {
+        lower::check_all_to_all(self, send.len(), recv.len())?;
+        let call = lower::all_to_all(RawBuf::of(send), RawBuf::of_mut(recv), S::Elem::DTYPE);
+        // SAFETY: both borrowed for the call; `&`/`&mut` rule out aliasing.
+        unsafe { self.execute(&call) }
+    }
 }
 
 /// Building `RawCall`s and checking lengths: shared by the blocking methods and the scope.
@@ -313,6 +329,17 @@ pub(crate) mod lower {
         }
     }
 
+    pub(crate) fn all_to_all(send: RawBuf, recv: RawBuf, dtype: DType) -> RawCall {
+        RawCall {
+            kind: CollectiveKind::AllToAll,
+            op: None,
+            dtype,
+            send: Some(send),
+            recv,
+            root: 0,
+        }
+    }
+
     fn size_err<C: Communicator + ?Sized>(c: &C, op: &'static str, detail: String) -> CommError {
         CommError::Size {
             rank: c.world_rank(),
@@ -370,6 +397,16 @@ pub(crate) mod lower {
             ));
         }
         Ok(())
+    }
+
+    /// `send.len() == recv.len()`, divisible into `size` blocks.
+    pub(crate) fn check_all_to_all<C: Communicator + ?Sized>(
+        c: &C,
+        send: usize,
+        recv: usize,
+    ) -> Result<()> {
+        check_same(c, "all_to_all", send, recv)?;
+        check_divisible(c, "all_to_all", send)
     }
 
     pub(crate) fn check_root<C: Communicator + ?Sized>(

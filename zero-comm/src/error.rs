@@ -180,6 +180,17 @@ pub enum CommError {
         /// Bytes each staging buffer holds.
         have: usize,
     },
+    /// The ranks cannot be arranged as a node-major world of equal nodes
+    /// ([`crate::NodeGroups`]): what was found, and what to do.
+    #[error("rank {rank}: node groups of '{comm}': {detail}")]
+    Nodes {
+        /// Rank in the world.
+        rank: usize,
+        /// The communicator being divided.
+        comm: String,
+        /// What was found and what to do, with the numbers.
+        detail: String,
+    },
     /// An NCCL call failed (feature `nccl`).
     #[error("rank {rank}: NCCL {op} failed: {message}")]
     Nccl {

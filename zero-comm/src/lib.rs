@@ -6,8 +6,8 @@
 //!   deterministic rank-order reductions, the consistency check always on, and timeouts
 //!   and departed peers reported as errors instead of hangs; [`run_local`] runs a closure
 //!   per rank.
-//! - [`Communicator`]: rank/size, blocking all-reduce (sum, max), reduce-scatter and
-//!   all-gather (equal blocks), broadcast, barrier on any [`CommBuf`] (host slices today,
+//! - [`Communicator`]: rank/size, blocking all-reduce (sum, max), reduce-scatter,
+//!   all-gather and all-to-all (equal blocks), broadcast, barrier on any [`CommBuf`] (host slices today,
 //!   device buffers later); non-blocking versions in a [`Communicator::scope`].
 //! - Element types: every [`DType`]; bf16/f16 sums per [`HalfSum`].
 //! - [`on_stream`]: the same collectives on device buffers, ordered on a device stream
@@ -15,6 +15,9 @@
 //! - [`StagedComm`] (module [`staged`]): device buffers through a host-only transport by
 //!   way of double-buffered host staging; [`backend`]: choosing the transport at run
 //!   time (NCCL, CUDA-aware MPI, host-staged MPI, host MPI) and each rank's GPU.
+//! - [`NodeGroups`] (module [`nodes`]): a node-major world's `node` and `cross`
+//!   sub-communicators for hierarchical data parallelism ([`MpiComm::node_groups`],
+//!   [`LocalComm::world_on_nodes`], [`run_local_on_nodes`]).
 //! - Accounting per [`CollectiveKind`] ([`CommStats`], ring-algorithm bytes).
 //! - Failure: typed [`CommError`]s with the rank; optional watchdog and consistency check
 //!   ([`CommConfig`], `ZERO_COMM_TIMEOUT`, `ZERO_COMM_CHECK`).
@@ -42,6 +45,7 @@ mod mpi;
 #[cfg(feature = "nccl")]
 pub mod nccl;
 pub mod nccl_id;
+pub mod nodes;
 pub mod nonblocking;
 pub mod on_stream;
 pub mod selftest;
@@ -61,11 +65,12 @@ pub use error::{CommError, Result};
 pub use exit::{abort, line_to_stderr, PANIC_EXIT_CODE};
 #[cfg(feature = "mpi")]
 pub use init::{init, init_with, MpiContext};
-pub use local::{run_local, LocalComm, RankPanic};
+pub use local::{run_local, run_local_on_nodes, LocalComm, RankPanic};
 #[cfg(feature = "mpi")]
 pub use mpi::MpiComm;
 #[cfg(feature = "nccl")]
 pub use nccl::NcclComm;
+pub use nodes::NodeGroups;
 pub use nonblocking::{Pending, Scope};
 pub use staged::{StagedComm, Staging, StagingStats};
 pub use stats::{ring_bytes, CollectiveKind, CommStats, KindStats};

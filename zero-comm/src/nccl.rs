@@ -260,6 +260,41 @@ impl Communicator for NcclComm {
                     self.raw,
                     s,
                 ),
+                // NCCL has no all-to-all: one send and one receive per peer (itself
+                // included, a local copy), grouped so NCCL runs them together and no pair
+                // waits on another (NCCL's documented all-to-all pattern).
+                CollectiveKind::AllToAll => {
+                    let block = call.recv.len / self.size.max(1);
+                    let (sp, rp) = (
+                        send.unwrap_or(recv as *const c_void) as *const u8,
+                        recv as *mut u8,
+                    );
+                    let queued = result::group_start().and_then(|mut status| {
+                        for peer in 0..self.size {
+                            let off = peer * block * elem;
+                            result::send(
+                                sp.add(off) as *const c_void,
+                                block,
+                                t,
+                                peer as c_int,
+                                self.raw,
+                                s,
+                            )?;
+                            status = result::recv(
+                                rp.add(off) as *mut c_void,
+                                block,
+                                t,
+                                peer as c_int,
+                                self.raw,
+                                s,
+                            )?;
+                        }
+                        Ok(status)
+                    });
+                    // The group is closed even when queueing failed, so NCCL leaves it.
+                    let ended = result::group_end();
+                    queued.and(ended)
+                }
                 CollectiveKind::Barrier => {
                     // The record is dropped after the all-reduce is queued, as cudarc asks.
                     let (p, _record) =

@@ -255,4 +255,21 @@ impl<'s, 'env: 's, C: Communicator> Scope<'s, 'env, C> {
         let req = unsafe { self.comm.start(&call)? };
         Ok(self.push(req, buf))
     }
+
+    /// Non-blocking all-to-all (equal blocks: block r of `send` to rank r).
+    pub fn all_to_all<S, R>(
+        &'s self,
+        send: &'s S,
+        recv: &'s mut R,
+    ) -> Result<Pending<'s, &'s mut R>>
+    where
+        S: CommBuf + ?Sized,
+        R: CommBufMut<Elem = S::Elem> + ?Sized,
+    {
+        lower::check_all_to_all(self.comm, send.len(), recv.len())?;
+        let call = lower::all_to_all(RawBuf::of(send), RawBuf::of_mut(recv), S::Elem::DTYPE);
+        // SAFETY: both borrowed for 's; completed before 's ends.
+        let req = unsafe { self.comm.start(&call)? };
+        Ok(self.push(req, recv))
+    }
 }

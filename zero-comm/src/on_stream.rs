@@ -152,6 +152,35 @@ pub fn broadcast<C: Communicator, D: Device, T: Element>(
     run(comm, dev, stream, "broadcast", &[], &[buf.access()], call)
 }
 
+/// Exchange equal blocks: block r of `send` goes to rank r, block r of `recv` comes from
+/// rank r (`send.len() == recv.len()`, divisible by the size).
+pub fn all_to_all<C: Communicator, D: Device, T: Element>(
+    comm: &C,
+    dev: &D,
+    stream: &D::Stream,
+    send: DView<'_, D, T>,
+    recv: DViewMut<'_, D, T>,
+) -> Result<()> {
+    lower::check_all_to_all(comm, send.len(), recv.len())?;
+    if let Some(st) = comm.staging() {
+        return staged::all_to_all(comm, st, dev, stream, send, recv);
+    }
+    let call = lower::all_to_all(
+        raw(send.buffer(), send.range()),
+        raw(recv.buffer(), recv.range()),
+        T::DTYPE,
+    );
+    run(
+        comm,
+        dev,
+        stream,
+        "all_to_all",
+        &[send.access()],
+        &[recv.access()],
+        call,
+    )
+}
+
 /// The host-staged versions (`staged.rs`): download on `stream`, the collective on the
 /// host regions through the communicator's own (host) path, upload on `stream`. The
 /// collectives on the regions are the same calls with the same lengths as the direct
@@ -224,6 +253,26 @@ mod staged {
                 .map_err(dev_err(comm, name))?;
             st.count_to_host::<T>(n);
             comm.all_gather(&*hs, hr)?;
+            dev.upload(stream, hr, recv).map_err(dev_err(comm, name))?;
+            st.count_to_device::<T>(len);
+            Ok(())
+        })
+    }
+
+    pub(super) fn all_to_all<C: Communicator, D: Device, T: Element>(
+        comm: &C,
+        st: &Staging,
+        dev: &D,
+        stream: &D::Stream,
+        send: DView<'_, D, T>,
+        recv: DViewMut<'_, D, T>,
+    ) -> Result<()> {
+        let (n, len, name) = (send.len(), recv.len(), "all_to_all");
+        st.with_slot::<T, _>(comm.world_rank(), name, n, len, |hs, hr| {
+            dev.download(stream, send, hs)
+                .map_err(dev_err(comm, name))?;
+            st.count_to_host::<T>(n);
+            comm.all_to_all(&*hs, hr)?;
             dev.upload(stream, hr, recv).map_err(dev_err(comm, name))?;
             st.count_to_device::<T>(len);
             Ok(())

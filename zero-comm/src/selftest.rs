@@ -1,4 +1,4 @@
-//! Self-test: every collective on every dtype against a serially computed answer, on
+//! Self-test: every collective (all-to-all included) on every dtype against a serially computed answer, on
 //! whatever communicator it is given (any size, odd sizes, zero-length buffers, sizes not
 //! divisible by the rank count where the collective allows it), blocking and non-blocking,
 //! halves in both sum modes. Used by `zero-bench micro comm --self-test` and the
@@ -152,6 +152,21 @@ fn cases_for<T: TestElem, C: Communicator>(
             &want,
         ));
     }
+    // All-to-all: rank r's send is its input over size x block; block q of ours is
+    // block `me` of rank q's.
+    for block in [0, 1, 5, 129] {
+        let send = input::<T>(me, block * n_ranks, 0);
+        let mut recv = vec![T::default(); block * n_ranks];
+        c.all_to_all(&send[..], &mut recv[..])?;
+        let want: Vec<T> = (0..n_ranks)
+            .flat_map(|q| input::<T>(q, block, me * block))
+            .collect();
+        out.push(compare(
+            format!("all_to_all {d} block={block}{tag}"),
+            &recv,
+            &want,
+        ));
+    }
     // Broadcast: any length, first and last root.
     for n in [0, 7, 1001] {
         for root in [0, n_ranks - 1] {
@@ -176,6 +191,8 @@ fn cases_for<T: TestElem, C: Communicator>(
     let mut rs = vec![T::default(); 3];
     let ag_send = input::<T>(me, 4, 0);
     let mut ag = vec![T::default(); 4 * n_ranks];
+    let a2a_send = input::<T>(me, 2 * n_ranks, 0);
+    let mut a2a = vec![T::default(); 2 * n_ranks];
     let mut bc = if me == 0 {
         input::<T>(0, n, 5)
     } else {
@@ -186,9 +203,11 @@ fn cases_for<T: TestElem, C: Communicator>(
         let h_rs = s.reduce_scatter(&rs_send[..], &mut rs[..], ReduceOp::Max)?;
         let h_ag = s.all_gather(&ag_send[..], &mut ag[..])?;
         let h_bc = s.broadcast(&mut bc[..], 0)?;
+        let h_a2a = s.all_to_all(&a2a_send[..], &mut a2a[..])?;
         let h_b = s.barrier()?;
         s.progress()?;
         h_b.wait()?;
+        h_a2a.wait()?;
         h_bc.wait()?;
         h_ag.wait()?;
         h_rs.wait()?;
@@ -216,6 +235,14 @@ fn cases_for<T: TestElem, C: Communicator>(
         format!("nonblocking all_gather {d} block=4{tag}"),
         &ag,
         &want_ag,
+    ));
+    let want_a2a: Vec<T> = (0..n_ranks)
+        .flat_map(|q| input::<T>(q, 2, me * 2))
+        .collect();
+    out.push(compare(
+        format!("nonblocking all_to_all {d} block=2{tag}"),
+        &a2a,
+        &want_a2a,
     ));
     out.push(compare(
         format!("nonblocking broadcast {d} n={n}{tag}"),

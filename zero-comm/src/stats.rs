@@ -12,11 +12,16 @@
 //! - all-gather, B = the full output (N blocks): sent = received = (N-1) B / N;
 //! - broadcast of B bytes as a pipelined chain root -> root+1 -> ... -> root-1: every rank
 //!   but the root receives B, every rank but the last in the chain sends B (N = 1: none);
-//! - barrier: calls only, 0 bytes.
+//! - barrier: calls only, 0 bytes;
+//! - all-to-all, B = the send buffer (N blocks, block r for rank r): every rank keeps its
+//!   own block and exchanges the others directly, sent = received = (N-1) B / N.
 //!
 //! The consistency check's own exchange is not counted (it is not the algorithm's).
 
 use std::cell::Cell;
+
+/// Number of collective kinds (length of [`CollectiveKind::ALL`]).
+const KINDS: usize = 6;
 
 /// The collectives that are accounted separately.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -31,16 +36,19 @@ pub enum CollectiveKind {
     Broadcast,
     /// Barrier.
     Barrier,
+    /// All-to-all of equal blocks (last, so the earlier kinds keep their wire codes).
+    AllToAll,
 }
 
 impl CollectiveKind {
     /// Every kind, in a fixed order (index of the stats arrays).
-    pub const ALL: [CollectiveKind; 5] = [
+    pub const ALL: [CollectiveKind; KINDS] = [
         CollectiveKind::AllReduce,
         CollectiveKind::ReduceScatter,
         CollectiveKind::AllGather,
         CollectiveKind::Broadcast,
         CollectiveKind::Barrier,
+        CollectiveKind::AllToAll,
     ];
 
     /// Snake-case name, as in logs and reports.
@@ -51,6 +59,7 @@ impl CollectiveKind {
             CollectiveKind::AllGather => "all_gather",
             CollectiveKind::Broadcast => "broadcast",
             CollectiveKind::Barrier => "barrier",
+            CollectiveKind::AllToAll => "all_to_all",
         }
     }
 
@@ -88,7 +97,7 @@ pub struct KindStats {
 /// A snapshot of a communicator's accounting. Subtract two snapshots to get one step's.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CommStats {
-    kinds: [KindStats; 5],
+    kinds: [KindStats; KINDS],
 }
 
 impl CommStats {
@@ -150,7 +159,7 @@ pub fn ring_bytes(
             let b = 2 * (n - 1) * bytes / n;
             (b, b)
         }
-        CollectiveKind::ReduceScatter | CollectiveKind::AllGather => {
+        CollectiveKind::ReduceScatter | CollectiveKind::AllGather | CollectiveKind::AllToAll => {
             let b = (n - 1) * bytes / n;
             (b, b)
         }
@@ -169,7 +178,7 @@ pub fn ring_bytes(
 /// the hot path.
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
-    kinds: [Cell<KindStats>; 5],
+    kinds: [Cell<KindStats>; KINDS],
 }
 
 impl Counters {
@@ -223,6 +232,24 @@ mod tests {
         assert_eq!(ring_bytes(CollectiveKind::Broadcast, 3, 0, 10, 1), (0, 10));
         assert_eq!(ring_bytes(CollectiveKind::AllReduce, 1, 0, 10, 0), (0, 0));
         assert_eq!(ring_bytes(CollectiveKind::Barrier, 4, 0, 0, 0), (0, 0));
+        // All-to-all: 3 of 4 blocks of 4096 bytes leave, 3 arrive.
+        assert_eq!(
+            ring_bytes(CollectiveKind::AllToAll, 4, 3, 4096, 0),
+            (3072, 3072)
+        );
+        assert_eq!(ring_bytes(CollectiveKind::AllToAll, 1, 0, 64, 0), (0, 0));
+    }
+
+    #[test]
+    fn wire_codes_are_stable() {
+        // The consistency check compares codes across ranks: earlier kinds keep theirs.
+        let codes: Vec<i64> = CollectiveKind::ALL.iter().map(|k| k.code()).collect();
+        assert_eq!(codes, vec![1, 2, 3, 4, 5, 6]);
+        for (i, k) in CollectiveKind::ALL.iter().enumerate() {
+            assert_eq!(k.index(), i);
+            assert_eq!(CollectiveKind::from_code(k.code()), Some(*k));
+        }
+        assert_eq!(CollectiveKind::AllToAll.name(), "all_to_all");
     }
 
     #[test]

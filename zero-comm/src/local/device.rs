@@ -141,6 +141,18 @@ unsafe fn queue_reads(
             }
             Ok(None)
         }
+        CollectiveKind::AllToAll => {
+            let block = recv.len / comm.size;
+            for (q, s) in peers.iter().enumerate() {
+                let at = dst + (q * block * es) as u64;
+                let from = s.ptr as u64 + (comm.rank * block * es) as u64;
+                // SAFETY: as the host all-to-all (`LocalComm::move_data`): rank q's `send`
+                // holds `size * block` elements, block q of our `recv` is in bounds and
+                // read by no peer (they read only `send`s).
+                unsafe { m.copy(at, from, block * es) }?;
+            }
+            Ok(None)
+        }
         CollectiveKind::AllReduce | CollectiveKind::ReduceScatter => {
             let (off, len) = comm.my_range(call);
             if len == 0 {

@@ -101,6 +101,8 @@ mod device;
 #[cfg(not(feature = "cuda"))]
 #[path = "device_off.rs"]
 mod device;
+#[cfg(test)]
+mod nodes_tests;
 mod reduce;
 mod rendezvous;
 #[cfg(test)]
@@ -111,6 +113,7 @@ use crate::communicator::{Communicator, Done, InFlight, RawBuf, RawCall, ReduceO
 use crate::config::{CommConfig, HalfSum};
 use crate::error::{CommError, Result};
 use crate::fingerprint::{describe, fingerprint};
+use crate::nodes::NodeGroups;
 use crate::stats::{ring_bytes, CollectiveKind, CommStats, Counters};
 use crate::DType;
 use half::{bf16, f16};
@@ -126,6 +129,10 @@ use std::sync::Arc;
 pub struct LocalComm {
     rank: usize,
     size: usize,
+    /// Rank in the world this group belongs to, and the group's name: for messages
+    /// (a node or cross group of [`LocalComm::world_on_nodes`] names its world rank).
+    world_rank: usize,
+    name: &'static str,
     group: Arc<Group>,
     seq: Cell<u64>,
     counters: Counters,
@@ -159,17 +166,84 @@ impl LocalComm {
                 detail: "a local group needs at least one rank, got 0".to_string(),
             });
         }
+        Ok(Self::group((0..n).collect(), NAME, &config))
+    }
+
+    /// The communicators of one new group whose rank r is world rank `world_ranks[r]`
+    /// (non-empty).
+    fn group(world_ranks: Vec<usize>, name: &'static str, config: &CommConfig) -> Vec<LocalComm> {
+        let n = world_ranks.len();
         let group = Arc::new(Group::new(n, config.timeout));
-        Ok((0..n)
-            .map(|rank| LocalComm {
+        world_ranks
+            .into_iter()
+            .enumerate()
+            .map(|(rank, world_rank)| LocalComm {
                 rank,
                 size: n,
+                world_rank,
+                name,
                 group: Arc::clone(&group),
                 seq: Cell::new(0),
                 counters: Counters::default(),
                 half_sum: Cell::new(config.half_sum),
                 scratch: Cell::new(Vec::new()),
                 device: device::DeviceState::default(),
+            })
+            .collect()
+    }
+
+    /// A node-major world of `n` ranks on `n / ranks_per_node` emulated nodes (see
+    /// [`crate::nodes`]): element r is world rank r's world communicator (named "local")
+    /// and its node groups, `node` (named "node", L = `ranks_per_node` ranks) and `cross`
+    /// (named "cross", one rank per node). Each node and each cross group is a group of
+    /// its own; every communicator reports its world rank in messages. `ranks_per_node`
+    /// must divide `n` (both at least 1).
+    pub fn world_on_nodes(
+        n: usize,
+        ranks_per_node: usize,
+        config: CommConfig,
+    ) -> Result<Vec<(LocalComm, NodeGroups<LocalComm>)>> {
+        let l = ranks_per_node;
+        if n == 0 || l == 0 || !n.is_multiple_of(l) {
+            return Err(CommError::Nodes {
+                rank: 0,
+                comm: NAME.to_string(),
+                detail: format!(
+                    "{l} ranks per node does not divide the world's {n} ranks into equal nodes; give a positive divisor of {n}"
+                ),
+            });
+        }
+        let m = n / l;
+        let mut world: Vec<Option<LocalComm>> = Self::world(n, config.clone())?
+            .into_iter()
+            .map(Some)
+            .collect();
+        let mut node: Vec<Option<LocalComm>> = (0..n).map(|_| None).collect();
+        let mut cross: Vec<Option<LocalComm>> = (0..n).map(|_| None).collect();
+        for node_m in 0..m {
+            let ranks: Vec<usize> = (0..l).map(|j| node_m * l + j).collect();
+            for c in Self::group(ranks, "node", &config) {
+                let r = c.world_rank;
+                node[r] = Some(c);
+            }
+        }
+        for j in 0..l {
+            let ranks: Vec<usize> = (0..m).map(|node_m| node_m * l + j).collect();
+            for c in Self::group(ranks, "cross", &config) {
+                let r = c.world_rank;
+                cross[r] = Some(c);
+            }
+        }
+        // Every slot was filled above (each world rank is in one node and one cross group).
+        Ok((0..n)
+            .filter_map(|r| {
+                Some((
+                    world[r].take()?,
+                    NodeGroups {
+                        node: node[r].take()?,
+                        cross: cross[r].take()?,
+                    },
+                ))
             })
             .collect())
     }
@@ -182,9 +256,9 @@ impl LocalComm {
 
     fn size_err(&self, call: &RawCall, detail: String) -> CommError {
         CommError::Size {
-            rank: self.rank,
+            rank: self.world_rank,
             op: call.kind.name(),
-            comm: NAME.to_string(),
+            comm: self.name.to_string(),
             detail,
         }
     }
@@ -194,7 +268,7 @@ impl LocalComm {
         let first = call.send.unwrap_or(call.recv).location;
         if call.recv.location != first {
             return Err(CommError::MixedLocations {
-                rank: self.rank,
+                rank: self.world_rank,
                 op: call.kind.name(),
                 first,
                 other: call.recv.location,
@@ -205,7 +279,7 @@ impl LocalComm {
             Location::Host => Ok(first),
             Location::Cuda(_) if device::ENABLED => Ok(first),
             Location::Cuda(_) => Err(CommError::Location {
-                rank: self.rank,
+                rank: self.world_rank,
                 op: call.kind.name(),
                 location: first,
                 backend: NAME,
@@ -240,12 +314,20 @@ impl LocalComm {
                 )),
                 _ => None,
             },
+            CollectiveKind::AllToAll => match send {
+                None => Some("all_to_all needs a separate input (send)".to_string()),
+                Some(s) if s != recv => Some(format!("send has {s} elements but recv has {recv}")),
+                Some(s) if s % n != 0 => Some(format!(
+                    "buffer of {s} elements is not divisible into {n} equal blocks"
+                )),
+                _ => None,
+            },
             CollectiveKind::Broadcast => {
                 if call.root >= n {
                     return Err(CommError::Root {
-                        rank: self.rank,
+                        rank: self.world_rank,
                         op: call.kind.name(),
-                        comm: NAME.to_string(),
+                        comm: self.name.to_string(),
                         root: call.root,
                         size: n,
                     });
@@ -314,8 +396,8 @@ impl LocalComm {
                     b.push_str(&format!(" with a {}-element input", p.len));
                 }
                 return Err(CommError::Mismatch {
-                    rank: self.rank,
-                    comm: NAME.to_string(),
+                    rank: self.world_rank,
+                    comm: self.name.to_string(),
                     seq: here.seq,
                     rank_a: 0,
                     call_a: a,
@@ -367,6 +449,23 @@ impl LocalComm {
                         // (contract). Block q is in bounds (`recv.len == size * block`).
                         std::ptr::copy_nonoverlapping(
                             s.ptr,
+                            recv.ptr.add(q * block * es),
+                            block * es,
+                        );
+                    }
+                }
+                reading.finish();
+            }
+            CollectiveKind::AllToAll => {
+                let block = recv.len / self.size;
+                if block > 0 {
+                    for (q, s) in peers.iter().enumerate() {
+                        // SAFETY: rank q's input (its `send`) holds `size * block` elements
+                        // (same length as ours, checked), unmodified until point 2; we read
+                        // its block `rank` and write block q of our own `recv`, which no
+                        // peer reads (they read `send`s, which overlap no `recv`: contract).
+                        std::ptr::copy_nonoverlapping(
+                            s.ptr.add(self.rank * block * es),
                             recv.ptr.add(q * block * es),
                             block * es,
                         );
@@ -529,10 +628,10 @@ impl Communicator for LocalComm {
         self.size
     }
     fn world_rank(&self) -> usize {
-        self.rank
+        self.world_rank
     }
     fn name(&self) -> &str {
-        NAME
+        self.name
     }
     fn stats(&self) -> CommStats {
         self.counters.snapshot()
@@ -570,6 +669,8 @@ impl Communicator for LocalComm {
         self.seq.set(seq + 1);
         let here = Here {
             rank: self.rank,
+            world_rank: self.world_rank,
+            comm: self.name,
             seq,
             op: call.kind.name(),
         };
@@ -666,9 +767,38 @@ where
         Ok(c) => c,
         Err(_) => return Vec::new(), // only n == 0
     };
+    run_ranks(comms, f)
+}
+
+/// [`run_local`] on a node-major world of `n` ranks, `ranks_per_node` to a node (see
+/// [`LocalComm::world_on_nodes`]): `f` gets each rank's world communicator and its node
+/// groups. A panicking rank drops all three of its communicators while unwinding, so its
+/// peers in each group get [`CommError::PeerGone`] instead of hanging. Errors (before any
+/// thread starts) as [`LocalComm::world_on_nodes`].
+pub fn run_local_on_nodes<T, F>(
+    n: usize,
+    ranks_per_node: usize,
+    config: CommConfig,
+    f: F,
+) -> Result<Vec<Result<T, RankPanic>>>
+where
+    T: Send,
+    F: Fn(LocalComm, NodeGroups<LocalComm>) -> T + Sync,
+{
+    let ranks = LocalComm::world_on_nodes(n, ranks_per_node, config)?;
+    Ok(run_ranks(ranks, |(world, groups)| f(world, groups)))
+}
+
+/// One scoped thread `rank-{r}` per element of `ranks`, running `f` on it; joined.
+fn run_ranks<X, T, F>(ranks: Vec<X>, f: F) -> Vec<Result<T, RankPanic>>
+where
+    X: Send,
+    T: Send,
+    F: Fn(X) -> T + Sync,
+{
     let f = &f;
     std::thread::scope(|s| {
-        let handles: Vec<_> = comms
+        let handles: Vec<_> = ranks
             .into_iter()
             .enumerate()
             .map(|(r, comm)| {

@@ -77,7 +77,11 @@ impl Slot {
 /// Where a rank is, for error messages.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Here {
+    /// Communicator rank (indexes the tables).
     pub(super) rank: usize,
+    /// World rank and communicator name, for messages.
+    pub(super) world_rank: usize,
+    pub(super) comm: &'static str,
     pub(super) seq: u64,
     pub(super) op: &'static str,
 }
@@ -162,8 +166,8 @@ impl Group {
 
     fn peer_gone(here: &Here, peer: usize) -> CommError {
         CommError::PeerGone {
-            rank: here.rank,
-            comm: NAME.to_string(),
+            rank: here.world_rank,
+            comm: here.comm.to_string(),
             seq: here.seq,
             op: here.op,
             peer,
@@ -172,8 +176,8 @@ impl Group {
 
     fn poisoned(here: &Here, f: &Fault) -> CommError {
         CommError::Poisoned {
-            rank: here.rank,
-            comm: NAME.to_string(),
+            rank: here.world_rank,
+            comm: here.comm.to_string(),
             seq: here.seq,
             op: here.op,
             by: f.by,
@@ -183,8 +187,8 @@ impl Group {
 
     fn timeout(here: &Here, waited: Duration, missing: Vec<usize>) -> CommError {
         CommError::Timeout {
-            rank: here.rank,
-            comm: NAME.to_string(),
+            rank: here.world_rank,
+            comm: here.comm.to_string(),
             seq: here.seq,
             op: here.op,
             waited_s: waited.as_secs_f64(),

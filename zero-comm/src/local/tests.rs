@@ -1,5 +1,6 @@
 use super::*;
 use crate::selftest;
+use crate::stats::KindStats;
 use std::time::{Duration, Instant};
 
 fn cfg() -> CommConfig {
@@ -607,6 +608,8 @@ fn ranks_with_buffers_in_different_places_mismatch() {
     };
     let here = Here {
         rank: 1,
+        world_rank: 1,
+        comm: "local",
         seq: 0,
         op: "all_reduce",
     };
@@ -691,5 +694,103 @@ fn perf_all_reduce_1m_f32_4_ranks() {
                 .map(|x| (x * 1e4).round() / 10.0)
                 .collect::<Vec<_>>()
         );
+    }
+}
+
+/// Element i of rank r's all-to-all input: distinct small integers, exact in bf16 and u8.
+fn a2a_value(r: usize, i: usize) -> i64 {
+    ((61 * r + 7 * i + 3) % 251) as i64
+}
+
+/// All-to-all on `n` thread ranks against its definition (block q of rank me's output is
+/// block me of rank q's input), bit for bit, blocking and non-blocking, with the
+/// accounting formula (N-1) B / N per call, B the send buffer's bytes.
+fn a2a_case<T: selftest::TestElem>(n: usize, block: usize) {
+    let es = std::mem::size_of::<T>() as u64;
+    let out = values(run_local(n, cfg(), |c| -> Result<_> {
+        let me = c.rank();
+        let send: Vec<T> = (0..n * block)
+            .map(|i| T::from_small(a2a_value(me, i)))
+            .collect();
+        let mut blocking = vec![T::default(); n * block];
+        c.all_to_all(&send[..], &mut blocking[..])?;
+        let mut nonblocking = vec![T::default(); n * block];
+        c.scope(|s| -> Result<()> {
+            let h = s.all_to_all(&send[..], &mut nonblocking[..])?;
+            h.wait()?;
+            Ok(())
+        })?;
+        Ok((
+            blocking,
+            nonblocking,
+            c.stats().get(CollectiveKind::AllToAll),
+        ))
+    }));
+    for (me, o) in out.into_iter().enumerate() {
+        let (blocking, nonblocking, stats) =
+            o.unwrap_or_else(|e| panic!("n={n} block={block} rank {me}: {e}"));
+        let want: Vec<T> = (0..n)
+            .flat_map(|q| (0..block).map(move |i| T::from_small(a2a_value(q, me * block + i))))
+            .collect();
+        assert_eq!(blocking, want, "{} n={n} block={block} rank {me}", T::DTYPE);
+        assert_eq!(
+            nonblocking,
+            want,
+            "nonblocking {} n={n} rank {me}",
+            T::DTYPE
+        );
+        let bytes = (n as u64 - 1) * block as u64 * es;
+        assert_eq!(
+            stats,
+            KindStats {
+                calls: 2,
+                bytes_sent: 2 * bytes,
+                bytes_received: 2 * bytes
+            },
+            "{} n={n} block={block} rank {me}",
+            T::DTYPE
+        );
+    }
+}
+
+#[test]
+fn all_to_all_matches_its_definition() {
+    for n in 1..=4 {
+        for block in [0, 1, 3, 17] {
+            a2a_case::<f32>(n, block);
+            a2a_case::<bf16>(n, block);
+            a2a_case::<u8>(n, block);
+        }
+    }
+}
+
+#[test]
+fn all_to_all_length_errors_name_the_numbers() {
+    let out = values(run_local(2, cfg(), |c| {
+        let mut recv = [0f32; 7];
+        let odd = c.all_to_all(&[1f32; 7][..], &mut recv[..]);
+        let mut short = [0f32; 6];
+        let unequal = c.all_to_all(&[1f32; 4][..], &mut short[..]);
+        let nb = c.scope(|s| s.all_to_all(&[1f32; 4][..], &mut short[..]).map(|_| ()));
+        // The group is still usable: the typed layer refused before any rank arrived.
+        let mut ok = [0f32; 4];
+        let after = c.all_to_all(&[1f32; 4][..], &mut ok[..]);
+        (odd, unequal, nb, after)
+    }));
+    for (r, (odd, unequal, nb, after)) in out.into_iter().enumerate() {
+        let msg = |e: Result<()>| match e {
+            Err(e @ CommError::Size { .. }) => e.to_string(),
+            other => panic!("rank {r}: {other:?}"),
+        };
+        assert_eq!(
+            msg(odd),
+            format!("rank {r}: all_to_all on 'local': buffer of 7 elements is not divisible into 2 equal blocks")
+        );
+        assert_eq!(
+            msg(unequal),
+            format!("rank {r}: all_to_all on 'local': send has 4 elements but recv has 6")
+        );
+        assert!(msg(nb).contains("send has 4 elements but recv has 6"));
+        assert!(after.is_ok(), "rank {r}: {after:?}");
     }
 }

@@ -9,6 +9,7 @@
 //! f32 copies; everything else is zero-copy.
 
 pub(crate) mod check;
+mod nodes;
 pub(crate) mod ops;
 
 use crate::buffer::Location;
@@ -324,6 +325,20 @@ impl MpiComm {
                     Some(r) => (
                         ffi::MPI_Iallgather(sendp, block, dt, recv, block, dt, self.raw, r),
                         "MPI_Iallgather",
+                    ),
+                }
+            }
+            (CollectiveKind::AllToAll, r) => {
+                // Equal blocks: `size` of them in both buffers (checked by the typed layer).
+                let block = self.count(call, call.recv.len / self.size.max(1))?;
+                match r {
+                    None => (
+                        ffi::MPI_Alltoall(sendp, block, dt, recv, block, dt, self.raw),
+                        "MPI_Alltoall",
+                    ),
+                    Some(r) => (
+                        ffi::MPI_Ialltoall(sendp, block, dt, recv, block, dt, self.raw, r),
+                        "MPI_Ialltoall",
                     ),
                 }
             }
