@@ -134,10 +134,10 @@ impl MpiComm {
         let l = nodes::ranks_per_node(&node_of).map_err(|e| {
             let by = match source {
                 EXPLICIT => "",
-                SLURM => " (by SLURM_NODEID)",
-                _ => " (by shared memory)",
+                SLURM => "nodes by SLURM_NODEID: ",
+                _ => "nodes by shared memory: ",
             };
-            self.nodes_err(format!("{e}{by}"))
+            self.nodes_err(format!("{by}{e}"))
         })?;
         let node = self.split_named(self.rank / l, "node")?;
         let cross = self.split_named(self.rank % l, "cross")?;
