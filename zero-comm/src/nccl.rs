@@ -209,6 +209,15 @@ impl Communicator for NcclComm {
             reduce: "any",
             dtype: call.dtype,
         })?;
+        if call.kind == CollectiveKind::AllToAll && call.send.is_none() {
+            // Send and receive per peer would overwrite blocks not yet sent.
+            return Err(CommError::Size {
+                rank: self.world_rank,
+                op,
+                comm: self.name.clone(),
+                detail: "all_to_all needs a separate input (send)".to_string(),
+            });
+        }
         let red = match call.op {
             Some(ReduceOp::Max) => sys::ncclRedOp_t::ncclMax,
             _ => sys::ncclRedOp_t::ncclSum,
@@ -265,10 +274,7 @@ impl Communicator for NcclComm {
                 // waits on another (NCCL's documented all-to-all pattern).
                 CollectiveKind::AllToAll => {
                     let block = call.recv.len / self.size.max(1);
-                    let (sp, rp) = (
-                        send.unwrap_or(recv as *const c_void) as *const u8,
-                        recv as *mut u8,
-                    );
+                    let (sp, rp) = (send.unwrap_or(recv) as *const u8, recv as *mut u8);
                     let queued = result::group_start().and_then(|mut status| {
                         for peer in 0..self.size {
                             let off = peer * block * elem;

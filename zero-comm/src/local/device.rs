@@ -88,7 +88,7 @@ impl DeviceState {
 /// A GPU failure on this rank: poison the group (it says why), pass point 2 if not yet.
 fn fail(comm: &LocalComm, op: &'static str, e: KernelError, reading: Option<Reading>) -> CommError {
     let err = CommError::device(
-        comm.rank,
+        comm.world_rank,
         op,
         format!("the local backend's device copy failed: {e}"),
     );

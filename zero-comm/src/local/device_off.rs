@@ -40,7 +40,7 @@ impl DeviceState {
         reading: Reading,
     ) -> Result<()> {
         let e = CommError::Location {
-            rank: comm.rank,
+            rank: comm.world_rank,
             op: call.kind.name(),
             location: call.recv.location,
             backend: super::rendezvous::NAME,

@@ -650,7 +650,8 @@ impl Communicator for LocalComm {
         let location = self.validate(call).and_then(|loc| {
             if let Location::Cuda(ordinal) = loc {
                 // Before point 1, so a failure (no driver, ...) leaves no peer reading.
-                self.device.open(self.rank, call.kind.name(), ordinal)?;
+                self.device
+                    .open(self.world_rank, call.kind.name(), ordinal)?;
             }
             Ok(loc)
         });
