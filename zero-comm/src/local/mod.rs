@@ -2,7 +2,9 @@
 //! or (feature `cuda`) the memory of one GPU they share.
 //!
 //! [`LocalComm::world`] makes the `N` communicators of a group (move each into its own
-//! thread); [`run_local`] does that and runs a closure per rank. The collectives, their
+//! thread); [`run_local`] does that and runs a closure per rank. [`LocalComm::world_on_nodes`]
+//! and [`run_local_on_nodes`] do the same for a world on emulated nodes, with each rank's
+//! node groups ([`crate::NodeGroups`]) besides its world communicator. The collectives, their
 //! buffer conventions, element types and accounting are those of the MPI backend, so the
 //! engine and its tests run unchanged on either; what differs:
 //!
@@ -214,37 +216,28 @@ impl LocalComm {
             });
         }
         let m = n / l;
-        let mut world: Vec<Option<LocalComm>> = Self::world(n, config.clone())?
-            .into_iter()
-            .map(Some)
-            .collect();
-        let mut node: Vec<Option<LocalComm>> = (0..n).map(|_| None).collect();
-        let mut cross: Vec<Option<LocalComm>> = (0..n).map(|_| None).collect();
-        for node_m in 0..m {
-            let ranks: Vec<usize> = (0..l).map(|j| node_m * l + j).collect();
-            for c in Self::group(ranks, "node", &config) {
-                let r = c.world_rank;
-                node[r] = Some(c);
-            }
-        }
-        for j in 0..l {
-            let ranks: Vec<usize> = (0..m).map(|node_m| node_m * l + j).collect();
-            for c in Self::group(ranks, "cross", &config) {
-                let r = c.world_rank;
-                cross[r] = Some(c);
-            }
-        }
-        // Every slot was filled above (each world rank is in one node and one cross group).
-        Ok((0..n)
-            .filter_map(|r| {
-                Some((
-                    world[r].take()?,
-                    NodeGroups {
-                        node: node[r].take()?,
-                        cross: cross[r].take()?,
-                    },
-                ))
+        let world = Self::world(n, config.clone())?;
+        // Node m holds world ranks m L .. m L + L - 1: node-major, so already in world order.
+        let node: Vec<LocalComm> = (0..m)
+            .flat_map(|node_m| {
+                Self::group((0..l).map(|j| node_m * l + j).collect(), "node", &config)
             })
+            .collect();
+        // Cross group j holds world ranks j, L + j, 2L + j, ...: interleaved, so sorted.
+        let mut cross: Vec<LocalComm> = (0..l)
+            .flat_map(|j| {
+                Self::group(
+                    (0..m).map(|node_m| node_m * l + j).collect(),
+                    "cross",
+                    &config,
+                )
+            })
+            .collect();
+        cross.sort_by_key(|c| c.world_rank);
+        Ok(world
+            .into_iter()
+            .zip(node.into_iter().zip(cross))
+            .map(|(w, (node, cross))| (w, NodeGroups { node, cross }))
             .collect())
     }
 
