@@ -20,7 +20,8 @@ use crate::communicator::Communicator;
 pub struct NodeGroups<C> {
     /// The L ranks of this rank's node, in world-rank order (rank = local index j).
     pub node: C,
-    /// The M ranks with this rank's local index, one per node, in node order (rank = node m).
+    /// The M ranks with this rank's local index, one per node, in node order
+    /// (rank = node m).
     pub cross: C,
 }
 
