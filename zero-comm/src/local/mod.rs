@@ -6,7 +6,8 @@
 //! [`LocalComm::world_on_nodes`] and [`run_local_on_nodes`] do the same for a world on
 //! emulated nodes, with each rank's node groups ([`crate::NodeGroups`]) besides its world
 //! communicator. The collectives, their buffer conventions, element types and accounting
-//! are those of the MPI backend, so the engine and its tests run unchanged on either; what differs:
+//! are those of the MPI backend, so the engine and its tests run unchanged on either;
+//! what differs:
 //!
 //! - **Deterministic reductions.** Sums and maxima are computed element-wise in rank
 //!   order, `((x0 + x1) + x2) + ...`, by every rank on the same inputs, so every rank gets
