@@ -27,7 +27,7 @@ pub fn under_launcher() -> bool {
 
 #[cfg(feature = "cuda")]
 pub use backend::node_rank;
-pub use backend::{device_pointers, init, ranks_on_this_node, WorldComm};
+pub use backend::{device_pointers, init, node_groups, ranks_on_this_node, WorldComm};
 
 #[cfg(feature = "mpi")]
 mod backend {
@@ -69,6 +69,17 @@ mod backend {
     pub fn device_pointers(comm: &WorldComm) -> anyhow::Result<()> {
         comm.set_device_pointers(true);
         Ok(())
+    }
+
+    /// The node and cross-node groups of the world (collective): nodes of
+    /// `ranks_per_node` consecutive ranks, or (`None`) the Slurm nodes of an srun step,
+    /// else the shared-memory split.
+    pub fn node_groups(
+        comm: &WorldComm,
+        ranks_per_node: Option<usize>,
+    ) -> anyhow::Result<zero_comm::NodeGroups<WorldComm>> {
+        comm.node_groups(ranks_per_node)
+            .map_err(|e| anyhow!("finding the nodes of the world: {e}"))
     }
 }
 
@@ -112,6 +123,24 @@ mod backend {
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub fn node_rank(_comm: &WorldComm) -> anyhow::Result<(usize, usize)> {
         Ok((0, 1))
+    }
+
+    /// One process: one node of one rank (`ranks_per_node` must be 1 or unset).
+    pub fn node_groups(
+        comm: &WorldComm,
+        ranks_per_node: Option<usize>,
+    ) -> anyhow::Result<zero_comm::NodeGroups<WorldComm>> {
+        if let Some(l) = ranks_per_node.filter(|&l| l != comm.size()) {
+            return Err(anyhow!(
+                "zero.ranks_per_node = {l}, but this build runs one process alone (a node of 1 rank); remove the key or build with MPI"
+            ));
+        }
+        let config = CommConfig::from_env().map_err(|e| anyhow!("{e}"))?;
+        zero_comm::LocalComm::world_on_nodes(1, 1, config)
+            .map_err(|e| anyhow!("creating the node groups of one rank: {e}"))?
+            .pop()
+            .map(|(_, groups)| groups)
+            .ok_or_else(|| anyhow!("creating the node groups of one rank: none"))
     }
 
     /// There is no MPI in this build to take device pointers.

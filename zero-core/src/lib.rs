@@ -100,7 +100,7 @@ mod testutil;
 pub use checkpoint::CheckpointError;
 pub use config::{ConfigError, EngineConfig, Precision, Stage};
 pub use engine::state::UnitState;
-pub use engine::{Engine, EngineError, LossScaler, StepReport, WaitPoint};
+pub use engine::{Engine, EngineError, LossScaler, NodeStats, StepReport, WaitPoint};
 pub use layout::{LayoutError, PartitionLayout};
 pub use model::{Model, ModelError};
 pub use spec::{LayerSpec, ModelSpec, ParamSpec, RowBlock, Tensor, UnitSpec};

@@ -15,7 +15,8 @@
 
 mod common;
 
-use common::{bits, config, released, run_lm, On};
+use common::{bits, config, released, run_lm, run_lm_on_nodes, On};
+use zero_core::ledger::Group;
 use zero_core::{Precision, Stage};
 
 const STEPS: u64 = 4;
@@ -156,26 +157,54 @@ fn memory_measured_equals_the_plan_and_comm_equals_the_ledger_exactly() {
     }
 }
 
-/// Memory measured = the plan, and bytes sent per collective kind = the ledger's lines of
-/// that kind (+ the 3-f64 agreement all-reduce).
+/// Memory measured = the plan, and bytes sent per collective kind on the world = the
+/// ledger's world lines of that kind (+ the 3-f64 agreement all-reduce); on nodes, the
+/// bytes and calls on the node and cross-node groups = the ledger's lines there.
 fn assert_ledgers_exact(run: &common::RankRun, n: usize, what: &str) {
     assert_eq!(run.memory_measured, run.memory_plan, "{what}");
     let plan = &run.comm_plan;
     let report = &run.reports[1];
-    let mut want = std::collections::BTreeMap::new();
-    for line in &plan.lines {
-        *want.entry(format!("{:?}", line.collective)).or_insert(0u64) += line.sent_bytes;
-    }
-    if n > 1 {
-        *want.entry("AllReduce".to_string()).or_insert(0) += 2 * (n as u64 - 1) * 24 / n as u64;
-    }
     for (kind, name) in [
         (zero_comm::CollectiveKind::AllReduce, "AllReduce"),
         (zero_comm::CollectiveKind::ReduceScatter, "ReduceScatter"),
         (zero_comm::CollectiveKind::AllGather, "AllGather"),
     ] {
         let got = report.comm.get(kind).bytes_sent;
-        assert_eq!(got, want.get(name).copied().unwrap_or(0), "{what}: {name}");
+        let want_world: u64 = plan
+            .lines
+            .iter()
+            .filter(|l| l.group == Group::World && format!("{:?}", l.collective) == name)
+            .map(|l| l.sent_bytes)
+            .sum::<u64>()
+            + if name == "AllReduce" && n > 1 {
+                2 * (n as u64 - 1) * 24 / n as u64
+            } else {
+                0
+            };
+        assert_eq!(got, want_world, "{what}: {name}");
+    }
+    // On nodes: every kind on the node and cross-node groups, and the calls too.
+    if let Some(groups) = &report.node_comm {
+        for (group, stats) in [(Group::Node, groups.node), (Group::Cross, groups.cross)] {
+            assert_eq!(
+                stats.total().bytes_sent,
+                plan.sent_bytes_on(group),
+                "{what}: bytes on {group:?}"
+            );
+            let calls: u64 = plan
+                .lines
+                .iter()
+                .filter(|l| l.group == group)
+                .map(|l| l.calls)
+                .sum();
+            assert_eq!(stats.total().calls, calls, "{what}: calls on {group:?}");
+        }
+    } else {
+        assert_eq!(
+            plan.sent_bytes(),
+            plan.sent_bytes_on(Group::World),
+            "{what}"
+        );
     }
 }
 
@@ -231,6 +260,99 @@ fn quantized_gathers_keep_exact_ledgers_and_track_exact_gathers() {
             }
         }
     }
+}
+
+/// hpZ (`zero.hierarchical_weights`): stage 3's backward gathers come from the
+/// node-partitioned copy over the node group. They are copies of what the forward
+/// gathered, so training is the same bits as the flat gathers (with qwZ too: the copy
+/// holds the dequantized values every rank computed with), for any split of the ranks
+/// into nodes; the secondary partition is planned (ledger exact) and no backward gather
+/// is on the world.
+#[test]
+fn hierarchical_weights_train_the_same_bits_as_flat_gathers() {
+    for (n, l) in [(4, 2), (6, 3), (6, 2), (4, 1), (4, 4)] {
+        for precision in [Precision::Fp32, Precision::Bf16] {
+            for quantized in [false, true] {
+                let mut flat = config(Stage::Zero3, precision, 2);
+                flat.zero.quantize_weights = quantized;
+                flat.zero.quant_block = 16;
+                let base = run_lm(n, &flat, On::Host, 4).unwrap();
+                let mut c = flat.clone();
+                c.zero.hierarchical_weights = true;
+                for on in [On::Host, On::Sim(5)] {
+                    let what = format!("N={n} L={l} {precision:?} qwZ {quantized} {on:?}");
+                    let runs = run_lm_on_nodes(n, l, &c, on, 4).unwrap();
+                    for (r, run) in runs.iter().enumerate() {
+                        assert_eq!(bits(&run.losses), bits(&base[r].losses), "{what} rank {r}");
+                        let (a, b) = (&run.master, &base[r].master);
+                        assert!(
+                            a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                            "{what}"
+                        );
+                        assert_ledgers_exact(run, n, &format!("{what} rank {r}"));
+                        let secondary = run
+                            .memory_plan
+                            .iter()
+                            .find(|(c, _)| *c == zero_core::ledger::MemCategory::Secondary)
+                            .map_or(0, |(_, b)| *b);
+                        assert!(secondary > 0, "{what}: no secondary partition");
+                        assert!(run.comm_plan.lines.iter().all(|l| {
+                            l.purpose != zero_core::ledger::CommPurpose::GatherBackward
+                                || l.group == Group::Node
+                        }));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// qgZ (`zero.quantize_grads`): the gradient reduce-scatter becomes two int8
+/// all-to-alls (inside the node, then across). Every rank agrees on the step (equal
+/// losses), the ledgers stay exact on the world, node and cross-node groups, the
+/// gradient bytes shrink to about a byte a value, and the losses track the exact
+/// reduction's (each value moves by at most amax / 254 of its block per exchange).
+#[test]
+fn quantized_grad_reduction_keeps_exact_ledgers_and_tracks_exact() {
+    for (n, l) in [(4, 2), (6, 3), (4, 1), (4, 4)] {
+        for stage in [Stage::Zero1, Stage::Zero2, Stage::Zero3] {
+            for precision in [Precision::Fp32, Precision::Bf16] {
+                let exact = config(stage, precision, 2);
+                let base = run_lm(n, &exact, On::Host, 6).unwrap();
+                let mut c = exact.clone();
+                c.zero.quantize_grads = true;
+                c.zero.quant_block = 32;
+                for on in [On::Host, On::Sim(9)] {
+                    let what = format!("N={n} L={l} {stage} {precision:?} {on:?}");
+                    let runs = run_lm_on_nodes(n, l, &c, on, 6).unwrap();
+                    for (r, run) in runs.iter().enumerate() {
+                        assert_ledgers_exact(run, n, &format!("{what} rank {r}"));
+                        assert_eq!(bits(&run.losses), bits(&runs[0].losses), "{what}: ranks");
+                    }
+                    for (q, e) in runs[0].losses.iter().zip(&base[0].losses) {
+                        assert!((q - e).abs() <= 1e-2 * e, "{what}: {q} vs exact {e}");
+                    }
+                    let grads = |p: &zero_core::ledger::CommPlan| -> u64 {
+                        p.lines
+                            .iter()
+                            .filter(|l| l.purpose == zero_core::ledger::CommPurpose::Grads)
+                            .map(|l| l.sent_bytes)
+                            .sum()
+                    };
+                    let (q, e) = (grads(&runs[0].comm_plan), grads(&base[0].comm_plan));
+                    assert!(q < e, "{what}: {q} vs {e}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn the_hierarchical_switches_need_node_groups() {
+    let mut c = config(Stage::Zero3, Precision::Bf16, 1);
+    c.zero.hierarchical_weights = true;
+    let e = run_lm(2, &c, On::Host, 1).unwrap_err();
+    assert!(e.contains("Engine::on_nodes"), "{e}");
 }
 
 #[test]

@@ -12,7 +12,7 @@ use anyhow::Context as _;
 use serde::Serialize;
 use zero_core::config::GradReduceDtype;
 use zero_core::ledger::{
-    paper_volume_psi, Collective, CommPlan, CommPurpose, Explanation, PaperFormula,
+    paper_volume_psi, CommPlan, CommPurpose, Explanation, Links, PaperFormula,
 };
 use zero_core::plan::{BufferPlan, PlanInputs};
 use zero_core::{PartitionLayout, Precision, Stage};
@@ -52,6 +52,20 @@ pub struct Knobs {
     pub alpha_s: f64,
     /// Beta: bytes per second each rank sends.
     pub beta_bytes_per_s: f64,
+    /// A rank's bandwidth inside its node, bytes/s.
+    pub intra_bytes_per_s: f64,
+    /// A node's bandwidth to the others, bytes/s.
+    pub inter_bytes_per_s: f64,
+    /// L (None: one node of N).
+    pub ranks_per_node: Option<usize>,
+    /// qwZ (where the stage and precision allow it).
+    pub quantize_weights: bool,
+    /// hpZ (stage 3).
+    pub hierarchical_weights: bool,
+    /// qgZ (stages 1-3).
+    pub quantize_grads: bool,
+    /// Values per scale of the quantized switches.
+    pub quant_block: usize,
     /// Sustained per-GPU TFLOP/s for the compute estimate, if given.
     pub tflops: Option<f64>,
 }
@@ -75,6 +89,14 @@ impl Knobs {
             c.zero.reduce_every_micro_step = Some(false);
         }
         c.precision.dtype = self.precision;
+        // The switches where they apply at this stage (as `--stage auto` does).
+        c.zero.quantize_weights = self.quantize_weights
+            && stage >= Stage::Zero1
+            && (stage == Stage::Zero3 || self.precision != Precision::Fp32);
+        c.zero.hierarchical_weights = self.hierarchical_weights && stage == Stage::Zero3;
+        c.zero.quantize_grads = self.quantize_grads && stage >= Stage::Zero1;
+        c.zero.quant_block = self.quant_block;
+        c.zero.ranks_per_node = self.ranks_per_node.unwrap_or(0);
         if self.reduce_f32 {
             c.precision.grad_reduce_dtype = Some(GradReduceDtype::F32);
         }
@@ -116,10 +138,14 @@ pub struct DifferenceOut {
 /// One collective's traffic per step.
 #[derive(Clone, Debug, Serialize)]
 pub struct CommOut {
-    /// `all_reduce`, `reduce_scatter`, `all_gather`.
+    /// `all_reduce`, `reduce_scatter`, `all_gather`, `all_to_all`.
     pub collective: &'static str,
     /// `grads`, `params_after_step`, `gather_forward`, `gather_backward`.
     pub purpose: &'static str,
+    /// `world`, `node`, `cross`: the group it runs on.
+    pub group: &'static str,
+    /// Its alpha-beta seconds per step.
+    pub seconds: f64,
     /// Wire element type.
     pub dtype: String,
     /// Calls per step.
@@ -162,6 +188,10 @@ pub struct PointReport {
     pub differences: Vec<DifferenceOut>,
     /// Traffic per optimizer step, per collective.
     pub comm: Vec<CommOut>,
+    /// L: ranks per node.
+    pub ranks_per_node: usize,
+    /// Bytes leaving each node per step (0 on one node).
+    pub node_egress_bytes: u64,
     /// Bytes each rank sends per step over all data collectives.
     pub comm_sent_bytes: u64,
     /// the volume of docs/ARCHITECTURE.md's table: k Ψ (N-1)/N elements (k = 2, A+1, 3A or 2A+1), unpadded.
@@ -178,14 +208,6 @@ pub struct PointReport {
     /// `Explanation::render`.
     #[serde(skip)]
     pub explanation_text: String,
-}
-
-fn collective_name(c: Collective) -> &'static str {
-    match c {
-        Collective::AllReduce => "all_reduce",
-        Collective::ReduceScatter => "reduce_scatter",
-        Collective::AllGather => "all_gather",
-    }
 }
 
 fn purpose_name(p: CommPurpose) -> &'static str {
@@ -206,7 +228,13 @@ pub fn plan_point(
 ) -> anyhow::Result<PointReport> {
     let n = layout.world;
     let config = knobs.config(model, stage)?;
-    let inputs = PlanInputs::from_config(&config.engine(), n, model.activation_bytes);
+    let l = knobs.ranks_per_node.unwrap_or(n);
+    if !n.is_multiple_of(l) {
+        anyhow::bail!(
+            "--ranks-per-node {l} does not divide --gpus {n} into whole nodes; give GPU counts that are multiples of it"
+        );
+    }
+    let inputs = PlanInputs::from_config(&config.engine(), n, model.activation_bytes).on_nodes(l);
     let rank = n - 1;
     let plan = BufferPlan::new(&model.spec, layout, &inputs, rank)
         .with_context(|| format!("planning {stage} on N = {n}"))?;
@@ -214,10 +242,18 @@ pub fn plan_point(
     let paper = PaperFormula::new(stage, plan.numel, n);
     let comm = CommPlan::new(layout, &plan, knobs.grad_accum);
 
+    let links = Links {
+        alpha_s: knobs.alpha_s,
+        intra_bytes_per_s: knobs.intra_bytes_per_s,
+        inter_bytes_per_s: knobs.inter_bytes_per_s,
+    };
     let latency: f64 = comm
         .lines
         .iter()
-        .map(|l| (l.calls * l.collective.ring_steps(n) as u64) as f64 * knobs.alpha_s)
+        .map(|line| {
+            let g = comm.group_size(line.group);
+            (line.calls * line.collective.ring_steps(g) as u64) as f64 * knobs.alpha_s
+        })
         .sum();
     let est_compute_seconds = knobs.tflops.map(|tf| {
         // Every GPU runs A micro-steps of B x T tokens per optimizer step.
@@ -258,8 +294,10 @@ pub fn plan_point(
             .lines
             .iter()
             .map(|l| CommOut {
-                collective: collective_name(l.collective),
+                collective: l.collective.name(),
                 purpose: purpose_name(l.purpose),
+                group: l.group.name(),
+                seconds: comm.line_seconds(l, &links),
                 dtype: l.dtype.to_string(),
                 calls: l.calls,
                 elems: l.elems,
@@ -267,12 +305,14 @@ pub fn plan_point(
             })
             .collect(),
         comm_sent_bytes: comm.sent_bytes(),
+        ranks_per_node: l,
+        node_egress_bytes: comm.node_egress_bytes(),
         paper_comm_elems: paper_volume_psi(stage, knobs.grad_accum, inputs.reduce_every_micro_step)
             as f64
             * model.numel as f64
             * (n - 1) as f64
             / n as f64,
-        est_comm_seconds: comm.estimate_seconds(knobs.alpha_s, knobs.beta_bytes_per_s),
+        est_comm_seconds: comm.estimate_seconds_on(&links),
         est_comm_latency_seconds: latency,
         est_compute_seconds,
         plan_text: plan.render(),

@@ -182,6 +182,33 @@ pub struct PlanArgs {
     /// 400Gbps, 25GB/s.
     #[arg(long, default_value = "100", value_parser = units::parse_bandwidth, allow_negative_numbers = true)]
     pub link_gbps: f64,
+    /// Bandwidth of a rank to the ranks of its node (NVLink, shared memory), with
+    /// --ranks-per-node. A bare number is Gb/s; also 400Gbps, 25GB/s. Default: --link-gbps.
+    #[arg(long, value_parser = units::parse_bandwidth, allow_negative_numbers = true)]
+    pub intra_gbps: Option<f64>,
+    /// Bandwidth of a node to the other nodes, shared by its ranks, with
+    /// --ranks-per-node. A bare number is Gb/s. Default: --link-gbps.
+    #[arg(long, value_parser = units::parse_bandwidth, allow_negative_numbers = true)]
+    pub inter_gbps: Option<f64>,
+    /// L: ranks (GPUs) per node. The traffic is then split into what stays inside a node
+    /// and what leaves it, and estimated with --intra-gbps / --inter-gbps. Default: one
+    /// node of N ranks.
+    #[arg(long, value_parser = parse_positive_usize)]
+    pub ranks_per_node: Option<usize>,
+    /// qwZ: parameter gathers as int8 codes + one f32 scale per --quant-block values
+    /// (stage 3, and stages 1/2 in 16-bit training).
+    #[arg(long)]
+    pub quantize_weights: bool,
+    /// hpZ: stage 3's backward gathers from a copy partitioned inside each node.
+    #[arg(long)]
+    pub hierarchical_weights: bool,
+    /// qgZ: the gradient reduce-scatter as int8 all-to-alls inside and across nodes
+    /// (stages 1-3).
+    #[arg(long)]
+    pub quantize_grads: bool,
+    /// Values per scale of the quantized switches.
+    #[arg(long, default_value_t = ZeroConfig::default().quant_block, value_parser = parse_positive_usize)]
+    pub quant_block: usize,
     /// Alpha: latency per ring step of a collective. A bare number is microseconds; also
     /// 500ns, 0.01ms.
     #[arg(long, default_value = "5", value_parser = units::parse_latency, allow_negative_numbers = true)]
@@ -236,6 +263,13 @@ pub fn run(a: &PlanArgs) -> anyhow::Result<()> {
         headroom: a.headroom,
         alpha_s: a.link_latency_us,
         beta_bytes_per_s: a.link_gbps,
+        intra_bytes_per_s: a.intra_gbps.unwrap_or(a.link_gbps),
+        inter_bytes_per_s: a.inter_gbps.unwrap_or(a.link_gbps),
+        ranks_per_node: a.ranks_per_node,
+        quantize_weights: a.quantize_weights,
+        hierarchical_weights: a.hierarchical_weights,
+        quantize_grads: a.quantize_grads,
+        quant_block: a.quant_block,
         tflops: a.tflops,
     };
     if a.reduce_f32 && matches!(a.precision, PrecisionArg::Fp32) {

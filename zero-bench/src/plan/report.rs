@@ -44,6 +44,12 @@ pub struct PlanReport {
     pub link_latency_s: f64,
     /// Beta, bytes per second per rank.
     pub link_bytes_per_s: f64,
+    /// With ranks per node: a rank's bandwidth inside its node, bytes/s.
+    pub intra_bytes_per_s: f64,
+    /// With ranks per node: a node's bandwidth to the others, bytes/s.
+    pub inter_bytes_per_s: f64,
+    /// L, when given.
+    pub ranks_per_node: Option<usize>,
     /// One entry per (N, stage), N outer.
     pub points: Vec<PointReport>,
 }
@@ -71,6 +77,9 @@ impl PlanReport {
             usable_bytes: knobs.usable_bytes(),
             link_latency_s: knobs.alpha_s,
             link_bytes_per_s: knobs.beta_bytes_per_s,
+            intra_bytes_per_s: knobs.intra_bytes_per_s,
+            inter_bytes_per_s: knobs.inter_bytes_per_s,
+            ranks_per_node: knobs.ranks_per_node,
             points,
         }
     }
@@ -103,13 +112,29 @@ impl PlanReport {
             human_bytes(self.usable_bytes as f64),
             self.headroom * 100.0
         );
-        let _ = writeln!(
-            o,
-            "link: alpha = {} per ring step, beta = {}/s per rank ({:.0} Gb/s); ring collectives, no overlap with compute",
-            seconds(self.link_latency_s),
-            human_bytes(self.link_bytes_per_s),
-            self.link_bytes_per_s * 8.0 / 1e9
-        );
+        match self.ranks_per_node {
+            None => {
+                let _ = writeln!(
+                    o,
+                    "link: alpha = {} per ring step, beta = {}/s per rank ({:.0} Gb/s); ring collectives, no overlap with compute",
+                    seconds(self.link_latency_s),
+                    human_bytes(self.link_bytes_per_s),
+                    self.link_bytes_per_s * 8.0 / 1e9
+                );
+            }
+            Some(l) => {
+                let gbps = |b: f64| b * 8.0 / 1e9;
+                let _ = writeln!(
+                    o,
+                    "links: {l} rank(s) per node; alpha = {} per ring step; inside a node {}/s per rank ({:.0} Gb/s), out of a node {}/s shared by its ranks ({:.0} Gb/s); a world ring spanning nodes moves at the slower, no overlap with compute",
+                    seconds(self.link_latency_s),
+                    human_bytes(self.intra_bytes_per_s),
+                    gbps(self.intra_bytes_per_s),
+                    human_bytes(self.inter_bytes_per_s),
+                    gbps(self.inter_bytes_per_s),
+                );
+            }
+        }
         let fp32 = self.precision == "fp32";
         let _ = writeln!(
             o,
@@ -279,13 +304,15 @@ fn render_point(p: &PointReport) -> String {
     for c in &p.comm {
         let _ = writeln!(
             o,
-            "  {:<15}{:<18}{:<5}{:>8} calls {:>16} elements {:>12}",
+            "  {:<15}{:<18}{:<6}{:<5}{:>8} calls {:>16} elements {:>12} {:>11}",
             c.collective,
             c.purpose,
+            c.group,
             c.dtype,
             c.calls,
             group(c.elems),
-            human_bytes(c.sent_bytes as f64)
+            human_bytes(c.sent_bytes as f64),
+            seconds(c.seconds)
         );
     }
     let _ = writeln!(
@@ -298,6 +325,15 @@ fn render_point(p: &PointReport) -> String {
         human_bytes(p.comm_sent_bytes as f64),
         p.paper_comm_elems
     );
+    if p.ranks_per_node < p.world {
+        let _ = writeln!(
+            o,
+            "  {} node(s) of {} rank(s): {} leave each node per step (a world ring's one link out of the node, plus the node's cross-node all-to-alls)",
+            p.world / p.ranks_per_node,
+            p.ranks_per_node,
+            human_bytes(p.node_egress_bytes as f64)
+        );
+    }
     let _ = writeln!(
         o,
         "  alpha-beta: {} = {} latency (calls x ring steps x alpha) + {} bandwidth (bytes / beta)",

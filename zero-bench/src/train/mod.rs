@@ -165,15 +165,52 @@ fn with_backend<D: BenchDevice>(
 ) -> Result<(), Failure> {
     use zero_comm::Backend;
     let rank = comm.rank();
+    // hpZ / qgZ: the node and cross-node groups (collective; every rank agrees).
+    let wanted = agree(comm, wanted_ranks_per_node(&loaded))?;
+    let groups = match wanted {
+        Some(l) => {
+            let g = agree(comm, crate::world::node_groups(comm, l))?;
+            if rank == 0 {
+                log::info!(
+                    "nodes for hpZ/qgZ: {} node(s) of {} rank(s) ({})",
+                    g.cross.size(),
+                    g.node.size(),
+                    if l.is_some() {
+                        "zero.ranks_per_node"
+                    } else {
+                        "found from the launch"
+                    }
+                );
+            }
+            Some(g)
+        }
+        None => None,
+    };
     match backend {
-        Backend::Mpi => run_with(args, loaded, comm, comm, dev, backend),
+        Backend::Mpi => run_with(args, loaded, comm, comm, groups.as_ref(), dev, backend),
         Backend::MpiStaged => {
             let staged = zero_comm::StagedComm::new(comm);
-            run_with(args, loaded, comm, &staged, dev, backend)
+            let staged_groups = groups.as_ref().map(|g| zero_comm::NodeGroups {
+                node: zero_comm::StagedComm::new(&g.node),
+                cross: zero_comm::StagedComm::new(&g.cross),
+            });
+            run_with(
+                args,
+                loaded,
+                comm,
+                &staged,
+                staged_groups.as_ref(),
+                dev,
+                backend,
+            )
         }
         Backend::MpiCuda => {
             agree(comm, crate::world::device_pointers(comm))?;
-            run_with(args, loaded, comm, comm, dev, backend)
+            if let Some(g) = &groups {
+                agree(comm, crate::world::device_pointers(&g.node))?;
+                agree(comm, crate::world::device_pointers(&g.cross))?;
+            }
+            run_with(args, loaded, comm, comm, groups.as_ref(), dev, backend)
         }
         Backend::Local => {
             // One process: a communicator of this one rank, which reaches any memory.
@@ -181,13 +218,15 @@ fn with_backend<D: BenchDevice>(
                 comm,
                 (|| -> anyhow::Result<_> {
                     let config = zero_comm::CommConfig::from_env()?;
-                    zero_comm::LocalComm::world(1, config)?
+                    zero_comm::LocalComm::world_on_nodes(1, 1, config)?
                         .pop()
                         .ok_or_else(|| anyhow!("no communicator"))
                 })()
                 .context("creating the one-rank communicator"),
             )?;
-            run_with(args, loaded, comm, &engine_comm, dev, backend)
+            let (world, one_node) = engine_comm;
+            let one_node = groups.as_ref().map(|_| one_node);
+            run_with(args, loaded, comm, &world, one_node.as_ref(), dev, backend)
         }
         #[cfg(feature = "nccl")]
         Backend::Nccl => {
@@ -208,7 +247,34 @@ fn with_backend<D: BenchDevice>(
             let nccl = zero_comm::NcclComm::new(ordinal, &id, rank, comm.size(), rank)
                 .map_err(anyhow::Error::from);
             let nccl = agree(comm, nccl)?;
-            run_with(args, loaded, comm, &nccl, dev, backend)
+            // hpZ / qgZ: one NCCL communicator per MPI group, its id over that group.
+            let nccl_groups = match &groups {
+                Some(g) => {
+                    let on = |sub: &WorldComm| -> anyhow::Result<zero_comm::NcclComm> {
+                        let id = zero_comm::nccl_id::exchange(sub, zero_comm::nccl::unique_id)?;
+                        Ok(zero_comm::NcclComm::new(
+                            ordinal,
+                            &id,
+                            sub.rank(),
+                            sub.size(),
+                            rank,
+                        )?)
+                    };
+                    let node = agree(comm, on(&g.node).context("NCCL on the node group"))?;
+                    let cross = agree(comm, on(&g.cross).context("NCCL on the cross-node group"))?;
+                    Some(zero_comm::NodeGroups { node, cross })
+                }
+                None => None,
+            };
+            run_with(
+                args,
+                loaded,
+                comm,
+                &nccl,
+                nccl_groups.as_ref(),
+                dev,
+                backend,
+            )
         }
         #[cfg(not(feature = "nccl"))]
         Backend::Nccl => Err(Failure::same_everywhere(
@@ -216,6 +282,25 @@ fn with_backend<D: BenchDevice>(
             rank,
         )),
     }
+}
+
+/// Whether a run of the stage list uses hpZ or qgZ (`Some`), and with which
+/// `zero.ranks_per_node` (`Some(None)`: nodes found from the launch); the runs must agree.
+fn wanted_ranks_per_node(loaded: &[LoadedConfig]) -> anyhow::Result<Option<Option<usize>>> {
+    let mut wanted = loaded
+        .iter()
+        .map(|l| &l.config.zero)
+        .filter(|z| z.hierarchical())
+        .map(|z| z.ranks_per_node);
+    let Some(first) = wanted.next() else {
+        return Ok(None);
+    };
+    if let Some(other) = wanted.find(|&l| l != first) {
+        return Err(anyhow!(
+            "the runs of this stage list set zero.ranks_per_node to {first} and {other}; give one value (0: found from the launch)"
+        ));
+    }
+    Ok(Some((first > 0).then_some(first)))
 }
 
 /// `mine` with rank 0's NCCL presence and CUDA-aware probe (a broadcast).
@@ -316,11 +401,13 @@ fn on_cuda(
 
 /// The rest of `train` on `dev`, the engine's collectives on `engine_comm` (everything
 /// else, agreement included, on `comm`).
+#[allow(clippy::too_many_arguments)]
 fn run_with<E: Communicator, D: BenchDevice>(
     args: &TrainArgs,
     mut loaded: Vec<LoadedConfig>,
     comm: &WorldComm,
     engine_comm: &E,
+    nodes: Option<&zero_comm::NodeGroups<E>>,
     dev: &D,
     backend: zero_comm::Backend,
 ) -> Result<(), Failure> {
@@ -421,10 +508,13 @@ fn run_with<E: Communicator, D: BenchDevice>(
             } else {
                 &mut no_metrics
             };
-            let r = run::train(comm, engine_comm, dev, l, &shared, m)?;
+            let r = run::train(comm, engine_comm, nodes, dev, l, &shared, m)?;
             if round == 0 {
                 if rank == 0 {
                     summary(&r, c.data.path == "builtin");
+                    if let Some(t) = &r.nodes {
+                        println!("{}", t.render(r.stage));
+                    }
                 }
                 results.push(r);
             } else {

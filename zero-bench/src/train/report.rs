@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 use zero_core::config::{Precision, Stage};
 use zero_core::ledger::{
-    human_bytes, paper_volume_psi, Collective, CommLine, CommPlan, CommPurpose, Explanation,
+    human_bytes, paper_volume_psi, Collective, CommLine, CommPlan, CommPurpose, Explanation, Group,
     MemCategory, PaperFormula,
 };
 use zero_core::plan::BufferPlan;
@@ -114,26 +114,22 @@ pub fn comm(cp: &CommPlan, plan: &BufferPlan) -> String {
     );
     let _ = writeln!(
         out,
-        "  {:<15} {:<16} {:<5} {:>6} {:>14} {:>12}",
-        "collective", "purpose", "dtype", "calls", "elements", "sent"
+        "  {:<15} {:<16} {:<6} {:<5} {:>6} {:>14} {:>12}",
+        "collective", "purpose", "group", "dtype", "calls", "elements", "sent"
     );
     for l in &cp.lines {
         let _ = writeln!(
             out,
-            "  {:<15} {:<16} {:<5} {:>6} {:>14} {:>12}",
+            "  {:<15} {:<16} {:<6} {:<5} {:>6} {:>14} {:>12}",
             format!("{:?}", l.collective),
             format!("{:?}", l.purpose),
+            l.group.name(),
             l.dtype.to_string(),
             l.calls,
             l.elems,
             human_bytes(l.sent_bytes as f64)
         );
     }
-    let k = paper_volume_psi(
-        plan.inputs.stage,
-        cp.grad_accum,
-        plan.inputs.reduce_every_micro_step,
-    ) as u64;
     // qwZ's scales are not model elements: the volume counts the codes only.
     // The quantized gathers: stage 3's before each layer, else the after-step gathers.
     let is_gather = |l: &CommLine| match plan.inputs.stage {
@@ -143,27 +139,50 @@ pub fn comm(cp: &CommPlan, plan: &BufferPlan) -> String {
         ),
         _ => l.purpose == CommPurpose::ParamsAfterStep,
     };
-    let quant_scales =
-        |l: &CommLine| plan.inputs.quant_block.is_some() && is_gather(l) && l.dtype == DType::F32;
-    // An all-reduce moves its buffer twice (reduce-scatter + all-gather).
-    let elems: u64 = cp
-        .lines
-        .iter()
-        .filter(|l| !quant_scales(l))
-        .map(|l| match l.collective {
-            Collective::AllReduce => 2 * l.elems,
-            _ => l.elems,
-        })
-        .sum();
-    let _ = writeln!(
-        out,
-        "  total sent {} ({} B); volume {} elements (padded) vs the paper's {k}Ψ = {} elements, each x (N-1)/N = {}/{n}",
-        human_bytes(cp.sent_bytes() as f64),
-        cp.sent_bytes(),
-        elems,
-        k * plan.numel as u64,
-        n.saturating_sub(1),
-    );
+    let hierarchical = plan.inputs.hierarchical_weights || plan.inputs.grad_quant_block.is_some();
+    if hierarchical {
+        // The paper's table counts world rings; hpZ and qgZ move traffic to the groups.
+        let _ = writeln!(
+            out,
+            "  total sent {} ({} B): world {}, node group {}, cross-node group {} ({} node(s) of {} rank(s)); leaving each node {}",
+            human_bytes(cp.sent_bytes() as f64),
+            cp.sent_bytes(),
+            human_bytes(cp.sent_bytes_on(Group::World) as f64),
+            human_bytes(cp.sent_bytes_on(Group::Node) as f64),
+            human_bytes(cp.sent_bytes_on(Group::Cross) as f64),
+            cp.nodes(),
+            cp.ranks_per_node,
+            human_bytes(cp.node_egress_bytes() as f64),
+        );
+    } else {
+        let k = paper_volume_psi(
+            plan.inputs.stage,
+            cp.grad_accum,
+            plan.inputs.reduce_every_micro_step,
+        ) as u64;
+        let quant_scales = |l: &CommLine| {
+            plan.inputs.quant_block.is_some() && is_gather(l) && l.dtype == DType::F32
+        };
+        // An all-reduce moves its buffer twice (reduce-scatter + all-gather).
+        let elems: u64 = cp
+            .lines
+            .iter()
+            .filter(|l| !quant_scales(l))
+            .map(|l| match l.collective {
+                Collective::AllReduce => 2 * l.elems,
+                _ => l.elems,
+            })
+            .sum();
+        let _ = writeln!(
+            out,
+            "  total sent {} ({} B); volume {} elements (padded) vs the paper's {k}Ψ = {} elements, each x (N-1)/N = {}/{n}",
+            human_bytes(cp.sent_bytes() as f64),
+            cp.sent_bytes(),
+            elems,
+            k * plan.numel as u64,
+            n.saturating_sub(1),
+        );
+    }
     if let Some(block) = plan.inputs.quant_block {
         // What the same gathers would send as P values.
         let sent: u64 = cp
@@ -245,6 +264,54 @@ pub struct StageResult {
     /// Bytes each rank sends per step according to the communication ledger (data
     /// collectives, without the 24-byte control all-reduce).
     pub comm_plan_bytes_per_step: u64,
+    /// Traffic on the node groups (an engine built on nodes: hpZ, qgZ).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<NodeTraffic>,
+}
+
+/// Per-step traffic of a run on M nodes of L ranks, measured and from the ledger.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct NodeTraffic {
+    /// L.
+    pub ranks_per_node: usize,
+    /// M.
+    pub nodes: usize,
+    /// Bytes rank 0 sent per step on the node group (measured mean).
+    pub node_sent_bytes_per_step: u64,
+    /// Bytes rank 0 sent per step on the cross-node group (measured mean).
+    pub cross_sent_bytes_per_step: u64,
+    /// The same two from the ledger.
+    pub node_plan_bytes_per_step: u64,
+    /// See `node_plan_bytes_per_step`.
+    pub cross_plan_bytes_per_step: u64,
+    /// Bytes leaving each node per step, from the measured bytes
+    /// (`zero_core::ledger::node_egress`).
+    pub egress_bytes_per_step: u64,
+    /// The same from the ledger.
+    pub egress_plan_bytes_per_step: u64,
+    /// The ledger's bytes leaving each node per step with hpZ, qgZ and qwZ off.
+    pub egress_exact_plan_bytes_per_step: u64,
+}
+
+impl NodeTraffic {
+    /// One line for the end of a run.
+    pub fn render(&self, stage: usize) -> String {
+        let b = |x: u64| human_bytes(x as f64);
+        format!(
+            "nodes ZeRO-{stage}: {} node(s) of {} rank(s); per rank and step: node group {} (ledger {}), cross-node group {} (ledger {}); leaving each node {} (ledger {}) vs {} with qwZ/hpZ/qgZ off ({:.2}x less)",
+            self.nodes,
+            self.ranks_per_node,
+            b(self.node_sent_bytes_per_step),
+            b(self.node_plan_bytes_per_step),
+            b(self.cross_sent_bytes_per_step),
+            b(self.cross_plan_bytes_per_step),
+            b(self.egress_bytes_per_step),
+            b(self.egress_plan_bytes_per_step),
+            b(self.egress_exact_plan_bytes_per_step),
+            self.egress_exact_plan_bytes_per_step as f64
+                / self.egress_bytes_per_step.max(1) as f64
+        )
+    }
 }
 
 /// Fold a later round's run of the same stage into `into`: step time averaged over the
@@ -384,6 +451,7 @@ mod tests {
             comm_plan_bytes_per_step: 4096,
             skipped_steps: 0,
             divergent_steps: 0,
+            nodes: None,
         }
     }
 

@@ -8,9 +8,10 @@ use std::path::Path;
 use crate::config::{Config, LoadedConfig};
 use crate::device::BenchDevice;
 use anyhow::{anyhow, Context};
-use zero_comm::{Communicator, ReduceOp};
+use zero_comm::{Communicator, NodeGroups, ReduceOp};
 use zero_core::config::{DivergencePolicy, Stage};
-use zero_core::ledger::{CommPlan, MemCategory, PaperFormula};
+use zero_core::ledger::{node_egress, CommPlan, Group, MemCategory, PaperFormula};
+use zero_core::plan::{BufferPlan, PlanInputs};
 use zero_core::Model;
 use zero_core::{Engine, EngineError};
 use zero_kernels::device::Device;
@@ -23,7 +24,7 @@ use super::init_from::{self, InitFile};
 use super::launch::{agree, Failure, PREEMPTED_EXIT_CODE};
 use super::metrics::Metrics;
 use super::progress::Progress;
-use super::report::{self, StageResult};
+use super::report::{self, NodeTraffic, StageResult};
 use super::rss;
 use super::signals;
 
@@ -112,6 +113,7 @@ fn gather_u64<C: Communicator>(comm: &C, x: u64) -> anyhow::Result<Vec<u64>> {
 pub fn train<C: Communicator, E: Communicator, D: BenchDevice>(
     comm: &C,
     engine_comm: &E,
+    nodes: Option<&NodeGroups<E>>,
     dev: &D,
     loaded: &LoadedConfig,
     shared: &Shared<'_>,
@@ -127,22 +129,42 @@ pub fn train<C: Communicator, E: Communicator, D: BenchDevice>(
                 comm,
                 Gpt::<D, f32>::new(dev, gpt, t.micro_batch).context("building the model"),
             )?;
-            train_model(comm, engine_comm, dev, loaded, shared, metrics, model)
+            train_model(
+                comm,
+                engine_comm,
+                nodes,
+                dev,
+                loaded,
+                shared,
+                metrics,
+                model,
+            )
         }
         ModelPreset::Llama(llama) => {
             let model = agree(
                 comm,
                 Llama::<D, f32>::new(dev, llama, t.micro_batch).context("building the model"),
             )?;
-            train_model(comm, engine_comm, dev, loaded, shared, metrics, model)
+            train_model(
+                comm,
+                engine_comm,
+                nodes,
+                dev,
+                loaded,
+                shared,
+                metrics,
+                model,
+            )
         }
     }
 }
 
 /// [`train`] on a built model of either family.
+#[allow(clippy::too_many_arguments)]
 fn train_model<C, E, D, M>(
     comm: &C,
     engine_comm: &E,
+    nodes: Option<&NodeGroups<E>>,
     dev: &D,
     loaded: &LoadedConfig,
     shared: &Shared<'_>,
@@ -162,8 +184,11 @@ where
     // Set-up: engine (allocates exactly the plan; in bf16 it switches the device's
     // matrix products to bf16 operands with f32 sums), initial weights.
     let setup = (|| -> anyhow::Result<_> {
-        let engine = Engine::new(&config.engine(), engine_comm, dev, &model)
-            .context("creating the engine")?;
+        let engine = match nodes {
+            Some(g) => Engine::on_nodes(&config.engine(), engine_comm, g, dev, &model),
+            None => Engine::new(&config.engine(), engine_comm, dev, &model),
+        }
+        .context("creating the engine")?;
         let batches = Batches::new(config, world, rank)?;
         Ok((engine, batches))
     })();
@@ -268,6 +293,8 @@ where
     let mut losses = Vec::with_capacity(steps);
     let mut seconds = Vec::with_capacity(steps);
     let mut sent = 0u64;
+    // On nodes (hpZ, qgZ): bytes on the node and cross-node groups.
+    let mut group_sent: Option<(u64, u64)> = None;
     let mut skipped = 0u64;
     let t = &config.train;
     let tokens_per_step = (world * t.grad_accum * t.micro_batch * t.seq_len) as u64;
@@ -289,6 +316,11 @@ where
         losses.push(r.loss);
         seconds.push(r.seconds);
         sent += r.comm.total().bytes_sent;
+        if let Some(g) = &r.node_comm {
+            let (node, cross) = group_sent.get_or_insert((0, 0));
+            *node += g.node.total().bytes_sent;
+            *cross += g.cross.total().bytes_sent;
+        }
         skipped += r.skipped as u64;
         // Every rank learns whether any rank was told to stop (SIGTERM, SIGUSR1).
         let signal = signals::agreed(comm)?;
@@ -348,6 +380,16 @@ where
         .total()
         .to_f64();
     let losses_run = losses.len();
+    let per_step = |x: u64| x / (losses_run as u64).max(1);
+    let node_traffic = match group_sent {
+        Some((node, cross)) => Some(node_traffic(
+            engine,
+            &comm_plan,
+            per_step(sent),
+            (per_step(node), per_step(cross)),
+        )?),
+        None => None,
+    };
     Ok(StageResult {
         stage: stage.number(),
         steps,
@@ -368,6 +410,40 @@ where
         skipped_steps: skipped,
         divergent_steps: engine.divergences(),
         comm_plan_bytes_per_step: comm_plan.sent_bytes(),
+        nodes: node_traffic,
+    })
+}
+
+/// The traffic of a run on nodes: measured per step (world,
+/// (node, cross)) next to the ledger's, and what the ledger gives with the hierarchical
+/// and quantized switches off.
+fn node_traffic<D: Device, E: Communicator>(
+    engine: &Engine<'_, D, E>,
+    comm_plan: &CommPlan,
+    world_sent: u64,
+    (node_sent, cross_sent): (u64, u64),
+) -> anyhow::Result<NodeTraffic> {
+    let plan = engine.plan();
+    let exact_inputs = PlanInputs {
+        quant_block: None,
+        grad_quant_block: None,
+        hierarchical_weights: false,
+        ..plan.inputs.clone()
+    };
+    let exact = BufferPlan::new(engine.spec(), engine.layout(), &exact_inputs, plan.rank)
+        .context("planning the run without qwZ/hpZ/qgZ")?;
+    let exact = CommPlan::new(engine.layout(), &exact, comm_plan.grad_accum);
+    let (nodes, ranks_per_node) = (comm_plan.nodes(), comm_plan.ranks_per_node);
+    Ok(NodeTraffic {
+        ranks_per_node,
+        nodes,
+        node_sent_bytes_per_step: node_sent,
+        cross_sent_bytes_per_step: cross_sent,
+        node_plan_bytes_per_step: comm_plan.sent_bytes_on(Group::Node),
+        cross_plan_bytes_per_step: comm_plan.sent_bytes_on(Group::Cross),
+        egress_bytes_per_step: node_egress(nodes, ranks_per_node, world_sent, cross_sent),
+        egress_plan_bytes_per_step: comm_plan.node_egress_bytes(),
+        egress_exact_plan_bytes_per_step: exact.node_egress_bytes(),
     })
 }
 

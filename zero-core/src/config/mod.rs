@@ -150,6 +150,21 @@ pub struct ZeroConfig {
     pub quantize_weights: bool,
     /// Values per scale of quantized communication (`zero_kernels::quant`).
     pub quant_block: usize,
+    /// Stage 3: keep a second copy of the gathered 16-bit (or f32) weights partitioned
+    /// over the ranks of each node, and gather the backward's units from it inside the
+    /// node (ZeRO++'s hpZ, Wang et al. 2023, section 4.2): no backward gather crosses
+    /// nodes, for Ψ/L more parameter memory per rank (L ranks per node). Needs the node
+    /// groups (`Engine::on_nodes`). Off by default.
+    pub hierarchical_weights: bool,
+    /// Reduce gradients (the reduce-scatter of stages 1-3) as block-wise int8 codes in
+    /// two all-to-alls, inside the node and then across nodes, dequantizing and summing
+    /// in f32 after each (ZeRO++'s qgZ, section 4.3); one f32 scale per `quant_block`
+    /// values. Needs the node groups (`Engine::on_nodes`). Off by default.
+    pub quantize_grads: bool,
+    /// Ranks per node for the hierarchical switches: 0 finds the nodes from the launch
+    /// (the Slurm node of each rank inside an srun step, else MPI's shared-memory
+    /// split); L > 0 makes nodes of L consecutive ranks (emulating nodes on one host).
+    pub ranks_per_node: usize,
 }
 
 impl Default for ZeroConfig {
@@ -164,6 +179,9 @@ impl Default for ZeroConfig {
             align: crate::layout::DEFAULT_ALIGN,
             quantize_weights: false,
             quant_block: zero_kernels::quant::DEFAULT_BLOCK,
+            hierarchical_weights: false,
+            quantize_grads: false,
+            ranks_per_node: 0,
         }
     }
 }
@@ -185,6 +203,11 @@ impl ZeroConfig {
     pub fn reduce_every_micro_step(&self) -> bool {
         self.reduce_every_micro_step
             .unwrap_or(self.stage >= Stage::Zero2)
+    }
+
+    /// Whether a switch needs the node groups (hpZ or qgZ).
+    pub fn hierarchical(&self) -> bool {
+        self.hierarchical_weights || self.quantize_grads
     }
 
     /// The bucket capacity on `world` ranks: the configured one, or the default budget

@@ -71,6 +71,35 @@ fn quantized_gathers_need_a_gather_a_master_and_a_block() {
 }
 
 #[test]
+fn hierarchical_switches_need_their_stages() {
+    for stage in [0, 1, 2] {
+        has(
+            &problems(&format!(
+                "[zero]\nstage = {stage}\nhierarchical_weights = true\n"
+            )),
+            "set zero.stage = 3",
+        );
+    }
+    has(
+        &problems("[zero]\nstage = 0\nquantize_grads = true\n"),
+        "stage 0 all-reduces",
+    );
+    for stage in [1, 2, 3] {
+        let ok: EngineConfig = toml::from_str(&format!(
+            "[zero]\nstage = {stage}\nquantize_grads = true\nranks_per_node = 2\n"
+        ))
+        .unwrap();
+        ok.validate().unwrap();
+        assert!(ok.zero.hierarchical());
+    }
+    let ok: EngineConfig =
+        toml::from_str("[zero]\nstage = 3\nhierarchical_weights = true\n").unwrap();
+    ok.validate().unwrap();
+    assert_eq!(ok.zero.ranks_per_node, 0);
+    assert!(!EngineConfig::default().zero.hierarchical());
+}
+
+#[test]
 fn reduce_every_micro_step_needs_stage_2_or_3() {
     for stage in [0, 1] {
         let p = problems(&format!(

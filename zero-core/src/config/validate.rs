@@ -66,6 +66,19 @@ impl EngineConfig {
         }
         need(
             p,
+            !z.hierarchical_weights || z.stage == Stage::Zero3,
+            format!(
+                "zero.hierarchical_weights = true keeps a node-partitioned copy of the weights for stage 3's backward gathers, and stage {} gathers none before layers: set zero.stage = 3, or remove the key",
+                z.stage.number()
+            ),
+        );
+        need(
+            p,
+            !z.quantize_grads || z.stage != Stage::Zero0,
+            "zero.quantize_grads = true quantizes the gradient reduce-scatter of stages 1-3, and stage 0 all-reduces: set zero.stage to 1, 2 or 3, or remove the key".into(),
+        );
+        need(
+            p,
             z.quant_block > 0,
             "zero.quant_block is 0; give the values per scale of quantized communication (default 256)".into(),
         );

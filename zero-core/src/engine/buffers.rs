@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use zero_kernels::device::{Buffer, Device, FloatBuffer};
 use zero_kernels::DType;
 
+use super::qgz::GradQuantStaging;
 use super::qwz::QuantStaging;
 use super::reducer::Reducer;
 use super::EngineError;
@@ -43,6 +44,8 @@ pub(crate) struct Buffers<D: Device> {
     pub slots: Vec<GatherSlot<D>>,
     /// Quantized parameter gathers (qwZ): the staging of the codes.
     pub quant: Option<QuantStaging<D>>,
+    /// hpZ: this rank's 1/L of every gathered unit (P).
+    pub secondary: Option<FloatBuffer<D>>,
     /// f32 parameters of the computing layer (16-bit training).
     pub param_window: D::Buf<f32>,
     /// f32 gradients of the computing layer.
@@ -122,6 +125,34 @@ impl<D: Device> Buffers<D> {
             }
             None => None,
         };
+        let grad_quant = match plan
+            .inputs
+            .grad_quant_block
+            .filter(|_| plan.get(BufferRole::GradSums { index: 0 }).is_some())
+        {
+            Some(block) => {
+                let bytes = |received| {
+                    dev.alloc::<u8>(len(BufferRole::GradCodes { received }), "gradient codes")
+                };
+                let scales = |received| {
+                    dev.alloc::<f32>(len(BufferRole::GradScales { received }), "gradient scales")
+                };
+                Some(GradQuantStaging {
+                    block,
+                    send_codes: bytes(false)?,
+                    send_scales: scales(false)?,
+                    recv_codes: bytes(true)?,
+                    recv_scales: scales(true)?,
+                    sums: f32s(BufferRole::GradSums { index: 0 }, "gradient sums")?,
+                    peer: f32s(BufferRole::GradSums { index: 1 }, "gradient peer values")?,
+                })
+            }
+            None => None,
+        };
+        let secondary = match plan.get(BufferRole::Secondary) {
+            Some(b) => Some(FloatBuffer::alloc(dev, p, b.len, "secondary partition")?),
+            None => None,
+        };
         let mut buckets = Vec::new();
         for index in 0..2 {
             let bucket = float(BufferRole::Bucket { index }, &format!("bucket {index}"), w)?;
@@ -145,10 +176,11 @@ impl<D: Device> Buffers<D> {
             persistent,
             slots,
             quant,
+            secondary,
             param_window: f32s(BufferRole::ParamWindow, "param window")?,
             grad_window: f32s(BufferRole::GradWindow, "grad window")?,
             tied_grads,
-            reducer: Reducer::new(buckets),
+            reducer: Reducer::new(buckets, grad_quant),
             grad_stats: dev.alloc::<f64>(len(BufferRole::GradStats), "grad stats")?,
             losses: f32s(BufferRole::Losses, "losses")?,
             agreement: dev.alloc::<f64>(len(BufferRole::Agreement), "agreement")?,
@@ -174,6 +206,9 @@ impl<D: Device> Buffers<D> {
         }
         for (slot, s) in self.slots.iter().enumerate() {
             float(BufferRole::GatherSlot { slot }, &s.buf);
+        }
+        if let Some(s) = &self.secondary {
+            float(BufferRole::Secondary, s);
         }
         for (index, (bucket, piece)) in self.reducer.buffers().enumerate() {
             float(BufferRole::Bucket { index }, bucket);
@@ -217,6 +252,19 @@ impl<D: Device> Buffers<D> {
                 typed(&mut out, BufferRole::QuantCodes { gathered }, codes);
                 typed(&mut out, BufferRole::QuantScales { gathered }, scales);
             }
+        }
+        if let Some(q) = self.reducer.grad_quant() {
+            for received in [false, true] {
+                let (codes, scales) = if received {
+                    (&q.recv_codes, &q.recv_scales)
+                } else {
+                    (&q.send_codes, &q.send_scales)
+                };
+                typed(&mut out, BufferRole::GradCodes { received }, codes);
+                typed(&mut out, BufferRole::GradScales { received }, scales);
+            }
+            typed(&mut out, BufferRole::GradSums { index: 0 }, &q.sums);
+            typed(&mut out, BufferRole::GradSums { index: 1 }, &q.peer);
         }
         typed(&mut out, BufferRole::GradStats, &self.grad_stats);
         typed(&mut out, BufferRole::Losses, &self.losses);

@@ -27,6 +27,7 @@ mod buffers;
 pub mod guard;
 mod optimizer;
 mod passes;
+mod qgz;
 mod qwz;
 mod reducer;
 pub mod scaler;
@@ -35,7 +36,7 @@ mod step;
 
 use std::collections::BTreeMap;
 
-use zero_comm::{CommError, CommStats, Communicator};
+use zero_comm::{CommError, CommStats, Communicator, NodeGroups};
 use zero_kernels::device::{Buffer, Device};
 use zero_kernels::{DType, Float, KernelError};
 
@@ -150,10 +151,41 @@ pub struct StepReport {
     pub diverged: Option<guard::Divergence>,
     /// Wall-clock seconds of the step on this rank.
     pub seconds: f64,
-    /// Bytes and calls per collective kind this rank did during the step.
+    /// Bytes and calls per collective kind this rank did during the step (on the world).
     pub comm: CommStats,
+    /// The same on the node and cross-node groups (an engine built [`Engine::on_nodes`]).
+    pub node_comm: Option<NodeStats>,
     /// Bytes held per memory category (measured from the allocations).
     pub memory: BTreeMap<MemCategory, u64>,
+}
+
+/// Calls and bytes on the node and cross-node groups ([`StepReport::node_comm`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NodeStats {
+    /// On the node group (hpZ's backward gathers, qgZ's first exchange).
+    pub node: CommStats,
+    /// On the cross-node group (qgZ's second exchange).
+    pub cross: CommStats,
+}
+
+impl NodeStats {
+    /// The groups' accounting so far.
+    pub fn of<C: Communicator>(g: &NodeGroups<C>) -> NodeStats {
+        NodeStats {
+            node: g.node.stats(),
+            cross: g.cross.stats(),
+        }
+    }
+}
+
+impl std::ops::Sub for NodeStats {
+    type Output = NodeStats;
+    fn sub(self, earlier: NodeStats) -> NodeStats {
+        NodeStats {
+            node: self.node - earlier.node,
+            cross: self.cross - earlier.cross,
+        }
+    }
 }
 
 /// The hand-overs between the compute and the comm stream, each an event one stream
@@ -193,6 +225,8 @@ pub(crate) struct Streams<D: Device> {
 pub(crate) struct Core<'c, D: Device, C: Communicator> {
     pub dev: &'c D,
     pub comm: &'c C,
+    /// The node and cross-node groups (hpZ, qgZ), when the engine was built on them.
+    pub nodes: Option<&'c NodeGroups<C>>,
     pub config: EngineConfig,
     pub spec: ModelSpec,
     pub layout: PartitionLayout,
@@ -272,13 +306,56 @@ impl<'c, D: Device, C: Communicator> Engine<'c, D, C> {
         dev: &'c D,
         model: &M,
     ) -> Result<Self, EngineError> {
+        Self::build(config, comm, None, dev, model)
+    }
+
+    /// [`Engine::new`] on a world of nodes: `nodes` are the node and cross-node groups of
+    /// `comm` (`zero_comm::MpiComm::node_groups`), which the hierarchical switches use
+    /// (`zero.hierarchical_weights`, `zero.quantize_grads`); without them the groups are
+    /// unused.
+    pub fn on_nodes<M: Model<D>>(
+        config: &EngineConfig,
+        comm: &'c C,
+        nodes: &'c NodeGroups<C>,
+        dev: &'c D,
+        model: &M,
+    ) -> Result<Self, EngineError> {
+        Self::build(config, comm, Some(nodes), dev, model)
+    }
+
+    fn build<M: Model<D>>(
+        config: &EngineConfig,
+        comm: &'c C,
+        nodes: Option<&'c NodeGroups<C>>,
+        dev: &'c D,
+        model: &M,
+    ) -> Result<Self, EngineError> {
         config.validate()?;
         let spec = model.spec().clone();
         spec.validate().map_err(EngineError::Mismatch)?;
         let (rank, world) = (comm.rank(), comm.size());
         let layout = PartitionLayout::new(&spec, world, config.zero.align)?;
         let activation_bytes = model.activation_bytes() as u64;
-        let inputs = PlanInputs::from_config(config, world, activation_bytes);
+        let mut inputs = PlanInputs::from_config(config, world, activation_bytes);
+        match nodes {
+            Some(g) => {
+                let (l, m) = (g.node.size(), g.cross.size());
+                let wanted = config.zero.ranks_per_node;
+                if l * m != world || (wanted > 0 && wanted != l) {
+                    return Err(EngineError::Mismatch(format!(
+                        "the node groups are {m} node(s) of {l} rank(s) but the world has {world} ranks{}; build them from this world (zero_comm::MpiComm::node_groups)",
+                        if wanted > 0 { format!(" and zero.ranks_per_node = {wanted}") } else { String::new() }
+                    )));
+                }
+                inputs = inputs.on_nodes(l);
+            }
+            None if config.zero.hierarchical() => {
+                return Err(EngineError::Mismatch(
+                    "zero.hierarchical_weights and zero.quantize_grads need the node groups: build the engine with Engine::on_nodes (zero_comm::MpiComm::node_groups makes them)".into(),
+                ));
+            }
+            None => {}
+        }
         let plan = BufferPlan::new(&spec, &layout, &inputs, rank)?;
         let bufs = Buffers::allocate(dev, &plan, spec.units.len())?;
         // Host-staged collectives (zero-comm's StagedComm): the staging buffers are sized
@@ -310,6 +387,7 @@ impl<'c, D: Device, C: Communicator> Engine<'c, D, C> {
             core: Core {
                 dev,
                 comm,
+                nodes,
                 config: config.clone(),
                 spec,
                 layout,

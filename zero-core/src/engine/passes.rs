@@ -35,7 +35,7 @@ pub(super) fn forward<P: Float, D: Device, C: Communicator, M: Model<D>>(
     for l in 0..core.spec.layers.len() {
         let step = core.plan.gather.as_ref().map(|g| &g.forward[l]);
         if let Some(step) = step {
-            gather_units::<P, D, C>(core, bufs, &step.gather, &mut gathered)?;
+            gather_units::<P, D, C>(core, bufs, &step.gather, &mut gathered, Pass::Forward)?;
         }
         let Buffers {
             params,
@@ -71,7 +71,7 @@ pub(super) fn backward<P: Float, W: Float, D: Device, C: Communicator, M: Model<
         let l = layers - 1 - t;
         let step = core.plan.gather.as_ref().map(|g| &g.backward[t]);
         if let Some(step) = step {
-            gather_units::<P, D, C>(core, bufs, &step.gather, &mut gathered)?;
+            gather_units::<P, D, C>(core, bufs, &step.gather, &mut gathered, Pass::Backward)?;
         }
         bufs.reducer.before_rewriting_sources(core)?;
         for &u in &core.spec.layers[l].units {
@@ -152,13 +152,23 @@ pub(super) fn backward<P: Float, W: Float, D: Device, C: Communicator, M: Model<
     Ok(())
 }
 
+/// Which pass a gather is for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    Forward,
+    Backward,
+}
+
 /// Stage 3: start the all-gathers of `units` on comm, each into its slot once the slot's
-/// previous unit is released.
+/// previous unit is released. With hpZ (a Secondary buffer), the forward's gathers also
+/// keep this rank's 1/L of the unit (node-local rank j: elements [j len/L, (j+1) len/L)),
+/// and the backward's gather the unit from those parts over the node group alone.
 fn gather_units<P: Float, D: Device, C: Communicator>(
     core: &Core<'_, D, C>,
     bufs: &mut Buffers<D>,
     units: &[usize],
     gathered: &mut [Option<D::Event>],
+    pass: Pass,
 ) -> Result<(), EngineError> {
     let comm = &core.streams.comm;
     for &u in units {
@@ -168,6 +178,17 @@ fn gather_units<P: Float, D: Device, C: Communicator>(
             core.wait(WaitPoint::SlotFree, comm, &e)?;
         }
         let len = core.layout.units[u].padded_len;
+        let hierarchical = match (&mut bufs.secondary, core.nodes, &core.plan.secondary[u]) {
+            (Some(s), Some(g), Some(at)) => Some((s.get_mut::<P>()?, &g.node, at.clone())),
+            _ => None,
+        };
+        if let (Some((secondary, node, at)), Pass::Backward) = (&hierarchical, pass) {
+            let part = secondary.slice(at.clone());
+            let dst = buf.get_mut::<P>()?.slice_mut(0..len);
+            on_stream::all_gather(*node, core.dev, comm, part, dst)?;
+            gathered[u] = Some(core.dev.record(comm)?);
+            continue;
+        }
         let shard = bufs
             .params
             .get::<P>()?
@@ -185,6 +206,12 @@ fn gather_units<P: Float, D: Device, C: Communicator>(
                     buf.get_mut::<P>()?.slice_mut(0..len),
                 )?;
             }
+        }
+        if let Some((secondary, node, at)) = hierarchical {
+            let j = node.rank();
+            let part = at.len();
+            let mine = buf.get::<P>()?.slice(j * part..(j + 1) * part);
+            core.dev.copy(comm, mine, secondary.slice_mut(at))?;
         }
         gathered[u] = Some(core.dev.record(comm)?);
     }

@@ -30,6 +30,7 @@ use zero_kernels::device::{
 };
 use zero_kernels::Float;
 
+use super::qgz::{packed_position, GradQuantStaging};
 use super::{Core, EngineError, WaitPoint};
 
 /// One reduction bucket: W staging for a chunk's N blocks, the piece a reduce-scatter
@@ -65,11 +66,16 @@ pub(crate) struct Reducer<D: Device> {
     landed: Option<D::Event>,
     /// comm: after the latest reduction that read a gradient buffer directly.
     source_read: Option<D::Event>,
+    /// qgZ: the staging of quantized reductions (`qgz.rs`).
+    grad_quant: Option<GradQuantStaging<D>>,
 }
 
 impl<D: Device> Reducer<D> {
     /// Buckets (and pieces, stages 1-3) as the plan allocated them.
-    pub fn new(buffers: Vec<(FloatBuffer<D>, Option<FloatBuffer<D>>)>) -> Self {
+    pub fn new(
+        buffers: Vec<(FloatBuffer<D>, Option<FloatBuffer<D>>)>,
+        grad_quant: Option<GradQuantStaging<D>>,
+    ) -> Self {
         Reducer {
             buckets: buffers
                 .into_iter()
@@ -82,7 +88,13 @@ impl<D: Device> Reducer<D> {
             next: 0,
             landed: None,
             source_read: None,
+            grad_quant,
         }
+    }
+
+    /// qgZ's staging, for the memory ledger.
+    pub fn grad_quant(&self) -> Option<&GradQuantStaging<D>> {
+        self.grad_quant.as_ref()
     }
 
     /// (bucket, piece) of every bucket, for the memory ledger.
@@ -114,7 +126,15 @@ impl<D: Device> Reducer<D> {
             .as_mut()
             .ok_or_else(|| EngineError::Internal("a reduce-scatter at stage 0".into()))?
             .get_mut::<W>()?;
-        if c == (0..shard_len) {
+        // qgZ: on the node groups, packed ordered by (local rank, node).
+        let quantized = match (&mut self.grad_quant, core.nodes) {
+            (Some(q), Some(nodes)) => Some((q, nodes)),
+            _ => None,
+        };
+        let (l, m) = quantized
+            .as_ref()
+            .map_or((1, n), |(_, g)| (g.node.size(), g.cross.size()));
+        if c == (0..shard_len) && quantized.is_none() {
             if let Some(whole) = same_type::<D, S, W>(src.clone()) {
                 // The unit's blocks are in rank order already: reduce it as it is.
                 core.hand_over(WaitPoint::GradsComputed, compute, comm)?;
@@ -136,21 +156,31 @@ impl<D: Device> Reducer<D> {
         let staging = bucket.buf.get_mut::<W>()?;
         for q in 0..n {
             let from = q * shard_len + c.start;
+            let at = packed_position(q, l, m);
             core.dev.cast(
                 compute,
                 src.slice(from..from + len),
-                staging.slice_mut(q * len..(q + 1) * len),
+                staging.slice_mut(at * len..(at + 1) * len),
             )?;
         }
         core.hand_over(WaitPoint::GradsComputed, compute, comm)?;
-        on_stream::reduce_scatter(
-            core.comm,
-            core.dev,
-            comm,
-            staging.slice(0..n * len),
-            piece.slice_mut(0..len),
-            ReduceOp::Sum,
-        )?;
+        match quantized {
+            Some((q, nodes)) => q.reduce(
+                core.dev,
+                comm,
+                nodes,
+                staging.slice(0..n * len),
+                piece.slice_mut(0..len),
+            )?,
+            None => on_stream::reduce_scatter(
+                core.comm,
+                core.dev,
+                comm,
+                staging.slice(0..n * len),
+                piece.slice_mut(0..len),
+                ReduceOp::Sum,
+            )?,
+        }
         bucket.free = Some(core.dev.record(comm)?);
         Ok(InPiece { bucket: b, len })
     }

@@ -18,7 +18,9 @@ use zero_kernels::{DType, Float};
 
 use super::buffers::Buffers;
 use super::reducer::Landing;
-use super::{agree, optimizer, passes, Core, Engine, EngineError, StepReport, WaitPoint};
+use super::{
+    agree, optimizer, passes, Core, Engine, EngineError, NodeStats, StepReport, WaitPoint,
+};
 use crate::config::{DivergencePolicy, Stage};
 use crate::model::Model;
 
@@ -70,6 +72,7 @@ impl<D: Device, C: Communicator> Engine<'_, D, C> {
             ..
         } = self;
         let comm_before = core.comm.stats();
+        let groups_before = core.nodes.map(NodeStats::of);
         let (n, a) = (core.comm.size(), batches.len());
         let loss_scale = scaler.scale;
         // Each micro-batch's mean loss weighs 1/(N A) in the global-batch mean; the loss
@@ -198,6 +201,12 @@ impl<D: Device, C: Communicator> Engine<'_, D, C> {
             diverged,
             seconds: start.elapsed().as_secs_f64(),
             comm: self.core.comm.stats() - comm_before,
+            node_comm: self
+                .core
+                .nodes
+                .map(NodeStats::of)
+                .zip(groups_before)
+                .map(|(after, before)| after - before),
             memory,
         })
     }

@@ -21,6 +21,21 @@
 //! (and each after-step gather at stages 1/2) of padded length E moves E int8 codes and
 //! N x ceil(E / N / B) f32 scales instead of E values of P, in two all-gathers.
 //!
+//! On M nodes of L ranks (node-major ranks), the hierarchical switches move traffic off
+//! the world communicator (a ring over all N ranks, one link of which leaves each node):
+//! - hpZ (`zero.hierarchical_weights`, stage 3): the backward gathers run on the node
+//!   communicator (L ranks) from the secondary partition: (L-1)/L x E of P per gather,
+//!   none of it across nodes;
+//! - qgZ (`zero.quantize_grads`): each reduce-scatter chunk of c elements per rank becomes
+//!   an all-to-all inside the node of N c int8 codes and L ceil(M c / B) f32 scales,
+//!   then an all-to-all across nodes (the M ranks of the same local rank) of M c codes
+//!   and M ceil(c / B) scales; an all-to-all of E elements sends (g-1)/g x E on g ranks.
+//!   With L = 1 (M = 1) the exchange inside (across) nodes has no peer and is skipped.
+//!
+//! Bytes leaving a node per step ([`CommPlan::node_egress_bytes`]): a world ring has one
+//! link out of each node, carrying what each rank sends; the L cross-node all-to-alls of
+//! a node all leave it, L times what each rank sends; node collectives stay inside.
+//!
 //! The table holds when every unit has one use. A unit released between uses
 //! (zero-core/src/plan/uses.rs) adds, per extra use, one gather of it per pass at stage
 //! 3 and one reduce-scatter per micro-step with sharded gradients: the plan counts them.
@@ -46,15 +61,49 @@ pub enum Collective {
     ReduceScatter,
     /// All-gather, equal blocks.
     AllGather,
+    /// All-to-all, equal blocks.
+    AllToAll,
 }
 
 impl Collective {
-    /// Sequential ring steps of one call on N ranks.
-    pub fn ring_steps(self, world: usize) -> usize {
-        let s = world.saturating_sub(1);
+    /// Sequential ring steps (all-to-all: pairwise exchanges) of one call on g ranks.
+    pub fn ring_steps(self, ranks: usize) -> usize {
+        let s = ranks.saturating_sub(1);
         match self {
             Collective::AllReduce => 2 * s,
             _ => s,
+        }
+    }
+
+    /// snake_case name, as in reports.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Collective::AllReduce => "all_reduce",
+            Collective::ReduceScatter => "reduce_scatter",
+            Collective::AllGather => "all_gather",
+            Collective::AllToAll => "all_to_all",
+        }
+    }
+}
+
+/// The communicator a collective runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Group {
+    /// All N ranks.
+    World,
+    /// The L ranks of this rank's node.
+    Node,
+    /// The M ranks with this rank's local index, one per node.
+    Cross,
+}
+
+impl Group {
+    /// Lower-case name, as in reports.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Group::World => "world",
+            Group::Node => "node",
+            Group::Cross => "cross",
         }
     }
 }
@@ -80,14 +129,16 @@ pub struct CommLine {
     pub collective: Collective,
     /// Purpose.
     pub purpose: CommPurpose,
+    /// The communicator it runs on.
+    pub group: Group,
     /// Element type on the wire.
     pub dtype: DType,
     /// Calls per step.
     pub calls: u64,
-    /// Sum over calls of the full (gathered) buffer size in elements.
+    /// Sum over calls of the full (gathered; all-to-all: sent) buffer size in elements.
     pub elems: u64,
-    /// Bytes each rank sends per step (ring): elems x size x (N-1)/N, twice for
-    /// all-reduce. Each rank receives as many.
+    /// Bytes each rank sends per step (ring, on the g ranks of its group): elems x size x
+    /// (g-1)/g, twice for all-reduce. Each rank receives as many.
     pub sent_bytes: u64,
 }
 
@@ -107,6 +158,8 @@ pub struct ControlLine {
 pub struct CommPlan {
     /// N.
     pub world: usize,
+    /// L: ranks per node (N: one node).
+    pub ranks_per_node: usize,
     /// A: micro-steps per optimizer step.
     pub grad_accum: usize,
     /// Data collectives.
@@ -133,23 +186,32 @@ impl CommPlan {
             })
         };
         let all = || 0..layout.units.len();
+        let l = plan.inputs.ranks_per_node.max(1);
+        let m = n / l;
+        let size = |g: Group| match g {
+            Group::World => n,
+            Group::Node => l,
+            Group::Cross => m,
+        } as u64;
         let mut lines = Vec::new();
-        let mut line = |collective, purpose, dtype, calls: u64, elems: u64| {
+        let mut on = |group: Group, collective, purpose, dtype: DType, calls: u64, elems: u64| {
             if elems == 0 {
                 return;
             }
-            let factor = collective_factor(collective);
+            let (g, factor) = (size(group), collective_factor(collective));
             lines.push(CommLine {
                 collective,
                 purpose,
+                group,
                 dtype,
                 calls,
                 elems,
-                sent_bytes: elems * dtype.size_bytes() as u64 * factor * (n as u64 - 1) / n as u64,
+                sent_bytes: elems * dtype.size_bytes() as u64 * factor * (g - 1) / g,
             });
         };
         use Collective::*;
         use CommPurpose::*;
+        use Group::*;
         // Sharded gradients reduce every micro-step, each unit once per use; else once a
         // step.
         let uses = |u: usize| plan.uses[u].len().max(1) as u64;
@@ -162,6 +224,34 @@ impl CommPlan {
                 (c + cu * uses(u), e + eu * uses(u))
             });
             (c * a, e * a)
+        };
+        // The gradient reduction of stages 1-3: reduce-scatters of W, or with qgZ per
+        // chunk of c an all-to-all inside the node and one across nodes (codes, scales).
+        let reduce = |on: &mut dyn FnMut(Group, Collective, CommPurpose, DType, u64, u64)| {
+            let Some(block) = plan.inputs.grad_quant_block else {
+                let (calls, elems) = reduced();
+                on(World, ReduceScatter, Grads, w, calls, elems);
+                return;
+            };
+            use zero_kernels::quant::scale_count;
+            let (mut calls, mut inside, mut across) = (0, [0u64; 2], [0u64; 2]);
+            for (u, unit) in layout.units.iter().enumerate() {
+                let times = if plan.grads_sharded { uses(u) * a } else { 1 };
+                for c in plan.shard_chunks(unit.shard_len) {
+                    let c = c.len();
+                    calls += times;
+                    inside[0] += times * (n * c) as u64;
+                    inside[1] += times * (l * scale_count(m * c, block)) as u64;
+                    across[0] += times * (m * c) as u64;
+                    across[1] += times * (m * scale_count(c, block)) as u64;
+                }
+            }
+            for (group, ranks, [codes, scales]) in [(Node, l, inside), (Cross, m, across)] {
+                if ranks > 1 {
+                    on(group, AllToAll, Grads, DType::U8, calls, codes);
+                    on(group, AllToAll, Grads, DType::F32, calls, scales);
+                }
+            }
         };
         match stage {
             Stage::Zero0 => {
@@ -178,24 +268,30 @@ impl CommPlan {
                         }
                     })
                     .sum();
-                line(AllReduce, Grads, w, calls, layout.padded_numel() as u64);
+                on(
+                    World,
+                    AllReduce,
+                    Grads,
+                    w,
+                    calls,
+                    layout.padded_numel() as u64,
+                );
             }
             Stage::Zero1 | Stage::Zero2 => {
-                let (calls, elems) = reduced();
-                line(ReduceScatter, Grads, w, calls, elems);
+                reduce(&mut on);
                 let (_, elems) = chunked(&mut all());
                 // Updated parameters: one in-place all-gather per unit (qwZ: codes, then
                 // scales).
                 let calls = layout.units.len() as u64;
                 match plan.inputs.quant_block {
-                    None => line(AllGather, ParamsAfterStep, p, calls, elems),
+                    None => on(World, AllGather, ParamsAfterStep, p, calls, elems),
                     Some(block) => {
-                        line(AllGather, ParamsAfterStep, DType::U8, calls, elems);
+                        on(World, AllGather, ParamsAfterStep, DType::U8, calls, elems);
                         let scales = all().fold(0, |e, u| {
                             let shard = layout.units[u].shard_len;
                             e + (n * zero_kernels::quant::scale_count(shard, block)) as u64
                         });
-                        line(AllGather, ParamsAfterStep, DType::F32, calls, scales);
+                        on(World, AllGather, ParamsAfterStep, DType::F32, calls, scales);
                     }
                 }
             }
@@ -220,30 +316,35 @@ impl CommPlan {
                         [(&g.forward, GatherForward), (&g.backward, GatherBackward)]
                     {
                         let (calls, elems) = gathers(pass);
+                        if purpose == GatherBackward && plan.inputs.hierarchical_weights {
+                            // hpZ: from the secondary partition, inside the node, exact.
+                            on(Node, AllGather, purpose, p, a * calls, a * elems);
+                            continue;
+                        }
                         match plan.inputs.quant_block {
-                            None => line(AllGather, purpose, p, a * calls, a * elems),
+                            None => on(World, AllGather, purpose, p, a * calls, a * elems),
                             // qwZ: the codes (a byte a value) and, per shard, one f32
                             // scale per block, in two all-gathers.
                             Some(block) => {
-                                line(AllGather, purpose, DType::U8, a * calls, a * elems);
+                                on(World, AllGather, purpose, DType::U8, a * calls, a * elems);
                                 let scales =
                                     pass.iter().flat_map(|s| &s.gather).fold(0, |e, &u| {
                                         let shard = layout.units[u].shard_len;
                                         e + (n * zero_kernels::quant::scale_count(shard, block))
                                             as u64
                                     });
-                                line(AllGather, purpose, DType::F32, a * calls, a * scales);
+                                on(World, AllGather, purpose, DType::F32, a * calls, a * scales);
                             }
                         }
                     }
                 }
-                let (calls, elems) = reduced();
-                line(ReduceScatter, Grads, w, calls, elems);
-                line(AllGather, ParamsAfterStep, p, s_calls, s_elems);
+                reduce(&mut on);
+                on(World, AllGather, ParamsAfterStep, p, s_calls, s_elems);
             }
         }
         CommPlan {
             world: n,
+            ranks_per_node: l,
             grad_accum,
             lines,
             // Every stage agrees on (squared norm, overflow flag, loss sum) in f64.
@@ -269,17 +370,100 @@ impl CommPlan {
             .sum()
     }
 
-    /// Alpha-beta estimate of the communication time of one step, in seconds, if no
-    /// collective overlaps compute: every ring step of every call costs `alpha_s`, every
-    /// byte sent costs `1 / beta_bytes_per_s`.
-    pub fn estimate_seconds(&self, alpha_s: f64, beta_bytes_per_s: f64) -> f64 {
+    /// M: nodes.
+    pub fn nodes(&self) -> usize {
+        self.world / self.ranks_per_node.max(1)
+    }
+
+    /// Ranks of a group.
+    pub fn group_size(&self, g: Group) -> usize {
+        match g {
+            Group::World => self.world,
+            Group::Node => self.ranks_per_node,
+            Group::Cross => self.nodes(),
+        }
+    }
+
+    /// Bytes each rank sends per step on one group.
+    pub fn sent_bytes_on(&self, g: Group) -> u64 {
         self.lines
             .iter()
-            .map(|l| {
-                (l.calls as f64) * (l.collective.ring_steps(self.world) as f64) * alpha_s
-                    + l.sent_bytes as f64 / beta_bytes_per_s
-            })
+            .filter(|l| l.group == g)
+            .map(|l| l.sent_bytes)
             .sum()
+    }
+
+    /// Bytes leaving each node per step (one node: none): the world ring's one link out
+    /// of the node carries what a rank sends on the world; the node's L ranks each send
+    /// their cross-node bytes out of it.
+    pub fn node_egress_bytes(&self) -> u64 {
+        node_egress(
+            self.nodes(),
+            self.ranks_per_node,
+            self.sent_bytes_on(Group::World),
+            self.sent_bytes_on(Group::Cross),
+        )
+    }
+
+    /// Alpha-beta estimate of the communication time of one step, in seconds, if no
+    /// collective overlaps compute, on one kind of link: every ring step of every call
+    /// costs `alpha_s`, every byte sent costs `1 / beta_bytes_per_s`.
+    pub fn estimate_seconds(&self, alpha_s: f64, beta_bytes_per_s: f64) -> f64 {
+        self.estimate_seconds_on(&Links::uniform(alpha_s, beta_bytes_per_s))
+    }
+
+    /// Alpha-beta estimate on two kinds of link ([`Links`]), no overlap: a world ring
+    /// spanning nodes moves at the slower of the two; a node collective at the intra-node
+    /// rate; the L cross-node all-to-alls of a node share its link.
+    pub fn estimate_seconds_on(&self, links: &Links) -> f64 {
+        self.lines.iter().map(|l| self.line_seconds(l, links)).sum()
+    }
+
+    /// One line's alpha-beta seconds ([`CommPlan::estimate_seconds_on`]).
+    pub fn line_seconds(&self, l: &CommLine, links: &Links) -> f64 {
+        let g = self.group_size(l.group);
+        let latency = (l.calls * l.collective.ring_steps(g) as u64) as f64 * links.alpha_s;
+        let bytes = l.sent_bytes as f64;
+        let spans_nodes = self.nodes() > 1;
+        let bandwidth = match l.group {
+            Group::World if spans_nodes => {
+                bytes / links.intra_bytes_per_s.min(links.inter_bytes_per_s)
+            }
+            Group::World | Group::Node => bytes / links.intra_bytes_per_s,
+            Group::Cross => self.ranks_per_node as f64 * bytes / links.inter_bytes_per_s,
+        };
+        latency + bandwidth
+    }
+}
+
+/// Bytes leaving each of `nodes` nodes of `ranks_per_node` ranks, from what one rank
+/// sends on the world and on the cross-node group ([`CommPlan::node_egress_bytes`]).
+pub fn node_egress(nodes: usize, ranks_per_node: usize, world_sent: u64, cross_sent: u64) -> u64 {
+    if nodes <= 1 {
+        return 0;
+    }
+    world_sent + ranks_per_node as u64 * cross_sent
+}
+
+/// The links of an alpha-beta estimate.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Links {
+    /// Latency per ring step (all-to-all: per exchange), seconds.
+    pub alpha_s: f64,
+    /// A rank's bandwidth to the ranks of its node, bytes/s.
+    pub intra_bytes_per_s: f64,
+    /// A node's bandwidth to the other nodes, shared by its ranks, bytes/s.
+    pub inter_bytes_per_s: f64,
+}
+
+impl Links {
+    /// One kind of link for everything.
+    pub fn uniform(alpha_s: f64, bytes_per_s: f64) -> Links {
+        Links {
+            alpha_s,
+            intra_bytes_per_s: bytes_per_s,
+            inter_bytes_per_s: bytes_per_s,
+        }
     }
 }
 

@@ -302,6 +302,26 @@ impl Explanation {
                 "quantized gathers (qwZ, one f32 scale per {block} values): the int8 codes and scales of the largest gathered unit's shard, and of the whole unit as gathered"
             ));
         }
+        let (bytes, _, lens, dt) = sum(&|r| *r == BufferRole::Secondary);
+        if let Some(dt) = dt {
+            extra(MemCategory::Secondary, bytes, format!(
+                "hpZ secondary partition: this rank's 1/{} of every gathered unit ({lens} elements of {dt}), so that the backward gathers inside the node",
+                plan.inputs.ranks_per_node
+            ));
+        }
+        let (bytes, _, _, _) = sum(&|r| {
+            matches!(
+                r,
+                BufferRole::GradCodes { .. }
+                    | BufferRole::GradScales { .. }
+                    | BufferRole::GradSums { .. }
+            )
+        });
+        if let Some(block) = plan.inputs.grad_quant_block {
+            extra(MemCategory::Buckets, bytes, format!(
+                "quantized gradient reduction (qgZ, one f32 scale per {block} values): int8 codes and scales of one chunk's N pieces sent and received, and two f32 sums of M pieces"
+            ));
+        }
         for (role, what) in [
             (
                 BufferRole::ParamWindow,

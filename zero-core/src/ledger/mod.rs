@@ -8,7 +8,10 @@ pub mod frac;
 #[cfg(test)]
 mod tests;
 
-pub use comm::{paper_volume_psi, Collective, CommLine, CommPlan, CommPurpose, ControlLine};
+pub use comm::{
+    node_egress, paper_volume_psi, Collective, CommLine, CommPlan, CommPurpose, ControlLine, Group,
+    Links,
+};
 pub use formula::{Difference, Explanation, PaperFormula};
 pub use frac::{human_bytes, Frac};
 
@@ -29,6 +32,8 @@ pub enum MemCategory {
     Padding,
     /// Stage 3: full copies of units under the persistence threshold.
     Persistent,
+    /// Stage 3 with hpZ: this rank's part of the node's copy of the gathered weights.
+    Secondary,
     /// Stage 3: gather slots (resident window, prefetch, tied units).
     Gather,
     /// f32 compute windows and tied-unit gradient accumulators.
@@ -41,7 +46,7 @@ pub enum MemCategory {
 
 impl MemCategory {
     /// Every category, in report order.
-    pub const ALL: [MemCategory; 11] = [
+    pub const ALL: [MemCategory; 12] = [
         MemCategory::Params,
         MemCategory::Grads,
         MemCategory::Master,
@@ -49,6 +54,7 @@ impl MemCategory {
         MemCategory::AdamV,
         MemCategory::Padding,
         MemCategory::Persistent,
+        MemCategory::Secondary,
         MemCategory::Gather,
         MemCategory::Compute,
         MemCategory::Buckets,
@@ -65,6 +71,7 @@ impl MemCategory {
             MemCategory::AdamV => "adam_v",
             MemCategory::Padding => "padding",
             MemCategory::Persistent => "persistent",
+            MemCategory::Secondary => "secondary",
             MemCategory::Gather => "gather",
             MemCategory::Compute => "compute",
             MemCategory::Buckets => "buckets",

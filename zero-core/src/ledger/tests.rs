@@ -27,6 +27,9 @@ fn inputs(stage: Stage, precision: Precision, reduce_f32: bool, every: bool) -> 
         grad_accum: 2,
         activation_bytes: 12345,
         quant_block: None,
+        grad_quant_block: None,
+        hierarchical_weights: false,
+        ranks_per_node: 1,
     }
 }
 

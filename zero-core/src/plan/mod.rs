@@ -25,6 +25,10 @@
 //! BucketPiece{0,1}  W      -         bucket/N  bucket/N         bucket/N         reduce-scatter output
 //! QuantCodes{0,1}   u8     -         shard | unit (stages 1-3)  qwZ only: int8 codes sent | gathered
 //! QuantScales{0,1}  f32    -         ns | N ns (stages 1-3)     qwZ only: ns = ceil(shard / block)
+//! Secondary         P      -         -         -                Σ unit / L       hpZ only: node-partitioned copy
+//! GradCodes{0,1}    u8     -         N c (stages 1-3)                            qgZ only: int8 codes sent | received
+//! GradScales{0,1}   f32    -         see `grad_quant_scales` (stages 1-3)        qgZ only
+//! GradSums{0,1}     f32    -         M c (stages 1-3)                            qgZ only: f32 sum, one peer's values
 //! GradStats         f64    2 per unit (sum of squares, overflow flag)                     read by the host
 //! Losses            f32    A (one per micro-step)                                          read by the host
 //! Agreement         f64    3 (squared norm, overflow, loss sum)                            all-reduced once a step
@@ -62,6 +66,18 @@
 //!   / QuantScales{1}, and read back into the slot (stage 3) or the unit in Params (every
 //!   rank's block, its own included: stages 1/2), all on the comm stream; sized by the
 //!   largest unit so gathered. The persistent units' after-step gathers stay exact.
+//! - Secondary partition (hpZ, stage 3): after each forward gather of a unit, this
+//!   rank's 1/L of it (L = ranks per node; node-local rank j keeps elements
+//!   [j len/L, (j+1) len/L)) is copied into Secondary on comm; the backward gathers the
+//!   unit from there over the node communicator. Persistent units have none.
+//! - Quantized gradient reduction (qgZ, stages 1-3): a chunk of c = piece_len elements
+//!   is packed with its N blocks ordered by (local rank, node) instead of rank, so that
+//!   each node peer's M blocks are one run; the runs are quantized into GradCodes{0}
+//!   / GradScales{0}, exchanged by an all-to-all inside the node into GradCodes{1} /
+//!   GradScales{1}, and read back and summed in f32 in GradSums{0} (GradSums{1} holds
+//!   one peer's values); the M sums are quantized again, exchanged by an all-to-all
+//!   across nodes, and summed into the piece. A step with one rank per node (or one
+//!   node) skips the exchange that has no peer, and its rounding.
 //!
 //! Padding: buffers laid out as full or shard contain partition padding; the ledger
 //! reports it as its own category (the rest of the buffer under its role's category).
@@ -112,6 +128,12 @@ pub struct PlanInputs {
     /// Quantized parameter gathers (qwZ: stage 3, or stages 1/2 in 16-bit training):
     /// the values per scale; None: exact gathers.
     pub quant_block: Option<usize>,
+    /// Quantized gradient reduction (qgZ): the values per scale; None: exact.
+    pub grad_quant_block: Option<usize>,
+    /// Stage 3 backward gathers from a node-partitioned copy (hpZ).
+    pub hierarchical_weights: bool,
+    /// L: ranks per node (node-major ranks); N when the world is one node.
+    pub ranks_per_node: usize,
 }
 
 impl PlanInputs {
@@ -130,7 +152,24 @@ impl PlanInputs {
             grad_accum: c.grad_accum,
             activation_bytes,
             quant_block: c.zero.quantize_weights.then_some(c.zero.quant_block),
+            grad_quant_block: c.zero.quantize_grads.then_some(c.zero.quant_block),
+            hierarchical_weights: c.zero.hierarchical_weights,
+            ranks_per_node: match c.zero.ranks_per_node {
+                0 => world,
+                l => l,
+            },
         }
+    }
+
+    /// These inputs on nodes of `ranks_per_node` ranks (what the launch found).
+    pub fn on_nodes(mut self, ranks_per_node: usize) -> PlanInputs {
+        self.ranks_per_node = ranks_per_node;
+        self
+    }
+
+    /// M: nodes of `ranks_per_node` ranks among `world`.
+    pub fn nodes(&self, world: usize) -> usize {
+        world / self.ranks_per_node.max(1)
     }
 }
 
@@ -166,6 +205,14 @@ pub enum PlanError {
     /// Zero bucket capacity.
     #[error("bucket_elems is 0; give the bucket capacity in elements")]
     ZeroBucket,
+    /// Ranks per node that do not divide the world.
+    #[error("{ranks_per_node} ranks per node do not divide the {world} ranks into whole nodes; run a multiple of the ranks per node (zero.ranks_per_node)")]
+    RanksPerNode {
+        /// L.
+        ranks_per_node: usize,
+        /// N.
+        world: usize,
+    },
 }
 
 /// Which buffer of the engine a plan entry is.
@@ -230,6 +277,23 @@ pub enum BufferRole {
     QuantScales {
         /// The gathered side.
         gathered: bool,
+    },
+    /// hpZ (stage 3): this rank's 1/L of every non-persistent unit as gathered.
+    Secondary,
+    /// qgZ: int8 codes of a chunk's blocks sent (`received`: false) or received (true).
+    GradCodes {
+        /// The received side.
+        received: bool,
+    },
+    /// qgZ: the f32 scales of the codes.
+    GradScales {
+        /// The received side.
+        received: bool,
+    },
+    /// qgZ: f32 sums (index 0) and one peer's dequantized values (index 1).
+    GradSums {
+        /// 0 or 1.
+        index: usize,
     },
 }
 
@@ -302,6 +366,8 @@ pub struct BufferPlan {
     pub gather: Option<GatherSchedule>,
     /// Where each unit sits in the buffers on this rank.
     pub placements: Vec<UnitPlacement>,
+    /// hpZ: where each non-persistent unit's 1/L sits in the Secondary buffer.
+    pub secondary: Vec<Option<Range<usize>>>,
     /// Buffers, in allocation order.
     pub buffers: Vec<BufferSpec>,
 }
@@ -343,6 +409,13 @@ impl BufferPlan {
             return Err(PlanError::ZeroBucket);
         }
         let n = layout.world;
+        let l = inputs.ranks_per_node;
+        if l == 0 || !n.is_multiple_of(l) {
+            return Err(PlanError::RanksPerNode {
+                ranks_per_node: l,
+                world: n,
+            });
+        }
         let full_pad = layout.padding_in_full();
         let shard_pad = layout.padding_in_shard(rank)?;
         let sixteen = p != DType::F32;
@@ -420,6 +493,21 @@ impl BufferPlan {
                 b.push(scratch(R::GatherSlot { slot }, C::Gather, p, len));
             }
             gather = Some(g);
+        }
+        // hpZ: node-local rank j = rank mod L keeps elements [j len/L, (j+1) len/L) of each gathered
+        // unit (padded lengths are multiples of N, so of L).
+        let mut secondary = vec![None; layout.units.len()];
+        if stage == Stage::Zero3 && inputs.hierarchical_weights {
+            // Like the gather slots, it holds the units' padding too (counted as its own).
+            let mut at = 0;
+            for (u, unit) in layout.units.iter().enumerate() {
+                if !persistent[u] {
+                    let part = unit.padded_len / l;
+                    secondary[u] = Some(at..at + part);
+                    at += part;
+                }
+            }
+            b.push(scratch(R::Secondary, C::Secondary, p, at));
         }
         // Quantized gathers (stage 3's before each layer, stages 1/2's after the step)
         // stage one unit at a time on the comm stream, so one set of buffers sized by the
@@ -512,6 +600,44 @@ impl BufferPlan {
             inputs.grad_accum,
         ));
         b.push(scratch(R::Agreement, C::Compute, DType::F64, 3));
+        // qgZ: staging for one chunk at a time, on the comm stream.
+        if let Some(block) = inputs.grad_quant_block.filter(|_| stage >= Stage::Zero1) {
+            let m = n / l;
+            let c = piece_len;
+            b.push(scratch(
+                R::GradCodes { received: false },
+                C::Buckets,
+                DType::U8,
+                n * c,
+            ));
+            b.push(scratch(
+                R::GradCodes { received: true },
+                C::Buckets,
+                DType::U8,
+                n * c,
+            ));
+            let scales = grad_quant_scales(l, m, c, block);
+            b.push(scratch(
+                R::GradScales { received: false },
+                C::Buckets,
+                DType::F32,
+                scales,
+            ));
+            b.push(scratch(
+                R::GradScales { received: true },
+                C::Buckets,
+                DType::F32,
+                scales,
+            ));
+            for index in 0..2 {
+                b.push(scratch(
+                    R::GradSums { index },
+                    C::Buckets,
+                    DType::F32,
+                    m * c,
+                ));
+            }
+        }
         b.retain(|x| x.len > 0);
         let placements = layout
             .units
@@ -533,6 +659,7 @@ impl BufferPlan {
             persistent,
             gather,
             placements,
+            secondary,
             buffers: b,
         })
     }
@@ -641,6 +768,13 @@ impl BufferPlan {
     pub fn total_bytes(&self) -> u64 {
         self.buffer_bytes() + self.inputs.activation_bytes
     }
+}
+
+/// qgZ scales of a chunk of `c` elements per rank on M nodes of L ranks, quantized in
+/// blocks of `block`: inside the node, L runs of M c values; across nodes, M runs of c.
+pub fn grad_quant_scales(l: usize, m: usize, c: usize, block: usize) -> usize {
+    use zero_kernels::quant::scale_count;
+    (l * scale_count(m * c, block)).max(m * scale_count(c, block))
 }
 
 /// `0..len` cut into consecutive ranges of at most `step` (none when `len == 0`).

@@ -9,7 +9,7 @@ pub mod models;
 
 use models::char_lm::{CharLm, CharLmConfig, TokenBatch};
 use models::data;
-use zero_comm::{run_local, CommConfig, Communicator, LocalComm};
+use zero_comm::{run_local, run_local_on_nodes, CommConfig, Communicator, LocalComm, NodeGroups};
 use zero_core::{Engine, EngineConfig, EngineError, Precision, Stage, StepReport, WaitPoint};
 use zero_kernels::device::{Device, HostDevice, SimDevice};
 
@@ -95,15 +95,51 @@ pub fn run_lm_with(
     skip: Option<WaitPoint>,
 ) -> Result<Vec<RankRun>, String> {
     let outcomes = run_local(n, CommConfig::default(), |comm: LocalComm| match on {
-        On::Host => rank_run(&comm, &HostDevice::new(), config, steps, skip),
+        On::Host => rank_run(&comm, None, &HostDevice::new(), config, steps, skip),
         On::Sim(seed) => rank_run(
             &comm,
+            None,
             &SimDevice::new(seed + comm.rank() as u64),
             config,
             steps,
             skip,
         ),
     });
+    collect(outcomes)
+}
+
+/// As [`run_lm`], on nodes of `ranks_per_node` thread ranks (the engine built
+/// `Engine::on_nodes`).
+pub fn run_lm_on_nodes(
+    n: usize,
+    ranks_per_node: usize,
+    config: &EngineConfig,
+    on: On,
+    steps: u64,
+) -> Result<Vec<RankRun>, String> {
+    let outcomes = run_local_on_nodes(
+        n,
+        ranks_per_node,
+        CommConfig::default(),
+        |comm: LocalComm, nodes: NodeGroups<LocalComm>| match on {
+            On::Host => rank_run(&comm, Some(&nodes), &HostDevice::new(), config, steps, None),
+            On::Sim(seed) => rank_run(
+                &comm,
+                Some(&nodes),
+                &SimDevice::new(seed + comm.rank() as u64),
+                config,
+                steps,
+                None,
+            ),
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    collect(outcomes)
+}
+
+fn collect(
+    outcomes: Vec<Result<Result<RankRun, EngineError>, zero_comm::RankPanic>>,
+) -> Result<Vec<RankRun>, String> {
     let mut out = Vec::new();
     for (r, o) in outcomes.into_iter().enumerate() {
         match o {
@@ -117,13 +153,17 @@ pub fn run_lm_with(
 
 fn rank_run<D: Device>(
     comm: &LocalComm,
+    nodes: Option<&NodeGroups<LocalComm>>,
     dev: &D,
     config: &EngineConfig,
     steps: u64,
     skip: Option<WaitPoint>,
 ) -> Result<RankRun, EngineError> {
     let mut model = CharLm::new(dev, lm_config())?;
-    let mut engine = Engine::new(config, comm, dev, &model)?;
+    let mut engine = match nodes {
+        Some(g) => Engine::on_nodes(config, comm, g, dev, &model)?,
+        None => Engine::new(config, comm, dev, &model)?,
+    };
     if let Some(point) = skip {
         engine.skip_wait_for_tests(point);
     }
