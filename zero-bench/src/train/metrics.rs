@@ -5,7 +5,8 @@
 //! `loss`, `grad_norm`, `lr`, `loss_scale`, `skipped`, `diverged` (the loss guard called
 //! the loss divergent), `tokens`, `tokens_per_s`, `step_seconds`, `comm_sent_bytes` {collective kind: bytes
 //! this rank sent during the step}, `memory_bytes` {ledger category: bytes this rank
-//! holds}, and with host-staged communication (`--comm mpi-staged`) `host_staging_bytes`
+//! holds}, on nodes (hpZ, qgZ) `node_comm_sent_bytes` and `cross_comm_sent_bytes` (the
+//! same per kind on the node and cross-node groups), and with host-staged communication (`--comm mpi-staged`) `host_staging_bytes`
 //! (the staging buffers, host memory beside the device ledger). Non-finite numbers (an overflowed gradient norm) are written as null.
 
 use std::fs::File;
@@ -31,12 +32,16 @@ fn num(x: f64) -> Value {
 
 /// One step as a JSON object.
 pub fn step_json(stage: usize, r: &StepReport, tokens: u64, staging: Option<u64>) -> Value {
-    let mut comm = Map::new();
-    for kind in CollectiveKind::ALL {
-        if kind != CollectiveKind::Barrier {
-            comm.insert(kind.name().into(), json!(r.comm.get(kind).bytes_sent));
+    let by_kind = |stats: &zero_comm::CommStats| {
+        let mut comm = Map::new();
+        for kind in CollectiveKind::ALL {
+            if kind != CollectiveKind::Barrier {
+                comm.insert(kind.name().into(), json!(stats.get(kind).bytes_sent));
+            }
         }
-    }
+        comm
+    };
+    let comm = by_kind(&r.comm);
     let mut memory = Map::new();
     for cat in MemCategory::ALL {
         memory.insert(
@@ -59,8 +64,20 @@ pub fn step_json(stage: usize, r: &StepReport, tokens: u64, staging: Option<u64>
         "comm_sent_bytes": comm,
         "memory_bytes": memory,
     });
-    if let (Some(bytes), Some(obj)) = (staging, line.as_object_mut()) {
-        obj.insert("host_staging_bytes".into(), json!(bytes));
+    if let Some(obj) = line.as_object_mut() {
+        if let Some(bytes) = staging {
+            obj.insert("host_staging_bytes".into(), json!(bytes));
+        }
+        if let Some(g) = &r.node_comm {
+            obj.insert(
+                "node_comm_sent_bytes".into(),
+                Value::Object(by_kind(&g.node)),
+            );
+            obj.insert(
+                "cross_comm_sent_bytes".into(),
+                Value::Object(by_kind(&g.cross)),
+            );
+        }
     }
     line
 }
@@ -144,6 +161,7 @@ mod tests {
     #[test]
     fn a_step_has_every_field_and_nan_is_null() {
         let r = StepReport {
+            node_comm: None,
             step: 3,
             loss: 2.5,
             grad_norm: f64::INFINITY,
@@ -178,6 +196,7 @@ mod tests {
         std::fs::write(&path, lines.join("\n") + "\n").unwrap();
         let mut m = Metrics::resume(&path, 4).unwrap();
         let r = StepReport {
+            node_comm: None,
             step: 5,
             loss: 1.0,
             grad_norm: 1.0,

@@ -132,12 +132,16 @@ pub fn comm(cp: &CommPlan, plan: &BufferPlan) -> String {
     }
     // qwZ's scales are not model elements: the volume counts the codes only.
     // The quantized gathers: stage 3's before each layer, else the after-step gathers.
-    let is_gather = |l: &CommLine| match plan.inputs.stage {
-        Stage::Zero3 => matches!(
-            l.purpose,
-            CommPurpose::GatherForward | CommPurpose::GatherBackward
-        ),
-        _ => l.purpose == CommPurpose::ParamsAfterStep,
+    // (hpZ's backward gathers, on the node group, stay exact.)
+    let is_gather = |l: &CommLine| {
+        l.group == Group::World
+            && match plan.inputs.stage {
+                Stage::Zero3 => matches!(
+                    l.purpose,
+                    CommPurpose::GatherForward | CommPurpose::GatherBackward
+                ),
+                _ => l.purpose == CommPurpose::ParamsAfterStep,
+            }
     };
     let hierarchical = plan.inputs.hierarchical_weights || plan.inputs.grad_quant_block.is_some();
     if hierarchical {

@@ -441,7 +441,13 @@ fn node_traffic<D: Device, E: Communicator>(
         cross_sent_bytes_per_step: cross_sent,
         node_plan_bytes_per_step: comm_plan.sent_bytes_on(Group::Node),
         cross_plan_bytes_per_step: comm_plan.sent_bytes_on(Group::Cross),
-        egress_bytes_per_step: node_egress(nodes, ranks_per_node, world_sent, cross_sent),
+        // The control all-reduce is outside the ledger's lines.
+        egress_bytes_per_step: node_egress(
+            nodes,
+            ranks_per_node,
+            world_sent.saturating_sub(comm_plan.control_sent_bytes()),
+            cross_sent,
+        ),
         egress_plan_bytes_per_step: comm_plan.node_egress_bytes(),
         egress_exact_plan_bytes_per_step: exact.node_egress_bytes(),
     })

@@ -279,7 +279,7 @@ mod tests {
             // node's sums are W v with W its ranks' weights, on the grid of scale W. The
             // weights differ by rank and node, so a wrong source or destination shows.
             let v = |i: usize| {
-                if i % block == 0 {
+                if i.is_multiple_of(block) {
                     127.0
                 } else {
                     ((i * 37) % 255) as f32 - 127.0

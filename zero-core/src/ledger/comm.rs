@@ -370,6 +370,15 @@ impl CommPlan {
             .sum()
     }
 
+    /// Bytes each rank sends per step in the control all-reduce (on the world, outside
+    /// the lines).
+    pub fn control_sent_bytes(&self) -> u64 {
+        let n = self.world as u64;
+        self.control.map_or(0, |c| {
+            c.calls * c.elems * c.dtype.size_bytes() as u64 * 2 * (n - 1) / n
+        })
+    }
+
     /// M: nodes.
     pub fn nodes(&self) -> usize {
         self.world / self.ranks_per_node.max(1)
