@@ -210,6 +210,24 @@ impl PlanReport {
                 human_bytes(self.usable_bytes as f64),
                 recommend(&at_n)
             );
+            if let Some(l) = self.ranks_per_node.filter(|&l| l < n) {
+                let out: Vec<String> = at_n
+                    .iter()
+                    .map(|p| {
+                        format!(
+                            "ZeRO-{} {}",
+                            p.stage,
+                            human_bytes(p.node_egress_bytes as f64)
+                        )
+                    })
+                    .collect();
+                let _ = writeln!(
+                    o,
+                    "  {} nodes of {l}: per step {} leave each node",
+                    n / l,
+                    out.join(", ")
+                );
+            }
         }
         if verbose {
             for p in &self.points {
