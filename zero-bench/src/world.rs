@@ -130,7 +130,7 @@ mod backend {
         comm: &WorldComm,
         ranks_per_node: Option<usize>,
     ) -> anyhow::Result<zero_comm::NodeGroups<WorldComm>> {
-        if let Some(l) = ranks_per_node.filter(|&l| l != comm.size()) {
+        if let Some(l) = ranks_per_node.filter(|&l| l != zero_comm::Communicator::size(comm)) {
             return Err(anyhow!(
                 "zero.ranks_per_node = {l}, but this build runs one process alone (a node of 1 rank); remove the key or build with MPI"
             ));
