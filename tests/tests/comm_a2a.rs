@@ -79,6 +79,9 @@ fn node_groups_from_slurm_node_ids() {
         out.transcript()
     );
     job(4, &["slurm", "uneven"]).assert_all_ok();
+    // Slurm variables of a step that did not start these ranks (mpirun's daemons inside
+    // an allocation) are not taken for their nodes.
+    job(4, &["slurm", "foreign"]).assert_all_ok();
 }
 
 /// `on_stream::all_to_all` on the simulated GPU (its copies hazard-checked like kernels):

@@ -231,6 +231,10 @@ fn bad_inputs_fail_with_a_clear_message() {
             &["--params", "7.5e9", "--gpus", "64", "--ranks-per-node", "7"],
             "--ranks-per-node 7",
         ),
+        (
+            &["--params", "7.5e9", "--gpus", "64", "--inter-gbps", "100"],
+            "--ranks-per-node",
+        ),
     ];
     for (args, needle) in cases {
         let out = run(args);

@@ -347,6 +347,40 @@ fn quantized_grad_reduction_keeps_exact_ledgers_and_tracks_exact() {
     }
 }
 
+/// The units that live between uses (`released`: the tied table gathered again for the
+/// head and reduced after each use) and stages 2/3 reducing once per step: hpZ still
+/// trains the flat gathers' bits, qgZ still keeps its ledgers and tracks the exact run.
+#[test]
+fn hierarchical_switches_with_released_units_and_one_reduction_a_step() {
+    let (n, l) = (4, 2);
+    let mut once = config(Stage::Zero3, Precision::Bf16, 2);
+    once.zero.reduce_every_micro_step = Some(false);
+    for flat in [released(config(Stage::Zero3, Precision::Bf16, 2)), once] {
+        let base = run_lm(n, &flat, On::Host, 4).unwrap();
+        let mut hpz = flat.clone();
+        hpz.zero.hierarchical_weights = true;
+        let mut qgz = flat.clone();
+        qgz.zero.quantize_grads = true;
+        qgz.zero.quant_block = 32;
+        let what = format!(
+            "reuse {} once {:?}",
+            flat.zero.reuse_distance, flat.zero.reduce_every_micro_step
+        );
+        let runs = run_lm_on_nodes(n, l, &hpz, On::Sim(2), 4).unwrap();
+        for (r, run) in runs.iter().enumerate() {
+            assert_eq!(bits(&run.losses), bits(&base[r].losses), "hpZ {what}");
+            assert_ledgers_exact(run, n, &format!("hpZ {what} rank {r}"));
+        }
+        let runs = run_lm_on_nodes(n, l, &qgz, On::Sim(2), 4).unwrap();
+        for (r, run) in runs.iter().enumerate() {
+            assert_ledgers_exact(run, n, &format!("qgZ {what} rank {r}"));
+            for (q, e) in run.losses.iter().zip(&base[r].losses) {
+                assert!((q - e).abs() <= 1e-2 * e, "qgZ {what}: {q} vs exact {e}");
+            }
+        }
+    }
+}
+
 #[test]
 fn the_hierarchical_switches_need_node_groups() {
     let mut c = config(Stage::Zero3, Precision::Bf16, 1);

@@ -168,7 +168,7 @@ fn check_refused(world: &MpiComm, arg: Option<usize>, expect: &str) -> zero_comm
 
 fn usage() -> ! {
     eprintln!(
-        "usage: comm_a2a a2a | nodes L|none EXPECTED_L | nodes-bad L | slurm block|cyclic|uneven"
+        "usage: comm_a2a a2a | nodes L|none EXPECTED_L | nodes-bad L | slurm block|cyclic|uneven|foreign"
     );
     std::process::exit(2)
 }
@@ -184,13 +184,20 @@ fn main() {
             .and_then(|v| v.parse().ok())
             .unwrap_or_else(|| usage());
         let node = match arg(1) {
-            "block" => r / 2,
+            "block" | "foreign" => r / 2,
             "cyclic" => r % 2,
             "uneven" => usize::from(r >= 3),
             _ => usage(),
         };
+        let mut size = std::env::var("OMPI_COMM_WORLD_SIZE").unwrap_or_else(|_| usage());
+        if arg(1) == "foreign" {
+            // mpirun inside an allocation: its daemons' step, one task, not these ranks.
+            size = "1".into();
+        }
         std::env::set_var("SLURM_STEP_ID", "0");
         std::env::set_var("SLURM_NODEID", node.to_string());
+        std::env::set_var("SLURM_PROCID", r.to_string());
+        std::env::set_var("SLURM_STEP_NUM_TASKS", size);
     }
     let (_ctx, world) = match zero_comm::init() {
         Ok(x) => x,
@@ -219,6 +226,8 @@ fn main() {
             }
             "slurm" => match arg(1) {
                 "block" => check_groups(&world, None, 2),
+                // The step's ids say nothing about these ranks: shared memory, one node.
+                "foreign" => check_groups(&world, None, world.size()),
                 "cyclic" => check_refused(
                     &world,
                     None,

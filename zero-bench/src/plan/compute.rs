@@ -228,10 +228,11 @@ pub fn plan_point(
 ) -> anyhow::Result<PointReport> {
     let n = layout.world;
     let config = knobs.config(model, stage)?;
-    let l = knobs.ranks_per_node.unwrap_or(n);
+    // N <= L GPUs fit on one node.
+    let l = knobs.ranks_per_node.map_or(n, |l| l.min(n));
     if !n.is_multiple_of(l) {
         anyhow::bail!(
-            "--ranks-per-node {l} does not divide --gpus {n} into whole nodes; give GPU counts that are multiples of it"
+            "--ranks-per-node {l} does not divide --gpus {n} into whole nodes; give GPU counts that are multiples of it (or at most {l})"
         );
     }
     let inputs = PlanInputs::from_config(&config.engine(), n, model.activation_bytes).on_nodes(l);

@@ -275,6 +275,9 @@ pub fn run(a: &PlanArgs) -> anyhow::Result<()> {
     if a.reduce_f32 && matches!(a.precision, PrecisionArg::Fp32) {
         bail!("--reduce-f32 with --precision fp32: fp32 gradients are already reduced in f32; drop the flag");
     }
+    if a.ranks_per_node.is_none() && (a.intra_gbps.is_some() || a.inter_gbps.is_some()) {
+        bail!("--intra-gbps and --inter-gbps describe the links inside and between nodes: give --ranks-per-node too (without it, --link-gbps is every link)");
+    }
     let stages = a.stage.clone().map_or_else(|| Stage::ALL.to_vec(), |s| s.0);
     let mut points = Vec::new();
     for &n in &a.gpus.0 {

@@ -354,7 +354,7 @@ fn render_point(p: &PointReport) -> String {
     }
     let _ = writeln!(
         o,
-        "  alpha-beta: {} = {} latency (calls x ring steps x alpha) + {} bandwidth (bytes / beta)",
+        "  alpha-beta: {} = {} latency (calls x ring steps x alpha) + {} bandwidth (bytes / the link's beta)",
         seconds(p.est_comm_seconds),
         seconds(p.est_comm_latency_seconds),
         seconds(p.est_comm_seconds - p.est_comm_latency_seconds)

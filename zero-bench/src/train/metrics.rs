@@ -5,8 +5,9 @@
 //! `loss`, `grad_norm`, `lr`, `loss_scale`, `skipped`, `diverged` (the loss guard called
 //! the loss divergent), `tokens`, `tokens_per_s`, `step_seconds`, `comm_sent_bytes` {collective kind: bytes
 //! this rank sent during the step}, `memory_bytes` {ledger category: bytes this rank
-//! holds}, on nodes (hpZ, qgZ) `node_comm_sent_bytes` and `cross_comm_sent_bytes` (the
-//! same per kind on the node and cross-node groups), and with host-staged communication (`--comm mpi-staged`) `host_staging_bytes`
+//! holds}, for an engine built on node groups (a run of a stage list where some run uses
+//! hpZ or qgZ) `node_comm_sent_bytes` and `cross_comm_sent_bytes` (the same per kind on
+//! the node and cross-node groups), and with host-staged communication (`--comm mpi-staged`) `host_staging_bytes`
 //! (the staging buffers, host memory beside the device ledger). Non-finite numbers (an overflowed gradient norm) are written as null.
 
 use std::fs::File;

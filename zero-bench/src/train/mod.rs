@@ -158,7 +158,7 @@ fn run_on(args: &TrainArgs, comm: Option<&WorldComm>) -> Result<(), Failure> {
 /// The rest of `train` on `dev` with the engine's collectives on `backend`.
 fn with_backend<D: BenchDevice>(
     args: &TrainArgs,
-    loaded: Vec<LoadedConfig>,
+    mut loaded: Vec<LoadedConfig>,
     comm: &WorldComm,
     backend: zero_comm::Backend,
     dev: &D,
@@ -181,6 +181,22 @@ fn with_backend<D: BenchDevice>(
                         "found from the launch"
                     }
                 );
+            }
+            if rank == 0 && g.cross.size() == 1 {
+                log::warn!(
+                    "hpZ/qgZ on one node of {} rank(s): no traffic leaves a node to be saved (hpZ costs memory, qgZ rounds the gradients); on one host, zero.ranks_per_node emulates nodes",
+                    g.node.size()
+                );
+            }
+            let hpz = loaded.iter().any(|l| l.config.zero.hierarchical_weights);
+            if rank == 0 && hpz && g.node.size() == 1 && g.cross.size() > 1 {
+                log::warn!(
+                    "hpZ with one rank per node: each rank keeps a whole copy of the weights (Ψ more parameters held) and gains nothing over stage 3's own gathers"
+                );
+            }
+            // The nodes found are what the memory budget and the engine plan for.
+            for l in &mut loaded {
+                l.config.zero.ranks_per_node = g.node.size();
             }
             Some(g)
         }
@@ -552,24 +568,34 @@ fn run_with<E: Communicator, D: BenchDevice>(
     // Host staging (mpi-staged): host memory held beside the device ledger, and the
     // copies, which are not network bytes (the step ledgers count those, as for every
     // backend).
-    let staging = engine_comm.staging().map(|st| {
-        let c = st.stats();
+    // (hpZ and qgZ: the node groups' staging too.)
+    let groups = nodes.into_iter().flat_map(|g| [&g.node, &g.cross]);
+    let stagings: Vec<_> = std::iter::once(engine_comm)
+        .chain(groups)
+        .filter_map(|c| c.staging())
+        .collect();
+    let held: u64 = stagings.iter().map(|s| s.held_bytes()).sum();
+    let (to_host, to_device, calls) = stagings.iter().fold((0, 0, 0), |(h, d, n), s| {
+        let c = s.stats();
+        (h + c.to_host, d + c.to_device, n + c.calls)
+    });
+    let staging = (!stagings.is_empty()).then(|| {
         serde_json::json!({
-            "held_bytes": st.held_bytes(),
-            "to_host_bytes": c.to_host,
-            "to_device_bytes": c.to_device,
-            "collectives": c.calls,
+            "held_bytes": held,
+            "to_host_bytes": to_host,
+            "to_device_bytes": to_device,
+            "collectives": calls,
         })
     });
-    if let (0, Some(st)) = (rank, engine_comm.staging()) {
-        let c = st.stats();
+    if let (0, Some(st)) = (rank, stagings.first()) {
         log::info!(
-            "host staging: {} held (2 slots x send + receive of {} each); {} copied to host and {} to the device in {} collectives",
-            zero_core::ledger::human_bytes(st.held_bytes() as f64),
+            "host staging: {} held ({} communicator(s) x 2 slots x send + receive of {} each); {} copied to host and {} to the device in {} collectives",
+            zero_core::ledger::human_bytes(held as f64),
+            stagings.len(),
             zero_core::ledger::human_bytes(st.capacity() as f64),
-            zero_core::ledger::human_bytes(c.to_host as f64),
-            zero_core::ledger::human_bytes(c.to_device as f64),
-            c.calls
+            zero_core::ledger::human_bytes(to_host as f64),
+            zero_core::ledger::human_bytes(to_device as f64),
+            calls
         );
     }
     if rank == 0 {

@@ -309,7 +309,7 @@ where
             .map_err(|e| step_error(e, rank, stage, index + 1))?;
         let done = r.step;
         if let Some(m) = metrics.as_mut() {
-            let staging = engine.communicator().staging().map(|s| s.held_bytes());
+            let staging = engine.host_staging().map(|(held, _)| held);
             m.write(stage.number(), &r, tokens_per_step, staging)?;
         }
         progress.step(&r, tokens_per_step);

@@ -21,11 +21,17 @@ const EXPLICIT: i64 = 1;
 const SLURM: i64 = 2;
 const SHARED: i64 = 3;
 
-/// Slurm's node id of this process, inside a Slurm step (`SLURM_STEP_ID` and
-/// `SLURM_NODEID` set); -1 when `SLURM_NODEID` is not a number (reported by validation
-/// as a node of its own).
-fn slurm_node() -> Option<i64> {
+/// Slurm's node id of this process, when it is task `rank` of a Slurm step of `size`
+/// tasks (`SLURM_STEP_ID`, `SLURM_NODEID`, `SLURM_PROCID` = rank and
+/// `SLURM_STEP_NUM_TASKS` = size: srun started the ranks themselves; mpirun inside an
+/// allocation starts them from its own daemons, whose step says nothing about them);
+/// -1 when `SLURM_NODEID` is not a number (reported by validation as a node of its own).
+fn slurm_node(rank: usize, size: usize) -> Option<i64> {
     std::env::var_os("SLURM_STEP_ID")?;
+    let number = |name: &str| -> Option<usize> { std::env::var(name).ok()?.trim().parse().ok() };
+    if number("SLURM_PROCID") != Some(rank) || number("SLURM_STEP_NUM_TASKS") != Some(size) {
+        return None;
+    }
     let id = std::env::var("SLURM_NODEID").ok()?;
     Some(id.trim().parse::<i64>().unwrap_or(-1))
 }
@@ -81,7 +87,7 @@ impl MpiComm {
     /// groups are named "node" and "cross"; [`crate::nodes`] has their ranks.
     pub fn node_groups(&self, ranks_per_node: Option<usize>) -> Result<NodeGroups<MpiComm>> {
         let n = self.size;
-        let (source, node) = match (ranks_per_node, slurm_node()) {
+        let (source, node) = match (ranks_per_node, slurm_node(self.rank, self.size)) {
             // Node id r / L; L = 0 is refused below, after every rank has agreed.
             (Some(l), _) => (EXPLICIT, (self.rank / l.max(1)) as i64),
             (None, Some(id)) => (SLURM, id),

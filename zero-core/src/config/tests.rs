@@ -92,6 +92,15 @@ fn hierarchical_switches_need_their_stages() {
         ok.validate().unwrap();
         assert!(ok.zero.hierarchical());
     }
+    has(
+        &problems("[zero]\nstage = 2\nquantize_grads = true\n[precision]\ndtype = \"fp16\"\n"),
+        "grad_reduce_dtype = \"f32\"",
+    );
+    let ok: EngineConfig = toml::from_str(
+        "[zero]\nstage = 2\nquantize_grads = true\n[precision]\ndtype = \"fp16\"\ngrad_reduce_dtype = \"f32\"\n",
+    )
+    .unwrap();
+    ok.validate().unwrap();
     let ok: EngineConfig =
         toml::from_str("[zero]\nstage = 3\nhierarchical_weights = true\n").unwrap();
     ok.validate().unwrap();

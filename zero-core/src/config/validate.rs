@@ -79,6 +79,11 @@ impl EngineConfig {
         );
         need(
             p,
+            !z.quantize_grads || self.precision.reduce_dtype() != zero_kernels::DType::F16,
+            "zero.quantize_grads = true in fp16 training would quantize fp16 gradients, which the CUDA quantization kernels do not take (f32 and bf16 only): set precision.grad_reduce_dtype = \"f32\", or remove the key".into(),
+        );
+        need(
+            p,
             z.quant_block > 0,
             "zero.quant_block is 0; give the values per scale of quantized communication (default 256)".into(),
         );

@@ -271,9 +271,9 @@ impl<D: Device, C: Communicator> Core<'_, D, C> {
 
 /// Bytes of the largest collective buffer of a step on this plan: a unit's whole padded
 /// buffer (stage 0's in-place all-reduce, stage 1-2's parameter all-gather, stage 3's
-/// gathers) or a bucket (reduce-scatter input). The elements the engine moves are at
-/// most 4 bytes (P and W are f32, bf16 or f16); the agreement's three f64s are below
-/// any unit.
+/// gathers, hpZ's node gathers) or a bucket (reduce-scatter input; qgZ's codes, N c
+/// bytes, and scales, at most N c f32). The elements the engine moves are at most 4
+/// bytes (P and W are f32, bf16 or f16); the agreement's three f64s are below any unit.
 pub(crate) fn staging_bytes(layout: &PartitionLayout, plan: &BufferPlan) -> usize {
     let unit = layout.units.iter().map(|u| u.padded_len).max().unwrap_or(0);
     (unit.max(plan.bucket_len) * 4).max(64)
@@ -341,9 +341,13 @@ impl<'c, D: Device, C: Communicator> Engine<'c, D, C> {
             Some(g) => {
                 let (l, m) = (g.node.size(), g.cross.size());
                 let wanted = config.zero.ranks_per_node;
-                if l * m != world || (wanted > 0 && wanted != l) {
+                // Node-major: the packing of qgZ and the parts of hpZ rely on it.
+                let node_major = g.node.rank() == rank % l && g.cross.rank() == rank / l;
+                if l * m != world || !node_major || (wanted > 0 && wanted != l) {
                     return Err(EngineError::Mismatch(format!(
-                        "the node groups are {m} node(s) of {l} rank(s) but the world has {world} ranks{}; build them from this world (zero_comm::MpiComm::node_groups)",
+                        "the node groups are {m} node(s) of {l} rank(s) (this rank {rank}: local rank {} on node {}) but the world has {world} ranks{}, numbered node by node; build them from this world (zero_comm::MpiComm::node_groups)",
+                        g.node.rank(),
+                        g.cross.rank(),
                         if wanted > 0 { format!(" and zero.ranks_per_node = {wanted}") } else { String::new() }
                     )));
                 }
@@ -360,7 +364,12 @@ impl<'c, D: Device, C: Communicator> Engine<'c, D, C> {
         let bufs = Buffers::allocate(dev, &plan, spec.units.len())?;
         // Host-staged collectives (zero-comm's StagedComm): the staging buffers are sized
         // here, once, for the largest collective of this plan, not in the middle of a step.
-        if let Some(staging) = comm.staging() {
+        // The node groups' own staging too (hpZ's and qgZ's collectives are no larger).
+        let groups = nodes.into_iter().flat_map(|g| [&g.node, &g.cross]);
+        for staging in std::iter::once(comm)
+            .chain(groups)
+            .filter_map(|c| c.staging())
+        {
             staging.reserve(staging_bytes(&layout, &plan));
         }
         // Mixed precision as the hardware does it: in bf16 the model's matrix products take
@@ -480,6 +489,33 @@ impl<'c, D: Device, C: Communicator> Engine<'c, D, C> {
     /// The communicator the engine runs on (a checkpoint synchronises on it).
     pub fn communicator(&self) -> &'c C {
         self.core.comm
+    }
+
+    /// The node and cross-node groups, for an engine built [`Engine::on_nodes`].
+    pub fn node_groups(&self) -> Option<&'c NodeGroups<C>> {
+        self.core.nodes
+    }
+
+    /// The host staging of every communicator the engine uses (the world's, and with
+    /// node groups theirs; `zero_comm::StagedComm` only): held bytes, and the copies.
+    pub fn host_staging(&self) -> Option<(u64, zero_comm::StagingStats)> {
+        let groups = self
+            .core
+            .nodes
+            .into_iter()
+            .flat_map(|g| [&g.node, &g.cross]);
+        std::iter::once(self.core.comm)
+            .chain(groups)
+            .filter_map(|c| c.staging())
+            .map(|s| (s.held_bytes(), s.stats()))
+            .reduce(|(h, a), (g, b)| {
+                let stats = zero_comm::StagingStats {
+                    to_host: a.to_host + b.to_host,
+                    to_device: a.to_device + b.to_device,
+                    calls: a.calls + b.calls,
+                };
+                (h + g, stats)
+            })
     }
 
     /// The device the engine's buffers live on.

@@ -154,9 +154,10 @@ impl PlanInputs {
             quant_block: c.zero.quantize_weights.then_some(c.zero.quant_block),
             grad_quant_block: c.zero.quantize_grads.then_some(c.zero.quant_block),
             hierarchical_weights: c.zero.hierarchical_weights,
+            // Nodes matter only to the hierarchical switches; without them, one node.
             ranks_per_node: match c.zero.ranks_per_node {
-                0 => world,
-                l => l,
+                l if l > 0 && c.zero.hierarchical() => l,
+                _ => world,
             },
         }
     }

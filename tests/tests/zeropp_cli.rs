@@ -1,0 +1,183 @@
+//! ZeRO++'s hierarchical switches under real mpirun, as users run them: 4 ranks as 2
+//! emulated nodes of 2 (`zero.ranks_per_node = 2`), `configs/tiny.toml` at stage 3.
+//!
+//! - hpZ alone trains the same bits as the flat gathers (its backward gathers are copies
+//!   of what the forward gathered), with its backward gathers on the node group;
+//! - all three switches on the host and on the simulated GPU through host-staged MPI
+//!   (`--comm mpi-staged`: the node groups' own staging): the bytes on the node and
+//!   cross-node groups, and leaving each node, equal the ledger's, per step in the
+//!   metrics and in the summary;
+//! - ranks per node that do not divide the world stop every rank with the reason.
+//!
+//! The binary is `zero-bench` next to this test's `deps/` directory; build it first with
+//! `cargo build -p zero-bench --release` (scripts/test.sh does).
+
+use std::path::PathBuf;
+
+use serde_json::Value;
+use zero_tests::cli::{ok, read_json, read_lines, repo, s, train};
+
+const STEPS: usize = 4;
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("zeropp-{name}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch directory");
+    dir
+}
+
+/// A 4-rank stage-3 run with `extra` arguments: (metrics lines, the summary's stage).
+fn run(name: &str, extra: &[&str]) -> (Vec<Value>, Value) {
+    let dir = scratch(name);
+    let (metrics, json) = (dir.join("metrics.jsonl"), dir.join("summary.json"));
+    let mut args: Vec<String> = [
+        "--config",
+        &repo("configs/tiny.toml"),
+        "--stage",
+        "3",
+        "--precision",
+        "bf16",
+        "--steps",
+        &STEPS.to_string(),
+        "--no-progress",
+        "--set",
+        "zero.ranks_per_node=2",
+        "--metrics",
+        &s(&metrics),
+        "--json",
+        &s(&json),
+    ]
+    .iter()
+    .map(|x| x.to_string())
+    .collect();
+    args.extend(extra.iter().map(|x| x.to_string()));
+    let out = train(4, &args);
+    ok(&out);
+    let lines = read_lines(&metrics);
+    assert_eq!(lines.len(), STEPS, "{name}");
+    let summary = read_json(&json);
+    (lines, summary["stages"][0].clone())
+}
+
+fn losses(lines: &[Value]) -> Vec<u64> {
+    lines
+        .iter()
+        .map(|l| l["loss"].as_f64().expect("loss").to_bits())
+        .collect()
+}
+
+/// Bytes of one kind sent in the last step on a group's metrics object.
+fn sent(line: &Value, group: &str, kind: &str) -> u64 {
+    line[group][kind]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no {group}.{kind} in {line}"))
+}
+
+/// The summary's measured group bytes equal the ledger's, and so do the bytes leaving
+/// each node.
+fn assert_traffic_is_the_ledgers(stage: &Value, what: &str) {
+    let nodes = &stage["nodes"];
+    let get = |k: &str| {
+        nodes[k]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{what}: no {k} in {stage}"))
+    };
+    assert_eq!((get("nodes"), get("ranks_per_node")), (2, 2), "{what}");
+    for (measured, ledger) in [
+        ("node_sent_bytes_per_step", "node_plan_bytes_per_step"),
+        ("cross_sent_bytes_per_step", "cross_plan_bytes_per_step"),
+        ("egress_bytes_per_step", "egress_plan_bytes_per_step"),
+    ] {
+        assert_eq!(get(measured), get(ledger), "{what}: {measured}");
+    }
+}
+
+#[test]
+fn hierarchical_weights_train_the_same_bits_with_backward_gathers_inside_the_node() {
+    let (flat, _) = run("flat", &[]);
+    let (hpz, stage) = run("hpz", &["--set", "zero.hierarchical_weights=true"]);
+    assert_eq!(losses(&hpz), losses(&flat));
+    assert_traffic_is_the_ledgers(&stage, "hpZ");
+    let last = &hpz[STEPS - 1];
+    assert!(
+        sent(last, "node_comm_sent_bytes", "all_gather") > 0,
+        "{last}"
+    );
+    assert_eq!(
+        sent(last, "cross_comm_sent_bytes", "all_to_all"),
+        0,
+        "{last}"
+    );
+    // Half the gathers (the backward's) left the world.
+    let world = |l: &Value| sent(l, "comm_sent_bytes", "all_gather");
+    assert!(2 * world(last) <= world(&flat[STEPS - 1]) + 64, "{last}");
+}
+
+#[test]
+fn all_three_switches_keep_the_ledgers_on_the_host_and_through_host_staging() {
+    let all = [
+        "--set",
+        "zero.quantize_weights=true",
+        "--set",
+        "zero.hierarchical_weights=true",
+        "--set",
+        "zero.quantize_grads=true",
+    ];
+    let (host, host_stage) = run("all-host", &all);
+    assert_traffic_is_the_ledgers(&host_stage, "host");
+    let mut staged_args = all.to_vec();
+    staged_args.extend(["--device", "sim-gpu", "--comm", "mpi-staged"]);
+    let (staged, staged_stage) = run("all-staged", &staged_args);
+    assert_traffic_is_the_ledgers(&staged_stage, "sim-gpu, mpi-staged");
+    for (line, what) in [(&host[STEPS - 1], "host"), (&staged[STEPS - 1], "staged")] {
+        assert!(
+            sent(line, "node_comm_sent_bytes", "all_to_all") > 0,
+            "{what}: {line}"
+        );
+        assert!(
+            sent(line, "cross_comm_sent_bytes", "all_to_all") > 0,
+            "{what}: {line}"
+        );
+        assert_eq!(
+            sent(line, "comm_sent_bytes", "reduce_scatter"),
+            0,
+            "{what}: {line}"
+        );
+    }
+    let cut = host_stage["nodes"]["egress_exact_plan_bytes_per_step"]
+        .as_f64()
+        .expect("exact egress")
+        / host_stage["nodes"]["egress_bytes_per_step"]
+            .as_f64()
+            .expect("egress");
+    assert!(cut > 2.0, "{cut:.2}x fewer bytes leaving each node");
+}
+
+#[test]
+fn ranks_per_node_that_do_not_divide_the_world_stop_every_rank() {
+    let args: Vec<String> = [
+        "--config",
+        &repo("configs/tiny.toml"),
+        "--stage",
+        "3",
+        "--steps",
+        "2",
+        "--set",
+        "zero.ranks_per_node=3",
+        "--set",
+        "zero.hierarchical_weights=true",
+    ]
+    .iter()
+    .map(|x| x.to_string())
+    .collect();
+    let out = train(4, &args);
+    assert!(!out.timed_out, "{}", out.transcript());
+    assert_ne!(out.code, Some(0), "{}", out.transcript());
+    let text = out.all_text();
+    assert!(text.contains("ranks per node"), "{}", out.transcript());
+    assert!(
+        !text.contains("panicked") && !text.contains("stack backtrace"),
+        "{}",
+        out.transcript()
+    );
+}
