@@ -55,3 +55,29 @@ pub fn read_lines(path: &Path) -> Vec<Value> {
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad JSON line {l:?}: {e}")))
         .collect()
 }
+
+/// A `--json` summary stage's `nodes` (hpZ/qgZ runs): M nodes of L ranks, and the bytes
+/// each rank sent on the node and cross-node groups and those leaving each node equal
+/// the ledger's. Returns how many times fewer bytes left each node than the ledger gives
+/// with the switches off.
+pub fn assert_node_traffic(stage: &Value, nodes: u64, ranks_per_node: u64, what: &str) -> f64 {
+    let traffic = &stage["nodes"];
+    let get = |key: &str| {
+        traffic[key]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{what}: no nodes.{key} in {stage}"))
+    };
+    assert_eq!(
+        (get("nodes"), get("ranks_per_node")),
+        (nodes, ranks_per_node),
+        "{what}"
+    );
+    for (measured, ledger) in [
+        ("node_sent_bytes_per_step", "node_plan_bytes_per_step"),
+        ("cross_sent_bytes_per_step", "cross_plan_bytes_per_step"),
+        ("egress_bytes_per_step", "egress_plan_bytes_per_step"),
+    ] {
+        assert_eq!(get(measured), get(ledger), "{what}: {measured}\n{stage}");
+    }
+    get("egress_exact_plan_bytes_per_step") as f64 / get("egress_bytes_per_step").max(1) as f64
+}

@@ -218,6 +218,30 @@ mod staged {
         })
     }
 
+    /// `send` down to host staging, `call` on the host copies, the result up to `recv`.
+    #[allow(clippy::too_many_arguments)]
+    fn through_host<C: Communicator, D: Device, T: Element>(
+        comm: &C,
+        st: &Staging,
+        dev: &D,
+        stream: &D::Stream,
+        name: &'static str,
+        send: DView<'_, D, T>,
+        recv: DViewMut<'_, D, T>,
+        call: impl FnOnce(&[T], &mut [T]) -> Result<()>,
+    ) -> Result<()> {
+        let (n, len) = (send.len(), recv.len());
+        st.with_slot::<T, _>(comm.world_rank(), name, n, len, |hs, hr| {
+            dev.download(stream, send, hs)
+                .map_err(dev_err(comm, name))?;
+            st.count_to_host::<T>(n);
+            call(&*hs, hr)?;
+            dev.upload(stream, hr, recv).map_err(dev_err(comm, name))?;
+            st.count_to_device::<T>(len);
+            Ok(())
+        })
+    }
+
     pub(super) fn reduce_scatter<C: Communicator, D: Device, T: Element>(
         comm: &C,
         st: &Staging,
@@ -227,16 +251,16 @@ mod staged {
         recv: DViewMut<'_, D, T>,
         op: ReduceOp,
     ) -> Result<()> {
-        let (n, len, name) = (send.len(), recv.len(), "reduce_scatter");
-        st.with_slot::<T, _>(comm.world_rank(), name, n, len, |hs, hr| {
-            dev.download(stream, send, hs)
-                .map_err(dev_err(comm, name))?;
-            st.count_to_host::<T>(n);
-            comm.reduce_scatter(&*hs, hr, op)?;
-            dev.upload(stream, hr, recv).map_err(dev_err(comm, name))?;
-            st.count_to_device::<T>(len);
-            Ok(())
-        })
+        through_host(
+            comm,
+            st,
+            dev,
+            stream,
+            "reduce_scatter",
+            send,
+            recv,
+            |hs, hr| comm.reduce_scatter(hs, hr, op),
+        )
     }
 
     pub(super) fn all_gather<C: Communicator, D: Device, T: Element>(
@@ -247,15 +271,8 @@ mod staged {
         send: DView<'_, D, T>,
         recv: DViewMut<'_, D, T>,
     ) -> Result<()> {
-        let (n, len, name) = (send.len(), recv.len(), "all_gather");
-        st.with_slot::<T, _>(comm.world_rank(), name, n, len, |hs, hr| {
-            dev.download(stream, send, hs)
-                .map_err(dev_err(comm, name))?;
-            st.count_to_host::<T>(n);
-            comm.all_gather(&*hs, hr)?;
-            dev.upload(stream, hr, recv).map_err(dev_err(comm, name))?;
-            st.count_to_device::<T>(len);
-            Ok(())
+        through_host(comm, st, dev, stream, "all_gather", send, recv, |hs, hr| {
+            comm.all_gather(hs, hr)
         })
     }
 
@@ -267,15 +284,8 @@ mod staged {
         send: DView<'_, D, T>,
         recv: DViewMut<'_, D, T>,
     ) -> Result<()> {
-        let (n, len, name) = (send.len(), recv.len(), "all_to_all");
-        st.with_slot::<T, _>(comm.world_rank(), name, n, len, |hs, hr| {
-            dev.download(stream, send, hs)
-                .map_err(dev_err(comm, name))?;
-            st.count_to_host::<T>(n);
-            comm.all_to_all(&*hs, hr)?;
-            dev.upload(stream, hr, recv).map_err(dev_err(comm, name))?;
-            st.count_to_device::<T>(len);
-            Ok(())
+        through_host(comm, st, dev, stream, "all_to_all", send, recv, |hs, hr| {
+            comm.all_to_all(hs, hr)
         })
     }
 
