@@ -156,3 +156,31 @@ fn ranks_per_node_that_do_not_divide_the_world_stop_every_rank() {
         out.transcript()
     );
 }
+
+/// `--stage auto` chooses among the stages the switches allow: hpZ leaves only stage 3.
+#[test]
+fn the_automatic_stage_honours_hierarchical_weights() {
+    let args: Vec<String> = [
+        "--config",
+        &repo("configs/tiny.toml"),
+        "--stage",
+        "auto",
+        "--steps",
+        "2",
+        "--no-progress",
+        "--set",
+        "zero.ranks_per_node=2",
+        "--set",
+        "zero.hierarchical_weights=true",
+    ]
+    .iter()
+    .map(|x| x.to_string())
+    .collect();
+    let out = train(4, &args);
+    ok(&out);
+    assert!(
+        out.all_text().contains("summary ZeRO-3"),
+        "{}",
+        out.transcript()
+    );
+}

@@ -97,12 +97,25 @@ pub fn load_str(text: &str, origin: &str, overrides: &[String]) -> Result<Loaded
         provenance.insert("zero.stage".into(), Source::File(origin.to_string()));
     }
     merge(&mut merged, cli);
-    let config = typed(&merged, origin)?;
+    let mut config = typed(&merged, origin)?;
+    let auto_stage = cli_auto || (file_auto && !cli_stage);
+    if auto_stage {
+        // The budget picks among the stages the rest of the configuration allows
+        // (zero.hierarchical_weights: stage 3 only); until then, the lowest of them.
+        let allowed = zero_core::Stage::ALL.into_iter().find(|&stage| {
+            let mut c = config.clone();
+            c.zero.stage = stage;
+            c.validate().is_ok()
+        });
+        if let Some(stage) = allowed {
+            config.zero.stage = stage;
+        }
+    }
     config.validate()?;
     Ok(LoadedConfig {
         config,
         provenance,
-        auto_stage: cli_auto || (file_auto && !cli_stage),
+        auto_stage,
     })
 }
 
