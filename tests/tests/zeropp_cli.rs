@@ -28,6 +28,11 @@ fn scratch(name: &str) -> PathBuf {
 
 /// A 4-rank stage-3 run with `extra` arguments: (metrics lines, the summary's stage).
 fn run(name: &str, extra: &[&str]) -> (Vec<Value>, Value) {
+    run_for(name, STEPS, STEPS, extra)
+}
+
+/// [`run`] to step `steps`, which runs `ran` steps (fewer after a resume).
+fn run_for(name: &str, steps: usize, ran: usize, extra: &[&str]) -> (Vec<Value>, Value) {
     let dir = scratch(name);
     let (metrics, json) = (dir.join("metrics.jsonl"), dir.join("summary.json"));
     let mut args: Vec<String> = [
@@ -38,7 +43,7 @@ fn run(name: &str, extra: &[&str]) -> (Vec<Value>, Value) {
         "--precision",
         "bf16",
         "--steps",
-        &STEPS.to_string(),
+        &steps.to_string(),
         "--no-progress",
         "--set",
         "zero.ranks_per_node=2",
@@ -54,7 +59,7 @@ fn run(name: &str, extra: &[&str]) -> (Vec<Value>, Value) {
     let out = train(4, &args);
     ok(&out);
     let lines = read_lines(&metrics);
-    assert_eq!(lines.len(), STEPS, "{name}");
+    assert_eq!(lines.len(), ran, "{name}");
     let summary = read_json(&json);
     (lines, summary["stages"][0].clone())
 }
@@ -183,4 +188,36 @@ fn the_automatic_stage_honours_hierarchical_weights() {
         "{}",
         out.transcript()
     );
+}
+
+/// A run with the three switches saves and resumes like any other: the steps after the
+/// resume are the uninterrupted run's, bit for bit (the secondary partition and the
+/// staging are rebuilt by every step; the checkpoint holds only the model state).
+#[test]
+fn a_run_with_the_switches_resumes_the_same_run() {
+    let ckpt = scratch("resume-ckpt");
+    let ck = s(&ckpt);
+    let switches = [
+        "--set",
+        "zero.quantize_weights=true",
+        "--set",
+        "zero.hierarchical_weights=true",
+        "--set",
+        "zero.quantize_grads=true",
+    ];
+    let run = |name: &str, steps: usize, ran: usize, extra: &[&str]| {
+        let mut a = switches.to_vec();
+        a.extend(extra);
+        run_for(name, steps, ran, &a).0
+    };
+    let straight = run("resume-straight", 6, 6, &[]);
+    let first = run(
+        "resume-first",
+        3,
+        3,
+        &["--ckpt-dir", &ck, "--save-every", "3"],
+    );
+    assert_eq!(losses(&first), losses(&straight[..3]));
+    let resumed = run("resume-second", 6, 3, &["--resume", &ck]);
+    assert_eq!(losses(&resumed), losses(&straight[3..]));
 }
