@@ -14,6 +14,7 @@ pub mod attention;
 pub mod elementwise;
 pub mod llama;
 pub mod norm;
+pub mod quant;
 pub mod reduce;
 pub mod rows;
 pub mod xent;
