@@ -221,6 +221,16 @@ pub fn quant_entry(quantize: bool, dtype: DType) -> String {
     )
 }
 
+/// Entry name of block-wise int4 quantization (`quantize_int4_{dtype}`) or of reading the
+/// codes back (`dequantize_int4_{dtype}`), for f32 and bf16 values.
+pub fn quant4_entry(quantize: bool, dtype: DType) -> String {
+    format!(
+        "{}_int4_{}",
+        if quantize { "quantize" } else { "dequantize" },
+        dtype.name()
+    )
+}
+
 /// Entry name of a thread-rank fold over peers' device buffers: `fold_{reduce}_{dtype}`,
 /// `reduce` one of `sum`, `max`, `sum_upcast` (halves only).
 pub fn peer_fold_entry(dtype: DType, reduce: &str) -> String {
@@ -310,6 +320,8 @@ mod tests {
         for d in [DType::F32, DType::BF16] {
             wanted.push(quant_entry(true, d));
             wanted.push(quant_entry(false, d));
+            wanted.push(quant4_entry(true, d));
+            wanted.push(quant4_entry(false, d));
         }
         wanted.push(peer_fold_entry(DType::BF16, "sum_upcast"));
         wanted.push(peer_fold_entry(DType::F16, "sum_upcast"));

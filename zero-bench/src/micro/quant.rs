@@ -1,15 +1,18 @@
-//! `zero-bench micro quant`: block-wise int8 quantization and dequantization (the kernels
-//! of ZeRO++-style quantized communication, `zero_kernels::quant`) against a plain copy
-//! of the same values in the same run, on every instruction-set level this CPU has.
+//! `zero-bench micro quant`: block-wise int8 and int4 quantization and dequantization (the
+//! kernels of ZeRO++-style quantized communication, `zero_kernels::quant`) against a plain
+//! copy of the same values in the same run, on every instruction-set level this CPU has.
 //!
-//! Reported per level: values per second of quantize (reads 4 bytes, writes 1 + 4/B per
-//! value), dequantize (the reverse) and an f32 copy (reads 4, writes 4), and the ratios
-//! quantize/copy and dequantize/copy in values per second. Medians of `--reps` rounds,
-//! the three kernels interleaved in each round so a shared machine's drift hits all alike.
+//! Reported per level and width: values per second of quantize (reads 4 bytes, writes
+//! 1 + 4/B per value for int8, 1/2 + 4/B for int4), dequantize (the reverse) and an f32
+//! copy (reads 4, writes 4), and the ratios quantize/copy and dequantize/copy in values per
+//! second. Medians of `--reps` rounds, the five kernels interleaved in each round so a
+//! shared machine's drift hits all alike.
 
 use anyhow::{Context, Result};
 use std::time::Instant;
-use zero_kernels::quant::{dequantize, quantize, scale_count};
+use zero_kernels::quant::{
+    code_bytes_int4, dequantize, dequantize_int4, quantize, quantize_int4, scale_count,
+};
 use zero_kernels::{Exec, Isa};
 
 /// Options of `micro quant`.
@@ -39,12 +42,20 @@ pub fn run(a: &QuantArgs) -> Result<()> {
     if a.mvalues == 0 || a.block == 0 || a.reps == 0 {
         anyhow::bail!("--mvalues, --block and --reps must be at least 1");
     }
+    if !a.block.is_multiple_of(2) {
+        anyhow::bail!(
+            "--block {} is odd: int4 packs two values per byte, so blocks must be even",
+            a.block
+        );
+    }
     let n = a.mvalues << 20;
     let x: Vec<f32> = (0..n)
         .map(|i| ((i * 7919) % 2001) as f32 / 1000.0 - 1.0)
         .collect();
     let mut q = vec![0i8; n];
     let mut s = vec![0f32; scale_count(n, a.block)];
+    let mut c4 = vec![0u8; code_bytes_int4(n)];
+    let mut s4 = vec![0f32; scale_count(n, a.block)];
     let mut y = vec![0f32; n];
     println!(
         "micro quant: {} M values, blocks of {}, {} thread(s), median of {} rounds",
@@ -56,6 +67,7 @@ pub fn run(a: &QuantArgs) -> Result<()> {
             .and_then(|e| e.with_threads(a.threads))
             .context("choosing the instruction-set level")?;
         let (mut tq, mut td, mut tc) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut tq4, mut td4) = (Vec::new(), Vec::new());
         for _ in 0..a.reps {
             let t = Instant::now();
             quantize(&exec, &x, a.block, &mut q, &mut s)?;
@@ -64,10 +76,17 @@ pub fn run(a: &QuantArgs) -> Result<()> {
             dequantize(&exec, &q, &s, a.block, &mut y)?;
             td.push(t.elapsed().as_secs_f64());
             let t = Instant::now();
+            quantize_int4(&exec, &x, a.block, &mut c4, &mut s4)?;
+            tq4.push(t.elapsed().as_secs_f64());
+            let t = Instant::now();
+            dequantize_int4(&exec, &c4, &s4, a.block, &mut y)?;
+            td4.push(t.elapsed().as_secs_f64());
+            let t = Instant::now();
             y.copy_from_slice(std::hint::black_box(&x));
             tc.push(t.elapsed().as_secs_f64());
         }
         let (tq, td, tc) = (median(tq), median(td), median(tc));
+        let (tq4, td4) = (median(tq4), median(td4));
         let gv = |t: f64| n as f64 / t / 1e9;
         println!(
             "  {isa:>6}: quantize {:.2} Gvalues/s ({:.2}x copy), dequantize {:.2} Gvalues/s ({:.2}x copy), f32 copy {:.2} Gvalues/s ({:.1} GB/s)",
@@ -77,6 +96,14 @@ pub fn run(a: &QuantArgs) -> Result<()> {
             tc / td,
             gv(tc),
             8.0 * n as f64 / tc / 1e9
+        );
+        println!(
+            "  {:>6}  int4: quantize {:.2} Gvalues/s ({:.2}x copy), dequantize {:.2} Gvalues/s ({:.2}x copy)",
+            "",
+            gv(tq4),
+            tc / tq4,
+            gv(td4),
+            tc / td4
         );
     }
     Ok(())

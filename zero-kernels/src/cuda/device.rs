@@ -29,7 +29,7 @@ use crate::dtype::{DType, Element};
 use crate::error::KernelError;
 use crate::float::Float;
 use crate::nn::{AttnShape, RopeShape, Scalar};
-use crate::ptx::{accumulate_entry, cast_entry, quant_entry};
+use crate::ptx::{accumulate_entry, cast_entry, quant4_entry, quant_entry};
 
 /// A buffer in GPU memory, from its device's pool (the block returns there when the last
 /// handle goes, reusable once no queued work can still touch it).
@@ -133,10 +133,16 @@ fn f32_only<F: Element>(op: &'static str) -> Result<()> {
     Ok(())
 }
 
-/// The kernel for values of `dtype` (f32 and bf16 have one).
-fn quant_kernel(op: &'static str, quantize: bool, dtype: DType) -> Result<String> {
+/// The kernel for values of `dtype` (f32 and bf16 have one), named by `entry`
+/// ([`quant_entry`] for int8, [`quant4_entry`] for int4).
+fn quant_kernel(
+    op: &'static str,
+    entry: fn(bool, DType) -> String,
+    quantize: bool,
+    dtype: DType,
+) -> Result<String> {
     match dtype {
-        DType::F32 | DType::BF16 => Ok(quant_entry(quantize, dtype)),
+        DType::F32 | DType::BF16 => Ok(entry(quantize, dtype)),
         d => Err(unsupported(
             op,
             format!("{d} values have no GPU kernel (f32, bf16)"),
@@ -463,7 +469,7 @@ impl Device for CudaDevice {
     ) -> Result<()> {
         let n = src.len();
         crate::quant::check_lengths(n, block, codes.len(), scales.len())?;
-        let entry = quant_kernel("quantize_int8", true, T::DTYPE)?;
+        let entry = quant_kernel("quantize_int8", quant_entry, true, T::DTYPE)?;
         if n == 0 {
             return Ok(());
         }
@@ -495,7 +501,7 @@ impl Device for CudaDevice {
     ) -> Result<()> {
         let n = dst.len();
         crate::quant::check_lengths(n, block, codes.len(), scales.len())?;
-        let entry = quant_kernel("dequantize_int8", false, T::DTYPE)?;
+        let entry = quant_kernel("dequantize_int8", quant_entry, false, T::DTYPE)?;
         if n == 0 {
             return Ok(());
         }
@@ -507,6 +513,66 @@ impl Device for CudaDevice {
         l.arg(&q).arg(&s).arg(&out).arg(&n64).arg(&b64);
         // SAFETY: dequantize_{f32,bf16}(const i8*, const float*, T*, u64 n, u64 block) in
         // quant.cu; lengths checked above.
+        unsafe { l.launch(CudaDevice::elementwise(n)) }?;
+        Ok(())
+    }
+
+    fn quantize_int4<T: Float>(
+        &self,
+        stream: &CudaStreamRef,
+        src: DView<'_, Self, T>,
+        block: usize,
+        codes: DViewMut<'_, Self, u8>,
+        scales: DViewMut<'_, Self, f32>,
+    ) -> Result<()> {
+        let n = src.len();
+        crate::quant::check_lengths_int4(n, block, codes.len(), scales.len())?;
+        let entry = quant_kernel("quantize_int4", quant4_entry, true, T::DTYPE)?;
+        if n == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        let f = self.kernel(&entry)?;
+        let (x, c, s) = (addr(&src), addr_mut(&codes), addr_mut(&scales));
+        let (n64, b64) = (n as u64, block as u64);
+        let mut l = stream.inner.launch_builder(f);
+        l.arg(&x).arg(&c).arg(&s).arg(&n64).arg(&b64);
+        // One thread block of twin::quant::THREADS per quantization block (grid-stride
+        // beyond the cap), as the twin assumes.
+        let cfg = LaunchConfig {
+            grid_dim: (n.div_ceil(block).min(1 << 16) as u32, 1, 1),
+            block_dim: (crate::twin::quant::THREADS as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: quantize_int4_{f32,bf16}(const T*, u8*, float*, u64 n, u64 block) in
+        // quant.cu; the views hold n values, ceil(n / 2) code bytes and ceil(n / block)
+        // scales, and the block is even (checked above).
+        unsafe { l.launch(cfg) }?;
+        Ok(())
+    }
+
+    fn dequantize_int4<T: Float>(
+        &self,
+        stream: &CudaStreamRef,
+        codes: DView<'_, Self, u8>,
+        scales: DView<'_, Self, f32>,
+        block: usize,
+        dst: DViewMut<'_, Self, T>,
+    ) -> Result<()> {
+        let n = dst.len();
+        crate::quant::check_lengths_int4(n, block, codes.len(), scales.len())?;
+        let entry = quant_kernel("dequantize_int4", quant4_entry, false, T::DTYPE)?;
+        if n == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        let f = self.kernel(&entry)?;
+        let (c, s, out) = (addr(&codes), addr(&scales), addr_mut(&dst));
+        let (n64, b64) = (n as u64, block as u64);
+        let mut l = stream.inner.launch_builder(f);
+        l.arg(&c).arg(&s).arg(&out).arg(&n64).arg(&b64);
+        // SAFETY: dequantize_int4_{f32,bf16}(const u8*, const float*, T*, u64 n, u64 block)
+        // in quant.cu; lengths checked above.
         unsafe { l.launch(CudaDevice::elementwise(n)) }?;
         Ok(())
     }

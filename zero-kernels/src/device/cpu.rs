@@ -547,6 +547,62 @@ impl<Q: CpuQueue> Device for Q {
         )
     }
 
+    fn quantize_int4<T: Float>(
+        &self,
+        stream: &CpuStream,
+        src: View<'_, CpuBuffer<T>>,
+        block: usize,
+        codes: ViewMut<'_, CpuBuffer<u8>>,
+        scales: ViewMut<'_, CpuBuffer<f32>>,
+    ) -> Result<()> {
+        quant::check_lengths_int4(src.len(), block, codes.len(), scales.len())?;
+        let exec = *self.exec();
+        let gpu = self.gpu_order();
+        let mut op = OpBuilder::new("quantize_int4");
+        let (src, codes, scales) = (op.r(&src), op.w(&codes), op.w(&scales));
+        self.submit(
+            stream,
+            op.finish(move || {
+                // SAFETY: see the module documentation.
+                let (x, c, s) = unsafe { (src.get(), codes.get(), scales.get()) };
+                if gpu {
+                    twin::quant::quantize_int4(x, block, c, s);
+                    Ok(())
+                } else {
+                    quant::quantize_int4(&exec, x, block, c, s)
+                }
+            })?,
+        )
+    }
+
+    fn dequantize_int4<T: Float>(
+        &self,
+        stream: &CpuStream,
+        codes: View<'_, CpuBuffer<u8>>,
+        scales: View<'_, CpuBuffer<f32>>,
+        block: usize,
+        dst: ViewMut<'_, CpuBuffer<T>>,
+    ) -> Result<()> {
+        quant::check_lengths_int4(dst.len(), block, codes.len(), scales.len())?;
+        let exec = *self.exec();
+        let gpu = self.gpu_order();
+        let mut op = OpBuilder::new("dequantize_int4");
+        let (codes, scales, dst) = (op.r(&codes), op.r(&scales), op.w(&dst));
+        self.submit(
+            stream,
+            op.finish(move || {
+                // SAFETY: see the module documentation.
+                let (c, s, out) = unsafe { (codes.get(), scales.get(), dst.get()) };
+                if gpu {
+                    twin::quant::dequantize_int4(c, s, block, out);
+                    Ok(())
+                } else {
+                    quant::dequantize_int4(&exec, c, s, block, out)
+                }
+            })?,
+        )
+    }
+
     fn grad_stats<G: Float>(
         &self,
         stream: &CpuStream,

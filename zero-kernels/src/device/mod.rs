@@ -272,6 +272,28 @@ pub trait Device {
         block: usize,
         dst: DViewMut<'_, Self, T>,
     ) -> Result<()>;
+    /// Block-wise symmetric int4 quantization ([`crate::quant::quantize_int4`]): `codes`
+    /// gets two codes per byte ([`crate::quant::code_bytes_int4`] bytes; value 2i in the
+    /// low nibble of byte i, 2i + 1 in the high one), `scales` one f32 per block of `block`
+    /// values (even: a block starts on a byte; the last block may be shorter).
+    fn quantize_int4<T: Float>(
+        &self,
+        stream: &Self::Stream,
+        src: DView<'_, Self, T>,
+        block: usize,
+        codes: DViewMut<'_, Self, u8>,
+        scales: DViewMut<'_, Self, f32>,
+    ) -> Result<()>;
+    /// Read back what [`Device::quantize_int4`] made: `dst[i] = code(i) x scale[i /
+    /// block]`, rounded to `T`.
+    fn dequantize_int4<T: Float>(
+        &self,
+        stream: &Self::Stream,
+        codes: DView<'_, Self, u8>,
+        scales: DView<'_, Self, f32>,
+        block: usize,
+        dst: DViewMut<'_, Self, T>,
+    ) -> Result<()>;
     /// Gradient statistics of `grad` times `scale` ([`crate::gradstats::stats`]):
     /// `out[0]` = the sum of squares (f64, fixed order), `out[1]` = 1 if some element is
     /// inf/NaN else 0. `out` has 2 elements.

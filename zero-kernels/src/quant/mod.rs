@@ -7,10 +7,18 @@
 //! block boundaries. Every step is exact or one correctly rounded IEEE operation on one
 //! element (the block maximum is an integer maximum of bit patterns), so every level and
 //! thread count gives the reference's bits: tested.
+//!
+//! Int4 ([`quantize_int4`]) is the same with codes in [-7, 7] packed two to a byte: a
+//! block of B values crosses as B / 2 + 4 bytes (blocks hold an even number of values).
 
+mod int4;
 pub mod reference;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_int4;
+
+pub use int4::{check_lengths_int4, code_bytes_int4, dequantize_int4, quantize_int4};
 
 use crate::error::KernelError;
 use crate::float::Float;
