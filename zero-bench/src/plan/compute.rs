@@ -66,6 +66,8 @@ pub struct Knobs {
     pub quantize_grads: bool,
     /// Values per scale of the quantized switches.
     pub quant_block: usize,
+    /// Bits per qgZ code.
+    pub grad_quant_bits: usize,
     /// Sustained per-GPU TFLOP/s for the compute estimate, if given.
     pub tflops: Option<f64>,
 }
@@ -96,6 +98,7 @@ impl Knobs {
         c.zero.hierarchical_weights = self.hierarchical_weights && stage == Stage::Zero3;
         c.zero.quantize_grads = self.quantize_grads && stage >= Stage::Zero1;
         c.zero.quant_block = self.quant_block;
+        c.zero.grad_quant_bits = self.grad_quant_bits;
         c.zero.ranks_per_node = self.ranks_per_node.unwrap_or(0);
         if self.reduce_f32 {
             c.precision.grad_reduce_dtype = Some(GradReduceDtype::F32);

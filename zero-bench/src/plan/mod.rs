@@ -206,6 +206,9 @@ pub struct PlanArgs {
     /// (stages 1-3).
     #[arg(long)]
     pub quantize_grads: bool,
+    /// Bits per qgZ gradient code: 8 (int8) or 4 (int4, half the code bytes).
+    #[arg(long, default_value = "8", value_parser = ["4", "8"])]
+    pub grad_quant_bits: String,
     /// Values per scale of the quantized switches.
     #[arg(long, default_value_t = ZeroConfig::default().quant_block, value_parser = parse_positive_usize)]
     pub quant_block: usize,
@@ -270,6 +273,7 @@ pub fn run(a: &PlanArgs) -> anyhow::Result<()> {
         hierarchical_weights: a.hierarchical_weights,
         quantize_grads: a.quantize_grads,
         quant_block: a.quant_block,
+        grad_quant_bits: if a.grad_quant_bits == "4" { 4 } else { 8 },
         tflops: a.tflops,
     };
     if a.reduce_f32 && matches!(a.precision, PrecisionArg::Fp32) {

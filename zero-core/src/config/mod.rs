@@ -161,6 +161,10 @@ pub struct ZeroConfig {
     /// in f32 after each (ZeRO++'s qgZ, section 4.3); one f32 scale per `quant_block`
     /// values. Needs the node groups (`Engine::on_nodes`). Off by default.
     pub quantize_grads: bool,
+    /// Bits per gradient code of qgZ: 8 (int8) or 4 (int4, two codes a byte, one f32
+    /// scale per `quant_block` values: half the code bytes, 8/7 x 127/7 = 18x coarser
+    /// steps). int4 needs an even `quant_block`.
+    pub grad_quant_bits: usize,
     /// Ranks per node for the hierarchical switches: 0 finds the nodes from the launch
     /// (the Slurm node of each rank inside an srun step, else MPI's shared-memory
     /// split); L > 0 makes nodes of L consecutive ranks (emulating nodes on one host).
@@ -183,6 +187,7 @@ impl Default for ZeroConfig {
             quant_block: zero_kernels::quant::DEFAULT_BLOCK,
             hierarchical_weights: false,
             quantize_grads: false,
+            grad_quant_bits: 8,
             ranks_per_node: 0,
         }
     }

@@ -101,6 +101,19 @@ fn hierarchical_switches_need_their_stages() {
     )
     .unwrap();
     ok.validate().unwrap();
+    has(
+        &problems("[zero]\nstage = 2\nquantize_grads = true\ngrad_quant_bits = 2\n"),
+        "8 (int8) or 4 (int4)",
+    );
+    has(
+        &problems(
+            "[zero]\nstage = 2\nquantize_grads = true\ngrad_quant_bits = 4\nquant_block = 33\n",
+        ),
+        "give an even block",
+    );
+    let ok: EngineConfig =
+        toml::from_str("[zero]\nstage = 2\nquantize_grads = true\ngrad_quant_bits = 4\n").unwrap();
+    ok.validate().unwrap();
     let ok: EngineConfig =
         toml::from_str("[zero]\nstage = 3\nhierarchical_weights = true\n").unwrap();
     ok.validate().unwrap();

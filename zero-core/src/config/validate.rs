@@ -84,6 +84,22 @@ impl EngineConfig {
         );
         need(
             p,
+            matches!(z.grad_quant_bits, 4 | 8),
+            format!(
+                "zero.grad_quant_bits is {}; qgZ codes are 8 (int8) or 4 (int4) bits",
+                z.grad_quant_bits
+            ),
+        );
+        need(
+            p,
+            z.grad_quant_bits != 4 || !z.quantize_grads || z.quant_block.is_multiple_of(2),
+            format!(
+                "zero.grad_quant_bits = 4 packs two codes a byte, and zero.quant_block = {} is odd: give an even block (default 256)",
+                z.quant_block
+            ),
+        );
+        need(
+            p,
             z.quant_block > 0,
             "zero.quant_block is 0; give the values per scale of quantized communication (default 256)".into(),
         );

@@ -139,6 +139,7 @@ impl<D: Device> Buffers<D> {
                 };
                 Some(GradQuantStaging {
                     block,
+                    bits: plan.inputs.grad_quant_bits,
                     send_codes: bytes(false)?,
                     send_scales: scales(false)?,
                     recv_codes: bytes(true)?,

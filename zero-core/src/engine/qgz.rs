@@ -18,6 +18,9 @@
 //!   piece = Σ over the M nodes (in order) of dequantized block  (c values, rounded to W)
 //! ```
 //!
+//! Codes are int8 or, with `zero.grad_quant_bits = 4`, int4 (two a byte): a run of r
+//! values is `grad_code_bytes(r)` bytes of codes.
+//!
 //! Each exchange quantizes only what crosses a link: with L = 1 (M = 1) the first
 //! (second) exchange has no peer and the values are taken as they are. Sums are in a
 //! fixed order, so every rank's result is deterministic; a rank's own block is read
@@ -29,13 +32,16 @@ use zero_kernels::quant::scale_count;
 use zero_kernels::Float;
 
 use super::EngineError;
+use crate::plan::grad_code_bytes;
 
 /// The staging of quantized gradient reductions, used one chunk at a time on the comm
 /// stream (sized by the plan for the largest chunk).
 pub(crate) struct GradQuantStaging<D: Device> {
     /// Values per scale.
     pub block: usize,
-    /// Codes sent: N c bytes inside the node, M c across.
+    /// Bits per code: 8 or 4.
+    pub bits: usize,
+    /// Codes sent (int8: N c bytes inside the node, M c across).
     pub send_codes: D::Buf<u8>,
     /// Their scales.
     pub send_scales: D::Buf<f32>,
@@ -84,6 +90,7 @@ impl<D: Device> GradQuantStaging<D> {
         // Across nodes: block m' of the sums goes to node m'.
         if m > 1 {
             let ns = scale_count(c, b);
+            let cb = grad_code_bytes(c, self.bits);
             let sums = self.sums.slice(0..run);
             // The sums are read before the exchange writes anything, so the quantized
             // copy may come from the buffer the results are summed into.
@@ -92,11 +99,11 @@ impl<D: Device> GradQuantStaging<D> {
                 stream,
                 sums,
                 c,
-                b,
-                self.send_codes.slice_mut(0..run),
+                (b, self.bits),
+                self.send_codes.slice_mut(0..m * cb),
                 self.send_scales.slice_mut(0..m * ns),
             )?;
-            self.all_to_all(dev, stream, &nodes.cross, run, m * ns)?;
+            self.all_to_all(dev, stream, &nodes.cross, m * cb, m * ns)?;
             self.sum_runs(dev, stream, m, c, ns)?;
         }
         dev.cast(stream, self.sums.slice(0..c), piece.reborrow())?;
@@ -114,16 +121,17 @@ impl<D: Device> GradQuantStaging<D> {
         ns: usize,
     ) -> Result<(), EngineError> {
         let (g, b) = (comm.size(), self.block);
+        let cb = grad_code_bytes(run, self.bits);
         quantize_runs(
             dev,
             stream,
             src,
             run,
-            b,
-            self.send_codes.slice_mut(0..g * run),
+            (b, self.bits),
+            self.send_codes.slice_mut(0..g * cb),
             self.send_scales.slice_mut(0..g * ns),
         )?;
-        self.all_to_all(dev, stream, comm, g * run, g * ns)
+        self.all_to_all(dev, stream, comm, g * cb, g * ns)
     }
 
     fn all_to_all<C: Communicator>(
@@ -160,14 +168,17 @@ impl<D: Device> GradQuantStaging<D> {
         run: usize,
         ns: usize,
     ) -> Result<(), EngineError> {
-        let b = self.block;
+        let (b, bits) = (self.block, self.bits);
+        let cb = grad_code_bytes(run, bits);
         for i in 0..g {
-            let codes = self.recv_codes.slice(i * run..(i + 1) * run);
+            let codes = self.recv_codes.slice(i * cb..(i + 1) * cb);
             let scales = self.recv_scales.slice(i * ns..(i + 1) * ns);
             if i == 0 {
-                dev.dequantize_int8(stream, codes, scales, b, self.sums.slice_mut(0..run))?;
+                let dst = self.sums.slice_mut(0..run);
+                dequantize(dev, stream, codes, scales, (b, bits), dst)?;
             } else {
-                dev.dequantize_int8(stream, codes, scales, b, self.peer.slice_mut(0..run))?;
+                let dst = self.peer.slice_mut(0..run);
+                dequantize(dev, stream, codes, scales, (b, bits), dst)?;
                 dev.accumulate(stream, self.sums.slice_mut(0..run), self.peer.slice(0..run))?;
             }
         }
@@ -176,25 +187,42 @@ impl<D: Device> GradQuantStaging<D> {
 }
 
 /// Quantize `src` as consecutive runs of `run` values, each with its own blocks (a block
-/// never spans two destinations): run k's codes at `k run`, its scales at `k ns`.
+/// never spans two destinations): run k's codes at `k cb` (cb: the run's code bytes),
+/// its scales at `k ns`. `(block, bits)`: values per scale, bits per code.
 fn quantize_runs<D: Device, T: Float>(
     dev: &D,
     stream: &D::Stream,
     src: DView<'_, D, T>,
     run: usize,
-    block: usize,
+    (block, bits): (usize, usize),
     mut codes: DViewMut<'_, D, u8>,
     mut scales: DViewMut<'_, D, f32>,
 ) -> Result<(), EngineError> {
-    let ns = scale_count(run, block);
+    let (ns, cb) = (scale_count(run, block), grad_code_bytes(run, bits));
     for k in 0..src.len() / run.max(1) {
-        dev.quantize_int8(
-            stream,
-            src.slice(k * run..(k + 1) * run),
-            block,
-            codes.reborrow().slice_mut(k * run..(k + 1) * run),
-            scales.reborrow().slice_mut(k * ns..(k + 1) * ns),
-        )?;
+        let x = src.slice(k * run..(k + 1) * run);
+        let q = codes.reborrow().slice_mut(k * cb..(k + 1) * cb);
+        let s = scales.reborrow().slice_mut(k * ns..(k + 1) * ns);
+        match bits {
+            4 => dev.quantize_int4(stream, x, block, q, s)?,
+            _ => dev.quantize_int8(stream, x, block, q, s)?,
+        }
+    }
+    Ok(())
+}
+
+/// Read codes of `(block, bits)` back into `dst`.
+fn dequantize<D: Device>(
+    dev: &D,
+    stream: &D::Stream,
+    codes: DView<'_, D, u8>,
+    scales: DView<'_, D, f32>,
+    (block, bits): (usize, usize),
+    dst: DViewMut<'_, D, f32>,
+) -> Result<(), EngineError> {
+    match bits {
+        4 => dev.dequantize_int4(stream, codes, scales, block, dst)?,
+        _ => dev.dequantize_int8(stream, codes, scales, block, dst)?,
     }
     Ok(())
 }
@@ -216,13 +244,12 @@ mod tests {
         (0..n * c).map(|i| value(rank, i)).collect()
     }
 
-    /// qgZ's reduction of every rank's chunk, and the flat reduce-scatter of the same
-    /// chunks, on `n` thread ranks in nodes of `l`: (qgZ, flat) per rank.
+    /// qgZ's reduction of every rank's chunk with codes of `bits`, and the flat
+    /// reduce-scatter of the same chunks, on `n` thread ranks in nodes of `l`: (qgZ,
+    /// flat) per rank.
     fn both(
-        n: usize,
-        l: usize,
-        c: usize,
-        block: usize,
+        (n, l, c): (usize, usize, usize),
+        (block, bits): (usize, usize),
         value: &(dyn Fn(usize, usize) -> f32 + Sync),
     ) -> Vec<(Vec<f32>, Vec<f32>)> {
         let m = n / l;
@@ -238,11 +265,13 @@ mod tests {
                 packed[at * c..(at + 1) * c].copy_from_slice(&mine[q * c..(q + 1) * c]);
             }
             let scales = crate::plan::grad_quant_scales(l, m, c, block);
+            let codes = crate::plan::grad_quant_code_bytes(l, m, c, bits);
             let mut staging = GradQuantStaging::<HostDevice> {
                 block,
-                send_codes: dev.alloc::<u8>(n * c, "codes").unwrap(),
+                bits,
+                send_codes: dev.alloc::<u8>(codes, "codes").unwrap(),
                 send_scales: dev.alloc::<f32>(scales, "scales").unwrap(),
-                recv_codes: dev.alloc::<u8>(n * c, "codes").unwrap(),
+                recv_codes: dev.alloc::<u8>(codes, "codes").unwrap(),
                 recv_scales: dev.alloc::<f32>(scales, "scales").unwrap(),
                 sums: dev.alloc::<f32>(m * c, "sums").unwrap(),
                 peer: dev.alloc::<f32>(m * c, "peer").unwrap(),
@@ -267,62 +296,72 @@ mod tests {
         .collect()
     }
 
-    /// Values the int8 grid holds exactly (a weight times integers up to 127, each
-    /// block's amax 127 times the weight, and node sums likewise) make the
-    /// quantized hierarchy exact: it must then equal the flat reduce-scatter bit for bit,
-    /// which checks the packing order and both exchanges' routing.
+    /// Values the code grid holds exactly (a weight times integers up to q = 127 for
+    /// int8, 7 for int4, each block's amax q times the weight, and node sums likewise)
+    /// make the quantized hierarchy exact: it must then equal the flat reduce-scatter bit
+    /// for bit, which checks the packing order and both exchanges' routing.
     #[test]
     fn lossless_values_equal_the_flat_reduce_scatter_bitwise() {
-        for (n, l) in [(4, 2), (6, 3), (6, 2), (4, 1), (4, 4), (8, 2)] {
-            let (c, block) = (24, 8);
-            // Rank r sends (r + 1) v(i): its blocks' scale is r + 1 and its codes v; a
-            // node's sums are W v with W its ranks' weights, on the grid of scale W. The
-            // weights differ by rank and node, so a wrong source or destination shows.
-            let v = |i: usize| {
-                if i.is_multiple_of(block) {
-                    127.0
-                } else {
-                    ((i * 37) % 255) as f32 - 127.0
+        for (bits, q) in [(8, 127usize), (4, 7)] {
+            for (n, l) in [(4, 2), (6, 3), (6, 2), (4, 1), (4, 4), (8, 2)] {
+                let (c, block) = (24, 8);
+                // Rank r sends (r + 1) v(i): its blocks' scale is r + 1 and its codes v;
+                // a node's sums are W v with W its ranks' weights, on the grid of scale
+                // W. The weights differ by rank and node, so a wrong source or
+                // destination shows.
+                let v = move |i: usize| {
+                    if i.is_multiple_of(block) {
+                        q as f32
+                    } else {
+                        ((i * 37) % (2 * q + 1)) as f32 - q as f32
+                    }
+                };
+                let value = move |rank: usize, i: usize| (rank + 1) as f32 * v(i);
+                let runs = both((n, l, c), (block, bits), &value);
+                for (r, (got, flat)) in runs.into_iter().enumerate() {
+                    let g: Vec<u32> = got.iter().map(|x| x.to_bits()).collect();
+                    let f: Vec<u32> = flat.iter().map(|x| x.to_bits()).collect();
+                    assert_eq!(g, f, "int{bits} N = {n}, L = {l}, rank {r}");
                 }
-            };
-            let value = move |rank: usize, i: usize| (rank + 1) as f32 * v(i);
-            for (r, (got, flat)) in both(n, l, c, block, &value).into_iter().enumerate() {
-                let g: Vec<u32> = got.iter().map(|x| x.to_bits()).collect();
-                let f: Vec<u32> = flat.iter().map(|x| x.to_bits()).collect();
-                assert_eq!(g, f, "N = {n}, L = {l}, rank {r}");
             }
         }
     }
 
     /// Any values: the result is within the rounding the two quantizations allow of the
     /// exact (f64) sum: inside the node each of the L values moves by at most its block's
-    /// amax / 254, across nodes each of the M node sums by at most its block's amax / 254.
+    /// amax / (2q) (q = 127 for int8, 7 for int4), across nodes each of the M node sums
+    /// by at most its block's amax / (2q).
     #[test]
     fn any_values_stay_within_the_quantization_bound() {
-        for (n, l) in [(4, 2), (6, 3), (4, 1), (4, 4)] {
-            let (c, block) = (40, 16);
-            let m = n / l;
-            let value = |rank: usize, i: usize| {
-                let x = ((rank * 7919 + i * 104_729) % 1000) as f32 / 500.0 - 1.0;
-                x * (1.0 + (i % 5) as f32)
-            };
-            for (r, (got, _)) in both(n, l, c, block, &value).into_iter().enumerate() {
-                for (k, g) in got.iter().enumerate() {
-                    let i = r * c + k;
-                    let exact: f64 = (0..n).map(|q| value(q, i) as f64).sum();
-                    // Largest |value| anywhere is 5: one quantization inside the node per
-                    // value (skipped when L = 1), one across per node sum (each below 5 L).
-                    let inside = if l > 1 { n as f64 * 5.0 / 254.0 } else { 0.0 };
-                    let across = if m > 1 {
-                        m as f64 * 5.0 * l as f64 / 254.0
-                    } else {
-                        0.0
-                    };
-                    let bound = inside + across + 1e-5;
-                    assert!(
-                        (*g as f64 - exact).abs() <= bound,
-                        "N = {n}, L = {l}, rank {r}, element {k}: {g} vs {exact} (bound {bound})"
-                    );
+        for (bits, q) in [(8, 127.0), (4, 7.0)] {
+            for (n, l) in [(4, 2), (6, 3), (4, 1), (4, 4)] {
+                let (c, block) = (40, 16);
+                let m = n / l;
+                let value = |rank: usize, i: usize| {
+                    let x = ((rank * 7919 + i * 104_729) % 1000) as f32 / 500.0 - 1.0;
+                    x * (1.0 + (i % 5) as f32)
+                };
+                let runs = both((n, l, c), (block, bits), &value);
+                for (r, (got, _)) in runs.into_iter().enumerate() {
+                    for (k, g) in got.iter().enumerate() {
+                        let i = r * c + k;
+                        let exact: f64 = (0..n).map(|p| value(p, i) as f64).sum();
+                        // Largest |value| anywhere is 5: one quantization inside the node
+                        // per value (skipped when L = 1), one across per node sum (each
+                        // below 5 L).
+                        let half_step = 5.0 / (2.0 * q);
+                        let inside = if l > 1 { n as f64 * half_step } else { 0.0 };
+                        let across = if m > 1 {
+                            (m * l) as f64 * half_step
+                        } else {
+                            0.0
+                        };
+                        let bound = inside + across + 1e-5;
+                        assert!(
+                            (*g as f64 - exact).abs() <= bound,
+                            "int{bits} N = {n}, L = {l}, rank {r}, element {k}: {g} vs {exact} (bound {bound})"
+                        );
+                    }
                 }
             }
         }

@@ -29,7 +29,8 @@
 //! - qgZ (`zero.quantize_grads`): each reduce-scatter chunk of c elements per rank becomes
 //!   an all-to-all inside the node of N c int8 codes and L ceil(M c / B) f32 scales,
 //!   then an all-to-all across nodes (the M ranks of the same local rank) of M c codes
-//!   and M ceil(c / B) scales; an all-to-all of E elements sends (g-1)/g x E on g ranks.
+//!   and M ceil(c / B) scales (int4 codes, `grad_quant_bits = 4`: L ceil(M c / 2) and
+//!   M ceil(c / 2) bytes); an all-to-all of E elements sends (g-1)/g x E on g ranks.
 //!   With L = 1 (M = 1) the exchange inside (across) nodes has no peer and is skipped.
 //!
 //! Bytes leaving a node per step ([`CommPlan::node_egress_bytes`]): a world ring has one
@@ -50,7 +51,7 @@ use zero_kernels::DType;
 
 use crate::config::Stage;
 use crate::layout::PartitionLayout;
-use crate::plan::BufferPlan;
+use crate::plan::{grad_code_bytes, BufferPlan};
 
 /// A collective kind.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -240,9 +241,10 @@ impl CommPlan {
                 for c in plan.shard_chunks(unit.shard_len) {
                     let c = c.len();
                     calls += times;
-                    inside[0] += times * (n * c) as u64;
+                    let bits = plan.inputs.grad_quant_bits;
+                    inside[0] += times * (l * grad_code_bytes(m * c, bits)) as u64;
                     inside[1] += times * (l * scale_count(m * c, block)) as u64;
-                    across[0] += times * (m * c) as u64;
+                    across[0] += times * (m * grad_code_bytes(c, bits)) as u64;
                     across[1] += times * (m * scale_count(c, block)) as u64;
                 }
             }

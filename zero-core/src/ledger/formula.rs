@@ -319,7 +319,8 @@ impl Explanation {
         });
         if let Some(block) = plan.inputs.grad_quant_block {
             extra(MemCategory::Buckets, bytes, format!(
-                "quantized gradient reduction (qgZ, one f32 scale per {block} values): int8 codes and scales of one chunk's N pieces sent and received, and two f32 sums of M pieces"
+                "quantized gradient reduction (qgZ, int{} codes, one f32 scale per {block} values): the codes and scales of one chunk's N pieces sent and received, and two f32 sums of M pieces",
+                plan.inputs.grad_quant_bits
             ));
         }
         for (role, what) in [

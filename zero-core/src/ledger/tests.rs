@@ -28,6 +28,7 @@ fn inputs(stage: Stage, precision: Precision, reduce_f32: bool, every: bool) -> 
         activation_bytes: 12345,
         quant_block: None,
         grad_quant_block: None,
+        grad_quant_bits: 8,
         hierarchical_weights: false,
         ranks_per_node: 1,
     }

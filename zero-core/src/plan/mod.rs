@@ -130,6 +130,8 @@ pub struct PlanInputs {
     pub quant_block: Option<usize>,
     /// Quantized gradient reduction (qgZ): the values per scale; None: exact.
     pub grad_quant_block: Option<usize>,
+    /// Bits per qgZ code (8 or 4).
+    pub grad_quant_bits: usize,
     /// Stage 3 backward gathers from a node-partitioned copy (hpZ).
     pub hierarchical_weights: bool,
     /// L: ranks per node (node-major ranks); N when the world is one node.
@@ -153,6 +155,7 @@ impl PlanInputs {
             activation_bytes,
             quant_block: c.zero.quantize_weights.then_some(c.zero.quant_block),
             grad_quant_block: c.zero.quantize_grads.then_some(c.zero.quant_block),
+            grad_quant_bits: c.zero.grad_quant_bits,
             hierarchical_weights: c.zero.hierarchical_weights,
             // Nodes matter only to the hierarchical switches; without them, one node.
             ranks_per_node: match c.zero.ranks_per_node {
@@ -605,18 +608,15 @@ impl BufferPlan {
         if let Some(block) = inputs.grad_quant_block.filter(|_| stage >= Stage::Zero1) {
             let m = n / l;
             let c = piece_len;
-            b.push(scratch(
-                R::GradCodes { received: false },
-                C::Buckets,
-                DType::U8,
-                n * c,
-            ));
-            b.push(scratch(
-                R::GradCodes { received: true },
-                C::Buckets,
-                DType::U8,
-                n * c,
-            ));
+            let codes = grad_quant_code_bytes(l, m, c, inputs.grad_quant_bits);
+            for received in [false, true] {
+                b.push(scratch(
+                    R::GradCodes { received },
+                    C::Buckets,
+                    DType::U8,
+                    codes,
+                ));
+            }
             let scales = grad_quant_scales(l, m, c, block);
             b.push(scratch(
                 R::GradScales { received: false },
@@ -769,6 +769,22 @@ impl BufferPlan {
     pub fn total_bytes(&self) -> u64 {
         self.buffer_bytes() + self.inputs.activation_bytes
     }
+}
+
+/// Bytes of `n` qgZ codes of `bits` bits (int4: two a byte, the last byte of an odd run
+/// half used).
+pub fn grad_code_bytes(n: usize, bits: usize) -> usize {
+    if bits == 4 {
+        n.div_ceil(2)
+    } else {
+        n
+    }
+}
+
+/// qgZ code bytes of a chunk of `c` elements per rank on M nodes of L ranks: inside the
+/// node L runs of M c values, across nodes M runs of c (N c bytes in int8).
+pub fn grad_quant_code_bytes(l: usize, m: usize, c: usize, bits: usize) -> usize {
+    (l * grad_code_bytes(m * c, bits)).max(m * grad_code_bytes(c, bits))
 }
 
 /// qgZ scales of a chunk of `c` elements per rank on M nodes of L ranks, quantized in
