@@ -139,12 +139,14 @@ pub enum Op {
     GradStatsBf16Inf,
     QuantizeF32,
     DequantizeBf16,
+    Quantize4F32,
+    Dequantize4Bf16,
     AdamW,
 }
 
 impl Op {
     /// Every op, in the order of the report.
-    pub const ALL: [Op; 42] = [
+    pub const ALL: [Op; 44] = [
         Op::MatmulXWt,
         Op::MatmulDyW,
         Op::MatmulDytXAcc,
@@ -186,6 +188,8 @@ impl Op {
         Op::GradStatsBf16Inf,
         Op::QuantizeF32,
         Op::DequantizeBf16,
+        Op::Quantize4F32,
+        Op::Dequantize4Bf16,
         Op::AdamW,
     ];
 
@@ -243,6 +247,10 @@ impl Op {
             Op::GradStatsBf16Inf => format!("grad_stats bf16 with inf [{}]", r * n),
             Op::QuantizeF32 => format!("quantize_int8 f32, blocks of 256 [{}]", r * n + 5),
             Op::DequantizeBf16 => format!("dequantize_int8 to bf16, blocks of 256 [{}]", r * n + 5),
+            Op::Quantize4F32 => format!("quantize_int4 f32, blocks of 256 [{}]", r * n + 5),
+            Op::Dequantize4Bf16 => {
+                format!("dequantize_int4 to bf16, blocks of 256 [{}]", r * n + 5)
+            }
             Op::AdamW => format!("adamw bf16 grad, bf16 copy [{}]", r * n),
         }
     }
@@ -273,6 +281,8 @@ impl Op {
                 // An integer maximum per block, then one rounded operation per value.
                 | Op::QuantizeF32
                 | Op::DequantizeBf16
+                | Op::Quantize4F32
+                | Op::Dequantize4Bf16
         )
     }
 
@@ -776,7 +786,8 @@ pub fn run_op<D: Device>(
                 vals: f64s(&on.down(&dst)?),
             }]
         }
-        Op::QuantizeF32 | Op::DequantizeBf16 => {
+        Op::QuantizeF32 | Op::DequantizeBf16 | Op::Quantize4F32 | Op::Dequantize4Bf16 => {
+            let int4 = matches!(op, Op::Quantize4F32 | Op::Dequantize4Bf16);
             // A last block shorter than the rest; magnitudes that differ per block.
             let len = rows * n + 5;
             let block = zero_kernels::quant::DEFAULT_BLOCK;
@@ -789,14 +800,31 @@ pub fn run_op<D: Device>(
                 xs[2 * block + 7] = f32::NEG_INFINITY;
             }
             let x = on.up(&xs, "x")?;
-            let mut codes = on.zeros::<u8>(len, "codes")?;
+            let code_bytes = if int4 {
+                zero_kernels::quant::code_bytes_int4(len)
+            } else {
+                len
+            };
+            let mut codes = on.zeros::<u8>(code_bytes, "codes")?;
             let mut scales = on.zeros::<f32>(ns, "scales")?;
-            dev.quantize_int8::<f32>(&on.s, x.view(), block, codes.view_mut(), scales.view_mut())?;
-            if op == Op::QuantizeF32 {
+            let (x, q, s) = (x.view(), codes.view_mut(), scales.view_mut());
+            if int4 {
+                dev.quantize_int4::<f32>(&on.s, x, block, q, s)?;
+            } else {
+                dev.quantize_int8::<f32>(&on.s, x, block, q, s)?;
+            }
+            if matches!(op, Op::QuantizeF32 | Op::Quantize4F32) {
+                // int8: the signed codes; int4: the bytes of two codes each.
                 let codes: Vec<f64> = on
                     .down(&codes)?
                     .iter()
-                    .map(|&b| f64::from(b as i8))
+                    .map(|&b| {
+                        if int4 {
+                            f64::from(b)
+                        } else {
+                            f64::from(b as i8)
+                        }
+                    })
                     .collect();
                 vec![
                     Out {
@@ -810,13 +838,12 @@ pub fn run_op<D: Device>(
                 ]
             } else {
                 let mut back = on.zeros::<bf16>(len, "back")?;
-                dev.dequantize_int8::<bf16>(
-                    &on.s,
-                    codes.view(),
-                    scales.view(),
-                    block,
-                    back.view_mut(),
-                )?;
+                let (q, s, out) = (codes.view(), scales.view(), back.view_mut());
+                if int4 {
+                    dev.dequantize_int4::<bf16>(&on.s, q, s, block, out)?;
+                } else {
+                    dev.dequantize_int8::<bf16>(&on.s, q, s, block, out)?;
+                }
                 vec![Out {
                     name: "values",
                     vals: f64s(&on.down(&back)?),
