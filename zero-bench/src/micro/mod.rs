@@ -28,7 +28,7 @@ pub enum MicroCommand {
     /// without progress, and with a progress thread; run under mpirun/srun.
     #[cfg(feature = "mpi")]
     Overlap(overlap::OverlapArgs),
-    /// Block-wise int8 quantize / dequantize (quantized communication) vs a copy.
+    /// Block-wise int8 and int4 quantize / dequantize (quantized communication) vs a copy.
     Quant(quant::QuantArgs),
     /// bf16 GEMM micro-kernels (AMX, AVX-512 BF16) vs f32 SGEMM on the model's shapes.
     Gemm(gemm::GemmArgs),
