@@ -844,6 +844,40 @@ fn host_staged_mpi_on_the_simulated_gpu_trains_every_stage_like_direct_mpi() {
         .expect("staging bytes");
     assert!(held > 0 && held % 4 == 0, "{}", staged["staging"]);
     assert!(staged["staging"]["to_host_bytes"].as_u64() > Some(0));
+    // The dry run plans the same host staging (the run keeps the largest of its stages').
+    let dry_json = dir.join("dry-staged.json");
+    let dry = Command::new(zero_bench())
+        .args([
+            "train",
+            "--dry-run",
+            "--world",
+            "2",
+            "--config",
+            &repo("configs/tiny.toml"),
+            "--device",
+            "sim-gpu",
+            "--stages",
+            "0,1,2,3",
+            "--comm",
+            "mpi-staged",
+            "--json",
+            &s(&dry_json),
+        ])
+        .output()
+        .expect("zero-bench starts");
+    assert!(
+        dry.status.success(),
+        "{}",
+        String::from_utf8_lossy(&dry.stderr)
+    );
+    assert!(String::from_utf8_lossy(&dry.stdout).contains("host staging (--comm mpi-staged)"));
+    let planned = read_json(&dry_json)["stages"]
+        .as_array()
+        .expect("stages")
+        .iter()
+        .filter_map(|p| p["host_staging_bytes"].as_u64())
+        .max();
+    assert_eq!(planned, Some(held), "dry run vs the run's host staging");
     // The metrics lines carry the staging beside the device ledger.
     let lines = read_lines(&dir.join("mpi-staged.jsonl"));
     assert_eq!(lines.len(), 16);

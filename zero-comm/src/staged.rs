@@ -112,6 +112,12 @@ impl Staging {
         4 * self.capacity.get() as u64
     }
 
+    /// What [`Staging::held_bytes`] is after [`Staging::reserve`]`(bytes)` on a fresh
+    /// staging (regions are whole 8-byte words): for plans made before any exists.
+    pub fn held_bytes_for(bytes: usize) -> u64 {
+        4 * (bytes.div_ceil(8) * 8) as u64
+    }
+
     /// Copies so far.
     pub fn stats(&self) -> StagingStats {
         StagingStats {

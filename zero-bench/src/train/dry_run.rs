@@ -20,6 +20,7 @@ pub fn plan(
     world: usize,
     show: usize,
     print: bool,
+    staged: bool,
 ) -> anyhow::Result<Value> {
     let mut stages = Vec::new();
     for loaded in runs {
@@ -39,6 +40,21 @@ pub fn plan(
             print!("{}", report::ledger(shown, &totals));
             print!("{}", report::comm(&comm, shown));
         }
+        // --comm mpi-staged: host memory beside the device ledger, one staging per
+        // communicator the engine uses (the world's, and the node groups' with hpZ/qgZ).
+        let host_staging = staged.then(|| {
+            let communicators = if c.zero.hierarchical() { 3 } else { 1 };
+            let region = zero_core::plan::host_staging_region_bytes(layout, shown);
+            let held = communicators * zero_comm::Staging::held_bytes_for(region);
+            if print {
+                println!(
+                    "host staging (--comm mpi-staged): {} per rank in host memory, beside the device ledger ({communicators} communicator(s) x 2 slots x send + receive of {})",
+                    zero_core::ledger::human_bytes(held as f64),
+                    zero_core::ledger::human_bytes(region as f64)
+                );
+            }
+            held
+        });
         let mut memory = Map::new();
         for (cat, bytes) in shown.by_category() {
             memory.insert(cat.name().into(), json!(bytes));
@@ -51,6 +67,7 @@ pub fn plan(
             "total_bytes_per_rank": totals,
             "formula_bytes_per_rank": PaperFormula::for_precision(c.zero.stage, c.precision.dtype, layout.numel(), world).total().to_f64(),
             "comm_sent_bytes_per_step": comm.sent_bytes(),
+            "host_staging_bytes": host_staging,
         }));
     }
     Ok(json!({ "world": world, "stages": stages }))

@@ -712,7 +712,8 @@ fn dry_run(
         print!("{}", loaded[0].render());
     }
     fit_to_budget(args, loaded, world, show, comm, None, print)?;
-    let plans = dry_run::plan(loaded, world, show, print)?;
+    let staged = args.comm == zero_comm::CommChoice::MpiStaged;
+    let plans = dry_run::plan(loaded, world, show, print, staged)?;
     if let Some(path) = &args.init_from {
         // Pre-flight: the file fits the model (names, shapes, types), read nothing else.
         let preset = run::model_preset(&loaded[0].config)?;

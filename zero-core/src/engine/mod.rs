@@ -269,16 +269,6 @@ impl<D: Device, C: Communicator> Core<'_, D, C> {
     }
 }
 
-/// Bytes of the largest collective buffer of a step on this plan: a unit's whole padded
-/// buffer (stage 0's in-place all-reduce, stage 1-2's parameter all-gather, stage 3's
-/// gathers, hpZ's node gathers) or a bucket (reduce-scatter input; qgZ's codes, N c
-/// bytes, and scales, at most N c f32). The elements the engine moves are at most 4
-/// bytes (P and W are f32, bf16 or f16); the agreement's three f64s are below any unit.
-pub(crate) fn staging_bytes(layout: &PartitionLayout, plan: &BufferPlan) -> usize {
-    let unit = layout.units.iter().map(|u| u.padded_len).max().unwrap_or(0);
-    (unit.max(plan.bucket_len) * 4).max(64)
-}
-
 /// One rank's ZeRO engine.
 pub struct Engine<'c, D: Device, C: Communicator> {
     core: Core<'c, D, C>,
@@ -370,7 +360,7 @@ impl<'c, D: Device, C: Communicator> Engine<'c, D, C> {
             .chain(groups)
             .filter_map(|c| c.staging())
         {
-            staging.reserve(staging_bytes(&layout, &plan));
+            staging.reserve(crate::plan::host_staging_region_bytes(&layout, &plan));
         }
         // Mixed precision as the hardware does it: in bf16 the model's matrix products take
         // bf16 operands with f32 sums (tensor cores, AVX-512 BF16) where the device can.

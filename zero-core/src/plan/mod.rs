@@ -771,6 +771,18 @@ impl BufferPlan {
     }
 }
 
+/// Host staging (`zero_comm::StagedComm`, `--comm mpi-staged`): the bytes of each
+/// staging region, sized by `Engine::new` for the largest collective buffer of a step
+/// on this plan: a unit's whole padded buffer (stage 0's in-place all-reduce, stage 1-2's
+/// parameter all-gather, stage 3's gathers, hpZ's node gathers) or a bucket
+/// (reduce-scatter input; qgZ's codes, N c bytes, and scales, at most N c f32). The
+/// elements the engine moves are at most 4 bytes (P and W are f32, bf16 or f16); the
+/// agreement's three f64s are below any unit.
+pub fn host_staging_region_bytes(layout: &PartitionLayout, plan: &BufferPlan) -> usize {
+    let unit = layout.units.iter().map(|u| u.padded_len).max().unwrap_or(0);
+    (unit.max(plan.bucket_len) * 4).max(64)
+}
+
 /// Bytes of `n` qgZ codes of `bits` bits (int4: two a byte, the last byte of an odd run
 /// half used).
 pub fn grad_code_bytes(n: usize, bits: usize) -> usize {
