@@ -171,6 +171,40 @@ fn zeropp_switches_find_the_slurm_nodes_and_cut_the_bytes_leaving_them() {
     );
 }
 
+/// `train --dry-run` under srun with hpZ plans for the Slurm nodes the step has (2 of 2
+/// ranks: a secondary partition of half of every unit), as the run does.
+#[test]
+fn a_dry_run_under_srun_plans_the_slurm_nodes() {
+    let conf = slurm_conf();
+    let dir = job_dir("zeropp-dry");
+    let script = dir.join("dry.sbatch");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/bash\nset -euo pipefail\nsrun --mpi=pmix {} train --config {} --stage 3 --dry-run --set zero.hierarchical_weights=true\n",
+            zero_bench_bin().display(),
+            config("tiny.toml")
+        ),
+    )
+    .unwrap_or_else(|e| panic!("write {}: {e}", script.display()));
+    let script = script.display().to_string();
+    let (id, state, log) = run_job(
+        &conf,
+        &dir,
+        &["-N", "2", "--ntasks-per-node=2", "--time=00:02:00", &script],
+        &[],
+    );
+    assert_eq!(state, "COMPLETED", "job {id}\n{log}");
+    assert!(
+        log.contains("zero.ranks_per_node = 2") && log.contains("derived: the nodes of the launch"),
+        "{log}"
+    );
+    assert!(
+        log.contains("this rank's 1/2 of every gathered unit"),
+        "{log}"
+    );
+}
+
 #[test]
 fn sweep_sbatch_runs_one_step_per_point_and_collects_the_table_and_plots() {
     let conf = slurm_conf();

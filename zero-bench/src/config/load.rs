@@ -208,6 +208,18 @@ fn leaves(t: &Table, prefix: &str, f: &mut dyn FnMut(String)) {
 }
 
 impl LoadedConfig {
+    /// `zero.ranks_per_node` as the launch has it (hpZ/qgZ: the nodes found), recorded as
+    /// derived when it was not given.
+    pub fn set_ranks_per_node(&mut self, ranks_per_node: usize) {
+        if self.config.zero.ranks_per_node != ranks_per_node {
+            self.config.zero.ranks_per_node = ranks_per_node;
+            self.provenance.insert(
+                "zero.ranks_per_node".into(),
+                Source::Derived("the nodes of the launch".into()),
+            );
+        }
+    }
+
     /// Where `key` (`section.key`) came from.
     pub fn source(&self, key: &str) -> Source {
         self.provenance.get(key).cloned().unwrap_or(Source::Default)

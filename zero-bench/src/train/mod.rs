@@ -196,7 +196,7 @@ fn with_backend<D: BenchDevice>(
             }
             // The nodes found are what the memory budget and the engine plan for.
             for l in &mut loaded {
-                l.config.zero.ranks_per_node = g.node.size();
+                l.set_ranks_per_node(g.node.size());
             }
             Some(g)
         }
@@ -691,6 +691,13 @@ fn dry_run(
     };
     if world == 0 {
         return Err(anyhow!("--world 0: plan for at least 1 rank"));
+    }
+    // hpZ/qgZ under a launcher: plan for the nodes the launch has (as a run does).
+    if let (Some(c), Some(wanted)) = (comm, wanted_ranks_per_node(loaded)?) {
+        let g = crate::world::node_groups(c, wanted)?;
+        for l in loaded.iter_mut() {
+            l.set_ranks_per_node(g.node.size());
+        }
     }
     let show = args.rank.unwrap_or(0);
     if show >= world {

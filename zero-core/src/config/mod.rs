@@ -168,8 +168,8 @@ pub struct ZeroConfig {
     /// Ranks per node for the hierarchical switches: 0 finds the nodes from the launch
     /// (the Slurm node of each rank inside an srun step, else MPI's shared-memory
     /// split); L > 0 makes nodes of L consecutive ranks (emulating nodes on one host).
-    /// A plan made without a launch (`train --dry-run`, `plan`) takes 0 as one node of
-    /// all ranks.
+    /// A plan made without a launch (`plan`, `train --dry-run` outside mpirun/srun)
+    /// takes 0 as one node of all ranks.
     pub ranks_per_node: usize,
 }
 
