@@ -35,20 +35,69 @@ pub fn scale_count(n: usize, block: usize) -> usize {
     n.div_ceil(block.max(1))
 }
 
-/// Check the lengths of a quantization of `n` values in blocks of `block`: `q` codes and
-/// `scales` scales.
-pub fn check_lengths(n: usize, block: usize, q: usize, scales: usize) -> Result<(), KernelError> {
-    if block == 0 {
-        return Err(KernelError::BadShape {
-            op: "quantize",
-            detail: "block size 0: give at least 1 value per scale".into(),
-        });
+/// A code width: what a value's code is stored as, how many units n values take, and
+/// the one-element definitions of [`mod@reference`]. The threaded, per-ISA kernels below are
+/// the same for both widths: a thread's chunk starts on a block boundary, so its codes
+/// start at `units(start)` (int4 blocks are even: a whole byte) and its scales at
+/// `start / block`.
+pub(crate) trait Width {
+    /// Stored code unit: an i8 code, or a byte of two int4 codes.
+    type Code: Copy;
+    /// What the code buffer is called in a length error.
+    const CODES: &'static str;
+    /// Code units of `n` values.
+    fn units(n: usize) -> usize;
+    /// Refuse a block this width cannot use.
+    fn check_block(block: usize) -> Result<(), KernelError>;
+    /// [`mod@reference`]'s quantization.
+    fn quantize<T: Float>(x: &[T], block: usize, codes: &mut [Self::Code], scales: &mut [f32]);
+    /// [`mod@reference`]'s read-back.
+    fn dequantize<T: Float>(codes: &[Self::Code], scales: &[f32], block: usize, out: &mut [T]);
+}
+
+/// int8: one code a value.
+pub(crate) struct Int8;
+
+impl Width for Int8 {
+    type Code = i8;
+    const CODES: &'static str = "int8 codes";
+    fn units(n: usize) -> usize {
+        n
     }
-    if q != n {
+    fn check_block(block: usize) -> Result<(), KernelError> {
+        if block == 0 {
+            return Err(KernelError::BadShape {
+                op: "quantize",
+                detail: "block size 0: give at least 1 value per scale".into(),
+            });
+        }
+        Ok(())
+    }
+    #[inline(always)]
+    fn quantize<T: Float>(x: &[T], block: usize, codes: &mut [i8], scales: &mut [f32]) {
+        reference::quantize(x, block, codes, scales)
+    }
+    #[inline(always)]
+    fn dequantize<T: Float>(codes: &[i8], scales: &[f32], block: usize, out: &mut [T]) {
+        reference::dequantize(codes, scales, block, out)
+    }
+}
+
+/// Check the lengths of a quantization of `n` values of width `W` in blocks of `block`:
+/// `codes` code units and `scales` scales.
+fn check_width<W: Width>(
+    n: usize,
+    block: usize,
+    codes: usize,
+    scales: usize,
+) -> Result<(), KernelError> {
+    W::check_block(block)?;
+    let want = W::units(n);
+    if codes != want {
         return Err(KernelError::LengthMismatch {
-            what: "int8 codes",
-            got: q,
-            expected: n,
+            what: W::CODES,
+            got: codes,
+            expected: want,
         });
     }
     let want = scale_count(n, block);
@@ -62,44 +111,111 @@ pub fn check_lengths(n: usize, block: usize, q: usize, scales: usize) -> Result<
     Ok(())
 }
 
-struct Quantize<T> {
+/// Check the lengths of a quantization of `n` values in blocks of `block`: `q` codes and
+/// `scales` scales.
+pub fn check_lengths(n: usize, block: usize, q: usize, scales: usize) -> Result<(), KernelError> {
+    check_width::<Int8>(n, block, q, scales)
+}
+
+struct Quantize<T, W: Width> {
     x: *const T,
-    q: *mut i8,
+    codes: *mut W::Code,
     scales: *mut f32,
     n: usize,
     block: usize,
 }
 
-impl<T: Float> Kernel for Quantize<T> {
+impl<T: Float, W: Width> Kernel for Quantize<T, W> {
     type Out = ();
     #[inline(always)]
     unsafe fn run<S: Simd>(self) {
-        // SAFETY: the caller hands this chunk's disjoint ranges (n values, whole blocks).
+        // SAFETY: the caller hands this chunk's disjoint ranges (n values from a block
+        // boundary, their code units, whole blocks' scales).
         let x = std::slice::from_raw_parts(self.x, self.n);
-        let q = std::slice::from_raw_parts_mut(self.q, self.n);
-        let scales = std::slice::from_raw_parts_mut(self.scales, scale_count(self.n, self.block));
-        reference::quantize(x, self.block, q, scales);
+        let c = std::slice::from_raw_parts_mut(self.codes, W::units(self.n));
+        let s = std::slice::from_raw_parts_mut(self.scales, scale_count(self.n, self.block));
+        W::quantize(x, self.block, c, s);
     }
 }
 
-struct Dequantize<T> {
-    q: *const i8,
+struct Dequantize<T, W: Width> {
+    codes: *const W::Code,
     scales: *const f32,
     out: *mut T,
     n: usize,
     block: usize,
 }
 
-impl<T: Float> Kernel for Dequantize<T> {
+impl<T: Float, W: Width> Kernel for Dequantize<T, W> {
     type Out = ();
     #[inline(always)]
     unsafe fn run<S: Simd>(self) {
         // SAFETY: as for `Quantize`.
-        let q = std::slice::from_raw_parts(self.q, self.n);
-        let scales = std::slice::from_raw_parts(self.scales, scale_count(self.n, self.block));
+        let c = std::slice::from_raw_parts(self.codes, W::units(self.n));
+        let s = std::slice::from_raw_parts(self.scales, scale_count(self.n, self.block));
         let out = std::slice::from_raw_parts_mut(self.out, self.n);
-        reference::dequantize(q, scales, self.block, out);
+        W::dequantize(c, s, self.block, out);
     }
+}
+
+/// [`quantize`] for any width.
+fn quantize_width<T: Float, W: Width>(
+    exec: &Exec,
+    x: &[T],
+    block: usize,
+    codes: &mut [W::Code],
+    scales: &mut [f32],
+) -> Result<(), KernelError> {
+    check_width::<W>(x.len(), block, codes.len(), scales.len())?;
+    let (xp, cp, sp) = (
+        SendPtr(x.as_ptr() as *mut T),
+        SendPtr(codes.as_mut_ptr()),
+        SendPtr(scales.as_mut_ptr()),
+    );
+    par::map(exec, x.len(), block, |r| {
+        let k = Quantize::<T, W> {
+            // SAFETY: chunks start at multiples of `block` and lie within the slices,
+            // checked to hold n values, their code units and n / block (rounded up)
+            // scales.
+            x: unsafe { xp.at(r.start) } as *const T,
+            codes: unsafe { cp.at(W::units(r.start)) },
+            scales: unsafe { sp.at(r.start / block) },
+            n: r.len(),
+            block,
+        };
+        // SAFETY: an `Exec`'s level is available on this CPU; the pointers are valid.
+        unsafe { dispatch(exec.isa(), k) }
+    });
+    Ok(())
+}
+
+/// [`dequantize`] for any width.
+fn dequantize_width<T: Float, W: Width>(
+    exec: &Exec,
+    codes: &[W::Code],
+    scales: &[f32],
+    block: usize,
+    out: &mut [T],
+) -> Result<(), KernelError> {
+    check_width::<W>(out.len(), block, codes.len(), scales.len())?;
+    let (cp, sp, op) = (
+        SendPtr(codes.as_ptr() as *mut W::Code),
+        SendPtr(scales.as_ptr() as *mut f32),
+        SendPtr(out.as_mut_ptr()),
+    );
+    par::map(exec, out.len(), block, |r| {
+        let k = Dequantize::<T, W> {
+            // SAFETY: as in `quantize_width`.
+            codes: unsafe { cp.at(W::units(r.start)) } as *const W::Code,
+            scales: unsafe { sp.at(r.start / block) } as *const f32,
+            out: unsafe { op.at(r.start) },
+            n: r.len(),
+            block,
+        };
+        // SAFETY: as in `quantize_width`.
+        unsafe { dispatch(exec.isa(), k) }
+    });
+    Ok(())
 }
 
 /// Quantize `x` in blocks of `block` values: `q` gets one code per value, `scales` one
@@ -111,26 +227,7 @@ pub fn quantize<T: Float>(
     q: &mut [i8],
     scales: &mut [f32],
 ) -> Result<(), KernelError> {
-    check_lengths(x.len(), block, q.len(), scales.len())?;
-    let (xp, qp, sp) = (
-        SendPtr(x.as_ptr() as *mut T),
-        SendPtr(q.as_mut_ptr()),
-        SendPtr(scales.as_mut_ptr()),
-    );
-    par::map(exec, x.len(), block, |r| {
-        let k = Quantize {
-            // SAFETY: chunks start at multiples of `block` and lie within the slices,
-            // checked to hold n values and n / block (rounded up) scales.
-            x: unsafe { xp.at(r.start) } as *const T,
-            q: unsafe { qp.at(r.start) },
-            scales: unsafe { sp.at(r.start / block) },
-            n: r.len(),
-            block,
-        };
-        // SAFETY: an `Exec`'s level is available on this CPU; the pointers are valid.
-        unsafe { dispatch(exec.isa(), k) }
-    });
-    Ok(())
+    quantize_width::<T, Int8>(exec, x, block, q, scales)
 }
 
 /// Read codes and scales made by [`quantize`] back into `out`.
@@ -141,23 +238,5 @@ pub fn dequantize<T: Float>(
     block: usize,
     out: &mut [T],
 ) -> Result<(), KernelError> {
-    check_lengths(out.len(), block, q.len(), scales.len())?;
-    let (qp, sp, op) = (
-        SendPtr(q.as_ptr() as *mut i8),
-        SendPtr(scales.as_ptr() as *mut f32),
-        SendPtr(out.as_mut_ptr()),
-    );
-    par::map(exec, out.len(), block, |r| {
-        let k = Dequantize {
-            // SAFETY: as in `quantize`.
-            q: unsafe { qp.at(r.start) } as *const i8,
-            scales: unsafe { sp.at(r.start / block) } as *const f32,
-            out: unsafe { op.at(r.start) },
-            n: r.len(),
-            block,
-        };
-        // SAFETY: as in `quantize`.
-        unsafe { dispatch(exec.isa(), k) }
-    });
-    Ok(())
+    dequantize_width::<T, Int8>(exec, q, scales, block, out)
 }
