@@ -11,10 +11,13 @@
 //!
 //! Lengths follow [`Communicator`]'s conventions (equal blocks, rank order).
 
-use zero_kernels::device::{Buffer, DView, DViewMut, Device};
-use zero_kernels::Element;
+use std::cell::RefCell;
+use std::rc::Rc;
 
-use crate::communicator::{lower, Communicator, RawBuf, RawCall, ReduceOp};
+use zero_kernels::device::{Buffer, DView, DViewMut, Device, HostWork, Retained};
+use zero_kernels::{Element, KernelError};
+
+use crate::communicator::{lower, Communicator, InFlight, RawBuf, RawCall, ReduceOp};
 use crate::error::{CommError, Result};
 use crate::staged::Staging;
 
@@ -30,6 +33,40 @@ fn raw<B: Buffer>(buf: &B, range: std::ops::Range<usize>) -> RawBuf {
     }
 }
 
+/// A started collective as the device sees it. A transport error is kept typed in
+/// `error` for the call that started it (when the device waits there) and given to the
+/// device as text (when it surfaces at a later call).
+struct Polled {
+    name: &'static str,
+    work: Box<dyn InFlight>,
+    error: Rc<RefCell<Option<CommError>>>,
+}
+
+/// Keep `e` typed for the starting call; the device gets its text.
+fn keep(error: &RefCell<Option<CommError>>, task: &'static str, e: CommError) -> KernelError {
+    let message = e.to_string();
+    *error.borrow_mut() = Some(e);
+    KernelError::HostWork { task, message }
+}
+
+impl HostWork for Polled {
+    fn test(&mut self) -> std::result::Result<bool, KernelError> {
+        self.work
+            .test()
+            .map_err(|e| keep(&self.error, self.name, e))
+    }
+    fn wait(&mut self) -> std::result::Result<(), KernelError> {
+        self.work
+            .wait()
+            .map_err(|e| keep(&self.error, self.name, e))
+    }
+}
+
+/// Start `call` as host work on `stream` ([`Device::host_task_started`]): on a device
+/// that overlaps (the CPU), it runs behind the ops queued after it, polled between them;
+/// elsewhere the device waits for it in place. `bufs` are the buffers it touches, kept
+/// allocated while it is in flight.
+#[allow(clippy::too_many_arguments)]
 fn run<C: Communicator, D: Device>(
     comm: &C,
     dev: &D,
@@ -37,15 +74,36 @@ fn run<C: Communicator, D: Device>(
     name: &'static str,
     reads: &[zero_kernels::device::Access<'_>],
     writes: &[zero_kernels::device::Access<'_>],
+    retain: Vec<Option<Retained>>,
     call: RawCall,
 ) -> Result<()> {
-    dev.host_task(stream, name, reads, writes, || {
-        // SAFETY: the views behind `call` are borrowed for this function; the device
-        // runs nothing else on them while the task runs (it is ordered on `stream`
-        // and checked against the other streams by the device's rules).
-        unsafe { comm.execute(&call) }
+    let error: Rc<RefCell<Option<CommError>>> = Rc::default();
+    let started = dev.host_task_started(
+        stream,
+        name,
+        reads,
+        writes,
+        retain.into_iter().flatten().collect(),
+        || {
+            // SAFETY: the device orders the collective on `stream` like a kernel that
+            // reads and writes these views, so nothing else touches them until it has
+            // finished, and `retain` keeps their memory allocated until then.
+            match unsafe { comm.start(&call) } {
+                Ok(work) => Ok(Box::new(Polled {
+                    name,
+                    work,
+                    error: Rc::clone(&error),
+                }) as Box<dyn HostWork>),
+                Err(e) => Err(keep(&error, name, e)),
+            }
+        },
+    );
+    started.map_err(|e| {
+        error
+            .borrow_mut()
+            .take()
+            .unwrap_or_else(|| CommError::device(comm.world_rank(), name, e.to_string()))
     })
-    .map_err(|e| CommError::device(comm.world_rank(), name, e.to_string()))?
 }
 
 /// Reduce `buf` across ranks in place.
@@ -60,7 +118,17 @@ pub fn all_reduce<C: Communicator, D: Device, T: Element>(
         return staged::all_reduce(comm, st, dev, stream, buf, op);
     }
     let call = lower::all_reduce(None, raw(buf.buffer(), buf.range()), T::DTYPE, op);
-    run(comm, dev, stream, "all_reduce", &[], &[buf.access()], call)
+    let retain = vec![buf.buffer().retain()];
+    run(
+        comm,
+        dev,
+        stream,
+        "all_reduce",
+        &[],
+        &[buf.access()],
+        retain,
+        call,
+    )
 }
 
 /// Reduce `send` (size x block) across ranks; this rank receives block `rank` in `recv`.
@@ -82,6 +150,7 @@ pub fn reduce_scatter<C: Communicator, D: Device, T: Element>(
         T::DTYPE,
         op,
     );
+    let retain = vec![send.buffer().retain(), recv.buffer().retain()];
     run(
         comm,
         dev,
@@ -89,6 +158,7 @@ pub fn reduce_scatter<C: Communicator, D: Device, T: Element>(
         "reduce_scatter",
         &[send.access()],
         &[recv.access()],
+        retain,
         call,
     )
 }
@@ -110,6 +180,7 @@ pub fn all_gather<C: Communicator, D: Device, T: Element>(
         raw(recv.buffer(), recv.range()),
         T::DTYPE,
     );
+    let retain = vec![send.buffer().retain(), recv.buffer().retain()];
     run(
         comm,
         dev,
@@ -117,6 +188,7 @@ pub fn all_gather<C: Communicator, D: Device, T: Element>(
         "all_gather",
         &[send.access()],
         &[recv.access()],
+        retain,
         call,
     )
 }
@@ -133,7 +205,17 @@ pub fn all_gather_in_place<C: Communicator, D: Device, T: Element>(
         return staged::all_gather_in_place(comm, st, dev, stream, buf);
     }
     let call = lower::all_gather(None, raw(buf.buffer(), buf.range()), T::DTYPE);
-    run(comm, dev, stream, "all_gather", &[], &[buf.access()], call)
+    let retain = vec![buf.buffer().retain()];
+    run(
+        comm,
+        dev,
+        stream,
+        "all_gather",
+        &[],
+        &[buf.access()],
+        retain,
+        call,
+    )
 }
 
 /// Copy `buf` of rank `root` into `buf` of every rank.
@@ -149,7 +231,17 @@ pub fn broadcast<C: Communicator, D: Device, T: Element>(
         return staged::broadcast(comm, st, dev, stream, buf, root);
     }
     let call = lower::broadcast(raw(buf.buffer(), buf.range()), T::DTYPE, root);
-    run(comm, dev, stream, "broadcast", &[], &[buf.access()], call)
+    let retain = vec![buf.buffer().retain()];
+    run(
+        comm,
+        dev,
+        stream,
+        "broadcast",
+        &[],
+        &[buf.access()],
+        retain,
+        call,
+    )
 }
 
 /// Exchange equal blocks: block r of `send` goes to rank r, block r of `recv` comes from
@@ -170,6 +262,7 @@ pub fn all_to_all<C: Communicator, D: Device, T: Element>(
         raw(recv.buffer(), recv.range()),
         T::DTYPE,
     );
+    let retain = vec![send.buffer().retain(), recv.buffer().retain()];
     run(
         comm,
         dev,
@@ -177,6 +270,7 @@ pub fn all_to_all<C: Communicator, D: Device, T: Element>(
         "all_to_all",
         &[send.access()],
         &[recv.access()],
+        retain,
         call,
     )
 }

@@ -104,6 +104,16 @@ pub enum KernelError {
     /// A device failed (or refuses work after an earlier failure).
     #[error("device: {0}")]
     Device(String),
+    /// Host work started on a stream failed when it was polled or waited for (the
+    /// transport's own error, as text: it surfaces at a later call, as a GPU's
+    /// asynchronous errors do).
+    #[error("{task}: {message}")]
+    HostWork {
+        /// The task's name ("reduce_scatter").
+        task: &'static str,
+        /// What the transport said.
+        message: String,
+    },
     /// The crate was built without the `cuda` feature.
     #[error("zero-kernels was built without the `cuda` feature")]
     NotCompiledWithCuda,

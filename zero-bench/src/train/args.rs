@@ -157,6 +157,15 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 1, value_name = "K")]
     pub threads: usize,
 
+    /// Wait for each collective where the engine issues it. By default (--device host)
+    /// the engine's collectives are non-blocking MPI calls left running while compute
+    /// goes on, and the device polls them (MPI_Test) between the ops it runs, because
+    /// Open MPI moves a host collective forward only inside MPI calls. The step is the
+    /// same either way; the summary's overlap line says how much communication ran
+    /// behind compute.
+    #[arg(long)]
+    pub no_overlap: bool,
+
     /// Where to compute: `host` (this CPU, --threads per rank); `cuda` (the GPU of this
     /// rank's node-local rank) or `cuda:N` (GPU N; a zero-bench built with the `cuda`
     /// feature; several ranks exchange GPU memory as --comm says; bf16 runs its products on

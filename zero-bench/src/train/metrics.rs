@@ -8,7 +8,9 @@
 //! holds}, for an engine built on node groups (a run of a stage list where some run uses
 //! hpZ or qgZ) `node_comm_sent_bytes` and `cross_comm_sent_bytes` (the same per kind on
 //! the node and cross-node groups), and with host-staged communication (`--comm mpi-staged`) `host_staging_bytes`
-//! (the staging buffers, host memory beside the device ledger). Non-finite numbers (an overflowed gradient norm) are written as null.
+//! (the staging buffers, host memory beside the device ledger), and where collectives ran as
+//! host work (`--device host`) `comm_seconds` and `comm_exposed_seconds` (how long they ran,
+//! and how much of that held the rank up: `zero_kernels::device::OverlapStats`). Non-finite numbers (an overflowed gradient norm) are written as null.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -68,6 +70,13 @@ pub fn step_json(stage: usize, r: &StepReport, tokens: u64, staging: Option<u64>
     if let Some(obj) = line.as_object_mut() {
         if let Some(bytes) = staging {
             obj.insert("host_staging_bytes".into(), json!(bytes));
+        }
+        if r.overlap.tasks > 0 {
+            obj.insert("comm_seconds".into(), num(r.overlap.total_seconds));
+            obj.insert(
+                "comm_exposed_seconds".into(),
+                num(r.overlap.exposed_seconds),
+            );
         }
         if let Some(g) = &r.node_comm {
             obj.insert(
@@ -158,6 +167,7 @@ impl Metrics {
 mod tests {
     use super::*;
     use std::collections::BTreeMap;
+    use zero_kernels::device::OverlapStats;
 
     #[test]
     fn a_step_has_every_field_and_nan_is_null() {
@@ -172,6 +182,11 @@ mod tests {
             diverged: None,
             seconds: 0.5,
             comm: Default::default(),
+            overlap: OverlapStats {
+                tasks: 2,
+                exposed_seconds: 0.25,
+                total_seconds: 1.0,
+            },
             memory: BTreeMap::from([(MemCategory::Params, 10)]),
         };
         let v = step_json(2, &r, 1024, None);
@@ -185,6 +200,8 @@ mod tests {
         assert_eq!(v["comm_sent_bytes"]["all_gather"], 0);
         assert!(v["comm_sent_bytes"].get("barrier").is_none());
         assert!(v.get("host_staging_bytes").is_none());
+        assert_eq!(v["comm_seconds"], 1.0);
+        assert_eq!(v["comm_exposed_seconds"], 0.25);
         let staged = step_json(2, &r, 1024, Some(4096));
         assert_eq!(staged["host_staging_bytes"], 4096);
     }
@@ -207,6 +224,7 @@ mod tests {
             diverged: None,
             seconds: 0.1,
             comm: Default::default(),
+            overlap: OverlapStats::default(),
             memory: BTreeMap::new(),
         };
         m.write(0, &r, 1, None).unwrap();

@@ -144,6 +144,7 @@ fn run_on(args: &TrainArgs, comm: Option<&WorldComm>) -> Result<(), Failure> {
     match args.device {
         DeviceChoice::Host => {
             let dev = HostDevice::with_threads(args.threads);
+            dev.set_overlap(!args.no_overlap);
             with_backend(args, loaded, comm, backend, &dev)
         }
         DeviceChoice::SimGpu => {
@@ -530,6 +531,9 @@ fn run_with<E: Communicator, D: BenchDevice>(
                     summary(&r, c.data.path == "builtin");
                     if let Some(t) = &r.nodes {
                         println!("{}", t.render(r.stage));
+                    }
+                    if let Some(o) = &r.overlap {
+                        println!("{}", o.render(r.stage));
                     }
                 }
                 results.push(r);

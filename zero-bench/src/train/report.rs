@@ -271,6 +271,37 @@ pub struct StageResult {
     /// Traffic on the node groups (an engine built on nodes: hpZ, qgZ).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nodes: Option<NodeTraffic>,
+    /// How much of the communication ran behind compute (collectives left running on
+    /// the host device); absent where none ran that way.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overlap: Option<CommOverlap>,
+}
+
+/// Communication time per step, and the share of it compute hid: means over the steps
+/// after the first and over the ranks (`zero_kernels::device::OverlapStats`).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct CommOverlap {
+    /// Collectives started per step.
+    pub collectives_per_step: f64,
+    /// Seconds they ran per step (from each start until the rank saw it finish).
+    pub comm_seconds_per_step: f64,
+    /// Seconds of that the rank was held up (starting them, and blocked waiting).
+    pub exposed_seconds_per_step: f64,
+    /// 1 - exposed / comm: the share that ran behind compute.
+    pub hidden_fraction: f64,
+}
+
+impl CommOverlap {
+    /// One line for the end of a run.
+    pub fn render(&self, stage: usize) -> String {
+        format!(
+            "overlap ZeRO-{stage}: {:.0}% of the communication ran behind compute ({:.1} of {:.1} ms per step held the rank up; {:.0} collectives per step)",
+            self.hidden_fraction * 100.0,
+            self.exposed_seconds_per_step * 1e3,
+            self.comm_seconds_per_step * 1e3,
+            self.collectives_per_step
+        )
+    }
 }
 
 /// Per-step traffic of a run on M nodes of L ranks, measured and from the ledger.
@@ -327,6 +358,24 @@ pub fn add_round(into: &mut StageResult, later: &StageResult) {
     let n = into.round_step_seconds.len().max(1) as f64;
     into.mean_step_seconds = into.round_step_seconds.iter().sum::<f64>() / n;
     into.tokens_per_s = into.tokens_per_step as f64 / into.mean_step_seconds.max(f64::MIN_POSITIVE);
+    // Overlap: the mean over rounds, each round weighing the same.
+    let rounds = into.round_step_seconds.len() as f64;
+    if let (Some(a), Some(b)) = (into.overlap.as_mut(), later.overlap.as_ref()) {
+        let mix = |x: f64, y: f64| x + (y - x) / rounds;
+        a.collectives_per_step = mix(a.collectives_per_step, b.collectives_per_step);
+        a.comm_seconds_per_step = mix(a.comm_seconds_per_step, b.comm_seconds_per_step);
+        a.exposed_seconds_per_step = mix(a.exposed_seconds_per_step, b.exposed_seconds_per_step);
+        a.hidden_fraction = hidden(a.exposed_seconds_per_step, a.comm_seconds_per_step);
+    }
+}
+
+/// 1 - exposed / total (0 without communication).
+pub fn hidden(exposed: f64, total: f64) -> f64 {
+    if total > 0.0 {
+        1.0 - exposed / total
+    } else {
+        0.0
+    }
 }
 
 /// The CPU targets for the step-time ratio to stage 0.
@@ -456,7 +505,34 @@ mod tests {
             skipped_steps: 0,
             divergent_steps: 0,
             nodes: None,
+            overlap: None,
         }
+    }
+
+    #[test]
+    fn rounds_average_the_overlap() {
+        let overlap = |exposed: f64| CommOverlap {
+            collectives_per_step: 10.0,
+            comm_seconds_per_step: 0.2,
+            exposed_seconds_per_step: exposed,
+            hidden_fraction: hidden(exposed, 0.2),
+        };
+        let mut a = StageResult {
+            overlap: Some(overlap(0.1)),
+            ..result(2, 0.5)
+        };
+        let b = StageResult {
+            overlap: Some(overlap(0.05)),
+            ..result(2, 0.5)
+        };
+        add_round(&mut a, &b);
+        let o = a.overlap.expect("kept");
+        assert!((o.exposed_seconds_per_step - 0.075).abs() < 1e-12);
+        assert!((o.hidden_fraction - 0.625).abs() < 1e-12);
+        assert!(o
+            .render(2)
+            .contains("of the communication ran behind compute"));
+        assert_eq!(hidden(0.0, 0.0), 0.0);
     }
 
     #[test]

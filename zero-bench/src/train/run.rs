@@ -24,7 +24,7 @@ use super::init_from::{self, InitFile};
 use super::launch::{agree, Failure, PREEMPTED_EXIT_CODE};
 use super::metrics::Metrics;
 use super::progress::Progress;
-use super::report::{self, NodeTraffic, StageResult};
+use super::report::{self, CommOverlap, NodeTraffic, StageResult};
 use super::rss;
 use super::signals;
 
@@ -292,6 +292,7 @@ where
     );
     let mut losses = Vec::with_capacity(steps);
     let mut seconds = Vec::with_capacity(steps);
+    let mut overlaps = Vec::with_capacity(steps);
     let mut sent = 0u64;
     // On nodes (hpZ, qgZ): bytes on the node and cross-node groups.
     let mut group_sent: Option<(u64, u64)> = None;
@@ -315,6 +316,7 @@ where
         progress.step(&r, tokens_per_step);
         losses.push(r.loss);
         seconds.push(r.seconds);
+        overlaps.push(r.overlap);
         sent += r.comm.total().bytes_sent;
         if let Some(g) = &r.node_comm {
             let (node, cross) = group_sent.get_or_insert((0, 0));
@@ -374,6 +376,29 @@ where
     let mut mean = [timed.iter().sum::<f64>() / timed.len().max(1) as f64];
     comm.all_reduce(&mut mean[..], ReduceOp::Max)
         .context("agreeing on the step time")?;
+    // Overlap: the same steps, the mean over ranks.
+    let timed_overlap = if overlaps.len() > 1 {
+        &overlaps[1..]
+    } else {
+        &overlaps[..]
+    };
+    let per_timed_step = timed_overlap.len().max(1) as f64 * world as f64;
+    let mut overlap_sums = timed_overlap.iter().fold([0.0f64; 3], |a, o| {
+        [
+            a[0] + o.tasks as f64,
+            a[1] + o.total_seconds,
+            a[2] + o.exposed_seconds,
+        ]
+    });
+    comm.all_reduce(&mut overlap_sums[..], ReduceOp::Sum)
+        .context("adding up the communication overlap")?;
+    let [collectives, comm_seconds, exposed] = overlap_sums.map(|x| x / per_timed_step);
+    let overlap = (collectives > 0.0).then(|| CommOverlap {
+        collectives_per_step: collectives,
+        comm_seconds_per_step: comm_seconds,
+        exposed_seconds_per_step: exposed,
+        hidden_fraction: report::hidden(exposed, comm_seconds),
+    });
     let peak = gather_u64(comm, rss::peak_bytes().unwrap_or(0))?;
 
     let formula = PaperFormula::for_precision(stage, config.precision.dtype, plan.numel, world)
@@ -411,6 +436,7 @@ where
         divergent_steps: engine.divergences(),
         comm_plan_bytes_per_step: comm_plan.sent_bytes(),
         nodes: node_traffic,
+        overlap,
     })
 }
 

@@ -37,7 +37,7 @@ mod step;
 use std::collections::BTreeMap;
 
 use zero_comm::{CommError, CommStats, Communicator, NodeGroups};
-use zero_kernels::device::{Buffer, Device};
+use zero_kernels::device::{Buffer, Device, OverlapStats};
 use zero_kernels::{DType, Float, KernelError};
 
 use crate::config::{ConfigError, EngineConfig, Precision, Stage};
@@ -155,6 +155,10 @@ pub struct StepReport {
     pub comm: CommStats,
     /// The same on the node and cross-node groups (an engine built [`Engine::on_nodes`]).
     pub node_comm: Option<NodeStats>,
+    /// How much of the step's communication ran behind compute (the CPU's progress
+    /// mechanism, `zero_kernels::device::HostDevice::set_overlap`); zeros on devices
+    /// that wait for each collective where it is issued.
+    pub overlap: OverlapStats,
     /// Bytes held per memory category (measured from the allocations).
     pub memory: BTreeMap<MemCategory, u64>,
 }

@@ -9,7 +9,11 @@
 //! - stages 2/3 reducing every micro-step: a unit's gradient is complete after the
 //!   backward of the first layer of each of its uses (`plan/uses.rs`); its chunks go
 //!   through the reducer right away and reduce on comm while compute runs the next
-//!   layer.
+//!   layer;
+//! - full gradients (stage 0; stage 1 without sharded gradients): on the last micro-step,
+//!   a unit's gradient is whole after the backward of the earliest layer of all its
+//!   uses, and it is all-reduced (stage 1: reduce-scattered) then, on comm, while compute
+//!   runs the layers below (DDP's gradient buckets, in units).
 //!
 //! The model computes in f32: 16-bit parameters are widened into the ParamWindow per
 //! layer, and 16-bit (or sharded) gradients are written into the GradWindow first.
@@ -62,6 +66,7 @@ pub(super) fn backward<P: Float, W: Float, D: Device, C: Communicator, M: Model<
     bufs: &mut Buffers<D>,
     model: &mut M,
     weight: f32,
+    last_micro_step: bool,
 ) -> Result<(), EngineError> {
     let layers = core.spec.layers.len();
     let sharded = core.plan.grads_sharded;
@@ -143,6 +148,11 @@ pub(super) fn backward<P: Float, W: Float, D: Device, C: Communicator, M: Model<
                         .slice_mut(shard_at + c.start..shard_at + c.end);
                     reducer.land::<W, P, C>(core, sent, dst, Landing::Add)?;
                 }
+            }
+        }
+        if !sharded && last_micro_step {
+            for u in core.plan.fully_computed_after(l) {
+                super::step::reduce_full_unit::<P, W, D, C>(core, bufs, u)?;
             }
         }
         if let Some(step) = step {

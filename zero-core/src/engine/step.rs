@@ -72,6 +72,7 @@ impl<D: Device, C: Communicator> Engine<'_, D, C> {
             ..
         } = self;
         let comm_before = core.comm.stats();
+        let overlap_before = core.dev.overlap_stats();
         let groups_before = core.nodes.map(NodeStats::of);
         let (n, a) = (core.comm.size(), batches.len());
         let loss_scale = scaler.scale;
@@ -91,14 +92,17 @@ impl<D: Device, C: Communicator> Engine<'_, D, C> {
                 model.loss(),
                 bufs.losses.slice_mut(m..m + 1),
             )?;
-            passes::backward::<P, W, D, C, M>(core, bufs, model, weight)?;
+            let last = m + 1 == batches.len();
+            passes::backward::<P, W, D, C, M>(core, bufs, model, weight, last)?;
         }
 
-        // 2. Full gradients are reduced once per step.
-        match (core.config.zero.stage, core.plan.grads_sharded) {
-            (Stage::Zero0, _) => all_reduce_full::<P, W, D, C>(core, bufs)?,
-            (_, false) => reduce_scatter_full::<P, W, D, C>(core, bufs)?,
-            (_, true) => {} // reduced during the backward
+        // 2. Full gradients are reduced once per step, each unit as soon as the last
+        //    micro-step's backward has completed it (passes.rs), as DDP's buckets are;
+        //    here only the units no layer uses.
+        if !core.plan.grads_sharded {
+            for u in (0..core.plan.uses.len()).filter(|&u| core.plan.uses[u].is_empty()) {
+                reduce_full_unit::<P, W, D, C>(core, bufs, u)?;
+            }
         }
 
         // 3. Agree across ranks on overflow, gradient norm and loss; judge the loss.
@@ -201,6 +205,7 @@ impl<D: Device, C: Communicator> Engine<'_, D, C> {
             diverged,
             seconds: start.elapsed().as_secs_f64(),
             comm: self.core.comm.stats() - comm_before,
+            overlap: self.core.dev.overlap_stats() - overlap_before,
             node_comm: self
                 .core
                 .nodes
@@ -229,36 +234,28 @@ fn start_step<P: Float, D: Device, C: Communicator>(
     Ok(())
 }
 
-/// Stage 0: all-reduce every unit's full gradient (in place when P = W, else in
-/// bucket-sized chunks through a bucket).
-fn all_reduce_full<P: Float, W: Float, D: Device, C: Communicator>(
+/// Full gradients (stage 0, and stage 1 without sharded gradients): reduce unit `u`'s
+/// whole gradient. Stage 0 all-reduces it (in place when P = W, else in bucket-sized
+/// chunks through a bucket); stage 1 reduce-scatters it so that this rank's block holds
+/// the sum (the other blocks keep stale local values, never read).
+pub(super) fn reduce_full_unit<P: Float, W: Float, D: Device, C: Communicator>(
     core: &Core<'_, D, C>,
     bufs: &mut Buffers<D>,
+    u: usize,
 ) -> Result<(), EngineError> {
     let Buffers { grads, reducer, .. } = bufs;
-    let grads = grads.get_mut::<P>()?;
-    for at in &core.plan.placements {
-        reducer.all_reduce::<P, W, C>(core, grads, at.grads.clone(), core.plan.bucket_len)?;
+    let at = &core.plan.placements[u];
+    if core.config.zero.stage == Stage::Zero0 {
+        let grads = grads.get_mut::<P>()?;
+        return reducer.all_reduce::<P, W, C>(core, grads, at.grads.clone(), core.plan.bucket_len);
     }
-    Ok(())
-}
-
-/// Stages 1-3 with full gradients: reduce-scatter each unit's full gradient so that this
-/// rank's block holds the sum (the other blocks keep stale local values, never read).
-fn reduce_scatter_full<P: Float, W: Float, D: Device, C: Communicator>(
-    core: &Core<'_, D, C>,
-    bufs: &mut Buffers<D>,
-) -> Result<(), EngineError> {
-    let Buffers { grads, reducer, .. } = bufs;
-    for (u, at) in core.plan.placements.iter().enumerate() {
-        let shard_len = core.layout.units[u].shard_len;
-        for c in core.plan.shard_chunks(shard_len) {
-            let src = grads.get::<P>()?.slice(at.grads.clone());
-            let sent = reducer.send::<P, W, C>(core, src, shard_len, c.clone())?;
-            let own = at.reduced_grads.start;
-            let dst = grads.get_mut::<P>()?.slice_mut(own + c.start..own + c.end);
-            reducer.land::<W, P, C>(core, sent, dst, Landing::Overwrite)?;
-        }
+    let shard_len = core.layout.units[u].shard_len;
+    for c in core.plan.shard_chunks(shard_len) {
+        let src = grads.get::<P>()?.slice(at.grads.clone());
+        let sent = reducer.send::<P, W, C>(core, src, shard_len, c.clone())?;
+        let own = at.reduced_grads.start;
+        let dst = grads.get_mut::<P>()?.slice_mut(own + c.start..own + c.end);
+        reducer.land::<W, P, C>(core, sent, dst, Landing::Overwrite)?;
     }
     Ok(())
 }

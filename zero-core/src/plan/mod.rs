@@ -700,6 +700,13 @@ impl BufferPlan {
         (0..self.uses.len()).filter(move |&u| self.uses[u].iter().any(|x| x.first == l))
     }
 
+    /// Full gradients: the units whose whole gradient (every use) is complete after layer
+    /// `l`'s backward, the earliest layer of any use (the backward runs from the last
+    /// layer down), to reduce then on the last micro-step.
+    pub fn fully_computed_after(&self, l: usize) -> impl Iterator<Item = usize> + '_ {
+        (0..self.uses.len()).filter(move |&u| self.uses[u].iter().map(|x| x.first).min() == Some(l))
+    }
+
     /// Sharded gradients: whether unit `u`'s accumulator starts a new use at layer
     /// `l`'s backward (zero it first).
     pub fn starts_accumulating(&self, u: usize, l: usize) -> bool {

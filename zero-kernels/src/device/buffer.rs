@@ -48,6 +48,12 @@ pub trait Buffer: Debug {
     /// memory. For collectives that take raw buffers; dereference only what
     /// [`Buffer::location`] says is reachable.
     fn raw_ptr(&self) -> *mut Self::Elem;
+    /// A handle that keeps the allocation alive while work holding [`Buffer::raw_ptr`]
+    /// is in flight ([`super::Device::host_task_started`]); `None` where the device
+    /// waits for such work before returning, so nothing needs keeping.
+    fn retain(&self) -> Option<super::Retained> {
+        None
+    }
 
     /// The whole buffer, to read.
     fn view(&self) -> View<'_, Self>

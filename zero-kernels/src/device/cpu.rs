@@ -15,8 +15,8 @@ use std::ops::Range;
 use std::rc::Rc;
 
 use super::{
-    Access, AdamWStep, AdamWViews, Buffer, Device, LayerNormGrads, LayerNormOut, LayerNormSaved,
-    Location, MatMul, Result, View, ViewMut,
+    Access, AdamWStep, AdamWViews, Buffer, Device, HostWork, LayerNormGrads, LayerNormOut,
+    LayerNormSaved, Location, MatMul, OverlapStats, Result, Retained, View, ViewMut,
 };
 use crate::adamw::{self, AdamWHyper, AdamWSegment, AdamWState};
 use crate::dtype::{DType, Element};
@@ -107,6 +107,9 @@ impl<T: Element> Buffer for CpuBuffer<T> {
     }
     fn raw_ptr(&self) -> *mut T {
         self.st.ptr
+    }
+    fn retain(&self) -> Option<super::Retained> {
+        Some(Box::new(Rc::clone(&self.st)))
     }
 }
 
@@ -300,6 +303,28 @@ pub trait CpuQueue {
     ) -> Result<()>;
     /// Make `read` valid for the host to read after `stream`'s work (waits), checked.
     fn host_read(&self, stream: &CpuStream, name: &'static str, read: &Access<'_>) -> Result<()>;
+    /// Start host work ordered on `stream` ([`Device::host_task_started`]). This default
+    /// runs it as a host task and waits for it there.
+    fn run_started_task(
+        &self,
+        stream: &CpuStream,
+        name: &'static str,
+        reads: &[Access<'_>],
+        writes: &[Access<'_>],
+        retain: Vec<Retained>,
+        start: &mut dyn FnMut() -> Result<Box<dyn HostWork>>,
+    ) -> Result<()> {
+        drop(retain);
+        let mut out = Ok(());
+        self.run_host_task(stream, name, reads, writes, &mut || {
+            out = start().and_then(|mut work| work.wait());
+        })?;
+        out
+    }
+    /// Started host work's time so far ([`Device::overlap_stats`]).
+    fn overlap_stats(&self) -> OverlapStats {
+        OverlapStats::default()
+    }
 }
 
 /// Allocated buffers get ids from this counter (per device).
@@ -380,6 +405,35 @@ impl<Q: CpuQueue> Device for Q {
             }
         })?;
         out.ok_or_else(|| KernelError::Device(format!("host task '{name}' did not run")))
+    }
+
+    fn host_task_started(
+        &self,
+        stream: &CpuStream,
+        name: &'static str,
+        reads: &[Access<'_>],
+        writes: &[Access<'_>],
+        retain: Vec<Retained>,
+        start: impl FnOnce() -> Result<Box<dyn HostWork>>,
+    ) -> Result<()> {
+        let mut start = Some(start);
+        self.run_started_task(
+            stream,
+            name,
+            reads,
+            writes,
+            retain,
+            &mut || match start.take() {
+                Some(f) => f(),
+                None => Err(KernelError::Device(format!(
+                    "host task '{name}' was started twice"
+                ))),
+            },
+        )
+    }
+
+    fn overlap_stats(&self) -> OverlapStats {
+        CpuQueue::overlap_stats(self)
     }
 
     fn upload<T: Element>(

@@ -2,23 +2,69 @@
 //! streams and events order nothing (everything is already in program order) and cost
 //! nothing. The kernels are this crate's vectorised CPU kernels ([`Exec`]: instruction
 //! set picked at run time, threads opt-in).
+//!
+//! One exception, overlap ([`HostDevice::set_overlap`], on by default): host work that
+//! finishes later ([`Device::host_task_started`]: a non-blocking MPI collective) is
+//! started and left running. Until it has finished, the ops queued on its stream wait in
+//! a list behind it, and ops on other streams run at once, as before: compute runs while
+//! the collective is in flight. Open MPI moves a host collective forward only inside MPI
+//! calls, so before every op it runs the device polls the work in flight (`MPI_Test`);
+//! when one has finished, the ops waiting behind it run. Events name the started work
+//! they come after; waiting for one (or a host task, or a read, on that stream) blocks
+//! until it has finished. These are the GPU's ordering rules, which the engine is
+//! checked against on [`super::SimDevice`], so what is correct there is correct here.
+//!
+//! [`Device::host_task_started`]: super::Device::host_task_started
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
+use std::time::Instant;
 
 use super::cpu::{CpuEvent, CpuOp, CpuQueue, CpuStream, Ids};
-use super::{Access, Result};
+use super::{Access, HostWork, OverlapStats, Result, Retained};
 use crate::isa::Exec;
 use crate::nn::Gemm;
 
+/// Host work in flight on one stream, and the ops queued there behind it.
+struct Started {
+    name: &'static str,
+    work: Box<dyn HostWork>,
+    /// The buffers the work reads and writes, kept allocated until it has finished.
+    retain: Vec<Retained>,
+    since: Instant,
+    waiting: Vec<CpuOp>,
+}
+
+/// A stream's started work: the one in flight, and how many have finished.
+#[derive(Default)]
+struct StreamWork {
+    in_flight: Option<Started>,
+    started: u64,
+    finished: u64,
+}
+
 /// The CPU, running every op when it is queued.
-#[derive(Debug)]
 pub struct HostDevice {
     exec: Exec,
     gemm: Gemm,
     ids: Ids,
-    streams: Cell<usize>,
+    streams: RefCell<Vec<StreamWork>>,
+    /// Any stream has work in flight (the fast path of every op skips the poll).
+    busy: Cell<bool>,
+    overlap: Cell<bool>,
+    overlap_stats: Cell<OverlapStats>,
     /// f32 products with bf16 operands ([`super::Device::set_bf16_products`]).
     bf16_products: Cell<bool>,
+}
+
+impl std::fmt::Debug for HostDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostDevice")
+            .field("exec", &self.exec)
+            .field("gemm", &self.gemm)
+            .field("overlap", &self.overlap.get())
+            .field("bf16_products", &self.bf16_products.get())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for HostDevice {
@@ -49,7 +95,10 @@ impl HostDevice {
             exec,
             gemm: Gemm::new(gemm_threads),
             ids: Ids::default(),
-            streams: Cell::new(0),
+            streams: RefCell::new(Vec::new()),
+            busy: Cell::new(false),
+            overlap: Cell::new(true),
+            overlap_stats: Cell::new(OverlapStats::default()),
             bf16_products: Cell::new(false),
         }
     }
@@ -57,6 +106,134 @@ impl HostDevice {
     /// The kernels' execution settings.
     pub fn exec(&self) -> &Exec {
         &self.exec
+    }
+
+    /// Leave started host work (non-blocking collectives) running behind the ops that
+    /// follow (`true`, the default), or wait for each where it is started (`false`:
+    /// communication never overlaps compute; for measuring what overlap hides).
+    pub fn set_overlap(&self, on: bool) {
+        self.overlap.set(on);
+    }
+
+    /// Whether started host work is left running ([`HostDevice::set_overlap`]).
+    pub fn overlap(&self) -> bool {
+        self.overlap.get()
+    }
+
+    fn account(&self, exposed: f64, total: f64) {
+        let mut s = self.overlap_stats.get();
+        s.exposed_seconds += exposed;
+        s.total_seconds += total;
+        self.overlap_stats.set(s);
+    }
+
+    /// Poll every stream's work in flight; run the ops behind what has finished.
+    fn progress(&self) -> Result<()> {
+        if !self.busy.get() {
+            return Ok(());
+        }
+        let n = self.streams.borrow().len();
+        for s in 0..n {
+            self.advance(s, false)?;
+        }
+        Ok(())
+    }
+
+    /// Finish stream `s`'s work in flight (`block`), or poll it once; when finished, run
+    /// the ops queued behind it.
+    fn advance(&self, s: usize, block: bool) -> Result<()> {
+        let taken = self
+            .streams
+            .borrow_mut()
+            .get_mut(s)
+            .and_then(|w| w.in_flight.take());
+        let Some(mut started) = taken else {
+            return Ok(());
+        };
+        let t0 = Instant::now();
+        let finished = if block {
+            started.work.wait().map(|()| true)
+        } else {
+            started.work.test()
+        };
+        let finished = match finished {
+            Ok(f) => f,
+            Err(e) => {
+                // The transport may still hold the buffers' addresses: never free them.
+                std::mem::forget(started.retain);
+                self.refresh_busy();
+                return Err(e);
+            }
+        };
+        if !finished {
+            if let Some(w) = self.streams.borrow_mut().get_mut(s) {
+                w.in_flight = Some(started);
+            }
+            return Ok(());
+        }
+        let blocked = if block {
+            t0.elapsed().as_secs_f64()
+        } else {
+            0.0
+        };
+        self.account(blocked, started.since.elapsed().as_secs_f64());
+        drop(started.retain);
+        if let Some(w) = self.streams.borrow_mut().get_mut(s) {
+            w.finished += 1;
+        }
+        self.refresh_busy();
+        let name = started.name;
+        for op in started.waiting {
+            (op.run)().map_err(|e| match e {
+                crate::error::KernelError::HostWork { .. } => e,
+                e => {
+                    crate::error::KernelError::Device(format!("an op queued behind '{name}': {e}"))
+                }
+            })?;
+        }
+        Ok(())
+    }
+
+    fn refresh_busy(&self) {
+        let busy = self.streams.borrow().iter().any(|w| w.in_flight.is_some());
+        self.busy.set(busy);
+    }
+
+    /// Block until stream `s` has no work in flight (and ran what queued behind it).
+    fn drain(&self, s: usize) -> Result<()> {
+        self.advance(s, true)
+    }
+
+    /// Block until `event`'s work has finished, except on stream `skip`.
+    fn wait_until(&self, event: &CpuEvent, skip: Option<usize>) -> Result<()> {
+        for &(s, started) in &event.after {
+            let behind = self
+                .streams
+                .borrow()
+                .get(s)
+                .is_some_and(|w| w.finished < started);
+            if behind && Some(s) != skip {
+                self.drain(s)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn drain_all(&self) -> Result<()> {
+        let n = self.streams.borrow().len();
+        for s in 0..n {
+            self.drain(s)?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for HostDevice {
+    fn drop(&mut self) {
+        // Work still in flight (a step that failed half-way) holds buffer addresses.
+        if let Err(e) = self.drain_all() {
+            log::warn!("host device: work in flight failed while shutting down: {e}");
+        }
     }
 }
 
@@ -94,45 +271,113 @@ impl CpuQueue for HostDevice {
         true
     }
     fn new_stream(&self, name: &str) -> Result<CpuStream> {
-        let index = self.streams.get();
-        self.streams.set(index + 1);
+        let mut streams = self.streams.borrow_mut();
+        let index = streams.len();
+        streams.push(StreamWork::default());
         Ok(CpuStream {
             index,
             name: name.into(),
         })
     }
-    fn submit(&self, _stream: &CpuStream, op: CpuOp) -> Result<()> {
+    fn submit(&self, stream: &CpuStream, op: CpuOp) -> Result<()> {
+        self.progress()?;
+        let mut streams = self.streams.borrow_mut();
+        let in_flight = streams
+            .get_mut(stream.index)
+            .and_then(|w| w.in_flight.as_mut());
+        if let Some(started) = in_flight {
+            started.waiting.push(op);
+            return Ok(());
+        }
+        drop(streams);
         (op.run)()
     }
-    fn record_event(&self, _stream: &CpuStream) -> Result<CpuEvent> {
-        Ok(CpuEvent::default())
+    fn record_event(&self, stream: &CpuStream) -> Result<CpuEvent> {
+        let streams = self.streams.borrow();
+        // After the work started on this stream so far (and so the ops queued behind it).
+        let after = match streams.get(stream.index) {
+            Some(w) if w.started > w.finished => vec![(stream.index, w.started)],
+            _ => Vec::new(),
+        };
+        Ok(CpuEvent {
+            after,
+            clock: Vec::new(),
+        })
     }
-    fn wait_for(&self, _stream: &CpuStream, _event: &CpuEvent) -> Result<()> {
-        Ok(())
+    fn wait_for(&self, stream: &CpuStream, event: &CpuEvent) -> Result<()> {
+        // Another stream's later ops run when they are queued, so the host waits now; on
+        // the event's own stream they queue behind its work anyway.
+        self.wait_until(event, Some(stream.index))
     }
-    fn sync(&self, _event: &CpuEvent) -> Result<()> {
-        Ok(())
+    fn sync(&self, event: &CpuEvent) -> Result<()> {
+        self.wait_until(event, None)
     }
     fn sync_all(&self) -> Result<()> {
-        Ok(())
+        self.drain_all()
     }
     fn run_host_task(
         &self,
-        _stream: &CpuStream,
+        stream: &CpuStream,
         _name: &'static str,
         _reads: &[Access<'_>],
         _writes: &[Access<'_>],
         task: &mut dyn FnMut(),
     ) -> Result<()> {
+        self.progress()?;
+        self.drain(stream.index)?;
         task();
         Ok(())
     }
-    fn host_read(
+    fn host_read(&self, stream: &CpuStream, _name: &'static str, _read: &Access<'_>) -> Result<()> {
+        self.drain(stream.index)
+    }
+    fn run_started_task(
         &self,
-        _stream: &CpuStream,
-        _name: &'static str,
-        _read: &Access<'_>,
+        stream: &CpuStream,
+        name: &'static str,
+        _reads: &[Access<'_>],
+        _writes: &[Access<'_>],
+        retain: Vec<Retained>,
+        start: &mut dyn FnMut() -> Result<Box<dyn HostWork>>,
     ) -> Result<()> {
+        self.progress()?;
+        // One piece of work in flight per stream: a second starts after the first (and
+        // the ops between them) in the stream's order, and every rank starts its
+        // collectives in program order, as MPI requires.
+        self.drain(stream.index)?;
+        let t0 = Instant::now();
+        let mut work = start()?;
+        let issued = t0.elapsed().as_secs_f64();
+        let mut stats = self.overlap_stats.get();
+        stats.tasks += 1;
+        self.overlap_stats.set(stats);
+        if !self.overlap.get() {
+            let t1 = Instant::now();
+            work.wait()?;
+            let waited = issued + t1.elapsed().as_secs_f64();
+            self.account(waited, waited);
+            return Ok(());
+        }
+        self.account(issued, issued);
+        let mut streams = self.streams.borrow_mut();
+        let Some(w) = streams.get_mut(stream.index) else {
+            drop(streams);
+            work.wait()?;
+            return Ok(());
+        };
+        w.started += 1;
+        w.in_flight = Some(Started {
+            name,
+            work,
+            retain,
+            since: Instant::now(),
+            waiting: Vec::new(),
+        });
+        drop(streams);
+        self.busy.set(true);
         Ok(())
+    }
+    fn overlap_stats(&self) -> OverlapStats {
+        self.overlap_stats.get()
     }
 }

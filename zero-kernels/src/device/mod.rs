@@ -13,7 +13,10 @@
 //!
 //! Implementations:
 //! - [`HostDevice`]: the CPU, eager: every op runs when it is queued (the vectorised
-//!   kernels of this crate). Streams and events cost nothing and order nothing.
+//!   kernels of this crate). Streams and events cost nothing and order nothing, except
+//!   behind started host work ([`Device::host_task_started`]: a non-blocking MPI
+//!   collective), which it leaves running, polls between ops, and queues that stream's
+//!   later ops behind: so communication overlaps compute on the CPU too.
 //! - [`SimDevice`]: a *simulated* device, a test tool. It queues every op per stream and
 //!   runs the queues in a seeded random interleaving, only as far as the host asks; it
 //!   tracks which op last wrote and read each range of each buffer, and an access that is
@@ -63,6 +66,53 @@ pub use cpu::{CpuBuffer, CpuEvent, CpuStream};
 pub use float_buf::{same_type, same_type_mut, FloatBuffer, FloatView, FloatViewMut};
 pub use host::HostDevice;
 pub use sim::SimDevice;
+
+/// Keeps a buffer's allocation alive while work that holds its address is in flight
+/// ([`Buffer::retain`]).
+pub type Retained = Box<dyn std::any::Any>;
+
+/// Host work that was started and finishes later: a non-blocking collective, as a device
+/// sees it ([`Device::host_task_started`]).
+pub trait HostWork {
+    /// True once finished. A poll: it drives the transport's progress (`MPI_Test`).
+    fn test(&mut self) -> Result<bool>;
+    /// Block until finished.
+    fn wait(&mut self) -> Result<()>;
+}
+
+/// Time accounting of started host work ([`Device::overlap_stats`]); subtract two
+/// snapshots for one step's.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct OverlapStats {
+    /// Pieces of work started.
+    pub tasks: u64,
+    /// Seconds the host was held by them: inside the start calls, and blocked waiting
+    /// for them to finish. The communication that compute did not hide.
+    pub exposed_seconds: f64,
+    /// Seconds they were running: the start calls, plus from each start until the host
+    /// saw it finished. The host looks between the ops it runs, so this can exceed the
+    /// transport's own time by up to one op.
+    pub total_seconds: f64,
+}
+
+impl OverlapStats {
+    /// The share of the communication time that ran behind compute,
+    /// 1 - exposed / total; `None` when nothing was started.
+    pub fn hidden_fraction(&self) -> Option<f64> {
+        (self.total_seconds > 0.0).then(|| 1.0 - self.exposed_seconds / self.total_seconds)
+    }
+}
+
+impl std::ops::Sub for OverlapStats {
+    type Output = OverlapStats;
+    fn sub(self, earlier: OverlapStats) -> OverlapStats {
+        OverlapStats {
+            tasks: self.tasks.saturating_sub(earlier.tasks),
+            exposed_seconds: (self.exposed_seconds - earlier.exposed_seconds).max(0.0),
+            total_seconds: (self.total_seconds - earlier.total_seconds).max(0.0),
+        }
+    }
+}
 
 use crate::adamw::{AdamWHyper, AdamWSegment};
 use crate::dtype::Element;
@@ -206,6 +256,34 @@ pub trait Device {
         writes: &[Access<'_>],
         task: impl FnOnce() -> R,
     ) -> Result<R>;
+
+    /// As [`Device::host_task`], for work that `start` begins on the host and that finishes
+    /// later (a non-blocking collective). The device may return before it has finished;
+    /// it is still ordered on `stream` like a kernel: work queued there afterwards, and
+    /// events recorded there, come after it. `retain` ([`Buffer::retain`] of the buffers
+    /// behind `reads` and `writes`) keeps them allocated until then. [`HostDevice`] with
+    /// overlap on polls the work between the ops it runs and defers `stream`'s later ops
+    /// until it is done, so compute on other streams runs meanwhile (the CPU's progress
+    /// mechanism); every other device (and overlap off) waits for it here, this default.
+    fn host_task_started(
+        &self,
+        stream: &Self::Stream,
+        name: &'static str,
+        reads: &[Access<'_>],
+        writes: &[Access<'_>],
+        retain: Vec<Retained>,
+        start: impl FnOnce() -> Result<Box<dyn HostWork>>,
+    ) -> Result<()> {
+        drop(retain);
+        self.host_task(stream, name, reads, writes, || start()?.wait())?
+    }
+
+    /// How much of the started host work ([`Device::host_task_started`]) ran behind other
+    /// work, so far. Zero where the device waits for each (every device but
+    /// [`HostDevice`] with overlap on).
+    fn overlap_stats(&self) -> OverlapStats {
+        OverlapStats::default()
+    }
 
     /// Copy host data into `dst` (same length), in `stream`'s order; `src` has been read
     /// when this returns.

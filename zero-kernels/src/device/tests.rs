@@ -572,3 +572,179 @@ fn llama_ops_refuse_bad_shapes_with_errors() {
         .swiglu_forward(&s, o.view_mut(), a.view(), a.view())
         .is_err());
 }
+
+/// Test tool: host work that finishes on its `polls`-th test (a stand-in for a
+/// non-blocking collective), adding 1 to a host buffer when it finishes; counts its tests.
+struct SlowWork {
+    polls: usize,
+    tests: Rc<Cell<usize>>,
+    target: *mut f32,
+    fail: bool,
+}
+
+impl SlowWork {
+    fn finish(&mut self) -> Result<()> {
+        if self.fail {
+            return Err(KernelError::HostWork {
+                task: "slow",
+                message: "the peer went away".into(),
+            });
+        }
+        // SAFETY: the buffer is retained by the device while this work is in flight.
+        unsafe { *self.target += 1.0 };
+        Ok(())
+    }
+}
+
+impl HostWork for SlowWork {
+    fn test(&mut self) -> Result<bool> {
+        self.tests.set(self.tests.get() + 1);
+        if self.tests.get() < self.polls {
+            return Ok(false);
+        }
+        self.finish().map(|()| true)
+    }
+    fn wait(&mut self) -> Result<()> {
+        self.finish()
+    }
+}
+
+use std::cell::Cell;
+use std::rc::Rc;
+
+fn start_slow(
+    dev: &HostDevice,
+    stream: &CpuStream,
+    buf: &CpuBuffer<f32>,
+    polls: usize,
+    fail: bool,
+) -> Rc<Cell<usize>> {
+    let tests = Rc::new(Cell::new(0));
+    let work = SlowWork {
+        polls,
+        tests: Rc::clone(&tests),
+        target: buf.raw_ptr(),
+        fail,
+    };
+    dev.host_task_started(
+        stream,
+        "slow",
+        &[],
+        &[buf.view().access()],
+        buf.retain().into_iter().collect(),
+        || Ok(Box::new(work) as Box<dyn HostWork>),
+    )
+    .unwrap();
+    tests
+}
+
+#[test]
+fn host_device_runs_other_streams_while_started_work_is_in_flight() {
+    let dev = HostDevice::new();
+    let (compute, comm) = (dev.stream("compute").unwrap(), dev.stream("comm").unwrap());
+    let mut bucket = dev.alloc::<f32>(1, "bucket").unwrap();
+    let mut other = dev.alloc::<f32>(1, "other").unwrap();
+    let tests = start_slow(&dev, &comm, &bucket, 3, false);
+    // Queued behind the work on comm: it must see the work's +1 when it runs.
+    dev.scale(&comm, bucket.view_mut(), 10.0).unwrap();
+    let landed = dev.record(&comm).unwrap();
+    // compute runs at once (one poll of the work per op).
+    dev.fill(&compute, other.view_mut(), 5.0).unwrap();
+    assert_eq!(tests.get(), 2, "polled before each op: scale, fill");
+    // Waiting for comm's event finishes the work and runs what queued behind it.
+    dev.wait_event(&compute, &landed).unwrap();
+    let mut out = [0.0f32];
+    dev.download(&compute, bucket.view(), &mut out).unwrap();
+    assert_eq!(out, [10.0]);
+    dev.download(&compute, other.view(), &mut out).unwrap();
+    assert_eq!(out, [5.0]);
+    let stats = dev.overlap_stats();
+    assert_eq!(stats.tasks, 1);
+    assert!(stats.total_seconds >= stats.exposed_seconds);
+    // Nothing in flight: an event is already complete, and stats keep counting.
+    assert!(dev.record(&comm).unwrap().after.is_empty());
+}
+
+#[test]
+fn host_device_finishes_work_seen_done_by_a_poll_and_keeps_its_buffer() {
+    let dev = HostDevice::new();
+    let (compute, comm) = (dev.stream("compute").unwrap(), dev.stream("comm").unwrap());
+    let bucket = dev.alloc::<f32>(1, "bucket").unwrap();
+    let mut other = dev.alloc::<f32>(1, "other").unwrap();
+    let mut copy = dev.alloc::<f32>(1, "copy").unwrap();
+    let tests = start_slow(&dev, &comm, &bucket, 2, false);
+    dev.copy(&comm, bucket.view(), copy.view_mut()).unwrap();
+    // The owner lets go of the buffer while the work holds its address.
+    drop(bucket);
+    // The second poll sees it finished and runs the copy queued behind it.
+    dev.fill(&compute, other.view_mut(), 1.0).unwrap();
+    dev.fill(&compute, other.view_mut(), 2.0).unwrap();
+    assert_eq!(tests.get(), 2);
+    let mut out = [0.0f32];
+    dev.download(&comm, copy.view(), &mut out).unwrap();
+    assert_eq!(out, [1.0]);
+    let stats = dev.overlap_stats();
+    assert_eq!(stats.tasks, 1);
+    assert_eq!(stats.hidden_fraction().map(|h| h > 0.0), Some(true));
+}
+
+#[test]
+fn host_device_without_overlap_waits_where_work_starts() {
+    let dev = HostDevice::new();
+    dev.set_overlap(false);
+    let comm = dev.stream("comm").unwrap();
+    let bucket = dev.alloc::<f32>(1, "bucket").unwrap();
+    let tests = start_slow(&dev, &comm, &bucket, 5, false);
+    assert_eq!(tests.get(), 0, "waited, never polled");
+    let mut out = [0.0f32];
+    dev.download(&comm, bucket.view(), &mut out).unwrap();
+    assert_eq!(out, [1.0]);
+    let s = dev.overlap_stats();
+    assert_eq!(s.tasks, 1);
+    assert_eq!(s.exposed_seconds, s.total_seconds);
+    assert_eq!(s.hidden_fraction(), Some(0.0));
+}
+
+#[test]
+fn host_device_reports_failed_work_at_the_next_call() {
+    let dev = HostDevice::new();
+    let (compute, comm) = (dev.stream("compute").unwrap(), dev.stream("comm").unwrap());
+    let mut bucket = dev.alloc::<f32>(1, "bucket").unwrap();
+    start_slow(&dev, &comm, &bucket, 1, true);
+    let e = dev.fill(&compute, bucket.view_mut(), 0.0).unwrap_err();
+    assert!(
+        matches!(e, KernelError::HostWork { task: "slow", .. }),
+        "{e}"
+    );
+    assert!(e.to_string().contains("the peer went away"), "{e}");
+    // The stream is free again afterwards.
+    dev.synchronize().unwrap();
+}
+
+#[test]
+fn sim_device_waits_for_started_work_in_place() {
+    let dev = SimDevice::new(3);
+    let comm = dev.stream("comm").unwrap();
+    let bucket = dev.alloc::<f32>(1, "bucket").unwrap();
+    let tests = Rc::new(Cell::new(0));
+    let work = SlowWork {
+        polls: 4,
+        tests: Rc::clone(&tests),
+        target: bucket.raw_ptr(),
+        fail: false,
+    };
+    dev.host_task_started(
+        &comm,
+        "slow",
+        &[],
+        &[bucket.view().access()],
+        Vec::new(),
+        || Ok(Box::new(work) as Box<dyn HostWork>),
+    )
+    .unwrap();
+    let mut out = [0.0f32];
+    dev.download(&comm, bucket.view(), &mut out).unwrap();
+    assert_eq!(out, [1.0]);
+    assert_eq!(tests.get(), 0);
+    assert_eq!(dev.overlap_stats(), OverlapStats::default());
+}
