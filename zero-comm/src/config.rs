@@ -42,13 +42,33 @@ pub struct CommConfig {
     pub check: bool,
     /// How half-precision sums are computed (changeable per communicator later).
     pub half_sum: HalfSum,
+    /// While non-blocking collectives are in flight, a thread calls into MPI this often
+    /// so that Open MPI moves them forward while the rank computes
+    /// (`mpi/progress.rs`); `None`: no such thread (they move only when tested).
+    pub progress_poll: Option<Duration>,
 }
+
+/// The progress thread's default interval (`ZERO_COMM_PROGRESS_US`).
+pub const DEFAULT_PROGRESS_POLL: Duration = Duration::from_micros(50);
 
 impl CommConfig {
     /// Options from the environment: `ZERO_COMM_TIMEOUT` (seconds, > 0),
-    /// `ZERO_COMM_CHECK` (`1`/`0`), `ZERO_COMM_HALF_SUM` (`op`/`upcast`).
+    /// `ZERO_COMM_CHECK` (`1`/`0`), `ZERO_COMM_HALF_SUM` (`op`/`upcast`),
+    /// `ZERO_COMM_PROGRESS_US` (the progress thread's interval in microseconds, default
+    /// 50; `0` runs without the thread).
     pub fn from_env() -> Result<Self> {
-        let mut c = CommConfig::default();
+        let mut c = CommConfig {
+            progress_poll: Some(DEFAULT_PROGRESS_POLL),
+            ..CommConfig::default()
+        };
+        if let Ok(v) = std::env::var("ZERO_COMM_PROGRESS_US") {
+            let us: u64 = v.trim().parse().map_err(|_| {
+                CommError::Init(format!(
+                    "ZERO_COMM_PROGRESS_US='{v}' is not a whole number of microseconds (0: no progress thread)"
+                ))
+            })?;
+            c.progress_poll = (us > 0).then(|| Duration::from_micros(us));
+        }
         if let Ok(v) = std::env::var("ZERO_COMM_TIMEOUT") {
             let secs: f64 = v.trim().parse().map_err(|_| {
                 CommError::Init(format!(

@@ -14,6 +14,8 @@ use crate::watchdog::Watchdog;
 use mpi::environment::Universe;
 use mpi::ffi;
 use mpi::Threading;
+
+use crate::mpi::progress::ProgressThread;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -23,6 +25,7 @@ use std::sync::Arc;
 pub struct MpiContext {
     // Declared first so that it is dropped (watchdog stopped) before the universe.
     watchdog: Option<Arc<Watchdog>>,
+    progress: Option<Arc<ProgressThread>>,
     universe: Universe,
     threading: Threading,
     world_rank: usize,
@@ -62,6 +65,10 @@ impl Drop for MpiContext {
     fn drop(&mut self) {
         if let Some(w) = &self.watchdog {
             w.stop();
+        }
+        // Before MPI_Finalize: the thread calls MPI.
+        if let Some(p) = &self.progress {
+            p.stop();
         }
     }
 }
@@ -134,6 +141,16 @@ pub fn init_with(config: CommConfig) -> Result<(MpiContext, MpiComm)> {
     }
     // SAFETY: written on success.
     let dup = unsafe { dup.assume_init() };
+    let progress = match config.progress_poll {
+        Some(poll) => Some(Arc::new(ProgressThread::start(world_rank, poll).map_err(
+            |e| {
+                CommError::Init(format!(
+                    "rank {world_rank}: cannot start the MPI progress thread: {e} (ZERO_COMM_PROGRESS_US=0 runs without it)"
+                ))
+            },
+        )?)),
+        None => None,
+    };
     let shared = Rc::new(Shared {
         world_rank,
         config,
@@ -141,11 +158,13 @@ pub fn init_with(config: CommConfig) -> Result<(MpiContext, MpiComm)> {
         // SAFETY: returns a constant.
         in_place: unsafe { crate::mpi::in_place() },
         watchdog: watchdog.clone(),
+        progress: progress.clone(),
     });
     let world = MpiComm::adopt(dup, "world".to_string(), shared)?;
     Ok((
         MpiContext {
             watchdog,
+            progress,
             universe,
             threading,
             world_rank,

@@ -11,6 +11,7 @@
 pub(crate) mod check;
 mod nodes;
 pub(crate) mod ops;
+pub(crate) mod progress;
 
 use crate::buffer::Location;
 use crate::communicator::{Communicator, InFlight, RawBuf, RawCall, ReduceOp};
@@ -39,6 +40,8 @@ pub(crate) struct Shared {
     pub(crate) ops: HalfOps,
     pub(crate) in_place: *mut c_void,
     pub(crate) watchdog: Option<Arc<Watchdog>>,
+    /// Drives MPI's progress while non-blocking collectives are in flight (`progress.rs`).
+    pub(crate) progress: Option<Arc<progress::ProgressThread>>,
 }
 
 /// A communicator over MPI (host memory). Not `Send`: MPI handles stay on the thread that
@@ -369,6 +372,10 @@ impl MpiComm {
             raw: ffi::RSMPI_REQUEST_NULL,
             stage: None,
             watch: if nonblocking { spec } else { None },
+            progress: match nonblocking {
+                true => self.shared.progress.as_ref().map(|p| p.track()),
+                false => None,
+            },
             done: !nonblocking,
             world_rank: self.shared.world_rank,
             comm: Rc::clone(&self.name),
@@ -441,6 +448,8 @@ struct MpiRequest {
     raw: ffi::MPI_Request,
     stage: Option<Stage>,
     watch: Option<WatchSpec>,
+    /// Counted by the progress thread while in flight.
+    progress: Option<progress::Tracked>,
     done: bool,
     world_rank: usize,
     comm: Rc<str>,
@@ -459,6 +468,7 @@ impl MpiRequest {
             unsafe { ops::round_back(src, st.out.ptr, st.dtype) };
         }
         self.watch = None;
+        self.progress = None;
         self.done = true;
     }
 
