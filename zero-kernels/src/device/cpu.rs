@@ -23,9 +23,11 @@ use crate::dtype::{DType, Element};
 use crate::error::KernelError;
 use crate::float::Float;
 use crate::isa::Exec;
+use crate::nn::isa_ops as ops;
 use crate::nn::{self, AttnShape, Gemm, RopeShape, Scalar};
 use crate::par::rows_per_part;
 use crate::quant;
+use crate::simd::run_auto;
 use crate::twin;
 
 use super::check::{self, ids_below as check_ids, rows_of, same_len};
@@ -492,9 +494,7 @@ impl<Q: CpuQueue> Device for Q {
                 if T::DTYPE == DType::F32 {
                     cast::accumulate(&exec, as_type_mut(d), S::float_slice(s))
                 } else {
-                    for (d, &s) in d.iter_mut().zip(s) {
-                        *d = T::from_f32(d.to_f32() + s.to_f32());
-                    }
+                    cast::accumulate_rounded(&exec, d, s);
                     Ok(())
                 }
             })?,
@@ -727,6 +727,7 @@ impl<Q: CpuQueue> Device for Q {
         let (o, mean, rstd) = (op.w(&out.out), op.w(&out.mean), op.w(&out.rstd));
         let gpu = self.gpu_order();
         let workers = self.gemm().workers().clone();
+        let exec = *self.exec();
         self.submit(
             stream,
             op.finish(move || {
@@ -746,7 +747,7 @@ impl<Q: CpuQueue> Device for Q {
                         .zip(x[..rows * width].chunks(per * width))
                         .collect();
                     workers.run(jobs, |(((o, mean), rstd), x)| {
-                        nn::layernorm_forward(o, mean, rstd, x, w, b, width)
+                        run_auto(&exec, ops::LayerNormForward(o, mean, rstd, x, w, b, width))
                     });
                 }
                 Ok(())
@@ -779,27 +780,20 @@ impl<Q: CpuQueue> Device for Q {
         let (mean, rstd) = (op.r(&saved.mean), op.r(&saved.rstd));
         let (dx, dw, db) = (op.w(&grads.dx), op.w(&grads.dw), op.w(&grads.db));
         let gpu = self.gpu_order();
+        let exec = *self.exec();
         self.submit(
             stream,
             op.finish(move || {
                 // SAFETY: see the module documentation.
-                unsafe {
-                    (if gpu {
-                        twin::norm::layernorm_backward
-                    } else {
-                        nn::layernorm_backward
-                    })(
-                        dx.get(),
-                        dw.get(),
-                        db.get(),
-                        dout.get(),
-                        x.get(),
-                        w.get(),
-                        mean.get(),
-                        rstd.get(),
-                        width,
-                    )
-                };
+                let (dx, dw, db) = unsafe { (dx.get(), dw.get(), db.get()) };
+                let (dout, x, w) = unsafe { (dout.get(), x.get(), w.get()) };
+                let (mean, rstd) = unsafe { (mean.get(), rstd.get()) };
+                if gpu {
+                    twin::norm::layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, width);
+                } else {
+                    let op = ops::LayerNormBackward(dx, dw, db, dout, x, w, mean, rstd, width);
+                    run_auto(&exec, op);
+                }
                 Ok(())
             })?,
         )
@@ -816,6 +810,7 @@ impl<Q: CpuQueue> Device for Q {
         let (x, out) = (op.r(&x), op.w(&out));
         let gpu = self.gpu_order();
         let workers = self.gemm().workers().clone();
+        let exec = *self.exec();
         self.submit(
             stream,
             op.finish(move || {
@@ -826,7 +821,7 @@ impl<Q: CpuQueue> Device for Q {
                 } else {
                     let per = rows_per_part(workers.threads(), out.len(), 16);
                     let jobs: Vec<_> = out.chunks_mut(per).zip(x.chunks(per)).collect();
-                    workers.run(jobs, |(o, x)| nn::gelu_forward(o, x));
+                    workers.run(jobs, |(o, x)| run_auto(&exec, ops::GeluForward(o, x)));
                 }
                 Ok(())
             })?,
@@ -844,6 +839,7 @@ impl<Q: CpuQueue> Device for Q {
         let (x, d) = (op.r(&x), op.w(&d));
         let gpu = self.gpu_order();
         let workers = self.gemm().workers().clone();
+        let exec = *self.exec();
         self.submit(
             stream,
             op.finish(move || {
@@ -854,7 +850,7 @@ impl<Q: CpuQueue> Device for Q {
                 } else {
                     let per = rows_per_part(workers.threads(), d.len(), 16);
                     let jobs: Vec<_> = d.chunks_mut(per).zip(x.chunks(per)).collect();
-                    workers.run(jobs, |(d, x)| nn::gelu_backward_inplace(d, x));
+                    workers.run(jobs, |(d, x)| run_auto(&exec, ops::GeluBackward(d, x)));
                 }
                 Ok(())
             })?,
@@ -871,6 +867,7 @@ impl<Q: CpuQueue> Device for Q {
     ) -> Result<()> {
         check::attention_forward(y.len(), p.len(), qkv.len(), &shape)?;
         let gemm = self.gemm().clone();
+        let exec = *self.exec();
         let mut op = OpBuilder::new("attention_forward");
         let (qkv, y, p) = (op.r(&qkv), op.w(&y), op.w(&p));
         let gpu = self.gpu_order();
@@ -882,7 +879,14 @@ impl<Q: CpuQueue> Device for Q {
                     if gpu {
                         twin::attention::attention_forward(y.get(), p.get(), qkv.get(), shape)
                     } else {
-                        nn::attention_forward(&gemm, y.get(), p.get(), qkv.get(), shape)
+                        nn::attention::attention_forward_at(
+                            &exec,
+                            &gemm,
+                            y.get(),
+                            p.get(),
+                            qkv.get(),
+                            shape,
+                        )
                     }
                 };
                 Ok(())
@@ -910,6 +914,7 @@ impl<Q: CpuQueue> Device for Q {
             &shape,
         )?;
         let gemm = self.gemm().clone();
+        let exec = *self.exec();
         let mut op = OpBuilder::new(name);
         let (dy, p, qkv) = (op.r(&dy), op.r(&p), op.r(&qkv));
         let (dqkv, scratch) = (op.w(&dqkv), op.w(&scratch));
@@ -923,7 +928,9 @@ impl<Q: CpuQueue> Device for Q {
                 if gpu {
                     twin::attention::attention_backward(dqkv, scratch, dy, p, qkv, shape)
                 } else {
-                    nn::attention_backward(&gemm, dqkv, scratch, dy, p, qkv, shape)
+                    nn::attention::attention_backward_at(
+                        &exec, &gemm, dqkv, scratch, dy, p, qkv, shape,
+                    )
                 }
                 Ok(())
             })?,
@@ -945,6 +952,7 @@ impl<Q: CpuQueue> Device for Q {
         let (logits, losses) = (op.w(&logits), op.w(&losses));
         let gpu = self.gpu_order();
         let workers = self.gemm().workers().clone();
+        let exec = *self.exec();
         self.submit(
             stream,
             op.finish(move || {
@@ -962,7 +970,9 @@ impl<Q: CpuQueue> Device for Q {
                         .zip(losses.chunks_mut(per))
                         .zip(t.chunks(per))
                         .collect();
-                    workers.run(jobs, |((z, l), t)| nn::softmax_xent_forward(z, l, t, v));
+                    workers.run(jobs, |((z, l), t)| {
+                        run_auto(&exec, ops::SoftmaxXentForward(z, l, t, v))
+                    });
                 }
                 Ok(())
             })?,
@@ -984,6 +994,7 @@ impl<Q: CpuQueue> Device for Q {
         let probs = op.w(&probs);
         let gpu = self.gpu_order();
         let workers = self.gemm().workers().clone();
+        let exec = *self.exec();
         self.submit(
             stream,
             op.finish(move || {
@@ -996,7 +1007,9 @@ impl<Q: CpuQueue> Device for Q {
                 } else {
                     let per = rows_per_part(workers.threads(), t.len(), v);
                     let jobs: Vec<_> = probs.chunks_mut(per * v).zip(t.chunks(per)).collect();
-                    workers.run(jobs, |(p, t)| nn::softmax_xent_backward(p, t, v, scale));
+                    workers.run(jobs, |(p, t)| {
+                        run_auto(&exec, ops::SoftmaxXentBackward(p, t, v, scale))
+                    });
                 }
                 Ok(())
             })?,
@@ -1066,6 +1079,7 @@ impl<Q: CpuQueue> Device for Q {
         let (row, out) = (op.r(&row), op.w(&out));
         let gpu = self.gpu_order();
         let workers = self.gemm().workers().clone();
+        let exec = *self.exec();
         self.submit(
             stream,
             op.finish(move || {
@@ -1077,7 +1091,7 @@ impl<Q: CpuQueue> Device for Q {
                     let width = row.len();
                     let per = rows_per_part(workers.threads(), out.len() / width.max(1), width);
                     let jobs: Vec<_> = out.chunks_mut((per * width).max(1)).collect();
-                    workers.run(jobs, |o| nn::add_rows(o, row));
+                    workers.run(jobs, |o| run_auto(&exec, ops::AddRows(o, row)));
                 }
                 Ok(())
             })?,
@@ -1094,17 +1108,17 @@ impl<Q: CpuQueue> Device for Q {
         let mut op = OpBuilder::new("bias_backward");
         let (dout, db) = (op.r(&dout), op.w(&db));
         let gpu = self.gpu_order();
+        let exec = *self.exec();
         self.submit(
             stream,
             op.finish(move || {
                 // SAFETY: see the module documentation.
-                unsafe {
-                    (if gpu {
-                        twin::rows::bias_backward
-                    } else {
-                        nn::bias_backward
-                    })(db.get(), dout.get())
-                };
+                let (db, dout) = unsafe { (db.get(), dout.get()) };
+                if gpu {
+                    twin::rows::bias_backward(db, dout);
+                } else {
+                    run_auto(&exec, ops::BiasBackward(db, dout));
+                }
                 Ok(())
             })?,
         )
@@ -1400,6 +1414,7 @@ impl<Q: CpuQueue> Device for Q {
         let (o, rstd) = (op.w(&out), op.w(&rstd));
         let gpu = self.gpu_order();
         let workers = self.gemm().workers().clone();
+        let exec = *self.exec();
         self.submit(
             stream,
             op.finish(move || {
@@ -1419,7 +1434,7 @@ impl<Q: CpuQueue> Device for Q {
                     .zip(x[..rows * width].chunks(per * width))
                     .collect();
                 workers.run(jobs, |((o, rstd), x)| {
-                    nn::rmsnorm_forward(o, rstd, x, w, width, eps)
+                    run_auto(&exec, ops::RmsNormForward(o, rstd, x, w, width, eps))
                 });
                 Ok(())
             })?,
@@ -1450,26 +1465,19 @@ impl<Q: CpuQueue> Device for Q {
         let (dout, x, w, rstd) = (op.r(&dout), op.r(&x), op.r(&w), op.r(&rstd));
         let (dx, dw) = (op.w(&dx), op.w(&dw));
         let gpu = self.gpu_order();
+        let exec = *self.exec();
         self.submit(
             stream,
             op.finish(move || {
                 // SAFETY: see the module documentation. One thread: `dw` sums over rows
                 // in row order, the same bits at every thread count.
-                unsafe {
-                    (if gpu {
-                        twin::llama::rmsnorm_backward
-                    } else {
-                        nn::rmsnorm_backward
-                    })(
-                        dx.get(),
-                        dw.get(),
-                        dout.get(),
-                        x.get(),
-                        w.get(),
-                        rstd.get(),
-                        width,
-                    )
-                };
+                let (dx, dw) = unsafe { (dx.get(), dw.get()) };
+                let (dout, x, w, rstd) = unsafe { (dout.get(), x.get(), w.get(), rstd.get()) };
+                if gpu {
+                    twin::llama::rmsnorm_backward(dx, dw, dout, x, w, rstd, width);
+                } else {
+                    run_auto(&exec, ops::RmsNormBackward(dx, dw, dout, x, w, rstd, width));
+                }
                 Ok(())
             })?,
         )
@@ -1489,17 +1497,17 @@ impl<Q: CpuQueue> Device for Q {
         let mut op = OpBuilder::new(name);
         let (q, k, v, qkv) = (op.r(&q), op.r(&k), op.r(&v), op.w(&qkv));
         let gpu = self.gpu_order();
+        let exec = *self.exec();
         self.submit(
             stream,
             op.finish(move || {
                 // SAFETY: see the module documentation.
-                unsafe {
-                    (if gpu {
-                        twin::llama::rope_gqa_forward
-                    } else {
-                        nn::rope_gqa_forward
-                    })(qkv.get(), q.get(), k.get(), v.get(), shape)
-                };
+                let (qkv, q, k, v) = unsafe { (qkv.get(), q.get(), k.get(), v.get()) };
+                if gpu {
+                    twin::llama::rope_gqa_forward(qkv, q, k, v, shape);
+                } else {
+                    run_auto(&exec, ops::RopeGqaForward(qkv, q, k, v, shape));
+                }
                 Ok(())
             })?,
         )
@@ -1519,17 +1527,18 @@ impl<Q: CpuQueue> Device for Q {
         let mut op = OpBuilder::new(name);
         let (dqkv, dq, dk, dv) = (op.r(&dqkv), op.w(&dq), op.w(&dk), op.w(&dv));
         let gpu = self.gpu_order();
+        let exec = *self.exec();
         self.submit(
             stream,
             op.finish(move || {
                 // SAFETY: see the module documentation.
-                unsafe {
-                    (if gpu {
-                        twin::llama::rope_gqa_backward
-                    } else {
-                        nn::rope_gqa_backward
-                    })(dq.get(), dk.get(), dv.get(), dqkv.get(), shape)
-                };
+                let (dq, dk, dv) = unsafe { (dq.get(), dk.get(), dv.get()) };
+                let dqkv = unsafe { dqkv.get() };
+                if gpu {
+                    twin::llama::rope_gqa_backward(dq, dk, dv, dqkv, shape);
+                } else {
+                    run_auto(&exec, ops::RopeGqaBackward(dq, dk, dv, dqkv, shape));
+                }
                 Ok(())
             })?,
         )
@@ -1548,6 +1557,7 @@ impl<Q: CpuQueue> Device for Q {
         let (a, b, out) = (op.r(&a), op.r(&b), op.w(&out));
         let gpu = self.gpu_order();
         let workers = self.gemm().workers().clone();
+        let exec = *self.exec();
         self.submit(
             stream,
             op.finish(move || {
@@ -1563,7 +1573,9 @@ impl<Q: CpuQueue> Device for Q {
                     .zip(a.chunks(per))
                     .zip(b.chunks(per))
                     .collect();
-                workers.run(jobs, |((o, a), b)| nn::swiglu_forward(o, a, b));
+                workers.run(jobs, |((o, a), b)| {
+                    run_auto(&exec, ops::SwigluForward(o, a, b))
+                });
                 Ok(())
             })?,
         )
@@ -1592,6 +1604,7 @@ impl<Q: CpuQueue> Device for Q {
         let (da, db) = (op.w(&da), op.w(&db));
         let gpu = self.gpu_order();
         let workers = self.gemm().workers().clone();
+        let exec = *self.exec();
         self.submit(
             stream,
             op.finish(move || {
@@ -1611,7 +1624,7 @@ impl<Q: CpuQueue> Device for Q {
                     .zip(b.chunks(per))
                     .collect();
                 workers.run(jobs, |((((da, db), d), a), b)| {
-                    nn::swiglu_backward(da, db, d, a, b)
+                    run_auto(&exec, ops::SwigluBackward(da, db, d, a, b))
                 });
                 Ok(())
             })?,
@@ -1629,6 +1642,7 @@ impl<Q: CpuQueue> Device for Q {
         let (src, dst) = (op.r(&src), op.w(&dst));
         let gpu = self.gpu_order();
         let workers = self.gemm().workers().clone();
+        let exec = *self.exec();
         self.submit(
             stream,
             op.finish(move || {
@@ -1639,7 +1653,7 @@ impl<Q: CpuQueue> Device for Q {
                 } else {
                     let per = rows_per_part(workers.threads(), dst.len(), 1);
                     let jobs: Vec<_> = dst.chunks_mut(per).zip(src.chunks(per)).collect();
-                    workers.run(jobs, |(d, s)| nn::add_into(d, s));
+                    workers.run(jobs, |(d, s)| run_auto(&exec, ops::AddInto(d, s)));
                 }
                 Ok(())
             })?,
@@ -1655,17 +1669,17 @@ impl<Q: CpuQueue> Device for Q {
         let mut op = OpBuilder::new("scale");
         let dst = op.w(&dst);
         let gpu = self.gpu_order();
+        let exec = *self.exec();
         self.submit(
             stream,
             op.finish(move || {
                 // SAFETY: see the module documentation.
-                unsafe {
-                    (if gpu {
-                        twin::elementwise::scale_into
-                    } else {
-                        nn::scale_into
-                    })(dst.get(), a)
-                };
+                let dst = unsafe { dst.get() };
+                if gpu {
+                    twin::elementwise::scale_into(dst, a);
+                } else {
+                    run_auto(&exec, ops::ScaleInto(dst, a));
+                }
                 Ok(())
             })?,
         )

@@ -11,6 +11,7 @@ pub const RMS_EPS: f64 = 1e-5;
 ///
 /// # Panics
 /// If `rstd` has fewer than rows = `x.len() / c` elements or `w` fewer than `c`.
+#[inline(always)]
 pub fn rmsnorm_forward<F: Scalar>(
     out: &mut [F],
     rstd: &mut [F],
@@ -37,6 +38,7 @@ pub fn rmsnorm_forward<F: Scalar>(
 ///
 /// # Panics
 /// As [`rmsnorm_forward`], for `rstd`, `w`, `dw` too short.
+#[inline(always)]
 pub fn rmsnorm_backward<F: Scalar>(
     dx: &mut [F],
     dw: &mut [F],
