@@ -431,7 +431,14 @@ impl<Q: CpuQueue> Device for Q {
             stream,
             op.finish(move || {
                 // SAFETY: see the module documentation.
-                unsafe { dst.get() }.fill(value);
+                let dst = unsafe { dst.get() };
+                // All-zero bytes (clearing gradients, the common case) go to memset, whose
+                // large stores skip reading the lines first; other values element-wise.
+                if bytemuck::bytes_of(&value).iter().all(|&b| b == 0) {
+                    bytemuck::cast_slice_mut::<T, u8>(dst).fill(0);
+                } else {
+                    dst.fill(value);
+                }
                 Ok(())
             })?,
         )
