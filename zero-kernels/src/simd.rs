@@ -468,6 +468,7 @@ unsafe fn run_v4<K: Kernel>(k: K) -> K::Out {
 pub(crate) trait AutoKernel {
     /// What the kernel returns.
     type Out;
+    /// The body (safe: the kernel holds only borrowed slices).
     fn run(self) -> Self::Out;
 }
 

@@ -4,7 +4,11 @@
 //! function's arguments; `run` calls that function, which is `#[inline(always)]` (as are
 //! its helpers: `exp`, `tanh`, the softmax rows), so LLVM compiles the whole body inside
 //! each level's `#[target_feature]` wrapper and vectorises it with AVX2 or AVX-512. The
-//! bodies are unchanged, so every level gives the baseline's bits (see [`AutoKernel`]).
+//! bodies reorder no float operation, so every level gives the baseline's bits (see
+//! [`AutoKernel`]). A float sum does not vectorise without reordering it, so the row ops
+//! take their maxima in 16 lanes (`softmax::row_max`, exact) and sum 8 rows at a time,
+//! each in index order (`scalar::interleaved_sums`), instead of one row's chain of
+//! dependent adds.
 //!
 //! The gathers, scatters and copies of `rows` are left out: they move memory and compute
 //! nothing, so a wider vector gains nothing.
