@@ -1,5 +1,6 @@
 //! Softmax of one row with a causal prefix (the attention probabilities), forward and
-//! backward, in place.
+//! backward, in place; and the same over a band of consecutive causal rows, which sums
+//! several rows at a time (same bits as row by row; attention calls these).
 
 use super::scalar::{interleaved_sums, Scalar, SUM_ROWS};
 
