@@ -29,7 +29,7 @@
 //!   in). Nothing here is `unsafe` except the GEMM call, whose views are bounds-checked
 //!   first.
 //! - Levels: a CPU device runs these functions compiled for its instruction-set level
-//!   ([`isa_ops`]), which is why the op bodies and the helpers they call are
+//!   (`isa_ops`), which is why the op bodies and the helpers they call are
 //!   `#[inline(always)]`; called directly, they run as the crate was built (baseline).
 //! - Numerics: each function is a fixed sequence of IEEE operations, the same on every
 //!   call and thread count, and no function here uses a fused multiply-add of its own.
