@@ -9,7 +9,8 @@
 //! - [`gradstats`]: unscale + inf/NaN detection + sum of squares in one pass;
 //! - [`cast`]: f32 <-> bf16/f16 (round to nearest even) and accumulate into f32;
 //! - [`nn`]: host kernels of the model layers (GEMM, LayerNorm, GELU, attention, softmax
-//!   cross-entropy, row ops), generic over f32/f64 (see its docs for their numerics).
+//!   cross-entropy, row ops), generic over f32/f64, compiled for the device's level too
+//!   (see its docs for their numerics).
 //!
 //! Every kernel has a scalar `reference` (the test oracle) and vectorised paths chosen at
 //! run time ([`Isa`]: AVX-512, AVX2+FMA+F16C or scalar, by `is_x86_feature_detected!`, so

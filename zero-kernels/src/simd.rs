@@ -19,7 +19,7 @@
 
 use crate::cast::reference as cref;
 use crate::float::Float;
-use crate::isa::Isa;
+use crate::isa::{Exec, Isa};
 use half::{bf16, f16};
 
 /// One instruction-set level: a vector of `LANES` f32 and its operations. All functions are
@@ -456,6 +456,38 @@ unsafe fn run_v3<K: Kernel>(k: K) -> K::Out {
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
 unsafe fn run_v4<K: Kernel>(k: K) -> K::Out {
     k.run::<V4>()
+}
+
+/// A kernel body of safe code over borrowed slices, written in plain Rust (no `Simd`
+/// vocabulary): compiled inside each level's `#[target_feature]` wrapper, LLVM
+/// auto-vectorises its loops with that level's instructions. Rust neither contracts
+/// `a * b + c` into a fused multiply-add nor reassociates float sums, so every level gives
+/// the bits of the baseline build (reductions stay scalar loops, in index order).
+/// Implementations mark `run` `#[inline(always)]` and call `#[inline(always)]` bodies, so
+/// the whole body lands in the wrapper.
+pub(crate) trait AutoKernel {
+    /// What the kernel returns.
+    type Out;
+    /// The body (safe: the kernel holds only borrowed slices).
+    fn run(self) -> Self::Out;
+}
+
+/// Adapts an [`AutoKernel`] to [`Kernel`] (it ignores the vector type).
+struct Auto<K>(K);
+
+impl<K: AutoKernel> Kernel for Auto<K> {
+    type Out = K::Out;
+    #[inline(always)]
+    unsafe fn run<S: Simd>(self) -> K::Out {
+        self.0.run()
+    }
+}
+
+/// Run `k` compiled for `exec`'s level.
+pub(crate) fn run_auto<K: AutoKernel>(exec: &Exec, k: K) -> K::Out {
+    // SAFETY: an `Exec` only holds a level this CPU has (`Exec::with_isa` checks it), and
+    // an `AutoKernel` holds borrowed slices, no raw pointers.
+    unsafe { dispatch(exec.isa(), Auto(k)) }
 }
 
 /// Run `k` at level `isa`.

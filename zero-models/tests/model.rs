@@ -8,6 +8,7 @@
 use zero_core::model::{Compute, UnitGrads, UnitParams};
 use zero_core::Model;
 use zero_kernels::device::{Buffer, Device, HostDevice, Scalar, SimDevice};
+use zero_kernels::{Exec, Isa};
 use zero_models::init::SplitMix64;
 use zero_models::LayeredLm;
 use zero_models::{download_units, upload_units, Gpt, GptConfig, TokenBatch};
@@ -493,6 +494,35 @@ fn simulated_equals_host(cfg: GptConfig) {
         let bits = |v: &[Vec<f32>]| v.iter().flatten().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&got), bits(&want), "seed {seed}");
         assert!(s.dev.ops_run() > 50);
+    }
+}
+
+/// Every instruction-set level the CPU has computes the same bits (the model's ops are
+/// compiled per level; none reorders a float operation), on one and on two threads.
+#[test]
+fn every_isa_level_gives_the_same_bits() {
+    for cfg in [tiny(), tiny_split()] {
+        let io = batch_tokens(&cfg, B, 43);
+        let bt = batch(&cfg, B, &io);
+        let mut want = None;
+        for isa in Isa::available() {
+            for threads in [1, 2] {
+                let exec = Exec::default()
+                    .with_isa(isa)
+                    .and_then(|e| e.with_threads(threads));
+                let on = On::new(HostDevice::with_exec(exec.expect("available"), threads));
+                let mut m = Gpt::<HostDevice, f32>::new(&on.dev, cfg, B).expect("valid");
+                let params = m.init_params(8);
+                let mut grads = m.zero_grads();
+                let loss = on.fb(&mut m, &bt, &params, &mut grads, 0.01);
+                let bits: Vec<u32> = grads.iter().flatten().map(|x| x.to_bits()).collect();
+                let got = (loss.to_bits(), bits);
+                match &want {
+                    None => want = Some(got),
+                    Some(w) => assert!(*w == got, "{isa} on {threads} thread(s) differs"),
+                }
+            }
+        }
     }
 }
 

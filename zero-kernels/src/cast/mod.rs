@@ -11,9 +11,10 @@ pub mod cuda;
 mod tests;
 
 use crate::error::KernelError;
+use crate::float::Float;
 use crate::isa::Exec;
 use crate::par::{self, SendPtr};
-use crate::simd::{dispatch, SimdFloat};
+use crate::simd::{dispatch, run_auto, AutoKernel, SimdFloat};
 use crate::slices::{FloatSlice, HalfSliceMut};
 use cpu::{Accumulate, Convert};
 
@@ -78,6 +79,26 @@ fn accumulate_typed<A: SimdFloat>(exec: &Exec, dst: &mut [f32], src: &[A]) {
         // SAFETY: exec's level is available; the chunks are disjoint.
         unsafe { dispatch(exec.isa(), k) }
     });
+}
+
+/// `dst[i] = round(f32(dst[i]) + f32(src[i]))` into a `dst` of any float type (one
+/// thread): the accumulation into 16-bit buffers that [`accumulate`] (f32 `dst`) leaves
+/// out, written as plain Rust and compiled for `exec`'s level.
+pub(crate) fn accumulate_rounded<S: Float, T: Float>(exec: &Exec, dst: &mut [T], src: &[S]) {
+    run_auto(exec, AccumulateRounded(dst, src));
+}
+
+/// [`accumulate_rounded`]'s body.
+struct AccumulateRounded<'a, S, T>(&'a mut [T], &'a [S]);
+
+impl<S: Float, T: Float> AutoKernel for AccumulateRounded<'_, S, T> {
+    type Out = ();
+    #[inline(always)]
+    fn run(self) {
+        for (d, &s) in self.0.iter_mut().zip(self.1) {
+            *d = T::from_f32(d.to_f32() + s.to_f32());
+        }
+    }
 }
 
 /// Accumulate gradients into an f32 buffer: `dst[i] = dst[i] + f32(src[i])`, one f32

@@ -23,9 +23,11 @@ use crate::dtype::{DType, Element};
 use crate::error::KernelError;
 use crate::float::Float;
 use crate::isa::Exec;
+use crate::nn::isa_ops as ops;
 use crate::nn::{self, AttnShape, Gemm, RopeShape, Scalar};
 use crate::par::rows_per_part;
 use crate::quant;
+use crate::simd::run_auto;
 use crate::twin;
 
 use super::check::{self, ids_below as check_ids, rows_of, same_len};
@@ -483,7 +485,14 @@ impl<Q: CpuQueue> Device for Q {
             stream,
             op.finish(move || {
                 // SAFETY: see the module documentation.
-                unsafe { dst.get() }.fill(value);
+                let dst = unsafe { dst.get() };
+                // All-zero bytes (clearing gradients, the common case) go to memset, whose
+                // large stores skip reading the lines first; other values element-wise.
+                if bytemuck::bytes_of(&value).iter().all(|&b| b == 0) {
+                    bytemuck::cast_slice_mut::<T, u8>(dst).fill(0);
+                } else {
+                    dst.fill(value);
+                }
                 Ok(())
             })?,
         )
@@ -546,9 +555,7 @@ impl<Q: CpuQueue> Device for Q {
                 if T::DTYPE == DType::F32 {
                     cast::accumulate(&exec, as_type_mut(d), S::float_slice(s))
                 } else {
-                    for (d, &s) in d.iter_mut().zip(s) {
-                        *d = T::from_f32(d.to_f32() + s.to_f32());
-                    }
+                    cast::accumulate_rounded(&exec, d, s);
                     Ok(())
                 }
             })?,
@@ -781,6 +788,7 @@ impl<Q: CpuQueue> Device for Q {
         let (o, mean, rstd) = (op.w(&out.out), op.w(&out.mean), op.w(&out.rstd));
         let gpu = self.gpu_order();
         let workers = self.gemm().workers().clone();
+        let exec = *self.exec();
         self.submit(
             stream,
             op.finish(move || {
@@ -800,7 +808,7 @@ impl<Q: CpuQueue> Device for Q {
                         .zip(x[..rows * width].chunks(per * width))
                         .collect();
                     workers.run(jobs, |(((o, mean), rstd), x)| {
-                        nn::layernorm_forward(o, mean, rstd, x, w, b, width)
+                        run_auto(&exec, ops::LayerNormForward(o, mean, rstd, x, w, b, width))
                     });
                 }
                 Ok(())
@@ -833,27 +841,20 @@ impl<Q: CpuQueue> Device for Q {
         let (mean, rstd) = (op.r(&saved.mean), op.r(&saved.rstd));
         let (dx, dw, db) = (op.w(&grads.dx), op.w(&grads.dw), op.w(&grads.db));
         let gpu = self.gpu_order();
+        let exec = *self.exec();
         self.submit(
             stream,
             op.finish(move || {
                 // SAFETY: see the module documentation.
-                unsafe {
-                    (if gpu {
-                        twin::norm::layernorm_backward
-                    } else {
-                        nn::layernorm_backward
-                    })(
-                        dx.get(),
-                        dw.get(),
-                        db.get(),
-                        dout.get(),
-                        x.get(),
-                        w.get(),
-                        mean.get(),
-                        rstd.get(),
-                        width,
-                    )
-                };
+                let (dx, dw, db) = unsafe { (dx.get(), dw.get(), db.get()) };
+                let (dout, x, w) = unsafe { (dout.get(), x.get(), w.get()) };
+                let (mean, rstd) = unsafe { (mean.get(), rstd.get()) };
+                if gpu {
+                    twin::norm::layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, width);
+                } else {
+                    let op = ops::LayerNormBackward(dx, dw, db, dout, x, w, mean, rstd, width);
+                    run_auto(&exec, op);
+                }
                 Ok(())
             })?,
         )
@@ -870,6 +871,7 @@ impl<Q: CpuQueue> Device for Q {
         let (x, out) = (op.r(&x), op.w(&out));
         let gpu = self.gpu_order();
         let workers = self.gemm().workers().clone();
+        let exec = *self.exec();
         self.submit(
             stream,
             op.finish(move || {
@@ -880,7 +882,7 @@ impl<Q: CpuQueue> Device for Q {
                 } else {
                     let per = rows_per_part(workers.threads(), out.len(), 16);
                     let jobs: Vec<_> = out.chunks_mut(per).zip(x.chunks(per)).collect();
-                    workers.run(jobs, |(o, x)| nn::gelu_forward(o, x));
+                    workers.run(jobs, |(o, x)| run_auto(&exec, ops::GeluForward(o, x)));
                 }
                 Ok(())
             })?,
@@ -898,6 +900,7 @@ impl<Q: CpuQueue> Device for Q {
         let (x, d) = (op.r(&x), op.w(&d));
         let gpu = self.gpu_order();
         let workers = self.gemm().workers().clone();
+        let exec = *self.exec();
         self.submit(
             stream,
             op.finish(move || {
@@ -908,7 +911,7 @@ impl<Q: CpuQueue> Device for Q {
                 } else {
                     let per = rows_per_part(workers.threads(), d.len(), 16);
                     let jobs: Vec<_> = d.chunks_mut(per).zip(x.chunks(per)).collect();
-                    workers.run(jobs, |(d, x)| nn::gelu_backward_inplace(d, x));
+                    workers.run(jobs, |(d, x)| run_auto(&exec, ops::GeluBackward(d, x)));
                 }
                 Ok(())
             })?,
@@ -925,6 +928,7 @@ impl<Q: CpuQueue> Device for Q {
     ) -> Result<()> {
         check::attention_forward(y.len(), p.len(), qkv.len(), &shape)?;
         let gemm = self.gemm().clone();
+        let exec = *self.exec();
         let mut op = OpBuilder::new("attention_forward");
         let (qkv, y, p) = (op.r(&qkv), op.w(&y), op.w(&p));
         let gpu = self.gpu_order();
@@ -936,7 +940,14 @@ impl<Q: CpuQueue> Device for Q {
                     if gpu {
                         twin::attention::attention_forward(y.get(), p.get(), qkv.get(), shape)
                     } else {
-                        nn::attention_forward(&gemm, y.get(), p.get(), qkv.get(), shape)
+                        nn::attention::attention_forward_at(
+                            &exec,
+                            &gemm,
+                            y.get(),
+                            p.get(),
+                            qkv.get(),
+                            shape,
+                        )
                     }
                 };
                 Ok(())
@@ -964,6 +975,7 @@ impl<Q: CpuQueue> Device for Q {
             &shape,
         )?;
         let gemm = self.gemm().clone();
+        let exec = *self.exec();
         let mut op = OpBuilder::new(name);
         let (dy, p, qkv) = (op.r(&dy), op.r(&p), op.r(&qkv));
         let (dqkv, scratch) = (op.w(&dqkv), op.w(&scratch));
@@ -977,7 +989,9 @@ impl<Q: CpuQueue> Device for Q {
                 if gpu {
                     twin::attention::attention_backward(dqkv, scratch, dy, p, qkv, shape)
                 } else {
-                    nn::attention_backward(&gemm, dqkv, scratch, dy, p, qkv, shape)
+                    nn::attention::attention_backward_at(
+                        &exec, &gemm, dqkv, scratch, dy, p, qkv, shape,
+                    )
                 }
                 Ok(())
             })?,
@@ -999,6 +1013,7 @@ impl<Q: CpuQueue> Device for Q {
         let (logits, losses) = (op.w(&logits), op.w(&losses));
         let gpu = self.gpu_order();
         let workers = self.gemm().workers().clone();
+        let exec = *self.exec();
         self.submit(
             stream,
             op.finish(move || {
@@ -1016,7 +1031,9 @@ impl<Q: CpuQueue> Device for Q {
                         .zip(losses.chunks_mut(per))
                         .zip(t.chunks(per))
                         .collect();
-                    workers.run(jobs, |((z, l), t)| nn::softmax_xent_forward(z, l, t, v));
+                    workers.run(jobs, |((z, l), t)| {
+                        run_auto(&exec, ops::SoftmaxXentForward(z, l, t, v))
+                    });
                 }
                 Ok(())
             })?,
@@ -1038,6 +1055,7 @@ impl<Q: CpuQueue> Device for Q {
         let probs = op.w(&probs);
         let gpu = self.gpu_order();
         let workers = self.gemm().workers().clone();
+        let exec = *self.exec();
         self.submit(
             stream,
             op.finish(move || {
@@ -1050,7 +1068,9 @@ impl<Q: CpuQueue> Device for Q {
                 } else {
                     let per = rows_per_part(workers.threads(), t.len(), v);
                     let jobs: Vec<_> = probs.chunks_mut(per * v).zip(t.chunks(per)).collect();
-                    workers.run(jobs, |(p, t)| nn::softmax_xent_backward(p, t, v, scale));
+                    workers.run(jobs, |(p, t)| {
+                        run_auto(&exec, ops::SoftmaxXentBackward(p, t, v, scale))
+                    });
                 }
                 Ok(())
             })?,
@@ -1120,6 +1140,7 @@ impl<Q: CpuQueue> Device for Q {
         let (row, out) = (op.r(&row), op.w(&out));
         let gpu = self.gpu_order();
         let workers = self.gemm().workers().clone();
+        let exec = *self.exec();
         self.submit(
             stream,
             op.finish(move || {
@@ -1131,7 +1152,7 @@ impl<Q: CpuQueue> Device for Q {
                     let width = row.len();
                     let per = rows_per_part(workers.threads(), out.len() / width.max(1), width);
                     let jobs: Vec<_> = out.chunks_mut((per * width).max(1)).collect();
-                    workers.run(jobs, |o| nn::add_rows(o, row));
+                    workers.run(jobs, |o| run_auto(&exec, ops::AddRows(o, row)));
                 }
                 Ok(())
             })?,
@@ -1148,17 +1169,17 @@ impl<Q: CpuQueue> Device for Q {
         let mut op = OpBuilder::new("bias_backward");
         let (dout, db) = (op.r(&dout), op.w(&db));
         let gpu = self.gpu_order();
+        let exec = *self.exec();
         self.submit(
             stream,
             op.finish(move || {
                 // SAFETY: see the module documentation.
-                unsafe {
-                    (if gpu {
-                        twin::rows::bias_backward
-                    } else {
-                        nn::bias_backward
-                    })(db.get(), dout.get())
-                };
+                let (db, dout) = unsafe { (db.get(), dout.get()) };
+                if gpu {
+                    twin::rows::bias_backward(db, dout);
+                } else {
+                    run_auto(&exec, ops::BiasBackward(db, dout));
+                }
                 Ok(())
             })?,
         )
@@ -1454,6 +1475,7 @@ impl<Q: CpuQueue> Device for Q {
         let (o, rstd) = (op.w(&out), op.w(&rstd));
         let gpu = self.gpu_order();
         let workers = self.gemm().workers().clone();
+        let exec = *self.exec();
         self.submit(
             stream,
             op.finish(move || {
@@ -1473,7 +1495,7 @@ impl<Q: CpuQueue> Device for Q {
                     .zip(x[..rows * width].chunks(per * width))
                     .collect();
                 workers.run(jobs, |((o, rstd), x)| {
-                    nn::rmsnorm_forward(o, rstd, x, w, width, eps)
+                    run_auto(&exec, ops::RmsNormForward(o, rstd, x, w, width, eps))
                 });
                 Ok(())
             })?,
@@ -1504,26 +1526,19 @@ impl<Q: CpuQueue> Device for Q {
         let (dout, x, w, rstd) = (op.r(&dout), op.r(&x), op.r(&w), op.r(&rstd));
         let (dx, dw) = (op.w(&dx), op.w(&dw));
         let gpu = self.gpu_order();
+        let exec = *self.exec();
         self.submit(
             stream,
             op.finish(move || {
                 // SAFETY: see the module documentation. One thread: `dw` sums over rows
                 // in row order, the same bits at every thread count.
-                unsafe {
-                    (if gpu {
-                        twin::llama::rmsnorm_backward
-                    } else {
-                        nn::rmsnorm_backward
-                    })(
-                        dx.get(),
-                        dw.get(),
-                        dout.get(),
-                        x.get(),
-                        w.get(),
-                        rstd.get(),
-                        width,
-                    )
-                };
+                let (dx, dw) = unsafe { (dx.get(), dw.get()) };
+                let (dout, x, w, rstd) = unsafe { (dout.get(), x.get(), w.get(), rstd.get()) };
+                if gpu {
+                    twin::llama::rmsnorm_backward(dx, dw, dout, x, w, rstd, width);
+                } else {
+                    run_auto(&exec, ops::RmsNormBackward(dx, dw, dout, x, w, rstd, width));
+                }
                 Ok(())
             })?,
         )
@@ -1543,17 +1558,17 @@ impl<Q: CpuQueue> Device for Q {
         let mut op = OpBuilder::new(name);
         let (q, k, v, qkv) = (op.r(&q), op.r(&k), op.r(&v), op.w(&qkv));
         let gpu = self.gpu_order();
+        let exec = *self.exec();
         self.submit(
             stream,
             op.finish(move || {
                 // SAFETY: see the module documentation.
-                unsafe {
-                    (if gpu {
-                        twin::llama::rope_gqa_forward
-                    } else {
-                        nn::rope_gqa_forward
-                    })(qkv.get(), q.get(), k.get(), v.get(), shape)
-                };
+                let (qkv, q, k, v) = unsafe { (qkv.get(), q.get(), k.get(), v.get()) };
+                if gpu {
+                    twin::llama::rope_gqa_forward(qkv, q, k, v, shape);
+                } else {
+                    run_auto(&exec, ops::RopeGqaForward(qkv, q, k, v, shape));
+                }
                 Ok(())
             })?,
         )
@@ -1573,17 +1588,18 @@ impl<Q: CpuQueue> Device for Q {
         let mut op = OpBuilder::new(name);
         let (dqkv, dq, dk, dv) = (op.r(&dqkv), op.w(&dq), op.w(&dk), op.w(&dv));
         let gpu = self.gpu_order();
+        let exec = *self.exec();
         self.submit(
             stream,
             op.finish(move || {
                 // SAFETY: see the module documentation.
-                unsafe {
-                    (if gpu {
-                        twin::llama::rope_gqa_backward
-                    } else {
-                        nn::rope_gqa_backward
-                    })(dq.get(), dk.get(), dv.get(), dqkv.get(), shape)
-                };
+                let (dq, dk, dv) = unsafe { (dq.get(), dk.get(), dv.get()) };
+                let dqkv = unsafe { dqkv.get() };
+                if gpu {
+                    twin::llama::rope_gqa_backward(dq, dk, dv, dqkv, shape);
+                } else {
+                    run_auto(&exec, ops::RopeGqaBackward(dq, dk, dv, dqkv, shape));
+                }
                 Ok(())
             })?,
         )
@@ -1602,6 +1618,7 @@ impl<Q: CpuQueue> Device for Q {
         let (a, b, out) = (op.r(&a), op.r(&b), op.w(&out));
         let gpu = self.gpu_order();
         let workers = self.gemm().workers().clone();
+        let exec = *self.exec();
         self.submit(
             stream,
             op.finish(move || {
@@ -1617,7 +1634,9 @@ impl<Q: CpuQueue> Device for Q {
                     .zip(a.chunks(per))
                     .zip(b.chunks(per))
                     .collect();
-                workers.run(jobs, |((o, a), b)| nn::swiglu_forward(o, a, b));
+                workers.run(jobs, |((o, a), b)| {
+                    run_auto(&exec, ops::SwigluForward(o, a, b))
+                });
                 Ok(())
             })?,
         )
@@ -1646,6 +1665,7 @@ impl<Q: CpuQueue> Device for Q {
         let (da, db) = (op.w(&da), op.w(&db));
         let gpu = self.gpu_order();
         let workers = self.gemm().workers().clone();
+        let exec = *self.exec();
         self.submit(
             stream,
             op.finish(move || {
@@ -1665,7 +1685,7 @@ impl<Q: CpuQueue> Device for Q {
                     .zip(b.chunks(per))
                     .collect();
                 workers.run(jobs, |((((da, db), d), a), b)| {
-                    nn::swiglu_backward(da, db, d, a, b)
+                    run_auto(&exec, ops::SwigluBackward(da, db, d, a, b))
                 });
                 Ok(())
             })?,
@@ -1683,6 +1703,7 @@ impl<Q: CpuQueue> Device for Q {
         let (src, dst) = (op.r(&src), op.w(&dst));
         let gpu = self.gpu_order();
         let workers = self.gemm().workers().clone();
+        let exec = *self.exec();
         self.submit(
             stream,
             op.finish(move || {
@@ -1693,7 +1714,7 @@ impl<Q: CpuQueue> Device for Q {
                 } else {
                     let per = rows_per_part(workers.threads(), dst.len(), 1);
                     let jobs: Vec<_> = dst.chunks_mut(per).zip(src.chunks(per)).collect();
-                    workers.run(jobs, |(d, s)| nn::add_into(d, s));
+                    workers.run(jobs, |(d, s)| run_auto(&exec, ops::AddInto(d, s)));
                 }
                 Ok(())
             })?,
@@ -1709,17 +1730,17 @@ impl<Q: CpuQueue> Device for Q {
         let mut op = OpBuilder::new("scale");
         let dst = op.w(&dst);
         let gpu = self.gpu_order();
+        let exec = *self.exec();
         self.submit(
             stream,
             op.finish(move || {
                 // SAFETY: see the module documentation.
-                unsafe {
-                    (if gpu {
-                        twin::elementwise::scale_into
-                    } else {
-                        nn::scale_into
-                    })(dst.get(), a)
-                };
+                let dst = unsafe { dst.get() };
+                if gpu {
+                    twin::elementwise::scale_into(dst, a);
+                } else {
+                    run_auto(&exec, ops::ScaleInto(dst, a));
+                }
                 Ok(())
             })?,
         )

@@ -10,6 +10,7 @@ const GELU_K: f64 = 0.044_715;
 
 /// GELU, tanh approximation, written into `out`: y = 0.5 x (1 + tanh(s (x + k x^3))),
 /// s = sqrt(2/pi), k = 0.044715. Elements past the shorter slice are not touched.
+#[inline(always)]
 pub fn gelu_forward<F: Scalar>(out: &mut [F], x: &[F]) {
     let (s, k, half) = (F::from_f64(GELU_S), F::from_f64(GELU_K), F::from_f64(0.5));
     for (o, &v) in out.iter_mut().zip(x) {
@@ -19,6 +20,7 @@ pub fn gelu_forward<F: Scalar>(out: &mut [F], x: &[F]) {
 
 /// GELU backward, in place (**writes**): `d <- d * gelu'(x)` with
 /// gelu'(x) = 0.5 (1 + t) + 0.5 x (1 - t^2) s (1 + 3 k x^2), t = tanh(s (x + k x^3)).
+#[inline(always)]
 pub fn gelu_backward_inplace<F: Scalar>(d: &mut [F], x: &[F]) {
     let (s, k, half) = (F::from_f64(GELU_S), F::from_f64(GELU_K), F::from_f64(0.5));
     let three = F::from_f64(3.0);

@@ -10,8 +10,11 @@
 //! multiple of `H` (bugs in the calling layer, never user input).
 
 use super::gemm::{Gemm, MatLayout};
+use super::isa_ops::{AttentionBackwardSequences, AttentionForwardSequences};
 use super::scalar::Scalar;
-use super::softmax::{softmax_row_backward_inplace, softmax_row_inplace};
+use super::softmax::{softmax_causal_rows, softmax_causal_rows_backward};
+use crate::isa::Exec;
+use crate::simd::run_auto;
 
 /// Queries per band of the causal products.
 const BAND: usize = 64;
@@ -45,13 +48,26 @@ fn bands(t: usize) -> impl Iterator<Item = (usize, usize)> {
 /// Forward: writes `y` `[B,T,C]` and `p` `[B,H,T,T]` (P's upper triangle is written 0) from
 /// `qkv` `[B,T,3C]`. With several threads the sequences are split between them (each
 /// computed exactly as on one thread); a single sequence threads its products instead.
+/// The softmax rows run at this CPU's best instruction-set level (same bits at every level).
 pub fn attention_forward<F: Scalar>(g: &Gemm, y: &mut [F], p: &mut [F], qkv: &[F], s: AttnShape) {
+    attention_forward_at(&Exec::default(), g, y, p, qkv, s)
+}
+
+/// [`attention_forward`] with the non-GEMM work compiled for `exec`'s level.
+pub(crate) fn attention_forward_at<F: Scalar>(
+    exec: &Exec,
+    g: &Gemm,
+    y: &mut [F],
+    p: &mut [F],
+    qkv: &[F],
+    s: AttnShape,
+) {
     let AttnShape { b, t, c, h } = s;
     check_heads(c, h);
     let parts = g.threads().min(b);
     // c == 0 (an empty model width) has nothing to split: chunks of 0 would panic.
     if parts <= 1 || t == 0 || c == 0 {
-        return forward_sequences(g, y, p, qkv, s);
+        return run_auto(exec, AttentionForwardSequences(g, y, p, qkv, s));
     }
     let per = b.div_ceil(parts);
     let jobs: Vec<_> = y[..b * t * c]
@@ -62,12 +78,22 @@ pub fn attention_forward<F: Scalar>(g: &Gemm, y: &mut [F], p: &mut [F], qkv: &[F
     let one = Gemm::new(1);
     g.workers().run(jobs, |((y, p), qkv)| {
         let b = qkv.len() / (t * 3 * c);
-        forward_sequences(&one, y, p, qkv, AttnShape { b, ..s })
+        run_auto(
+            exec,
+            AttentionForwardSequences(&one, y, p, qkv, AttnShape { b, ..s }),
+        )
     });
 }
 
 /// [`attention_forward`] on this thread (its products on `g`'s threads).
-fn forward_sequences<F: Scalar>(g: &Gemm, y: &mut [F], p: &mut [F], qkv: &[F], s: AttnShape) {
+#[inline(always)]
+pub(crate) fn forward_sequences<F: Scalar>(
+    g: &Gemm,
+    y: &mut [F],
+    p: &mut [F],
+    qkv: &[F],
+    s: AttnShape,
+) {
     let AttnShape { b, t, c, h } = s;
     let hs = c / h;
     let scale = F::from_f64(1.0 / (hs as f64).sqrt());
@@ -88,9 +114,7 @@ fn forward_sequences<F: Scalar>(g: &Gemm, y: &mut [F], p: &mut [F], qkv: &[F], s
                     &mut pm[r0 * t..],
                     MatLayout::rm(r1 - r0, r1, t),
                 );
-                for i in r0..r1 {
-                    softmax_row_inplace(&mut pm[i * t..(i + 1) * t], i + 1);
-                }
+                softmax_causal_rows(&mut pm[r0 * t..r1 * t], t, r0);
                 // Y[r0..r1] = P[r0..r1, 0..r1] V[0..r1]
                 g.run(
                     F::ONE,
@@ -111,8 +135,23 @@ fn forward_sequences<F: Scalar>(g: &Gemm, y: &mut [F], p: &mut [F], qkv: &[F], s
 /// and `qkv` as the forward left and saw them; `dp` is a scratch of at least T*T elements.
 /// dV = P^T dY; dS = softmax'(dP = dY V^T); dQ = dS K / sqrt(hs); dK = dS^T Q / sqrt(hs).
 /// Threads split the sequences as in [`attention_forward`]; each thread past the first
-/// gets a T*T scratch of its own.
+/// gets a T*T scratch of its own. Levels as in [`attention_forward`].
 pub fn attention_backward<F: Scalar>(
+    g: &Gemm,
+    dqkv: &mut [F],
+    dp: &mut [F],
+    dy: &[F],
+    p: &[F],
+    qkv: &[F],
+    s: AttnShape,
+) {
+    attention_backward_at(&Exec::default(), g, dqkv, dp, dy, p, qkv, s)
+}
+
+/// [`attention_backward`] with the non-GEMM work compiled for `exec`'s level.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attention_backward_at<F: Scalar>(
+    exec: &Exec,
     g: &Gemm,
     dqkv: &mut [F],
     dp: &mut [F],
@@ -126,7 +165,7 @@ pub fn attention_backward<F: Scalar>(
     let parts = g.threads().min(b);
     // c == 0 (an empty model width) has nothing to split: chunks of 0 would panic.
     if parts <= 1 || t == 0 || c == 0 {
-        return backward_sequences(g, dqkv, dp, dy, p, qkv, s);
+        return run_auto(exec, AttentionBackwardSequences(g, dqkv, dp, dy, p, qkv, s));
     }
     let per = b.div_ceil(parts);
     let mut scratch: Vec<Vec<F>> = (1..parts).map(|_| vec![F::ZERO; t * t]).collect();
@@ -141,12 +180,17 @@ pub fn attention_backward<F: Scalar>(
     let one = Gemm::new(1);
     g.workers().run(jobs, |((((dqkv, dp), dy), p), qkv)| {
         let b = qkv.len() / (t * 3 * c);
-        backward_sequences(&one, dqkv, dp, dy, p, qkv, AttnShape { b, ..s })
+        let s = AttnShape { b, ..s };
+        run_auto(
+            exec,
+            AttentionBackwardSequences(&one, dqkv, dp, dy, p, qkv, s),
+        )
     });
 }
 
 /// [`attention_backward`] on this thread (its products on `g`'s threads).
-fn backward_sequences<F: Scalar>(
+#[inline(always)]
+pub(crate) fn backward_sequences<F: Scalar>(
     g: &Gemm,
     dqkv: &mut [F],
     dp: &mut [F],
@@ -177,10 +221,8 @@ fn backward_sequences<F: Scalar>(
                     &mut dp[r0 * t..],
                     MatLayout::rm(r1 - r0, r1, t),
                 );
-                for i in r0..r1 {
-                    let row = i * t..(i + 1) * t;
-                    softmax_row_backward_inplace(&mut dp[row.clone()], &pm[row], i + 1);
-                }
+                let rows = r0 * t..r1 * t;
+                softmax_causal_rows_backward(&mut dp[rows.clone()], &pm[rows], t, r0);
                 // dQ[r0..r1] = scale * dS[r0..r1, 0..r1] K[0..r1]
                 g.run(
                     scale,

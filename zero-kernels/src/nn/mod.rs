@@ -28,6 +28,9 @@
 //!   the calling layer, never user input (models validate token ids when a batch comes
 //!   in). Nothing here is `unsafe` except the GEMM call, whose views are bounds-checked
 //!   first.
+//! - Levels: a CPU device runs these functions compiled for its instruction-set level
+//!   (`isa_ops`), which is why the op bodies and the helpers they call are
+//!   `#[inline(always)]`; called directly, they run as the crate was built (baseline).
 //! - Numerics: each function is a fixed sequence of IEEE operations, the same on every
 //!   call and thread count, and no function here uses a fused multiply-add of its own.
 //!   The GEMM is `matrixmultiply`'s, whose kernel (with or without FMA) is chosen at run
@@ -39,6 +42,7 @@ pub mod activation;
 pub mod attention;
 pub mod gemm;
 pub mod gemm_bf16;
+pub(crate) mod isa_ops;
 pub mod norm;
 pub mod rmsnorm;
 pub mod rope;

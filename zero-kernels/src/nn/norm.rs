@@ -1,7 +1,7 @@
 //! LayerNorm over rows of width C (Ba, Kiros & Hinton 2016; llm.c's `layernorm_forward` /
 //! `layernorm_backward`), with the biased variance and PyTorch's epsilon, as GPT-2 uses.
 
-use super::scalar::Scalar;
+use super::scalar::{interleaved_sums, Scalar, SUM_ROWS};
 
 /// LayerNorm epsilon (PyTorch's default, as GPT-2 uses).
 pub const LN_EPS: f64 = 1e-5;
@@ -13,7 +13,33 @@ pub const LN_EPS: f64 = 1e-5;
 /// # Panics
 /// If `mean` or `rstd` has fewer than rows = `x.len() / c` elements or `w`, `b` fewer than
 /// `c`. Rows beyond the shorter of `x`, `out` are not touched.
+#[inline(always)]
 pub fn layernorm_forward<F: Scalar>(
+    out: &mut [F],
+    mean: &mut [F],
+    rstd: &mut [F],
+    x: &[F],
+    w: &[F],
+    b: &[F],
+    c: usize,
+) {
+    // SUM_ROWS rows at a time, so that their sums run interleaved (each still in index
+    // order), then the rows left over one by one.
+    let rows = (x.len() / c).min(out.len() / c);
+    let full = rows / SUM_ROWS * SUM_ROWS;
+    for r in (0..full).step_by(SUM_ROWS) {
+        layernorm_rows::<F, SUM_ROWS>(r, out, mean, rstd, x, w, b, c);
+    }
+    for r in full..rows {
+        layernorm_rows::<F, 1>(r, out, mean, rstd, x, w, b, c);
+    }
+}
+
+/// [`layernorm_forward`] of the `G` rows from `r0`.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn layernorm_rows<F: Scalar, const G: usize>(
+    r0: usize,
     out: &mut [F],
     mean: &mut [F],
     rstd: &mut [F],
@@ -24,19 +50,18 @@ pub fn layernorm_forward<F: Scalar>(
 ) {
     let inv_c = F::from_f64(1.0 / c as f64);
     let eps = F::from_f64(LN_EPS);
-    for (r, (xr, or)) in x.chunks_exact(c).zip(out.chunks_exact_mut(c)).enumerate() {
-        let mut m = F::ZERO;
-        xr.iter().for_each(|&v| m += v);
-        m *= inv_c;
-        let mut var = F::ZERO;
-        xr.iter().for_each(|&v| var += (v - m) * (v - m));
-        var *= inv_c;
-        let s = F::ONE / (var + eps).sqrt();
+    let x = &x[r0 * c..(r0 + G) * c];
+    let mut m: [F; G] = interleaved_sums(c, |g, i| x[g * c + i]);
+    m.iter_mut().for_each(|m| *m *= inv_c);
+    let var: [F; G] = interleaved_sums(c, |g, i| (x[g * c + i] - m[g]) * (x[g * c + i] - m[g]));
+    let out = &mut out[r0 * c..(r0 + G) * c];
+    for (g, (xr, or)) in x.chunks_exact(c).zip(out.chunks_exact_mut(c)).enumerate() {
+        let s = F::ONE / (var[g] * inv_c + eps).sqrt();
         for i in 0..c {
-            or[i] = (xr[i] - m) * s * w[i] + b[i];
+            or[i] = (xr[i] - m[g]) * s * w[i] + b[i];
         }
-        mean[r] = m;
-        rstd[r] = s;
+        mean[r0 + g] = m[g];
+        rstd[r0 + g] = s;
     }
 }
 
@@ -47,6 +72,7 @@ pub fn layernorm_forward<F: Scalar>(
 /// # Panics
 /// As [`layernorm_forward`], for `mean`, `rstd`, `w`, `dw`, `db` too short.
 #[allow(clippy::too_many_arguments)]
+#[inline(always)]
 pub fn layernorm_backward<F: Scalar>(
     dx: &mut [F],
     dw: &mut [F],
@@ -58,24 +84,52 @@ pub fn layernorm_backward<F: Scalar>(
     rstd: &[F],
     c: usize,
 ) {
+    // SUM_ROWS rows at a time, as in the forward; `dw` and `db` still receive the rows in
+    // order.
+    let rows = (dx.len() / c).min(x.len() / c).min(dout.len() / c);
+    let full = rows / SUM_ROWS * SUM_ROWS;
+    for r in (0..full).step_by(SUM_ROWS) {
+        layernorm_backward_rows::<F, SUM_ROWS>(r, dx, dw, db, dout, x, w, mean, rstd, c);
+    }
+    for r in full..rows {
+        layernorm_backward_rows::<F, 1>(r, dx, dw, db, dout, x, w, mean, rstd, c);
+    }
+}
+
+/// [`layernorm_backward`] of the `G` rows from `r0`.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn layernorm_backward_rows<F: Scalar, const G: usize>(
+    r0: usize,
+    dx: &mut [F],
+    dw: &mut [F],
+    db: &mut [F],
+    dout: &[F],
+    x: &[F],
+    w: &[F],
+    mean: &[F],
+    rstd: &[F],
+    c: usize,
+) {
     let inv_c = F::from_f64(1.0 / c as f64);
-    for (r, ((dxr, xr), dr)) in dx
+    let (x, dout) = (&x[r0 * c..(r0 + G) * c], &dout[r0 * c..(r0 + G) * c]);
+    let (m, s) = (&mean[r0..r0 + G], &rstd[r0..r0 + G]);
+    let w = &w[..c];
+    let mut g_mean: [F; G] = interleaved_sums(c, |g, i| dout[g * c + i] * w[i]);
+    let mut gn_mean: [F; G] = interleaved_sums(c, |g, i| {
+        let n = (x[g * c + i] - m[g]) * s[g];
+        dout[g * c + i] * w[i] * n
+    });
+    g_mean.iter_mut().for_each(|v| *v *= inv_c);
+    gn_mean.iter_mut().for_each(|v| *v *= inv_c);
+    let dx = &mut dx[r0 * c..(r0 + G) * c];
+    for (k, ((dxr, xr), dr)) in dx
         .chunks_exact_mut(c)
         .zip(x.chunks_exact(c))
         .zip(dout.chunks_exact(c))
         .enumerate()
     {
-        let (m, s) = (mean[r], rstd[r]);
-        let mut g_mean = F::ZERO;
-        let mut gn_mean = F::ZERO;
-        for i in 0..c {
-            let n = (xr[i] - m) * s;
-            let g = dr[i] * w[i];
-            g_mean += g;
-            gn_mean += g * n;
-        }
-        g_mean *= inv_c;
-        gn_mean *= inv_c;
+        let (m, s, g_mean, gn_mean) = (m[k], s[k], g_mean[k], gn_mean[k]);
         for i in 0..c {
             let n = (xr[i] - m) * s;
             let g = dr[i] * w[i];
@@ -89,6 +143,52 @@ pub fn layernorm_backward<F: Scalar>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rows_summed_together_give_the_bits_of_one_row_at_a_time() {
+        // 19 rows: two groups of SUM_ROWS and 3 left over; one row per call is the plain
+        // per-row loop (G = 1).
+        let (rows, c) = (19, 37);
+        let x: Vec<f32> = crate::testutil::vals(rows * c, 1, 6.0, 0.5);
+        let dout: Vec<f32> = crate::testutil::vals(rows * c, 2, 2.0, 0.0);
+        let (w, b) = (
+            crate::testutil::vals(c, 3, 1.0, 1.0),
+            crate::testutil::vals(c, 4, 1.0, 0.0),
+        );
+        let fwd = |rows_per_call: usize| {
+            let (mut y, mut mean, mut rstd) =
+                (vec![0.0f32; rows * c], vec![0.0; rows], vec![0.0; rows]);
+            let (mut dx, mut dw, mut db) = (dout.clone(), vec![0.5f32; c], vec![0.25f32; c]);
+            for r in (0..rows).step_by(rows_per_call) {
+                let (rs, cs) = (
+                    r..(r + rows_per_call).min(rows),
+                    r * c..((r + rows_per_call).min(rows)) * c,
+                );
+                layernorm_forward(
+                    &mut y[cs.clone()],
+                    &mut mean[rs.clone()],
+                    &mut rstd[rs.clone()],
+                    &x[cs.clone()],
+                    &w,
+                    &b,
+                    c,
+                );
+                layernorm_backward(
+                    &mut dx[cs.clone()],
+                    &mut dw,
+                    &mut db,
+                    &dout[cs.clone()],
+                    &x[cs],
+                    &w,
+                    &mean[rs.clone()],
+                    &rstd[rs],
+                    c,
+                );
+            }
+            [y, mean, rstd, dx, dw, db].map(|v| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>())
+        };
+        assert_eq!(fwd(rows), fwd(1));
+    }
 
     fn vals(n: usize, seed: usize) -> Vec<f64> {
         (0..n)

@@ -1,7 +1,7 @@
 //! RMSNorm over rows of width C (Zhang & Sennrich 2019; Llama's `RMSNorm`): no mean, no
 //! shift, `out = x * rstd * w` with rstd = 1/sqrt(mean(x^2) + eps).
 
-use super::scalar::Scalar;
+use super::scalar::{interleaved_sums, Scalar, SUM_ROWS};
 
 /// RMSNorm epsilon of the Llama presets (Meta's `norm_eps`, 1e-5).
 pub const RMS_EPS: f64 = 1e-5;
@@ -11,7 +11,31 @@ pub const RMS_EPS: f64 = 1e-5;
 ///
 /// # Panics
 /// If `rstd` has fewer than rows = `x.len() / c` elements or `w` fewer than `c`.
+#[inline(always)]
 pub fn rmsnorm_forward<F: Scalar>(
+    out: &mut [F],
+    rstd: &mut [F],
+    x: &[F],
+    w: &[F],
+    c: usize,
+    eps: f64,
+) {
+    // SUM_ROWS rows at a time, so that their sums run interleaved (each still in index
+    // order), then the rows left over one by one.
+    let rows = (x.len() / c).min(out.len() / c);
+    let full = rows / SUM_ROWS * SUM_ROWS;
+    for r in (0..full).step_by(SUM_ROWS) {
+        rmsnorm_rows::<F, SUM_ROWS>(r, out, rstd, x, w, c, eps);
+    }
+    for r in full..rows {
+        rmsnorm_rows::<F, 1>(r, out, rstd, x, w, c, eps);
+    }
+}
+
+/// [`rmsnorm_forward`] of the `G` rows from `r0`.
+#[inline(always)]
+fn rmsnorm_rows<F: Scalar, const G: usize>(
+    r0: usize,
     out: &mut [F],
     rstd: &mut [F],
     x: &[F],
@@ -21,14 +45,15 @@ pub fn rmsnorm_forward<F: Scalar>(
 ) {
     let inv_c = F::from_f64(1.0 / c as f64);
     let eps = F::from_f64(eps);
-    for (r, (xr, or)) in x.chunks_exact(c).zip(out.chunks_exact_mut(c)).enumerate() {
-        let mut ss = F::ZERO;
-        xr.iter().for_each(|&v| ss += v * v);
-        let s = F::ONE / (ss * inv_c + eps).sqrt();
+    let x = &x[r0 * c..(r0 + G) * c];
+    let ss: [F; G] = interleaved_sums(c, |g, i| x[g * c + i] * x[g * c + i]);
+    let out = &mut out[r0 * c..(r0 + G) * c];
+    for (g, (xr, or)) in x.chunks_exact(c).zip(out.chunks_exact_mut(c)).enumerate() {
+        let s = F::ONE / (ss[g] * inv_c + eps).sqrt();
         for i in 0..c {
             or[i] = xr[i] * s * w[i];
         }
-        rstd[r] = s;
+        rstd[r0 + g] = s;
     }
 }
 
@@ -37,6 +62,7 @@ pub fn rmsnorm_forward<F: Scalar>(
 ///
 /// # Panics
 /// As [`rmsnorm_forward`], for `rstd`, `w`, `dw` too short.
+#[inline(always)]
 pub fn rmsnorm_backward<F: Scalar>(
     dx: &mut [F],
     dw: &mut [F],
@@ -46,19 +72,43 @@ pub fn rmsnorm_backward<F: Scalar>(
     rstd: &[F],
     c: usize,
 ) {
+    // SUM_ROWS rows at a time, as in the forward; `dw` still receives the rows in order.
+    let rows = (dx.len() / c).min(x.len() / c).min(dout.len() / c);
+    let full = rows / SUM_ROWS * SUM_ROWS;
+    for r in (0..full).step_by(SUM_ROWS) {
+        rmsnorm_backward_rows::<F, SUM_ROWS>(r, dx, dw, dout, x, w, rstd, c);
+    }
+    for r in full..rows {
+        rmsnorm_backward_rows::<F, 1>(r, dx, dw, dout, x, w, rstd, c);
+    }
+}
+
+/// [`rmsnorm_backward`] of the `G` rows from `r0`.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn rmsnorm_backward_rows<F: Scalar, const G: usize>(
+    r0: usize,
+    dx: &mut [F],
+    dw: &mut [F],
+    dout: &[F],
+    x: &[F],
+    w: &[F],
+    rstd: &[F],
+    c: usize,
+) {
     let inv_c = F::from_f64(1.0 / c as f64);
-    for (r, ((dxr, xr), dr)) in dx
+    let (x, dout) = (&x[r0 * c..(r0 + G) * c], &dout[r0 * c..(r0 + G) * c]);
+    let w = &w[..c];
+    let gx_sums: [F; G] = interleaved_sums(c, |g, i| dout[g * c + i] * w[i] * x[g * c + i]);
+    let dx = &mut dx[r0 * c..(r0 + G) * c];
+    for (g, ((dxr, xr), dr)) in dx
         .chunks_exact_mut(c)
         .zip(x.chunks_exact(c))
         .zip(dout.chunks_exact(c))
         .enumerate()
     {
-        let s = rstd[r];
-        let mut gx_mean = F::ZERO;
-        for i in 0..c {
-            gx_mean += dr[i] * w[i] * xr[i];
-        }
-        gx_mean *= inv_c;
+        let s = rstd[r0 + g];
+        let gx_mean = gx_sums[g] * inv_c;
         let k = s * s * s * gx_mean;
         for i in 0..c {
             dxr[i] += dr[i] * w[i] * s - xr[i] * k;
@@ -70,6 +120,30 @@ pub fn rmsnorm_backward<F: Scalar>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rows_summed_together_give_the_bits_of_one_row_at_a_time() {
+        // 19 rows: two groups of SUM_ROWS and 3 left over; one row per call is the plain
+        // per-row loop (G = 1).
+        let (rows, c) = (19, 37);
+        let x: Vec<f32> = crate::testutil::vals(rows * c, 1, 6.0, 0.5);
+        let dout: Vec<f32> = crate::testutil::vals(rows * c, 2, 2.0, 0.0);
+        let w = crate::testutil::vals(c, 3, 1.0, 1.0);
+        let run = |per_call: usize| {
+            let (mut y, mut rstd) = (vec![0.0f32; rows * c], vec![0.0f32; rows]);
+            let (mut dx, mut dw) = (dout.clone(), vec![0.5f32; c]);
+            for r in (0..rows).step_by(per_call) {
+                let end = (r + per_call).min(rows);
+                let (rs, cs) = (r..end, r * c..end * c);
+                let (yr, rr) = (&mut y[cs.clone()], &mut rstd[rs.clone()]);
+                rmsnorm_forward(yr, rr, &x[cs.clone()], &w, c, RMS_EPS);
+                let (d, xr) = (&dout[cs.clone()], &x[cs.clone()]);
+                rmsnorm_backward(&mut dx[cs], &mut dw, d, xr, &w, &rstd[rs], c);
+            }
+            [y, rstd, dx, dw].map(|v| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>())
+        };
+        assert_eq!(run(rows), run(1));
+    }
     use crate::nn::testvals::{central_difference, vals};
 
     #[test]

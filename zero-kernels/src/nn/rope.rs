@@ -82,6 +82,7 @@ impl RopeShape {
 }
 
 /// `y = R(t) x` for one head (see the module doc).
+#[inline(always)]
 fn rotate<F: Scalar>(y: &mut [F], x: &[F], cos: &[F], sin: &[F]) {
     let half = cos.len();
     for i in 0..half {
@@ -92,6 +93,7 @@ fn rotate<F: Scalar>(y: &mut [F], x: &[F], cos: &[F], sin: &[F]) {
 }
 
 /// `dx (+)= R(t)^T dy` for one head (the rotation's transpose), adding when `add`.
+#[inline(always)]
 fn rotate_back<F: Scalar>(dx: &mut [F], dy: &[F], cos: &[F], sin: &[F], add: bool) {
     let half = cos.len();
     for i in 0..half {
@@ -112,6 +114,7 @@ fn rotate_back<F: Scalar>(dx: &mut [F], dy: &[F], cos: &[F], sin: &[F], add: boo
 ///
 /// # Panics
 /// If a slice is shorter than the shape says or the heads do not fit ([`RopeShape::check`]).
+#[inline(always)]
 pub fn rope_gqa_forward<F: Scalar>(qkv: &mut [F], q: &[F], k: &[F], v: &[F], s: RopeShape) {
     if let Err(e) = s.check() {
         panic!("{e}");
@@ -144,6 +147,7 @@ pub fn rope_gqa_forward<F: Scalar>(qkv: &mut [F], q: &[F], k: &[F], v: &[F], s: 
 ///
 /// # Panics
 /// As [`rope_gqa_forward`].
+#[inline(always)]
 pub fn rope_gqa_backward<F: Scalar>(
     dq: &mut [F],
     dk: &mut [F],

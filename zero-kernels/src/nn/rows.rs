@@ -33,6 +33,7 @@ pub fn fill_rows<F: Scalar>(out: &mut [F], row: &[F]) {
 
 /// `out[i] += row` for every row i of `out` (width `row.len()`): a bias added onto rows
 /// that already hold a residual.
+#[inline(always)]
 pub fn add_rows<F: Scalar>(out: &mut [F], row: &[F]) {
     rows_of("add_rows", out.len(), row.len());
     for r in out.chunks_exact_mut(row.len()) {
@@ -42,6 +43,7 @@ pub fn add_rows<F: Scalar>(out: &mut [F], row: &[F]) {
 
 /// `db += sum over rows of dout` (**adds**; rows in order): the bias gradient of a
 /// linear layer, width `db.len()`.
+#[inline(always)]
 pub fn bias_backward<F: Scalar>(db: &mut [F], dout: &[F]) {
     rows_of("bias_backward", dout.len(), db.len());
     for r in dout.chunks_exact(db.len()) {
@@ -193,12 +195,14 @@ pub fn shift_rows_backward<F: Scalar>(dx: &mut [F], dout: &[F], seq_len: usize, 
 }
 
 /// `dst += src`, elementwise.
+#[inline(always)]
 pub fn add_into<F: Scalar>(dst: &mut [F], src: &[F]) {
     same_len("add_into", dst.len(), src.len());
     dst.iter_mut().zip(src).for_each(|(d, &s)| *d += s);
 }
 
 /// `dst *= a`, elementwise.
+#[inline(always)]
 pub fn scale_into<F: Scalar>(dst: &mut [F], a: F) {
     dst.iter_mut().for_each(|d| *d *= a);
 }

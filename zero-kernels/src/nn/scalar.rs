@@ -100,7 +100,8 @@ pub trait Scalar:
 pub fn exp_f32(x: f32) -> f32 {
     let x = x.clamp(-87.0, 88.0);
     // Round x*log2(e) to nearest with the 1.5*2^23 trick (no SSE4.1 `round` needed).
-    let n = (x * std::f32::consts::LOG2_E + 12_582_912.0) - 12_582_912.0;
+    let shifted = x * std::f32::consts::LOG2_E + 12_582_912.0;
+    let n = shifted - 12_582_912.0;
     // ln 2 split in two so n*C1 is exact (Cody-Waite).
     let r = x - n * 0.693_359_4 - n * -2.121_944_4e-4;
     let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
@@ -108,7 +109,12 @@ pub fn exp_f32(x: f32) -> f32 {
         * r
         + 5e-1;
     let y = p * r * r + r + 1.0;
-    y * f32::from_bits(((n as i32 + 127) << 23) as u32)
+    // 2^n from the bits of `shifted` = 1.5*2^23 + n (bits 0x4B40_0000 + n: the ulp is 1
+    // there), in integer lanes, which vectorise; `n as i32` does not (its saturation runs
+    // lane by lane). For every non-NaN x this is `(n as i32 + 127) << 23`; the mask keeps
+    // a NaN x's scale a number, so the NaN passes through unchanged, as before.
+    let biased = shifted.to_bits().wrapping_sub(0x4B40_0000 - 127) & 0xFF;
+    y * f32::from_bits(biased << 23)
 }
 
 /// tanh for f32 as 1 - 2/(e^(2u) + 1) over [`exp_f32`]: absolute error ~2e-7, which is
@@ -118,33 +124,55 @@ pub fn tanh_f32(u: f32) -> f32 {
     1.0 - 2.0 / (exp_f32(2.0 * u) + 1.0)
 }
 
+/// Rows whose sums [`interleaved_sums`] runs together in the row kernels.
+pub(crate) const SUM_ROWS: usize = 8;
+
+/// `G` sums at once: sum `g` is `term(g, 0) + term(g, 1) + ... + term(g, len - 1)`, added
+/// in index order from 0, so each has the bits of its own plain loop. A float sum cannot
+/// be vectorised without reordering it, and one such loop waits on every add; the `G`
+/// independent chains, interleaved, keep the adder busy instead (the row kernels sum `G`
+/// rows at a time this way, and their remainder rows with `G = 1`).
+#[inline(always)]
+pub(crate) fn interleaved_sums<F: Scalar, const G: usize>(
+    len: usize,
+    mut term: impl FnMut(usize, usize) -> F,
+) -> [F; G] {
+    let mut sums = [F::ZERO; G];
+    for j in 0..len {
+        for (g, sum) in sums.iter_mut().enumerate() {
+            *sum += term(g, j);
+        }
+    }
+    sums
+}
+
 macro_rules! impl_scalar {
     ($t:ty, $gemm:path, $gemm_bf16:path, $exp:path, $tanh:path) => {
         impl Scalar for $t {
             const ZERO: Self = 0.0;
             const ONE: Self = 1.0;
             const MIN: Self = <$t>::MIN;
-            #[inline]
+            #[inline(always)]
             fn from_f64(x: f64) -> Self {
                 x as $t
             }
-            #[inline]
+            #[inline(always)]
             fn to_f64(self) -> f64 {
                 self as f64
             }
-            #[inline]
+            #[inline(always)]
             fn exp(self) -> Self {
                 $exp(self)
             }
-            #[inline]
+            #[inline(always)]
             fn ln(self) -> Self {
                 <$t>::ln(self)
             }
-            #[inline]
+            #[inline(always)]
             fn tanh(self) -> Self {
                 $tanh(self)
             }
-            #[inline]
+            #[inline(always)]
             fn sqrt(self) -> Self {
                 <$t>::sqrt(self)
             }
@@ -230,6 +258,35 @@ impl_scalar!(f64, matrixmultiply::dgemm, dgemm_exact, f64::exp, f64::tanh);
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `exp_f32` as first written, with 2^n from `n as i32`.
+    fn exp_f32_with_int_cast(x: f32) -> f32 {
+        let x = x.clamp(-87.0, 88.0);
+        let n = (x * std::f32::consts::LOG2_E + 12_582_912.0) - 12_582_912.0;
+        let r = x - n * 0.693_359_4 - n * -2.121_944_4e-4;
+        let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2)
+            * r
+            + 1.666_666_5e-1)
+            * r
+            + 5e-1;
+        let y = p * r * r + r + 1.0;
+        y * f32::from_bits(((n as i32 + 127) << 23) as u32)
+    }
+
+    #[test]
+    fn exp_builds_2_to_the_n_as_the_int_cast_did() {
+        // Every 251st bit pattern (all classes: NaNs, infinities, subnormals) and every
+        // 127th in [-1, 1], bit for bit, NaN payloads included.
+        let strided = (0..=u32::MAX / 251).map(|i| i * 251);
+        let near_zero = (0..0x3F80_0001u32)
+            .step_by(127)
+            .flat_map(|b| [b, b | 0x8000_0000]);
+        for b in strided.chain(near_zero) {
+            let x = f32::from_bits(b);
+            let (got, want) = (exp_f32(x), exp_f32_with_int_cast(x));
+            assert_eq!(got.to_bits(), want.to_bits(), "exp({x:e}) [{b:#x}]");
+        }
+    }
 
     #[test]
     fn fast_exp_and_tanh_match_libm() {

@@ -5,12 +5,14 @@
 use super::scalar::Scalar;
 
 /// The logistic sigmoid 1/(1 + e^-a).
+#[inline(always)]
 fn sigmoid<F: Scalar>(a: F) -> F {
     F::ONE / (F::ONE + (F::ZERO - a).exp())
 }
 
 /// Writes `out = silu(a) * b` elementwise. Elements past the shortest slice are not
 /// touched.
+#[inline(always)]
 pub fn swiglu_forward<F: Scalar>(out: &mut [F], a: &[F], b: &[F]) {
     for ((o, &a), &b) in out.iter_mut().zip(a).zip(b) {
         *o = a * sigmoid(a) * b;
@@ -19,6 +21,7 @@ pub fn swiglu_forward<F: Scalar>(out: &mut [F], a: &[F], b: &[F]) {
 
 /// SwiGLU backward. **Writes** `da = dout * b * silu'(a)` and `db = dout * silu(a)`, with
 /// silu'(a) = sigmoid(a) (1 + a (1 - sigmoid(a))).
+#[inline(always)]
 pub fn swiglu_backward<F: Scalar>(da: &mut [F], db: &mut [F], dout: &[F], a: &[F], b: &[F]) {
     for ((((da, db), &d), &a), &b) in da.iter_mut().zip(db.iter_mut()).zip(dout).zip(a).zip(b) {
         let s = sigmoid(a);

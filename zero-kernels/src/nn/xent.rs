@@ -4,7 +4,8 @@
 //! `crossentropy_forward` / `crossentropy_softmax_backward`, with the loss taken as
 //! log-sum-exp so it never takes log(0)).
 
-use super::scalar::Scalar;
+use super::scalar::{interleaved_sums, Scalar, SUM_ROWS};
+use super::softmax::row_max;
 
 /// Checks the shapes shared by forward and backward; returns the number of rows.
 fn rows_of(len: usize, targets: &[u32], v: usize) -> usize {
@@ -34,6 +35,7 @@ fn rows_of(len: usize, targets: &[u32], v: usize) -> usize {
 /// If `v == 0`, `logits_to_probs.len() != targets.len() * v`,
 /// `losses.len() != targets.len()`, or a target is `>= v`: callers validate targets
 /// first (a model checks its batch when it is handed in).
+#[inline(always)]
 pub fn softmax_xent_forward<F: Scalar>(
     logits_to_probs: &mut [F],
     losses: &mut [F],
@@ -46,23 +48,44 @@ pub fn softmax_xent_forward<F: Scalar>(
         "softmax cross-entropy: {} losses for {rows} rows",
         losses.len()
     );
-    for ((row, loss), &tgt) in logits_to_probs
-        .chunks_exact_mut(v)
-        .zip(losses.iter_mut())
-        .zip(targets)
+    // SUM_ROWS rows at a time, so that their sums run interleaved (each still in column
+    // order), then the rows left over one by one.
+    let full = rows / SUM_ROWS * SUM_ROWS;
+    let (head, tail) = logits_to_probs.split_at_mut(full * v);
+    for ((block, loss), tgt) in head
+        .chunks_exact_mut(SUM_ROWS * v)
+        .zip(losses.chunks_exact_mut(SUM_ROWS))
+        .zip(targets.chunks_exact(SUM_ROWS))
     {
-        let mut max = F::MIN;
-        row.iter().for_each(|&z| {
-            if z > max {
-                max = z
-            }
-        });
-        let zt = row[tgt as usize] - max;
-        let mut sum = F::ZERO;
-        for z in row.iter_mut() {
-            *z = (*z - max).exp();
-            sum += *z;
-        }
+        xent_rows::<F, SUM_ROWS>(block, loss, tgt, v);
+    }
+    for ((row, loss), tgt) in tail
+        .chunks_exact_mut(v)
+        .zip(losses[full..].chunks_exact_mut(1))
+        .zip(targets[full..].chunks_exact(1))
+    {
+        xent_rows::<F, 1>(row, loss, tgt, v);
+    }
+}
+
+/// [`softmax_xent_forward`] of `G` rows (`block` is `G * v` logits).
+#[inline(always)]
+fn xent_rows<F: Scalar, const G: usize>(
+    block: &mut [F],
+    losses: &mut [F],
+    targets: &[u32],
+    v: usize,
+) {
+    let block = &mut block[..G * v];
+    let mut zt = [F::ZERO; G];
+    for ((row, zt), &tgt) in block.chunks_exact_mut(v).zip(&mut zt).zip(targets) {
+        let max = row_max(row);
+        *zt = row[tgt as usize] - max;
+        // The exponentials in a loop of their own (it vectorises); summed below.
+        row.iter_mut().for_each(|z| *z = (*z - max).exp());
+    }
+    let sums: [F; G] = interleaved_sums(v, |g, j| block[g * v + j]);
+    for (((row, loss), zt), sum) in block.chunks_exact_mut(v).zip(losses).zip(zt).zip(sums) {
         // loss = log(sum_j e^(z_j - max)) - (z_t - max)
         *loss = sum.ln() - zt;
         let inv = F::ONE / sum;
@@ -77,6 +100,7 @@ pub fn softmax_xent_forward<F: Scalar>(
 ///
 /// # Panics
 /// As [`softmax_xent_forward`] (V, lengths, targets).
+#[inline(always)]
 pub fn softmax_xent_backward<F: Scalar>(
     probs_to_dlogits: &mut [F],
     targets: &[u32],
@@ -108,6 +132,24 @@ pub fn mean_into<F: Scalar>(dst: &mut F, src: &[F]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rows_summed_together_give_the_bits_of_one_row_at_a_time() {
+        // 21 rows: two groups of SUM_ROWS and 5 left over; one row per call is the plain
+        // per-row loop (G = 1).
+        let (rows, v) = (21, 131);
+        let z: Vec<f32> = crate::testutil::vals(rows * v, 5, 30.0, 0.0);
+        let targets: Vec<u32> = (0..rows as u32).map(|r| r * 7 % v as u32).collect();
+        let (mut p, mut loss) = (z.clone(), vec![0.0f32; rows]);
+        softmax_xent_forward(&mut p, &mut loss, &targets, v);
+        for r in 0..rows {
+            let (mut p1, mut l1) = (z[r * v..(r + 1) * v].to_vec(), [0.0f32]);
+            softmax_xent_forward(&mut p1, &mut l1, &targets[r..r + 1], v);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&p[r * v..(r + 1) * v]), bits(&p1), "row {r}");
+            assert_eq!(loss[r].to_bits(), l1[0].to_bits(), "row {r}");
+        }
+    }
 
     /// Deterministic logits in about [-6, 6], with a few large ones.
     fn logits(n: usize) -> Vec<f64> {
