@@ -94,7 +94,8 @@ pub fn init_with(config: CommConfig) -> Result<(MpiContext, MpiComm)> {
     if threading != Threading::Multiple {
         log::warn!(
             "rank {world_rank}: MPI granted {threading:?}, not Multiple; the watchdog's \
-             MPI_Abort from its own thread relies on the library tolerating it"
+             MPI_Abort from its own thread relies on the library tolerating it, and \
+             non-blocking collectives advance only when tested (no progress thread)"
         );
     }
     let ops = HalfOps::create().map_err(|rc| {
@@ -141,7 +142,8 @@ pub fn init_with(config: CommConfig) -> Result<(MpiContext, MpiComm)> {
     }
     // SAFETY: written on success.
     let dup = unsafe { dup.assume_init() };
-    let progress = match config.progress_poll {
+    // The thread calls MPI while the main thread does: only under MPI_THREAD_MULTIPLE.
+    let progress = match config.progress_poll.filter(|_| threading == Threading::Multiple) {
         Some(poll) => Some(Arc::new(ProgressThread::start(world_rank, poll).map_err(
             |e| {
                 CommError::Init(format!(

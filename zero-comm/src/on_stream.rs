@@ -17,6 +17,7 @@ use std::rc::Rc;
 use zero_kernels::device::{Buffer, DView, DViewMut, Device, HostWork, Retained};
 use zero_kernels::{Element, KernelError};
 
+use crate::buffer::Location;
 use crate::communicator::{lower, Communicator, InFlight, RawBuf, RawCall, ReduceOp};
 use crate::error::{CommError, Result};
 use crate::staged::Staging;
@@ -77,6 +78,23 @@ fn run<C: Communicator, D: Device>(
     retain: Vec<Option<Retained>>,
     call: RawCall,
 ) -> Result<()> {
+    let on_host = call
+        .send
+        .iter()
+        .chain(std::iter::once(&call.recv))
+        .all(|b| b.location == Location::Host);
+    if !on_host {
+        // Device pointers (CUDA-aware MPI): MPI supports them in blocking collectives,
+        // not necessarily in non-blocking ones (Open MPI 4 reduces those on the host).
+        // A GPU's host task waits in place anyway, so nothing overlaps less.
+        return dev
+            .host_task(stream, name, reads, writes, || {
+                // SAFETY: ordered on `stream` like a kernel reading and writing these
+                // views; the views are borrowed by the caller for this call.
+                unsafe { comm.execute(&call) }
+            })
+            .map_err(|e| CommError::device(comm.world_rank(), name, e.to_string()))?;
+    }
     let error: Rc<RefCell<Option<CommError>>> = Rc::default();
     let started = dev.host_task_started(
         stream,

@@ -162,7 +162,8 @@ pub struct TrainArgs {
     /// goes on, and the device polls them (MPI_Test) between the ops it runs, because
     /// Open MPI moves a host collective forward only inside MPI calls. The step is the
     /// same either way; the summary's overlap line says how much communication ran
-    /// behind compute.
+    /// behind compute. Other devices wait for each collective anyway (a GPU's stream
+    /// orders them), so this changes nothing there.
     #[arg(long)]
     pub no_overlap: bool,
 

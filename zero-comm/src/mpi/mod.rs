@@ -388,11 +388,11 @@ impl MpiComm {
         if upcast {
             // Sum in f32: widen the input, reduce with MPI's SUM, round back at completion.
             let input = call.send.unwrap_or(call.recv);
-            let tmp_in = ops::upcast(input.ptr, input.len, call.dtype);
+            let mut tmp_in = ops::upcast(input.ptr, input.len, call.dtype);
             let mut tmp_out = vec![0f32; call.recv.len];
             let (send, recv) = match call.kind {
                 // In place on the f32 copy.
-                CollectiveKind::AllReduce => (None, tmp_in.as_ptr() as *mut c_void),
+                CollectiveKind::AllReduce => (None, tmp_in.as_mut_ptr() as *mut c_void),
                 _ => (
                     Some(tmp_in.as_ptr() as *const c_void),
                     tmp_out.as_mut_ptr() as *mut c_void,
@@ -479,6 +479,18 @@ impl MpiRequest {
             comm: self.comm.to_string(),
             code: rc,
             message: mpi_error_string(rc),
+        }
+    }
+}
+
+impl Drop for MpiRequest {
+    fn drop(&mut self) {
+        // Dropped before it completed (a failed step): MPI may still write the f32
+        // staging, and MPI_Request_free is erroneous for a collective. Never free it.
+        if !self.done {
+            if let Some(stage) = self.stage.take() {
+                std::mem::forget(stage);
+            }
         }
     }
 }

@@ -264,6 +264,13 @@ impl<D: Device> Reducer<D> {
         Ok(())
     }
 
+    /// The reductions so far read sources nothing rewrites before [`Reducer::finish`] (a
+    /// unit's whole gradient on the last micro-step): compute need not wait for them
+    /// before the next layer.
+    pub fn sources_kept(&mut self) {
+        self.source_read = None;
+    }
+
     /// compute waits for reductions that read a gradient buffer directly, before it
     /// rewrites one.
     pub fn before_rewriting_sources<C: Communicator>(

@@ -257,5 +257,8 @@ pub(super) fn reduce_full_unit<P: Float, W: Float, D: Device, C: Communicator>(
         let dst = grads.get_mut::<P>()?.slice_mut(own + c.start..own + c.end);
         reducer.land::<W, P, C>(core, sent, dst, Landing::Overwrite)?;
     }
+    // The unit's gradient is whole: the backward of the layers below does not rewrite
+    // it, and compute reads it only after `finish` (the agreement) waited for comm.
+    reducer.sources_kept();
     Ok(())
 }

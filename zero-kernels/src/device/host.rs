@@ -159,8 +159,9 @@ impl HostDevice {
         let finished = match finished {
             Ok(f) => f,
             Err(e) => {
-                // The transport may still hold the buffers' addresses: never free them.
-                std::mem::forget(started.retain);
+                // The transport may still hold the buffers' addresses (and its own
+                // staging): never free them. The ops queued behind are dropped unrun.
+                std::mem::forget(started);
                 self.refresh_busy();
                 return Err(e);
             }
@@ -230,9 +231,13 @@ impl HostDevice {
 
 impl Drop for HostDevice {
     fn drop(&mut self) {
-        // Work still in flight (a step that failed half-way) holds buffer addresses.
-        if let Err(e) = self.drain_all() {
-            log::warn!("host device: work in flight failed while shutting down: {e}");
+        // Work still in flight (a step that failed half-way) holds buffer addresses:
+        // finish it on every stream, whatever failed on another.
+        let n = self.streams.borrow().len();
+        for s in 0..n {
+            if let Err(e) = self.drain(s) {
+                log::warn!("host device: work in flight failed while shutting down: {e}");
+            }
         }
     }
 }
@@ -353,7 +358,11 @@ impl CpuQueue for HostDevice {
         self.overlap_stats.set(stats);
         if !self.overlap.get() {
             let t1 = Instant::now();
-            work.wait()?;
+            if let Err(e) = work.wait() {
+                // As in `advance`: the transport may still hold the addresses.
+                std::mem::forget((work, retain));
+                return Err(e);
+            }
             let waited = issued + t1.elapsed().as_secs_f64();
             self.account(waited, waited);
             return Ok(());
@@ -362,7 +371,10 @@ impl CpuQueue for HostDevice {
         let mut streams = self.streams.borrow_mut();
         let Some(w) = streams.get_mut(stream.index) else {
             drop(streams);
-            work.wait()?;
+            if let Err(e) = work.wait() {
+                std::mem::forget((work, retain));
+                return Err(e);
+            }
             return Ok(());
         };
         w.started += 1;
