@@ -369,13 +369,14 @@ pub fn add_round(into: &mut StageResult, later: &StageResult) {
     }
 }
 
-/// 1 - exposed / total (0 without communication).
+/// 1 - exposed / total (0 without communication): `OverlapStats::hidden_fraction`.
 pub fn hidden(exposed: f64, total: f64) -> f64 {
-    if total > 0.0 {
-        1.0 - exposed / total
-    } else {
-        0.0
-    }
+    let stats = zero_kernels::device::OverlapStats {
+        tasks: 0,
+        exposed_seconds: exposed,
+        total_seconds: total,
+    };
+    stats.hidden_fraction().unwrap_or(0.0)
 }
 
 /// The CPU targets for the step-time ratio to stage 0.

@@ -368,20 +368,12 @@ where
     }
 
     // Mean step time without the warm-up step, the slowest rank's.
-    let timed = if seconds.len() > 1 {
-        &seconds[1..]
-    } else {
-        &seconds[..]
-    };
+    let timed = after_warm_up(&seconds);
     let mut mean = [timed.iter().sum::<f64>() / timed.len().max(1) as f64];
     comm.all_reduce(&mut mean[..], ReduceOp::Max)
         .context("agreeing on the step time")?;
     // Overlap: the same steps, the mean over ranks.
-    let timed_overlap = if overlaps.len() > 1 {
-        &overlaps[1..]
-    } else {
-        &overlaps[..]
-    };
+    let timed_overlap = after_warm_up(&overlaps);
     let per_timed_step = timed_overlap.len().max(1) as f64 * world as f64;
     let mut overlap_sums = timed_overlap.iter().fold([0.0f64; 3], |a, o| {
         [
@@ -438,6 +430,15 @@ where
         nodes: node_traffic,
         overlap,
     })
+}
+
+/// The steps after the first (warm-up) one, when there are others.
+fn after_warm_up<T>(steps: &[T]) -> &[T] {
+    if steps.len() > 1 {
+        &steps[1..]
+    } else {
+        steps
+    }
 }
 
 /// The traffic of a run on nodes: measured per step (world,

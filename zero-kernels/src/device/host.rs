@@ -229,6 +229,18 @@ impl HostDevice {
     }
 }
 
+/// Wait for `work` here; if it fails, the transport may still hold the buffers'
+/// addresses (and its own staging), so neither is ever freed.
+fn wait_or_leak(mut work: Box<dyn HostWork>, retain: Vec<Retained>) -> Result<()> {
+    match work.wait() {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            std::mem::forget((work, retain));
+            Err(e)
+        }
+    }
+}
+
 impl Drop for HostDevice {
     fn drop(&mut self) {
         // Work still in flight (a step that failed half-way) holds buffer addresses:
@@ -351,18 +363,14 @@ impl CpuQueue for HostDevice {
         // collectives in program order, as MPI requires.
         self.drain(stream.index)?;
         let t0 = Instant::now();
-        let mut work = start()?;
+        let work = start()?;
         let issued = t0.elapsed().as_secs_f64();
         let mut stats = self.overlap_stats.get();
         stats.tasks += 1;
         self.overlap_stats.set(stats);
         if !self.overlap.get() {
             let t1 = Instant::now();
-            if let Err(e) = work.wait() {
-                // As in `advance`: the transport may still hold the addresses.
-                std::mem::forget((work, retain));
-                return Err(e);
-            }
+            wait_or_leak(work, retain)?;
             let waited = issued + t1.elapsed().as_secs_f64();
             self.account(waited, waited);
             return Ok(());
@@ -371,11 +379,7 @@ impl CpuQueue for HostDevice {
         let mut streams = self.streams.borrow_mut();
         let Some(w) = streams.get_mut(stream.index) else {
             drop(streams);
-            if let Err(e) = work.wait() {
-                std::mem::forget((work, retain));
-                return Err(e);
-            }
-            return Ok(());
+            return wait_or_leak(work, retain);
         };
         w.started += 1;
         w.in_flight = Some(Started {
