@@ -7,7 +7,12 @@
 //! finishes later ([`Device::host_task_started`]: a non-blocking MPI collective) is
 //! started and left running. Until it has finished, the ops queued on its stream wait in
 //! a list behind it, and ops on other streams run at once, as before: compute runs while
-//! the collective is in flight. Open MPI moves a host collective forward only inside MPI
+//! the collective is in flight. Work started on a stream behind other work starts at once
+//! too, when nothing in flight or queued on that stream writes an element it touches or
+//! touches an element it writes (at most [`MAX_IN_FLIGHT`] at once): running it early
+//! then changes no result, and the host does not wait. (A stage-3 backward starts the
+//! next layer's gather right after this layer's reduce-scatter and the op that lands
+//! it; waiting there for the reduce-scatter held compute up.) Open MPI moves a host collective forward only inside MPI
 //! calls, so before every op it runs the device polls the work in flight (`MPI_Test`);
 //! when one has finished, the ops waiting behind it run. Events name the started work
 //! they come after; waiting for one (or a host task, or a read, on that stream) blocks
@@ -17,12 +22,37 @@
 //! [`Device::host_task_started`]: super::Device::host_task_started
 
 use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::ops::Range;
 use std::time::Instant;
 
-use super::cpu::{CpuEvent, CpuOp, CpuQueue, CpuStream, Ids};
+use super::cpu::{CpuEvent, CpuOp, CpuQueue, CpuStream, Ids, OpAccess};
 use super::{Access, HostWork, OverlapStats, Result, Retained};
 use crate::isa::Exec;
 use crate::nn::Gemm;
+
+/// Most pieces of started work one stream keeps in flight; one more waits for the oldest.
+/// Open MPI progresses several non-blocking collectives at once; a handful covers a
+/// layer's gathers and reduce-scatters.
+pub(crate) const MAX_IN_FLIGHT: usize = 4;
+
+/// Elements of one buffer that started work reads or writes.
+struct Touch {
+    id: u64,
+    range: Range<usize>,
+    write: bool,
+}
+
+impl Touch {
+    /// Both touch the same elements and at least one writes them: a race if both ran at
+    /// once.
+    fn conflicts(&self, other: &Touch) -> bool {
+        self.id == other.id
+            && (self.write || other.write)
+            && self.range.start < other.range.end
+            && other.range.start < self.range.end
+    }
+}
 
 /// Host work in flight on one stream, and the ops queued there behind it.
 struct Started {
@@ -30,14 +60,18 @@ struct Started {
     work: Box<dyn HostWork>,
     /// The buffers the work reads and writes, kept allocated until it has finished.
     retain: Vec<Retained>,
+    /// What it reads and writes, for starting the next work before it has finished.
+    touches: Vec<Touch>,
     since: Instant,
     waiting: Vec<CpuOp>,
 }
 
-/// A stream's started work: the one in flight, and how many have finished.
+/// A stream's started work: what is in flight (oldest first, each with the ops queued
+/// behind it, which run when it and all before it have finished), and how many have
+/// started and finished.
 #[derive(Default)]
 struct StreamWork {
-    in_flight: Option<Started>,
+    in_flight: VecDeque<Started>,
     started: u64,
     finished: u64,
 }
@@ -134,21 +168,21 @@ impl HostDevice {
         }
         let n = self.streams.borrow().len();
         for s in 0..n {
-            self.advance(s, false)?;
+            while self.advance(s, false)? {}
         }
         Ok(())
     }
 
-    /// Finish stream `s`'s work in flight (`block`), or poll it once; when finished, run
-    /// the ops queued behind it.
-    fn advance(&self, s: usize, block: bool) -> Result<()> {
+    /// Finish stream `s`'s oldest work in flight (`block`), or poll it once; when
+    /// finished, run the ops queued behind it. Whether one finished.
+    fn advance(&self, s: usize, block: bool) -> Result<bool> {
         let taken = self
             .streams
             .borrow_mut()
             .get_mut(s)
-            .and_then(|w| w.in_flight.take());
+            .and_then(|w| w.in_flight.pop_front());
         let Some(mut started) = taken else {
-            return Ok(());
+            return Ok(false);
         };
         let t0 = Instant::now();
         let finished = if block {
@@ -160,17 +194,23 @@ impl HostDevice {
             Ok(f) => f,
             Err(e) => {
                 // The transport may still hold the buffers' addresses (and its own
-                // staging): never free them. The ops queued behind are dropped unrun.
-                std::mem::forget(started);
+                // staging), for this work and the work started after it: never free
+                // them. The ops queued behind are dropped unrun.
+                let after = self
+                    .streams
+                    .borrow_mut()
+                    .get_mut(s)
+                    .map(|w| std::mem::take(&mut w.in_flight));
+                std::mem::forget((started, after));
                 self.refresh_busy();
                 return Err(e);
             }
         };
         if !finished {
             if let Some(w) = self.streams.borrow_mut().get_mut(s) {
-                w.in_flight = Some(started);
+                w.in_flight.push_front(started);
             }
-            return Ok(());
+            return Ok(false);
         }
         let blocked = if block {
             t0.elapsed().as_secs_f64()
@@ -192,32 +232,77 @@ impl HostDevice {
                 }
             })?;
         }
-        Ok(())
+        Ok(true)
     }
 
     fn refresh_busy(&self) {
-        let busy = self.streams.borrow().iter().any(|w| w.in_flight.is_some());
+        let busy = self
+            .streams
+            .borrow()
+            .iter()
+            .any(|w| !w.in_flight.is_empty());
         self.busy.set(busy);
+    }
+
+    /// Block until stream `s` has finished its `n`-th started work (and ran what queued
+    /// behind it).
+    fn finish_through(&self, s: usize, n: u64) -> Result<()> {
+        while self.streams.borrow().get(s).is_some_and(|w| w.finished < n) {
+            if !self.advance(s, true)? {
+                break;
+            }
+        }
+        Ok(())
     }
 
     /// Block until stream `s` has no work in flight (and ran what queued behind it).
     fn drain(&self, s: usize) -> Result<()> {
-        self.advance(s, true)
+        let started = self.streams.borrow().get(s).map_or(0, |w| w.started);
+        self.finish_through(s, started)
     }
 
     /// Block until `event`'s work has finished, except on stream `skip`.
     fn wait_until(&self, event: &CpuEvent, skip: Option<usize>) -> Result<()> {
         for &(s, started) in &event.after {
-            let behind = self
-                .streams
-                .borrow()
-                .get(s)
-                .is_some_and(|w| w.finished < started);
-            if behind && Some(s) != skip {
-                self.drain(s)?;
+            if Some(s) != skip {
+                self.finish_through(s, started)?;
             }
         }
         Ok(())
+    }
+
+    /// Whether work touching `touches` may start on stream `s` now, ahead of the work in
+    /// flight there and the ops queued behind it: none of them writes an element the new
+    /// work touches or touches one it writes (so the order between them changes no
+    /// result). Otherwise the host waits for the stream's work first, in stream order,
+    /// as a GPU stream would.
+    fn may_start_now(&self, s: usize, touches: &[Touch]) -> bool {
+        let streams = self.streams.borrow();
+        let Some(w) = streams.get(s) else {
+            return true;
+        };
+        let clear = |t: &Touch| touches.iter().all(|n| !t.conflicts(n));
+        let op_touch = |a: &OpAccess, write: bool| Touch {
+            id: a.id,
+            range: a.range.clone(),
+            write,
+        };
+        w.in_flight.iter().all(|started| {
+            started.touches.iter().all(clear)
+                && started.waiting.iter().all(|op| {
+                    (op.reads.iter().map(|a| op_touch(a, false)))
+                        .chain(op.writes.iter().map(|a| op_touch(a, true)))
+                        .all(|t| clear(&t))
+                })
+        })
+    }
+
+    /// Work in flight on stream `s`.
+    fn in_flight(&self, s: usize) -> usize {
+        self.streams
+            .borrow()
+            .get(s)
+            .map_or(0, |w| w.in_flight.len())
     }
 
     fn drain_all(&self) -> Result<()> {
@@ -301,7 +386,7 @@ impl CpuQueue for HostDevice {
         let mut streams = self.streams.borrow_mut();
         let in_flight = streams
             .get_mut(stream.index)
-            .and_then(|w| w.in_flight.as_mut());
+            .and_then(|w| w.in_flight.back_mut());
         if let Some(started) = in_flight {
             started.waiting.push(op);
             return Ok(());
@@ -352,16 +437,29 @@ impl CpuQueue for HostDevice {
         &self,
         stream: &CpuStream,
         name: &'static str,
-        _reads: &[Access<'_>],
-        _writes: &[Access<'_>],
+        reads: &[Access<'_>],
+        writes: &[Access<'_>],
         retain: Vec<Retained>,
         start: &mut dyn FnMut() -> Result<Box<dyn HostWork>>,
     ) -> Result<()> {
         self.progress()?;
-        // One piece of work in flight per stream: a second starts after the first (and
-        // the ops between them) in the stream's order, and every rank starts its
-        // collectives in program order, as MPI requires.
-        self.drain(stream.index)?;
+        let touch = |a: &Access<'_>, write: bool| Touch {
+            id: a.id,
+            range: a.range.clone(),
+            write,
+        };
+        let touches: Vec<Touch> = (reads.iter().map(|a| touch(a, false)))
+            .chain(writes.iter().map(|a| touch(a, true)))
+            .collect();
+        // Work starts where the program reaches it (every rank starts its collectives in
+        // program order, as MPI requires): at once when nothing on the stream before it
+        // conflicts with it, else once the stream's work has finished.
+        if !self.may_start_now(stream.index, &touches) {
+            self.drain(stream.index)?;
+        }
+        while self.in_flight(stream.index) >= MAX_IN_FLIGHT {
+            self.advance(stream.index, true)?;
+        }
         let t0 = Instant::now();
         let work = start()?;
         let issued = t0.elapsed().as_secs_f64();
@@ -382,10 +480,11 @@ impl CpuQueue for HostDevice {
             return wait_or_leak(work, retain);
         };
         w.started += 1;
-        w.in_flight = Some(Started {
+        w.in_flight.push_back(Started {
             name,
             work,
             retain,
+            touches,
             since: Instant::now(),
             waiting: Vec::new(),
         });

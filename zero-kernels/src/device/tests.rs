@@ -721,6 +721,82 @@ fn host_device_reports_failed_work_at_the_next_call() {
     dev.synchronize().unwrap();
 }
 
+/// The value of a one-element buffer, read directly (not through the stream, which
+/// would wait for the work in flight).
+fn peek(buf: &CpuBuffer<f32>) -> f32 {
+    // SAFETY: a one-element buffer the test owns; no work in flight writes it now (the
+    // callers peek only between ops on this thread, and SlowWork writes only when
+    // polled or waited for on this thread).
+    unsafe { *buf.raw_ptr() }
+}
+
+#[test]
+fn host_device_starts_work_behind_work_in_flight_when_nothing_orders_them() {
+    let dev = HostDevice::new();
+    let comm = dev.stream("comm").unwrap();
+    let a = dev.alloc::<f32>(1, "a").unwrap();
+    let b = dev.alloc::<f32>(1, "b").unwrap();
+    let mut copy = dev.alloc::<f32>(1, "copy").unwrap();
+    let first = start_slow(&dev, &comm, &a, 10, false);
+    // Queued behind the first work: it reads `a`, which the second work does not touch.
+    dev.copy(&comm, a.view(), copy.view_mut()).unwrap();
+    let second = start_slow(&dev, &comm, &b, 10, false);
+    assert_eq!(peek(&a), 0.0, "the host did not wait for the first work");
+    assert_eq!((first.get(), second.get()), (2, 0));
+    dev.synchronize().unwrap();
+    // The copy ran after the first work, in stream order.
+    assert_eq!((peek(&a), peek(&b), peek(&copy)), (1.0, 1.0, 1.0));
+    assert_eq!(dev.overlap_stats().tasks, 2);
+}
+
+#[test]
+fn host_device_waits_before_work_that_an_earlier_op_or_work_conflicts_with() {
+    // An op queued behind the first work writes what the second work writes: the op
+    // runs first (after the first work), then the second work starts.
+    let dev = HostDevice::new();
+    let comm = dev.stream("comm").unwrap();
+    let a = dev.alloc::<f32>(1, "a").unwrap();
+    let mut b = dev.alloc::<f32>(1, "b").unwrap();
+    start_slow(&dev, &comm, &a, 10, false);
+    dev.fill(&comm, b.view_mut(), 5.0).unwrap();
+    start_slow(&dev, &comm, &b, 10, false);
+    assert_eq!(
+        (peek(&a), peek(&b)),
+        (1.0, 5.0),
+        "waited for the first work and the fill"
+    );
+    dev.synchronize().unwrap();
+    assert_eq!(peek(&b), 6.0);
+
+    // Work in flight writes what the next work writes.
+    let dev = HostDevice::new();
+    let comm = dev.stream("comm").unwrap();
+    let a = dev.alloc::<f32>(1, "a").unwrap();
+    start_slow(&dev, &comm, &a, 10, false);
+    start_slow(&dev, &comm, &a, 10, false);
+    assert_eq!(
+        peek(&a),
+        1.0,
+        "the first finished before the second started"
+    );
+    dev.synchronize().unwrap();
+    assert_eq!(peek(&a), 2.0);
+
+    // At most MAX_IN_FLIGHT in flight: one more waits for the oldest.
+    let dev = HostDevice::new();
+    let comm = dev.stream("comm").unwrap();
+    let bufs: Vec<CpuBuffer<f32>> = (0..=super::host::MAX_IN_FLIGHT)
+        .map(|_| dev.alloc::<f32>(1, "x").unwrap())
+        .collect();
+    for buf in &bufs {
+        start_slow(&dev, &comm, buf, 100, false);
+    }
+    assert_eq!(peek(&bufs[0]), 1.0, "the oldest finished to make room");
+    assert!(bufs[1..].iter().all(|b| peek(b) == 0.0));
+    dev.synchronize().unwrap();
+    assert!(bufs.iter().all(|b| peek(b) == 1.0));
+}
+
 #[test]
 fn sim_device_waits_for_started_work_in_place() {
     let dev = SimDevice::new(3);
