@@ -48,6 +48,7 @@ pub mod rmsnorm;
 pub mod rope;
 pub mod rows;
 pub mod scalar;
+pub mod sgemm;
 pub mod softmax;
 pub mod swiglu;
 #[cfg(test)]

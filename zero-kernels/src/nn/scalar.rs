@@ -246,9 +246,37 @@ unsafe fn dgemm_exact(
     unsafe { matrixmultiply::dgemm(m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc) }
 }
 
+/// f32: this crate's AVX-512F GEMM where the CPU runs it, else `matrixmultiply`
+/// ([`super::sgemm`]; `ZERO_SGEMM` forces either).
+#[allow(clippy::too_many_arguments)]
+unsafe fn sgemm_detected(
+    m: usize,
+    k: usize,
+    n: usize,
+    alpha: f32,
+    a: *const f32,
+    rsa: isize,
+    csa: isize,
+    b: *const f32,
+    rsb: isize,
+    csb: isize,
+    beta: f32,
+    c: *mut f32,
+    rsc: isize,
+    csc: isize,
+) {
+    let kernel = super::sgemm::SgemmKernel::detect();
+    // SAFETY: forwarded contract; `detect` returns a kernel this CPU runs.
+    unsafe {
+        super::sgemm::sgemm(
+            kernel, m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc,
+        )
+    }
+}
+
 impl_scalar!(
     f32,
-    matrixmultiply::sgemm,
+    sgemm_detected,
     super::gemm_bf16::sgemm_bf16,
     exp_f32,
     tanh_f32
