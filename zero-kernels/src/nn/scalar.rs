@@ -8,7 +8,7 @@ use std::fmt::Debug;
 use std::ops::{Add, AddAssign, Div, Mul, MulAssign, Neg, Sub, SubAssign};
 
 /// A floating-point scalar with the few functions the model kernels use, and its GEMM
-/// (`matrixmultiply`'s `sgemm` / `dgemm`).
+/// ([`super::sgemm`] for f32, `matrixmultiply`'s `dgemm` for f64).
 pub trait Scalar:
     crate::dtype::Element
     + Copy
@@ -45,7 +45,8 @@ pub trait Scalar:
     fn tanh(self) -> Self;
     /// Square root.
     fn sqrt(self) -> Self;
-    /// `C = alpha * A B + beta * C` with arbitrary strides (matrixmultiply's contract).
+    /// `C = alpha * A B + beta * C` with arbitrary strides (matrixmultiply's contract;
+    /// `beta == 0` does not read C).
     ///
     /// # Safety
     /// The pointers with the given dimensions and strides must address valid memory, and

@@ -5,15 +5,18 @@
 //!
 //! Why a kernel of our own: `matrixmultiply`'s AVX-512 micro-kernel is 16x16, one
 //! broadcast load for every FMA, and reached 151-182 GFLOP/s single-threaded on the model's
-//! shapes on this project's build machine against ~215-226 for oneDNN (`zero-bench micro
-//! gemm`, column "f32 matrixmultiply").
+//! shapes on this project's build machine against ~215-226 for oneDNN. This one ran
+//! 1.03-1.15x `matrixmultiply` there (`zero-bench micro gemm`: columns "f32 sgemm" and
+//! "f32 matrixmultiply"), and the small GPT's fp32 training step 6% faster (`micro model`).
 //!
 //! The AVX-512 kernel is the BLIS loop nest (Van Zee & van de Geijn, "BLIS: A Framework for
 //! Rapidly Instantiating BLAS Functionality", TOMS 2015, section 2): N in blocks of [`NC`]
-//! columns, K in blocks of [`KC`] (B's block packed once), M in blocks of [`MC`] rows (A's
-//! block packed, sized for L2), and an [`MR`] x [`NR`] = 14 x 32 micro-tile in 28 zmm
-//! accumulators: per k, two 16-lane loads of packed B, 14 broadcasts of packed A and 28
-//! FMAs, so FMAs, not loads, bound the loop (two FMA ports, SDM vol. 1 section 2.1).
+//! columns, K in blocks of at most [`KC`] (B's block packed once), M in blocks of [`MC`]
+//! rows, and an [`MR`] x [`NR`] = 14 x 32 micro-tile in 28 zmm accumulators: per k, two
+//! 16-lane loads of packed B, 14 broadcasts of A and 28 FMAs, so the two FMA ports, not
+//! loads, bound the loop (its ceiling with everything in L1 was ~235 GFLOP/s here). A whose
+//! rows are contiguous in k (the activations of a forward or backward product) is read in
+//! place, row by row, as oneDNN's kernels do; any other A is packed into MR-row panels.
 //!
 //! Numerics: C(i, j) is one FMA chain over k in order within each K block, the blocks
 //! added in order (`C = fma(alpha, acc, beta * C)` after the first, `fma(alpha, acc, C)`
@@ -28,17 +31,30 @@ use std::sync::OnceLock;
 /// (unset or empty: the fastest this CPU runs).
 pub const SGEMM_KERNEL_ENV: &str = "ZERO_SGEMM";
 
-/// Rows of the micro-tile (broadcasts of packed A per k).
+/// Rows of the micro-tile (broadcasts of A per k).
 pub const MR: usize = 14;
 /// Columns of the micro-tile (two zmm of packed B per k).
 pub const NR: usize = 32;
-/// K block: one packed-B micro-panel (KC x NR, 32 KiB) stays in L1 while the micro-tiles
-/// of a row block go past it.
-pub const KC: usize = 256;
-/// Rows per packed-A block (MC x KC, 336 KiB: in L2 with room for B's stream).
-pub const MC: usize = MR * 24;
-/// Columns per packed-B block (KC x NC, 2 MiB).
-pub const NC: usize = NR * 64;
+/// Longest K block. Every K block after the first reads and writes C again, which costs
+/// more than streaming the panels from L2 (a KC x NR panel of B, 96 KiB, and an MR x KC
+/// one of A, 42 KiB, at 184 bytes per 28 FMAs); so K is cut into as few blocks as this
+/// allows, of equal length ([`k_block`]). Measured on the model's shapes, 256 to 1024 did
+/// alike within the noise of the build machine, with fewer C passes for the longer.
+pub const KC: usize = 768;
+/// Rows per A block (MC x KC, 504 KiB: in L2 next to B's stream, read once per NR
+/// columns).
+pub const MC: usize = MR * 12;
+/// Columns per packed-B block (KC x NC, 3 MiB: L2/L3; each micro-panel is reused by the
+/// MC / MR tiles of a row block).
+pub const NC: usize = NR * 32;
+
+/// The K block length for a product of depth k: the fewest blocks of at most [`KC`], of
+/// equal length rounded up to 16 (whole in-register transposes when packing). A function
+/// of k alone, never of M, so every row band blocks K alike.
+pub fn k_block(k: usize) -> usize {
+    let blocks = k.div_ceil(KC).max(1);
+    k.div_ceil(blocks).next_multiple_of(16).clamp(16, KC)
+}
 
 /// An f32 GEMM implementation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -219,7 +235,7 @@ pub unsafe fn sgemm(
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{KC, MC, MR, NC, NR};
+    use super::{k_block, MC, MR, NC, NR};
     use std::arch::x86_64::*;
     use std::cell::RefCell;
 
@@ -273,8 +289,9 @@ mod avx512 {
                 Ok(p) => (&mut p.0, &mut p.1),
                 Err(_) => (&mut fresh.0, &mut fresh.1),
             };
-            let pa = reserve(pack_a, MC.min(m.next_multiple_of(MR)) * KC.min(k));
-            let pb = reserve(pack_b, NC.min(n.next_multiple_of(NR)) * KC.min(k));
+            let kb = k_block(k);
+            let pa = reserve(pack_a, MC.min(m.next_multiple_of(MR)) * kb.min(k));
+            let pb = reserve(pack_b, NC.min(n.next_multiple_of(NR)) * kb.min(k));
             // SAFETY: forwarded contract; the buffers hold the blocks (sizes above).
             unsafe {
                 blocked(
@@ -311,8 +328,9 @@ mod avx512 {
     ) {
         for jc in (0..n).step_by(NC) {
             let nc = NC.min(n - jc);
-            for pc in (0..k).step_by(KC) {
-                let kc = KC.min(k - pc);
+            let kb = k_block(k);
+            for pc in (0..k).step_by(kb) {
+                let kc = kb.min(k - pc);
                 // The first K block applies beta; the later ones add into C.
                 let first = pc == 0;
                 // SAFETY: rows pc..pc + kc and columns jc..jc + nc are inside B.
@@ -328,12 +346,20 @@ mod avx512 {
                 };
                 for ic in (0..m).step_by(MC) {
                     let mc = MC.min(m - ic);
-                    // SAFETY: rows ic..ic + mc and columns pc..pc + kc are inside A.
+                    let a_block = a.offset(ic as isize * rsa + pc as isize * csa);
+                    // Rows of A contiguous in k are read in place, 14 row streams, as
+                    // oneDNN's kernels do: packing them (a transpose) cost ~0.35 ns per
+                    // element, 10% of a 4096x256x256 product. Only a last panel of fewer
+                    // than MR rows is packed (its zero rows must not be read from A).
+                    let direct = csa == 1;
+                    let packed_from = if direct { mc / MR * MR } else { 0 };
+                    // SAFETY: rows ic + packed_from..ic + mc and columns pc..pc + kc are
+                    // inside A; the panels go to the start of `pa`, which holds them.
                     unsafe {
                         pack_a(
-                            mc,
+                            mc - packed_from,
                             kc,
-                            a.offset(ic as isize * rsa + pc as isize * csa),
+                            a_block.offset(packed_from as isize * rsa),
                             rsa,
                             csa,
                             pa,
@@ -350,16 +376,17 @@ mod avx512 {
                                 rsc,
                                 csc,
                             };
-                            // SAFETY: the panels lie in the packed blocks; the tile in C.
+                            let beta = if first { beta } else { 1.0 };
+                            let pb = pb.add(jr * kc);
+                            // SAFETY: the panels lie in A or the packed blocks; the tile in C.
                             unsafe {
-                                micro_kernel(
-                                    kc,
-                                    pa.add(ir * kc),
-                                    pb.add(jr * kc),
-                                    alpha,
-                                    if first { beta } else { 1.0 },
-                                    tile,
-                                )
+                                if ir < packed_from {
+                                    let rows = a_block.offset(ir as isize * rsa);
+                                    micro_kernel::<true>(kc, rows, rsa, pb, alpha, beta, tile)
+                                } else {
+                                    let panel = pa.add((ir - packed_from) * kc);
+                                    micro_kernel::<false>(kc, panel, 1, pb, alpha, beta, tile)
+                                }
                             }
                         }
                     }
@@ -391,6 +418,15 @@ mod avx512 {
                             _mm512_mask_storeu_ps(panel.add((p0 + p) * MR), lane_mask(MR), *v);
                         }
                         p0 += 16;
+                    }
+                } else if rsa == 1 {
+                    // Columns contiguous (A^T stored row-major, as in a weight gradient):
+                    // each k's rows are one masked load, zeros past `rows`.
+                    let mask = lane_mask(rows);
+                    while p0 < kc {
+                        let v = _mm512_maskz_loadu_ps(mask, src.offset(p0 as isize * csa));
+                        _mm512_mask_storeu_ps(panel.add(p0 * MR), lane_mask(MR), v);
+                        p0 += 1;
                     }
                 }
                 for p in p0..kc {
@@ -539,14 +575,18 @@ mod avx512 {
     }
 
     /// One micro-tile: `acc = A_panel B_panel` over kc in 28 zmm, then
-    /// `C = fma(alpha, acc, beta * C)` (`alpha * acc` when beta is 0; C not read).
+    /// `C = fma(alpha, acc, beta * C)` (`alpha * acc` when beta is 0; C not read). A is
+    /// MR rows of A itself, `rsa` apart, contiguous in k (`DIRECT`), or a packed panel
+    /// (`rsa` unused); either way each accumulator sees the same FMAs in the same order.
     ///
     /// # Safety
-    /// `a` holds kc x MR and `b` kc x NR packed floats; the tile addresses valid C.
+    /// `a` holds MR rows of kc floats (`DIRECT`) or kc x MR packed floats, `b` kc x NR
+    /// packed floats; the tile addresses valid C.
     #[target_feature(enable = "avx512f")]
-    unsafe fn micro_kernel(
+    unsafe fn micro_kernel<const DIRECT: bool>(
         kc: usize,
         a: *const f32,
+        rsa: isize,
         b: *const f32,
         alpha: f32,
         beta: f32,
@@ -567,9 +607,12 @@ mod avx512 {
             unsafe {
                 let b0 = _mm512_loadu_ps(b.add(p * NR));
                 let b1 = _mm512_loadu_ps(b.add(p * NR + 16));
-                let ap = a.add(p * MR);
                 for i in 0..MR {
-                    let ai = _mm512_set1_ps(*ap.add(i));
+                    let ai = _mm512_set1_ps(if DIRECT {
+                        *a.offset(i as isize * rsa).add(p)
+                    } else {
+                        *a.add(p * MR + i)
+                    });
                     acc[2 * i] = _mm512_fmadd_ps(ai, b0, acc[2 * i]);
                     acc[2 * i + 1] = _mm512_fmadd_ps(ai, b1, acc[2 * i + 1]);
                 }
@@ -793,6 +836,20 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn k_blocks_cover_k_in_equal_whole_transposes() {
+        for k in [1, 15, 16, 255, 256, 767, 768, 769, 1024, 3072, 4096, 10_000] {
+            let kb = k_block(k);
+            assert!(
+                kb.is_multiple_of(16) && (16..=KC).contains(&kb),
+                "k={k}: {kb}"
+            );
+            assert_eq!(k.div_ceil(kb), k.div_ceil(KC), "k={k}: fewest blocks");
+        }
+        assert_eq!(k_block(768), 768);
+        assert_eq!(k_block(1024), 512);
     }
 
     #[test]
