@@ -6,8 +6,9 @@
 //! Why a kernel of our own: `matrixmultiply`'s AVX-512 micro-kernel is 16x16, one
 //! broadcast load for every FMA, and reached 151-182 GFLOP/s single-threaded on the model's
 //! shapes on this project's build machine against ~215-226 for oneDNN. This one ran
-//! 1.03-1.15x `matrixmultiply` there (`zero-bench micro gemm`: columns "f32 sgemm" and
-//! "f32 matrixmultiply"), and the small GPT's fp32 training step 6% faster (`micro model`).
+//! 1.02-1.18x `matrixmultiply` there, except K = 256 with N >= 768 (0.96-1.0x)
+//! (`zero-bench micro gemm`: columns "f32 sgemm" and "f32 matrixmultiply"), and the small
+//! GPT's fp32 training step in 9% less time (`micro model --preset small`).
 //!
 //! The AVX-512 kernel is the BLIS loop nest (Van Zee & van de Geijn, "BLIS: A Framework for
 //! Rapidly Instantiating BLAS Functionality", TOMS 2015, section 2): N in blocks of [`NC`]
