@@ -512,7 +512,10 @@ mod avx512 {
                         let row = src.offset(p as isize * rsb);
                         let dst = panel.add(p * NR);
                         _mm512_storeu_ps(dst, _mm512_maskz_loadu_ps(lo, row));
-                        _mm512_storeu_ps(dst.add(16), _mm512_maskz_loadu_ps(hi, row.add(16)));
+                        _mm512_storeu_ps(
+                            dst.add(16),
+                            _mm512_maskz_loadu_ps(hi, row.wrapping_add(16)),
+                        );
                     }
                 } else if rsb == 1 {
                     // Columns contiguous in k (B^T stored row-major, as the linear layers'
@@ -626,9 +629,11 @@ mod avx512 {
             let masks = [lane_mask(t.cols), lane_mask(t.cols.saturating_sub(16))];
             for i in 0..t.rows {
                 for (h, &mask) in masks.iter().enumerate() {
-                    // SAFETY: row i, lanes under `mask`, are inside the tile.
+                    // SAFETY: row i, lanes under `mask`, are inside the tile; masked-off
+                    // lanes are neither read nor written and do not fault (AVX-512 fault
+                    // suppression), so the pointer may lie past C there.
                     unsafe {
-                        let dst = t.c.offset(i as isize * t.rsc).add(16 * h);
+                        let dst = t.c.offset(i as isize * t.rsc).wrapping_add(16 * h);
                         let out = if beta == 0.0 {
                             _mm512_mul_ps(valpha, acc[2 * i + h])
                         } else {
