@@ -1,16 +1,19 @@
 //! `zero-bench micro gemm`: the bf16-operand GEMM's micro-kernels (AMX `tdpbf16ps`,
-//! AVX-512 BF16 `vdpbf16ps`, optionally the portable one) next to f32 SGEMM
-//! (`matrixmultiply`, what fp32 training multiplies with) on the same shapes, threads and
-//! buffers. Each shape is `C = A B^T` with B stored [N, K], as the model's linear layers
+//! AVX-512 BF16 `vdpbf16ps`, optionally the portable one) next to f32 SGEMM (what fp32
+//! training multiplies with: `Gemm::run`'s kernel, `zero_kernels::nn::sgemm`) on the same
+//! shapes, threads and buffers; when that kernel is not `matrixmultiply`, also
+//! `matrixmultiply` itself, the fallback it replaced. Each shape is `C = A B^T` with B stored [N, K], as the model's linear layers
 //! compute; the defaults are GPT-2's layer shapes at M = B*T = 4096 rows.
 //!
 //! Rounds are interleaved (every method on every shape, then the next round), so a
-//! shared machine's drifts hit all methods alike; reported are the median GFLOP/s over
-//! the rounds and the median of the per-round ratios.
+//! shared machine's drifts hit all methods alike, and each round starts with the next
+//! method, so none is always the one that runs on a cold cache; reported are the median
+//! GFLOP/s over the rounds and the median of the per-round ratios.
 
 use anyhow::{bail, Context, Result};
 use std::time::Instant;
 use zero_kernels::nn::gemm_bf16::{sgemm_bf16, Bf16Kernel};
+use zero_kernels::nn::sgemm::{sgemm, SgemmKernel};
 use zero_kernels::nn::{Gemm, MatLayout};
 
 /// Options of `micro gemm`.
@@ -44,11 +47,13 @@ struct Shape {
     c: Vec<f32>,
 }
 
-/// A method under test: f32 SGEMM or one bf16 micro-kernel.
+/// A method under test: f32 SGEMM (through `Gemm::run`), one bf16 micro-kernel, or one
+/// f32 kernel forced.
 #[derive(Clone, Copy)]
 enum Method {
     Sgemm,
     Bf16(Bf16Kernel),
+    F32(SgemmKernel),
 }
 
 impl Method {
@@ -56,6 +61,7 @@ impl Method {
         match self {
             Method::Sgemm => "f32 sgemm".to_string(),
             Method::Bf16(k) => format!("bf16 {k}"),
+            Method::F32(k) => format!("f32 {k}"),
         }
     }
 }
@@ -98,7 +104,7 @@ fn time(method: Method, s: &mut Shape, gemm: &Gemm, threads: usize) -> f64 {
             &mut s.c,
             MatLayout::rm(m, n, n),
         ),
-        Method::Bf16(kernel) => {
+        Method::Bf16(_) | Method::F32(_) => {
             let rows = m.div_ceil(threads.clamp(1, m));
             let (a, b) = (&s.a, &s.b);
             std::thread::scope(|sc| {
@@ -110,23 +116,45 @@ fn time(method: Method, s: &mut Shape, gemm: &Gemm, threads: usize) -> f64 {
                         // as K x N (strides 1, K) and C's band (row-major, N apart) lie
                         // inside their vectors; the kernel was checked available.
                         unsafe {
-                            sgemm_bf16(
-                                kernel,
-                                mr,
-                                k,
-                                n,
-                                1.0,
-                                a[r0 * k..].as_ptr(),
-                                k as isize,
-                                1,
-                                b.as_ptr(),
-                                1,
-                                k as isize,
-                                0.0,
-                                c.as_mut_ptr(),
-                                n as isize,
-                                1,
-                            )
+                            let a = a[r0 * k..].as_ptr();
+                            let (ki, ni) = (k as isize, n as isize);
+                            match method {
+                                Method::F32(f) => sgemm(
+                                    f,
+                                    mr,
+                                    k,
+                                    n,
+                                    1.0,
+                                    a,
+                                    ki,
+                                    1,
+                                    b.as_ptr(),
+                                    1,
+                                    ki,
+                                    0.0,
+                                    c.as_mut_ptr(),
+                                    ni,
+                                    1,
+                                ),
+                                Method::Bf16(kernel) => sgemm_bf16(
+                                    kernel,
+                                    mr,
+                                    k,
+                                    n,
+                                    1.0,
+                                    a,
+                                    ki,
+                                    1,
+                                    b.as_ptr(),
+                                    1,
+                                    ki,
+                                    0.0,
+                                    c.as_mut_ptr(),
+                                    ni,
+                                    1,
+                                ),
+                                Method::Sgemm => unreachable!("timed through Gemm::run"),
+                            }
                         }
                     };
                     if r0 == 0 {
@@ -148,6 +176,7 @@ pub fn run(args: &GemmArgs) -> Result<()> {
     // Every kernel is timed by name here, but a bad ZERO_BF16_KERNEL is still an error
     // (as in `micro model`), not a surprise in the next run.
     Bf16Kernel::from_env()?;
+    SgemmKernel::from_env()?;
     let kernels: Vec<Bf16Kernel> = match &args.kernels {
         Some(list) => list
             .split(',')
@@ -162,6 +191,12 @@ pub fn run(args: &GemmArgs) -> Result<()> {
     };
     let mut methods = vec![Method::Sgemm];
     methods.extend(kernels.iter().map(|&k| Method::Bf16(k)));
+    // The f32 fallback next to the kernel `Gemm::run` uses, when they differ.
+    let f32_kernel = SgemmKernel::detect();
+    let with_fallback = f32_kernel != SgemmKernel::MatrixMultiply;
+    if with_fallback {
+        methods.push(Method::F32(SgemmKernel::MatrixMultiply));
+    }
     let mut shapes: Vec<Shape> = args
         .shapes
         .split(',')
@@ -184,8 +219,12 @@ pub fn run(args: &GemmArgs) -> Result<()> {
     let mut times = vec![vec![Vec::new(); methods.len()]; shapes.len()];
     for round in 0..=args.rounds {
         for (s, shape) in shapes.iter_mut().enumerate() {
-            for (i, &method) in methods.iter().enumerate() {
-                let t = time(method, shape, &gemm, args.threads);
+            // Each round starts one method later: the first method of a shape finds the
+            // previous shape's data in cache, the others this shape's (A and B warm), which
+            // favoured the later columns by ~5% on the smaller shapes.
+            for step in 0..methods.len() {
+                let i = (round + step) % methods.len();
+                let t = time(methods[i], shape, &gemm, args.threads);
                 if round > 0 {
                     // Round 0 warms caches, pages and the AMX permission up.
                     times[s][i].push(t);
@@ -194,12 +233,15 @@ pub fn run(args: &GemmArgs) -> Result<()> {
         }
     }
     println!(
-        "bf16-operand GEMM micro-kernels vs f32 SGEMM, {} thread(s), median of {} interleaved rounds (GFLOP/s; ratios: median of per-round ratios)",
+        "bf16-operand GEMM micro-kernels vs f32 SGEMM ({f32_kernel}), {} thread(s), median of {} interleaved rounds (GFLOP/s; ratios: median of per-round ratios)",
         args.threads, args.rounds
     );
     let mut header = format!("{:<18}", "MxKxN");
     for m in &methods {
         header += &format!(" {:>14}", m.name());
+    }
+    if with_fallback {
+        header += &format!(" {:>12}", "sgemm/mm");
     }
     for k in &kernels {
         header += &format!(" {:>12}", format!("{k}/sgemm"));
@@ -224,7 +266,10 @@ pub fn run(args: &GemmArgs) -> Result<()> {
                 .collect();
             median(&mut r)
         };
-        for i in 1..methods.len() {
+        if with_fallback {
+            line += &format!(" {:>12.2}", ratio(0, methods.len() - 1));
+        }
+        for i in 1..=kernels.len() {
             line += &format!(" {:>12.2}", ratio(i, 0));
         }
         let at = |k: Bf16Kernel| kernels.iter().position(|&x| x == k).map(|p| p + 1);

@@ -5,7 +5,8 @@
 //! zero-models is written on them.
 //!
 //! - [`gemm`]: `C = alpha * A B + beta * C` over strided views ([`MatLayout`]), with
-//!   threads over row bands ([`Gemm`]); [`gemm_bf16`]: the same product with bf16
+//!   threads over row bands ([`Gemm`]); [`sgemm`]: its f32 kernels; [`gemm_bf16`]: the
+//!   same product with bf16
 //!   operands and f32 sums (AVX-512 BF16 or portable), for bf16 training;
 //! - [`norm`]: LayerNorm; [`activation`]: GELU (tanh approximation);
 //! - Llama's: [`rmsnorm`], [`rope`] (rotary embeddings and GQA's shared key/value heads
@@ -33,10 +34,10 @@
 //!   `#[inline(always)]`; called directly, they run as the crate was built (baseline).
 //! - Numerics: each function is a fixed sequence of IEEE operations, the same on every
 //!   call and thread count, and no function here uses a fused multiply-add of its own.
-//!   The GEMM is `matrixmultiply`'s, whose kernel (with or without FMA) is chosen at run
-//!   time for the CPU, so unlike the optimizer kernels of this crate, results that go
-//!   through a GEMM are reproducible on one kind of CPU, not bitwise across instruction
-//!   set levels.
+//!   The GEMM ([`sgemm`]: this crate's AVX-512F kernel, else `matrixmultiply`'s, whose
+//!   kernel with or without FMA is chosen at run time) depends on the CPU, so unlike the
+//!   optimizer kernels of this crate, results that go through a GEMM are reproducible on
+//!   one kind of CPU, not bitwise across instruction set levels.
 
 pub mod activation;
 pub mod attention;
@@ -48,6 +49,7 @@ pub mod rmsnorm;
 pub mod rope;
 pub mod rows;
 pub mod scalar;
+pub mod sgemm;
 pub mod softmax;
 pub mod swiglu;
 #[cfg(test)]

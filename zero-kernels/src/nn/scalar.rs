@@ -8,7 +8,7 @@ use std::fmt::Debug;
 use std::ops::{Add, AddAssign, Div, Mul, MulAssign, Neg, Sub, SubAssign};
 
 /// A floating-point scalar with the few functions the model kernels use, and its GEMM
-/// (`matrixmultiply`'s `sgemm` / `dgemm`).
+/// ([`super::sgemm`] for f32, `matrixmultiply`'s `dgemm` for f64).
 pub trait Scalar:
     crate::dtype::Element
     + Copy
@@ -45,7 +45,8 @@ pub trait Scalar:
     fn tanh(self) -> Self;
     /// Square root.
     fn sqrt(self) -> Self;
-    /// `C = alpha * A B + beta * C` with arbitrary strides (matrixmultiply's contract).
+    /// `C = alpha * A B + beta * C` with arbitrary strides (matrixmultiply's contract;
+    /// `beta == 0` does not read C).
     ///
     /// # Safety
     /// The pointers with the given dimensions and strides must address valid memory, and
@@ -246,9 +247,37 @@ unsafe fn dgemm_exact(
     unsafe { matrixmultiply::dgemm(m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc) }
 }
 
+/// f32: this crate's AVX-512F GEMM where the CPU runs it, else `matrixmultiply`
+/// ([`super::sgemm`]; `ZERO_SGEMM` forces either).
+#[allow(clippy::too_many_arguments)]
+unsafe fn sgemm_detected(
+    m: usize,
+    k: usize,
+    n: usize,
+    alpha: f32,
+    a: *const f32,
+    rsa: isize,
+    csa: isize,
+    b: *const f32,
+    rsb: isize,
+    csb: isize,
+    beta: f32,
+    c: *mut f32,
+    rsc: isize,
+    csc: isize,
+) {
+    let kernel = super::sgemm::SgemmKernel::detect();
+    // SAFETY: forwarded contract; `detect` returns a kernel this CPU runs.
+    unsafe {
+        super::sgemm::sgemm(
+            kernel, m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc,
+        )
+    }
+}
+
 impl_scalar!(
     f32,
-    matrixmultiply::sgemm,
+    sgemm_detected,
     super::gemm_bf16::sgemm_bf16,
     exp_f32,
     tanh_f32
