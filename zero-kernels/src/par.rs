@@ -72,6 +72,21 @@ pub(crate) fn rows_per_part(threads: usize, rows: usize, work_per_row: usize) ->
     rows.div_ceil(parts).max(1)
 }
 
+/// Elements per part when `len` elements go to at most `parts` parts: a multiple of 16
+/// (a 64-byte line of f32), so no two threads write the same cache line of a channel
+/// vector; fewer parts when `len` is short.
+pub(crate) fn channels_per_part(parts: usize, len: usize) -> usize {
+    (len.div_ceil(parts.max(1)).div_ceil(16) * 16).max(1)
+}
+
+/// Pairs the k-th job of `a` with the k-th of `b`, either side `None` past its end: one
+/// thread's share of two splits of one op (e.g. rows of dx and channels of dw).
+pub(crate) fn zip_parts<A, B>(a: Vec<A>, b: Vec<B>) -> Vec<(Option<A>, Option<B>)> {
+    let n = a.len().max(b.len());
+    let (mut a, mut b) = (a.into_iter(), b.into_iter());
+    (0..n).map(|_| (a.next(), b.next())).collect()
+}
+
 /// Run `f` on every job: the first on this thread, the others on scoped threads.
 pub(crate) fn run_parts<J: Send>(jobs: Vec<J>, f: impl Fn(J) + Sync) {
     let mut jobs = jobs.into_iter();
