@@ -1,7 +1,8 @@
 //! Optional multi-threading of a kernel over contiguous chunks (std::thread::scope). Chunk
 //! starts are multiples of the kernel's block size, and every kernel's result for an
-//! element depends only on that element (or, for reductions, on fixed blocks), so the
-//! thread count never changes a bit of the output.
+//! element depends only on that element (or, for reductions, on fixed blocks; sums over
+//! rows, as the layer norm and bias gradients are, split by channels, each channel summing
+//! all rows in row order), so the thread count never changes a bit of the output.
 
 use crate::isa::Exec;
 use std::ops::Range;
