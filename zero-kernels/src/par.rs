@@ -1,7 +1,8 @@
 //! Optional multi-threading of a kernel over contiguous chunks (std::thread::scope). Chunk
 //! starts are multiples of the kernel's block size, and every kernel's result for an
-//! element depends only on that element (or, for reductions, on fixed blocks), so the
-//! thread count never changes a bit of the output.
+//! element depends only on that element (or, for reductions, on fixed blocks; sums over
+//! rows, as the layer norm and bias gradients are, split by channels, each channel summing
+//! all rows in row order), so the thread count never changes a bit of the output.
 
 use crate::isa::Exec;
 use std::ops::Range;
@@ -70,6 +71,21 @@ pub(crate) fn rows_per_part(threads: usize, rows: usize, work_per_row: usize) ->
     let by_size = (rows.saturating_mul(work_per_row) / MIN_PER_THREAD).max(1);
     let parts = threads.min(by_size).min(rows).max(1);
     rows.div_ceil(parts).max(1)
+}
+
+/// Elements per part when `len` elements go to at most `parts` parts: a multiple of 16
+/// (a 64-byte line of f32), so no two threads write the same cache line of a channel
+/// vector; fewer parts when `len` is short.
+pub(crate) fn channels_per_part(parts: usize, len: usize) -> usize {
+    (len.div_ceil(parts.max(1)).div_ceil(16) * 16).max(1)
+}
+
+/// Pairs the k-th job of `a` with the k-th of `b`, either side `None` past its end: one
+/// thread's share of two splits of one op (e.g. rows of dx and channels of dw).
+pub(crate) fn zip_parts<A, B>(a: Vec<A>, b: Vec<B>) -> Vec<(Option<A>, Option<B>)> {
+    let n = a.len().max(b.len());
+    let (mut a, mut b) = (a.into_iter(), b.into_iter());
+    (0..n).map(|_| (a.next(), b.next())).collect()
 }
 
 /// Run `f` on every job: the first on this thread, the others on scoped threads.

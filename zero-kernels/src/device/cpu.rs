@@ -25,7 +25,7 @@ use crate::float::Float;
 use crate::isa::Exec;
 use crate::nn::isa_ops as ops;
 use crate::nn::{self, AttnShape, Gemm, RopeShape, Scalar};
-use crate::par::rows_per_part;
+use crate::par::{channels_per_part, rows_per_part, zip_parts};
 use crate::quant;
 use crate::simd::run_auto;
 use crate::twin;
@@ -481,6 +481,7 @@ impl<Q: CpuQueue> Device for Q {
     ) -> Result<()> {
         let mut op = OpBuilder::new("fill");
         let dst = op.w(&dst);
+        let workers = self.gemm().workers().clone();
         self.submit(
             stream,
             op.finish(move || {
@@ -488,11 +489,16 @@ impl<Q: CpuQueue> Device for Q {
                 let dst = unsafe { dst.get() };
                 // All-zero bytes (clearing gradients, the common case) go to memset, whose
                 // large stores skip reading the lines first; other values element-wise.
-                if bytemuck::bytes_of(&value).iter().all(|&b| b == 0) {
-                    bytemuck::cast_slice_mut::<T, u8>(dst).fill(0);
-                } else {
-                    dst.fill(value);
-                }
+                let zero = bytemuck::bytes_of(&value).iter().all(|&b| b == 0);
+                let per = rows_per_part(workers.threads(), dst.len(), 1);
+                let jobs: Vec<_> = dst.chunks_mut(per).collect();
+                workers.run(jobs, |d| {
+                    if zero {
+                        bytemuck::cast_slice_mut::<T, u8>(d).fill(0);
+                    } else {
+                        d.fill(value);
+                    }
+                });
                 Ok(())
             })?,
         )
@@ -507,11 +513,15 @@ impl<Q: CpuQueue> Device for Q {
         same_len("copy", "dst", dst.len(), src.len())?;
         let mut op = OpBuilder::new("copy");
         let (src, dst) = (op.r(&src), op.w(&dst));
+        let workers = self.gemm().workers().clone();
         self.submit(
             stream,
             op.finish(move || {
                 // SAFETY: see the module documentation.
-                unsafe { dst.get().copy_from_slice(src.get()) };
+                let (src, dst) = unsafe { (src.get(), dst.get()) };
+                let per = rows_per_part(workers.threads(), dst.len(), 1);
+                let jobs: Vec<_> = dst.chunks_mut(per).zip(src.chunks(per)).collect();
+                workers.run(jobs, |(d, s)| d.copy_from_slice(s));
                 Ok(())
             })?,
         )
@@ -545,6 +555,7 @@ impl<Q: CpuQueue> Device for Q {
     ) -> Result<()> {
         same_len("accumulate", "src", src.len(), dst.len())?;
         let exec = *self.exec();
+        let workers = self.gemm().workers().clone();
         let mut op = OpBuilder::new("accumulate");
         let (src, dst) = (op.r(&src), op.w(&dst));
         self.submit(
@@ -555,7 +566,10 @@ impl<Q: CpuQueue> Device for Q {
                 if T::DTYPE == DType::F32 {
                     cast::accumulate(&exec, as_type_mut(d), S::float_slice(s))
                 } else {
-                    cast::accumulate_rounded(&exec, d, s);
+                    // Elementwise: any split gives the same bits.
+                    let per = rows_per_part(workers.threads(), d.len(), 1);
+                    let jobs: Vec<_> = d.chunks_mut(per).zip(s.chunks(per)).collect();
+                    workers.run(jobs, |(d, s)| cast::accumulate_rounded(&exec, d, s));
                     Ok(())
                 }
             })?,
@@ -841,6 +855,7 @@ impl<Q: CpuQueue> Device for Q {
         let (mean, rstd) = (op.r(&saved.mean), op.r(&saved.rstd));
         let (dx, dw, db) = (op.w(&grads.dx), op.w(&grads.dw), op.w(&grads.db));
         let gpu = self.gpu_order();
+        let workers = self.gemm().workers().clone();
         let exec = *self.exec();
         self.submit(
             stream,
@@ -849,11 +864,46 @@ impl<Q: CpuQueue> Device for Q {
                 let (dx, dw, db) = unsafe { (dx.get(), dw.get(), db.get()) };
                 let (dout, x, w) = unsafe { (dout.get(), x.get(), w.get()) };
                 let (mean, rstd) = unsafe { (mean.get(), rstd.get()) };
+                let rows = dx.len().min(x.len()).min(dout.len()) / width.max(1);
+                // Two sums and the dx pass per row, then the parameter pass.
+                let per = rows_per_part(workers.threads(), rows, width * 8);
                 if gpu {
                     twin::norm::layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, width);
-                } else {
+                } else if per >= rows {
                     let op = ops::LayerNormBackward(dx, dw, db, dout, x, w, mean, rstd, width);
                     run_auto(&exec, op);
+                } else {
+                    // Rows split dx (a row's dx depends on that row alone); channels split
+                    // dw and db, each channel summing every row in row order as the fused
+                    // pass does. No sum crosses a split: the bits of one thread.
+                    let n = rows * width;
+                    let row_parts: Vec<_> = dx[..n]
+                        .chunks_mut(per * width)
+                        .zip(dout[..n].chunks(per * width))
+                        .zip(x[..n].chunks(per * width))
+                        .zip(mean[..rows].chunks(per).zip(rstd[..rows].chunks(per)))
+                        .collect();
+                    let cols = channels_per_part(row_parts.len(), width);
+                    let channel_parts: Vec<_> = dw[..width]
+                        .chunks_mut(cols)
+                        .zip(db[..width].chunks_mut(cols))
+                        .enumerate()
+                        .collect();
+                    let (dout, x) = (&dout[..n], &x[..n]);
+                    let jobs = zip_parts(row_parts, channel_parts);
+                    workers.run(jobs, |(row_part, channel_part)| {
+                        if let Some((((dx, dout), x), (mean, rstd))) = row_part {
+                            let op = ops::LayerNormBackwardDx(dx, dout, x, w, mean, rstd, width);
+                            run_auto(&exec, op);
+                        }
+                        if let Some((k, (dw, db))) = channel_part {
+                            let first = k * cols;
+                            let op = ops::LayerNormBackwardParams(
+                                dw, db, dout, x, mean, rstd, width, first,
+                            );
+                            run_auto(&exec, op);
+                        }
+                    });
                 }
                 Ok(())
             })?,
@@ -1113,17 +1163,21 @@ impl<Q: CpuQueue> Device for Q {
         let mut op = OpBuilder::new("fill_rows");
         let (row, out) = (op.r(&row), op.w(&out));
         let gpu = self.gpu_order();
+        let workers = self.gemm().workers().clone();
         self.submit(
             stream,
             op.finish(move || {
                 // SAFETY: see the module documentation.
-                unsafe {
-                    (if gpu {
-                        twin::rows::fill_rows
-                    } else {
-                        nn::fill_rows
-                    })(out.get(), row.get())
-                };
+                let (out, row) = unsafe { (out.get(), row.get()) };
+                if gpu {
+                    twin::rows::fill_rows(out, row);
+                } else {
+                    // Copies: any split by rows gives the same bits.
+                    let width = row.len();
+                    let per = rows_per_part(workers.threads(), out.len() / width.max(1), width);
+                    let jobs: Vec<_> = out.chunks_mut((per * width).max(1)).collect();
+                    workers.run(jobs, |o| nn::fill_rows(o, row));
+                }
                 Ok(())
             })?,
         )
@@ -1169,16 +1223,28 @@ impl<Q: CpuQueue> Device for Q {
         let mut op = OpBuilder::new("bias_backward");
         let (dout, db) = (op.r(&dout), op.w(&db));
         let gpu = self.gpu_order();
+        let workers = self.gemm().workers().clone();
         let exec = *self.exec();
         self.submit(
             stream,
             op.finish(move || {
                 // SAFETY: see the module documentation.
                 let (db, dout) = unsafe { (db.get(), dout.get()) };
+                let width = db.len().max(1);
+                let rows = dout.len() / width;
+                let per = rows_per_part(workers.threads(), rows, width);
                 if gpu {
                     twin::rows::bias_backward(db, dout);
-                } else {
+                } else if per >= rows {
                     run_auto(&exec, ops::BiasBackward(db, dout));
+                } else {
+                    // Channels split db, each channel summing every row in row order as
+                    // one thread does: the bits of one thread.
+                    let cols = channels_per_part(rows.div_ceil(per), width);
+                    let jobs: Vec<_> = db.chunks_mut(cols).enumerate().collect();
+                    workers.run(jobs, |(k, db)| {
+                        run_auto(&exec, ops::BiasBackwardChannels(db, dout, width, k * cols))
+                    });
                 }
                 Ok(())
             })?,
@@ -1526,18 +1592,46 @@ impl<Q: CpuQueue> Device for Q {
         let (dout, x, w, rstd) = (op.r(&dout), op.r(&x), op.r(&w), op.r(&rstd));
         let (dx, dw) = (op.w(&dx), op.w(&dw));
         let gpu = self.gpu_order();
+        let workers = self.gemm().workers().clone();
         let exec = *self.exec();
         self.submit(
             stream,
             op.finish(move || {
-                // SAFETY: see the module documentation. One thread: `dw` sums over rows
-                // in row order, the same bits at every thread count.
+                // SAFETY: see the module documentation.
                 let (dx, dw) = unsafe { (dx.get(), dw.get()) };
                 let (dout, x, w, rstd) = unsafe { (dout.get(), x.get(), w.get(), rstd.get()) };
+                let rows = dx.len().min(x.len()).min(dout.len()) / width.max(1);
+                // One sum and the dx pass per row, then the dw pass.
+                let per = rows_per_part(workers.threads(), rows, width * 6);
                 if gpu {
                     twin::llama::rmsnorm_backward(dx, dw, dout, x, w, rstd, width);
-                } else {
+                } else if per >= rows {
                     run_auto(&exec, ops::RmsNormBackward(dx, dw, dout, x, w, rstd, width));
+                } else {
+                    // Rows split dx (a row's dx depends on that row alone); channels split
+                    // dw, each channel summing every row in row order as the fused pass
+                    // does. No sum crosses a split: the bits of one thread.
+                    let n = rows * width;
+                    let row_parts: Vec<_> = dx[..n]
+                        .chunks_mut(per * width)
+                        .zip(dout[..n].chunks(per * width))
+                        .zip(x[..n].chunks(per * width))
+                        .zip(rstd[..rows].chunks(per))
+                        .collect();
+                    let cols = channels_per_part(row_parts.len(), width);
+                    let channel_parts: Vec<_> = dw[..width].chunks_mut(cols).enumerate().collect();
+                    let (dout, x) = (&dout[..n], &x[..n]);
+                    let jobs = zip_parts(row_parts, channel_parts);
+                    workers.run(jobs, |(row_part, channel_part)| {
+                        if let Some((((dx, dout), x), rstd)) = row_part {
+                            let op = ops::RmsNormBackwardDx(dx, dout, x, w, rstd, width);
+                            run_auto(&exec, op);
+                        }
+                        if let Some((k, dw)) = channel_part {
+                            let op = ops::RmsNormBackwardDw(dw, dout, x, rstd, width, k * cols);
+                            run_auto(&exec, op);
+                        }
+                    });
                 }
                 Ok(())
             })?,

@@ -824,3 +824,110 @@ fn sim_device_waits_for_started_work_in_place() {
     assert_eq!(tests.get(), 0);
     assert_eq!(dev.overlap_stats(), OverlapStats::default());
 }
+
+/// The ops whose sums over rows split by channels (layer norm backward's dw and db, the
+/// bias gradient) and the copies split by rows or elements (fill, copy, bias rows,
+/// accumulation into bf16), on `dev`, for `rows` rows of width `c`. Returns every output.
+fn split_ops<D: Device>(dev: &D, rows: usize, c: usize) -> Result<Vec<Vec<f32>>> {
+    let s = dev.stream("compute")?;
+    let vals = |n: usize, seed: usize| -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i * 37 + seed * 11) % 41) as f32 * 0.05 - 1.0 + seed as f32 * 1e-3)
+            .collect()
+    };
+    let up = |x: &[f32], name: &str| -> Result<D::Buf<f32>> {
+        let mut b = dev.alloc::<f32>(x.len(), name)?;
+        dev.upload(&s, x, b.view_mut())?;
+        Ok(b)
+    };
+    let (x, w, b) = (
+        up(&vals(rows * c, 1), "x")?,
+        up(&vals(c, 2), "w")?,
+        up(&vals(c, 3), "b")?,
+    );
+    let (mut ln, mut mean, mut rstd) = (
+        dev.alloc::<f32>(rows * c, "ln")?,
+        dev.alloc::<f32>(rows, "mean")?,
+        dev.alloc::<f32>(rows, "rstd")?,
+    );
+    dev.layernorm_forward(
+        &s,
+        LayerNormOut {
+            out: ln.view_mut(),
+            mean: mean.view_mut(),
+            rstd: rstd.view_mut(),
+        },
+        x.view(),
+        w.view(),
+        b.view(),
+        c,
+    )?;
+    let dout = up(&vals(rows * c, 4), "dout")?;
+    let (mut dx, mut dw, mut db) = (
+        up(&vals(rows * c, 5), "dx")?,
+        up(&vals(c, 6), "dw")?,
+        up(&vals(c, 7), "db")?,
+    );
+    dev.layernorm_backward(
+        &s,
+        LayerNormGrads {
+            dx: dx.view_mut(),
+            dw: dw.view_mut(),
+            db: db.view_mut(),
+        },
+        dout.view(),
+        LayerNormSaved {
+            x: x.view(),
+            w: w.view(),
+            mean: mean.view(),
+            rstd: rstd.view(),
+        },
+        c,
+    )?;
+    let mut dbias = up(&vals(c, 8), "dbias")?;
+    dev.bias_backward(&s, dbias.view_mut(), dout.view())?;
+    let mut filled = dev.alloc::<f32>(rows * c, "filled")?;
+    dev.fill_rows(&s, filled.view_mut(), b.view())?;
+    let mut copied = dev.alloc::<f32>(rows * c, "copied")?;
+    dev.fill(&s, copied.view_mut(), 3.5)?;
+    dev.copy(&s, x.slice(0..rows * c - 1), copied.slice_mut(1..rows * c))?;
+    let mut zeroed = up(&vals(rows * c, 9), "zeroed")?;
+    dev.fill(&s, zeroed.slice_mut(0..rows * c - 1), 0.0)?;
+    let mut acc = dev.alloc::<bf16>(rows * c, "acc")?;
+    let half: Vec<bf16> = vals(rows * c, 10)
+        .iter()
+        .map(|&v| bf16::from_f32(v))
+        .collect();
+    dev.upload(&s, &half, acc.view_mut())?;
+    dev.accumulate(&s, acc.view_mut(), dout.view())?;
+    let mut acc32 = dev.alloc::<f32>(rows * c, "acc32")?;
+    dev.cast(&s, acc.view(), acc32.view_mut())?;
+    let mut out = Vec::new();
+    for b in [
+        &ln, &dx, &dw, &db, &dbias, &filled, &copied, &zeroed, &acc32,
+    ] {
+        let mut h = vec![0f32; b.len()];
+        dev.download(&s, b.view(), &mut h)?;
+        out.push(h);
+    }
+    Ok(out)
+}
+
+/// Layer norm backward (dx by rows, dw and db by channels), the bias gradient (by
+/// channels), fill, copy, bias rows and bf16 accumulation give one thread's bits on 2, 3
+/// and 8 threads, at widths below, across and not a multiple of the 16-channel parts.
+#[test]
+fn threads_split_row_sums_by_channels_without_changing_a_bit() {
+    for (rows, c) in [(37, 53), (5, 12), (9, 48), (1, 70)] {
+        let one = split_ops(&HostDevice::with_threads(1), rows, c).expect("one thread");
+        for threads in [2, 3, 8] {
+            let many = split_ops(&HostDevice::with_threads(threads), rows, c).expect("threads");
+            for (i, (a, b)) in one.iter().zip(&many).enumerate() {
+                assert!(
+                    a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "rows {rows} width {c}: output {i} differs on {threads} threads"
+                );
+            }
+        }
+    }
+}

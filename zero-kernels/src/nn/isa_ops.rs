@@ -67,6 +67,27 @@ isa_ops! {
         rstd: &'a [F],
         c: usize,
     ) => norm::layernorm_backward;
+    /// [`norm::layernorm_backward_dx`].
+    LayerNormBackwardDx<'a, F>(
+        dx: &'a mut [F],
+        dout: &'a [F],
+        x: &'a [F],
+        w: &'a [F],
+        mean: &'a [F],
+        rstd: &'a [F],
+        c: usize,
+    ) => norm::layernorm_backward_dx;
+    /// [`norm::layernorm_backward_params`].
+    LayerNormBackwardParams<'a, F>(
+        dw: &'a mut [F],
+        db: &'a mut [F],
+        dout: &'a [F],
+        x: &'a [F],
+        mean: &'a [F],
+        rstd: &'a [F],
+        c: usize,
+        first: usize,
+    ) => norm::layernorm_backward_params;
     /// [`xent::softmax_xent_forward`].
     SoftmaxXentForward<'a, F>(
         logits_to_probs: &'a mut [F],
@@ -118,6 +139,24 @@ isa_ops! {
         rstd: &'a [F],
         c: usize,
     ) => rmsnorm::rmsnorm_backward;
+    /// [`rmsnorm::rmsnorm_backward_dx`].
+    RmsNormBackwardDx<'a, F>(
+        dx: &'a mut [F],
+        dout: &'a [F],
+        x: &'a [F],
+        w: &'a [F],
+        rstd: &'a [F],
+        c: usize,
+    ) => rmsnorm::rmsnorm_backward_dx;
+    /// [`rmsnorm::rmsnorm_backward_dw`].
+    RmsNormBackwardDw<'a, F>(
+        dw: &'a mut [F],
+        dout: &'a [F],
+        x: &'a [F],
+        rstd: &'a [F],
+        c: usize,
+        first: usize,
+    ) => rmsnorm::rmsnorm_backward_dw;
     /// [`super::rope::rope_gqa_forward`].
     RopeGqaForward<'a, F>(
         qkv: &'a mut [F],
@@ -148,6 +187,13 @@ isa_ops! {
     AddRows<'a, F>(out: &'a mut [F], row: &'a [F]) => rows::add_rows;
     /// [`rows::bias_backward`].
     BiasBackward<'a, F>(db: &'a mut [F], dout: &'a [F]) => rows::bias_backward;
+    /// [`rows::bias_backward_channels`].
+    BiasBackwardChannels<'a, F>(
+        db: &'a mut [F],
+        dout: &'a [F],
+        width: usize,
+        first: usize,
+    ) => rows::bias_backward_channels;
     /// [`rows::add_into`].
     AddInto<'a, F>(dst: &'a mut [F], src: &'a [F]) => rows::add_into;
     /// [`rows::scale_into`].
@@ -235,7 +281,12 @@ mod tests {
             run_auto(e, AddRows(&mut r, &b[..width]));
             let mut db = b[..width].to_vec();
             run_auto(e, BiasBackward(&mut db, &x[..rows * width]));
-            vec![s, r, db]
+            let mut db_part = b[5..width].to_vec();
+            run_auto(
+                e,
+                BiasBackwardChannels(&mut db_part, &x[..rows * width], width, 5),
+            );
+            vec![s, r, db, db_part]
         });
         same_at_every_level("accumulate into bf16", |e| {
             let mut d: Vec<bf16> = a.iter().map(|&v| bf16::from_f32(v)).collect();
@@ -262,7 +313,13 @@ mod tests {
                 e,
                 LayerNormBackward(&mut dx, &mut dw, &mut db, &dout, &x, &w, m, r, c),
             );
-            vec![y, mean, rstd, dx, dw, db]
+            let (mut sdx, mut sdw, mut sdb) = (dout.clone(), vec![0.5; c - 3], vec![0.25; c - 3]);
+            run_auto(e, LayerNormBackwardDx(&mut sdx, &dout, &x, &w, m, r, c));
+            run_auto(
+                e,
+                LayerNormBackwardParams(&mut sdw, &mut sdb, &dout, &x, m, r, c, 3),
+            );
+            vec![y, mean, rstd, dx, dw, db, sdx, sdw, sdb]
         });
         same_at_every_level("rmsnorm", |e| {
             let (mut y, mut rstd) = (vec![0.0; n], vec![0.0; rows]);
@@ -272,7 +329,10 @@ mod tests {
                 e,
                 RmsNormBackward(&mut dx, &mut dw, &dout, &x, &w, &rstd, c),
             );
-            vec![y, rstd, dx, dw]
+            let (mut sdx, mut sdw) = (dout.clone(), vec![0.5; c - 3]);
+            run_auto(e, RmsNormBackwardDx(&mut sdx, &dout, &x, &w, &rstd, c));
+            run_auto(e, RmsNormBackwardDw(&mut sdw, &dout, &x, &rstd, c, 3));
+            vec![y, rstd, dx, dw, sdx, sdw]
         });
         // Logits of a realistic spread (the loss of NaN logits is NaN at every level, as
         // the elementwise test shows for exp), with extremes past exp's clamp.

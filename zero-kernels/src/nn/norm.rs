@@ -89,17 +89,82 @@ pub fn layernorm_backward<F: Scalar>(
     let rows = (dx.len() / c).min(x.len() / c).min(dout.len() / c);
     let full = rows / SUM_ROWS * SUM_ROWS;
     for r in (0..full).step_by(SUM_ROWS) {
-        layernorm_backward_rows::<F, SUM_ROWS>(r, dx, dw, db, dout, x, w, mean, rstd, c);
+        layernorm_backward_rows::<F, SUM_ROWS, true>(r, dx, dw, db, dout, x, w, mean, rstd, c);
     }
     for r in full..rows {
-        layernorm_backward_rows::<F, 1>(r, dx, dw, db, dout, x, w, mean, rstd, c);
+        layernorm_backward_rows::<F, 1, true>(r, dx, dw, db, dout, x, w, mean, rstd, c);
     }
 }
 
-/// [`layernorm_backward`] of the `G` rows from `r0`.
+/// The `dx` part of [`layernorm_backward`] alone (**adds** into `dx`; `dw`, `db` are left
+/// to [`layernorm_backward_params`]): the two together give the fused function's bits,
+/// since each computes its outputs with the same operations in the same order. Threads
+/// split this one by rows (each row's dx depends on that row alone).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn layernorm_backward_rows<F: Scalar, const G: usize>(
+pub fn layernorm_backward_dx<F: Scalar>(
+    dx: &mut [F],
+    dout: &[F],
+    x: &[F],
+    w: &[F],
+    mean: &[F],
+    rstd: &[F],
+    c: usize,
+) {
+    let rows = (dx.len() / c).min(x.len() / c).min(dout.len() / c);
+    let full = rows / SUM_ROWS * SUM_ROWS;
+    let (dw, db) = (&mut [][..], &mut [][..]);
+    for r in (0..full).step_by(SUM_ROWS) {
+        layernorm_backward_rows::<F, SUM_ROWS, false>(r, dx, dw, db, dout, x, w, mean, rstd, c);
+    }
+    for r in full..rows {
+        layernorm_backward_rows::<F, 1, false>(r, dx, dw, db, dout, x, w, mean, rstd, c);
+    }
+}
+
+/// The `dw`, `db` part of [`layernorm_backward`] for the channels `first .. first +
+/// dw.len()` (**adds**; `db` as long as `dw`), over all rows of `dout`, `x` (width `c`).
+/// Each channel receives its rows in row order with the fused function's `n`, so a split
+/// of the channels over threads gives the fused bits: no sum crosses a split.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub fn layernorm_backward_params<F: Scalar>(
+    dw: &mut [F],
+    db: &mut [F],
+    dout: &[F],
+    x: &[F],
+    mean: &[F],
+    rstd: &[F],
+    c: usize,
+    first: usize,
+) {
+    let rows = (x.len() / c).min(dout.len() / c);
+    let width = dw.len();
+    assert!(
+        db.len() == width && first + width <= c,
+        "layernorm_backward_params: channels {first}..{} of {c}, db {}",
+        first + width,
+        db.len()
+    );
+    for r in 0..rows {
+        let (xr, dr) = (
+            &x[r * c + first..][..width],
+            &dout[r * c + first..][..width],
+        );
+        let (m, s) = (mean[r], rstd[r]);
+        for i in 0..width {
+            let n = (xr[i] - m) * s;
+            dw[i] += dr[i] * n;
+            db[i] += dr[i];
+        }
+    }
+}
+
+/// [`layernorm_backward`] of the `G` rows from `r0`; `dw` and `db` only with `PARAMS`
+/// (without, they may be empty).
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn layernorm_backward_rows<F: Scalar, const G: usize, const PARAMS: bool>(
     r0: usize,
     dx: &mut [F],
     dw: &mut [F],
@@ -134,8 +199,10 @@ fn layernorm_backward_rows<F: Scalar, const G: usize>(
             let n = (xr[i] - m) * s;
             let g = dr[i] * w[i];
             dxr[i] += (g - g_mean - n * gn_mean) * s;
-            dw[i] += dr[i] * n;
-            db[i] += dr[i];
+            if PARAMS {
+                dw[i] += dr[i] * n;
+                db[i] += dr[i];
+            }
         }
     }
 }
@@ -188,6 +255,58 @@ mod tests {
             [y, mean, rstd, dx, dw, db].map(|v| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>())
         };
         assert_eq!(fwd(rows), fwd(1));
+    }
+
+    #[test]
+    fn dx_by_rows_and_params_by_channels_give_the_fused_bits() {
+        // 19 rows of 37: dx in row parts of 7 (across the SUM_ROWS groups), dw and db in
+        // channel parts of 16, 16, 5 and of 1 each; every part's bits are the fused pass's.
+        let (rows, c) = (19, 37);
+        let x: Vec<f32> = crate::testutil::vals(rows * c, 1, 6.0, 0.5);
+        let dout: Vec<f32> = crate::testutil::vals(rows * c, 2, 2.0, 0.0);
+        let w = crate::testutil::vals(c, 3, 1.0, 1.0);
+        let b = crate::testutil::vals(c, 4, 1.0, 0.0);
+        let (mut y, mut mean, mut rstd) =
+            (vec![0.0f32; rows * c], vec![0.0; rows], vec![0.0; rows]);
+        layernorm_forward(&mut y, &mut mean, &mut rstd, &x, &w, &b, c);
+        let start = || (dout.clone(), vec![0.5f32; c], vec![0.25f32; c]);
+        let (mut dx, mut dw, mut db) = start();
+        layernorm_backward(&mut dx, &mut dw, &mut db, &dout, &x, &w, &mean, &rstd, c);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for (row_part, channel_part) in [(7, 16), (3, 1), (rows, c)] {
+            let (mut sdx, mut sdw, mut sdb) = start();
+            for r in (0..rows).step_by(row_part) {
+                let (rs, cs) = (
+                    r..(r + row_part).min(rows),
+                    r * c..(r + row_part).min(rows) * c,
+                );
+                let (d, xr) = (&dout[cs.clone()], &x[cs.clone()]);
+                let (m, s) = (&mean[rs.clone()], &rstd[rs]);
+                layernorm_backward_dx(&mut sdx[cs], d, xr, &w, m, s, c);
+            }
+            for (k, (dw, db)) in sdw
+                .chunks_mut(channel_part)
+                .zip(sdb.chunks_mut(channel_part))
+                .enumerate()
+            {
+                layernorm_backward_params(dw, db, &dout, &x, &mean, &rstd, c, k * channel_part);
+            }
+            assert_eq!(
+                bits(&sdx),
+                bits(&dx),
+                "dx, parts {row_part} x {channel_part}"
+            );
+            assert_eq!(
+                bits(&sdw),
+                bits(&dw),
+                "dw, parts {row_part} x {channel_part}"
+            );
+            assert_eq!(
+                bits(&sdb),
+                bits(&db),
+                "db, parts {row_part} x {channel_part}"
+            );
+        }
     }
 
     fn vals(n: usize, seed: usize) -> Vec<f64> {

@@ -76,17 +76,74 @@ pub fn rmsnorm_backward<F: Scalar>(
     let rows = (dx.len() / c).min(x.len() / c).min(dout.len() / c);
     let full = rows / SUM_ROWS * SUM_ROWS;
     for r in (0..full).step_by(SUM_ROWS) {
-        rmsnorm_backward_rows::<F, SUM_ROWS>(r, dx, dw, dout, x, w, rstd, c);
+        rmsnorm_backward_rows::<F, SUM_ROWS, true>(r, dx, dw, dout, x, w, rstd, c);
     }
     for r in full..rows {
-        rmsnorm_backward_rows::<F, 1>(r, dx, dw, dout, x, w, rstd, c);
+        rmsnorm_backward_rows::<F, 1, true>(r, dx, dw, dout, x, w, rstd, c);
     }
 }
 
-/// [`rmsnorm_backward`] of the `G` rows from `r0`.
+/// The `dx` part of [`rmsnorm_backward`] alone (**adds** into `dx`; `dw` is left to
+/// [`rmsnorm_backward_dw`]): the two together give the fused function's bits, since each
+/// computes its outputs with the same operations in the same order. Threads split this
+/// one by rows (each row's dx depends on that row alone).
+#[inline(always)]
+pub fn rmsnorm_backward_dx<F: Scalar>(
+    dx: &mut [F],
+    dout: &[F],
+    x: &[F],
+    w: &[F],
+    rstd: &[F],
+    c: usize,
+) {
+    let rows = (dx.len() / c).min(x.len() / c).min(dout.len() / c);
+    let full = rows / SUM_ROWS * SUM_ROWS;
+    let dw = &mut [][..];
+    for r in (0..full).step_by(SUM_ROWS) {
+        rmsnorm_backward_rows::<F, SUM_ROWS, false>(r, dx, dw, dout, x, w, rstd, c);
+    }
+    for r in full..rows {
+        rmsnorm_backward_rows::<F, 1, false>(r, dx, dw, dout, x, w, rstd, c);
+    }
+}
+
+/// The `dw` part of [`rmsnorm_backward`] for the channels `first .. first + dw.len()`
+/// (**adds**), over all rows of `dout`, `x` (width `c`). Each channel receives its rows in
+/// row order with the fused function's terms, so a split of the channels over threads
+/// gives the fused bits: no sum crosses a split.
+#[inline(always)]
+pub fn rmsnorm_backward_dw<F: Scalar>(
+    dw: &mut [F],
+    dout: &[F],
+    x: &[F],
+    rstd: &[F],
+    c: usize,
+    first: usize,
+) {
+    let rows = (x.len() / c).min(dout.len() / c);
+    let width = dw.len();
+    assert!(
+        first + width <= c,
+        "rmsnorm_backward_dw: channels {first}..{} of {c}",
+        first + width
+    );
+    for r in 0..rows {
+        let (xr, dr) = (
+            &x[r * c + first..][..width],
+            &dout[r * c + first..][..width],
+        );
+        let s = rstd[r];
+        for i in 0..width {
+            dw[i] += dr[i] * xr[i] * s;
+        }
+    }
+}
+
+/// [`rmsnorm_backward`] of the `G` rows from `r0`; `dw` only with `DW` (without, it may be
+/// empty).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn rmsnorm_backward_rows<F: Scalar, const G: usize>(
+fn rmsnorm_backward_rows<F: Scalar, const G: usize, const DW: bool>(
     r0: usize,
     dx: &mut [F],
     dw: &mut [F],
@@ -112,7 +169,9 @@ fn rmsnorm_backward_rows<F: Scalar, const G: usize>(
         let k = s * s * s * gx_mean;
         for i in 0..c {
             dxr[i] += dr[i] * w[i] * s - xr[i] * k;
-            dw[i] += dr[i] * xr[i] * s;
+            if DW {
+                dw[i] += dr[i] * xr[i] * s;
+            }
         }
     }
 }
@@ -120,6 +179,44 @@ fn rmsnorm_backward_rows<F: Scalar, const G: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dx_by_rows_and_dw_by_channels_give_the_fused_bits() {
+        // 19 rows of 37: dx in row parts of 7 and 3, dw in channel parts of 16 and 1.
+        let (rows, c) = (19, 37);
+        let x: Vec<f32> = crate::testutil::vals(rows * c, 1, 6.0, 0.5);
+        let dout: Vec<f32> = crate::testutil::vals(rows * c, 2, 2.0, 0.0);
+        let w = crate::testutil::vals(c, 3, 1.0, 1.0);
+        let (mut y, mut rstd) = (vec![0.0f32; rows * c], vec![0.0f32; rows]);
+        rmsnorm_forward(&mut y, &mut rstd, &x, &w, c, RMS_EPS);
+        let (mut dx, mut dw) = (dout.clone(), vec![0.5f32; c]);
+        rmsnorm_backward(&mut dx, &mut dw, &dout, &x, &w, &rstd, c);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for (row_part, channel_part) in [(7, 16), (3, 1), (rows, c)] {
+            let (mut sdx, mut sdw) = (dout.clone(), vec![0.5f32; c]);
+            for r in (0..rows).step_by(row_part) {
+                let (rs, cs) = (
+                    r..(r + row_part).min(rows),
+                    r * c..(r + row_part).min(rows) * c,
+                );
+                let (d, xr) = (&dout[cs.clone()], &x[cs.clone()]);
+                rmsnorm_backward_dx(&mut sdx[cs], d, xr, &w, &rstd[rs], c);
+            }
+            for (k, dw) in sdw.chunks_mut(channel_part).enumerate() {
+                rmsnorm_backward_dw(dw, &dout, &x, &rstd, c, k * channel_part);
+            }
+            assert_eq!(
+                bits(&sdx),
+                bits(&dx),
+                "dx, parts {row_part} x {channel_part}"
+            );
+            assert_eq!(
+                bits(&sdw),
+                bits(&dw),
+                "dw, parts {row_part} x {channel_part}"
+            );
+        }
+    }
 
     #[test]
     fn rows_summed_together_give_the_bits_of_one_row_at_a_time() {

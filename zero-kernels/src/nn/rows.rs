@@ -51,6 +51,23 @@ pub fn bias_backward<F: Scalar>(db: &mut [F], dout: &[F]) {
     }
 }
 
+/// [`bias_backward`] for the channels `first .. first + db.len()` of rows of width `width`
+/// (**adds**; rows in order). Each channel receives the same sum in the same order as in
+/// [`bias_backward`], so a split of the channels over threads gives its bits: no sum
+/// crosses a split.
+#[inline(always)]
+pub fn bias_backward_channels<F: Scalar>(db: &mut [F], dout: &[F], width: usize, first: usize) {
+    rows_of("bias_backward_channels", dout.len(), width);
+    assert!(
+        first + db.len() <= width,
+        "bias_backward_channels: channels {first}..{} of {width}",
+        first + db.len()
+    );
+    for r in dout.chunks_exact(width) {
+        db.iter_mut().zip(&r[first..]).for_each(|(d, &g)| *d += g);
+    }
+}
+
 /// `out[i] = table[ids[i]]` (**writes**) for rows of width `width`: an embedding lookup.
 /// `out` has `ids.len()` rows; `table` any number of rows.
 pub fn gather_rows<F: Scalar>(out: &mut [F], ids: &[u32], table: &[F], width: usize) {
@@ -229,6 +246,25 @@ mod tests {
         let mut db = [1.0f32, 0.0, 0.0];
         bias_backward(&mut db, &out);
         assert_eq!(db, [7.0, -8.0, 1.0]);
+    }
+
+    #[test]
+    fn bias_backward_by_channels_gives_the_whole_rows_bits() {
+        // 13 rows of 37, channel parts of 16, 5 and 1: each part's sums are the bits of
+        // the whole-row pass (values that round differently in another order).
+        let (rows, w) = (13, 37);
+        let dout: Vec<f32> = vals(rows * w, 3).iter().map(|&v| v as f32 * 1.37).collect();
+        let start: Vec<f32> = vals(w, 4).iter().map(|&v| v as f32 / 3.0).collect();
+        let mut want = start.clone();
+        bias_backward(&mut want, &dout);
+        for part in [16, 5, 1] {
+            let mut got = start.clone();
+            for (k, db) in got.chunks_mut(part).enumerate() {
+                bias_backward_channels(db, &dout, w, k * part);
+            }
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "channel parts of {part}");
+        }
     }
 
     #[test]
