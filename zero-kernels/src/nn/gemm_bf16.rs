@@ -222,7 +222,7 @@ impl std::str::FromStr for Bf16Kernel {
 /// AMX through inline assembly: detection, the tile configuration, the micro-kernel.
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 mod amx {
-    use super::{AMX_MR, AMX_PAIRS, NR};
+    use super::{a_row_stride, AMX_MR, AMX_PAIRS, NR};
     use std::arch::asm;
     use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
     use std::sync::OnceLock;
@@ -306,14 +306,18 @@ mod amx {
 
     /// `C[r][j] += sum over pairs of A[r] . B[j]` for a 32 x 32 block of C (`load`), or
     /// `C[r][j] = sum ...` (not `load`: the tiles start from zero, C is not read). `a` is
-    /// row-major (`a[r * pairs + p]`), `b` one packed panel (`b[p * NR + j]`), `c` the
-    /// block's first element with rows `ldc` elements apart. Each element's sum is one
-    /// chain of `tdpbf16ps` steps in k order, whatever block of C it lies in.
+    /// row-major (`a[r * lda + p]`, `lda = a_row_stride(pairs)`), `b` one packed panel
+    /// (`b[p * NR + j]`), `c` the block's first element with rows `ldc` elements apart. Each element's sum is one
+    /// chain of `tdpbf16ps` steps in k order, whatever block of C it lies in. `next_c` is
+    /// the block the caller runs next (rows `next_ldc` apart; any address, it is only
+    /// prefetched): C streams from memory, so its lines are fetched while this block's
+    /// products run.
     ///
     /// # Safety
     /// `_tiles` is this thread's (tiles configured); `pairs` is a multiple of
-    /// [`AMX_PAIRS`]; `a` holds `AMX_MR * pairs` values, `b` `pairs * NR`; `c` addresses
+    /// [`AMX_PAIRS`]; `a` holds `AMX_MR * lda` values, `b` `pairs * NR`; `c` addresses
     /// 32 rows of 32 writable f32, `ldc` apart.
+    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn kernel(
         _tiles: &Tiles,
         pairs: usize,
@@ -322,14 +326,18 @@ mod amx {
         c: *mut f32,
         ldc: usize,
         load: bool,
+        next_c: *const f32,
+        next_ldc: usize,
     ) {
         debug_assert!(pairs.is_multiple_of(AMX_PAIRS));
-        assert!(a.len() >= AMX_MR * pairs && b.len() >= pairs * NR);
-        let (sa, sb, sc) = (pairs * 4, NR * 4, ldc * 4); // row strides in bytes
-                                                         // tmm(2h + q): C rows 16h.., columns 16q..
-                                                         // SAFETY: the tiles are configured; the four 16 x 16 f32 quarters of the block
-                                                         // (rows `sc` bytes apart) lie in C (the caller's contract); TILEZERO touches no
-                                                         // memory.
+        let lda = a_row_stride(pairs);
+        assert!(a.len() >= AMX_MR * lda && b.len() >= pairs * NR);
+        // Row strides in bytes.
+        let (sa, sb, sc) = (lda * 4, NR * 4, ldc * 4);
+        // tmm(2h + q): C rows 16h.., columns 16q..
+        // SAFETY: the tiles are configured; the four 16 x 16 f32 quarters of the block
+        // (rows `sc` bytes apart) lie in C (the caller's contract); TILEZERO touches no
+        // memory.
         unsafe {
             if load {
                 asm!(
@@ -354,7 +362,14 @@ mod amx {
                 );
             }
         }
-        for p0 in (0..pairs).step_by(AMX_PAIRS) {
+        let steps = pairs / AMX_PAIRS;
+        // 64 lines of the next C block (32 rows of 128 bytes), spread over the steps.
+        let c_lines = 2 * AMX_MR;
+        for (step, p0) in (0..pairs).step_by(AMX_PAIRS).enumerate() {
+            for line in step * c_lines / steps..(step + 1) * c_lines / steps {
+                let at = next_c.wrapping_add((line / 2) * next_ldc + (line % 2) * 16);
+                _mm_prefetch::<_MM_HINT_T0>(at as *const i8);
+            }
             // tmm4/5: rows 0-15/16-31 of A, pairs p0..p0 + 16 (64 bytes per row, rows
             // `sa` apart); tmm6/7: pairs p0..p0 + 16 of columns 0-15/16-31 of the panel.
             // tmm(2h + q) += tmm(4 + h) . tmm(6 + q). Each tile is loaded just before
@@ -363,7 +378,7 @@ mod amx {
             // rows up to 31 of A at pairs < `pairs`, pairs < `pairs` of B).
             unsafe {
                 let a0 = a.as_ptr().add(p0);
-                let a1 = a.as_ptr().add(16 * pairs + p0);
+                let a1 = a.as_ptr().add(16 * lda + p0);
                 let b0 = b.as_ptr().add(p0 * NR);
                 let b1 = b0.add(16);
                 // The B rows two steps ahead into L1 (2 KiB, contiguous in the panel): B
@@ -523,6 +538,41 @@ mod pack512 {
     }
 }
 
+/// Packed AMX operands in 64-byte lines: every tile row (64 bytes) then starts on a cache
+/// line (the panels' and bands' rows are multiples of 64 bytes apart). A row split across
+/// two lines made `tileloadd` about 3x slower here, the products waiting on it.
+#[derive(Default)]
+struct TileRows(Vec<Line>);
+
+/// One cache line of u32 (the element type of [`TileRows`]).
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([u32; 16]);
+
+impl TileRows {
+    /// The first `len` u32, zeroed.
+    fn zeroed(&mut self, len: usize) -> &mut [u32] {
+        self.0.clear();
+        self.0.resize(len.div_ceil(16), Line([0; 16]));
+        // SAFETY: the vector holds len.div_ceil(16) * 16 >= len initialised u32,
+        // contiguous (a `Line` is 64 bytes of u32, no padding).
+        unsafe { std::slice::from_raw_parts_mut(self.0.as_mut_ptr() as *mut u32, len) }
+    }
+
+    /// Every u32 held.
+    fn all(&self) -> &[u32] {
+        // SAFETY: as in `zeroed`: 16 initialised u32 per line.
+        unsafe { std::slice::from_raw_parts(self.0.as_ptr() as *const u32, 16 * self.0.len()) }
+    }
+}
+
+/// u32 from one row of an AMX A band to the next: one 64-byte line more than its `pairs`.
+/// A power-of-two stride (512 pairs: 2 KiB) puts the 32 rows a tile step reads in 2 of
+/// L1's 64 sets, more lines than its 12 ways hold; one line more spreads them over 32.
+fn a_row_stride(pairs: usize) -> usize {
+    pairs + AMX_PAIRS
+}
+
 /// Pairs per packed block of `kc` values of k, padded with zero pairs to a multiple of
 /// `pad` (1, or [`AMX_PAIRS`] for AMX's whole tiles).
 fn padded_pairs(kc: usize, pad: usize) -> usize {
@@ -642,8 +692,8 @@ unsafe fn pack_a(
 }
 
 /// Pack rows `i0..i0 + mr` (mr <= AMX_MR) of A, columns `kb..kb + kc`, row-major for
-/// AMX's A tiles: `out[r * pairs + p]`, `pairs = padded_pairs(kc, AMX_PAIRS)`. Missing
-/// rows, the odd k past `kc` and the padding pairs are zero. The two layouts the model
+/// AMX's A tiles: `out[r * a_row_stride(pairs) + p]`, `pairs = padded_pairs(kc,
+/// AMX_PAIRS)`. Missing rows, the odd k past `kc` and the padding pairs are zero. The two layouts the model
 /// passes take AVX-512 over whole blocks of 16 pairs (16 rows x 16 pairs for A = X^T);
 /// the rest, and other strides, convert one pair at a time (same values).
 ///
@@ -666,7 +716,8 @@ unsafe fn pack_a_amx(
     let pairs = padded_pairs(kc, AMX_PAIRS);
     let at = |i: usize, k: usize| *a.offset(i as isize * rsa + k as isize * csa);
     let full = kc / 2;
-    let out = &mut out[..AMX_MR * pairs];
+    let lda = a_row_stride(pairs);
+    let out = &mut out[..AMX_MR * lda];
     if mr < AMX_MR || 2 * pairs > kc {
         out.fill(0);
     }
@@ -679,7 +730,7 @@ unsafe fn pack_a_amx(
             let row = a.offset((i0 + r) as isize * rsa).add(kb);
             for p0 in (0..vec_pairs).step_by(AMX_PAIRS) {
                 pack512::store(
-                    out.as_mut_ptr().add(r * pairs + p0),
+                    out.as_mut_ptr().add(r * lda + p0),
                     pack512::pairs_of_run(row.add(2 * p0)),
                 );
             }
@@ -698,7 +749,7 @@ unsafe fn pack_a_amx(
                 }
                 pack512::transpose(&mut v);
                 for (r, vr) in v.iter().enumerate() {
-                    pack512::store(out.as_mut_ptr().add((r0 + r) * pairs + p0), *vr);
+                    pack512::store(out.as_mut_ptr().add((r0 + r) * lda + p0), *vr);
                 }
             }
         }
@@ -707,23 +758,24 @@ unsafe fn pack_a_amx(
     for r in 0..mr {
         let first = if r < rows_done { done } else { 0 };
         for p in first..full {
-            out[r * pairs + p] = pair(at(i0 + r, kb + 2 * p), at(i0 + r, kb + 2 * p + 1));
+            out[r * lda + p] = pair(at(i0 + r, kb + 2 * p), at(i0 + r, kb + 2 * p + 1));
         }
         if kc % 2 == 1 {
-            out[r * pairs + full] = to_bf16(at(i0 + r, kb + 2 * full));
+            out[r * lda + full] = to_bf16(at(i0 + r, kb + 2 * full));
         }
     }
 }
 
-/// [`pack_b`] for AMX (pairs padded to whole tiles), with AVX-512 over whole blocks of
-/// 16 pairs x 16 columns in the two layouts the model passes (B row-major, B = W^T).
+/// [`pack_b`]'s layout for AMX (pairs padded to whole tiles, into 64-byte lines), with
+/// AVX-512 over whole blocks of 16 pairs x 16 columns in the two layouts the model passes
+/// (B row-major, B = W^T).
 ///
 /// # Safety
 /// As [`pack_b`]; AVX-512F and BW.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn pack_b_amx(
-    out: &mut Vec<u32>,
+    out: &mut TileRows,
     b: *const f32,
     rsb: isize,
     csb: isize,
@@ -731,18 +783,14 @@ unsafe fn pack_b_amx(
     kc: usize,
     n: usize,
 ) {
-    if csb != 1 && rsb != 1 {
-        pack_b(out, b, rsb, csb, kb, kc, n, AMX_PAIRS);
-        return;
-    }
     let pairs = padded_pairs(kc, AMX_PAIRS);
     let panels = n.div_ceil(NR);
-    out.clear();
-    out.resize(panels * pairs * NR, 0);
+    let out = out.zeroed(panels * pairs * NR);
     let at = |k: usize, j: usize| *b.offset(k as isize * rsb + j as isize * csb);
     let full = kc / 2;
     let vec_pairs = full - full % AMX_PAIRS;
-    let vec_cols = n - n % 16;
+    // Other strides: every column one pair at a time below.
+    let vec_cols = if csb == 1 || rsb == 1 { n - n % 16 } else { 0 };
     let dst = out.as_mut_ptr();
     // Column j, pair p of the block: out[(j / NR * pairs + p) * NR + j % NR].
     let slot = |p: usize, j: usize| (j / NR * pairs + p) * NR + j % NR;
@@ -922,7 +970,8 @@ unsafe fn sgemm_amx(
 /// column blocks whose packed B ([`AMX_B_BLOCK_BYTES`]) is packed once and stays in L2;
 /// 32-row bands of A (`32 x K block` bf16, up to 64 KiB, in L1 and L2) packed once per
 /// column block and reused over its 32-column panels; the micro-kernel holds a 32 x 32
-/// block of sums in the tiles through a K block ([`amx::kernel`]).
+/// block of sums in the tiles through a K block ([`amx::kernel`]). Packed operands start
+/// on cache lines ([`TileRows`]).
 ///
 /// # Safety
 /// As [`sgemm_bf16`] for A and B; `s` addresses m rows of n writable f32, `lds` apart;
@@ -954,8 +1003,8 @@ unsafe fn amx_sums(
     let nc_max = (AMX_B_BLOCK_BYTES / (2 * kcb) / NR * NR).max(NR);
     let ncb = n.div_ceil(n.div_ceil(nc_max)).next_multiple_of(NR);
     let tiles = amx::Tiles::configure();
-    let mut b_packed = Vec::new();
-    let mut a_packed = vec![0u32; AMX_MR * padded_pairs(kcb, AMX_PAIRS)];
+    let (mut b_packed, mut a_band) = (TileRows::default(), TileRows::default());
+    let a_packed = a_band.zeroed(AMX_MR * a_row_stride(padded_pairs(kcb, AMX_PAIRS)));
     let mut stage = Stage([0.0; AMX_MR * NR]);
     for kb in (0..k).step_by(kcb) {
         let kc = kcb.min(k - kb);
@@ -974,13 +1023,19 @@ unsafe fn amx_sums(
             );
             for i0 in (0..m).step_by(AMX_MR) {
                 let mr = AMX_MR.min(m - i0);
-                pack_a_amx(&mut a_packed, a, rsa, csa, i0, mr, kb, kc);
-                for (panel, bp) in b_packed.chunks_exact(pairs * NR).enumerate() {
+                pack_a_amx(a_packed, a, rsa, csa, i0, mr, kb, kc);
+                for (panel, bp) in b_packed.all().chunks_exact(pairs * NR).enumerate() {
                     let j0 = jc + panel * NR;
                     let width = NR.min(n - j0);
                     let block = s.add(i0 * lds + j0);
+                    // The next block: the next panel's, else the next band's first.
+                    let next = if j0 + NR < jc + nc {
+                        block.wrapping_add(NR)
+                    } else {
+                        s.wrapping_add((i0 + AMX_MR) * lds + jc)
+                    };
                     if mr == AMX_MR && width == NR {
-                        amx::kernel(&tiles, pairs, &a_packed, bp, block, lds, load);
+                        amx::kernel(&tiles, pairs, a_packed, bp, block, lds, load, next, lds);
                         continue;
                     }
                     // An edge block runs through the stage: the same steps per element.
@@ -990,7 +1045,8 @@ unsafe fn amx_sums(
                             stage.0[r * NR..][..width].copy_from_slice(row);
                         }
                     }
-                    amx::kernel(&tiles, pairs, &a_packed, bp, stage.0.as_mut_ptr(), NR, load);
+                    let staged = stage.0.as_mut_ptr();
+                    amx::kernel(&tiles, pairs, a_packed, bp, staged, NR, load, next, lds);
                     for r in 0..mr {
                         let row = std::slice::from_raw_parts_mut(block.add(r * lds), width);
                         row.copy_from_slice(&stage.0[r * NR..][..width]);
