@@ -740,8 +740,8 @@ unsafe fn pack_a_amx(
         // Columns of A contiguous (A = X^T): 16 rows of one pair from two column runs,
         // 16 such pairs transposed into 16 rows of 16 pairs.
         rows_done = mr - mr % 16;
-        for r0 in (0..rows_done).step_by(16) {
-            for p0 in (0..vec_pairs).step_by(AMX_PAIRS) {
+        for p0 in (0..vec_pairs).step_by(AMX_PAIRS) {
+            for r0 in (0..rows_done).step_by(16) {
                 let mut v = [std::arch::x86_64::_mm512_setzero_si512(); 16];
                 for (q, vq) in v.iter_mut().enumerate() {
                     let lo = a.add(i0 + r0).offset((kb + 2 * (p0 + q)) as isize * csa);
@@ -794,19 +794,19 @@ unsafe fn pack_b_amx(
     let dst = out.as_mut_ptr();
     // Column j, pair p of the block: out[(j / NR * pairs + p) * NR + j % NR].
     let slot = |p: usize, j: usize| (j / NR * pairs + p) * NR + j % NR;
-    for j0 in (0..vec_cols).step_by(16) {
-        if csb == 1 {
-            // Rows of B contiguous: 16 columns of one pair from two row runs.
-            for p in 0..vec_pairs {
-                let lo = b.offset((kb + 2 * p) as isize * rsb).add(j0);
-                pack512::store(
-                    dst.add(slot(p, j0)),
-                    pack512::pair_lanes(lo, lo.offset(rsb)),
-                );
+    if csb == 1 {
+        // Rows of B contiguous: each pair of rows walked start to end, 16 columns at once.
+        for p in 0..full {
+            let lo = b.offset((kb + 2 * p) as isize * rsb);
+            for j0 in (0..vec_cols).step_by(16) {
+                let v = pack512::pair_lanes(lo.add(j0), lo.add(j0).offset(rsb));
+                pack512::store(dst.add(slot(p, j0)), v);
             }
-        } else {
-            // Columns of B contiguous (B = W^T): 16 pairs of a column from one run of 32
-            // values; 16 columns transposed into 16 pairs of 16 columns.
+        }
+    } else {
+        // Columns of B contiguous (B = W^T): 16 pairs of a column from one run of 32
+        // values; 16 columns transposed into 16 pairs of 16 columns.
+        for j0 in (0..vec_cols).step_by(16) {
             for p0 in (0..vec_pairs).step_by(AMX_PAIRS) {
                 let mut v = [std::arch::x86_64::_mm512_setzero_si512(); 16];
                 for (j, vj) in v.iter_mut().enumerate() {
@@ -819,8 +819,10 @@ unsafe fn pack_b_amx(
             }
         }
     }
+    // Pairs 0..vec_done of columns 0..vec_cols are packed above.
+    let vec_done = if csb == 1 { full } else { vec_pairs };
     for j in 0..n {
-        let first = if j < vec_cols { vec_pairs } else { 0 };
+        let first = if j < vec_cols { vec_done } else { 0 };
         for p in first..full {
             out[slot(p, j)] = pair(at(kb + 2 * p, j), at(kb + 2 * p + 1, j));
         }
