@@ -1005,7 +1005,9 @@ unsafe fn amx_sums(
     let nc_max = (AMX_B_BLOCK_BYTES / (2 * kcb) / NR * NR).max(NR);
     let ncb = n.div_ceil(n.div_ceil(nc_max)).next_multiple_of(NR);
     let tiles = amx::Tiles::configure();
-    let (mut b_packed, mut a_band) = (TileRows::default(), TileRows::default());
+    // This thread's packing buffers, kept between calls: a fresh 1.5 MiB block costs a
+    // page fault per 4 KiB on every call, as much as a small product's arithmetic.
+    let (mut b_packed, mut a_band) = PACKED.with(|p| p.take()).unwrap_or_default();
     let a_packed = a_band.zeroed(AMX_MR * a_row_stride(padded_pairs(kcb, AMX_PAIRS)));
     let mut stage = Stage([0.0; AMX_MR * NR]);
     for kb in (0..k).step_by(kcb) {
@@ -1057,6 +1059,13 @@ unsafe fn amx_sums(
             }
         }
     }
+    PACKED.with(|p| p.set(Some((b_packed, a_band))));
+}
+
+thread_local! {
+    /// Each thread's AMX packing buffers (B's block, A's band) between calls; taken out
+    /// for a call, so a call made while they are out starts with new ones.
+    static PACKED: std::cell::Cell<Option<(TileRows, TileRows)>> = const { std::cell::Cell::new(None) };
 }
 
 /// `C = alpha * bf16(A) bf16(B) + beta * C`, f32 accumulation, with `kernel`.
