@@ -1191,8 +1191,8 @@ mod tests {
     /// The error bound of a sum of k products computed in f32: each product of two bf16
     /// is exact in f32 (8 + 8 significand bits <= 24, no subnormal products in these
     /// tests), and the k products of a K block plus the `ceil(k / KC)` block sums added
-    /// into C (fewer with AMX's longer blocks) take at most `n = k + ceil(k / KC)` f32
-    /// additions, each rounded to nearest
+    /// into C (none for AMX, whose sums run through the blocks as one chain) take at most
+    /// `n = k + ceil(k / KC)` f32 additions, each rounded to nearest
     /// (u = 2^-24), in whatever order or tree a kernel sums them (`tdpbf16ps` pairs first,
     /// `vdpbf16ps` one at a time). For any summation tree |error| <= gamma_n sum |a| |b|,
     /// gamma_n = n u / (1 - n u) (Higham, Accuracy and Stability, 4.2).
