@@ -5,14 +5,16 @@
 //! `MatmulPrecision::Bf16`), and what PyTorch's CPU autocast does to a linear layer's
 //! inputs.
 //!
-//! Layout (the BLIS scheme, one level): K is cut into blocks of [`KC`] ([`AMX_KC`] for
-//! AMX); per block B is
-//! packed once into panels of [`NR`] columns and A into bands of rows, both as *pairs*:
-//! one u32 holds the bf16 of k = 2p (low half) and k = 2p + 1 (high half), the operand
-//! layout of AVX-512 BF16's `vdpbf16ps` and of AMX's `tdpbf16ps` ("VNNI" layout), which
-//! add both products of a pair to an f32 lane. The micro-kernel keeps a tile of f32 sums
-//! in registers; the tile is then added into C: `beta C + alpha T` for the first K block,
-//! `C + alpha T` after.
+//! Layout (the BLIS scheme): K is cut into blocks ([`KC`]; for AMX equal blocks of at
+//! most [`AMX_KC`]); per block B is packed once into panels of [`NR`] columns and A into
+//! bands of rows, both as *pairs*: one u32 holds the bf16 of k = 2p (low half) and
+//! k = 2p + 1 (high half), the operand layout of AVX-512 BF16's `vdpbf16ps` and of AMX's
+//! `tdpbf16ps` ("VNNI" layout), which add both products of a pair to an f32 lane. The
+//! AVX-512 BF16 and portable micro-kernels keep a tile of f32 sums in registers, then add
+//! it into C: `beta C + alpha T` for the first K block, `C + alpha T` after. The AMX path
+//! (`sgemm_amx`) also blocks N so a block of packed B stays in L2, and its micro-kernel
+//! loads C's 32 x 32 block into the tiles, adds the K block's products and stores it
+//! back, so each element of C is one chain of `tdpbf16ps` steps over all of k.
 //!
 //! Three micro-kernels, chosen at run time ([`Bf16Kernel::detect`]; `ZERO_BF16_KERNEL`
 //! forces one, [`BF16_KERNEL_ENV`]):
@@ -21,10 +23,11 @@
 //!   and two B tiles (16 pairs x 16 columns, tmm6-7) per 32 values of k. B's panels are
 //!   the same as the other kernels' (a B tile is 16 rows of a panel, 4 * NR bytes apart);
 //!   A is packed row-major (each row's pairs contiguous, as a tile row needs) and both
-//!   are padded with zero pairs to a multiple of 16 pairs. Reached through `asm!` (the
-//!   AMX intrinsics are not stable Rust); needs CPUID leaf 7 EDX bits 22 (AMX-BF16) and
-//!   24 (AMX-TILE) and Linux's permission for the tile data (`arch_prctl`, requested
-//!   once per process). The tile configuration is per thread: each call loads it and
+//!   are padded with zero pairs to a multiple of 16 pairs. Packing for AMX is AVX-512
+//!   (rounding 16 values at once, 16 x 16 transposes for A = X^T and B = W^T). Reached
+//!   through `asm!` (the AMX intrinsics are not stable Rust); needs CPUID leaf 7 EDX bits
+//!   22 (AMX-BF16) and 24 (AMX-TILE), AVX-512F and BW, and Linux's permission for the
+//!   tile data (`arch_prctl`, requested once per process). The tile configuration is per thread: each call loads it and
 //!   releases the tiles when done, so every thread that runs a band of rows
 //!   (`Gemm::run`) configures its own.
 //! - AVX-512 BF16 `vdpbf16ps` ([`Bf16Kernel::Avx512Bf16`]): [`MR`] x [`NR`] = 8 x 32 in
@@ -50,10 +53,14 @@ pub const AMX_MR: usize = 32;
 pub const NR: usize = 32;
 /// K per packed block (even, so pairs never straddle blocks).
 pub const KC: usize = 256;
-/// K per packed block of the AMX kernel: longer, as each block ends with four tile
-/// stores and an add of the 32 x 32 tile into C (1024 ran 1.1-1.3x faster than 256 at
-/// M = 4096, K, N in 768/3072 here; `zero-bench micro gemm`).
+/// Most K per packed block of the AMX kernel (K is cut into equal blocks of whole tiles,
+/// at most this long): with C's 32 x 32 block held in the tiles through a K block, C is
+/// read and written once per block, so blocks are long.
 pub const AMX_KC: usize = 1024;
+/// Bytes of packed B per block of columns of the AMX kernel: its `K block x N block`
+/// bf16 stays in L2 (2 MiB per core on Sapphire Rapids) while every 32-row band of A
+/// passes over it.
+pub const AMX_B_BLOCK_BYTES: usize = 3 << 19;
 /// Pairs of k per AMX tile row: 64 bytes, the widest a tile row holds.
 const AMX_PAIRS: usize = 16;
 
@@ -215,8 +222,9 @@ impl std::str::FromStr for Bf16Kernel {
 /// AMX through inline assembly: detection, the tile configuration, the micro-kernel.
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 mod amx {
-    use super::{AMX_MR, AMX_PAIRS, NR};
+    use super::{a_row_stride, AMX_MR, AMX_PAIRS, NR};
     use std::arch::asm;
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
     use std::sync::OnceLock;
 
     /// `arch_prctl` request for permission to use an extended state component (Linux,
@@ -238,6 +246,12 @@ mod amx {
             // Leaf 7 subleaf 0, EDX: bit 22 AMX-BF16, bit 24 AMX-TILE.
             let edx = __cpuid_count(7, 0).edx;
             if edx & (1 << 22) == 0 || edx & (1 << 24) == 0 {
+                return false;
+            }
+            // The packing around the tiles is AVX-512 (every AMX CPU has it).
+            if !std::arch::is_x86_feature_detected!("avx512f")
+                || !std::arch::is_x86_feature_detected!("avx512bw")
+            {
                 return false;
             }
             // SAFETY: arch_prctl with this request takes two integers and reads or writes
@@ -290,51 +304,96 @@ mod amx {
         }
     }
 
-    /// `tile[r * NR + j] = sum over pairs of A[r] . B[j]` for 32 rows and 32 columns.
-    /// `a` is row-major (`a[r * pairs + p]`), `b` one packed panel (`b[p * NR + j]`).
+    /// `C[r][j] += sum over pairs of A[r] . B[j]` for a 32 x 32 block of C (`load`), or
+    /// `C[r][j] = sum ...` (not `load`: the tiles start from zero, C is not read). `a` is
+    /// row-major (`a[r * lda + p]`, `lda = a_row_stride(pairs)`), `b` one packed panel
+    /// (`b[p * NR + j]`), `c` the block's first element with rows `ldc` elements apart. Each element's sum is one
+    /// chain of `tdpbf16ps` steps in k order, whatever block of C it lies in. `next_c` is
+    /// the block the caller runs next (rows `next_ldc` apart; any address, it is only
+    /// prefetched): C streams from memory, so its lines are fetched while this block's
+    /// products run.
     ///
     /// # Safety
     /// `_tiles` is this thread's (tiles configured); `pairs` is a multiple of
-    /// [`AMX_PAIRS`]; `a` holds `AMX_MR * pairs` values, `b` `pairs * NR`, `tile`
-    /// `AMX_MR * NR`.
+    /// [`AMX_PAIRS`]; `a` holds `AMX_MR * lda` values, `b` `pairs * NR`; `c` addresses
+    /// 32 rows of 32 writable f32, `ldc` apart.
+    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn kernel(
         _tiles: &Tiles,
         pairs: usize,
         a: &[u32],
         b: &[u32],
-        tile: &mut [f32],
+        c: *mut f32,
+        ldc: usize,
+        load: bool,
+        next_c: *const f32,
+        next_ldc: usize,
     ) {
         debug_assert!(pairs.is_multiple_of(AMX_PAIRS));
-        assert!(a.len() >= AMX_MR * pairs && b.len() >= pairs * NR && tile.len() >= AMX_MR * NR);
-        let (sa, sb, sc) = (pairs * 4, NR * 4, NR * 4); // row strides in bytes
-                                                        // SAFETY: the tiles are configured; TILEZERO touches no memory.
+        let lda = a_row_stride(pairs);
+        assert!(a.len() >= AMX_MR * lda && b.len() >= pairs * NR);
+        // Row strides in bytes.
+        let (sa, sb, sc) = (lda * 4, NR * 4, ldc * 4);
+        // tmm(2h + q): C rows 16h.., columns 16q..
+        // SAFETY: the tiles are configured; the four 16 x 16 f32 quarters of the block
+        // (rows `sc` bytes apart) lie in C (the caller's contract); TILEZERO touches no
+        // memory.
         unsafe {
-            asm!(
-                "tilezero tmm0",
-                "tilezero tmm1",
-                "tilezero tmm2",
-                "tilezero tmm3",
-                options(nostack, nomem, preserves_flags)
-            );
+            if load {
+                asm!(
+                    "tileloadd tmm0, [{c0} + {sc}*1]",
+                    "tileloadd tmm1, [{c1} + {sc}*1]",
+                    "tileloadd tmm2, [{c2} + {sc}*1]",
+                    "tileloadd tmm3, [{c3} + {sc}*1]",
+                    c0 = in(reg) c,
+                    c1 = in(reg) c.add(16),
+                    c2 = in(reg) c.add(16 * ldc),
+                    c3 = in(reg) c.add(16 * ldc + 16),
+                    sc = in(reg) sc,
+                    options(nostack, readonly, preserves_flags)
+                );
+            } else {
+                asm!(
+                    "tilezero tmm0",
+                    "tilezero tmm1",
+                    "tilezero tmm2",
+                    "tilezero tmm3",
+                    options(nostack, nomem, preserves_flags)
+                );
+            }
         }
-        for p0 in (0..pairs).step_by(AMX_PAIRS) {
+        let steps = pairs / AMX_PAIRS;
+        // 64 lines of the next C block (32 rows of 128 bytes), spread over the steps.
+        let c_lines = 2 * AMX_MR;
+        for (step, p0) in (0..pairs).step_by(AMX_PAIRS).enumerate() {
+            for line in step * c_lines / steps..(step + 1) * c_lines / steps {
+                let at = next_c.wrapping_add((line / 2) * next_ldc + (line % 2) * 16);
+                _mm_prefetch::<_MM_HINT_T0>(at as *const i8);
+            }
             // tmm4/5: rows 0-15/16-31 of A, pairs p0..p0 + 16 (64 bytes per row, rows
             // `sa` apart); tmm6/7: pairs p0..p0 + 16 of columns 0-15/16-31 of the panel.
-            // tmm(2h + c) += tmm(4 + h) . tmm(6 + c): C rows 16h.., columns 16c..
+            // tmm(2h + q) += tmm(4 + h) . tmm(6 + q). Each tile is loaded just before
+            // its first use, so loads overlap the products already issued.
             // SAFETY: every row read lies inside `a` and `b` (lengths asserted above:
             // rows up to 31 of A at pairs < `pairs`, pairs < `pairs` of B).
             unsafe {
                 let a0 = a.as_ptr().add(p0);
-                let a1 = a.as_ptr().add(16 * pairs + p0);
+                let a1 = a.as_ptr().add(16 * lda + p0);
                 let b0 = b.as_ptr().add(p0 * NR);
                 let b1 = b0.add(16);
+                // The B rows two steps ahead into L1 (2 KiB, contiguous in the panel): B
+                // streams from L2 while A's band stays in L1.
+                let ahead = (b0 as *const u8).wrapping_add(2 * AMX_PAIRS * NR * 4);
+                for line in 0..AMX_PAIRS * NR * 4 / 64 {
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line) as *const i8);
+                }
                 asm!(
                     "tileloadd tmm4, [{a0} + {sa}*1]",
-                    "tileloadd tmm5, [{a1} + {sa}*1]",
                     "tileloadd tmm6, [{b0} + {sb}*1]",
-                    "tileloadd tmm7, [{b1} + {sb}*1]",
                     "tdpbf16ps tmm0, tmm4, tmm6",
+                    "tileloadd tmm7, [{b1} + {sb}*1]",
                     "tdpbf16ps tmm1, tmm4, tmm7",
+                    "tileloadd tmm5, [{a1} + {sa}*1]",
                     "tdpbf16ps tmm2, tmm5, tmm6",
                     "tdpbf16ps tmm3, tmm5, tmm7",
                     a0 = in(reg) a0,
@@ -347,10 +406,8 @@ mod amx {
                 );
             }
         }
-        // SAFETY: the four 16 x 16 f32 quarters of the 32 x 32 tile (rows `sc` bytes
-        // apart) lie inside `tile` (length asserted above).
+        // SAFETY: as for the loads above.
         unsafe {
-            let c = tile.as_mut_ptr();
             asm!(
                 "tilestored [{c0} + {sc}*1], tmm0",
                 "tilestored [{c1} + {sc}*1], tmm1",
@@ -358,8 +415,8 @@ mod amx {
                 "tilestored [{c3} + {sc}*1], tmm3",
                 c0 = in(reg) c,
                 c1 = in(reg) c.add(16),
-                c2 = in(reg) c.add(16 * NR),
-                c3 = in(reg) c.add(16 * NR + 16),
+                c2 = in(reg) c.add(16 * ldc),
+                c3 = in(reg) c.add(16 * ldc + 16),
                 sc = in(reg) sc,
                 options(nostack, preserves_flags)
             );
@@ -385,6 +442,135 @@ fn to_bf16(x: f32) -> u32 {
 #[inline(always)]
 fn pair(lo: f32, hi: f32) -> u32 {
     to_bf16(lo) | (to_bf16(hi) << 16)
+}
+
+/// The AMX path's packing in AVX-512 (every CPU with AMX has AVX-512F and BW): rounding
+/// 16 f32 at once (the lane-wise [`to_bf16`]), pairing, and the 16 x 16 transposes that
+/// turn columns of a transposed operand into the rows a tile needs.
+#[cfg(target_arch = "x86_64")]
+mod pack512 {
+    use std::arch::x86_64::*;
+
+    /// [`super::to_bf16`] on 16 lanes: each u32 lane holds the bf16 bits in its low half.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn round(v: __m512) -> __m512i {
+        let bits = _mm512_castps_si512(v);
+        let high = _mm512_srli_epi32::<16>(bits);
+        let bias = _mm512_add_epi32(
+            _mm512_and_si512(high, _mm512_set1_epi32(1)),
+            _mm512_set1_epi32(0x7FFF),
+        );
+        let rounded = _mm512_srli_epi32::<16>(_mm512_add_epi32(bits, bias));
+        let quiet_nan = _mm512_or_si512(high, _mm512_set1_epi32(0x40));
+        let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v);
+        _mm512_mask_blend_epi32(nan, rounded, quiet_nan)
+    }
+
+    /// Lane i: the pair of `lo[i]` (low half) and `hi[i]` (high half).
+    ///
+    /// # Safety
+    /// AVX-512F; `lo` and `hi` address 16 readable f32 each.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn pair_lanes(lo: *const f32, hi: *const f32) -> __m512i {
+        let (l, h) = (round(_mm512_loadu_ps(lo)), round(_mm512_loadu_ps(hi)));
+        _mm512_or_si512(l, _mm512_slli_epi32::<16>(h))
+    }
+
+    /// Lane p: the pair of `run[2p]` and `run[2p + 1]`.
+    ///
+    /// # Safety
+    /// AVX-512F and BW; `run` addresses 32 readable f32.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(super) unsafe fn pairs_of_run(run: *const f32) -> __m512i {
+        let (r0, r1) = (
+            round(_mm512_loadu_ps(run)),
+            round(_mm512_loadu_ps(run.add(16))),
+        );
+        // The bf16 of run[t] is u16 lane 2t of (r0, r1): gather the even u16 lanes.
+        let even = _mm512_set_epi16(
+            62, 60, 58, 56, 54, 52, 50, 48, 46, 44, 42, 40, 38, 36, 34, 32, 30, 28, 26, 24, 22, 20,
+            18, 16, 14, 12, 10, 8, 6, 4, 2, 0,
+        );
+        _mm512_permutex2var_epi16(r0, even, r1)
+    }
+
+    /// Transpose 16 x 16 u32 in place: `rows[i]` lane j becomes `rows[j]` lane i
+    /// (interleave 32-bit, then 64-bit lanes, then 128-bit quarters twice).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn transpose(r: &mut [__m512i; 16]) {
+        let mut t = [_mm512_setzero_si512(); 16];
+        for i in 0..8 {
+            t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+            t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+        }
+        for g in 0..4 {
+            let b = 4 * g;
+            r[b] = _mm512_unpacklo_epi64(t[b], t[b + 2]);
+            r[b + 1] = _mm512_unpackhi_epi64(t[b], t[b + 2]);
+            r[b + 2] = _mm512_unpacklo_epi64(t[b + 1], t[b + 3]);
+            r[b + 3] = _mm512_unpackhi_epi64(t[b + 1], t[b + 3]);
+        }
+        for h in 0..2 {
+            let b = 8 * h;
+            for i in 0..4 {
+                t[b + i] = _mm512_shuffle_i32x4::<0x88>(r[b + i], r[b + i + 4]);
+                t[b + i + 4] = _mm512_shuffle_i32x4::<0xDD>(r[b + i], r[b + i + 4]);
+            }
+        }
+        for i in 0..8 {
+            r[i] = _mm512_shuffle_i32x4::<0x88>(t[i], t[i + 8]);
+            r[i + 8] = _mm512_shuffle_i32x4::<0xDD>(t[i], t[i + 8]);
+        }
+    }
+
+    /// Store 16 u32 lanes at `dst`.
+    ///
+    /// # Safety
+    /// AVX-512F; `dst` addresses 16 writable u32.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn store(dst: *mut u32, v: __m512i) {
+        _mm512_storeu_si512(dst as *mut _, v)
+    }
+}
+
+/// Packed AMX operands in 64-byte lines: every tile row (64 bytes) then starts on a cache
+/// line (the panels' and bands' rows are multiples of 64 bytes apart). A row split across
+/// two lines made `tileloadd` about 3x slower here, the products waiting on it.
+#[derive(Default)]
+struct TileRows(Vec<Line>);
+
+/// One cache line of u32 (the element type of [`TileRows`]).
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([u32; 16]);
+
+impl TileRows {
+    /// The first `len` u32, zeroed.
+    fn zeroed(&mut self, len: usize) -> &mut [u32] {
+        self.0.clear();
+        self.0.resize(len.div_ceil(16), Line([0; 16]));
+        // SAFETY: the vector holds len.div_ceil(16) * 16 >= len initialised u32,
+        // contiguous (a `Line` is 64 bytes of u32, no padding).
+        unsafe { std::slice::from_raw_parts_mut(self.0.as_mut_ptr() as *mut u32, len) }
+    }
+
+    /// Every u32 held.
+    fn all(&self) -> &[u32] {
+        // SAFETY: as in `zeroed`: 16 initialised u32 per line.
+        unsafe { std::slice::from_raw_parts(self.0.as_ptr() as *const u32, 16 * self.0.len()) }
+    }
+}
+
+/// u32 from one row of an AMX A band to the next: one 64-byte line more than its `pairs`.
+/// A power-of-two stride (512 pairs: 2 KiB) puts the 32 rows a tile step reads in 2 of
+/// L1's 64 sets, more lines than its 12 ways hold; one line more spreads them over 32.
+fn a_row_stride(pairs: usize) -> usize {
+    pairs + AMX_PAIRS
 }
 
 /// Pairs per packed block of `kc` values of k, padded with zero pairs to a multiple of
@@ -506,11 +692,16 @@ unsafe fn pack_a(
 }
 
 /// Pack rows `i0..i0 + mr` (mr <= AMX_MR) of A, columns `kb..kb + kc`, row-major for
-/// AMX's A tiles: `out[r * pairs + p]`, `pairs = padded_pairs(kc, AMX_PAIRS)`. Missing
-/// rows, the odd k past `kc` and the padding pairs are zero.
+/// AMX's A tiles: `out[r * a_row_stride(pairs) + p]`, `pairs = padded_pairs(kc,
+/// AMX_PAIRS)`. Missing rows, the odd k past `kc` and the padding pairs are zero. The two layouts the model
+/// passes take AVX-512 over whole blocks of 16 pairs (16 rows x 16 pairs for A = X^T);
+/// the rest, and other strides, convert one pair at a time (same values).
 ///
 /// # Safety
-/// `a` with strides `rsa`, `csa` addresses a valid matrix holding those rows and columns.
+/// `a` with strides `rsa`, `csa` addresses a valid matrix holding those rows and columns;
+/// AVX-512F and BW (every AMX CPU has them).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn pack_a_amx(
     out: &mut [u32],
@@ -525,30 +716,118 @@ unsafe fn pack_a_amx(
     let pairs = padded_pairs(kc, AMX_PAIRS);
     let at = |i: usize, k: usize| *a.offset(i as isize * rsa + k as isize * csa);
     let full = kc / 2;
-    let out = &mut out[..AMX_MR * pairs];
+    let lda = a_row_stride(pairs);
+    let out = &mut out[..AMX_MR * lda];
     if mr < AMX_MR || 2 * pairs > kc {
         out.fill(0);
     }
+    // Pairs 0..done of rows 0..rows_done are packed by the vector paths below.
+    let (mut done, mut rows_done) = (0, 0);
+    let vec_pairs = full - full % AMX_PAIRS;
     if csa == 1 {
-        // Rows of A contiguous: each row's run of k converts in pairs, in place.
+        // Rows of A contiguous: 32 values of a row give 16 pairs.
         for r in 0..mr {
-            let row = std::slice::from_raw_parts(a.offset((i0 + r) as isize * rsa).add(kb), kc);
-            let dst = &mut out[r * pairs..][..full];
-            for (slot, two) in dst.iter_mut().zip(row.chunks_exact(2)) {
-                *slot = pair(two[0], two[1]);
+            let row = a.offset((i0 + r) as isize * rsa).add(kb);
+            for p0 in (0..vec_pairs).step_by(AMX_PAIRS) {
+                pack512::store(
+                    out.as_mut_ptr().add(r * lda + p0),
+                    pack512::pairs_of_run(row.add(2 * p0)),
+                );
+            }
+        }
+        (done, rows_done) = (vec_pairs, mr);
+    } else if rsa == 1 {
+        // Columns of A contiguous (A = X^T): 16 rows of one pair from two column runs,
+        // 16 such pairs transposed into 16 rows of 16 pairs.
+        rows_done = mr - mr % 16;
+        for p0 in (0..vec_pairs).step_by(AMX_PAIRS) {
+            for r0 in (0..rows_done).step_by(16) {
+                let mut v = [std::arch::x86_64::_mm512_setzero_si512(); 16];
+                for (q, vq) in v.iter_mut().enumerate() {
+                    let lo = a.add(i0 + r0).offset((kb + 2 * (p0 + q)) as isize * csa);
+                    *vq = pack512::pair_lanes(lo, lo.offset(csa));
+                }
+                pack512::transpose(&mut v);
+                for (r, vr) in v.iter().enumerate() {
+                    pack512::store(out.as_mut_ptr().add((r0 + r) * lda + p0), *vr);
+                }
+            }
+        }
+        done = vec_pairs;
+    }
+    for r in 0..mr {
+        let first = if r < rows_done { done } else { 0 };
+        for p in first..full {
+            out[r * lda + p] = pair(at(i0 + r, kb + 2 * p), at(i0 + r, kb + 2 * p + 1));
+        }
+        if kc % 2 == 1 {
+            out[r * lda + full] = to_bf16(at(i0 + r, kb + 2 * full));
+        }
+    }
+}
+
+/// [`pack_b`]'s layout for AMX (pairs padded to whole tiles, into 64-byte lines), with
+/// AVX-512 over whole blocks of 16 pairs x 16 columns in the two layouts the model passes
+/// (B row-major, B = W^T).
+///
+/// # Safety
+/// As [`pack_b`]; AVX-512F and BW.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn pack_b_amx(
+    out: &mut TileRows,
+    b: *const f32,
+    rsb: isize,
+    csb: isize,
+    kb: usize,
+    kc: usize,
+    n: usize,
+) {
+    let pairs = padded_pairs(kc, AMX_PAIRS);
+    let panels = n.div_ceil(NR);
+    let out = out.zeroed(panels * pairs * NR);
+    let at = |k: usize, j: usize| *b.offset(k as isize * rsb + j as isize * csb);
+    let full = kc / 2;
+    let vec_pairs = full - full % AMX_PAIRS;
+    // Other strides: every column one pair at a time below.
+    let vec_cols = if csb == 1 || rsb == 1 { n - n % 16 } else { 0 };
+    let dst = out.as_mut_ptr();
+    // Column j, pair p of the block: out[(j / NR * pairs + p) * NR + j % NR].
+    let slot = |p: usize, j: usize| (j / NR * pairs + p) * NR + j % NR;
+    if csb == 1 {
+        // Rows of B contiguous: each pair of rows walked start to end, 16 columns at once.
+        for p in 0..full {
+            let lo = b.offset((kb + 2 * p) as isize * rsb);
+            for j0 in (0..vec_cols).step_by(16) {
+                let v = pack512::pair_lanes(lo.add(j0), lo.add(j0).offset(rsb));
+                pack512::store(dst.add(slot(p, j0)), v);
             }
         }
     } else {
-        // Columns of A contiguous (A = X^T): read along them, write across the rows.
-        for p in 0..full {
-            for r in 0..mr {
-                out[r * pairs + p] = pair(at(i0 + r, kb + 2 * p), at(i0 + r, kb + 2 * p + 1));
+        // Columns of B contiguous (B = W^T): 16 pairs of a column from one run of 32
+        // values; 16 columns transposed into 16 pairs of 16 columns.
+        for j0 in (0..vec_cols).step_by(16) {
+            for p0 in (0..vec_pairs).step_by(AMX_PAIRS) {
+                let mut v = [std::arch::x86_64::_mm512_setzero_si512(); 16];
+                for (j, vj) in v.iter_mut().enumerate() {
+                    *vj = pack512::pairs_of_run(b.offset((j0 + j) as isize * csb).add(kb + 2 * p0));
+                }
+                pack512::transpose(&mut v);
+                for (p, vp) in v.iter().enumerate() {
+                    pack512::store(dst.add(slot(p0 + p, j0)), *vp);
+                }
             }
         }
     }
-    if kc % 2 == 1 {
-        for r in 0..mr {
-            out[r * pairs + full] = to_bf16(at(i0 + r, kb + 2 * full));
+    // Pairs 0..vec_done of columns 0..vec_cols are packed above.
+    let vec_done = if csb == 1 { full } else { vec_pairs };
+    for j in 0..n {
+        let first = if j < vec_cols { vec_done } else { 0 };
+        for p in first..full {
+            out[slot(p, j)] = pair(at(kb + 2 * p, j), at(kb + 2 * p + 1, j));
+        }
+        if kc % 2 == 1 {
+            out[slot(full, j)] = to_bf16(at(kb + 2 * full, j));
         }
     }
 }
@@ -606,6 +885,189 @@ unsafe fn kernel_avx512bf16(pairs: usize, a: &[u32], b: &[u32], tile: &mut [f32]
     }
 }
 
+/// [`sgemm_bf16`] on AMX. Each element of C is one chain of `tdpbf16ps` steps over all
+/// of k in order, started from C (`beta = alpha = 1`) or from zero. Where C's rows are
+/// contiguous and the result is that sum S (`beta = 0`; then scaled when `alpha != 1`)
+/// or C + S (`alpha = beta = 1`, the model's accumulating products), the chain runs in C
+/// itself; otherwise in a scratch, then `C = beta C + alpha S`. The choice depends on
+/// alpha, beta and C's strides only, never on the rows, so bands of rows on several
+/// threads (`Gemm::run`) give the bits of the whole product.
+///
+/// # Safety
+/// As [`sgemm_bf16`], with AMX usable; m, n, k > 0.
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+#[allow(clippy::too_many_arguments)]
+unsafe fn sgemm_amx(
+    m: usize,
+    k: usize,
+    n: usize,
+    alpha: f32,
+    a: *const f32,
+    rsa: isize,
+    csa: isize,
+    b: *const f32,
+    rsb: isize,
+    csb: isize,
+    beta: f32,
+    c: *mut f32,
+    rsc: isize,
+    csc: isize,
+) {
+    let c_at = |i: usize, j: usize| c.offset(i as isize * rsc + j as isize * csc);
+    let in_place = csc == 1 && rsc >= n as isize && (beta == 0.0 || (beta == 1.0 && alpha == 1.0));
+    if in_place {
+        amx_sums(
+            m,
+            k,
+            n,
+            a,
+            rsa,
+            csa,
+            b,
+            rsb,
+            csb,
+            beta != 0.0,
+            c,
+            rsc as usize,
+        );
+        if alpha != 1.0 {
+            for i in 0..m {
+                std::slice::from_raw_parts_mut(c_at(i, 0), n)
+                    .iter_mut()
+                    .for_each(|x| *x *= alpha);
+            }
+        }
+        return;
+    }
+    let mut sums = vec![0f32; m * n];
+    amx_sums(
+        m,
+        k,
+        n,
+        a,
+        rsa,
+        csa,
+        b,
+        rsb,
+        csb,
+        false,
+        sums.as_mut_ptr(),
+        n,
+    );
+    for (i, row) in sums.chunks_exact(n).enumerate() {
+        for (j, &s) in row.iter().enumerate() {
+            let x = c_at(i, j);
+            *x = if beta == 0.0 {
+                alpha * s
+            } else {
+                beta * *x + alpha * s
+            };
+        }
+    }
+}
+
+/// `S (+)= bf16(A) bf16(B)` on AMX into the row-major `s` (rows `lds` apart), from S's
+/// values (`from_s`) or from zero. Blocking (the BLIS loops, outermost first): K blocks of
+/// up to [`AMX_KC`], so the chain of an element runs through the blocks in k order;
+/// column blocks whose packed B ([`AMX_B_BLOCK_BYTES`]) is packed once and stays in L2;
+/// 32-row bands of A (`32 x K block` bf16, up to 64 KiB, in L1 and L2) packed once per
+/// column block and reused over its 32-column panels; the micro-kernel holds a 32 x 32
+/// block of sums in the tiles through a K block ([`amx::kernel`]). Packed operands start
+/// on cache lines ([`TileRows`]).
+///
+/// # Safety
+/// As [`sgemm_bf16`] for A and B; `s` addresses m rows of n writable f32, `lds` apart;
+/// AMX usable.
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+#[allow(clippy::too_many_arguments)]
+unsafe fn amx_sums(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: *const f32,
+    rsa: isize,
+    csa: isize,
+    b: *const f32,
+    rsb: isize,
+    csb: isize,
+    from_s: bool,
+    s: *mut f32,
+    lds: usize,
+) {
+    /// A 32 x 32 block of sums for the edges of C (aligned as tile rows like).
+    #[repr(C, align(64))]
+    struct Stage([f32; AMX_MR * NR]);
+    // K in equal blocks of whole tiles, at most AMX_KC (k alone decides them, never the
+    // rows); N in equal blocks of whole panels whose packed B fits AMX_B_BLOCK_BYTES.
+    let kcb = k
+        .div_ceil(k.div_ceil(AMX_KC))
+        .next_multiple_of(2 * AMX_PAIRS);
+    let nc_max = (AMX_B_BLOCK_BYTES / (2 * kcb) / NR * NR).max(NR);
+    let ncb = n.div_ceil(n.div_ceil(nc_max)).next_multiple_of(NR);
+    let tiles = amx::Tiles::configure();
+    // This thread's packing buffers, kept between calls: a fresh 1.5 MiB block costs a
+    // page fault per 4 KiB on every call, as much as a small product's arithmetic.
+    let (mut b_packed, mut a_band) = PACKED.with(|p| p.take()).unwrap_or_default();
+    let a_packed = a_band.zeroed(AMX_MR * a_row_stride(padded_pairs(kcb, AMX_PAIRS)));
+    let mut stage = Stage([0.0; AMX_MR * NR]);
+    for kb in (0..k).step_by(kcb) {
+        let kc = kcb.min(k - kb);
+        let pairs = padded_pairs(kc, AMX_PAIRS);
+        let load = from_s || kb > 0;
+        for jc in (0..n).step_by(ncb) {
+            let nc = ncb.min(n - jc);
+            pack_b_amx(
+                &mut b_packed,
+                b.offset(jc as isize * csb),
+                rsb,
+                csb,
+                kb,
+                kc,
+                nc,
+            );
+            for i0 in (0..m).step_by(AMX_MR) {
+                let mr = AMX_MR.min(m - i0);
+                pack_a_amx(a_packed, a, rsa, csa, i0, mr, kb, kc);
+                for (panel, bp) in b_packed.all().chunks_exact(pairs * NR).enumerate() {
+                    let j0 = jc + panel * NR;
+                    let width = NR.min(n - j0);
+                    let block = s.add(i0 * lds + j0);
+                    // The next block: the next panel's, else the next band's first.
+                    let next = if j0 + NR < jc + nc {
+                        block.wrapping_add(NR)
+                    } else {
+                        s.wrapping_add((i0 + AMX_MR) * lds + jc)
+                    };
+                    if mr == AMX_MR && width == NR {
+                        amx::kernel(&tiles, pairs, a_packed, bp, block, lds, load, next, lds);
+                        continue;
+                    }
+                    // An edge block runs through the stage: the same steps per element.
+                    if load {
+                        for r in 0..mr {
+                            let row = std::slice::from_raw_parts(block.add(r * lds), width);
+                            stage.0[r * NR..][..width].copy_from_slice(row);
+                        }
+                    }
+                    let staged = stage.0.as_mut_ptr();
+                    amx::kernel(&tiles, pairs, a_packed, bp, staged, NR, load, next, lds);
+                    for r in 0..mr {
+                        let row = std::slice::from_raw_parts_mut(block.add(r * lds), width);
+                        row.copy_from_slice(&stage.0[r * NR..][..width]);
+                    }
+                }
+            }
+        }
+    }
+    PACKED.with(|p| p.set(Some((b_packed, a_band))));
+}
+
+thread_local! {
+    /// Each thread's AMX packing buffers (B's block, A's band) between calls; taken out
+    /// for a call, so a call made while they are out starts with new ones.
+    static PACKED: std::cell::Cell<Option<(TileRows, TileRows)>> = const { std::cell::Cell::new(None) };
+}
+
 /// `C = alpha * bf16(A) bf16(B) + beta * C`, f32 accumulation, with `kernel`.
 /// matrixmultiply's `sgemm` contract: `a` is m x k, `b` k x n, `c` m x n, each with its
 /// row and column strides; `beta == 0` overwrites C (NaN in C does not survive).
@@ -644,38 +1106,23 @@ pub unsafe fn sgemm_bf16(
         }
         return;
     }
-    // AMX: 32-row bands of A and whole tiles of 16 pairs; the tiles configured on this
-    // thread for the call (released when `tiles` drops).
     #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-    let tiles = (kernel == Bf16Kernel::Amx).then(|| amx::Tiles::configure());
-    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-    let amx = tiles.is_some();
-    #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
-    let amx = false;
-    let (band, pad) = if amx { (AMX_MR, AMX_PAIRS) } else { (MR, 1) };
+    if kernel == Bf16Kernel::Amx {
+        sgemm_amx(m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc);
+        return;
+    }
     let mut b_packed = Vec::new();
-    let kcb = if amx { AMX_KC } else { KC };
-    let mut a_packed = vec![0u32; padded_pairs(kcb, pad) * band];
-    let mut tile = [0f32; AMX_MR * NR];
-    for kb in (0..k).step_by(kcb) {
-        let kc = kcb.min(k - kb);
-        let pairs = padded_pairs(kc, pad);
-        pack_b(&mut b_packed, b, rsb, csb, kb, kc, n, pad);
-        for i0 in (0..m).step_by(band) {
-            let mr = band.min(m - i0);
-            if amx {
-                pack_a_amx(&mut a_packed, a, rsa, csa, i0, mr, kb, kc);
-            } else {
-                pack_a(&mut a_packed, a, rsa, csa, i0, mr, kb, kc);
-            }
+    let mut a_packed = vec![0u32; KC.div_ceil(2) * MR];
+    let mut tile = [0f32; MR * NR];
+    for kb in (0..k).step_by(KC) {
+        let kc = KC.min(k - kb);
+        let pairs = padded_pairs(kc, 1);
+        pack_b(&mut b_packed, b, rsb, csb, kb, kc, n, 1);
+        for i0 in (0..m).step_by(MR) {
+            let mr = MR.min(m - i0);
+            pack_a(&mut a_packed, a, rsa, csa, i0, mr, kb, kc);
             for (panel, bp) in b_packed.chunks_exact(pairs * NR).enumerate() {
                 match kernel {
-                    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-                    Bf16Kernel::Amx => {
-                        if let Some(t) = &tiles {
-                            amx::kernel(t, pairs, &a_packed, bp, &mut tile);
-                        }
-                    }
                     #[cfg(target_arch = "x86_64")]
                     Bf16Kernel::Avx512Bf16 => kernel_avx512bf16(pairs, &a_packed, bp, &mut tile),
                     _ => kernel_portable(pairs, &a_packed, bp, &mut tile),
@@ -744,8 +1191,8 @@ mod tests {
     /// The error bound of a sum of k products computed in f32: each product of two bf16
     /// is exact in f32 (8 + 8 significand bits <= 24, no subnormal products in these
     /// tests), and the k products of a K block plus the `ceil(k / KC)` block sums added
-    /// into C (fewer with AMX's longer blocks) take at most `n = k + ceil(k / KC)` f32
-    /// additions, each rounded to nearest
+    /// into C (none for AMX, whose sums run through the blocks as one chain) take at most
+    /// `n = k + ceil(k / KC)` f32 additions, each rounded to nearest
     /// (u = 2^-24), in whatever order or tree a kernel sums them (`tdpbf16ps` pairs first,
     /// `vdpbf16ps` one at a time). For any summation tree |error| <= gamma_n sum |a| |b|,
     /// gamma_n = n u / (1 - n u) (Higham, Accuracy and Stability, 4.2).
@@ -806,8 +1253,12 @@ mod tests {
 
     /// AMX's edges: M and N around its 16-row / 16-column tiles and 32 x 32 micro-tile,
     /// K around its 32-value tile rows and the 256- and 1024-value blocks (odd, short of
-    /// a tile, one past).
-    const AMX_EDGES: [(usize, usize, usize); 14] = [
+    /// a tile, one past), and around the 16-pair blocks of the AVX-512 packing.
+    /// K across AMX's blocks (2100: three of 704) and N across its column blocks
+    /// (1400 > the 1344 columns whose packed B fits `AMX_B_BLOCK_BYTES` at 576 of k).
+    const AMX_EDGES: [(usize, usize, usize); 16] = [
+        (17, 1100, 1400),
+        (33, 2100, 70),
         (17, 1025, 33),
         (33, 1023, 16),
         (16, 32, 16),
@@ -928,6 +1379,68 @@ mod tests {
             .iter()
             .zip(&banded)
             .all(|(x, y)| x.to_bits() == y.to_bits()));
+    }
+
+    /// `C = alpha A B + beta C` on row-major C for (alpha, beta) = (1, 1) (AMX's sums
+    /// start from C), (0.5, 0) (then scaled) and (0.5, 2) (a scratch): within the bound of
+    /// the exact value, and, on bands of rows computed apart, the same bits.
+    #[test]
+    fn accumulating_and_scaled_products_match_and_do_not_depend_on_bands() {
+        let (m, k, n) = (70, 1100, 45);
+        let (a, b, c0) = (vals(m * k, 21), vals(k * n, 22), vals(m * n, 23));
+        let (ab, abs) = reference(m, k, n, &a, &b);
+        let product = |kernel, alpha: f32, beta: f32, rows: std::ops::Range<usize>| {
+            let mut c = c0[rows.start * n..rows.end * n].to_vec();
+            // SAFETY: row-major rows.len() x k, k x n and rows.len() x n inside the
+            // vectors; the kernel is one of `available()`.
+            unsafe {
+                sgemm_bf16(
+                    kernel,
+                    rows.len(),
+                    k,
+                    n,
+                    alpha,
+                    a[rows.start * k..].as_ptr(),
+                    k as isize,
+                    1,
+                    b.as_ptr(),
+                    n as isize,
+                    1,
+                    beta,
+                    c.as_mut_ptr(),
+                    n as isize,
+                    1,
+                )
+            };
+            c
+        };
+        for kernel in Bf16Kernel::available() {
+            for (alpha, beta) in [(1.0f32, 1.0f32), (0.5, 0.0), (0.5, 2.0)] {
+                let whole = product(kernel, alpha, beta, 0..m);
+                for (i, &got) in whole.iter().enumerate() {
+                    let want = alpha as f64 * ab[i] + beta as f64 * c0[i] as f64;
+                    // The sum's bound over |alpha| sum |a b| + |beta c|, with two more
+                    // roundings (the scaling and the add of beta C), doubled for slack.
+                    let scale = alpha.abs() as f64 * abs[i] + (beta * c0[i]).abs() as f64;
+                    let tol = 2.0 * bound(k + 2, scale);
+                    assert!(
+                        (got as f64 - want).abs() <= tol,
+                        "{kernel} alpha {alpha} beta {beta} at {i}: {got} vs {want}"
+                    );
+                }
+                let banded: Vec<f32> = (0..m)
+                    .step_by(37)
+                    .flat_map(|i0| product(kernel, alpha, beta, i0..(i0 + 37).min(m)))
+                    .collect();
+                assert!(
+                    whole
+                        .iter()
+                        .zip(&banded)
+                        .all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "{kernel} alpha {alpha} beta {beta}: bands differ"
+                );
+            }
+        }
     }
 
     #[test]
