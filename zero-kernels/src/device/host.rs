@@ -12,7 +12,10 @@
 //! touches an element it writes (at most [`MAX_IN_FLIGHT`] at once): running it early
 //! then changes no result, and the host does not wait. (A stage-3 backward starts the
 //! next layer's gather right after this layer's reduce-scatter and the op that lands
-//! it; waiting there for the reduce-scatter held compute up.) Open MPI moves a host collective forward only inside MPI
+//! it; waiting there for the reduce-scatter held compute up.) This relies on every piece
+//! of started work declaring each buffer range it reads or writes (`zero-comm`'s
+//! `on_stream` declares exactly the ranges it hands to MPI); [`super::SimDevice`] waits
+//! for started work in place, so it cannot check that. Open MPI moves a host collective forward only inside MPI
 //! calls, so before every op it runs the device polls the work in flight (`MPI_Test`);
 //! when one has finished, the ops waiting behind it run. Events name the started work
 //! they come after; waiting for one (or a host task, or a read, on that stream) blocks
@@ -44,6 +47,14 @@ struct Touch {
 }
 
 impl Touch {
+    fn new(id: u64, range: &Range<usize>, write: bool) -> Touch {
+        Touch {
+            id,
+            range: range.clone(),
+            write,
+        }
+    }
+
     /// Both touch the same elements and at least one writes them: a race if both ran at
     /// once.
     fn conflicts(&self, other: &Touch) -> bool {
@@ -194,14 +205,12 @@ impl HostDevice {
             Ok(f) => f,
             Err(e) => {
                 // The transport may still hold the buffers' addresses (and its own
-                // staging), for this work and the work started after it: never free
-                // them. The ops queued behind are dropped unrun.
-                let after = self
-                    .streams
-                    .borrow_mut()
-                    .get_mut(s)
-                    .map(|w| std::mem::take(&mut w.in_flight));
-                std::mem::forget((started, after));
+                // staging): never free them. The ops queued behind are dropped unrun.
+                // The work started after it stays in flight, to be waited for as usual.
+                std::mem::forget(started);
+                if let Some(w) = self.streams.borrow_mut().get_mut(s) {
+                    w.finished += 1;
+                }
                 self.refresh_busy();
                 return Err(e);
             }
@@ -282,11 +291,7 @@ impl HostDevice {
             return true;
         };
         let clear = |t: &Touch| touches.iter().all(|n| !t.conflicts(n));
-        let op_touch = |a: &OpAccess, write: bool| Touch {
-            id: a.id,
-            range: a.range.clone(),
-            write,
-        };
+        let op_touch = |a: &OpAccess, write: bool| Touch::new(a.id, &a.range, write);
         w.in_flight.iter().all(|started| {
             started.touches.iter().all(clear)
                 && started.waiting.iter().all(|op| {
@@ -329,10 +334,10 @@ fn wait_or_leak(mut work: Box<dyn HostWork>, retain: Vec<Retained>) -> Result<()
 impl Drop for HostDevice {
     fn drop(&mut self) {
         // Work still in flight (a step that failed half-way) holds buffer addresses:
-        // finish it on every stream, whatever failed on another.
+        // finish all of it on every stream, whatever failed before it or on another.
         let n = self.streams.borrow().len();
         for s in 0..n {
-            if let Err(e) = self.drain(s) {
+            while let Err(e) = self.drain(s) {
                 log::warn!("host device: work in flight failed while shutting down: {e}");
             }
         }
@@ -443,11 +448,7 @@ impl CpuQueue for HostDevice {
         start: &mut dyn FnMut() -> Result<Box<dyn HostWork>>,
     ) -> Result<()> {
         self.progress()?;
-        let touch = |a: &Access<'_>, write: bool| Touch {
-            id: a.id,
-            range: a.range.clone(),
-            write,
-        };
+        let touch = |a: &Access<'_>, write: bool| Touch::new(a.id, &a.range, write);
         let touches: Vec<Touch> = (reads.iter().map(|a| touch(a, false)))
             .chain(writes.iter().map(|a| touch(a, true)))
             .collect();

@@ -798,6 +798,50 @@ fn host_device_waits_before_work_that_an_earlier_op_or_work_conflicts_with() {
 }
 
 #[test]
+fn host_device_still_waits_for_work_started_after_work_that_failed() {
+    let dev = HostDevice::new();
+    let (compute, comm) = (dev.stream("compute").unwrap(), dev.stream("comm").unwrap());
+    let a = dev.alloc::<f32>(1, "a").unwrap();
+    let b = dev.alloc::<f32>(1, "b").unwrap();
+    let mut other = dev.alloc::<f32>(1, "other").unwrap();
+    start_slow(&dev, &comm, &a, 2, true);
+    start_slow(&dev, &comm, &b, 100, false);
+    let after_second = dev.record(&comm).unwrap();
+    // The first work's failure is reported at the next poll...
+    let e = dev.fill(&compute, other.view_mut(), 0.0).unwrap_err();
+    assert!(
+        matches!(e, KernelError::HostWork { task: "slow", .. }),
+        "{e}"
+    );
+    // ...and the second is still waited for where an event says so, not forgotten.
+    assert_eq!(peek(&b), 0.0);
+    dev.wait_event(&compute, &after_second).unwrap();
+    assert_eq!(peek(&b), 1.0);
+    dev.synchronize().unwrap();
+
+    // Dropping the device with work in flight behind failed work waits for all of it.
+    let dev = HostDevice::new();
+    let comm = dev.stream("comm").unwrap();
+    let a = dev.alloc::<f32>(1, "a").unwrap();
+    let c = dev.alloc::<f32>(1, "c").unwrap();
+    let (probe, at) = (
+        c.retain().expect("a CPU buffer can be retained"),
+        c.raw_ptr(),
+    );
+    start_slow(&dev, &comm, &a, 100, true);
+    start_slow(&dev, &comm, &c, 100, false);
+    drop(c);
+    drop(dev);
+    // SAFETY: `probe` keeps the storage alive; the dropped device has no work left.
+    assert_eq!(
+        unsafe { *at },
+        1.0,
+        "the second work was waited for, not dropped"
+    );
+    drop(probe);
+}
+
+#[test]
 fn sim_device_waits_for_started_work_in_place() {
     let dev = SimDevice::new(3);
     let comm = dev.stream("comm").unwrap();

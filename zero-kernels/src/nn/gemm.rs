@@ -8,8 +8,8 @@
 //! system library to install; the AVX-512F kernel then ran up to 1.18x `matrixmultiply`.
 //!
 //! Views are bounds-checked here, once per call, so the unsafe call below is sound.
-//! With `threads > 1` the rows of C are split into disjoint bands, one scoped thread
-//! each; every element of C is still one dot product in the same K order as on one
+//! With `threads > 1` the rows of C are split into disjoint bands, one per pool thread;
+//! every element of C is still one dot product in the same K order as on one
 //! thread.
 
 use super::gemm_bf16::Bf16Kernel;

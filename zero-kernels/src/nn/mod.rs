@@ -33,7 +33,7 @@
 //!   (`isa_ops`), which is why the op bodies and the helpers they call are
 //!   `#[inline(always)]`; called directly, they run as the crate was built (baseline).
 //! - Numerics: each function is a fixed sequence of IEEE operations, the same on every
-//!   call and thread count, and no function here uses a fused multiply-add of its own.
+//!   call and thread count, and no function here but the GEMMs uses a fused multiply-add.
 //!   The GEMM ([`sgemm`]: this crate's AVX-512F kernel, else `matrixmultiply`'s, whose
 //!   kernel with or without FMA is chosen at run time) depends on the CPU, so unlike the
 //!   optimizer kernels of this crate, results that go through a GEMM are reproducible on

@@ -282,8 +282,8 @@ mod avx512 {
         csc: isize,
     ) {
         PACKS.with(|packs| {
-            // A poisoned borrow cannot happen (no call re-enters), but a fresh pair of
-            // buffers is as good as the kept ones.
+            // The kept buffers are never borrowed twice (no call re-enters), but if
+            // they were, a fresh pair of buffers would do as well.
             let mut fresh = (Vec::new(), Vec::new());
             let mut kept = packs.try_borrow_mut();
             let (pack_a, pack_b) = match kept.as_deref_mut() {
@@ -356,11 +356,13 @@ mod avx512 {
                     let packed_from = if direct { mc / MR * MR } else { 0 };
                     // SAFETY: rows ic + packed_from..ic + mc and columns pc..pc + kc are
                     // inside A; the panels go to the start of `pa`, which holds them.
+                    // With no rows left to pack the pointer may point past A
+                    // (`wrapping_offset`), and nothing is read through it.
                     unsafe {
                         pack_a(
                             mc - packed_from,
                             kc,
-                            a_block.offset(packed_from as isize * rsa),
+                            a_block.wrapping_offset(packed_from as isize * rsa),
                             rsa,
                             csa,
                             pa,
