@@ -45,6 +45,7 @@ pub mod gradstats;
 pub mod isa;
 pub mod nn;
 mod par;
+mod pool;
 pub mod ptx;
 pub mod quant;
 mod simd;

@@ -1,12 +1,14 @@
-//! Optional multi-threading of a kernel over contiguous chunks (std::thread::scope). Chunk
+//! Optional multi-threading of a kernel over contiguous chunks, on the process's pool of
+//! kernel threads for that count ([`crate::pool`]; scoped threads if it has none). Chunk
 //! starts are multiples of the kernel's block size, and every kernel's result for an
 //! element depends only on that element (or, for reductions, on fixed blocks; sums over
 //! rows, as the layer norm and bias gradients are, split by channels, each channel summing
 //! all rows in row order), so the thread count never changes a bit of the output.
 
 use crate::isa::Exec;
+use crate::pool::{shared_pool, SpinPool};
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// Below this many elements per thread, spawning costs more than it saves (tests split
 /// anything, to exercise the chunking).
@@ -43,6 +45,22 @@ pub(crate) fn map<R: Send>(
     let ranges: Vec<Range<usize>> = bounds.windows(2).map(|w| w[0]..w[1]).collect();
     if ranges.len() <= 1 {
         return ranges.into_iter().map(&f).collect();
+    }
+    if let Some(pool) = shared_pool(exec.threads()) {
+        // Each chunk's result lands in its own slot, so the order is the chunks'.
+        let out: Vec<Mutex<Option<R>>> = ranges.iter().map(|_| Mutex::new(None)).collect();
+        pool.run(ranges.len(), &|i| {
+            let r = f(ranges[i].clone());
+            *out[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+        });
+        return out
+            .into_iter()
+            .map(|slot| {
+                slot.into_inner()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .expect("the pool ran every chunk")
+            })
+            .collect();
     }
     std::thread::scope(|s| {
         let f = &f;
@@ -113,12 +131,13 @@ pub(crate) fn run_parts<J: Send>(jobs: Vec<J>, f: impl Fn(J) + Sync) {
 }
 
 /// The threads one device's kernels run on: the calling thread plus `threads - 1` workers
-/// of a rayon pool kept for the device's life, so a kernel split costs a task hand-off,
-/// not a thread spawn. Cloning shares the pool.
+/// of the process's pool for that many threads ([`crate::pool`]: they spin between
+/// batches), so a kernel split costs a hand-off through shared memory, not a thread spawn
+/// or a wake-up. Cloning shares the pool.
 #[derive(Clone)]
 pub struct Workers {
     threads: usize,
-    pool: Option<Arc<rayon::ThreadPool>>,
+    pool: Option<Arc<SpinPool>>,
 }
 
 impl std::fmt::Debug for Workers {
@@ -132,22 +151,10 @@ impl Workers {
     /// refuses threads), kernels fall back to scoped threads per call, with a warning.
     pub fn new(threads: usize) -> Self {
         let threads = threads.max(1);
-        let pool = if threads > 1 {
-            match rayon::ThreadPoolBuilder::new()
-                .num_threads(threads - 1)
-                .thread_name(|i| format!("zero-kernels-{i}"))
-                .build()
-            {
-                Ok(p) => Some(Arc::new(p)),
-                Err(e) => {
-                    log::warn!("no kernel thread pool ({e}); threads are spawned per call");
-                    None
-                }
-            }
-        } else {
-            None
-        };
-        Workers { threads, pool }
+        Workers {
+            threads,
+            pool: shared_pool(threads),
+        }
     }
 
     /// Threads in all, the caller's included.
@@ -155,23 +162,24 @@ impl Workers {
         self.threads
     }
 
-    /// Run `f` on every job: the first on this thread, the others on the pool's workers
-    /// (or scoped threads without a pool). Returns when all are done; a panic in a job is
-    /// carried to the caller.
+    /// Run `f` on every job, on this thread and the pool's workers (or scoped threads
+    /// without a pool). Returns when all are done; a panic in a job is carried to the
+    /// caller.
     pub(crate) fn run<J: Send>(&self, jobs: Vec<J>, f: impl Fn(J) + Sync) {
         let Some(pool) = &self.pool else {
             return run_parts(jobs, f);
         };
-        let mut jobs = jobs.into_iter();
-        let Some(first) = jobs.next() else {
+        if jobs.len() <= 1 {
+            jobs.into_iter().for_each(f);
             return;
-        };
-        let f = &f;
-        pool.in_place_scope(|s| {
-            for j in jobs {
-                s.spawn(move |_| f(j));
+        }
+        // Each job is taken by exactly one thread (the pool hands out each index once).
+        let slots: Vec<Mutex<Option<J>>> = jobs.into_iter().map(|j| Mutex::new(Some(j))).collect();
+        pool.run(slots.len(), &|i| {
+            let job = slots[i].lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some(job) = job {
+                f(job);
             }
-            f(first);
         });
     }
 }

@@ -12,7 +12,7 @@
 
 use anyhow::{bail, Context, Result};
 use std::time::Instant;
-use zero_kernels::nn::gemm_bf16::{sgemm_bf16, Bf16Kernel};
+use zero_kernels::nn::gemm_bf16::Bf16Kernel;
 use zero_kernels::nn::sgemm::{sgemm, SgemmKernel};
 use zero_kernels::nn::{Gemm, MatLayout};
 
@@ -29,7 +29,8 @@ pub struct GemmArgs {
     /// every one this CPU runs but the portable one.
     #[arg(long)]
     kernels: Option<String>,
-    /// Threads (rows of C split in bands, one per thread, as `Gemm::run` does).
+    /// Threads: `Gemm::run`'s pool, as training uses it (rows of C in bands, one per
+    /// thread; AMX threads also share one packed B).
     #[arg(long, default_value_t = 1)]
     threads: usize,
     /// Interleaved rounds (the median is reported).
@@ -94,17 +95,25 @@ fn time(method: Method, s: &mut Shape, gemm: &Gemm, threads: usize) -> f64 {
     let (m, k, n) = (s.m, s.k, s.n);
     let t0 = Instant::now();
     match method {
-        Method::Sgemm => gemm.run(
-            1.0,
-            &s.a,
-            MatLayout::rm(m, k, k),
-            &s.b,
-            MatLayout::rm(n, k, k).t(),
-            0.0,
-            &mut s.c,
-            MatLayout::rm(m, n, n),
-        ),
-        Method::Bf16(_) | Method::F32(_) => {
+        // The pool's threads, as training runs them (AMX threads share one packed B).
+        Method::Sgemm | Method::Bf16(_) => {
+            let bf16 = match method {
+                Method::Bf16(kernel) => Some(kernel),
+                _ => None,
+            };
+            gemm.with_bf16_kernel(bf16).run(
+                1.0,
+                &s.a,
+                MatLayout::rm(m, k, k),
+                &s.b,
+                MatLayout::rm(n, k, k).t(),
+                0.0,
+                &mut s.c,
+                MatLayout::rm(m, n, n),
+            )
+        }
+        // A forced f32 kernel: bands of rows on scoped threads.
+        Method::F32(kernel) => {
             let rows = m.div_ceil(threads.clamp(1, m));
             let (a, b) = (&s.a, &s.b);
             std::thread::scope(|sc| {
@@ -118,43 +127,23 @@ fn time(method: Method, s: &mut Shape, gemm: &Gemm, threads: usize) -> f64 {
                         unsafe {
                             let a = a[r0 * k..].as_ptr();
                             let (ki, ni) = (k as isize, n as isize);
-                            match method {
-                                Method::F32(f) => sgemm(
-                                    f,
-                                    mr,
-                                    k,
-                                    n,
-                                    1.0,
-                                    a,
-                                    ki,
-                                    1,
-                                    b.as_ptr(),
-                                    1,
-                                    ki,
-                                    0.0,
-                                    c.as_mut_ptr(),
-                                    ni,
-                                    1,
-                                ),
-                                Method::Bf16(kernel) => sgemm_bf16(
-                                    kernel,
-                                    mr,
-                                    k,
-                                    n,
-                                    1.0,
-                                    a,
-                                    ki,
-                                    1,
-                                    b.as_ptr(),
-                                    1,
-                                    ki,
-                                    0.0,
-                                    c.as_mut_ptr(),
-                                    ni,
-                                    1,
-                                ),
-                                Method::Sgemm => unreachable!("timed through Gemm::run"),
-                            }
+                            sgemm(
+                                kernel,
+                                mr,
+                                k,
+                                n,
+                                1.0,
+                                a,
+                                ki,
+                                1,
+                                b.as_ptr(),
+                                1,
+                                ki,
+                                0.0,
+                                c.as_mut_ptr(),
+                                ni,
+                                1,
+                            )
                         }
                     };
                     if r0 == 0 {

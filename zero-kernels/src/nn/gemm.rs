@@ -109,6 +109,24 @@ impl Gemm {
         }
     }
 
+    /// The same GEMM (same threads) with f32 operands rounded to bf16 on `kernel`'s
+    /// micro-kernel (`None`: exact f32 operands); for benchmarks that time each kernel.
+    ///
+    /// # Panics
+    /// When this CPU does not run `kernel` ([`Bf16Kernel::is_available`]).
+    pub fn with_bf16_kernel(&self, kernel: Option<Bf16Kernel>) -> Self {
+        if let Some(k) = kernel {
+            assert!(
+                k.is_available(),
+                "bf16 kernel {k} is not available on this CPU"
+            );
+        }
+        Gemm {
+            workers: self.workers.clone(),
+            bf16: kernel,
+        }
+    }
+
     /// Whether f32 operands are rounded to bf16.
     pub fn bf16_operands(&self) -> bool {
         self.bf16.is_some()
@@ -201,6 +219,32 @@ impl Gemm {
         if bands == 1 {
             call(0, m, pc);
             return;
+        }
+        if let (Some(kernel), Some(shared)) = (bf16, F::GEMM_BF16_SHARED) {
+            // SAFETY: as `call`, over all rows.
+            let done = unsafe {
+                shared(
+                    &self.workers,
+                    kernel,
+                    m,
+                    k,
+                    n,
+                    alpha,
+                    pa,
+                    la.rs as isize,
+                    la.cs as isize,
+                    pb,
+                    lb.rs as isize,
+                    lb.cs as isize,
+                    beta,
+                    pc.get(),
+                    lc.rs as isize,
+                    lc.cs as isize,
+                )
+            };
+            if done {
+                return;
+            }
         }
         let per = m.div_ceil(bands);
         let (pa_s, pb_s) = (SendPtr(pa as *mut F), SendPtr(pb as *mut F));

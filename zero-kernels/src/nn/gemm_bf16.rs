@@ -43,6 +43,7 @@
 //! denormal inputs and outputs flushed), so it agrees with the others within the f32
 //! summation bound, not bit for bit (tested against that bound).
 
+use crate::par::Workers;
 use std::sync::OnceLock;
 
 /// Rows of A per micro-tile of the AVX-512 BF16 and portable kernels.
@@ -550,19 +551,13 @@ struct TileRows(Vec<Line>);
 struct Line([u32; 16]);
 
 impl TileRows {
-    /// The first `len` u32, zeroed.
-    fn zeroed(&mut self, len: usize) -> &mut [u32] {
-        self.0.clear();
+    /// The first `len` u32, as they are (a buffer reused between calls: the packing
+    /// writes every value it later reads, or zeroes them).
+    fn sized(&mut self, len: usize) -> &mut [u32] {
         self.0.resize(len.div_ceil(16), Line([0; 16]));
         // SAFETY: the vector holds len.div_ceil(16) * 16 >= len initialised u32,
         // contiguous (a `Line` is 64 bytes of u32, no padding).
         unsafe { std::slice::from_raw_parts_mut(self.0.as_mut_ptr() as *mut u32, len) }
-    }
-
-    /// Every u32 held.
-    fn all(&self) -> &[u32] {
-        // SAFETY: as in `zeroed`: 16 initialised u32 per line.
-        unsafe { std::slice::from_raw_parts(self.0.as_ptr() as *const u32, 16 * self.0.len()) }
     }
 }
 
@@ -766,7 +761,8 @@ unsafe fn pack_a_amx(
     }
 }
 
-/// [`pack_b`]'s layout for AMX (pairs padded to whole tiles, into 64-byte lines), with
+/// [`pack_b`]'s layout for AMX (pairs padded to whole tiles; `out` holds at least the
+/// panels' `n.div_ceil(NR) * pairs * NR` values, from a 64-byte line), with
 /// AVX-512 over whole blocks of 16 pairs x 16 columns in the two layouts the model passes
 /// (B row-major, B = W^T).
 ///
@@ -775,7 +771,7 @@ unsafe fn pack_a_amx(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn pack_b_amx(
-    out: &mut TileRows,
+    out: &mut [u32],
     b: *const f32,
     rsb: isize,
     csb: isize,
@@ -785,7 +781,12 @@ unsafe fn pack_b_amx(
 ) {
     let pairs = padded_pairs(kc, AMX_PAIRS);
     let panels = n.div_ceil(NR);
-    let out = out.zeroed(panels * pairs * NR);
+    let out = &mut out[..panels * pairs * NR];
+    if !n.is_multiple_of(NR) || 2 * pairs > kc {
+        // Missing columns, the odd k and the padding pairs stay zero; otherwise every
+        // slot is written below.
+        out.fill(0);
+    }
     let at = |k: usize, j: usize| *b.offset(k as isize * rsb + j as isize * csb);
     let full = kc / 2;
     let vec_pairs = full - full % AMX_PAIRS;
@@ -898,6 +899,7 @@ unsafe fn kernel_avx512bf16(pairs: usize, a: &[u32], b: &[u32], tile: &mut [f32]
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 #[allow(clippy::too_many_arguments)]
 unsafe fn sgemm_amx(
+    workers: Option<&Workers>,
     m: usize,
     k: usize,
     n: usize,
@@ -914,22 +916,15 @@ unsafe fn sgemm_amx(
     csc: isize,
 ) {
     let c_at = |i: usize, j: usize| c.offset(i as isize * rsc + j as isize * csc);
+    let sums = |from_s: bool, s: *mut f32, lds: usize| match workers {
+        Some(w) if w.threads() > 1 && m > AMX_MR => {
+            amx_sums_threaded(w, m, k, n, a, rsa, csa, b, rsb, csb, from_s, s, lds)
+        }
+        _ => amx_sums(m, k, n, a, rsa, csa, b, rsb, csb, from_s, s, lds),
+    };
     let in_place = csc == 1 && rsc >= n as isize && (beta == 0.0 || (beta == 1.0 && alpha == 1.0));
     if in_place {
-        amx_sums(
-            m,
-            k,
-            n,
-            a,
-            rsa,
-            csa,
-            b,
-            rsb,
-            csb,
-            beta != 0.0,
-            c,
-            rsc as usize,
-        );
+        sums(beta != 0.0, c, rsc as usize);
         if alpha != 1.0 {
             for i in 0..m {
                 std::slice::from_raw_parts_mut(c_at(i, 0), n)
@@ -939,22 +934,9 @@ unsafe fn sgemm_amx(
         }
         return;
     }
-    let mut sums = vec![0f32; m * n];
-    amx_sums(
-        m,
-        k,
-        n,
-        a,
-        rsa,
-        csa,
-        b,
-        rsb,
-        csb,
-        false,
-        sums.as_mut_ptr(),
-        n,
-    );
-    for (i, row) in sums.chunks_exact(n).enumerate() {
+    let mut scratch = vec![0f32; m * n];
+    sums(false, scratch.as_mut_ptr(), n);
+    for (i, row) in scratch.chunks_exact(n).enumerate() {
         for (j, &s) in row.iter().enumerate() {
             let x = c_at(i, j);
             *x = if beta == 0.0 {
@@ -966,14 +948,107 @@ unsafe fn sgemm_amx(
     }
 }
 
+/// How [`amx_sums`] blocks a product (the BLIS loops, outermost first): K in equal blocks
+/// of whole tiles, at most [`AMX_KC`] (`kcb` each but the last), so the chain of an
+/// element runs through the blocks in k order; N in equal blocks of whole panels whose
+/// packed B fits [`AMX_B_BLOCK_BYTES`] (`ncb`), packed once and kept in L2 while every
+/// 32-row band of A passes over it. k and n alone decide them, never the rows.
+#[derive(Clone, Copy)]
+struct AmxBlocks {
+    kcb: usize,
+    ncb: usize,
+}
+
+impl AmxBlocks {
+    fn new(k: usize, n: usize) -> Self {
+        let kcb = k
+            .div_ceil(k.div_ceil(AMX_KC))
+            .next_multiple_of(2 * AMX_PAIRS);
+        let nc_max = (AMX_B_BLOCK_BYTES / (2 * kcb) / NR * NR).max(NR);
+        let ncb = n.div_ceil(n.div_ceil(nc_max)).next_multiple_of(NR);
+        AmxBlocks { kcb, ncb }
+    }
+
+    /// Every (K block, N block) of a k x n B as `(kb, kc, jc, nc)`, in the order the
+    /// chains need.
+    fn blocks(self, k: usize, n: usize) -> impl Iterator<Item = (usize, usize, usize, usize)> {
+        (0..k).step_by(self.kcb).flat_map(move |kb| {
+            (0..n)
+                .step_by(self.ncb)
+                .map(move |jc| (kb, self.kcb.min(k - kb), jc, self.ncb.min(n - jc)))
+        })
+    }
+}
+
+/// A 32 x 32 block of sums for the edges of S (aligned as tile rows like).
+#[repr(C, align(64))]
+struct Stage([f32; AMX_MR * NR]);
+
+/// One block of [`amx_sums`]: rows `rows` of S, columns `jc..jc + nc`, over k in
+/// `kb..kb + kc`, with that block of B packed in `b_packed` ([`pack_b_amx`]). Bands of
+/// 32 rows of A (`32 x K block` bf16, up to 64 KiB, in L1 and L2) are packed into
+/// `a_band` and reused over the panels; each 32 x 32 block of S is held in the tiles
+/// through the K block ([`amx::kernel`]), started from S when `load`.
+///
+/// # Safety
+/// As [`amx_sums`]; `tiles` is this thread's; `rows` lie in `0..m`.
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+#[allow(clippy::too_many_arguments)]
+unsafe fn amx_block(
+    tiles: &amx::Tiles,
+    a_band: &mut TileRows,
+    stage: &mut Stage,
+    rows: std::ops::Range<usize>,
+    (a, rsa, csa): (*const f32, isize, isize),
+    (kb, kc, jc, nc): (usize, usize, usize, usize),
+    b_packed: &[u32],
+    load: bool,
+    s: *mut f32,
+    lds: usize,
+) {
+    let pairs = padded_pairs(kc, AMX_PAIRS);
+    let a_packed = a_band.sized(AMX_MR * a_row_stride(pairs));
+    for i0 in rows.clone().step_by(AMX_MR) {
+        let mr = AMX_MR.min(rows.end - i0);
+        pack_a_amx(a_packed, a, rsa, csa, i0, mr, kb, kc);
+        for (panel, bp) in b_packed[..nc.div_ceil(NR) * pairs * NR]
+            .chunks_exact(pairs * NR)
+            .enumerate()
+        {
+            let j0 = jc + panel * NR;
+            let width = NR.min(jc + nc - j0);
+            let block = s.add(i0 * lds + j0);
+            // The next block: the next panel's, else the next band's first.
+            let next = if j0 + NR < jc + nc {
+                block.wrapping_add(NR)
+            } else {
+                s.wrapping_add((i0 + AMX_MR) * lds + jc)
+            };
+            if mr == AMX_MR && width == NR {
+                amx::kernel(tiles, pairs, a_packed, bp, block, lds, load, next, lds);
+                continue;
+            }
+            // An edge block runs through the stage: the same steps per element.
+            if load {
+                for r in 0..mr {
+                    let row = std::slice::from_raw_parts(block.add(r * lds), width);
+                    stage.0[r * NR..][..width].copy_from_slice(row);
+                }
+            }
+            let staged = stage.0.as_mut_ptr();
+            amx::kernel(tiles, pairs, a_packed, bp, staged, NR, load, next, lds);
+            for r in 0..mr {
+                let row = std::slice::from_raw_parts_mut(block.add(r * lds), width);
+                row.copy_from_slice(&stage.0[r * NR..][..width]);
+            }
+        }
+    }
+}
+
 /// `S (+)= bf16(A) bf16(B)` on AMX into the row-major `s` (rows `lds` apart), from S's
-/// values (`from_s`) or from zero. Blocking (the BLIS loops, outermost first): K blocks of
-/// up to [`AMX_KC`], so the chain of an element runs through the blocks in k order;
-/// column blocks whose packed B ([`AMX_B_BLOCK_BYTES`]) is packed once and stays in L2;
-/// 32-row bands of A (`32 x K block` bf16, up to 64 KiB, in L1 and L2) packed once per
-/// column block and reused over its 32-column panels; the micro-kernel holds a 32 x 32
-/// block of sums in the tiles through a K block ([`amx::kernel`]). Packed operands start
-/// on cache lines ([`TileRows`]).
+/// values (`from_s`) or from zero, on this thread: per block ([`AmxBlocks`]) B is packed
+/// once, then [`amx_block`] runs every row. Packed operands start on cache lines
+/// ([`TileRows`]).
 ///
 /// # Safety
 /// As [`sgemm_bf16`] for A and B; `s` addresses m rows of n writable f32, `lds` apart;
@@ -994,78 +1069,140 @@ unsafe fn amx_sums(
     s: *mut f32,
     lds: usize,
 ) {
-    /// A 32 x 32 block of sums for the edges of C (aligned as tile rows like).
-    #[repr(C, align(64))]
-    struct Stage([f32; AMX_MR * NR]);
-    // K in equal blocks of whole tiles, at most AMX_KC (k alone decides them, never the
-    // rows); N in equal blocks of whole panels whose packed B fits AMX_B_BLOCK_BYTES.
-    let kcb = k
-        .div_ceil(k.div_ceil(AMX_KC))
-        .next_multiple_of(2 * AMX_PAIRS);
-    let nc_max = (AMX_B_BLOCK_BYTES / (2 * kcb) / NR * NR).max(NR);
-    let ncb = n.div_ceil(n.div_ceil(nc_max)).next_multiple_of(NR);
     let tiles = amx::Tiles::configure();
     // This thread's packing buffers, kept between calls: a fresh 1.5 MiB block costs a
     // page fault per 4 KiB on every call, as much as a small product's arithmetic.
     let (mut b_packed, mut a_band) = PACKED.with(|p| p.take()).unwrap_or_default();
-    let a_packed = a_band.zeroed(AMX_MR * a_row_stride(padded_pairs(kcb, AMX_PAIRS)));
     let mut stage = Stage([0.0; AMX_MR * NR]);
-    for kb in (0..k).step_by(kcb) {
-        let kc = kcb.min(k - kb);
+    for (kb, kc, jc, nc) in AmxBlocks::new(k, n).blocks(k, n) {
         let pairs = padded_pairs(kc, AMX_PAIRS);
-        let load = from_s || kb > 0;
-        for jc in (0..n).step_by(ncb) {
-            let nc = ncb.min(n - jc);
-            pack_b_amx(
-                &mut b_packed,
-                b.offset(jc as isize * csb),
-                rsb,
-                csb,
-                kb,
-                kc,
-                nc,
-            );
-            for i0 in (0..m).step_by(AMX_MR) {
-                let mr = AMX_MR.min(m - i0);
-                pack_a_amx(a_packed, a, rsa, csa, i0, mr, kb, kc);
-                for (panel, bp) in b_packed.all().chunks_exact(pairs * NR).enumerate() {
-                    let j0 = jc + panel * NR;
-                    let width = NR.min(n - j0);
-                    let block = s.add(i0 * lds + j0);
-                    // The next block: the next panel's, else the next band's first.
-                    let next = if j0 + NR < jc + nc {
-                        block.wrapping_add(NR)
-                    } else {
-                        s.wrapping_add((i0 + AMX_MR) * lds + jc)
-                    };
-                    if mr == AMX_MR && width == NR {
-                        amx::kernel(&tiles, pairs, a_packed, bp, block, lds, load, next, lds);
-                        continue;
-                    }
-                    // An edge block runs through the stage: the same steps per element.
-                    if load {
-                        for r in 0..mr {
-                            let row = std::slice::from_raw_parts(block.add(r * lds), width);
-                            stage.0[r * NR..][..width].copy_from_slice(row);
-                        }
-                    }
-                    let staged = stage.0.as_mut_ptr();
-                    amx::kernel(&tiles, pairs, a_packed, bp, staged, NR, load, next, lds);
-                    for r in 0..mr {
-                        let row = std::slice::from_raw_parts_mut(block.add(r * lds), width);
-                        row.copy_from_slice(&stage.0[r * NR..][..width]);
-                    }
-                }
-            }
-        }
+        let packed = b_packed.sized(nc.div_ceil(NR) * pairs * NR);
+        pack_b_amx(packed, b.offset(jc as isize * csb), rsb, csb, kb, kc, nc);
+        amx_block(
+            &tiles,
+            &mut a_band,
+            &mut stage,
+            0..m,
+            (a, rsa, csa),
+            (kb, kc, jc, nc),
+            packed,
+            from_s || kb > 0,
+            s,
+            lds,
+        );
     }
     PACKED.with(|p| p.set(Some((b_packed, a_band))));
+}
+
+/// A raw pointer handed to the pool's threads by [`amx_sums_threaded`].
+#[derive(Clone, Copy)]
+struct SharedPtr(*mut f32);
+// SAFETY: the threads only read A and B through it, and write disjoint rows of S; the
+// pool's batch returns only when every thread is done.
+unsafe impl Send for SharedPtr {}
+// SAFETY: as above.
+unsafe impl Sync for SharedPtr {}
+
+impl SharedPtr {
+    /// The pointer (a method, so closures capture the whole wrapper, not the field).
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+/// [`amx_sums`] on `workers`' threads, with one packed B shared by all of them (rather
+/// than each band of rows packing the whole of B itself, which cost as much as a third
+/// of the products on the model's shapes): per block, the threads pack a share of B's
+/// panels each, then each runs its band of rows over all the panels. Every element is
+/// still one chain in k order, so the bits are those of one thread.
+///
+/// # Safety
+/// As [`amx_sums`].
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+#[allow(clippy::too_many_arguments)]
+unsafe fn amx_sums_threaded(
+    workers: &Workers,
+    m: usize,
+    k: usize,
+    n: usize,
+    a: *const f32,
+    rsa: isize,
+    csa: isize,
+    b: *const f32,
+    rsb: isize,
+    csb: isize,
+    from_s: bool,
+    s: *mut f32,
+    lds: usize,
+) {
+    let threads = workers.threads();
+    // Bands of whole 32-row blocks, as even as they go.
+    let per_band = m.div_ceil(AMX_MR).div_ceil(threads) * AMX_MR;
+    let bands: Vec<std::ops::Range<usize>> = (0..m)
+        .step_by(per_band)
+        .map(|r0| r0..(r0 + per_band).min(m))
+        .collect();
+    let (pa, pb, ps) = (
+        SharedPtr(a as *mut f32),
+        SharedPtr(b as *mut f32),
+        SharedPtr(s),
+    );
+    let mut shared_b = SHARED_B.with(|p| p.take()).unwrap_or_default();
+    for (kb, kc, jc, nc) in AmxBlocks::new(k, n).blocks(k, n) {
+        let panel_len = padded_pairs(kc, AMX_PAIRS) * NR;
+        let panels = nc.div_ceil(NR);
+        let packed = shared_b.sized(panels * panel_len);
+        // Pack: each thread a run of whole panels, into its own part of the buffer.
+        let per_part = panels.div_ceil(threads);
+        let parts: Vec<(usize, &mut [u32])> = packed
+            .chunks_mut(per_part * panel_len)
+            .enumerate()
+            .map(|(i, part)| (i * per_part, part))
+            .collect();
+        workers.run(parts, |(p0, part)| {
+            let cols = (part.len() / panel_len * NR).min(nc - p0 * NR);
+            // SAFETY: columns jc + p0 * NR.. of B's rows kb..kb + kc lie in B (the
+            // caller's contract); `part` holds those panels; AMX CPUs have AVX-512F/BW.
+            unsafe {
+                let from = pb.get().offset((jc + p0 * NR) as isize * csb);
+                pack_b_amx(part, from, rsb, csb, kb, kc, cols);
+            }
+        });
+        let packed: &[u32] = packed;
+        workers.run(bands.clone(), |rows| {
+            // SAFETY: each band writes its own rows of S; A and the packed B are only
+            // read; AMX is usable on every thread of this process (the permission is
+            // the process's, the tile configuration each thread's, made here).
+            unsafe {
+                let tiles = amx::Tiles::configure();
+                let (b_own, mut a_band) = PACKED.with(|p| p.take()).unwrap_or_default();
+                let mut stage = Stage([0.0; AMX_MR * NR]);
+                amx_block(
+                    &tiles,
+                    &mut a_band,
+                    &mut stage,
+                    rows,
+                    (pa.get(), rsa, csa),
+                    (kb, kc, jc, nc),
+                    packed,
+                    from_s || kb > 0,
+                    ps.get(),
+                    lds,
+                );
+                PACKED.with(|p| p.set(Some((b_own, a_band))));
+            }
+        });
+    }
+    SHARED_B.with(|p| p.set(Some(shared_b)));
 }
 
 thread_local! {
     /// Each thread's AMX packing buffers (B's block, A's band) between calls; taken out
     /// for a call, so a call made while they are out starts with new ones.
     static PACKED: std::cell::Cell<Option<(TileRows, TileRows)>> = const { std::cell::Cell::new(None) };
+    /// The calling thread's buffer for the B that [`amx_sums_threaded`] packs for all
+    /// its threads.
+    static SHARED_B: std::cell::Cell<Option<TileRows>> = const { std::cell::Cell::new(None) };
 }
 
 /// `C = alpha * bf16(A) bf16(B) + beta * C`, f32 accumulation, with `kernel`.
@@ -1108,7 +1245,9 @@ pub unsafe fn sgemm_bf16(
     }
     #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
     if kernel == Bf16Kernel::Amx {
-        sgemm_amx(m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc);
+        sgemm_amx(
+            None, m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc,
+        );
         return;
     }
     let mut b_packed = Vec::new();
@@ -1159,6 +1298,47 @@ pub unsafe fn sgemm_bf16(
             }
         }
     }
+}
+
+/// [`sgemm_bf16`] on all of `workers`' threads at once, where the kernel shares work
+/// better that way than bands of rows each on their own thread: AMX, whose threads share
+/// one packed B (`amx_sums_threaded`). Returns false, having done nothing, for the other
+/// kernels (the caller splits rows). Same bits as one thread.
+///
+/// # Safety
+/// As [`sgemm_bf16`].
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn sgemm_bf16_shared(
+    workers: &Workers,
+    kernel: Bf16Kernel,
+    m: usize,
+    k: usize,
+    n: usize,
+    alpha: f32,
+    a: *const f32,
+    rsa: isize,
+    csa: isize,
+    b: *const f32,
+    rsb: isize,
+    csb: isize,
+    beta: f32,
+    c: *mut f32,
+    rsc: isize,
+    csc: isize,
+) -> bool {
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    if kernel == Bf16Kernel::Amx && m > 0 && n > 0 && k > 0 {
+        let w = Some(workers);
+        sgemm_amx(
+            w, m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc,
+        );
+        return true;
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+    let _ = (
+        workers, kernel, m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc,
+    );
+    false
 }
 
 #[cfg(test)]
@@ -1439,6 +1619,58 @@ mod tests {
                         .all(|(x, y)| x.to_bits() == y.to_bits()),
                     "{kernel} alpha {alpha} beta {beta}: bands differ"
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn amx_on_a_pool_sharing_packed_b_gives_the_bits_of_one_thread() {
+        use super::super::gemm::{Gemm, MatLayout};
+        if !have(Bf16Kernel::Amx) {
+            return;
+        }
+        // (m, k, n, A stored transposed, B stored transposed): two N blocks (k = 1100
+        // gives K blocks of 576 and N blocks of at most 1344 columns), edge rows and
+        // columns, odd k, A = X^T (weight gradients) and B = W^T (forward) layouts.
+        let cases = [
+            (70, 1100, 1400, false, false),
+            (1024, 384, 1536, false, true),
+            (384, 1024, 1152, true, false),
+            (33, 64, 600, false, false),
+            (100, 31, 777, true, true),
+        ];
+        for (m, k, n, at, bt) in cases {
+            let (a, b, c0) = (vals(m * k, 31), vals(k * n, 32), vals(m * n, 33));
+            let la = if at {
+                MatLayout::rm(k, m, m).t()
+            } else {
+                MatLayout::rm(m, k, k)
+            };
+            let lb = if bt {
+                MatLayout::rm(n, k, k).t()
+            } else {
+                MatLayout::rm(k, n, n)
+            };
+            let lc = MatLayout::rm(m, n, n);
+            for (alpha, beta) in [(1.0f32, 0.0f32), (1.0, 1.0), (0.5, 0.0), (0.5, 2.0)] {
+                let run = |threads: usize| {
+                    let mut c = c0.clone();
+                    Gemm::new(threads)
+                        .with_bf16_kernel(Some(Bf16Kernel::Amx))
+                        .run(alpha, &a, la, &b, lb, beta, &mut c, lc);
+                    c
+                };
+                let one = run(1);
+                for threads in [2, 3] {
+                    let many = run(threads);
+                    assert!(
+                        one.iter()
+                            .zip(&many)
+                            .all(|(x, y)| x.to_bits() == y.to_bits()),
+                        "{m}x{k}x{n} A^T {at} B^T {bt} alpha {alpha} beta {beta}: \
+                         {threads} threads differ from one"
+                    );
+                }
             }
         }
     }

@@ -92,7 +92,32 @@ pub trait Scalar:
         rsc: isize,
         csc: isize,
     );
+
+    /// The bf16-operand product on all of a pool's threads at once, where a kernel
+    /// shares work across them ([`super::gemm_bf16::sgemm_bf16_shared`], f32); `None`
+    /// for f64.
+    const GEMM_BF16_SHARED: Option<GemmBf16Shared<Self>>;
 }
+
+/// [`super::gemm_bf16::sgemm_bf16_shared`]'s signature over a scalar type.
+pub type GemmBf16Shared<F> = unsafe fn(
+    &crate::par::Workers,
+    super::gemm_bf16::Bf16Kernel,
+    usize,
+    usize,
+    usize,
+    F,
+    *const F,
+    isize,
+    isize,
+    *const F,
+    isize,
+    isize,
+    F,
+    *mut F,
+    isize,
+    isize,
+) -> bool;
 
 /// e^x for f32 without libm, branch-free so loops over it vectorise (Cephes `expf`):
 /// x = n ln2 + r with |r| <= ln2/2, e^r by a degree-7 polynomial, 2^n by building the
@@ -148,8 +173,9 @@ pub(crate) fn interleaved_sums<F: Scalar, const G: usize>(
 }
 
 macro_rules! impl_scalar {
-    ($t:ty, $gemm:path, $gemm_bf16:path, $exp:path, $tanh:path) => {
+    ($t:ty, $gemm:path, $gemm_bf16:path, $shared:expr, $exp:path, $tanh:path) => {
         impl Scalar for $t {
+            const GEMM_BF16_SHARED: Option<GemmBf16Shared<Self>> = $shared;
             const ZERO: Self = 0.0;
             const ONE: Self = 1.0;
             const MIN: Self = <$t>::MIN;
@@ -279,10 +305,18 @@ impl_scalar!(
     f32,
     sgemm_detected,
     super::gemm_bf16::sgemm_bf16,
+    Some(super::gemm_bf16::sgemm_bf16_shared),
     exp_f32,
     tanh_f32
 );
-impl_scalar!(f64, matrixmultiply::dgemm, dgemm_exact, f64::exp, f64::tanh);
+impl_scalar!(
+    f64,
+    matrixmultiply::dgemm,
+    dgemm_exact,
+    None,
+    f64::exp,
+    f64::tanh
+);
 
 #[cfg(test)]
 mod tests {
