@@ -102,7 +102,8 @@ impl Exec {
         Ok(Exec { isa, ..self })
     }
 
-    /// Split each call over `threads` scoped threads (contiguous chunks). Results do not
+    /// Split each call over `threads` threads (contiguous chunks; the process's pool for
+    /// that count, `crate::pool`, else scoped threads). Results do not
     /// depend on the count.
     pub fn with_threads(self, threads: usize) -> Result<Exec, KernelError> {
         if threads == 0 {
