@@ -1,24 +1,25 @@
-//! Optional multi-threading of a kernel over contiguous chunks, on the process's pool of
-//! kernel threads for that count ([`crate::pool`]; scoped threads if it has none). Chunk
+//! Optional multi-threading of a kernel over contiguous chunks, on the pool of the device
+//! made on this thread with that many threads ([`crate::pool`]), else on scoped threads. Chunk
 //! starts are multiples of the kernel's block size, and every kernel's result for an
 //! element depends only on that element (or, for reductions, on fixed blocks; sums over
 //! rows, as the layer norm and bias gradients are, split by channels, each channel summing
 //! all rows in row order), so the thread count never changes a bit of the output.
 
 use crate::isa::Exec;
-use crate::pool::{shared_pool, SpinPool};
+use crate::pool::{device_pool, pool_of_this_thread, SpinPool};
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
-/// Below this many elements per thread, spawning costs more than it saves (tests split
+/// Below this many elements per thread, a split costs more than it saves (tests split
 /// anything, to exercise the chunking).
 pub(crate) const MIN_PER_THREAD: usize = if cfg!(test) { 1 } else { 1 << 16 };
 
-/// A raw pointer that may cross into the scoped threads. Each thread touches a disjoint
+/// A raw pointer that may cross into the kernel threads. Each thread touches a disjoint
 /// chunk, which is what makes sharing it sound.
 #[derive(Clone, Copy)]
 pub(crate) struct SendPtr<T>(pub *mut T);
-// SAFETY: used only to hand disjoint index ranges of one live buffer to scoped threads.
+// SAFETY: used only to hand disjoint index ranges of one live buffer to kernel threads
+// that are all done before the buffer's borrow ends.
 unsafe impl<T> Send for SendPtr<T> {}
 // SAFETY: as above.
 unsafe impl<T> Sync for SendPtr<T> {}
@@ -46,7 +47,7 @@ pub(crate) fn map<R: Send>(
     if ranges.len() <= 1 {
         return ranges.into_iter().map(&f).collect();
     }
-    if let Some(pool) = shared_pool(exec.threads()) {
+    if let Some(pool) = pool_of_this_thread(exec.threads()) {
         // Each chunk's result lands in its own slot, so the order is the chunks'.
         let out: Vec<Mutex<Option<R>>> = ranges.iter().map(|_| Mutex::new(None)).collect();
         pool.run(ranges.len(), &|i| {
@@ -131,9 +132,10 @@ pub(crate) fn run_parts<J: Send>(jobs: Vec<J>, f: impl Fn(J) + Sync) {
 }
 
 /// The threads one device's kernels run on: the calling thread plus `threads - 1` workers
-/// of the process's pool for that many threads ([`crate::pool`]: they spin between
-/// batches), so a kernel split costs a hand-off through shared memory, not a thread spawn
-/// or a wake-up. Cloning shares the pool.
+/// of a pool kept for the device's life ([`crate::pool`]: they spin between batches), so
+/// a kernel split costs a hand-off through shared memory, not a thread spawn or a
+/// wake-up. Cloning shares the pool; the chunked kernels (`par::map`) called on the thread
+/// that made it, with its thread count, run on it too.
 #[derive(Clone)]
 pub struct Workers {
     threads: usize,
@@ -153,7 +155,7 @@ impl Workers {
         let threads = threads.max(1);
         Workers {
             threads,
-            pool: shared_pool(threads),
+            pool: device_pool(threads),
         }
     }
 

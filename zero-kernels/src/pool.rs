@@ -18,9 +18,9 @@
 //! then returns, which is what makes handing the workers a borrowed closure sound.
 
 use std::any::Any;
-use std::collections::HashMap;
+
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering::SeqCst};
-use std::sync::{Arc, Condvar, Mutex, OnceLock, TryLockError};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, TryLockError, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -49,33 +49,52 @@ fn spin_time() -> Duration {
     })
 }
 
-/// The process's pool for `threads` threads in all (`threads - 1` workers), made on first
-/// use and kept: every device and kernel call that splits K ways shares it, as an OpenMP
-/// runtime shares its team, so the GEMMs (`Workers`) and the chunked kernels (`Exec`
-/// threads: casts, AdamW) never run two sets of spinning threads on one core. `None`
-/// for one thread, or when the OS refuses threads (warned once per size; callers then
-/// spawn scoped threads per call).
-pub(crate) fn shared_pool(threads: usize) -> Option<Arc<SpinPool>> {
-    static POOLS: OnceLock<Mutex<HashMap<usize, Option<Arc<SpinPool>>>>> = OnceLock::new();
+/// A pool of `threads` threads in all (`threads - 1` workers) for one device (`Workers`),
+/// also made the pool of the chunked kernels (`Exec` threads: casts, AdamW) that run on
+/// the calling thread with that count (see [`pool_of_this_thread`]), so a device's GEMMs
+/// and its other kernels share one team of spinning threads, as an OpenMP runtime's do.
+/// Each device has its own (thread ranks in one process run side by side). `None` for
+/// one thread, or when the OS refuses threads (warned; callers then spawn scoped
+/// threads per call).
+pub(crate) fn device_pool(threads: usize) -> Option<Arc<SpinPool>> {
     if threads <= 1 {
         return None;
     }
-    let mut pools = POOLS
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
-    pools
-        .entry(threads)
-        .or_insert_with(|| match SpinPool::new(threads - 1) {
-            Ok(p) => Some(Arc::new(p)),
-            Err(e) => {
-                log::warn!(
-                    "no pool of {threads} kernel threads ({e}); threads are spawned per call"
-                );
-                None
-            }
-        })
-        .clone()
+    match SpinPool::new(threads - 1) {
+        Ok(p) => {
+            let pool = Arc::new(p);
+            THIS_THREADS_POOLS.with(|pools| {
+                let mut pools = pools.borrow_mut();
+                pools.retain(|(k, w)| *k != threads && w.strong_count() > 0);
+                pools.push((threads, Arc::downgrade(&pool)));
+            });
+            Some(pool)
+        }
+        Err(e) => {
+            log::warn!("no pool of {threads} kernel threads ({e}); threads are spawned per call");
+            None
+        }
+    }
+}
+
+/// The live pool of `threads` threads made last on this thread ([`device_pool`]), if any:
+/// the one a chunked kernel called here with that many threads runs on.
+pub(crate) fn pool_of_this_thread(threads: usize) -> Option<Arc<SpinPool>> {
+    THIS_THREADS_POOLS.with(|pools| {
+        pools
+            .borrow()
+            .iter()
+            .rev()
+            .find(|(k, _)| *k == threads)
+            .and_then(|(_, w)| w.upgrade())
+    })
+}
+
+thread_local! {
+    /// The pools made on this thread, by thread count (weak: a device's drop frees its
+    /// pool).
+    static THIS_THREADS_POOLS: std::cell::RefCell<Vec<(usize, Weak<SpinPool>)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// One batch of jobs `0..jobs`, run by whoever claims them first.
@@ -102,7 +121,13 @@ impl Batch {
             let run = unsafe { &*self.run };
             if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(i))) {
                 let mut first = self.panic.lock().unwrap_or_else(|e| e.into_inner());
-                first.get_or_insert(p);
+                if first.is_none() {
+                    *first = Some(p);
+                } else {
+                    // Only the first is carried; a later payload is not dropped here,
+                    // where a payload whose drop panics would end this thread mid-batch.
+                    std::mem::forget(p);
+                }
             }
             self.finished.fetch_add(1, SeqCst);
         }
@@ -186,7 +211,9 @@ fn worker(shared: &Shared) {
     }
 }
 
-/// `threads - 1` spinning workers (the caller is the other thread).
+/// `threads - 1` spinning workers (the caller is the other thread). One batch at a time:
+/// a second caller while a batch runs (a job that splits again, or another thread using
+/// the same device) runs its jobs itself, serially, rather than wait.
 pub(crate) struct SpinPool {
     shared: Arc<Shared>,
     handles: Vec<JoinHandle<()>>,
@@ -342,6 +369,21 @@ mod tests {
             }
         });
         assert_eq!(n.load(SeqCst), 6 + 600);
+    }
+
+    #[test]
+    fn a_device_pool_serves_the_chunked_kernels_of_its_own_thread_while_it_lives() {
+        let mine = device_pool(3).expect("threads");
+        let found = pool_of_this_thread(3).expect("registered");
+        assert!(Arc::ptr_eq(&found, &mine));
+        drop(found);
+        assert!(pool_of_this_thread(2).is_none());
+        std::thread::scope(|s| {
+            s.spawn(|| assert!(pool_of_this_thread(3).is_none()));
+        });
+        drop(mine);
+        assert!(pool_of_this_thread(3).is_none());
+        assert!(device_pool(1).is_none());
     }
 
     #[test]

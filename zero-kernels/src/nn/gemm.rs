@@ -63,11 +63,11 @@ impl MatLayout {
     }
 }
 
-/// A raw pointer handed to a scoped worker thread; the bands it addresses are disjoint.
+/// A raw pointer handed to the kernel threads; the bands it addresses are disjoint.
 #[derive(Clone, Copy)]
 struct SendPtr<T>(*mut T);
 // SAFETY: only used inside `Gemm::run`, where each thread writes a disjoint band of C and
-// reads A and B, which no thread writes; the scope joins all threads before returning.
+// reads A and B, which no thread writes; `Workers::run` returns when every band is done.
 unsafe impl<T> Send for SendPtr<T> {}
 unsafe impl<T> Sync for SendPtr<T> {}
 
@@ -78,7 +78,7 @@ impl<T> SendPtr<T> {
     }
 }
 
-/// Below this many multiply-adds a call is not split across threads (spawning costs
+/// Below this many multiply-adds a call is not split across threads (the hand-off costs
 /// more than it saves).
 const MIN_PARALLEL_WORK: usize = 1 << 20;
 

@@ -43,7 +43,7 @@
 //! denormal inputs and outputs flushed), so it agrees with the others within the f32
 //! summation bound, not bit for bit (tested against that bound).
 
-use crate::par::Workers;
+use crate::par::{SendPtr, Workers};
 use std::sync::OnceLock;
 
 /// Rows of A per micro-tile of the AVX-512 BF16 and portable kernels.
@@ -915,7 +915,19 @@ unsafe fn sgemm_amx(
     rsc: isize,
     csc: isize,
 ) {
-    let c_at = |i: usize, j: usize| c.offset(i as isize * rsc + j as isize * csc);
+    let pc = SendPtr(c);
+    // SAFETY (of each use): (i, j) inside C's m x n view (the caller's contract).
+    let c_at = |i: usize, j: usize| pc.at(0).offset(i as isize * rsc + j as isize * csc);
+    // Row-wise work after the sums, split over the threads as the sums were.
+    let each_row = |f: &(dyn Fn(usize) + Sync)| match workers {
+        Some(w) if w.threads() > 1 => {
+            let per = m.div_ceil(w.threads());
+            let parts: Vec<std::ops::Range<usize>> =
+                (0..m).step_by(per).map(|i| i..(i + per).min(m)).collect();
+            w.run(parts, |rows| rows.for_each(f));
+        }
+        _ => (0..m).for_each(f),
+    };
     let sums = |from_s: bool, s: *mut f32, lds: usize| match workers {
         Some(w) if w.threads() > 1 && m > AMX_MR => {
             amx_sums_threaded(w, m, k, n, a, rsa, csa, b, rsb, csb, from_s, s, lds)
@@ -926,26 +938,30 @@ unsafe fn sgemm_amx(
     if in_place {
         sums(beta != 0.0, c, rsc as usize);
         if alpha != 1.0 {
-            for i in 0..m {
-                std::slice::from_raw_parts_mut(c_at(i, 0), n)
-                    .iter_mut()
-                    .for_each(|x| *x *= alpha);
-            }
+            each_row(&|i| {
+                // SAFETY: row i of C, n contiguous values (`in_place`); one job per row.
+                let row = unsafe { std::slice::from_raw_parts_mut(c_at(i, 0), n) };
+                row.iter_mut().for_each(|x| *x *= alpha);
+            });
         }
         return;
     }
     let mut scratch = vec![0f32; m * n];
     sums(false, scratch.as_mut_ptr(), n);
-    for (i, row) in scratch.chunks_exact(n).enumerate() {
-        for (j, &s) in row.iter().enumerate() {
-            let x = c_at(i, j);
-            *x = if beta == 0.0 {
-                alpha * s
-            } else {
-                beta * *x + alpha * s
-            };
+    let scratch = &scratch;
+    each_row(&|i| {
+        for (j, &s) in scratch[i * n..][..n].iter().enumerate() {
+            // SAFETY: element (i, j) of C; row i belongs to this job alone.
+            unsafe {
+                let x = c_at(i, j);
+                *x = if beta == 0.0 {
+                    alpha * s
+                } else {
+                    beta * *x + alpha * s
+                };
+            }
         }
-    }
+    });
 }
 
 /// How [`amx_sums`] blocks a product (the BLIS loops, outermost first): K in equal blocks
@@ -1094,22 +1110,6 @@ unsafe fn amx_sums(
     PACKED.with(|p| p.set(Some((b_packed, a_band))));
 }
 
-/// A raw pointer handed to the pool's threads by [`amx_sums_threaded`].
-#[derive(Clone, Copy)]
-struct SharedPtr(*mut f32);
-// SAFETY: the threads only read A and B through it, and write disjoint rows of S; the
-// pool's batch returns only when every thread is done.
-unsafe impl Send for SharedPtr {}
-// SAFETY: as above.
-unsafe impl Sync for SharedPtr {}
-
-impl SharedPtr {
-    /// The pointer (a method, so closures capture the whole wrapper, not the field).
-    fn get(self) -> *mut f32 {
-        self.0
-    }
-}
-
 /// [`amx_sums`] on `workers`' threads, with one packed B shared by all of them (rather
 /// than each band of rows packing the whole of B itself, which cost as much as a third
 /// of the products on the model's shapes): per block, the threads pack a share of B's
@@ -1142,11 +1142,7 @@ unsafe fn amx_sums_threaded(
         .step_by(per_band)
         .map(|r0| r0..(r0 + per_band).min(m))
         .collect();
-    let (pa, pb, ps) = (
-        SharedPtr(a as *mut f32),
-        SharedPtr(b as *mut f32),
-        SharedPtr(s),
-    );
+    let (pa, pb, ps) = (SendPtr(a as *mut f32), SendPtr(b as *mut f32), SendPtr(s));
     let mut shared_b = SHARED_B.with(|p| p.take()).unwrap_or_default();
     for (kb, kc, jc, nc) in AmxBlocks::new(k, n).blocks(k, n) {
         let panel_len = padded_pairs(kc, AMX_PAIRS) * NR;
@@ -1164,7 +1160,7 @@ unsafe fn amx_sums_threaded(
             // SAFETY: columns jc + p0 * NR.. of B's rows kb..kb + kc lie in B (the
             // caller's contract); `part` holds those panels; AMX CPUs have AVX-512F/BW.
             unsafe {
-                let from = pb.get().offset((jc + p0 * NR) as isize * csb);
+                let from = pb.at(0).offset((jc + p0 * NR) as isize * csb);
                 pack_b_amx(part, from, rsb, csb, kb, kc, cols);
             }
         });
@@ -1182,11 +1178,11 @@ unsafe fn amx_sums_threaded(
                     &mut a_band,
                     &mut stage,
                     rows,
-                    (pa.get(), rsa, csa),
+                    (pa.at(0), rsa, csa),
                     (kb, kc, jc, nc),
                     packed,
                     from_s || kb > 0,
-                    ps.get(),
+                    ps.at(0),
                     lds,
                 );
                 PACKED.with(|p| p.set(Some((b_own, a_band))));
