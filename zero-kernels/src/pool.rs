@@ -18,7 +18,6 @@
 //! then returns, which is what makes handing the workers a borrowed closure sound.
 
 use std::any::Any;
-
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, TryLockError, Weak};
 use std::thread::JoinHandle;

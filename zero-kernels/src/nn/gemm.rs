@@ -103,10 +103,7 @@ impl Gemm {
     /// The same GEMM (same threads) with f32 operands rounded to bf16 (f32 sums) when
     /// `on`, on this CPU's fastest bf16 micro-kernel; f64 products stay exact.
     pub fn with_bf16_operands(&self, on: bool) -> Self {
-        Gemm {
-            workers: self.workers.clone(),
-            bf16: on.then(Bf16Kernel::detect),
-        }
+        self.with_bf16_kernel(on.then(Bf16Kernel::detect))
     }
 
     /// The same GEMM (same threads) with f32 operands rounded to bf16 on `kernel`'s
@@ -191,11 +188,17 @@ impl Gemm {
         } else {
             1
         };
-        let (pa, pb, pc) = (a.as_ptr(), b.as_ptr(), SendPtr(c.as_mut_ptr()));
+        let (pa, pb, pc) = (
+            SendPtr(a.as_ptr() as *mut F),
+            SendPtr(b.as_ptr() as *mut F),
+            SendPtr(c.as_mut_ptr()),
+        );
         let bf16 = self.bf16;
-        let call = |r0: usize, r1: usize, pc: SendPtr<F>| {
+        // Rows r0..r1 of C, on whichever thread calls it.
+        let band = |(r0, r1): (usize, usize)| {
             // SAFETY: the views were bounds-checked above; rows r0..r1 of A and C are
-            // inside them; C does not alias A or B (a `&mut` and two `&`).
+            // inside them; C does not alias A or B (a `&mut` and two `&`); bands on
+            // several threads write disjoint rows of C.
             unsafe {
                 gemm_band(
                     bf16,
@@ -203,10 +206,10 @@ impl Gemm {
                     k,
                     n,
                     alpha,
-                    pa.add(r0 * la.rs),
+                    pa.get().add(r0 * la.rs),
                     la.rs as isize,
                     la.cs as isize,
-                    pb,
+                    pb.get(),
                     lb.rs as isize,
                     lb.cs as isize,
                     beta,
@@ -217,11 +220,11 @@ impl Gemm {
             }
         };
         if bands == 1 {
-            call(0, m, pc);
+            band((0, m));
             return;
         }
         if let (Some(kernel), Some(shared)) = (bf16, F::GEMM_BF16_SHARED) {
-            // SAFETY: as `call`, over all rows.
+            // SAFETY: as `band`, over all rows.
             let done = unsafe {
                 shared(
                     &self.workers,
@@ -230,10 +233,10 @@ impl Gemm {
                     k,
                     n,
                     alpha,
-                    pa,
+                    pa.get(),
                     la.rs as isize,
                     la.cs as isize,
-                    pb,
+                    pb.get(),
                     lb.rs as isize,
                     lb.cs as isize,
                     beta,
@@ -247,34 +250,11 @@ impl Gemm {
             }
         }
         let per = m.div_ceil(bands);
-        let (pa_s, pb_s) = (SendPtr(pa as *mut F), SendPtr(pb as *mut F));
         let jobs: Vec<(usize, usize)> = (0..bands)
             .map(|i| (i * per, ((i + 1) * per).min(m)))
             .filter(|(r0, r1)| r0 < r1)
             .collect();
-        self.workers.run(jobs, |(r0, r1)| {
-            let (pa_s, pb_s) = (pa_s, pb_s);
-            // SAFETY: as above; each band writes rows r0..r1 of C only.
-            unsafe {
-                gemm_band(
-                    bf16,
-                    r1 - r0,
-                    k,
-                    n,
-                    alpha,
-                    pa_s.get().add(r0 * la.rs),
-                    la.rs as isize,
-                    la.cs as isize,
-                    pb_s.get(),
-                    lb.rs as isize,
-                    lb.cs as isize,
-                    beta,
-                    pc.get().add(r0 * lc.rs),
-                    lc.rs as isize,
-                    lc.cs as isize,
-                )
-            }
-        });
+        self.workers.run(jobs, band);
     }
 }
 
