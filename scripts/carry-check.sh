@@ -27,8 +27,8 @@ for tool in readelf objdump strip; do
     command -v "$tool" >/dev/null || fail "$tool not found (install binutils)"
 done
 
-echo "carry-check: cargo build -p zero-bench --release --no-default-features --features cuda (into $target/)"
-cargo build -p zero-bench --release --no-default-features --features cuda --target-dir "$target"
+echo "carry-check: cargo build -p zero-bench --release --no-default-features --features nccl (cuda + NCCL loaded at run time; into $target/)"
+cargo build -p zero-bench --release --no-default-features --features nccl --target-dir "$target"
 
 built="$target/release/zero-bench"
 [ -x "$built" ] || fail "$built was not built"

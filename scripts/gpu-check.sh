@@ -132,6 +132,17 @@ cuda_libs() {
         say "no CUDA libraries found in Python's site-packages (pip install nvidia-cublas nvidia-cuda-runtime, or the cu13 wheels)"
         return
     fi
+    # cudarc loads NCCL as libnccl.so, which the wheel does not have (only libnccl.so.2):
+    # a folder with that link goes first.
+    local lib
+    for d in "${uniq[@]}"; do
+        if [ -e "$d/libnccl.so.2" ] && [ ! -e "$d/libnccl.so" ]; then
+            lib=$(mktemp -d "${TMPDIR:-/tmp}/zero-gpu-check-nccl.XXXXXX")
+            ln -s "$d/libnccl.so.2" "$lib/libnccl.so"
+            uniq=("$lib" "${uniq[@]}")
+            break
+        fi
+    done
     local joined
     joined=$(
         IFS=:

@@ -169,7 +169,7 @@ pub struct Facts {
     pub processes: usize,
     /// This binary has the NCCL backend (cudarc's `nccl` feature).
     pub nccl_compiled: bool,
-    /// The NCCL library can be loaded here (`libnccl.so.2`).
+    /// The NCCL library can be loaded here (as `libnccl.so`).
     pub nccl_present: bool,
     /// The CUDA-aware probe.
     pub cuda_aware: CudaAware,
@@ -272,8 +272,8 @@ pub fn select(choice: CommChoice, facts: &Facts) -> Result<(Backend, String), Se
             if !facts.nccl_present {
                 return Err(SelectError::Missing {
                     asked: choice,
-                    missing: "the NCCL library (libnccl.so.2) cannot be loaded".into(),
-                    todo: "install NCCL or put it on LD_LIBRARY_PATH, or use --comm mpi-staged (always works)".into(),
+                    missing: "the NCCL library cannot be loaded (it is looked for as libnccl.so)".into(),
+                    todo: "install NCCL, or where only libnccl.so.2 exists (pip's nvidia-nccl) put a link libnccl.so -> libnccl.so.2 in a folder on LD_LIBRARY_PATH; or use --comm mpi-staged (always works)".into(),
                 });
             }
             Ok((Backend::Nccl, "asked for (--comm nccl)".into()))
@@ -473,7 +473,7 @@ mod tests {
         };
         let e = select(CommChoice::Nccl, &no_lib).unwrap_err();
         assert!(
-            e.to_string().contains("(libnccl.so.2) cannot be loaded"),
+            e.to_string().contains("NCCL library cannot be loaded"),
             "{e}"
         );
         assert_eq!(

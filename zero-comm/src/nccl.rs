@@ -30,6 +30,11 @@ use crate::nccl_id::{UniqueId, UNIQUE_ID_BYTES};
 use crate::stats::{ring_bytes, CollectiveKind, CommStats, Counters};
 use crate::DType;
 
+/// What to do when [`present`] says no.
+pub const NOT_PRESENT: &str = "the NCCL library cannot be loaded: it is looked for as libnccl.so on the \
+     library path; install NCCL, or where only libnccl.so.2 exists (pip's nvidia-nccl wheel) \
+     put a link libnccl.so -> libnccl.so.2 in a folder on LD_LIBRARY_PATH";
+
 /// Whether the NCCL library can be loaded here.
 pub fn present() -> bool {
     // SAFETY: only tries to dlopen the library.
@@ -39,7 +44,7 @@ pub fn present() -> bool {
 /// A fresh unique id (rank 0 calls this; [`crate::nccl_id::exchange`] hands it over).
 pub fn unique_id() -> std::result::Result<UniqueId, String> {
     if !present() {
-        return Err("the NCCL library (libnccl.so.2) cannot be loaded: install NCCL or put it on LD_LIBRARY_PATH".into());
+        return Err(NOT_PRESENT.into());
     }
     let id = result::get_uniqueid().map_err(|e| format!("ncclGetUniqueId: {e:?}"))?;
     let mut out = [0u8; UNIQUE_ID_BYTES];
@@ -72,9 +77,10 @@ impl std::fmt::Debug for NcclComm {
     }
 }
 
-fn dtype(d: DType) -> Option<sys::ncclDataType_t> {
+/// NCCL's name of an element type (every one of ours has one).
+fn dtype_of(d: DType) -> sys::ncclDataType_t {
     use sys::ncclDataType_t as T;
-    Some(match d {
+    match d {
         DType::F32 => T::ncclFloat32,
         DType::F64 => T::ncclFloat64,
         DType::BF16 => T::ncclBfloat16,
@@ -83,7 +89,7 @@ fn dtype(d: DType) -> Option<sys::ncclDataType_t> {
         DType::U32 => T::ncclUint32,
         DType::I32 => T::ncclInt32,
         DType::I64 => T::ncclInt64,
-    })
+    }
 }
 
 impl NcclComm {
@@ -102,10 +108,7 @@ impl NcclComm {
             message,
         };
         if !present() {
-            return Err(err(
-                "init",
-                "the NCCL library (libnccl.so.2) cannot be loaded".into(),
-            ));
+            return Err(err("init", NOT_PRESENT.into()));
         }
         let ctx =
             CudaContext::new(ordinal).map_err(|e| err("init", format!("GPU {ordinal}: {e:?}")))?;
@@ -142,6 +145,25 @@ impl NcclComm {
             counters: Counters::default(),
             half_sum: Cell::new(HalfSum::default()),
         })
+    }
+
+    /// NCCL's in-place sum all-reduce of `len` elements of `dtype` at device address
+    /// `ptr`, on this communicator's stream, waited for: the bare library call without
+    /// our layers (the device's host task, the checks, the accounting). The baseline
+    /// that `zero-bench gpu-check` measures our path against, on the same buffer.
+    ///
+    /// # Safety
+    /// `ptr` is memory of this rank's GPU holding `len` elements of `dtype`, which nothing
+    /// else touches until this returns.
+    pub unsafe fn raw_all_reduce(&self, ptr: *mut u8, len: usize, dtype: DType) -> Result<()> {
+        let op = "all_reduce";
+        let t = dtype_of(dtype);
+        let p = ptr as *mut c_void;
+        let s = self.stream.cu_stream() as sys::cudaStream_t;
+        // SAFETY: the caller's contract; the stream is synchronised before returning.
+        unsafe { result::all_reduce(p, p, len, t, sys::ncclRedOp_t::ncclSum, self.raw, s) }
+            .map_err(|e| self.fail(op, e))?;
+        self.stream.synchronize().map_err(|e| self.fail(op, e))
     }
 
     fn fail(&self, op: &'static str, e: impl std::fmt::Debug) -> CommError {
@@ -203,12 +225,7 @@ impl Communicator for NcclComm {
                 backend: "NCCL",
             });
         }
-        let t = dtype(call.dtype).ok_or(CommError::Unsupported {
-            rank: self.world_rank,
-            op,
-            reduce: "any",
-            dtype: call.dtype,
-        })?;
+        let t = dtype_of(call.dtype);
         if call.kind == CollectiveKind::AllToAll && call.send.is_none() {
             // Send and receive per peer would overwrite blocks not yet sent.
             return Err(CommError::Size {

@@ -197,9 +197,9 @@ pub fn cast_entry(narrow: bool, half: DType) -> String {
     )
 }
 
-/// Entry name of the accumulate kernel for a source type.
-pub fn accumulate_entry(src: DType) -> String {
-    format!("accumulate_{}", src.name())
+/// Entry name of the accumulate kernel `dst += src` for a destination and a source type.
+pub fn accumulate_entry(dst: DType, src: DType) -> String {
+    format!("accumulate_{}_{}", dst.name(), src.name())
 }
 
 /// Entry name of the gradient statistics kernel (`unscale_f32` writes back).
@@ -304,7 +304,9 @@ mod tests {
             wanted.push(adamw_entry(g, None));
             wanted.push(adamw_entry(g, Some(DType::BF16)));
             wanted.push(adamw_entry(g, Some(DType::F16)));
-            wanted.push(accumulate_entry(g));
+            for d in FLOATS {
+                wanted.push(accumulate_entry(d, g));
+            }
             wanted.push(gradstats_entry(g, false));
         }
         for h in [DType::BF16, DType::F16] {

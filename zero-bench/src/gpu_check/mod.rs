@@ -14,6 +14,8 @@
 
 mod kernels;
 mod model;
+#[cfg(feature = "nccl")]
+mod nccl_pair;
 mod perf;
 mod report;
 mod stats;
@@ -41,6 +43,10 @@ pub enum GpuCheckCommand {
     Prepare(PrepareArgs),
     /// On the GPU machine (`--device sim`: the dry run here): every check, one line each.
     Run(RunArgs),
+    /// One rank of the two-process NCCL check (`run` starts two; not for use by hand).
+    #[cfg(feature = "nccl")]
+    #[command(hide = true)]
+    NcclRank(nccl_pair::NcclRankArgs),
 }
 
 /// `gpu-check prepare`.
@@ -97,6 +103,8 @@ pub fn run(cmd: GpuCheckCommand) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        #[cfg(feature = "nccl")]
+        GpuCheckCommand::NcclRank(a) => nccl_pair::rank_main(&a),
     }
 }
 
@@ -237,7 +245,10 @@ fn all_checks<D: BenchDevice>(
     };
     train::check(open, reference, steps, a.budget_s, &mut report)?;
 
-    // 5. Throughput, 124M and 350M.
+    // 5. Two processes through NCCL (issue 14) against two thread ranks.
+    nccl_pair(a, reference, steps, sim, &mut report)?;
+
+    // 6. Throughput, 124M and 350M.
     for preset in ["gpt2-124m", "gpt2-350m"] {
         let tp = if sim {
             perf::Throughput {
@@ -285,6 +296,35 @@ fn all_checks<D: BenchDevice>(
         return Ok(EXIT_FAILED);
     }
     Ok(0)
+}
+
+/// The two-process NCCL checks where they can run: a CUDA device in a build with NCCL.
+fn nccl_pair(
+    a: &RunArgs,
+    reference: &train::Reference,
+    steps: usize,
+    sim: bool,
+    report: &mut Report,
+) -> anyhow::Result<()> {
+    let check = Check::new("nccl-2-procs", "two processes on one GPU", Kind::Correctness);
+    if sim {
+        return report.add(check.skip("NCCL needs a real GPU (the simulated GPU has none)"));
+    }
+    #[cfg(feature = "nccl")]
+    {
+        if !zero_comm::nccl::present() {
+            return report.add(check.fail(zero_comm::nccl::NOT_PRESENT));
+        }
+        let _ = check;
+        nccl_pair::check(&a.reference, reference, steps, &a.out, a.budget_s, report)
+    }
+    #[cfg(not(feature = "nccl"))]
+    {
+        let _ = (a, reference, steps);
+        report.add(check.skip(
+            "this zero-bench was built without the `nccl` feature (scripts/carry-check.sh builds it)",
+        ))
+    }
 }
 
 /// Run a long group unless the budget is spent (then one `skip` line says so).

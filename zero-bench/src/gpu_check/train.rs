@@ -110,7 +110,7 @@ impl Setup {
         }
     }
 
-    fn engine(&self, stage: Stage, precision: Precision) -> EngineConfig {
+    pub(super) fn engine(&self, stage: Stage, precision: Precision) -> EngineConfig {
         let mut c = EngineConfig {
             grad_accum: 1,
             seed: self.seed,
@@ -143,7 +143,7 @@ pub struct Curve {
 /// The largest relative difference of `got` from `want` over their first `steps`
 /// steps, and the step (1-based) where it is; infinite when either is shorter, NaN
 /// counts as worst.
-fn max_rel(got: &[f64], want: &[f64], steps: usize) -> (f64, usize) {
+pub(super) fn max_rel(got: &[f64], want: &[f64], steps: usize) -> (f64, usize) {
     if got.len() < steps || want.len() < steps {
         return (f64::INFINITY, 0);
     }
@@ -208,7 +208,7 @@ impl Reference {
     }
 }
 
-fn precision_of(name: &str) -> anyhow::Result<Precision> {
+pub(super) fn precision_of(name: &str) -> anyhow::Result<Precision> {
     match name {
         "fp32" => Ok(Precision::Fp32),
         "bf16" => Ok(Precision::Bf16),
@@ -216,7 +216,7 @@ fn precision_of(name: &str) -> anyhow::Result<Precision> {
     }
 }
 
-fn precision_name(p: Precision) -> &'static str {
+pub(super) fn precision_name(p: Precision) -> &'static str {
     match p {
         Precision::Fp32 => "fp32",
         Precision::Bf16 => "bf16",
@@ -225,7 +225,7 @@ fn precision_name(p: Precision) -> &'static str {
 }
 
 /// One rank's training: `steps` losses.
-fn train_rank<D: BenchDevice, C: Communicator>(
+pub(super) fn train_rank<D: BenchDevice, C: Communicator>(
     comm: &C,
     dev: &D,
     setup: &Setup,

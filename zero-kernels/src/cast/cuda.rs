@@ -80,7 +80,7 @@ pub fn accumulate(
     let kind: DType = src.dtype();
     launch2(
         dev,
-        &accumulate_entry(kind),
+        &accumulate_entry(DType::F32, kind),
         dst.addr(dev, 0),
         src.addr(dev, 0),
         src.len(),

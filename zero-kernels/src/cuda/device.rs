@@ -443,16 +443,10 @@ impl Device for CudaDevice {
         src: DView<'_, Self, S>,
     ) -> Result<()> {
         same_len("accumulate", "src", src.len(), dst.len())?;
-        if T::DTYPE != DType::F32 {
-            return Err(unsupported(
-                "accumulate",
-                format!("into {} has no GPU kernel (accumulate into f32)", T::DTYPE),
-            ));
-        }
         crate::cast::cuda::launch2_on(
             self,
             &stream.inner,
-            &accumulate_entry(S::DTYPE),
+            &accumulate_entry(T::DTYPE, S::DTYPE),
             addr_mut(&dst),
             addr(&src),
             src.len(),

@@ -687,6 +687,12 @@ impl<Q: CpuQueue> Device for Q {
     ) -> Result<()> {
         same_len("grad_stats", "out", out.len(), 2)?;
         let exec = *self.exec();
+        // A simulated GPU totals the block sums as the CUDA kernel does.
+        let order = if self.gpu_order() {
+            gradstats::Total::GpuTree
+        } else {
+            gradstats::Total::Serial
+        };
         let mut op = OpBuilder::new("grad_stats");
         let (grad, out) = (op.r(&grad), op.w(&out));
         self.submit(
@@ -694,7 +700,7 @@ impl<Q: CpuQueue> Device for Q {
             op.finish(move || {
                 // SAFETY: see the module documentation.
                 let (g, o) = unsafe { (grad.get(), out.get()) };
-                let s = gradstats::stats(&exec, G::float_slice(g), scale);
+                let s = gradstats::stats_totalled(&exec, G::float_slice(g), scale, order);
                 o[0] = s.sum_squares;
                 o[1] = if s.nonfinite { 1.0 } else { 0.0 };
                 Ok(())

@@ -39,6 +39,16 @@ impl GradStats {
     }
 }
 
+/// How the per-block sums become the total.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Total {
+    /// Serially in block order, from 0.0 (the host's order, [`mod@reference`]).
+    Serial,
+    /// As the GPU's device-side finish adds them ([`reference::finish_tree`]): the CUDA
+    /// kernel's twin, equal to `Serial` to f64 rounding.
+    GpuTree,
+}
+
 /// `grad` is valid for `n` reads, `out` null or valid for `n` writes (it may be `grad`).
 fn block_sums<G: SimdFloat>(
     exec: &Exec,
@@ -46,6 +56,7 @@ fn block_sums<G: SimdFloat>(
     n: usize,
     out: *mut f32,
     scale: f32,
+    order: Total,
 ) -> f64 {
     let g = SendPtr(grad as *mut G);
     let o = SendPtr(out);
@@ -62,21 +73,28 @@ fn block_sums<G: SimdFloat>(
             dispatch(exec.isa(), k)
         }
     });
-    // Block sums in block order, from 0.0 (the order `reference` defines).
-    let mut total = 0.0f64;
-    for s in parts.iter().flatten() {
-        total += s;
+    match order {
+        // Block sums in block order, from 0.0 (the order `reference` defines).
+        Total::Serial => parts.iter().flatten().fold(0.0f64, |total, s| total + s),
+        Total::GpuTree => {
+            let sums: Vec<f64> = parts.into_iter().flatten().collect();
+            reference::finish_tree(&sums)
+        }
     }
-    total
 }
 
 /// Sum of squares and non-finite flag of `grad * scale`, reading the gradient only.
 pub fn stats(exec: &Exec, grad: FloatSlice<'_>, scale: f32) -> GradStats {
+    stats_totalled(exec, grad, scale, Total::Serial)
+}
+
+/// [`stats`] with the block sums totalled in `order`.
+pub fn stats_totalled(exec: &Exec, grad: FloatSlice<'_>, scale: f32, order: Total) -> GradStats {
     let null = std::ptr::null_mut();
     GradStats::from_sum(match grad {
-        FloatSlice::F32(g) => block_sums(exec, g.as_ptr(), g.len(), null, scale),
-        FloatSlice::BF16(g) => block_sums(exec, g.as_ptr(), g.len(), null, scale),
-        FloatSlice::F16(g) => block_sums(exec, g.as_ptr(), g.len(), null, scale),
+        FloatSlice::F32(g) => block_sums(exec, g.as_ptr(), g.len(), null, scale, order),
+        FloatSlice::BF16(g) => block_sums(exec, g.as_ptr(), g.len(), null, scale, order),
+        FloatSlice::F16(g) => block_sums(exec, g.as_ptr(), g.len(), null, scale, order),
     })
 }
 
@@ -86,5 +104,12 @@ pub fn unscale_in_place(exec: &Exec, grad: &mut [f32], scale: f32) -> GradStats 
     // One raw pointer for reading and writing: each element is read before it is
     // written, by the same thread.
     let p = grad.as_mut_ptr();
-    GradStats::from_sum(block_sums(exec, p as *const f32, grad.len(), p, scale))
+    GradStats::from_sum(block_sums(
+        exec,
+        p as *const f32,
+        grad.len(),
+        p,
+        scale,
+        Total::Serial,
+    ))
 }

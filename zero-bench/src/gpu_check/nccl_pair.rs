@@ -1,0 +1,369 @@
+//! Two processes on the one GPU through NCCL (issue 14): the check that the NCCL backend
+//! trains the same steps as GPU path I's thread ranks, and what our NCCL path costs over
+//! the bare library call.
+//!
+//! NCCL refuses two ranks of a communicator on one GPU ("Duplicate GPU detected") unless
+//! each process claims its own host (`NCCL_HOSTID`); the ranks then talk over sockets on
+//! the loopback interface (`NCCL_SOCKET_IFNAME=lo`): correct, not fast. Thread ranks
+//! cannot do this (the host id is per process), so the check starts this binary twice
+//! (the hidden `gpu-check nccl-rank`). Rank 0 makes the unique id and writes it to a file
+//! in the output folder; rank 1 waits for it there: the hand-over a Slurm job without
+//! PMIx uses (zero-comm/src/nccl_id.rs).
+//!
+//! For ZeRO-2 and ZeRO-3, fp32 and bf16, the losses of the two processes must match the
+//! same run on two thread ranks of this GPU. With two ranks every sum is of two operands,
+//! which is the same in either order, so the curves are expected to be equal; the
+//! tolerance allows the fp32 rounding of a different reduction kernel.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context};
+use clap::Args;
+use serde::{Deserialize, Serialize};
+use zero_comm::{NcclComm, ReduceOp};
+use zero_core::{Precision, Stage};
+use zero_kernels::cuda::CudaDevice;
+use zero_kernels::device::{Buffer, Device};
+use zero_models::data::MarkovSource;
+
+use super::report::{Check, Kind, Report};
+use super::train::{self, Reference, Setup};
+
+/// Processes in the pair.
+const RANKS: usize = 2;
+/// How long a rank may take, start-up and NCCL's set-up included, before it is killed.
+const RANK_TIMEOUT: Duration = Duration::from_secs(120);
+/// Elements of the all-reduce the bandwidth line times (32 MiB of f32).
+const BENCH_ELEMS: usize = 8 << 20;
+/// Rounds of (ours, raw) pairs, and calls of each per round.
+const BENCH_ROUNDS: usize = 5;
+const BENCH_CALLS: usize = 3;
+
+/// `gpu-check nccl-rank` (hidden): one rank of the pair, started by [`check`].
+#[derive(Args, Debug)]
+pub struct NcclRankArgs {
+    /// The folder `gpu-check prepare` wrote (the run's setup).
+    #[arg(long = "ref")]
+    reference: PathBuf,
+    /// This process's rank.
+    #[arg(long)]
+    rank: usize,
+    /// Ranks in all.
+    #[arg(long)]
+    size: usize,
+    /// The NCCL unique id's file: rank 0 writes it, the others wait for it.
+    #[arg(long)]
+    id_file: PathBuf,
+    /// Where this rank writes its result (JSON).
+    #[arg(long)]
+    out: PathBuf,
+    /// What to run: `train:STAGE:PRECISION:STEPS` or `bench`.
+    #[arg(long)]
+    job: String,
+}
+
+/// What a rank of the pair writes.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct RankResult {
+    /// Losses per step (a training job).
+    losses: Vec<f64>,
+    /// Seconds per all-reduce through our path, one median per round (the bench).
+    ours_s: Vec<f64>,
+    /// Seconds per bare `ncclAllReduce` on the same buffer, one median per round.
+    raw_s: Vec<f64>,
+}
+
+/// The pair's setup: the reference's run on [`RANKS`] ranks.
+fn pair_setup(reference: &Reference) -> Setup {
+    Setup {
+        ranks: RANKS,
+        ..reference.setup.clone()
+    }
+}
+
+/// Run one rank of the pair (the hidden subcommand).
+pub fn rank_main(a: &NcclRankArgs) -> anyhow::Result<()> {
+    let reference = Reference::load(&a.reference)?;
+    let setup = Setup {
+        ranks: a.size,
+        ..reference.setup.clone()
+    };
+    let dev = CudaDevice::new(0).context("opening CUDA device 0")?;
+    let id = if a.rank == 0 {
+        let id = zero_comm::nccl::unique_id().map_err(|e| anyhow!(e))?;
+        zero_comm::nccl_id::write_file(&a.id_file, &id)?;
+        id
+    } else {
+        zero_comm::nccl_id::wait_for_file(&a.id_file, Duration::from_secs(60))?
+    };
+    let comm = NcclComm::new(0, &id, a.rank, a.size, a.rank)?;
+    let result = match a.job.split(':').collect::<Vec<_>>()[..] {
+        ["train", stage, precision, steps] => {
+            let stage: i64 = stage.parse().context("the job's stage")?;
+            let stage = Stage::try_from(stage).map_err(anyhow::Error::msg)?;
+            let precision = train::precision_of(precision)?;
+            let steps: usize = steps.parse().context("the job's steps")?;
+            let tokens = MarkovSource::default_corpus(setup.corpus_tokens, setup.vocab)
+                .context("building the built-in corpus")?;
+            let cfg = setup.engine(stage, precision);
+            let losses = train::train_rank(&comm, &dev, &setup, &cfg, &tokens, steps)
+                .map_err(|e| anyhow!(e))?;
+            RankResult {
+                losses,
+                ..RankResult::default()
+            }
+        }
+        ["bench"] => bench(&comm, &dev)?,
+        _ => bail!(
+            "--job {}: give train:STAGE:PRECISION:STEPS or bench",
+            a.job
+        ),
+    };
+    let text = serde_json::to_string(&result)?;
+    std::fs::write(&a.out, text).with_context(|| format!("writing {}", a.out.display()))?;
+    Ok(())
+}
+
+/// Median of `v` (not empty).
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Time a sum all-reduce of [`BENCH_ELEMS`] f32 through our path (the engine's:
+/// `on_stream::all_reduce` on the device's stream, then waiting for it) and through the
+/// bare NCCL call, on the same buffer, in interleaved rounds.
+fn bench(comm: &NcclComm, dev: &CudaDevice) -> anyhow::Result<RankResult> {
+    let stream = dev.stream("nccl-bench")?;
+    let mut buf = dev.alloc::<f32>(BENCH_ELEMS, "nccl-bench")?;
+    dev.fill(&stream, buf.view_mut(), 1.0)?;
+    dev.synchronize()?;
+    let ours = |buf: &mut <CudaDevice as Device>::Buf<f32>| -> anyhow::Result<()> {
+        zero_comm::on_stream::all_reduce(comm, dev, &stream, buf.view_mut(), ReduceOp::Sum)?;
+        dev.synchronize()?;
+        Ok(())
+    };
+    // One of each first: NCCL connects its channels on the first call.
+    ours(&mut buf)?;
+    let ptr = buf.raw_ptr() as *mut u8;
+    // SAFETY: `buf` is this GPU's memory of BENCH_ELEMS f32, idle (its stream synced).
+    unsafe { comm.raw_all_reduce(ptr, BENCH_ELEMS, zero_kernels::DType::F32) }?;
+    let mut result = RankResult::default();
+    for _ in 0..BENCH_ROUNDS {
+        let mut t = Vec::new();
+        for _ in 0..BENCH_CALLS {
+            let t0 = Instant::now();
+            ours(&mut buf)?;
+            t.push(t0.elapsed().as_secs_f64());
+        }
+        result.ours_s.push(median(t));
+        let mut t = Vec::new();
+        for _ in 0..BENCH_CALLS {
+            let t0 = Instant::now();
+            // SAFETY: as above.
+            unsafe { comm.raw_all_reduce(ptr, BENCH_ELEMS, zero_kernels::DType::F32) }?;
+            t.push(t0.elapsed().as_secs_f64());
+        }
+        result.raw_s.push(median(t));
+    }
+    Ok(result)
+}
+
+/// A running rank of the pair: the child, its log and its result file.
+struct Running {
+    child: Child,
+    log: PathBuf,
+    out: PathBuf,
+}
+
+/// The last lines of a rank's log, for a failure's detail.
+fn log_tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    lines[lines.len().saturating_sub(4)..].join(" | ")
+}
+
+/// Start the pair on `job`, wait for both (killing both at the deadline or when one
+/// fails), and return each rank's result.
+fn run_pair(reference_dir: &Path, dir: &Path, job: &str) -> anyhow::Result<Vec<RankResult>> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let id_file = dir.join("nccl-id");
+    // The id file must be this run's: a stale one would be read as the new id.
+    let _ = std::fs::remove_file(&id_file);
+    let exe = std::env::current_exe().context("finding this binary")?;
+    let mut ranks = Vec::new();
+    for rank in 0..RANKS {
+        let log = dir.join(format!("rank{rank}.log"));
+        let out = dir.join(format!("rank{rank}.json"));
+        let _ = std::fs::remove_file(&out);
+        let log_file = std::fs::File::create(&log)
+            .with_context(|| format!("creating {}", log.display()))?;
+        let child = Command::new(&exe)
+            .args(["gpu-check", "nccl-rank", "--ref"])
+            .arg(reference_dir)
+            .args(["--rank", &rank.to_string(), "--size", &RANKS.to_string()])
+            .arg("--id-file")
+            .arg(&id_file)
+            .arg("--out")
+            .arg(&out)
+            .args(["--job", job])
+            // Each process its own "host", so NCCL lets both use GPU 0 (module docs).
+            .env("NCCL_HOSTID", format!("zero-gpu-check-rank{rank}"))
+            .env("NCCL_SOCKET_IFNAME", "lo")
+            .env("NCCL_DEBUG", std::env::var("NCCL_DEBUG").unwrap_or("WARN".into()))
+            .stdin(Stdio::null())
+            .stdout(log_file.try_clone()?)
+            .stderr(log_file)
+            .spawn()
+            .with_context(|| format!("starting rank {rank} ({})", exe.display()))?;
+        ranks.push(Running { child, log, out });
+    }
+    let start = Instant::now();
+    let mut failure: Option<String> = None;
+    let mut done = vec![false; RANKS];
+    while done.iter().any(|d| !d) && failure.is_none() {
+        for (r, run) in ranks.iter_mut().enumerate() {
+            if done[r] {
+                continue;
+            }
+            if let Some(status) = run.child.try_wait()? {
+                done[r] = true;
+                if !status.success() {
+                    failure = Some(format!("rank {r} exited with {status}: {}", log_tail(&run.log)));
+                    break;
+                }
+            }
+        }
+        if failure.is_none() && start.elapsed() > RANK_TIMEOUT {
+            let waiting: Vec<String> = (0..RANKS).filter(|&r| !done[r]).map(|r| r.to_string()).collect();
+            failure = Some(format!(
+                "rank(s) {} still running after {} s (killed); rank 0's log: {}",
+                waiting.join(", "),
+                RANK_TIMEOUT.as_secs(),
+                log_tail(&ranks[0].log)
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // A failed or late rank takes the other with it: none is left waiting in NCCL.
+    for run in &mut ranks {
+        let _ = run.child.kill();
+        let _ = run.child.wait();
+    }
+    if let Some(f) = failure {
+        bail!(f);
+    }
+    ranks
+        .iter()
+        .map(|run| {
+            let text = std::fs::read_to_string(&run.out)
+                .with_context(|| format!("reading {}", run.out.display()))?;
+            Ok(serde_json::from_str(&text)?)
+        })
+        .collect()
+}
+
+/// The pair's checks: ZeRO-2 and ZeRO-3 in fp32 and bf16 against two thread ranks on
+/// this GPU, then the all-reduce's bus bandwidth, ours against bare NCCL.
+pub fn check(
+    reference_dir: &Path,
+    reference: &Reference,
+    steps: usize,
+    out: &Path,
+    deadline: f64,
+    report: &mut Report,
+) -> anyhow::Result<()> {
+    let setup = pair_setup(reference);
+    let steps = steps.min(setup.steps);
+    let open = |_rank: usize| CudaDevice::new(0);
+    let dir = out.join("nccl-pair");
+    for precision in [Precision::Fp32, Precision::Bf16] {
+        for stage in [Stage::Zero2, Stage::Zero3] {
+            let pname = train::precision_name(precision);
+            let name = format!("{stage} {pname}, {RANKS} processes x {steps} steps");
+            let check = Check::new("nccl-2-procs", name, Kind::Correctness);
+            if report.elapsed() > deadline {
+                report.add(check.skip(format!("out of time (budget {deadline:.0} s)")))?;
+                continue;
+            }
+            let t0 = Instant::now();
+            let job = format!("train:{}:{pname}:{steps}", stage.number());
+            let outcome = (|| -> anyhow::Result<(Vec<f64>, Vec<RankResult>)> {
+                let threads = train::curve(&open, &setup, stage, precision, steps)
+                    .context("the thread-rank run")?;
+                let pair = run_pair(reference_dir, &dir, &job).context("the NCCL pair")?;
+                Ok((threads, pair))
+            })();
+            let mut check = match outcome {
+                Err(e) => check.fail(format!("{e:#}")),
+                Ok((threads, pair)) => {
+                    let tol = match precision {
+                        Precision::Bf16 => train::BF16_TOL,
+                        _ => train::FP32_TOL,
+                    };
+                    let agree = pair.iter().all(|r| r.losses == pair[0].losses);
+                    let got = &pair[0].losses;
+                    let (worst, at) = train::max_rel(got, &threads, steps);
+                    let worst = if agree { worst } else { f64::INFINITY };
+                    let how = if !agree {
+                        "the two processes' losses differ".to_string()
+                    } else if worst == 0.0 {
+                        "equal bitwise".to_string()
+                    } else {
+                        format!("max rel {worst:.2e} (step {at})")
+                    };
+                    check
+                        .at_most(
+                            worst,
+                            tol,
+                            format!(
+                                "NCCL vs {RANKS} thread ranks on this GPU: {how} <= {tol:.0e}; loss {:.4} -> {:.4}",
+                                got.first().copied().unwrap_or(f64::NAN),
+                                got.last().copied().unwrap_or(f64::NAN)
+                            ),
+                        )
+                        .with_data(serde_json::json!({
+                            "nccl": got,
+                            "threads": threads,
+                        }))
+                }
+            };
+            check.seconds = t0.elapsed().as_secs_f64();
+            report.add(check)?;
+        }
+    }
+
+    // Bus bandwidth of an all-reduce: ours against bare NCCL on the same buffer.
+    let bytes = (BENCH_ELEMS * 4) as f64;
+    let name = format!("all_reduce f32 {} MiB, {RANKS} processes", BENCH_ELEMS * 4 >> 20);
+    let check = Check::new("nccl-bandwidth", name, Kind::Performance);
+    if report.elapsed() > deadline {
+        return report.add(check.skip(format!("out of time (budget {deadline:.0} s)")));
+    }
+    let t0 = Instant::now();
+    let mut check = match run_pair(reference_dir, &dir, "bench") {
+        Err(e) => check.fail(format!("{e:#}")),
+        Ok(pair) => {
+            // A collective ends on both ranks at once; rank 0's times stand for both.
+            let r = &pair[0];
+            let (ours, raw) = (median(r.ours_s.clone()), median(r.raw_s.clone()));
+            // nccl-tests' bus bandwidth of an all-reduce: size/t * 2(n-1)/n.
+            let factor = 2.0 * (RANKS as f64 - 1.0) / RANKS as f64;
+            let (bw_ours, bw_raw) = (bytes / ours * factor / 1e9, bytes / raw * factor / 1e9);
+            let ratio = bw_ours / bw_raw;
+            check
+                .at_least(
+                    ratio,
+                    0.9,
+                    format!(
+                        "busbw ours {bw_ours:.2} GB/s, bare NCCL {bw_raw:.2} GB/s: {ratio:.2} of bare (goal >= 0.9; sockets over loopback, not NVLink)"
+                    ),
+                )
+                .with_data(serde_json::json!({"ours_s": r.ours_s, "raw_s": r.raw_s}))
+        }
+    };
+    check.seconds = t0.elapsed().as_secs_f64();
+    report.add(check)
+}
