@@ -79,6 +79,14 @@ pub trait BenchDevice: Device {
     fn free_memory(&self) -> Option<u64> {
         None
     }
+    /// Start or stop timing every op on the device; false where it cannot.
+    fn profile_ops(&self, _on: bool) -> bool {
+        false
+    }
+    /// The ops timed since profiling started, largest first: (op, calls, milliseconds).
+    fn take_op_profile(&self) -> anyhow::Result<Vec<(String, usize, f64)>> {
+        Ok(Vec::new())
+    }
 }
 
 impl BenchDevice for SimDevice {
@@ -112,6 +120,16 @@ pub mod cuda {
         }
         fn free_memory(&self) -> Option<u64> {
             self.memory_info().ok().map(|(free, _)| free as u64)
+        }
+        fn profile_ops(&self, on: bool) -> bool {
+            CudaDevice::profile_ops(self, on);
+            true
+        }
+        fn take_op_profile(&self) -> anyhow::Result<Vec<(String, usize, f64)>> {
+            Ok(CudaDevice::take_op_profile(self)?
+                .into_iter()
+                .map(|t| (t.name.to_string(), t.calls, t.ms))
+                .collect())
         }
     }
 

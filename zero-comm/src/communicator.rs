@@ -149,6 +149,20 @@ pub trait Communicator {
     /// the returned request has completed (a [`Scope`] guarantees this).
     unsafe fn start(&self, call: &RawCall) -> Result<Box<dyn InFlight>>;
 
+    /// Queue `call` on the GPU stream `stream` (a `CUstream`'s address) and return without
+    /// waiting, as a kernel is queued: it starts after the work queued there before, and
+    /// the work queued after sees its result. `None` where this backend cannot (every
+    /// host transport; NCCL's barrier): the caller runs the call as a host task of the
+    /// stream instead. [`crate::on_stream`] tries this first on a device with native
+    /// streams.
+    ///
+    /// # Safety
+    /// As [`Communicator::execute`], with the buffers valid until `stream` has run the
+    /// call; `stream` is a live stream of the GPU this communicator uses.
+    unsafe fn enqueue(&self, _call: &RawCall, _stream: u64) -> Option<Result<()>> {
+        None
+    }
+
     /// Host staging for collectives on device buffers ([`crate::on_stream`]): `Some` for
     /// a [`crate::StagedComm`], which copies device buffers through host memory around
     /// each collective; `None` (every other backend) passes the buffers as they are.

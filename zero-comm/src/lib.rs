@@ -45,6 +45,8 @@ mod mpi;
 #[cfg(feature = "nccl")]
 pub mod nccl;
 pub mod nccl_id;
+#[cfg(feature = "nccl")]
+mod nccl_watch;
 pub mod nodes;
 pub mod nonblocking;
 pub mod on_stream;

@@ -1,16 +1,19 @@
 //! The NCCL backend (feature `nccl`: cudarc's NCCL bindings, loaded at run time): a
-//! communicator over GPU memory between processes (issue 14). Compiled in CI, run only on
-//! a GPU machine; nothing here is exercised without one.
+//! communicator over GPU memory between processes (issue 14). Compiled in CI; it runs
+//! only on a GPU machine (`zero-bench gpu-check` runs two processes on one GPU).
 //!
 //! - Set-up: rank 0 makes the unique id, every rank gets it ([`crate::nccl_id`]: over MPI,
 //!   or from an environment variable or a file where MPI cannot start), then
 //!   `ncclCommInitRank` on the GPU the rank trains on ([`NcclComm::new`]).
-//! - A collective is queued on this communicator's own CUDA stream and waited for before
-//!   `execute` returns: the stream-ordered collectives (`on_stream`) run it as a host task
-//!   of the engine's comm stream, which the CUDA device starts only after that stream's
-//!   earlier work, so the inputs are complete and the outputs are seen by the work queued
-//!   after. (Queueing it on the engine's comm stream itself, so the host never blocks,
-//!   needs the device's stream handle; see docs/ARCHITECTURE.md.)
+//! - Stream order: the engine's collectives ([`crate::on_stream`]) are queued on the
+//!   engine's own CUDA stream ([`Communicator::enqueue`]), like a kernel: they start after
+//!   the work queued there before, the work queued after sees their result, and the host
+//!   never waits for them (other streams wait on the engine's events, as for kernels).
+//!   Called directly ([`Communicator::execute`]), a collective runs on this communicator's
+//!   own stream and is waited for.
+//! - The watchdog (`nccl_watch.rs`): an NCCL error (a dead peer) or a collective over the
+//!   timeout ends the job in seconds, naming the collective, rather than leaving every
+//!   rank in a kernel that waits forever.
 //! - Accounting: the ring-algorithm bytes of [`crate::stats`], as for MPI.
 //! - Errors: `CommError::Nccl` naming the rank, the collective and NCCL's message.
 //!   bf16/f16 sums are NCCL's native ones (`HalfSum` does not apply).
@@ -19,19 +22,22 @@ use std::cell::Cell;
 use std::os::raw::{c_char, c_int, c_void};
 use std::sync::Arc;
 
+use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use cudarc::nccl::{result, sys};
 
 use crate::buffer::Location;
 use crate::communicator::{Communicator, Done, InFlight, RawCall, ReduceOp};
-use crate::config::HalfSum;
+use crate::config::{CommConfig, HalfSum};
 use crate::error::{CommError, Result};
 use crate::nccl_id::{UniqueId, UNIQUE_ID_BYTES};
+use crate::nccl_watch::{Queued, Watch};
 use crate::stats::{ring_bytes, CollectiveKind, CommStats, Counters};
 use crate::DType;
 
 /// What to do when [`present`] says no.
-pub const NOT_PRESENT: &str = "the NCCL library cannot be loaded: it is looked for as libnccl.so on the \
+pub const NOT_PRESENT: &str =
+    "the NCCL library cannot be loaded: it is looked for as libnccl.so on the \
      library path; install NCCL, or where only libnccl.so.2 exists (pip's nvidia-nccl wheel) \
      put a link libnccl.so -> libnccl.so.2 in a folder on LD_LIBRARY_PATH";
 
@@ -57,7 +63,12 @@ pub fn unique_id() -> std::result::Result<UniqueId, String> {
 /// A communicator over NCCL (see the module documentation).
 pub struct NcclComm {
     raw: sys::ncclComm_t,
+    ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
+    /// Stopped before the communicator is destroyed (`Drop`).
+    watch: Option<Watch>,
+    /// Collectives queued so far (the watchdog's sequence numbers).
+    seq: Cell<u64>,
     /// One f32 on the GPU: NCCL has no barrier, so a barrier is an all-reduce of it.
     barrier: CudaSlice<f32>,
     rank: usize,
@@ -94,13 +105,15 @@ fn dtype_of(d: DType) -> sys::ncclDataType_t {
 
 impl NcclComm {
     /// Rank `rank` of `size` on GPU `ordinal`, joined through `id` (every rank passes the
-    /// same). `world_rank` is for messages.
+    /// same). `world_rank` is for messages; `config.timeout` is the watchdog's limit per
+    /// collective (NCCL's own errors end the job whatever it is).
     pub fn new(
         ordinal: usize,
         id: &UniqueId,
         rank: usize,
         size: usize,
         world_rank: usize,
+        config: &CommConfig,
     ) -> Result<Self> {
         let err = |op: &'static str, message: String| CommError::Nccl {
             rank: world_rank,
@@ -133,15 +146,34 @@ impl NcclComm {
             )
         }
         .map_err(|e| err("ncclCommInitRank", format!("{e:?}")))?;
+        // SAFETY: written on success.
+        let raw = unsafe { raw.assume_init() };
+        let name = "nccl".to_string();
+        let watch = match Watch::start(
+            raw,
+            Arc::clone(&ctx),
+            world_rank,
+            name.clone(),
+            config.timeout,
+        ) {
+            Ok(w) => w,
+            Err(e) => {
+                // SAFETY: our handle, nothing queued on it yet.
+                let _ = unsafe { result::comm_destroy(raw) };
+                return Err(err("init", format!("starting the watchdog thread: {e}")));
+            }
+        };
         Ok(NcclComm {
-            // SAFETY: written on success.
-            raw: unsafe { raw.assume_init() },
+            raw,
+            ctx,
             stream,
+            watch: Some(watch),
+            seq: Cell::new(0),
             barrier,
             rank,
             size,
             world_rank,
-            name: "nccl".into(),
+            name,
             counters: Counters::default(),
             half_sum: Cell::new(HalfSum::default()),
         })
@@ -166,51 +198,13 @@ impl NcclComm {
         self.stream.synchronize().map_err(|e| self.fail(op, e))
     }
 
-    fn fail(&self, op: &'static str, e: impl std::fmt::Debug) -> CommError {
-        CommError::Nccl {
-            rank: self.world_rank,
-            op,
-            message: format!("{e:?}"),
-        }
-    }
-}
-
-impl Drop for NcclComm {
-    fn drop(&mut self) {
-        // SAFETY: our handle; nothing is queued on it after the last synchronize.
-        if let Err(e) = unsafe { result::comm_destroy(self.raw) } {
-            log::warn!("rank {}: ncclCommDestroy: {e:?}", self.world_rank);
-        }
-    }
-}
-
-impl Communicator for NcclComm {
-    fn rank(&self) -> usize {
-        self.rank
-    }
-    fn size(&self) -> usize {
-        self.size
-    }
-    fn world_rank(&self) -> usize {
-        self.world_rank
-    }
-    fn name(&self) -> &str {
-        &self.name
-    }
-    fn stats(&self) -> CommStats {
-        self.counters.snapshot()
-    }
-    fn reset_stats(&self) {
-        self.counters.reset()
-    }
-    fn half_sum(&self) -> HalfSum {
-        self.half_sum.get()
-    }
-    fn set_half_sum(&self, mode: HalfSum) {
-        self.half_sum.set(mode)
-    }
-
-    unsafe fn execute(&self, call: &RawCall) -> Result<()> {
+    /// Queue `call` on `stream` (this GPU's) and follow it with an event for the watchdog;
+    /// the accounting counts it now.
+    ///
+    /// # Safety
+    /// As [`Communicator::execute`], and the buffers stay valid until the work queued on
+    /// `stream` so far has run.
+    unsafe fn queue(&self, call: &RawCall, stream: &CudaStream) -> Result<()> {
         let op = call.kind.name();
         if let Some(b) = call
             .send
@@ -239,12 +233,12 @@ impl Communicator for NcclComm {
             Some(ReduceOp::Max) => sys::ncclRedOp_t::ncclMax,
             _ => sys::ncclRedOp_t::ncclSum,
         };
-        let s = self.stream.cu_stream() as sys::cudaStream_t;
+        let s = stream.cu_stream() as sys::cudaStream_t;
         let elem = call.dtype.size_bytes();
         let recv = call.recv.ptr as *mut c_void;
         let send = call.send.map(|b| b.ptr as *const c_void);
         // SAFETY: the caller guarantees the buffers (device memory, checked above) for the
-        // lengths given; the stream is synchronised before returning.
+        // lengths given, until the stream has run the collective.
         let r = unsafe {
             match call.kind {
                 CollectiveKind::AllReduce => result::all_reduce(
@@ -335,7 +329,21 @@ impl Communicator for NcclComm {
             }
         };
         r.map_err(|e| self.fail(op, e))?;
-        self.stream.synchronize().map_err(|e| self.fail(op, e))?;
+        let seq = self.seq.get() + 1;
+        self.seq.set(seq);
+        let done = stream
+            .record_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))
+            .map_err(|e| self.fail(op, e))?;
+        if let Some(w) = &self.watch {
+            w.queued(Queued {
+                seq,
+                op,
+                count: call.count(),
+                dtype: call.dtype,
+                done,
+                at: std::time::Instant::now(),
+            });
+        }
         let basis = match call.kind {
             CollectiveKind::ReduceScatter => call.send.map_or(0, |b| b.len),
             _ => call.recv.len,
@@ -349,6 +357,82 @@ impl Communicator for NcclComm {
         );
         self.counters.record(call.kind, sent, received);
         Ok(())
+    }
+
+    fn fail(&self, op: &'static str, e: impl std::fmt::Debug) -> CommError {
+        CommError::Nccl {
+            rank: self.world_rank,
+            op,
+            message: format!("{e:?}"),
+        }
+    }
+}
+
+impl Drop for NcclComm {
+    fn drop(&mut self) {
+        // The watchdog stops before the handle it watches goes.
+        drop(self.watch.take());
+        // Collectives queued on a borrowed stream may still run: finish them first.
+        if let Err(e) = self.ctx.synchronize() {
+            log::warn!(
+                "rank {}: waiting for the GPU before ncclCommDestroy: {e:?}",
+                self.world_rank
+            );
+        }
+        // SAFETY: our handle; nothing is queued on it any more.
+        if let Err(e) = unsafe { result::comm_destroy(self.raw) } {
+            log::warn!("rank {}: ncclCommDestroy: {e:?}", self.world_rank);
+        }
+    }
+}
+
+impl Communicator for NcclComm {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn size(&self) -> usize {
+        self.size
+    }
+    fn world_rank(&self) -> usize {
+        self.world_rank
+    }
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn stats(&self) -> CommStats {
+        self.counters.snapshot()
+    }
+    fn reset_stats(&self) {
+        self.counters.reset()
+    }
+    fn half_sum(&self) -> HalfSum {
+        self.half_sum.get()
+    }
+    fn set_half_sum(&self, mode: HalfSum) {
+        self.half_sum.set(mode)
+    }
+
+    unsafe fn execute(&self, call: &RawCall) -> Result<()> {
+        // SAFETY: the caller's guarantees; the stream is synchronised before returning.
+        unsafe { self.queue(call, &self.stream) }?;
+        self.stream
+            .synchronize()
+            .map_err(|e| self.fail(call.kind.name(), e))
+    }
+
+    unsafe fn enqueue(&self, call: &RawCall, stream: u64) -> Option<Result<()>> {
+        if call.kind == CollectiveKind::Barrier {
+            // A barrier is a host-side meeting: it runs on the host task path.
+            return None;
+        }
+        // SAFETY: `stream` is a live CUDA stream of this GPU's context (the caller's
+        // contract); the wrapper borrows it and never destroys it.
+        let borrowed = unsafe {
+            self.ctx
+                .wrap_borrowed_stream(stream as cudarc::driver::sys::CUstream)
+        };
+        // SAFETY: the caller's guarantees, until `stream` has run the collective.
+        Some(unsafe { self.queue(call, &borrowed) })
     }
 
     unsafe fn start(&self, call: &RawCall) -> Result<Box<dyn InFlight>> {

@@ -1,6 +1,8 @@
-//! Collectives on device buffers, ordered on a device stream: what the engine calls. Each
-//! runs as a [`Device::host_task`] on the stream, so it starts after the work queued there
-//! before and the work queued after sees its result; other streams see it only after
+//! Collectives on device buffers, ordered on a device stream: what the engine calls. A
+//! backend that queues its own GPU work (NCCL) puts each on the device's native stream
+//! ([`Communicator::enqueue`]); any other runs as a [`Device::host_task`] on the stream.
+//! Either way it starts after the work queued there before and the work queued after sees
+//! its result; other streams see it only after
 //! waiting for an event recorded on this stream afterwards (the rule a stream-ordered
 //! NCCL collective follows too, so code checked on the simulated device is right for
 //! both). The communicator must be able to reach the buffers' memory: a host transport
@@ -78,6 +80,15 @@ fn run<C: Communicator, D: Device>(
     retain: Vec<Option<Retained>>,
     call: RawCall,
 ) -> Result<()> {
+    if let Some(native) = dev.native_stream(stream) {
+        // SAFETY: `native` is `stream` itself, so the collective is ordered like a kernel
+        // that reads and writes these views; the device frees their memory only after
+        // the work queued on it (the CUDA pool's rule).
+        if let Some(queued) = unsafe { comm.enqueue(&call, native) } {
+            drop(retain);
+            return queued;
+        }
+    }
     let on_host = call
         .send
         .iter()

@@ -88,6 +88,28 @@ pub struct RunArgs {
     /// run at 480).
     #[arg(long, default_value_t = 420.0)]
     budget_s: f64,
+    /// Run only these groups (comma-separated): kernel, adamw-bandwidth, gpt-fwd-bwd,
+    /// llama-fwd-bwd, train-4-ranks, nccl-2-procs (with nccl-bandwidth), throughput.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+}
+
+/// The groups of checks, in the order they run (`--only`).
+const GROUPS: &[&str] = &[
+    "kernel",
+    "adamw-bandwidth",
+    "gpt-fwd-bwd",
+    "llama-fwd-bwd",
+    "train-4-ranks",
+    "nccl-2-procs",
+    "throughput",
+];
+
+impl RunArgs {
+    /// Whether `--only` leaves group `g` in.
+    fn wants(&self, g: &str) -> bool {
+        self.only.is_empty() || self.only.iter().any(|o| o == g)
+    }
 }
 
 /// Run a `gpu-check` subcommand.
@@ -135,6 +157,12 @@ fn no_gpu(reason: &str) -> i32 {
 }
 
 fn run_checks(a: &RunArgs) -> anyhow::Result<i32> {
+    if let Some(bad) = a.only.iter().find(|o| !GROUPS.contains(&o.as_str())) {
+        anyhow::bail!(
+            "--only {bad}: not a group; give some of {}",
+            GROUPS.join(", ")
+        );
+    }
     let reference = train::Reference::load(&a.reference)?;
     match a.device {
         DeviceArg::Sim => {
@@ -193,10 +221,10 @@ fn all_checks<D: BenchDevice>(
     } else {
         kernels::Shape::FULL
     };
-    if sim {
+    if a.wants("kernel") && sim {
         let host = HostDevice::new();
         kernels::check_all(&dut, &host, kernels::Against::Host, &shape, &mut report)?;
-    } else {
+    } else if a.wants("kernel") {
         let twin = SimDevice::gpu_twin(0x7477);
         kernels::check_all(&dut, &twin, kernels::Against::Twin, &shape, &mut report)?;
     }
@@ -207,7 +235,9 @@ fn all_checks<D: BenchDevice>(
         (true, false) => (1 << 20, 3, 2),
         (true, true) => (1 << 16, 3, 2),
     };
-    perf::adamw_bandwidth(&dut, n, rounds, iters, &mut report)?;
+    if a.wants("adamw-bandwidth") {
+        perf::adamw_bandwidth(&dut, n, rounds, iters, &mut report)?;
+    }
 
     // 3. GPT-2 and Llama forward and backward against the host.
     let case = if a.quick {
@@ -223,18 +253,22 @@ fn all_checks<D: BenchDevice>(
             seq_len: 64,
         }
     };
-    guarded(&mut report, a.budget_s, "gpt-fwd-bwd", case.preset, |r| {
-        model::check(&dut, &case, r)
-    })?;
+    if a.wants("gpt-fwd-bwd") {
+        guarded(&mut report, a.budget_s, "gpt-fwd-bwd", case.preset, |r| {
+            model::check(&dut, &case, r)
+        })?;
+    }
     // Llama (its RMSNorm, rotary/GQA and SwiGLU kernels) against the host.
     let case = model::Case {
         preset: if a.quick { "llama-tiny" } else { "llama-small" },
         rows: 2,
         seq_len: 64,
     };
-    guarded(&mut report, a.budget_s, "llama-fwd-bwd", case.preset, |r| {
-        model::check(&dut, &case, r)
-    })?;
+    if a.wants("llama-fwd-bwd") {
+        guarded(&mut report, a.budget_s, "llama-fwd-bwd", case.preset, |r| {
+            model::check(&dut, &case, r)
+        })?;
+    }
     drop(dut);
 
     // 4. The 4-thread-rank curves against the prepared reference.
@@ -243,13 +277,22 @@ fn all_checks<D: BenchDevice>(
     } else {
         reference.setup.steps
     };
-    train::check(open, reference, steps, a.budget_s, &mut report)?;
+    if a.wants("train-4-ranks") {
+        train::check(open, reference, steps, a.budget_s, &mut report)?;
+    }
 
     // 5. Two processes through NCCL (issue 14) against two thread ranks.
-    nccl_pair(a, reference, steps, sim, &mut report)?;
+    if a.wants("nccl-2-procs") {
+        nccl_pair(a, reference, steps, sim, &mut report)?;
+    }
 
     // 6. Throughput, 124M and 350M.
-    for preset in ["gpt2-124m", "gpt2-350m"] {
+    let presets: &[&str] = if a.wants("throughput") {
+        &["gpt2-124m", "gpt2-350m"]
+    } else {
+        &[]
+    };
+    for &preset in presets {
         let tp = if sim {
             perf::Throughput {
                 preset,
@@ -306,7 +349,11 @@ fn nccl_pair(
     sim: bool,
     report: &mut Report,
 ) -> anyhow::Result<()> {
-    let check = Check::new("nccl-2-procs", "two processes on one GPU", Kind::Correctness);
+    let check = Check::new(
+        "nccl-2-procs",
+        "two processes on one GPU",
+        Kind::Correctness,
+    );
     if sim {
         return report.add(check.skip("NCCL needs a real GPU (the simulated GPU has none)"));
     }

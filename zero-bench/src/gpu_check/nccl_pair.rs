@@ -35,6 +35,10 @@ use super::train::{self, Reference, Setup};
 const RANKS: usize = 2;
 /// How long a rank may take, start-up and NCCL's set-up included, before it is killed.
 const RANK_TIMEOUT: Duration = Duration::from_secs(120);
+/// The NCCL watchdog's limit per collective in the ranks (a step here takes milliseconds).
+const WATCHDOG_TIMEOUT: Duration = Duration::from_secs(30);
+/// Exit status of the rank that stops on purpose.
+const DIED_ON_PURPOSE: i32 = 3;
 /// Elements of the all-reduce the bandwidth line times (32 MiB of f32).
 const BENCH_ELEMS: usize = 8 << 20;
 /// Rounds of (ours, raw) pairs, and calls of each per round.
@@ -62,6 +66,10 @@ pub struct NcclRankArgs {
     /// What to run: `train:STAGE:PRECISION:STEPS` or `bench`.
     #[arg(long)]
     job: String,
+    /// Stop dead (exit status 3, no goodbye to NCCL) after this many training steps: the
+    /// peer that the other rank's watchdog must notice.
+    #[arg(long)]
+    die_after: Option<usize>,
 }
 
 /// What a rank of the pair writes.
@@ -98,7 +106,11 @@ pub fn rank_main(a: &NcclRankArgs) -> anyhow::Result<()> {
     } else {
         zero_comm::nccl_id::wait_for_file(&a.id_file, Duration::from_secs(60))?
     };
-    let comm = NcclComm::new(0, &id, a.rank, a.size, a.rank)?;
+    let config = zero_comm::CommConfig {
+        timeout: Some(WATCHDOG_TIMEOUT),
+        ..zero_comm::CommConfig::default()
+    };
+    let comm = NcclComm::new(0, &id, a.rank, a.size, a.rank, &config)?;
     let result = match a.job.split(':').collect::<Vec<_>>()[..] {
         ["train", stage, precision, steps] => {
             let stage: i64 = stage.parse().context("the job's stage")?;
@@ -108,18 +120,27 @@ pub fn rank_main(a: &NcclRankArgs) -> anyhow::Result<()> {
             let tokens = MarkovSource::default_corpus(setup.corpus_tokens, setup.vocab)
                 .context("building the built-in corpus")?;
             let cfg = setup.engine(stage, precision);
-            let losses = train::train_rank(&comm, &dev, &setup, &cfg, &tokens, steps)
-                .map_err(|e| anyhow!(e))?;
+            let losses = match a.die_after {
+                Some(n) => {
+                    train::train_rank(&comm, &dev, &setup, &cfg, &tokens, n)
+                        .map_err(|e| anyhow!(e))?;
+                    eprintln!(
+                        "rank {}: stopping dead after {n} steps (the dead-peer check)",
+                        a.rank
+                    );
+                    // SAFETY: _exit ends the process at once, as a crash would.
+                    unsafe { libc::_exit(DIED_ON_PURPOSE) }
+                }
+                None => train::train_rank(&comm, &dev, &setup, &cfg, &tokens, steps)
+                    .map_err(|e| anyhow!(e))?,
+            };
             RankResult {
                 losses,
                 ..RankResult::default()
             }
         }
         ["bench"] => bench(&comm, &dev)?,
-        _ => bail!(
-            "--job {}: give train:STAGE:PRECISION:STEPS or bench",
-            a.job
-        ),
+        _ => bail!("--job {}: give train:STAGE:PRECISION:STEPS or bench", a.job),
     };
     let text = serde_json::to_string(&result)?;
     std::fs::write(&a.out, text).with_context(|| format!("writing {}", a.out.display()))?;
@@ -185,9 +206,14 @@ fn log_tail(path: &Path) -> String {
     lines[lines.len().saturating_sub(4)..].join(" | ")
 }
 
-/// Start the pair on `job`, wait for both (killing both at the deadline or when one
-/// fails), and return each rank's result.
-fn run_pair(reference_dir: &Path, dir: &Path, job: &str) -> anyhow::Result<Vec<RankResult>> {
+/// Start the pair on `job` in `dir` (each rank's log and result there); rank 1 stops
+/// itself after `die_after` steps when given (the dead-peer check).
+fn spawn_pair(
+    reference_dir: &Path,
+    dir: &Path,
+    job: &str,
+    die_after: Option<usize>,
+) -> anyhow::Result<Vec<Running>> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let id_file = dir.join("nccl-id");
     // The id file must be this run's: a stale one would be read as the new id.
@@ -198,10 +224,10 @@ fn run_pair(reference_dir: &Path, dir: &Path, job: &str) -> anyhow::Result<Vec<R
         let log = dir.join(format!("rank{rank}.log"));
         let out = dir.join(format!("rank{rank}.json"));
         let _ = std::fs::remove_file(&out);
-        let log_file = std::fs::File::create(&log)
-            .with_context(|| format!("creating {}", log.display()))?;
-        let child = Command::new(&exe)
-            .args(["gpu-check", "nccl-rank", "--ref"])
+        let log_file =
+            std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        let mut cmd = Command::new(&exe);
+        cmd.args(["gpu-check", "nccl-rank", "--ref"])
             .arg(reference_dir)
             .args(["--rank", &rank.to_string(), "--size", &RANKS.to_string()])
             .arg("--id-file")
@@ -212,48 +238,76 @@ fn run_pair(reference_dir: &Path, dir: &Path, job: &str) -> anyhow::Result<Vec<R
             // Each process its own "host", so NCCL lets both use GPU 0 (module docs).
             .env("NCCL_HOSTID", format!("zero-gpu-check-rank{rank}"))
             .env("NCCL_SOCKET_IFNAME", "lo")
-            .env("NCCL_DEBUG", std::env::var("NCCL_DEBUG").unwrap_or("WARN".into()))
+            .env(
+                "NCCL_DEBUG",
+                std::env::var("NCCL_DEBUG").unwrap_or("WARN".into()),
+            )
             .stdin(Stdio::null())
             .stdout(log_file.try_clone()?)
-            .stderr(log_file)
+            .stderr(log_file);
+        if let (Some(n), 1) = (die_after, rank) {
+            cmd.args(["--die-after", &n.to_string()]);
+        }
+        let child = cmd
             .spawn()
             .with_context(|| format!("starting rank {rank} ({})", exe.display()))?;
         ranks.push(Running { child, log, out });
     }
+    Ok(ranks)
+}
+
+/// How each rank of a pair ended: its exit status and when (since the start), `None`
+/// for one still running at the deadline (then killed).
+type Endings = Vec<Option<(std::process::ExitStatus, Duration)>>;
+
+/// Wait for the ranks until all have ended, or one failed when `stop_on_failure`, or
+/// `deadline` passed; then kill what still runs, so no rank is left waiting in NCCL.
+fn wait_pair(
+    ranks: &mut [Running],
+    deadline: Duration,
+    stop_on_failure: bool,
+) -> anyhow::Result<Endings> {
     let start = Instant::now();
-    let mut failure: Option<String> = None;
-    let mut done = vec![false; RANKS];
-    while done.iter().any(|d| !d) && failure.is_none() {
+    let mut ended: Endings = (0..ranks.len()).map(|_| None).collect();
+    loop {
         for (r, run) in ranks.iter_mut().enumerate() {
-            if done[r] {
-                continue;
-            }
-            if let Some(status) = run.child.try_wait()? {
-                done[r] = true;
-                if !status.success() {
-                    failure = Some(format!("rank {r} exited with {status}: {}", log_tail(&run.log)));
-                    break;
+            if ended[r].is_none() {
+                if let Some(status) = run.child.try_wait()? {
+                    ended[r] = Some((status, start.elapsed()));
                 }
             }
         }
-        if failure.is_none() && start.elapsed() > RANK_TIMEOUT {
-            let waiting: Vec<String> = (0..RANKS).filter(|&r| !done[r]).map(|r| r.to_string()).collect();
-            failure = Some(format!(
-                "rank(s) {} still running after {} s (killed); rank 0's log: {}",
-                waiting.join(", "),
-                RANK_TIMEOUT.as_secs(),
-                log_tail(&ranks[0].log)
-            ));
+        let all = ended.iter().all(Option::is_some);
+        let failed = ended.iter().flatten().any(|(s, _)| !s.success());
+        if all || (stop_on_failure && failed) || start.elapsed() > deadline {
+            break;
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    // A failed or late rank takes the other with it: none is left waiting in NCCL.
-    for run in &mut ranks {
+    for run in ranks.iter_mut() {
         let _ = run.child.kill();
         let _ = run.child.wait();
     }
-    if let Some(f) = failure {
-        bail!(f);
+    Ok(ended)
+}
+
+/// Run the pair on `job` and return each rank's result; the first failure (or a rank
+/// over [`RANK_TIMEOUT`]) is the error, with the end of that rank's log.
+fn run_pair(reference_dir: &Path, dir: &Path, job: &str) -> anyhow::Result<Vec<RankResult>> {
+    let mut ranks = spawn_pair(reference_dir, dir, job, None)?;
+    let ended = wait_pair(&mut ranks, RANK_TIMEOUT, true)?;
+    for (r, e) in ended.iter().enumerate() {
+        match e {
+            Some((status, _)) if !status.success() => {
+                bail!("rank {r} exited with {status}: {}", log_tail(&ranks[r].log))
+            }
+            None => bail!(
+                "rank {r} still running after {} s (killed): {}",
+                RANK_TIMEOUT.as_secs(),
+                log_tail(&ranks[r].log)
+            ),
+            _ => {}
+        }
     }
     ranks
         .iter()
@@ -263,6 +317,68 @@ fn run_pair(reference_dir: &Path, dir: &Path, job: &str) -> anyhow::Result<Vec<R
             Ok(serde_json::from_str(&text)?)
         })
         .collect()
+}
+
+/// Rank 1 of a training pair stops dead after a few steps; rank 0 must end within
+/// seconds with the watchdog's message (not hang in NCCL): the time from rank 1's end
+/// to rank 0's, at most [`WATCHDOG_TIMEOUT`] and a margin.
+fn dead_peer(
+    reference_dir: &Path,
+    dir: &Path,
+    steps: usize,
+    report: &mut Report,
+) -> anyhow::Result<()> {
+    let limit = WATCHDOG_TIMEOUT.as_secs_f64() + 10.0;
+    let die_after = 3.min(steps.saturating_sub(1)).max(1);
+    let check = Check::new(
+        "nccl-2-procs",
+        format!("dead peer: rank 1 stops after {die_after} steps"),
+        Kind::Correctness,
+    );
+    let t0 = Instant::now();
+    let job = format!("train:3:fp32:{}", steps.max(die_after + 50));
+    let mut check = match spawn_pair(reference_dir, dir, &job, Some(die_after))
+        .and_then(|mut ranks| Ok((wait_pair(&mut ranks, RANK_TIMEOUT, false)?, ranks)))
+    {
+        Err(e) => check.fail(format!("{e:#}")),
+        Ok((ended, ranks)) => {
+            let log0 = std::fs::read_to_string(&ranks[0].log).unwrap_or_default();
+            let said = log0
+                .lines()
+                .find(|l| l.contains("NCCL watchdog:"))
+                .map(str::to_string);
+            match (&ended[0], &ended[1], said) {
+                (Some((s0, end0)), Some((s1, end1)), Some(line)) if !s0.success() => {
+                    let delay = end0.saturating_sub(*end1).as_secs_f64();
+                    check.at_most(
+                        delay,
+                        limit,
+                        format!(
+                            "rank 1 ended ({s1}); rank 0 ended {delay:.1} s later ({s0}) <= {limit:.0} s, saying: {}",
+                            line.chars().take(240).collect::<String>()
+                        ),
+                    )
+                }
+                (e0, e1, said) => check.fail(format!(
+                    "rank 0 {}, rank 1 {}; rank 0 {}: {}",
+                    e0.map_or("still running (killed)".to_string(), |(s, _)| format!(
+                        "ended with {s}"
+                    )),
+                    e1.map_or("still running (killed)".to_string(), |(s, _)| format!(
+                        "ended with {s}"
+                    )),
+                    if said.is_some() {
+                        "named the watchdog"
+                    } else {
+                        "did not print the watchdog's line"
+                    },
+                    log_tail(&ranks[0].log)
+                )),
+            }
+        }
+    };
+    check.seconds = t0.elapsed().as_secs_f64();
+    report.add(check)
 }
 
 /// The pair's checks: ZeRO-2 and ZeRO-3 in fp32 and bf16 against two thread ranks on
@@ -335,9 +451,20 @@ pub fn check(
         }
     }
 
+    // A peer that dies: the watchdog ends the other rank.
+    if report.elapsed() > deadline {
+        let c = Check::new("nccl-2-procs", "dead peer", Kind::Correctness);
+        report.add(c.skip(format!("out of time (budget {deadline:.0} s)")))?;
+    } else {
+        dead_peer(reference_dir, &dir, steps, report)?;
+    }
+
     // Bus bandwidth of an all-reduce: ours against bare NCCL on the same buffer.
     let bytes = (BENCH_ELEMS * 4) as f64;
-    let name = format!("all_reduce f32 {} MiB, {RANKS} processes", BENCH_ELEMS * 4 >> 20);
+    let name = format!(
+        "all_reduce f32 {} MiB, {RANKS} processes",
+        (BENCH_ELEMS * 4) >> 20
+    );
     let check = Check::new("nccl-bandwidth", name, Kind::Performance);
     if report.elapsed() > deadline {
         return report.add(check.skip(format!("out of time (budget {deadline:.0} s)")));

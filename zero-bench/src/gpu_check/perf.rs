@@ -269,5 +269,26 @@ fn timed_steps<D: BenchDevice, C: zero_comm::Communicator>(
     if !last.is_finite() {
         anyhow::bail!("the loss is {last}: the run diverged");
     }
+    // One more step with every op timed on the GPU: where the step's time goes (not
+    // counted in the figures above; the events cost a little).
+    if dev.profile_ops(true) {
+        let t0 = Instant::now();
+        engine.step(&mut model, &[batch]).context("profiled step")?;
+        dev.synchronize()?;
+        let wall_ms = t0.elapsed().as_secs_f64() * 1e3;
+        dev.profile_ops(false);
+        let ops = dev.take_op_profile()?;
+        let busy: f64 = ops.iter().map(|o| o.2).sum();
+        let top: Vec<String> = ops
+            .iter()
+            .take(10)
+            .map(|(name, calls, ms)| format!("{name} {ms:.1} ms/{calls}"))
+            .collect();
+        log::info!(
+            "throughput {}: profiled step {wall_ms:.1} ms wall, ops {busy:.1} ms on the GPU: {}",
+            tp.run_preset,
+            top.join(", ")
+        );
+    }
     Ok((secs, dev.simulated(), sizes))
 }

@@ -258,10 +258,15 @@ fn with_backend<D: BenchDevice>(
                     ))
                 }
             };
+            // The watchdog's timeout is the MPI world's (ZERO_COMM_TIMEOUT).
+            let config = agree(
+                comm,
+                zero_comm::CommConfig::from_env().map_err(anyhow::Error::from),
+            )?;
             let id = zero_comm::nccl_id::exchange(comm, zero_comm::nccl::unique_id)
                 .map_err(anyhow::Error::from);
             let id = agree(comm, id)?;
-            let nccl = zero_comm::NcclComm::new(ordinal, &id, rank, comm.size(), rank)
+            let nccl = zero_comm::NcclComm::new(ordinal, &id, rank, comm.size(), rank, &config)
                 .map_err(anyhow::Error::from);
             let nccl = agree(comm, nccl)?;
             // hpZ / qgZ: one NCCL communicator per MPI group, its id over that group.
@@ -275,6 +280,7 @@ fn with_backend<D: BenchDevice>(
                             sub.rank(),
                             sub.size(),
                             rank,
+                            &config,
                         )?)
                     };
                     let node = agree(comm, on(&g.node).context("NCCL on the node group"))?;

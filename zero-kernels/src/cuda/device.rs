@@ -291,14 +291,19 @@ impl Device for CudaDevice {
         Ok(())
     }
 
+    fn native_stream(&self, stream: &CudaStreamRef) -> Option<u64> {
+        Some(stream.inner.cu_stream() as u64)
+    }
+
     fn host_task<R>(
         &self,
         stream: &CudaStreamRef,
-        _name: &'static str,
+        name: &'static str,
         _reads: &[Access<'_>],
         _writes: &[Access<'_>],
         task: impl FnOnce() -> R,
     ) -> Result<R> {
+        let _timed = self.time_op(name, &stream.inner);
         // The work queued before has run when the stream is idle; the work queued after
         // is queued after `task` returns. That is the host task's whole contract.
         stream.inner.synchronize()?;
@@ -311,6 +316,7 @@ impl Device for CudaDevice {
         src: &[T],
         dst: DViewMut<'_, Self, T>,
     ) -> Result<()> {
+        let _timed = self.time_op("upload", &stream.inner);
         same_len("upload", "dst", dst.len(), src.len())?;
         if src.is_empty() {
             return Ok(());
@@ -328,6 +334,7 @@ impl Device for CudaDevice {
         src: DView<'_, Self, T>,
         dst: &mut [T],
     ) -> Result<()> {
+        let _timed = self.time_op("download", &stream.inner);
         same_len("download", "dst", dst.len(), src.len())?;
         if dst.is_empty() {
             return Ok(());
@@ -344,6 +351,7 @@ impl Device for CudaDevice {
         dst: DViewMut<'_, Self, T>,
         value: T,
     ) -> Result<()> {
+        let _timed = self.time_op("fill", &stream.inner);
         let n = dst.len();
         if n == 0 {
             return Ok(());
@@ -380,6 +388,7 @@ impl Device for CudaDevice {
         src: DView<'_, Self, T>,
         dst: DViewMut<'_, Self, T>,
     ) -> Result<()> {
+        let _timed = self.time_op("copy", &stream.inner);
         same_len("copy", "dst", dst.len(), src.len())?;
         if src.is_empty() {
             return Ok(());
@@ -399,6 +408,7 @@ impl Device for CudaDevice {
         src: DView<'_, Self, S>,
         dst: DViewMut<'_, Self, T>,
     ) -> Result<()> {
+        let _timed = self.time_op("cast", &stream.inner);
         same_len("cast", "dst", dst.len(), src.len())?;
         if S::DTYPE == T::DTYPE {
             let bytes = src.len() * S::DTYPE.size_bytes();
@@ -442,6 +452,7 @@ impl Device for CudaDevice {
         dst: DViewMut<'_, Self, T>,
         src: DView<'_, Self, S>,
     ) -> Result<()> {
+        let _timed = self.time_op("accumulate", &stream.inner);
         same_len("accumulate", "src", src.len(), dst.len())?;
         crate::cast::cuda::launch2_on(
             self,
@@ -461,6 +472,7 @@ impl Device for CudaDevice {
         codes: DViewMut<'_, Self, u8>,
         scales: DViewMut<'_, Self, f32>,
     ) -> Result<()> {
+        let _timed = self.time_op("quantize_int8", &stream.inner);
         let n = src.len();
         crate::quant::check_lengths(n, block, codes.len(), scales.len())?;
         let entry = quant_kernel("quantize_int8", quant_entry, true, T::DTYPE)?;
@@ -493,6 +505,7 @@ impl Device for CudaDevice {
         block: usize,
         dst: DViewMut<'_, Self, T>,
     ) -> Result<()> {
+        let _timed = self.time_op("dequantize_int8", &stream.inner);
         let n = dst.len();
         crate::quant::check_lengths(n, block, codes.len(), scales.len())?;
         let entry = quant_kernel("dequantize_int8", quant_entry, false, T::DTYPE)?;
@@ -519,6 +532,7 @@ impl Device for CudaDevice {
         codes: DViewMut<'_, Self, u8>,
         scales: DViewMut<'_, Self, f32>,
     ) -> Result<()> {
+        let _timed = self.time_op("quantize_int4", &stream.inner);
         let n = src.len();
         crate::quant::check_lengths_int4(n, block, codes.len(), scales.len())?;
         let entry = quant_kernel("quantize_int4", quant4_entry, true, T::DTYPE)?;
@@ -553,6 +567,7 @@ impl Device for CudaDevice {
         block: usize,
         dst: DViewMut<'_, Self, T>,
     ) -> Result<()> {
+        let _timed = self.time_op("dequantize_int4", &stream.inner);
         let n = dst.len();
         crate::quant::check_lengths_int4(n, block, codes.len(), scales.len())?;
         let entry = quant_kernel("dequantize_int4", quant4_entry, false, T::DTYPE)?;
@@ -578,6 +593,7 @@ impl Device for CudaDevice {
         scale: f32,
         out: DViewMut<'_, Self, f64>,
     ) -> Result<()> {
+        let _timed = self.time_op("grad_stats", &stream.inner);
         same_len("grad_stats", "out", out.len(), 2)?;
         let n = grad.len();
         let sums = self.scratch::<f64>(
@@ -606,6 +622,7 @@ impl Device for CudaDevice {
         state: AdamWViews<'_, Self>,
         param: Option<DViewMut<'_, Self, P>>,
     ) -> Result<()> {
+        let _timed = self.time_op("adamw", &stream.inner);
         let n = grad.len();
         check::adamw(
             n,
@@ -655,6 +672,7 @@ impl Device for CudaDevice {
         b: DView<'_, Self, F>,
         c: DViewMut<'_, Self, F>,
     ) -> Result<()> {
+        let _timed = self.time_op("matmul", &stream.inner);
         f32_only::<F>("matmul")?;
         check::matmul(&mm, a.len(), b.len(), c.len())?;
         self.bind()?;
@@ -685,6 +703,7 @@ impl Device for CudaDevice {
         b: DView<'_, Self, F>,
         width: usize,
     ) -> Result<()> {
+        let _timed = self.time_op("layernorm_forward", &stream.inner);
         f32_only::<F>("layernorm_forward")?;
         let rows = check::layernorm_forward(
             x.len(),
@@ -717,6 +736,7 @@ impl Device for CudaDevice {
         saved: LayerNormSaved<'_, Self, F>,
         width: usize,
     ) -> Result<()> {
+        let _timed = self.time_op("layernorm_backward", &stream.inner);
         f32_only::<F>("layernorm_backward")?;
         let rows = check::layernorm_backward(
             dout.len(),
@@ -764,6 +784,7 @@ impl Device for CudaDevice {
         width: usize,
         eps: f64,
     ) -> Result<()> {
+        let _timed = self.time_op("rmsnorm_forward", &stream.inner);
         f32_only::<F>("rmsnorm_forward")?;
         let rows = check::rmsnorm_forward(x.len(), out.len(), w.len(), rstd.len(), width)?;
         launch::llama::rmsnorm_forward(
@@ -790,6 +811,7 @@ impl Device for CudaDevice {
         rstd: DView<'_, Self, F>,
         width: usize,
     ) -> Result<()> {
+        let _timed = self.time_op("rmsnorm_backward", &stream.inner);
         f32_only::<F>("rmsnorm_backward")?;
         let rows = check::rmsnorm_backward(
             dout.len(),
@@ -830,6 +852,7 @@ impl Device for CudaDevice {
         v: DView<'_, Self, F>,
         shape: RopeShape,
     ) -> Result<()> {
+        let _timed = self.time_op("rope_gqa_forward", &stream.inner);
         let name = "rope_gqa_forward";
         f32_only::<F>(name)?;
         check::rope_gqa(name, qkv.len(), q.len(), k.len(), v.len(), &shape)?;
@@ -856,6 +879,7 @@ impl Device for CudaDevice {
         dqkv: DView<'_, Self, F>,
         shape: RopeShape,
     ) -> Result<()> {
+        let _timed = self.time_op("rope_gqa_backward", &stream.inner);
         let name = "rope_gqa_backward";
         f32_only::<F>(name)?;
         check::rope_gqa(name, dqkv.len(), dq.len(), dk.len(), dv.len(), &shape)?;
@@ -880,6 +904,7 @@ impl Device for CudaDevice {
         a: DView<'_, Self, F>,
         b: DView<'_, Self, F>,
     ) -> Result<()> {
+        let _timed = self.time_op("swiglu_forward", &stream.inner);
         f32_only::<F>("swiglu_forward")?;
         same_len("swiglu_forward", "a", a.len(), out.len())?;
         same_len("swiglu_forward", "b", b.len(), out.len())?;
@@ -902,6 +927,7 @@ impl Device for CudaDevice {
         a: DView<'_, Self, F>,
         b: DView<'_, Self, F>,
     ) -> Result<()> {
+        let _timed = self.time_op("swiglu_backward", &stream.inner);
         let name = "swiglu_backward";
         f32_only::<F>(name)?;
         for (what, len) in [
@@ -930,6 +956,7 @@ impl Device for CudaDevice {
         out: DViewMut<'_, Self, F>,
         x: DView<'_, Self, F>,
     ) -> Result<()> {
+        let _timed = self.time_op("gelu_forward", &stream.inner);
         f32_only::<F>("gelu_forward")?;
         same_len("gelu_forward", "out", out.len(), x.len())?;
         launch::elementwise::gelu_forward(self, &stream.inner, addr_mut(&out), addr(&x), x.len())
@@ -941,6 +968,7 @@ impl Device for CudaDevice {
         d: DViewMut<'_, Self, F>,
         x: DView<'_, Self, F>,
     ) -> Result<()> {
+        let _timed = self.time_op("gelu_backward", &stream.inner);
         f32_only::<F>("gelu_backward")?;
         same_len("gelu_backward", "d", d.len(), x.len())?;
         launch::elementwise::gelu_backward(self, &stream.inner, addr_mut(&d), addr(&x), x.len())
@@ -954,6 +982,7 @@ impl Device for CudaDevice {
         qkv: DView<'_, Self, F>,
         shape: AttnShape,
     ) -> Result<()> {
+        let _timed = self.time_op("attention_forward", &stream.inner);
         f32_only::<F>("attention_forward")?;
         check::attention_forward(y.len(), p.len(), qkv.len(), &shape)?;
         launch::attention::attention_forward(
@@ -976,6 +1005,7 @@ impl Device for CudaDevice {
         qkv: DView<'_, Self, F>,
         shape: AttnShape,
     ) -> Result<()> {
+        let _timed = self.time_op("attention_backward", &stream.inner);
         f32_only::<F>("attention_backward")?;
         check::attention_backward(
             dqkv.len(),
@@ -1005,6 +1035,7 @@ impl Device for CudaDevice {
         targets: DView<'_, Self, u32>,
         v: usize,
     ) -> Result<()> {
+        let _timed = self.time_op("softmax_xent_forward", &stream.inner);
         let op = "softmax_xent_forward";
         f32_only::<F>(op)?;
         let rows = check::softmax_xent(op, logits.len(), Some(losses.len()), targets.len(), v)?;
@@ -1027,6 +1058,7 @@ impl Device for CudaDevice {
         v: usize,
         scale: F,
     ) -> Result<()> {
+        let _timed = self.time_op("softmax_xent_backward", &stream.inner);
         let op = "softmax_xent_backward";
         f32_only::<F>(op)?;
         let rows = check::softmax_xent(op, probs.len(), None, targets.len(), v)?;
@@ -1047,6 +1079,7 @@ impl Device for CudaDevice {
         dst: DViewMut<'_, Self, F>,
         src: DView<'_, Self, F>,
     ) -> Result<()> {
+        let _timed = self.time_op("mean", &stream.inner);
         f32_only::<F>("mean")?;
         check::mean(dst.len(), src.len())?;
         launch::xent::mean(self, &stream.inner, addr_mut(&dst), addr(&src), src.len())
@@ -1058,6 +1091,7 @@ impl Device for CudaDevice {
         out: DViewMut<'_, Self, F>,
         row: DView<'_, Self, F>,
     ) -> Result<()> {
+        let _timed = self.time_op("fill_rows", &stream.inner);
         f32_only::<F>("fill_rows")?;
         let rows = check::rows_of("fill_rows", "out", out.len(), row.len())?;
         launch::rows::fill_rows(
@@ -1076,6 +1110,7 @@ impl Device for CudaDevice {
         out: DViewMut<'_, Self, F>,
         row: DView<'_, Self, F>,
     ) -> Result<()> {
+        let _timed = self.time_op("add_rows", &stream.inner);
         f32_only::<F>("add_rows")?;
         let rows = check::rows_of("add_rows", "out", out.len(), row.len())?;
         launch::rows::add_rows(
@@ -1094,6 +1129,7 @@ impl Device for CudaDevice {
         db: DViewMut<'_, Self, F>,
         dout: DView<'_, Self, F>,
     ) -> Result<()> {
+        let _timed = self.time_op("bias_backward", &stream.inner);
         f32_only::<F>("bias_backward")?;
         let rows = check::rows_of("bias_backward", "dout", dout.len(), db.len())?;
         let scratch = self.scratch::<f32>(
@@ -1121,6 +1157,7 @@ impl Device for CudaDevice {
         table: DView<'_, Self, F>,
         width: usize,
     ) -> Result<()> {
+        let _timed = self.time_op("gather_rows", &stream.inner);
         let op = "gather_rows";
         f32_only::<F>(op)?;
         let (rows, table_rows) =
@@ -1145,6 +1182,7 @@ impl Device for CudaDevice {
         dout: DView<'_, Self, F>,
         width: usize,
     ) -> Result<()> {
+        let _timed = self.time_op("scatter_add_rows", &stream.inner);
         let op = "scatter_add_rows";
         f32_only::<F>(op)?;
         let (rows, table_rows) = check::lookup(
@@ -1177,6 +1215,7 @@ impl Device for CudaDevice {
         first: usize,
         width: usize,
     ) -> Result<()> {
+        let _timed = self.time_op("gather_rows_block", &stream.inner);
         let op = "gather_rows_block";
         f32_only::<F>(op)?;
         let (rows, block_rows) =
@@ -1203,6 +1242,7 @@ impl Device for CudaDevice {
         first: usize,
         width: usize,
     ) -> Result<()> {
+        let _timed = self.time_op("scatter_add_rows_block", &stream.inner);
         let op = "scatter_add_rows_block";
         f32_only::<F>(op)?;
         let (rows, block_rows) = check::lookup(
@@ -1235,6 +1275,7 @@ impl Device for CudaDevice {
         period: usize,
         width: usize,
     ) -> Result<()> {
+        let _timed = self.time_op("add_periodic_rows", &stream.inner);
         let op = "add_periodic_rows";
         f32_only::<F>(op)?;
         let rows = check::periodic(op, "out", out.len(), table.len(), period, width)?;
@@ -1257,6 +1298,7 @@ impl Device for CudaDevice {
         period: usize,
         width: usize,
     ) -> Result<()> {
+        let _timed = self.time_op("periodic_rows_backward", &stream.inner);
         let op = "periodic_rows_backward";
         f32_only::<F>(op)?;
         let rows = check::periodic(op, "dout", dout.len(), dtable.len(), period, width)?;
@@ -1279,6 +1321,7 @@ impl Device for CudaDevice {
         seq_len: usize,
         width: usize,
     ) -> Result<()> {
+        let _timed = self.time_op("shift_rows_forward", &stream.inner);
         let op = "shift_rows_forward";
         f32_only::<F>(op)?;
         let rows = check::shift(op, "x", x.len(), "out", out.len(), seq_len, width)?;
@@ -1301,6 +1344,7 @@ impl Device for CudaDevice {
         seq_len: usize,
         width: usize,
     ) -> Result<()> {
+        let _timed = self.time_op("shift_rows_backward", &stream.inner);
         let op = "shift_rows_backward";
         f32_only::<F>(op)?;
         let rows = check::shift(op, "dout", dout.len(), "dx", dx.len(), seq_len, width)?;
@@ -1321,6 +1365,7 @@ impl Device for CudaDevice {
         dst: DViewMut<'_, Self, F>,
         src: DView<'_, Self, F>,
     ) -> Result<()> {
+        let _timed = self.time_op("add", &stream.inner);
         f32_only::<F>("add")?;
         same_len("add", "src", src.len(), dst.len())?;
         launch::elementwise::add(self, &stream.inner, addr_mut(&dst), addr(&src), src.len())
@@ -1332,6 +1377,7 @@ impl Device for CudaDevice {
         dst: DViewMut<'_, Self, F>,
         a: F,
     ) -> Result<()> {
+        let _timed = self.time_op("scale", &stream.inner);
         f32_only::<F>("scale")?;
         let n = dst.len();
         launch::elementwise::scale(self, &stream.inner, addr_mut(&dst), a.to_f64() as f32, n)

@@ -16,10 +16,12 @@ mod device;
 pub(crate) mod nn;
 pub mod peer;
 mod pool;
+mod profile;
 
 pub use blas::MatmulPrecision;
 pub use device::{CudaBuf, CudaEventRef, CudaStreamRef};
 pub use pool::PoolStats;
+pub use profile::OpTime;
 
 pub(crate) use buffer::check_len as buffer_check_len;
 pub use buffer::{DeviceAdamWState, DeviceBuffer, DeviceElement, DeviceFloat, DeviceHalfMut};
@@ -50,6 +52,10 @@ pub struct CudaDevice {
     /// once per shape ([`nn::llama::rope_table`]) and uploaded into a temporary per call,
     /// so that no device memory outlives the op (the memory ledger counts none).
     rope_tables: RefCell<HashMap<RopeKey, Arc<Vec<f32>>>>,
+    /// Every op times itself ([`CudaDevice::profile_ops`]).
+    profiling: Cell<bool>,
+    /// The timed ops' events, until [`CudaDevice::take_op_profile`].
+    op_marks: RefCell<Vec<profile::OpMark>>,
 }
 
 /// A rotary table's shape: (T, hd, the bits of theta).
@@ -106,6 +112,8 @@ impl CudaDevice {
             precision: Cell::new(MatmulPrecision::F32),
             next_id: Cell::new(1),
             rope_tables: RefCell::new(HashMap::new()),
+            profiling: Cell::new(false),
+            op_marks: RefCell::new(Vec::new()),
         })
     }
 

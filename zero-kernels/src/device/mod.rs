@@ -278,6 +278,13 @@ pub trait Device {
         self.host_task(stream, name, reads, writes, || start()?.wait())?
     }
 
+    /// The native handle of `stream` where the device has one (a CUDA `CUstream`'s
+    /// address), for a transport that queues its own GPU work on it (NCCL); `None` on
+    /// the CPU devices.
+    fn native_stream(&self, _stream: &Self::Stream) -> Option<u64> {
+        None
+    }
+
     /// How much of the started host work ([`Device::host_task_started`]) ran behind other
     /// work, so far. Zero where the device waits for each (every device but
     /// [`HostDevice`] with overlap on).
