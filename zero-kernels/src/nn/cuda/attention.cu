@@ -16,6 +16,11 @@
 //   dkv kernel, one warp per key row j (recomputes dp_ij and ds_ij bit for bit):
 //     dk_j[d] = (sum_{i >= j} ds_ij q_i[d], i ascending) * scale;
 //     dv_j[d] = sum_{i >= j} p_ij dy_i[d] (i ascending).
+//
+// Memory access: where each lane takes its own row (the lane-per-key dot products of the
+// scores and of dp), the rows are staged 32 rows x 32 dims at a time through the warp's
+// shared-memory tile by coalesced loads (dot_rows), instead of 32 rows read element by
+// element from global memory; the arithmetic and its order stay as above.
 #include "bits.cuh"
 
 #define WARPS 4           // warps (query or key rows) per block
@@ -36,9 +41,25 @@ __device__ __forceinline__ float warp_max(float x) {
     return x;
 }
 
-__device__ __forceinline__ float dot(const float* a, const float* b, u32 n) {
+// One warp's staging tile: 32 rows x 32 dims (+1 column so that lane l reading row l
+// hits bank (l + d) mod 32: no conflicts).
+typedef float Tile[32][33];
+
+// Lane l (< nrows) returns sum_d a[d] * row_l[d], d ascending from 0.0f, row_l = rows +
+// l * rstride: dot(a, row_l) of the CPU twin, same operations in the same order. The
+// rows go through `tile` 32 dims at a time, each row read by one coalesced load. Every
+// lane of the warp must call it (it synchronises the warp); lanes >= nrows get 0.
+__device__ __forceinline__ float dot_rows(Tile& tile, const float* a, const float* rows, u64 rstride, u32 nrows, u32 n, u32 lane) {
     float acc = 0.0f;
-    for (u32 d = 0; d < n; d++) acc = __fadd_rn(acc, __fmul_rn(a[d], b[d]));
+    for (u32 d0 = 0; d0 < n; d0 += 32) {
+        u32 w = n - d0 < 32 ? n - d0 : 32;
+        if (lane < w)
+            for (u32 r = 0; r < nrows; r++) tile[r][lane] = rows[r * rstride + d0 + lane];
+        __syncwarp();
+        if (lane < nrows)
+            for (u32 dd = 0; dd < w; dd++) acc = __fadd_rn(acc, __fmul_rn(a[d0 + dd], tile[lane][dd]));
+        __syncwarp();  // the tile is read before the next chunk overwrites it
+    }
     return acc;
 }
 
@@ -56,11 +77,18 @@ extern "C" __global__ void attention_forward_f32(float* y, float* p, const float
     const float* q = base + i * stride;
     float* prow = p + row * T;
 
+    __shared__ Tile tiles[WARPS];
+    Tile& tile = tiles[threadIdx.x / 32];
     float m = -3.40282347e38f;  // f32::MIN, as the CPU starts its max
-    for (u32 j = lane; j <= i; j += 32) {
-        float s = __fmul_rn(dot(q, base + j * stride + C, hs), scale);
-        prow[j] = s;
-        if (s > m) m = s;
+    for (u32 j0 = 0; j0 <= i; j0 += 32) {  // lane l takes j = j0 + l
+        u32 j = j0 + lane;
+        u32 nrows = i - j0 + 1 < 32 ? i - j0 + 1 : 32;
+        float qk = dot_rows(tile, q, base + j0 * stride + C, stride, nrows, hs, lane);
+        if (j <= i) {
+            float s = __fmul_rn(qk, scale);
+            prow[j] = s;
+            if (s > m) m = s;
+        }
     }
     m = warp_max(m);
     float sum = 0.0f;
@@ -98,10 +126,14 @@ extern "C" __global__ void attention_backward_dq_f32(float* dqkv, float* dsum, c
     const float* prow = p + (pair * T + i) * T;
     const float* dyi = dy + (b * T + i) * C + (u64)h * hs;
 
+    __shared__ Tile tiles[WARPS];
+    Tile& tile = tiles[threadIdx.x / 32];
     float part = 0.0f;
-    for (u32 j = lane; j <= i; j += 32) {
-        float dp = dot(dyi, base + j * stride + 2 * (u64)C, hs);
-        part = __fadd_rn(part, __fmul_rn(prow[j], dp));
+    for (u32 j0 = 0; j0 <= i; j0 += 32) {  // lane l takes j = j0 + l
+        u32 j = j0 + lane;
+        u32 nrows = i - j0 + 1 < 32 ? i - j0 + 1 : 32;
+        float dp = dot_rows(tile, dyi, base + j0 * stride + 2 * (u64)C, stride, nrows, hs, lane);
+        if (j <= i) part = __fadd_rn(part, __fmul_rn(prow[j], dp));
     }
     float D = warp_sum(part);
     if (lane == 0) dsum[local] = D;
@@ -112,12 +144,10 @@ extern "C" __global__ void attention_backward_dq_f32(float* dqkv, float* dsum, c
         for (int c = 0; c < DCHUNK; c++) acc[c] = 0.0f;
         for (u32 j0 = 0; j0 <= i; j0 += 32) {
             u32 j = j0 + lane;
-            float ds = 0.0f;
-            if (j <= i) {
-                float dp = dot(dyi, base + j * stride + 2 * (u64)C, hs);
-                ds = __fmul_rn(prow[j], __fsub_rn(dp, D));
-            }
             u32 n = i - j0 + 1 < 32 ? i - j0 + 1 : 32;
+            float dp = dot_rows(tile, dyi, base + j0 * stride + 2 * (u64)C, stride, n, hs, lane);
+            float ds = 0.0f;
+            if (j <= i) ds = __fmul_rn(prow[j], __fsub_rn(dp, D));
             for (u32 kk = 0; kk < n; kk++) {
                 float dsk = __shfl_sync(FULL, ds, kk);
                 const float* k = base + (u64)(j0 + kk) * stride + C;
@@ -152,6 +182,8 @@ extern "C" __global__ void attention_backward_dkv_f32(float* dqkv, const float* 
     const float* dyh = dy + b * T * C + (u64)h * hs;
     const float* D = dsum + pl * T;
 
+    __shared__ Tile tiles[WARPS];
+    Tile& tile = tiles[threadIdx.x / 32];
     float* dk = dqkv + (b * T + j) * stride + C + (u64)h * hs;
     float* dv = dk + C;
     for (u32 d0 = 0; d0 < hs; d0 += 32 * DCHUNK) {
@@ -159,13 +191,14 @@ extern "C" __global__ void attention_backward_dkv_f32(float* dqkv, const float* 
         for (int c = 0; c < DCHUNK; c++) { ak[c] = 0.0f; av[c] = 0.0f; }
         for (u32 i0 = j; i0 < T; i0 += 32) {
             u32 i = i0 + lane;
+            u32 n = T - i0 < 32 ? T - i0 : 32;
+            // dot(dy_i, v_j): the product commutes, so v_j may be the shared operand.
+            float dp = dot_rows(tile, vj, dyh + (u64)i0 * C, C, n, hs, lane);
             float ds = 0.0f, pij = 0.0f;
             if (i < T) {
                 pij = pcol[(u64)i * T];
-                float dp = dot(dyh + (u64)i * C, vj, hs);
                 ds = __fmul_rn(pij, __fsub_rn(dp, D[i]));
             }
-            u32 n = T - i0 < 32 ? T - i0 : 32;
             for (u32 kk = 0; kk < n; kk++) {
                 float dsk = __shfl_sync(FULL, ds, kk);
                 float pk = __shfl_sync(FULL, pij, kk);
