@@ -92,7 +92,8 @@ pub(crate) fn launch_raw(
     b.arg(c).arg(&g).arg(&p).arg(&m).arg(&v).arg(&out).arg(&n64);
     // SAFETY: the arguments match the kernel's signature (adamw.cu); every pointer is valid
     // for `n` elements past it (the caller's contract), and nothing else writes them.
-    unsafe { b.launch(CudaDevice::elementwise(n)) }?;
+    // Four elements per thread where aligned (adamw.cu); grid-stride covers the rest.
+    unsafe { b.launch(CudaDevice::elementwise(n.div_ceil(4))) }?;
     Ok(())
 }
 
