@@ -139,6 +139,8 @@ cuda_libs() {
         if [ -e "$d/libnccl.so.2" ] && [ ! -e "$d/libnccl.so" ]; then
             lib=$(mktemp -d "${TMPDIR:-/tmp}/zero-gpu-check-nccl.XXXXXX")
             ln -s "$d/libnccl.so.2" "$lib/libnccl.so"
+            # shellcheck disable=SC2064 # the folder's name now, not at exit
+            trap "rm -rf '$lib'" EXIT
             uniq=("$lib" "${uniq[@]}")
             break
         fi

@@ -476,6 +476,10 @@ impl<C: Communicator + ?Sized> Communicator for &C {
         // SAFETY: forwarded with the caller's guarantees.
         unsafe { (**self).start(call) }
     }
+    unsafe fn enqueue(&self, call: &RawCall, stream: u64) -> Option<Result<()>> {
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { (**self).enqueue(call, stream) }
+    }
     fn staging(&self) -> Option<&crate::staged::Staging> {
         (**self).staging()
     }

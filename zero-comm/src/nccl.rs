@@ -370,16 +370,39 @@ impl NcclComm {
 
 impl Drop for NcclComm {
     fn drop(&mut self) {
-        // The watchdog stops before the handle it watches goes.
-        drop(self.watch.take());
-        // Collectives queued on a borrowed stream may still run: finish them first.
+        // A communicator NCCL reports broken (a peer died) may have collectives queued
+        // that wait for that peer forever: abort it, which makes them return, instead of
+        // waiting for the GPU or destroying it (both could block for good).
+        let mut status = sys::ncclResult_t::ncclSuccess;
+        // SAFETY: our live handle.
+        let r = unsafe { sys::ncclCommGetAsyncError(self.raw, &mut status) };
+        let broken = [r, status].into_iter().any(|s| {
+            !matches!(
+                s,
+                sys::ncclResult_t::ncclSuccess | sys::ncclResult_t::ncclInProgress
+            )
+        });
+        if broken {
+            drop(self.watch.take());
+            log::warn!(
+                "rank {}: NCCL communicator '{}' is broken ({status:?}): aborting it",
+                self.world_rank,
+                self.name
+            );
+            // SAFETY: our handle; the watchdog thread has stopped.
+            unsafe { sys::ncclCommAbort(self.raw) };
+            return;
+        }
+        // Collectives queued on a borrowed stream may still run: finish them while the
+        // watchdog still watches them (a peer dying now is noticed), then stop it.
         if let Err(e) = self.ctx.synchronize() {
             log::warn!(
                 "rank {}: waiting for the GPU before ncclCommDestroy: {e:?}",
                 self.world_rank
             );
         }
-        // SAFETY: our handle; nothing is queued on it any more.
+        drop(self.watch.take());
+        // SAFETY: our handle; nothing is queued on it any more, no thread watches it.
         if let Err(e) = unsafe { result::comm_destroy(self.raw) } {
             log::warn!("rank {}: ncclCommDestroy: {e:?}", self.world_rank);
         }

@@ -9,10 +9,17 @@
 //! - the oldest queued collective's event: not complete after the communicator's timeout
 //!   (`ZERO_COMM_TIMEOUT`), as the MPI watchdog judges.
 //!
+//! (The time counts from when the collective was queued, so it includes the work queued
+//! before it on the stream; a step shorter than the timeout never trips it.) A CUDA error
+//! while querying an event (a broken context) ends the job the same way.
+//!
 //! Either way it prints `rank R: NCCL watchdog: ...` naming the collective (sequence
 //! number, kind, count, dtype), aborts the NCCL communicator (`ncclCommAbort`, which makes
 //! its kernels return) and ends the job (`MPI_Abort` where MPI is up, else exit status 1:
-//! [`crate::exit::abort`]). NCCL documents both calls as safe from another thread.
+//! [`crate::exit::abort_world`]). `ncclCommGetAsyncError` is meant for polling from
+//! another thread; `ncclCommAbort` may race with the main thread's calls on the same
+//! communicator, which NCCL does not promise to survive, but the process ends at once
+//! either way.
 
 use std::collections::VecDeque;
 use std::ffi::CStr;
@@ -42,11 +49,11 @@ pub(crate) struct Queued {
     pub at: Instant,
 }
 
-/// The communicator's handle, for the thread (NCCL allows the two calls used from any
-/// thread).
+/// The communicator's handle, for the thread.
 struct Handle(sys::ncclComm_t);
-// SAFETY: only ncclCommGetAsyncError and ncclCommAbort are called through it, which NCCL
-// documents as callable from another thread while the communicator is in use.
+// SAFETY: only ncclCommGetAsyncError (made for polling from another thread) and, just
+// before the process ends, ncclCommAbort are called through it; the owner joins the
+// thread before destroying the communicator.
 unsafe impl Send for Handle {}
 
 /// The watchdog of one communicator: stops (and is joined) when dropped.
@@ -73,12 +80,9 @@ impl Watch {
         let thread = std::thread::Builder::new()
             .name(format!("nccl-watchdog-{world_rank}"))
             .spawn(move || {
-                // Event queries need the GPU's context on this thread; without it the
-                // watchdog still sees NCCL's errors.
-                if let Err(e) = ctx.bind_to_thread() {
-                    log::warn!("rank {world_rank}: NCCL watchdog: binding the GPU context: {e:?}");
-                }
-                watch(handle, world_rank, &name, timeout, &p, &s)
+                // Event queries need the GPU's context on this thread.
+                let bound = ctx.bind_to_thread().map_err(|e| format!("{e:?}"));
+                watch(handle, world_rank, &name, timeout, bound, &p, &s)
             })?;
         Ok(Watch {
             pending,
@@ -89,8 +93,10 @@ impl Watch {
 
     /// A collective was queued; `done` completes after it.
     pub(crate) fn queued(&self, q: Queued) {
-        if let Ok(mut p) = self.pending.lock() {
-            p.push_back(q);
+        match self.pending.lock() {
+            Ok(mut p) => p.push_back(q),
+            // Only a panic on the watchdog thread poisons it; that thread is gone.
+            Err(_) => log::warn!("NCCL watchdog: its thread has died; collectives go unwatched"),
         }
     }
 }
@@ -99,6 +105,7 @@ impl Drop for Watch {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.thread.take() {
+            t.thread().unpark();
             let _ = t.join();
         }
     }
@@ -144,11 +151,29 @@ fn watch(
     world_rank: usize,
     name: &str,
     timeout: Option<Duration>,
+    bound: Result<(), String>,
     pending: &Mutex<VecDeque<Queued>>,
     stop: &AtomicBool,
 ) {
+    let fire = |why: String| -> ! {
+        crate::exit::line_to_stderr(&format!(
+            "rank {world_rank}: NCCL watchdog: {why}; aborting the communicator and the job"
+        ));
+        // SAFETY: a live communicator; makes its kernels return before the process ends.
+        unsafe { sys::ncclCommAbort(comm.0) };
+        crate::exit::abort_world(NCCL_WATCHDOG_EXIT_CODE)
+    };
+    if let Err(e) = bound {
+        fire(format!(
+            "cannot use the GPU's context on its thread ({e}), so it cannot watch '{name}'"
+        ));
+    }
     while !stop.load(Ordering::Relaxed) {
-        std::thread::sleep(POLL);
+        // Woken early by the owner's drop.
+        std::thread::park_timeout(POLL);
+        if stop.load(Ordering::Relaxed) {
+            return;
+        }
         let mut status = sys::ncclResult_t::ncclSuccess;
         // SAFETY: a live communicator (the owner joins this thread before destroying it).
         let r = unsafe { sys::ncclCommGetAsyncError(comm.0, &mut status) };
@@ -159,11 +184,24 @@ fn watch(
             )
         });
         let oldest = {
-            let Ok(mut p) = pending.lock() else { return };
+            let Ok(mut p) = pending.lock() else {
+                log::warn!("rank {world_rank}: NCCL watchdog: its queue is poisoned; it stops");
+                return;
+            };
             // Drop the collectives that have finished (events complete in queue order on
             // one stream; on several, a finished one behind an unfinished one waits).
-            while p.front().is_some_and(|q| q.done.is_complete()) {
-                p.pop_front();
+            loop {
+                match p.front().map(|q| q.done.try_is_complete()) {
+                    Some(Ok(true)) => {
+                        p.pop_front();
+                    }
+                    Some(Err(e)) => {
+                        let d = p.front().map(describe).unwrap_or_default();
+                        drop(p);
+                        fire(format!("the GPU reported {e:?} while {d} on '{name}' ran"));
+                    }
+                    _ => break,
+                }
             }
             p.front().map(|q| (describe(q), q.at.elapsed()))
         };
@@ -178,18 +216,13 @@ fn watch(
                     .unwrap_or_default()
             )),
             (None, Some((d, waited)), Some(t)) if *waited > t => Some(format!(
-                "{d} on communicator '{name}' has not finished after {:.0} s (ZERO_COMM_TIMEOUT): a peer stopped or hangs",
+                "{d} on communicator '{name}' has not finished {:.0} s after it was queued (ZERO_COMM_TIMEOUT): a peer stopped or hangs",
                 t.as_secs_f64()
             )),
             _ => None,
         };
         if let Some(why) = why {
-            crate::exit::line_to_stderr(&format!(
-                "rank {world_rank}: NCCL watchdog: {why}; aborting the communicator and the job"
-            ));
-            // SAFETY: as above; makes the communicator's kernels return.
-            unsafe { sys::ncclCommAbort(comm.0) };
-            crate::exit::abort_world(NCCL_WATCHDOG_EXIT_CODE);
+            fire(why);
         }
     }
 }

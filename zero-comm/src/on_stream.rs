@@ -27,7 +27,8 @@ use crate::staged::Staging;
 fn raw<B: Buffer>(buf: &B, range: std::ops::Range<usize>) -> RawBuf {
     // SAFETY: only address arithmetic; the range lies inside the buffer (views are
     // checked when made), and the address is dereferenced by the backend only while the
-    // host task runs.
+    // host task runs, or by work queued on the stream, which the device keeps the memory
+    // for (`Device::native_stream`'s promise).
     let ptr = unsafe { buf.raw_ptr().add(range.start) } as *mut u8;
     RawBuf {
         ptr,
@@ -82,8 +83,8 @@ fn run<C: Communicator, D: Device>(
 ) -> Result<()> {
     if let Some(native) = dev.native_stream(stream) {
         // SAFETY: `native` is `stream` itself, so the collective is ordered like a kernel
-        // that reads and writes these views; the device frees their memory only after
-        // the work queued on it (the CUDA pool's rule).
+        // that reads and writes these views; the device keeps their memory until the
+        // work queued on it has run (`Device::native_stream`'s promise).
         if let Some(queued) = unsafe { comm.enqueue(&call, native) } {
             drop(retain);
             return queued;

@@ -199,6 +199,15 @@ struct Running {
     out: PathBuf,
 }
 
+impl Drop for Running {
+    /// A rank is never left behind (e.g. waiting in `ncclCommInitRank` for a peer that
+    /// did not start): killing one that has ended does nothing.
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// The last lines of a rank's log, for a failure's detail.
 fn log_tail(path: &Path) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();

@@ -273,10 +273,13 @@ fn timed_steps<D: BenchDevice, C: zero_comm::Communicator>(
     // counted in the figures above; the events cost a little).
     if dev.profile_ops(true) {
         let t0 = Instant::now();
-        engine.step(&mut model, &[batch]).context("profiled step")?;
-        dev.synchronize()?;
-        let wall_ms = t0.elapsed().as_secs_f64() * 1e3;
+        let stepped = engine
+            .step(&mut model, &[batch])
+            .context("profiled step")
+            .and_then(|_| Ok(dev.synchronize()?));
         dev.profile_ops(false);
+        stepped?;
+        let wall_ms = t0.elapsed().as_secs_f64() * 1e3;
         let ops = dev.take_op_profile()?;
         let busy: f64 = ops.iter().map(|o| o.2).sum();
         let top: Vec<String> = ops

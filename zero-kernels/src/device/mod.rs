@@ -280,7 +280,10 @@ pub trait Device {
 
     /// The native handle of `stream` where the device has one (a CUDA `CUstream`'s
     /// address), for a transport that queues its own GPU work on it (NCCL); `None` on
-    /// the CPU devices.
+    /// the CPU devices. A device that returns `Some` promises that a buffer dropped
+    /// while such work is queued keeps its memory until that work has run (the CUDA
+    /// pool reuses a dropped buffer only after a device-wide synchronisation), since the
+    /// transport's work is invisible to the device's own bookkeeping.
     fn native_stream(&self, _stream: &Self::Stream) -> Option<u64> {
         None
     }
