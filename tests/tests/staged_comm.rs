@@ -179,3 +179,62 @@ fn micro_overlap_runs_every_mode_under_mpirun() {
         assert!((0.0..=1.0).contains(&h), "{mode}: {h}");
     }
 }
+
+/// `micro comm --device sim-gpu` (device buffers through host staging, issue 14) under
+/// real mpirun: every collective at every size runs through `on_stream` and the table
+/// has a row each, the raw column being MPI on host buffers; a backend the simulated GPU
+/// cannot run is refused with a reason and exit 1.
+#[test]
+fn micro_comm_runs_device_buffers_through_staging_under_mpirun() {
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("micro-comm-device");
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("comm.json");
+    let out = zero_tests::MpiJob::new(2, zero_tests::zero_bench_bin())
+        .args([
+            "micro",
+            "comm",
+            "--device",
+            "sim-gpu",
+            "--comm",
+            "mpi-staged",
+            "--dtype",
+            "bf16",
+            "--min-size",
+            "4KiB",
+            "--max-size",
+            "16KiB",
+            "--iters",
+            "2",
+            "--min-pairs",
+            "2",
+            "--json",
+            json.to_str().unwrap(),
+        ])
+        .timeout(std::time::Duration::from_secs(120))
+        .run();
+    assert_eq!(out.code, Some(0), "{}", out.transcript());
+    assert!(
+        out.stdout.contains("raw = MPI on host buffers"),
+        "{}",
+        out.transcript()
+    );
+    let rows: Vec<serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    // 4, 8, 16 KiB x three collectives.
+    assert_eq!(rows.len(), 9, "{rows:?}");
+    for r in &rows {
+        assert_eq!(r["dtype"], "bf16");
+        assert!(r["ours_us"].as_f64().unwrap() > 0.0, "{r}");
+    }
+
+    let out = zero_tests::MpiJob::new(2, zero_tests::zero_bench_bin())
+        .args(["micro", "comm", "--device", "sim-gpu", "--comm", "nccl"])
+        .timeout(std::time::Duration::from_secs(60))
+        .run();
+    assert_eq!(out.code, Some(1), "{}", out.transcript());
+    assert!(
+        out.stderr.contains("the simulated GPU runs mpi-staged only"),
+        "{}",
+        out.transcript()
+    );
+}

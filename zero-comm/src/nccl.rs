@@ -179,22 +179,48 @@ impl NcclComm {
         })
     }
 
-    /// NCCL's in-place sum all-reduce of `len` elements of `dtype` at device address
-    /// `ptr`, on this communicator's stream, waited for: the bare library call without
-    /// our layers (the device's host task, the checks, the accounting). The baseline
-    /// that `zero-bench gpu-check` measures our path against, on the same buffer.
+    /// The bare NCCL call, without our layers (the device's stream order, the checks, the
+    /// accounting, the watchdog's events), on this communicator's stream and waited for:
+    /// the baseline that `micro comm` and `gpu-check` measure our path against, on the
+    /// same buffers. `count` is NCCL's: the buffer's elements for an all-reduce (sum,
+    /// `send` may equal `recv`), the block each rank receives for a reduce-scatter (sum),
+    /// the block each rank sends for an all-gather.
     ///
     /// # Safety
-    /// `ptr` is memory of this rank's GPU holding `len` elements of `dtype`, which nothing
-    /// else touches until this returns.
-    pub unsafe fn raw_all_reduce(&self, ptr: *mut u8, len: usize, dtype: DType) -> Result<()> {
-        let op = "all_reduce";
+    /// `send` and `recv` are memory of this rank's GPU holding what `kind` and `count`
+    /// imply in `dtype`, which nothing else touches until this returns.
+    pub unsafe fn bare(
+        &self,
+        kind: CollectiveKind,
+        send: *const u8,
+        recv: *mut u8,
+        count: usize,
+        dtype: DType,
+    ) -> Result<()> {
+        let op = kind.name();
         let t = dtype_of(dtype);
-        let p = ptr as *mut c_void;
+        let (sp, rp) = (send as *const c_void, recv as *mut c_void);
         let s = self.stream.cu_stream() as sys::cudaStream_t;
+        let sum = sys::ncclRedOp_t::ncclSum;
         // SAFETY: the caller's contract; the stream is synchronised before returning.
-        unsafe { result::all_reduce(p, p, len, t, sys::ncclRedOp_t::ncclSum, self.raw, s) }
-            .map_err(|e| self.fail(op, e))?;
+        let r = unsafe {
+            match kind {
+                CollectiveKind::AllReduce => result::all_reduce(sp, rp, count, t, sum, self.raw, s),
+                CollectiveKind::ReduceScatter => {
+                    result::reduce_scatter(sp, rp, count, t, sum, self.raw, s)
+                }
+                CollectiveKind::AllGather => result::all_gather(sp, rp, count, t, self.raw, s),
+                _ => {
+                    return Err(CommError::Nccl {
+                        rank: self.world_rank,
+                        op,
+                        message: "the bare baseline has all_reduce, reduce_scatter and all_gather"
+                            .into(),
+                    })
+                }
+            }
+        };
+        r.map_err(|e| self.fail(op, e))?;
         self.stream.synchronize().map_err(|e| self.fail(op, e))
     }
 

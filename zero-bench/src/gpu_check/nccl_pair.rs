@@ -153,6 +153,16 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// NCCL's all-reduce of [`BENCH_ELEMS`] f32 at `ptr`, in place, without our layers.
+///
+/// # Safety
+/// `ptr` is this GPU's memory of BENCH_ELEMS f32 that nothing else touches meanwhile.
+unsafe fn bare_all_reduce(comm: &NcclComm, ptr: *mut u8) -> zero_comm::Result<()> {
+    let kind = zero_comm::CollectiveKind::AllReduce;
+    // SAFETY: the caller's contract.
+    unsafe { comm.bare(kind, ptr, ptr, BENCH_ELEMS, zero_kernels::DType::F32) }
+}
+
 /// Time a sum all-reduce of [`BENCH_ELEMS`] f32 through our path (the engine's:
 /// `on_stream::all_reduce` on the device's stream, then waiting for it) and through the
 /// bare NCCL call, on the same buffer, in interleaved rounds.
@@ -170,7 +180,7 @@ fn bench(comm: &NcclComm, dev: &CudaDevice) -> anyhow::Result<RankResult> {
     ours(&mut buf)?;
     let ptr = buf.raw_ptr() as *mut u8;
     // SAFETY: `buf` is this GPU's memory of BENCH_ELEMS f32, idle (its stream synced).
-    unsafe { comm.raw_all_reduce(ptr, BENCH_ELEMS, zero_kernels::DType::F32) }?;
+    unsafe { bare_all_reduce(comm, ptr) }?;
     let mut result = RankResult::default();
     for _ in 0..BENCH_ROUNDS {
         let mut t = Vec::new();
@@ -184,7 +194,7 @@ fn bench(comm: &NcclComm, dev: &CudaDevice) -> anyhow::Result<RankResult> {
         for _ in 0..BENCH_CALLS {
             let t0 = Instant::now();
             // SAFETY: as above.
-            unsafe { comm.raw_all_reduce(ptr, BENCH_ELEMS, zero_kernels::DType::F32) }?;
+            unsafe { bare_all_reduce(comm, ptr) }?;
             t.push(t0.elapsed().as_secs_f64());
         }
         result.raw_s.push(median(t));

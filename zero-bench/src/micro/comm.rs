@@ -23,16 +23,18 @@ use zero_comm::rsmpi::topology::SimpleCommunicator;
 use zero_comm::{selftest, Communicator, DType, Element, MpiComm, ReduceOp};
 
 use super::comm_args::CommArgs;
+use super::comm_device::{self, Baseline};
+use crate::device::DeviceChoice;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Op {
+pub(super) enum Op {
     ReduceScatter,
     AllGather,
     AllReduce,
 }
 
 impl Op {
-    fn parse(s: &str) -> Result<Op> {
+    pub(super) fn parse(s: &str) -> Result<Op> {
         Ok(match s.trim() {
             "reduce_scatter" => Op::ReduceScatter,
             "all_gather" => Op::AllGather,
@@ -40,7 +42,7 @@ impl Op {
             o => bail!("unknown collective '{o}' (reduce_scatter, all_gather, all_reduce)"),
         })
     }
-    fn name(self) -> &'static str {
+    pub(super) fn name(self) -> &'static str {
         match self {
             Op::ReduceScatter => "reduce_scatter",
             Op::AllGather => "all_gather",
@@ -59,7 +61,7 @@ impl Op {
 
 /// One row of the table.
 #[derive(Serialize, Debug, Clone)]
-struct Row {
+pub(super) struct Row {
     op: &'static str,
     dtype: String,
     ranks: usize,
@@ -76,7 +78,7 @@ struct Row {
 }
 
 /// The raw baseline: rsmpi's safe collectives, on the element type MPI knows.
-trait RawMpi: Element {
+pub(super) trait RawMpi: Element {
     fn raw(world: &SimpleCommunicator, op: Op, send: &[Self], recv: &mut [Self]);
 }
 
@@ -151,7 +153,7 @@ impl RawMpi for f16 {
 /// Per-call times of ours (`call(true)`) and raw (`call(false)`) (max over ranks), interleaved call by call with
 /// the order swapped every pair, each call started right after a barrier, so that a slow
 /// moment of a shared machine hits both alike. `warmup` untimed pairs first.
-fn paired(
+pub(super) fn paired(
     world: &SimpleCommunicator,
     warmup: usize,
     pairs: usize,
@@ -184,6 +186,38 @@ fn median(mut v: Vec<f64>) -> f64 {
         0 => f64::NAN,
         n if n % 2 == 1 => v[n / 2],
         n => 0.5 * (v[n / 2 - 1] + v[n / 2]),
+    }
+}
+
+/// A table row from the per-call times of ours and raw (medians; nccl-tests' bandwidths).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn bus_row(
+    op: Op,
+    dtype: DType,
+    n: usize,
+    count: usize,
+    elem: usize,
+    pairs: usize,
+    ours: &[f64],
+    raw: &[f64],
+) -> Row {
+    let (t_ours, t_raw) = (median(ours.to_vec()), median(raw.to_vec()));
+    let bytes = (count * elem) as f64;
+    let f = op.bus_factor(n);
+    Row {
+        op: op.name(),
+        dtype: dtype.to_string(),
+        ranks: n,
+        size_bytes: count * elem,
+        count,
+        pairs,
+        ours_us: t_ours * 1e6,
+        raw_us: t_raw * 1e6,
+        ours_algbw_gbs: bytes / t_ours / 1e9,
+        ours_busbw_gbs: bytes / t_ours / 1e9 * f,
+        raw_algbw_gbs: bytes / t_raw / 1e9,
+        raw_busbw_gbs: bytes / t_raw / 1e9 * f,
+        ratio: t_raw / t_ours,
     }
 }
 
@@ -233,24 +267,7 @@ fn sweep<T: RawMpi>(
                 }
                 .with_context(|| format!("{} of {count} x {}", op.name(), T::DTYPE))
             })?;
-            let (t_ours, t_raw) = (median(ours), median(raw));
-            let bytes = (count * elem) as f64;
-            let f = op.bus_factor(n);
-            let row = Row {
-                op: op.name(),
-                dtype: T::DTYPE.to_string(),
-                ranks: n,
-                size_bytes: count * elem,
-                count,
-                pairs,
-                ours_us: t_ours * 1e6,
-                raw_us: t_raw * 1e6,
-                ours_algbw_gbs: bytes / t_ours / 1e9,
-                ours_busbw_gbs: bytes / t_ours / 1e9 * f,
-                raw_algbw_gbs: bytes / t_raw / 1e9,
-                raw_busbw_gbs: bytes / t_raw / 1e9 * f,
-                ratio: t_raw / t_ours,
-            };
+            let row = bus_row(op, T::DTYPE, n, count, elem, pairs, &ours, &raw);
             if comm.rank() == 0 {
                 print_row(&row);
             }
@@ -282,7 +299,7 @@ fn print_header(n: usize, dtype: DType) {
     );
 }
 
-fn print_row(r: &Row) {
+pub(super) fn print_row(r: &Row) {
     println!(
         "{:<15} {:>12} {:>6} {:>11.1} {:>10.3} {:>10.3} {:>11.1} {:>10.3} {:>7.3}",
         r.op,
@@ -384,6 +401,8 @@ pub fn run(args: &CommArgs) -> Result<()> {
             args.max_size
         );
     }
+    // Before MPI starts, so that a bad option is said once.
+    device_options(args)?;
     let (ctx, comm) = zero_comm::init().context("initialising MPI")?;
     crate::logging::init(Some((comm.rank(), comm.size())));
     let world = ctx.universe().world();
@@ -403,6 +422,14 @@ pub fn run(args: &CommArgs) -> Result<()> {
             println!("# A/A control (--raw-vs-raw): the 'ours' columns run the raw call too");
         }
     }
+    if args.device != DeviceChoice::Host {
+        let rows = on_device(args, &comm, &world).unwrap_or_else(|e| or_abort(e));
+        if comm.rank() == 0 {
+            summarise(&rows);
+            write_outputs(args, &rows).unwrap_or_else(|e| or_abort(e));
+        }
+        return Ok(());
+    }
     let rows = match args.dtype {
         DType::F32 => sweep::<f32>(args, &comm, &world),
         DType::F64 => sweep::<f64>(args, &comm, &world),
@@ -419,4 +446,152 @@ pub fn run(args: &CommArgs) -> Result<()> {
         write_outputs(args, &rows).unwrap_or_else(|e| or_abort(e));
     }
     Ok(())
+}
+
+/// `--device` and `--comm` agree (and `--dtype` with device buffers); the transport of
+/// device buffers (`auto`: mpi-staged).
+fn device_options(args: &CommArgs) -> Result<zero_comm::CommChoice> {
+    use zero_comm::CommChoice;
+    if args.device == DeviceChoice::Host {
+        if !matches!(args.comm, CommChoice::Mpi | CommChoice::Auto) {
+            bail!(
+                "--comm {} is for device buffers: give --device sim-gpu or cuda (host buffers run MPI)",
+                args.comm
+            );
+        }
+        return Ok(CommChoice::Mpi);
+    }
+    let choice = match args.comm {
+        CommChoice::Auto => CommChoice::MpiStaged,
+        c => c,
+    };
+    let cuda = matches!(args.device, DeviceChoice::Cuda(_) | DeviceChoice::CudaLocal);
+    comm_device::check_backend(cuda, choice)?;
+    if !matches!(args.dtype, DType::F32 | DType::BF16) {
+        bail!(
+            "--dtype {} with device buffers: give f32 or bf16 (the engine's)",
+            args.dtype
+        );
+    }
+    Ok(choice)
+}
+
+/// `--device sim-gpu|cuda`: the engine's collectives on device buffers
+/// (`comm_device.rs`), f32 and bf16.
+fn on_device(args: &CommArgs, comm: &MpiComm, world: &SimpleCommunicator) -> Result<Vec<Row>> {
+    let choice = device_options(args)?;
+    if comm.rank() == 0 {
+        println!(
+            "# device buffers on {} through --comm {choice}",
+            args.device
+        );
+    }
+    match args.device {
+        DeviceChoice::SimGpu => {
+            let dev = zero_kernels::device::SimDevice::gpu_twin(0x5157 + comm.rank() as u64);
+            if comm.rank() == 0 {
+                println!("# the simulated GPU (a test tool): its times measure nothing");
+            }
+            staged(args, comm, world, &dev)
+        }
+        _ => on_cuda(args, comm, world, choice),
+    }
+}
+
+/// Through host staging on `dev` (`--comm mpi-staged`), sized for the largest point.
+fn staged<D: zero_kernels::device::Device>(
+    args: &CommArgs,
+    comm: &MpiComm,
+    world: &SimpleCommunicator,
+    dev: &D,
+) -> Result<Vec<Row>> {
+    let staged = zero_comm::StagedComm::new(comm);
+    staged.buffers().reserve(args.max_size);
+    let baseline = Baseline::HostMpi(world);
+    if comm.rank() == 0 {
+        println!("# {}", baseline.describe());
+        print_header(comm.size(), args.dtype);
+    }
+    match args.dtype {
+        DType::BF16 => comm_device::sweep::<bf16, D, _>(args, comm, world, dev, &staged, &baseline),
+        _ => comm_device::sweep::<f32, D, _>(args, comm, world, dev, &staged, &baseline),
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn on_cuda(
+    args: &CommArgs,
+    comm: &MpiComm,
+    world: &SimpleCommunicator,
+    choice: zero_comm::CommChoice,
+) -> Result<Vec<Row>> {
+    let ordinal = match args.device {
+        DeviceChoice::Cuda(o) => o,
+        _ => crate::train::local_gpu(comm)?,
+    };
+    let dev = crate::device::cuda::open(ordinal)?;
+    match choice {
+        zero_comm::CommChoice::MpiStaged => staged(args, comm, world, &dev),
+        zero_comm::CommChoice::MpiCuda => {
+            comm.set_device_pointers(true);
+            let baseline = Baseline::HostMpi(world);
+            if comm.rank() == 0 {
+                println!("# {}", baseline.describe());
+                print_header(comm.size(), args.dtype);
+            }
+            let rows = match args.dtype {
+                DType::BF16 => {
+                    comm_device::sweep::<bf16, _, _>(args, comm, world, &dev, comm, &baseline)
+                }
+                _ => comm_device::sweep::<f32, _, _>(args, comm, world, &dev, comm, &baseline),
+            };
+            comm.set_device_pointers(false);
+            rows
+        }
+        _ => nccl(args, comm, world, &dev, ordinal),
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn on_cuda(
+    _args: &CommArgs,
+    _comm: &MpiComm,
+    _world: &SimpleCommunicator,
+    _choice: zero_comm::CommChoice,
+) -> Result<Vec<Row>> {
+    bail!("--device cuda: this zero-bench was built without the `cuda` feature (cargo build -p zero-bench --release --features cuda)")
+}
+
+#[cfg(feature = "nccl")]
+fn nccl(
+    args: &CommArgs,
+    comm: &MpiComm,
+    world: &SimpleCommunicator,
+    dev: &zero_kernels::cuda::CudaDevice,
+    ordinal: usize,
+) -> Result<Vec<Row>> {
+    let config = zero_comm::CommConfig::from_env()?;
+    let id = zero_comm::nccl_id::exchange(comm, zero_comm::nccl::unique_id)?;
+    let nccl =
+        zero_comm::NcclComm::new(ordinal, &id, comm.rank(), comm.size(), comm.rank(), &config)?;
+    let baseline = Baseline::BareNccl(&nccl);
+    if comm.rank() == 0 {
+        println!("# {}", baseline.describe());
+        print_header(comm.size(), args.dtype);
+    }
+    match args.dtype {
+        DType::BF16 => comm_device::sweep::<bf16, _, _>(args, comm, world, dev, &nccl, &baseline),
+        _ => comm_device::sweep::<f32, _, _>(args, comm, world, dev, &nccl, &baseline),
+    }
+}
+
+#[cfg(all(feature = "cuda", not(feature = "nccl")))]
+fn nccl(
+    _args: &CommArgs,
+    _comm: &MpiComm,
+    _world: &SimpleCommunicator,
+    _dev: &zero_kernels::cuda::CudaDevice,
+    _ordinal: usize,
+) -> Result<Vec<Row>> {
+    bail!("--comm nccl: this zero-bench was built without the `nccl` feature (cargo build -p zero-bench --release --features nccl)")
 }

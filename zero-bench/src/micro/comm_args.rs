@@ -44,6 +44,17 @@ pub struct CommArgs {
     /// from 1 by noise alone on this machine.
     #[arg(long)]
     pub raw_vs_raw: bool,
+    /// Where the buffers live: host (MPI on host memory), cuda[:N] (this rank's GPU: its
+    /// node-local rank's, or GPU N), sim-gpu (the simulated GPU: a test tool, its times
+    /// measure nothing). With device buffers, --comm picks the transport and the raw
+    /// column is its baseline (see --comm).
+    #[arg(long, default_value = "host")]
+    pub device: crate::device::DeviceChoice,
+    /// The transport of device buffers: mpi-staged (host staging; raw = MPI on host
+    /// buffers), mpi-cuda (MPI on device pointers; raw = MPI on host buffers), nccl (raw =
+    /// the bare NCCL call on the same buffers). Host buffers: mpi (the default, auto).
+    #[arg(long, default_value = "auto", value_name = "BACKEND")]
+    pub comm: zero_comm::CommChoice,
     /// Also write the table as CSV here (rank 0).
     #[arg(long)]
     pub csv: Option<PathBuf>,

@@ -5,6 +5,8 @@ pub mod adam;
 #[cfg(feature = "mpi")]
 pub mod comm;
 mod comm_args;
+#[cfg(feature = "mpi")]
+mod comm_device;
 pub mod gemm;
 pub mod model;
 #[cfg(feature = "mpi")]

@@ -384,7 +384,7 @@ fn on_cuda(
 /// This rank's GPU from its node-local rank (collective: the shared-memory split). Where
 /// the driver is missing or shows no GPU, GPU 0, and opening it says what is wrong.
 #[cfg(feature = "cuda")]
-fn local_gpu(comm: &WorldComm) -> anyhow::Result<usize> {
+pub(crate) fn local_gpu(comm: &WorldComm) -> anyhow::Result<usize> {
     let (local, ranks) = world::node_rank(comm)?;
     let visible = zero_kernels::cuda::CudaDevice::count().unwrap_or(0);
     if visible == 0 {
