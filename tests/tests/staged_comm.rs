@@ -233,7 +233,8 @@ fn micro_comm_runs_device_buffers_through_staging_under_mpirun() {
         .run();
     assert_eq!(out.code, Some(1), "{}", out.transcript());
     assert!(
-        out.stderr.contains("the simulated GPU runs mpi-staged only"),
+        out.stderr
+            .contains("the simulated GPU runs mpi-staged only"),
         "{}",
         out.transcript()
     );

@@ -221,6 +221,42 @@ pub(super) fn bus_row(
     }
 }
 
+/// One size of the sweep: the elements of the full buffer (divisible by N: whole blocks
+/// for reduce-scatter and all-gather), of a block, and the timed pairs.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Point {
+    pub count: usize,
+    pub block: usize,
+    pub pairs: usize,
+}
+
+/// The collectives of `--ops`, and the sizes from `--min-size` doubling to `--max-size`
+/// for `n` ranks and elements of `elem` bytes.
+pub(super) fn plan(args: &CommArgs, n: usize, elem: usize) -> Result<(Vec<Op>, Vec<Point>)> {
+    let ops = args
+        .ops
+        .iter()
+        .map(|o| Op::parse(o))
+        .collect::<Result<_>>()?;
+    let mut points = Vec::new();
+    let mut size = args.min_size.max(elem * n);
+    while size <= args.max_size {
+        let count = size / elem / n * n;
+        let pairs = (args.bytes_per_point / (count * elem).max(1))
+            .clamp(args.min_pairs.max(1), args.iters.max(args.min_pairs).max(1));
+        points.push(Point {
+            count,
+            block: count / n,
+            pairs,
+        });
+        size = match size.checked_mul(2) {
+            Some(s) => s,
+            None => break,
+        };
+    }
+    Ok((ops, points))
+}
+
 /// Measure every size and collective for element type `T`.
 fn sweep<T: RawMpi>(
     args: &CommArgs,
@@ -229,19 +265,14 @@ fn sweep<T: RawMpi>(
 ) -> Result<Vec<Row>> {
     let n = comm.size();
     let elem = std::mem::size_of::<T>();
-    let ops: Vec<Op> = args
-        .ops
-        .iter()
-        .map(|o| Op::parse(o))
-        .collect::<Result<_>>()?;
+    let (ops, points) = plan(args, n, elem)?;
     let mut rows = Vec::new();
-    let mut size = args.min_size.max(elem * n);
-    while size <= args.max_size {
-        // Whole blocks of whole elements: count divisible by N (reduce-scatter, all-gather).
-        let count = size / elem / n * n;
-        let block = count / n;
-        let pairs = (args.bytes_per_point / (count * elem).max(1))
-            .clamp(args.min_pairs.max(1), args.iters.max(args.min_pairs).max(1));
+    for Point {
+        count,
+        block,
+        pairs,
+    } in points
+    {
         let full_send = vec![T::default(); count];
         let mut full_recv = vec![T::default(); count];
         let block_send = vec![T::default(); block];
@@ -273,10 +304,6 @@ fn sweep<T: RawMpi>(
             }
             rows.push(row);
         }
-        size = match size.checked_mul(2) {
-            Some(s) => s,
-            None => break,
-        };
     }
     Ok(rows)
 }

@@ -16,7 +16,7 @@ use zero_comm::rsmpi::topology::SimpleCommunicator;
 use zero_comm::{on_stream, Communicator, MpiComm, ReduceOp};
 use zero_kernels::device::{Buffer, Device};
 
-use super::comm::{bus_row, paired, Op, RawMpi, Row};
+use super::comm::{bus_row, paired, plan, Op, Point, RawMpi, Row};
 use super::comm_args::CommArgs;
 
 /// What the "raw" column runs.
@@ -51,19 +51,15 @@ pub(super) fn sweep<T: RawMpi, D: Device, C: Communicator>(
 ) -> Result<Vec<Row>> {
     let n = comm.size();
     let elem = std::mem::size_of::<T>();
-    let ops: Vec<Op> = args
-        .ops
-        .iter()
-        .map(|o| Op::parse(o))
-        .collect::<Result<_>>()?;
+    let (ops, points) = plan(args, n, elem)?;
     let stream = dev.stream("micro-comm")?;
     let mut rows = Vec::new();
-    let mut size = args.min_size.max(elem * n);
-    while size <= args.max_size {
-        let count = size / elem / n * n;
-        let block = count / n;
-        let pairs = (args.bytes_per_point / (count * elem).max(1))
-            .clamp(args.min_pairs.max(1), args.iters.max(args.min_pairs).max(1));
+    for Point {
+        count,
+        block,
+        pairs,
+    } in points
+    {
         let mut full_send = dev.alloc::<T>(count, "full send")?;
         let mut full_recv = dev.alloc::<T>(count, "full recv")?;
         let mut block_send = dev.alloc::<T>(block, "block send")?;
@@ -162,10 +158,6 @@ pub(super) fn sweep<T: RawMpi, D: Device, C: Communicator>(
             }
             rows.push(row);
         }
-        size = match size.checked_mul(2) {
-            Some(s) => s,
-            None => break,
-        };
     }
     Ok(rows)
 }

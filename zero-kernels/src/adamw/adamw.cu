@@ -58,17 +58,21 @@ __device__ __forceinline__ bool wide(const G* g, const float* p, const float* m,
     return ok && (sizeof(P) == 1 || (u64)out % (4 * sizeof(P)) == 0);  // NoOut: no copy
 }
 
+// Element i alone (unaligned arrays, and the tail).
+template <typename G, typename P>
+__device__ __forceinline__ void one(const Coeffs& c, const G* g, float* p, float* m, float* v, P* out, u64 i) {
+    float pi = p[i], mi = m[i], vi = v[i];
+    step(c, load(g, i), pi, mi, vi);
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = pi;
+    store(out, i, pi);
+}
+
 template <typename G, typename P>
 __device__ __forceinline__ void adamw(Coeffs c, const G* g, float* p, float* m, float* v, P* out, u64 n) {
     if (!wide(g, p, m, v, out)) {
-        FOR_EACH(i, n) {
-            float pi = p[i], mi = m[i], vi = v[i];
-            step(c, load(g, i), pi, mi, vi);
-            m[i] = mi;
-            v[i] = vi;
-            p[i] = pi;
-            store(out, i, pi);
-        }
+        FOR_EACH(i, n) one(c, g, p, m, v, out, i);
         return;
     }
     u64 quads = n / 4;
@@ -90,15 +94,7 @@ __device__ __forceinline__ void adamw(Coeffs c, const G* g, float* p, float* m, 
         store4(out, i, po);
     }
     // The last n mod 4 elements, one per thread.
-    FOR_EACH(t, n - 4 * quads) {
-        u64 i = 4 * quads + t;
-        float pi = p[i], mi = m[i], vi = v[i];
-        step(c, load(g, i), pi, mi, vi);
-        m[i] = mi;
-        v[i] = vi;
-        p[i] = pi;
-        store(out, i, pi);
-    }
+    FOR_EACH(t, n - 4 * quads) one(c, g, p, m, v, out, 4 * quads + t);
 }
 
 #define ADAMW_ENTRY(name, G, P) \
