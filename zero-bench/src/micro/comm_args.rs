@@ -44,7 +44,7 @@ pub struct CommArgs {
     /// from 1 by noise alone on this machine.
     #[arg(long)]
     pub raw_vs_raw: bool,
-    /// Where the buffers live: host (MPI on host memory), cuda[:N] (this rank's GPU: its
+    /// Where the buffers live: host (MPI on host memory), cuda or cuda:N (this rank's GPU: its
     /// node-local rank's, or GPU N), sim-gpu (the simulated GPU: a test tool, its times
     /// measure nothing). With device buffers, --comm picks the transport and the raw
     /// column is its baseline (see --comm).
