@@ -525,6 +525,28 @@ fn on_device(args: &CommArgs, comm: &MpiComm, world: &SimpleCommunicator) -> Res
     }
 }
 
+/// The header (the baseline, the columns) on rank 0, then the device sweep in the
+/// element type of `--dtype` (f32 or bf16, checked by `device_options`).
+fn device_sweep<D: zero_kernels::device::Device, C: Communicator>(
+    args: &CommArgs,
+    comm: &MpiComm,
+    world: &SimpleCommunicator,
+    dev: &D,
+    engine_comm: &C,
+    baseline: &Baseline<'_>,
+) -> Result<Vec<Row>> {
+    if comm.rank() == 0 {
+        println!("# {}", baseline.describe());
+        print_header(comm.size(), args.dtype);
+    }
+    match args.dtype {
+        DType::BF16 => {
+            comm_device::sweep::<bf16, D, C>(args, comm, world, dev, engine_comm, baseline)
+        }
+        _ => comm_device::sweep::<f32, D, C>(args, comm, world, dev, engine_comm, baseline),
+    }
+}
+
 /// Through host staging on `dev` (`--comm mpi-staged`), sized for the largest point.
 fn staged<D: zero_kernels::device::Device>(
     args: &CommArgs,
@@ -534,15 +556,7 @@ fn staged<D: zero_kernels::device::Device>(
 ) -> Result<Vec<Row>> {
     let staged = zero_comm::StagedComm::new(comm);
     staged.buffers().reserve(args.max_size);
-    let baseline = Baseline::HostMpi(world);
-    if comm.rank() == 0 {
-        println!("# {}", baseline.describe());
-        print_header(comm.size(), args.dtype);
-    }
-    match args.dtype {
-        DType::BF16 => comm_device::sweep::<bf16, D, _>(args, comm, world, dev, &staged, &baseline),
-        _ => comm_device::sweep::<f32, D, _>(args, comm, world, dev, &staged, &baseline),
-    }
+    device_sweep(args, comm, world, dev, &staged, &Baseline::HostMpi(world))
 }
 
 #[cfg(feature = "cuda")]
@@ -561,17 +575,7 @@ fn on_cuda(
         zero_comm::CommChoice::MpiStaged => staged(args, comm, world, &dev),
         zero_comm::CommChoice::MpiCuda => {
             comm.set_device_pointers(true);
-            let baseline = Baseline::HostMpi(world);
-            if comm.rank() == 0 {
-                println!("# {}", baseline.describe());
-                print_header(comm.size(), args.dtype);
-            }
-            let rows = match args.dtype {
-                DType::BF16 => {
-                    comm_device::sweep::<bf16, _, _>(args, comm, world, &dev, comm, &baseline)
-                }
-                _ => comm_device::sweep::<f32, _, _>(args, comm, world, &dev, comm, &baseline),
-            };
+            let rows = device_sweep(args, comm, world, &dev, comm, &Baseline::HostMpi(world));
             comm.set_device_pointers(false);
             rows
         }
@@ -601,15 +605,7 @@ fn nccl(
     let id = zero_comm::nccl_id::exchange(comm, zero_comm::nccl::unique_id)?;
     let nccl =
         zero_comm::NcclComm::new(ordinal, &id, comm.rank(), comm.size(), comm.rank(), &config)?;
-    let baseline = Baseline::BareNccl(&nccl);
-    if comm.rank() == 0 {
-        println!("# {}", baseline.describe());
-        print_header(comm.size(), args.dtype);
-    }
-    match args.dtype {
-        DType::BF16 => comm_device::sweep::<bf16, _, _>(args, comm, world, dev, &nccl, &baseline),
-        _ => comm_device::sweep::<f32, _, _>(args, comm, world, dev, &nccl, &baseline),
-    }
+    device_sweep(args, comm, world, dev, &nccl, &Baseline::BareNccl(&nccl))
 }
 
 #[cfg(all(feature = "cuda", not(feature = "nccl")))]
