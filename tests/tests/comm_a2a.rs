@@ -10,7 +10,7 @@ use std::time::Duration;
 use zero_comm::{
     on_stream, run_local, CollectiveKind, CommError, Communicator, KindStats, StagedComm,
 };
-use zero_kernels::device::{Buffer, Device, SimDevice};
+use zero_kernels::device::{Buffer, Device, HostDevice, SimDevice};
 use zero_tests::MpiJob;
 
 fn job(ranks: usize, args: &[&str]) -> zero_tests::JobOutput {
@@ -113,7 +113,10 @@ fn all_to_all_on_a_stream_direct_and_host_staged() {
         });
         let staged = run_local(n, Default::default(), |comm| {
             let staged = StagedComm::new(&comm);
-            staged.buffers().reserve(3 * n * 4);
+            staged
+                .buffers()
+                .reserve(&HostDevice::new(), 3 * n * 4)
+                .expect("staging allocated");
             let out = a2a_on_sim_gpu(&staged, 7 + comm.rank() as u64);
             (
                 out.map_err(|e| e.to_string()),

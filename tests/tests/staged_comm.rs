@@ -12,7 +12,7 @@
 //! (`host_staged_mpi_on_the_simulated_gpu_trains_every_stage_like_direct_mpi`).
 
 use zero_comm::{on_stream, run_local, CommError, Communicator, ReduceOp, StagedComm};
-use zero_kernels::device::{Buffer, Device, SimDevice};
+use zero_kernels::device::{Buffer, Device, HostDevice, SimDevice};
 use zero_tests::scenario::{corpus, train_losses_sim_gpu, transport_cases};
 
 /// Every collective on `comm` (staged or not) on a simulated GPU: the outputs.
@@ -63,7 +63,10 @@ fn every_staged_collective_gives_the_direct_result_and_the_same_ledger() {
     });
     let staged = run_local(2, Default::default(), |comm| {
         let staged = StagedComm::new(&comm);
-        staged.buffers().reserve(4 * 2 * 4);
+        staged
+            .buffers()
+            .reserve(&HostDevice::new(), 4 * 2 * 4)
+            .expect("staging allocated");
         let out = collectives(&staged, 3 + comm.rank() as u64);
         let copies = staged.buffers().stats();
         (
@@ -94,7 +97,10 @@ fn every_staged_collective_gives_the_direct_result_and_the_same_ledger() {
 fn a_collective_larger_than_the_staging_is_a_typed_error() {
     let out = run_local(2, Default::default(), |comm| {
         let staged = StagedComm::new(&comm);
-        staged.buffers().reserve(16);
+        staged
+            .buffers()
+            .reserve(&HostDevice::new(), 16)
+            .expect("staging allocated");
         collectives(&staged, 1).map(|_| ())
     });
     for r in out {

@@ -305,20 +305,105 @@ pub fn all_to_all<C: Communicator, D: Device, T: Element>(
     )
 }
 
-/// The host-staged versions (`staged.rs`): download on `stream`, the collective on the
-/// host regions through the communicator's own (host) path, upload on `stream`. The
-/// collectives on the regions are the same calls with the same lengths as the direct
-/// path, so [`crate::CommStats`] counts the same bytes; the copies are counted apart
-/// ([`Staging::stats`]).
+/// The host-staged versions (`staged.rs`): download on `stream` into a leased slot, the
+/// collective started on the host regions through the communicator's own (host) path
+/// as host work on `stream`, the upload queued behind it. The collectives on the regions
+/// are the same calls with the same lengths as the direct path, so [`crate::CommStats`]
+/// counts the same bytes; the copies are counted apart ([`Staging::stats`]).
 mod staged {
     use super::*;
+    use zero_kernels::device::StagingMemory;
 
-    fn dev_err<C: Communicator>(
+    /// What goes down into the slot before the collective.
+    enum Down<'a, D: Device, T: Element> {
+        /// Nothing (a broadcast's receivers).
+        Nothing,
+        /// A separate input, into the send region.
+        Input(DView<'a, D, T>),
+        /// These elements of the output itself, into the same place of the receive
+        /// region (in-place collectives).
+        Output(std::ops::Range<usize>),
+    }
+
+    /// `len` elements (of the call's type) of `region` as an untyped host buffer.
+    fn host_buf(region: &StagingMemory, len: usize) -> RawBuf {
+        RawBuf {
+            ptr: region.as_ptr(),
+            len,
+            location: Location::Host,
+        }
+    }
+
+    /// One staged collective (see the module documentation of `staged.rs`): `down` into
+    /// the slot, `call(send region, receive region)` started on the host,
+    /// the receive region's first `up.len()` elements back into `up`. `send_len`: the
+    /// elements of the send region the call reads (0: the call has no separate input).
+    #[allow(clippy::too_many_arguments)]
+    fn staged_call<C: Communicator, D: Device, T: Element>(
         comm: &C,
-        op: &'static str,
-    ) -> impl Fn(zero_kernels::KernelError) -> CommError {
+        st: &Staging,
+        dev: &D,
+        stream: &D::Stream,
+        name: &'static str,
+        down: Down<'_, D, T>,
+        send_len: usize,
+        up: DViewMut<'_, D, T>,
+        call: impl FnOnce(Option<RawBuf>, RawBuf) -> RawCall,
+    ) -> Result<()> {
         let rank = comm.world_rank();
-        move |e| CommError::device(rank, op, format!("host staging: {e}"))
+        let dev_err = |e: KernelError| CommError::device(rank, name, format!("host staging: {e}"));
+        let len = up.len();
+        let need = send_len.max(len) * std::mem::size_of::<T>();
+        let lease = st.lease(dev, rank, name, need)?;
+        // The slice of the region a download fills.
+        let host = |memory: &StagingMemory, at: usize, n: usize| {
+            // SAFETY: the lease checked the region holds `need` bytes, which covers
+            // at + n elements (inputs fill the send region from 0, outputs lie inside
+            // `up`); the slot's last use has completed, so nothing else touches it.
+            unsafe { std::slice::from_raw_parts_mut((memory.as_ptr() as *mut T).add(at), n) }
+        };
+        let down_len = match down {
+            Down::Nothing => 0,
+            Down::Input(view) => {
+                let n = view.len();
+                dev.download(stream, view, host(&lease.send, 0, n))
+                    .map_err(dev_err)?;
+                n
+            }
+            Down::Output(range) => {
+                let (at, n) = (range.start, range.len());
+                dev.download(stream, up.as_view().slice(range), host(&lease.recv, at, n))
+                    .map_err(dev_err)?;
+                n
+            }
+        };
+        st.count_to_host::<T>(down_len);
+        let send = (send_len > 0).then(|| host_buf(&lease.send, send_len));
+        let raw_call = call(send, host_buf(&lease.recv, len));
+        let retain: Vec<Option<Retained>> = vec![
+            Some(Box::new(Rc::clone(&lease.send))),
+            Some(Box::new(Rc::clone(&lease.recv))),
+        ];
+        // Host memory only: the device orders it on `stream` and leaves it running where
+        // it can. No device buffer is touched until the upload.
+        run(comm, dev, stream, name, &[], &[], retain, raw_call)?;
+        // SAFETY: the receive region holds `len` elements of T (checked by the lease), is
+        // aligned for every element type (whole 8-byte words), and only the collective
+        // just started writes it, which the stream orders before this copy; the slot is
+        // not leased again before the event recorded below has completed.
+        unsafe {
+            dev.upload_from_staging(
+                stream,
+                lease.recv.as_ptr() as *const T,
+                up,
+                Box::new(Rc::clone(&lease.recv)),
+            )
+        }
+        .map_err(dev_err)?;
+        st.count_to_device::<T>(len);
+        let after = dev.record(stream).map_err(dev_err)?;
+        st.release(lease, after);
+        Ok(())
     }
 
     pub(super) fn all_reduce<C: Communicator, D: Device, T: Element>(
@@ -326,44 +411,22 @@ mod staged {
         st: &Staging,
         dev: &D,
         stream: &D::Stream,
-        mut buf: DViewMut<'_, D, T>,
+        buf: DViewMut<'_, D, T>,
         op: ReduceOp,
     ) -> Result<()> {
-        let (len, name) = (buf.len(), "all_reduce");
-        st.with_slot::<T, _>(comm.world_rank(), name, 0, len, |_, host| {
-            dev.download(stream, buf.as_view(), host)
-                .map_err(dev_err(comm, name))?;
-            st.count_to_host::<T>(len);
-            comm.all_reduce(host, op)?;
-            dev.upload(stream, host, buf.reborrow())
-                .map_err(dev_err(comm, name))?;
-            st.count_to_device::<T>(len);
-            Ok(())
-        })
-    }
-
-    /// `send` down to host staging, `call` on the host copies, the result up to `recv`.
-    #[allow(clippy::too_many_arguments)]
-    fn through_host<C: Communicator, D: Device, T: Element>(
-        comm: &C,
-        st: &Staging,
-        dev: &D,
-        stream: &D::Stream,
-        name: &'static str,
-        send: DView<'_, D, T>,
-        recv: DViewMut<'_, D, T>,
-        call: impl FnOnce(&[T], &mut [T]) -> Result<()>,
-    ) -> Result<()> {
-        let (n, len) = (send.len(), recv.len());
-        st.with_slot::<T, _>(comm.world_rank(), name, n, len, |hs, hr| {
-            dev.download(stream, send, hs)
-                .map_err(dev_err(comm, name))?;
-            st.count_to_host::<T>(n);
-            call(&*hs, hr)?;
-            dev.upload(stream, hr, recv).map_err(dev_err(comm, name))?;
-            st.count_to_device::<T>(len);
-            Ok(())
-        })
+        // Reduced in place in the receive region.
+        let down = Down::Output(0..buf.len());
+        staged_call(
+            comm,
+            st,
+            dev,
+            stream,
+            "all_reduce",
+            down,
+            0,
+            buf,
+            |_, recv| lower::all_reduce(None, recv, T::DTYPE, op),
+        )
     }
 
     pub(super) fn reduce_scatter<C: Communicator, D: Device, T: Element>(
@@ -375,15 +438,18 @@ mod staged {
         recv: DViewMut<'_, D, T>,
         op: ReduceOp,
     ) -> Result<()> {
-        through_host(
+        let n = send.len();
+        let name = "reduce_scatter";
+        staged_call(
             comm,
             st,
             dev,
             stream,
-            "reduce_scatter",
-            send,
+            name,
+            Down::Input(send),
+            n,
             recv,
-            |hs, hr| comm.reduce_scatter(hs, hr, op),
+            |s, r| lower::reduce_scatter(s.unwrap_or(r), r, T::DTYPE, op),
         )
     }
 
@@ -395,9 +461,19 @@ mod staged {
         send: DView<'_, D, T>,
         recv: DViewMut<'_, D, T>,
     ) -> Result<()> {
-        through_host(comm, st, dev, stream, "all_gather", send, recv, |hs, hr| {
-            comm.all_gather(hs, hr)
-        })
+        let n = send.len();
+        let name = "all_gather";
+        staged_call(
+            comm,
+            st,
+            dev,
+            stream,
+            name,
+            Down::Input(send),
+            n,
+            recv,
+            |s, r| lower::all_gather(s, r, T::DTYPE),
+        )
     }
 
     pub(super) fn all_to_all<C: Communicator, D: Device, T: Element>(
@@ -408,9 +484,19 @@ mod staged {
         send: DView<'_, D, T>,
         recv: DViewMut<'_, D, T>,
     ) -> Result<()> {
-        through_host(comm, st, dev, stream, "all_to_all", send, recv, |hs, hr| {
-            comm.all_to_all(hs, hr)
-        })
+        let n = send.len();
+        let name = "all_to_all";
+        staged_call(
+            comm,
+            st,
+            dev,
+            stream,
+            name,
+            Down::Input(send),
+            n,
+            recv,
+            |s, r| lower::all_to_all(s.unwrap_or(r), r, T::DTYPE),
+        )
     }
 
     /// Only this rank's block goes down; the whole gathered buffer comes back up.
@@ -419,21 +505,21 @@ mod staged {
         st: &Staging,
         dev: &D,
         stream: &D::Stream,
-        mut buf: DViewMut<'_, D, T>,
+        buf: DViewMut<'_, D, T>,
     ) -> Result<()> {
-        let (len, name) = (buf.len(), "all_gather");
-        let block = len / comm.size();
+        let block = buf.len() / comm.size();
         let own = comm.rank() * block..(comm.rank() + 1) * block;
-        st.with_slot::<T, _>(comm.world_rank(), name, 0, len, |_, host| {
-            dev.download(stream, buf.as_view().slice(own.clone()), &mut host[own])
-                .map_err(dev_err(comm, name))?;
-            st.count_to_host::<T>(block);
-            comm.all_gather_in_place(host)?;
-            dev.upload(stream, host, buf.reborrow())
-                .map_err(dev_err(comm, name))?;
-            st.count_to_device::<T>(len);
-            Ok(())
-        })
+        staged_call(
+            comm,
+            st,
+            dev,
+            stream,
+            "all_gather",
+            Down::Output(own),
+            0,
+            buf,
+            |_, r| lower::all_gather(None, r, T::DTYPE),
+        )
     }
 
     /// Only the root's buffer goes down.
@@ -442,21 +528,16 @@ mod staged {
         st: &Staging,
         dev: &D,
         stream: &D::Stream,
-        mut buf: DViewMut<'_, D, T>,
+        buf: DViewMut<'_, D, T>,
         root: usize,
     ) -> Result<()> {
-        let (len, name) = (buf.len(), "broadcast");
-        st.with_slot::<T, _>(comm.world_rank(), name, 0, len, |_, host| {
-            if comm.rank() == root {
-                dev.download(stream, buf.as_view(), host)
-                    .map_err(dev_err(comm, name))?;
-                st.count_to_host::<T>(len);
-            }
-            comm.broadcast(host, root)?;
-            dev.upload(stream, host, buf.reborrow())
-                .map_err(dev_err(comm, name))?;
-            st.count_to_device::<T>(len);
-            Ok(())
+        let down = if comm.rank() == root {
+            Down::Output(0..buf.len())
+        } else {
+            Down::Nothing
+        };
+        staged_call(comm, st, dev, stream, "broadcast", down, 0, buf, |_, r| {
+            lower::broadcast(r, T::DTYPE, root)
         })
     }
 }

@@ -4,23 +4,37 @@
 //! still trains.
 //!
 //! [`StagedComm`] wraps any [`Communicator`] and carries a [`Staging`]: two slots
-//! (double-buffered, alternating per collective, so a bucket's reduction and the next
-//! bucket's never share one), each a send and a receive region. The stream-ordered
-//! collectives ([`crate::on_stream`]) see [`Communicator::staging`] and then, on the
-//! stream they were queued on (the engine's comm stream):
+//! (double-buffered, alternating per collective), each a send and a receive region of
+//! host memory from the device ([`Device::alloc_staging`]: page-locked on a GPU, so that
+//! the copies are asynchronous DMAs). The stream-ordered collectives
+//! ([`crate::on_stream`]) see [`Communicator::staging`] and then, on the stream they were
+//! queued on (the engine's comm stream):
 //!
 //! ```text
 //! comm stream: (work before) -> download device -> host send/recv region
-//! host:        MPI collective on the host regions (the wrapped communicator: its
-//!              accounting, consistency check and watchdog, unchanged)
-//! comm stream: upload host recv region -> device -> (work after)
+//! host:        start the collective on the host regions, non-blocking (the wrapped
+//!              communicator's: its accounting, consistency check and watchdog)
+//! comm stream: [waits for the collective] -> upload host recv region -> device
 //! ```
 //!
-//! The download waits only for the comm stream's own past (what the engine's events
-//! ordered before the collective), never for the compute stream, so compute keeps
-//! running while a bucket is staged and reduced; the upload is queued on the comm stream
-//! like any kernel, and other streams see it after an event, as with a stream-ordered
-//! NCCL collective. On the simulated device every copy is hazard-checked like a kernel.
+//! - **Overlap.** The collective is started as host work on the stream
+//!   ([`Device::host_task_started`]) and the upload is queued behind it
+//!   ([`Device::upload_from_staging`] reads the region when the stream reaches it), so the
+//!   host goes back to queueing compute while the collective runs. MPI's progress comes
+//!   from the transport's progress thread (`mpi/progress.rs`) and from the device's polls
+//!   between ops. A device that overlaps started work (the host device, the simulated
+//!   GPU) runs compute on other streams meanwhile; one that waits for started work in
+//!   place (a CUDA device today) still runs these same steps, in order.
+//! - **Double buffering.** Collective k uses slot k mod 2, so the next collective's
+//!   download never writes the region the previous one is still reducing or uploading
+//!   from. Before a slot is used again, the host waits for an event recorded after that
+//!   slot's last upload: a region is never written while a copy or a collective may still
+//!   read it, whichever streams the collectives were queued on.
+//! - **Order.** The download waits only for the comm stream's own past (what the engine's
+//!   events ordered before the collective), never for the compute stream. The upload is
+//!   queued on the comm stream like any kernel, and other streams see it after an event,
+//!   as with a stream-ordered NCCL collective. On the simulated device every copy is
+//!   hazard-checked like a kernel.
 //!
 //! Sizing: the regions are sized once ([`Staging::reserve`], which the engine calls with
 //! its plan's largest collective before the first step) and a larger call is an error,
@@ -28,13 +42,12 @@
 //! they hold (4 regions); [`Staging::stats`] counts the bytes copied each way, kept apart
 //! from [`crate::CommStats`], which counts network bytes only, the same for every
 //! backend.
-//!
-//! Pinned memory: the regions are ordinary host memory here. On a CUDA device a pinned
-//! (page-locked) region lets the copies run asynchronously at full PCIe speed; the
-//! regions are one contiguous allocation each, so registering them with the driver is a
-//! one-call change once the CUDA layer offers it (zero-kernels/src/cuda).
 
+use std::any::Any;
 use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+
+use zero_kernels::device::{Device, StagingMemory};
 
 use crate::communicator::{Communicator, InFlight, RawCall};
 use crate::config::HalfSum;
@@ -42,11 +55,33 @@ use crate::error::{CommError, Result};
 use crate::stats::CommStats;
 use crate::Element;
 
-/// One slot: a send and a receive region, 8-byte aligned (every [`crate::DType`] fits).
-#[derive(Debug, Default)]
+/// One slot: a send and a receive region, and the event after its last upload.
+#[derive(Default)]
 struct Slot {
-    send: Vec<u64>,
-    recv: Vec<u64>,
+    send: Option<Rc<StagingMemory>>,
+    recv: Option<Rc<StagingMemory>>,
+    /// The device's event (boxed: the staging serves any device) recorded after the
+    /// slot's last upload was queued; the slot is written again only once it completed.
+    last_use: Option<Box<dyn Any>>,
+}
+
+impl std::fmt::Debug for Slot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Slot")
+            .field("send", &self.send)
+            .field("recv", &self.recv)
+            .field("in_use", &self.last_use.is_some())
+            .finish()
+    }
+}
+
+/// The regions one staged collective uses (a slot, leased by [`Staging::lease`]).
+pub(crate) struct Lease {
+    index: usize,
+    /// The send region.
+    pub(crate) send: Rc<StagingMemory>,
+    /// The receive region.
+    pub(crate) recv: Rc<StagingMemory>,
 }
 
 /// Bytes the staging copies moved (not network bytes: see the module documentation).
@@ -67,18 +102,11 @@ pub struct Staging {
     next: Cell<usize>,
     /// Bytes each region holds.
     capacity: Cell<usize>,
+    /// Whether the regions are page-locked (the device's [`StagingMemory::pinned`]).
+    pinned: Cell<bool>,
     to_host: Cell<u64>,
     to_device: Cell<u64>,
     calls: Cell<u64>,
-}
-
-/// Typed view of the first `len` elements of a region.
-fn typed<T: Element>(region: &mut [u64], len: usize) -> &mut [T] {
-    let bytes: &mut [u8] = bytemuck::cast_slice_mut(region);
-    let n = len * std::mem::size_of::<T>();
-    // The region is u64-aligned and at least n bytes (checked by the caller), and every
-    // Element has an alignment of at most 8, so this cast cannot fail.
-    bytemuck::cast_slice_mut(&mut bytes[..n])
 }
 
 impl Staging {
@@ -87,24 +115,40 @@ impl Staging {
         Self::default()
     }
 
-    /// Make every region hold at least `bytes` (allocated now, zeroed). Never shrinks:
-    /// runs of several stages in one process keep the largest.
-    pub fn reserve(&self, bytes: usize) {
+    /// Make every region hold at least `bytes`, allocated now by `dev`
+    /// ([`Device::alloc_staging`]: page-locked on a GPU) and zeroed. Never shrinks: runs of
+    /// several stages in one process keep the largest. Regions replaced here stay
+    /// allocated while queued work still uses them.
+    pub fn reserve<D: Device>(&self, dev: &D, bytes: usize) -> zero_kernels::Result<()> {
         if bytes <= self.capacity.get() {
-            return;
+            return Ok(());
         }
-        let words = bytes.div_ceil(8);
+        let mut fresh = Vec::with_capacity(2 * self.slots.len());
+        for _ in 0..2 * self.slots.len() {
+            fresh.push(Rc::new(dev.alloc_staging(bytes)?));
+        }
+        let capacity = fresh.iter().map(|m| m.bytes()).min().unwrap_or(0);
+        self.pinned.set(fresh.iter().all(|m| m.pinned()));
+        let mut fresh = fresh.into_iter();
         for slot in &self.slots {
             let mut s = slot.borrow_mut();
-            s.send = vec![0; words];
-            s.recv = vec![0; words];
+            s.send = fresh.next();
+            s.recv = fresh.next();
+            s.last_use = None;
         }
-        self.capacity.set(words * 8);
+        self.capacity.set(capacity);
+        Ok(())
     }
 
     /// Bytes each region holds.
     pub fn capacity(&self) -> usize {
         self.capacity.get()
+    }
+
+    /// Whether the regions are page-locked (a GPU's staging; false on the CPU devices,
+    /// and before [`Staging::reserve`]).
+    pub fn pinned(&self) -> bool {
+        self.pinned.get()
     }
 
     /// Host bytes the staging holds: 2 slots x (send + receive).
@@ -146,16 +190,15 @@ impl Staging {
             .set(self.to_device.get() + (n * std::mem::size_of::<T>()) as u64);
     }
 
-    /// Run `f` on the next slot's regions, typed: `send_len` and `recv_len` elements.
-    pub(crate) fn with_slot<T: Element, R>(
+    /// The next slot, for a collective that needs `need` bytes in each region, once the
+    /// slot's last upload has run (the host waits for it on `dev`).
+    pub(crate) fn lease<D: Device>(
         &self,
+        dev: &D,
         rank: usize,
         op: &'static str,
-        send_len: usize,
-        recv_len: usize,
-        f: impl FnOnce(&mut [T], &mut [T]) -> Result<R>,
-    ) -> Result<R> {
-        let need = send_len.max(recv_len) * std::mem::size_of::<T>();
+        need: usize,
+    ) -> Result<Lease> {
         let have = self.capacity.get();
         if need > have {
             return Err(CommError::Staging {
@@ -165,22 +208,39 @@ impl Staging {
                 have,
             });
         }
-        let i = self.next.get();
-        self.next.set((i + 1) % self.slots.len());
-        let mut slot = self.slots[i]
-            .try_borrow_mut()
-            .map_err(|_| CommError::Staging {
+        let index = self.next.get();
+        self.next.set((index + 1) % self.slots.len());
+        let mut slot = self.slots[index].borrow_mut();
+        if let Some(last) = slot.last_use.take() {
+            let waited = match last.downcast_ref::<D::Event>() {
+                Some(event) => dev.sync_event(event),
+                // Used through another device: wait for this one entirely.
+                None => dev.synchronize(),
+            };
+            waited.map_err(|e| {
+                CommError::device(rank, op, format!("host staging: slot {index}: {e}"))
+            })?;
+        }
+        let (Some(send), Some(recv)) = (&slot.send, &slot.recv) else {
+            return Err(CommError::Staging {
                 rank,
                 op,
                 need,
                 have: 0,
-            })?;
-        let slot = &mut *slot;
+            });
+        };
         self.calls.set(self.calls.get() + 1);
-        f(
-            typed::<T>(&mut slot.send, send_len),
-            typed::<T>(&mut slot.recv, recv_len),
-        )
+        Ok(Lease {
+            index,
+            send: Rc::clone(send),
+            recv: Rc::clone(recv),
+        })
+    }
+
+    /// The lease's collective and upload are queued; `after` is an event recorded after
+    /// the upload: the slot is used again once it has completed.
+    pub(crate) fn release<E: Any>(&self, lease: Lease, after: E) {
+        self.slots[lease.index].borrow_mut().last_use = Some(Box::new(after));
     }
 }
 

@@ -65,9 +65,12 @@ fn main() {
                 std::thread::sleep(Duration::from_secs(60));
             }
             let staged = zero_comm::StagedComm::new(&world);
-            staged.buffers().reserve(4 * 1000);
             let dev = SimDevice::gpu_twin(1);
             let run = || -> Result<(), String> {
+                staged
+                    .buffers()
+                    .reserve(&dev, 4 * 1000)
+                    .map_err(|e| e.to_string())?;
                 let side = dev.stream("comm").map_err(|e| e.to_string())?;
                 let full = dev.alloc::<f32>(1000, "grads").map_err(|e| e.to_string())?;
                 let mut piece = dev

@@ -89,7 +89,8 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 420.0)]
     budget_s: f64,
     /// Run only these groups (comma-separated): kernel, adamw-bandwidth, gpt-fwd-bwd,
-    /// llama-fwd-bwd, train-4-ranks, nccl-2-procs (with nccl-bandwidth), throughput.
+    /// llama-fwd-bwd, train-4-ranks, staged, nccl-2-procs (with nccl-bandwidth),
+    /// throughput.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
 }
@@ -101,6 +102,7 @@ const GROUPS: &[&str] = &[
     "gpt-fwd-bwd",
     "llama-fwd-bwd",
     "train-4-ranks",
+    "staged",
     "nccl-2-procs",
     "throughput",
 ];
@@ -279,6 +281,12 @@ fn all_checks<D: BenchDevice>(
     };
     if a.wants("train-4-ranks") {
         train::check(open, reference, steps, a.budget_s, &mut report)?;
+    }
+
+    // Host staging (issue 14's mpi-staged path, thread ranks instead of MPI) against
+    // the direct thread ranks.
+    if a.wants("staged") {
+        train::staged_check(open, &reference.setup, steps, a.budget_s, &mut report)?;
     }
 
     // 5. Two processes through NCCL (issue 14) against two thread ranks.

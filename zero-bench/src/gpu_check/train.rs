@@ -22,7 +22,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 use serde::{Deserialize, Serialize};
-use zero_comm::{run_local, CommConfig, Communicator};
+use zero_comm::{run_local, CommConfig, Communicator, StagedComm};
 use zero_core::{Engine, EngineConfig, Precision, Stage};
 use zero_kernels::device::{Device, HostDevice, SimDevice};
 use zero_models::data::{MarkovSource, Sequential, Tokens};
@@ -266,6 +266,28 @@ pub fn curve<D: BenchDevice>(
     precision: Precision,
     steps: usize,
 ) -> anyhow::Result<Vec<f64>> {
+    curve_through(open, setup, stage, precision, steps, Transport::Direct)
+}
+
+/// How the thread ranks' collectives reach each other.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    /// Thread ranks on device buffers (GPU path I).
+    Direct,
+    /// The same communicator behind host staging (`StagedComm`: the device's staging
+    /// memory, page-locked on a GPU; issue 14's mpi-staged path without MPI).
+    Staged,
+}
+
+/// [`curve`] through `transport`.
+pub fn curve_through<D: BenchDevice>(
+    open: &Opener<D>,
+    setup: &Setup,
+    stage: Stage,
+    precision: Precision,
+    steps: usize,
+    transport: Transport,
+) -> anyhow::Result<Vec<f64>> {
     let tokens = MarkovSource::default_corpus(setup.corpus_tokens, setup.vocab)
         .context("building the built-in corpus")?;
     let cfg = setup.engine(stage, precision);
@@ -278,7 +300,21 @@ pub fn curve<D: BenchDevice>(
         let dev = open(comm.rank())
             .map_err(|e| format!("rank {}: opening the device: {e}", comm.rank()))?;
         // The engine turns bf16 products on for bf16 (on the host too: AVX-512 BF16).
-        train_rank(&comm, &dev, setup, &cfg, &tokens, steps)
+        match transport {
+            Transport::Direct => train_rank(&comm, &dev, setup, &cfg, &tokens, steps),
+            Transport::Staged => {
+                let staged = StagedComm::new(&comm);
+                let losses = train_rank(&staged, &dev, setup, &cfg, &tokens, steps)?;
+                let st = staged.buffers();
+                match st.stats().calls {
+                    0 => Err(format!(
+                        "rank {}: nothing went through staging",
+                        comm.rank()
+                    )),
+                    _ => Ok(losses),
+                }
+            }
+        }
     });
     if results.len() != setup.ranks {
         bail!("{} of {} ranks ran", results.len(), setup.ranks);
@@ -433,6 +469,53 @@ pub fn check<D: BenchDevice>(
                         "device": got,
                         "reference": &want.losses[..steps.min(want.losses.len())],
                     }))
+            }
+        };
+        check.seconds = t0.elapsed().as_secs_f64();
+        report.add(check)?;
+    }
+    Ok(())
+}
+
+/// Issue 14's host staging on this device: thread ranks train ZeRO-2 and ZeRO-3 in fp32
+/// through `StagedComm` (device -> staging memory, the collective on the host, staging ->
+/// device from the copy that reads the region when its stream gets there), against the
+/// same ranks' direct curve. The same sums in the same order: equal up to the last bit of
+/// the reductions' order (bound 1e-6 relative).
+pub fn staged_check<D: BenchDevice>(
+    open: &Opener<D>,
+    setup: &Setup,
+    steps: usize,
+    deadline: f64,
+    report: &mut Report,
+) -> anyhow::Result<()> {
+    const BOUND: f64 = 1e-6;
+    for stage in [Stage::Zero2, Stage::Zero3] {
+        let name = format!("{stage} fp32, {} ranks x {steps} steps", setup.ranks);
+        let check = Check::new("staged", name, Kind::Correctness);
+        if report.elapsed() > deadline {
+            report.add(check.skip(format!("out of time (budget {deadline:.0} s)")))?;
+            continue;
+        }
+        let t0 = Instant::now();
+        let run = |t| curve_through(open, setup, stage, Precision::Fp32, steps, t);
+        let mut check = match (run(Transport::Direct), run(Transport::Staged)) {
+            (Err(e), _) => check.fail(format!("direct: {e:#}")),
+            (_, Err(e)) => check.fail(format!("staged: {e:#}")),
+            (Ok(direct), Ok(staged)) => {
+                let (worst, at) = max_rel(&staged, &direct, steps);
+                check
+                    .at_most(
+                        worst,
+                        BOUND,
+                        format!(
+                            "through host staging: max rel {worst:.2e}{} vs direct thread ranks <= {BOUND:.0e}; loss {:.4} -> {:.4}",
+                            if worst > 0.0 { format!(" (step {at})") } else { String::new() },
+                            staged.first().copied().unwrap_or(f64::NAN),
+                            staged.last().copied().unwrap_or(f64::NAN),
+                        ),
+                    )
+                    .with_data(serde_json::json!({ "staged": staged, "direct": direct }))
             }
         };
         check.seconds = t0.elapsed().as_secs_f64();

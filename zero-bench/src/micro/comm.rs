@@ -555,7 +555,10 @@ fn staged<D: zero_kernels::device::Device>(
     dev: &D,
 ) -> Result<Vec<Row>> {
     let staged = zero_comm::StagedComm::new(comm);
-    staged.buffers().reserve(args.max_size);
+    staged
+        .buffers()
+        .reserve(dev, args.max_size)
+        .context("allocating the host staging buffers")?;
     device_sweep(args, comm, world, dev, &staged, &Baseline::HostMpi(world))
 }
 

@@ -157,13 +157,14 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 1, value_name = "K")]
     pub threads: usize,
 
-    /// Wait for each collective where the engine issues it. By default (--device host)
-    /// the engine's collectives are non-blocking MPI calls left running while compute
-    /// goes on, and the device polls them (MPI_Test) between the ops it runs, because
-    /// Open MPI moves a host collective forward only inside MPI calls. The step is the
+    /// Wait for each collective where the engine issues it. By default (--device host,
+    /// and sim-gpu with MPI or mpi-staged) the engine's MPI collectives are non-blocking
+    /// calls left running while compute goes on, and the device polls them (MPI_Test)
+    /// between the ops it runs, because Open MPI moves a host collective forward only
+    /// inside MPI calls (a progress thread helps: ZERO_COMM_PROGRESS_US). The step is the
     /// same either way; the summary's overlap line says how much communication ran
-    /// behind compute. Other devices wait for each collective anyway (a GPU's stream
-    /// orders them), so this changes nothing there.
+    /// behind compute. A CUDA device waits for MPI collectives anyway, and NCCL's are
+    /// queued on the GPU's stream, so this changes nothing there.
     #[arg(long)]
     pub no_overlap: bool,
 

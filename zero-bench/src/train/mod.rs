@@ -149,6 +149,7 @@ fn run_on(args: &TrainArgs, comm: Option<&WorldComm>) -> Result<(), Failure> {
         }
         DeviceChoice::SimGpu => {
             let dev = SimDevice::gpu_twin(SIM_GPU_SEED + rank as u64);
+            dev.set_overlap(!args.no_overlap);
             with_backend(args, loaded, comm, backend, &dev)
         }
         DeviceChoice::Cuda(ordinal) => on_cuda(args, loaded, comm, Some(ordinal), backend),

@@ -364,7 +364,7 @@ impl<'c, D: Device, C: Communicator> Engine<'c, D, C> {
             .chain(groups)
             .filter_map(|c| c.staging())
         {
-            staging.reserve(crate::plan::host_staging_region_bytes(&layout, &plan));
+            staging.reserve(dev, crate::plan::host_staging_region_bytes(&layout, &plan))?;
         }
         // Mixed precision as the hardware does it: in bf16 the model's matrix products take
         // bf16 operands with f32 sums (tensor cores, AVX-512 BF16) where the device can.

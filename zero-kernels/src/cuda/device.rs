@@ -23,7 +23,7 @@ use crate::adamw::{self, cuda::AdamWPtrs, AdamWCoeffs};
 use crate::device::check::{self, same_len};
 use crate::device::{
     Access, AdamWStep, AdamWViews, Buffer, DView, DViewMut, Device, LayerNormGrads, LayerNormOut,
-    LayerNormSaved, Location, MatMul, Result, View, ViewMut,
+    LayerNormSaved, Location, MatMul, Result, Retained, StagingMemory, View, ViewMut,
 };
 use crate::dtype::{DType, Element};
 use crate::error::KernelError;
@@ -106,6 +106,26 @@ pub struct CudaEventRef(Arc<CudaEvent>);
 impl std::fmt::Debug for CudaEventRef {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "CudaEvent")
+    }
+}
+
+/// Page-locked host memory from `cuMemHostAlloc`, freed (in its context) when dropped.
+struct PinnedHost {
+    ctx: Arc<cudarc::driver::CudaContext>,
+    ptr: *mut u64,
+}
+
+impl Drop for PinnedHost {
+    fn drop(&mut self) {
+        // Nothing can use the memory any more: its StagingMemory is gone, and the device
+        // held it for every queued copy until that copy ran.
+        let freed = self.ctx.bind_to_thread().and_then(|()| {
+            // SAFETY: `ptr` came from `malloc_host` and is freed once, here.
+            unsafe { result::free_host(self.ptr as *mut std::ffi::c_void) }
+        });
+        if let Err(e) = freed {
+            log::warn!("freeing page-locked staging memory: {e}");
+        }
     }
 }
 
@@ -288,6 +308,7 @@ impl Device for CudaDevice {
     fn synchronize(&self) -> Result<()> {
         self.ctx.synchronize()?;
         self.pool.after_synchronize();
+        self.staged_uploads.borrow_mut().clear();
         Ok(())
     }
 
@@ -325,6 +346,57 @@ impl Device for CudaDevice {
         // SAFETY: dst holds src.len() elements. From pageable memory the driver copies
         // `src` to a staging buffer before returning, so it may be reused at once.
         unsafe { result::memcpy_htod_async(addr_mut(&dst), src, stream.inner.cu_stream()) }?;
+        Ok(())
+    }
+
+    fn alloc_staging(&self, bytes: usize) -> Result<StagingMemory> {
+        let words = bytes.div_ceil(8).max(1);
+        self.bind()?;
+        // Page-locked, and portable: usable by every context of the process.
+        // SAFETY: a fresh allocation of `words * 8` bytes, zeroed before it is handed out
+        // and freed only by `PinnedHost`'s Drop.
+        let ptr =
+            unsafe { result::malloc_host(words * 8, sys::CU_MEMHOSTALLOC_PORTABLE) }? as *mut u64;
+        unsafe { std::ptr::write_bytes(ptr, 0, words) };
+        let owner = PinnedHost {
+            ctx: Arc::clone(&self.ctx),
+            ptr,
+        };
+        // SAFETY: as above; `owner` frees it when the memory is dropped.
+        Ok(unsafe { StagingMemory::from_device(ptr, words, true, Box::new(owner)) })
+    }
+
+    unsafe fn upload_from_staging<T: Element>(
+        &self,
+        stream: &CudaStreamRef,
+        src: *const T,
+        dst: DViewMut<'_, Self, T>,
+        keep: Retained,
+    ) -> Result<()> {
+        let _timed = self.time_op("upload_from_staging", &stream.inner);
+        let bytes = dst.len() * std::mem::size_of::<T>();
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        // Release what copies that have run held, then hold `keep` until this one has.
+        self.staged_uploads
+            .borrow_mut()
+            .retain(|(done, _)| !done.is_complete());
+        // SAFETY: dst holds `bytes`; the caller keeps `src` valid and unwritten until the
+        // copy has run, and `keep` (held below until the event after it completes) keeps
+        // it allocated. From page-locked memory the copy is a DMA the stream runs later.
+        unsafe {
+            sys::cuMemcpyHtoDAsync_v2(
+                addr_mut(&dst),
+                src as *const std::ffi::c_void,
+                bytes,
+                stream.inner.cu_stream(),
+            )
+        }
+        .result()?;
+        let after = stream.inner.record_event(None)?;
+        self.staged_uploads.borrow_mut().push((after, keep));
         Ok(())
     }
 

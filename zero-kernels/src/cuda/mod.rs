@@ -56,6 +56,9 @@ pub struct CudaDevice {
     profiling: Cell<bool>,
     /// The timed ops' events, until [`CudaDevice::take_op_profile`].
     op_marks: RefCell<Vec<profile::OpMark>>,
+    /// Staging memory held for queued [`crate::device::Device::upload_from_staging`]
+    /// copies, each until the event recorded after its copy has completed.
+    staged_uploads: RefCell<Vec<(cudarc::driver::CudaEvent, crate::device::Retained)>>,
 }
 
 /// A rotary table's shape: (T, hd, the bits of theta).
@@ -114,6 +117,7 @@ impl CudaDevice {
             rope_tables: RefCell::new(HashMap::new()),
             profiling: Cell::new(false),
             op_marks: RefCell::new(Vec::new()),
+            staged_uploads: RefCell::new(Vec::new()),
         })
     }
 

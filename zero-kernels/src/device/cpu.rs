@@ -458,6 +458,32 @@ impl<Q: CpuQueue> Device for Q {
         )
     }
 
+    unsafe fn upload_from_staging<T: Element>(
+        &self,
+        stream: &CpuStream,
+        src: *const T,
+        dst: ViewMut<'_, CpuBuffer<T>>,
+        keep: Retained,
+    ) -> Result<()> {
+        let n = dst.len();
+        let mut op = OpBuilder::new("upload_from_staging");
+        let dst = op.w(&dst);
+        // The address travels as an integer: the op runs later, on this thread.
+        let src = src as usize;
+        self.submit(
+            stream,
+            op.finish(move || {
+                let _keep = keep;
+                // SAFETY: the caller keeps `n` elements at `src` allocated (`keep`, held
+                // until here) and unwritten until this op has run; `dst` as in the
+                // module documentation.
+                let from = unsafe { std::slice::from_raw_parts(src as *const T, n) };
+                unsafe { dst.get() }.copy_from_slice(from);
+                Ok(())
+            })?,
+        )
+    }
+
     fn download<T: Element>(
         &self,
         stream: &CpuStream,

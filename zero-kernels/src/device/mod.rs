@@ -55,6 +55,7 @@ mod cpu;
 mod float_buf;
 mod host;
 mod sim;
+mod staging;
 #[cfg(test)]
 mod tests;
 
@@ -66,6 +67,7 @@ pub use cpu::{CpuBuffer, CpuEvent, CpuStream};
 pub use float_buf::{same_type, same_type_mut, FloatBuffer, FloatView, FloatViewMut};
 pub use host::HostDevice;
 pub use sim::SimDevice;
+pub use staging::StagingMemory;
 
 /// Keeps a buffer's allocation alive while work that holds its address is in flight
 /// ([`Buffer::retain`]).
@@ -213,7 +215,7 @@ pub trait Device {
     /// A queue of work.
     type Stream: Clone + Debug;
     /// A point in a stream's queue that other streams and the host can wait for.
-    type Event: Clone + Debug;
+    type Event: Clone + Debug + 'static;
 
     /// What this device is, for logs ("host (avx512, 1 thread)", "simulated, seed 7").
     fn describe(&self) -> String;
@@ -303,6 +305,32 @@ pub trait Device {
         src: &[T],
         dst: DViewMut<'_, Self, T>,
     ) -> Result<()>;
+    /// Host memory of at least `bytes` for copies between this device and a host-only
+    /// transport (zero-comm's host staging): page-locked on a GPU, so that
+    /// [`Device::upload_from_staging`] is an asynchronous DMA; plain memory on the CPU
+    /// devices (this default).
+    fn alloc_staging(&self, bytes: usize) -> Result<StagingMemory> {
+        Ok(StagingMemory::plain(bytes))
+    }
+
+    /// Copy `dst.len()` elements from staging memory at `src` into `dst` when `stream`
+    /// reaches the copy: unlike [`Device::upload`], `src` is read then, not now, so the
+    /// host work that fills it (a collective started on `stream` before this call,
+    /// [`Device::host_task_started`]) may still be running. `keep` holds the memory
+    /// allocated until the copy has run.
+    ///
+    /// # Safety
+    /// `src` is aligned for `T` and holds `dst.len()` elements inside the memory `keep`
+    /// keeps allocated, and nothing but work ordered before this copy on `stream` writes
+    /// them until the copy has run (an event recorded on `stream` afterwards is complete).
+    unsafe fn upload_from_staging<T: Element>(
+        &self,
+        stream: &Self::Stream,
+        src: *const T,
+        dst: DViewMut<'_, Self, T>,
+        keep: Retained,
+    ) -> Result<()>;
+
     /// Copy `src` to host memory (same length) after the work queued on `stream`; the
     /// host waits for it.
     fn download<T: Element>(

@@ -19,6 +19,17 @@
 //!   for an event to see its results, as they must for a stream-ordered NCCL collective,
 //!   so the engine's ordering is checked for the GPU's rules, not the host's.
 //!
+//! - Started host work ([`Device::host_task_started`](super::Device::host_task_started):
+//!   a non-blocking collective) is started at once, after the ops ordered before it on
+//!   its stream, and left running ([`SimDevice::set_overlap`], on by default). What its
+//!   stream queues afterwards waits behind it, as behind a GPU stream's wait on a host
+//!   flag, while the other streams' ops run: the scheduler takes that stream's next op
+//!   only once the work tests finished (`MPI_Test`, polled also whenever an op is
+//!   queued), and blocks on it only when nothing else can run. So ops that follow a
+//!   collective on its stream are checked to run only after it, whenever it finishes,
+//!   and the time a rank blocked on communication is measured ([`Device::overlap_stats`]
+//!   (super::Device::overlap_stats)), as on the host device.
+//!
 //! After the first error the device refuses every further call (the state of its buffers
 //! is then meaningless).
 
@@ -26,9 +37,10 @@ use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 use std::rc::Rc;
+use std::time::Instant;
 
 use super::cpu::{overlap, CpuEvent, CpuOp, CpuQueue, CpuStream, Ids, OpAccess};
-use super::{Access, Result};
+use super::{Access, HostWork, OverlapStats, Result, Retained};
 use crate::error::KernelError;
 use crate::isa::Exec;
 use crate::nn::Gemm;
@@ -70,7 +82,64 @@ struct Queued {
     seq: u64,
     clock: Clock,
     after: Vec<(usize, u64)>,
+    /// The started host work this op stands for: it may run only once the work has
+    /// finished (see the module documentation).
+    started: Option<Rc<Started>>,
     run: Box<dyn FnOnce() -> Result<()>>,
+}
+
+/// Host work in flight ([`super::Device::host_task_started`]), with what it holds.
+struct Started {
+    name: &'static str,
+    /// `None` once finished (or failed: then leaked, see [`Started::finish`]).
+    work: RefCell<Option<Box<dyn HostWork>>>,
+    /// The buffers it touches, kept allocated until it has finished.
+    retain: RefCell<Vec<Retained>>,
+    since: Instant,
+}
+
+impl Started {
+    fn finished(&self) -> bool {
+        self.work.borrow().is_none()
+    }
+
+    /// Poll (`block` false) or wait for the work; when it has finished, release what it
+    /// held and account its time. Whether it has finished. On an error the transport
+    /// may still hold the buffers' addresses, so they are never freed.
+    fn finish(&self, block: bool, stats: &Cell<OverlapStats>) -> Result<bool> {
+        let mut slot = self.work.borrow_mut();
+        let Some(work) = slot.as_mut() else {
+            return Ok(true);
+        };
+        let t0 = Instant::now();
+        let done = if block {
+            work.wait().map(|()| true)
+        } else {
+            work.test()
+        };
+        let done = match done {
+            Ok(done) => done,
+            Err(e) => {
+                std::mem::forget(slot.take());
+                std::mem::forget(std::mem::take(&mut *self.retain.borrow_mut()));
+                return Err(match e {
+                    KernelError::HostWork { .. } => e,
+                    e => KernelError::Device(format!("host work '{}': {e}", self.name)),
+                });
+            }
+        };
+        if done {
+            *slot = None;
+            self.retain.borrow_mut().clear();
+            let mut st = stats.get();
+            if block {
+                st.exposed_seconds += t0.elapsed().as_secs_f64();
+            }
+            st.total_seconds += self.since.elapsed().as_secs_f64();
+            stats.set(st);
+        }
+        Ok(done)
+    }
 }
 
 struct SimStream {
@@ -125,6 +194,11 @@ pub struct SimDevice {
     /// GEMM's bf16 mode, standing in for a GPU's tensor cores.
     bf16_products: Cell<bool>,
     state: RefCell<State>,
+    /// Leave started host work running ([`SimDevice::set_overlap`]).
+    overlap: Cell<bool>,
+    /// Started host work not yet seen finished (polled when ops are queued).
+    in_flight: RefCell<Vec<Rc<Started>>>,
+    overlap_stats: Cell<OverlapStats>,
 }
 
 impl std::fmt::Debug for SimDevice {
@@ -147,10 +221,9 @@ impl SimDevice {
     /// Matrix products stay the host GEMM (cuBLAS's order is its own), with bf16 operands
     /// when the engine trains in bf16, as tensor cores take them.
     pub fn gpu_twin(seed: u64) -> Self {
-        SimDevice {
-            gpu_order: true,
-            ..SimDevice::new(seed)
-        }
+        let mut dev = SimDevice::new(seed);
+        dev.gpu_order = true;
+        dev
     }
 
     /// As [`SimDevice::new`], the kernels as `exec` says, GEMMs on `gemm_threads` threads.
@@ -172,6 +245,41 @@ impl SimDevice {
                 #[cfg(test)]
                 trace: Vec::new(),
             }),
+            overlap: Cell::new(true),
+            in_flight: RefCell::new(Vec::new()),
+            overlap_stats: Cell::new(OverlapStats::default()),
+        }
+    }
+
+    /// Leave started host work (non-blocking collectives) running behind the ops that
+    /// follow (`true`, the default; see the module documentation), or wait for each
+    /// where it is started (`false`: what overlap hides is then measured against this).
+    pub fn set_overlap(&self, on: bool) {
+        self.overlap.set(on);
+    }
+
+    /// Whether started host work is left running ([`SimDevice::set_overlap`]).
+    pub fn overlap(&self) -> bool {
+        self.overlap.get()
+    }
+
+    /// Poll the started work in flight, so that its finish is seen (and timed) near when
+    /// it happens, and the transport progresses (`MPI_Test`).
+    fn poll_started(&self) -> Result<()> {
+        if self.in_flight.borrow().is_empty() {
+            return Ok(());
+        }
+        let list: Vec<Rc<Started>> = self.in_flight.borrow().clone();
+        let mut failed = None;
+        for w in &list {
+            if let Err(e) = w.finish(false, &self.overlap_stats) {
+                failed.get_or_insert(e);
+            }
+        }
+        self.in_flight.borrow_mut().retain(|w| !w.finished());
+        match failed {
+            Some(e) => Err(self.fail(e)),
+            None => Ok(()),
         }
     }
 
@@ -218,8 +326,9 @@ impl SimDevice {
     fn run_until(&self, target: Option<&Clock>) -> Result<()> {
         loop {
             let op = {
-                let mut st = self.state.borrow_mut();
+                let st = self.state.borrow();
                 let mut ready = Vec::new();
+                let mut parked = Vec::new();
                 let mut blocked = false;
                 for (i, s) in st.streams.iter().enumerate() {
                     let Some(front) = s.queue.front() else {
@@ -228,12 +337,42 @@ impl SimDevice {
                     if target.is_some_and(|t| !front.clock.le(t)) {
                         continue;
                     }
-                    if front.after.iter().all(|&(j, k)| st.streams[j].done >= k) {
-                        ready.push(i);
-                    } else {
+                    if !front.after.iter().all(|&(j, k)| st.streams[j].done >= k) {
                         blocked = true;
+                    } else if front.started.as_ref().is_some_and(|w| !w.finished()) {
+                        parked.push((i, front.started.clone()));
+                    } else {
+                        ready.push(i);
                     }
                 }
+                // Started work that has finished meanwhile lets its stream go on.
+                let mut polled = Vec::new();
+                for (i, work) in parked {
+                    if let Some(work) = work {
+                        polled.push((i, work));
+                    }
+                }
+                drop(st);
+                let mut waiting = Vec::new();
+                for (i, work) in polled {
+                    if work
+                        .finish(false, &self.overlap_stats)
+                        .map_err(|e| self.fail(e))?
+                    {
+                        ready.push(i);
+                    } else {
+                        waiting.push((i, work));
+                    }
+                }
+                // Nothing else can run: block on the oldest started work.
+                if ready.is_empty() {
+                    if let Some((i, work)) = waiting.first() {
+                        work.finish(true, &self.overlap_stats)
+                            .map_err(|e| self.fail(e))?;
+                        ready.push(*i);
+                    }
+                }
+                let mut st = self.state.borrow_mut();
                 if ready.is_empty() {
                     if blocked {
                         drop(st);
@@ -263,6 +402,36 @@ impl SimDevice {
         }
     }
 
+    /// Check `op`'s accesses and queue it on `stream`; `started`: the op stands for that
+    /// started host work.
+    fn queue(&self, stream: &CpuStream, op: CpuOp, started: Option<Rc<Started>>) -> Result<()> {
+        self.failed()?;
+        self.poll_started()?;
+        let checked = {
+            let mut st = self.state.borrow_mut();
+            let st = &mut *st;
+            let agent = stream.index + 1;
+            let mut clock = Self::tail_clock(st, stream.index);
+            let seq = st.streams[stream.index].queued + 1;
+            clock.set(agent, seq);
+            check_all(st, op.name, agent, seq, &clock, &op.reads, &op.writes).map(|()| {
+                let s = &mut st.streams[stream.index];
+                s.queued = seq;
+                s.clock = clock.clone();
+                let after = std::mem::take(&mut s.pending);
+                s.queue.push_back(Queued {
+                    #[cfg(test)]
+                    name: op.name,
+                    seq,
+                    clock,
+                    after,
+                    started,
+                    run: op.run,
+                });
+            })
+        };
+        checked.map_err(|e| self.fail(e))
+    }
     /// The causal past of a point at the end of `stream` now (what a new op there would see).
     fn tail_clock(st: &State, stream: usize) -> Clock {
         let mut c = st.streams[stream].clock.clone();
@@ -387,6 +556,18 @@ fn owned(accesses: &[Access<'_>]) -> Vec<OpAccess> {
         .collect()
 }
 
+impl Drop for SimDevice {
+    fn drop(&mut self) {
+        // Started work still in flight (a step that failed half-way) holds buffer
+        // addresses: wait for it before the buffers can go.
+        for work in self.in_flight.take() {
+            if let Err(e) = work.finish(true, &self.overlap_stats) {
+                log::warn!("simulated device: host work in flight failed while shutting down: {e}");
+            }
+        }
+    }
+}
+
 impl CpuQueue for SimDevice {
     fn exec(&self) -> &Exec {
         &self.exec
@@ -437,30 +618,7 @@ impl CpuQueue for SimDevice {
     }
 
     fn submit(&self, stream: &CpuStream, op: CpuOp) -> Result<()> {
-        self.failed()?;
-        let checked = {
-            let mut st = self.state.borrow_mut();
-            let st = &mut *st;
-            let agent = stream.index + 1;
-            let mut clock = Self::tail_clock(st, stream.index);
-            let seq = st.streams[stream.index].queued + 1;
-            clock.set(agent, seq);
-            check_all(st, op.name, agent, seq, &clock, &op.reads, &op.writes).map(|()| {
-                let s = &mut st.streams[stream.index];
-                s.queued = seq;
-                s.clock = clock.clone();
-                let after = std::mem::take(&mut s.pending);
-                s.queue.push_back(Queued {
-                    #[cfg(test)]
-                    name: op.name,
-                    seq,
-                    clock,
-                    after,
-                    run: op.run,
-                });
-            })
-        };
-        checked.map_err(|e| self.fail(e))
+        self.queue(stream, op, None)
     }
 
     fn record_event(&self, stream: &CpuStream) -> Result<CpuEvent> {
@@ -532,6 +690,76 @@ impl CpuQueue for SimDevice {
         checked.map_err(|e| self.fail(e))?;
         task();
         Ok(())
+    }
+
+    fn run_started_task(
+        &self,
+        stream: &CpuStream,
+        name: &'static str,
+        reads: &[Access<'_>],
+        writes: &[Access<'_>],
+        retain: Vec<Retained>,
+        start: &mut dyn FnMut() -> Result<Box<dyn HostWork>>,
+    ) -> Result<()> {
+        let count = |exposed: f64| {
+            let mut st = self.overlap_stats.get();
+            st.tasks += 1;
+            st.exposed_seconds += exposed;
+            st.total_seconds += exposed;
+            self.overlap_stats.set(st);
+        };
+        if !self.overlap.get() {
+            // Wait in place: a host task.
+            drop(retain);
+            let t0 = Instant::now();
+            let mut out = Ok(());
+            self.run_host_task(stream, name, reads, writes, &mut || {
+                out = start().and_then(|mut work| work.wait());
+            })?;
+            count(t0.elapsed().as_secs_f64());
+            return out;
+        }
+        self.failed()?;
+        // The work reads what its stream's past wrote: run that first.
+        let target = Self::tail_clock(&self.state.borrow(), stream.index);
+        self.run_until(Some(&target))?;
+        let t0 = Instant::now();
+        let work = start()?;
+        count(t0.elapsed().as_secs_f64());
+        let started = Rc::new(Started {
+            name,
+            work: RefCell::new(Some(work)),
+            retain: RefCell::new(retain),
+            since: Instant::now(),
+        });
+        let marker = Rc::clone(&started);
+        let op = CpuOp {
+            name,
+            reads: owned(reads),
+            writes: owned(writes),
+            run: Box::new(move || {
+                // The scheduler runs this op only once the work has finished.
+                if marker.finished() {
+                    Ok(())
+                } else {
+                    Err(KernelError::Device(format!(
+                        "simulated device: '{}' ran before its host work finished",
+                        marker.name
+                    )))
+                }
+            }),
+        };
+        if let Err(e) = self.queue(stream, op, Some(Rc::clone(&started))) {
+            // Never leave the transport writing into buffers that may go now.
+            let _ = started.finish(true, &self.overlap_stats);
+            return Err(e);
+        }
+        self.in_flight.borrow_mut().push(started);
+        Ok(())
+    }
+
+    fn overlap_stats(&self) -> OverlapStats {
+        self.overlap_stats.get()
     }
 
     fn host_read(&self, stream: &CpuStream, name: &'static str, read: &Access<'_>) -> Result<()> {

@@ -612,10 +612,10 @@ impl HostWork for SlowWork {
 use std::cell::Cell;
 use std::rc::Rc;
 
-fn start_slow(
-    dev: &HostDevice,
-    stream: &CpuStream,
-    buf: &CpuBuffer<f32>,
+fn start_slow<D: Device>(
+    dev: &D,
+    stream: &D::Stream,
+    buf: &D::Buf<f32>,
     polls: usize,
     fail: bool,
 ) -> Rc<Cell<usize>> {
@@ -842,8 +842,9 @@ fn host_device_still_waits_for_work_started_after_work_that_failed() {
 }
 
 #[test]
-fn sim_device_waits_for_started_work_in_place() {
+fn sim_device_without_overlap_waits_for_started_work_in_place() {
     let dev = SimDevice::new(3);
+    dev.set_overlap(false);
     let comm = dev.stream("comm").unwrap();
     let bucket = dev.alloc::<f32>(1, "bucket").unwrap();
     let tests = Rc::new(Cell::new(0));
@@ -866,7 +867,149 @@ fn sim_device_waits_for_started_work_in_place() {
     dev.download(&comm, bucket.view(), &mut out).unwrap();
     assert_eq!(out, [1.0]);
     assert_eq!(tests.get(), 0);
-    assert_eq!(dev.overlap_stats(), OverlapStats::default());
+    let s = dev.overlap_stats();
+    assert_eq!(s.tasks, 1);
+    assert_eq!(s.exposed_seconds, s.total_seconds);
+}
+
+#[test]
+fn sim_device_runs_other_streams_while_started_work_is_in_flight() {
+    for seed in 0..8 {
+        let dev = SimDevice::new(seed);
+        let (compute, comm) = (dev.stream("compute").unwrap(), dev.stream("comm").unwrap());
+        let mut bucket = dev.alloc::<f32>(1, "bucket").unwrap();
+        let mut other = dev.alloc::<f32>(1, "other").unwrap();
+        // Finishes only when waited for (no poll reaches 1000).
+        let tests = start_slow(&dev, &comm, &bucket, 1000, false);
+        // Queued behind the work on comm: it must see the work's +1 when it runs.
+        dev.scale(&comm, bucket.view_mut(), 10.0).unwrap();
+        let landed = dev.record(&comm).unwrap();
+        dev.fill(&compute, other.view_mut(), 5.0).unwrap();
+        let mut out = [0.0f32];
+        // Compute's result comes without waiting for the work; comm's op stays queued.
+        dev.download(&compute, other.view(), &mut out).unwrap();
+        assert_eq!(out, [5.0]);
+        assert!(tests.get() > 0, "seed {seed}: polled, not waited for");
+        assert!(
+            dev.trace().iter().all(|&(_, op)| op != "scale"),
+            "seed {seed}: {:?}",
+            dev.trace()
+        );
+        // Only comm is left: the host blocks on the work, then comm's queue runs.
+        dev.sync_event(&landed).unwrap();
+        dev.download(&comm, bucket.view(), &mut out).unwrap();
+        assert_eq!(out, [10.0], "seed {seed}");
+        let stats = dev.overlap_stats();
+        assert_eq!(stats.tasks, 1);
+        assert!(stats.total_seconds >= stats.exposed_seconds);
+    }
+}
+
+#[test]
+fn sim_device_lets_a_stream_go_on_once_a_poll_sees_its_work_finished() {
+    let dev = SimDevice::new(1);
+    let (compute, comm) = (dev.stream("compute").unwrap(), dev.stream("comm").unwrap());
+    let bucket = dev.alloc::<f32>(1, "bucket").unwrap();
+    let mut copy = dev.alloc::<f32>(1, "copy").unwrap();
+    let mut other = dev.alloc::<f32>(1, "other").unwrap();
+    let tests = start_slow(&dev, &comm, &bucket, 2, false);
+    dev.copy(&comm, bucket.view(), copy.view_mut()).unwrap();
+    // The owner lets go of the buffer while the work holds its address.
+    drop(bucket);
+    // Queueing polls: the second poll sees the work finished.
+    dev.fill(&compute, other.view_mut(), 1.0).unwrap();
+    assert_eq!(tests.get(), 2);
+    let mut out = [0.0f32];
+    dev.download(&comm, copy.view(), &mut out).unwrap();
+    assert_eq!(out, [1.0]);
+    let s = dev.overlap_stats();
+    assert_eq!(s.hidden_fraction().map(|h| h > 0.0), Some(true), "{s:?}");
+}
+
+#[test]
+fn sim_device_reports_failed_work_and_stops() {
+    let dev = SimDevice::new(2);
+    let (compute, comm) = (dev.stream("compute").unwrap(), dev.stream("comm").unwrap());
+    let mut bucket = dev.alloc::<f32>(1, "bucket").unwrap();
+    let mut other = dev.alloc::<f32>(1, "other").unwrap();
+    start_slow(&dev, &comm, &bucket, 1, true);
+    let e = dev.fill(&compute, other.view_mut(), 0.0).unwrap_err();
+    assert!(
+        matches!(e, KernelError::HostWork { task: "slow", .. }),
+        "{e}"
+    );
+    let e = dev.fill(&comm, bucket.view_mut(), 0.0).unwrap_err();
+    assert!(e.to_string().contains("earlier error"), "{e}");
+}
+
+#[test]
+fn sim_device_waits_for_work_in_flight_when_dropped() {
+    let dev = SimDevice::new(4);
+    let comm = dev.stream("comm").unwrap();
+    let bucket = dev.alloc::<f32>(1, "bucket").unwrap();
+    let raw = bucket.raw_ptr();
+    let tests = start_slow(&dev, &comm, &bucket, 1000, false);
+    // The work retains the buffer: read it through a retained handle after the drop.
+    let keep = bucket.retain();
+    drop(bucket);
+    drop(dev);
+    // SAFETY: `keep` holds the allocation.
+    assert_eq!(
+        unsafe { *raw },
+        1.0,
+        "the work finished before the device went"
+    );
+    assert!(tests.get() < 1000);
+    drop(keep);
+}
+
+/// Staging memory filled by started work is read by [`Device::upload_from_staging`] when
+/// the stream reaches the copy, not when it is queued, and is held until then.
+fn staged_upload_reads_the_region_late<D: Device>(dev: &D) -> Vec<f32> {
+    let comm = dev.stream("comm").unwrap();
+    let region = Rc::new(dev.alloc_staging(8).unwrap());
+    assert!(region.bytes() >= 8);
+    let mut dst = dev.alloc::<f32>(2, "dst").unwrap();
+    let work = SlowWork {
+        polls: 1000,
+        tests: Rc::new(Cell::new(0)),
+        target: region.as_ptr() as *mut f32,
+        fail: false,
+    };
+    let held: Vec<Retained> = vec![Box::new(Rc::clone(&region))];
+    dev.host_task_started(&comm, "fill region", &[], &[], held, || {
+        Ok(Box::new(work) as Box<dyn HostWork>)
+    })
+    .unwrap();
+    // SAFETY: two f32 in the region, which `keep` holds; only the work writes it.
+    unsafe {
+        dev.upload_from_staging(
+            &comm,
+            region.as_ptr() as *const f32,
+            dst.view_mut(),
+            Box::new(Rc::clone(&region)),
+        )
+    }
+    .unwrap();
+    drop(region);
+    let mut out = vec![0.0f32; 2];
+    dev.download(&comm, dst.view(), &mut out).unwrap();
+    out
+}
+
+#[test]
+fn staged_uploads_read_the_region_when_the_stream_gets_there() {
+    assert_eq!(
+        staged_upload_reads_the_region_late(&SimDevice::new(9)),
+        [1.0, 0.0]
+    );
+    assert_eq!(
+        staged_upload_reads_the_region_late(&HostDevice::new()),
+        [1.0, 0.0]
+    );
+    let waits = SimDevice::new(9);
+    waits.set_overlap(false);
+    assert_eq!(staged_upload_reads_the_region_late(&waits), [1.0, 0.0]);
 }
 
 /// The ops whose sums over rows split by channels (layer norm backward's dw and db, the
