@@ -10,7 +10,7 @@ use std::time::Duration;
 use zero_comm::{
     on_stream, run_local, CollectiveKind, CommError, Communicator, KindStats, StagedComm,
 };
-use zero_kernels::device::{Buffer, Device, HostDevice, SimDevice};
+use zero_kernels::device::{Buffer, Device, SimDevice};
 use zero_tests::MpiJob;
 
 fn job(ranks: usize, args: &[&str]) -> zero_tests::JobOutput {
@@ -88,6 +88,10 @@ fn node_groups_from_slurm_node_ids() {
 /// this rank's output, 3 elements per block.
 fn a2a_on_sim_gpu<C: Communicator>(comm: &C, seed: u64) -> Result<Vec<f32>, CommError> {
     let dev = SimDevice::gpu_twin(seed);
+    if let Some(st) = comm.staging() {
+        st.reserve(&dev, 3 * comm.size() * 4)
+            .expect("staging allocated");
+    }
     let (n, me) = (comm.size(), comm.rank());
     let side = dev.stream("comm").expect("a stream");
     let input: Vec<f32> = (0..3 * n).map(|i| (100 * me + i) as f32).collect();
@@ -113,10 +117,6 @@ fn all_to_all_on_a_stream_direct_and_host_staged() {
         });
         let staged = run_local(n, Default::default(), |comm| {
             let staged = StagedComm::new(&comm);
-            staged
-                .buffers()
-                .reserve(&HostDevice::new(), 3 * n * 4)
-                .expect("staging allocated");
             let out = a2a_on_sim_gpu(&staged, 7 + comm.rank() as u64);
             (
                 out.map_err(|e| e.to_string()),

@@ -12,12 +12,20 @@
 //! (`host_staged_mpi_on_the_simulated_gpu_trains_every_stage_like_direct_mpi`).
 
 use zero_comm::{on_stream, run_local, CommError, Communicator, ReduceOp, StagedComm};
-use zero_kernels::device::{Buffer, Device, HostDevice, SimDevice};
+use zero_kernels::device::{Buffer, Device, SimDevice};
 use zero_tests::scenario::{corpus, train_losses_sim_gpu, transport_cases};
 
 /// Every collective on `comm` (staged or not) on a simulated GPU: the outputs.
-fn collectives<C: Communicator>(comm: &C, seed: u64) -> Result<Vec<Vec<f32>>, CommError> {
+/// `staging`: bytes the staging (if `comm` has one) is reserved for, on this device.
+fn collectives<C: Communicator>(
+    comm: &C,
+    seed: u64,
+    staging: usize,
+) -> Result<Vec<Vec<f32>>, CommError> {
     let dev = SimDevice::gpu_twin(seed);
+    if let Some(st) = comm.staging() {
+        st.reserve(&dev, staging).expect("staging allocated");
+    }
     let n = comm.size();
     let r = comm.rank() as f32;
     let (compute, side) = (dev.stream("compute").unwrap(), dev.stream("comm").unwrap());
@@ -58,16 +66,12 @@ fn collectives<C: Communicator>(comm: &C, seed: u64) -> Result<Vec<Vec<f32>>, Co
 #[test]
 fn every_staged_collective_gives_the_direct_result_and_the_same_ledger() {
     let direct = run_local(2, Default::default(), |comm| {
-        let out = collectives(&comm, 3 + comm.rank() as u64);
+        let out = collectives(&comm, 3 + comm.rank() as u64, 0);
         (out.map_err(|e| e.to_string()), comm.stats())
     });
     let staged = run_local(2, Default::default(), |comm| {
         let staged = StagedComm::new(&comm);
-        staged
-            .buffers()
-            .reserve(&HostDevice::new(), 4 * 2 * 4)
-            .expect("staging allocated");
-        let out = collectives(&staged, 3 + comm.rank() as u64);
+        let out = collectives(&staged, 3 + comm.rank() as u64, 4 * 2 * 4);
         let copies = staged.buffers().stats();
         (
             out.map_err(|e| e.to_string()),
@@ -97,11 +101,7 @@ fn every_staged_collective_gives_the_direct_result_and_the_same_ledger() {
 fn a_collective_larger_than_the_staging_is_a_typed_error() {
     let out = run_local(2, Default::default(), |comm| {
         let staged = StagedComm::new(&comm);
-        staged
-            .buffers()
-            .reserve(&HostDevice::new(), 16)
-            .expect("staging allocated");
-        collectives(&staged, 1).map(|_| ())
+        collectives(&staged, 1, 16).map(|_| ())
     });
     for r in out {
         match r.expect("rank ran") {
@@ -244,4 +244,25 @@ fn micro_comm_runs_device_buffers_through_staging_under_mpirun() {
         "{}",
         out.transcript()
     );
+}
+
+#[test]
+fn a_slot_last_used_through_another_device_is_an_error_not_a_race() {
+    let out = run_local(1, Default::default(), |comm| {
+        let staged = StagedComm::new(&comm);
+        let (a, b) = (SimDevice::gpu_twin(1), SimDevice::gpu_twin(2));
+        staged.buffers().reserve(&a, 16).expect("staging allocated");
+        let mut on = |dev: &SimDevice| -> Result<(), CommError> {
+            let s = dev.stream("comm").expect("a stream");
+            let mut buf = dev.alloc::<f32>(4, "buf").expect("a buffer");
+            on_stream::all_reduce(&staged, dev, &s, buf.view_mut(), ReduceOp::Sum)
+        };
+        // Slots 0 and 1 through `a`; slot 0 again through `b`, whose waits cannot see
+        // `a`'s queue.
+        (on(&a), on(&a), on(&b))
+    });
+    let (first, second, third) = out.into_iter().next().expect("one rank").expect("rank ran");
+    assert!(first.is_ok() && second.is_ok(), "{first:?} {second:?}");
+    let e = third.expect_err("another device's slot");
+    assert!(e.to_string().contains("another device"), "{e}");
 }

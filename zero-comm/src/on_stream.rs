@@ -67,9 +67,9 @@ impl HostWork for Polled {
 }
 
 /// Start `call` as host work on `stream` ([`Device::host_task_started`]): on a device
-/// that overlaps (the CPU), it runs behind the ops queued after it, polled between them;
-/// elsewhere the device waits for it in place. `bufs` are the buffers it touches, kept
-/// allocated while it is in flight.
+/// that overlaps (the host device, the simulated GPU), it runs behind the ops queued
+/// after it, polled between them; elsewhere the device waits for it in place. `retain`
+/// holds the buffers it touches, kept allocated while it is in flight.
 #[allow(clippy::too_many_arguments)]
 fn run<C: Communicator, D: Device>(
     comm: &C,
@@ -402,7 +402,7 @@ mod staged {
         .map_err(dev_err)?;
         st.count_to_device::<T>(len);
         let after = dev.record(stream).map_err(dev_err)?;
-        st.release(lease, after);
+        st.release(dev, lease, after);
         Ok(())
     }
 

@@ -33,8 +33,9 @@
 //! - **Order.** The download waits only for the comm stream's own past (what the engine's
 //!   events ordered before the collective), never for the compute stream. The upload is
 //!   queued on the comm stream like any kernel, and other streams see it after an event,
-//!   as with a stream-ordered NCCL collective. On the simulated device every copy is
-//!   hazard-checked like a kernel.
+//!   as with a stream-ordered NCCL collective. On the simulated device every copy's
+//!   device side is hazard-checked like a kernel; the host regions are not tracked
+//!   there: the slots' events (above) are what orders them.
 //!
 //! Sizing: the regions are sized once ([`Staging::reserve`], which the engine calls with
 //! its plan's largest collective before the first step) and a larger call is an error,
@@ -55,24 +56,46 @@ use crate::error::{CommError, Result};
 use crate::stats::CommStats;
 use crate::Element;
 
-/// One slot: a send and a receive region, and the event after its last upload.
+/// How far a slot's last use got.
+#[derive(Default)]
+enum LastUse {
+    /// Never used since its regions were made.
+    #[default]
+    None,
+    /// Queued completely: the device's event (boxed: the staging serves any device)
+    /// recorded after the upload, and which device (its address) recorded it.
+    Queued { device: usize, event: Box<dyn Any> },
+    /// Leased and not released: its collective or upload failed part-way, and either
+    /// may still touch the regions.
+    Unsettled,
+}
+
+/// One slot: a send and a receive region, and how far its last use got.
 #[derive(Default)]
 struct Slot {
     send: Option<Rc<StagingMemory>>,
     recv: Option<Rc<StagingMemory>>,
-    /// The device's event (boxed: the staging serves any device) recorded after the
-    /// slot's last upload was queued; the slot is written again only once it completed.
-    last_use: Option<Box<dyn Any>>,
+    last_use: LastUse,
 }
 
 impl std::fmt::Debug for Slot {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let last = match self.last_use {
+            LastUse::None => "none",
+            LastUse::Queued { .. } => "queued",
+            LastUse::Unsettled => "unsettled",
+        };
         f.debug_struct("Slot")
             .field("send", &self.send)
             .field("recv", &self.recv)
-            .field("in_use", &self.last_use.is_some())
+            .field("last_use", &last)
             .finish()
     }
+}
+
+/// A device's identity for the events a slot keeps: its address while it is borrowed.
+fn device_id<D: Device>(dev: &D) -> usize {
+    dev as *const D as *const u8 as usize
 }
 
 /// The regions one staged collective uses (a slot, leased by [`Staging::lease`]).
@@ -134,7 +157,7 @@ impl Staging {
             let mut s = slot.borrow_mut();
             s.send = fresh.next();
             s.recv = fresh.next();
-            s.last_use = None;
+            s.last_use = LastUse::None;
         }
         self.capacity.set(capacity);
         Ok(())
@@ -211,16 +234,31 @@ impl Staging {
         let index = self.next.get();
         self.next.set((index + 1) % self.slots.len());
         let mut slot = self.slots[index].borrow_mut();
-        if let Some(last) = slot.last_use.take() {
-            let waited = match last.downcast_ref::<D::Event>() {
-                Some(event) => dev.sync_event(event),
-                // Used through another device: wait for this one entirely.
-                None => dev.synchronize(),
-            };
-            waited.map_err(|e| {
-                CommError::device(rank, op, format!("host staging: slot {index}: {e}"))
-            })?;
+        let fail =
+            |why: String| CommError::device(rank, op, format!("host staging: slot {index}: {why}"));
+        // The host waits until nothing can still read or write the slot's regions.
+        match &slot.last_use {
+            LastUse::None => {}
+            LastUse::Queued { device, event } => {
+                let event = event
+                    .downcast_ref::<D::Event>()
+                    .filter(|_| *device == device_id(dev))
+                    .ok_or_else(|| {
+                        fail(
+                            "last used through another device; give each device its own StagedComm"
+                                .into(),
+                        )
+                    })?;
+                dev.sync_event(event).map_err(|e| fail(e.to_string()))?;
+            }
+            LastUse::Unsettled => {
+                // The use before failed part-way: everything this device queued must
+                // have run (a failure leaks its regions' last handles, never frees them).
+                dev.synchronize()
+                    .map_err(|e| fail(format!("after an earlier failure: {e}")))?;
+            }
         }
+        slot.last_use = LastUse::Unsettled;
         let (Some(send), Some(recv)) = (&slot.send, &slot.recv) else {
             return Err(CommError::Staging {
                 rank,
@@ -237,10 +275,14 @@ impl Staging {
         })
     }
 
-    /// The lease's collective and upload are queued; `after` is an event recorded after
-    /// the upload: the slot is used again once it has completed.
-    pub(crate) fn release<E: Any>(&self, lease: Lease, after: E) {
-        self.slots[lease.index].borrow_mut().last_use = Some(Box::new(after));
+    /// The lease's collective and upload are queued on `dev`; `after` is an event it
+    /// recorded after the upload: the slot is used again once it has completed. A lease
+    /// never released (an error part-way) leaves the slot to a full synchronisation.
+    pub(crate) fn release<D: Device>(&self, dev: &D, lease: Lease, after: D::Event) {
+        self.slots[lease.index].borrow_mut().last_use = LastUse::Queued {
+            device: device_id(dev),
+            event: Box::new(after),
+        };
     }
 }
 

@@ -279,14 +279,17 @@ fn all_checks<D: BenchDevice>(
     } else {
         reference.setup.steps
     };
-    if a.wants("train-4-ranks") {
-        train::check(open, reference, steps, a.budget_s, &mut report)?;
-    }
+    let curves = if a.wants("train-4-ranks") {
+        train::check(open, reference, steps, a.budget_s, &mut report)?
+    } else {
+        Vec::new()
+    };
 
     // Host staging (issue 14's mpi-staged path, thread ranks instead of MPI) against
     // the direct thread ranks.
     if a.wants("staged") {
-        train::staged_check(open, &reference.setup, steps, a.budget_s, &mut report)?;
+        let setup = &reference.setup;
+        train::staged_check(open, setup, steps, &curves, a.budget_s, &mut report)?;
     }
 
     // 5. Two processes through NCCL (issue 14) against two thread ranks.

@@ -155,9 +155,9 @@ pub struct StepReport {
     pub comm: CommStats,
     /// The same on the node and cross-node groups (an engine built [`Engine::on_nodes`]).
     pub node_comm: Option<NodeStats>,
-    /// How much of the step's communication ran behind compute (the CPU's progress
-    /// mechanism, `zero_kernels::device::HostDevice::set_overlap`); zeros on devices
-    /// that wait for each collective where it is issued.
+    /// How much of the step's communication ran behind compute (the progress mechanism
+    /// of `zero_kernels::device::HostDevice` and `SimDevice`, `set_overlap`); zeros on
+    /// devices that do not time it (CUDA).
     pub overlap: OverlapStats,
     /// Bytes held per memory category (measured from the allocations).
     pub memory: BTreeMap<MemCategory, u64>,

@@ -109,6 +109,17 @@ impl std::fmt::Debug for CudaEventRef {
     }
 }
 
+impl Drop for CudaDevice {
+    fn drop(&mut self) {
+        // Queued copies may still read staging memory whose last handle goes with
+        // `staged_uploads`, and kernels may still use pooled buffers: let them finish.
+        if let Err(e) = self.ctx.synchronize() {
+            log::warn!("CUDA device: synchronizing before shutdown: {e}");
+        }
+        self.staged_uploads.borrow_mut().clear();
+    }
+}
+
 /// Page-locked host memory from `cuMemHostAlloc`, freed (in its context) when dropped.
 struct PinnedHost {
     ctx: Arc<cudarc::driver::CudaContext>,
@@ -118,7 +129,8 @@ struct PinnedHost {
 impl Drop for PinnedHost {
     fn drop(&mut self) {
         // Nothing can use the memory any more: its StagingMemory is gone, and the device
-        // held it for every queued copy until that copy ran.
+        // held it for every queued copy until that copy ran (or, when it was dropped,
+        // synchronized first).
         let freed = self.ctx.bind_to_thread().and_then(|()| {
             // SAFETY: `ptr` came from `malloc_host` and is freed once, here.
             unsafe { result::free_host(self.ptr as *mut std::ffi::c_void) }

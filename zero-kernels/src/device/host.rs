@@ -14,9 +14,9 @@
 //! next layer's gather right after this layer's reduce-scatter and the op that lands
 //! it; waiting there for the reduce-scatter held compute up.) This relies on every piece
 //! of started work declaring each buffer range it reads or writes (`zero-comm`'s
-//! `on_stream` declares exactly the ranges it hands to MPI); [`super::SimDevice`] waits
-//! for started work in place, so it cannot check that. Open MPI moves a host collective forward only inside MPI
-//! calls, so before every op it runs the device polls the work in flight (`MPI_Test`);
+//! `on_stream` declares exactly the ranges it hands to MPI); [`super::SimDevice`] starts
+//! work only after its stream's past, so it cannot check that. Open MPI moves a host
+//! collective forward only inside MPI calls, so before every op it runs the device polls the work in flight (`MPI_Test`);
 //! when one has finished, the ops waiting behind it run. Events name the started work
 //! they come after; waiting for one (or a host task, or a read, on that stream) blocks
 //! until it has finished. These are the GPU's ordering rules, which the engine is

@@ -263,10 +263,11 @@ pub trait Device {
     /// later (a non-blocking collective). The device may return before it has finished;
     /// it is still ordered on `stream` like a kernel: work queued there afterwards, and
     /// events recorded there, come after it. `retain` ([`Buffer::retain`] of the buffers
-    /// behind `reads` and `writes`) keeps them allocated until then. [`HostDevice`] with
-    /// overlap on polls the work between the ops it runs and defers `stream`'s later ops
-    /// until it is done, so compute on other streams runs meanwhile (the CPU's progress
-    /// mechanism); every other device (and overlap off) waits for it here, this default.
+    /// behind `reads` and `writes`) keeps them allocated until then. [`HostDevice`] and
+    /// [`SimDevice`] with overlap on poll the work between the ops they run and defer
+    /// `stream`'s later ops until it is done, so compute on other streams runs meanwhile
+    /// (the CPU's progress mechanism); a CUDA device (and overlap off) waits for it here,
+    /// this default.
     fn host_task_started(
         &self,
         stream: &Self::Stream,
@@ -291,8 +292,8 @@ pub trait Device {
     }
 
     /// How much of the started host work ([`Device::host_task_started`]) ran behind other
-    /// work, so far. Zero where the device waits for each (every device but
-    /// [`HostDevice`] with overlap on).
+    /// work, so far ([`HostDevice`], [`SimDevice`]; with overlap off, exposed = total).
+    /// Zero on a device that does not time it (this default).
     fn overlap_stats(&self) -> OverlapStats {
         OverlapStats::default()
     }

@@ -2,7 +2,7 @@
 //! checked.
 //!
 //! - Every op is queued on its stream and runs later, when the host needs a result
-//!   (a download, an event or stream sync, a host task), in a **seeded random
+//!   (a download, an event or stream sync, a host task, started host work), in a **seeded random
 //!   interleaving** of the streams that respects only what the rules order: queue order
 //!   within a stream and the events a stream waited for. Only the ops the awaited point
 //!   depends on run; the rest stay queued.
@@ -96,6 +96,8 @@ struct Started {
     /// The buffers it touches, kept allocated until it has finished.
     retain: RefCell<Vec<Retained>>,
     since: Instant,
+    /// Start order (the oldest is blocked on first).
+    order: u64,
 }
 
 impl Started {
@@ -198,6 +200,8 @@ pub struct SimDevice {
     overlap: Cell<bool>,
     /// Started host work not yet seen finished (polled when ops are queued).
     in_flight: RefCell<Vec<Rc<Started>>>,
+    /// Host work started so far (each one's [`Started::order`]).
+    started: Cell<u64>,
     overlap_stats: Cell<OverlapStats>,
 }
 
@@ -247,6 +251,7 @@ impl SimDevice {
             }),
             overlap: Cell::new(true),
             in_flight: RefCell::new(Vec::new()),
+            started: Cell::new(0),
             overlap_stats: Cell::new(OverlapStats::default()),
         }
     }
@@ -366,7 +371,7 @@ impl SimDevice {
                 }
                 // Nothing else can run: block on the oldest started work.
                 if ready.is_empty() {
-                    if let Some((i, work)) = waiting.first() {
+                    if let Some((i, work)) = waiting.iter().min_by_key(|(_, w)| w.order) {
                         work.finish(true, &self.overlap_stats)
                             .map_err(|e| self.fail(e))?;
                         ready.push(*i);
@@ -709,15 +714,29 @@ impl CpuQueue for SimDevice {
             self.overlap_stats.set(st);
         };
         if !self.overlap.get() {
-            // Wait in place: a host task.
-            drop(retain);
-            let t0 = Instant::now();
+            // Wait in place: a host task (timed from the start call: the stream's past,
+            // which the host task runs first, is compute, not communication).
+            let mut retain = Some(retain);
             let mut out = Ok(());
+            let mut lost = false;
+            let mut took = 0.0;
             self.run_host_task(stream, name, reads, writes, &mut || {
-                out = start().and_then(|mut work| work.wait());
+                let t0 = Instant::now();
+                out = start().and_then(|mut work| {
+                    work.wait().inspect_err(|_| {
+                        // The transport may still hold the buffers' addresses: never
+                        // free them.
+                        std::mem::forget((work, retain.take()));
+                        lost = true;
+                    })
+                });
+                took = t0.elapsed().as_secs_f64();
             })?;
-            count(t0.elapsed().as_secs_f64());
-            return out;
+            count(took);
+            return match out {
+                Err(e) if lost => Err(self.fail(e)),
+                out => out,
+            };
         }
         self.failed()?;
         // The work reads what its stream's past wrote: run that first.
@@ -731,7 +750,9 @@ impl CpuQueue for SimDevice {
             work: RefCell::new(Some(work)),
             retain: RefCell::new(retain),
             since: Instant::now(),
+            order: self.started.get(),
         });
+        self.started.set(self.started.get() + 1);
         let marker = Rc::clone(&started);
         let op = CpuOp {
             name,
