@@ -252,7 +252,7 @@ fn a_slot_last_used_through_another_device_is_an_error_not_a_race() {
         let staged = StagedComm::new(&comm);
         let (a, b) = (SimDevice::gpu_twin(1), SimDevice::gpu_twin(2));
         staged.buffers().reserve(&a, 16).expect("staging allocated");
-        let mut on = |dev: &SimDevice| -> Result<(), CommError> {
+        let on = |dev: &SimDevice| -> Result<(), CommError> {
             let s = dev.stream("comm").expect("a stream");
             let mut buf = dev.alloc::<f32>(4, "buf").expect("a buffer");
             on_stream::all_reduce(&staged, dev, &s, buf.view_mut(), ReduceOp::Sum)
