@@ -13,11 +13,13 @@
 //! The AVX-512 kernel is the BLIS loop nest (Van Zee & van de Geijn, "BLIS: A Framework for
 //! Rapidly Instantiating BLAS Functionality", TOMS 2015, section 2): N in blocks of [`NC`]
 //! columns, K in blocks of at most [`KC`] (B's block packed once), M in blocks of [`MC`]
-//! rows, and an [`MR`] x [`NR`] = 14 x 32 micro-tile in 28 zmm accumulators: per k, two
-//! 16-lane loads of packed B, 14 broadcasts of A and 28 FMAs, so the two FMA ports, not
-//! loads, bound the loop (its ceiling with everything in L1 was ~235 GFLOP/s here). A whose
-//! rows are contiguous in k (the activations of a forward or backward product) is read in
-//! place, row by row, as oneDNN's kernels do; any other A is packed into MR-row panels.
+//! rows, then each MR-row tile of A against the block's NR-column panels of B (the A
+//! tile stays in L1, B streams from L2), and an [`MR`] x [`NR`] = 14 x 32 micro-tile in
+//! 28 zmm accumulators: per k, two 16-lane loads of packed B, 14 broadcasts of A and 28
+//! FMAs, so the two FMA ports, not loads, bound the loop (its ceiling with everything in
+//! L1 was ~235 GFLOP/s here). A whose rows are contiguous in k (the activations of a
+//! forward or backward product) is read in place, row by row, as oneDNN's kernels do; any
+//! other A is packed into MR-row panels.
 //!
 //! Numerics: C(i, j) is one FMA chain over k in order within each K block, the blocks
 //! added in order (`C = fma(alpha, acc, beta * C)` after the first, `fma(alpha, acc, C)`
@@ -42,11 +44,12 @@ pub const NR: usize = 32;
 /// allows, of equal length ([`k_block`]). Measured on the model's shapes, 256 to 1024 did
 /// alike within the noise of the build machine, with fewer C passes for the longer.
 pub const KC: usize = 768;
-/// Rows per A block (MC x KC, 504 KiB: in L2 next to B's stream, read once per NR
-/// columns).
+/// Rows per A block (MC x KC, 504 KiB: the unit A is packed in; each MR-row tile of it
+/// is read from L2 once, then from L1 for the block's NC columns).
 pub const MC: usize = MR * 12;
-/// Columns per packed-B block (KC x NC, 3 MiB: L2/L3; each micro-panel is reused by the
-/// MC / MR tiles of a row block).
+/// Columns per packed-B block (KC x NC, 3 MiB: L2/L3; streamed once per MR-row tile of A).
+/// NR * 16 was as fast on the small GPT's shapes but up to 10% slower on GPT-2's weight
+/// gradients (likely because A is packed again for each N block).
 pub const NC: usize = NR * 32;
 
 /// The K block length for a product of depth k: the fewest blocks of at most [`KC`], of
@@ -368,10 +371,16 @@ mod avx512 {
                             pa,
                         )
                     };
-                    for jr in (0..nc).step_by(NR) {
-                        let cols = NR.min(nc - jr);
-                        for ir in (0..mc).step_by(MR) {
-                            let rows = MR.min(mc - ir);
+                    // A micro-tile outside, B's micro-panels inside: the tile's MR x kc of A
+                    // (21-43 KiB) stays in L1 over the block's nc / NR panels and only B
+                    // streams from L2 (128 bytes per k, not 184 with A re-read per panel).
+                    // With the B prefetch in `micro_kernel`: 1-9% faster on the small GPT's
+                    // shapes at M = 1024, 15% on 4096x256x1024 (1 thread). Every tile is
+                    // computed as before, so the bits are the same.
+                    for ir in (0..mc).step_by(MR) {
+                        let rows = MR.min(mc - ir);
+                        for jr in (0..nc).step_by(NR) {
+                            let cols = NR.min(nc - jr);
                             let tile = Tile {
                                 rows,
                                 cols,
@@ -385,10 +394,10 @@ mod avx512 {
                             unsafe {
                                 if ir < packed_from {
                                     let rows = a_block.offset(ir as isize * rsa);
-                                    micro_kernel::<true>(kc, rows, rsa, pb, alpha, beta, tile)
+                                    micro_kernel::<true, MR>(kc, rows, rsa, pb, alpha, beta, tile)
                                 } else {
                                     let panel = pa.add((ir - packed_from) * kc);
-                                    micro_kernel::<false>(kc, panel, 1, pb, alpha, beta, tile)
+                                    packed_tile(kc, panel, pb, alpha, beta, tile)
                                 }
                             }
                         }
@@ -580,6 +589,34 @@ mod avx512 {
         csc: isize,
     }
 
+    /// k steps ahead that the micro-kernel prefetches packed B (it streams from L2 now that
+    /// the A tile is the operand kept in L1): 1.5-3% on the small GPT's shapes.
+    const PREFETCH_B: usize = 16;
+    /// k steps per iteration of the packed-A micro-kernel's loop (fewer loop and address
+    /// operations beside the 28 FMAs: ~1.5% on weight gradients); not for direct A, whose
+    /// 14 row addresses then no longer fit in registers (LLVM spilled them: 0.57x).
+    const UNROLL: usize = 4;
+
+    /// A packed micro-tile through the kernel with as many rows as the tile has, so a last
+    /// panel of fewer than MR rows (M = 1024: 2 rows after 73 full tiles) costs its rows'
+    /// FMAs, not a full tile's. Each element of C is the same FMA chain as in a full tile.
+    ///
+    /// # Safety
+    /// As [`micro_kernel`] with `DIRECT` false.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn packed_tile(kc: usize, a: *const f32, b: *const f32, alpha: f32, beta: f32, t: Tile) {
+        macro_rules! rows {
+            ($($r:literal)*) => {
+                match t.rows {
+                    // SAFETY: forwarded contract.
+                    $($r => unsafe { micro_kernel::<false, $r>(kc, a, 1, b, alpha, beta, t) },)*
+                    _ => unsafe { micro_kernel::<false, MR>(kc, a, 1, b, alpha, beta, t) },
+                }
+            };
+        }
+        rows!(1 2 3 4 5 6 7 8 9 10 11 12 13)
+    }
+
     /// One micro-tile: `acc = A_panel B_panel` over kc in 28 zmm, then
     /// `C = fma(alpha, acc, beta * C)` (`alpha * acc` when beta is 0; C not read). A is
     /// MR rows of A itself, `rsa` apart, contiguous in k (`DIRECT`), or a packed panel
@@ -587,9 +624,10 @@ mod avx512 {
     ///
     /// # Safety
     /// `a` holds MR rows of kc floats (`DIRECT`) or kc x MR packed floats, `b` kc x NR
-    /// packed floats; the tile addresses valid C.
+    /// packed floats; the tile addresses valid C and has at most `ROWS` rows (the first
+    /// `ROWS` rows of A are read).
     #[target_feature(enable = "avx512f")]
-    unsafe fn micro_kernel<const DIRECT: bool>(
+    unsafe fn micro_kernel<const DIRECT: bool, const ROWS: usize>(
         kc: usize,
         a: *const f32,
         rsa: isize,
@@ -608,21 +646,40 @@ mod avx512 {
             _mm_prefetch::<_MM_HINT_T0>(row.wrapping_offset((t.cols as isize - 1) * t.csc).cast());
         }
         let mut acc = [_mm512_setzero_ps(); 2 * MR];
-        for p in 0..kc {
-            // SAFETY: k step p of both panels (contract).
-            unsafe {
-                let b0 = _mm512_loadu_ps(b.add(p * NR));
-                let b1 = _mm512_loadu_ps(b.add(p * NR + 16));
-                for i in 0..MR {
-                    let ai = _mm512_set1_ps(if DIRECT {
-                        *a.offset(i as isize * rsa).add(p)
-                    } else {
-                        *a.add(p * MR + i)
-                    });
-                    acc[2 * i] = _mm512_fmadd_ps(ai, b0, acc[2 * i]);
-                    acc[2 * i + 1] = _mm512_fmadd_ps(ai, b1, acc[2 * i + 1]);
+        macro_rules! step {
+            ($p:expr) => {{
+                let p = $p;
+                // A hint: never faults, also past the panel's end.
+                _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add((p + PREFETCH_B) * NR).cast());
+                _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add((p + PREFETCH_B) * NR + 16).cast());
+                // SAFETY: k step p of both panels (contract).
+                unsafe {
+                    let b0 = _mm512_loadu_ps(b.add(p * NR));
+                    let b1 = _mm512_loadu_ps(b.add(p * NR + 16));
+                    for i in 0..ROWS {
+                        let ai = _mm512_set1_ps(if DIRECT {
+                            *a.offset(i as isize * rsa).add(p)
+                        } else {
+                            *a.add(p * MR + i)
+                        });
+                        acc[2 * i] = _mm512_fmadd_ps(ai, b0, acc[2 * i]);
+                        acc[2 * i + 1] = _mm512_fmadd_ps(ai, b1, acc[2 * i + 1]);
+                    }
                 }
+            }};
+        }
+        // Each accumulator still takes k steps 0, 1, 2, ... in order: unrolling changes
+        // no FMA's operands or order.
+        let mut p = 0;
+        while !DIRECT && p + UNROLL <= kc {
+            for u in 0..UNROLL {
+                step!(p + u);
             }
+            p += UNROLL;
+        }
+        while p < kc {
+            step!(p);
+            p += 1;
         }
         let valpha = _mm512_set1_ps(alpha);
         let vbeta = _mm512_set1_ps(beta);
