@@ -266,3 +266,31 @@ fn a_slot_last_used_through_another_device_is_an_error_not_a_race() {
     let e = third.expect_err("another device's slot");
     assert!(e.to_string().contains("another device"), "{e}");
 }
+
+#[test]
+fn a_slot_whose_collective_failed_part_way_is_not_reused_blindly() {
+    let out = run_local(1, Default::default(), |comm| {
+        let staged = StagedComm::new(&comm);
+        let dev = SimDevice::gpu_twin(3);
+        staged
+            .buffers()
+            .reserve(&dev, 16)
+            .expect("staging allocated");
+        let (compute, side) = (dev.stream("compute").unwrap(), dev.stream("comm").unwrap());
+        let mut buf = dev.alloc::<f32>(4, "buf").unwrap();
+        // Compute writes the buffer and comm's collective reads it with no event between:
+        // the staging download is refused (a hazard) after the slot was leased.
+        dev.fill(&compute, buf.view_mut(), 1.0).unwrap();
+        let first = on_stream::all_reduce(&staged, &dev, &side, buf.view_mut(), ReduceOp::Sum);
+        let mut other = dev.alloc::<f32>(4, "other").unwrap();
+        let second = on_stream::all_reduce(&staged, &dev, &side, other.view_mut(), ReduceOp::Sum);
+        // Slot 0 again: its last use never settled.
+        let third = on_stream::all_reduce(&staged, &dev, &side, other.view_mut(), ReduceOp::Sum);
+        (first, second, third)
+    });
+    let (first, _, third) = out.into_iter().next().expect("one rank").expect("rank ran");
+    let e = first.expect_err("the hazard");
+    assert!(e.to_string().contains("hazard"), "{e}");
+    let e = third.expect_err("the unsettled slot");
+    assert!(e.to_string().contains("after an earlier failure"), "{e}");
+}

@@ -252,10 +252,21 @@ impl Staging {
                 dev.sync_event(event).map_err(|e| fail(e.to_string()))?;
             }
             LastUse::Unsettled => {
-                // The use before failed part-way: everything this device queued must
-                // have run (a failure leaks its regions' last handles, never frees them).
+                // The use before failed part-way: everything this device queued must have
+                // run, and a failed collective may have left the transport holding the
+                // regions (its handles to them are leaked, never freed), so the slot
+                // takes fresh ones.
                 dev.synchronize()
                     .map_err(|e| fail(format!("after an earlier failure: {e}")))?;
+                if slot.send.is_some() {
+                    let bytes = self.capacity.get();
+                    let fresh = || -> Result<Option<Rc<StagingMemory>>> {
+                        let memory = dev.alloc_staging(bytes).map_err(|e| fail(e.to_string()))?;
+                        Ok(Some(Rc::new(memory)))
+                    };
+                    slot.send = fresh()?;
+                    slot.recv = fresh()?;
+                }
             }
         }
         slot.last_use = LastUse::Unsettled;
