@@ -172,7 +172,16 @@ pub fn reduce_scatter<C: Communicator, D: Device, T: Element>(
 ) -> Result<()> {
     lower::check_blocks(comm, "reduce_scatter", send.len(), recv.len())?;
     if let Some(st) = comm.staging() {
-        return staged::reduce_scatter(comm, st, dev, stream, send, recv, op);
+        return staged::with_input(
+            comm,
+            st,
+            dev,
+            stream,
+            "reduce_scatter",
+            send,
+            recv,
+            |s, r| lower::reduce_scatter(s, r, T::DTYPE, op),
+        );
     }
     let call = lower::reduce_scatter(
         raw(send.buffer(), send.range()),
@@ -203,7 +212,9 @@ pub fn all_gather<C: Communicator, D: Device, T: Element>(
 ) -> Result<()> {
     lower::check_blocks(comm, "all_gather", recv.len(), send.len())?;
     if let Some(st) = comm.staging() {
-        return staged::all_gather(comm, st, dev, stream, send, recv);
+        return staged::with_input(comm, st, dev, stream, "all_gather", send, recv, |s, r| {
+            lower::all_gather(Some(s), r, T::DTYPE)
+        });
     }
     let call = lower::all_gather(
         Some(raw(send.buffer(), send.range())),
@@ -285,7 +296,9 @@ pub fn all_to_all<C: Communicator, D: Device, T: Element>(
 ) -> Result<()> {
     lower::check_all_to_all(comm, send.len(), recv.len())?;
     if let Some(st) = comm.staging() {
-        return staged::all_to_all(comm, st, dev, stream, send, recv);
+        return staged::with_input(comm, st, dev, stream, "all_to_all", send, recv, |s, r| {
+            lower::all_to_all(s, r, T::DTYPE)
+        });
     }
     let call = lower::all_to_all(
         raw(send.buffer(), send.range()),
@@ -429,74 +442,25 @@ mod staged {
         )
     }
 
-    pub(super) fn reduce_scatter<C: Communicator, D: Device, T: Element>(
+    /// A collective with a separate input: `send` down into the send region, `call(send
+    /// region, receive region)`, the receive region up into `recv`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn with_input<C: Communicator, D: Device, T: Element>(
         comm: &C,
         st: &Staging,
         dev: &D,
         stream: &D::Stream,
+        name: &'static str,
         send: DView<'_, D, T>,
         recv: DViewMut<'_, D, T>,
-        op: ReduceOp,
+        call: impl FnOnce(RawBuf, RawBuf) -> RawCall,
     ) -> Result<()> {
         let n = send.len();
-        let name = "reduce_scatter";
-        staged_call(
-            comm,
-            st,
-            dev,
-            stream,
-            name,
-            Down::Input(send),
-            n,
-            recv,
-            |s, r| lower::reduce_scatter(s.unwrap_or(r), r, T::DTYPE, op),
-        )
-    }
-
-    pub(super) fn all_gather<C: Communicator, D: Device, T: Element>(
-        comm: &C,
-        st: &Staging,
-        dev: &D,
-        stream: &D::Stream,
-        send: DView<'_, D, T>,
-        recv: DViewMut<'_, D, T>,
-    ) -> Result<()> {
-        let n = send.len();
-        let name = "all_gather";
-        staged_call(
-            comm,
-            st,
-            dev,
-            stream,
-            name,
-            Down::Input(send),
-            n,
-            recv,
-            |s, r| lower::all_gather(s, r, T::DTYPE),
-        )
-    }
-
-    pub(super) fn all_to_all<C: Communicator, D: Device, T: Element>(
-        comm: &C,
-        st: &Staging,
-        dev: &D,
-        stream: &D::Stream,
-        send: DView<'_, D, T>,
-        recv: DViewMut<'_, D, T>,
-    ) -> Result<()> {
-        let n = send.len();
-        let name = "all_to_all";
-        staged_call(
-            comm,
-            st,
-            dev,
-            stream,
-            name,
-            Down::Input(send),
-            n,
-            recv,
-            |s, r| lower::all_to_all(s.unwrap_or(r), r, T::DTYPE),
-        )
+        let down = Down::Input(send);
+        // An empty input has no send region: the (empty) receive region stands in.
+        staged_call(comm, st, dev, stream, name, down, n, recv, |s, r| {
+            call(s.unwrap_or(r), r)
+        })
     }
 
     /// Only this rank's block goes down; the whole gathered buffer comes back up.
