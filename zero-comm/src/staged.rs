@@ -123,10 +123,6 @@ pub struct StagingStats {
 pub struct Staging {
     slots: [RefCell<Slot>; 2],
     next: Cell<usize>,
-    /// Bytes each region holds.
-    capacity: Cell<usize>,
-    /// Whether the regions are page-locked (the device's [`StagingMemory::pinned`]).
-    pinned: Cell<bool>,
     to_host: Cell<u64>,
     to_device: Cell<u64>,
     calls: Cell<u64>,
@@ -143,15 +139,13 @@ impl Staging {
     /// several stages in one process keep the largest. Regions replaced here stay
     /// allocated while queued work still uses them.
     pub fn reserve<D: Device>(&self, dev: &D, bytes: usize) -> zero_kernels::Result<()> {
-        if bytes <= self.capacity.get() {
+        if bytes <= self.capacity() {
             return Ok(());
         }
         let mut fresh = Vec::with_capacity(2 * self.slots.len());
         for _ in 0..2 * self.slots.len() {
             fresh.push(Rc::new(dev.alloc_staging(bytes)?));
         }
-        let capacity = fresh.iter().map(|m| m.bytes()).min().unwrap_or(0);
-        self.pinned.set(fresh.iter().all(|m| m.pinned()));
         let mut fresh = fresh.into_iter();
         for slot in &self.slots {
             let mut s = slot.borrow_mut();
@@ -159,24 +153,36 @@ impl Staging {
             s.recv = fresh.next();
             s.last_use = LastUse::None;
         }
-        self.capacity.set(capacity);
         Ok(())
     }
 
-    /// Bytes each region holds.
+    /// Every region, or `None` before [`Staging::reserve`].
+    fn regions(&self) -> Option<Vec<Rc<StagingMemory>>> {
+        let mut all = Vec::with_capacity(2 * self.slots.len());
+        for slot in &self.slots {
+            let s = slot.borrow();
+            all.push(Rc::clone(s.send.as_ref()?));
+            all.push(Rc::clone(s.recv.as_ref()?));
+        }
+        Some(all)
+    }
+
+    /// Bytes each region holds (the smallest; 0 before [`Staging::reserve`]).
     pub fn capacity(&self) -> usize {
-        self.capacity.get()
+        let regions = self.regions().unwrap_or_default();
+        regions.iter().map(|m| m.bytes()).min().unwrap_or(0)
     }
 
     /// Whether the regions are page-locked (a GPU's staging; false on the CPU devices,
     /// and before [`Staging::reserve`]).
     pub fn pinned(&self) -> bool {
-        self.pinned.get()
+        self.regions()
+            .is_some_and(|all| all.iter().all(|m| m.pinned()))
     }
 
     /// Host bytes the staging holds: 2 slots x (send + receive).
     pub fn held_bytes(&self) -> u64 {
-        4 * self.capacity.get() as u64
+        4 * self.capacity() as u64
     }
 
     /// What [`Staging::held_bytes`] is after [`Staging::reserve`]`(bytes)` on a fresh
@@ -222,7 +228,7 @@ impl Staging {
         op: &'static str,
         need: usize,
     ) -> Result<Lease> {
-        let have = self.capacity.get();
+        let have = self.capacity();
         if need > have {
             return Err(CommError::Staging {
                 rank,
@@ -258,8 +264,7 @@ impl Staging {
                 // takes fresh ones.
                 dev.synchronize()
                     .map_err(|e| fail(format!("after an earlier failure: {e}")))?;
-                if slot.send.is_some() {
-                    let bytes = self.capacity.get();
+                if let Some(bytes) = slot.send.as_ref().map(|m| m.bytes()) {
                     let fresh = || -> Result<Option<Rc<StagingMemory>>> {
                         let memory = dev.alloc_staging(bytes).map_err(|e| fail(e.to_string()))?;
                         Ok(Some(Rc::new(memory)))

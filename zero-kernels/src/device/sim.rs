@@ -274,9 +274,10 @@ impl SimDevice {
         if self.in_flight.borrow().is_empty() {
             return Ok(());
         }
-        let list: Vec<Rc<Started>> = self.in_flight.borrow().clone();
         let mut failed = None;
-        for w in &list {
+        // A poll reaches only the transport (`MPI_Test`), never this device, so the list
+        // stays borrowed.
+        for w in self.in_flight.borrow().iter() {
             if let Err(e) = w.finish(false, &self.overlap_stats) {
                 failed.get_or_insert(e);
             }
@@ -344,22 +345,17 @@ impl SimDevice {
                     }
                     if !front.after.iter().all(|&(j, k)| st.streams[j].done >= k) {
                         blocked = true;
-                    } else if front.started.as_ref().is_some_and(|w| !w.finished()) {
-                        parked.push((i, front.started.clone()));
                     } else {
-                        ready.push(i);
-                    }
-                }
-                // Started work that has finished meanwhile lets its stream go on.
-                let mut polled = Vec::new();
-                for (i, work) in parked {
-                    if let Some(work) = work {
-                        polled.push((i, work));
+                        match &front.started {
+                            Some(work) if !work.finished() => parked.push((i, Rc::clone(work))),
+                            _ => ready.push(i),
+                        }
                     }
                 }
                 drop(st);
+                // Started work that has finished meanwhile lets its stream go on.
                 let mut waiting = Vec::new();
-                for (i, work) in polled {
+                for (i, work) in parked {
                     if work
                         .finish(false, &self.overlap_stats)
                         .map_err(|e| self.fail(e))?
