@@ -1,5 +1,5 @@
 //! Every collective and dtype against serial answers, accounting, half sums, overlap,
-//! node-local communicator and splits: real mpirun at 1, 2, 3 and 4 ranks.
+//! node-local communicator and splits: real mpirun at 1, 2, 3, 4 and 5 ranks.
 
 use std::time::Duration;
 use zero_tests::MpiJob;
@@ -30,6 +30,20 @@ fn collectives_3_ranks() {
 #[test]
 fn collectives_4_ranks() {
     run(4);
+}
+
+/// Five ranks: the first size where a ring reduce-scatter (`zero-comm/src/mpi/ring.rs`)
+/// receives into a partial block it sent two steps before.
+#[test]
+fn collectives_5_ranks() {
+    run(5);
+}
+
+/// Non-blocking reduce-scatters through MPI's own `MPI_Ireduce_scatter_block` rather than
+/// the ring: the same answers.
+#[test]
+fn collectives_3_ranks_without_the_ring() {
+    job(3).env("ZERO_COMM_RING", "0").run().assert_all_ok();
 }
 
 /// The consistency check and the watchdog on a correct program: no false alarms, same

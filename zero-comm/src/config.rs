@@ -1,6 +1,8 @@
 //! Run-time options of the communicator: watchdog timeout, consistency check, how half
-//! sums are computed. Set in code or from the environment (`ZERO_COMM_TIMEOUT` seconds,
-//! `ZERO_COMM_CHECK=1`, `ZERO_COMM_HALF_SUM=op|upcast`), the code's value winning.
+//! sums are computed, the progress thread, the ring reduce-scatter. Set in code or from
+//! the environment (`ZERO_COMM_TIMEOUT` seconds, `ZERO_COMM_CHECK=1`,
+//! `ZERO_COMM_HALF_SUM=op|upcast`, `ZERO_COMM_PROGRESS_US`, `ZERO_COMM_RING=0|1`), the
+//! code's value winning. Every rank must be given the same values.
 
 use crate::error::{CommError, Result};
 use std::time::Duration;
@@ -46,6 +48,10 @@ pub struct CommConfig {
     /// so that Open MPI moves them forward while the rank computes
     /// (`mpi/progress.rs`); `None`: no such thread (they move only when tested).
     pub progress_poll: Option<Duration>,
+    /// Run non-blocking reduce-scatters through MPI's own `MPI_Ireduce_scatter_block`
+    /// rather than the ring of `mpi/ring.rs` (Open MPI's sums every element on rank 0;
+    /// `ZERO_COMM_RING=0`).
+    pub mpi_reduce_scatter: bool,
 }
 
 /// The progress thread's default interval (`ZERO_COMM_PROGRESS_US`).
@@ -55,7 +61,8 @@ impl CommConfig {
     /// Options from the environment: `ZERO_COMM_TIMEOUT` (seconds, > 0),
     /// `ZERO_COMM_CHECK` (`1`/`0`), `ZERO_COMM_HALF_SUM` (`op`/`upcast`),
     /// `ZERO_COMM_PROGRESS_US` (the progress thread's interval in microseconds, default
-    /// 50; `0` runs without the thread).
+    /// 50; `0` runs without the thread), `ZERO_COMM_RING` (`1`/`0`: non-blocking
+    /// reduce-scatters as a ring of messages, the default, or MPI's own).
     pub fn from_env() -> Result<Self> {
         let mut c = CommConfig {
             progress_poll: Some(DEFAULT_PROGRESS_POLL),
@@ -89,6 +96,17 @@ impl CommConfig {
                 _ => {
                     return Err(CommError::Init(format!(
                         "ZERO_COMM_CHECK='{v}' must be 1 or 0"
+                    )))
+                }
+            };
+        }
+        if let Ok(v) = std::env::var("ZERO_COMM_RING") {
+            c.mpi_reduce_scatter = match v.trim() {
+                "1" | "true" | "yes" | "" => false,
+                "0" | "false" | "no" => true,
+                _ => {
+                    return Err(CommError::Init(format!(
+                        "ZERO_COMM_RING='{v}' must be 1 (reduce-scatters as a ring, the default) or 0 (MPI's own)"
                     )))
                 }
             };

@@ -184,7 +184,7 @@ fn cases_for<T: TestElem, C: Communicator>(
             ));
         }
     }
-    // Non-blocking: four collectives outstanding at once, waited in reverse order.
+    // Non-blocking: seven collectives outstanding at once, waited in reverse order.
     let n = 2 * n_ranks + 3;
     let mut ar = input::<T>(me, n, 0);
     let rs_send = input::<T>(me, 3 * n_ranks, 0);
@@ -193,6 +193,13 @@ fn cases_for<T: TestElem, C: Communicator>(
     let mut ag = vec![T::default(); 4 * n_ranks];
     let a2a_send = input::<T>(me, 2 * n_ranks, 0);
     let mut a2a = vec![T::default(); 2 * n_ranks];
+    // Two sums in flight together (the MPI backend runs them as rings of messages, which
+    // must not take each other's).
+    let sums_send = [
+        input::<T>(me, 5 * n_ranks, 0),
+        input::<T>(me, 129 * n_ranks, 1),
+    ];
+    let mut sums = [vec![T::default(); 5], vec![T::default(); 129]];
     let mut bc = if me == 0 {
         input::<T>(0, n, 5)
     } else {
@@ -201,6 +208,9 @@ fn cases_for<T: TestElem, C: Communicator>(
     c.scope(|s| -> Result<()> {
         let h_ar = s.all_reduce(&mut ar[..], ReduceOp::Sum)?;
         let h_rs = s.reduce_scatter(&rs_send[..], &mut rs[..], ReduceOp::Max)?;
+        let [sum_a, sum_b] = &mut sums;
+        let h_sum_a = s.reduce_scatter(&sums_send[0][..], &mut sum_a[..], ReduceOp::Sum)?;
+        let h_sum_b = s.reduce_scatter(&sums_send[1][..], &mut sum_b[..], ReduceOp::Sum)?;
         let h_ag = s.all_gather(&ag_send[..], &mut ag[..])?;
         let h_bc = s.broadcast(&mut bc[..], 0)?;
         let h_a2a = s.all_to_all(&a2a_send[..], &mut a2a[..])?;
@@ -210,10 +220,22 @@ fn cases_for<T: TestElem, C: Communicator>(
         h_a2a.wait()?;
         h_bc.wait()?;
         h_ag.wait()?;
+        h_sum_b.wait()?;
+        h_sum_a.wait()?;
         h_rs.wait()?;
         h_ar.wait()?;
         Ok(())
     })?;
+    for (sum, (block, offset)) in sums.iter().zip([(5, 0), (129, 1)]) {
+        let want: Vec<T> = (0..block)
+            .map(|i| T::from_small(reduce(ReduceOp::Sum, n_ranks, offset + me * block + i)))
+            .collect();
+        out.push(compare(
+            format!("nonblocking reduce_scatter(sum) {d} block={block}, two in flight{tag}"),
+            sum,
+            &want,
+        ));
+    }
     let want_ar: Vec<T> = (0..n)
         .map(|i| T::from_small(reduce(ReduceOp::Sum, n_ranks, i)))
         .collect();

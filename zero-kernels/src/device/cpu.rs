@@ -1009,7 +1009,7 @@ impl<Q: CpuQueue> Device for Q {
         shape: AttnShape,
     ) -> Result<()> {
         check::attention_forward(y.len(), p.len(), qkv.len(), &shape)?;
-        let gemm = self.gemm().clone();
+        let gemm = self.gemm().with_bf16_operands(self.bf16_products());
         let exec = *self.exec();
         let mut op = OpBuilder::new("attention_forward");
         let (qkv, y, p) = (op.r(&qkv), op.w(&y), op.w(&p));
@@ -1056,7 +1056,7 @@ impl<Q: CpuQueue> Device for Q {
             qkv.len(),
             &shape,
         )?;
-        let gemm = self.gemm().clone();
+        let gemm = self.gemm().with_bf16_operands(self.bf16_products());
         let exec = *self.exec();
         let mut op = OpBuilder::new(name);
         let (dy, p, qkv) = (op.r(&dy), op.r(&p), op.r(&qkv));

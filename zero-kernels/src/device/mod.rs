@@ -225,7 +225,8 @@ pub trait Device {
     /// From now on, matrix products of f32 buffers round their operands to bf16 and sum
     /// in f32 (`on`), or take f32 operands exactly (`!on`): what bf16 training computes
     /// with (tensor cores on a GPU, AVX-512 BF16 on a CPU; the engine sets it from its
-    /// precision). Only [`Device::matmul`] changes; f64 products stay exact. Returns
+    /// precision). [`Device::matmul`] changes, and on the host also the products inside
+    /// attention (a GPU's attention kernels stay f32); f64 products stay exact. Returns
     /// false where the device has no such mode (its products stay f32).
     fn set_bf16_products(&self, on: bool) -> bool {
         let _ = on;

@@ -75,7 +75,7 @@ pub(crate) fn attention_forward_at<F: Scalar>(
         .zip(p[..b * h * t * t].chunks_mut(per * h * t * t))
         .zip(qkv[..b * t * 3 * c].chunks(per * t * 3 * c))
         .collect();
-    let one = Gemm::new(1);
+    let one = g.on_one_thread();
     g.workers().run(jobs, |((y, p), qkv)| {
         let b = qkv.len() / (t * 3 * c);
         run_auto(
@@ -177,7 +177,7 @@ pub(crate) fn attention_backward_at<F: Scalar>(
         .zip(p[..b * h * t * t].chunks(per * h * t * t))
         .zip(qkv[..b * t * 3 * c].chunks(per * t * 3 * c))
         .collect();
-    let one = Gemm::new(1);
+    let one = g.on_one_thread();
     g.workers().run(jobs, |((((dqkv, dp), dy), p), qkv)| {
         let b = qkv.len() / (t * 3 * c);
         let s = AttnShape { b, ..s };
@@ -366,6 +366,45 @@ mod tests {
                 dqkv[i]
             );
         }
+    }
+
+    /// bf16 operands hold on every thread count: sequences split over threads compute
+    /// what one thread does (bit for bit), and not what exact f32 operands give.
+    #[test]
+    fn bf16_operands_give_the_same_bits_on_any_thread_count() {
+        let s = AttnShape {
+            b: 3,
+            t: 70,
+            c: 32,
+            h: 2,
+        };
+        let qkv: Vec<f32> = vals(s.b * s.t * 3 * s.c, 4)
+            .iter()
+            .map(|&x| x as f32)
+            .collect();
+        let dy: Vec<f32> = vals(s.b * s.t * s.c, 5).iter().map(|&x| x as f32).collect();
+        let run = |g: &Gemm| {
+            let mut y = vec![0f32; s.b * s.t * s.c];
+            let mut p = vec![0f32; s.b * s.h * s.t * s.t];
+            attention_forward(g, &mut y, &mut p, &qkv, s);
+            let mut dqkv = vec![0f32; qkv.len()];
+            let mut dp = vec![0f32; g.threads() * s.t * s.t];
+            attention_backward(g, &mut dqkv, &mut dp, &dy, &p, &qkv, s);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            (bits(&y), bits(&dqkv))
+        };
+        let one = run(&Gemm::new(1).with_bf16_operands(true));
+        assert_eq!(run(&Gemm::new(2).with_bf16_operands(true)), one);
+        assert_eq!(run(&Gemm::new(3).with_bf16_operands(true)), one);
+        let exact = run(&Gemm::new(2));
+        assert_ne!(
+            exact.0, one.0,
+            "bf16 operands changed nothing in the forward"
+        );
+        assert_ne!(
+            exact.1, one.1,
+            "bf16 operands changed nothing in the backward"
+        );
     }
 
     #[test]

@@ -124,6 +124,15 @@ impl Gemm {
         }
     }
 
+    /// The same operands (bf16 or exact) on the calling thread alone: for work the caller
+    /// has already split over threads, which must compute what one thread would.
+    pub fn on_one_thread(&self) -> Self {
+        Gemm {
+            workers: Workers::new(1),
+            bf16: self.bf16,
+        }
+    }
+
     /// Whether f32 operands are rounded to bf16.
     pub fn bf16_operands(&self) -> bool {
         self.bf16.is_some()

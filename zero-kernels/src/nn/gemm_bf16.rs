@@ -24,9 +24,10 @@
 //!   the same as the other kernels' (a B tile is 16 rows of a panel, 4 * NR bytes apart);
 //!   A is packed row-major (each row's pairs contiguous, as a tile row needs) and both
 //!   are padded with zero pairs to a multiple of 16 pairs. Packing for AMX is AVX-512
-//!   (rounding 16 values at once, 16 x 16 transposes for A = X^T and B = W^T). Reached
+//!   (`vcvtne2ps2bf16` rounding 32 values at once and flushing subnormals, as the tiles
+//!   do; 16 x 16 transposes for A = X^T and B = W^T). Reached
 //!   through `asm!` (the AMX intrinsics are not stable Rust); needs CPUID leaf 7 EDX bits
-//!   22 (AMX-BF16) and 24 (AMX-TILE), AVX-512F and BW, and Linux's permission for the
+//!   22 (AMX-BF16) and 24 (AMX-TILE), AVX-512F, BW and BF16, and Linux's permission for the
 //!   tile data (`arch_prctl`, requested once per process). The tile configuration is per thread: each call loads it and
 //!   releases the tiles when done, so every thread that runs a band of rows
 //!   (`Gemm::run`) configures its own.
@@ -249,9 +250,11 @@ mod amx {
             if edx & (1 << 22) == 0 || edx & (1 << 24) == 0 {
                 return false;
             }
-            // The packing around the tiles is AVX-512 (every AMX CPU has it).
+            // The packing around the tiles is AVX-512 with BF16's conversions (every AMX
+            // CPU has them).
             if !std::arch::is_x86_feature_detected!("avx512f")
                 || !std::arch::is_x86_feature_detected!("avx512bw")
+                || !std::arch::is_x86_feature_detected!("avx512bf16")
             {
                 return false;
             }
@@ -445,58 +448,87 @@ fn pair(lo: f32, hi: f32) -> u32 {
     to_bf16(lo) | (to_bf16(hi) << 16)
 }
 
-/// The AMX path's packing in AVX-512 (every CPU with AMX has AVX-512F and BW): rounding
-/// 16 f32 at once (the lane-wise [`to_bf16`]), pairing, and the 16 x 16 transposes that
-/// turn columns of a transposed operand into the rows a tile needs.
+/// [`to_bf16`] after flushing a subnormal `x` to zero (keeping its sign): the rounding of
+/// AVX-512 BF16's `vcvtne2ps2bf16`, which the AMX packing uses, for its scalar edges.
+#[inline(always)]
+fn amx_bf16(x: f32) -> u32 {
+    to_bf16(if x.is_subnormal() {
+        0.0f32.copysign(x)
+    } else {
+        x
+    })
+}
+
+/// [`pair`] with [`amx_bf16`]'s rounding.
+#[inline(always)]
+fn amx_pair(lo: f32, hi: f32) -> u32 {
+    amx_bf16(lo) | (amx_bf16(hi) << 16)
+}
+
+/// The AMX path's packing in AVX-512 (every CPU with AMX has AVX-512F, BW and BF16):
+/// rounding 32 f32 at once (`vcvtne2ps2bf16`, [`amx_bf16`]'s rounding), pairing, and the
+/// 16 x 16 transposes that turn columns of a transposed operand into the rows a tile
+/// needs.
 #[cfg(target_arch = "x86_64")]
 mod pack512 {
     use std::arch::x86_64::*;
 
-    /// [`super::to_bf16`] on 16 lanes: each u32 lane holds the bf16 bits in its low half.
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn round(v: __m512) -> __m512i {
-        let bits = _mm512_castps_si512(v);
-        let high = _mm512_srli_epi32::<16>(bits);
-        let bias = _mm512_add_epi32(
-            _mm512_and_si512(high, _mm512_set1_epi32(1)),
-            _mm512_set1_epi32(0x7FFF),
-        );
-        let rounded = _mm512_srli_epi32::<16>(_mm512_add_epi32(bits, bias));
-        let quiet_nan = _mm512_or_si512(high, _mm512_set1_epi32(0x40));
-        let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v);
-        _mm512_mask_blend_epi32(nan, rounded, quiet_nan)
+    /// `vcvtne2ps2bf16` on `low` and `high` (`__m512`): u16 lanes 0..16 the bf16 of `low`,
+    /// 16..32 those of `high`, rounded to nearest even like [`super::to_bf16`], except
+    /// that subnormal inputs become zero (the instruction's fixed DAZ/FTZ; SDM,
+    /// VCVTNE2PS2BF16) — as `tdpbf16ps` itself treats subnormal operands, so only AMX's
+    /// packing uses it. One instruction for 32 values where the integer rounding took
+    /// eight per 16, which made the packing of A as costly as half the tile arithmetic on
+    /// the classifier's products. A macro around `asm!`, so that the instruction sits in
+    /// the packing loops themselves: the intrinsic was left out of line there, a call per
+    /// 32 values (a helper function either has the target features and cannot be
+    /// `inline(always)`, or lacks them and keeps the intrinsic out of line).
+    macro_rules! round_two {
+        ($low:expr, $high:expr) => {{
+            let (low, high): (std::arch::x86_64::__m512, std::arch::x86_64::__m512) = ($low, $high);
+            let halves: std::arch::x86_64::__m512i;
+            // Intel order: the destination's low half from the last source.
+            std::arch::asm!(
+                "vcvtne2ps2bf16 {halves}, {high}, {low}",
+                halves = lateout(zmm_reg) halves,
+                high = in(zmm_reg) high,
+                low = in(zmm_reg) low,
+                options(pure, nomem, nostack, preserves_flags),
+            );
+            halves
+        }};
     }
 
-    /// Lane i: the pair of `lo[i]` (low half) and `hi[i]` (high half).
-    ///
-    /// # Safety
-    /// AVX-512F; `lo` and `hi` address 16 readable f32 each.
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn pair_lanes(lo: *const f32, hi: *const f32) -> __m512i {
-        let (l, h) = (round(_mm512_loadu_ps(lo)), round(_mm512_loadu_ps(hi)));
-        _mm512_or_si512(l, _mm512_slli_epi32::<16>(h))
+    /// Lane i: the pair of `lo[i]` (low half) and `hi[i]` (high half), for `lo` and `hi`
+    /// addressing 16 readable f32 each.
+    macro_rules! pair_lanes {
+        ($lo:expr, $hi:expr) => {{
+            let halves = $crate::nn::gemm_bf16::pack512::round_two!(
+                std::arch::x86_64::_mm512_loadu_ps($lo),
+                std::arch::x86_64::_mm512_loadu_ps($hi)
+            );
+            // u16 lane 2i takes lo[i] (lane i), lane 2i + 1 takes hi[i] (lane 16 + i).
+            let interleave = std::arch::x86_64::_mm512_set_epi16(
+                31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5,
+                20, 4, 19, 3, 18, 2, 17, 1, 16, 0,
+            );
+            std::arch::x86_64::_mm512_permutexvar_epi16(interleave, halves)
+        }};
     }
 
-    /// Lane p: the pair of `run[2p]` and `run[2p + 1]`.
-    ///
-    /// # Safety
-    /// AVX-512F and BW; `run` addresses 32 readable f32.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw")]
-    pub(super) unsafe fn pairs_of_run(run: *const f32) -> __m512i {
-        let (r0, r1) = (
-            round(_mm512_loadu_ps(run)),
-            round(_mm512_loadu_ps(run.add(16))),
-        );
-        // The bf16 of run[t] is u16 lane 2t of (r0, r1): gather the even u16 lanes.
-        let even = _mm512_set_epi16(
-            62, 60, 58, 56, 54, 52, 50, 48, 46, 44, 42, 40, 38, 36, 34, 32, 30, 28, 26, 24, 22, 20,
-            18, 16, 14, 12, 10, 8, 6, 4, 2, 0,
-        );
-        _mm512_permutex2var_epi16(r0, even, r1)
+    /// Lane p: the pair of `run[2p]` and `run[2p + 1]` (u16 lane t holds `run[t]`), for a
+    /// `run` addressing 32 readable f32.
+    macro_rules! pairs_of_run {
+        ($run:expr) => {{
+            let run: *const f32 = $run;
+            $crate::nn::gemm_bf16::pack512::round_two!(
+                std::arch::x86_64::_mm512_loadu_ps(run),
+                std::arch::x86_64::_mm512_loadu_ps(run.add(16))
+            )
+        }};
     }
+
+    pub(super) use {pair_lanes, pairs_of_run, round_two};
 
     /// Transpose 16 x 16 u32 in place: `rows[i]` lane j becomes `rows[j]` lane i
     /// (interleave 32-bit, then 64-bit lanes, then 128-bit quarters twice).
@@ -690,13 +722,13 @@ unsafe fn pack_a(
 /// AMX's A tiles: `out[r * a_row_stride(pairs) + p]`, `pairs = padded_pairs(kc,
 /// AMX_PAIRS)`. Missing rows, the odd k past `kc` and the padding pairs are zero. The two layouts the model
 /// passes take AVX-512 over whole blocks of 16 pairs (16 rows x 16 pairs for A = X^T);
-/// the rest, and other strides, convert one pair at a time (same values).
+/// the rest, and other strides, convert one pair at a time (same values, [`amx_bf16`]).
 ///
 /// # Safety
 /// `a` with strides `rsa`, `csa` addresses a valid matrix holding those rows and columns;
-/// AVX-512F and BW (every AMX CPU has them).
+/// AVX-512F, BW and BF16 (every AMX CPU has them).
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw")]
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn pack_a_amx(
     out: &mut [u32],
@@ -726,7 +758,7 @@ unsafe fn pack_a_amx(
             for p0 in (0..vec_pairs).step_by(AMX_PAIRS) {
                 pack512::store(
                     out.as_mut_ptr().add(r * lda + p0),
-                    pack512::pairs_of_run(row.add(2 * p0)),
+                    pack512::pairs_of_run!(row.add(2 * p0)),
                 );
             }
         }
@@ -740,7 +772,7 @@ unsafe fn pack_a_amx(
                 let mut v = [std::arch::x86_64::_mm512_setzero_si512(); 16];
                 for (q, vq) in v.iter_mut().enumerate() {
                     let lo = a.add(i0 + r0).offset((kb + 2 * (p0 + q)) as isize * csa);
-                    *vq = pack512::pair_lanes(lo, lo.offset(csa));
+                    *vq = pack512::pair_lanes!(lo, lo.offset(csa));
                 }
                 pack512::transpose(&mut v);
                 for (r, vr) in v.iter().enumerate() {
@@ -753,10 +785,10 @@ unsafe fn pack_a_amx(
     for r in 0..mr {
         let first = if r < rows_done { done } else { 0 };
         for p in first..full {
-            out[r * lda + p] = pair(at(i0 + r, kb + 2 * p), at(i0 + r, kb + 2 * p + 1));
+            out[r * lda + p] = amx_pair(at(i0 + r, kb + 2 * p), at(i0 + r, kb + 2 * p + 1));
         }
         if kc % 2 == 1 {
-            out[r * lda + full] = to_bf16(at(i0 + r, kb + 2 * full));
+            out[r * lda + full] = amx_bf16(at(i0 + r, kb + 2 * full));
         }
     }
 }
@@ -767,9 +799,9 @@ unsafe fn pack_a_amx(
 /// (B row-major, B = W^T).
 ///
 /// # Safety
-/// As [`pack_b`]; AVX-512F and BW.
+/// As [`pack_b`]; AVX-512F, BW and BF16.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw")]
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 unsafe fn pack_b_amx(
     out: &mut [u32],
     b: *const f32,
@@ -800,7 +832,7 @@ unsafe fn pack_b_amx(
         for p in 0..full {
             let lo = b.offset((kb + 2 * p) as isize * rsb);
             for j0 in (0..vec_cols).step_by(16) {
-                let v = pack512::pair_lanes(lo.add(j0), lo.add(j0).offset(rsb));
+                let v = pack512::pair_lanes!(lo.add(j0), lo.add(j0).offset(rsb));
                 pack512::store(dst.add(slot(p, j0)), v);
             }
         }
@@ -811,7 +843,8 @@ unsafe fn pack_b_amx(
             for p0 in (0..vec_pairs).step_by(AMX_PAIRS) {
                 let mut v = [std::arch::x86_64::_mm512_setzero_si512(); 16];
                 for (j, vj) in v.iter_mut().enumerate() {
-                    *vj = pack512::pairs_of_run(b.offset((j0 + j) as isize * csb).add(kb + 2 * p0));
+                    *vj =
+                        pack512::pairs_of_run!(b.offset((j0 + j) as isize * csb).add(kb + 2 * p0));
                 }
                 pack512::transpose(&mut v);
                 for (p, vp) in v.iter().enumerate() {
@@ -825,10 +858,10 @@ unsafe fn pack_b_amx(
     for j in 0..n {
         let first = if j < vec_cols { vec_done } else { 0 };
         for p in first..full {
-            out[slot(p, j)] = pair(at(kb + 2 * p, j), at(kb + 2 * p + 1, j));
+            out[slot(p, j)] = amx_pair(at(kb + 2 * p, j), at(kb + 2 * p + 1, j));
         }
         if kc % 2 == 1 {
-            out[slot(full, j)] = to_bf16(at(kb + 2 * full, j));
+            out[slot(full, j)] = amx_bf16(at(kb + 2 * full, j));
         }
     }
 }
@@ -1738,6 +1771,95 @@ mod tests {
                 assert!(got.is_nan(), "{x:e}");
             } else {
                 assert_eq!(got.to_bits(), want.to_bits(), "{x:e}");
+            }
+        }
+    }
+
+    /// AMX's packing rounds alike on its vector paths (`vcvtne2ps2bf16`) and its scalar
+    /// edges ([`amx_bf16`]): ties to even, subnormals flushed (the largest one would round
+    /// up to the smallest normal without the flush), NaN quieted, infinities kept.
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    #[test]
+    fn amx_packing_rounds_alike_on_every_path() {
+        if !Bf16Kernel::Amx.is_available() {
+            eprintln!("skipped: this CPU has no AMX");
+            return;
+        }
+        let specials = [
+            1.0f32 + f32::EPSILON * 64.0, // a tie: stays 1.0 (even)
+            1.0 + f32::EPSILON * 192.0,   // a tie: rounds up to the even neighbour
+            f32::from_bits(0x007F_FFFF),  // the largest subnormal
+            -f32::from_bits(1),
+            f32::MIN_POSITIVE,
+            f32::from_bits(0x7F80_0001), // a signalling NaN
+            f32::NEG_INFINITY,
+            f32::MAX,
+            -0.0,
+        ];
+        let mut bits = 0x9E37_79B9u32;
+        // Whole blocks, then vector blocks and scalar edges in one call (an odd k: pairs
+        // past the last 16 and the odd k alone; 29 rows: 13 transposed rows one by one).
+        for (rows, k) in [(32, 64), (29, 69)] {
+            let x: Vec<f32> = (0..rows * k)
+                .map(|i| {
+                    bits = bits.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                    match i % 3 {
+                        0 => specials[(i / 3) % specials.len()],
+                        _ => f32::from_bits(bits),
+                    }
+                })
+                .collect();
+            // x as rows x k row-major, transposed, and at stride 2 (the scalar path).
+            let x_t: Vec<f32> = (0..k * rows)
+                .map(|i| x[(i % rows) * k + i / rows])
+                .collect();
+            let x2: Vec<f32> = x.iter().flat_map(|&v| [v, 0.0]).collect();
+            let pairs = padded_pairs(k, AMX_PAIRS);
+            // Row r's pair p (the odd k alone in the low half).
+            let want = |r: usize, p: usize| match 2 * p + 1 < k {
+                true => amx_pair(x[r * k + 2 * p], x[r * k + 2 * p + 1]),
+                false => amx_bf16(x[r * k + 2 * p]),
+            };
+            // A: out[r * a_row_stride + p] holds row r's pair p.
+            let stride = a_row_stride(pairs);
+            for (src, rs, cs) in [
+                (&x, k as isize, 1isize),
+                (&x_t, 1, rows as isize),
+                (&x2, 2 * k as isize, 2),
+            ] {
+                let mut out = vec![0u32; AMX_MR * stride];
+                // SAFETY: the strides address `rows x k` values of `src`; AMX CPUs have
+                // AVX-512F, BW and BF16 (checked by `is_available`).
+                unsafe { pack_a_amx(&mut out, src.as_ptr(), rs, cs, 0, rows, 0, k) };
+                for r in 0..rows {
+                    for p in 0..k.div_ceil(2) {
+                        assert_eq!(
+                            out[r * stride + p],
+                            want(r, p),
+                            "{rows} x {k}, A strides {rs} {cs}: row {r} pair {p}"
+                        );
+                    }
+                }
+            }
+            // B = x^T (k x rows): column j's pair p is x's row j, pair p; in the packed
+            // panel at (p, j).
+            for (src, rs, cs) in [
+                (&x_t, rows as isize, 1isize),
+                (&x, 1, k as isize),
+                (&x2, 2, 2 * k as isize),
+            ] {
+                let mut out = vec![0u32; rows.div_ceil(NR) * pairs * NR];
+                // SAFETY: as above, `k x rows` values of `src`.
+                unsafe { pack_b_amx(&mut out, src.as_ptr(), rs, cs, 0, k, rows) };
+                for j in 0..rows {
+                    for p in 0..k.div_ceil(2) {
+                        assert_eq!(
+                            out[(j / NR * pairs + p) * NR + j % NR],
+                            want(j, p),
+                            "{rows} x {k}, B strides {rs} {cs}: column {j} pair {p}"
+                        );
+                    }
+                }
             }
         }
     }

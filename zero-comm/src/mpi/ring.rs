@@ -1,0 +1,275 @@
+//! Non-blocking reduce-scatter of host sums as a ring of point-to-point messages.
+//!
+//! Open MPI 4.1's `MPI_Ireduce_scatter_block` (libnbc) reduces the whole buffer to rank 0
+//! along a binomial tree and then scatters it: rank 0 adds every element (log2 N times
+//! the buffer) while the others wait for it. On 2 ranks of a stage-3 step at V=50257 in
+//! bf16 that put all of the gradient sums (6% of the step) on rank 0 and none on rank 1.
+//! A ring spreads them (Patarasuk and Yuan, "Bandwidth optimal all-reduce algorithms",
+//! 2009; NCCL's ring): in N - 1 steps each rank sends one block's partial sum to its right
+//! neighbour, receives another block's from its left and adds its own input to it, so
+//! each rank adds and sends (N - 1)/N of the buffer, the bytes `stats.rs` counts. Block b
+//! ends on rank b, summed from rank b + 1's input onwards around the ring; with 2 ranks
+//! that is `x + y`, which is the same bits in either order.
+//!
+//! The transfers move with MPI's progress (the progress thread's polls, `progress.rs`);
+//! the sums run on the owner's thread, vectorised (`zero-kernels/src/cast/mod.rs`), when
+//! it tests or waits, and each finished step posts the next. So with N > 2 (N - 1 steps)
+//! a ring moves one step per test of its owner, where MPI's own schedules also move from
+//! the progress thread alone; the host device tests before every op it runs
+//! (`zero-kernels/src/device/host.rs`), and a ring finishes only while every rank keeps
+//! testing or waits for it, as every caller here does. The messages travel on a
+//! communicator of their own (duplicated with the collective one), tagged with the
+//! collective's sequence number, so rings in flight together never match each other's
+//! messages.
+
+use crate::DType;
+use mpi::ffi;
+use std::os::raw::{c_int, c_void};
+use zero_kernels::{cast, Exec};
+
+/// With more than 2 ranks, the smallest block (elements per rank) that goes round the
+/// ring; smaller ones are MPI's (`MpiComm::launch`).
+pub(super) const MIN_BLOCK_PAST_TWO_RANKS: usize = 1 << 14;
+
+/// The element types the ring sums (their sums run here, not in MPI).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Element {
+    F32,
+    BF16,
+    F16,
+}
+
+impl Element {
+    /// The ring's element for `dtype`, if it sums that type.
+    pub(super) fn of(dtype: DType) -> Option<Element> {
+        match dtype {
+            DType::F32 => Some(Element::F32),
+            DType::BF16 => Some(Element::BF16),
+            DType::F16 => Some(Element::F16),
+            _ => None,
+        }
+    }
+
+    fn bytes(self) -> usize {
+        match self {
+            Element::F32 => 4,
+            Element::BF16 | Element::F16 => 2,
+        }
+    }
+}
+
+/// What a ring's MPI call returned when it failed: the call's name and MPI's error code.
+pub(super) type RingError = (&'static str, c_int);
+
+/// One reduce-scatter in flight: `size` blocks of `block` elements at `input`, this
+/// rank's summed block into `output`.
+pub(super) struct Ring {
+    comm: ffi::MPI_Comm,
+    rank: usize,
+    size: usize,
+    block: usize,
+    element: Element,
+    datatype: ffi::MPI_Datatype,
+    tag: c_int,
+    input: *const u8,
+    output: *mut u8,
+    /// Partial sums between steps, two blocks used in turn (one sent while the other
+    /// receives); u32 so that f32 and 16-bit views of them are aligned.
+    partial: [Vec<u32>; 2],
+    /// The step whose messages are in flight (0..size - 1).
+    step: usize,
+    /// Its send and its receive.
+    requests: [ffi::MPI_Request; 2],
+    /// The error that stopped the ring, returned again by every later call: its
+    /// neighbours wait for a step it will never send.
+    failed: Option<RingError>,
+}
+
+impl Ring {
+    /// Start a ring over `comm` (size > 1, block > 0) by posting its first step.
+    ///
+    /// # Safety
+    /// `input` holds `size * block` elements and `output` `block`, valid (and not written
+    /// by anyone else) until the ring finishes or is leaked; MPI is running.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn start(
+        comm: ffi::MPI_Comm,
+        rank: usize,
+        size: usize,
+        block: usize,
+        element: Element,
+        datatype: ffi::MPI_Datatype,
+        tag: c_int,
+        input: *const c_void,
+        output: *mut c_void,
+    ) -> Result<Ring, RingError> {
+        let words = (block * element.bytes()).div_ceil(4);
+        // Step s receives into partial[(s + 1) % 2] but the last into the output: N = 2
+        // needs no partial block, N = 3 partial[1], N >= 4 both.
+        let partial = std::array::from_fn(|i| match size + i >= 4 {
+            true => vec![0u32; words],
+            false => Vec::new(),
+        });
+        let mut ring = Ring {
+            comm,
+            rank,
+            size,
+            block,
+            element,
+            datatype,
+            tag,
+            input: input as *const u8,
+            output: output as *mut u8,
+            partial,
+            step: 0,
+            // SAFETY: predefined constant.
+            requests: [ffi::RSMPI_REQUEST_NULL; 2],
+            failed: None,
+        };
+        ring.post()?;
+        Ok(ring)
+    }
+
+    /// The block a rank sends at `step` ((rank - step - 1) mod N); it receives the block
+    /// its left neighbour sends, ((rank - step - 2) mod N).
+    fn sent_block(&self, rank: usize, step: usize) -> usize {
+        (rank + 2 * self.size - step - 1) % self.size
+    }
+
+    fn input_block(&self, b: usize) -> *const u8 {
+        // SAFETY (of the offset): b < size; the input holds size * block elements.
+        self.input
+            .wrapping_add(b * self.block * self.element.bytes())
+    }
+
+    /// Where `step` receives: the output at the last step, else a partial block.
+    fn receive_buffer(&mut self, step: usize) -> *mut u8 {
+        if step + 2 == self.size {
+            self.output
+        } else {
+            self.partial[(step + 1) % 2].as_mut_ptr() as *mut u8
+        }
+    }
+
+    /// Post this step's send (the input's block at step 0, else the partial sum the last
+    /// step made) and receive.
+    unsafe fn post(&mut self) -> Result<(), RingError> {
+        let step = self.step;
+        let send: *const u8 = if step == 0 {
+            self.input_block(self.sent_block(self.rank, 0))
+        } else {
+            self.partial[step % 2].as_ptr() as *const u8
+        };
+        let recv = self.receive_buffer(step);
+        let (left, right) = (
+            (self.rank + self.size - 1) % self.size,
+            (self.rank + 1) % self.size,
+        );
+        let count = self.block as c_int;
+        let rc = ffi::MPI_Irecv(
+            recv as *mut c_void,
+            count,
+            self.datatype,
+            left as c_int,
+            self.tag,
+            self.comm,
+            &mut self.requests[1],
+        );
+        if rc != 0 {
+            return Err(("MPI_Irecv", rc));
+        }
+        let rc = ffi::MPI_Isend(
+            send as *const c_void,
+            count,
+            self.datatype,
+            right as c_int,
+            self.tag,
+            self.comm,
+            &mut self.requests[0],
+        );
+        if rc != 0 {
+            // Take the receive back before the error lets anyone free its buffer.
+            ffi::MPI_Cancel(&mut self.requests[1]);
+            ffi::MPI_Wait(&mut self.requests[1], ffi::RSMPI_STATUS_IGNORE);
+            return Err(("MPI_Isend", rc));
+        }
+        Ok(())
+    }
+
+    /// Add this rank's input to the block the finished step received.
+    unsafe fn combine(&mut self) {
+        static EXEC: std::sync::OnceLock<Exec> = std::sync::OnceLock::new();
+        let exec = EXEC.get_or_init(Exec::default);
+        let step = self.step;
+        let own = self.input_block(self.sent_block((self.rank + self.size - 1) % self.size, step));
+        let sum = self.receive_buffer(step);
+        let n = self.block;
+        match self.element {
+            Element::F32 => cast::accumulate_rounded(
+                exec,
+                std::slice::from_raw_parts_mut(sum as *mut f32, n),
+                std::slice::from_raw_parts(own as *const f32, n),
+            ),
+            Element::BF16 => cast::accumulate_rounded(
+                exec,
+                std::slice::from_raw_parts_mut(sum as *mut half::bf16, n),
+                std::slice::from_raw_parts(own as *const half::bf16, n),
+            ),
+            Element::F16 => cast::accumulate_rounded(
+                exec,
+                std::slice::from_raw_parts_mut(sum as *mut half::f16, n),
+                std::slice::from_raw_parts(own as *const half::f16, n),
+            ),
+        }
+    }
+
+    /// Move the ring on: test (or, when `block`, wait for) the step in flight; for each
+    /// finished step add this rank's input and post the next. True when the output holds
+    /// this rank's sum.
+    ///
+    /// # Safety
+    /// As [`Ring::start`]; called by the ring's owner only.
+    pub(super) unsafe fn advance(&mut self, block: bool) -> Result<bool, RingError> {
+        if let Some(e) = self.failed {
+            return Err(e);
+        }
+        let result = self.advance_steps(block);
+        if let Err(e) = result {
+            self.failed = Some(e);
+        }
+        result
+    }
+
+    /// [`Ring::advance`]'s steps.
+    unsafe fn advance_steps(&mut self, block: bool) -> Result<bool, RingError> {
+        loop {
+            if block {
+                let rc =
+                    ffi::MPI_Waitall(2, self.requests.as_mut_ptr(), ffi::RSMPI_STATUSES_IGNORE);
+                if rc != 0 {
+                    return Err(("MPI_Waitall", rc));
+                }
+            } else {
+                let mut flag: c_int = 0;
+                let rc = ffi::MPI_Testall(
+                    2,
+                    self.requests.as_mut_ptr(),
+                    &mut flag,
+                    ffi::RSMPI_STATUSES_IGNORE,
+                );
+                if rc != 0 {
+                    return Err(("MPI_Testall", rc));
+                }
+                if flag == 0 {
+                    return Ok(false);
+                }
+            }
+            self.combine();
+            self.step += 1;
+            if self.step + 1 == self.size {
+                return Ok(true);
+            }
+            self.post()?;
+        }
+    }
+}
