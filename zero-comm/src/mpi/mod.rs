@@ -494,17 +494,16 @@ impl MpiComm {
                 // Tags are at least 0..=32767 (MPI_TAG_UB): the sequence number within
                 // that keeps the rings in flight together apart.
                 let tag = (self.seq.get().wrapping_sub(1) % 32768) as c_int;
-                let started = ring::Ring::start(
-                    self.ring_raw,
-                    self.rank,
-                    self.size,
-                    block as usize,
+                let spec = ring::RingSpec {
+                    comm: self.ring_raw,
+                    rank: self.rank,
+                    size: self.size,
+                    block: block as usize,
                     element,
-                    dt,
+                    datatype: dt,
                     tag,
-                    input,
-                    recv,
-                );
+                };
+                let started = ring::Ring::start(spec, input, recv);
                 req.ring = Some(started.map_err(|(name, rc)| req.err(name, rc))?);
                 Ok(())
             }

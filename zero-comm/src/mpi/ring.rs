@@ -61,16 +61,22 @@ impl Element {
 /// What a ring's MPI call returned when it failed: the call's name and MPI's error code.
 pub(super) type RingError = (&'static str, c_int);
 
-/// One reduce-scatter in flight: `size` blocks of `block` elements at `input`, this
-/// rank's summed block into `output`.
+/// Where a ring runs and what it sums: `size` ranks on `comm` (this one `rank`), blocks
+/// of `block` elements of `element`, sent as `datatype`, tagged `tag`.
+pub(super) struct RingSpec {
+    pub(super) comm: ffi::MPI_Comm,
+    pub(super) rank: usize,
+    pub(super) size: usize,
+    pub(super) block: usize,
+    pub(super) element: Element,
+    pub(super) datatype: ffi::MPI_Datatype,
+    pub(super) tag: c_int,
+}
+
+/// One reduce-scatter in flight: `size` blocks at `input`, this rank's summed block into
+/// `output`.
 pub(super) struct Ring {
-    comm: ffi::MPI_Comm,
-    rank: usize,
-    size: usize,
-    block: usize,
-    element: Element,
-    datatype: ffi::MPI_Datatype,
-    tag: c_int,
+    spec: RingSpec,
     input: *const u8,
     output: *mut u8,
     /// Partial sums between steps, two blocks used in turn (one sent while the other
@@ -86,38 +92,25 @@ pub(super) struct Ring {
 }
 
 impl Ring {
-    /// Start a ring over `comm` (size > 1, block > 0) by posting its first step.
+    /// Start a ring (size > 1, block > 0) by posting its first step.
     ///
     /// # Safety
     /// `input` holds `size * block` elements and `output` `block`, valid (and not written
     /// by anyone else) until the ring finishes or is leaked; MPI is running.
-    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn start(
-        comm: ffi::MPI_Comm,
-        rank: usize,
-        size: usize,
-        block: usize,
-        element: Element,
-        datatype: ffi::MPI_Datatype,
-        tag: c_int,
+        spec: RingSpec,
         input: *const c_void,
         output: *mut c_void,
     ) -> Result<Ring, RingError> {
-        let words = (block * element.bytes()).div_ceil(4);
+        let words = (spec.block * spec.element.bytes()).div_ceil(4);
         // Step s receives into partial[(s + 1) % 2] but the last into the output: N = 2
         // needs no partial block, N = 3 partial[1], N >= 4 both.
-        let partial = std::array::from_fn(|i| match size + i >= 4 {
+        let partial = std::array::from_fn(|i| match spec.size + i >= 4 {
             true => vec![0u32; words],
             false => Vec::new(),
         });
         let mut ring = Ring {
-            comm,
-            rank,
-            size,
-            block,
-            element,
-            datatype,
-            tag,
+            spec,
             input: input as *const u8,
             output: output as *mut u8,
             partial,
@@ -133,18 +126,18 @@ impl Ring {
     /// The block a rank sends at `step` ((rank - step - 1) mod N); it receives the block
     /// its left neighbour sends, ((rank - step - 2) mod N).
     fn sent_block(&self, rank: usize, step: usize) -> usize {
-        (rank + 2 * self.size - step - 1) % self.size
+        (rank + 2 * self.spec.size - step - 1) % self.spec.size
     }
 
     fn input_block(&self, b: usize) -> *const u8 {
         // SAFETY (of the offset): b < size; the input holds size * block elements.
         self.input
-            .wrapping_add(b * self.block * self.element.bytes())
+            .wrapping_add(b * self.spec.block * self.spec.element.bytes())
     }
 
     /// Where `step` receives: the output at the last step, else a partial block.
     fn receive_buffer(&mut self, step: usize) -> *mut u8 {
-        if step + 2 == self.size {
+        if step + 2 == self.spec.size {
             self.output
         } else {
             self.partial[(step + 1) % 2].as_mut_ptr() as *mut u8
@@ -156,23 +149,23 @@ impl Ring {
     unsafe fn post(&mut self) -> Result<(), RingError> {
         let step = self.step;
         let send: *const u8 = if step == 0 {
-            self.input_block(self.sent_block(self.rank, 0))
+            self.input_block(self.sent_block(self.spec.rank, 0))
         } else {
             self.partial[step % 2].as_ptr() as *const u8
         };
         let recv = self.receive_buffer(step);
         let (left, right) = (
-            (self.rank + self.size - 1) % self.size,
-            (self.rank + 1) % self.size,
+            (self.spec.rank + self.spec.size - 1) % self.spec.size,
+            (self.spec.rank + 1) % self.spec.size,
         );
-        let count = self.block as c_int;
+        let count = self.spec.block as c_int;
         let rc = ffi::MPI_Irecv(
             recv as *mut c_void,
             count,
-            self.datatype,
+            self.spec.datatype,
             left as c_int,
-            self.tag,
-            self.comm,
+            self.spec.tag,
+            self.spec.comm,
             &mut self.requests[1],
         );
         if rc != 0 {
@@ -181,10 +174,10 @@ impl Ring {
         let rc = ffi::MPI_Isend(
             send as *const c_void,
             count,
-            self.datatype,
+            self.spec.datatype,
             right as c_int,
-            self.tag,
-            self.comm,
+            self.spec.tag,
+            self.spec.comm,
             &mut self.requests[0],
         );
         if rc != 0 {
@@ -201,10 +194,12 @@ impl Ring {
         static EXEC: std::sync::OnceLock<Exec> = std::sync::OnceLock::new();
         let exec = EXEC.get_or_init(Exec::default);
         let step = self.step;
-        let own = self.input_block(self.sent_block((self.rank + self.size - 1) % self.size, step));
+        let own = self.input_block(
+            self.sent_block((self.spec.rank + self.spec.size - 1) % self.spec.size, step),
+        );
         let sum = self.receive_buffer(step);
-        let n = self.block;
-        match self.element {
+        let n = self.spec.block;
+        match self.spec.element {
             Element::F32 => cast::accumulate_rounded(
                 exec,
                 std::slice::from_raw_parts_mut(sum as *mut f32, n),
@@ -266,7 +261,7 @@ impl Ring {
             }
             self.combine();
             self.step += 1;
-            if self.step + 1 == self.size {
+            if self.step + 1 == self.spec.size {
                 return Ok(true);
             }
             self.post()?;
