@@ -33,7 +33,8 @@ fn collectives_4_ranks() {
 }
 
 /// Five ranks: the first size where a ring reduce-scatter (`zero-comm/src/mpi/ring.rs`)
-/// receives into a partial block it sent two steps before.
+/// receives into a partial block it sent the step before (the self-test's block of 16Ki
+/// elements and more goes round the ring past 2 ranks).
 #[test]
 fn collectives_5_ranks() {
     run(5);

@@ -194,12 +194,13 @@ fn cases_for<T: TestElem, C: Communicator>(
     let a2a_send = input::<T>(me, 2 * n_ranks, 0);
     let mut a2a = vec![T::default(); 2 * n_ranks];
     // Two sums in flight together (the MPI backend runs them as rings of messages, which
-    // must not take each other's).
+    // must not take each other's; past 2 ranks only blocks of 16Ki elements and more).
+    let big = (1 << 14) + 27;
     let sums_send = [
-        input::<T>(me, 5 * n_ranks, 0),
+        input::<T>(me, big * n_ranks, 0),
         input::<T>(me, 129 * n_ranks, 1),
     ];
-    let mut sums = [vec![T::default(); 5], vec![T::default(); 129]];
+    let mut sums = [vec![T::default(); big], vec![T::default(); 129]];
     let mut bc = if me == 0 {
         input::<T>(0, n, 5)
     } else {
@@ -226,7 +227,7 @@ fn cases_for<T: TestElem, C: Communicator>(
         h_ar.wait()?;
         Ok(())
     })?;
-    for (sum, (block, offset)) in sums.iter().zip([(5, 0), (129, 1)]) {
+    for (sum, (block, offset)) in sums.iter().zip([(big, 0), (129, 1)]) {
         let want: Vec<T> = (0..block)
             .map(|i| T::from_small(reduce(ReduceOp::Sum, n_ranks, offset + me * block + i)))
             .collect();

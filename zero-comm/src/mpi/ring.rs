@@ -16,8 +16,9 @@
 //! it tests or waits, and each finished step posts the next. So with N > 2 (N - 1 steps)
 //! a ring moves one step per test of its owner, where MPI's own schedules also move from
 //! the progress thread alone; the host device tests before every op it runs
-//! (`zero-kernels/src/device/host.rs`), and a ring finishes only while every rank keeps
-//! testing or waits for it, as every caller here does. The messages travel on a
+//! (`zero-kernels/src/device/host.rs`; the oldest work of each stream), and a ring
+//! finishes only while every rank keeps testing or waits for it: ranks must wait for
+//! their collectives in the same order, as the engine's do. The messages travel on a
 //! communicator of their own (duplicated with the collective one), tagged with the
 //! collective's sequence number, so rings in flight together never match each other's
 //! messages.
@@ -119,7 +120,11 @@ impl Ring {
             requests: [ffi::RSMPI_REQUEST_NULL; 2],
             failed: None,
         };
-        ring.post()?;
+        if let Err(e) = ring.post() {
+            // Its partial blocks may still be a receive's target (see `post`).
+            std::mem::forget(ring);
+            return Err(e);
+        }
         Ok(ring)
     }
 
@@ -181,7 +186,8 @@ impl Ring {
             &mut self.requests[0],
         );
         if rc != 0 {
-            // Take the receive back before the error lets anyone free its buffer.
+            // Take the receive back before the error lets anyone free its buffer (if even
+            // that fails, `start` leaks the ring rather than free what MPI may write).
             ffi::MPI_Cancel(&mut self.requests[1]);
             ffi::MPI_Wait(&mut self.requests[1], ffi::RSMPI_STATUS_IGNORE);
             return Err(("MPI_Isend", rc));
