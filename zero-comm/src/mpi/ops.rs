@@ -68,17 +68,29 @@ unsafe fn combine<H: Copy>(
     }
 }
 
-/// `inoutvec += invec` through f32, rounded once per element: the vectorised accumulation
-/// of `zero-kernels/src/cast/mod.rs` at this CPU's level (the sum is most of what a
-/// reduce-scatter of bf16 gradients costs the rank that reduces; scalar conversions made
-/// it 6% of a stage-3 step at V=50257). `x + y` and `y + x` are the same bits.
+/// `sum[i] = round(sum[i] + own[i])` through f32 for `n` elements of `H`: the vectorised
+/// accumulation of `zero-kernels/src/cast/mod.rs` at this CPU's level, for the half types'
+/// MPI sums and the ring's additions (`ring.rs`). Scalar conversions made the sums 6% of
+/// a stage-3 step at V=50257. `x + y` and `y + x` are the same bits.
+///
+/// # Safety
+/// `sum` and `own` address `n` elements each (`sum` writable, not overlapping `own`).
+pub(super) unsafe fn add_into<H: Float>(sum: *mut H, own: *const H, n: usize) {
+    static EXEC: OnceLock<Exec> = OnceLock::new();
+    cast::accumulate_rounded(
+        EXEC.get_or_init(Exec::default),
+        std::slice::from_raw_parts_mut(sum, n),
+        std::slice::from_raw_parts(own, n),
+    );
+}
+
+/// MPI's sum callback for a half type `H`: `inoutvec += invec` ([`add_into`]).
 ///
 /// # Safety
 /// As [`operands`].
 unsafe fn sum_halves<H: Float>(invec: *mut c_void, inoutvec: *mut c_void, len: *mut c_int) {
-    static EXEC: OnceLock<Exec> = OnceLock::new();
     if let Some((a, b)) = operands::<H>(invec, inoutvec, len) {
-        cast::accumulate_rounded(EXEC.get_or_init(Exec::default), b, a);
+        add_into(b.as_mut_ptr(), a.as_ptr(), a.len());
     }
 }
 

@@ -23,10 +23,10 @@
 //! collective's sequence number, so rings in flight together never match each other's
 //! messages.
 
+use super::ops::add_into;
 use crate::DType;
 use mpi::ffi;
 use std::os::raw::{c_int, c_void};
-use zero_kernels::{cast, Exec};
 
 /// With more than 2 ranks, the smallest block (elements per rank) that goes round the
 /// ring; smaller ones are MPI's (`MpiComm::launch`).
@@ -197,8 +197,6 @@ impl Ring {
 
     /// Add this rank's input to the block the finished step received.
     unsafe fn combine(&mut self) {
-        static EXEC: std::sync::OnceLock<Exec> = std::sync::OnceLock::new();
-        let exec = EXEC.get_or_init(Exec::default);
         let step = self.step;
         let own = self.input_block(
             self.sent_block((self.spec.rank + self.spec.size - 1) % self.spec.size, step),
@@ -206,21 +204,9 @@ impl Ring {
         let sum = self.receive_buffer(step);
         let n = self.spec.block;
         match self.spec.element {
-            Element::F32 => cast::accumulate_rounded(
-                exec,
-                std::slice::from_raw_parts_mut(sum as *mut f32, n),
-                std::slice::from_raw_parts(own as *const f32, n),
-            ),
-            Element::BF16 => cast::accumulate_rounded(
-                exec,
-                std::slice::from_raw_parts_mut(sum as *mut half::bf16, n),
-                std::slice::from_raw_parts(own as *const half::bf16, n),
-            ),
-            Element::F16 => cast::accumulate_rounded(
-                exec,
-                std::slice::from_raw_parts_mut(sum as *mut half::f16, n),
-                std::slice::from_raw_parts(own as *const half::f16, n),
-            ),
+            Element::F32 => add_into::<f32>(sum as _, own as _, n),
+            Element::BF16 => add_into::<half::bf16>(sum as _, own as _, n),
+            Element::F16 => add_into::<half::f16>(sum as _, own as _, n),
         }
     }
 
