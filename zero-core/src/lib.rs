@@ -60,7 +60,7 @@
 //!     let dev = HostDevice::new();
 //!     let spec = ModelSpec {
 //!         units: vec![UnitSpec { name: "linear".into(), params: vec![ParamSpec::new("w", &[4, 1])] }],
-//!         layers: vec![LayerSpec { name: "linear".into(), units: vec![0] }],
+//!         layers: vec![LayerSpec::new("linear", vec![0])],
 //!     };
 //!     let mut model = Linear::<HostDevice> { spec, x: dev.alloc(32, "x")?, err: dev.alloc(8, "err")?, loss: dev.alloc(1, "loss")? };
 //!     let mut config = EngineConfig::default();

@@ -9,7 +9,8 @@
 //! begin_micro_step(batch)
 //! for l in 0..layers:          forward_layer(l, params of the units layer l uses)
 //! loss()                       the micro-batch's mean loss, on the device
-//! for l in (0..layers).rev():  backward_layer(l, params, grads of those units, weight)
+//! for l in (0..layers).rev():  backward_layer(l, params (none for a lookup), grads of
+//!                               those units, weight)
 //! ```
 //!
 //! Contract:
@@ -232,7 +233,9 @@ pub trait Model<D: Device> {
     fn loss(&self) -> DView<'_, D, f32>;
 
     /// Backward of layer `layer`, adding the gradient of `weight x loss` into `grads[i]`
-    /// for unit `spec().layers[layer].units[i]`.
+    /// for unit `spec().layers[layer].units[i]`. `params` holds the same units as in the
+    /// forward, or none when the layer's `backward_reads_params` is false (a lookup; at
+    /// stage 3 they are not gathered for it).
     fn backward_layer(
         &mut self,
         cx: Compute<'_, D>,

@@ -213,6 +213,40 @@ pub struct LayerSpec {
     /// gradients it accumulates into). A unit may be used by several layers (tied
     /// weights: an output layer that reads the input table).
     pub units: Vec<usize>,
+    /// The layer's backward reads its units' parameters. False for a table lookup,
+    /// whose backward only adds rows of the output's gradient into the table's gradient
+    /// (`dW[token] += dy`): the engine then passes no parameters to its
+    /// `backward_layer`, and stage 3 does not gather them for it.
+    pub backward_reads_params: bool,
+}
+
+impl LayerSpec {
+    /// A layer reading `units` in both passes.
+    pub fn new(name: impl Into<String>, units: Vec<usize>) -> Self {
+        LayerSpec {
+            name: name.into(),
+            units,
+            backward_reads_params: true,
+        }
+    }
+
+    /// A lookup of rows of `units`: its backward writes their gradient and reads none of
+    /// their parameters ([`LayerSpec::backward_reads_params`]).
+    pub fn lookup(name: impl Into<String>, units: Vec<usize>) -> Self {
+        LayerSpec {
+            backward_reads_params: false,
+            ..LayerSpec::new(name, units)
+        }
+    }
+
+    /// The units whose parameters the layer's backward reads: all of them, or none.
+    pub fn backward_units(&self) -> &[usize] {
+        if self.backward_reads_params {
+            &self.units
+        } else {
+            &[]
+        }
+    }
 }
 
 /// The whole model: units own parameters, layers order the compute.
@@ -278,9 +312,9 @@ impl ModelSpec {
     }
 
     /// A hash of everything the engine derives from the spec (unit and parameter names,
-    /// shapes, decay flags, and which units each layer uses), FNV-1a over a canonical
-    /// encoding: the engine refuses to step a model whose spec differs from the one it
-    /// was built for.
+    /// shapes, decay flags, which units each layer uses and whether its backward reads
+    /// them), FNV-1a over a canonical encoding: the engine refuses to step a model whose
+    /// spec differs from the one it was built for.
     pub fn fingerprint(&self) -> u64 {
         let mut h = Fnv::default();
         for u in &self.units {
@@ -301,6 +335,7 @@ impl ModelSpec {
         for l in &self.layers {
             h.str(&l.name);
             l.units.iter().for_each(|&u| h.u64(u as u64));
+            h.u64(l.backward_reads_params as u64);
             h.u64(u64::MAX);
         }
         h.0
@@ -434,10 +469,7 @@ mod tests {
 
     fn spec_of(units: Vec<UnitSpec>) -> ModelSpec {
         let layers = (0..units.len())
-            .map(|u| LayerSpec {
-                name: format!("l{u}"),
-                units: vec![u],
-            })
+            .map(|u| LayerSpec::new(format!("l{u}"), vec![u]))
             .collect();
         ModelSpec { units, layers }
     }

@@ -43,20 +43,11 @@ pub fn tied_spec(rows: usize, positions: usize, blocks: usize, c: usize) -> Mode
             ParamSpec::new("final.bias", &[c]),
         ],
     });
-    let mut lspecs = vec![LayerSpec {
-        name: "first".into(),
-        units: vec![0],
-    }];
+    let mut lspecs = vec![LayerSpec::new("first", vec![0])];
     for i in 0..blocks {
-        lspecs.push(LayerSpec {
-            name: format!("block.{i}"),
-            units: vec![i + 1],
-        });
+        lspecs.push(LayerSpec::new(format!("block.{i}"), vec![i + 1]));
     }
-    lspecs.push(LayerSpec {
-        name: "last".into(),
-        units: vec![blocks + 1, 0],
-    });
+    lspecs.push(LayerSpec::new("last", vec![blocks + 1, 0]));
     ModelSpec {
         units,
         layers: lspecs,
@@ -94,15 +85,10 @@ pub fn tied_split_spec(
             .filter(|u| **u > 0)
             .for_each(|u| *u += more);
     }
-    let lookups = (1..=more).map(|k| LayerSpec {
-        name: format!("first.{k}"),
-        units: vec![k],
-    });
+    let lookups = (1..=more).map(|k| LayerSpec::new(format!("first.{k}"), vec![k]));
     spec.layers.splice(0..0, lookups);
-    spec.layers.extend((1..=more).map(|k| LayerSpec {
-        name: format!("last.{k}"),
-        units: vec![k],
-    }));
+    spec.layers
+        .extend((1..=more).map(|k| LayerSpec::new(format!("last.{k}"), vec![k])));
     spec
 }
 
@@ -117,10 +103,7 @@ pub fn chain(sizes: &[usize]) -> ModelSpec {
         })
         .collect();
     let layers = (0..sizes.len())
-        .map(|i| LayerSpec {
-            name: format!("l{i}"),
-            units: vec![i],
-        })
+        .map(|i| LayerSpec::new(format!("l{i}"), vec![i]))
         .collect();
     ModelSpec { units, layers }
 }

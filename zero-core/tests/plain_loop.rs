@@ -105,8 +105,9 @@ fn one_rank_stage_0_is_the_plain_loop_bit_for_bit() {
             dev.download(&stream, model.loss(), &mut loss).unwrap();
             loss_sum += loss[0] as f64;
             for (l, layer) in spec.layers.iter().enumerate().rev() {
+                // As the engine: no parameters for a lookup's backward.
                 let p: Vec<_> = layer
-                    .units
+                    .backward_units()
                     .iter()
                     .map(|&u| UnitParams::new(&spec.units[u], pbuf[u].view()))
                     .collect();

@@ -312,6 +312,7 @@ impl GptConfig {
                     GptLayer::Logits(k) => format!("head.{k}"),
                 },
                 units: self.layer_units(layer),
+                backward_reads_params: layer.backward_reads_params(),
             })
             .collect();
         ModelSpec { units, layers }

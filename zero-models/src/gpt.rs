@@ -30,7 +30,8 @@ use crate::init;
 use crate::layout::Dims;
 pub use crate::lm::TokenBatch;
 use crate::lm::{
-    arena_bytes_for, bad_call, check_units, host_units, impl_model, LayeredLm, TokenArena,
+    arena_bytes_for, bad_call, check_backward_params, check_units, host_units, impl_model,
+    LayeredLm, TokenArena,
 };
 
 /// Errors of building the model.
@@ -258,7 +259,7 @@ impl<D: Device, F: Scalar> LayeredLm<D, F> for Gpt<D, F> {
     ) -> Result<(), ModelError> {
         self.io.expect_backward(layer)?;
         let lens: Vec<usize> = params.iter().map(|p| p.len()).collect();
-        check_units(&self.spec, layer, &lens, "parameter")?;
+        check_backward_params(&self.spec, layer, &lens)?;
         let lens: Vec<usize> = grads.iter().map(|p| p.len()).collect();
         check_units(&self.spec, layer, &lens, "gradient")?;
         let (dev, s) = (cx.dev, cx.stream);

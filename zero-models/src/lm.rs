@@ -58,6 +58,13 @@ impl TokenLayer {
         out
     }
 
+    /// Whether the layer's backward reads its units' parameters: not a lookup's, which
+    /// only adds the output's gradient into rows of the table's
+    /// (`zero_core::LayerSpec::backward_reads_params`).
+    pub fn backward_reads_params(self) -> bool {
+        !matches!(self, TokenLayer::Lookup(_) | TokenLayer::Embed)
+    }
+
     /// Where the layer's activations live in a model of `n_layer` blocks: region 0 = x0,
     /// 1..=L the blocks, L+1 the head.
     pub(crate) fn region(self, n_layer: usize) -> usize {
@@ -233,10 +240,30 @@ pub(crate) fn check_units(
     lens: &[usize],
     what: &str,
 ) -> Result<(), ModelError> {
-    let units = &spec.layers[layer].units;
+    check_views(spec, &spec.layers[layer].units, layer, lens, what)
+}
+
+/// [`check_units`] for the parameters a backward gets: none for a layer whose backward
+/// reads none (`zero_core::LayerSpec::backward_units`).
+pub(crate) fn check_backward_params(
+    spec: &ModelSpec,
+    layer: usize,
+    lens: &[usize],
+) -> Result<(), ModelError> {
+    let units = spec.layers[layer].backward_units();
+    check_views(spec, units, layer, lens, "backward parameter")
+}
+
+fn check_views(
+    spec: &ModelSpec,
+    units: &[usize],
+    layer: usize,
+    lens: &[usize],
+    what: &str,
+) -> Result<(), ModelError> {
     if lens.len() != units.len() {
         return Err(bad_call(format!(
-            "layer {layer} uses {} units, got {} {what} views",
+            "layer {layer} takes {} {what} views, got {}",
             units.len(),
             lens.len()
         )));
@@ -347,8 +374,9 @@ pub trait LayeredLm<D: Device, F: Scalar> {
             )));
         }
         for layer in (0..self.layer_spec().layers.len()).rev() {
-            let used = self.layer_spec().layers[layer].units.clone();
-            let p: Vec<DView<'_, D, F>> = used.iter().map(|&u| params[u].view()).collect();
+            let spec = &self.layer_spec().layers[layer];
+            let (used, read) = (spec.units.clone(), spec.backward_units().to_vec());
+            let p: Vec<DView<'_, D, F>> = read.iter().map(|&u| params[u].view()).collect();
             // One mutable view per unit the layer uses, in the layer's order.
             let mut picked: Vec<(usize, DViewMut<'_, D, F>)> = grads
                 .iter_mut()

@@ -430,9 +430,10 @@ fn layer_by_layer(cfg: GptConfig) {
             .expect("download");
         assert_eq!(loss[0].to_bits(), (want_loss as f32).to_bits());
         for (l, layer) in spec.layers.iter().enumerate().rev() {
-            let owned: Vec<_> = layer.units.iter().map(|&u| gather(u)).collect();
-            let p: Vec<UnitParams<'_, HostDevice>> = layer
-                .units
+            // A lookup's backward takes no parameters (LayerSpec::backward_units).
+            let read = layer.backward_units();
+            let owned: Vec<_> = read.iter().map(|&u| gather(u)).collect();
+            let p: Vec<UnitParams<'_, HostDevice>> = read
                 .iter()
                 .zip(&owned)
                 .map(|(&u, b)| UnitParams::new(&spec.units[u], b.view()))
@@ -588,4 +589,39 @@ fn misuse_is_an_error_not_a_panic() {
         model.begin_micro_step(cx, &too_many_rows).is_err(),
         "B above the arena"
     );
+
+    // The embedding's backward reads no parameter: it takes none, and parameters passed
+    // to it are a bad call (the engine never gathers them for it at stage 3).
+    assert!(!spec.layers[0].backward_reads_params && spec.layers[1].backward_reads_params);
+    model
+        .begin_micro_step(cx, &batch(&cfg, B, &io))
+        .expect("valid");
+    let zeros: Vec<Vec<f32>> = spec.units.iter().map(|u| vec![0f32; u.numel()]).collect();
+    let mut grads = upload_units(cx, &zeros, "g").expect("upload");
+    for (l, layer) in spec.layers.iter().enumerate() {
+        let p: Vec<_> = layer.units.iter().map(|&u| unit(u)).collect();
+        model.forward_layer(cx, l, &p).expect("valid");
+    }
+    for (l, layer) in spec.layers.iter().enumerate().rev() {
+        let p: Vec<_> = layer.backward_units().iter().map(|&u| unit(u)).collect();
+        let mut picked: Vec<(usize, _)> = grads
+            .iter_mut()
+            .enumerate()
+            .filter(|(u, _)| layer.units.contains(u))
+            .collect();
+        picked.sort_by_key(|(u, _)| layer.units.iter().position(|x| x == u));
+        let mut g: Vec<_> = picked
+            .into_iter()
+            .map(|(u, b)| UnitGrads::new(&spec.units[u], b.view_mut()))
+            .collect();
+        if l == 0 {
+            let wrong = [unit(0)];
+            let err = model.backward_layer(cx, 0, &wrong, &mut g, 1.0);
+            assert!(
+                matches!(err, Err(zero_core::ModelError::BadCall(_))),
+                "a lookup given parameters"
+            );
+        }
+        model.backward_layer(cx, l, &p, &mut g, 1.0).expect("valid");
+    }
 }

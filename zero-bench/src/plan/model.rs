@@ -115,10 +115,7 @@ pub fn synthetic(params: u64, units: usize, activation_bytes: u64) -> anyhow::Re
         })
         .collect();
     let layers = (0..units)
-        .map(|u| LayerSpec {
-            name: format!("u.{u}"),
-            units: vec![u],
-        })
+        .map(|u| LayerSpec::new(format!("u.{u}"), vec![u]))
         .collect();
     let spec = ModelSpec {
         units: unit_specs,

@@ -112,20 +112,13 @@ impl<D: Device> CharLm<D> {
                 ParamSpec::new("ln_f.bias", &[c]),
             ],
         });
-        let mut layers = vec![LayerSpec {
-            name: "embed".into(),
-            units: vec![0],
-        }];
+        // The embedding's backward adds into rows of wte's gradient and reads no
+        // parameter: a lookup, which stage 3 does not gather for the backward.
+        let mut layers = vec![LayerSpec::lookup("embed", vec![0])];
         for i in 0..l {
-            layers.push(LayerSpec {
-                name: format!("block.{i}"),
-                units: vec![1 + i],
-            });
+            layers.push(LayerSpec::new(format!("block.{i}"), vec![1 + i]));
         }
-        layers.push(LayerSpec {
-            name: "head".into(),
-            units: vec![l + 1, 0],
-        });
+        layers.push(LayerSpec::new("head", vec![l + 1, 0]));
         let mut bytes = 0usize;
         let mut buf = |n: usize, name: &str| -> Result<D::Buf<f32>, KernelError> {
             let b = dev.alloc::<f32>(n, name)?;

@@ -62,14 +62,8 @@ impl<D: Device> Mlp<D> {
         let spec = ModelSpec {
             units: vec![unit("fc1", h, f), unit("fc2", k, h)],
             layers: vec![
-                LayerSpec {
-                    name: "fc1".into(),
-                    units: vec![0],
-                },
-                LayerSpec {
-                    name: "fc2".into(),
-                    units: vec![1],
-                },
+                LayerSpec::new("fc1", vec![0]),
+                LayerSpec::new("fc2", vec![1]),
             ],
         };
         Ok(Mlp {

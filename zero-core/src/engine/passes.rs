@@ -16,7 +16,9 @@
 //!   runs the layers below (DDP's gradient buckets, in units).
 //!
 //! The model computes in f32: 16-bit parameters are widened into the ParamWindow per
-//! layer, and 16-bit (or sharded) gradients are written into the GradWindow first.
+//! layer, and 16-bit (or sharded) gradients are written into the GradWindow first. A
+//! layer whose backward reads no parameter (a lookup, `LayerSpec::backward_reads_params`)
+//! gets none in the backward, at every stage: nothing is gathered or widened for it.
 //!
 //! [`GatherSchedule`]: crate::plan::GatherSchedule
 
@@ -97,15 +99,20 @@ pub(super) fn backward<P: Float, W: Float, D: Device, C: Communicator, M: Model<
                 tied_grads,
                 ..
             } = &mut *bufs;
-            let p = layer_params::<P, D, C>(
-                core,
-                params,
-                slots,
-                persistent,
-                param_window,
-                l,
-                &gathered,
-            )?;
+            // A lookup's backward reads no parameter: none gathered, none passed.
+            let p = if core.spec.layers[l].backward_reads_params {
+                layer_params::<P, D, C>(
+                    core,
+                    params,
+                    slots,
+                    persistent,
+                    param_window,
+                    l,
+                    &gathered,
+                )?
+            } else {
+                Vec::new()
+            };
             let mut g = layer_grads::<P, D, C>(core, grads, grad_window, tied_grads, l)?;
             model.backward_layer(core.compute(), l, &p, &mut g, weight)?;
         }

@@ -290,10 +290,7 @@ impl PartitionLayout {
         }
         // One layer per unit: the layout does not record layers, only what they use.
         let layers = (0..units.len())
-            .map(|u| LayerSpec {
-                name: format!("{u}"),
-                units: vec![u],
-            })
+            .map(|u| LayerSpec::new(format!("{u}"), vec![u]))
             .collect();
         let spec = ModelSpec { units, layers };
         let again = PartitionLayout::new(&spec, self.world, self.align)

@@ -37,9 +37,12 @@
 //! link out of each node, carrying what each rank sends; the L cross-node all-to-alls of
 //! a node all leave it, L times what each rank sends; node collectives stay inside.
 //!
-//! The table holds when every unit has one use. A unit released between uses
-//! (zero-core/src/plan/uses.rs) adds, per extra use, one gather of it per pass at stage
-//! 3 and one reduce-scatter per micro-step with sharded gradients: the plan counts them.
+//! The table holds when every unit has one use and every layer's backward reads its
+//! units. A unit released between uses (zero-core/src/plan/uses.rs) adds, per extra use,
+//! one gather of it per pass at stage 3 and one reduce-scatter per micro-step with
+//! sharded gradients; a use whose layers' backward reads no parameter (a lookup) is not
+//! gathered in the backward, one gather of it fewer per micro-step. The plan counts
+//! both.
 //!
 //! Calls follow the engine: gradient reductions in bucket-sized chunks per unit (stage 0
 //! in place, one call per unit, when no conversion is needed), stage-1/2 parameter

@@ -241,7 +241,12 @@ fn simulate(spec: &ModelSpec, plan: &BufferPlan) {
                 gathered[u] += 1;
             }
             let layer = if pass == 0 { t } else { layers - 1 - t };
-            for &u in &spec.layers[layer].units {
+            let read = if pass == 0 {
+                &spec.layers[layer].units[..]
+            } else {
+                spec.layers[layer].backward_units()
+            };
+            for &u in read {
                 assert!(
                     resident[u] || plan.persistent[u],
                     "unit {u} missing at layer {layer}"
@@ -254,13 +259,15 @@ fn simulate(spec: &ModelSpec, plan: &BufferPlan) {
                 resident[u] = false;
             }
         }
+        let uses = if pass == 0 {
+            &plan.uses
+        } else {
+            &plan.backward_reads
+        };
         for (u, &times) in gathered.iter().enumerate() {
-            // Once per use, fewer where prefetch merges two uses.
-            let most = if plan.persistent[u] {
-                0
-            } else {
-                plan.uses[u].len()
-            };
+            // Once per use (in the backward, per use by layers reading it), fewer where
+            // prefetch merges two uses.
+            let most = if plan.persistent[u] { 0 } else { uses[u].len() };
             assert!(
                 times <= most && (times > 0) == (most > 0),
                 "unit {u}: {times}"
@@ -344,6 +351,87 @@ fn a_released_table_is_gathered_and_reduced_per_use() {
     );
 }
 
+/// Lookups read no parameter in their backward: stage 3's backward gathers each table
+/// block only for the layer that reads it (the head's logits), one gather of the table
+/// less per micro-step than when the lookups read it, and the gradients reduce as before.
+#[test]
+fn lookups_are_not_gathered_in_the_backward() {
+    let reading = tied_split_spec(65, 16, 3, 8, 20);
+    let mut looking_up = reading.clone();
+    // Layers first.1.., first look up units 1.., 0: the table's blocks.
+    let first = reading
+        .layers
+        .iter()
+        .position(|l| l.name == "first")
+        .unwrap();
+    for layer in &mut looking_up.layers[..=first] {
+        layer.backward_reads_params = false;
+    }
+    let table: Vec<usize> = (0..=first).collect();
+    assert!(first >= 3);
+    assert!(looking_up.layers[..=first]
+        .iter()
+        .all(|l| l.units.len() == 1 && table.contains(&l.units[0])));
+    for (world, a, prefetch) in [(2, 1, 1), (3, 2, 0), (4, 1, 3)] {
+        let layout = PartitionLayout::new(&reading, world, 4).unwrap();
+        let mut inp = inputs(Stage::Zero3, Precision::Bf16, false, true);
+        inp.persistence_threshold = 0;
+        inp.prefetch = prefetch;
+        inp.reuse_distance = 0;
+        let before = BufferPlan::new(&reading, &layout, &inp, 0).unwrap();
+        let after = BufferPlan::new(&looking_up, &layout, &inp, 0).unwrap();
+        simulate(&looking_up, &after);
+        let g = after.gather.as_ref().unwrap();
+        let in_backward = |p: &BufferPlan, u: usize| {
+            let steps = &p.gather.as_ref().unwrap().backward;
+            steps.iter().filter(|s| s.gather.contains(&u)).count() as u64
+        };
+        // Without prefetch merging the lookup's span into the head's, the table was
+        // gathered twice in the backward; now once, for the head.
+        let mut fewer = 0;
+        for &u in &table {
+            assert_eq!(
+                in_backward(&after, u),
+                1,
+                "table unit {u}: the head's read only"
+            );
+            let was = in_backward(&before, u);
+            assert!(was == 2 || (was == 1 && prefetch > 1), "unit {u}: {was}");
+            fewer += (was - 1) * layout.units[u].padded_len as u64;
+            assert_eq!(after.uses[u], before.uses[u], "gradient uses unchanged");
+        }
+        if prefetch <= 1 {
+            let table_elems: u64 = table
+                .iter()
+                .map(|&u| layout.units[u].padded_len as u64)
+                .sum();
+            assert_eq!(fewer, table_elems);
+        }
+        let sum = |c: &CommPlan, k: Collective| -> u64 {
+            c.lines
+                .iter()
+                .filter(|l| l.collective == k)
+                .map(|l| l.elems)
+                .sum()
+        };
+        let (cb, ca) = (
+            CommPlan::new(&layout, &before, a),
+            CommPlan::new(&layout, &after, a),
+        );
+        assert_eq!(
+            sum(&cb, Collective::AllGather) - sum(&ca, Collective::AllGather),
+            a as u64 * fewer,
+            "N={world} A={a}"
+        );
+        assert_eq!(
+            sum(&cb, Collective::ReduceScatter),
+            sum(&ca, Collective::ReduceScatter)
+        );
+        let lens: Vec<usize> = layout.units.iter().map(|u| u.padded_len).collect();
+        assert!(g.slot_elems() >= g.peak_resident(&lens));
+    }
+}
+
 #[test]
 fn equal_units_need_one_slot_without_prefetch_and_two_with() {
     let spec = chain(&[100, 100, 100, 100]);
@@ -368,10 +456,7 @@ fn paper_worked_example_7_5b_on_64_gpus() {
         })
         .collect();
     let layers = (0..50)
-        .map(|i| LayerSpec {
-            name: format!("h.{i}"),
-            units: vec![i],
-        })
+        .map(|i| LayerSpec::new(format!("h.{i}"), vec![i]))
         .collect();
     let spec = ModelSpec { units, layers };
     assert_eq!(spec.numel(), 7_500_000_000);

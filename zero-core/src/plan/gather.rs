@@ -13,6 +13,8 @@
 //! one (a gather never lands in a slot its unit still holds). So a unit with U uses is
 //! gathered at most U times per pass, the table in docs/ARCHITECTURE.md's AΨ per pass
 //! when every unit has one use; nothing stays gathered across passes or micro-steps.
+//! The backward's spans come from the uses by layers whose backward reads the unit
+//! ([`super::uses::backward_read_uses`]): none for a table only looked up.
 //!
 //! The engine follows [`GatherSchedule`] literally, at each step t of a pass: (1) issue
 //! the gathers of `gather[t]` (non-blocking, into the unit's slot), (2) wait for the
@@ -65,11 +67,14 @@ fn merged(spans: impl Iterator<Item = Span>) -> Vec<Span> {
 }
 
 impl GatherSchedule {
-    /// Plan gathers for units of `padded_len` with `uses` ([`super::uses::unit_uses`];
-    /// empty: unused), `persistent` units excluded, with `prefetch` layers ahead.
+    /// Plan gathers for units of `padded_len` with forward `uses`
+    /// ([`super::uses::unit_uses`]; empty: unused) and the backward's `backward_reads`
+    /// ([`super::uses::backward_read_uses`]), `persistent` units excluded, with
+    /// `prefetch` layers ahead.
     pub fn new(
         padded_len: &[usize],
         uses: &[Vec<UnitUse>],
+        backward_reads: &[Vec<UnitUse>],
         layers: usize,
         persistent: &[bool],
         prefetch: usize,
@@ -79,7 +84,7 @@ impl GatherSchedule {
         let mut backward = vec![PassStep::default(); layers];
         let mut spans: Vec<Vec<Span>> = vec![Vec::new(); units];
         for u in 0..units {
-            if persistent[u] || uses[u].is_empty() {
+            if persistent[u] {
                 continue;
             }
             let fwd = merged(
@@ -87,7 +92,7 @@ impl GatherSchedule {
                     .iter()
                     .map(|x| (x.first.saturating_sub(prefetch), x.last)),
             );
-            let bwd = merged(uses[u].iter().rev().map(|x| {
+            let bwd = merged(backward_reads[u].iter().rev().map(|x| {
                 (
                     (layers - 1 - x.last).saturating_sub(prefetch),
                     layers - 1 - x.first,

@@ -94,7 +94,7 @@ pub mod uses;
 
 pub use gather::{GatherSchedule, PassStep};
 pub use placement::UnitPlacement;
-pub use uses::{unit_uses, UnitUse};
+pub use uses::{backward_read_uses, unit_uses, UnitUse};
 
 use crate::config::{EngineConfig, Precision, Stage};
 use crate::layout::{LayoutError, PartitionLayout};
@@ -360,6 +360,9 @@ pub struct BufferPlan {
     pub piece_len: usize,
     /// Each unit's uses ([`uses`]).
     pub uses: Vec<Vec<UnitUse>>,
+    /// Each unit's uses by layers whose backward reads it ([`backward_read_uses`]): what
+    /// stage 3 gathers in the backward.
+    pub backward_reads: Vec<Vec<UnitUse>>,
     /// Units with a use spanning several layers (a tied table kept across the gap, or
     /// a unit two consecutive layers read): with sharded gradients their gradient is
     /// accumulated in a TiedGrad buffer over the use.
@@ -462,6 +465,7 @@ impl BufferPlan {
 
         // Stage 3: persistent units and the gather slots.
         let uses = unit_uses(spec, inputs.reuse_distance);
+        let backward_reads = backward_read_uses(spec, inputs.reuse_distance);
         let accumulated: Vec<bool> = uses
             .iter()
             .map(|us| us.iter().any(UnitUse::accumulates))
@@ -489,6 +493,7 @@ impl BufferPlan {
             let g = GatherSchedule::new(
                 &lens,
                 &uses,
+                &backward_reads,
                 spec.layers.len(),
                 &persistent,
                 inputs.prefetch,
@@ -656,6 +661,7 @@ impl BufferPlan {
             bucket_len,
             piece_len,
             uses,
+            backward_reads,
             accumulated,
             persistent,
             gather,

@@ -13,8 +13,13 @@
 //! releasing it costs one more all-gather and one more reduce-scatter of the unit per
 //! pass, and the gradient is then summed across ranks per use rather than once (the
 //! same sum, rounded in another order).
+//!
+//! Stage 3's backward gathers a unit only for the layers whose backward reads it
+//! ([`backward_read_uses`]): a lookup's backward adds the output's gradient into rows of
+//! the table's gradient and reads no parameter, so a table read in the backward only by
+//! lookups is not gathered there at all (its gradient still follows [`unit_uses`]).
 
-use crate::spec::ModelSpec;
+use crate::spec::{LayerSpec, ModelSpec};
 
 /// One use of a unit: forward layers `first..=last`, both using the unit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,9 +40,24 @@ impl UnitUse {
 
 /// Per unit, its uses in forward order (empty: unused).
 pub fn unit_uses(spec: &ModelSpec, reuse_distance: usize) -> Vec<Vec<UnitUse>> {
+    uses_over(spec, reuse_distance, |layer| &layer.units)
+}
+
+/// Per unit, its uses by the layers whose backward reads it
+/// ([`crate::LayerSpec::backward_units`]): what stage 3 gathers in the backward. A unit
+/// only looked up has none; the gradient still follows [`unit_uses`].
+pub fn backward_read_uses(spec: &ModelSpec, reuse_distance: usize) -> Vec<Vec<UnitUse>> {
+    uses_over(spec, reuse_distance, LayerSpec::backward_units)
+}
+
+fn uses_over(
+    spec: &ModelSpec,
+    reuse_distance: usize,
+    units_of: impl Fn(&LayerSpec) -> &[usize],
+) -> Vec<Vec<UnitUse>> {
     let mut layers_of: Vec<Vec<usize>> = vec![Vec::new(); spec.units.len()];
     for (l, layer) in spec.layers.iter().enumerate() {
-        for &u in &layer.units {
+        for &u in units_of(layer) {
             if layers_of[u].last() != Some(&l) {
                 layers_of[u].push(l);
             }

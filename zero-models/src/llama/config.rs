@@ -282,6 +282,7 @@ impl LlamaConfig {
                     LlamaLayer::Logits(k) => format!("head.{k}"),
                 },
                 units: vec![self.layer_unit(layer)],
+                backward_reads_params: layer.backward_reads_params(),
             })
             .collect();
         ModelSpec { units, layers }

@@ -35,8 +35,8 @@ use crate::head::{logits_backward, logits_forward};
 use crate::init;
 use crate::layout::Dims;
 use crate::lm::{
-    arena_bytes_for, bad_call, check_units, host_units, impl_model, LayeredLm, TokenArena,
-    TokenBatch,
+    arena_bytes_for, bad_call, check_backward_params, check_units, host_units, impl_model,
+    LayeredLm, TokenArena, TokenBatch,
 };
 use block::{block_backward, block_forward, block_internals};
 use layout::LlamaDims;
@@ -244,7 +244,7 @@ impl<D: Device, F: Scalar> LayeredLm<D, F> for Llama<D, F> {
     ) -> Result<(), ModelError> {
         self.io.expect_backward(layer)?;
         let lens: Vec<usize> = params.iter().map(|p| p.len()).collect();
-        check_units(&self.spec, layer, &lens, "parameter")?;
+        check_backward_params(&self.spec, layer, &lens)?;
         let lens: Vec<usize> = grads.iter().map(|p| p.len()).collect();
         check_units(&self.spec, layer, &lens, "gradient")?;
         let (dev, s) = (cx.dev, cx.stream);
