@@ -5,7 +5,8 @@
 //!   names for it (the layer's own units if not prefetched, and the next layers' as
 //!   prefetch), each into its slot once compute has released the slot; compute waits
 //!   only for the units this layer reads, and releases a slot after the last layer that
-//!   reads its unit;
+//!   reads its unit (the last layer's units after its backward: the forward hands them
+//!   over);
 //! - stages 2/3 reducing every micro-step: a unit's gradient is complete after the
 //!   backward of the first layer of each of its uses (`plan/uses.rs`); its chunks go
 //!   through the reducer right away and reduce on comm while compute runs the next
@@ -31,13 +32,18 @@ use super::reducer::Landing;
 use super::{Core, EngineError, WaitPoint};
 use crate::model::{Model, UnitGrads, UnitParams};
 
-/// Forward of every layer.
+/// Stage 3: per unit, the event after which its gather slot holds it (None: not
+/// gathered). The forward hands the backward the last layer's carried units
+/// ([`crate::plan::GatherSchedule::carried`]).
+pub(super) type Gathered<D> = Vec<Option<<D as Device>::Event>>;
+
+/// Forward of every layer; returns what stays gathered into the backward.
 pub(super) fn forward<P: Float, D: Device, C: Communicator, M: Model<D>>(
     core: &Core<'_, D, C>,
     bufs: &mut Buffers<D>,
     model: &mut M,
-) -> Result<(), EngineError> {
-    let mut gathered: Vec<Option<D::Event>> = vec![None; core.spec.units.len()];
+) -> Result<Gathered<D>, EngineError> {
+    let mut gathered: Gathered<D> = vec![None; core.spec.units.len()];
     for l in 0..core.spec.layers.len() {
         let step = core.plan.gather.as_ref().map(|g| &g.forward[l]);
         if let Some(step) = step {
@@ -58,22 +64,23 @@ pub(super) fn forward<P: Float, D: Device, C: Communicator, M: Model<D>>(
             release_units(core, bufs, &step.release, &mut gathered)?;
         }
     }
-    Ok(())
+    Ok(gathered)
 }
 
-/// Backward of every layer, in reverse; with sharded gradients, each unit's gradient is
-/// reduce-scattered into this rank's gradient shard as soon as it is complete.
+/// Backward of every layer, in reverse, starting with what the forward left `gathered`;
+/// with sharded gradients, each unit's gradient is reduce-scattered into this rank's
+/// gradient shard as soon as it is complete.
 pub(super) fn backward<P: Float, W: Float, D: Device, C: Communicator, M: Model<D>>(
     core: &Core<'_, D, C>,
     bufs: &mut Buffers<D>,
     model: &mut M,
+    mut gathered: Gathered<D>,
     weight: f32,
     last_micro_step: bool,
 ) -> Result<(), EngineError> {
     let layers = core.spec.layers.len();
     let sharded = core.plan.grads_sharded;
     let compute = &core.streams.compute;
-    let mut gathered: Vec<Option<D::Event>> = vec![None; core.spec.units.len()];
     for t in 0..layers {
         let l = layers - 1 - t;
         let step = core.plan.gather.as_ref().map(|g| &g.backward[t]);

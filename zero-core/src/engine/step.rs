@@ -86,14 +86,14 @@ impl<D: Device, C: Communicator> Engine<'_, D, C> {
         // 1. Micro-steps.
         for (m, batch) in batches.iter().enumerate() {
             model.begin_micro_step(core.compute(), batch)?;
-            passes::forward::<P, D, C, M>(core, bufs, model)?;
+            let gathered = passes::forward::<P, D, C, M>(core, bufs, model)?;
             core.dev.copy(
                 &core.streams.compute,
                 model.loss(),
                 bufs.losses.slice_mut(m..m + 1),
             )?;
             let last = m + 1 == batches.len();
-            passes::backward::<P, W, D, C, M>(core, bufs, model, weight, last)?;
+            passes::backward::<P, W, D, C, M>(core, bufs, model, gathered, weight, last)?;
         }
 
         // 2. Full gradients are reduced once per step, each unit as soon as the last

@@ -6,15 +6,17 @@
 //! gathered size), every rank sends and receives (N-1)/N x E for reduce-scatter and
 //! all-gather, 2(N-1)/N x E for all-reduce. Padded unit lengths are multiples of N, so
 //! every count is a whole number. Per step, with A micro-steps, padded Ψ = Ψp,
-//! non-persistent padded Ψ = Ψg and persistent padded Ψ = Ψs (stage 3):
+//! non-persistent padded Ψ = Ψg, persistent padded Ψ = Ψs, and Ψc the non-persistent
+//! units of the last layer, carried from its forward into its backward (stage 3,
+//! `plan/gather.rs`):
 //!
 //! ```text
-//! stage  reduce every micro-step                  accumulate locally, reduce once
-//! 0      -                                        all-reduce Ψp (W)
-//! 1      -                                        reduce-scatter Ψp (W) + all-gather Ψp (P)
-//! 2      reduce-scatter AΨp (W) + all-gather Ψp    as stage 1
-//! 3      all-gather AΨg fwd + AΨg bwd (P)          all-gather 2AΨg (P) + reduce-scatter Ψp (W)
-//!        + reduce-scatter AΨp (W) + all-gather Ψs  + all-gather Ψs (P)
+//! stage  reduce every micro-step                   accumulate locally, reduce once
+//! 0      -                                         all-reduce Ψp (W)
+//! 1      -                                         reduce-scatter Ψp (W) + all-gather Ψp (P)
+//! 2      reduce-scatter AΨp (W) + all-gather Ψp     as stage 1
+//! 3      all-gather AΨg fwd + A(Ψg-Ψc) bwd (P)      all-gather A(2Ψg-Ψc) (P)
+//!        + reduce-scatter AΨp (W) + all-gather Ψs   + reduce-scatter Ψp (W) + all-gather Ψs (P)
 //! ```
 //!
 //! With quantized gathers (qwZ, `zero.quantize_weights`), each stage-3 gather of a unit

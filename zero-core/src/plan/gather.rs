@@ -12,9 +12,15 @@
 //! Spans of one unit that touch or overlap once prefetch moves them earlier merge into
 //! one (a gather never lands in a slot its unit still holds). So a unit with U uses is
 //! gathered at most U times per pass, the table in docs/ARCHITECTURE.md's AΨ per pass
-//! when every unit has one use; nothing stays gathered across passes or micro-steps.
-//! The backward's spans come from the uses by layers whose backward reads the unit
-//! ([`super::uses::backward_read_uses`]): none for a table only looked up.
+//! when every unit has one use. The backward's spans come from the uses by layers whose
+//! backward reads the unit ([`super::uses::backward_read_uses`]): none for a table only
+//! looked up.
+//!
+//! The last layer runs its backward right after its forward, so the units it reads in
+//! both passes ([`GatherSchedule::carried`]) stay gathered from one into the other: one
+//! gather of them per micro-step, not two (as FSDP keeps the root's parameters gathered
+//! into the backward). Nothing else stays gathered across passes, and nothing across
+//! micro-steps.
 //!
 //! The engine follows [`GatherSchedule`] literally, at each step t of a pass: (1) issue
 //! the gathers of `gather[t]` (non-blocking, into the unit's slot), (2) wait for the
@@ -44,6 +50,10 @@ pub struct GatherSchedule {
     pub forward: Vec<PassStep>,
     /// Per backward step t (runs layer L-1-t).
     pub backward: Vec<PassStep>,
+    /// Units the last layer reads in both passes: its backward runs right after its
+    /// forward, so they stay gathered from one into the other (not released after
+    /// forward step L-1 nor gathered again at backward step 0).
+    pub carried: Vec<usize>,
 }
 
 /// Closed interval of steps on the 2L timeline.
@@ -83,6 +93,7 @@ impl GatherSchedule {
         let mut forward = vec![PassStep::default(); layers];
         let mut backward = vec![PassStep::default(); layers];
         let mut spans: Vec<Vec<Span>> = vec![Vec::new(); units];
+        let mut carried = Vec::new();
         for u in 0..units {
             if persistent[u] {
                 continue;
@@ -98,13 +109,24 @@ impl GatherSchedule {
                     layers - 1 - x.first,
                 )
             }));
-            for &(g, r) in &fwd {
+            // The last layer's own units (read by it in both passes) are carried.
+            let last = layers - 1;
+            let carry = uses[u].last().is_some_and(|x| x.last == last)
+                && backward_reads[u].last().is_some_and(|x| x.last == last);
+            for (i, &(g, r)) in fwd.iter().enumerate() {
                 forward[g].gather.push(u);
-                forward[r].release.push(u);
+                if !(carry && i + 1 == fwd.len()) {
+                    forward[r].release.push(u);
+                }
             }
-            for &(g, r) in &bwd {
-                backward[g].gather.push(u);
+            for (i, &(g, r)) in bwd.iter().enumerate() {
+                if !(carry && i == 0) {
+                    backward[g].gather.push(u);
+                }
                 backward[r].release.push(u);
+            }
+            if carry {
+                carried.push(u);
             }
             // Backward steps sit after the forward ones on one timeline.
             spans[u] = fwd
@@ -152,6 +174,7 @@ impl GatherSchedule {
             unit_slot,
             forward,
             backward,
+            carried,
         }
     }
 
@@ -161,11 +184,12 @@ impl GatherSchedule {
     }
 
     /// Largest sum of padded lengths gathered at once in either pass (a lower bound on
-    /// [`Self::slot_elems`]; equal when the slot assignment is tight).
+    /// [`Self::slot_elems`]; equal when the slot assignment is tight). The carried units
+    /// are still gathered when the backward starts.
     pub fn peak_resident(&self, padded_len: &[usize]) -> usize {
         let mut peak = 0;
+        let mut now = 0;
         for pass in [&self.forward, &self.backward] {
-            let mut now = 0;
             for step in pass {
                 now += step.gather.iter().map(|&u| padded_len[u]).sum::<usize>();
                 peak = peak.max(now);
