@@ -109,9 +109,10 @@ fn paper_worked_example_7_5b_on_64_gpus() {
         for d in p.get("differences").arr() {
             assert!(!d.get("reason").str().is_empty());
         }
-        // Stages 0-2 move 2Ψ(N-1)/N elements of bf16, stage 3 3Ψ(N-1)/N (A = 1), plus
+        // Stages 0-2 move 2Ψ(N-1)/N elements of bf16, stage 3 3Ψ(N-1)/N (A = 1) less the
+        // last of the 34 equal units, gathered once for its forward and backward, plus
         // the padding of the units; the ledger's own count is within 0.01%.
-        let k = if s == 3 { 3.0 } else { 2.0 };
+        let k = if s == 3 { 3.0 - 1.0 / 34.0 } else { 2.0 };
         let paper = k * psi * (n - 1.0) / n * 2.0;
         let sent = p.get("comm_sent_bytes").num();
         assert!(
@@ -258,10 +259,10 @@ fn bad_inputs_fail_with_a_clear_message() {
 /// ZeRO++ on 8 nodes of 8 GPUs: with --ranks-per-node the traffic is split by group
 /// (hpZ's backward gathers on the node, qgZ's second exchange across nodes), the bytes
 /// leaving each node fall with the three switches at stage 3 from (N-1)/N (2 + 2 + 4)Ψ
-/// (bf16 weights, f32 reductions) to about (N-1)/N Ψ + (M-1)/M Ψ: 4.17x here (>= 3.5x);
-/// with bf16 reductions from 6Ψ (N-1)/N: 3.13x with int8 gradient codes, 4.07x with int4
-/// (as the paper counts). The estimate charges the slow inter-node link and drops with
-/// them.
+/// (bf16 weights, f32 reductions) to about (N-1)/N Ψ + (M-1)/M Ψ: 4.14x here (>= 3.5x);
+/// with bf16 reductions from (6 - 2/34)Ψ (N-1)/N (the backward does not gather the last
+/// of the 34 units again): 3.10x with int8 gradient codes, 4.03x with int4 (as the paper
+/// counts). The estimate charges the slow inter-node link and drops with them.
 #[test]
 fn zeropp_switches_split_the_traffic_by_node() {
     let base = [
@@ -315,7 +316,7 @@ fn zeropp_switches_split_the_traffic_by_node() {
             ],
             "zpp16",
         );
-    assert!((cut - 3.13).abs() < 0.01, "bf16 reductions: {cut:.3}x");
+    assert!((cut - 3.10).abs() < 0.01, "bf16 reductions: {cut:.3}x");
     // int4 gradient codes, as the paper counts: >= 4x with bf16 reductions too.
     let cut4 = bf16(&[], "flat16b")
         / bf16(
