@@ -98,7 +98,11 @@ fn hierarchical_weights_train_the_same_bits_with_backward_gathers_inside_the_nod
     // ranks), E/2 on the node (2 ranks).
     let world = |l: &Value| sent(l, "comm_sent_bytes", "all_gather");
     let node = sent(last, "node_comm_sent_bytes", "all_gather");
-    assert_eq!(2 * (world(&flat[STEPS - 1]) - world(last)), 3 * node, "{last}");
+    assert_eq!(
+        2 * (world(&flat[STEPS - 1]) - world(last)),
+        3 * node,
+        "{last}"
+    );
 }
 
 #[test]
