@@ -15,6 +15,25 @@ use zero_models::{download_units, upload_units, Gpt, GptConfig, TokenBatch};
 
 const B: usize = 2;
 
+/// Gradient views of a layer's units from per-unit buffers, in the layer's unit order
+/// (what the engine passes to `backward_layer`).
+fn layer_grads<'a>(
+    spec: &'a zero_core::ModelSpec,
+    layer: &zero_core::LayerSpec,
+    grads: &'a mut [<HostDevice as Device>::Buf<f32>],
+) -> Vec<UnitGrads<'a, HostDevice>> {
+    let mut picked: Vec<(usize, _)> = grads
+        .iter_mut()
+        .enumerate()
+        .filter(|(u, _)| layer.units.contains(u))
+        .collect();
+    picked.sort_by_key(|(u, _)| layer.units.iter().position(|x| x == u));
+    picked
+        .into_iter()
+        .map(|(u, b)| UnitGrads::new(&spec.units[u], b.view_mut()))
+        .collect()
+}
+
 fn tiny() -> GptConfig {
     GptConfig::preset("tiny").expect("tiny is a preset")
 }
@@ -438,16 +457,7 @@ fn layer_by_layer(cfg: GptConfig) {
                 .zip(&owned)
                 .map(|(&u, b)| UnitParams::new(&spec.units[u], b.view()))
                 .collect();
-            let mut picked: Vec<(usize, _)> = grads
-                .iter_mut()
-                .enumerate()
-                .filter(|(u, _)| layer.units.contains(u))
-                .collect();
-            picked.sort_by_key(|(u, _)| layer.units.iter().position(|x| x == u));
-            let mut g: Vec<UnitGrads<'_, HostDevice>> = picked
-                .into_iter()
-                .map(|(u, b)| UnitGrads::new(&spec.units[u], b.view_mut()))
-                .collect();
+            let mut g = layer_grads(&spec, layer, &mut grads);
             // The engine's weight is the loss's; the model divides by B x T.
             model
                 .backward_layer(cx, l, &p, &mut g, scale * (rows * cfg.max_seq_len) as f32)
@@ -604,16 +614,7 @@ fn misuse_is_an_error_not_a_panic() {
     }
     for (l, layer) in spec.layers.iter().enumerate().rev() {
         let p: Vec<_> = layer.backward_units().iter().map(|&u| unit(u)).collect();
-        let mut picked: Vec<(usize, _)> = grads
-            .iter_mut()
-            .enumerate()
-            .filter(|(u, _)| layer.units.contains(u))
-            .collect();
-        picked.sort_by_key(|(u, _)| layer.units.iter().position(|x| x == u));
-        let mut g: Vec<_> = picked
-            .into_iter()
-            .map(|(u, b)| UnitGrads::new(&spec.units[u], b.view_mut()))
-            .collect();
+        let mut g = layer_grads(&spec, layer, &mut grads);
         if l == 0 {
             let wrong = [unit(0)];
             let err = model.backward_layer(cx, 0, &wrong, &mut g, 1.0);
