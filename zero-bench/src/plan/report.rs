@@ -339,7 +339,7 @@ fn render_point(p: &PointReport) -> String {
     );
     let _ = writeln!(
         o,
-        "  total {} sent; the paper's volume kΨ(N-1)/N = {:.4e} elements (unpadded Ψ; the ledger counts padded units)",
+        "  total {} sent; the paper's volume kΨ(N-1)/N = {:.4e} elements (unpadded Ψ; the ledger counts padded units, and at stage 3 no second gather of the last layer's units or of a table for its lookups' backward)",
         human_bytes(p.comm_sent_bytes as f64),
         p.paper_comm_elems
     );

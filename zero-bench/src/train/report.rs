@@ -179,7 +179,7 @@ pub fn comm(cp: &CommPlan, plan: &BufferPlan) -> String {
             .sum();
         let _ = writeln!(
             out,
-            "  total sent {} ({} B); volume {} elements (padded) vs the paper's {k}Ψ = {} elements, each x (N-1)/N = {}/{n}",
+            "  total sent {} ({} B); volume {} elements (padded) vs the paper's {k}Ψ = {} elements, each x (N-1)/N = {}/{n} (stage 3 gathers the last layer's units and the lookups' tables once less)",
             human_bytes(cp.sent_bytes() as f64),
             cp.sent_bytes(),
             elems,

@@ -7,7 +7,7 @@
 //! all-gather, 2(N-1)/N x E for all-reduce. Padded unit lengths are multiples of N, so
 //! every count is a whole number. Per step, with A micro-steps, padded Ψ = Ψp,
 //! non-persistent padded Ψ = Ψg, persistent padded Ψ = Ψs, and Ψc the non-persistent
-//! units of the last layer, carried from its forward into its backward (stage 3,
+//! units the last layer reads in both passes, carried from its forward into its backward (stage 3,
 //! `plan/gather.rs`):
 //!
 //! ```text
@@ -41,7 +41,7 @@
 //!
 //! The table holds when every unit has one use and every layer's backward reads its
 //! units. A unit released between uses (zero-core/src/plan/uses.rs) adds, per extra use,
-//! one gather of it per pass at stage 3 and one reduce-scatter per micro-step with
+//! one gather of it per pass that reads it there at stage 3 and one reduce-scatter per micro-step with
 //! sharded gradients; a use whose layers' backward reads no parameter (a lookup) is not
 //! gathered in the backward, one gather of it fewer per micro-step. The plan counts
 //! both.

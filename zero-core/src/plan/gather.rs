@@ -110,7 +110,7 @@ impl GatherSchedule {
                 )
             }));
             // The last layer's own units (read by it in both passes) are carried.
-            let last = layers - 1;
+            let last = layers.saturating_sub(1);
             let carry = uses[u].last().is_some_and(|x| x.last == last)
                 && backward_reads[u].last().is_some_and(|x| x.last == last);
             for (i, &(g, r)) in fwd.iter().enumerate() {

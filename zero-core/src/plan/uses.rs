@@ -1,6 +1,7 @@
 //! When each unit is in use: its layers, grouped into *uses*. A use is a stretch of
-//! forward layers `first..=last` over which the unit stays resident: gathered once per
-//! pass at stage 3, and, with sharded gradients (stages 2/3 reducing every micro-step),
+//! forward layers `first..=last` over which the unit stays resident: gathered once in
+//! the forward at stage 3 (and once in the backward if a layer of it reads the unit
+//! there, unless the last layer carries it across: `plan/gather.rs`), and, with sharded gradients (stages 2/3 reducing every micro-step),
 //! its gradient accumulated over the use's layers and reduced once, after the backward
 //! of `first`.
 //!
@@ -8,10 +9,11 @@
 //! (a tied table read by the first and the last layer) has one use per run, unless the
 //! layers in between use at most `reuse_distance` elements of other units: then the
 //! runs merge into one use and the unit stays resident across the gap (the rule of
-//! DeepSpeed's `stage3_max_reuse_distance`). Keeping it costs its size for the whole
-//! gap, twice over with sharded gradients (the gathered copy and an f32 accumulator);
-//! releasing it costs one more all-gather and one more reduce-scatter of the unit per
-//! pass, and the gradient is then summed across ranks per use rather than once (the
+//! DeepSpeed's `stage3_max_reuse_distance`). Keeping it costs its size for the gap
+//! (in each pass that reads it there), twice over with sharded gradients (the gathered
+//! copy and an f32 accumulator); releasing it costs one more all-gather of the unit per
+//! pass that reads it (the forward only, when the first use is a lookup) and one more
+//! reduce-scatter per micro-step, and the gradient is then summed across ranks per use rather than once (the
 //! same sum, rounded in another order).
 //!
 //! Stage 3's backward gathers a unit only for the layers whose backward reads it
