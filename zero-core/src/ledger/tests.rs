@@ -221,6 +221,15 @@ fn stage_buffers_follow_the_table() {
     }
 }
 
+/// Elements of all calls of collective `k` in a comm plan (the gathered size).
+fn elems_of(c: &CommPlan, k: Collective) -> u64 {
+    c.lines
+        .iter()
+        .filter(|l| l.collective == k)
+        .map(|l| l.elems)
+        .sum()
+}
+
 /// Walk both passes of the schedule like the engine: a slot is written only when free,
 /// a layer's units are resident when it computes, each unit gathered once per pass.
 fn simulate(spec: &ModelSpec, plan: &BufferPlan) {
@@ -359,19 +368,12 @@ fn a_released_table_is_gathered_and_reduced_per_use() {
         CommPlan::new(&layout, &held, 2),
         CommPlan::new(&layout, &released, 2),
     );
-    let elems = |c: &CommPlan, k: Collective| -> u64 {
-        c.lines
-            .iter()
-            .filter(|l| l.collective == k)
-            .map(|l| l.elems)
-            .sum()
-    };
     assert_eq!(
-        elems(&cr, Collective::AllGather) - elems(&ch, Collective::AllGather),
+        elems_of(&cr, Collective::AllGather) - elems_of(&ch, Collective::AllGather),
         2 * 2 * table
     );
     assert_eq!(
-        elems(&cr, Collective::ReduceScatter) - elems(&ch, Collective::ReduceScatter),
+        elems_of(&cr, Collective::ReduceScatter) - elems_of(&ch, Collective::ReduceScatter),
         2 * table
     );
 }
@@ -434,25 +436,18 @@ fn lookups_are_not_gathered_in_the_backward() {
                 .sum();
             assert_eq!(fewer, table_elems);
         }
-        let sum = |c: &CommPlan, k: Collective| -> u64 {
-            c.lines
-                .iter()
-                .filter(|l| l.collective == k)
-                .map(|l| l.elems)
-                .sum()
-        };
         let (cb, ca) = (
             CommPlan::new(&layout, &before, a),
             CommPlan::new(&layout, &after, a),
         );
         assert_eq!(
-            sum(&cb, Collective::AllGather) - sum(&ca, Collective::AllGather),
+            elems_of(&cb, Collective::AllGather) - elems_of(&ca, Collective::AllGather),
             a as u64 * fewer,
             "N={world} A={a}"
         );
         assert_eq!(
-            sum(&cb, Collective::ReduceScatter),
-            sum(&ca, Collective::ReduceScatter)
+            elems_of(&cb, Collective::ReduceScatter),
+            elems_of(&ca, Collective::ReduceScatter)
         );
         let lens: Vec<usize> = layout.units.iter().map(|u| u.padded_len).collect();
         assert!(g.slot_elems() >= g.peak_resident(&lens));
