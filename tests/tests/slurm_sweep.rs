@@ -172,7 +172,7 @@ fn zeropp_switches_find_the_slurm_nodes_and_cut_the_bytes_leaving_them() {
 }
 
 /// `train --dry-run` under srun with hpZ plans for the Slurm nodes the step has (2 of 2
-/// ranks: a secondary partition of half of every unit), as the run does.
+/// ranks: a secondary partition of half of every unit the backward gathers), as the run does.
 #[test]
 fn a_dry_run_under_srun_plans_the_slurm_nodes() {
     let conf = slurm_conf();
@@ -200,7 +200,7 @@ fn a_dry_run_under_srun_plans_the_slurm_nodes() {
         "{log}"
     );
     assert!(
-        log.contains("this rank's 1/2 of every gathered unit"),
+        log.contains("this rank's 1/2 of every unit the backward gathers"),
         "{log}"
     );
 }

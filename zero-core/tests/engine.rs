@@ -482,6 +482,99 @@ fn the_simulated_device_catches_every_removed_wait() {
     }
 }
 
+/// A step that fails part-way (here the model's forward of one layer, on every rank)
+/// leaves half a step behind: the engine returns that error, then refuses further steps
+/// and state export with one that says what to do, at every stage, instead of gathering
+/// into slots or reducing gradients the failed step left mid-flight.
+#[test]
+fn a_step_that_failed_part_way_stops_the_engine() {
+    use common::models::char_lm::{CharLm, TokenBatch};
+    use zero_comm::Communicator;
+    use zero_core::model::{Compute, Model, ModelError, UnitGrads, UnitParams};
+    use zero_core::ModelSpec;
+    use zero_kernels::device::{DView, Device, HostDevice};
+
+    /// The char LM, failing the forward of layer 2 on its first call.
+    struct FailsOnce(CharLm<HostDevice>, bool);
+    impl Model<HostDevice> for FailsOnce {
+        type Batch<'a> = TokenBatch<'a>;
+        fn spec(&self) -> &ModelSpec {
+            self.0.spec()
+        }
+        fn init_unit(&self, seed: u64, unit: usize, out: &mut [f32]) {
+            self.0.init_unit(seed, unit, out)
+        }
+        fn begin_micro_step(
+            &mut self,
+            cx: Compute<'_, HostDevice>,
+            batch: &TokenBatch<'_>,
+        ) -> Result<(), ModelError> {
+            self.0.begin_micro_step(cx, batch)
+        }
+        fn forward_layer(
+            &mut self,
+            cx: Compute<'_, HostDevice>,
+            layer: usize,
+            params: &[UnitParams<'_, HostDevice>],
+        ) -> Result<(), ModelError> {
+            if layer == 2 && !self.1 {
+                self.1 = true;
+                return Err(ModelError::BadCall("injected failure".into()));
+            }
+            self.0.forward_layer(cx, layer, params)
+        }
+        fn loss(&self) -> DView<'_, HostDevice, f32> {
+            self.0.loss()
+        }
+        fn backward_layer(
+            &mut self,
+            cx: Compute<'_, HostDevice>,
+            layer: usize,
+            params: &[UnitParams<'_, HostDevice>],
+            grads: &mut [UnitGrads<'_, HostDevice>],
+            weight: f32,
+        ) -> Result<(), ModelError> {
+            self.0.backward_layer(cx, layer, params, grads, weight)
+        }
+        fn activation_bytes(&self) -> usize {
+            self.0.activation_bytes()
+        }
+    }
+
+    for stage in [Stage::Zero0, Stage::Zero3] {
+        let outcomes = zero_comm::run_local(2, Default::default(), |comm| {
+            let dev = HostDevice::new();
+            let mut model = FailsOnce(CharLm::new(&dev, common::lm_config()).unwrap(), false);
+            let c = config(stage, Precision::Bf16, 1);
+            let mut engine = zero_core::Engine::new(&c, &comm, &dev, &model).unwrap();
+            let (x, y) = common::lm_batch(0, 0, comm.rank(), 2, 1);
+            let b = TokenBatch {
+                inputs: &x,
+                targets: &y,
+                seq_len: common::SEQ,
+            };
+            let failed = engine.step(&mut model, &[b]).unwrap_err().to_string();
+            let again = engine.step(&mut model, &[b]).unwrap_err().to_string();
+            let export = engine.export_unit(0).unwrap_err().to_string();
+            let params = engine.full_params_f32().unwrap_err().to_string();
+            dev.synchronize().unwrap();
+            (failed, again, export, params, engine.steps_done())
+        });
+        for outcome in outcomes {
+            let (failed, again, export, params, done) = outcome.unwrap();
+            assert!(failed.contains("injected failure"), "{stage}: {failed}");
+            for refused in [&again, &export, &params] {
+                assert!(
+                    refused.contains("step 1 failed part-way")
+                        && refused.contains("resume from the last checkpoint"),
+                    "{stage}: {refused}"
+                );
+            }
+            assert_eq!(done, 0);
+        }
+    }
+}
+
 #[test]
 fn a_step_refuses_another_model_and_a_wrong_batch_count() {
     use common::models::char_lm::{CharLm, TokenBatch};

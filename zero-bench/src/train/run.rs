@@ -228,15 +228,10 @@ where
 
 /// An engine error of a step: agreed on every rank when the engine decided it from agreed
 /// values (a non-finite gradient without loss scaling, fp16 stuck at its floor, a
-/// divergent loss under `divergence.policy = "stop"`), else this rank's own.
+/// divergent loss under `divergence.policy = "stop"` or skipped too long:
+/// [`EngineError::is_agreed_stop`]), else this rank's own.
 fn step_error(e: EngineError, rank: usize, stage: Stage, number: u64) -> Stop {
-    let agreed = matches!(
-        e,
-        EngineError::NonFinite { .. }
-            | EngineError::NoProgress { .. }
-            | EngineError::Diverged { .. }
-    );
-    if agreed {
+    if e.is_agreed_stop() {
         // The engine's message names the step.
         let e = anyhow::Error::new(e).context(format!("{stage}: training stopped"));
         Stop::Agreed(Failure::same_everywhere(e, rank))

@@ -123,9 +123,32 @@ pub enum EngineError {
         /// Steps skipped in a row before it.
         skipped: usize,
     },
+    /// An earlier step failed part-way (a model, device or communication error), so
+    /// this engine's buffers and streams may hold half a step and the ranks may be at
+    /// different collectives: it runs no more steps and moves no state in or out.
+    #[error("step {step} failed part-way (the error it returned says why), so this engine's buffers may hold half a step and the ranks may be out of step in their collectives; it runs no more steps and exports or imports no state. Build a new engine (Engine::new) and resume from the last checkpoint")]
+    Interrupted {
+        /// The step that failed (counted from 1).
+        step: u64,
+    },
     /// A broken engine invariant (a bug: please report it with the config).
     #[error("internal engine error: {0}")]
     Internal(String),
+}
+
+impl EngineError {
+    /// Every rank returns this error for the same step, after the ranks agreed on it and
+    /// before anything of the step was applied: the engine stays whole (the step can be
+    /// retried, or the state saved).
+    pub fn is_agreed_stop(&self) -> bool {
+        matches!(
+            self,
+            EngineError::NonFinite { .. }
+                | EngineError::NoProgress { .. }
+                | EngineError::Diverged { .. }
+                | EngineError::SkippedTooLong { .. }
+        )
+    }
 }
 
 /// What one optimizer step did, on this rank (values agreed across ranks where noted).
@@ -289,6 +312,8 @@ pub struct Engine<'c, D: Device, C: Communicator> {
     /// changes), oldest first; carried through checkpoints.
     history: Vec<String>,
     activation_bytes: u64,
+    /// The step (from 1) that returned an error part-way ([`EngineError::Interrupted`]).
+    interrupted: Option<u64>,
 }
 
 impl<'c, D: Device, C: Communicator> Engine<'c, D, C> {
@@ -405,6 +430,7 @@ impl<'c, D: Device, C: Communicator> Engine<'c, D, C> {
             guard: guard::LossGuard::default(),
             history: Vec::new(),
             activation_bytes,
+            interrupted: None,
         };
         match engine.core.plan.param_dtype {
             DType::F32 => engine.init_params::<f32, M>(model)?,

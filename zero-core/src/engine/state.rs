@@ -53,6 +53,7 @@ impl<D: Device, C: Communicator> Engine<'_, D, C> {
 
     /// This rank's block of unit `u` (master, m, v), copied to the host.
     pub fn export_unit(&self, u: usize) -> Result<UnitState, EngineError> {
+        self.check_intact()?;
         let at = self.placement(u)?.clone();
         let (dev, s) = (self.core.dev, &self.core.streams.compute);
         let own_state = at.own_within(&at.state);
@@ -98,6 +99,7 @@ impl<D: Device, C: Communicator> Engine<'_, D, C> {
         adam_m: &[f32],
         adam_v: &[f32],
     ) -> Result<(), EngineError> {
+        self.check_intact()?;
         let at = self.placement(u)?.clone();
         let n = at.updates.len();
         for (what, len) in [
@@ -137,6 +139,7 @@ impl<D: Device, C: Communicator> Engine<'_, D, C> {
         applied: u64,
         scaler: LossScaler,
     ) -> Result<(), EngineError> {
+        self.check_intact()?;
         let (core, bufs) = (&self.core, &mut self.bufs);
         match core.plan.param_dtype {
             DType::F32 => optimizer::refresh_from_master::<f32, D, C>(core, bufs)?,
@@ -162,6 +165,7 @@ impl<D: Device, C: Communicator> Engine<'_, D, C> {
     /// copy holds it, gathered to every rank: for tests and export. Allocates Ψ floats
     /// on the host; not for the training loop.
     pub fn full_params_f32(&self) -> Result<Vec<f32>, EngineError> {
+        self.check_intact()?;
         match self.core.plan.param_dtype {
             DType::F32 => self.full_params_as::<f32>(),
             DType::BF16 => self.full_params_as::<half::bf16>(),

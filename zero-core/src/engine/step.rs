@@ -40,7 +40,11 @@ impl<D: Device, C: Communicator> Engine<'_, D, C> {
                 batches.len()
             )));
         }
-        match (
+        self.check_intact()?;
+        // Until the step returns Ok or an error every rank agreed on, it is part-way: an
+        // error in between leaves buffers, events and collectives mid-step.
+        self.interrupted = Some(self.step + 1);
+        let report = match (
             self.core.plan.param_dtype,
             self.core.plan.inputs.reduce_dtype,
         ) {
@@ -52,6 +56,21 @@ impl<D: Device, C: Communicator> Engine<'_, D, C> {
             (p, w) => Err(EngineError::Internal(format!(
                 "parameters {p} reduced in {w}"
             ))),
+        };
+        if report
+            .as_ref()
+            .map_or_else(EngineError::is_agreed_stop, |_| true)
+        {
+            self.interrupted = None;
+        }
+        report
+    }
+
+    /// Refuse to go on after a step that failed part-way ([`EngineError::Interrupted`]).
+    pub(super) fn check_intact(&self) -> Result<(), EngineError> {
+        match self.interrupted {
+            Some(step) => Err(EngineError::Interrupted { step }),
+            None => Ok(()),
         }
     }
 

@@ -305,7 +305,7 @@ impl Explanation {
         let (bytes, _, lens, dt) = sum(&|r| *r == BufferRole::Secondary);
         if let Some(dt) = dt {
             extra(MemCategory::Secondary, bytes, format!(
-                "hpZ secondary partition: this rank's 1/{} of every gathered unit ({lens} elements of {dt}), so that the backward gathers inside the node",
+                "hpZ secondary partition: this rank's 1/{} of every unit the backward gathers ({lens} elements of {dt}), so that it gathers them inside the node",
                 plan.inputs.ranks_per_node
             ));
         }

@@ -454,6 +454,45 @@ fn lookups_are_not_gathered_in_the_backward() {
     }
 }
 
+/// hpZ keeps a node part only of the units the backward gathers: the table blocks read
+/// only by lookups and carried into the head's backward, and persistent units, keep none,
+/// and the Secondary buffer is exactly Σ E/L over the rest.
+#[test]
+fn hpz_keeps_parts_only_of_units_gathered_in_the_backward() {
+    let mut spec = tied_split_spec(65, 16, 3, 8, 20);
+    let first = spec.layers.iter().position(|l| l.name == "first").unwrap();
+    for layer in &mut spec.layers[..=first] {
+        layer.backward_reads_params = false;
+    }
+    for (world, l, threshold) in [(4, 2, 0), (6, 3, 0), (4, 4, 200)] {
+        let layout = PartitionLayout::new(&spec, world, 4).unwrap();
+        let mut inp = inputs(Stage::Zero3, Precision::Bf16, false, true);
+        inp.persistence_threshold = threshold;
+        inp.hierarchical_weights = true;
+        inp.ranks_per_node = l;
+        let plan = BufferPlan::new(&spec, &layout, &inp, 0).unwrap();
+        let g = plan.gather.as_ref().unwrap();
+        let mut elems = 0;
+        for (u, unit) in layout.units.iter().enumerate() {
+            let gathered = g.backward.iter().any(|s| s.gather.contains(&u));
+            assert_eq!(plan.secondary[u].is_some(), gathered, "unit {u}");
+            if let Some(at) = &plan.secondary[u] {
+                assert_eq!(at.len(), unit.padded_len / l);
+                elems += at.len();
+            }
+            if plan.persistent[u] || g.carried.contains(&u) {
+                assert!(plan.secondary[u].is_none(), "unit {u}");
+            }
+        }
+        assert!(
+            threshold > 0 || !g.carried.is_empty(),
+            "N={world}: none carried"
+        );
+        assert!(elems > 0);
+        assert_eq!(plan.get(BufferRole::Secondary).unwrap().len, elems);
+    }
+}
+
 #[test]
 fn equal_units_need_one_slot_without_prefetch_and_two_with() {
     let spec = chain(&[100, 100, 100, 100]);

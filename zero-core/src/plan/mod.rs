@@ -25,7 +25,7 @@
 //! BucketPiece{0,1}  W      -         bucket/N  bucket/N         bucket/N         reduce-scatter output
 //! QuantCodes{0,1}   u8     -         shard | unit (stages 1-3)  qwZ only: int8 codes sent | gathered
 //! QuantScales{0,1}  f32    -         ns | N ns (stages 1-3)     qwZ only: ns = ceil(shard / block)
-//! Secondary         P      -         -         -                Σ unit / L       hpZ only: node-partitioned copy
+//! Secondary         P      -         -         -                Σ unit / L       hpZ only: units gathered in backward
 //! GradCodes{0,1}    u8     -         N c (stages 1-3)                            qgZ only: int8 codes sent | received
 //! GradScales{0,1}   f32    -         see `grad_quant_scales` (stages 1-3)        qgZ only
 //! GradSums{0,1}     f32    -         M c (stages 1-3)                            qgZ only: f32 sum, one peer's values
@@ -69,7 +69,9 @@
 //! - Secondary partition (hpZ, stage 3): after each forward gather of a unit, this
 //!   rank's 1/L of it (L = ranks per node; node-local rank j keeps elements
 //!   [j len/L, (j+1) len/L)) is copied into Secondary on comm; the backward gathers the
-//!   unit from there over the node communicator. Persistent units have none.
+//!   unit from there over the node communicator. Only units the backward gathers have
+//!   a part: not persistent ones, nor those read only by lookups or carried from the
+//!   forward (`GatherSchedule::carried`).
 //! - Quantized gradient reduction (qgZ, stages 1-3): a chunk of c = piece_len elements
 //!   is packed with its N blocks ordered by (local rank, node) instead of rank, so that
 //!   each node peer's M blocks are one run; the runs are quantized into GradCodes{0}
@@ -282,7 +284,7 @@ pub enum BufferRole {
         /// The gathered side.
         gathered: bool,
     },
-    /// hpZ (stage 3): this rank's 1/L of every non-persistent unit as gathered.
+    /// hpZ (stage 3): this rank's 1/L of every unit the backward gathers, as gathered.
     Secondary,
     /// qgZ: int8 codes of a chunk's blocks sent (`received`: false) or received (true).
     GradCodes {
@@ -373,7 +375,7 @@ pub struct BufferPlan {
     pub gather: Option<GatherSchedule>,
     /// Where each unit sits in the buffers on this rank.
     pub placements: Vec<UnitPlacement>,
-    /// hpZ: where each non-persistent unit's 1/L sits in the Secondary buffer.
+    /// hpZ: where the 1/L of each unit the backward gathers sits in the Secondary buffer.
     pub secondary: Vec<Option<Range<usize>>>,
     /// Buffers, in allocation order.
     pub buffers: Vec<BufferSpec>,
@@ -503,20 +505,23 @@ impl BufferPlan {
             }
             gather = Some(g);
         }
-        // hpZ: node-local rank j = rank mod L keeps elements [j len/L, (j+1) len/L) of each gathered
-        // unit (padded lengths are multiples of N, so of L).
+        // hpZ: node-local rank j = rank mod L keeps elements [j len/L, (j+1) len/L) of each unit
+        // the backward gathers (padded lengths are multiples of N, so of L). Units it never
+        // gathers (read only by lookups, or carried from the forward) keep no part.
         let mut secondary = vec![None; layout.units.len()];
-        if stage == Stage::Zero3 && inputs.hierarchical_weights {
+        if let (Some(g), true) = (&gather, inputs.hierarchical_weights) {
             // Like the gather slots, it holds the units' padding too (counted as its own).
             let mut at = 0;
             for (u, unit) in layout.units.iter().enumerate() {
-                if !persistent[u] {
+                if g.backward.iter().any(|s| s.gather.contains(&u)) {
                     let part = unit.padded_len / l;
                     secondary[u] = Some(at..at + part);
                     at += part;
                 }
             }
-            b.push(scratch(R::Secondary, C::Secondary, p, at));
+            if at > 0 {
+                b.push(scratch(R::Secondary, C::Secondary, p, at));
+            }
         }
         // Quantized gathers (stage 3's before each layer, stages 1/2's after the step)
         // stage one unit at a time on the comm stream, so one set of buffers sized by the
