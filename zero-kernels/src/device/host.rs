@@ -358,6 +358,7 @@ impl CpuQueue for HostDevice {
         let products = if self.bf16_products.get() {
             match crate::nn::gemm_bf16::Bf16Kernel::detect() {
                 crate::nn::gemm_bf16::Bf16Kernel::Avx512Bf16 => ", bf16 products (avx512bf16)",
+                crate::nn::gemm_bf16::Bf16Kernel::Avx2 => ", bf16 products (avx2)",
                 crate::nn::gemm_bf16::Bf16Kernel::Portable => ", bf16 products (portable)",
                 crate::nn::gemm_bf16::Bf16Kernel::Amx => ", bf16 products (amx)",
             }

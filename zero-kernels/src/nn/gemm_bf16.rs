@@ -16,7 +16,7 @@
 //! loads C's 32 x 32 block into the tiles, adds the K block's products and stores it
 //! back, so each element of C is one chain of `tdpbf16ps` steps over all of k.
 //!
-//! Three micro-kernels, chosen at run time ([`Bf16Kernel::detect`]; `ZERO_BF16_KERNEL`
+//! Four micro-kernels, chosen at run time ([`Bf16Kernel::detect`]; `ZERO_BF16_KERNEL`
 //! forces one, [`BF16_KERNEL_ENV`]):
 //! - AMX `tdpbf16ps` ([`Bf16Kernel::Amx`]): an [`AMX_MR`] x [`NR`] = 32 x 32 tile held as
 //!   2 x 2 tiles of 16 x 16 f32 (tmm0-3), fed by two A tiles (16 rows x 16 pairs, tmm4-5)
@@ -33,13 +33,20 @@
 //!   (`Gemm::run`) configures its own.
 //! - AVX-512 BF16 `vdpbf16ps` ([`Bf16Kernel::Avx512Bf16`]): [`MR`] x [`NR`] = 8 x 32 in
 //!   16 zmm registers.
+//! - AVX2 + FMA ([`Bf16Kernel::Avx2`], for CPUs without AVX-512 BF16, such as AMD Zen 2
+//!   and 3 or Intel before Cooper Lake): the f32 GEMM of `sgemm_avx2.rs` with A and B
+//!   rounded to bf16 as it packs them (a bf16 is an f32 with a zero low half), so the
+//!   products are the same and run at the f32 kernel's speed; each element of C is one
+//!   FMA chain over k in order per K block, as that kernel sums.
 //! - Portable ([`Bf16Kernel::Portable`]): adds the same products as `vdpbf16ps` in the
 //!   same order (per pair, the odd k first, as the instruction's definition in Intel's
 //!   SDM says).
 //!
 //! A product of two bf16 is exact in f32, so each step is one f32 addition with one
 //! rounding: the portable and `vdpbf16ps` kernels agree bit for bit except on
-//! subnormals (the instruction flushes them to zero; see the tests). `tdpbf16ps` rounds
+//! subnormals (the instruction flushes them to zero; see the tests). The AVX2 kernel
+//! adds the same products in k's order (not the odd k of a pair first) and in its own K
+//! blocks, so it agrees with them within the f32 summation bound (tested). `tdpbf16ps` rounds
 //! with its own order and internal rounding (SDM, TDPBF16PS: round to nearest even,
 //! denormal inputs and outputs flushed), so it agrees with the others within the f32
 //! summation bound, not bit for bit (tested against that bound).
@@ -77,6 +84,8 @@ pub enum Bf16Kernel {
     Amx,
     /// AVX-512 BF16 `vdpbf16ps`.
     Avx512Bf16,
+    /// The AVX2 + FMA f32 GEMM on operands rounded to bf16 as packed.
+    Avx2,
     /// Plain f32 arithmetic in `vdpbf16ps`'s order (any CPU).
     Portable,
 }
@@ -85,11 +94,11 @@ pub enum Bf16Kernel {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Bf16KernelError {
     /// A name that is not a kernel.
-    #[error("{0:?} is not a bf16 kernel: use amx, avx512 or portable")]
+    #[error("{0:?} is not a bf16 kernel: use amx, avx512, avx2 or portable")]
     Unknown(String),
     /// `ZERO_BF16_KERNEL` set to a name that is not a kernel.
     #[error(
-        "{BF16_KERNEL_ENV}={0:?} is not a bf16 kernel: use amx, avx512 or portable (or unset it)"
+        "{BF16_KERNEL_ENV}={0:?} is not a bf16 kernel: use amx, avx512, avx2 or portable (or unset it)"
     )]
     BadEnv(String),
     /// A kernel this CPU (or OS) does not run.
@@ -104,8 +113,9 @@ pub enum Bf16KernelError {
 
 impl Bf16Kernel {
     /// Every kernel, slowest first.
-    pub const ALL: [Bf16Kernel; 3] = [
+    pub const ALL: [Bf16Kernel; 4] = [
         Bf16Kernel::Portable,
+        Bf16Kernel::Avx2,
         Bf16Kernel::Avx512Bf16,
         Bf16Kernel::Amx,
     ];
@@ -126,12 +136,14 @@ impl Bf16Kernel {
         })
     }
 
-    /// The fastest kernel this CPU runs: AMX, then AVX-512 BF16, then portable.
+    /// The fastest kernel this CPU runs: AMX, then AVX-512 BF16, then AVX2, then portable.
     pub fn best() -> Self {
         if Bf16Kernel::Amx.is_available() {
             Bf16Kernel::Amx
         } else if Bf16Kernel::Avx512Bf16.is_available() {
             Bf16Kernel::Avx512Bf16
+        } else if Bf16Kernel::Avx2.is_available() {
+            Bf16Kernel::Avx2
         } else {
             Bf16Kernel::Portable
         }
@@ -145,6 +157,11 @@ impl Bf16Kernel {
             Bf16Kernel::Avx512Bf16 => {
                 std::arch::is_x86_feature_detected!("avx512f")
                     && std::arch::is_x86_feature_detected!("avx512bf16")
+            }
+            #[cfg(target_arch = "x86_64")]
+            Bf16Kernel::Avx2 => {
+                std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
             }
             #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
             Bf16Kernel::Amx => amx::usable(),
@@ -198,6 +215,7 @@ impl Bf16Kernel {
         match self {
             Bf16Kernel::Amx => "amx",
             Bf16Kernel::Avx512Bf16 => "avx512",
+            Bf16Kernel::Avx2 => "avx2",
             Bf16Kernel::Portable => "portable",
         }
     }
@@ -431,7 +449,7 @@ mod amx {
 /// `x` rounded to bf16 (nearest even; NaN stays a quiet NaN), as its bits. Branch-free,
 /// so the packing loops vectorise (equal to `half::bf16::from_f32`: tested).
 #[inline(always)]
-fn to_bf16(x: f32) -> u32 {
+pub(super) fn to_bf16(x: f32) -> u32 {
     let bits = x.to_bits();
     let rounded = bits.wrapping_add(0x7FFF + ((bits >> 16) & 1)) >> 16;
     let quiet_nan = (bits >> 16) | 0x40;
@@ -1280,6 +1298,13 @@ pub unsafe fn sgemm_bf16(
         return;
     }
     let mut b_packed = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    if kernel == Bf16Kernel::Avx2 {
+        super::sgemm_avx2::sgemm(
+            true, m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc,
+        );
+        return;
+    }
     let mut a_packed = vec![0u32; KC.div_ceil(2) * MR];
     let mut tile = [0f32; MR * NR];
     for kb in (0..k).step_by(KC) {
@@ -1725,13 +1750,13 @@ mod tests {
             assert_eq!(k.name().parse::<Bf16Kernel>(), Ok(k));
         }
         assert_eq!(" AVX512 ".parse::<Bf16Kernel>(), Ok(Bf16Kernel::Avx512Bf16));
-        let e = "avx2".parse::<Bf16Kernel>().expect_err("not a kernel");
+        let e = "sse2".parse::<Bf16Kernel>().expect_err("not a kernel");
         assert_eq!(
             e.to_string(),
-            "\"avx2\" is not a bf16 kernel: use amx, avx512 or portable"
+            "\"sse2\" is not a bf16 kernel: use amx, avx512, avx2 or portable"
         );
-        let e = Bf16KernelError::BadEnv("avx2".into()).to_string();
-        assert!(e.starts_with("ZERO_BF16_KERNEL=\"avx2\" is not"), "{e}");
+        let e = Bf16KernelError::BadEnv("sse2".into()).to_string();
+        assert!(e.starts_with("ZERO_BF16_KERNEL=\"sse2\" is not"), "{e}");
         assert_eq!(Bf16Kernel::Portable.force(), Ok(Bf16Kernel::Portable));
         for k in Bf16Kernel::ALL {
             match k.force() {

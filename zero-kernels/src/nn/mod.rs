@@ -50,6 +50,8 @@ pub mod rope;
 pub mod rows;
 pub mod scalar;
 pub mod sgemm;
+#[cfg(target_arch = "x86_64")]
+mod sgemm_avx2;
 pub mod softmax;
 pub mod swiglu;
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! The f32 GEMM, `C = alpha * A B + beta * C` over arbitrary strides (`matrixmultiply`'s
-//! contract): an AVX-512F kernel of this crate where the CPU has it, else
-//! `matrixmultiply::sgemm`, chosen at run time ([`SgemmKernel::detect`]; `ZERO_SGEMM`
-//! forces either).
+//! contract): an AVX-512F kernel of this crate where the CPU has it, else its AVX2 + FMA
+//! kernel (`sgemm_avx2.rs`), else `matrixmultiply::sgemm`, chosen at run time
+//! ([`SgemmKernel::detect`]; `ZERO_SGEMM` forces one).
 //!
 //! Why a kernel of our own: `matrixmultiply`'s AVX-512 micro-kernel is 16x16, one
 //! broadcast load for every FMA, and reached 151-182 GFLOP/s single-threaded on the model's
@@ -30,8 +30,8 @@
 
 use std::sync::OnceLock;
 
-/// The environment variable that forces the f32 GEMM: `avx512` or `matrixmultiply`
-/// (unset or empty: the fastest this CPU runs).
+/// The environment variable that forces the f32 GEMM: `avx512`, `avx2` or
+/// `matrixmultiply` (unset or empty: the fastest this CPU runs).
 pub const SGEMM_KERNEL_ENV: &str = "ZERO_SGEMM";
 
 /// Rows of the micro-tile (broadcasts of A per k).
@@ -65,6 +65,8 @@ pub fn k_block(k: usize) -> usize {
 pub enum SgemmKernel {
     /// `matrixmultiply::sgemm` (any CPU).
     MatrixMultiply,
+    /// This crate's AVX2 + FMA kernel (`sgemm_avx2.rs`).
+    Avx2,
     /// This module's AVX-512F kernel.
     Avx512,
 }
@@ -73,11 +75,11 @@ pub enum SgemmKernel {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SgemmKernelError {
     /// A name that is not a kernel.
-    #[error("{0:?} is not an f32 GEMM: use avx512 or matrixmultiply")]
+    #[error("{0:?} is not an f32 GEMM: use avx512, avx2 or matrixmultiply")]
     Unknown(String),
     /// `ZERO_SGEMM` set to a name that is not a kernel.
     #[error(
-        "{SGEMM_KERNEL_ENV}={0:?} is not an f32 GEMM: use avx512 or matrixmultiply (or unset it)"
+        "{SGEMM_KERNEL_ENV}={0:?} is not an f32 GEMM: use avx512, avx2 or matrixmultiply (or unset it)"
     )]
     BadEnv(String),
     /// A kernel this CPU does not run.
@@ -92,7 +94,11 @@ pub enum SgemmKernelError {
 
 impl SgemmKernel {
     /// Every kernel, slowest first.
-    pub const ALL: [SgemmKernel; 2] = [SgemmKernel::MatrixMultiply, SgemmKernel::Avx512];
+    pub const ALL: [SgemmKernel; 3] = [
+        SgemmKernel::MatrixMultiply,
+        SgemmKernel::Avx2,
+        SgemmKernel::Avx512,
+    ];
 
     /// The kernel this process uses: the one `ZERO_SGEMM` forces, else the fastest this CPU
     /// runs. Read once. A bad value is logged as an error and ignored (callers that can
@@ -114,6 +120,8 @@ impl SgemmKernel {
     pub fn best() -> Self {
         if SgemmKernel::Avx512.is_available() {
             SgemmKernel::Avx512
+        } else if SgemmKernel::Avx2.is_available() {
+            SgemmKernel::Avx2
         } else {
             SgemmKernel::MatrixMultiply
         }
@@ -125,6 +133,11 @@ impl SgemmKernel {
             SgemmKernel::MatrixMultiply => true,
             #[cfg(target_arch = "x86_64")]
             SgemmKernel::Avx512 => std::arch::is_x86_feature_detected!("avx512f"),
+            #[cfg(target_arch = "x86_64")]
+            SgemmKernel::Avx2 => {
+                std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+            }
             #[allow(unreachable_patterns)]
             _ => false,
         }
@@ -173,6 +186,7 @@ impl SgemmKernel {
     pub const fn name(self) -> &'static str {
         match self {
             SgemmKernel::MatrixMultiply => "matrixmultiply",
+            SgemmKernel::Avx2 => "avx2",
             SgemmKernel::Avx512 => "avx512",
         }
     }
@@ -226,6 +240,16 @@ pub unsafe fn sgemm(
         SgemmKernel::Avx512 if m > 0 && n > 0 && k > 0 => {
             // SAFETY: forwarded contract; the caller checked this CPU has AVX-512F.
             unsafe { avx512::sgemm(m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc) }
+        }
+        #[cfg(target_arch = "x86_64")]
+        SgemmKernel::Avx2 if m > 0 && n > 0 && k > 0 => {
+            // SAFETY: forwarded contract; the caller checked this CPU has AVX2 and FMA.
+            unsafe {
+                let bf16 = false;
+                super::sgemm_avx2::sgemm(
+                    bf16, m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc,
+                )
+            }
         }
         // K = 0 (C = beta C) and empty C go to matrixmultiply, which handles them.
         _ => {

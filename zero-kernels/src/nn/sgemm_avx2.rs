@@ -1,0 +1,405 @@
+//! The f32 GEMM for CPUs with AVX2 and FMA but not AVX-512F (AMD Zen 2 and 3, Intel
+//! Haswell to Comet Lake): [`super::sgemm`]'s BLIS loop nest with a [`MR`] x [`NR`] =
+//! 6 x 16 micro-tile in 12 ymm accumulators, the shape of BLIS's Haswell kernel. Per k:
+//! two 8-lane loads of packed B, 6 broadcasts of A, 12 FMAs. Twelve independent sums
+//! cover the FMA latency (4-5 cycles at two FMAs a cycle), and 8 loads per 12 FMAs fit
+//! two load ports, so the FMA ports bound the loop.
+//!
+//! `matrixmultiply`'s AVX2 kernel (8 x 8, 8 accumulators) ran at 58-66 GFLOP/s on the
+//! model's shapes on a Zen 2 core whose FMA peak measured 100 GFLOP/s; see the README's
+//! results table for this kernel's.
+//!
+//! With `bf16` set it is also the bf16 product of `gemm_bf16.rs` on these CPUs
+//! (`Bf16Kernel::Avx2`): A and B are rounded to bf16 (nearest even) as they are packed,
+//! every row of A packed then, and the kernel runs on those exact f32 values.
+//!
+//! Numerics as the AVX-512 kernel's (`sgemm.rs`): C(i, j) is one FMA chain over k in
+//! order within each K block ([`k_block`], a function of k alone), then
+//! `C = fma(alpha, acc, beta * C)` (`alpha * acc` when beta is 0; C not read), later
+//! blocks with beta = 1. Tiles never mix rows, so a band of rows computed alone has the
+//! bits it has in the whole product.
+
+use super::sgemm::k_block;
+use std::arch::x86_64::*;
+use std::cell::RefCell;
+
+/// Rows of the micro-tile (broadcasts of A per k).
+const MR: usize = 6;
+/// Columns of the micro-tile (two ymm of packed B per k).
+const NR: usize = 16;
+/// Rows per A block: the tile's MR x KC panel of A (18 KiB at KC = 768) stays in L1 over
+/// the block's B panels; the block (216 KiB) in L2.
+const MC: usize = MR * 12;
+/// Columns per packed-B block (NC x KC: 3 MiB at KC = 768, from L3; each NR x KC panel,
+/// 48 KiB, streams from L2 once per A tile).
+const NC: usize = NR * 64;
+
+thread_local! {
+    /// This thread's packing buffers (A block, B block), kept between calls.
+    static PACKS: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// See [`super::sgemm`]; with `bf16`, of A and B rounded to bf16.
+///
+/// # Safety
+/// As [`super::sgemm`], with AVX2 and FMA available and m, k, n > 0.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn sgemm(
+    bf16: bool,
+    m: usize,
+    k: usize,
+    n: usize,
+    alpha: f32,
+    a: *const f32,
+    rsa: isize,
+    csa: isize,
+    b: *const f32,
+    rsb: isize,
+    csb: isize,
+    beta: f32,
+    c: *mut f32,
+    rsc: isize,
+    csc: isize,
+) {
+    PACKS.with(|packs| {
+        // Never borrowed twice (no call re-enters), but fresh buffers would do as well.
+        let mut fresh = (Vec::new(), Vec::new());
+        let mut kept = packs.try_borrow_mut();
+        let (pack_a, pack_b) = match kept.as_deref_mut() {
+            Ok(p) => (&mut p.0, &mut p.1),
+            Err(_) => (&mut fresh.0, &mut fresh.1),
+        };
+        let kb = k_block(k).min(k);
+        pack_a.resize(pack_a.len().max(MC.min(m.next_multiple_of(MR)) * kb), 0.0);
+        pack_b.resize(pack_b.len().max(NC.min(n.next_multiple_of(NR)) * kb), 0.0);
+        // SAFETY: forwarded contract; the buffers hold the blocks (sizes above).
+        unsafe {
+            blocked(
+                bf16,
+                m,
+                k,
+                n,
+                alpha,
+                a,
+                rsa,
+                csa,
+                b,
+                rsb,
+                csb,
+                beta,
+                c,
+                rsc,
+                csc,
+                pack_a.as_mut_ptr(),
+                pack_b.as_mut_ptr(),
+            )
+        }
+    })
+}
+
+/// The loop nest: N in NC blocks, K in equal blocks, M in MC blocks, then each MR-row
+/// tile of A against the block's NR-column panels of B.
+///
+/// # Safety
+/// As [`sgemm`]; `pa` holds MC x KC and `pb` KC x NC floats (or the smaller blocks this
+/// call uses).
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn blocked(
+    bf16: bool,
+    m: usize,
+    k: usize,
+    n: usize,
+    alpha: f32,
+    a: *const f32,
+    rsa: isize,
+    csa: isize,
+    b: *const f32,
+    rsb: isize,
+    csb: isize,
+    beta: f32,
+    c: *mut f32,
+    rsc: isize,
+    csc: isize,
+    pa: *mut f32,
+    pb: *mut f32,
+) {
+    let kb = k_block(k);
+    for jc in (0..n).step_by(NC) {
+        let nc = NC.min(n - jc);
+        for pc in (0..k).step_by(kb) {
+            let kc = kb.min(k - pc);
+            // The first K block applies beta; the later ones add into C.
+            let beta = if pc == 0 { beta } else { 1.0 };
+            // SAFETY: rows pc..pc + kc and columns jc..jc + nc are inside B.
+            unsafe {
+                let b = b.offset(pc as isize * rsb + jc as isize * csb);
+                pack_b(bf16, kc, nc, b, rsb, csb, pb)
+            };
+            for ic in (0..m).step_by(MC) {
+                let mc = MC.min(m - ic);
+                let a_block = a.offset(ic as isize * rsa + pc as isize * csa);
+                // Rows of A contiguous in k are read in place, MR row streams; only a
+                // last tile of fewer than MR rows is packed (its missing rows are zeros).
+                // Rounded to bf16, every row is packed.
+                let packed_from = if csa == 1 && !bf16 { mc / MR * MR } else { 0 };
+                // SAFETY: rows ic + packed_from..ic + mc, columns pc..pc + kc are in A;
+                // with no rows to pack the pointer is not read (`wrapping_offset`).
+                unsafe {
+                    pack_a(
+                        bf16,
+                        mc - packed_from,
+                        kc,
+                        a_block.wrapping_offset(packed_from as isize * rsa),
+                        rsa,
+                        csa,
+                        pa,
+                    )
+                };
+                for ir in (0..mc).step_by(MR) {
+                    let rows = MR.min(mc - ir);
+                    for jr in (0..nc).step_by(NR) {
+                        let tile = Tile {
+                            rows,
+                            cols: NR.min(nc - jr),
+                            c: c.offset((ic + ir) as isize * rsc + (jc + jr) as isize * csc),
+                            rsc,
+                            csc,
+                        };
+                        let pb = pb.add(jr * kc);
+                        // SAFETY: the panels lie in A or the packed blocks; the tile in C.
+                        unsafe {
+                            if ir < packed_from {
+                                let rows = a_block.offset(ir as isize * rsa);
+                                micro_kernel::<true, MR>(kc, rows, rsa, pb, alpha, beta, tile)
+                            } else {
+                                let panel = pa.add((ir - packed_from) * kc);
+                                packed_tile(kc, panel, pb, alpha, beta, tile)
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `x`, or `x` rounded to bf16 (nearest even) when `bf16`.
+#[inline(always)]
+fn operand(bf16: bool, x: f32) -> f32 {
+    if bf16 {
+        f32::from_bits(super::gemm_bf16::to_bf16(x) << 16)
+    } else {
+        x
+    }
+}
+
+/// Packs rows 0..mc, columns 0..kc of A into panels of MR rows: panel r holds element
+/// (r MR + i, p) at `r MR kc + p MR + i`; rows past mc are zero.
+///
+/// # Safety
+/// The view addresses valid memory; `out` holds mc rounded up to MR times kc floats.
+unsafe fn pack_a(
+    bf16: bool,
+    mc: usize,
+    kc: usize,
+    a: *const f32,
+    rsa: isize,
+    csa: isize,
+    out: *mut f32,
+) {
+    for r0 in (0..mc).step_by(MR) {
+        let rows = MR.min(mc - r0);
+        // SAFETY: inside the view and the buffer (contract).
+        unsafe {
+            let panel = std::slice::from_raw_parts_mut(out.add(r0 * kc), MR * kc);
+            for (p, at) in panel.chunks_exact_mut(MR).enumerate() {
+                for (i, x) in at.iter_mut().enumerate() {
+                    *x = if i < rows {
+                        operand(bf16, *a.offset((r0 + i) as isize * rsa + p as isize * csa))
+                    } else {
+                        0.0
+                    };
+                }
+            }
+        }
+    }
+}
+
+/// Packs rows 0..kc, columns 0..nc of B into panels of NR columns: panel r holds
+/// element (p, r NR + j) at `r NR kc + p NR + j`; columns past nc are zero.
+///
+/// # Safety
+/// The view addresses valid memory; `out` holds kc times nc rounded up to NR floats.
+unsafe fn pack_b(
+    bf16: bool,
+    kc: usize,
+    nc: usize,
+    b: *const f32,
+    rsb: isize,
+    csb: isize,
+    out: *mut f32,
+) {
+    for j0 in (0..nc).step_by(NR) {
+        let cols = NR.min(nc - j0);
+        // SAFETY: inside the view and the buffer (contract).
+        unsafe {
+            let panel = std::slice::from_raw_parts_mut(out.add(j0 * kc), NR * kc);
+            let src = b.offset(j0 as isize * csb);
+            if csb == 1 {
+                // Rows of B contiguous: NR-float copies, zeros past nc.
+                for (p, dst) in panel.chunks_exact_mut(NR).enumerate() {
+                    let row = std::slice::from_raw_parts(src.offset(p as isize * rsb), cols);
+                    for (x, &v) in dst.iter_mut().zip(row) {
+                        *x = operand(bf16, v);
+                    }
+                    dst[cols..].fill(0.0);
+                }
+            } else {
+                // Columns (B^T's rows: the linear layers' weights) read in order, written
+                // at stride NR.
+                for j in 0..NR {
+                    let col = src.wrapping_offset(j as isize * csb);
+                    for p in 0..kc {
+                        panel[p * NR + j] = if j < cols {
+                            operand(bf16, *col.offset(p as isize * rsb))
+                        } else {
+                            0.0
+                        };
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// k steps ahead that the micro-kernel prefetches packed B (one 64-byte line a step).
+const PREFETCH_B: usize = 8;
+/// k steps per iteration of the micro-kernel's loop.
+const UNROLL: usize = 4;
+
+/// Where a micro-tile goes: `rows` x `cols` of C (at most MR x NR).
+#[derive(Clone, Copy)]
+struct Tile {
+    rows: usize,
+    cols: usize,
+    c: *mut f32,
+    rsc: isize,
+    csc: isize,
+}
+
+/// A packed tile through the kernel with as many rows as it has, so a short last tile
+/// costs its rows' FMAs; each element is the same FMA chain as in a full tile.
+///
+/// # Safety
+/// As [`micro_kernel`] with `DIRECT` false.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn packed_tile(kc: usize, a: *const f32, b: *const f32, alpha: f32, beta: f32, t: Tile) {
+    // SAFETY: forwarded contract.
+    unsafe {
+        match t.rows {
+            1 => micro_kernel::<false, 1>(kc, a, 1, b, alpha, beta, t),
+            2 => micro_kernel::<false, 2>(kc, a, 1, b, alpha, beta, t),
+            3 => micro_kernel::<false, 3>(kc, a, 1, b, alpha, beta, t),
+            4 => micro_kernel::<false, 4>(kc, a, 1, b, alpha, beta, t),
+            5 => micro_kernel::<false, 5>(kc, a, 1, b, alpha, beta, t),
+            _ => micro_kernel::<false, MR>(kc, a, 1, b, alpha, beta, t),
+        }
+    }
+}
+
+/// One micro-tile: `acc = A_panel B_panel` over kc in 12 ymm, then into C. A is MR rows
+/// of A itself, `rsa` apart, contiguous in k (`DIRECT`), or a packed panel (`rsa`
+/// unused); either way each sum sees the same FMAs in the same order.
+///
+/// # Safety
+/// `a` holds MR rows of kc floats (`DIRECT`) or kc x MR packed floats, `b` kc x NR packed
+/// floats; the tile addresses valid C and has at most `ROWS` rows.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn micro_kernel<const DIRECT: bool, const ROWS: usize>(
+    kc: usize,
+    a: *const f32,
+    rsa: isize,
+    b: *const f32,
+    alpha: f32,
+    beta: f32,
+    t: Tile,
+) {
+    let mut acc = [_mm256_setzero_ps(); 2 * MR];
+    macro_rules! step {
+        ($p:expr) => {{
+            let p = $p;
+            // A hint: never faults, also past the panel's end.
+            _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add((p + PREFETCH_B) * NR).cast());
+            // SAFETY: k step p of both panels (contract).
+            unsafe {
+                let b0 = _mm256_loadu_ps(b.add(p * NR));
+                let b1 = _mm256_loadu_ps(b.add(p * NR + 8));
+                for i in 0..ROWS {
+                    let ai = _mm256_broadcast_ss(&*if DIRECT {
+                        a.offset(i as isize * rsa).add(p)
+                    } else {
+                        a.add(p * MR + i)
+                    });
+                    acc[2 * i] = _mm256_fmadd_ps(ai, b0, acc[2 * i]);
+                    acc[2 * i + 1] = _mm256_fmadd_ps(ai, b1, acc[2 * i + 1]);
+                }
+            }
+        }};
+    }
+    // Unrolled, each sum still takes k steps 0, 1, 2, ... in order.
+    let mut p = 0;
+    while p + UNROLL <= kc {
+        for u in 0..UNROLL {
+            step!(p + u);
+        }
+        p += UNROLL;
+    }
+    while p < kc {
+        step!(p);
+        p += 1;
+    }
+    let (valpha, vbeta) = (_mm256_set1_ps(alpha), _mm256_set1_ps(beta));
+    if t.csc == 1 && t.cols == NR {
+        // Whole rows of 16 contiguous floats: 8-lane updates.
+        for i in 0..t.rows {
+            for h in 0..2 {
+                // SAFETY: row i, columns 8h..8h + 8 of the tile.
+                unsafe {
+                    let dst = t.c.offset(i as isize * t.rsc).add(8 * h);
+                    let out = if beta == 0.0 {
+                        _mm256_mul_ps(valpha, acc[2 * i + h])
+                    } else {
+                        let old = _mm256_mul_ps(vbeta, _mm256_loadu_ps(dst));
+                        _mm256_fmadd_ps(valpha, acc[2 * i + h], old)
+                    };
+                    _mm256_storeu_ps(dst, out);
+                }
+            }
+        }
+        return;
+    }
+    // Any other tile: through a stack copy, the same operations per element.
+    let mut sums = [0.0f32; MR * NR];
+    for (i, pair) in acc.chunks_exact(2).enumerate() {
+        // SAFETY: row i of the stack tile.
+        unsafe {
+            _mm256_storeu_ps(sums.as_mut_ptr().add(i * NR), pair[0]);
+            _mm256_storeu_ps(sums.as_mut_ptr().add(i * NR + 8), pair[1]);
+        }
+    }
+    for i in 0..t.rows {
+        for j in 0..t.cols {
+            // SAFETY: element (i, j) of the tile.
+            unsafe {
+                let dst = t.c.offset(i as isize * t.rsc + j as isize * t.csc);
+                let sum = sums[i * NR + j];
+                *dst = if beta == 0.0 {
+                    alpha * sum
+                } else {
+                    alpha.mul_add(sum, beta * *dst)
+                };
+            }
+        }
+    }
+}
