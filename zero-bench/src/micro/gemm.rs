@@ -25,7 +25,7 @@ pub struct GemmArgs {
         default_value = "4096x256x256,4096x256x1024,4096x768x768,4096x768x3072,4096x3072x768,4096x1024x1024"
     )]
     shapes: String,
-    /// bf16 micro-kernels to time, comma-separated (amx, avx512, portable); default:
+    /// bf16 micro-kernels to time, comma-separated (amx, avx512, avx2, portable); default:
     /// every one this CPU runs but the portable one.
     #[arg(long)]
     kernels: Option<String>,

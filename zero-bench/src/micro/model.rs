@@ -33,8 +33,9 @@ pub struct ModelArgs {
     #[arg(long, default_value_t = 5)]
     steps: usize,
     /// Matrix products with bf16 operands and f32 sums (what `precision = "bf16"`
-    /// trains with: AMX, else AVX-512 BF16, where the CPU has it; `ZERO_BF16_KERNEL=amx|
-    /// avx512|portable` forces one), the model and the reference GEMM alike.
+    /// trains with: AMX, else AVX-512 BF16, else AVX2, where the CPU has it;
+    /// `ZERO_BF16_KERNEL=amx|avx512|avx2|portable` forces one), the model and the
+    /// reference GEMM alike.
     #[arg(long)]
     bf16: bool,
 }

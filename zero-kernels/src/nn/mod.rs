@@ -5,9 +5,9 @@
 //! zero-models is written on them.
 //!
 //! - [`gemm`]: `C = alpha * A B + beta * C` over strided views ([`MatLayout`]), with
-//!   threads over row bands ([`Gemm`]); [`sgemm`]: its f32 kernels; [`gemm_bf16`]: the
-//!   same product with bf16
-//!   operands and f32 sums (AVX-512 BF16 or portable), for bf16 training;
+//!   threads over row bands ([`Gemm`]); [`sgemm`]: its f32 kernels (AVX-512F, AVX2 + FMA,
+//!   `matrixmultiply`); [`gemm_bf16`]: the same product with bf16 operands and f32 sums
+//!   (AMX, AVX-512 BF16, AVX2 or portable), for bf16 training;
 //! - [`norm`]: LayerNorm; [`activation`]: GELU (tanh approximation);
 //! - Llama's: [`rmsnorm`], [`rope`] (rotary embeddings and GQA's shared key/value heads
 //!   into the packed qkv of [`attention`]), [`swiglu`] (the gated MLP's elementwise part);
@@ -34,8 +34,8 @@
 //!   `#[inline(always)]`; called directly, they run as the crate was built (baseline).
 //! - Numerics: each function is a fixed sequence of IEEE operations, the same on every
 //!   call and thread count, and no function here but the GEMMs uses a fused multiply-add.
-//!   The GEMM ([`sgemm`]: this crate's AVX-512F kernel, else `matrixmultiply`'s, whose
-//!   kernel with or without FMA is chosen at run time) depends on the CPU, so unlike the
+//!   The GEMM ([`sgemm`]: this crate's AVX-512F or AVX2 + FMA kernel, else
+//!   `matrixmultiply`'s, chosen at run time) depends on the CPU, so unlike the
 //!   optimizer kernels of this crate, results that go through a GEMM are reproducible on
 //!   one kind of CPU, not bitwise across instruction set levels.
 

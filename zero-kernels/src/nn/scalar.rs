@@ -273,8 +273,8 @@ unsafe fn dgemm_exact(
     unsafe { matrixmultiply::dgemm(m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc) }
 }
 
-/// f32: this crate's AVX-512F GEMM where the CPU runs it, else `matrixmultiply`
-/// ([`super::sgemm`]; `ZERO_SGEMM` forces either).
+/// f32: this crate's AVX-512F or AVX2 + FMA GEMM where the CPU runs it, else `matrixmultiply`
+/// ([`super::sgemm`]; `ZERO_SGEMM` forces one).
 #[allow(clippy::too_many_arguments)]
 unsafe fn sgemm_detected(
     m: usize,
