@@ -10,8 +10,9 @@
 //! results table for this kernel's.
 //!
 //! With `bf16` set it is also the bf16 product of `gemm_bf16.rs` on these CPUs
-//! (`Bf16Kernel::Avx2`): A and B are rounded to bf16 (nearest even) as they are packed,
-//! every row of A packed then, and the kernel runs on those exact f32 values.
+//! (`Bf16Kernel::Avx2`): A and B are rounded to bf16 (nearest even) as they are packed
+//! (A's rows contiguous in k into a row block, then read as A's own rows are), and the
+//! kernel runs on those exact f32 values.
 //!
 //! Numerics as the AVX-512 kernel's (`sgemm.rs`): C(i, j) is one FMA chain over k in
 //! order within each K block ([`k_block`], a function of k alone), then
@@ -70,7 +71,9 @@ pub(super) unsafe fn sgemm(
             Err(_) => (&mut fresh.0, &mut fresh.1),
         };
         let kb = k_block(k).min(k);
-        pack_a.resize(pack_a.len().max(MC.min(m.next_multiple_of(MR)) * kb), 0.0);
+        // The A block, and for bf16 its rounded rows and a short last panel.
+        let a_rows = MC.min(m.next_multiple_of(MR)) + if bf16 { MR } else { 0 };
+        pack_a.resize(pack_a.len().max(a_rows * kb), 0.0);
         pack_b.resize(pack_b.len().max(NC.min(n.next_multiple_of(NR)) * kb), 0.0);
         // SAFETY: forwarded contract; the buffers hold the blocks (sizes above).
         unsafe {
@@ -101,8 +104,8 @@ pub(super) unsafe fn sgemm(
 /// tile of A against the block's NR-column panels of B.
 ///
 /// # Safety
-/// As [`sgemm`]; `pa` holds MC x KC and `pb` KC x NC floats (or the smaller blocks this
-/// call uses).
+/// As [`sgemm`]; `pa` holds MC x KC floats ((MC + MR) x KC with `bf16`) and `pb`
+/// KC x NC (or the smaller blocks this call uses).
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn blocked(
@@ -138,22 +141,30 @@ unsafe fn blocked(
             };
             for ic in (0..m).step_by(MC) {
                 let mc = MC.min(m - ic);
-                let a_block = a.offset(ic as isize * rsa + pc as isize * csa);
+                let mut a_block = a.offset(ic as isize * rsa + pc as isize * csa);
+                let (mut rs_block, mut round, mut panels) = (rsa, bf16, pa);
+                if bf16 && csa == 1 {
+                    // Rounded row by row (vectorised) into `pa`, then read in place as
+                    // unrounded rows are; the short last panel goes after them.
+                    // SAFETY: the block's rows lie in A; `pa` holds them and one panel.
+                    unsafe { round_rows(mc, kc, a_block, rsa, pa) };
+                    (a_block, rs_block, round, panels) = (pa, kc as isize, false, pa.add(mc * kc));
+                }
                 // Rows of A contiguous in k are read in place, MR row streams; only a
                 // last tile of fewer than MR rows is packed (its missing rows are zeros).
-                // Rounded to bf16, every row is packed.
-                let packed_from = if csa == 1 && !bf16 { mc / MR * MR } else { 0 };
-                // SAFETY: rows ic + packed_from..ic + mc, columns pc..pc + kc are in A;
-                // with no rows to pack the pointer is not read (`wrapping_offset`).
+                let packed_from = if csa == 1 { mc / MR * MR } else { 0 };
+                // SAFETY: rows packed_from..mc, columns 0..kc of the block are in A (or
+                // its rounded rows); with no rows to pack the pointer is not read
+                // (`wrapping_offset`).
                 unsafe {
                     pack_a(
-                        bf16,
+                        round,
                         mc - packed_from,
                         kc,
-                        a_block.wrapping_offset(packed_from as isize * rsa),
-                        rsa,
+                        a_block.wrapping_offset(packed_from as isize * rs_block),
+                        rs_block,
                         csa,
-                        pa,
+                        panels,
                     )
                 };
                 for ir in (0..mc).step_by(MR) {
@@ -170,10 +181,10 @@ unsafe fn blocked(
                         // SAFETY: the panels lie in A or the packed blocks; the tile in C.
                         unsafe {
                             if ir < packed_from {
-                                let rows = a_block.offset(ir as isize * rsa);
-                                micro_kernel::<true, MR>(kc, rows, rsa, pb, alpha, beta, tile)
+                                let rows = a_block.offset(ir as isize * rs_block);
+                                micro_kernel::<true, MR>(kc, rows, rs_block, pb, alpha, beta, tile)
                             } else {
-                                let panel = pa.add((ir - packed_from) * kc);
+                                let panel = panels.add((ir - packed_from) * kc);
                                 packed_tile(kc, panel, pb, alpha, beta, tile)
                             }
                         }
@@ -191,6 +202,27 @@ fn operand(bf16: bool, x: f32) -> f32 {
         f32::from_bits(super::gemm_bf16::to_bf16(x) << 16)
     } else {
         x
+    }
+}
+
+/// Rows 0..mc, columns 0..kc of A (rows contiguous in k) rounded to bf16 into `out`,
+/// row after row (row stride kc).
+///
+/// # Safety
+/// The rows address valid memory; `out` holds mc x kc floats and does not overlap them.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn round_rows(mc: usize, kc: usize, a: *const f32, rsa: isize, out: *mut f32) {
+    for i in 0..mc {
+        // SAFETY: row i of the view and of `out` (contract).
+        let (row, dst) = unsafe {
+            (
+                std::slice::from_raw_parts(a.offset(i as isize * rsa), kc),
+                std::slice::from_raw_parts_mut(out.add(i * kc), kc),
+            )
+        };
+        for (x, &v) in dst.iter_mut().zip(row) {
+            *x = operand(true, v);
+        }
     }
 }
 
