@@ -240,6 +240,25 @@ unsafe fn pack_a(
     csa: isize,
     out: *mut f32,
 ) {
+    if rsa == 1 {
+        // Columns contiguous (A^T stored row-major, as dY^T in a weight gradient): each
+        // k's mc values are one run, read once and dealt out to the panels (walking a
+        // panel at a time would read a new line of A for every k).
+        for p in 0..kc {
+            // SAFETY: column p of the view, and panel r's k step p (contract).
+            unsafe {
+                let run = std::slice::from_raw_parts(a.offset(p as isize * csa), mc);
+                for (r, part) in run.chunks(MR).enumerate() {
+                    let dst = std::slice::from_raw_parts_mut(out.add((r * kc + p) * MR), MR);
+                    for (x, &v) in dst.iter_mut().zip(part) {
+                        *x = operand(bf16, v);
+                    }
+                    dst[part.len()..].fill(0.0);
+                }
+            }
+        }
+        return;
+    }
     for r0 in (0..mc).step_by(MR) {
         let rows = MR.min(mc - r0);
         // SAFETY: inside the view and the buffer (contract).
@@ -288,12 +307,13 @@ unsafe fn pack_b(
                     dst[cols..].fill(0.0);
                 }
             } else {
-                // Columns (B^T's rows: the linear layers' weights) read in order, written
-                // at stride NR.
-                for j in 0..NR {
-                    let col = src.wrapping_offset(j as isize * csb);
-                    for p in 0..kc {
-                        panel[p * NR + j] = if j < cols {
+                // Columns (B^T's rows: the linear layers' weights) read as NR streams, a
+                // value of each per k, so each k's NR values are written at once (writing
+                // a column at a time at stride NR touched a line per value).
+                for (p, dst) in panel.chunks_exact_mut(NR).enumerate() {
+                    for (j, x) in dst.iter_mut().enumerate() {
+                        *x = if j < cols {
+                            let col = src.wrapping_offset(j as isize * csb);
                             operand(bf16, *col.offset(p as isize * rsb))
                         } else {
                             0.0
