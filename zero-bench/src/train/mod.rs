@@ -193,7 +193,7 @@ fn with_backend<D: BenchDevice>(
             let hpz = loaded.iter().any(|l| l.config.zero.hierarchical_weights);
             if rank == 0 && hpz && g.node.size() == 1 && g.cross.size() > 1 {
                 log::warn!(
-                    "hpZ with one rank per node: each rank keeps a whole copy of the weights (Ψ more parameters held) and gains nothing over stage 3's own gathers"
+                    "hpZ with one rank per node: each rank keeps a whole copy of the weights (up to Ψ more parameters held) and gains nothing over stage 3's own gathers"
                 );
             }
             // The nodes found are what the memory budget and the engine plan for.

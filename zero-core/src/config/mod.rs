@@ -153,7 +153,7 @@ pub struct ZeroConfig {
     /// Stage 3: keep a second copy of the gathered 16-bit (or f32) weights partitioned
     /// over the ranks of each node, and gather the backward's units from it inside the
     /// node (ZeRO++'s hpZ, Wang et al. 2023, section 4.2): no backward gather crosses
-    /// nodes, for Ψ/L more parameter memory per rank (L ranks per node). Needs the node
+    /// nodes, for at most Ψ/L more parameter memory per rank (L ranks per node). Needs the node
     /// groups (`Engine::on_nodes`). Off by default.
     pub hierarchical_weights: bool,
     /// Reduce gradients (the reduce-scatter of stages 1-3) as block-wise int8 codes in

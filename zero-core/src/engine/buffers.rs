@@ -44,7 +44,7 @@ pub(crate) struct Buffers<D: Device> {
     pub slots: Vec<GatherSlot<D>>,
     /// Quantized parameter gathers (qwZ): the staging of the codes.
     pub quant: Option<QuantStaging<D>>,
-    /// hpZ: this rank's 1/L of every gathered unit (P).
+    /// hpZ: this rank's 1/L of every unit the backward gathers (P).
     pub secondary: Option<FloatBuffer<D>>,
     /// f32 parameters of the computing layer (16-bit training).
     pub param_window: D::Buf<f32>,

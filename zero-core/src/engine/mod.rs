@@ -138,8 +138,8 @@ pub enum EngineError {
 
 impl EngineError {
     /// Every rank returns this error for the same step, after the ranks agreed on it and
-    /// before anything of the step was applied: the engine stays whole (the step can be
-    /// retried, or the state saved).
+    /// with the step's update not applied: the engine stays whole (its state can be
+    /// saved; `NoProgress` comes after its skipped step was counted, the others before).
     pub fn is_agreed_stop(&self) -> bool {
         matches!(
             self,

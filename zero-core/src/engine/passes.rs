@@ -184,9 +184,10 @@ enum Pass {
 }
 
 /// Stage 3: start the all-gathers of `units` on comm, each into its slot once the slot's
-/// previous unit is released. With hpZ (a Secondary buffer), the forward's gathers also
-/// keep this rank's 1/L of the unit (node-local rank j: elements [j len/L, (j+1) len/L)),
-/// and the backward's gather the unit from those parts over the node group alone.
+/// previous unit is released. With hpZ (a Secondary buffer), the forward's gathers of a
+/// unit the backward gathers again also keep this rank's 1/L of it (node-local rank j:
+/// elements [j len/L, (j+1) len/L)), and the backward's gather the unit from those parts
+/// over the node group alone.
 fn gather_units<P: Float, D: Device, C: Communicator>(
     core: &Core<'_, D, C>,
     bufs: &mut Buffers<D>,
@@ -206,6 +207,13 @@ fn gather_units<P: Float, D: Device, C: Communicator>(
             (Some(s), Some(g), Some(at)) => Some((s.get_mut::<P>()?, &g.node, at.clone())),
             _ => None,
         };
+        let hpz = core.plan.inputs.hierarchical_weights && core.nodes.is_some();
+        if hpz && hierarchical.is_none() && matches!(pass, Pass::Backward) {
+            // The plan gives a part to every unit the backward gathers (plan/mod.rs).
+            return Err(EngineError::Internal(format!(
+                "hpZ: the backward gathers unit {u}, which keeps no node part"
+            )));
+        }
         if let (Some((secondary, node, at)), Pass::Backward) = (&hierarchical, pass) {
             let part = secondary.slice(at.clone());
             let dst = buf.get_mut::<P>()?.slice_mut(0..len);

@@ -34,7 +34,7 @@
 //! - AVX-512 BF16 `vdpbf16ps` ([`Bf16Kernel::Avx512Bf16`]): [`MR`] x [`NR`] = 8 x 32 in
 //!   16 zmm registers.
 //! - AVX2 + FMA ([`Bf16Kernel::Avx2`], for CPUs without AVX-512 BF16, such as AMD Zen 2
-//!   and 3 or Intel before Cooper Lake): the f32 GEMM of `sgemm_avx2.rs` with A and B
+//!   and 3, Intel CPUs without AVX512_BF16): the f32 GEMM of `sgemm_avx2.rs` with A and B
 //!   rounded to bf16 as it packs them (a bf16 is an f32 with a zero low half), so the
 //!   products are the same and run at the f32 kernel's speed; each element of C is one
 //!   FMA chain over k in order per K block, as that kernel sums.
@@ -1297,7 +1297,6 @@ pub unsafe fn sgemm_bf16(
         );
         return;
     }
-    let mut b_packed = Vec::new();
     #[cfg(target_arch = "x86_64")]
     if kernel == Bf16Kernel::Avx2 {
         super::sgemm_avx2::sgemm(
@@ -1305,6 +1304,7 @@ pub unsafe fn sgemm_bf16(
         );
         return;
     }
+    let mut b_packed = Vec::new();
     let mut a_packed = vec![0u32; KC.div_ceil(2) * MR];
     let mut tile = [0f32; MR * NR];
     for kb in (0..k).step_by(KC) {

@@ -1,11 +1,11 @@
 //! The f32 GEMM for CPUs with AVX2 and FMA but not AVX-512F (AMD Zen 2 and 3, Intel
 //! Haswell to Comet Lake): [`super::sgemm`]'s BLIS loop nest with a [`MR`] x [`NR`] =
-//! 6 x 16 micro-tile in 12 ymm accumulators, the shape of BLIS's Haswell kernel. Per k:
+//! 6 x 16 micro-tile in 12 ymm accumulators. Per k:
 //! two 8-lane loads of packed B, 6 broadcasts of A, 12 FMAs. Twelve independent sums
 //! cover the FMA latency (4-5 cycles at two FMAs a cycle), and 8 loads per 12 FMAs fit
 //! two load ports, so the FMA ports bound the loop.
 //!
-//! `matrixmultiply`'s AVX2 kernel (8 x 8, 8 accumulators) ran at 58-66 GFLOP/s on the
+//! `matrixmultiply`'s AVX2 kernel (8 x 8, 8 accumulators) ran at 58-67 GFLOP/s on the
 //! model's shapes on a Zen 2 core whose FMA peak measured 100 GFLOP/s; see the README's
 //! results table for this kernel's.
 //!
@@ -35,9 +35,25 @@ const MC: usize = MR * 12;
 /// 48 KiB, streams from L2 once per A tile).
 const NC: usize = NR * 64;
 
+/// 64 bytes of f32 at a 64-byte boundary: the packing buffers are vectors of these, so
+/// B's panels (64 kc bytes apart) start on a cache line and no 32-byte load of a k step
+/// straddles two.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([f32; 16]);
+
 thread_local! {
     /// This thread's packing buffers (A block, B block), kept between calls.
-    static PACKS: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+    static PACKS: RefCell<(Vec<Line>, Vec<Line>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// A buffer of at least `floats` f32, 64-byte aligned.
+fn reserve(buf: &mut Vec<Line>, floats: usize) -> *mut f32 {
+    let lines = floats.div_ceil(16);
+    if buf.len() < lines {
+        buf.resize(lines, Line([0.0; 16]));
+    }
+    buf.as_mut_ptr().cast()
 }
 
 /// See [`super::sgemm`]; with `bf16`, of A and B rounded to bf16.
@@ -73,8 +89,8 @@ pub(super) unsafe fn sgemm(
         let kb = k_block(k).min(k);
         // The A block, and for bf16 its rounded rows and a short last panel.
         let a_rows = MC.min(m.next_multiple_of(MR)) + if bf16 { MR } else { 0 };
-        pack_a.resize(pack_a.len().max(a_rows * kb), 0.0);
-        pack_b.resize(pack_b.len().max(NC.min(n.next_multiple_of(NR)) * kb), 0.0);
+        let pa = reserve(pack_a, a_rows * kb);
+        let pb = reserve(pack_b, NC.min(n.next_multiple_of(NR)) * kb);
         // SAFETY: forwarded contract; the buffers hold the blocks (sizes above).
         unsafe {
             blocked(
@@ -93,8 +109,8 @@ pub(super) unsafe fn sgemm(
                 c,
                 rsc,
                 csc,
-                pack_a.as_mut_ptr(),
-                pack_b.as_mut_ptr(),
+                pa,
+                pb,
             )
         }
     })
@@ -240,6 +256,9 @@ unsafe fn pack_a(
     csa: isize,
     out: *mut f32,
 ) {
+    if mc == 0 {
+        return;
+    }
     if rsa == 1 {
         // Columns contiguous (A^T stored row-major, as dY^T in a weight gradient): each
         // k's mc values are one run, read once and dealt out to the panels (walking a
