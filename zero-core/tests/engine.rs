@@ -483,9 +483,9 @@ fn the_simulated_device_catches_every_removed_wait() {
 }
 
 /// A step that fails part-way (here the model's forward of one layer, on every rank)
-/// leaves half a step behind: the engine returns that error, then refuses further steps
-/// and state export with one that says what to do, at every stage, instead of gathering
-/// into slots or reducing gradients the failed step left mid-flight.
+/// leaves half a step behind: the engine returns that error, then refuses further steps,
+/// state export and checkpoints with one that says what to do, at every stage, instead
+/// of gathering into slots or reducing gradients the failed step left mid-flight.
 #[test]
 fn a_step_that_failed_part_way_stops_the_engine() {
     use common::models::char_lm::{CharLm, TokenBatch};
@@ -557,13 +557,25 @@ fn a_step_that_failed_part_way_stops_the_engine() {
             let again = engine.step(&mut model, &[b]).unwrap_err().to_string();
             let export = engine.export_unit(0).unwrap_err().to_string();
             let params = engine.full_params_f32().unwrap_err().to_string();
+            // Refused before any collective or file: nothing is written.
+            let dir = std::env::temp_dir().join(format!(
+                "zero-interrupted-{}-{stage}-{}",
+                std::process::id(),
+                comm.rank()
+            ));
+            let opts = zero_core::checkpoint::SaveOptions::default();
+            let saved = zero_core::checkpoint::save(&engine, &dir, &opts)
+                .unwrap_err()
+                .to_string();
+            assert!(!dir.exists(), "{}", dir.display());
+            assert_eq!(engine.interrupted(), Some(1));
             dev.synchronize().unwrap();
-            (failed, again, export, params, engine.steps_done())
+            (failed, again, export, params, saved, engine.steps_done())
         });
         for outcome in outcomes {
-            let (failed, again, export, params, done) = outcome.unwrap();
+            let (failed, again, export, params, saved, done) = outcome.unwrap();
             assert!(failed.contains("injected failure"), "{stage}: {failed}");
-            for refused in [&again, &export, &params] {
+            for refused in [&again, &export, &params, &saved] {
                 assert!(
                     refused.contains("step 1 failed part-way")
                         && refused.contains("resume from the last checkpoint"),

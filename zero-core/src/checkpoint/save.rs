@@ -23,7 +23,7 @@ use zero_kernels::device::Device;
 use super::meta::Meta;
 use super::shard::{ShardWriter, BLOCK_ELEMS, KINDS};
 use super::{rank_file, step_dir_name, CheckpointError, LATEST, META_FILE};
-use crate::engine::Engine;
+use crate::engine::{Engine, EngineError};
 
 /// How to save.
 pub struct SaveOptions<'a> {
@@ -97,6 +97,11 @@ pub fn save<D: Device, C: Communicator>(
         return Err(CheckpointError::Invalid(
             "keep_last must be at least 1 (the checkpoint just written)".into(),
         ));
+    }
+    // Before any collective: after a step failed part-way the ranks may be at different
+    // ones, and the state is half a step's.
+    if let Some(step) = engine.interrupted() {
+        return Err(EngineError::Interrupted { step }.into());
     }
     let comm = engine.communicator();
     let (rank, world) = (comm.rank(), comm.size());

@@ -66,6 +66,12 @@ impl<D: Device, C: Communicator> Engine<'_, D, C> {
         report
     }
 
+    /// The step (counted from 1) that failed part-way, if one did: this engine then runs
+    /// no more steps and moves no state ([`EngineError::Interrupted`]).
+    pub fn interrupted(&self) -> Option<u64> {
+        self.interrupted
+    }
+
     /// Refuse to go on after a step that failed part-way ([`EngineError::Interrupted`]).
     pub(super) fn check_intact(&self) -> Result<(), EngineError> {
         match self.interrupted {

@@ -94,23 +94,7 @@ pub(super) unsafe fn sgemm(
         // SAFETY: forwarded contract; the buffers hold the blocks (sizes above).
         unsafe {
             blocked(
-                bf16,
-                m,
-                k,
-                n,
-                alpha,
-                a,
-                rsa,
-                csa,
-                b,
-                rsb,
-                csb,
-                beta,
-                c,
-                rsc,
-                csc,
-                pa,
-                pb,
+                bf16, m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc, pa, pb,
             )
         }
     })
