@@ -261,31 +261,92 @@ pub unsafe fn sgemm(
     }
 }
 
+/// 64 bytes of f32 at a 64-byte boundary: the packing buffers of this crate's kernels
+/// (here and `sgemm_avx2.rs`) are vectors of these, so every packed panel starts on a
+/// cache line and no vector load of a k step straddles two.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([f32; 16]);
+
+#[cfg(target_arch = "x86_64")]
+thread_local! {
+    /// This thread's packing buffers (A block, B block), kept between calls.
+    static PACKS: std::cell::RefCell<(Vec<Line>, Vec<Line>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// A buffer of at least `floats` f32, 64-byte aligned.
+#[cfg(target_arch = "x86_64")]
+fn reserve(buf: &mut Vec<Line>, floats: usize) -> *mut f32 {
+    let lines = floats.div_ceil(16);
+    if buf.len() < lines {
+        buf.resize(lines, Line([0.0; 16]));
+    }
+    buf.as_mut_ptr().cast()
+}
+
+/// `f` on this thread's packing buffers for A and B, of at least `a_floats` and `b_floats`
+/// f32, 64-byte aligned. The kept buffers are never borrowed twice (no call re-enters),
+/// but if they were, a fresh pair would do as well.
+#[cfg(target_arch = "x86_64")]
+pub(super) fn with_packs<R>(
+    a_floats: usize,
+    b_floats: usize,
+    f: impl FnOnce(*mut f32, *mut f32) -> R,
+) -> R {
+    PACKS.with(|packs| {
+        let mut fresh = (Vec::new(), Vec::new());
+        let mut kept = packs.try_borrow_mut();
+        let (pack_a, pack_b) = match kept.as_deref_mut() {
+            Ok(p) => (&mut p.0, &mut p.1),
+            Err(_) => (&mut fresh.0, &mut fresh.1),
+        };
+        f(reserve(pack_a, a_floats), reserve(pack_b, b_floats))
+    })
+}
+
+/// Where a micro-tile of this crate's kernels goes: `rows` x `cols` of C.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+pub(super) struct Tile {
+    pub rows: usize,
+    pub cols: usize,
+    pub c: *mut f32,
+    pub rsc: isize,
+    pub csc: isize,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Tile {
+    /// `C = fma(alpha, sum, beta * C)` (`alpha * sum` when beta is 0; C not read) one
+    /// element at a time, the sum of row i, column j at `sums[i * stride + j]`: the same
+    /// operations as a kernel's vector update, for tiles it does not cover.
+    ///
+    /// # Safety
+    /// The tile addresses valid C; `sums` holds `rows` rows of `cols` at that stride.
+    pub(super) unsafe fn update_each(self, sums: &[f32], stride: usize, alpha: f32, beta: f32) {
+        for i in 0..self.rows {
+            for j in 0..self.cols {
+                // SAFETY: element (i, j) of the tile (contract).
+                unsafe {
+                    let dst = self.c.offset(i as isize * self.rsc + j as isize * self.csc);
+                    let sum = sums[i * stride + j];
+                    *dst = if beta == 0.0 {
+                        alpha * sum
+                    } else {
+                        alpha.mul_add(sum, beta * *dst)
+                    };
+                }
+            }
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{k_block, MC, MR, NC, NR};
+    use super::{k_block, with_packs, Tile, MC, MR, NC, NR};
     use std::arch::x86_64::*;
-    use std::cell::RefCell;
-
-    /// 64 bytes of f32 at a 64-byte boundary: packing buffers are vectors of these, so
-    /// every packed panel starts on a cache line.
-    #[derive(Clone, Copy)]
-    #[repr(C, align(64))]
-    struct Line([f32; 16]);
-
-    thread_local! {
-        /// This thread's packing buffers (A block, B block), kept between calls.
-        static PACKS: RefCell<(Vec<Line>, Vec<Line>)> = const { RefCell::new((Vec::new(), Vec::new())) };
-    }
-
-    /// A buffer of at least `floats` f32, 64-byte aligned.
-    fn reserve(buf: &mut Vec<Line>, floats: usize) -> *mut f32 {
-        let lines = floats.div_ceil(16);
-        if buf.len() < lines {
-            buf.resize(lines, Line([0.0; 16]));
-        }
-        buf.as_mut_ptr().cast()
-    }
 
     /// See [`super::sgemm`].
     ///
@@ -308,18 +369,10 @@ mod avx512 {
         rsc: isize,
         csc: isize,
     ) {
-        PACKS.with(|packs| {
-            // The kept buffers are never borrowed twice (no call re-enters), but if
-            // they were, a fresh pair of buffers would do as well.
-            let mut fresh = (Vec::new(), Vec::new());
-            let mut kept = packs.try_borrow_mut();
-            let (pack_a, pack_b) = match kept.as_deref_mut() {
-                Ok(p) => (&mut p.0, &mut p.1),
-                Err(_) => (&mut fresh.0, &mut fresh.1),
-            };
-            let kb = k_block(k);
-            let pa = reserve(pack_a, MC.min(m.next_multiple_of(MR)) * kb.min(k));
-            let pb = reserve(pack_b, NC.min(n.next_multiple_of(NR)) * kb.min(k));
+        let kb = k_block(k).min(k);
+        let a_floats = MC.min(m.next_multiple_of(MR)) * kb;
+        let b_floats = NC.min(n.next_multiple_of(NR)) * kb;
+        with_packs(a_floats, b_floats, |pa, pb| {
             // SAFETY: forwarded contract; the buffers hold the blocks (sizes above).
             unsafe {
                 blocked(
@@ -603,16 +656,6 @@ mod avx512 {
         }
     }
 
-    /// Where a micro-tile goes: `rows` x `cols` of C (at most MR x NR).
-    #[derive(Clone, Copy)]
-    struct Tile {
-        rows: usize,
-        cols: usize,
-        c: *mut f32,
-        rsc: isize,
-        csc: isize,
-    }
-
     /// k steps ahead that the micro-kernel prefetches packed B (it streams from L2 now that
     /// the A tile is the operand kept in L1): 1.5-3% on the small GPT's shapes.
     const PREFETCH_B: usize = 16;
@@ -737,20 +780,8 @@ mod avx512 {
                     _mm512_storeu_ps(tile.as_mut_ptr().add(i * NR + 16), pair[1]);
                 }
             }
-            for i in 0..t.rows {
-                for j in 0..t.cols {
-                    // SAFETY: element (i, j) of the tile.
-                    unsafe {
-                        let dst = t.c.offset(i as isize * t.rsc + j as isize * t.csc);
-                        let acc = tile[i * NR + j];
-                        *dst = if beta == 0.0 {
-                            alpha * acc
-                        } else {
-                            alpha.mul_add(acc, beta * *dst)
-                        };
-                    }
-                }
-            }
+            // SAFETY: the tile (contract) and its sums, NR apart.
+            unsafe { t.update_each(&tile, NR, alpha, beta) };
         }
     }
 }

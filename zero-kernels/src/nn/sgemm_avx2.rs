@@ -20,9 +20,8 @@
 //! blocks with beta = 1. Tiles never mix rows, so a band of rows computed alone has the
 //! bits it has in the whole product.
 
-use super::sgemm::k_block;
+use super::sgemm::{k_block, with_packs, Tile};
 use std::arch::x86_64::*;
-use std::cell::RefCell;
 
 /// Rows of the micro-tile (broadcasts of A per k).
 const MR: usize = 6;
@@ -34,27 +33,6 @@ const MC: usize = MR * 12;
 /// Columns per packed-B block (NC x KC: 3 MiB at KC = 768, from L3; each NR x KC panel,
 /// 48 KiB, streams from L2 once per A tile).
 const NC: usize = NR * 64;
-
-/// 64 bytes of f32 at a 64-byte boundary: the packing buffers are vectors of these, so
-/// B's panels (64 kc bytes apart) start on a cache line and no 32-byte load of a k step
-/// straddles two.
-#[derive(Clone, Copy)]
-#[repr(C, align(64))]
-struct Line([f32; 16]);
-
-thread_local! {
-    /// This thread's packing buffers (A block, B block), kept between calls.
-    static PACKS: RefCell<(Vec<Line>, Vec<Line>)> = const { RefCell::new((Vec::new(), Vec::new())) };
-}
-
-/// A buffer of at least `floats` f32, 64-byte aligned.
-fn reserve(buf: &mut Vec<Line>, floats: usize) -> *mut f32 {
-    let lines = floats.div_ceil(16);
-    if buf.len() < lines {
-        buf.resize(lines, Line([0.0; 16]));
-    }
-    buf.as_mut_ptr().cast()
-}
 
 /// See [`super::sgemm`]; with `bf16`, of A and B rounded to bf16.
 ///
@@ -78,19 +56,11 @@ pub(super) unsafe fn sgemm(
     rsc: isize,
     csc: isize,
 ) {
-    PACKS.with(|packs| {
-        // Never borrowed twice (no call re-enters), but fresh buffers would do as well.
-        let mut fresh = (Vec::new(), Vec::new());
-        let mut kept = packs.try_borrow_mut();
-        let (pack_a, pack_b) = match kept.as_deref_mut() {
-            Ok(p) => (&mut p.0, &mut p.1),
-            Err(_) => (&mut fresh.0, &mut fresh.1),
-        };
-        let kb = k_block(k).min(k);
-        // The A block, and for bf16 its rounded rows and a short last panel.
-        let a_rows = MC.min(m.next_multiple_of(MR)) + if bf16 { MR } else { 0 };
-        let pa = reserve(pack_a, a_rows * kb);
-        let pb = reserve(pack_b, NC.min(n.next_multiple_of(NR)) * kb);
+    let kb = k_block(k).min(k);
+    // The A block, and for bf16 its rounded rows and a short last panel.
+    let a_rows = MC.min(m.next_multiple_of(MR)) + if bf16 { MR } else { 0 };
+    let b_floats = NC.min(n.next_multiple_of(NR)) * kb;
+    with_packs(a_rows * kb, b_floats, |pa, pb| {
         // SAFETY: forwarded contract; the buffers hold the blocks (sizes above).
         unsafe {
             blocked(
@@ -333,16 +303,6 @@ const PREFETCH_B: usize = 8;
 /// k steps per iteration of the micro-kernel's loop.
 const UNROLL: usize = 4;
 
-/// Where a micro-tile goes: `rows` x `cols` of C (at most MR x NR).
-#[derive(Clone, Copy)]
-struct Tile {
-    rows: usize,
-    cols: usize,
-    c: *mut f32,
-    rsc: isize,
-    csc: isize,
-}
-
 /// A packed tile through the kernel with as many rows as it has, so a short last tile
 /// costs its rows' FMAs; each element is the same FMA chain as in a full tile.
 ///
@@ -443,18 +403,6 @@ unsafe fn micro_kernel<const DIRECT: bool, const ROWS: usize>(
             _mm256_storeu_ps(sums.as_mut_ptr().add(i * NR + 8), pair[1]);
         }
     }
-    for i in 0..t.rows {
-        for j in 0..t.cols {
-            // SAFETY: element (i, j) of the tile.
-            unsafe {
-                let dst = t.c.offset(i as isize * t.rsc + j as isize * t.csc);
-                let sum = sums[i * NR + j];
-                *dst = if beta == 0.0 {
-                    alpha * sum
-                } else {
-                    alpha.mul_add(sum, beta * *dst)
-                };
-            }
-        }
-    }
+    // SAFETY: the tile (contract) and its sums, NR apart.
+    unsafe { t.update_each(&sums, NR, alpha, beta) };
 }
