@@ -1,15 +1,25 @@
 //! Time limits and preemption on a real Slurm cluster (the two-node local cluster of
-//! scripts/slurm-cluster): slurm/train.sbatch submitted with a one-minute time limit gets
-//! SIGUSR1 from Slurm (its `--signal=USR1@120`), every rank finishes its step, they save
-//! a checkpoint together and exit 85, the script requeues the job, and the requeued job
+//! scripts/slurm-cluster): slurm/train.sbatch submitted with a two-minute time limit gets
+//! SIGUSR1 from Slurm's time-limit warning, every rank finishes its step, they save a
+//! checkpoint together and exit 85, the script requeues the job, and the requeued job
 //! resumes from the checkpoint. The whole loss curve (metrics.jsonl, appended across the
 //! runs) equals an uninterrupted run's under mpirun, bit for bit (fp32, the same 4 ranks).
 //!
-//! Two things the test does that a user would not: Slurm holds a requeued job for about
-//! two minutes before it may start again, and the test lets it start after 10 s; and it
-//! gives the requeued run a longer time limit (one minute would signal it again within
-//! seconds, since Slurm may send the signal up to a minute early), so the job ends after
-//! one requeue instead of many. Both are `scontrol update` of the pending job.
+//! When the warning comes: slurmctld checks time limits every 30 s and signals a job once
+//! its time left is at most the `--signal` time plus 30 s (measured on Slurm 22.05: jobs
+//! of a 120 s limit asking `USR1@60` got it with 63-75 s left). So the first run is
+//! signalled between [`LIMIT_S`] - [`WARN_S`] - 30 s and [`LIMIT_S`] - [`WARN_S`] after
+//! its start: never during its first seconds, where the signal would find no step yet
+//! (and be lost) or a task still in its TaskProlog or exec (and kill it). The script's
+//! own `USR1@120` with a one-minute limit is due at the first check, which may be any
+//! time in those first seconds; the test therefore gives `--signal` on the command line
+//! (it overrides the script's `#SBATCH` line; the mechanism is the same).
+//!
+//! Two more things the test does that a user would not: Slurm holds a requeued job for
+//! about two minutes before it may start again, and the test lets it start after 10 s;
+//! and it gives the requeued run a longer time limit (the warning would otherwise come
+//! again at once), so the job ends after one requeue instead of many. Both are
+//! `scontrol update` of the pending job.
 //!
 //! Needs the cluster up, as tests/tests/slurm_cluster.rs; never skips.
 
@@ -21,11 +31,15 @@ use zero_tests::cli::repo;
 use zero_tests::slurm::{job_state, slurm, slurm_conf, submit, text};
 use zero_tests::{zero_bench_bin, MpiJob};
 
-/// Long enough that the first run is still training when Slurm's time-limit check sends
-/// the signal (within ~35 s of the start: the check runs every 30 s). On the emulated
-/// two-node cluster a step takes ~60-90 ms (ranks on the two "nodes" talk over TCP), so
-/// the job runs ~60 s; the mpirun reference ~15 s.
-const STEPS: usize = 800;
+/// The first run's time limit (`--time=2`).
+const LIMIT_S: u64 = 120;
+/// Its warning time (`--signal=USR1@85`): the signal comes 5-35 s after the start.
+const WARN_S: u64 = 85;
+
+/// Long enough that the first run is still training when the warning comes (at most
+/// [`LIMIT_S`] - [`WARN_S`] = 35 s after the start). On the emulated two-node cluster a
+/// step took 26-41 ms (median 35 ms), so the job runs >= 60 s even at 30 ms a step.
+const STEPS: usize = 2000;
 
 fn job_dir() -> PathBuf {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
@@ -77,13 +91,20 @@ fn a_job_signalled_before_its_time_limit_checkpoints_requeues_and_resumes_bitwis
         STEPS.to_string(),
     ];
     let output = dir.join("job.out");
-    let (chdir, out, time) = (
+    let (chdir, out, time, warn) = (
         format!("--chdir={}", dir.display()),
         format!("--output={}", output.display()),
-        "--time=1".to_string(),
+        format!("--time={}", LIMIT_S / 60),
+        format!("--signal=USR1@{WARN_S}"),
     );
     let script = repo("slurm/train.sbatch");
-    let mut args: Vec<&str> = vec![&chdir, &out, &time, &script];
+    // What the command line overrides: the script asks for the warning itself.
+    let script_text = std::fs::read_to_string(&script).unwrap_or_else(|e| panic!("{script}: {e}"));
+    assert!(
+        script_text.contains("\n#SBATCH --signal=USR1@120\n"),
+        "{script} no longer asks for SIGUSR1 before the time limit"
+    );
+    let mut args: Vec<&str> = vec![&chdir, &out, &time, &warn, &script];
     args.extend(train_args.iter().map(String::as_str));
     let id = submit(&conf, &args, &[("ZERO_BENCH", &bench), ("CONFIG", &demo)]);
 

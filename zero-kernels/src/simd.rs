@@ -226,7 +226,7 @@ impl Simd for Scalar {
 }
 
 #[cfg(target_arch = "x86_64")]
-pub(crate) use x86::{V3, V4};
+pub(crate) use x86::{bf16_bits_v3, V3, V4};
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
@@ -241,6 +241,27 @@ mod x86 {
             let lsb = $and($srli::<16>(b), $set1(1));
             $srli::<16>($add($add(b, $set1(0x7FFF)), lsb))
         }};
+    }
+
+    /// The bf16 bits of 8 f32 (nearest even, NaN quieted: `f32_to_bf16_bits`), one per
+    /// 32-bit lane (values below 2^16). Also the AVX2 GEMM's rounding of bf16 operands
+    /// (`nn/sgemm_avx2.rs`).
+    ///
+    /// # Safety
+    /// The CPU has AVX2.
+    #[inline(always)]
+    pub(crate) unsafe fn bf16_bits_v3(v: __m256) -> __m256i {
+        let b = _mm256_castps_si256(v);
+        let rounded = bf16_round!(
+            b,
+            _mm256_add_epi32,
+            _mm256_and_si256,
+            _mm256_srli_epi32,
+            _mm256_set1_epi32
+        );
+        let nan = _mm256_or_si256(_mm256_srli_epi32::<16>(b), _mm256_set1_epi32(0x40));
+        let is_nan = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
+        _mm256_blendv_epi8(rounded, nan, is_nan)
     }
 
     /// AVX2 + FMA + F16C ("x86-64-v3"): 8 f32 lanes.
@@ -275,17 +296,7 @@ mod x86 {
         }
         #[inline(always)]
         unsafe fn store_bf16(p: *mut u16, v: __m256) {
-            let b = _mm256_castps_si256(v);
-            let rounded = bf16_round!(
-                b,
-                _mm256_add_epi32,
-                _mm256_and_si256,
-                _mm256_srli_epi32,
-                _mm256_set1_epi32
-            );
-            let nan = _mm256_or_si256(_mm256_srli_epi32::<16>(b), _mm256_set1_epi32(0x40));
-            let is_nan = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
-            let r = _mm256_blendv_epi8(rounded, nan, is_nan);
+            let r = bf16_bits_v3(v);
             // Lanes hold values < 2^16, so unsigned saturation is exact; packus works per
             // 128-bit half, the permute puts the two halves' results side by side.
             let packed = _mm256_permute4x64_epi64::<0b1000>(_mm256_packus_epi32(r, r));

@@ -21,6 +21,7 @@
 //! bits it has in the whole product.
 
 use super::sgemm::{k_block, with_packs, Tile};
+use crate::simd::bf16_bits_v3;
 use std::arch::x86_64::*;
 
 /// Rows of the micro-tile (broadcasts of A per k).
@@ -201,6 +202,7 @@ unsafe fn round_rows(mc: usize, kc: usize, a: *const f32, rsa: isize, out: *mut 
 ///
 /// # Safety
 /// The view addresses valid memory; `out` holds mc rounded up to MR times kc floats.
+#[target_feature(enable = "avx2,fma")]
 unsafe fn pack_a(
     bf16: bool,
     mc: usize,
@@ -214,20 +216,12 @@ unsafe fn pack_a(
         return;
     }
     if rsa == 1 {
-        // Columns contiguous (A^T stored row-major, as dY^T in a weight gradient): each
-        // k's mc values are one run, read once and dealt out to the panels (walking a
-        // panel at a time would read a new line of A for every k).
-        for p in 0..kc {
-            // SAFETY: column p of the view, and panel r's k step p (contract).
-            unsafe {
-                let run = std::slice::from_raw_parts(a.offset(p as isize * csa), mc);
-                for (r, part) in run.chunks(MR).enumerate() {
-                    let dst = std::slice::from_raw_parts_mut(out.add((r * kc + p) * MR), MR);
-                    for (x, &v) in dst.iter_mut().zip(part) {
-                        *x = operand(bf16, v);
-                    }
-                    dst[part.len()..].fill(0.0);
-                }
+        // SAFETY: forwarded contract; the caller runs on AVX2.
+        unsafe {
+            if bf16 {
+                pack_a_columns::<true>(mc, kc, a, csa, out)
+            } else {
+                pack_a_columns::<false>(mc, kc, a, csa, out)
             }
         }
         return;
@@ -250,11 +244,109 @@ unsafe fn pack_a(
     }
 }
 
+/// [`pack_a`] for A with contiguous columns (A^T stored row-major, as dY^T in a weight
+/// gradient): each k's mc values are one run, read once and dealt out to the panels
+/// (walking a panel at a time would read a new line of A for every k). A whole panel's
+/// six values per k move as one 4-float and one 2-float load and store (rounded to bf16
+/// in registers with `BF16`): with the element-wise copy, weight gradients at N = 384 ran
+/// 4-7% slower on a Zen 2 core.
+///
+/// # Safety
+/// As [`pack_a`] with `rsa` = 1; the CPU has AVX2.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn pack_a_columns<const BF16: bool>(
+    mc: usize,
+    kc: usize,
+    a: *const f32,
+    csa: isize,
+    out: *mut f32,
+) {
+    let (whole, rest) = (mc / MR, mc % MR);
+    for p in 0..kc {
+        // SAFETY: column p of the view holds mc floats, and panel r's k step p MR
+        // (contract); `_mm_loadu_si64` / `_mm_storeu_si64` move 2 floats (8 bytes).
+        unsafe {
+            let run = a.offset(p as isize * csa);
+            for r in 0..whole {
+                let (src, dst) = (run.add(r * MR), out.add((r * kc + p) * MR));
+                let four = _mm_loadu_ps(src);
+                let two = _mm_castsi128_ps(_mm_loadu_si64(src.add(4).cast()));
+                let (four, two) = if BF16 {
+                    let six = round_bf16(_mm256_set_m128(two, four));
+                    (_mm256_castps256_ps128(six), _mm256_extractf128_ps::<1>(six))
+                } else {
+                    (four, two)
+                };
+                _mm_storeu_ps(dst, four);
+                _mm_storeu_si64(dst.add(4).cast(), _mm_castps_si128(two));
+            }
+            if rest > 0 {
+                let dst = std::slice::from_raw_parts_mut(out.add((whole * kc + p) * MR), MR);
+                let part = std::slice::from_raw_parts(run.add(whole * MR), rest);
+                for (x, &v) in dst.iter_mut().zip(part) {
+                    *x = operand(BF16, v);
+                }
+                dst[rest..].fill(0.0);
+            }
+        }
+    }
+}
+
+/// Eight floats rounded to bf16 as [`operand`] rounds one (the rounding of bf16 stores,
+/// `simd.rs`), kept as the f32 values they are.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn round_bf16(v: __m256) -> __m256 {
+    // SAFETY: AVX2 is enabled here.
+    unsafe { _mm256_castsi256_ps(_mm256_slli_epi32::<16>(bf16_bits_v3(v))) }
+}
+
+/// Rows 0..lines of 8 floats, `stride` apart, transposed: element q of the result's
+/// vector x is row q's float x (rows past `lines` are zeros).
+///
+/// # Safety
+/// The `lines` rows of 8 floats are readable.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn transpose8(src: *const f32, stride: isize, lines: usize) -> [__m256; 8] {
+    let mut r = [_mm256_setzero_ps(); 8];
+    for (l, row) in r.iter_mut().enumerate().take(lines) {
+        // SAFETY: row l < lines (contract).
+        *row = unsafe { _mm256_loadu_ps(src.offset(l as isize * stride)) };
+    }
+    // Rows interleaved by 32 bits in pairs (0 1, 2 3, ...), then by 64 bits in pairs of
+    // pairs: each 128-bit lane of u[x] (x < 4) then holds float x (low lane) or x + 4
+    // (high lane) of rows 0..4, and u[4 + x] the same of rows 4..8; joining the lanes
+    // gives the columns.
+    let mut t = [_mm256_setzero_ps(); 8];
+    for q in 0..4 {
+        t[2 * q] = _mm256_unpacklo_ps(r[2 * q], r[2 * q + 1]);
+        t[2 * q + 1] = _mm256_unpackhi_ps(r[2 * q], r[2 * q + 1]);
+    }
+    let mut u = [_mm256_setzero_ps(); 8];
+    for g in 0..2 {
+        let (lo, hi) = (t[4 * g], t[4 * g + 2]);
+        let (lo2, hi2) = (t[4 * g + 1], t[4 * g + 3]);
+        u[4 * g] = _mm256_shuffle_ps::<0x44>(lo, hi);
+        u[4 * g + 1] = _mm256_shuffle_ps::<0xEE>(lo, hi);
+        u[4 * g + 2] = _mm256_shuffle_ps::<0x44>(lo2, hi2);
+        u[4 * g + 3] = _mm256_shuffle_ps::<0xEE>(lo2, hi2);
+    }
+    std::array::from_fn(|x| {
+        if x < 4 {
+            _mm256_permute2f128_ps::<0x20>(u[x], u[4 + x])
+        } else {
+            _mm256_permute2f128_ps::<0x31>(u[x - 4], u[x])
+        }
+    })
+}
+
 /// Packs rows 0..kc, columns 0..nc of B into panels of NR columns: panel r holds
 /// element (p, r NR + j) at `r NR kc + p NR + j`; columns past nc are zero.
 ///
 /// # Safety
 /// The view addresses valid memory; `out` holds kc times nc rounded up to NR floats.
+#[target_feature(enable = "avx2,fma")]
 unsafe fn pack_b(
     bf16: bool,
     kc: usize,
@@ -280,10 +372,29 @@ unsafe fn pack_b(
                     dst[cols..].fill(0.0);
                 }
             } else {
-                // Columns (B^T's rows: the linear layers' weights) read as NR streams, a
-                // value of each per k, so each k's NR values are written at once (writing
-                // a column at a time at stride NR touched a line per value).
-                for (p, dst) in panel.chunks_exact_mut(NR).enumerate() {
+                let mut p0 = 0;
+                if rsb == 1 {
+                    // Columns contiguous in k (B^T stored row-major: the linear layers'
+                    // weights): 8 k of 8 columns at a time, transposed in registers.
+                    // With only the scalar gather below, the small GPT's bf16 step took 6%
+                    // longer on a Zen 2 core (the gather also rounds each value).
+                    while p0 + 8 <= kc {
+                        for half in 0..2 {
+                            let lines = cols.saturating_sub(8 * half).min(8);
+                            let first = src.wrapping_offset((8 * half) as isize * csb);
+                            let rows = transpose8(first.wrapping_add(p0), csb, lines);
+                            for (p, v) in rows.into_iter().enumerate() {
+                                let dst = panel.as_mut_ptr().add((p0 + p) * NR + 8 * half);
+                                _mm256_storeu_ps(dst, if bf16 { round_bf16(v) } else { v });
+                            }
+                        }
+                        p0 += 8;
+                    }
+                }
+                // Columns (B^T's rows) read as NR streams, a value of each per k, so each
+                // k's NR values are written at once (writing a column at a time at stride
+                // NR touched a line per value).
+                for (p, dst) in panel.chunks_exact_mut(NR).enumerate().skip(p0) {
                     for (j, x) in dst.iter_mut().enumerate() {
                         *x = if j < cols {
                             let col = src.wrapping_offset(j as isize * csb);
@@ -405,4 +516,62 @@ unsafe fn micro_kernel<const DIRECT: bool, const ROWS: usize>(
     }
     // SAFETY: the tile (contract) and its sums, NR apart.
     unsafe { t.update_each(&sums, NR, alpha, beta) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// [`round_bf16`] on eight floats.
+    #[target_feature(enable = "avx2,fma")]
+    fn round8(x: [f32; 8]) -> [f32; 8] {
+        let mut out = [0.0; 8];
+        // SAFETY: 8 floats in and out.
+        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), round_bf16(_mm256_loadu_ps(x.as_ptr()))) };
+        out
+    }
+
+    #[test]
+    fn vector_rounding_has_the_bits_of_the_scalar_one() {
+        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
+            eprintln!("no AVX2 + FMA here: the vector rounding is not used");
+            return;
+        }
+        // Ties both ways, the largest finite values (which round to infinity), subnormals,
+        // infinities and NaNs of both signs and payloads, then random bit patterns.
+        let specials = [
+            0.0f32,
+            -0.0,
+            1.0,
+            f32::from_bits(0x3F80_8000),
+            f32::from_bits(0x3F81_8000),
+            f32::from_bits(0x3F80_7FFF),
+            f32::MAX,
+            f32::MIN,
+            f32::MIN_POSITIVE,
+            1e-40,
+            -1e-45,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            -f32::NAN,
+            f32::from_bits(0x7F80_0001),
+            f32::from_bits(0xFFC1_2345),
+        ];
+        let mut bits = 0x2545_F491_u32;
+        let randoms = (0..100_000).map(|_| {
+            bits = bits.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            f32::from_bits(bits)
+        });
+        let values: Vec<f32> = specials.into_iter().chain(randoms).collect();
+        for eight in values.chunks_exact(8) {
+            let x: [f32; 8] = std::array::from_fn(|i| eight[i]);
+            // SAFETY: AVX2 and FMA checked above.
+            let got = unsafe { round8(x) };
+            for (g, v) in got.iter().zip(x) {
+                let want = operand(true, v);
+                assert_eq!(g.to_bits(), want.to_bits(), "{v:e} ({:#x})", v.to_bits());
+            }
+        }
+    }
 }
