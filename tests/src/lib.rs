@@ -3,8 +3,9 @@
 //! MPI initialises once per process, so every multi-rank scenario is its own small
 //! binary (`tests/src/bin/*.rs`). A `#[test]` starts it under a real `mpirun -n N`
 //! through [`MpiJob`], with the flags a root user on a small machine needs handled here
-//! (run-as-root, oversubscribe), in its own process group so that a timeout kills every
-//! rank and nothing outlives the test.
+//! (run-as-root, oversubscribe), in its own process group; a timeout kills that group and
+//! every process below mpirun ([`kill_job`]: Open MPI gives each rank a process group of
+//! its own), so nothing outlives the test.
 //!
 //! Scenario convention: every rank that finishes its checks prints one line
 //! `OK rank=<r>` ([`ok_line`]) as its last act; [`JobOutput::assert_all_ok`] demands
@@ -139,7 +140,7 @@ impl MpiJob {
                  (apt-get install openmpi-bin libopenmpi-dev)"
             )
         });
-        let pgid = child.id() as libc::pid_t;
+        let pid = child.id() as libc::pid_t;
         let mut out_pipe = child.stdout.take().expect("stdout is piped");
         let mut err_pipe = child.stderr.take().expect("stderr is piped");
         let out_reader = std::thread::spawn(move || {
@@ -161,13 +162,15 @@ impl MpiJob {
             }
             if start.elapsed() > self.timeout {
                 timed_out = true;
-                kill_group(pgid);
+                kill_job(pid);
                 break child.wait().ok();
             }
             std::thread::sleep(Duration::from_millis(20));
         };
         // Ranks may outlive a crashed mpirun for a moment; nothing may outlive the test.
-        kill_group(pgid);
+        // (mpirun is reaped: its ranks, if any are left, are init's now; only a timeout
+        // finds them below it.)
+        kill_job(pid);
         let elapsed = start.elapsed();
         JobOutput {
             ranks: self.ranks,
@@ -180,12 +183,47 @@ impl MpiJob {
     }
 }
 
-fn kill_group(pgid: libc::pid_t) {
-    // SAFETY: kill(2) with a negative pid signals the process group we created for this
-    // job (process_group(0) made the child its leader); it touches no memory of ours.
+/// SIGKILL to the process group of `pid` (made with `process_group(0)`) and to every
+/// process below it: Open MPI starts each local rank in a process group of its own, so
+/// the group alone would leave the ranks of a killed mpirun running.
+pub fn kill_job(pid: libc::pid_t) {
+    let below = processes_below(pid);
+    // SAFETY: kill(2) on our child's process group and on pids just read from /proc; it
+    // touches no memory of ours.
     unsafe {
-        libc::kill(-pgid, libc::SIGKILL);
+        libc::kill(-pid, libc::SIGKILL);
+        for p in below {
+            libc::kill(p, libc::SIGKILL);
+        }
     }
+}
+
+/// Pids of the processes below `pid`: children, grandchildren, ... (from /proc).
+pub fn processes_below(pid: libc::pid_t) -> Vec<libc::pid_t> {
+    let mut parents = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(p) = entry.file_name().to_str().and_then(|n| n.parse().ok()) else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        // After the command name's closing parenthesis: state, then the parent's pid.
+        if let Some(ppid) = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|w| w.parse::<libc::pid_t>().ok())
+        {
+            parents.push((p, ppid));
+        }
+    }
+    let mut found = Vec::new();
+    let mut frontier = vec![pid];
+    while let Some(parent) = frontier.pop() {
+        for &(p, _) in parents.iter().filter(|(_, pp)| *pp == parent) {
+            found.push(p);
+            frontier.push(p);
+        }
+    }
+    found
 }
 
 impl JobOutput {

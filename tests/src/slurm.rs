@@ -129,11 +129,13 @@ pub fn wait(conf: &str, id: u64, timeout: Duration) -> Result<Finished, String> 
             });
         }
         if start.elapsed() > timeout {
-            let cancel = slurm(conf, "scancel").arg(id.to_string()).output();
+            let cancel = match slurm(conf, "scancel").arg(id.to_string()).output() {
+                Ok(o) if o.status.success() => "cancelled".to_string(),
+                Ok(o) => format!("scancel failed: {}", text(&o)),
+                Err(e) => format!("scancel did not run: {e}"),
+            };
             return Err(format!(
-                "job {id} not finished after {timeout:?} (last state '{state}'); \
-                 scancel: {:?}",
-                cancel.map(|o| text(&o))
+                "job {id} not finished after {timeout:?} (last state '{state}'); {cancel}"
             ));
         }
         std::thread::sleep(Duration::from_millis(200));

@@ -206,7 +206,10 @@ fn a_job_past_its_wait_is_cancelled() {
         Ok(f) => panic!("job {id} finished ({}) instead of hanging", f.state),
         Err(e) => e,
     };
-    assert!(err.contains("not finished after"), "{err}");
+    assert!(
+        err.contains("not finished after") && err.ends_with("; cancelled"),
+        "{err}"
+    );
     // scancel is asynchronous: the job reaches CANCELLED shortly after.
     let finished = wait(&conf, id, JOB_TIMEOUT).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(finished.state, "CANCELLED", "job {id} after scancel");

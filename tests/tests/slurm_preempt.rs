@@ -3,7 +3,13 @@
 //! SIGUSR1 from Slurm's time-limit warning, every rank finishes its step, they save a
 //! checkpoint together and exit 85, the script requeues the job, and the requeued job
 //! resumes from the checkpoint. The whole loss curve (metrics.jsonl, appended across the
-//! runs) equals an uninterrupted run's under mpirun, bit for bit (fp32, the same 4 ranks).
+//! runs) equals an uninterrupted run's under mpirun, bit for bit (fp32, 4 micro-batches
+//! accumulated per step, the same 2 ranks).
+//!
+//! One rank per node: the two emulated nodes share this machine's cores, and 4 ranks on 2
+//! cores under srun (which, unlike `mpirun --oversubscribe`, does not tell Open MPI that
+//! ranks share a core) spin in MPI waits while the rank they wait for is off its core:
+//! steps that take 30 ms took seconds at times, and a run of 1000 steps 9 minutes.
 //!
 //! When the warning comes: slurmctld checks time limits every 30 s and signals a job once
 //! its time left is at most the `--signal` time plus 30 s (measured on Slurm 22.05: jobs
@@ -37,8 +43,9 @@ const LIMIT_S: u64 = 120;
 const WARN_S: u64 = 85;
 
 /// Long enough that the first run is still training when the warning comes (at most
-/// [`LIMIT_S`] - [`WARN_S`] = 35 s after the start). On the emulated two-node cluster a
-/// step took 26-41 ms (median 35 ms), so the job runs >= 60 s even at 30 ms a step.
+/// [`LIMIT_S`] - [`WARN_S`] = 35 s after the start). On the emulated two-node cluster, 2
+/// ranks, a step of 4 micro-batches took 39-41 ms (AMD EPYC Zen 2), so a whole run takes
+/// 80 s: twice the warning's latest time at twice that speed.
 const STEPS: usize = 2000;
 
 fn job_dir() -> PathBuf {
@@ -76,6 +83,27 @@ fn job_field(conf: &str, id: u64, key: &str) -> String {
         .to_string()
 }
 
+/// The controller's log lines on job `id` (why it was requeued, by whom), for failures.
+fn controller_log(conf: &str, id: u64) -> String {
+    let conf_text = std::fs::read_to_string(conf).unwrap_or_default();
+    let Some(path) = conf_text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("SlurmctldLogFile="))
+    else {
+        return format!("(no SlurmctldLogFile in {conf})");
+    };
+    let tag = format!("JobId={id}");
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| format!("({path}: {e})"))
+        .lines()
+        .filter(|l| {
+            l.match_indices(&tag)
+                .any(|(at, _)| !l[at + tag.len()..].starts_with(|c: char| c.is_ascii_digit()))
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 #[test]
 fn a_job_signalled_before_its_time_limit_checkpoints_requeues_and_resumes_bitwise() {
     let conf = slurm_conf();
@@ -89,6 +117,8 @@ fn a_job_signalled_before_its_time_limit_checkpoints_requeues_and_resumes_bitwis
         "2".into(),
         "--steps".into(),
         STEPS.to_string(),
+        "--set".into(),
+        "train.grad_accum=4".into(),
     ];
     let output = dir.join("job.out");
     let (chdir, out, time, warn) = (
@@ -104,7 +134,7 @@ fn a_job_signalled_before_its_time_limit_checkpoints_requeues_and_resumes_bitwis
         script_text.contains("\n#SBATCH --signal=USR1@120\n"),
         "{script} no longer asks for SIGUSR1 before the time limit"
     );
-    let mut args: Vec<&str> = vec![&chdir, &out, &time, &warn, &script];
+    let mut args: Vec<&str> = vec![&chdir, &out, &time, &warn, "--ntasks-per-node=1", &script];
     args.extend(train_args.iter().map(String::as_str));
     let id = submit(&conf, &args, &[("ZERO_BENCH", &bench), ("CONFIG", &demo)]);
 
@@ -144,14 +174,20 @@ fn a_job_signalled_before_its_time_limit_checkpoints_requeues_and_resumes_bitwis
         if start.elapsed() > Duration::from_secs(600) {
             let _ = slurm(&conf, "scancel").arg(id.to_string()).output();
             panic!(
-                "job {id} not finished after 10 min (state '{state}')\n{}",
-                std::fs::read_to_string(&output).unwrap_or_default()
+                "job {id} not finished after 10 min (state '{state}')\n{}\nslurmctld:\n{}",
+                std::fs::read_to_string(&output).unwrap_or_default(),
+                controller_log(&conf, id)
             );
         }
         std::thread::sleep(Duration::from_millis(300));
     };
     let log = std::fs::read_to_string(&output).unwrap_or_default();
-    assert_eq!(state, "COMPLETED", "job {id}\n{log}");
+    assert_eq!(
+        state,
+        "COMPLETED",
+        "job {id}\n{log}\nslurmctld:\n{}",
+        controller_log(&conf, id)
+    );
     assert!(nudged, "the job was never requeued\n{log}");
     for needle in [
         "stopped by SIGUSR1 after step",
@@ -162,9 +198,14 @@ fn a_job_signalled_before_its_time_limit_checkpoints_requeues_and_resumes_bitwis
     ] {
         assert!(log.contains(needle), "job output lacks {needle:?}\n{log}");
     }
-    assert_eq!(job_field(&conf, id, "Restarts"), "1", "{log}");
+    assert_eq!(
+        job_field(&conf, id, "Restarts"),
+        "1",
+        "{log}\nslurmctld on job {id}:\n{}",
+        controller_log(&conf, id)
+    );
 
-    // The uninterrupted run, under mpirun on the same 4 ranks.
+    // The uninterrupted run, under mpirun on the same 2 ranks.
     let reference = dir.join("reference.jsonl");
     let mut ref_args = vec![
         "train".to_string(),
@@ -175,7 +216,7 @@ fn a_job_signalled_before_its_time_limit_checkpoints_requeues_and_resumes_bitwis
         reference.display().to_string(),
     ];
     ref_args.extend(train_args.iter().cloned());
-    let r = MpiJob::new(4, &bench)
+    let r = MpiJob::new(2, &bench)
         .args(ref_args)
         .timeout(Duration::from_secs(600))
         .run();

@@ -39,8 +39,8 @@ struct Ran {
     output: String,
 }
 
-/// Run zero-bench with `args` in the repository root; killed (its whole process group,
-/// ranks included) after `timeout`, which fails the test.
+/// Run zero-bench with `args` in the repository root; killed (its whole process tree,
+/// ranks included: `zero_tests::kill_job`) after `timeout`, which fails the test.
 fn zero_bench_run(args: &[&str], log: &Path, timeout: Duration) -> Ran {
     let file = std::fs::File::create(log).unwrap_or_else(|e| panic!("{}: {e}", log.display()));
     let err = file.try_clone().unwrap_or_else(|e| panic!("{e}"));
@@ -59,10 +59,7 @@ fn zero_bench_run(args: &[&str], log: &Path, timeout: Duration) -> Ran {
             break s;
         }
         if start.elapsed() > timeout {
-            // SAFETY: kill(2) on the process group spawned above.
-            unsafe {
-                libc::kill(-(child.id() as libc::pid_t), libc::SIGKILL);
-            }
+            zero_tests::kill_job(child.id() as libc::pid_t);
             let _ = child.wait();
             panic!(
                 "zero-bench {args:?} still running after {timeout:?}; killed\n{}",
@@ -281,6 +278,56 @@ fn sweep_run_over_one_and_two_ranks_writes_the_table_and_plots_and_collect_rebui
         (rows[0]["n"].as_u64(), rows[0]["stage"].as_u64()),
         (Some(1), Some(2))
     );
+}
+
+/// A job past `--timeout` is stopped with every rank it started (Open MPI gives each
+/// rank a process group of its own: killing mpirun's alone would leave them training),
+/// and the sweep fails naming it.
+#[test]
+fn a_job_past_its_timeout_is_stopped_with_its_ranks() {
+    let out = scratch("timeout");
+    let launcher = format!("{} {{n}}", repo().join("scripts/mpirun.sh").display());
+    let out_arg = out.display().to_string();
+    let ran = zero_bench_run(
+        &[
+            "sweep",
+            "run",
+            "--ranks",
+            "2",
+            "--stages",
+            "2",
+            "--config",
+            "configs/tiny.toml",
+            "--steps",
+            "10000000",
+            "--launcher",
+            &launcher,
+            "--timeout",
+            "5",
+            "--out",
+            &out_arg,
+        ],
+        &out.join("sweep.log"),
+        Duration::from_secs(120),
+    );
+    assert_eq!(ran.code, Some(1), "{}", ran.output);
+    assert!(
+        ran.output.contains("killed after") && ran.output.contains("(timeout 5s)"),
+        "{}",
+        ran.output
+    );
+    // The ranks' command lines name the result file in this sweep's directory.
+    let left: Vec<String> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| {
+            std::fs::read(e.path().join("cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&out_arg))
+        })
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(left.is_empty(), "processes of the stopped job: {left:?}");
 }
 
 #[test]

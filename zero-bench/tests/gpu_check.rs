@@ -54,6 +54,9 @@ fn dry_run_passes_and_reports_every_check() {
         "--device",
         "sim",
         "--quick",
+        // Every check runs, however slow this machine: none is skipped out of time.
+        "--budget-s",
+        "1e9",
     ]);
     let (stdout, stderr) = text(&out);
     assert_eq!(
@@ -154,6 +157,9 @@ fn a_curve_off_the_reference_fails_with_status_2() {
         "--device",
         "sim",
         "--quick",
+        // Every check runs, however slow this machine: none is skipped out of time.
+        "--budget-s",
+        "1e9",
     ]);
     let (stdout, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(2), "{stdout}\n{stderr}");

@@ -17,9 +17,10 @@
 //! ```
 //!
 //! Who reports: a rank that times out asks the lower ranks, lowest first, and leaves the
-//! report to the first one that waits in the same collective and has itself waited past
-//! the timeout; a rank that finds none asks everyone and reports. So one rank reports,
-//! and the others make one or two connections each.
+//! report to the first one that waits in the same collective and times out within a
+//! slack of it (`report_slack`: ranks enter a collective at different moments); a rank
+//! that finds none asks everyone and reports. So one rank reports, and the others make
+//! one or two connections each and wait for the report before they abort.
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -269,25 +270,41 @@ pub(crate) fn ask_all(peers: &[&Peer]) -> Vec<(usize, Result<Answer, NoAnswer>)>
     out
 }
 
-/// The rank `me`, timed out in `stuck` after `timeout`: `None` when a lower rank waits in
-/// the same collective past the timeout (it reports); else every other rank's answer.
-pub(crate) fn gather(
-    me: usize,
-    stuck: &Call,
-    timeout: std::time::Duration,
-    peers: &[Peer],
-) -> Option<Vec<(usize, Result<Answer, NoAnswer>)>> {
+/// What a rank that timed out does after asking the lower ranks.
+#[derive(Debug)]
+pub(crate) enum Reporter {
+    /// A lower rank waits in the same collective and times out within `in_s` seconds:
+    /// it reports.
+    LowerRank { rank: usize, in_s: f64 },
+    /// This rank reports: every other rank's answer.
+    Me(Vec<(usize, Result<Answer, NoAnswer>)>),
+}
+
+/// How much later than this rank a lower rank waiting in the same collective may time
+/// out and still be left the report: ranks enter a collective at different moments
+/// (hundreds of milliseconds apart on a loaded node), so the lowest waiting rank is not
+/// always the first to time out.
+pub(crate) fn report_slack(timeout: Duration) -> Duration {
+    (timeout / 10).max(Duration::from_secs(1)).min(timeout)
+}
+
+/// The rank `me`, timed out in `stuck` after `timeout`: the lowest lower rank that waits
+/// in the same collective and times out within [`report_slack`] reports; else this rank
+/// does, from every other rank's answer.
+pub(crate) fn gather(me: usize, stuck: &Call, timeout: Duration, peers: &[Peer]) -> Reporter {
+    let slack = report_slack(timeout).as_secs_f64();
     for p in peers.iter().filter(|p| p.rank < me) {
         if let Ok(a) = ask(p) {
-            if a.waits_in(stuck)
-                .is_some_and(|s| s >= timeout.as_secs_f64() * 0.9)
-            {
-                return None;
+            if let Some(waited) = a.waits_in(stuck) {
+                let in_s = (timeout.as_secs_f64() - waited).max(0.0);
+                if in_s <= slack {
+                    return Reporter::LowerRank { rank: p.rank, in_s };
+                }
             }
         }
     }
     let others: Vec<&Peer> = peers.iter().filter(|p| p.rank != me).collect();
-    Some(ask_all(&others))
+    Reporter::Me(ask_all(&others))
 }
 
 /// The report of a collective (`kind` #`seq` on `comm`) this rank waits in, from the other
@@ -431,6 +448,43 @@ mod tests {
             port: 0,
         });
         assert_eq!(none, Err(NoAnswer::NoServer));
+    }
+
+    #[test]
+    fn a_lower_rank_that_times_out_within_the_slack_reports() {
+        // The Fixed rank waits in all_reduce #7 since 31.25 s.
+        let port = serve(0, Arc::new(Fixed)).unwrap();
+        let lower = vec![Peer {
+            rank: 0,
+            host: host_name(),
+            port,
+        }];
+        let stuck = call("all_reduce", 7);
+        let secs = Duration::from_secs_f64;
+        assert_eq!(report_slack(secs(2.0)), secs(1.0));
+        assert_eq!(report_slack(secs(0.5)), secs(0.5));
+        assert_eq!(report_slack(secs(600.0)), secs(60.0));
+        // Timeout 32 s: it times out in 0.75 s, within the 1 s slack.
+        match gather(1, &stuck, secs(32.0), &lower) {
+            Reporter::LowerRank { rank, in_s } => {
+                assert_eq!(rank, 0);
+                assert!((in_s - 0.75).abs() < 1e-9, "{in_s}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // Past its own timeout already: it reports now.
+        assert!(matches!(
+            gather(1, &stuck, secs(30.0), &lower),
+            Reporter::LowerRank { in_s, .. } if in_s == 0.0
+        ));
+        // Timeout 40 s: 8.75 s to go, past the 4 s slack: this rank reports.
+        assert!(matches!(gather(1, &stuck, secs(40.0), &lower), Reporter::Me(a) if a.len() == 1));
+        // Another collective, or a higher rank: not the reporter either.
+        assert!(matches!(
+            gather(1, &call("all_reduce", 8), secs(32.0), &lower),
+            Reporter::Me(_)
+        ));
+        assert!(matches!(gather(0, &stuck, secs(32.0), &lower), Reporter::Me(a) if a.is_empty()));
     }
 
     #[test]

@@ -221,14 +221,23 @@ impl Watchdog {
                 let grace = match self.peers.get() {
                     Some(peers) => {
                         match heartbeat::gather(self.world_rank, &stuck, self.timeout, peers) {
-                            Some(answers) => {
+                            heartbeat::Reporter::Me(answers) => {
                                 let text =
                                     heartbeat::report(self.world_rank, &stuck, &answers, peers);
                                 crate::exit::line_to_stderr(&text);
                                 GRACE
                             }
-                            // A lower rank reports: leave it time to ask and print.
-                            None => GRACE + 3 * heartbeat::ANSWER_TIMEOUT,
+                            // A lower rank reports once it times out: leave it time to
+                            // get there, ask and print.
+                            heartbeat::Reporter::LowerRank { rank, in_s } => {
+                                log::debug!(
+                                    "rank {}: watchdog: rank {rank} times out in {in_s:.1} s                                      and reports",
+                                    self.world_rank
+                                );
+                                Duration::from_secs_f64(in_s)
+                                    + GRACE
+                                    + 3 * heartbeat::ANSWER_TIMEOUT
+                            }
                         }
                     }
                     None => GRACE,

@@ -4,12 +4,12 @@
 //! The launcher is a template with `{n}` (or `{N}`) for the world size (`scripts/mpirun.sh {n}`,
 //! `srun --mpi=pmix -n {n}`), split at whitespace; the program and its arguments follow
 //! it. Each job's output goes to `<point file stem>.log` beside its result, and a job
-//! that outlives `--timeout` is killed with its whole process group.
+//! that outlives `--timeout` is stopped with every rank it started ([`stop`]).
 
 use std::fs::File;
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
@@ -52,8 +52,8 @@ pub fn launcher_words(template: &str, n: usize) -> anyhow::Result<Vec<String>> {
 }
 
 /// Run `words` (a launcher command line) to its end, stdout and stderr into `log_path`,
-/// in a process group of its own killed after `timeout`; Ok when it exited 0. `what`
-/// names the job in errors.
+/// in a process group of its own, stopped after `timeout` ([`stop`]); Ok when it exited
+/// 0. `what` names the job in errors.
 pub fn run_logged(
     words: &[String],
     log_path: &Path,
@@ -72,7 +72,7 @@ pub fn run_logged(
         .stdin(Stdio::null())
         .stdout(log)
         .stderr(log_err)
-        // Its own process group, so that a timeout kills every rank with it.
+        // Its own process group, for `stop` to signal.
         .process_group(0)
         .spawn()
         .with_context(|| format!("starting '{program}' for {what}"))?;
@@ -85,12 +85,7 @@ pub fn run_logged(
             break status;
         }
         if start.elapsed() > timeout {
-            let pgid = child.id() as libc::pid_t;
-            // SAFETY: kill(2) on the process group we created; no memory involved.
-            unsafe {
-                libc::kill(-pgid, libc::SIGKILL);
-            }
-            let _ = child.wait();
+            stop(&mut child);
             bail!(
                 "{what}: killed after {:?} (timeout {}s); output in {}",
                 start.elapsed(),
@@ -108,6 +103,75 @@ pub fn run_logged(
         );
     }
     Ok(())
+}
+
+/// How long a launcher has after SIGTERM to end its ranks before they are killed.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// Stop a launcher past its timeout, with every rank it started. SIGTERM first: mpirun
+/// forwards it to its ranks and srun ends its Slurm step (ranks on other nodes
+/// included). Whatever is left after [`STOP_GRACE`] (a rank that ignores SIGTERM, or is
+/// stopped) gets SIGKILL: the launcher's process group and every process below it, since
+/// Open MPI starts each local rank in a process group of its own.
+fn stop(child: &mut Child) {
+    let pid = child.id() as libc::pid_t;
+    // Read before the launcher ends: after, its orphaned ranks belong to init.
+    let below = processes_below(pid);
+    // SAFETY: kill(2) on the process group we created; no memory involved.
+    unsafe {
+        libc::kill(-pid, libc::SIGTERM);
+    }
+    let start = Instant::now();
+    while start.elapsed() < STOP_GRACE {
+        if let Ok(Some(_)) = child.try_wait() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // SAFETY: as above; the pids were read from /proc at most STOP_GRACE ago.
+    unsafe {
+        libc::kill(-pid, libc::SIGKILL);
+        for p in below {
+            libc::kill(p, libc::SIGKILL);
+        }
+    }
+    let _ = child.wait();
+}
+
+/// Every process below `pid` (children, their children, ...), from /proc.
+fn processes_below(pid: libc::pid_t) -> Vec<libc::pid_t> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let parent_of: Vec<(libc::pid_t, libc::pid_t)> = dir
+        .flatten()
+        .filter_map(|e| {
+            let p = e.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            // "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+            let ppid = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            Some((p, ppid))
+        })
+        .collect();
+    let mut tree = vec![pid];
+    let mut next = 0;
+    while next < tree.len() {
+        let parent = tree[next];
+        tree.extend(
+            parent_of
+                .iter()
+                .filter(|(_, pp)| *pp == parent)
+                .map(|(p, _)| *p),
+        );
+        next += 1;
+    }
+    tree.split_off(1)
 }
 
 impl Job<'_> {

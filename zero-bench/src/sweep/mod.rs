@@ -94,7 +94,8 @@ pub struct RunArgs {
     /// Directory for the result files, job logs, table and plots.
     #[arg(long, value_name = "DIR", default_value = "sweep-out")]
     pub out: PathBuf,
-    /// Kill a job (one point, all its stages) that runs longer than this many seconds.
+    /// Stop a job (one point, all its stages) that runs longer than this many seconds:
+    /// SIGTERM to the launcher, then SIGKILL to it and its ranks 10 s later.
     #[arg(long, value_name = "SECONDS", default_value_t = 1800)]
     pub timeout: u64,
 }

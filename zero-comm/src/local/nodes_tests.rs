@@ -3,7 +3,6 @@
 //! world ranks in messages, bad layouts refused, and a panicking rank hanging no group.
 
 use super::*;
-use std::time::{Duration, Instant};
 
 fn cfg() -> CommConfig {
     CommConfig::default()
@@ -101,8 +100,8 @@ fn a_sub_group_error_names_the_world_rank_and_group() {
 #[test]
 fn a_panicking_rank_hangs_none_of_its_groups() {
     // World rank 3 (node 1, local 1) panics; the others each wait in one of its groups:
-    // rank 1 shares only its cross group, rank 2 its node group, rank 0 the world.
-    let t = Instant::now();
+    // rank 1 shares only its cross group, rank 2 its node group, rank 0 the world. No
+    // timeout is set: a group that missed the panic would wait forever.
     let out = run_local_on_nodes(4, 2, cfg(), |world, g| -> Result<()> {
         let mut x = [1f32; 2];
         match world.rank() {
@@ -113,7 +112,6 @@ fn a_panicking_rank_hangs_none_of_its_groups() {
         }
     })
     .expect("4 = 2 x 2");
-    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
     assert!(out[3].is_err(), "rank 3 panicked");
     // In the world, ranks 1 and 2 may leave (after their own error) before rank 3 does:
     // rank 0 is told whichever left first. In rank 3's node and cross groups it is

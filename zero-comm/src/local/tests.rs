@@ -331,11 +331,12 @@ fn mixed_in_place_all_gather_blocks_are_a_mismatch() {
 #[test]
 fn timeout_names_the_missing_rank() {
     let config = CommConfig {
-        timeout: Some(Duration::from_millis(200)),
+        timeout: Some(Duration::from_secs(2)),
         ..CommConfig::default()
     };
-    // Rank 2 joins only after ranks 0 and 1 have their answer: no timing assumption
-    // beyond the timeout itself.
+    // Rank 2 joins only after ranks 0 and 1 have their answer. Ranks 0 and 1 must both
+    // enter before the timeout (else the later one finds the group poisoned): 2 s is
+    // ample for two threads past one barrier, on a loaded machine too.
     let (started, answered) = (std::sync::Barrier::new(3), std::sync::Barrier::new(3));
     let out = values(run_local(3, config, |c| {
         started.wait(); // every thread is running (not on `c`: its timeout is short)
@@ -380,12 +381,12 @@ fn timeout_names_the_missing_rank() {
     }
     // The rank whose watchdog fired waited the whole timeout (the other may have been
     // told a little earlier).
-    assert!(longest >= 0.2, "{longest}");
+    assert!(longest >= 2.0, "{longest}");
 }
 
 #[test]
 fn a_panicking_rank_is_reported_and_its_peers_get_peer_gone() {
-    let t = Instant::now();
+    // No timeout is set: without PeerGone the peers would wait forever.
     let out = run_local(3, cfg(), |c| {
         if c.rank() == 1 {
             panic!("boom on purpose");
@@ -393,7 +394,6 @@ fn a_panicking_rank_is_reported_and_its_peers_get_peer_gone() {
         let mut x = [1.0f64; 8];
         c.all_reduce(&mut x[..], ReduceOp::Sum)
     });
-    assert!(t.elapsed() < Duration::from_secs(5));
     assert_eq!(
         out[1].as_ref().err(),
         Some(&RankPanic {
