@@ -82,7 +82,8 @@ pub struct TuneArgs {
     /// Directory for the runs' reports and logs, the table and the chosen configuration.
     #[arg(long, value_name = "DIR", default_value = "tune-out")]
     pub out: PathBuf,
-    /// Kill a run that takes longer than this many seconds.
+    /// Stop a run that takes longer than this many seconds: SIGTERM to the launcher,
+    /// then SIGKILL to it and its ranks 10 s later.
     #[arg(long, value_name = "SECONDS", default_value_t = 600)]
     pub timeout: u64,
     /// Ranks the launcher puts on one node (default: all N, as on this machine): with

@@ -231,7 +231,7 @@ impl Watchdog {
                             // get there, ask and print.
                             heartbeat::Reporter::LowerRank { rank, in_s } => {
                                 log::debug!(
-                                    "rank {}: watchdog: rank {rank} times out in {in_s:.1} s                                      and reports",
+                                    "rank {}: watchdog: rank {rank} times out in {in_s:.1} s and reports",
                                     self.world_rank
                                 );
                                 Duration::from_secs_f64(in_s)

@@ -128,46 +128,49 @@ fn stop(child: &mut Child) {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    // SAFETY: as above; the pids were read from /proc at most STOP_GRACE ago.
+    // SAFETY: as above; each pid is still the process read before (same start time),
+    // not a new one that took its number.
     unsafe {
         libc::kill(-pid, libc::SIGKILL);
-        for p in below {
-            libc::kill(p, libc::SIGKILL);
+        for (p, started) in below {
+            if proc_stat(p).is_some_and(|(_, s)| s == started) {
+                libc::kill(p, libc::SIGKILL);
+            }
         }
     }
     let _ = child.wait();
 }
 
-/// Every process below `pid` (children, their children, ...), from /proc.
-fn processes_below(pid: libc::pid_t) -> Vec<libc::pid_t> {
+/// A process's parent and start time (in clock ticks since boot), from /proc/<pid>/stat.
+fn proc_stat(pid: libc::pid_t) -> Option<(libc::pid_t, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // "pid (comm) state ppid ... starttime ...": comm may hold spaces and parentheses;
+    // after it, ppid is the 2nd field and starttime the 20th (proc(5)).
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    Some((fields.get(1)?.parse().ok()?, fields.get(19)?.parse().ok()?))
+}
+
+/// Every process below `pid` (children, their children, ...) with its start time.
+fn processes_below(pid: libc::pid_t) -> Vec<(libc::pid_t, u64)> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
-    let parent_of: Vec<(libc::pid_t, libc::pid_t)> = dir
+    let all: Vec<(libc::pid_t, libc::pid_t, u64)> = dir
         .flatten()
         .filter_map(|e| {
             let p = e.file_name().to_str()?.parse().ok()?;
-            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
-            // "pid (comm) state ppid ...": comm may hold spaces and parentheses.
-            let ppid = stat
-                .rsplit_once(')')?
-                .1
-                .split_whitespace()
-                .nth(1)?
-                .parse()
-                .ok()?;
-            Some((p, ppid))
+            let (ppid, started) = proc_stat(p)?;
+            Some((p, ppid, started))
         })
         .collect();
-    let mut tree = vec![pid];
+    let mut tree = vec![(pid, 0)];
     let mut next = 0;
     while next < tree.len() {
-        let parent = tree[next];
+        let parent = tree[next].0;
         tree.extend(
-            parent_of
-                .iter()
-                .filter(|(_, pp)| *pp == parent)
-                .map(|(p, _)| *p),
+            all.iter()
+                .filter(|(_, pp, _)| *pp == parent)
+                .map(|&(p, _, s)| (p, s)),
         );
         next += 1;
     }
@@ -221,6 +224,49 @@ impl Job<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_child_and_its_child_are_below_this_process_with_their_start_times() {
+        // sh starts sleep as its child (two commands: sh does not exec the last one).
+        let mut sh = Command::new("sh")
+            .args(["-c", "sleep 30; true"])
+            .spawn()
+            .expect("sh runs");
+        let me = std::process::id() as libc::pid_t;
+        let sh_pid = sh.id() as libc::pid_t;
+        let child_of_sh = |below: &[(libc::pid_t, u64)]| {
+            below
+                .iter()
+                .copied()
+                .find(|&(p, _)| proc_stat(p).is_some_and(|(pp, _)| pp == sh_pid))
+        };
+        let mut below = processes_below(me);
+        for _ in 0..250 {
+            if child_of_sh(&below).is_some() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+            below = processes_below(me);
+        }
+        let sleep = child_of_sh(&below);
+        let _ = sh.kill();
+        let _ = sh.wait();
+        if let Some((p, _)) = sleep {
+            // SAFETY: kill(2) of the sleep just found below sh; no memory involved.
+            unsafe {
+                libc::kill(p, libc::SIGKILL);
+            }
+        }
+        assert!(
+            below.iter().any(|&(p, started)| p == sh_pid && started > 0),
+            "sh {sh_pid} not below {me}: {below:?}"
+        );
+        assert!(sleep.is_some_and(|(_, started)| started > 0), "{below:?}");
+        assert_eq!(
+            proc_stat(me).map(|(pp, _)| pp),
+            Some(std::os::unix::process::parent_id() as libc::pid_t)
+        );
+    }
 
     #[test]
     fn the_command_line_is_launcher_program_train_args_point_and_json() {
