@@ -141,7 +141,7 @@ fn stop(child: &mut Child) {
     let _ = child.wait();
 }
 
-/// A process's parent and start time (in clock ticks since boot), from /proc/<pid>/stat.
+/// A process's parent and start time (in clock ticks since boot), from `/proc/<pid>/stat`.
 fn proc_stat(pid: libc::pid_t) -> Option<(libc::pid_t, u64)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // "pid (comm) state ppid ... starttime ...": comm may hold spaces and parentheses;
