@@ -12,6 +12,14 @@ fn job(ranks: usize, mode: &str) -> MpiJob {
         .timeout(Duration::from_secs(30))
 }
 
+/// This machine's name, as the heartbeat reports name the ranks' hosts.
+fn hostname() -> String {
+    let out = std::process::Command::new("hostname")
+        .output()
+        .expect("hostname runs");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
 #[test]
 fn panicking_rank_aborts_the_job_and_is_named() {
     for ranks in [2, 3] {
@@ -57,14 +65,7 @@ fn watchdog_aborts_a_hung_collective() {
     let text = out.all_text();
     // Rank 0 sleeps outside any collective; the others wait in all_reduce #0. Rank 1, the
     // lowest waiting, fires and reports; rank 2 may fire too, or see the job aborted first.
-    let host = String::from_utf8_lossy(
-        &std::process::Command::new("hostname")
-            .output()
-            .expect("hostname runs")
-            .stdout,
-    )
-    .trim()
-    .to_string();
+    let host = hostname();
     for needle in [
         "rank 1: watchdog: all_reduce #0 on 'world' (1000 x f32) has not finished".to_string(),
         "rank 1: watchdog: 2 of 3 ranks wait in all_reduce #0 on 'world'; behind".to_string(),
@@ -112,14 +113,7 @@ fn watchdog_names_the_ranks_behind_a_stopped_one_included() {
     let out = job(ranks, "stopped").env("ZERO_COMM_TIMEOUT", "2").run();
     out.assert_failed_by_itself();
     let text = out.all_text();
-    let host = String::from_utf8_lossy(
-        &std::process::Command::new("hostname")
-            .output()
-            .expect("hostname runs")
-            .stdout,
-    )
-    .trim()
-    .to_string();
+    let host = hostname();
     for needle in [
         "rank 0: watchdog: 2 of 4 ranks wait in all_reduce #2 on 'world'; behind".to_string(),
         format!("rank 2 on {host} (pid "),
