@@ -198,6 +198,35 @@ pub fn kill_job(pid: libc::pid_t) {
     }
 }
 
+/// Pids of the processes whose command line (`/proc/<pid>/cmdline`: NUL-separated
+/// words, each ending in NUL) satisfies `matches`.
+pub fn running(matches: impl Fn(&str) -> bool) -> Vec<libc::pid_t> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let pid = e.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            matches(&String::from_utf8_lossy(&cmdline)).then_some(pid)
+        })
+        .collect()
+}
+
+/// [`running`], retried for up to 5 s until it finds none: a killed process stays in
+/// /proc until its parent (or init) reaps it. Returns what is left.
+pub fn wait_until_none_running(matches: impl Fn(&str) -> bool) -> Vec<libc::pid_t> {
+    let mut left = running(&matches);
+    for _ in 0..50 {
+        if left.is_empty() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        left = running(&matches);
+    }
+    left
+}
+
 /// Pids of the processes below `pid`: children, grandchildren, ... (from /proc).
 pub fn processes_below(pid: libc::pid_t) -> Vec<libc::pid_t> {
     let mut parents = Vec::new();

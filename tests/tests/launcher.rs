@@ -13,40 +13,32 @@ fn mpirun_starts_and_exits_cleanly() {
     assert_eq!(out.code, Some(0), "{}", out.transcript());
 }
 
-/// Processes whose command line is exactly `words`.
-fn running(words: &[&str]) -> Vec<String> {
-    let want: Vec<u8> = words
-        .iter()
-        .flat_map(|w| [w.as_bytes(), b"\0"].concat())
-        .collect();
-    std::fs::read_dir("/proc")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter(|e| std::fs::read(e.path().join("cmdline")).is_ok_and(|c| c == want))
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect()
-}
-
 #[test]
 fn timeout_kills_a_hung_job_and_every_rank() {
     // An odd duration, to tell this job's ranks from any other sleep.
-    let job = ["sleep", "613"];
-    let out = MpiJob::new(2, job[0])
-        .args([job[1]])
-        .timeout(Duration::from_secs(3))
-        .run();
-    assert!(out.timed_out, "{}", out.transcript());
-    // Open MPI puts each rank in a process group of its own: killing mpirun's group
-    // alone would leave them running. SIGKILL is delivered before kill(2) returns, but
-    // a killed process leaves /proc only once reaped; allow that a moment.
-    let mut left = running(&job);
-    for _ in 0..50 {
-        if left.is_empty() {
-            break;
+    let job = MpiJob::new(2, "sleep")
+        .args(["613"])
+        .timeout(Duration::from_secs(3));
+    let is_rank = |cmdline: &str| cmdline == "sleep\0613\0";
+    // The ranks must be running when the timeout fires, or the test proves nothing.
+    let watcher = std::thread::spawn(move || {
+        for _ in 0..300 {
+            if zero_tests::running(is_rank).len() == 2 {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(10));
         }
-        std::thread::sleep(Duration::from_millis(100));
-        left = running(&job);
-    }
+        false
+    });
+    let out = job.run();
+    assert!(out.timed_out, "{}", out.transcript());
+    assert!(
+        watcher.join().unwrap_or(false),
+        "the 2 ranks never ran\n{}",
+        out.transcript()
+    );
+    // Open MPI puts each rank in a process group of its own: killing mpirun's group
+    // alone would leave them running.
+    let left = zero_tests::wait_until_none_running(is_rank);
     assert!(left.is_empty(), "ranks left running: pids {left:?}");
 }

@@ -16,11 +16,14 @@
 //! end
 //! ```
 //!
-//! Who reports: a rank that times out asks the lower ranks, lowest first, and leaves the
-//! report to the first one that waits in the same collective and times out within a
-//! slack of it (`report_slack`: ranks enter a collective at different moments); a rank
-//! that finds none asks everyone and reports. So one rank reports, and the others make
-//! one or two connections each and wait for the report before they abort.
+//! Who reports: a rank that times out asks the lower ranks, lowest first and a few at a
+//! time, and leaves the report to the first one that waits in the same collective and
+//! times out within a slack of it (`report_slack`: ranks enter a collective at different
+//! moments); a rank that finds none asks everyone and reports. A rank that left the
+//! report to another waits while that one still waits in the collective (it may itself
+//! have left the report to a lower rank), so it aborts the job only after the report, or
+//! reports itself when that rank stops answering. Normally one rank reports; ranks
+//! whose timeouts fall more than the slack apart may each report.
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -280,31 +283,45 @@ pub(crate) enum Reporter {
     Me(Vec<(usize, Result<Answer, NoAnswer>)>),
 }
 
-/// How much later than this rank a lower rank waiting in the same collective may time
-/// out and still be left the report: ranks enter a collective at different moments
+/// How much later than the asking rank a lower rank waiting in the same collective may
+/// time out and still be left the report: ranks enter a collective at different moments
 /// (hundreds of milliseconds apart on a loaded node), so the lowest waiting rank is not
-/// always the first to time out.
+/// always the first to time out. A tenth of the timeout, at least 1 s, at most the
+/// timeout.
 pub(crate) fn report_slack(timeout: Duration) -> Duration {
     (timeout / 10).max(Duration::from_secs(1)).min(timeout)
 }
+
+/// Lower ranks asked at once while looking for the reporter: the lowest first, so that
+/// the usual case (rank 0 waits too) costs each rank a few connections, not one per rank,
+/// and a few stopped ranks cost one [`ANSWER_TIMEOUT`] round, not one each.
+const LOWER_BATCH: usize = 8;
 
 /// The rank `me`, timed out in `stuck` after `timeout`: the lowest lower rank that waits
 /// in the same collective and times out within [`report_slack`] reports; else this rank
 /// does, from every other rank's answer.
 pub(crate) fn gather(me: usize, stuck: &Call, timeout: Duration, peers: &[Peer]) -> Reporter {
     let slack = report_slack(timeout).as_secs_f64();
-    for p in peers.iter().filter(|p| p.rank < me) {
-        if let Ok(a) = ask(p) {
-            if let Some(waited) = a.waits_in(stuck) {
-                let in_s = (timeout.as_secs_f64() - waited).max(0.0);
-                if in_s <= slack {
-                    return Reporter::LowerRank { rank: p.rank, in_s };
-                }
+    let lower: Vec<&Peer> = peers.iter().filter(|p| p.rank < me).collect();
+    for batch in lower.chunks(LOWER_BATCH) {
+        for (rank, answer) in ask_all(batch) {
+            let Some(waited) = answer.ok().and_then(|a| a.waits_in(stuck)) else {
+                continue;
+            };
+            let in_s = (timeout.as_secs_f64() - waited).max(0.0);
+            if in_s <= slack {
+                return Reporter::LowerRank { rank, in_s };
             }
         }
     }
     let others: Vec<&Peer> = peers.iter().filter(|p| p.rank != me).collect();
     Reporter::Me(ask_all(&others))
+}
+
+/// Whether `peer` still waits in `stuck` (it answers, and the collective is among those
+/// it waits in).
+pub(crate) fn still_waits(peer: &Peer, stuck: &Call) -> bool {
+    ask(peer).is_ok_and(|a| a.waits_in(stuck).is_some())
 }
 
 /// The report of a collective (`kind` #`seq` on `comm`) this rank waits in, from the other
@@ -454,17 +471,18 @@ mod tests {
     fn a_lower_rank_that_times_out_within_the_slack_reports() {
         // The Fixed rank waits in all_reduce #7 since 31.25 s.
         let port = serve(0, Arc::new(Fixed)).unwrap();
-        let lower = vec![Peer {
+        let waiting = Peer {
             rank: 0,
             host: host_name(),
             port,
-        }];
+        };
+        let lower = vec![waiting.clone()];
         let stuck = call("all_reduce", 7);
         let secs = Duration::from_secs_f64;
         assert_eq!(report_slack(secs(2.0)), secs(1.0));
         assert_eq!(report_slack(secs(0.5)), secs(0.5));
         assert_eq!(report_slack(secs(600.0)), secs(60.0));
-        // Timeout 32 s: it times out in 0.75 s, within the 1 s slack.
+        // Timeout 32 s: it times out in 0.75 s, within the 3.2 s slack.
         match gather(1, &stuck, secs(32.0), &lower) {
             Reporter::LowerRank { rank, in_s } => {
                 assert_eq!(rank, 0);
@@ -477,14 +495,44 @@ mod tests {
             gather(1, &stuck, secs(30.0), &lower),
             Reporter::LowerRank { in_s, .. } if in_s == 0.0
         ));
-        // Timeout 40 s: 8.75 s to go, past the 4 s slack: this rank reports.
-        assert!(matches!(gather(1, &stuck, secs(40.0), &lower), Reporter::Me(a) if a.len() == 1));
+        // Timeout 34 s: 2.75 s to go, within the 3.4 s slack; 35 s: 3.75 s to go, past
+        // the 3.5 s slack, so this rank reports (the answers of all but itself).
+        assert!(matches!(
+            gather(1, &stuck, secs(34.0), &lower),
+            Reporter::LowerRank { rank: 0, .. }
+        ));
+        assert!(matches!(gather(1, &stuck, secs(35.0), &lower), Reporter::Me(a) if a.len() == 1));
         // Another collective, or a higher rank: not the reporter either.
         assert!(matches!(
             gather(1, &call("all_reduce", 8), secs(32.0), &lower),
             Reporter::Me(_)
         ));
         assert!(matches!(gather(0, &stuck, secs(32.0), &lower), Reporter::Me(a) if a.is_empty()));
+        // A lower rank that cannot be asked is passed over for the next.
+        let dead = TcpListener::bind(("127.0.0.1", 0))
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let two = vec![
+            Peer {
+                rank: 0,
+                host: "127.0.0.1".into(),
+                port: dead,
+            },
+            Peer {
+                rank: 1,
+                ..waiting.clone()
+            },
+        ];
+        assert!(matches!(
+            gather(2, &stuck, secs(32.0), &two),
+            Reporter::LowerRank { rank: 1, .. }
+        ));
+        // What a rank that left the report asks while it waits.
+        assert!(still_waits(&waiting, &stuck));
+        assert!(!still_waits(&waiting, &call("all_reduce", 8)));
+        assert!(!still_waits(&two[0], &stuck));
     }
 
     #[test]

@@ -2,10 +2,12 @@
 //! the configured timeout, after printing which one (communicator, sequence number,
 //! collective, element count, dtype) and which ranks are behind: it asks every other rank
 //! over the heartbeat side channel (`heartbeat.rs`) what it last completed and where it
-//! is now, and the lowest rank waiting in the collective prints the ranks that are not in
-//! it, with their hosts, and those that do not answer (a stopped or hung process). Every
-//! rank stuck in the same collective fires at about the same moment; each waits a grace
-//! period before MPI_Abort so that the report gets printed first.
+//! is now, and one rank waiting in the collective (normally the lowest; `heartbeat.rs`
+//! says which) prints the ranks that are not in it, with their hosts, and those that do
+//! not answer (a stopped or hung process). Every rank stuck in the same collective fires
+//! at about the same moment; the others wait while the reporting rank still waits in the
+//! collective, and each waits a grace period after its own line before MPI_Abort, so that
+//! the report gets printed first.
 
 use crate::stats::CollectiveKind;
 use crate::DType;
@@ -22,6 +24,9 @@ pub const WATCHDOG_EXIT_CODE: i32 = 3;
 
 /// Time the firing rank waits before aborting, so peers stuck in the same call print.
 const GRACE: Duration = Duration::from_millis(1000);
+
+/// How often a rank that left the report to a lower rank asks whether it still waits.
+const REPORTER_POLL: Duration = Duration::from_millis(500);
 
 #[derive(Clone, Debug)]
 struct Entry {
@@ -184,6 +189,35 @@ impl Watchdog {
         }
     }
 
+    /// Print the report on `stuck`, or leave it to a lower rank (`heartbeat.rs`): then
+    /// wait while that rank still waits in `stuck`, since it reports (or has left the
+    /// report to a rank lower still) and aborts the job, which ends this process too.
+    /// If it stops waiting without that, or the wait passes the timeout, report here.
+    fn report(&self, stuck: &Call, peers: &[Peer]) {
+        let me = self.world_rank;
+        let answers = match heartbeat::gather(me, stuck, self.timeout, peers) {
+            heartbeat::Reporter::Me(answers) => answers,
+            heartbeat::Reporter::LowerRank { rank, in_s } => {
+                log::debug!(
+                    "rank {me}: watchdog: rank {rank} times out in {in_s:.1} s and reports"
+                );
+                let started = Instant::now();
+                let reporter = peers.iter().find(|p| p.rank == rank);
+                while started.elapsed() < self.timeout
+                    && reporter.is_some_and(|p| heartbeat::still_waits(p, stuck))
+                {
+                    std::thread::sleep(REPORTER_POLL);
+                }
+                // Its MPI_Abort ends it before the launcher ends this process: give that
+                // the time to land before reporting here too.
+                std::thread::sleep(2 * GRACE);
+                let others: Vec<&Peer> = peers.iter().filter(|p| p.rank != me).collect();
+                heartbeat::ask_all(&others)
+            }
+        };
+        crate::exit::line_to_stderr(&heartbeat::report(me, stuck, &answers, peers));
+    }
+
     fn run(&self, poll: Duration) {
         while !self.stop.load(Ordering::Relaxed) {
             std::thread::sleep(poll);
@@ -218,32 +252,11 @@ impl Watchdog {
                     seq: e.seq,
                     comm: e.comm.clone(),
                 };
-                let grace = match self.peers.get() {
-                    Some(peers) => {
-                        match heartbeat::gather(self.world_rank, &stuck, self.timeout, peers) {
-                            heartbeat::Reporter::Me(answers) => {
-                                let text =
-                                    heartbeat::report(self.world_rank, &stuck, &answers, peers);
-                                crate::exit::line_to_stderr(&text);
-                                GRACE
-                            }
-                            // A lower rank reports once it times out: leave it time to
-                            // get there, ask and print.
-                            heartbeat::Reporter::LowerRank { rank, in_s } => {
-                                log::debug!(
-                                    "rank {}: watchdog: rank {rank} times out in {in_s:.1} s and reports",
-                                    self.world_rank
-                                );
-                                Duration::from_secs_f64(in_s)
-                                    + GRACE
-                                    + 3 * heartbeat::ANSWER_TIMEOUT
-                            }
-                        }
-                    }
-                    None => GRACE,
-                };
+                if let Some(peers) = self.peers.get() {
+                    self.report(&stuck, peers);
+                }
                 let _ = std::io::stderr().flush();
-                std::thread::sleep(grace);
+                std::thread::sleep(GRACE);
                 crate::exit::abort_world(WATCHDOG_EXIT_CODE);
             }
         }

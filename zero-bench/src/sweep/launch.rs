@@ -87,7 +87,7 @@ pub fn run_logged(
         if start.elapsed() > timeout {
             stop(&mut child);
             bail!(
-                "{what}: killed after {:?} (timeout {}s); output in {}",
+                "{what}: stopped after {:?} (timeout {}s); output in {}",
                 start.elapsed(),
                 timeout.as_secs(),
                 log_path.display()
@@ -109,33 +109,41 @@ pub fn run_logged(
 const STOP_GRACE: Duration = Duration::from_secs(10);
 
 /// Stop a launcher past its timeout, with every rank it started. SIGTERM first: mpirun
-/// forwards it to its ranks and srun ends its Slurm step (ranks on other nodes
-/// included). Whatever is left after [`STOP_GRACE`] (a rank that ignores SIGTERM, or is
-/// stopped) gets SIGKILL: the launcher's process group and every process below it, since
-/// Open MPI starts each local rank in a process group of its own.
+/// ends its ranks (SIGTERM, then SIGKILL), and srun signals the ranks of its Slurm step. Whatever is left after [`STOP_GRACE`] (a rank that ignores SIGTERM,
+/// or is stopped) gets SIGKILL: the launcher's process group and every process that was
+/// below it, since Open MPI starts each local rank in a process group of its own. (Ranks
+/// of an srun step on other nodes are not below it: killing srun leaves them to Slurm,
+/// which ends the step when srun is gone.)
 fn stop(child: &mut Child) {
     let pid = child.id() as libc::pid_t;
     // Read before the launcher ends: after, its orphaned ranks belong to init.
     let below = processes_below(pid);
+    // A pid is still the process read before when its start time is unchanged.
+    let alive =
+        |&(p, started): &(libc::pid_t, u64)| proc_stat(p).is_some_and(|(_, s)| s == started);
     // SAFETY: kill(2) on the process group we created; no memory involved.
     unsafe {
         libc::kill(-pid, libc::SIGTERM);
     }
     let start = Instant::now();
+    let mut exited = false;
     while start.elapsed() < STOP_GRACE {
-        if let Ok(Some(_)) = child.try_wait() {
+        exited = exited || matches!(child.try_wait(), Ok(Some(_)));
+        if exited && !below.iter().any(alive) {
             break;
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    // SAFETY: as above; each pid is still the process read before (same start time),
-    // not a new one that took its number.
-    unsafe {
-        libc::kill(-pid, libc::SIGKILL);
-        for (p, started) in below {
-            if proc_stat(p).is_some_and(|(_, s)| s == started) {
-                libc::kill(p, libc::SIGKILL);
-            }
+    for p in below.iter().filter(|p| alive(p)) {
+        // SAFETY: as above, on a process checked a moment ago to be the one read before.
+        unsafe {
+            libc::kill(p.0, libc::SIGKILL);
+        }
+    }
+    if !exited {
+        // SAFETY: as above (not reaped yet: the group is still the one we created).
+        unsafe {
+            libc::kill(-pid, libc::SIGKILL);
         }
     }
     let _ = child.wait();
@@ -257,14 +265,19 @@ mod tests {
                 libc::kill(p, libc::SIGKILL);
             }
         }
+        // Start times (clock ticks since boot): not before this process's, so the field
+        // read is the start time, not a neighbour (field 21 is always 0, 23 the size).
+        let (parent, my_start) = proc_stat(me).expect("this process's stat");
+        assert_eq!(parent, std::os::unix::process::parent_id() as libc::pid_t);
         assert!(
-            below.iter().any(|&(p, started)| p == sh_pid && started > 0),
-            "sh {sh_pid} not below {me}: {below:?}"
+            below
+                .iter()
+                .any(|&(p, started)| p == sh_pid && started >= my_start),
+            "sh {sh_pid} not below {me} (started {my_start}): {below:?}"
         );
-        assert!(sleep.is_some_and(|(_, started)| started > 0), "{below:?}");
-        assert_eq!(
-            proc_stat(me).map(|(pp, _)| pp),
-            Some(std::os::unix::process::parent_id() as libc::pid_t)
+        assert!(
+            sleep.is_some_and(|(_, started)| started >= my_start),
+            "{below:?}"
         );
     }
 
