@@ -19,7 +19,7 @@ fn timeout_kills_a_hung_job_and_every_rank() {
     let job = MpiJob::new(2, "sleep")
         .args(["613"])
         .timeout(Duration::from_secs(3));
-    let is_rank = |cmdline: &str| cmdline == "sleep\0613\0";
+    let is_rank = |cmdline: &str| cmdline == "sleep\x00613\x00";
     // The ranks must be running when the timeout fires, or the test proves nothing.
     let watcher = std::thread::spawn(move || {
         for _ in 0..300 {
