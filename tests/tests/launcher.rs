@@ -18,11 +18,11 @@ fn timeout_kills_a_hung_job_and_every_rank() {
     // An odd duration, to tell this job's ranks from any other sleep.
     let job = MpiJob::new(2, "sleep")
         .args(["613"])
-        .timeout(Duration::from_secs(3));
+        .timeout(Duration::from_secs(10));
     let is_rank = |cmdline: &str| cmdline == "sleep\x00613\x00";
     // The ranks must be running when the timeout fires, or the test proves nothing.
     let watcher = std::thread::spawn(move || {
-        for _ in 0..300 {
+        for _ in 0..1000 {
             if zero_tests::running(is_rank).len() == 2 {
                 return true;
             }

@@ -22,8 +22,13 @@ use std::time::{Duration, Instant};
 /// Exit code of a job the watchdog aborted.
 pub const WATCHDOG_EXIT_CODE: i32 = 3;
 
-/// Time the firing rank waits before aborting, so peers stuck in the same call print.
+/// Time a rank waits after its last line before aborting, so that what it and the
+/// others printed reaches the launcher first.
 const GRACE: Duration = Duration::from_millis(1000);
+
+/// How long a rank that left the report to another waits, once that one is gone, for
+/// the abort to end this process too before it reports itself.
+const ABORT_LANDS: Duration = Duration::from_secs(5);
 
 /// How often a rank that left the report to a lower rank asks whether it still waits.
 const REPORTER_POLL: Duration = Duration::from_millis(500);
@@ -203,14 +208,19 @@ impl Watchdog {
                 );
                 let started = Instant::now();
                 let reporter = peers.iter().find(|p| p.rank == rank);
-                while started.elapsed() < self.timeout
+                // At least the time its own report takes when a peer does not answer.
+                let patience = self.timeout.max(
+                    heartbeat::report_slack(self.timeout) + 2 * heartbeat::ANSWER_TIMEOUT + GRACE,
+                );
+                while started.elapsed() < patience
                     && reporter.is_some_and(|p| heartbeat::still_waits(p, stuck))
                 {
                     std::thread::sleep(REPORTER_POLL);
                 }
-                // Its MPI_Abort ends it before the launcher ends this process: give that
-                // the time to land before reporting here too.
-                std::thread::sleep(2 * GRACE);
+                // Its MPI_Abort ends it before the launcher ends this process (Open MPI:
+                // SIGTERM, then SIGKILL a second later): let that land before reporting
+                // here too.
+                std::thread::sleep(ABORT_LANDS);
                 let others: Vec<&Peer> = peers.iter().filter(|p| p.rank != me).collect();
                 heartbeat::ask_all(&others)
             }

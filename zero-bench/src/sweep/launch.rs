@@ -149,12 +149,16 @@ fn stop(child: &mut Child) {
     let _ = child.wait();
 }
 
-/// A process's parent and start time (in clock ticks since boot), from `/proc/<pid>/stat`.
+/// A live process's parent and start time (in clock ticks since boot), from
+/// `/proc/<pid>/stat`; `None` for a zombie (it has exited, only its parent may reap it).
 fn proc_stat(pid: libc::pid_t) -> Option<(libc::pid_t, u64)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // "pid (comm) state ppid ... starttime ...": comm may hold spaces and parentheses;
-    // after it, ppid is the 2nd field and starttime the 20th (proc(5)).
+    // after it come the state, ppid (2nd) and starttime (20th), as proc(5) numbers them.
     let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    if fields.first() == Some(&"Z") {
+        return None;
+    }
     Some((fields.get(1)?.parse().ok()?, fields.get(19)?.parse().ok()?))
 }
 
