@@ -627,7 +627,8 @@ fn padded_pairs(kc: usize, pad: usize) -> usize {
 /// Pack rows `kb..kb + kc` of B (`n` columns) into panels of NR columns, pair-major:
 /// `out[(panel * pairs + p) * NR + j]` holds columns `panel * NR + j` of k = kb + 2p and
 /// kb + 2p + 1, `pairs = padded_pairs(kc, pad)`. Missing columns, the odd k past `kc`
-/// and the padding pairs are zero.
+/// and the padding pairs are zero. `vector`: on AVX2 where the layout allows
+/// ([`pack_v3`]), the same values 8 pairs at a time.
 ///
 /// # Safety
 /// `b` with strides `rsb`, `csb` addresses a valid K x n matrix with K >= kb + kc.
@@ -641,6 +642,7 @@ unsafe fn pack_b(
     kc: usize,
     n: usize,
     pad: usize,
+    vector: bool,
 ) {
     let pairs = padded_pairs(kc, pad);
     let panels = n.div_ceil(NR);
@@ -648,7 +650,13 @@ unsafe fn pack_b(
     out.resize(panels * pairs * NR, 0);
     let at = |k: usize, j: usize| *b.offset(k as isize * rsb + j as isize * csb);
     let full = kc / 2; // pairs with both halves
-    if csb == 1 {
+    #[cfg(target_arch = "x86_64")]
+    let vector = vector && pack_v3::b_full_pairs(out, b, rsb, csb, kb, full, n, pairs);
+    #[cfg(not(target_arch = "x86_64"))]
+    let vector = vector && false; // no vector packing there
+    if vector {
+        // The pairs with both halves are packed; the odd k's pair below.
+    } else if csb == 1 {
         // Rows of B contiguous: walk each pair of rows once, start to end, panel by panel.
         for p in 0..full {
             let k = kb + 2 * p;
@@ -666,7 +674,7 @@ unsafe fn pack_b(
         let j0 = panel * NR;
         let width = NR.min(n - j0);
         let dst = &mut out[panel * pairs * NR..][..pairs * NR];
-        if csb == 1 {
+        if vector || csb == 1 {
             // Packed above.
         } else if rsb == 1 {
             // Columns of B contiguous (B = W^T): each column's run of k converts in pairs.
@@ -693,7 +701,8 @@ unsafe fn pack_b(
 }
 
 /// Pack rows `i0..i0 + mr` (mr <= MR) of A, columns `kb..kb + kc`, pair-major:
-/// `out[p * MR + r]`. Missing rows and the odd k past `kc` are zero.
+/// `out[p * MR + r]`. Missing rows and the odd k past `kc` are zero. `vector`: on AVX2
+/// where the layout allows ([`pack_v3`]), the same values 8 pairs at a time.
 ///
 /// # Safety
 /// `a` with strides `rsa`, `csa` addresses a valid matrix holding those rows and columns.
@@ -707,6 +716,7 @@ unsafe fn pack_a(
     mr: usize,
     kb: usize,
     kc: usize,
+    vector: bool,
 ) {
     let pairs = kc.div_ceil(2);
     let at = |i: usize, k: usize| *a.offset(i as isize * rsa + k as isize * csa);
@@ -714,7 +724,13 @@ unsafe fn pack_a(
     if mr < MR {
         out[..pairs * MR].fill(0);
     }
-    if csa == 1 {
+    #[cfg(target_arch = "x86_64")]
+    let vector = vector && pack_v3::a_full_pairs(out, a, rsa, csa, i0, mr, kb, full);
+    #[cfg(not(target_arch = "x86_64"))]
+    let vector = vector && false; // no vector packing there
+    if vector {
+        // The pairs with both halves are packed; the odd k's pair below.
+    } else if csa == 1 {
         // Rows of A contiguous: each row's run of k converts in pairs.
         for r in 0..mr {
             let row = std::slice::from_raw_parts(a.offset((i0 + r) as isize * rsa).add(kb), kc);
@@ -905,6 +921,146 @@ fn kernel_portable(pairs: usize, a: &[u32], b: &[u32], tile: &mut [f32]) {
                 *acc += a_hi * half_of(bj, true);
                 *acc += a_lo * half_of(bj, false);
             }
+        }
+    }
+}
+
+/// The packing of the `vdpbf16ps` and portable kernels on AVX2, 8 pairs at a time: the
+/// same u32 as [`pair`] (the rounding is `simd.rs`'s `bf16_bits_v3`: nearest even, NaN
+/// quieted, subnormals kept, as [`to_bf16`]), so both kernels see the same operands.
+/// Scalar packing took as long as the products on a Zen 4 core (`perf`: 11.9% of the
+/// samples in `sgemm_bf16`'s packing against 13.8% in the micro-kernel, K = 1536).
+#[cfg(target_arch = "x86_64")]
+mod pack_v3 {
+    use super::{pair, MR, NR};
+    use crate::simd::bf16_bits_v3;
+    use std::arch::x86_64::*;
+
+    /// Lane j: the pair of `lo[j]` (k) and `hi[j]` (k + 1).
+    #[inline(always)]
+    unsafe fn pairs_across(lo: *const f32, hi: *const f32) -> __m256i {
+        let lo = bf16_bits_v3(_mm256_loadu_ps(lo));
+        let hi = bf16_bits_v3(_mm256_loadu_ps(hi));
+        _mm256_or_si256(lo, _mm256_slli_epi32::<16>(hi))
+    }
+
+    /// Lane p: the pair of `x[2p]` and `x[2p + 1]` (16 consecutive values of k).
+    #[inline(always)]
+    unsafe fn pairs_along(x: *const f32) -> [u32; 8] {
+        let b0 = bf16_bits_v3(_mm256_loadu_ps(x));
+        let b1 = bf16_bits_v3(_mm256_loadu_ps(x.add(8)));
+        // Values below 2^16 pack to u16 without saturating, per 128-bit half: pairs
+        // 0-1 and 4-5 below, 2-3 and 6-7 above; the permute puts them in order.
+        let packed = _mm256_packus_epi32(b0, b1);
+        let ordered = _mm256_permute4x64_epi64::<0b11_01_10_00>(packed);
+        let mut out = [0u32; 8];
+        _mm256_storeu_si256(out.as_mut_ptr() as *mut __m256i, ordered);
+        out
+    }
+
+    /// `pack_a`'s first `full` pairs where A's rows are contiguous (8 pairs along a row,
+    /// spread over `MR` apart) or its columns are (A = X^T: the 8 rows of a pair side by
+    /// side, all `MR` of them present); false, having done nothing, for other layouts.
+    ///
+    /// # Safety
+    /// As `pack_a`; the CPU has AVX2.
+    #[target_feature(enable = "avx2")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn a_full_pairs(
+        out: &mut [u32],
+        a: *const f32,
+        rsa: isize,
+        csa: isize,
+        i0: usize,
+        mr: usize,
+        kb: usize,
+        full: usize,
+    ) -> bool {
+        if csa == 1 {
+            for r in 0..mr {
+                let row = a.offset((i0 + r) as isize * rsa).add(kb);
+                let mut p = 0;
+                while p + 8 <= full {
+                    for (j, v) in pairs_along(row.add(2 * p)).into_iter().enumerate() {
+                        out[(p + j) * MR + r] = v;
+                    }
+                    p += 8;
+                }
+                for p in p..full {
+                    out[p * MR + r] = pair(*row.add(2 * p), *row.add(2 * p + 1));
+                }
+            }
+            true
+        } else if rsa == 1 && mr == MR {
+            let rows = a.add(i0);
+            for p in 0..full {
+                let lo = rows.offset((kb + 2 * p) as isize * csa);
+                let hi = rows.offset((kb + 2 * p + 1) as isize * csa);
+                let v = pairs_across(lo, hi);
+                _mm256_storeu_si256(out.as_mut_ptr().add(p * MR) as *mut __m256i, v);
+            }
+            true
+        } else {
+            false
+        }
+    }
+
+    /// `pack_b`'s first `full` pairs of every panel (`pairs` per panel in `out`, sized
+    /// already) where B's rows are contiguous (a pair of rows, 8 columns at a time) or
+    /// its columns are (B = W^T: 8 pairs along a column, spread over `NR` apart); false,
+    /// having done nothing, for other layouts.
+    ///
+    /// # Safety
+    /// As `pack_b`; the CPU has AVX2.
+    #[target_feature(enable = "avx2")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn b_full_pairs(
+        out: &mut [u32],
+        b: *const f32,
+        rsb: isize,
+        csb: isize,
+        kb: usize,
+        full: usize,
+        n: usize,
+        pairs: usize,
+    ) -> bool {
+        if csb == 1 {
+            for p in 0..full {
+                let lo = b.offset((kb + 2 * p) as isize * rsb);
+                let hi = b.offset((kb + 2 * p + 1) as isize * rsb);
+                for j0 in (0..n).step_by(NR) {
+                    let dst = &mut out[((j0 / NR) * pairs + p) * NR..][..NR.min(n - j0)];
+                    let mut j = 0;
+                    while j + 8 <= dst.len() {
+                        let v = pairs_across(lo.add(j0 + j), hi.add(j0 + j));
+                        _mm256_storeu_si256(dst.as_mut_ptr().add(j) as *mut __m256i, v);
+                        j += 8;
+                    }
+                    for (t, slot) in dst.iter_mut().enumerate().skip(j) {
+                        *slot = pair(*lo.add(j0 + t), *hi.add(j0 + t));
+                    }
+                }
+            }
+            true
+        } else if rsb == 1 {
+            for jj in 0..n {
+                let (panel, j) = (jj / NR, jj % NR);
+                let col = b.offset(jj as isize * csb).add(kb);
+                let dst = &mut out[panel * pairs * NR..][..pairs * NR];
+                let mut p = 0;
+                while p + 8 <= full {
+                    for (t, v) in pairs_along(col.add(2 * p)).into_iter().enumerate() {
+                        dst[(p + t) * NR + j] = v;
+                    }
+                    p += 8;
+                }
+                for p in p..full {
+                    dst[p * NR + j] = pair(*col.add(2 * p), *col.add(2 * p + 1));
+                }
+            }
+            true
+        } else {
+            false
         }
     }
 }
@@ -1307,13 +1463,15 @@ pub unsafe fn sgemm_bf16(
     let mut b_packed = Vec::new();
     let mut a_packed = vec![0u32; KC.div_ceil(2) * MR];
     let mut tile = [0f32; MR * NR];
+    // Every AVX-512 BF16 CPU has AVX2; the portable kernel packs in scalar (any CPU).
+    let vector = kernel == Bf16Kernel::Avx512Bf16;
     for kb in (0..k).step_by(KC) {
         let kc = KC.min(k - kb);
         let pairs = padded_pairs(kc, 1);
-        pack_b(&mut b_packed, b, rsb, csb, kb, kc, n, 1);
+        pack_b(&mut b_packed, b, rsb, csb, kb, kc, n, 1, vector);
         for i0 in (0..m).step_by(MR) {
             let mr = MR.min(m - i0);
-            pack_a(&mut a_packed, a, rsa, csa, i0, mr, kb, kc);
+            pack_a(&mut a_packed, a, rsa, csa, i0, mr, kb, kc, vector);
             for (panel, bp) in b_packed.chunks_exact(pairs * NR).enumerate() {
                 match kernel {
                     #[cfg(target_arch = "x86_64")]
@@ -1613,6 +1771,76 @@ mod tests {
             .iter()
             .zip(&banded)
             .all(|(x, y)| x.to_bits() == y.to_bits()));
+    }
+
+    /// The AVX2 packing of the `vdpbf16ps` kernel gives the scalar packing's u32 in all
+    /// four layouts, on specials (NaN, infinities, subnormals, signed zeros, rounding
+    /// ties) and random values, with K around its 8-pair steps and odd, partial row bands
+    /// and N around the 32-column panels.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn vector_packing_equals_scalar_packing() {
+        if !std::arch::is_x86_feature_detected!("avx2") {
+            return;
+        }
+        let specials = [
+            f32::NAN,
+            -f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::MIN_POSITIVE / 4.0,
+            -f32::MIN_POSITIVE / 3.0,
+            0.0,
+            -0.0,
+            f32::from_bits(0x3F80_8000), // a tie: rounds to even (down)
+            f32::from_bits(0x3F81_8000), // a tie: rounds to even (up)
+            f32::MAX,
+            1.0 + f32::EPSILON,
+        ];
+        let (rows, cols) = (13, 70);
+        let x: Vec<f32> = vals(rows * cols, 31)
+            .into_iter()
+            .enumerate()
+            .map(|(i, v)| {
+                if i % 5 == 0 {
+                    specials[(i / 5) % specials.len()]
+                } else {
+                    v
+                }
+            })
+            .collect();
+        for kc in [1usize, 2, 15, 16, 17, 31, 33, 48] {
+            for (kb, mr) in [(0, MR), (3, MR), (0, 5), (5, 1)] {
+                // A rows contiguous (rows x cols, row-major) and A = X^T (columns
+                // contiguous: x read as cols x rows, column-major).
+                for (rsa, csa) in [(cols as isize, 1), (1, rows as isize)] {
+                    let mut scalar = vec![7u32; kc.div_ceil(2) * MR];
+                    let mut vector = vec![9u32; kc.div_ceil(2) * MR];
+                    // SAFETY: rows 0..mr <= 13 and columns kb..kb + kc <= 53 of a 13 x 70
+                    // matrix in either layout lie inside x; the CPU has AVX2 (checked).
+                    unsafe {
+                        pack_a(&mut scalar, x.as_ptr(), rsa, csa, 0, mr, kb, kc, false);
+                        pack_a(&mut vector, x.as_ptr(), rsa, csa, 0, mr, kb, kc, true);
+                    }
+                    assert_eq!(scalar, vector, "A ({rsa}, {csa}) kb {kb} kc {kc} mr {mr}");
+                }
+            }
+            // B rows contiguous (K x n, row-major) and B = W^T (columns contiguous).
+            for n in [1, 7, 8, 13, 33, 40]
+                .into_iter()
+                .filter(|n| kc * n <= x.len())
+            {
+                for (rsb, csb) in [(n as isize, 1), (1, kc as isize)] {
+                    let (mut scalar, mut vector) = (Vec::new(), Vec::new());
+                    // SAFETY: a kc x n matrix in either layout inside x; AVX2 (checked).
+                    unsafe {
+                        pack_b(&mut scalar, x.as_ptr(), rsb, csb, 0, kc, n, 1, false);
+                        pack_b(&mut vector, x.as_ptr(), rsb, csb, 0, kc, n, 1, true);
+                    }
+                    assert_eq!(scalar, vector, "B ({rsb}, {csb}) kc {kc} n {n}");
+                }
+            }
+        }
     }
 
     /// `C = alpha A B + beta C` on row-major C for (alpha, beta) = (1, 1) (AMX's sums
