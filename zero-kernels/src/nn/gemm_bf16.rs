@@ -958,6 +958,22 @@ mod pack_v3 {
         out
     }
 
+    /// The first `full` pairs of a run of k (`x[2p]`, `x[2p + 1]`), 8 at a time, each
+    /// handed to `put(p, pair)`.
+    #[inline(always)]
+    unsafe fn pairs_of_run(x: *const f32, full: usize, mut put: impl FnMut(usize, u32)) {
+        let mut p = 0;
+        while p + 8 <= full {
+            for (t, v) in pairs_along(x.add(2 * p)).into_iter().enumerate() {
+                put(p + t, v);
+            }
+            p += 8;
+        }
+        for p in p..full {
+            put(p, pair(*x.add(2 * p), *x.add(2 * p + 1)));
+        }
+    }
+
     /// `pack_a`'s first `full` pairs where A's rows are contiguous (8 pairs along a row,
     /// spread over `MR` apart) or its columns are (A = X^T: the 8 rows of a pair side by
     /// side, all `MR` of them present); false, having done nothing, for other layouts.
@@ -979,16 +995,7 @@ mod pack_v3 {
         if csa == 1 {
             for r in 0..mr {
                 let row = a.offset((i0 + r) as isize * rsa).add(kb);
-                let mut p = 0;
-                while p + 8 <= full {
-                    for (j, v) in pairs_along(row.add(2 * p)).into_iter().enumerate() {
-                        out[(p + j) * MR + r] = v;
-                    }
-                    p += 8;
-                }
-                for p in p..full {
-                    out[p * MR + r] = pair(*row.add(2 * p), *row.add(2 * p + 1));
-                }
+                pairs_of_run(row, full, |p, v| out[p * MR + r] = v);
             }
             true
         } else if rsa == 1 && mr == MR {
@@ -1047,16 +1054,7 @@ mod pack_v3 {
                 let (panel, j) = (jj / NR, jj % NR);
                 let col = b.offset(jj as isize * csb).add(kb);
                 let dst = &mut out[panel * pairs * NR..][..pairs * NR];
-                let mut p = 0;
-                while p + 8 <= full {
-                    for (t, v) in pairs_along(col.add(2 * p)).into_iter().enumerate() {
-                        dst[(p + t) * NR + j] = v;
-                    }
-                    p += 8;
-                }
-                for p in p..full {
-                    dst[p * NR + j] = pair(*col.add(2 * p), *col.add(2 * p + 1));
-                }
+                pairs_of_run(col, full, |p, v| dst[p * NR + j] = v);
             }
             true
         } else {
