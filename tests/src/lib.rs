@@ -167,10 +167,12 @@ impl MpiJob {
             }
             std::thread::sleep(Duration::from_millis(20));
         };
-        // Ranks may outlive a crashed mpirun for a moment; nothing may outlive the test.
-        // (mpirun is reaped: its ranks, if any are left, are init's now; only a timeout
-        // finds them below it.)
-        kill_job(pid);
+        // What is left of mpirun's own group (a reaped mpirun has no processes below it
+        // to walk: only a timeout, above, finds its ranks).
+        // SAFETY: kill(2) on the process group made for this job; no memory involved.
+        unsafe {
+            libc::kill(-pid, libc::SIGKILL);
+        }
         let elapsed = start.elapsed();
         JobOutput {
             ranks: self.ranks,
