@@ -25,9 +25,7 @@ pub fn under_launcher() -> bool {
     LAUNCHER_VARS.iter().any(|v| std::env::var_os(v).is_some())
 }
 
-#[cfg(feature = "cuda")]
-pub use backend::node_rank;
-pub use backend::{device_pointers, init, node_groups, ranks_on_this_node, WorldComm};
+pub use backend::{device_pointers, init, node_groups, node_rank, ranks_on_this_node, WorldComm};
 
 #[cfg(feature = "mpi")]
 mod backend {
@@ -120,7 +118,6 @@ mod backend {
     }
 
     /// One process: rank 0 of 1 on its node.
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub fn node_rank(_comm: &WorldComm) -> anyhow::Result<(usize, usize)> {
         Ok((0, 1))
     }

@@ -127,7 +127,8 @@ fn check_groups(world: &MpiComm, arg: Option<usize>, l: usize) -> zero_comm::Res
         (r / l, n / l),
         "cross of rank {r}"
     );
-    assert_eq!((g.node.name(), g.cross.name()), ("node", "cross"));
+    let names = (format!("node[{}]", r / l), format!("cross[{}]", r % l));
+    assert_eq!((g.node.name(), g.cross.name()), (&*names.0, &*names.1));
     assert_eq!(g.node.world_rank(), r);
     let mine: Vec<f32> = (0..5).map(|i| (100 * r + i) as f32).collect();
     let mut flat = vec![0f32; 5 * n];

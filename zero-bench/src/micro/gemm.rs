@@ -3,7 +3,9 @@
 //! training multiplies with: `Gemm::run`'s kernel, `zero_kernels::nn::sgemm`) on the same
 //! shapes, threads and buffers; when that kernel is not `matrixmultiply`, also
 //! `matrixmultiply` itself, the fallback it replaced. Each shape is `C = A B^T` with B stored [N, K], as the model's linear layers
-//! compute; the defaults are GPT-2's layer shapes at M = B*T = 4096 rows.
+//! compute; the defaults are GPT-2's layer shapes at M = B*T = 4096 rows. With the
+//! AVX-512 BF16 kernel, each round also times `vdpbf16ps` itself on registers
+//! (`gemm_bf16::vdpbf16ps_chains`), and the table gives the kernel's fraction of that.
 //!
 //! Rounds are interleaved (every method on every shape, then the next round), so a
 //! shared machine's drifts hit all methods alike, and each round starts with the next
@@ -12,9 +14,12 @@
 
 use anyhow::{bail, Context, Result};
 use std::time::Instant;
-use zero_kernels::nn::gemm_bf16::Bf16Kernel;
+use zero_kernels::nn::gemm_bf16::{self, Bf16Kernel};
 use zero_kernels::nn::sgemm::{sgemm, SgemmKernel};
 use zero_kernels::nn::{Gemm, MatLayout};
+
+/// Rounds of 24 `vdpbf16ps` in the peak measurement: 1.5 GFLOP, ~7 ms at 230 GFLOP/s.
+const PEAK_STEPS: usize = 1_000_000;
 
 /// Options of `micro gemm`.
 #[derive(clap::Args, Debug)]
@@ -206,7 +211,23 @@ pub fn run(args: &GemmArgs) -> Result<()> {
     let gemm = Gemm::new(args.threads);
     // times[shape][method][round]
     let mut times = vec![vec![Vec::new(); methods.len()]; shapes.len()];
+    // `vdpbf16ps` on registers, one core, each round (GFLOP/s): the AVX-512 BF16
+    // kernel's ceiling, measured beside it on a core as warm as the products'.
+    let with_peak = kernels.contains(&Bf16Kernel::Avx512Bf16);
+    let mut peaks = Vec::new();
     for round in 0..=args.rounds {
+        if with_peak {
+            // The pool's workers spin a while after each product, then sleep: let them,
+            // so that none shares the core with the measurement.
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            let t0 = Instant::now();
+            if let Some((flops, sum)) = gemm_bf16::vdpbf16ps_chains(PEAK_STEPS) {
+                let gflops = flops / t0.elapsed().as_secs_f64() / 1e9;
+                if round > 0 && sum.is_finite() {
+                    peaks.push(gflops);
+                }
+            }
+        }
         for (s, shape) in shapes.iter_mut().enumerate() {
             // Each round starts one method later: the first method of a shape finds the
             // previous shape's data in cache, the others this shape's (A and B warm), which
@@ -238,6 +259,10 @@ pub fn run(args: &GemmArgs) -> Result<()> {
     if kernels.contains(&Bf16Kernel::Amx) && kernels.contains(&Bf16Kernel::Avx512Bf16) {
         header += &format!(" {:>12}", "amx/avx512");
     }
+    let peak = (!peaks.is_empty()).then(|| median(&mut peaks));
+    if peak.is_some() {
+        header += &format!(" {:>12}", "avx512/peak");
+    }
     println!("{header}");
     for (s, shape) in shapes.iter().enumerate() {
         let flop = 2.0 * (shape.m * shape.k * shape.n) as f64;
@@ -265,7 +290,16 @@ pub fn run(args: &GemmArgs) -> Result<()> {
         if let (Some(x), Some(v)) = (at(Bf16Kernel::Amx), at(Bf16Kernel::Avx512Bf16)) {
             line += &format!(" {:>12.2}", ratio(x, v));
         }
+        if let (Some(peak), Some(v)) = (peak, at(Bf16Kernel::Avx512Bf16)) {
+            let mut g: Vec<f64> = times[s][v].iter().map(|t| flop / t / 1e9).collect();
+            line += &format!(" {:>12.2}", median(&mut g) / (peak * args.threads as f64));
+        }
         println!("{line}");
+    }
+    if let Some(peak) = peak {
+        println!(
+            "peak: vdpbf16ps on registers (24 independent chains, no loads), one core: {peak:.1} GFLOP/s (median of the rounds); avx512/peak divides by it times --threads (a ceiling: a product too small to split runs on fewer)"
+        );
     }
     Ok(())
 }

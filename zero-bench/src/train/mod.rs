@@ -143,6 +143,7 @@ fn run_on(args: &TrainArgs, comm: Option<&WorldComm>) -> Result<(), Failure> {
     // One device per rank for every run of the stage list.
     match args.device {
         DeviceChoice::Host => {
+            check_cores(comm, args.threads).map_err(same)?;
             let dev = HostDevice::with_threads(args.threads);
             dev.set_overlap(!args.no_overlap);
             with_backend(args, loaded, comm, backend, &dev)
@@ -155,6 +156,38 @@ fn run_on(args: &TrainArgs, comm: Option<&WorldComm>) -> Result<(), Failure> {
         DeviceChoice::Cuda(ordinal) => on_cuda(args, loaded, comm, Some(ordinal), backend),
         DeviceChoice::CudaLocal => on_cuda(args, loaded, comm, None, backend),
     }
+}
+
+/// Warn where the CPU is oversubscribed: this node's ranks times `--threads` exceed the
+/// CPUs it has for the job (Slurm's `SLURM_CPUS_ON_NODE`, else the CPUs online), or
+/// this rank's threads exceed the CPUs it may run on (its affinity: mpirun binds each
+/// rank to one core by default). A rank waiting in a collective spins; with more
+/// threads than cores the rank it waits for is off its core, and steps stall (4 ranks
+/// on 2 cores under srun: steps of 30 ms with stalls of 5-23 s, `slurm/README.md`).
+/// Collective (the node split).
+fn check_cores(comm: &WorldComm, threads: usize) -> anyhow::Result<()> {
+    let (node_rank, local) = crate::world::node_rank(comm)?;
+    let slurm = std::env::var("SLURM_CPUS_ON_NODE")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok());
+    // SAFETY: sysconf reads a system constant.
+    let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    let (cpus, source) = match slurm {
+        Some(c) => (c, "SLURM_CPUS_ON_NODE"),
+        None => (usize::try_from(online).unwrap_or(1).max(1), "CPUs online"),
+    };
+    if node_rank == 0 && local * threads > cpus {
+        log::warn!(
+            "{local} rank(s) x {threads} thread(s) on this node, but it has {cpus} CPU(s) for them ({source}): ranks waiting in a collective spin while the rank they wait for is off its CPU, so steps can stall for seconds; run at most {cpus} ranks x threads per node (srun --ntasks-per-node, --cpus-per-task; --threads)"
+        );
+    }
+    let allowed = std::thread::available_parallelism().map_or(cpus, |n| n.get());
+    if threads > allowed {
+        log::warn!(
+            "--threads {threads}, but this rank may run on {allowed} CPU(s) (its CPU affinity), so its threads share them; give each rank {threads} CPUs (mpirun --map-by slot:PE={threads}, or --bind-to none; srun --cpus-per-task={threads})"
+        );
+    }
+    Ok(())
 }
 
 /// The rest of `train` on `dev` with the engine's collectives on `backend`.

@@ -84,7 +84,8 @@ impl MpiComm {
     /// one Slurm node; else the ranks that share memory ([`MpiComm::node_local`]). Every
     /// rank returns the same [`CommError::Nodes`] when the nodes differ in size or the
     /// ranks are not numbered node by node, saying what was found and what to do. The
-    /// groups are named "node" and "cross"; [`crate::nodes`] has their ranks.
+    /// groups are named "node[m]" (node m) and "cross[j]" (the j-th rank of every node);
+    /// [`crate::nodes`] has their ranks.
     pub fn node_groups(&self, ranks_per_node: Option<usize>) -> Result<NodeGroups<MpiComm>> {
         let n = self.size;
         let (source, node) = match (ranks_per_node, slurm_node(self.rank, self.size)) {
@@ -145,8 +146,11 @@ impl MpiComm {
             };
             self.nodes_err(format!("{by}{e}"))
         })?;
-        let node = self.split_named(self.rank / l, "node")?;
-        let cross = self.split_named(self.rank % l, "cross")?;
+        // Each group's name carries its index, so that the watchdog's question "do you
+        // wait in all_gather #5 on node[1]?" is never answered for another node's group.
+        let (m, j) = (self.rank / l, self.rank % l);
+        let node = self.split_named(m, &format!("node[{m}]"))?;
+        let cross = self.split_named(j, &format!("cross[{j}]"))?;
         debug_assert_eq!((node.rank(), cross.rank()), (self.rank % l, self.rank / l));
         Ok(NodeGroups { node, cross })
     }

@@ -63,8 +63,9 @@ pub const NR: usize = 32;
 /// K per packed block (even, so pairs never straddle blocks).
 pub const KC: usize = 256;
 /// Rows of A per packed band of the AVX-512 BF16 and portable kernels (a multiple of
-/// MR): 8 panels, packed together so that where A = X^T each 256-byte run of a column
-/// of X is read once (`pack_a`); each panel then passes over all of B's in turn.
+/// MR): 8 panels, packed together so that where A = X^T each 256-byte run of a row of
+/// X (a column of A) is read once (`pack_a`); each panel then passes over all of B's in
+/// turn.
 pub const MC: usize = 64;
 /// Most K per packed block of the AMX kernel (K is cut into equal blocks of whole tiles,
 /// at most this long): with C's 32 x 32 block held in the tiles through a K block, C is
@@ -709,9 +710,9 @@ unsafe fn pack_b(
 /// `pairs = kc.div_ceil(2)`. A last panel's missing rows and the odd k past `kc` are
 /// zero. `vector`: on AVX2 where the layout allows ([`pack_v3`]), the same values 8
 /// pairs at a time; where A = X^T, pair by pair across all the band's whole panels, so
-/// that each line of a column of X is read once (a panel at a time read 32 bytes of
-/// each 64-byte line, and X's row stride, a multiple of 4 KiB, evicted the line from L1
-/// and L2 before the next panel came for the rest).
+/// that each line of a row of X is read once (a panel at a time read 32 bytes of each
+/// 64-byte line, and X's row stride, a multiple of 4 KiB, evicted the line from L1 and
+/// L2 before the next panel came for the rest).
 ///
 /// # Safety
 /// `a` with strides `rsa`, `csa` addresses a valid matrix holding those rows and columns.
@@ -728,10 +729,13 @@ unsafe fn pack_a(
     vector: bool,
 ) {
     let pairs = kc.div_ceil(2);
-    let full = kc / 2;
     let whole = rows / MR;
+    assert!(
+        out.len() >= rows.div_ceil(MR) * pairs * MR,
+        "pack_a: buffer too short"
+    );
     #[cfg(target_arch = "x86_64")]
-    let across = vector && pack_v3::a_across(out, a, rsa, csa, i0, whole, kb, full, pairs);
+    let across = vector && pack_v3::a_across(out, a, rsa, csa, i0, whole, kb, kc / 2, pairs);
     #[cfg(not(target_arch = "x86_64"))]
     let across = false; // no vector packing there
     for (q, out) in out
@@ -1234,7 +1238,8 @@ mod pack_v3 {
 
 /// How one K block's sums `t` enter C: `C + alpha t` after the first block, `alpha t`
 /// (`beta = 0`) or `beta C + alpha t` for the first. A multiply, then an add, each
-/// rounded (no fused multiply-add), on every kernel alike.
+/// rounded (no fused multiply-add), in the `vdpbf16ps` kernel and after the portable
+/// one alike.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Update {
     Add { alpha: f32 },
@@ -1295,8 +1300,10 @@ impl Update {
 }
 
 /// One micro-tile of C with contiguous rows: `rows` (<= MR) x `width` (<= NR) values at
-/// `c`, rows `ldc` apart, and the next tile's (`next`, same shape), whose lines the
-/// kernel brings into L1 while it computes this one.
+/// `c`, rows `ldc` apart; `next` is where the next tile starts (rows `ldc` apart too;
+/// possibly narrower, or past C's end), whose 8 x 2 lines the kernel prefetches while
+/// it computes this one.
+#[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy)]
 struct CTile {
     c: *mut f32,
@@ -1353,6 +1360,10 @@ unsafe fn kernel_avx512bf16(pairs: usize, a: &[u32], b: &[u32], tile: CTile, upd
     let masks = [lanes(0), lanes(1)];
     for (r, acc_r) in acc.iter().enumerate().take(tile.rows) {
         for (half, (&t, &mask)) in acc_r.iter().zip(&masks).enumerate() {
+            if mask == 0 {
+                // No lane of this half inside the tile (its address may lie past C).
+                continue;
+            }
             let at = tile.c.add(r * tile.ldc + 16 * half);
             let value = match update {
                 Update::Add { alpha } => {
@@ -1369,6 +1380,46 @@ unsafe fn kernel_avx512bf16(pairs: usize, a: &[u32], b: &[u32], tile: CTile, upd
             _mm512_mask_storeu_ps(at, mask, value);
         }
     }
+}
+
+/// The `vdpbf16ps` instruction's own rate, the reference `micro gemm` holds the GEMM
+/// against: `steps` rounds of 24 independent chains on registers (no loads; more chains
+/// than its latency times its throughput), 64 flops per instruction (16 lanes, 2
+/// products each, multiplied and added). Returns the flops done and a sum of every
+/// result (so none is optimised away); None where the CPU lacks AVX-512 BF16.
+pub fn vdpbf16ps_chains(steps: usize) -> Option<(f64, f32)> {
+    #[cfg(target_arch = "x86_64")]
+    if Bf16Kernel::Avx512Bf16.is_available() {
+        // SAFETY: the CPU has AVX-512F and AVX-512 BF16 (checked).
+        let sum = unsafe { chains(steps) };
+        return Some((steps as f64 * 24.0 * 64.0, sum));
+    }
+    let _ = steps;
+    None
+}
+
+/// [`vdpbf16ps_chains`]' loop.
+///
+/// # Safety
+/// The CPU has AVX-512F and AVX-512 BF16.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn chains(steps: usize) -> f32 {
+    use std::arch::x86_64::*;
+    let mut acc = [_mm512_setzero_ps(); 24];
+    // bf16 pairs (1, 1) and (2^-20, 2^-20): the sums grow slowly and stay finite.
+    let a: __m512bh = std::mem::transmute(_mm512_set1_epi32(0x3F80_3F80));
+    let mut b_bits = _mm512_set1_epi32(0x3580_3580);
+    for _ in 0..steps {
+        // An operand the compiler cannot see through (kept in a register), so the
+        // loop is not folded.
+        std::arch::asm!("/* {0} */", inout(zmm_reg) b_bits, options(nomem, nostack));
+        let b: __m512bh = std::mem::transmute(b_bits);
+        for x in acc.iter_mut() {
+            *x = _mm512_dpbf16_ps(*x, a, b);
+        }
+    }
+    acc.iter().map(|&x| _mm512_reduce_add_ps(x)).sum()
 }
 
 /// [`sgemm_bf16`] on AMX. Each element of C is one chain of `tdpbf16ps` steps over all
@@ -1738,9 +1789,9 @@ pub unsafe fn sgemm_bf16(
         );
         return;
     }
-    let c_at = |i: usize, j: usize| c.offset(i as isize * rsc + j as isize * csc);
     // Every AVX-512 BF16 CPU has AVX2; the portable kernel packs in scalar (any CPU).
     let vector = kernel == Bf16Kernel::Avx512Bf16;
+    let c_at = |i: usize, j: usize| c.offset(i as isize * rsc + j as isize * csc);
     let mut b_packed = Vec::new();
     let mut a_packed = vec![0u32; KC.div_ceil(2) * MC];
     let mut tile = [0f32; MR * NR];
@@ -1749,6 +1800,7 @@ pub unsafe fn sgemm_bf16(
         let pairs = padded_pairs(kc, 1);
         let update = Update::of_block(kb, alpha, beta);
         pack_b(&mut b_packed, b, rsb, csb, kb, kc, n, 1, vector);
+        #[cfg(target_arch = "x86_64")]
         let panels = n.div_ceil(NR);
         for ib in (0..m).step_by(MC) {
             let band = MC.min(m - ib);
@@ -1761,8 +1813,8 @@ pub unsafe fn sgemm_bf16(
                     let width = NR.min(n - j0);
                     #[cfg(target_arch = "x86_64")]
                     if kernel == Bf16Kernel::Avx512Bf16 && csc == 1 && rsc > 0 {
-                        // The next tile: the next panel, or the next rows' first.
-                        // (Past C's last tile it points outside C: only prefetched.)
+                        // The next tile: the next panel, or the next rows' first. (Past
+                        // C's last tile it points outside C: only prefetched.)
                         let next = if panel + 1 < panels {
                             c.wrapping_offset(i0 as isize * rsc + (j0 + NR) as isize)
                         } else {
@@ -1804,7 +1856,10 @@ pub unsafe fn sgemm_bf16(
 /// [`sgemm_bf16`] on all of `workers`' threads at once, where the kernel shares work
 /// better that way than bands of rows each on their own thread: AMX, whose threads share
 /// one packed B (`amx_sums_threaded`). Returns false, having done nothing, for the other
-/// kernels (the caller splits rows). Same bits as one thread.
+/// kernels (the caller splits rows). Same bits as one thread. (The `vdpbf16ps` kernel's
+/// threads sharing one packed B ran `micro gemm`'s forward classifier, N = 50257, at
+/// 284-305 against 240-279 GFLOP/s on 2 threads of a Zen 4, but a training step of the
+/// V = 50257 GPT no faster, 0.667-0.680 against 0.623-0.662 s: bands of rows it is.)
 ///
 /// # Safety
 /// As [`sgemm_bf16`].
@@ -2213,14 +2268,15 @@ mod tests {
         // (m, k, n, A stored transposed, B stored transposed): two AMX N blocks (k =
         // 1100 gives K blocks of 576 and N blocks of at most 1344 columns), edge rows
         // and columns, odd k, A = X^T (weight gradients) and B = W^T (forward) layouts,
-        // fewer panels of B than threads.
+        // bands that begin inside a panel of 8 rows, a B of two panels (50 x 600 x 40:
+        // enough work to be split).
         let cases = [
             (70, 1100, 1400, false, false),
             (1024, 384, 1536, false, true),
             (384, 1024, 1152, true, false),
             (33, 64, 600, false, false),
             (100, 31, 777, true, true),
-            (50, 40, 40, true, false),
+            (50, 600, 40, true, false),
         ];
         for ((m, k, n, at, bt), kernel) in cases.into_iter().flat_map(|x| kernels.map(|k| (x, k))) {
             if !have(kernel) {
@@ -2256,6 +2312,82 @@ mod tests {
                         "{kernel} {m}x{k}x{n} A^T {at} B^T {bt} alpha {alpha} beta {beta}: \
                          {threads} threads differ from one"
                     );
+                }
+            }
+        }
+    }
+
+    /// Every way a product enters C, bit for bit alike on `vdpbf16ps` and the portable
+    /// kernel: alpha and beta (the kernel multiplies and adds in its own registers, so a
+    /// fused multiply-add there would differ), C's rows contiguous with and without
+    /// padding (updated in the kernel, masked at the edges) or its columns contiguous
+    /// (through the scratch tile), A = X^T and B = W^T, bands of MC rows and K blocks.
+    #[test]
+    fn the_vector_kernel_updates_c_as_the_portable_one_bit_for_bit() {
+        if !have(Bf16Kernel::Avx512Bf16) {
+            return;
+        }
+        let shapes = [(1, 1, 1), (9, 33, 31), (70, 300, 45), (130, 520, 100)];
+        let scales = [
+            (1.0f32, 0.0f32),
+            (0.5, 0.0),
+            (1.0, 1.0),
+            (0.5, 2.0),
+            (-0.75, 0.25),
+        ];
+        for (m, k, n) in shapes {
+            let (a, b) = (vals(m * k, 41), vals(k * n, 42));
+            // (row stride, column stride, length) of C.
+            let c_layouts = [(n, 1, m * n), (n + 5, 1, m * (n + 5)), (1, m, m * n)];
+            for (alpha, beta) in scales {
+                for (rsc, csc, len) in c_layouts {
+                    for (a_t, b_t) in [(false, false), (true, false), (false, true), (true, true)] {
+                        let (rsa, csa) = if a_t { (1, m) } else { (k, 1) };
+                        let (rsb, csb) = if b_t { (1, k) } else { (n, 1) };
+                        let c0 = vals(len, 43);
+                        let run = |kernel| {
+                            let mut c = c0.clone();
+                            // SAFETY: A (m x k), B (k x n) and C (m x n) in the strides
+                            // given lie inside their vectors; the kernels are available.
+                            unsafe {
+                                sgemm_bf16(
+                                    kernel,
+                                    m,
+                                    k,
+                                    n,
+                                    alpha,
+                                    a.as_ptr(),
+                                    rsa as isize,
+                                    csa as isize,
+                                    b.as_ptr(),
+                                    rsb as isize,
+                                    csb as isize,
+                                    beta,
+                                    c.as_mut_ptr(),
+                                    rsc as isize,
+                                    csc as isize,
+                                )
+                            };
+                            c
+                        };
+                        let (p, v) = (run(Bf16Kernel::Portable), run(Bf16Kernel::Avx512Bf16));
+                        let at = format!(
+                            "{m}x{k}x{n} alpha {alpha} beta {beta} C ({rsc}, {csc}) A^T {a_t} B^T {b_t}"
+                        );
+                        for (x, y) in p.iter().zip(&v) {
+                            assert_eq!(x.to_bits(), y.to_bits(), "{at}: {x} vs {y}");
+                        }
+                        // A padded row's tail is not C's: left as it was.
+                        for i in (0..m).filter(|_| csc == 1) {
+                            for j in n..rsc {
+                                assert_eq!(
+                                    v[i * rsc + j].to_bits(),
+                                    c0[i * rsc + j].to_bits(),
+                                    "{at}"
+                                );
+                            }
+                        }
+                    }
                 }
             }
         }
