@@ -84,7 +84,7 @@ impl MpiComm {
     /// one Slurm node; else the ranks that share memory ([`MpiComm::node_local`]). Every
     /// rank returns the same [`CommError::Nodes`] when the nodes differ in size or the
     /// ranks are not numbered node by node, saying what was found and what to do. The
-    /// groups are named "node[m]" (node m) and "cross[j]" (the j-th rank of every node);
+    /// groups are named `node[m]` (node m) and `cross[j]` (the j-th rank of every node);
     /// [`crate::nodes`] has their ranks.
     pub fn node_groups(&self, ranks_per_node: Option<usize>) -> Result<NodeGroups<MpiComm>> {
         let n = self.size;

@@ -992,6 +992,7 @@ fn kernel_portable(pairs: usize, a: &[u32], b: &[u32], tile: &mut [f32]) {
 /// samples in `sgemm_bf16`'s packing against 13.8% in the micro-kernel, K = 1536).
 #[cfg(target_arch = "x86_64")]
 mod pack_v3 {
+    use super::super::sgemm_avx2::transpose8x8;
     use super::{pair, MR, NR};
     use crate::simd::bf16_bits_v3;
     use std::arch::x86_64::*;
@@ -1025,8 +1026,8 @@ mod pack_v3 {
 
     /// Pairs 8 at a time along 8 runs of k at once (`run(s)`: the start of run s, at
     /// its pair `p`), transposed: `put(p, v)` gets lane s of `v` = run s's pair p. One
-    /// 8 x 8 transpose of u32 (unpack 32, unpack 64, swap 128-bit halves) stores 8
-    /// lanes at once where one run at a time stores one.
+    /// 8 x 8 transpose of u32 (`sgemm_avx2.rs`'s) stores 8 lanes at once where one run at
+    /// a time stores one.
     #[inline(always)]
     unsafe fn pairs_of_8_runs(
         run: impl Fn(usize) -> *const f32,
@@ -1039,35 +1040,10 @@ mod pack_v3 {
             for (s, r_s) in r.iter_mut().enumerate() {
                 *r_s = pairs_along_v(run(s).add(2 * p));
             }
-            // Lane j of r[s] = M[s][j]; after: lane s of column j = M[s][j].
-            let lo32 = |x, y| _mm256_unpacklo_epi32(x, y);
-            let hi32 = |x, y| _mm256_unpackhi_epi32(x, y);
-            let t = [
-                lo32(r[0], r[1]),
-                hi32(r[0], r[1]),
-                lo32(r[2], r[3]),
-                hi32(r[2], r[3]),
-                lo32(r[4], r[5]),
-                hi32(r[4], r[5]),
-                lo32(r[6], r[7]),
-                hi32(r[6], r[7]),
-            ];
-            let lo64 = |x, y| _mm256_unpacklo_epi64(x, y);
-            let hi64 = |x, y| _mm256_unpackhi_epi64(x, y);
-            // u[c]: rows 0-3 (c < 4) or 4-7, columns c % 4 and c % 4 + 4 per half.
-            let u = [
-                lo64(t[0], t[2]),
-                hi64(t[0], t[2]),
-                lo64(t[1], t[3]),
-                hi64(t[1], t[3]),
-                lo64(t[4], t[6]),
-                hi64(t[4], t[6]),
-                lo64(t[5], t[7]),
-                hi64(t[5], t[7]),
-            ];
-            for c in 0..4 {
-                put(p + c, _mm256_permute2x128_si256::<0x20>(u[c], u[c + 4]));
-                put(p + c + 4, _mm256_permute2x128_si256::<0x31>(u[c], u[c + 4]));
+            // Lane j of r[s] = run s's pair p + j; after: lane s of cols[j].
+            let cols = transpose8x8(r.map(|v| _mm256_castsi256_ps(v)));
+            for (j, col) in cols.into_iter().enumerate() {
+                put(p + j, _mm256_castps_si256(col));
             }
             p += 8;
         }

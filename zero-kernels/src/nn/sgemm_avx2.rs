@@ -314,6 +314,17 @@ unsafe fn transpose8(src: *const f32, stride: isize, lines: usize) -> [__m256; 8
         // SAFETY: row l < lines (contract).
         *row = unsafe { _mm256_loadu_ps(src.offset(l as isize * stride)) };
     }
+    transpose8x8(r)
+}
+
+/// The 8 x 8 transpose of 32-bit lanes in registers: lane q of the result's vector x is
+/// lane x of `r[q]`. (Inlined where AVX is enabled: it has no target feature of its own
+/// so that callers without one can inline it into theirs.)
+///
+/// # Safety
+/// The CPU has AVX.
+#[inline(always)]
+pub(super) unsafe fn transpose8x8(r: [__m256; 8]) -> [__m256; 8] {
     // Rows interleaved by 32 bits in pairs (0 1, 2 3, ...), then by 64 bits in pairs of
     // pairs: each 128-bit lane of u[x] (x < 4) then holds float x (low lane) or x + 4
     // (high lane) of rows 0..4, and u[4 + x] the same of rows 4..8; joining the lanes
@@ -332,13 +343,12 @@ unsafe fn transpose8(src: *const f32, stride: isize, lines: usize) -> [__m256; 8
         u[4 * g + 2] = _mm256_shuffle_ps::<0x44>(lo2, hi2);
         u[4 * g + 3] = _mm256_shuffle_ps::<0xEE>(lo2, hi2);
     }
-    std::array::from_fn(|x| {
-        if x < 4 {
-            _mm256_permute2f128_ps::<0x20>(u[x], u[4 + x])
-        } else {
-            _mm256_permute2f128_ps::<0x31>(u[x - 4], u[x])
-        }
-    })
+    let mut out = [_mm256_setzero_ps(); 8];
+    for x in 0..4 {
+        out[x] = _mm256_permute2f128_ps::<0x20>(u[x], u[4 + x]);
+        out[x + 4] = _mm256_permute2f128_ps::<0x31>(u[x], u[4 + x]);
+    }
+    out
 }
 
 /// Packs rows 0..kc, columns 0..nc of B into panels of NR columns: panel r holds
