@@ -10,7 +10,11 @@
 //! Views are bounds-checked here, once per call, so the unsafe call below is sound.
 //! With `threads > 1` the rows of C are split into disjoint bands, one per pool thread;
 //! every element of C is still one dot product in the same K order as on one
-//! thread.
+//! thread. (Bands of columns where C is wider than tall, each thread packing only its
+//! share of B, ran the classifier's 1024 x 384 x 50257 at 271-342 against 224-247 GFLOP/s
+//! on 2 threads of a Zen 4, bf16 operands; but the model splits that product into vocab
+//! blocks of 4621 columns, and the V = 50257 and V = 4096 bf16 training steps were no
+//! faster, 4 interleaved rounds: rows it is.)
 
 use super::gemm_bf16::Bf16Kernel;
 use super::scalar::Scalar;

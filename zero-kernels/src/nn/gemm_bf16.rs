@@ -651,10 +651,23 @@ unsafe fn pack_b(
 ) {
     let pairs = padded_pairs(kc, pad);
     let panels = n.div_ceil(NR);
-    out.clear();
+    // Every slot of columns < n is written below (the pairs with both halves, then the
+    // odd k's with a zero high half); only the last panel's columns past n, and the
+    // padding pairs, are zeroed here, rather than the whole buffer (26 MB per K block
+    // at the classifier's N = 50257: 1.5-1.7% of a bf16 training step's samples).
     out.resize(panels * pairs * NR, 0);
-    let at = |k: usize, j: usize| *b.offset(k as isize * rsb + j as isize * csb);
     let full = kc / 2; // pairs with both halves
+    let written = kc.div_ceil(2);
+    for (panel, dst) in out.chunks_exact_mut(pairs * NR).enumerate() {
+        dst[written * NR..].fill(0);
+        let width = NR.min(n - panel * NR);
+        if width < NR {
+            for slots in dst[..written * NR].chunks_exact_mut(NR) {
+                slots[width..].fill(0);
+            }
+        }
+    }
+    let at = |k: usize, j: usize| *b.offset(k as isize * rsb + j as isize * csb);
     #[cfg(target_arch = "x86_64")]
     let vector = vector && pack_v3::b_full_pairs(out, b, rsb, csb, kb, full, n, pairs);
     #[cfg(not(target_arch = "x86_64"))]
@@ -1714,6 +1727,8 @@ thread_local! {
     /// Each thread's packed B of the `vdpbf16ps` and portable kernels between calls
     /// ([`sgemm_bf16`]; taken out for a call, like [`PACKED`]).
     static PANEL_B: std::cell::Cell<Vec<u32>> = const { std::cell::Cell::new(Vec::new()) };
+    /// Each thread's packed band of A for [`sgemm_bf16`], kept as [`PANEL_B`] is.
+    static PANEL_A: std::cell::Cell<Vec<u32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 /// `C = alpha * bf16(A) bf16(B) + beta * C`, f32 accumulation, with `kernel`.
@@ -1776,7 +1791,11 @@ pub unsafe fn sgemm_bf16(
     // page by page and unmapped again, a TLB shootdown across the pool's threads (V =
     // 50257 bf16 step on 2 threads of a Zen 4: 0.612-0.634 -> 0.610-0.616 s).
     let mut b_packed = PANEL_B.with(|p| p.take());
-    let mut a_packed = vec![0u32; KC.div_ceil(2) * MC];
+    // Kept too, and not zeroed: `pack_a` writes every slot it packs (zeroing a new 32 KB
+    // each call was 1.2% of a bf16 training step's samples, attention's small products
+    // calling it thousands of times a step).
+    let mut a_packed = PANEL_A.with(|p| p.take());
+    a_packed.resize(KC.div_ceil(2) * MC, 0);
     let mut tile = [0f32; MR * NR];
     for kb in (0..k).step_by(KC) {
         let kc = KC.min(k - kb);
@@ -1835,6 +1854,7 @@ pub unsafe fn sgemm_bf16(
         }
     }
     PANEL_B.with(|p| p.set(b_packed));
+    PANEL_A.with(|p| p.set(a_packed));
 }
 
 /// [`sgemm_bf16`] on all of `workers`' threads at once, where the kernel shares work
@@ -2170,13 +2190,18 @@ mod tests {
                 .filter(|n| kc * n <= x.len())
             {
                 for (rsb, csb) in [(n as isize, 1), (1, kc as isize)] {
-                    let (mut scalar, mut vector) = (Vec::new(), Vec::new());
+                    // Packed into a new buffer, and into buffers a previous call left
+                    // NaN pairs in (the kept `PANEL_B`): every slot is written or zeroed.
+                    let (mut scalar, mut vector) = (Vec::new(), vec![u32::MAX; 4096]);
+                    let mut stale_scalar = vec![u32::MAX; 7];
                     // SAFETY: a kc x n matrix in either layout inside x; AVX2 (checked).
                     unsafe {
                         pack_b(&mut scalar, x.as_ptr(), rsb, csb, 0, kc, n, 1, false);
                         pack_b(&mut vector, x.as_ptr(), rsb, csb, 0, kc, n, 1, true);
+                        pack_b(&mut stale_scalar, x.as_ptr(), rsb, csb, 0, kc, n, 1, false);
                     }
                     assert_eq!(scalar, vector, "B ({rsb}, {csb}) kc {kc} n {n}");
+                    assert_eq!(scalar, stale_scalar, "B ({rsb}, {csb}) kc {kc} n {n}");
                 }
             }
         }
@@ -2247,8 +2272,8 @@ mod tests {
     #[test]
     fn a_pool_gives_the_bits_of_one_thread() {
         use super::super::gemm::{Gemm, MatLayout};
-        let kernels = [Bf16Kernel::Amx, Bf16Kernel::Avx512Bf16];
-        // AMX's threads share one packed B; AVX-512 BF16's take bands of rows.
+        let kernels = [Bf16Kernel::Amx, Bf16Kernel::Avx512Bf16, Bf16Kernel::Avx2];
+        // AMX's threads share one packed B; the others take bands of rows.
         // (m, k, n, A stored transposed, B stored transposed): two AMX N blocks (k =
         // 1100 gives K blocks of 576 and N blocks of at most 1344 columns), edge rows
         // and columns, odd k, A = X^T (weight gradients) and B = W^T (forward) layouts,
