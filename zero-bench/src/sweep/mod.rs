@@ -88,7 +88,7 @@ pub struct RunArgs {
     /// Configuration override for every job (train --set), repeatable.
     #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
     pub set: Vec<String>,
-    /// Matrix-multiplication threads per rank (train --threads).
+    /// Kernel threads per rank (train --threads; without it, train's default: auto).
     #[arg(long, value_name = "K")]
     pub threads: Option<usize>,
     /// Directory for the result files, job logs, table and plots.

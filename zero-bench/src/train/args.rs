@@ -153,9 +153,14 @@ pub struct TrainArgs {
     #[arg(long, value_name = "PATH")]
     pub json: Option<PathBuf>,
 
-    /// Threads each rank's matrix multiplications use (keep ranks x threads <= cores).
-    #[arg(long, default_value_t = 1, value_name = "K")]
-    pub threads: usize,
+    /// Threads each rank's kernels use (matrix products, attention, row-wise ops,
+    /// AdamW), or `auto`: Slurm's --cpus-per-task where it is set, else this rank's
+    /// share of the node, the CPUs it may run on (its affinity) but at most the node's
+    /// CPUs for the job divided by its ranks (mpirun binds one core to each of 2 ranks
+    /// by default: 1 thread; one process on 16 cores: 16). Rank 0 logs the count.
+    /// Keep ranks x threads <= cores: a warning says where they are not.
+    #[arg(long, default_value = "auto", value_name = "K|auto", value_parser = parse_threads)]
+    pub threads: ThreadsSetting,
 
     /// Wait for each collective where the engine issues it. By default (--device host,
     /// and sim-gpu with MPI or mpi-staged) the engine's MPI collectives are non-blocking
@@ -230,6 +235,52 @@ fn parse_stage_setting(s: &str) -> Result<StageSetting, String> {
         Ok(StageSetting::Auto)
     } else {
         parse_stage(s).map(StageSetting::Fixed)
+    }
+}
+
+/// `--threads`: a count, or this rank's CPUs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ThreadsSetting {
+    /// This many (at least 1).
+    Fixed(usize),
+    /// The CPUs this rank is given (`train` resolves it per rank).
+    Auto,
+}
+
+impl ThreadsSetting {
+    /// The thread count of a rank given `per_task` CPUs by Slurm (`--cpus-per-task`),
+    /// `allowed` CPUs in its affinity, on a node of `cpus` CPUs shared by `local` ranks:
+    /// a fixed count as it is; `auto`: `per_task` (at most `allowed`), else `allowed` at
+    /// most the rank's share `cpus / local`; at least 1.
+    pub fn resolve(
+        self,
+        per_task: Option<usize>,
+        allowed: usize,
+        cpus: usize,
+        local: usize,
+    ) -> usize {
+        match self {
+            ThreadsSetting::Fixed(n) => n,
+            ThreadsSetting::Auto => match per_task {
+                Some(n) => n.min(allowed),
+                None => allowed.min(cpus / local.max(1)),
+            }
+            .max(1),
+        }
+    }
+}
+
+fn parse_threads(s: &str) -> Result<ThreadsSetting, String> {
+    let s = s.trim();
+    if s.eq_ignore_ascii_case("auto") {
+        return Ok(ThreadsSetting::Auto);
+    }
+    match s.parse::<usize>() {
+        Ok(0) => Err("0 threads: give at least 1 thread per rank, or auto".to_string()),
+        Ok(n) => Ok(ThreadsSetting::Fixed(n)),
+        Err(_) => Err(format!(
+            "'{s}' is not a thread count: give a whole number >= 1, or auto"
+        )),
     }
 }
 
@@ -360,6 +411,40 @@ mod tests {
             loaded.config.train.metrics_file.as_deref(),
             Some("/tmp/m \"q\".jsonl")
         );
+    }
+
+    #[test]
+    fn threads_parse_and_resolve() {
+        let threads = |args: &[&str]| {
+            Cli::try_parse_from(std::iter::once("x").chain(args.iter().copied()))
+                .map(|c| c.t.threads)
+        };
+        assert_eq!(threads(&[]).ok(), Some(ThreadsSetting::Auto));
+        assert_eq!(
+            threads(&["--threads", "AUTO"]).ok(),
+            Some(ThreadsSetting::Auto)
+        );
+        assert_eq!(
+            threads(&["--threads", "3"]).ok(),
+            Some(ThreadsSetting::Fixed(3))
+        );
+        for bad in ["0", "-1", "two", ""] {
+            assert!(threads(&["--threads", bad]).is_err(), "{bad:?}");
+        }
+        let auto = ThreadsSetting::Auto;
+        // Under mpirun's default binding (one core per rank): 1.
+        assert_eq!(auto.resolve(None, 1, 2, 2), 1);
+        // Unbound ranks share the node; more ranks than CPUs still get one each.
+        assert_eq!(auto.resolve(None, 64, 64, 4), 16);
+        assert_eq!(auto.resolve(None, 2, 2, 3), 1);
+        // One process alone: its whole affinity.
+        assert_eq!(auto.resolve(None, 16, 16, 1), 16);
+        // srun --cpus-per-task=8 (bound, or not: --cpu-bind=none).
+        assert_eq!(auto.resolve(Some(8), 8, 32, 4), 8);
+        assert_eq!(auto.resolve(Some(8), 32, 32, 4), 8);
+        assert_eq!(auto.resolve(Some(8), 2, 32, 4), 2);
+        // A fixed count is kept (the caller warns where it oversubscribes).
+        assert_eq!(ThreadsSetting::Fixed(4).resolve(Some(1), 1, 2, 2), 4);
     }
 
     #[test]

@@ -41,6 +41,7 @@ use anyhow::{anyhow, Context};
 use zero_comm::Communicator;
 use zero_kernels::device::{HostDevice, SimDevice};
 
+use args::ThreadsSetting;
 pub use args::TrainArgs;
 use launch::{agree, Failure};
 pub use report::precision_name;
@@ -93,9 +94,6 @@ fn configs(args: &TrainArgs) -> anyhow::Result<Vec<LoadedConfig>> {
         run::model_preset(&loaded.config)?;
         out.push(loaded);
     }
-    if args.threads == 0 {
-        return Err(anyhow!("--threads 0: give at least 1 thread per rank"));
-    }
     if args.rounds == 0 {
         return Err(anyhow!("--rounds 0: run the stage list at least once"));
     }
@@ -143,8 +141,8 @@ fn run_on(args: &TrainArgs, comm: Option<&WorldComm>) -> Result<(), Failure> {
     // One device per rank for every run of the stage list.
     match args.device {
         DeviceChoice::Host => {
-            check_cores(comm, args.threads).map_err(same)?;
-            let dev = HostDevice::with_threads(args.threads);
+            let threads = host_threads(comm, args.threads).map_err(same)?;
+            let dev = HostDevice::with_threads(threads);
             dev.set_overlap(!args.no_overlap);
             with_backend(args, loaded, comm, backend, &dev)
         }
@@ -158,36 +156,62 @@ fn run_on(args: &TrainArgs, comm: Option<&WorldComm>) -> Result<(), Failure> {
     }
 }
 
-/// Warn where the CPU is oversubscribed: this node's ranks times `--threads` exceed the
-/// CPUs it has for the job (Slurm's `SLURM_CPUS_ON_NODE`, else the CPUs online), or
-/// this rank's threads exceed the CPUs it may run on (its affinity: mpirun binds each
-/// rank to one core by default). A rank waiting in a collective spins; with more
-/// threads than cores the rank it waits for is off its core, and steps stall (4 ranks
-/// on 2 cores under srun: steps of 30 ms with stalls of 5-23 s, `slurm/README.md`).
-/// Collective (the node split).
-fn check_cores(comm: &WorldComm, threads: usize) -> anyhow::Result<()> {
+/// The threads of this rank's host device: `--threads K`, or (`auto`) the CPUs the rank
+/// is given: Slurm's `SLURM_CPUS_PER_TASK` where set, else the CPUs it may run on (its
+/// affinity), at most the node's CPUs for the job (`SLURM_CPUS_ON_NODE`, else the CPUs
+/// online) divided by the node's ranks, so that ranks x threads fill the node and do not
+/// oversubscribe it. Rank 0 logs its count and why.
+///
+/// Warns where the CPU is oversubscribed: this node's ranks times the threads exceed the
+/// CPUs it has for the job, or this rank's threads exceed the CPUs it may run on (mpirun
+/// binds each of up to 2 ranks to one core by default). A rank waiting in a collective
+/// spins; with more threads than cores the rank it waits for is off its core, and steps
+/// stall (4 ranks on 2 cores under srun: steps of 30 ms with stalls of 5-23 s,
+/// `slurm/README.md`).
+fn host_threads(comm: &WorldComm, setting: ThreadsSetting) -> anyhow::Result<usize> {
     let (node_rank, local) = crate::world::node_rank(comm)?;
-    let slurm = std::env::var("SLURM_CPUS_ON_NODE")
-        .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok());
+    let count = |var: &str| {
+        std::env::var(var)
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .filter(|&n| n > 0)
+    };
     // SAFETY: sysconf reads a system constant.
     let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
-    let (cpus, source) = match slurm {
-        Some(c) => (c, "SLURM_CPUS_ON_NODE"),
-        None => (usize::try_from(online).unwrap_or(1).max(1), "CPUs online"),
+    let online = usize::try_from(online).unwrap_or(1).max(1);
+    // (Slurm's count, where it is no more than the host has: a test cluster may declare
+    // more CPUs than its host's, or several nodes on one host, whose ranks `local` counts
+    // together.)
+    let (cpus, source) = match count("SLURM_CPUS_ON_NODE") {
+        Some(c) if c <= online => (c, "SLURM_CPUS_ON_NODE"),
+        _ => (online, "CPUs online"),
     };
+    let allowed = std::thread::available_parallelism().map_or(cpus, |n| n.get());
+    let per_task = count("SLURM_CPUS_PER_TASK");
+    let threads = setting.resolve(per_task, allowed, cpus, local);
+    let why = match (setting, per_task) {
+        (ThreadsSetting::Fixed(_), _) => "--threads".to_string(),
+        (ThreadsSetting::Auto, Some(n)) => {
+            format!("auto: SLURM_CPUS_PER_TASK={n}, {allowed} CPU(s) in this rank's affinity")
+        }
+        (ThreadsSetting::Auto, None) => format!(
+            "auto: {allowed} CPU(s) in this rank's affinity; {cpus} on its node ({source}) for {local} rank(s)"
+        ),
+    };
+    if comm.rank() == 0 {
+        log::info!("threads per rank: {threads} ({why})");
+    }
     if node_rank == 0 && local * threads > cpus {
         log::warn!(
             "{local} rank(s) x {threads} thread(s) on this node, but it has {cpus} CPU(s) for them ({source}): ranks waiting in a collective spin while the rank they wait for is off its CPU, so steps can stall for seconds; run at most {cpus} ranks x threads per node (srun --ntasks-per-node, --cpus-per-task; --threads)"
         );
     }
-    let allowed = std::thread::available_parallelism().map_or(cpus, |n| n.get());
     if threads > allowed {
         log::warn!(
             "--threads {threads}, but this rank may run on {allowed} CPU(s) (its CPU affinity), so its threads share them; give each rank {threads} CPUs (mpirun --map-by slot:PE={threads}, or --bind-to none; srun --cpus-per-task={threads})"
         );
     }
-    Ok(())
+    Ok(threads)
 }
 
 /// The rest of `train` on `dev` with the engine's collectives on `backend`.
