@@ -111,7 +111,9 @@ cuda_libs() {
             [ -d "$d" ] && found+=("$d")
         done
     done < <(site_packages)
-    if ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so'; then
+    # (grep -q would close the pipe early: under pipefail ldconfig's SIGPIPE reads as
+    # "not found".)
+    if ! ldconfig -p 2>/dev/null | grep 'libcuda\.so' >/dev/null; then
         for d in /usr/local/nvidia/lib64 /usr/local/nvidia/lib /usr/lib/x86_64-linux-gnu \
             /usr/lib64 /usr/lib/wsl/lib /usr/local/cuda/compat /usr/local/cuda/lib64; do
             if compgen -G "$d/libcuda.so*" >/dev/null; then
@@ -182,6 +184,9 @@ run() {
     out=${1:-$dir/results}
     [ $# -gt 0 ] && shift
     cuda_libs
+    # Every device the checks open loads the PTX, which the driver compiles for this GPU
+    # once and caches: keep the cache where it can be written (HOME may be read-only).
+    export CUDA_CACHE_PATH=${CUDA_CACHE_PATH:-${TMPDIR:-/tmp}/zero-cuda-cache}
     run_checks "$dir" "$out" "$@"
 }
 

@@ -52,6 +52,20 @@ struct GemmKey {
     ldb: i64,
     ldc: i64,
     precision: MatmulPrecision,
+    /// The byte alignment (a power of two, at most 256) of the first operand, the second
+    /// and C: the heuristic is told it, or it assumes 256 (`cudaMalloc`'s) and may pick an
+    /// algorithm that faults on a view starting elsewhere in a buffer.
+    align: [u32; 3],
+}
+
+/// The alignment cuBLASLt may assume of an address: its largest power of two, at most
+/// 256 bytes.
+fn alignment(ptr: CUdeviceptr) -> u32 {
+    if ptr == 0 {
+        256
+    } else {
+        1u32 << ptr.trailing_zeros().min(8)
+    }
 }
 
 /// The cached descriptors of one shape.
@@ -170,6 +184,7 @@ impl Blas {
                     ldb: cb.ld as i64,
                     ldc: cc.ld as i64,
                     precision,
+                    align: [alignment(a), alignment(b), alignment(c)],
                 },
                 a,
                 b,
@@ -186,6 +201,7 @@ impl Blas {
                     ldb: ca.ld as i64,
                     ldc: cc.ld as i64,
                     precision,
+                    align: [alignment(b), alignment(a), alignment(c)],
                 },
                 b,
                 a,
@@ -281,14 +297,33 @@ impl Blas {
         }
         let pref = lt::create_matmul_pref().map_err(cublas_err)?;
         let ws = WORKSPACE_BYTES;
-        // SAFETY: the attribute takes a u64/size_t byte count; pref is destroyed below.
+        use sys::cublasLtMatmulPreferenceAttributes_t as Pref;
+        let [align_a, align_b, align_c] = key.align;
+        let aligns = [
+            (Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a),
+            (Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b),
+            (Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c),
+            (Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_c),
+        ];
+        // SAFETY: the workspace attribute takes a u64/size_t byte count, the alignments
+        // a uint32_t each; pref is destroyed below.
         let heuristic = unsafe {
-            let set = lt::set_matmul_pref_attribute(
+            let mut set = lt::set_matmul_pref_attribute(
                 pref,
-                sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                Pref::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                 (&ws) as *const usize as *const c_void,
                 std::mem::size_of::<usize>(),
             );
+            for (attr, bytes) in aligns {
+                set = set.and_then(|_| {
+                    lt::set_matmul_pref_attribute(
+                        pref,
+                        attr,
+                        (&bytes) as *const u32 as *const c_void,
+                        std::mem::size_of::<u32>(),
+                    )
+                });
+            }
             let h = set.and_then(|_| {
                 lt::get_matmul_algo_heuristic(
                     self.handle,

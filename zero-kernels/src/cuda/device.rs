@@ -195,7 +195,8 @@ impl CudaDevice {
         len: usize,
         name: &str,
     ) -> Result<Scratch<'s>> {
-        let block = Block::new(&self.pool, len * T::DTYPE.size_bytes(), name)?;
+        let bytes = len * T::DTYPE.size_bytes();
+        let block = Block::on_stream(&self.pool, bytes, name, &stream.inner)?;
         Ok(Scratch {
             block,
             stream: &stream.inner,

@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::driver::sys::CUdeviceptr;
-use cudarc::driver::{result, CudaContext, CudaEvent};
+use cudarc::driver::{result, CudaContext, CudaEvent, CudaStream};
 
 use crate::error::KernelError;
 
@@ -97,10 +97,13 @@ impl Pool {
     }
 
     /// A block of at least `bytes` (its size class), zeroed; `name` is for the error.
+    /// `on`: the stream whose work will use it, zeroed in that stream's order; `None`
+    /// (a buffer for any stream): zeroed before this returns.
     pub(crate) fn alloc(
         &self,
         bytes: usize,
         name: &str,
+        on: Option<&CudaStream>,
     ) -> Result<(CUdeviceptr, usize), KernelError> {
         let class = size_class(bytes);
         self.ctx.bind_to_thread()?;
@@ -124,8 +127,20 @@ impl Pool {
                 }
             },
         };
-        // SAFETY: `ptr` addresses `class` bytes of this context; nothing else uses them.
-        unsafe { result::memset_d8_sync(ptr, 0, class) }?;
+        // Our streams are non-blocking (cudarc's `new_stream`): they do not wait for the
+        // legacy default stream, where `cuMemsetD8` runs, and it returns before the memset
+        // has run. So zero in the order of the stream that uses the block, or wait for it.
+        // SAFETY: `ptr` addresses `class` bytes of this context; nothing else uses them;
+        // the null stream is the context's legacy default stream.
+        unsafe {
+            match on {
+                Some(stream) => result::memset_d8_async(ptr, 0, class, stream.cu_stream())?,
+                None => {
+                    result::memset_d8_sync(ptr, 0, class)?;
+                    result::stream::synchronize(std::ptr::null_mut())?;
+                }
+            }
+        }
         let mut st = self.lock();
         st.in_use += class;
         Ok((ptr, class))
@@ -222,7 +237,27 @@ pub(crate) struct Block {
 }
 
 impl Block {
+    /// A block zeroed before this returns, for any stream.
     pub(crate) fn new(pool: &Arc<Pool>, bytes: usize, name: &str) -> Result<Block, KernelError> {
+        Self::zeroed(pool, bytes, name, None)
+    }
+
+    /// A temporary for work queued on `stream`, zeroed in that stream's order.
+    pub(crate) fn on_stream(
+        pool: &Arc<Pool>,
+        bytes: usize,
+        name: &str,
+        stream: &CudaStream,
+    ) -> Result<Block, KernelError> {
+        Self::zeroed(pool, bytes, name, Some(stream))
+    }
+
+    fn zeroed(
+        pool: &Arc<Pool>,
+        bytes: usize,
+        name: &str,
+        on: Option<&CudaStream>,
+    ) -> Result<Block, KernelError> {
         if bytes == 0 {
             return Ok(Block {
                 ptr: 0,
@@ -231,7 +266,7 @@ impl Block {
                 after: Mutex::new(None),
             });
         }
-        let (ptr, class) = pool.alloc(bytes, name)?;
+        let (ptr, class) = pool.alloc(bytes, name, on)?;
         Ok(Block {
             ptr,
             bytes: class,
