@@ -44,7 +44,8 @@ enum Command {
     Data(data::DataCommand),
     /// Size a job without allocating: memory per GPU by stage, fit, communication per step.
     Plan(plan::PlanArgs),
-    /// Train the GPT with ZeRO stage 0-3 under mpirun/srun (or plan it: --dry-run).
+    /// Train a GPT-2 or Llama model with ZeRO stage 0-3 under mpirun/srun (or plan it:
+    /// --dry-run).
     Train(Box<train::TrainArgs>),
     /// Scaling sweeps over N, stage, model, precision, accumulation: table (CSV, JSON) and plots.
     #[command(subcommand)]

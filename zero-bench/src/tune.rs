@@ -76,7 +76,8 @@ pub struct TuneArgs {
     /// median over rounds.
     #[arg(long, default_value_t = 2)]
     pub rounds: usize,
-    /// How to start N ranks ({n} = N), as sweep run's.
+    /// How to start N ranks: a command whose {N} (or its lower-case form) is replaced by
+    /// the world size, as sweep run's.
     #[arg(long, value_name = "TEMPLATE", default_value = "scripts/mpirun.sh {n}")]
     pub launcher: String,
     /// Directory for the runs' reports and logs, the table and the chosen configuration.
@@ -101,7 +102,7 @@ Examples:
   zero-bench tune --config configs/demo.toml --world 4 --global-batch 16 --mem-limit 2GiB
   # Inside a Slurm allocation:
   zero-bench tune --config my.toml --world 16 --mem-limit 60GiB \\
-      --launcher \"srun --mpi=pmix --kill-on-bad-exit=1 -n {n}\"";
+      --launcher \"srun --mpi=pmix --kill-on-bad-exit=1 -n {N}\"";
 
 /// One configuration tune considers.
 #[derive(Clone, Debug, Serialize)]

@@ -231,6 +231,25 @@ impl Default for TrainConfig {
     }
 }
 
+/// The five dimensions of the preset `name` of either family, as `[model]` keys (vocab_size,
+/// context_len, layers, heads, width); `None` for a name that is no preset.
+pub fn preset_dimensions(name: &str) -> Option<[(&'static str, usize); 5]> {
+    let (v, t, l, h, c) = match LlamaConfig::preset(name) {
+        Some(m) => (m.vocab_size, m.max_seq_len, m.n_layer, m.n_head, m.n_embd),
+        None => {
+            let (_, m) = PRESETS.iter().find(|(n, _)| *n == name)?;
+            (m.vocab_size, m.max_seq_len, m.n_layer, m.n_head, m.n_embd)
+        }
+    };
+    Some([
+        ("vocab_size", v),
+        ("context_len", t),
+        ("layers", l),
+        ("heads", h),
+        ("width", c),
+    ])
+}
+
 /// Resolve a model of either family: a Llama preset (with vocab_size, context_len,
 /// layers, heads and width set on top; the key/value heads, MLP width and rotary base
 /// stay the preset's), or a GPT-2 as [`resolve_model`] resolves it.
@@ -260,7 +279,9 @@ pub fn resolve_model(m: &ModelConfig) -> Result<GptConfig, String> {
                 .find(|(n, _)| n == name)
                 .map(|(_, d)| *d)
                 .ok_or_else(|| {
-                    let names: Vec<&str> = PRESETS.iter().map(|(n, _)| *n).collect();
+                    let gpt = PRESETS.iter().map(|(n, _)| *n);
+                    let llama = zero_models::LLAMA_PRESETS.iter().map(|(n, _)| *n);
+                    let names: Vec<&str> = gpt.chain(llama).collect();
                     format!(
                         "model.preset = \"{name}\" is not a preset; use one of {}, or unset it and give vocab_size, context_len, layers, heads and width",
                         names.join(", ")

@@ -24,7 +24,7 @@ pub enum MicroCommand {
     Comm(CommArgs),
     /// Fused AdamW step vs an Adam-shaped copy and an unfused step.
     Adam(adam::AdamArgs),
-    /// GPT forward+backward FLOP/s vs SGEMM on the same threads.
+    /// Model (GPT-2 or Llama) forward+backward FLOP/s vs SGEMM on the same threads.
     Model(model::ModelArgs),
     /// Host-staged communication hidden behind a simulated backward: serial, non-blocking
     /// without progress, and with a progress thread; run under mpirun/srun.
@@ -32,7 +32,8 @@ pub enum MicroCommand {
     Overlap(overlap::OverlapArgs),
     /// Block-wise int8 and int4 quantize / dequantize (quantized communication) vs a copy.
     Quant(quant::QuantArgs),
-    /// bf16 GEMM micro-kernels (AMX, AVX-512 BF16) vs f32 SGEMM on the model's shapes.
+    /// bf16 GEMM micro-kernels (AMX, AVX-512 BF16, AVX2, portable) vs f32 SGEMM on the
+    /// model's shapes.
     Gemm(gemm::GemmArgs),
 }
 

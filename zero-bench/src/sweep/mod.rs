@@ -65,7 +65,8 @@ pub struct RunArgs {
         default_value = "0,1,2,3"
     )]
     pub stages: Vec<u8>,
-    /// Model presets (tiny, small, gpt2-124m, ...); default: the configuration's model.
+    /// Model presets (tiny, small, gpt2-124m, ...), each with its own dimensions (train
+    /// --model: over the configuration's); default: the configuration's model.
     #[arg(long, value_name = "LIST", value_delimiter = ',')]
     pub models: Vec<String>,
     /// Precisions (fp32, bf16, fp16); default: the configuration's.
@@ -116,7 +117,7 @@ Examples:
   zero-bench sweep run --ranks 1,2,4 --config configs/tiny.toml --out sweep-tiny
 
   # Inside a Slurm allocation (salloc -N 2 --ntasks-per-node=4), two models, bf16:
-  zero-bench sweep run --ranks 1,2,4,8 --models tiny,small --precisions bf16 \\
+  zero-bench sweep run --ranks 1,2,4,8 --models small,gpt2-124m --precisions bf16 \\
       --config configs/demo.toml --launcher \"srun --mpi=pmix --kill-on-bad-exit=1 -n {N}\"
 
   # Redraw the table and plots of an earlier sweep (or of slurm/sweep.sbatch's output):

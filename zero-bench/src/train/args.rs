@@ -12,8 +12,9 @@ use zero_core::config::Stage;
 #[derive(Args, Debug, Clone)]
 #[command(after_long_help = EXAMPLES)]
 pub struct TrainArgs {
-    /// TOML configuration file (sections `[model]`, `[data]`, `[train]`, `[zero]`, `[precision]`,
-    /// `[optim]`; every key has a default, so the file is optional).
+    /// TOML configuration file (sections `[model]`, `[data]`, `[train]`, `[zero]`,
+    /// `[precision]`, `[optim]`, `[divergence]`; every key has a default, so the file is
+    /// optional).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
 
@@ -59,8 +60,10 @@ pub struct TrainArgs {
     #[arg(long, value_name = "A")]
     pub grad_accum: Option<usize>,
 
-    /// Model preset: tiny, small, gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b
-    /// (= --set model.preset=NAME).
+    /// Model preset, with its own dimensions (over a configuration's; --set model.KEY=...
+    /// still changes one): tiny, small, gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b,
+    /// llama-tiny, llama-small, llama2-7b, llama2-13b, llama2-70b, llama3-8b, llama3-70b,
+    /// llama-7b/13b/70b (= --set model.preset=NAME and its dimensions).
     #[arg(long, value_name = "PRESET")]
     pub model: Option<String>,
 
@@ -184,7 +187,8 @@ pub struct TrainArgs {
 
     /// How the engine's collectives travel between ranks: `auto` (host buffers: `mpi`;
     /// device buffers across processes: NCCL where built in, else CUDA-aware MPI where
-    /// the run-time probe says yes, else `mpi-staged`; one process: `local`), `nccl`,
+    /// the run-time probe says yes and gradients are reduced in f32, else `mpi-staged`;
+    /// one process: `local`), `nccl`,
     /// `mpi-cuda` (device pointers to a CUDA-aware MPI), `mpi-staged` (device buffers
     /// copied through host staging buffers around each collective: always works), `mpi`
     /// (host buffers) or `local` (one process). Rank 0 logs the choice and why; a
@@ -206,10 +210,12 @@ Examples:
   mpirun -n 8 zero-bench train --config configs/demo.toml --stage 3 --precision fp16 \\
       --set optim.lr=3e-4 --set train.micro_batch=8 --metrics metrics.jsonl
 
-  # Inside a Slurm allocation, checkpointing every 100 steps, then resuming on 16 ranks:
-  srun --mpi=pmix zero-bench train --config configs/demo.toml --stage 2 \
+  # Inside a Slurm allocation, checkpointing every 100 steps, then going on to step 2000
+  # on 16 ranks at stage 3 (another world size changes the global batch: say so):
+  srun --mpi=pmix zero-bench train --config configs/demo.toml --stage 2 --steps 1000 \
       --ckpt-dir ckpt --save-every 100
-  srun -n 16 --mpi=pmix zero-bench train --config configs/demo.toml --stage 3 --resume ckpt
+  srun -n 16 --mpi=pmix zero-bench train --config configs/demo.toml --stage 3 --resume ckpt \
+      --steps 2000 --allow-batch-change
 
   # One GPU (a build with --features cuda), bf16 products on its tensor cores:
   zero-bench train --device cuda --model gpt2-124m --precision bf16 --steps 100
@@ -336,6 +342,20 @@ impl TrainArgs {
         }
         if let Some(m) = &self.model {
             o.push(format!("model.preset={}", toml_string(m)));
+            // The preset's own dimensions, over those a configuration file sets (a
+            // sweep's `--models small` on configs/demo.toml trains `small`, not the demo
+            // model labelled so); a `--set model.KEY=...` still wins.
+            let set_here = |key: &str| {
+                self.set.iter().any(|s| {
+                    s.split_once('=')
+                        .is_some_and(|(k, _)| k.trim() == format!("model.{key}"))
+                })
+            };
+            for (key, value) in crate::config::preset_dimensions(m).into_iter().flatten() {
+                if !set_here(key) {
+                    o.push(format!("model.{key}={value}"));
+                }
+            }
         }
         if let Some(k) = self.checkpoint_every {
             o.push(format!("model.checkpoint_every={k}"));
@@ -402,6 +422,11 @@ mod tests {
                 "zero.stage=3".into(),
                 "precision.dtype=\"fp16\"".into(),
                 "model.preset=\"gpt2-124m\"".into(),
+                "model.vocab_size=50257".into(),
+                "model.context_len=1024".into(),
+                "model.layers=12".into(),
+                "model.heads=12".into(),
+                "model.width=768".into(),
                 "train.metrics_file=\"/tmp/m \\\"q\\\".jsonl\"".into(),
             ]
         );
@@ -411,6 +436,64 @@ mod tests {
             loaded.config.train.metrics_file.as_deref(),
             Some("/tmp/m \"q\".jsonl")
         );
+    }
+
+    #[test]
+    fn a_model_flag_trains_the_preset_over_a_files_dimensions() {
+        let file =
+            std::env::temp_dir().join(format!("zero-model-flag-{}.toml", std::process::id()));
+        std::fs::write(
+            &file,
+            "[model]\npreset = \"tiny\"\nvocab_size = 64\nwidth = 32\n[train]\nseq_len = 8\n",
+        )
+        .unwrap();
+        let model = |args: &[&str]| {
+            let cli = Cli::parse_from(std::iter::once("x").chain(args.iter().copied()));
+            let c = crate::config::load(Some(&file), &cli.t.overrides()).unwrap();
+            let m = c.config.model;
+            (
+                m.preset,
+                m.vocab_size,
+                m.context_len,
+                m.layers,
+                m.heads,
+                m.width,
+            )
+        };
+        // The file alone: its dimensions over its preset.
+        assert_eq!(
+            model(&[]),
+            (Some("tiny".into()), Some(64), None, None, None, Some(32))
+        );
+        // --model: the preset's own (small: V=256 T=256 L=4 H=4 C=256).
+        let small = (
+            Some("small".into()),
+            Some(256),
+            Some(256),
+            Some(4),
+            Some(4),
+            Some(256),
+        );
+        assert_eq!(model(&["--model", "small"]), small);
+        // ... but a --set of one dimension still wins.
+        let wide = model(&["--set", "model.width=512", "--model", "small"]);
+        assert_eq!(
+            wide,
+            (
+                Some("small".into()),
+                Some(256),
+                Some(256),
+                Some(4),
+                Some(4),
+                Some(512)
+            )
+        );
+        // A Llama preset's dimensions come along too.
+        assert_eq!(
+            model(&["--model", "llama-tiny"]).0.as_deref(),
+            Some("llama-tiny")
+        );
+        let _ = std::fs::remove_file(&file);
     }
 
     #[test]
