@@ -476,7 +476,7 @@ pub fn stage_table(results: &[StageResult]) -> String {
          the engine holds (+ buffers, activations).\n\
          step ms: mean over steps after the first (warm-up), slowest rank (and over --rounds); \
          vs stage 0: ratio of \
-         those means in this run (CPU targets from the issue in parentheses: reported, not enforced)"
+         those means in this run (the CPU targets in parentheses: reported, not enforced)"
     );
     out
 }
