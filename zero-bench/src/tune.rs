@@ -359,6 +359,10 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
             words.extend([
                 "--steps".into(),
                 args.steps.to_string(),
+                // The threads the rates above were measured on (train's default, auto,
+                // would give a rank more where the launcher leaves it more CPUs).
+                "--threads".into(),
+                "1".into(),
                 "--no-progress".into(),
                 "--json".into(),
                 report.display().to_string(),

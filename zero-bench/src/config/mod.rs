@@ -21,9 +21,7 @@ mod load;
 #[cfg(test)]
 mod tests;
 
-#[cfg(test)]
-use load::Source;
-pub use load::{load, LoadedConfig};
+pub use load::{load, LoadedConfig, Source};
 
 /// Errors of loading or validating a configuration.
 #[derive(Debug, thiserror::Error)]

@@ -89,9 +89,10 @@ pub struct RunArgs {
     /// Configuration override for every job (train --set), repeatable.
     #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
     pub set: Vec<String>,
-    /// Kernel threads per rank (train --threads; without it, train's default: auto).
-    #[arg(long, value_name = "K")]
-    pub threads: Option<usize>,
+    /// Kernel threads per rank (train --threads), the same at every N so that the points
+    /// compare (`auto`: what train's default gives each job, which may differ with N).
+    #[arg(long, value_name = "K|auto", default_value = "1", value_parser = crate::train::parse_threads)]
+    pub threads: crate::train::ThreadsSetting,
     /// Directory for the result files, job logs, table and plots.
     #[arg(long, value_name = "DIR", default_value = "sweep-out")]
     pub out: PathBuf,
@@ -170,9 +171,7 @@ fn run_sweep(args: &RunArgs) -> anyhow::Result<()> {
     if let Some(s) = args.steps {
         train_args.extend(["--steps".to_string(), s.to_string()]);
     }
-    if let Some(t) = args.threads {
-        train_args.extend(["--threads".to_string(), t.to_string()]);
-    }
+    train_args.extend(["--threads".to_string(), args.threads.to_string()]);
     for s in &args.set {
         train_args.extend(["--set".to_string(), s.clone()]);
     }

@@ -160,7 +160,7 @@ pub struct TrainArgs {
     /// AdamW), or `auto`: Slurm's --cpus-per-task where it is set, else this rank's
     /// share of the node, the CPUs it may run on (its affinity) but at most the node's
     /// CPUs for the job divided by its ranks (mpirun binds one core to each of 2 ranks
-    /// by default: 1 thread; one process on 16 cores: 16). Rank 0 logs the count.
+    /// by default: 1 thread; one process on 16 CPUs, hyperthreads counted: 16). Rank 0 logs the count.
     /// Keep ranks x threads <= cores: a warning says where they are not.
     #[arg(long, default_value = "auto", value_name = "K|auto", value_parser = parse_threads)]
     pub threads: ThreadsSetting,
@@ -253,11 +253,22 @@ pub enum ThreadsSetting {
     Auto,
 }
 
+impl std::fmt::Display for ThreadsSetting {
+    /// As `--threads` takes it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ThreadsSetting::Fixed(n) => write!(f, "{n}"),
+            ThreadsSetting::Auto => f.write_str("auto"),
+        }
+    }
+}
+
 impl ThreadsSetting {
     /// The thread count of a rank given `per_task` CPUs by Slurm (`--cpus-per-task`),
     /// `allowed` CPUs in its affinity, on a node of `cpus` CPUs shared by `local` ranks:
-    /// a fixed count as it is; `auto`: `per_task` (at most `allowed`), else `allowed` at
-    /// most the rank's share `cpus / local`; at least 1.
+    /// a fixed count as it is; `auto`: `per_task`, else `allowed`, at most `allowed` and
+    /// the rank's share `cpus / local` (mpirun inside `salloc -c 16` passes
+    /// `SLURM_CPUS_PER_TASK=16` to each of its ranks); at least 1.
     pub fn resolve(
         self,
         per_task: Option<usize>,
@@ -268,7 +279,7 @@ impl ThreadsSetting {
         match self {
             ThreadsSetting::Fixed(n) => n,
             ThreadsSetting::Auto => match per_task {
-                Some(n) => n.min(allowed),
+                Some(n) => n.min(allowed).min(cpus / local.max(1)),
                 None => allowed.min(cpus / local.max(1)),
             }
             .max(1),
@@ -276,7 +287,7 @@ impl ThreadsSetting {
     }
 }
 
-fn parse_threads(s: &str) -> Result<ThreadsSetting, String> {
+pub(crate) fn parse_threads(s: &str) -> Result<ThreadsSetting, String> {
     let s = s.trim();
     if s.eq_ignore_ascii_case("auto") {
         return Ok(ThreadsSetting::Auto);
@@ -342,19 +353,8 @@ impl TrainArgs {
         }
         if let Some(m) = &self.model {
             o.push(format!("model.preset={}", toml_string(m)));
-            // The preset's own dimensions, over those a configuration file sets (a
-            // sweep's `--models small` on configs/demo.toml trains `small`, not the demo
-            // model labelled so); a `--set model.KEY=...` still wins.
-            let set_here = |key: &str| {
-                self.set.iter().any(|s| {
-                    s.split_once('=')
-                        .is_some_and(|(k, _)| k.trim() == format!("model.{key}"))
-                })
-            };
-            for (key, value) in crate::config::preset_dimensions(m).into_iter().flatten() {
-                if !set_here(key) {
-                    o.push(format!("model.{key}={value}"));
-                }
+            for (key, value) in self.preset_dimensions() {
+                o.push(format!("{key}={value}"));
             }
         }
         if let Some(k) = self.checkpoint_every {
@@ -367,6 +367,28 @@ impl TrainArgs {
             ));
         }
         o
+    }
+
+    /// What `--model NAME` sets besides the preset: the preset's own dimensions (keys
+    /// `model.vocab_size`, ...), over those a configuration file sets (a sweep's `--models
+    /// small` on configs/demo.toml trains `small`, not the demo model labelled so); one a
+    /// `--set model.KEY=...` gives is left to it. Empty without `--model` or for a name
+    /// that is no preset (the loader says so).
+    pub fn preset_dimensions(&self) -> Vec<(String, usize)> {
+        let Some(m) = &self.model else {
+            return Vec::new();
+        };
+        let set_here = |key: &str| {
+            self.set
+                .iter()
+                .any(|s| s.split_once('=').is_some_and(|(k, _)| k.trim() == key))
+        };
+        crate::config::preset_dimensions(m)
+            .into_iter()
+            .flatten()
+            .map(|(key, value)| (format!("model.{key}"), value))
+            .filter(|(key, _)| !set_here(key))
+            .collect()
     }
 
     /// The overrides of one run of the stage list (`None`: the configured stage).
@@ -526,6 +548,8 @@ mod tests {
         assert_eq!(auto.resolve(Some(8), 8, 32, 4), 8);
         assert_eq!(auto.resolve(Some(8), 32, 32, 4), 8);
         assert_eq!(auto.resolve(Some(8), 2, 32, 4), 2);
+        // mpirun -n 4 --bind-to none inside `salloc -c 16`: the share, not 16 each.
+        assert_eq!(auto.resolve(Some(16), 16, 16, 4), 4);
         // A fixed count is kept (the caller warns where it oversubscribes).
         assert_eq!(ThreadsSetting::Fixed(4).resolve(Some(1), 1, 2, 2), 4);
     }

@@ -34,15 +34,15 @@ use without_hdf5::checkpoints;
 
 use std::path::Path;
 
-use crate::config::{load, LoadedConfig};
+use crate::config::{load, LoadedConfig, Source};
 use crate::device::{BenchDevice, DeviceChoice};
 use crate::world::{self, WorldComm};
 use anyhow::{anyhow, Context};
 use zero_comm::Communicator;
 use zero_kernels::device::{HostDevice, SimDevice};
 
-use args::ThreadsSetting;
 pub use args::TrainArgs;
+pub(crate) use args::{parse_threads, ThreadsSetting};
 use launch::{agree, Failure};
 pub use report::precision_name;
 use report::StageResult;
@@ -88,7 +88,28 @@ fn configs(args: &TrainArgs) -> anyhow::Result<Vec<LoadedConfig>> {
     let runs = args.stage_runs();
     let mut out = Vec::with_capacity(runs.len());
     for stage in runs {
-        let loaded = load(args.config.as_deref(), &args.overrides_for(stage))?;
+        let dims = args.preset_dimensions();
+        let mut loaded = load(args.config.as_deref(), &args.overrides_for(stage)).map_err(|e| {
+            let e = anyhow!(e);
+            match (&args.model, dims.is_empty()) {
+                (Some(m), false) => {
+                    let set: Vec<String> = dims.iter().map(|(k, v)| format!("{k} = {v}")).collect();
+                    e.context(format!(
+                        "--model {m} brought its preset's dimensions ({}); --set model.KEY=VALUE changes one",
+                        set.join(", ")
+                    ))
+                }
+                _ => e,
+            }
+        })?;
+        if let Some(m) = &args.model {
+            for (key, _) in &dims {
+                loaded.provenance.insert(
+                    key.clone(),
+                    Source::Derived(format!("--model {m}: the preset's")),
+                );
+            }
+        }
         // Model checks zero-core cannot do (it knows no model family): e.g. a GPT-2's
         // V <= 65536, a Llama's Hkv dividing H.
         run::model_preset(&loaded.config)?;

@@ -2189,12 +2189,18 @@ mod tests {
                 .into_iter()
                 .filter(|n| kc * n <= x.len())
             {
-                for (rsb, csb) in [(n as isize, 1), (1, kc as isize)] {
+                // Rows contiguous, columns contiguous (B = W^T), and neither (every
+                // other element of a 2kc x 2n matrix; scalar packing only).
+                for (rsb, csb) in [(n as isize, 1), (1, kc as isize), (2 * n as isize, 2)] {
+                    if rsb == 2 * n as isize && 4 * kc * n > x.len() {
+                        continue;
+                    }
                     // Packed into a new buffer, and into buffers a previous call left
                     // NaN pairs in (the kept `PANEL_B`): every slot is written or zeroed.
                     let (mut scalar, mut vector) = (Vec::new(), vec![u32::MAX; 4096]);
-                    let mut stale_scalar = vec![u32::MAX; 7];
-                    // SAFETY: a kc x n matrix in either layout inside x; AVX2 (checked).
+                    let mut stale_scalar = vec![u32::MAX; 4096];
+                    // SAFETY: a kc x n matrix in each layout inside x (kc * n <= x.len(),
+                    // and the strided one's span checked above); AVX2 (checked).
                     unsafe {
                         pack_b(&mut scalar, x.as_ptr(), rsb, csb, 0, kc, n, 1, false);
                         pack_b(&mut vector, x.as_ptr(), rsb, csb, 0, kc, n, 1, true);
