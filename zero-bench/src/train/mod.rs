@@ -179,9 +179,11 @@ fn run_on(args: &TrainArgs, comm: Option<&WorldComm>) -> Result<(), Failure> {
 
 /// The threads of this rank's host device: `--threads K`, or (`auto`) the CPUs the rank
 /// is given: Slurm's `SLURM_CPUS_PER_TASK` where set, else the CPUs it may run on (its
-/// affinity), at most the node's CPUs for the job (`SLURM_CPUS_ON_NODE`, else the CPUs
-/// online) divided by the node's ranks, so that ranks x threads fill the node and do not
-/// oversubscribe it. Rank 0 logs its count and why.
+/// affinity); either at most its affinity and the node's CPUs for the job
+/// (`SLURM_CPUS_ON_NODE`, else the CPUs online) divided by the node's ranks, so that
+/// ranks x threads fill the node and do not oversubscribe it
+/// ([`ThreadsSetting::resolve`]). Rank 0 logs its count and why. Collective (the node
+/// split).
 ///
 /// Warns where the CPU is oversubscribed: this node's ranks times the threads exceed the
 /// CPUs it has for the job, or this rank's threads exceed the CPUs it may run on (mpirun
