@@ -87,28 +87,27 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
 fn configs(args: &TrainArgs) -> anyhow::Result<Vec<LoadedConfig>> {
     let runs = args.stage_runs();
     let mut out = Vec::with_capacity(runs.len());
+    // What --model brought besides the preset: named in provenance and in errors.
+    let dims = args.preset_dimensions();
+    let model = args.model.as_deref().unwrap_or_default();
+    let brought = (!dims.is_empty()).then(|| {
+        let set: Vec<String> = dims.iter().map(|(k, v)| format!("{k} = {v}")).collect();
+        format!(
+            "--model {model} brought its preset's dimensions ({}); --set model.KEY=VALUE changes one",
+            set.join(", ")
+        )
+    });
     for stage in runs {
-        let dims = args.preset_dimensions();
-        let mut loaded = load(args.config.as_deref(), &args.overrides_for(stage)).map_err(|e| {
-            let e = anyhow!(e);
-            match (&args.model, dims.is_empty()) {
-                (Some(m), false) => {
-                    let set: Vec<String> = dims.iter().map(|(k, v)| format!("{k} = {v}")).collect();
-                    e.context(format!(
-                        "--model {m} brought its preset's dimensions ({}); --set model.KEY=VALUE changes one",
-                        set.join(", ")
-                    ))
-                }
-                _ => e,
-            }
-        })?;
-        if let Some(m) = &args.model {
-            for (key, _) in &dims {
-                loaded.provenance.insert(
-                    key.clone(),
-                    Source::Derived(format!("--model {m}: the preset's")),
-                );
-            }
+        let mut loaded =
+            load(args.config.as_deref(), &args.overrides_for(stage)).map_err(
+                |e| match &brought {
+                    Some(b) => anyhow!(e).context(b.clone()),
+                    None => anyhow!(e),
+                },
+            )?;
+        for (key, _) in &dims {
+            let from = Source::Derived(format!("--model {model}: the preset's"));
+            loaded.provenance.insert(key.clone(), from);
         }
         // Model checks zero-core cannot do (it knows no model family): e.g. a GPT-2's
         // V <= 65536, a Llama's Hkv dividing H.

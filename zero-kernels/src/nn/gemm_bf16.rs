@@ -624,15 +624,15 @@ fn a_row_stride(pairs: usize) -> usize {
 }
 
 /// Pairs per packed block of `kc` values of k, padded with zero pairs to a multiple of
-/// `pad` (1, or [`AMX_PAIRS`] for AMX's whole tiles).
+/// `pad` ([`AMX_PAIRS`]: AMX's whole tiles).
 fn padded_pairs(kc: usize, pad: usize) -> usize {
     kc.div_ceil(2).next_multiple_of(pad)
 }
 
 /// Pack rows `kb..kb + kc` of B (`n` columns) into panels of NR columns, pair-major:
 /// `out[(panel * pairs + p) * NR + j]` holds columns `panel * NR + j` of k = kb + 2p and
-/// kb + 2p + 1, `pairs = padded_pairs(kc, pad)`. Missing columns, the odd k past `kc`
-/// and the padding pairs are zero. `vector`: on AVX2 where the layout allows
+/// kb + 2p + 1, `pairs = kc.div_ceil(2)`. Missing columns and the odd k past `kc` are
+/// zero. `vector`: on AVX2 where the layout allows
 /// ([`pack_v3`]), the same values 8 pairs at a time.
 ///
 /// # Safety
@@ -646,25 +646,20 @@ unsafe fn pack_b(
     kb: usize,
     kc: usize,
     n: usize,
-    pad: usize,
     vector: bool,
 ) {
-    let pairs = padded_pairs(kc, pad);
+    let pairs = kc.div_ceil(2);
     let panels = n.div_ceil(NR);
     // Every slot of columns < n is written below (the pairs with both halves, then the
-    // odd k's with a zero high half); only the last panel's columns past n, and the
-    // padding pairs, are zeroed here, rather than the whole buffer (26 MB per K block
-    // at the classifier's N = 50257: 1.5-1.7% of a bf16 training step's samples).
+    // odd k's with a zero high half); only the last panel's columns past n are zeroed
+    // here, rather than the whole buffer (26 MB per K block at the classifier's
+    // N = 50257: 1.5-1.7% of a bf16 training step's samples).
     out.resize(panels * pairs * NR, 0);
     let full = kc / 2; // pairs with both halves
-    let written = kc.div_ceil(2);
-    for (panel, dst) in out.chunks_exact_mut(pairs * NR).enumerate() {
-        dst[written * NR..].fill(0);
-        let width = NR.min(n - panel * NR);
-        if width < NR {
-            for slots in dst[..written * NR].chunks_exact_mut(NR) {
-                slots[width..].fill(0);
-            }
+    if let Some(last) = out.chunks_exact_mut(pairs * NR).last() {
+        let width = n - (panels - 1) * NR;
+        for slots in last.chunks_exact_mut(NR) {
+            slots[width..].fill(0);
         }
     }
     let at = |k: usize, j: usize| *b.offset(k as isize * rsb + j as isize * csb);
@@ -1799,9 +1794,9 @@ pub unsafe fn sgemm_bf16(
     let mut tile = [0f32; MR * NR];
     for kb in (0..k).step_by(KC) {
         let kc = KC.min(k - kb);
-        let pairs = padded_pairs(kc, 1);
+        let pairs = kc.div_ceil(2);
         let update = Update::of_block(kb, alpha, beta);
-        pack_b(&mut b_packed, b, rsb, csb, kb, kc, n, 1, vector);
+        pack_b(&mut b_packed, b, rsb, csb, kb, kc, n, vector);
         #[cfg(target_arch = "x86_64")]
         let panels = n.div_ceil(NR);
         for ib in (0..m).step_by(MC) {
@@ -2202,9 +2197,9 @@ mod tests {
                     // SAFETY: a kc x n matrix in each layout inside x (kc * n <= x.len(),
                     // and the strided one's span checked above); AVX2 (checked).
                     unsafe {
-                        pack_b(&mut scalar, x.as_ptr(), rsb, csb, 0, kc, n, 1, false);
-                        pack_b(&mut vector, x.as_ptr(), rsb, csb, 0, kc, n, 1, true);
-                        pack_b(&mut stale_scalar, x.as_ptr(), rsb, csb, 0, kc, n, 1, false);
+                        pack_b(&mut scalar, x.as_ptr(), rsb, csb, 0, kc, n, false);
+                        pack_b(&mut vector, x.as_ptr(), rsb, csb, 0, kc, n, true);
+                        pack_b(&mut stale_scalar, x.as_ptr(), rsb, csb, 0, kc, n, false);
                     }
                     assert_eq!(scalar, vector, "B ({rsb}, {csb}) kc {kc} n {n}");
                     assert_eq!(scalar, stale_scalar, "B ({rsb}, {csb}) kc {kc} n {n}");
