@@ -7,6 +7,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use zero_kernels::device::{Device, HostDevice, SimDevice};
+use zero_kernels::twin::attention_products::AttentionKernels;
 
 /// `--device`: where `train` computes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -87,6 +88,11 @@ pub trait BenchDevice: Device {
     fn take_op_profile(&self) -> anyhow::Result<Vec<(String, usize, f64)>> {
         Ok(Vec::new())
     }
+    /// Run these attention kernels from now on; the previous choice, or `None` where the
+    /// device has one kind only (the CPU devices).
+    fn set_attention_kernels(&self, _k: AttentionKernels) -> Option<AttentionKernels> {
+        None
+    }
 }
 
 impl BenchDevice for SimDevice {
@@ -110,6 +116,7 @@ pub mod cuda {
     //! The CUDA device under test.
 
     use zero_kernels::cuda::CudaDevice;
+    use zero_kernels::twin::attention_products::AttentionKernels;
     use zero_kernels::KernelError;
 
     use super::BenchDevice;
@@ -131,6 +138,11 @@ pub mod cuda {
                 .map(|t| (t.name.to_string(), t.calls, t.ms))
                 .collect())
         }
+        fn set_attention_kernels(&self, k: AttentionKernels) -> Option<AttentionKernels> {
+            let before = self.attention_kernels();
+            CudaDevice::set_attention_kernels(self, k);
+            Some(before)
+        }
     }
 
     /// GPU `ordinal` for `train --device cuda:N`, with an error that says what to do.
@@ -143,6 +155,7 @@ pub mod cuda {
                 KernelError::NoSuchDevice { .. } => {
                     "give --device cuda:N with N below the count (CUDA_VISIBLE_DEVICES renumbers them)"
                 }
+                KernelError::BadEnv { .. } => "fix or unset that environment variable",
                 _ => "check the driver with nvidia-smi",
             };
             anyhow::anyhow!("--device cuda:{ordinal}: {e}; {hint}")

@@ -78,9 +78,17 @@ fn dry_run_passes_and_reports_every_check() {
         ("gpt-fwd-bwd", 4),
         ("train-4-ranks", 8),
         ("throughput", 2),
+        ("attention-products", 7),
     ] {
         let n = checks.iter().filter(|l| l.contains(group)).count();
         assert!(n >= at_least, "{n} {group} lines\n{stdout}");
+    }
+    // The simulated GPU runs the rows kernels' twins only: the products' lines say so.
+    for l in checks.iter().filter(|l| l.contains("attention-products")) {
+        assert!(
+            l.starts_with("skip") && l.contains("one kind of attention"),
+            "{l}"
+        );
     }
     assert!(!checks.iter().any(|l| l.starts_with("FAIL")), "{stdout}");
     // Timings of a simulated device are never judged.

@@ -24,6 +24,16 @@ pub enum KernelError {
         /// The best level the CPU has.
         available: Isa,
     },
+    /// An environment variable that picks kernels holds something else.
+    #[error("{var}={value:?} is not one of {expected}: give one of those, or unset it")]
+    BadEnv {
+        /// The variable.
+        var: &'static str,
+        /// What it holds.
+        value: String,
+        /// What it may hold.
+        expected: &'static str,
+    },
     /// A thread count of zero.
     #[error("thread count must be at least 1, got {0}")]
     ZeroThreads(usize),

@@ -332,6 +332,8 @@ mod tests {
             "attention_forward_f32",
             "attention_backward_dq_f32",
             "attention_backward_dkv_f32",
+            "attention_softmax_rows_f32",
+            "attention_softmax_backward_rows_f32",
             "softmax_xent_forward_f32",
             "softmax_xent_backward_f32",
             "mean_f32",

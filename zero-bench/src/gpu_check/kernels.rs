@@ -20,6 +20,8 @@ use zero_kernels::device::{
 };
 use zero_kernels::{Element, Float};
 
+use zero_kernels::twin::attention_products::AttentionKernels;
+
 use super::report::{Check, Kind, Report};
 use super::stats::{diff, Rng};
 use crate::device::BenchDevice;
@@ -114,6 +116,8 @@ pub enum Op {
     GeluBwd,
     AttnFwd,
     AttnBwd,
+    AttnFwdProducts,
+    AttnBwdProducts,
     XentFwd,
     XentBwd,
     Mean,
@@ -193,6 +197,10 @@ impl Op {
         Op::AdamW,
     ];
 
+    /// The attention of batched products, checked in their own group, last (a fault
+    /// there must not cost the other checks).
+    pub const PRODUCTS: [Op; 2] = [Op::AttnFwdProducts, Op::AttnBwdProducts];
+
     fn name(self, s: &Shape) -> String {
         let (r, c, n) = (s.rows(), s.c, 4 * s.c);
         match self {
@@ -222,6 +230,14 @@ impl Op {
             Op::GeluBwd => format!("gelu_backward [{}]", r * n),
             Op::AttnFwd => format!("attention_forward B{} T{} C{c} H{}", s.b, s.t, s.h),
             Op::AttnBwd => format!("attention_backward B{} T{} C{c} H{}", s.b, s.t, s.h),
+            Op::AttnFwdProducts => format!(
+                "attention_forward, batched products B{} T{} C{c} H{}",
+                s.b, s.t, s.h
+            ),
+            Op::AttnBwdProducts => format!(
+                "attention_backward, batched products B{} T{} C{c} H{}",
+                s.b, s.t, s.h
+            ),
             Op::XentFwd => format!("softmax_xent_forward [{r}x{}]", s.v),
             Op::XentBwd => format!("softmax_xent_backward [{r}x{}]", s.v),
             Op::Mean => format!("mean [{r}]"),
@@ -298,6 +314,10 @@ impl Op {
                 "fp32, the summation order is the GEMM library's",
             ),
             (_, op) if op.moves_data() => (Tol::Bitwise, "no reordering possible"),
+            (_, Op::AttnFwdProducts | Op::AttnBwdProducts) => (
+                Tol::Rel(1e-5),
+                "fp32 products in cuBLAS's summation order, the rows kernels' twin as reference",
+            ),
             (Against::Twin, Op::XentFwd) => (Tol::Rel(1e-6), "exp/ln of the loss: a few ulp"),
             (Against::Twin, _) => (Tol::Bitwise, "same operations in the same order"),
             (Against::Host, Op::RopeFwd | Op::RopeBwd) => (
@@ -598,7 +618,7 @@ pub fn run_op<D: Device>(
             dev.gelu_backward(&on.s, d.view_mut(), x.view())?;
             vec![on.out("d", &d)?]
         }
-        Op::AttnFwd => {
+        Op::AttnFwd | Op::AttnFwdProducts => {
             let shape = AttnShape {
                 b: s.b,
                 t,
@@ -611,7 +631,7 @@ pub fn run_op<D: Device>(
             dev.attention_forward(&on.s, y.view_mut(), p.view_mut(), qkv.view(), shape)?;
             vec![on.out("y", &y)?, on.out("p", &p)?]
         }
-        Op::AttnBwd => {
+        Op::AttnBwd | Op::AttnBwdProducts => {
             let shape = AttnShape {
                 b: s.b,
                 t,
@@ -958,7 +978,7 @@ fn judge(check: Check, got: &[Out], want: &[Out], tol: Tol, why: &str) -> Check 
     }
 }
 
-/// Check every op of `dut` against `reference` at shape `s`.
+/// Check every op of `dut` against `reference` at shape `s` (group `kernel`).
 pub fn check_all<D: BenchDevice, R: Device>(
     dut: &D,
     reference: &R,
@@ -966,17 +986,43 @@ pub fn check_all<D: BenchDevice, R: Device>(
     s: &Shape,
     report: &mut Report,
 ) -> anyhow::Result<()> {
-    for (i, op) in Op::ALL.into_iter().enumerate() {
+    check_ops(dut, reference, against, s, "kernel", &Op::ALL, report)
+}
+
+/// Check `ops` of `dut` against `reference` at shape `s`, as checks of `group`.
+pub fn check_ops<D: BenchDevice, R: Device>(
+    dut: &D,
+    reference: &R,
+    against: Against,
+    s: &Shape,
+    group: &'static str,
+    ops: &[Op],
+    report: &mut Report,
+) -> anyhow::Result<()> {
+    for (i, &op) in ops.iter().enumerate() {
         let started = Instant::now();
         let seed = 0x6b65_726e_0000 + i as u64;
-        let check = Check::new("kernel", op.name(s), Kind::Correctness);
+        let check = Check::new(group, op.name(s), Kind::Correctness);
         let (tol, why) = op.tolerance(against);
+        // The products attention runs on the device under test only (the reference
+        // computes the rows kernels' semantics either way).
+        let products = matches!(op, Op::AttnFwdProducts | Op::AttnBwdProducts);
+        let before = if products {
+            dut.set_attention_kernels(AttentionKernels::Products)
+        } else {
+            None
+        };
         let mut check = if op == Op::MatmulBf16 && !dut.set_bf16_products(true) {
             check.skip("this device has no bf16 matrix-product mode")
+        } else if products && before.is_none() {
+            check.skip("this device has one kind of attention kernels")
         } else {
             let got = run_op(dut, op, s, seed, false);
             if op == Op::MatmulBf16 {
                 dut.set_bf16_products(false);
+            }
+            if let Some(k) = before {
+                dut.set_attention_kernels(k);
             }
             match (got, run_op(reference, op, s, seed, op == Op::MatmulBf16)) {
                 (Ok(got), Ok(want)) => judge(check, &got, &want, tol, why),

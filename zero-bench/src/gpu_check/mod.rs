@@ -23,6 +23,7 @@ mod train;
 
 use std::io::Write;
 use std::path::PathBuf;
+use zero_kernels::twin::attention_products::AttentionKernels;
 
 use anyhow::Context;
 use clap::{Args, Subcommand, ValueEnum};
@@ -90,7 +91,7 @@ pub struct RunArgs {
     budget_s: f64,
     /// Run only these groups (comma-separated): kernel, adamw-bandwidth, gpt-fwd-bwd,
     /// llama-fwd-bwd, train-4-ranks, staged, nccl-2-procs (with nccl-bandwidth),
-    /// throughput.
+    /// throughput, attention-products.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
 }
@@ -105,7 +106,11 @@ const GROUPS: &[&str] = &[
     "staged",
     "nccl-2-procs",
     "throughput",
+    PRODUCTS_GROUP,
 ];
+
+/// The group of the attention of batched products (`ZERO_CUDA_ATTENTION=products`).
+pub const PRODUCTS_GROUP: &str = "attention-products";
 
 impl RunArgs {
     /// Whether `--only` leaves group `g` in.
@@ -242,7 +247,7 @@ fn all_checks<D: BenchDevice>(
     }
 
     // 3. GPT-2 and Llama forward and backward against the host.
-    let case = if a.quick {
+    let gpt_case = if a.quick {
         model::Case {
             preset: "small",
             rows: 1,
@@ -256,9 +261,13 @@ fn all_checks<D: BenchDevice>(
         }
     };
     if a.wants("gpt-fwd-bwd") {
-        guarded(&mut report, a.budget_s, "gpt-fwd-bwd", case.preset, |r| {
-            model::check(&dut, &case, r)
-        })?;
+        guarded(
+            &mut report,
+            a.budget_s,
+            "gpt-fwd-bwd",
+            gpt_case.preset,
+            |r| model::check(&dut, &gpt_case, None, r),
+        )?;
     }
     // Llama (its RMSNorm, rotary/GQA and SwiGLU kernels) against the host.
     let case = model::Case {
@@ -268,7 +277,7 @@ fn all_checks<D: BenchDevice>(
     };
     if a.wants("llama-fwd-bwd") {
         guarded(&mut report, a.budget_s, "llama-fwd-bwd", case.preset, |r| {
-            model::check(&dut, &case, r)
+            model::check(&dut, &case, None, r)
         })?;
     }
     drop(dut);
@@ -297,13 +306,46 @@ fn all_checks<D: BenchDevice>(
         nccl_pair(a, reference, steps, sim, &mut report)?;
     }
 
-    // 6. Throughput, 124M and 350M.
-    let presets: &[&str] = if a.wants("throughput") {
-        &["gpt2-124m", "gpt2-350m"]
-    } else {
-        &[]
-    };
-    for &preset in presets {
+    // 6. Throughput, 124M and 350M; 7. attention as batched products (the kernels, the
+    // GPT-2 forward/backward and 124M's throughput), last, so that a fault there costs
+    // no other check.
+    let mut runs: Vec<(&str, Option<AttentionKernels>)> = Vec::new();
+    if a.wants("throughput") {
+        runs.push(("gpt2-124m", None));
+        runs.push(("gpt2-350m", None));
+    }
+    if a.wants(PRODUCTS_GROUP) {
+        let dut = open(0).context("opening the device under test")?;
+        // The heads batched (B <= H), then the sequences (B > H, as in training GPT-2).
+        let sequences = kernels::Shape {
+            b: shape.h + 4,
+            ..shape
+        };
+        let ops = &kernels::Op::PRODUCTS;
+        for s in [&shape, &sequences] {
+            let g = PRODUCTS_GROUP;
+            if sim {
+                let host = HostDevice::new();
+                let against = kernels::Against::Host;
+                kernels::check_ops(&dut, &host, against, s, g, ops, &mut report)?;
+            } else {
+                let twin = SimDevice::gpu_twin(0x7477);
+                let against = kernels::Against::Twin;
+                kernels::check_ops(&dut, &twin, against, s, g, ops, &mut report)?;
+            }
+        }
+        let products = Some(AttentionKernels::Products);
+        guarded(
+            &mut report,
+            a.budget_s,
+            PRODUCTS_GROUP,
+            gpt_case.preset,
+            |r| model::check(&dut, &gpt_case, products, r),
+        )?;
+        drop(dut);
+        runs.push(("gpt2-124m", products));
+    }
+    for (preset, attention) in runs {
         let tp = if sim {
             perf::Throughput {
                 preset,
@@ -312,6 +354,7 @@ fn all_checks<D: BenchDevice>(
                 seq_len: if a.quick { 32 } else { 64 },
                 warmup: 1,
                 timed: 2,
+                attention,
             }
         } else {
             perf::Throughput {
@@ -321,9 +364,15 @@ fn all_checks<D: BenchDevice>(
                 seq_len: 1024,
                 warmup: 2,
                 timed: 5,
+                attention,
             }
         };
-        guarded(&mut report, a.budget_s, "throughput", preset, |r| {
+        let group = if attention.is_some() {
+            PRODUCTS_GROUP
+        } else {
+            "throughput"
+        };
+        guarded(&mut report, a.budget_s, group, preset, |r| {
             perf::throughput(open, &tp, r)
         })?;
     }

@@ -10,6 +10,7 @@
 //! gradient within 5e-2.
 
 use std::time::Instant;
+use zero_kernels::twin::attention_products::AttentionKernels;
 
 use anyhow::Context;
 use zero_core::model::Compute;
@@ -125,15 +126,41 @@ fn tensor_errors(spec: &zero_core::ModelSpec, got: &Run, want: &Run) -> Vec<(Str
 }
 
 /// Check `dut` against the host on `case`, fp32 products and (where the device has
-/// them) bf16.
-pub fn check<D: BenchDevice>(dut: &D, case: &Case, report: &mut Report) -> anyhow::Result<()> {
+/// them) bf16; with `attention`, those kernels (group `attention-products`; skipped
+/// where the device has one kind).
+pub fn check<D: BenchDevice>(
+    dut: &D,
+    case: &Case,
+    attention: Option<AttentionKernels>,
+    report: &mut Report,
+) -> anyhow::Result<()> {
     let started = Instant::now();
     let tag = format!("{} B{} T{}", case.preset, case.rows, case.seq_len);
     let preset = ModelPreset::lookup(case.preset)?;
-    let (group, vocab) = match &preset {
-        ModelPreset::Gpt(c) => ("gpt-fwd-bwd", c.vocab_size),
-        ModelPreset::Llama(c) => ("llama-fwd-bwd", c.vocab_size),
+    let (group, vocab) = match (&preset, attention) {
+        (ModelPreset::Gpt(c), None) => ("gpt-fwd-bwd", c.vocab_size),
+        (ModelPreset::Llama(c), None) => ("llama-fwd-bwd", c.vocab_size),
+        (ModelPreset::Gpt(c), Some(_)) => (super::PRODUCTS_GROUP, c.vocab_size),
+        (ModelPreset::Llama(c), Some(_)) => (super::PRODUCTS_GROUP, c.vocab_size),
     };
+    // Other attention kernels where the device has them, else a skip per line.
+    if let Some(k) = attention {
+        match dut.set_attention_kernels(k) {
+            Some(before) => {
+                dut.set_attention_kernels(before);
+            }
+            None => {
+                for prec in ["fp32", "bf16 matmul"] {
+                    for what in ["loss", "gradients"] {
+                        let name = format!("{tag} {prec}, attention {}: {what}", k.name());
+                        let c = Check::new(group, name, Kind::Correctness);
+                        report.add(c.skip("this device has one kind of attention kernels"))?;
+                    }
+                }
+                return Ok(());
+            }
+        }
+    }
     let mut rng = Rng::new(0x746f_6b73);
     let n = case.rows * case.seq_len;
     let inputs = rng.ids(n, vocab);
@@ -154,7 +181,10 @@ pub fn check<D: BenchDevice>(dut: &D, case: &Case, report: &mut Report) -> anyho
         want.loss
     );
     for bf16 in [false, true] {
-        let prec = if bf16 { "bf16 matmul" } else { "fp32" };
+        let mut prec = if bf16 { "bf16 matmul" } else { "fp32" }.to_string();
+        if let Some(k) = attention {
+            prec.push_str(&format!(", attention {}", k.name()));
+        }
         let loss_check = Check::new(group, format!("{tag} {prec}: loss"), Kind::Correctness);
         let grad_check = Check::new(group, format!("{tag} {prec}: gradients"), Kind::Correctness);
         if bf16 && !dut.set_bf16_products(true) {
@@ -163,10 +193,14 @@ pub fn check<D: BenchDevice>(dut: &D, case: &Case, report: &mut Report) -> anyho
             report.add(grad_check.skip(why))?;
             continue;
         }
+        let before = attention.and_then(|k| dut.set_attention_kernels(k));
         let t0 = Instant::now();
         let got = forward_backward(dut, &preset, case, &inputs, &targets);
         if bf16 {
             dut.set_bf16_products(false);
+        }
+        if let Some(k) = before {
+            dut.set_attention_kernels(k);
         }
         let got = match got {
             Ok(r) => r,

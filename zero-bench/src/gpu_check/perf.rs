@@ -5,6 +5,7 @@
 //! are labelled as what they are: not a measurement.
 
 use std::time::Instant;
+use zero_kernels::twin::attention_products::AttentionKernels;
 
 use anyhow::Context;
 use half::bf16;
@@ -146,6 +147,8 @@ pub struct Throughput {
     pub warmup: usize,
     /// Steps timed.
     pub timed: usize,
+    /// The attention kernels to run (`None`: the device's default).
+    pub attention: Option<AttentionKernels>,
 }
 
 /// FLOPs per token of training as the issue defines them: 6N + 6LCT (llm.c's estimate:
@@ -160,13 +163,27 @@ pub fn throughput<D: BenchDevice>(
     tp: &Throughput,
     report: &mut Report,
 ) -> anyhow::Result<()> {
-    let name = format!("{} bf16 B{} T{}", tp.preset, tp.rows, tp.seq_len);
-    let check = Check::new("throughput", name, Kind::Performance);
+    let mut name = format!("{} bf16 B{} T{}", tp.preset, tp.rows, tp.seq_len);
+    if let Some(k) = tp.attention {
+        name.push_str(&format!(", attention {}", k.name()));
+    }
+    let group = match tp.attention {
+        Some(_) => super::PRODUCTS_GROUP,
+        None => "throughput",
+    };
+    let check = Check::new(group, name, Kind::Performance);
     let t0 = Instant::now();
     let cfg = GptConfig::preset(tp.run_preset)?;
     let results = run_local(1, CommConfig::default(), |comm| -> Result<_, String> {
         let dev = open(0).map_err(|e| format!("opening the device: {e}"))?;
-        timed_steps(&comm, &dev, cfg, tp).map_err(|e| format!("{e:#}"))
+        if let Some(k) = tp.attention {
+            if dev.set_attention_kernels(k).is_none() {
+                return Ok(None);
+            }
+        }
+        timed_steps(&comm, &dev, cfg, tp)
+            .map(Some)
+            .map_err(|e| format!("{e:#}"))
     });
     let outcome = match results.into_iter().next() {
         Some(Ok(Ok(r))) => Ok(r),
@@ -176,7 +193,8 @@ pub fn throughput<D: BenchDevice>(
     };
     let mut check = match outcome {
         Err(e) => check.fail(e),
-        Ok((secs, simulated, sizes)) => {
+        Ok(None) => check.skip("this device has one kind of attention kernels"),
+        Ok(Some((secs, simulated, sizes))) => {
             let tokens = (tp.rows * tp.seq_len * tp.timed) as f64;
             let tok_s = tokens / secs;
             let fpt = flops_per_token(&cfg, tp.seq_len);

@@ -53,9 +53,30 @@ struct GemmKey {
     ldc: i64,
     precision: MatmulPrecision,
     /// The byte alignment (a power of two, at most 256) of the first operand, the second
-    /// and C: the heuristic is told it, or it assumes 256 (`cudaMalloc`'s) and may pick an
-    /// algorithm that faults on a view starting elsewhere in a buffer.
+    /// and C, over every matrix of a batch: the heuristic is told it, or it assumes 256
+    /// (`cudaMalloc`'s) and may pick an algorithm that faults on a view starting
+    /// elsewhere in a buffer.
     align: [u32; 3],
+    /// Products in the batch (1: a single product).
+    batch: u64,
+    /// Elements from one matrix of the batch to the next: first operand, second, C.
+    strides: [i64; 3],
+}
+
+/// A strided batch of products: `count` of them, the k-th reading A at `a + k*strides[0]`
+/// elements, B at `b + k*strides[1]` and writing C at `c + k*strides[2]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Batch {
+    pub(crate) count: usize,
+    pub(crate) strides: [usize; 3],
+}
+
+impl Batch {
+    /// A single product.
+    pub(crate) const ONE: Batch = Batch {
+        count: 1,
+        strides: [0; 3],
+    };
 }
 
 /// The alignment cuBLASLt may assume of an address: its largest power of two, at most
@@ -66,6 +87,16 @@ fn alignment(ptr: CUdeviceptr) -> u32 {
     } else {
         1u32 << ptr.trailing_zeros().min(8)
     }
+}
+
+/// The alignment of every matrix of a batch: the first's address and the stride in
+/// bytes share it.
+fn batch_alignment(ptr: CUdeviceptr, batch: &Batch, operand: usize) -> u32 {
+    if batch.count <= 1 {
+        return alignment(ptr);
+    }
+    let stride_bytes = (batch.strides[operand] * std::mem::size_of::<f32>()) as u64;
+    alignment(ptr | stride_bytes)
 }
 
 /// The cached descriptors of one shape.
@@ -142,9 +173,10 @@ impl Blas {
         })
     }
 
-    /// `C = alpha A B + beta C` in f32 storage, queued on `stream`. `a`, `b`, `c` are the
-    /// device addresses of the views' first elements; the layouts were checked against
-    /// the views by the caller.
+    /// `C = alpha A B + beta C` in f32 storage, queued on `stream`, once or for each
+    /// matrix of a strided `batch`. `a`, `b`, `c` are the device addresses of the (first)
+    /// views' first elements; the layouts and batch were checked against the buffers by
+    /// the caller.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn gemm(
         &self,
@@ -155,11 +187,20 @@ impl Blas {
         (a, la): (CUdeviceptr, MatLayout),
         (b, lb): (CUdeviceptr, MatLayout),
         (c, lc): (CUdeviceptr, MatLayout),
+        batch: Batch,
     ) -> Result<(), KernelError> {
         let (m, n, k) = (lc.rows, lc.cols, la.cols);
-        if m == 0 || n == 0 {
+        if m == 0 || n == 0 || batch.count == 0 {
             return Ok(());
         }
+        let count = i32::try_from(batch.count).map_err(|_| KernelError::BadShape {
+            op: "matmul",
+            detail: format!(
+                "a batch of {} products is more than cuBLAS takes",
+                batch.count
+            ),
+        })?;
+        let [sa, sb, sc] = batch.strides.map(|x| x as i64);
         let unsupported = |what: &str, l: &MatLayout| KernelError::BadShape {
             op: "matmul",
             detail: format!(
@@ -184,7 +225,13 @@ impl Blas {
                     ldb: cb.ld as i64,
                     ldc: cc.ld as i64,
                     precision,
-                    align: [alignment(a), alignment(b), alignment(c)],
+                    align: [
+                        batch_alignment(a, &batch, 0),
+                        batch_alignment(b, &batch, 1),
+                        batch_alignment(c, &batch, 2),
+                    ],
+                    batch: count as u64,
+                    strides: [sa, sb, sc],
                 },
                 a,
                 b,
@@ -201,7 +248,13 @@ impl Blas {
                     ldb: ca.ld as i64,
                     ldc: cc.ld as i64,
                     precision,
-                    align: [alignment(b), alignment(a), alignment(c)],
+                    align: [
+                        batch_alignment(b, &batch, 1),
+                        batch_alignment(a, &batch, 0),
+                        batch_alignment(c, &batch, 2),
+                    ],
+                    batch: count as u64,
+                    strides: [sb, sa, sc],
                 },
                 b,
                 a,
@@ -273,6 +326,35 @@ impl Blas {
             // SAFETY: a plain-data struct, filled in by the heuristic below.
             algo: unsafe { std::mem::zeroed() },
         };
+        if key.batch > 1 {
+            let count = key.batch as i32;
+            use sys::cublasLtMatrixLayoutAttribute_t as Layout;
+            for (layout, stride) in [
+                (plan.a, key.strides[0]),
+                (plan.b, key.strides[1]),
+                (plan.c, key.strides[2]),
+            ] {
+                // SAFETY: BATCH_COUNT takes an int32_t, STRIDED_BATCH_OFFSET an int64_t
+                // (elements between matrices); the layouts are this plan's.
+                unsafe {
+                    lt::set_matrix_layout_attribute(
+                        layout,
+                        Layout::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                        (&count) as *const i32 as *const c_void,
+                        std::mem::size_of::<i32>(),
+                    )
+                    .and_then(|_| {
+                        lt::set_matrix_layout_attribute(
+                            layout,
+                            Layout::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                            (&stride) as *const i64 as *const c_void,
+                            std::mem::size_of::<i64>(),
+                        )
+                    })
+                }
+                .map_err(cublas_err)?;
+            }
+        }
         for (attr, on) in [
             (
                 sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,

@@ -17,8 +17,9 @@ use std::sync::Arc;
 use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::{result, sys, CudaEvent, CudaStream, LaunchConfig, PushKernelArg};
 
+use super::blas::Batch;
 use super::pool::Block;
-use super::{nn as launch, CudaDevice, MatmulPrecision};
+use super::{nn as launch, AttentionKernels, CudaDevice, MatmulPrecision};
 use crate::adamw::{self, cuda::AdamWPtrs, AdamWCoeffs};
 use crate::device::check::{self, same_len};
 use crate::device::{
@@ -28,8 +29,9 @@ use crate::device::{
 use crate::dtype::{DType, Element};
 use crate::error::KernelError;
 use crate::float::Float;
-use crate::nn::{AttnShape, RopeShape, Scalar};
+use crate::nn::{AttnShape, MatLayout, RopeShape, Scalar};
 use crate::ptx::{accumulate_entry, cast_entry, quant4_entry, quant_entry};
+use crate::twin::attention_products as products;
 
 /// A buffer in GPU memory, from its device's pool (the block returns there when the last
 /// handle goes, reusable once no queued work can still touch it).
@@ -207,6 +209,30 @@ impl CudaDevice {
         Ok(self.ctx.bind_to_thread()?)
     }
 
+    /// A product (or a strided batch of them) through cuBLASLt at the device's matmul
+    /// precision, loading cuBLASLt at the first. The callers checked the operands.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn gemm(
+        &self,
+        stream: &Arc<CudaStream>,
+        alpha: f32,
+        beta: f32,
+        a: (CUdeviceptr, MatLayout),
+        b: (CUdeviceptr, MatLayout),
+        c: (CUdeviceptr, MatLayout),
+        batch: Batch,
+    ) -> Result<()> {
+        self.bind()?;
+        let mut blas = self.blas.borrow_mut();
+        if blas.is_none() {
+            *blas = Some(super::blas::Blas::new(&self.pool)?);
+        }
+        let Some(blas) = blas.as_ref() else {
+            return Err(KernelError::Cuda("cuBLASLt did not load".into()));
+        };
+        blas.gemm(stream, self.precision.get(), alpha, beta, a, b, c, batch)
+    }
+
     /// The rotary kernels' cos/sin table of `shape` in a temporary, uploaded on `stream`
     /// (from the host's copy, which lives as long as the device, so the asynchronous copy
     /// never reads freed memory).
@@ -272,7 +298,14 @@ impl Device for CudaDevice {
             MatmulPrecision::F32 => "fp32 matmul",
             MatmulPrecision::Bf16 => "bf16 matmul",
         };
-        format!("cuda:{} ({name}, {cc}, {precision})", self.ctx.ordinal())
+        let attention = match self.attention.get() {
+            AttentionKernels::Rows => "",
+            AttentionKernels::Products => ", attention as batched products",
+        };
+        format!(
+            "cuda:{} ({name}, {cc}, {precision}{attention})",
+            self.ctx.ordinal()
+        )
     }
 
     fn location(&self) -> Location {
@@ -760,22 +793,14 @@ impl Device for CudaDevice {
         let _timed = self.time_op("matmul", &stream.inner);
         f32_only::<F>("matmul")?;
         check::matmul(&mm, a.len(), b.len(), c.len())?;
-        self.bind()?;
-        let mut blas = self.blas.borrow_mut();
-        if blas.is_none() {
-            *blas = Some(super::blas::Blas::new(&self.pool)?);
-        }
-        let Some(blas) = blas.as_ref() else {
-            return Err(KernelError::Cuda("cuBLASLt did not load".into()));
-        };
-        blas.gemm(
+        self.gemm(
             &stream.inner,
-            self.precision.get(),
             mm.alpha.to_f64() as f32,
             mm.beta.to_f64() as f32,
             (addr(&a), mm.a),
             (addr(&b), mm.b),
             (addr_mut(&c), mm.c),
+            Batch::ONE,
         )
     }
 
@@ -1070,6 +1095,24 @@ impl Device for CudaDevice {
         let _timed = self.time_op("attention_forward", &stream.inner);
         f32_only::<F>("attention_forward")?;
         check::attention_forward(y.len(), p.len(), qkv.len(), &shape)?;
+        if self.attention.get() == AttentionKernels::Products {
+            let bufs = launch::attention::PlanBufs {
+                qkv: Some((addr(&qkv), qkv.len())),
+                y: Some((addr_mut(&y), y.len())),
+                p: Some((addr_mut(&p), p.len())),
+                ..Default::default()
+            };
+            let steps = products::plan_forward(shape);
+            let op = "attention_forward";
+            return launch::attention::run_products(
+                self,
+                &stream.inner,
+                op,
+                &steps,
+                &bufs,
+                shape.t,
+            );
+        }
         launch::attention::attention_forward(
             self,
             &stream.inner,
@@ -1100,6 +1143,26 @@ impl Device for CudaDevice {
             qkv.len(),
             &shape,
         )?;
+        if self.attention.get() == AttentionKernels::Products {
+            let op = "attention_backward";
+            let mats = products::work_mats(shape, launch::attention::PRODUCTS_WORK_BYTES);
+            let work =
+                self.scratch::<f32>(stream, mats * shape.t * shape.t, "attention workspace")?;
+            let bufs = launch::attention::PlanBufs {
+                qkv: Some((addr(&qkv), qkv.len())),
+                p: Some((addr(&p), p.len())),
+                dy: Some((addr(&dy), dy.len())),
+                dqkv: Some((addr_mut(&dqkv), dqkv.len())),
+                work: Some((work.ptr(), mats * shape.t * shape.t)),
+                ..Default::default()
+            };
+            let steps = products::plan_backward(shape, mats);
+            let run =
+                launch::attention::run_products(self, &stream.inner, op, &steps, &bufs, shape.t);
+            // The workspace goes back to the pool after what was queued, even on an error.
+            work.done()?;
+            return run;
+        }
         launch::attention::attention_backward(
             self,
             &stream.inner,

@@ -28,6 +28,7 @@ pub use buffer::{DeviceAdamWState, DeviceBuffer, DeviceElement, DeviceFloat, Dev
 
 use crate::error::KernelError;
 use crate::ptx::SOURCES;
+pub use crate::twin::attention_products::AttentionKernels;
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig};
 use cudarc::nvrtc::Ptx;
 use std::cell::{Cell, RefCell};
@@ -47,6 +48,8 @@ pub struct CudaDevice {
     /// cuBLASLt, loaded at the first matrix product (the kernel checks need none).
     blas: RefCell<Option<blas::Blas>>,
     precision: Cell<MatmulPrecision>,
+    /// Which attention kernels run ([`AttentionKernels::ENV`] at opening).
+    attention: Cell<AttentionKernels>,
     next_id: Cell<u64>,
     /// The rotary kernels' cos/sin tables by (T, hd, theta's bits), computed on the host
     /// once per shape ([`nn::llama::rope_table`]) and uploaded into a temporary per call,
@@ -95,6 +98,7 @@ impl CudaDevice {
         if ordinal >= count {
             return Err(KernelError::NoSuchDevice { ordinal, count });
         }
+        let attention = AttentionKernels::from_env()?;
         let ctx = CudaContext::new(ordinal)?;
         let stream = ctx.default_stream();
         let mut kernels = HashMap::new();
@@ -113,6 +117,7 @@ impl CudaDevice {
             pool,
             blas: RefCell::new(None),
             precision: Cell::new(MatmulPrecision::F32),
+            attention: Cell::new(attention),
             next_id: Cell::new(1),
             rope_tables: RefCell::new(HashMap::new()),
             profiling: Cell::new(false),
@@ -130,6 +135,17 @@ impl CudaDevice {
     /// The matrix products' precision.
     pub fn matmul_precision(&self) -> MatmulPrecision {
         self.precision.get()
+    }
+
+    /// Which attention kernels run from now on (the default comes from
+    /// [`AttentionKernels::ENV`], else [`AttentionKernels::Rows`]).
+    pub fn set_attention_kernels(&self, k: AttentionKernels) {
+        self.attention.set(k);
+    }
+
+    /// The attention kernels that run.
+    pub fn attention_kernels(&self) -> AttentionKernels {
+        self.attention.get()
     }
 
     /// The caching allocator's counters.

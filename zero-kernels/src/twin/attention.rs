@@ -79,6 +79,73 @@ pub(crate) fn backward_group(s: &AttnShape) -> usize {
     (s.b * s.h).min(s.t).max(1)
 }
 
+/// Row i of P from its scaled scores `prow[..=i]` and their maximum `m`: e_j = exp(s_j -
+/// m), summed per lane (j mod 32) and folded by the butterfly; p_ij = e_j * (1/sum) for
+/// j <= i, 0 above the diagonal. The softmax of `attention_forward_f32` and of
+/// `attention_softmax_rows_f32`.
+fn normalise_row<F: Scalar>(prow: &mut [F], i: usize, m: F) {
+    let mut sums = [F::ZERO; LANES];
+    for j in 0..=i {
+        let e = (prow[j] - m).exp();
+        prow[j] = e;
+        sums[j % LANES] += e;
+    }
+    let inv = F::ONE / butterfly_sum(sums);
+    prow[..=i].iter_mut().for_each(|x| *x *= inv);
+    prow[i + 1..].iter_mut().for_each(|x| *x = F::ZERO);
+}
+
+/// Twin of `attention_softmax_rows_f32` (attention as products, see
+/// [`super::attention_products`]): each row of `mats` consecutive T x T matrices holds
+/// scaled scores; row i becomes its causal softmax, 0 above the diagonal. One warp per
+/// row: lane l keeps the max of j = l, l+32, .. <= i (from `F::MIN`, skipping NaN), the
+/// butterfly folds them, then the forward's normalisation (e_j = exp(s_j - m), ...).
+///
+/// # Panics
+/// If `p` holds fewer than `mats * t * t` elements.
+pub fn softmax_rows<F: Scalar>(p: &mut [F], mats: usize, t: usize) {
+    for (r, prow) in p[..mats * t * t].chunks_exact_mut(t.max(1)).enumerate() {
+        let i = r % t;
+        let mut m = [F::MIN; LANES];
+        for (j, &s) in prow[..=i].iter().enumerate() {
+            if s > m[j % LANES] {
+                m[j % LANES] = s;
+            }
+        }
+        normalise_row(prow, i, butterfly_max(m));
+    }
+}
+
+/// Twin of `attention_softmax_backward_rows_f32`: `ds` holds `mats` consecutive T x T
+/// matrices of dP = dY V^T; each row i becomes dS_ij = p_ij (dp_ij - D_i) for j <= i and
+/// 0 above the diagonal, with D_i = sum_{j <= i} p_ij dp_ij (lane sums over j mod 32,
+/// then the butterfly, as the rows kernels' backward). Matrix m of P starts at
+/// `m * p_stride`.
+///
+/// # Panics
+/// If a slice is shorter than the shapes say.
+pub fn softmax_backward_rows<F: Scalar>(
+    ds: &mut [F],
+    p: &[F],
+    mats: usize,
+    p_stride: usize,
+    t: usize,
+) {
+    for (r, drow) in ds[..mats * t * t].chunks_exact_mut(t.max(1)).enumerate() {
+        let i = r % t;
+        let prow = &p[(r / t) * p_stride + i * t..][..t];
+        let mut part = [F::ZERO; LANES];
+        for j in 0..=i {
+            part[j % LANES] += prow[j] * drow[j];
+        }
+        let dsum = butterfly_sum(part);
+        for j in 0..=i {
+            drow[j] = prow[j] * (drow[j] - dsum);
+        }
+        drow[i + 1..].iter_mut().for_each(|x| *x = F::ZERO);
+    }
+}
+
 /// Forward (GPU order): writes `y` `[B,T,C]` and `p` `[B,H,T,T]` from `qkv` `[B,T,3C]`.
 ///
 /// # Panics
@@ -105,16 +172,7 @@ pub fn attention_forward<F: Scalar>(y: &mut [F], p: &mut [F], qkv: &[F], s: Attn
                         m[j % LANES] = sc;
                     }
                 }
-                let m = butterfly_max(m);
-                let mut sums = [F::ZERO; LANES];
-                for j in 0..=i {
-                    let e = (prow[j] - m).exp();
-                    prow[j] = e;
-                    sums[j % LANES] += e;
-                }
-                let inv = F::ONE / butterfly_sum(sums);
-                prow[..=i].iter_mut().for_each(|x| *x *= inv);
-                prow[i + 1..].iter_mut().for_each(|x| *x = F::ZERO);
+                normalise_row(prow, i, butterfly_max(m));
                 let yrow = &mut y[(bi * t + i) * c + hi * hs..][..hs];
                 for (d, out) in yrow.iter_mut().enumerate() {
                     let mut acc = F::ZERO;

@@ -14,6 +14,7 @@
 //! reductions are grouped, so the two agree to rounding (tested per kernel).
 
 pub mod attention;
+pub mod attention_products;
 pub mod elementwise;
 pub mod llama;
 pub mod norm;

@@ -1,15 +1,19 @@
 //! Launchers of the attention kernels (`src/nn/cuda/attention.cu`, CPU twin
 //! [`crate::twin::attention`]): one warp per query row (forward, backward dq) or key row
-//! (backward dk, dv), [`WARPS`] warps per block, every sum in a fixed order, no atomics.
+//! (backward dk, dv), [`WARPS`] warps per block, every sum in a fixed order, no atomics;
+//! or the plans of [`crate::twin::attention_products`] ([`run_products`]): cuBLASLt
+//! batched products and two row kernels.
 
 use std::sync::Arc;
 
 use cudarc::driver::{CudaStream, LaunchConfig, PushKernelArg};
 
+use crate::cuda::blas::Batch;
 use crate::cuda::CudaDevice;
 use crate::error::KernelError;
 use crate::nn::AttnShape;
 use crate::twin::attention::backward_group;
+use crate::twin::attention_products::{Buf, Operand, Step};
 
 /// Warps (rows) per block; must match WARPS in attention.cu.
 const WARPS: u64 = 4;
@@ -135,6 +139,125 @@ pub(crate) fn attention_backward(
             // >= T*T: caller's contract). The dq kernel writes the dq columns and the row
             // sums, the dkv kernel (queued after it) reads the sums and writes dk, dv.
             unsafe { l.launch(cfg) }?;
+        }
+    }
+    Ok(())
+}
+
+/// Workspace the products' backward may take (f32 T x T matrices, as many as fit, at
+/// least one): a GPT-2 step (T = 1024, 16 sequences batched) takes 64 MiB.
+pub(crate) const PRODUCTS_WORK_BYTES: usize = 256 << 20;
+
+/// The device address and length (f32 elements) of each buffer a plan may name, by
+/// [`Buf`] (`None`: not part of this call).
+#[derive(Default)]
+pub(crate) struct PlanBufs {
+    pub(crate) qkv: Option<(u64, usize)>,
+    pub(crate) y: Option<(u64, usize)>,
+    pub(crate) p: Option<(u64, usize)>,
+    pub(crate) dy: Option<(u64, usize)>,
+    pub(crate) dqkv: Option<(u64, usize)>,
+    pub(crate) work: Option<(u64, usize)>,
+}
+
+impl PlanBufs {
+    /// The address of element `offset` of `buf`, after checking that `end` (one past the
+    /// last element an op touches) lies inside it.
+    fn at(
+        &self,
+        op: &'static str,
+        buf: Buf,
+        offset: usize,
+        end: usize,
+    ) -> Result<u64, KernelError> {
+        let slot = match buf {
+            Buf::Qkv => self.qkv,
+            Buf::Y => self.y,
+            Buf::P => self.p,
+            Buf::Dy => self.dy,
+            Buf::Dqkv => self.dqkv,
+            Buf::Work => self.work,
+        };
+        let (ptr, len) = slot.ok_or_else(|| {
+            shape_err(
+                op,
+                format!("the plan names {buf:?}, which this call has not"),
+            )
+        })?;
+        if end > len {
+            return Err(shape_err(
+                op,
+                format!("{buf:?}: the plan reaches element {end} of {len}"),
+            ));
+        }
+        Ok(ptr + (offset * std::mem::size_of::<f32>()) as u64)
+    }
+}
+
+/// Queue a plan of [`crate::twin::attention_products`] on `stream`: each product through
+/// cuBLASLt (at the device's matmul precision), each row step as its kernel.
+pub(crate) fn run_products(
+    dev: &CudaDevice,
+    stream: &Arc<CudaStream>,
+    op: &'static str,
+    steps: &[Step],
+    bufs: &PlanBufs,
+    t: usize,
+) -> Result<(), KernelError> {
+    let fit = |x: usize| {
+        u32::try_from(x).map_err(|_| shape_err(op, format!("{x} does not fit the kernel's u32")))
+    };
+    let tt = t * t;
+    for step in steps {
+        match *step {
+            Step::Product(pr) => {
+                let ptr = |x: &Operand| bufs.at(op, x.buf, x.offset, x.end(pr.batch));
+                dev.gemm(
+                    stream,
+                    pr.alpha as f32,
+                    0.0,
+                    (ptr(&pr.a)?, pr.a.layout),
+                    (ptr(&pr.b)?, pr.b.layout),
+                    (ptr(&pr.c)?, pr.c.layout),
+                    Batch {
+                        count: pr.batch,
+                        strides: [pr.a.stride, pr.b.stride, pr.c.stride],
+                    },
+                )?;
+            }
+            Step::Softmax { offset, mats } => {
+                if mats == 0 || t == 0 {
+                    continue;
+                }
+                let p = bufs.at(op, Buf::P, offset, offset + mats * tt)?;
+                let cfg = warp_rows(op, mats as u64 * t as u64)?;
+                let (mats, t) = (fit(mats)?, fit(t)?);
+                let mut l = stream.launch_builder(dev.kernel("attention_softmax_rows_f32")?);
+                l.arg(&p).arg(&mats).arg(&t);
+                // SAFETY: (float* p, u32 mats, u32 T) is the kernel's signature; p holds
+                // mats*T*T f32 from this address (checked above); each warp touches its row.
+                unsafe { l.launch(cfg) }?;
+            }
+            Step::SoftmaxBackward {
+                mats,
+                p_offset,
+                p_stride,
+            } => {
+                if mats == 0 || t == 0 {
+                    continue;
+                }
+                let ds = bufs.at(op, Buf::Work, 0, mats * tt)?;
+                let p = bufs.at(op, Buf::P, p_offset, p_offset + (mats - 1) * p_stride + tt)?;
+                let cfg = warp_rows(op, mats as u64 * t as u64)?;
+                let (mats, t, p_stride) = (fit(mats)?, fit(t)?, p_stride as u64);
+                let f = dev.kernel("attention_softmax_backward_rows_f32")?;
+                let mut l = stream.launch_builder(f);
+                l.arg(&ds).arg(&p).arg(&mats).arg(&p_stride).arg(&t);
+                // SAFETY: (float* ds, const float* p, u32 mats, u64 p_stride, u32 T) is the
+                // kernel's signature; ds holds mats*T*T f32 and P's mats matrices lie
+                // inside p (checked above); the workspace and p do not overlap.
+                unsafe { l.launch(cfg) }?;
+            }
         }
     }
     Ok(())

@@ -222,3 +222,51 @@ extern "C" __global__ void attention_backward_dkv_f32(float* dqkv, const float* 
         }
     }
 }
+
+// Attention as batched products (zero-kernels/src/twin/attention_products.rs): cuBLAS
+// computes the scores and the products, these two kernels the rows in between. Twins:
+// softmax_rows and softmax_backward_rows in zero-kernels/src/twin/attention.rs.
+
+// Each row of `mats` consecutive T x T matrices holds scaled scores; row i becomes its
+// causal softmax (the forward kernel's: lane maxima over j = lane, lane+32, .. <= i from
+// f32::MIN, the butterflies, e_j * (1/sum)), 0 above the diagonal. One warp per row.
+extern "C" __global__ void attention_softmax_rows_f32(float* p, u32 mats, u32 T) {
+    u32 lane = threadIdx.x % 32;
+    u64 row = (u64)blockIdx.x * WARPS + threadIdx.x / 32;  // mat*T + i
+    if (row >= (u64)mats * T) return;
+    u32 i = (u32)(row % T);
+    float* prow = p + row * T;
+    float m = -3.40282347e38f;
+    for (u32 j = lane; j <= i; j += 32) {
+        float s = prow[j];
+        if (s > m) m = s;
+    }
+    m = warp_max(m);
+    float sum = 0.0f;
+    for (u32 j = lane; j <= i; j += 32) {
+        float e = exp_f32(__fsub_rn(prow[j], m));
+        prow[j] = e;
+        sum = __fadd_rn(sum, e);
+    }
+    sum = warp_sum(sum);
+    float inv = __fdiv_rn(1.0f, sum);
+    // Lane l rewrites only the j = l, l+32, .. it wrote above: no warp synchronisation.
+    for (u32 j = lane; j < T; j += 32) prow[j] = j <= i ? __fmul_rn(prow[j], inv) : 0.0f;
+}
+
+// `ds` holds `mats` consecutive T x T matrices of dP = dY V^T; row i becomes
+// ds_ij = p_ij (dp_ij - D_i) for j <= i, 0 above the diagonal, with D_i = sum_{j <= i}
+// p_ij dp_ij (lane sums, butterfly). Matrix m of P starts at p + m * p_stride. One warp
+// per row.
+extern "C" __global__ void attention_softmax_backward_rows_f32(float* ds, const float* p, u32 mats, u64 p_stride, u32 T) {
+    u32 lane = threadIdx.x % 32;
+    u64 row = (u64)blockIdx.x * WARPS + threadIdx.x / 32;  // mat*T + i
+    if (row >= (u64)mats * T) return;
+    u32 i = (u32)(row % T);
+    float* drow = ds + row * T;
+    const float* prow = p + (row / T) * p_stride + (u64)i * T;
+    float part = 0.0f;
+    for (u32 j = lane; j <= i; j += 32) part = __fadd_rn(part, __fmul_rn(prow[j], drow[j]));
+    float D = warp_sum(part);
+    for (u32 j = lane; j < T; j += 32) drow[j] = j <= i ? __fmul_rn(prow[j], __fsub_rn(drow[j], D)) : 0.0f;
+}

@@ -1,0 +1,636 @@
+//! Causal attention as strided batched matrix products and two row kernels: the
+//! formulation the CUDA device runs with [`AttentionKernels::Products`]
+//! (`cuda/nn/attention.rs`), where cuBLAS does the O(T^2 hs) work that the rows kernels
+//! of `src/nn/cuda/attention.cu` do one warp per row. Same semantics as
+//! [`crate::nn::attention_forward`] / [`crate::nn::attention_backward`]; the products
+//! round differently, so a GPU run agrees with the twins to rounding, not bit for bit.
+//!
+//! Per (b, h) pair, with Q, K, V, dY the head's `[T, hs]` column blocks of `qkv` / `dy`
+//! (leading dimension 3C or C) and P the pair's `[T, T]` matrix of `p`:
+//!
+//! ```text
+//! forward:   P = Q K^T * scale;  softmax rows (causal, 0 above the diagonal);  Y = P V
+//! backward:  W = dY V^T;  dV = P^T dY;  W = P (W - rowsum(P W)) (the softmax backward);
+//!            dQ = W K * scale;  dK = W^T Q * scale
+//! ```
+//!
+//! W is a workspace of T x T matrices. The pairs go to the products in batches along one
+//! axis, heads (stride hs in `qkv`) or sequences (stride T*3C), with a loop over the
+//! other: the longer axis is batched, so a GPT-2 step (B=16, H=12) takes 12 launches of
+//! 16 products each. The full T x T products are computed (twice the causal FLOPs) and
+//! the row kernels zero what lies above the diagonal, so P, dS and the outputs match the
+//! causal definition.
+//!
+//! [`plan_forward`] and [`plan_backward`] list the steps; the CUDA launcher queues them
+//! and the tests here run them on the CPU against the definition.
+
+use crate::nn::{AttnShape, MatLayout};
+
+/// Which attention kernels a CUDA device runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AttentionKernels {
+    /// One warp per query or key row (`attention.cu`'s `attention_forward_f32`,
+    /// `attention_backward_dq_f32`, `attention_backward_dkv_f32`): bit for bit the CPU
+    /// twin's result.
+    #[default]
+    Rows,
+    /// cuBLAS strided batched products and two row kernels (this module's plans).
+    Products,
+}
+
+impl AttentionKernels {
+    /// The environment variable that picks the kernels when a CUDA device opens.
+    pub const ENV: &'static str = "ZERO_CUDA_ATTENTION";
+
+    /// Parse `rows` or `products`.
+    pub fn parse(s: &str) -> Option<AttentionKernels> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "rows" => Some(AttentionKernels::Rows),
+            "products" => Some(AttentionKernels::Products),
+            _ => None,
+        }
+    }
+
+    /// The choice of [`AttentionKernels::ENV`]: the default when it is unset or empty,
+    /// an error naming the variable when it holds anything but `rows` or `products`.
+    pub fn from_env() -> Result<AttentionKernels, crate::KernelError> {
+        let value = match std::env::var(Self::ENV) {
+            Ok(v) => v,
+            Err(std::env::VarError::NotPresent) => return Ok(Self::default()),
+            Err(std::env::VarError::NotUnicode(v)) => v.to_string_lossy().into_owned(),
+        };
+        if value.trim().is_empty() {
+            return Ok(Self::default());
+        }
+        Self::parse(&value).ok_or(crate::KernelError::BadEnv {
+            var: Self::ENV,
+            value,
+            expected:
+                "rows (one warp per row, the CPU twin's bits), products (cuBLAS batched products)",
+        })
+    }
+
+    /// The name [`AttentionKernels::parse`] reads.
+    pub fn name(self) -> &'static str {
+        match self {
+            AttentionKernels::Rows => "rows",
+            AttentionKernels::Products => "products",
+        }
+    }
+}
+
+/// The buffers a step reads or writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Buf {
+    /// `qkv` `[B, T, 3C]`.
+    Qkv,
+    /// `y` `[B, T, C]`.
+    Y,
+    /// `p` `[B, H, T, T]`.
+    P,
+    /// `dy` `[B, T, C]`.
+    Dy,
+    /// `dqkv` `[B, T, 3C]`.
+    Dqkv,
+    /// The backward's workspace: [`plan_backward`]'s `work_mats` T x T matrices.
+    Work,
+}
+
+/// `batch` matrices of one layout in a buffer: the first at `offset` elements, each next
+/// one `stride` elements further.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Operand {
+    /// The buffer.
+    pub buf: Buf,
+    /// Elements before the first matrix.
+    pub offset: usize,
+    /// One matrix.
+    pub layout: MatLayout,
+    /// Elements from one matrix to the next.
+    pub stride: usize,
+}
+
+impl Operand {
+    /// One past the last element the batch touches (0 for an empty matrix).
+    pub fn end(&self, batch: usize) -> usize {
+        let span = self.layout.span();
+        if span == 0 || batch == 0 {
+            0
+        } else {
+            self.offset + (batch - 1) * self.stride + span
+        }
+    }
+}
+
+/// `C_k = alpha A_k B_k` for k < `batch` (C overwritten).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Product {
+    /// The products' scale (the CUDA launcher rounds it to f32, as the rows kernels'
+    /// scale is).
+    pub alpha: f64,
+    /// How many products.
+    pub batch: usize,
+    /// A.
+    pub a: Operand,
+    /// B.
+    pub b: Operand,
+    /// C.
+    pub c: Operand,
+}
+
+/// One step of a plan, in queue order.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Step {
+    /// A batch of products.
+    Product(Product),
+    /// `attention_softmax_rows_f32` ([`super::attention::softmax_rows`]) on `mats`
+    /// consecutive T x T matrices of P from element `offset`.
+    Softmax {
+        /// Elements of P before the first matrix.
+        offset: usize,
+        /// Matrices.
+        mats: usize,
+    },
+    /// `attention_softmax_backward_rows_f32` ([`super::attention::softmax_backward_rows`]):
+    /// the first `mats` matrices of the workspace, with P's matrices from `p_offset`,
+    /// `p_stride` apart.
+    SoftmaxBackward {
+        /// Matrices.
+        mats: usize,
+        /// Elements of P before the first matrix.
+        p_offset: usize,
+        /// Elements from one of P's matrices to the next.
+        p_stride: usize,
+    },
+}
+
+/// The (b, h) pairs as an outer loop and a batched inner axis.
+#[derive(Clone, Copy, Debug)]
+struct Axes {
+    s: AttnShape,
+    /// The batched axis is the heads (else the sequences).
+    heads_inner: bool,
+}
+
+impl Axes {
+    fn new(s: AttnShape) -> Axes {
+        Axes {
+            s,
+            heads_inner: s.h >= s.b,
+        }
+    }
+    fn outer(&self) -> usize {
+        if self.heads_inner {
+            self.s.b
+        } else {
+            self.s.h
+        }
+    }
+    fn inner(&self) -> usize {
+        if self.heads_inner {
+            self.s.h
+        } else {
+            self.s.b
+        }
+    }
+    /// The pair of outer index `o` and inner index `i`.
+    fn pair(&self, o: usize, i: usize) -> (usize, usize) {
+        if self.heads_inner {
+            (o, i)
+        } else {
+            (i, o)
+        }
+    }
+    fn hs(&self) -> usize {
+        self.s.c / self.s.h
+    }
+    /// Head h's `[T, hs]` block of part `part` (0 q, 1 k, 2 v) of sequence b in a
+    /// `[B, T, 3C]` buffer, batched along the inner axis.
+    fn qkv(&self, buf: Buf, part: usize, (b, h): (usize, usize)) -> Operand {
+        let AttnShape { t, c, .. } = self.s;
+        Operand {
+            buf,
+            offset: b * t * 3 * c + part * c + h * self.hs(),
+            layout: MatLayout::rm(t, self.hs(), 3 * c),
+            stride: if self.heads_inner {
+                self.hs()
+            } else {
+                t * 3 * c
+            },
+        }
+    }
+    /// Head h's `[T, hs]` block of sequence b in a `[B, T, C]` buffer.
+    fn rows(&self, buf: Buf, (b, h): (usize, usize)) -> Operand {
+        let AttnShape { t, c, .. } = self.s;
+        Operand {
+            buf,
+            offset: b * t * c + h * self.hs(),
+            layout: MatLayout::rm(t, self.hs(), c),
+            stride: if self.heads_inner { self.hs() } else { t * c },
+        }
+    }
+    /// Pair (b, h)'s `[T, T]` matrix of P.
+    fn p(&self, (b, h): (usize, usize)) -> Operand {
+        let AttnShape { t, h: heads, .. } = self.s;
+        Operand {
+            buf: Buf::P,
+            offset: (b * heads + h) * t * t,
+            layout: MatLayout::rm(t, t, t),
+            stride: if self.heads_inner {
+                t * t
+            } else {
+                heads * t * t
+            },
+        }
+    }
+    /// The workspace's matrices from the first.
+    fn work(&self) -> Operand {
+        let t = self.s.t;
+        Operand {
+            buf: Buf::Work,
+            offset: 0,
+            layout: MatLayout::rm(t, t, t),
+            stride: t * t,
+        }
+    }
+}
+
+/// 1/sqrt(hs).
+fn scale(s: &AttnShape) -> f64 {
+    1.0 / ((s.c / s.h) as f64).sqrt()
+}
+
+fn product(alpha: f64, batch: usize, a: Operand, b: Operand, c: Operand) -> Step {
+    Step::Product(Product {
+        alpha,
+        batch,
+        a,
+        b,
+        c,
+    })
+}
+
+/// The forward's steps: `y` and `p` from `qkv`. Empty for an empty shape.
+///
+/// # Panics
+/// If H is 0 or does not divide C (the device's shape check comes first).
+pub fn plan_forward(s: AttnShape) -> Vec<Step> {
+    assert!(
+        s.h > 0 && s.c.is_multiple_of(s.h),
+        "attention: H must divide C: {s:?}"
+    );
+    if s.b == 0 || s.t == 0 || s.c == 0 {
+        return Vec::new();
+    }
+    let ax = Axes::new(s);
+    let n = ax.inner();
+    let mut steps = Vec::with_capacity(2 * ax.outer() + 1);
+    for o in 0..ax.outer() {
+        let first = ax.pair(o, 0);
+        let k = ax.qkv(Buf::Qkv, 1, first);
+        let kt = Operand {
+            layout: k.layout.t(),
+            ..k
+        };
+        steps.push(product(
+            scale(&s),
+            n,
+            ax.qkv(Buf::Qkv, 0, first),
+            kt,
+            ax.p(first),
+        ));
+    }
+    steps.push(Step::Softmax {
+        offset: 0,
+        mats: s.b * s.h,
+    });
+    for o in 0..ax.outer() {
+        let first = ax.pair(o, 0);
+        let v = ax.qkv(Buf::Qkv, 2, first);
+        steps.push(product(1.0, n, ax.p(first), v, ax.rows(Buf::Y, first)));
+    }
+    steps
+}
+
+/// How many T x T workspace matrices the backward uses with `budget_bytes` of f32
+/// workspace: as many pairs as one batch has, at least 1, at most what fits.
+pub fn work_mats(s: AttnShape, budget_bytes: usize) -> usize {
+    if s.h == 0 {
+        return 1;
+    }
+    let per = (s.t * s.t * std::mem::size_of::<f32>()).max(1);
+    (budget_bytes / per).clamp(1, Axes::new(s).inner().max(1))
+}
+
+/// The backward's steps: `dqkv` (written) from `dy`, `p`, `qkv`, with a workspace of
+/// `work_mats` T x T matrices (at least 1). Empty for an empty shape.
+///
+/// # Panics
+/// If H is 0 or does not divide C, or `work_mats` is 0.
+pub fn plan_backward(s: AttnShape, work_mats: usize) -> Vec<Step> {
+    assert!(
+        s.h > 0 && s.c.is_multiple_of(s.h),
+        "attention: H must divide C: {s:?}"
+    );
+    assert!(
+        work_mats > 0,
+        "attention: the backward needs a workspace matrix"
+    );
+    if s.b == 0 || s.t == 0 || s.c == 0 {
+        return Vec::new();
+    }
+    let ax = Axes::new(s);
+    let sc = scale(&s);
+    let mut steps = Vec::new();
+    for o in 0..ax.outer() {
+        for i0 in (0..ax.inner()).step_by(work_mats) {
+            let n = work_mats.min(ax.inner() - i0);
+            let first = ax.pair(o, i0);
+            let (q, k, v) = (
+                ax.qkv(Buf::Qkv, 0, first),
+                ax.qkv(Buf::Qkv, 1, first),
+                ax.qkv(Buf::Qkv, 2, first),
+            );
+            let (dq, dk, dv) = (
+                ax.qkv(Buf::Dqkv, 0, first),
+                ax.qkv(Buf::Dqkv, 1, first),
+                ax.qkv(Buf::Dqkv, 2, first),
+            );
+            let (dy, p, w) = (ax.rows(Buf::Dy, first), ax.p(first), ax.work());
+            let t = |x: Operand| Operand {
+                layout: x.layout.t(),
+                ..x
+            };
+            // W = dY V^T; dV = P^T dY (P is 0 above the diagonal: only i >= j add).
+            steps.push(product(1.0, n, dy, t(v), w));
+            steps.push(product(1.0, n, t(p), dy, dv));
+            steps.push(Step::SoftmaxBackward {
+                mats: n,
+                p_offset: p.offset,
+                p_stride: p.stride,
+            });
+            // dQ = dS K * scale; dK = dS^T Q * scale (dS is 0 above the diagonal).
+            steps.push(product(sc, n, w, k, dq));
+            steps.push(product(sc, n, t(w), q, dk));
+        }
+    }
+    steps
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nn::{self, Gemm, Scalar};
+    use crate::twin::attention::{softmax_backward_rows, softmax_rows};
+
+    /// The buffers of one attention call, by [`Buf`].
+    struct Bufs<F> {
+        qkv: Vec<F>,
+        y: Vec<F>,
+        p: Vec<F>,
+        dy: Vec<F>,
+        dqkv: Vec<F>,
+        work: Vec<F>,
+    }
+
+    impl<F: Scalar> Bufs<F> {
+        fn get(&mut self, b: Buf) -> &mut Vec<F> {
+            match b {
+                Buf::Qkv => &mut self.qkv,
+                Buf::Y => &mut self.y,
+                Buf::P => &mut self.p,
+                Buf::Dy => &mut self.dy,
+                Buf::Dqkv => &mut self.dqkv,
+                Buf::Work => &mut self.work,
+            }
+        }
+    }
+
+    /// Run a plan on the CPU: each product with our GEMM, each row step with its twin.
+    /// Every operand is checked to lie inside its buffer (as the CUDA launcher does).
+    fn run<F: Scalar>(steps: &[Step], bufs: &mut Bufs<F>, s: AttnShape) {
+        let g = Gemm::new(1);
+        for step in steps {
+            match *step {
+                Step::Product(pr) => {
+                    for x in [pr.a, pr.b, pr.c] {
+                        let len = bufs.get(x.buf).len();
+                        assert!(x.end(pr.batch) <= len, "{x:?} x{} past {len}", pr.batch);
+                    }
+                    assert!(pr.c.buf != pr.a.buf && pr.c.buf != pr.b.buf);
+                    let mut c = std::mem::take(bufs.get(pr.c.buf));
+                    for k in 0..pr.batch {
+                        let a = &bufs.get(pr.a.buf)[pr.a.offset + k * pr.a.stride..];
+                        let a = a.to_vec();
+                        let b = bufs.get(pr.b.buf)[pr.b.offset + k * pr.b.stride..].to_vec();
+                        g.run(
+                            F::from_f64(pr.alpha),
+                            &a,
+                            pr.a.layout,
+                            &b,
+                            pr.b.layout,
+                            F::ZERO,
+                            &mut c[pr.c.offset + k * pr.c.stride..],
+                            pr.c.layout,
+                        );
+                    }
+                    *bufs.get(pr.c.buf) = c;
+                }
+                Step::Softmax { offset, mats } => {
+                    softmax_rows(&mut bufs.p[offset..], mats, s.t);
+                }
+                Step::SoftmaxBackward {
+                    mats,
+                    p_offset,
+                    p_stride,
+                } => {
+                    let p = &bufs.p[p_offset..];
+                    softmax_backward_rows(&mut bufs.work, p, mats, p_stride, s.t);
+                }
+            }
+        }
+    }
+
+    fn vals(n: usize, seed: u64) -> Vec<f64> {
+        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|_| {
+                x = x
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                (x >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// Heads batched (B <= H) and sequences batched (B > H), one token, hs = 1, T past a
+    /// warp and past the CPU's 64-row band.
+    const SHAPES: [AttnShape; 6] = [
+        AttnShape {
+            b: 1,
+            t: 1,
+            c: 4,
+            h: 1,
+        },
+        AttnShape {
+            b: 2,
+            t: 5,
+            c: 6,
+            h: 3,
+        },
+        AttnShape {
+            b: 3,
+            t: 4,
+            c: 10,
+            h: 2,
+        },
+        AttnShape {
+            b: 5,
+            t: 33,
+            c: 3,
+            h: 3,
+        },
+        AttnShape {
+            b: 1,
+            t: 70,
+            c: 12,
+            h: 2,
+        },
+        AttnShape {
+            b: 4,
+            t: 37,
+            c: 8,
+            h: 2,
+        },
+    ];
+
+    fn max_diff(a: &[f64], b: &[f64]) -> f64 {
+        assert_eq!(a.len(), b.len());
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f64::max)
+    }
+
+    /// In f64, the plans give what the CPU kernels give (the definition; they are tested
+    /// against it in `nn::attention`), for every workspace size from 1 matrix to a whole
+    /// batch and a stale workspace and outputs (every element is written).
+    #[test]
+    fn plans_match_the_cpu_kernels_in_f64() {
+        for (n, s) in SHAPES.into_iter().enumerate() {
+            let AttnShape { b, t, c, h } = s;
+            let qkv = vals(b * t * 3 * c, n as u64);
+            let dy = vals(b * t * c, 100 + n as u64);
+            let g = Gemm::new(1);
+            let (mut y0, mut p0) = (vec![0.0; b * t * c], vec![0.0; b * h * t * t]);
+            nn::attention_forward(&g, &mut y0, &mut p0, &qkv, s);
+            let (mut dqkv0, mut dp0) = (vec![0.0; b * t * 3 * c], vec![0.0; t * t]);
+            nn::attention_backward(&g, &mut dqkv0, &mut dp0, &dy, &p0, &qkv, s);
+
+            let inner = if h >= b { h } else { b };
+            for mats in 1..=inner {
+                let mut bufs = Bufs {
+                    qkv: qkv.clone(),
+                    y: vec![f64::NAN; b * t * c],
+                    p: vec![f64::NAN; b * h * t * t],
+                    dy: dy.clone(),
+                    dqkv: vec![f64::NAN; b * t * 3 * c],
+                    work: vec![f64::NAN; mats * t * t],
+                };
+                run(&plan_forward(s), &mut bufs, s);
+                assert!(max_diff(&bufs.y, &y0) < 1e-13, "{s:?}: y");
+                assert!(max_diff(&bufs.p, &p0) < 1e-13, "{s:?}: p");
+                run(&plan_backward(s, mats), &mut bufs, s);
+                let d = max_diff(&bufs.dqkv, &dqkv0);
+                assert!(
+                    d < 1e-12,
+                    "{s:?}, {mats} workspace matrices: dqkv off by {d}"
+                );
+            }
+        }
+    }
+
+    /// In f32 the plans agree with the rows kernels' twin (which the GPU's rows kernels
+    /// equal bit for bit) to rounding: what gpu-check's tolerance for the products allows.
+    #[test]
+    fn plans_agree_with_the_rows_twin_in_f32() {
+        let s = AttnShape {
+            b: 2,
+            t: 70,
+            c: 64,
+            h: 4,
+        };
+        let AttnShape { b, t, c, h } = s;
+        let f32s = |v: Vec<f64>| v.into_iter().map(|x| x as f32).collect::<Vec<f32>>();
+        let qkv = f32s(vals(b * t * 3 * c, 7));
+        let dy = f32s(vals(b * t * c, 8));
+        let (mut y0, mut p0) = (vec![0.0f32; b * t * c], vec![0.0f32; b * h * t * t]);
+        crate::twin::attention::attention_forward(&mut y0, &mut p0, &qkv, s);
+        let (mut dqkv0, mut scratch) = (vec![0.0f32; b * t * 3 * c], vec![0.0f32; t * t]);
+        crate::twin::attention::attention_backward(&mut dqkv0, &mut scratch, &dy, &p0, &qkv, s);
+        let mut bufs = Bufs {
+            qkv,
+            y: vec![0.0; b * t * c],
+            p: vec![0.0; b * h * t * t],
+            dy,
+            dqkv: vec![0.0; b * t * 3 * c],
+            work: vec![0.0; 3 * t * t],
+        };
+        run(&plan_forward(s), &mut bufs, s);
+        run(&plan_backward(s, 3), &mut bufs, s);
+        let rel = |a: &[f32], w: &[f32]| {
+            let num: f64 = a.iter().zip(w).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+            let den: f64 = w.iter().map(|y| (*y as f64).powi(2)).sum();
+            (num / den.max(1e-300)).sqrt()
+        };
+        assert!(rel(&bufs.y, &y0) < 1e-6, "y: {}", rel(&bufs.y, &y0));
+        assert!(rel(&bufs.p, &p0) < 1e-6, "p: {}", rel(&bufs.p, &p0));
+        assert!(
+            rel(&bufs.dqkv, &dqkv0) < 1e-5,
+            "dqkv: {}",
+            rel(&bufs.dqkv, &dqkv0)
+        );
+    }
+
+    /// GPT-2 124M's shape batches the 16 sequences (12 launches), a single sequence the
+    /// heads; the workspace size follows the budget.
+    #[test]
+    fn batching_axis_and_workspace() {
+        let gpt2 = AttnShape {
+            b: 16,
+            t: 1024,
+            c: 768,
+            h: 12,
+        };
+        let products = |v: &[Step]| v.iter().filter(|s| matches!(s, Step::Product(_))).count();
+        let fwd = plan_forward(gpt2);
+        assert_eq!(products(&fwd), 24);
+        assert!(fwd.iter().all(|s| match s {
+            Step::Product(p) => p.batch == 16,
+            _ => true,
+        }));
+        assert_eq!(work_mats(gpt2, 64 << 20), 16);
+        assert_eq!(work_mats(gpt2, 4 << 20), 1);
+        assert_eq!(work_mats(gpt2, 0), 1);
+        assert_eq!(products(&plan_backward(gpt2, 16)), 12 * 4);
+        assert_eq!(products(&plan_backward(gpt2, 5)), 12 * 4 * 4);
+        let one = AttnShape { b: 1, ..gpt2 };
+        assert_eq!(products(&plan_forward(one)), 2);
+        let empty = AttnShape { t: 0, ..gpt2 };
+        assert!(plan_forward(empty).is_empty() && plan_backward(empty, 1).is_empty());
+    }
+
+    #[test]
+    fn kernels_parse() {
+        assert_eq!(
+            AttentionKernels::parse(" Products"),
+            Some(AttentionKernels::Products)
+        );
+        assert_eq!(
+            AttentionKernels::parse("rows"),
+            Some(AttentionKernels::Rows)
+        );
+        assert_eq!(AttentionKernels::parse("flash"), None);
+        assert_eq!(AttentionKernels::default().name(), "rows");
+    }
+}
