@@ -9,8 +9,9 @@
 //!   checks on the simulated GPU (`SimDevice::gpu_twin`) against the host, timings
 //!   labelled as not measurements.
 //!
-//! Exit status: 0 every check passed (or was skipped), 2 a check failed, 3 there is no
-//! GPU here (the reason is printed, starting `no GPU:`), 1 anything else went wrong.
+//! Exit status: 0 every check passed (or was skipped), 2 a correctness check failed, 3
+//! there is no GPU here (the reason is printed, starting `no GPU:`), 4 every correctness
+//! check passed but a performance goal was missed, 1 anything else went wrong.
 
 mod kernels;
 mod model;
@@ -23,19 +24,21 @@ mod train;
 
 use std::io::Write;
 use std::path::PathBuf;
-use zero_kernels::twin::attention_products::AttentionKernels;
 
 use anyhow::Context;
 use clap::{Args, Subcommand, ValueEnum};
 use zero_kernels::device::{HostDevice, SimDevice};
+use zero_kernels::twin::attention_products::AttentionKernels;
 
 use crate::device::{BenchDevice, Opener};
 use report::{Check, Kind, Report};
 
-/// Exit status when a check failed.
+/// Exit status when a correctness check failed.
 pub const EXIT_FAILED: i32 = 2;
 /// Exit status when there is no GPU to check.
 pub const EXIT_NO_GPU: i32 = 3;
+/// Exit status when only performance goals were missed (every correctness check passed).
+pub const EXIT_PERFORMANCE: i32 = 4;
 
 /// `gpu-check` subcommands.
 #[derive(Subcommand, Debug)]
@@ -396,9 +399,24 @@ fn all_checks<D: BenchDevice>(
         .collect();
     if !failed.is_empty() {
         println!("failed: {}", failed.join("; "));
-        return Ok(EXIT_FAILED);
     }
-    Ok(0)
+    let code = exit_status(&s);
+    if code == EXIT_PERFORMANCE {
+        println!("every correctness check passed; only performance goals were missed");
+    }
+    Ok(code)
+}
+
+/// 0 when nothing failed, [`EXIT_PERFORMANCE`] when only performance goals did, else
+/// [`EXIT_FAILED`].
+fn exit_status(s: &report::Summary) -> i32 {
+    if s.fail == 0 {
+        0
+    } else if s.fail == s.fail_performance {
+        EXIT_PERFORMANCE
+    } else {
+        EXIT_FAILED
+    }
 }
 
 /// The two-process NCCL checks where they can run: a CUDA device in a build with NCCL.
@@ -447,4 +465,24 @@ fn guarded(
         return report.add(c.skip(format!("out of time (budget {budget_s:.0} s)")));
     }
     f(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A missed performance goal alone is told apart from a correctness failure.
+    #[test]
+    fn exit_status_tells_performance_from_correctness() {
+        let summary = |fail, fail_performance| report::Summary {
+            ok: 3,
+            fail,
+            fail_performance,
+            skip: 1,
+        };
+        assert_eq!(exit_status(&summary(0, 0)), 0);
+        assert_eq!(exit_status(&summary(2, 2)), EXIT_PERFORMANCE);
+        assert_eq!(exit_status(&summary(3, 2)), EXIT_FAILED);
+        assert_eq!(exit_status(&summary(1, 0)), EXIT_FAILED);
+    }
 }
