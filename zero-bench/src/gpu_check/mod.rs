@@ -173,6 +173,17 @@ fn run_checks(a: &RunArgs) -> anyhow::Result<i32> {
             GROUPS.join(", ")
         );
     }
+    // Every group but attention-products checks the rows kernels, bit for bit against
+    // their twins: a choice of products in the environment would fail them (and the
+    // processes of nccl-2-procs would inherit it). Still single-threaded here.
+    if let Some(v) = std::env::var_os(AttentionKernels::ENV) {
+        println!(
+            "gpu-check: ignoring {}={}: the attention-products group checks that choice",
+            AttentionKernels::ENV,
+            v.to_string_lossy()
+        );
+        std::env::remove_var(AttentionKernels::ENV);
+    }
     let reference = train::Reference::load(&a.reference)?;
     match a.device {
         DeviceArg::Sim => {
@@ -309,47 +320,11 @@ fn all_checks<D: BenchDevice>(
         nccl_pair(a, reference, steps, sim, &mut report)?;
     }
 
-    // 6. Throughput, 124M and 350M; 7. attention as batched products (the kernels, the
-    // GPT-2 forward/backward and 124M's throughput), last, so that a fault there costs
-    // no other check.
-    let mut runs: Vec<(&str, Option<AttentionKernels>)> = Vec::new();
-    if a.wants("throughput") {
-        runs.push(("gpt2-124m", None));
-        runs.push(("gpt2-350m", None));
-    }
-    if a.wants(PRODUCTS_GROUP) {
-        let dut = open(0).context("opening the device under test")?;
-        // The heads batched (B <= H), then the sequences (B > H, as in training GPT-2).
-        let sequences = kernels::Shape {
-            b: shape.h + 4,
-            ..shape
-        };
-        let ops = &kernels::Op::PRODUCTS;
-        for s in [&shape, &sequences] {
-            let g = PRODUCTS_GROUP;
-            if sim {
-                let host = HostDevice::new();
-                let against = kernels::Against::Host;
-                kernels::check_ops(&dut, &host, against, s, g, ops, &mut report)?;
-            } else {
-                let twin = SimDevice::gpu_twin(0x7477);
-                let against = kernels::Against::Twin;
-                kernels::check_ops(&dut, &twin, against, s, g, ops, &mut report)?;
-            }
-        }
-        let products = Some(AttentionKernels::Products);
-        guarded(
-            &mut report,
-            a.budget_s,
-            PRODUCTS_GROUP,
-            gpt_case.preset,
-            |r| model::check(&dut, &gpt_case, products, r),
-        )?;
-        drop(dut);
-        runs.push(("gpt2-124m", products));
-    }
-    for (preset, attention) in runs {
-        let tp = if sim {
+    // 6. Throughput, 124M and 350M. 7. Attention as batched products (the kernels, the
+    // GPT-2 forward/backward and 124M's throughput) last, so that a fault there (a CUDA
+    // error sticks to the process's context) costs no other check.
+    let throughput = |preset: &'static str, attention: Option<AttentionKernels>| {
+        if sim {
             perf::Throughput {
                 preset,
                 run_preset: "small",
@@ -369,13 +344,43 @@ fn all_checks<D: BenchDevice>(
                 timed: 5,
                 attention,
             }
+        }
+    };
+    if a.wants("throughput") {
+        for preset in ["gpt2-124m", "gpt2-350m"] {
+            let tp = throughput(preset, None);
+            guarded(&mut report, a.budget_s, "throughput", preset, |r| {
+                perf::throughput(open, &tp, r)
+            })?;
+        }
+    }
+    if a.wants(PRODUCTS_GROUP) {
+        let dut = open(0).context("opening the device under test")?;
+        // The heads batched (B <= H), then the sequences (B > H, as in training GPT-2).
+        let sequences = kernels::Shape {
+            b: shape.h + 4,
+            ..shape
         };
-        let group = if attention.is_some() {
-            PRODUCTS_GROUP
-        } else {
-            "throughput"
-        };
-        guarded(&mut report, a.budget_s, group, preset, |r| {
+        let (ops, g) = (&kernels::Op::PRODUCTS, PRODUCTS_GROUP);
+        guarded(&mut report, a.budget_s, g, "attention kernels", |r| {
+            for s in [&shape, &sequences] {
+                if sim {
+                    let host = HostDevice::new();
+                    kernels::check_ops(&dut, &host, kernels::Against::Host, s, g, ops, r)?;
+                } else {
+                    let twin = SimDevice::gpu_twin(0x7477);
+                    kernels::check_ops(&dut, &twin, kernels::Against::Twin, s, g, ops, r)?;
+                }
+            }
+            Ok(())
+        })?;
+        let products = Some(AttentionKernels::Products);
+        guarded(&mut report, a.budget_s, g, gpt_case.preset, |r| {
+            model::check(&dut, &gpt_case, products, r)
+        })?;
+        drop(dut);
+        let tp = throughput("gpt2-124m", products);
+        guarded(&mut report, a.budget_s, g, tp.preset, |r| {
             perf::throughput(open, &tp, r)
         })?;
     }

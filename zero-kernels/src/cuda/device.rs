@@ -1159,9 +1159,11 @@ impl Device for CudaDevice {
             let steps = products::plan_backward(shape, mats);
             let run =
                 launch::attention::run_products(self, &stream.inner, op, &steps, &bufs, shape.t);
-            // The workspace goes back to the pool after what was queued, even on an error.
-            work.done()?;
-            return run;
+            // The workspace goes back to the pool after what was queued, even on an error
+            // (which is the one to report).
+            let done = work.done();
+            run?;
+            return done;
         }
         launch::attention::attention_backward(
             self,

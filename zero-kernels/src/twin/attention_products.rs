@@ -19,7 +19,9 @@
 //! other: the longer axis is batched, so a GPT-2 step (B=16, H=12) takes 12 launches of
 //! 16 products each. The full T x T products are computed (twice the causal FLOPs) and
 //! the row kernels zero what lies above the diagonal, so P, dS and the outputs match the
-//! causal definition.
+//! causal definition. The backward's dV = P^T dY reads P above the diagonal too: it
+//! relies on the zeros the forward wrote there (the Device contract: `p` as the forward
+//! left it), where the rows kernels never read them.
 //!
 //! [`plan_forward`] and [`plan_backward`] list the steps; the CUDA launcher queues them
 //! and the tests here run them on the CPU against the definition.
