@@ -89,14 +89,13 @@ fn alignment(ptr: CUdeviceptr) -> u32 {
     }
 }
 
-/// The alignment of every matrix of a batch: the first's address and the stride in
-/// bytes share it.
-fn batch_alignment(ptr: CUdeviceptr, batch: &Batch, operand: usize) -> u32 {
-    if batch.count <= 1 {
+/// The alignment of every matrix of a batch of `count` whose first starts at `ptr`, the
+/// next ones `stride` f32 elements apart: the address and the stride in bytes share it.
+fn batch_alignment(ptr: CUdeviceptr, count: usize, stride: usize) -> u32 {
+    if count <= 1 {
         return alignment(ptr);
     }
-    let stride_bytes = (batch.strides[operand] * std::mem::size_of::<f32>()) as u64;
-    alignment(ptr | stride_bytes)
+    alignment(ptr | (stride * std::mem::size_of::<f32>()) as u64)
 }
 
 /// The cached descriptors of one shape.
@@ -200,7 +199,6 @@ impl Blas {
                 batch.count
             ),
         })?;
-        let [sa, sb, sc] = batch.strides.map(|x| x as i64);
         let unsupported = |what: &str, l: &MatLayout| KernelError::BadShape {
             op: "matmul",
             detail: format!(
@@ -210,56 +208,35 @@ impl Blas {
         let ca = as_col_major(&la).ok_or_else(|| unsupported("A", &la))?;
         let cb = as_col_major(&lb).ok_or_else(|| unsupported("B", &lb))?;
         let cc = as_col_major(&lc).ok_or_else(|| unsupported("C", &lc))?;
+        // Each operand: address, column-major view, stride in the batch.
+        let ops_a = (a, ca, batch.strides[0]);
+        let ops_b = (b, cb, batch.strides[1]);
         // Column-major C (not transposed): C = op(A) op(B). Row-major C (its storage is
         // C^T): C^T = op(B^T) op(A^T), where a row-major operand's storage is already
         // the transpose and a column-major one needs the T op.
-        let (key, first, second) = if !cc.trans {
-            (
-                GemmKey {
-                    trans_a: ca.trans,
-                    trans_b: cb.trans,
-                    m: m as u64,
-                    n: n as u64,
-                    k: k as u64,
-                    lda: ca.ld as i64,
-                    ldb: cb.ld as i64,
-                    ldc: cc.ld as i64,
-                    precision,
-                    align: [
-                        batch_alignment(a, &batch, 0),
-                        batch_alignment(b, &batch, 1),
-                        batch_alignment(c, &batch, 2),
-                    ],
-                    batch: count as u64,
-                    strides: [sa, sb, sc],
-                },
-                a,
-                b,
-            )
+        let (first, second, flip, (rows, cols)) = if cc.trans {
+            (ops_b, ops_a, true, (n, m))
         } else {
-            (
-                GemmKey {
-                    trans_a: !cb.trans,
-                    trans_b: !ca.trans,
-                    m: n as u64,
-                    n: m as u64,
-                    k: k as u64,
-                    lda: cb.ld as i64,
-                    ldb: ca.ld as i64,
-                    ldc: cc.ld as i64,
-                    precision,
-                    align: [
-                        batch_alignment(b, &batch, 1),
-                        batch_alignment(a, &batch, 0),
-                        batch_alignment(c, &batch, 2),
-                    ],
-                    batch: count as u64,
-                    strides: [sb, sa, sc],
-                },
-                b,
-                a,
-            )
+            (ops_a, ops_b, false, (m, n))
         };
+        let one = |(ptr, _, stride): (CUdeviceptr, ColMajor, usize)| {
+            batch_alignment(ptr, batch.count, stride)
+        };
+        let key = GemmKey {
+            trans_a: first.1.trans != flip,
+            trans_b: second.1.trans != flip,
+            m: rows as u64,
+            n: cols as u64,
+            k: k as u64,
+            lda: first.1.ld as i64,
+            ldb: second.1.ld as i64,
+            ldc: cc.ld as i64,
+            precision,
+            align: [one(first), one(second), one((c, cc, batch.strides[2]))],
+            batch: count as u64,
+            strides: [first.2 as i64, second.2 as i64, batch.strides[2] as i64],
+        };
+        let (first, second) = (first.0, second.0);
         if k == 0 {
             // C = beta C: no model has an empty inner dimension, and cuBLAS versions
             // differ on it, so it is refused rather than special-cased.

@@ -253,12 +253,12 @@ pub fn attention_backward<F: Scalar>(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::nn::{self, Gemm};
 
     /// Deterministic values in [-amp, amp) (a 64-bit LCG).
-    fn vals(n: usize, seed: u64, amp: f64) -> Vec<f64> {
+    pub(crate) fn vals(n: usize, seed: u64, amp: f64) -> Vec<f64> {
         let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
         (0..n)
             .map(|_| {
@@ -276,7 +276,7 @@ mod tests {
 
     /// Odd shapes: one token, one head, hs = 1, hs not a multiple of 4 or 32, T past one
     /// warp and past the CPU's 64-row band, more (b, h) pairs than T (several groups).
-    const SHAPES: [AttnShape; 7] = [
+    pub(crate) const SHAPES: [AttnShape; 7] = [
         AttnShape {
             b: 1,
             t: 1,

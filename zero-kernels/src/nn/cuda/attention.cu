@@ -63,6 +63,24 @@ __device__ __forceinline__ float dot_rows(Tile& tile, const float* a, const floa
     return acc;
 }
 
+// Row i of P, in place, from the scaled scores prow[j <= i] and each lane's running max m
+// over its j = lane, lane+32, ..: m folded by the butterfly, e_j = exp(s_j - m) summed per
+// lane and folded, p_ij = e_j * (1/sum) for j <= i, 0 above the diagonal (the twin's
+// normalise_row). Lane l reads and writes only its own j, so the caller needs no warp
+// synchronisation before; every lane of the warp must call it.
+__device__ __forceinline__ void softmax_row(float* prow, u32 i, u32 T, float m, u32 lane) {
+    m = warp_max(m);
+    float sum = 0.0f;
+    for (u32 j = lane; j <= i; j += 32) {
+        float e = exp_f32(__fsub_rn(prow[j], m));
+        prow[j] = e;
+        sum = __fadd_rn(sum, e);
+    }
+    sum = warp_sum(sum);
+    float inv = __fdiv_rn(1.0f, sum);
+    for (u32 j = lane; j < T; j += 32) prow[j] = j <= i ? __fmul_rn(prow[j], inv) : 0.0f;
+}
+
 extern "C" __global__ void attention_forward_f32(float* y, float* p, const float* qkv, u32 B, u32 T, u32 C, u32 H, float scale) {
     u32 lane = threadIdx.x % 32;
     u64 row = (u64)blockIdx.x * WARPS + threadIdx.x / 32;  // (b*H + h)*T + i
@@ -90,16 +108,7 @@ extern "C" __global__ void attention_forward_f32(float* y, float* p, const float
             if (s > m) m = s;
         }
     }
-    m = warp_max(m);
-    float sum = 0.0f;
-    for (u32 j = lane; j <= i; j += 32) {
-        float e = exp_f32(__fsub_rn(prow[j], m));
-        prow[j] = e;
-        sum = __fadd_rn(sum, e);
-    }
-    sum = warp_sum(sum);
-    float inv = __fdiv_rn(1.0f, sum);
-    for (u32 j = lane; j < T; j += 32) prow[j] = j <= i ? __fmul_rn(prow[j], inv) : 0.0f;
+    softmax_row(prow, i, T, m, lane);
     __syncwarp();  // every lane's p_ij visible to the whole warp
 
     float* yrow = y + (b * T + i) * C + (u64)h * hs;
@@ -241,17 +250,7 @@ extern "C" __global__ void attention_softmax_rows_f32(float* p, u32 mats, u32 T)
         float s = prow[j];
         if (s > m) m = s;
     }
-    m = warp_max(m);
-    float sum = 0.0f;
-    for (u32 j = lane; j <= i; j += 32) {
-        float e = exp_f32(__fsub_rn(prow[j], m));
-        prow[j] = e;
-        sum = __fadd_rn(sum, e);
-    }
-    sum = warp_sum(sum);
-    float inv = __fdiv_rn(1.0f, sum);
-    // Lane l rewrites only the j = l, l+32, .. it wrote above: no warp synchronisation.
-    for (u32 j = lane; j < T; j += 32) prow[j] = j <= i ? __fmul_rn(prow[j], inv) : 0.0f;
+    softmax_row(prow, i, T, m, lane);
 }
 
 // `ds` holds `mats` consecutive T x T matrices of dP = dY V^T; row i becomes
