@@ -18,9 +18,8 @@ use zero_kernels::device::{
     AdamWStep, AdamWViews, AttnShape, Buffer, Device, LayerNormGrads, LayerNormOut, LayerNormSaved,
     MatLayout, MatMul, RopeShape,
 };
-use zero_kernels::{Element, Float};
-
 use zero_kernels::twin::attention_products::AttentionKernels;
+use zero_kernels::{Element, Float};
 
 use super::report::{Check, Kind, Report};
 use super::stats::{diff, Rng};

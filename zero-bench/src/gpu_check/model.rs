@@ -10,11 +10,11 @@
 //! gradient within 5e-2.
 
 use std::time::Instant;
-use zero_kernels::twin::attention_products::AttentionKernels;
 
 use anyhow::Context;
 use zero_core::model::Compute;
 use zero_kernels::device::{Buffer, Device, HostDevice};
+use zero_kernels::twin::attention_products::AttentionKernels;
 use zero_models::LayeredLm;
 use zero_models::{Gpt, Llama, ModelPreset, TokenBatch};
 
@@ -137,11 +137,13 @@ pub fn check<D: BenchDevice>(
     let started = Instant::now();
     let tag = format!("{} B{} T{}", case.preset, case.rows, case.seq_len);
     let preset = ModelPreset::lookup(case.preset)?;
-    let (group, vocab) = match (&preset, attention) {
-        (ModelPreset::Gpt(c), None) => ("gpt-fwd-bwd", c.vocab_size),
-        (ModelPreset::Llama(c), None) => ("llama-fwd-bwd", c.vocab_size),
-        (ModelPreset::Gpt(c), Some(_)) => (super::PRODUCTS_GROUP, c.vocab_size),
-        (ModelPreset::Llama(c), Some(_)) => (super::PRODUCTS_GROUP, c.vocab_size),
+    let (family_group, vocab) = match &preset {
+        ModelPreset::Gpt(c) => ("gpt-fwd-bwd", c.vocab_size),
+        ModelPreset::Llama(c) => ("llama-fwd-bwd", c.vocab_size),
+    };
+    let group = match attention {
+        Some(_) => super::PRODUCTS_GROUP,
+        None => family_group,
     };
     // Other attention kernels where the device has them, else a skip per line.
     if let Some(k) = attention {
