@@ -89,7 +89,7 @@ pub trait BenchDevice: Device {
         Ok(Vec::new())
     }
     /// Run these attention kernels from now on; the previous choice, or `None` where the
-    /// device has one kind only (the CPU devices).
+    /// device has one kind only (the host, a simulated device that is not a GPU).
     fn set_attention_kernels(&self, _k: AttentionKernels) -> Option<AttentionKernels> {
         None
     }
@@ -98,6 +98,9 @@ pub trait BenchDevice: Device {
 impl BenchDevice for SimDevice {
     fn simulated(&self) -> bool {
         true
+    }
+    fn set_attention_kernels(&self, k: AttentionKernels) -> Option<AttentionKernels> {
+        SimDevice::set_attention_kernels(self, k)
     }
 }
 

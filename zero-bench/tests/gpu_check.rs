@@ -83,10 +83,12 @@ fn dry_run_passes_and_reports_every_check() {
         let n = checks.iter().filter(|l| l.contains(group)).count();
         assert!(n >= at_least, "{n} {group} lines\n{stdout}");
     }
-    // The simulated GPU runs the rows kernels' twins only: the products' lines say so.
+    // The simulated GPU runs the plan of batched products too (the host GEMM in cuBLAS's
+    // place): every correctness line of the group passes; its throughput is no measurement.
     for l in checks.iter().filter(|l| l.contains("attention-products")) {
+        let timing = l.contains("tokens/s");
         assert!(
-            l.starts_with("skip") && l.contains("one kind of attention"),
+            (l.starts_with("ok") && !timing) || (timing && l.contains("not a measurement")),
             "{l}"
         );
     }

@@ -182,6 +182,8 @@ pub struct TrainArgs {
     /// tensor cores, and the memory guard budgets the GPU's free memory); `sim-gpu` (a
     /// test tool: the simulated GPU runs the CUDA kernels' CPU twins with CUDA's stream
     /// rules checked, on any number of ranks; slow, and its timings measure nothing).
+    /// On both GPU devices ZERO_CUDA_ATTENTION=products runs attention as batched matrix
+    /// products (cuBLAS on a GPU) instead of the default one-warp-per-row kernels.
     #[arg(long, default_value = "host", value_name = "DEVICE")]
     pub device: crate::device::DeviceChoice,
 

@@ -40,6 +40,7 @@ use crate::world::{self, WorldComm};
 use anyhow::{anyhow, Context};
 use zero_comm::Communicator;
 use zero_kernels::device::{HostDevice, SimDevice};
+use zero_kernels::twin::attention_products::AttentionKernels;
 
 pub use args::TrainArgs;
 pub(crate) use args::{parse_threads, ThreadsSetting};
@@ -168,6 +169,9 @@ fn run_on(args: &TrainArgs, comm: Option<&WorldComm>) -> Result<(), Failure> {
         }
         DeviceChoice::SimGpu => {
             let dev = SimDevice::gpu_twin(SIM_GPU_SEED + rank as u64);
+            // The CUDA device's choice of attention kernels, simulated.
+            let attention = AttentionKernels::from_env().map_err(|e| same(anyhow!(e)))?;
+            dev.set_attention_kernels(attention);
             dev.set_overlap(!args.no_overlap);
             with_backend(args, loaded, comm, backend, &dev)
         }

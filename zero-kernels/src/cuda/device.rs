@@ -1145,7 +1145,7 @@ impl Device for CudaDevice {
         )?;
         if self.attention.get() == AttentionKernels::Products {
             let op = "attention_backward";
-            let mats = products::work_mats(shape, launch::attention::PRODUCTS_WORK_BYTES);
+            let mats = products::work_mats(shape, products::WORK_BYTES);
             let work =
                 self.scratch::<f32>(stream, mats * shape.t * shape.t, "attention workspace")?;
             let bufs = launch::attention::PlanBufs {

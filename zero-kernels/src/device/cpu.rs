@@ -29,6 +29,7 @@ use crate::par::{channels_per_part, rows_per_part, zip_parts};
 use crate::quant;
 use crate::simd::run_auto;
 use crate::twin;
+use crate::twin::attention_products::{self as products, AttentionKernels, Buf, HostBufs};
 
 use super::check::{self, ids_below as check_ids, rows_of, same_len};
 use crate::{cast, gradstats};
@@ -283,6 +284,11 @@ pub trait CpuQueue {
     fn set_bf16_products(&self, on: bool) -> bool {
         let _ = on;
         false
+    }
+    /// The simulated GPU's attention kernels (the rows kernels' twins, or the plan of
+    /// batched products); only a queue in [`CpuQueue::gpu_order`] has a choice.
+    fn attention_kernels(&self) -> AttentionKernels {
+        AttentionKernels::Rows
     }
     /// Queue (or run) `op` on `stream`.
     fn submit(&self, stream: &CpuStream, op: CpuOp) -> Result<()>;
@@ -1014,9 +1020,20 @@ impl<Q: CpuQueue> Device for Q {
         let mut op = OpBuilder::new("attention_forward");
         let (qkv, y, p) = (op.r(&qkv), op.w(&y), op.w(&p));
         let gpu = self.gpu_order();
+        let products = gpu && self.attention_kernels() == AttentionKernels::Products;
         self.submit(
             stream,
             op.finish(move || {
+                if products {
+                    // SAFETY: see the module documentation.
+                    let (y, p, qkv) = unsafe { (y.get(), p.get(), qkv.get()) };
+                    let mut bufs = HostBufs::default()
+                        .read(Buf::Qkv, qkv)
+                        .write(Buf::Y, y)
+                        .write(Buf::P, p);
+                    let steps = products::plan_forward(shape);
+                    return products::run_on_host(&gemm, &steps, shape.t, &mut bufs);
+                }
                 // SAFETY: see the module documentation.
                 unsafe {
                     if gpu {
@@ -1062,12 +1079,26 @@ impl<Q: CpuQueue> Device for Q {
         let (dy, p, qkv) = (op.r(&dy), op.r(&p), op.r(&qkv));
         let (dqkv, scratch) = (op.w(&dqkv), op.w(&scratch));
         let gpu = self.gpu_order();
+        let products = gpu && self.attention_kernels() == AttentionKernels::Products;
         self.submit(
             stream,
             op.finish(move || {
                 // SAFETY: see the module documentation.
                 let (dqkv, scratch) = unsafe { (dqkv.get(), scratch.get()) };
                 let (dy, p, qkv) = unsafe { (dy.get(), p.get(), qkv.get()) };
+                if products {
+                    // The CUDA device's workspace, here a vector of its size.
+                    let mats = products::work_mats(shape, products::WORK_BYTES);
+                    let mut work = vec![F::ZERO; mats * shape.t * shape.t];
+                    let mut bufs = HostBufs::default()
+                        .read(Buf::Qkv, qkv)
+                        .read(Buf::P, p)
+                        .read(Buf::Dy, dy)
+                        .write(Buf::Dqkv, dqkv)
+                        .write(Buf::Work, &mut work);
+                    let steps = products::plan_backward(shape, mats);
+                    return products::run_on_host(&gemm, &steps, shape.t, &mut bufs);
+                }
                 if gpu {
                     twin::attention::attention_backward(dqkv, scratch, dy, p, qkv, shape)
                 } else {

@@ -44,6 +44,7 @@ use super::{Access, HostWork, OverlapStats, Result, Retained};
 use crate::error::KernelError;
 use crate::isa::Exec;
 use crate::nn::Gemm;
+use crate::twin::attention_products::AttentionKernels;
 
 /// The host's index in a vector clock; stream i is agent i + 1.
 const HOST: usize = 0;
@@ -195,6 +196,8 @@ pub struct SimDevice {
     /// f32 products with bf16 operands ([`super::Device::set_bf16_products`]): the host
     /// GEMM's bf16 mode, standing in for a GPU's tensor cores.
     bf16_products: Cell<bool>,
+    /// The simulated GPU's attention kernels ([`SimDevice::set_attention_kernels`]).
+    attention: Cell<AttentionKernels>,
     state: RefCell<State>,
     /// Leave started host work running ([`SimDevice::set_overlap`]).
     overlap: Cell<bool>,
@@ -230,6 +233,14 @@ impl SimDevice {
         dev
     }
 
+    /// On a simulated GPU ([`SimDevice::gpu_twin`]), run attention as the CUDA device
+    /// does with `k` ([`AttentionKernels::Products`]: the plan of batched products on the
+    /// host GEMM and the row kernels' twins); the previous choice, or `None` (nothing
+    /// changed) on a device that is not a simulated GPU.
+    pub fn set_attention_kernels(&self, k: AttentionKernels) -> Option<AttentionKernels> {
+        self.gpu_order.then(|| self.attention.replace(k))
+    }
+
     /// As [`SimDevice::new`], the kernels as `exec` says, GEMMs on `gemm_threads` threads.
     pub fn with_exec(seed: u64, exec: Exec, gemm_threads: usize) -> Self {
         SimDevice {
@@ -239,6 +250,7 @@ impl SimDevice {
             seed,
             gpu_order: false,
             bf16_products: Cell::new(false),
+            attention: Cell::new(AttentionKernels::Rows),
             state: RefCell::new(State {
                 rng: seed ^ 0x5DEE_CE66_D1CE_4E5B,
                 streams: Vec::new(),
@@ -581,8 +593,12 @@ impl CpuQueue for SimDevice {
     }
     fn describe_queue(&self) -> String {
         if self.gpu_order {
+            let attention = match self.attention.get() {
+                AttentionKernels::Rows => "",
+                AttentionKernels::Products => ", attention as batched products",
+            };
             format!(
-                "simulated GPU (seed {}, CUDA kernels' CPU twins)",
+                "simulated GPU (seed {}, CUDA kernels' CPU twins{attention})",
                 self.seed
             )
         } else {
@@ -598,6 +614,9 @@ impl CpuQueue for SimDevice {
     fn set_bf16_products(&self, on: bool) -> bool {
         self.bf16_products.set(on);
         true
+    }
+    fn attention_kernels(&self) -> AttentionKernels {
+        self.attention.get()
     }
 
     fn new_stream(&self, name: &str) -> Result<CpuStream> {

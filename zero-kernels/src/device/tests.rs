@@ -1118,3 +1118,40 @@ fn threads_split_row_sums_by_channels_without_changing_a_bit() {
         }
     }
 }
+
+/// The simulated GPU's attention as batched products (the CUDA device's plan on the host
+/// GEMM) agrees with the rows kernels' twins to rounding, through the Device trait with
+/// more sequences than heads (sequences batched); every other op keeps its bits. A
+/// simulated device that is not a GPU has no such choice.
+#[test]
+fn simulated_gpu_attention_as_products_agrees_with_the_rows_twins() {
+    use crate::twin::attention_products::AttentionKernels;
+    let rows = model_ops(&SimDevice::gpu_twin(3)).expect("rows kernels");
+    let dev = SimDevice::gpu_twin(3);
+    let before = dev.set_attention_kernels(AttentionKernels::Products);
+    assert_eq!(before, Some(AttentionKernels::Rows));
+    assert!(dev.describe().contains("batched products"));
+    let products = model_ops(&dev).expect("batched products");
+    // model_ops' outputs: ln, mean, rstd, gelu, dgelu, y, p, dqkv, logits, losses, probs.
+    let attention = [5, 6, 7];
+    for (i, (a, b)) in rows.iter().zip(&products).enumerate() {
+        if attention.contains(&i) {
+            let scale = a.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-30);
+            let worst = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+            assert!(
+                worst / scale < 1e-5,
+                "output {i}: max|d|/max|ref| {}",
+                worst / scale
+            );
+        } else {
+            assert!(
+                a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                "output {i} changed"
+            );
+        }
+    }
+    assert_eq!(
+        SimDevice::new(1).set_attention_kernels(AttentionKernels::Products),
+        None
+    );
+}

@@ -26,7 +26,9 @@
 //! [`plan_forward`] and [`plan_backward`] list the steps; the CUDA launcher queues them
 //! and the tests here run them on the CPU against the definition.
 
-use crate::nn::{AttnShape, MatLayout};
+use super::attention::{softmax_backward_rows, softmax_rows};
+use crate::error::KernelError;
+use crate::nn::{AttnShape, Gemm, MatLayout, Scalar};
 
 /// Which attention kernels a CUDA device runs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -379,14 +381,174 @@ pub fn plan_backward(s: AttnShape, work_mats: usize) -> Vec<Step> {
     steps
 }
 
+/// The workspace the backward may take with [`work_mats`]: f32 T x T matrices, as many as
+/// fit in this many bytes, at least one (a GPT-2 step, T = 1024 with 16 sequences
+/// batched, takes 64 MiB).
+pub const WORK_BYTES: usize = 256 << 20;
+
+/// A buffer of a host run: read only, or the one some step writes.
+enum Slot<'a, F> {
+    Read(&'a [F]),
+    Write(&'a mut [F]),
+}
+
+/// The buffers of a plan's run on the host ([`run_on_host`]), by [`Buf`].
+pub struct HostBufs<'a, F> {
+    slots: [Option<Slot<'a, F>>; 6],
+}
+
+fn slot(b: Buf) -> usize {
+    match b {
+        Buf::Qkv => 0,
+        Buf::Y => 1,
+        Buf::P => 2,
+        Buf::Dy => 3,
+        Buf::Dqkv => 4,
+        Buf::Work => 5,
+    }
+}
+
+impl<'a, F> Default for HostBufs<'a, F> {
+    fn default() -> Self {
+        HostBufs {
+            slots: [None, None, None, None, None, None],
+        }
+    }
+}
+
+impl<'a, F> HostBufs<'a, F> {
+    /// `buf` is `data`, read only.
+    pub fn read(mut self, buf: Buf, data: &'a [F]) -> Self {
+        self.slots[slot(buf)] = Some(Slot::Read(data));
+        self
+    }
+
+    /// `buf` is `data`, which steps may write.
+    pub fn write(mut self, buf: Buf, data: &'a mut [F]) -> Self {
+        self.slots[slot(buf)] = Some(Slot::Write(data));
+        self
+    }
+
+    fn input(&self, b: Buf) -> Result<&[F], KernelError> {
+        match &self.slots[slot(b)] {
+            Some(Slot::Read(d)) => Ok(d),
+            Some(Slot::Write(d)) => Ok(d),
+            None => Err(missing(b)),
+        }
+    }
+
+    /// Take the written buffer `b` out (put it back with [`HostBufs::put`]).
+    fn take(&mut self, b: Buf) -> Result<&'a mut [F], KernelError> {
+        match self.slots[slot(b)].take() {
+            Some(Slot::Write(d)) => Ok(d),
+            other => {
+                self.slots[slot(b)] = other;
+                Err(KernelError::BadShape {
+                    op: "attention",
+                    detail: format!("the plan writes {b:?}, which this call only reads"),
+                })
+            }
+        }
+    }
+
+    fn put(&mut self, b: Buf, d: &'a mut [F]) {
+        self.slots[slot(b)] = Some(Slot::Write(d));
+    }
+}
+
+fn missing(b: Buf) -> KernelError {
+    KernelError::BadShape {
+        op: "attention",
+        detail: format!("the plan names {b:?}, which this call has not"),
+    }
+}
+
+fn reaches(b: Buf, end: usize, len: usize) -> Result<(), KernelError> {
+    if end > len {
+        return Err(KernelError::BadShape {
+            op: "attention",
+            detail: format!("{b:?}: the plan reaches element {end} of {len}"),
+        });
+    }
+    Ok(())
+}
+
+/// Run a plan on the host (the simulated GPU's attention of batched products, and the
+/// tests): each product with `g` (the host GEMM standing in for cuBLAS), each row step
+/// with its kernel's twin ([`super::attention::softmax_rows`],
+/// [`super::attention::softmax_backward_rows`]). Every operand is checked to lie inside
+/// its buffer, as the CUDA launcher does.
+pub fn run_on_host<F: Scalar>(
+    g: &Gemm,
+    steps: &[Step],
+    t: usize,
+    bufs: &mut HostBufs<'_, F>,
+) -> Result<(), KernelError> {
+    for step in steps {
+        match *step {
+            Step::Product(pr) => {
+                let c = bufs.take(pr.c.buf)?;
+                let ran: Result<(), KernelError> = (|| {
+                    let (a, b) = (bufs.input(pr.a.buf)?, bufs.input(pr.b.buf)?);
+                    reaches(pr.a.buf, pr.a.end(pr.batch), a.len())?;
+                    reaches(pr.b.buf, pr.b.end(pr.batch), b.len())?;
+                    reaches(pr.c.buf, pr.c.end(pr.batch), c.len())?;
+                    for k in 0..pr.batch {
+                        g.run(
+                            F::from_f64(pr.alpha),
+                            &a[pr.a.offset + k * pr.a.stride..],
+                            pr.a.layout,
+                            &b[pr.b.offset + k * pr.b.stride..],
+                            pr.b.layout,
+                            F::ZERO,
+                            &mut c[pr.c.offset + k * pr.c.stride..],
+                            pr.c.layout,
+                        );
+                    }
+                    Ok(())
+                })();
+                bufs.put(pr.c.buf, c);
+                ran?;
+            }
+            Step::Softmax { offset, mats } => {
+                let p = bufs.take(Buf::P)?;
+                let ran = reaches(Buf::P, offset + mats * t * t, p.len());
+                if ran.is_ok() {
+                    softmax_rows(&mut p[offset..], mats, t);
+                }
+                bufs.put(Buf::P, p);
+                ran?;
+            }
+            Step::SoftmaxBackward {
+                mats,
+                p_offset,
+                p_stride,
+            } => {
+                let work = bufs.take(Buf::Work)?;
+                let ran: Result<(), KernelError> = (|| {
+                    let p = bufs.input(Buf::P)?;
+                    reaches(Buf::Work, mats * t * t, work.len())?;
+                    if mats > 0 {
+                        reaches(Buf::P, p_offset + (mats - 1) * p_stride + t * t, p.len())?;
+                        softmax_backward_rows(work, &p[p_offset..], mats, p_stride, t);
+                    }
+                    Ok(())
+                })();
+                bufs.put(Buf::Work, work);
+                ran?;
+            }
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::nn::{self, Gemm, Scalar};
+    use crate::nn;
     use crate::twin::attention::tests::{vals, SHAPES};
-    use crate::twin::attention::{softmax_backward_rows, softmax_rows};
 
-    /// The buffers of one attention call, by [`Buf`].
+    /// The buffers of one attention call.
     struct Bufs<F> {
         qkv: Vec<F>,
         y: Vec<F>,
@@ -396,62 +558,54 @@ mod tests {
         work: Vec<F>,
     }
 
-    impl<F: Scalar> Bufs<F> {
-        fn get(&mut self, b: Buf) -> &mut Vec<F> {
-            match b {
-                Buf::Qkv => &mut self.qkv,
-                Buf::Y => &mut self.y,
-                Buf::P => &mut self.p,
-                Buf::Dy => &mut self.dy,
-                Buf::Dqkv => &mut self.dqkv,
-                Buf::Work => &mut self.work,
-            }
-        }
+    fn forward<F: Scalar>(bufs: &mut Bufs<F>, s: AttnShape) {
+        let mut host = HostBufs::default()
+            .read(Buf::Qkv, &bufs.qkv)
+            .write(Buf::Y, &mut bufs.y)
+            .write(Buf::P, &mut bufs.p);
+        run_on_host(&Gemm::new(1), &plan_forward(s), s.t, &mut host).unwrap();
     }
 
-    /// Run a plan on the CPU: each product with our GEMM, each row step with its twin.
-    /// Every operand is checked to lie inside its buffer (as the CUDA launcher does).
-    fn run<F: Scalar>(steps: &[Step], bufs: &mut Bufs<F>, s: AttnShape) {
+    fn backward<F: Scalar>(bufs: &mut Bufs<F>, s: AttnShape, mats: usize) {
+        let mut host = HostBufs::default()
+            .read(Buf::Qkv, &bufs.qkv)
+            .read(Buf::P, &bufs.p)
+            .read(Buf::Dy, &bufs.dy)
+            .write(Buf::Dqkv, &mut bufs.dqkv)
+            .write(Buf::Work, &mut bufs.work);
+        run_on_host(&Gemm::new(1), &plan_backward(s, mats), s.t, &mut host).unwrap();
+    }
+
+    /// The runner refuses a plan that names a buffer the call has not, writes one it
+    /// only reads, or reaches past one, with an error rather than a panic.
+    #[test]
+    fn host_runner_checks_the_buffers() {
+        let s = AttnShape {
+            b: 2,
+            t: 4,
+            c: 4,
+            h: 2,
+        };
+        let (qkv, mut y, mut p) = (vec![0f32; 2 * 4 * 12], vec![0f32; 32], vec![0f32; 64]);
         let g = Gemm::new(1);
-        for step in steps {
-            match *step {
-                Step::Product(pr) => {
-                    for x in [pr.a, pr.b, pr.c] {
-                        let len = bufs.get(x.buf).len();
-                        assert!(x.end(pr.batch) <= len, "{x:?} x{} past {len}", pr.batch);
-                    }
-                    assert!(pr.c.buf != pr.a.buf && pr.c.buf != pr.b.buf);
-                    let mut c = std::mem::take(bufs.get(pr.c.buf));
-                    for k in 0..pr.batch {
-                        let a = &bufs.get(pr.a.buf)[pr.a.offset + k * pr.a.stride..];
-                        let a = a.to_vec();
-                        let b = bufs.get(pr.b.buf)[pr.b.offset + k * pr.b.stride..].to_vec();
-                        g.run(
-                            F::from_f64(pr.alpha),
-                            &a,
-                            pr.a.layout,
-                            &b,
-                            pr.b.layout,
-                            F::ZERO,
-                            &mut c[pr.c.offset + k * pr.c.stride..],
-                            pr.c.layout,
-                        );
-                    }
-                    *bufs.get(pr.c.buf) = c;
-                }
-                Step::Softmax { offset, mats } => {
-                    softmax_rows(&mut bufs.p[offset..], mats, s.t);
-                }
-                Step::SoftmaxBackward {
-                    mats,
-                    p_offset,
-                    p_stride,
-                } => {
-                    let p = &bufs.p[p_offset..];
-                    softmax_backward_rows(&mut bufs.work, p, mats, p_stride, s.t);
-                }
-            }
-        }
+        let mut no_y = HostBufs::default()
+            .read(Buf::Qkv, &qkv)
+            .write(Buf::P, &mut p);
+        let e = run_on_host(&g, &plan_forward(s), s.t, &mut no_y).unwrap_err();
+        assert!(e.to_string().contains("Y"), "{e}");
+        let mut short = vec![0f32; 63];
+        let mut short_p = HostBufs::default()
+            .read(Buf::Qkv, &qkv)
+            .write(Buf::Y, &mut y)
+            .write(Buf::P, &mut short);
+        let e = run_on_host(&g, &plan_forward(s), s.t, &mut short_p).unwrap_err();
+        assert!(e.to_string().contains("reaches element 64 of 63"), "{e}");
+        let mut read_only = HostBufs::default()
+            .read(Buf::Qkv, &qkv)
+            .write(Buf::Y, &mut y)
+            .read(Buf::P, &p);
+        let e = run_on_host(&g, &plan_forward(s), s.t, &mut read_only).unwrap_err();
+        assert!(e.to_string().contains("only reads"), "{e}");
     }
 
     /// Besides the twin's odd shapes: sequences batched (B > H) past a warp, and with
@@ -504,10 +658,10 @@ mod tests {
                     dqkv: vec![f64::NAN; b * t * 3 * c],
                     work: vec![f64::NAN; mats * t * t],
                 };
-                run(&plan_forward(s), &mut bufs, s);
+                forward(&mut bufs, s);
                 assert!(max_diff(&bufs.y, &y0) < 1e-13, "{s:?}: y");
                 assert!(max_diff(&bufs.p, &p0) < 1e-13, "{s:?}: p");
-                run(&plan_backward(s, mats), &mut bufs, s);
+                backward(&mut bufs, s, mats);
                 let d = max_diff(&bufs.dqkv, &dqkv0);
                 assert!(
                     d < 1e-12,
@@ -543,8 +697,8 @@ mod tests {
             dqkv: vec![0.0; b * t * 3 * c],
             work: vec![0.0; 3 * t * t],
         };
-        run(&plan_forward(s), &mut bufs, s);
-        run(&plan_backward(s, 3), &mut bufs, s);
+        forward(&mut bufs, s);
+        backward(&mut bufs, s, 3);
         let rel = |a: &[f32], w: &[f32]| {
             let num: f64 = a.iter().zip(w).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
             let den: f64 = w.iter().map(|y| (*y as f64).powi(2)).sum();

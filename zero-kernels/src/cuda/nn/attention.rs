@@ -144,10 +144,6 @@ pub(crate) fn attention_backward(
     Ok(())
 }
 
-/// Workspace the products' backward may take (f32 T x T matrices, as many as fit, at
-/// least one): a GPT-2 step (T = 1024, 16 sequences batched) takes 64 MiB.
-pub(crate) const PRODUCTS_WORK_BYTES: usize = 256 << 20;
-
 /// The device address and length (f32 elements) of each buffer a plan may name, by
 /// [`Buf`] (`None`: not part of this call).
 #[derive(Default)]
