@@ -1087,9 +1087,17 @@ impl<Q: CpuQueue> Device for Q {
                 let (dqkv, scratch) = unsafe { (dqkv.get(), scratch.get()) };
                 let (dy, p, qkv) = unsafe { (dy.get(), p.get(), qkv.get()) };
                 if products {
-                    // The CUDA device's workspace, here a vector of its size.
+                    // The CUDA device's workspace, here a vector of as many matrices
+                    // (an error, as on the GPU, where memory runs out).
                     let mats = products::work_mats(shape, products::WORK_BYTES);
-                    let mut work = vec![F::ZERO; mats * shape.t * shape.t];
+                    let len = mats * shape.t * shape.t;
+                    let mut work = Vec::new();
+                    work.try_reserve_exact(len)
+                        .map_err(|_| KernelError::Alloc {
+                            name: "attention workspace".into(),
+                            bytes: (len * std::mem::size_of::<F>()) as u128,
+                        })?;
+                    work.resize(len, F::ZERO);
                     let mut bufs = HostBufs::default()
                         .read(Buf::Qkv, qkv)
                         .read(Buf::P, p)

@@ -115,14 +115,17 @@ pub struct Operand {
 }
 
 impl Operand {
-    /// One past the last element the batch touches (0 for an empty matrix).
-    pub fn end(&self, batch: usize) -> usize {
+    /// One past the last element the batch touches (0 for an empty matrix); `None` when
+    /// that overflows (a plan no buffer can hold).
+    pub fn end(&self, batch: usize) -> Option<usize> {
         let span = self.layout.span();
         if span == 0 || batch == 0 {
-            0
-        } else {
-            self.offset + (batch - 1) * self.stride + span
+            return Some(0);
         }
+        (batch - 1)
+            .checked_mul(self.stride)?
+            .checked_add(self.offset)?
+            .checked_add(span)
     }
 }
 
@@ -441,8 +444,9 @@ impl<'a, F> HostBufs<'a, F> {
     fn take(&mut self, b: Buf) -> Result<&'a mut [F], KernelError> {
         match self.slots[slot(b)].take() {
             Some(Slot::Write(d)) => Ok(d),
-            other => {
-                self.slots[slot(b)] = other;
+            None => Err(missing(b)),
+            read => {
+                self.slots[slot(b)] = read;
                 Err(KernelError::BadShape {
                     op: "attention",
                     detail: format!("the plan writes {b:?}, which this call only reads"),
@@ -463,14 +467,47 @@ fn missing(b: Buf) -> KernelError {
     }
 }
 
-fn reaches(b: Buf, end: usize, len: usize) -> Result<(), KernelError> {
-    if end > len {
-        return Err(KernelError::BadShape {
+/// `end` (one past the last element a step touches; `None`: it overflowed) lies inside a
+/// buffer of `len`.
+fn reaches(b: Buf, end: Option<usize>, len: usize) -> Result<(), KernelError> {
+    match end {
+        Some(end) if end <= len => Ok(()),
+        Some(end) => Err(KernelError::BadShape {
             op: "attention",
             detail: format!("{b:?}: the plan reaches element {end} of {len}"),
+        }),
+        None => Err(KernelError::BadShape {
+            op: "attention",
+            detail: format!("{b:?}: the plan's extent overflows"),
+        }),
+    }
+}
+
+/// The product's shapes agree (A m x k, B k x n, C m x n).
+fn shapes_agree(pr: &Product) -> Result<(), KernelError> {
+    let (a, b, c) = (pr.a.layout, pr.b.layout, pr.c.layout);
+    if a.cols != b.rows || a.rows != c.rows || b.cols != c.cols {
+        return Err(KernelError::BadShape {
+            op: "attention",
+            detail: format!(
+                "a product of {}x{} and {}x{} into {}x{}",
+                a.rows, a.cols, b.rows, b.cols, c.rows, c.cols
+            ),
         });
     }
     Ok(())
+}
+
+/// `mats` T x T matrices from `offset`, `stride` apart: one past their last element
+/// (`None`: it overflows).
+pub(crate) fn matrices_end(offset: usize, mats: usize, stride: usize, t: usize) -> Option<usize> {
+    if mats == 0 {
+        return Some(0);
+    }
+    (mats - 1)
+        .checked_mul(stride)?
+        .checked_add(offset)?
+        .checked_add(t.checked_mul(t)?)
 }
 
 /// Run a plan on the host (the simulated GPU's attention of batched products, and the
@@ -487,6 +524,17 @@ pub fn run_on_host<F: Scalar>(
     for step in steps {
         match *step {
             Step::Product(pr) => {
+                shapes_agree(&pr)?;
+                let (m, n) = (pr.c.layout.rows, pr.c.layout.cols);
+                if pr.batch == 0 || m == 0 || n == 0 {
+                    continue; // nothing to write (as cuBLAS is never called for it)
+                }
+                if pr.c.buf == pr.a.buf || pr.c.buf == pr.b.buf {
+                    return Err(KernelError::BadShape {
+                        op: "attention",
+                        detail: format!("a product reads {:?}, which it writes", pr.c.buf),
+                    });
+                }
                 let c = bufs.take(pr.c.buf)?;
                 let ran: Result<(), KernelError> = (|| {
                     let (a, b) = (bufs.input(pr.a.buf)?, bufs.input(pr.b.buf)?);
@@ -512,8 +560,8 @@ pub fn run_on_host<F: Scalar>(
             }
             Step::Softmax { offset, mats } => {
                 let p = bufs.take(Buf::P)?;
-                let ran = reaches(Buf::P, offset + mats * t * t, p.len());
-                if ran.is_ok() {
+                let ran = reaches(Buf::P, matrices_end(offset, mats, t * t, t), p.len());
+                if ran.is_ok() && mats > 0 {
                     softmax_rows(&mut p[offset..], mats, t);
                 }
                 bufs.put(Buf::P, p);
@@ -527,9 +575,9 @@ pub fn run_on_host<F: Scalar>(
                 let work = bufs.take(Buf::Work)?;
                 let ran: Result<(), KernelError> = (|| {
                     let p = bufs.input(Buf::P)?;
-                    reaches(Buf::Work, mats * t * t, work.len())?;
+                    reaches(Buf::Work, matrices_end(0, mats, t * t, t), work.len())?;
+                    reaches(Buf::P, matrices_end(p_offset, mats, p_stride, t), p.len())?;
                     if mats > 0 {
-                        reaches(Buf::P, p_offset + (mats - 1) * p_stride + t * t, p.len())?;
                         softmax_backward_rows(work, &p[p_offset..], mats, p_stride, t);
                     }
                     Ok(())
@@ -592,7 +640,7 @@ mod tests {
             .read(Buf::Qkv, &qkv)
             .write(Buf::P, &mut p);
         let e = run_on_host(&g, &plan_forward(s), s.t, &mut no_y).unwrap_err();
-        assert!(e.to_string().contains("Y"), "{e}");
+        assert!(e.to_string().contains("names Y"), "{e}");
         let mut short = vec![0f32; 63];
         let mut short_p = HostBufs::default()
             .read(Buf::Qkv, &qkv)

@@ -13,7 +13,7 @@ use crate::cuda::CudaDevice;
 use crate::error::KernelError;
 use crate::nn::AttnShape;
 use crate::twin::attention::backward_group;
-use crate::twin::attention_products::{Buf, Operand, Step};
+use crate::twin::attention_products::{matrices_end, Buf, Operand, Step};
 
 /// Warps (rows) per block; must match WARPS in attention.cu.
 const WARPS: u64 = 4;
@@ -164,7 +164,7 @@ impl PlanBufs {
         op: &'static str,
         buf: Buf,
         offset: usize,
-        end: usize,
+        end: Option<usize>,
     ) -> Result<u64, KernelError> {
         let slot = match buf {
             Buf::Qkv => self.qkv,
@@ -180,11 +180,18 @@ impl PlanBufs {
                 format!("the plan names {buf:?}, which this call has not"),
             )
         })?;
-        if end > len {
-            return Err(shape_err(
-                op,
-                format!("{buf:?}: the plan reaches element {end} of {len}"),
-            ));
+        match end {
+            Some(end) if end <= len => {}
+            Some(end) => {
+                let detail = format!("{buf:?}: the plan reaches element {end} of {len}");
+                return Err(shape_err(op, detail));
+            }
+            None => {
+                return Err(shape_err(
+                    op,
+                    format!("{buf:?}: the plan's extent overflows"),
+                ))
+            }
         }
         Ok(ptr + (offset * std::mem::size_of::<f32>()) as u64)
     }
@@ -225,7 +232,7 @@ pub(crate) fn run_products(
                 if mats == 0 || t == 0 {
                     continue;
                 }
-                let p = bufs.at(op, Buf::P, offset, offset + mats * tt)?;
+                let p = bufs.at(op, Buf::P, offset, matrices_end(offset, mats, tt, t))?;
                 let cfg = warp_rows(op, mats as u64 * t as u64)?;
                 let (mats, t) = (fit(mats)?, fit(t)?);
                 let mut l = stream.launch_builder(dev.kernel("attention_softmax_rows_f32")?);
@@ -242,8 +249,9 @@ pub(crate) fn run_products(
                 if mats == 0 || t == 0 {
                     continue;
                 }
-                let ds = bufs.at(op, Buf::Work, 0, mats * tt)?;
-                let p = bufs.at(op, Buf::P, p_offset, p_offset + (mats - 1) * p_stride + tt)?;
+                let ds = bufs.at(op, Buf::Work, 0, matrices_end(0, mats, tt, t))?;
+                let p_end = matrices_end(p_offset, mats, p_stride, t);
+                let p = bufs.at(op, Buf::P, p_offset, p_end)?;
                 let cfg = warp_rows(op, mats as u64 * t as u64)?;
                 let (mats, t, p_stride) = (fit(mats)?, fit(t)?, p_stride as u64);
                 let f = dev.kernel("attention_softmax_backward_rows_f32")?;
