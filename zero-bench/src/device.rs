@@ -142,9 +142,7 @@ pub mod cuda {
                 .collect())
         }
         fn set_attention_kernels(&self, k: AttentionKernels) -> Option<AttentionKernels> {
-            let before = self.attention_kernels();
-            CudaDevice::set_attention_kernels(self, k);
-            Some(before)
+            Some(CudaDevice::set_attention_kernels(self, k))
         }
     }
 

@@ -232,12 +232,9 @@ impl Default for TrainConfig {
 /// The five dimensions of the preset `name` of either family, as `[model]` keys (vocab_size,
 /// context_len, layers, heads, width); `None` for a name that is no preset.
 pub fn preset_dimensions(name: &str) -> Option<[(&'static str, usize); 5]> {
-    let (v, t, l, h, c) = match LlamaConfig::preset(name) {
-        Some(m) => (m.vocab_size, m.max_seq_len, m.n_layer, m.n_head, m.n_embd),
-        None => {
-            let (_, m) = PRESETS.iter().find(|(n, _)| *n == name)?;
-            (m.vocab_size, m.max_seq_len, m.n_layer, m.n_head, m.n_embd)
-        }
+    let (v, t, l, h, c) = match ModelPreset::lookup(name).ok()? {
+        ModelPreset::Llama(m) => (m.vocab_size, m.max_seq_len, m.n_layer, m.n_head, m.n_embd),
+        ModelPreset::Gpt(m) => (m.vocab_size, m.max_seq_len, m.n_layer, m.n_head, m.n_embd),
     };
     Some([
         ("vocab_size", v),
@@ -277,9 +274,7 @@ pub fn resolve_model(m: &ModelConfig) -> Result<GptConfig, String> {
                 .find(|(n, _)| n == name)
                 .map(|(_, d)| *d)
                 .ok_or_else(|| {
-                    let gpt = PRESETS.iter().map(|(n, _)| *n);
-                    let llama = zero_models::LLAMA_PRESETS.iter().map(|(n, _)| *n);
-                    let names: Vec<&str> = gpt.chain(llama).collect();
+                    let names = zero_models::preset_names();
                     format!(
                         "model.preset = \"{name}\" is not a preset; use one of {}, or unset it and give vocab_size, context_len, layers, heads and width",
                         names.join(", ")

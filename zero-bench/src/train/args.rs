@@ -280,11 +280,11 @@ impl ThreadsSetting {
     ) -> usize {
         match self {
             ThreadsSetting::Fixed(n) => n,
-            ThreadsSetting::Auto => match per_task {
-                Some(n) => n.min(allowed).min(cpus / local.max(1)),
-                None => allowed.min(cpus / local.max(1)),
-            }
-            .max(1),
+            ThreadsSetting::Auto => per_task
+                .unwrap_or(allowed)
+                .min(allowed)
+                .min(cpus / local.max(1))
+                .max(1),
         }
     }
 }

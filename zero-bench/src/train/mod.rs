@@ -215,16 +215,16 @@ fn host_threads(comm: &WorldComm, setting: ThreadsSetting) -> anyhow::Result<usi
     let allowed = std::thread::available_parallelism().map_or(cpus, |n| n.get());
     let per_task = count("SLURM_CPUS_PER_TASK");
     let threads = setting.resolve(per_task, allowed, cpus, local);
-    let why = match (setting, per_task) {
-        (ThreadsSetting::Fixed(_), _) => "--threads".to_string(),
-        (ThreadsSetting::Auto, Some(n)) => {
-            format!("auto: SLURM_CPUS_PER_TASK={n}, {allowed} CPU(s) in this rank's affinity")
-        }
-        (ThreadsSetting::Auto, None) => format!(
-            "auto: {allowed} CPU(s) in this rank's affinity; {cpus} on its node ({source}) for {local} rank(s)"
-        ),
-    };
     if comm.rank() == 0 {
+        let why = match (setting, per_task) {
+            (ThreadsSetting::Fixed(_), _) => "--threads".to_string(),
+            (ThreadsSetting::Auto, Some(n)) => {
+                format!("auto: SLURM_CPUS_PER_TASK={n}, {allowed} CPU(s) in this rank's affinity")
+            }
+            (ThreadsSetting::Auto, None) => format!(
+                "auto: {allowed} CPU(s) in this rank's affinity; {cpus} on its node ({source}) for {local} rank(s)"
+            ),
+        };
         log::info!("threads per rank: {threads} ({why})");
     }
     if node_rank == 0 && local * threads > cpus {

@@ -82,11 +82,8 @@ impl Batch {
 /// The alignment cuBLASLt may assume of an address: its largest power of two, at most
 /// 256 bytes.
 fn alignment(ptr: CUdeviceptr) -> u32 {
-    if ptr == 0 {
-        256
-    } else {
-        1u32 << ptr.trailing_zeros().min(8)
-    }
+    // (0 has 64 trailing zeros: 256 too.)
+    1u32 << ptr.trailing_zeros().min(8)
 }
 
 /// The alignment of every matrix of a batch of `count` whose first starts at `ptr`, the

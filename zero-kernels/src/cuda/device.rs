@@ -31,7 +31,7 @@ use crate::error::KernelError;
 use crate::float::Float;
 use crate::nn::{AttnShape, MatLayout, RopeShape, Scalar};
 use crate::ptx::{accumulate_entry, cast_entry, quant4_entry, quant_entry};
-use crate::twin::attention_products as products;
+use crate::twin::attention_products::{self as products, Buf};
 
 /// A buffer in GPU memory, from its device's pool (the block returns there when the last
 /// handle goes, reusable once no queued work can still touch it).
@@ -298,10 +298,7 @@ impl Device for CudaDevice {
             MatmulPrecision::F32 => "fp32 matmul",
             MatmulPrecision::Bf16 => "bf16 matmul",
         };
-        let attention = match self.attention.get() {
-            AttentionKernels::Rows => "",
-            AttentionKernels::Products => ", attention as batched products",
-        };
+        let attention = self.attention.get().description();
         format!(
             "cuda:{} ({name}, {cc}, {precision}{attention})",
             self.ctx.ordinal()
@@ -1096,12 +1093,10 @@ impl Device for CudaDevice {
         f32_only::<F>("attention_forward")?;
         check::attention_forward(y.len(), p.len(), qkv.len(), &shape)?;
         if self.attention.get() == AttentionKernels::Products {
-            let bufs = launch::attention::PlanBufs {
-                qkv: Some((addr(&qkv), qkv.len())),
-                y: Some((addr_mut(&y), y.len())),
-                p: Some((addr_mut(&p), p.len())),
-                ..Default::default()
-            };
+            let bufs = launch::attention::PlanBufs::default()
+                .with(Buf::Qkv, addr(&qkv), qkv.len())
+                .with(Buf::Y, addr_mut(&y), y.len())
+                .with(Buf::P, addr_mut(&p), p.len());
             let steps = products::plan_forward(shape);
             let op = "attention_forward";
             return launch::attention::run_products(
@@ -1148,14 +1143,12 @@ impl Device for CudaDevice {
             let mats = products::work_mats(shape, products::WORK_BYTES);
             let work =
                 self.scratch::<f32>(stream, mats * shape.t * shape.t, "attention workspace")?;
-            let bufs = launch::attention::PlanBufs {
-                qkv: Some((addr(&qkv), qkv.len())),
-                p: Some((addr(&p), p.len())),
-                dy: Some((addr(&dy), dy.len())),
-                dqkv: Some((addr_mut(&dqkv), dqkv.len())),
-                work: Some((work.ptr(), mats * shape.t * shape.t)),
-                ..Default::default()
-            };
+            let bufs = launch::attention::PlanBufs::default()
+                .with(Buf::Qkv, addr(&qkv), qkv.len())
+                .with(Buf::P, addr(&p), p.len())
+                .with(Buf::Dy, addr(&dy), dy.len())
+                .with(Buf::Dqkv, addr_mut(&dqkv), dqkv.len())
+                .with(Buf::Work, work.ptr(), mats * shape.t * shape.t);
             let steps = products::plan_backward(shape, mats);
             let run =
                 launch::attention::run_products(self, &stream.inner, op, &steps, &bufs, shape.t);

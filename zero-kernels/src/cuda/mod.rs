@@ -138,9 +138,9 @@ impl CudaDevice {
     }
 
     /// Which attention kernels run from now on (the default comes from
-    /// [`AttentionKernels::ENV`], else [`AttentionKernels::Rows`]).
-    pub fn set_attention_kernels(&self, k: AttentionKernels) {
-        self.attention.set(k);
+    /// [`AttentionKernels::ENV`], else [`AttentionKernels::Rows`]); the previous choice.
+    pub fn set_attention_kernels(&self, k: AttentionKernels) -> AttentionKernels {
+        self.attention.replace(k)
     }
 
     /// The attention kernels that run.

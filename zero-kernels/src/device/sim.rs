@@ -593,10 +593,7 @@ impl CpuQueue for SimDevice {
     }
     fn describe_queue(&self) -> String {
         if self.gpu_order {
-            let attention = match self.attention.get() {
-                AttentionKernels::Rows => "",
-                AttentionKernels::Products => ", attention as batched products",
-            };
+            let attention = self.attention.get().description();
             format!(
                 "simulated GPU (seed {}, CUDA kernels' CPU twins{attention})",
                 self.seed

@@ -623,10 +623,10 @@ fn a_row_stride(pairs: usize) -> usize {
     pairs + AMX_PAIRS
 }
 
-/// Pairs per packed block of `kc` values of k, padded with zero pairs to a multiple of
-/// `pad` ([`AMX_PAIRS`]: AMX's whole tiles).
-fn padded_pairs(kc: usize, pad: usize) -> usize {
-    kc.div_ceil(2).next_multiple_of(pad)
+/// Pairs per AMX-packed block of `kc` values of k, padded with zero pairs to a multiple
+/// of [`AMX_PAIRS`] (AMX's whole tiles).
+fn amx_pairs(kc: usize) -> usize {
+    kc.div_ceil(2).next_multiple_of(AMX_PAIRS)
 }
 
 /// Pack rows `kb..kb + kc` of B (`n` columns) into panels of NR columns, pair-major:
@@ -821,8 +821,8 @@ unsafe fn pack_a_panel(
 }
 
 /// Pack rows `i0..i0 + mr` (mr <= AMX_MR) of A, columns `kb..kb + kc`, row-major for
-/// AMX's A tiles: `out[r * a_row_stride(pairs) + p]`, `pairs = padded_pairs(kc,
-/// AMX_PAIRS)`. Missing rows, the odd k past `kc` and the padding pairs are zero. The two layouts the model
+/// AMX's A tiles: `out[r * a_row_stride(pairs) + p]`, `pairs = amx_pairs(kc)`.
+/// Missing rows, the odd k past `kc` and the padding pairs are zero. The two layouts the model
 /// passes take AVX-512 over whole blocks of 16 pairs (16 rows x 16 pairs for A = X^T);
 /// the rest, and other strides, convert one pair at a time (same values, [`amx_bf16`]).
 ///
@@ -842,7 +842,7 @@ unsafe fn pack_a_amx(
     kb: usize,
     kc: usize,
 ) {
-    let pairs = padded_pairs(kc, AMX_PAIRS);
+    let pairs = amx_pairs(kc);
     let at = |i: usize, k: usize| *a.offset(i as isize * rsa + k as isize * csa);
     let full = kc / 2;
     let lda = a_row_stride(pairs);
@@ -913,7 +913,7 @@ unsafe fn pack_b_amx(
     kc: usize,
     n: usize,
 ) {
-    let pairs = padded_pairs(kc, AMX_PAIRS);
+    let pairs = amx_pairs(kc);
     let panels = n.div_ceil(NR);
     let out = &mut out[..panels * pairs * NR];
     if !n.is_multiple_of(NR) || 2 * pairs > kc {
@@ -1542,7 +1542,7 @@ unsafe fn amx_block(
     s: *mut f32,
     lds: usize,
 ) {
-    let pairs = padded_pairs(kc, AMX_PAIRS);
+    let pairs = amx_pairs(kc);
     let a_packed = a_band.sized(AMX_MR * a_row_stride(pairs));
     for i0 in rows.clone().step_by(AMX_MR) {
         let mr = AMX_MR.min(rows.end - i0);
@@ -1611,7 +1611,7 @@ unsafe fn amx_sums(
     let (mut b_packed, mut a_band) = PACKED.with(|p| p.take()).unwrap_or_default();
     let mut stage = Stage([0.0; AMX_MR * NR]);
     for (kb, kc, jc, nc) in AmxBlocks::new(k, n).blocks(k, n) {
-        let pairs = padded_pairs(kc, AMX_PAIRS);
+        let pairs = amx_pairs(kc);
         let packed = b_packed.sized(nc.div_ceil(NR) * pairs * NR);
         pack_b_amx(packed, b.offset(jc as isize * csb), rsb, csb, kb, kc, nc);
         amx_block(
@@ -1665,7 +1665,7 @@ unsafe fn amx_sums_threaded(
     let (pa, pb, ps) = (SendPtr(a as *mut f32), SendPtr(b as *mut f32), SendPtr(s));
     let mut shared_b = SHARED_B.with(|p| p.take()).unwrap_or_default();
     for (kb, kc, jc, nc) in AmxBlocks::new(k, n).blocks(k, n) {
-        let panel_len = padded_pairs(kc, AMX_PAIRS) * NR;
+        let panel_len = amx_pairs(kc) * NR;
         let panels = nc.div_ceil(NR);
         let packed = shared_b.sized(panels * panel_len);
         // Pack: each thread a run of whole panels, into its own part of the buffer.
@@ -2513,7 +2513,7 @@ mod tests {
                 .map(|i| x[(i % rows) * k + i / rows])
                 .collect();
             let x2: Vec<f32> = x.iter().flat_map(|&v| [v, 0.0]).collect();
-            let pairs = padded_pairs(k, AMX_PAIRS);
+            let pairs = amx_pairs(k);
             // Row r's pair p (the odd k alone in the low half).
             let want = |r: usize, p: usize| match 2 * p + 1 < k {
                 true => amx_pair(x[r * k + 2 * p], x[r * k + 2 * p + 1]),

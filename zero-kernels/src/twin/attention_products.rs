@@ -74,6 +74,14 @@ impl AttentionKernels {
         })
     }
 
+    /// What a device's description adds for this choice ("" for the default).
+    pub fn description(self) -> &'static str {
+        match self {
+            AttentionKernels::Rows => "",
+            AttentionKernels::Products => ", attention as batched products",
+        }
+    }
+
     /// The name [`AttentionKernels::parse`] reads.
     pub fn name(self) -> &'static str {
         match self {
@@ -118,15 +126,20 @@ impl Operand {
     /// One past the last element the batch touches (0 for an empty matrix); `None` when
     /// that overflows (a plan no buffer can hold).
     pub fn end(&self, batch: usize) -> Option<usize> {
-        let span = self.layout.span();
-        if span == 0 || batch == 0 {
-            return Some(0);
-        }
-        (batch - 1)
-            .checked_mul(self.stride)?
-            .checked_add(self.offset)?
-            .checked_add(span)
+        extent(self.offset, batch, self.stride, self.layout.span())
     }
+}
+
+/// One past the last element of `count` blocks of `span` elements, the first at `offset`
+/// and each next `stride` further (0 when there is nothing); `None` when that overflows.
+fn extent(offset: usize, count: usize, stride: usize, span: usize) -> Option<usize> {
+    if count == 0 || span == 0 {
+        return Some(0);
+    }
+    (count - 1)
+        .checked_mul(stride)?
+        .checked_add(offset)?
+        .checked_add(span)
 }
 
 /// `C_k = alpha A_k B_k` for k < `batch` (C overwritten).
@@ -400,7 +413,8 @@ pub struct HostBufs<'a, F> {
     slots: [Option<Slot<'a, F>>; 6],
 }
 
-fn slot(b: Buf) -> usize {
+/// The index of `b` in a table of the six buffers.
+pub(crate) fn slot(b: Buf) -> usize {
     match b {
         Buf::Qkv => 0,
         Buf::Y => 1,
@@ -436,7 +450,7 @@ impl<'a, F> HostBufs<'a, F> {
         match &self.slots[slot(b)] {
             Some(Slot::Read(d)) => Ok(d),
             Some(Slot::Write(d)) => Ok(d),
-            None => Err(missing(b)),
+            None => Err(missing(HOST_OP, b)),
         }
     }
 
@@ -444,11 +458,11 @@ impl<'a, F> HostBufs<'a, F> {
     fn take(&mut self, b: Buf) -> Result<&'a mut [F], KernelError> {
         match self.slots[slot(b)].take() {
             Some(Slot::Write(d)) => Ok(d),
-            None => Err(missing(b)),
+            None => Err(missing(HOST_OP, b)),
             read => {
                 self.slots[slot(b)] = read;
                 Err(KernelError::BadShape {
-                    op: "attention",
+                    op: HOST_OP,
                     detail: format!("the plan writes {b:?}, which this call only reads"),
                 })
             }
@@ -460,35 +474,39 @@ impl<'a, F> HostBufs<'a, F> {
     }
 }
 
-fn missing(b: Buf) -> KernelError {
+/// The error of a plan that names a buffer the call has not (`op`: the Device op).
+pub(crate) fn missing(op: &'static str, b: Buf) -> KernelError {
     KernelError::BadShape {
-        op: "attention",
+        op,
         detail: format!("the plan names {b:?}, which this call has not"),
     }
 }
 
 /// `end` (one past the last element a step touches; `None`: it overflowed) lies inside a
-/// buffer of `len`.
-fn reaches(b: Buf, end: Option<usize>, len: usize) -> Result<(), KernelError> {
-    match end {
-        Some(end) if end <= len => Ok(()),
-        Some(end) => Err(KernelError::BadShape {
-            op: "attention",
-            detail: format!("{b:?}: the plan reaches element {end} of {len}"),
-        }),
-        None => Err(KernelError::BadShape {
-            op: "attention",
-            detail: format!("{b:?}: the plan's extent overflows"),
-        }),
-    }
+/// buffer of `len` (`op`: the Device op, for the error).
+pub(crate) fn reaches(
+    op: &'static str,
+    b: Buf,
+    end: Option<usize>,
+    len: usize,
+) -> Result<(), KernelError> {
+    let detail = match end {
+        Some(end) if end <= len => return Ok(()),
+        Some(end) => format!("{b:?}: the plan reaches element {end} of {len}"),
+        None => format!("{b:?}: the plan's extent overflows"),
+    };
+    Err(KernelError::BadShape { op, detail })
 }
+
+/// The op name the host runner's errors carry.
+const HOST_OP: &str = "attention";
 
 /// The product's shapes agree (A m x k, B k x n, C m x n).
 fn shapes_agree(pr: &Product) -> Result<(), KernelError> {
     let (a, b, c) = (pr.a.layout, pr.b.layout, pr.c.layout);
     if a.cols != b.rows || a.rows != c.rows || b.cols != c.cols {
         return Err(KernelError::BadShape {
-            op: "attention",
+            op: HOST_OP,
             detail: format!(
                 "a product of {}x{} and {}x{} into {}x{}",
                 a.rows, a.cols, b.rows, b.cols, c.rows, c.cols
@@ -501,13 +519,7 @@ fn shapes_agree(pr: &Product) -> Result<(), KernelError> {
 /// `mats` T x T matrices from `offset`, `stride` apart: one past their last element
 /// (`None`: it overflows).
 pub(crate) fn matrices_end(offset: usize, mats: usize, stride: usize, t: usize) -> Option<usize> {
-    if mats == 0 {
-        return Some(0);
-    }
-    (mats - 1)
-        .checked_mul(stride)?
-        .checked_add(offset)?
-        .checked_add(t.checked_mul(t)?)
+    extent(offset, mats, stride, t.checked_mul(t)?)
 }
 
 /// Run a plan on the host (the simulated GPU's attention of batched products, and the
@@ -531,16 +543,16 @@ pub fn run_on_host<F: Scalar>(
                 }
                 if pr.c.buf == pr.a.buf || pr.c.buf == pr.b.buf {
                     return Err(KernelError::BadShape {
-                        op: "attention",
+                        op: HOST_OP,
                         detail: format!("a product reads {:?}, which it writes", pr.c.buf),
                     });
                 }
                 let c = bufs.take(pr.c.buf)?;
                 let ran: Result<(), KernelError> = (|| {
                     let (a, b) = (bufs.input(pr.a.buf)?, bufs.input(pr.b.buf)?);
-                    reaches(pr.a.buf, pr.a.end(pr.batch), a.len())?;
-                    reaches(pr.b.buf, pr.b.end(pr.batch), b.len())?;
-                    reaches(pr.c.buf, pr.c.end(pr.batch), c.len())?;
+                    reaches(HOST_OP, pr.a.buf, pr.a.end(pr.batch), a.len())?;
+                    reaches(HOST_OP, pr.b.buf, pr.b.end(pr.batch), b.len())?;
+                    reaches(HOST_OP, pr.c.buf, pr.c.end(pr.batch), c.len())?;
                     for k in 0..pr.batch {
                         g.run(
                             F::from_f64(pr.alpha),
@@ -560,7 +572,12 @@ pub fn run_on_host<F: Scalar>(
             }
             Step::Softmax { offset, mats } => {
                 let p = bufs.take(Buf::P)?;
-                let ran = reaches(Buf::P, matrices_end(offset, mats, t * t, t), p.len());
+                let ran = reaches(
+                    HOST_OP,
+                    Buf::P,
+                    matrices_end(offset, mats, t * t, t),
+                    p.len(),
+                );
                 if ran.is_ok() && mats > 0 {
                     softmax_rows(&mut p[offset..], mats, t);
                 }
@@ -575,8 +592,18 @@ pub fn run_on_host<F: Scalar>(
                 let work = bufs.take(Buf::Work)?;
                 let ran: Result<(), KernelError> = (|| {
                     let p = bufs.input(Buf::P)?;
-                    reaches(Buf::Work, matrices_end(0, mats, t * t, t), work.len())?;
-                    reaches(Buf::P, matrices_end(p_offset, mats, p_stride, t), p.len())?;
+                    reaches(
+                        HOST_OP,
+                        Buf::Work,
+                        matrices_end(0, mats, t * t, t),
+                        work.len(),
+                    )?;
+                    reaches(
+                        HOST_OP,
+                        Buf::P,
+                        matrices_end(p_offset, mats, p_stride, t),
+                        p.len(),
+                    )?;
                     if mats > 0 {
                         softmax_backward_rows(work, &p[p_offset..], mats, p_stride, t);
                     }

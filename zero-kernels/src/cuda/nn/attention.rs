@@ -13,7 +13,7 @@ use crate::cuda::CudaDevice;
 use crate::error::KernelError;
 use crate::nn::AttnShape;
 use crate::twin::attention::backward_group;
-use crate::twin::attention_products::{matrices_end, Buf, Operand, Step};
+use crate::twin::attention_products::{matrices_end, missing, reaches, slot, Buf, Operand, Step};
 
 /// Warps (rows) per block; must match WARPS in attention.cu.
 const WARPS: u64 = 4;
@@ -148,15 +148,16 @@ pub(crate) fn attention_backward(
 /// [`Buf`] (`None`: not part of this call).
 #[derive(Default)]
 pub(crate) struct PlanBufs {
-    pub(crate) qkv: Option<(u64, usize)>,
-    pub(crate) y: Option<(u64, usize)>,
-    pub(crate) p: Option<(u64, usize)>,
-    pub(crate) dy: Option<(u64, usize)>,
-    pub(crate) dqkv: Option<(u64, usize)>,
-    pub(crate) work: Option<(u64, usize)>,
+    slots: [Option<(u64, usize)>; 6],
 }
 
 impl PlanBufs {
+    /// `buf` is at device address `ptr`, `len` f32 long.
+    pub(crate) fn with(mut self, buf: Buf, ptr: u64, len: usize) -> Self {
+        self.slots[slot(buf)] = Some((ptr, len));
+        self
+    }
+
     /// The address of element `offset` of `buf`, after checking that `end` (one past the
     /// last element an op touches) lies inside it.
     fn at(
@@ -166,33 +167,8 @@ impl PlanBufs {
         offset: usize,
         end: Option<usize>,
     ) -> Result<u64, KernelError> {
-        let slot = match buf {
-            Buf::Qkv => self.qkv,
-            Buf::Y => self.y,
-            Buf::P => self.p,
-            Buf::Dy => self.dy,
-            Buf::Dqkv => self.dqkv,
-            Buf::Work => self.work,
-        };
-        let (ptr, len) = slot.ok_or_else(|| {
-            shape_err(
-                op,
-                format!("the plan names {buf:?}, which this call has not"),
-            )
-        })?;
-        match end {
-            Some(end) if end <= len => {}
-            Some(end) => {
-                let detail = format!("{buf:?}: the plan reaches element {end} of {len}");
-                return Err(shape_err(op, detail));
-            }
-            None => {
-                return Err(shape_err(
-                    op,
-                    format!("{buf:?}: the plan's extent overflows"),
-                ))
-            }
-        }
+        let (ptr, len) = self.slots[slot(buf)].ok_or_else(|| missing(op, buf))?;
+        reaches(op, buf, end, len)?;
         Ok(ptr + (offset * std::mem::size_of::<f32>()) as u64)
     }
 }
