@@ -108,6 +108,15 @@ fn tokenize(
 ) -> anyhow::Result<()> {
     let file = std::fs::File::open(input)
         .with_context(|| format!("cannot read the input {}", input.display()))?;
+    if let (Ok(a), Ok(b)) = (file.metadata(), std::fs::metadata(output)) {
+        use std::os::unix::fs::MetadataExt;
+        anyhow::ensure!(
+            (a.dev(), a.ino()) != (b.dev(), b.ino()),
+            "the output {} is the input {}: tokenizing would overwrite the text; give another output path",
+            output.display(),
+            input.display()
+        );
+    }
     let size = file
         .metadata()
         .with_context(|| format!("reading the size of {}", input.display()))?

@@ -60,6 +60,12 @@ enum Command {
 }
 
 fn main() {
+    // Rust ignores SIGPIPE, so printing into a closed pipe (`zero-bench ... | head`)
+    // would panic; end quietly instead, as other command-line tools do.
+    // SAFETY: signal(2) with the default disposition, before any thread is started.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Micro(cmd) => micro::run(cmd),

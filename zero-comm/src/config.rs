@@ -57,8 +57,38 @@ pub struct CommConfig {
 /// The progress thread's default interval (`ZERO_COMM_PROGRESS_US`).
 pub const DEFAULT_PROGRESS_POLL: Duration = Duration::from_micros(50);
 
+/// The watchdog's timeout when `ZERO_COMM_TIMEOUT` is not set: a hung rank must not
+/// hold a job forever, and no collective of a healthy job waits this long (a rank's
+/// longest solo work, writing a model file while the others wait, takes minutes).
+/// PyTorch's NCCL default is the same 30 minutes.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1800);
+
+/// The longest `ZERO_COMM_PROGRESS_US` taken.
+pub const MAX_PROGRESS_POLL_US: u64 = 1_000_000;
+
+/// `ZERO_COMM_TIMEOUT`: seconds (> 0, at most a year), or `0`/`off` for no watchdog.
+fn parse_timeout(v: &str) -> Result<Option<Duration>> {
+    let t = v.trim();
+    if t == "off" || t == "0" {
+        return Ok(None);
+    }
+    let bad = || {
+        CommError::Init(format!(
+            "ZERO_COMM_TIMEOUT='{v}' must be a positive number of seconds up to a year (31536000), or 0/off for no watchdog"
+        ))
+    };
+    let secs: f64 = t.parse().map_err(|_| bad())?;
+    if !(secs > 0.0 && secs <= 31_536_000.0) {
+        return Err(bad());
+    }
+    Duration::try_from_secs_f64(secs)
+        .map(Some)
+        .map_err(|_| bad())
+}
+
 impl CommConfig {
-    /// Options from the environment: `ZERO_COMM_TIMEOUT` (seconds, > 0),
+    /// Options from the environment: `ZERO_COMM_TIMEOUT` (seconds, > 0; `0`/`off`: no
+    /// watchdog; unset: [`DEFAULT_TIMEOUT`]),
     /// `ZERO_COMM_CHECK` (`1`/`0`), `ZERO_COMM_HALF_SUM` (`op`/`upcast`),
     /// `ZERO_COMM_PROGRESS_US` (the progress thread's interval in microseconds, default
     /// 50; `0` runs without the thread), `ZERO_COMM_RING` (`1`/`0`: non-blocking
@@ -74,21 +104,18 @@ impl CommConfig {
                     "ZERO_COMM_PROGRESS_US='{v}' is not a whole number of microseconds (0: no progress thread)"
                 ))
             })?;
-            c.progress_poll = (us > 0).then(|| Duration::from_micros(us));
-        }
-        if let Ok(v) = std::env::var("ZERO_COMM_TIMEOUT") {
-            let secs: f64 = v.trim().parse().map_err(|_| {
-                CommError::Init(format!(
-                    "ZERO_COMM_TIMEOUT='{v}' is not a number of seconds"
-                ))
-            })?;
-            if !(secs > 0.0 && secs.is_finite()) {
+            if us > MAX_PROGRESS_POLL_US {
                 return Err(CommError::Init(format!(
-                    "ZERO_COMM_TIMEOUT='{v}' must be a positive number of seconds"
+                    "ZERO_COMM_PROGRESS_US={us}: at most {MAX_PROGRESS_POLL_US} (1 s; the thread only nudges MPI, and it is waited for at the end), default {}",
+                    DEFAULT_PROGRESS_POLL.as_micros()
                 )));
             }
-            c.timeout = Some(Duration::from_secs_f64(secs));
+            c.progress_poll = (us > 0).then(|| Duration::from_micros(us));
         }
+        c.timeout = match std::env::var("ZERO_COMM_TIMEOUT") {
+            Ok(v) => parse_timeout(&v)?,
+            Err(_) => Some(DEFAULT_TIMEOUT),
+        };
         if let Ok(v) = std::env::var("ZERO_COMM_CHECK") {
             c.check = match v.trim() {
                 "1" | "true" | "yes" => true,
@@ -124,6 +151,23 @@ impl CommConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn timeouts_parse_or_say_what_is_allowed() {
+        assert_eq!(
+            parse_timeout(" 2.5 ").unwrap(),
+            Some(Duration::from_millis(2500))
+        );
+        assert_eq!(parse_timeout("off").unwrap(), None);
+        assert_eq!(parse_timeout("0").unwrap(), None);
+        for bad in ["-1", "1e20", "inf", "NaN", "soon", ""] {
+            let e = parse_timeout(bad).unwrap_err().to_string();
+            assert!(
+                e.contains("ZERO_COMM_TIMEOUT") && e.contains("0/off"),
+                "{bad}: {e}"
+            );
+        }
+    }
 
     #[test]
     fn half_sum_names() {

@@ -55,6 +55,8 @@ pub(crate) struct Watchdog {
     /// Every rank's heartbeat address (set once after MPI is up).
     peers: OnceLock<Vec<Peer>>,
     stop: AtomicBool,
+    /// A collective timed out: this thread reports and aborts the job.
+    fired: AtomicBool,
 }
 
 impl heartbeat::State for Watchdog {
@@ -138,6 +140,7 @@ impl Watchdog {
             completed: Mutex::new(HashMap::new()),
             peers: OnceLock::new(),
             stop: AtomicBool::new(false),
+            fired: AtomicBool::new(false),
         });
 
         let d = Arc::clone(&dog);
@@ -163,8 +166,23 @@ impl Watchdog {
         let _ = self.peers.set(peers);
     }
 
+    /// Stop watching (MPI is about to be finalised). When the watchdog has fired, the
+    /// job is being aborted: wait for that rather than let this process end with exit 0
+    /// in the middle of the report, and abort here if it does not come.
     pub(crate) fn stop(&self) {
-        self.stop.store(true, Ordering::Relaxed);
+        self.stop.store(true, Ordering::SeqCst);
+        if self.fired.load(Ordering::SeqCst) {
+            std::thread::sleep(self.report_bound());
+            crate::exit::abort_world(WATCHDOG_EXIT_CODE);
+        }
+    }
+
+    /// The longest a report can take before its abort (see [`Self::report`]).
+    fn report_bound(&self) -> Duration {
+        let patience = self
+            .timeout
+            .max(heartbeat::report_slack(self.timeout) + 2 * heartbeat::ANSWER_TIMEOUT + GRACE);
+        patience + ABORT_LANDS + 2 * heartbeat::ANSWER_TIMEOUT + GRACE
     }
 
     /// Watch one collective until the token is dropped.
@@ -229,7 +247,7 @@ impl Watchdog {
     }
 
     fn run(&self, poll: Duration) {
-        while !self.stop.load(Ordering::Relaxed) {
+        while !self.stop.load(Ordering::SeqCst) {
             std::thread::sleep(poll);
             let late: Option<Entry> = match self.in_flight.lock() {
                 Ok(m) => m
@@ -240,7 +258,11 @@ impl Watchdog {
                 Err(_) => None,
             };
             if let Some(e) = late {
-                if self.stop.load(Ordering::Relaxed) {
+                // Before looking at `stop`: `stop()` looks at this after setting that, so
+                // one of the two sees the other (SeqCst) and the process cannot exit 0
+                // after the line below.
+                self.fired.store(true, Ordering::SeqCst);
+                if self.stop.load(Ordering::SeqCst) {
                     return;
                 }
                 crate::exit::line_to_stderr(&format!(

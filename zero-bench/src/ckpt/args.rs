@@ -38,7 +38,8 @@ pub struct ExportArgs {
 /// Arguments of `ckpt bench`.
 #[derive(Args, Debug)]
 pub struct BenchArgs {
-    /// Directory to write into (a checkpoint root; plain files beside it).
+    /// Directory to write into: the bench makes its own `zero-ckpt-bench/` inside it
+    /// (refused if that exists) and removes it at the end, so a real checkpoint root is safe.
     #[arg(long)]
     pub dir: PathBuf,
     /// Transformer blocks.

@@ -18,6 +18,9 @@ use zero_models::{Gpt, GptConfig};
 
 use super::args::BenchArgs;
 
+/// The benchmark's own directory inside `--dir`.
+const WORK_DIR: &str = "zero-ckpt-bench";
+
 /// Seconds of `f` on the slowest rank (barrier before, max-reduce after).
 fn timed<C: Communicator>(comm: &C, f: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<f64> {
     comm.barrier()?;
@@ -59,54 +62,34 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let mut engine =
         Engine::new(&cfg.engine(), &comm, &dev, &model).map_err(|e| anyhow!("engine: {e}"))?;
     let bytes = (engine.layout().shard_numel() * 12) as u64;
-    let plain = args.dir.join(format!("plain-rank-{rank:05}.bin"));
-    let root = args.dir.join("ckpt");
-    let payload = vec![0x5au8; bytes as usize];
-    let keep = SaveOptions {
-        keep_last: 1,
-        ..Default::default()
-    };
-    let (mut save, mut load, mut write, mut read) = (f64::MAX, f64::MAX, f64::MAX, f64::MAX);
-    for _ in 0..args.repeat.max(1) {
-        // Start from an empty root: removing the previous checkpoint is not the save's
-        // cost, and the plain write below also starts from a fresh file.
-        if rank == 0 && root.exists() {
-            std::fs::remove_dir_all(&root)
-                .with_context(|| format!("removing {}", root.display()))?;
-        }
-        if plain.exists() {
-            std::fs::remove_file(&plain)
-                .with_context(|| format!("removing {}", plain.display()))?;
-        }
-        save = save.min(timed(&comm, || {
-            checkpoint::save(&engine, &root, &keep)
-                .map(|_| ())
-                .context("save")
-        })?);
-        load = load.min(timed(&comm, || {
-            checkpoint::load(&mut engine, &root)
-                .map(|_| ())
-                .context("load")
-        })?);
-        write = write.min(timed(&comm, || {
-            let mut f = std::fs::File::create(&plain)
-                .with_context(|| format!("create {}", plain.display()))?;
-            f.write_all(&payload).context("plain write")?;
-            f.sync_all().context("plain fsync")
-        })?);
-        read = read.min(timed(&comm, || {
-            let back = std::fs::read(&plain).context("plain read")?;
-            anyhow::ensure!(
-                back.len() == payload.len(),
-                "plain read returned {} bytes",
-                back.len()
-            );
-            Ok(())
-        })?);
+    // Everything goes into a directory of our own, made here and removed at the end:
+    // `--dir` may be a real run's checkpoint root, which must not be touched.
+    let work = args.dir.join(WORK_DIR);
+    let mut made = [0i64];
+    if rank == 0 {
+        made[0] = match std::fs::create_dir_all(&args.dir).and_then(|_| std::fs::create_dir(&work))
+        {
+            Ok(()) => 1,
+            Err(e) => {
+                log::error!("creating {}: {e}", work.display());
+                0
+            }
+        };
     }
-    if let Err(e) = std::fs::remove_file(&plain) {
-        log::warn!("could not remove {}: {e}", plain.display());
+    comm.broadcast(&mut made[..], 0)?;
+    anyhow::ensure!(
+        made[0] == 1,
+        "could not create the benchmark's own directory {} (it must not exist yet: remove one left by an interrupted bench, or choose another --dir)",
+        work.display()
+    );
+    let result = measure(args, &comm, &mut engine, &work, bytes);
+    comm.barrier()?;
+    if rank == 0 {
+        if let Err(e) = std::fs::remove_dir_all(&work) {
+            log::warn!("could not remove {}: {e}", work.display());
+        }
     }
+    let [save, load, write, read] = result?;
     if rank == 0 {
         let mb = |s: f64| bytes as f64 / s / 1e6;
         println!(
@@ -138,4 +121,60 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The best save, load, plain write and plain read seconds over `--repeat` rounds, all
+/// inside `work`.
+fn measure<C: Communicator>(
+    args: &BenchArgs,
+    comm: &C,
+    engine: &mut Engine<'_, HostDevice, C>,
+    work: &std::path::Path,
+    bytes: u64,
+) -> anyhow::Result<[f64; 4]> {
+    let rank = comm.rank();
+    let plain = work.join(format!("plain-rank-{rank:05}.bin"));
+    let root = work.join("ckpt");
+    let payload = vec![0x5au8; bytes as usize];
+    let keep = SaveOptions {
+        keep_last: 1,
+        ..Default::default()
+    };
+    let (mut save, mut load, mut write, mut read) = (f64::MAX, f64::MAX, f64::MAX, f64::MAX);
+    for _ in 0..args.repeat.max(1) {
+        // Start from an empty root: removing the previous checkpoint is not the save's
+        // cost, and the plain write below also starts from a fresh file.
+        if rank == 0 && root.exists() {
+            std::fs::remove_dir_all(&root)
+                .with_context(|| format!("removing {}", root.display()))?;
+        }
+        if plain.exists() {
+            std::fs::remove_file(&plain)
+                .with_context(|| format!("removing {}", plain.display()))?;
+        }
+        save = save.min(timed(comm, || {
+            checkpoint::save(engine, &root, &keep)
+                .map(|_| ())
+                .context("save")
+        })?);
+        load = load.min(timed(comm, || {
+            checkpoint::load(engine, &root).map(|_| ()).context("load")
+        })?);
+        write = write.min(timed(comm, || {
+            let mut f = std::fs::File::create(&plain)
+                .with_context(|| format!("create {}", plain.display()))?;
+            f.write_all(&payload).context("plain write")?;
+            f.sync_all().context("plain fsync")
+        })?);
+        read = read.min(timed(comm, || {
+            let back = std::fs::read(&plain).context("plain read")?;
+            anyhow::ensure!(
+                back.len() == payload.len(),
+                "plain read returned {} bytes",
+                back.len()
+            );
+            Ok(())
+        })?);
+    }
+    Ok([save, load, write, read])
 }

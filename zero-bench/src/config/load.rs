@@ -51,9 +51,9 @@ pub struct LoadedConfig {
 pub fn load(path: Option<&Path>, overrides: &[String]) -> Result<LoadedConfig, LoadError> {
     match path {
         Some(p) => {
-            let text = std::fs::read_to_string(p).map_err(|source| LoadError::Io {
+            let text = std::fs::read_to_string(p).map_err(|cause| LoadError::Io {
                 path: p.display().to_string(),
-                source,
+                cause,
             })?;
             load_str(&text, &p.display().to_string(), overrides)
         }
@@ -223,6 +223,16 @@ impl LoadedConfig {
     /// Where `key` (`section.key`) came from.
     pub fn source(&self, key: &str) -> Source {
         self.provenance.get(key).cloned().unwrap_or(Source::Default)
+    }
+
+    /// Every setting as a `key = value` line, in key order.
+    pub fn settings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if let Ok(Value::Table(t)) = Value::try_from(&self.config) {
+            leaves_with_values(&t, "", &mut |k, v| out.push(format!("{k} = {v}")));
+        }
+        out.sort();
+        out
     }
 
     /// The resolved configuration, one `section.key = value  # source` line per leaf,

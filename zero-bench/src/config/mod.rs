@@ -27,12 +27,12 @@ pub use load::{load, LoadedConfig, Source};
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
     /// The file could not be read.
-    #[error("cannot read config file {path}: {source}")]
+    #[error("cannot read config file {path}: {cause}")]
     Io {
         /// The file.
         path: String,
-        /// Why.
-        source: std::io::Error,
+        /// Why (in the message, so not also a `source()`: printed once).
+        cause: std::io::Error,
     },
     /// The TOML is malformed, a value has the wrong type, or a key is unknown.
     #[error("config error in {origin}: {message}")]

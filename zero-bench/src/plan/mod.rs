@@ -11,7 +11,7 @@
 mod compute;
 mod model;
 mod report;
-mod units;
+pub(crate) mod units;
 
 pub use units::{parse_fraction, parse_mem};
 
@@ -59,7 +59,7 @@ impl PrecisionArg {
 pub struct Worlds(Vec<u64>);
 
 fn parse_worlds(s: &str) -> Result<Worlds, String> {
-    units::parse_count_list(s, "--gpus").map(Worlds)
+    units::parse_world_list(s, "--gpus").map(Worlds)
 }
 
 fn parse_params(s: &str) -> Result<u64, String> {

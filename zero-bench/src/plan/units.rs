@@ -237,6 +237,21 @@ pub fn parse_latency(s: &str) -> Result<f64, String> {
     Ok(v * scale)
 }
 
+/// The most data-parallel ranks a plan is made for: above the largest GPU clusters
+/// built, and low enough that planning every rank stays quick.
+pub const MAX_RANKS: u64 = 1 << 18;
+
+/// A list of world sizes (`8,64,512`), each at most [`MAX_RANKS`].
+pub fn parse_world_list(s: &str, what: &str) -> Result<Vec<u64>, String> {
+    let v = parse_count_list(s, what)?;
+    match v.iter().find(|&&n| n > MAX_RANKS) {
+        Some(n) => Err(format!(
+            "{what} {n}: plans are made for at most {MAX_RANKS} ranks"
+        )),
+        None => Ok(v),
+    }
+}
+
 /// A comma-separated list of positive counts (`8,64,512`), each at least 1.
 pub fn parse_count_list(s: &str, what: &str) -> Result<Vec<u64>, String> {
     let v: Vec<u64> = s

@@ -120,6 +120,12 @@ pub fn prepare<C: Communicator>(
         };
         agree(comm, created)?;
         agree(comm, probe(dir, rank))?;
+        // Another run's checkpoints: a fresh run would replace its steps one by one.
+        let earlier = match (rank, &args.resume) {
+            (0, None) => earlier_run(dir),
+            _ => Ok(()),
+        };
+        agree(comm, earlier)?;
         if rank == 0 && args.save_every == 0 {
             log::info!(
                 "--ckpt-dir {} without --save-every: one checkpoint after the last step (and one if SIGTERM/SIGUSR1 stops the run)",
@@ -147,6 +153,23 @@ pub fn prepare<C: Communicator>(
             meta.step,
             meta.step + steps.max(1)
         )));
+    }
+    // A cosine schedule decays to train.steps unless told otherwise: resuming with more
+    // steps stretches the curve from here on (the learning rate jumps up).
+    let (saved, now) = (&meta.engine.optim, &config.engine().optim);
+    if rank == 0
+        && now.schedule == zero_core::config::Schedule::WarmupCosine
+        && saved.schedule == now.schedule
+        && saved.decay_steps != now.decay_steps
+    {
+        let show = |d: Option<usize>| d.map_or("none".to_string(), |d| d.to_string());
+        log::warn!(
+            "the checkpoint's cosine schedule decays over {} steps, this run's over {} (train.steps unless optim.decay_steps is set): the learning rate changes course after step {}; pass --set optim.decay_steps={} to keep the checkpoint's schedule",
+            show(saved.decay_steps),
+            show(now.decay_steps),
+            meta.step,
+            show(saved.decay_steps)
+        );
     }
     let ours = GlobalBatch::of(config, comm.size());
     let batch_change = match saved_batch(&meta) {
@@ -253,6 +276,21 @@ fn saved_batch(meta: &Meta) -> anyhow::Result<GlobalBatch> {
         rows: saved.train.micro_batch,
         seq_len: saved.train.seq_len,
     })
+}
+
+/// Refuse `dir` when it holds an earlier run's checkpoints (a `latest` pointer) and this
+/// run does not resume: its saves would replace that run's steps.
+fn earlier_run(dir: &Path) -> anyhow::Result<()> {
+    let latest = dir.join(checkpoint::LATEST);
+    let Ok(text) = std::fs::read_to_string(&latest) else {
+        return Ok(());
+    };
+    bail!(
+        "--ckpt-dir {} already holds the checkpoints of an earlier run (latest: {}); pass --resume {} to continue that run, or give another --ckpt-dir (or remove that one) to start afresh",
+        dir.display(),
+        text.trim(),
+        dir.display()
+    )
 }
 
 /// Write, sync and remove a small file in `dir`: this rank can save its shard there.

@@ -43,16 +43,14 @@ pub fn agree<T, C: Communicator>(comm: &C, result: anyhow::Result<T>) -> Result<
     let failures = match zero_comm::gather_failures(comm, mine.as_deref()) {
         Ok(f) => f,
         Err(e) => {
-            // Cannot agree: report here (every rank may, the job is broken anyway).
+            // Cannot agree (ranks at different points, a broken transport): report here
+            // and end the whole job. Returning would finalize MPI, which waits for the
+            // ranks that are elsewhere, forever.
             let error = match result {
-                Err(mine) => mine.context(format!("and agreeing on it failed: {e}")),
-                Ok(_) => anyhow!("rank {rank}: agreeing on set-up failed: {e}"),
+                Err(mine) => format!("{mine:#}; and agreeing on it failed: {e}"),
+                Ok(_) => format!("agreeing on set-up failed: {e}"),
             };
-            return Err(Failure {
-                error,
-                print: true,
-                code: 1,
-            });
+            zero_comm::abort(&format!("error: {error}"), 1)
         }
     };
     match result {

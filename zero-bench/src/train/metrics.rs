@@ -22,10 +22,24 @@ use zero_comm::CollectiveKind;
 use zero_core::ledger::MemCategory;
 use zero_core::StepReport;
 
-/// An open metrics file.
+/// A metrics file. Nothing at its path changes before the first step is written: a run
+/// that fails while setting up (a bad resume, a model that does not fit) leaves an
+/// earlier run's file as it was. Until then the lines go to a hidden file beside it,
+/// renamed over the path with the first step.
 pub struct Metrics {
     path: PathBuf,
-    out: BufWriter<File>,
+    state: State,
+    /// Why writing stopped (a full disk...): training goes on, the run ends with exit 1.
+    failure: Option<String>,
+}
+
+enum State {
+    /// The lines kept from a resumed run's file are in `tmp`; `path` is untouched.
+    Staged { tmp: PathBuf, out: BufWriter<File> },
+    /// Renamed into place; appending.
+    Open(BufWriter<File>),
+    /// A write failed; nothing more is written.
+    Failed,
 }
 
 /// `x` as a JSON number, or null when it is not finite.
@@ -93,21 +107,15 @@ pub fn step_json(stage: usize, r: &StepReport, tokens: u64, staging: Option<u64>
 }
 
 impl Metrics {
-    /// Create (truncate) `path`.
+    /// A new file at `path` (replacing one there once the first step is written).
     pub fn create(path: &Path) -> anyhow::Result<Metrics> {
-        let f = File::create(path)
-            .with_context(|| format!("creating the metrics file {}", path.display()))?;
-        Ok(Metrics {
-            path: path.to_path_buf(),
-            out: BufWriter::new(f),
-        })
+        Metrics::staged(path, &[])
     }
 
     /// Continue `path` for a run resumed after step `step`: the lines of steps up to
     /// `step` stay (a run killed after its last checkpoint may have written later ones,
-    /// which the resumed run writes again), then new lines are appended. The kept lines
-    /// are rewritten through a temporary file renamed into place. A missing file is
-    /// created.
+    /// which the resumed run writes again), then new lines are appended. A missing file
+    /// starts empty.
     pub fn resume(path: &Path, step: u64) -> anyhow::Result<Metrics> {
         let kept: Vec<String> = match std::fs::read_to_string(path) {
             Ok(text) => text
@@ -126,40 +134,91 @@ impl Metrics {
                     .with_context(|| format!("reading the metrics file {}", path.display()))
             }
         };
-        // Beside it (an atomic rename), hidden, with the process id: as checkpoints do.
+        Metrics::staged(path, &kept)
+    }
+
+    /// `lines` written to a hidden file beside `path` (with the process id, as
+    /// checkpoints do): this also checks now, before step 1, that the directory takes
+    /// files.
+    fn staged(path: &Path, lines: &[String]) -> anyhow::Result<Metrics> {
         let name = path
             .file_name()
             .map_or("metrics".into(), |n| n.to_string_lossy().into_owned());
         let tmp = path.with_file_name(format!(".{name}.partial-{}", std::process::id()));
-        let mut text = kept.join("\n");
-        if !text.is_empty() {
-            text.push('\n');
+        let mut out = File::create(&tmp).map(BufWriter::new).with_context(|| {
+            format!(
+                "creating the metrics file {} (beside it: {})",
+                path.display(),
+                tmp.display()
+            )
+        })?;
+        let written = lines
+            .iter()
+            .try_for_each(|l| writeln!(out, "{l}"))
+            .and_then(|_| out.flush());
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e).with_context(|| format!("writing {}", tmp.display()));
         }
-        std::fs::write(&tmp, text)
-            .and_then(|_| std::fs::rename(&tmp, path))
-            .with_context(|| format!("rewriting the metrics file {}", path.display()))?;
-        let f = std::fs::OpenOptions::new()
-            .append(true)
-            .open(path)
-            .with_context(|| format!("opening the metrics file {}", path.display()))?;
         Ok(Metrics {
             path: path.to_path_buf(),
-            out: BufWriter::new(f),
+            state: State::Staged { tmp, out },
+            failure: None,
         })
     }
 
-    /// Append one step.
-    pub fn write(
-        &mut self,
-        stage: usize,
-        r: &StepReport,
-        tokens: u64,
-        staging: Option<u64>,
-    ) -> anyhow::Result<()> {
+    /// Append one step. A failure to write is logged, not returned: losing the metrics
+    /// must not lose the training (its checkpoints); [`Self::failure`] says it at the end.
+    pub fn write(&mut self, stage: usize, r: &StepReport, tokens: u64, staging: Option<u64>) {
         let line = step_json(stage, r, tokens, staging).to_string();
-        writeln!(self.out, "{line}")
-            .and_then(|_| self.out.flush())
-            .with_context(|| format!("writing {}", self.path.display()))
+        if let Err(e) = self.append(&line) {
+            let why = format!(
+                "writing {} failed at step {} ({e:#}); the steps after it are not in it",
+                self.path.display(),
+                r.step
+            );
+            log::error!("{why}; training goes on, and the run will exit 1");
+            self.failure = Some(why);
+            if let State::Staged { tmp, .. } = &self.state {
+                let _ = std::fs::remove_file(tmp);
+            }
+            self.state = State::Failed;
+        }
+    }
+
+    fn append(&mut self, line: &str) -> anyhow::Result<()> {
+        match &mut self.state {
+            State::Failed => Ok(()),
+            State::Open(out) => writeln!(out, "{line}")
+                .and_then(|_| out.flush())
+                .map_err(Into::into),
+            State::Staged { tmp, out } => {
+                writeln!(out, "{line}").and_then(|_| out.flush())?;
+                std::fs::rename(&*tmp, &self.path)
+                    .with_context(|| format!("renaming {} into place", tmp.display()))?;
+                // The handle follows the file through the rename.
+                let State::Staged { out, .. } = std::mem::replace(&mut self.state, State::Failed)
+                else {
+                    unreachable!("matched Staged above")
+                };
+                self.state = State::Open(out);
+                Ok(())
+            }
+        }
+    }
+
+    /// Why the file stopped being written, if it did.
+    pub fn failure(&self) -> Option<&str> {
+        self.failure.as_deref()
+    }
+}
+
+impl Drop for Metrics {
+    /// A run that wrote no step leaves no hidden file behind.
+    fn drop(&mut self) {
+        if let State::Staged { tmp, .. } = &self.state {
+            let _ = std::fs::remove_file(tmp);
+        }
     }
 }
 
@@ -227,7 +286,10 @@ mod tests {
             overlap: OverlapStats::default(),
             memory: BTreeMap::new(),
         };
-        m.write(0, &r, 1, None).unwrap();
+        // Nothing changes before the first step is written.
+        assert_eq!(std::fs::read_to_string(&path).unwrap().lines().count(), 6);
+        m.write(0, &r, 1, None);
+        assert!(m.failure().is_none());
         drop(m);
         let steps: Vec<u64> = std::fs::read_to_string(&path)
             .unwrap()
@@ -239,8 +301,14 @@ mod tests {
             })
             .collect();
         assert_eq!(steps, [1, 2, 3, 4, 5]);
+        // A run that fails before its first step leaves no file and no hidden one.
         let fresh = dir.path().join("new.jsonl");
-        Metrics::resume(&fresh, 3).unwrap();
-        assert_eq!(std::fs::read_to_string(&fresh).unwrap(), "");
+        drop(Metrics::resume(&fresh, 3).unwrap());
+        drop(Metrics::create(&fresh).unwrap());
+        assert!(!fresh.exists());
+        let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(left.len(), 1, "{left:?}");
+        // A directory that does not exist is an error before step 1.
+        assert!(Metrics::create(&dir.path().join("absent").join("m.jsonl")).is_err());
     }
 }

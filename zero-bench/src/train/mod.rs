@@ -22,6 +22,7 @@ mod dry_run;
 mod init_from;
 mod launch;
 mod metrics;
+mod outputs;
 mod progress;
 mod report;
 mod rss;
@@ -129,12 +130,18 @@ fn configs(args: &TrainArgs) -> anyhow::Result<Vec<LoadedConfig>> {
 fn run_on(args: &TrainArgs, comm: Option<&WorldComm>) -> Result<(), Failure> {
     let rank = comm.map_or(0, |c| c.rank());
     let same = |e: anyhow::Error| Failure::same_everywhere(e, rank);
-    let mut loaded = configs(args).map_err(same)?;
+    // Agreed: a file that one node cannot read must fail every rank, not leave the
+    // others waiting in the first collective.
+    let mut loaded = match comm {
+        Some(c) => agree(c, configs(args))?,
+        None => configs(args).map_err(same)?,
+    };
     if args.dry_run {
         return dry_run(args, &mut loaded, comm).map_err(same);
     }
     let comm =
         comm.ok_or_else(|| same(anyhow!("training needs MPI (internal: not initialised)")))?;
+    same_on_every_rank(comm, args, &loaded)?;
     // Again after MPI_Init, in case the MPI library installed handlers of its own.
     signals::install().map_err(same)?;
     // The transport of the engine's collectives (issue 14), chosen once and the same on
@@ -170,7 +177,7 @@ fn run_on(args: &TrainArgs, comm: Option<&WorldComm>) -> Result<(), Failure> {
         DeviceChoice::SimGpu => {
             let dev = SimDevice::gpu_twin(SIM_GPU_SEED + rank as u64);
             // The CUDA device's choice of attention kernels, simulated.
-            let attention = AttentionKernels::from_env().map_err(|e| same(anyhow!(e)))?;
+            let attention = agree(comm, AttentionKernels::from_env().map_err(|e| anyhow!(e)))?;
             dev.set_attention_kernels(attention);
             dev.set_overlap(!args.no_overlap);
             with_backend(args, loaded, comm, backend, &dev)
@@ -178,6 +185,71 @@ fn run_on(args: &TrainArgs, comm: Option<&WorldComm>) -> Result<(), Failure> {
         DeviceChoice::Cuda(ordinal) => on_cuda(args, loaded, comm, Some(ordinal), backend),
         DeviceChoice::CudaLocal => on_cuda(args, loaded, comm, None, backend),
     }
+}
+
+/// Refuse ranks that were given different configurations (a stale config file on one
+/// node, a flag in one rank's command line): they would wait for each other in
+/// collectives of different sizes, or train differently without a word. Rank 0's
+/// settings go to every rank, and each rank that differs names the first difference.
+/// The token file's path and the metrics file may differ (node-local copies; only rank
+/// 0 writes metrics). Collective.
+fn same_on_every_rank(
+    comm: &WorldComm,
+    args: &TrainArgs,
+    loaded: &[LoadedConfig],
+) -> Result<(), Failure> {
+    let rank = comm.rank();
+    let flags = [
+        format!("--device = {:?}", args.device),
+        format!("--comm = {:?}", args.comm),
+        format!("--ckpt-dir = {:?}", args.ckpt_dir),
+        format!("--save-every = {}", args.save_every),
+        format!("--resume = {:?}", args.resume),
+        format!("--init-from = {:?}", args.init_from),
+        format!("--rounds = {}", args.rounds),
+    ];
+    let mut mine: Vec<String> = flags.to_vec();
+    for (i, l) in loaded.iter().enumerate() {
+        mine.extend(
+            l.settings()
+                .into_iter()
+                .filter(|s| !s.starts_with("data.path =") && !s.starts_with("train.metrics_file ="))
+                .map(|s| format!("run {}: {s}", i + 1)),
+        );
+    }
+    let text = mine.join("\n");
+    let broken = |e: zero_comm::CommError| {
+        Failure::same_everywhere(
+            anyhow!("comparing the configuration across ranks: {e}"),
+            rank,
+        )
+    };
+    let mut len = [text.len() as i64];
+    comm.broadcast(&mut len[..], 0).map_err(broken)?;
+    let mut theirs = if rank == 0 {
+        text.clone().into_bytes()
+    } else {
+        vec![0u8; len[0] as usize]
+    };
+    comm.broadcast(&mut theirs[..], 0).map_err(broken)?;
+    let theirs = String::from_utf8_lossy(&theirs);
+    let differs = if theirs == text {
+        Ok(())
+    } else {
+        let ours: Vec<&str> = text.lines().collect();
+        let first = theirs
+            .lines()
+            .zip(ours.iter())
+            .find(|(a, b)| a != *b)
+            .map_or_else(
+                || "a different number of settings".to_string(),
+                |(a, b)| format!("rank 0 has `{a}`, this rank `{b}`"),
+            );
+        Err(anyhow!(
+            "this rank's configuration differs from rank 0's ({first}): give every rank the same config file, --set values and flags"
+        ))
+    };
+    agree(comm, differs)
 }
 
 /// The threads of this rank's host device: `--threads K`, or (`auto`) the CPUs the rank
@@ -580,7 +652,15 @@ fn run_with<E: Communicator, D: BenchDevice>(
         }
         None => None,
     };
-    // Checkpoint directory writable, resume consistent: before step 1.
+    // Outputs writable and not inputs, checkpoint directory writable, resume
+    // consistent: before step 1.
+    agree(
+        comm,
+        match rank {
+            0 => outputs::check(args, c),
+            _ => Ok(()),
+        },
+    )?;
     let resume = checkpoints::prepare(comm, args, &loaded)?;
     let metrics_file = c.train.metrics_file.as_deref().map(Path::new);
     let mut metrics = agree(
@@ -714,6 +794,10 @@ fn run_with<E: Communicator, D: BenchDevice>(
             println!("metrics: {}", p.display());
         }
     }
+    // Training finished (its checkpoints and model file are written), but steps are
+    // missing from the metrics file: not a clean exit.
+    let lost = metrics.as_ref().and_then(|m| m.failure());
+    agree(comm, lost.map_or(Ok(()), |why| Err(anyhow!("{why}"))))?;
     Ok(())
 }
 
@@ -785,6 +869,12 @@ fn dry_run(
     };
     if world == 0 {
         return Err(anyhow!("--world 0: plan for at least 1 rank"));
+    }
+    let most = crate::plan::units::MAX_RANKS;
+    if world as u64 > most {
+        return Err(anyhow!(
+            "--world {world}: the dry run plans every rank, for at most {most} ranks"
+        ));
     }
     // hpZ/qgZ under a launcher: plan for the nodes the launch has (as a run does).
     if let (Some(c), Some(wanted)) = (comm, wanted_ranks_per_node(loaded)?) {

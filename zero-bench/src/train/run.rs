@@ -306,7 +306,7 @@ where
         let done = r.step;
         if let Some(m) = metrics.as_mut() {
             let staging = engine.host_staging().map(|(held, _)| held);
-            m.write(stage.number(), &r, tokens_per_step, staging)?;
+            m.write(stage.number(), &r, tokens_per_step, staging);
         }
         progress.step(&r, tokens_per_step);
         losses.push(r.loss);

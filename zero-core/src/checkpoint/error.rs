@@ -9,24 +9,24 @@ use crate::engine::EngineError;
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
     /// A filesystem operation failed (missing file, read-only directory, full disk...).
-    #[error("{what} '{path}': {source}")]
+    #[error("{what} '{path}': {cause}")]
     Io {
         /// What was being done ("create directory", "write", "rename"...).
         what: &'static str,
         /// The path concerned.
         path: PathBuf,
-        /// The OS error.
-        source: std::io::Error,
+        /// The OS error (in the message, so not also a `source()`: printed once).
+        cause: std::io::Error,
     },
     /// The HDF5 library refused a file or a dataset (truncated, not HDF5, missing dataset).
-    #[error("HDF5 file '{path}', {dataset}: {source}")]
+    #[error("HDF5 file '{path}', {dataset}: {cause}")]
     Hdf5 {
         /// The file.
         path: PathBuf,
         /// The dataset, or "(file)" for the file itself.
         dataset: String,
         /// HDF5's message.
-        source: hdf5::Error,
+        cause: hdf5::Error,
     },
     /// A block of a dataset does not hold what was saved (bit rot, overwrite, truncation).
     #[error("checksum mismatch in '{path}', dataset '{dataset}', elements {start}..{end}: CRC32 {found:#010x}, saved {saved:#010x}")]
@@ -46,15 +46,15 @@ pub enum CheckpointError {
     },
     /// A dataset has another length than the metadata says.
     #[error(
-        "dataset '{dataset}' in '{path}' holds {found} elements, the metadata says {expected}"
+        "dataset '{dataset}' in '{path}' has shape {found:?}, the metadata says [{expected}] (1-D)"
     )]
     Shape {
         /// The file.
         path: PathBuf,
         /// The dataset.
         dataset: String,
-        /// Elements found.
-        found: usize,
+        /// The dataset's shape.
+        found: Vec<usize>,
         /// Elements expected.
         expected: usize,
     },
@@ -100,7 +100,7 @@ impl CheckpointError {
         path: impl Into<PathBuf>,
     ) -> impl FnOnce(std::io::Error) -> Self {
         let path = path.into();
-        move |source| CheckpointError::Io { what, path, source }
+        move |cause| CheckpointError::Io { what, path, cause }
     }
 
     /// An HDF5 error on `dataset` of `path`.
@@ -109,10 +109,10 @@ impl CheckpointError {
         dataset: impl Into<String>,
     ) -> impl FnOnce(hdf5::Error) -> Self {
         let (path, dataset) = (path.into(), dataset.into());
-        move |source| CheckpointError::Hdf5 {
+        move |cause| CheckpointError::Hdf5 {
             path,
             dataset,
-            source,
+            cause,
         }
     }
 }

@@ -36,10 +36,14 @@ pub fn resolve(path: &Path) -> Result<PathBuf, CheckpointError> {
     let latest = path.join(LATEST);
     let text = std::fs::read_to_string(&latest).map_err(|e| {
         if path.exists() {
-            CheckpointError::io(
-                "read checkpoint pointer (not a step directory either)",
-                &latest,
-            )(e)
+            CheckpointError::Meta {
+                path: latest.clone(),
+                reason: format!(
+                    "cannot read the checkpoint pointer ({e}), and '{}' is not a step directory either{}",
+                    path.display(),
+                    step_dirs_hint(path)
+                ),
+            }
         } else {
             CheckpointError::io("open checkpoint directory", path)(e)
         }
@@ -51,7 +55,62 @@ pub fn resolve(path: &Path) -> Result<PathBuf, CheckpointError> {
             reason: format!("names '{name}', not a step directory"),
         });
     }
-    Ok(path.join(name))
+    let dir = path.join(name);
+    if dir.exists() {
+        return Ok(dir);
+    }
+    // A save that replaced this step crashed after moving it aside (see `replaced_step`):
+    // the moved copy is complete. The next save moves it back.
+    if let Some(aside) = moved_aside(path, name) {
+        log::warn!(
+            "'{}' names '{name}', which a crashed save moved to '{}': reading that",
+            latest.display(),
+            aside.display()
+        );
+        return Ok(aside);
+    }
+    Err(CheckpointError::Meta {
+        path: latest,
+        reason: format!(
+            "names '{name}', which does not exist{}",
+            step_dirs_hint(path)
+        ),
+    })
+}
+
+/// The complete `old-<name>-<nonce>` copy of step directory `name` in `root`, if any.
+fn moved_aside(root: &Path, name: &str) -> Option<PathBuf> {
+    std::fs::read_dir(root)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .filter(|e| super::save::replaced_step(&e.file_name().to_string_lossy()) == Some(name))
+        .map(|e| e.path())
+        .find(|p| p.join(super::META_FILE).is_file())
+}
+
+/// "; complete step directories here: step-4, step-8 (pass one to --resume)", or "" when
+/// there are none.
+fn step_dirs_hint(root: &Path) -> String {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return String::new();
+    };
+    let mut steps: Vec<(u64, String)> = entries
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().join(super::META_FILE).is_file())
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            Some((name.strip_prefix("step-")?.parse().ok()?, name))
+        })
+        .collect();
+    if steps.is_empty() {
+        return String::new();
+    }
+    steps.sort();
+    let names: Vec<String> = steps.into_iter().map(|(_, n)| n).collect();
+    format!(
+        "; complete step directories here: {} (name one to load it)",
+        names.join(", ")
+    )
 }
 
 /// Load the checkpoint at `path` (a step directory or a root with `latest`) into

@@ -195,8 +195,8 @@ impl Meta {
                         .find(|x| x.name == t)
                         .map_or(0, |x| x.parts.len())
                 };
-                let hint = if tensor(x) == tensor(y) {
-                    let t = tensor(x);
+                let t = tensor(x);
+                let hint = if t == tensor(y) && blocks(a, &t) != blocks(b, &t) {
                     format!(
                         "; the checkpoint holds '{t}' in {} row block(s), the model in {}: build the model with the checkpoint's row blocks",
                         blocks(a, &t),

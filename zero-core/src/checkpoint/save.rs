@@ -76,14 +76,41 @@ pub fn clean_partial(root: &Path, keep: Option<&Path>) -> Result<Vec<PathBuf>, C
         let entry = entry.map_err(CheckpointError::io("list", root))?;
         let path = entry.path();
         let name = entry.file_name().to_string_lossy().into_owned();
+        if Some(path.as_path()) == keep || !path.is_dir() {
+            continue;
+        }
+        if let Some(step_dir) = replaced_step(&name) {
+            // A save that crashed between moving `step-<S>` aside and moving the new one
+            // in: the old one is the only copy, and `latest` may name it.
+            let original = root.join(step_dir);
+            if !original.exists() {
+                log::warn!(
+                    "restoring checkpoint '{}' from '{}' (a save replacing it was interrupted)",
+                    original.display(),
+                    path.display()
+                );
+                std::fs::rename(&path, &original).map_err(CheckpointError::io("rename", &path))?;
+                continue;
+            }
+        }
         let stale = name.starts_with("tmp-step-") || name.starts_with("old-step-");
-        if stale && Some(path.as_path()) != keep && path.is_dir() {
+        if stale {
             log::warn!("removing incomplete checkpoint '{}'", path.display());
             std::fs::remove_dir_all(&path).map_err(CheckpointError::io("remove", &path))?;
             removed.push(path);
         }
     }
     Ok(removed)
+}
+
+/// The step directory name an `old-step-<S>-<nonce>` directory was moved aside from.
+pub(crate) fn replaced_step(name: &str) -> Option<&str> {
+    let rest = name.strip_prefix("old-")?;
+    let (step_dir, nonce) = rest.rsplit_once('-')?;
+    let digits = step_dir.strip_prefix("step-")?;
+    let all_digits = |t: &str| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit());
+    let all_hex = |t: &str| !t.is_empty() && t.bytes().all(|b| b.is_ascii_hexdigit());
+    (all_digits(digits) && all_hex(nonce)).then_some(step_dir)
 }
 
 /// Save `engine`'s state as `<root>/step-<S>` (S = steps done) and point `latest` at it.
@@ -251,7 +278,20 @@ fn publish<D: Device, C: Communicator>(
     if replaced {
         std::fs::rename(final_dir, &old).map_err(CheckpointError::io("rename", final_dir))?;
     }
-    std::fs::rename(tmp, final_dir).map_err(CheckpointError::io("rename", tmp))?;
+    if let Err(e) = std::fs::rename(tmp, final_dir) {
+        // Put the old checkpoint back: `latest` may name it. (A crash right here is
+        // mended by `clean_partial` and followed by `resolve`, see `replaced_step`.)
+        if replaced {
+            if let Err(back) = std::fs::rename(&old, final_dir) {
+                log::error!(
+                    "could not move '{}' back to '{}': {back}",
+                    old.display(),
+                    final_dir.display()
+                );
+            }
+        }
+        return Err(CheckpointError::io("rename", tmp)(e));
+    }
     sync_dir(root)?;
     let name = final_dir
         .file_name()

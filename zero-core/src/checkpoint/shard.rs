@@ -118,7 +118,7 @@ impl ShardReader {
             return Err(CheckpointError::Io {
                 what: "open shard file",
                 path: path.to_path_buf(),
-                source: std::io::Error::from(std::io::ErrorKind::NotFound),
+                cause: std::io::Error::from(std::io::ErrorKind::NotFound),
             });
         }
         let file = hdf5::File::open(path).map_err(CheckpointError::h5(path, "(file)"))?;
@@ -180,7 +180,7 @@ impl ShardReader {
             return Err(CheckpointError::Shape {
                 path: self.path.clone(),
                 dataset: name,
-                found: ds.size(),
+                found: ds.shape(),
                 expected: len,
             });
         }

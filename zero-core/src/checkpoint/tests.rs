@@ -276,6 +276,19 @@ fn clean_partial_removes_only_dead_saves() {
         vec![root.join("old-step-3-1"), root.join("tmp-step-4-abc")]
     );
     assert!(root.join("step-3").is_dir() && keep.is_dir());
+    // A save that crashed after moving `step-6` aside: the moved copy is the only one,
+    // so it goes back, and `resolve` reads it meanwhile.
+    write_checkpoint(&root.join("old-step-6-2a"), &layout());
+    std::fs::write(root.join(LATEST), "step-6\n").unwrap();
+    assert_eq!(resolve(root).unwrap(), root.join("old-step-6-2a"));
+    // (Only the save that was in progress goes.)
+    assert_eq!(clean_partial(root, None).unwrap(), vec![keep.clone()]);
+    assert!(root.join("step-6").join(META_FILE).is_file());
+    assert_eq!(resolve(root).unwrap(), root.join("step-6"));
+    // A `latest` naming nothing lists what is there.
+    std::fs::write(root.join(LATEST), "step-9\n").unwrap();
+    let err = resolve(root).unwrap_err().to_string();
+    assert!(err.contains("step-9") && err.contains("step-6"), "{err}");
     // A root that does not exist yet has nothing to clean.
     assert!(clean_partial(&root.join("absent"), None)
         .unwrap()

@@ -45,7 +45,9 @@ struct Storage<T> {
 
 impl<T> Drop for Storage<T> {
     fn drop(&mut self) {
-        // SAFETY: `ptr`/`len` came from `Box::into_raw` of a boxed slice in `CpuBuffer::zeroed`.
+        // SAFETY: `ptr`/`len` came from `CpuBuffer::zeroed`: the global allocator with
+        // `Layout::array::<T>(len)` (or dangling for a zero-sized one), which is a boxed
+        // slice's memory layout.
         unsafe {
             drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(
                 self.ptr, self.len,
@@ -80,9 +82,25 @@ impl<T: Element> CpuBuffer<T> {
                 bytes: len as u128 * std::mem::size_of::<T>() as u128,
             });
         }
-        // Zero is a valid bit pattern of every Element (they are Pod).
-        let boxed: Box<[T]> = vec![<T as bytemuck::Zeroable>::zeroed(); len].into_boxed_slice();
-        let ptr = Box::into_raw(boxed) as *mut T;
+        let too_big = || KernelError::Alloc {
+            name: name.to_string(),
+            bytes: len as u128 * std::mem::size_of::<T>() as u128,
+        };
+        let layout = std::alloc::Layout::array::<T>(len).map_err(|_| too_big())?;
+        let ptr = if layout.size() == 0 {
+            std::ptr::NonNull::<T>::dangling().as_ptr()
+        } else {
+            // Fallible, unlike `vec![0; len]` (which aborts the process): a buffer the
+            // host cannot hold is an error the caller reports. Zeroed pages come lazily
+            // from the OS, as with `vec!`; zero is a valid bit pattern of every Element
+            // (they are Pod).
+            // SAFETY: `layout` has a non-zero size.
+            let p = unsafe { std::alloc::alloc_zeroed(layout) } as *mut T;
+            if p.is_null() {
+                return Err(too_big());
+            }
+            p
+        };
         Ok(CpuBuffer {
             st: Rc::new(Storage {
                 id,

@@ -1,0 +1,160 @@
+//! The files a run writes at its end or as it goes (`--metrics`, `--json`,
+//! `--save-model`), checked before step 1: a path that cannot be written would otherwise
+//! fail only after the training, losing its result, and an output that is one of the
+//! run's inputs (the token file, the config) would be overwritten by it.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use anyhow::bail;
+
+use super::args::TrainArgs;
+use crate::config::Config;
+
+/// Check the outputs rank 0 writes (call it on rank 0).
+pub fn check(args: &TrainArgs, config: &Config) -> anyhow::Result<()> {
+    let mut outputs: Vec<(&str, PathBuf)> = Vec::new();
+    if let Some(p) = &config.train.metrics_file {
+        outputs.push(("--metrics", PathBuf::from(p)));
+    }
+    if let Some(p) = &args.json {
+        outputs.push(("--json", p.clone()));
+    }
+    if let Some(p) = &args.save_model {
+        outputs.push(("--save-model", p.clone()));
+    }
+    let mut inputs: Vec<(&str, PathBuf)> = Vec::new();
+    if config.data.path != "builtin" {
+        inputs.push(("data.path", PathBuf::from(&config.data.path)));
+    }
+    if let Some(p) = &args.config {
+        inputs.push(("--config", p.clone()));
+    }
+    if let Some(p) = &args.init_from {
+        inputs.push(("--init-from", p.clone()));
+    }
+    for (i, (flag, path)) in outputs.iter().enumerate() {
+        if let Some((input, _)) = inputs.iter().find(|(_, p)| same_file(path, p)) {
+            bail!(
+                "{flag} {} is the run's {input}: it would be overwritten; write the output elsewhere",
+                path.display()
+            );
+        }
+        if let Some((other, _)) = outputs[..i].iter().find(|(_, p)| same_target(path, p)) {
+            bail!(
+                "{flag} and {other} are both {}: give each output its own file",
+                path.display()
+            );
+        }
+        writable(flag, path)?;
+    }
+    Ok(())
+}
+
+/// Both paths exist and are the same file (links followed).
+fn same_file(a: &Path, b: &Path) -> bool {
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+        _ => false,
+    }
+}
+
+/// The two paths name one file, existing or not: the same file, or the same name in the
+/// same directory.
+fn same_target(a: &Path, b: &Path) -> bool {
+    let place = |p: &Path| {
+        let dir = parent(p).canonicalize().ok()?;
+        Some(dir.join(p.file_name()?))
+    };
+    same_file(a, b) || matches!((place(a), place(b)), (Some(x), Some(y)) if x == y)
+}
+
+/// The directory a relative or absolute file path is in ("." for a bare name).
+fn parent(path: &Path) -> &Path {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    }
+}
+
+/// `path` is not a directory, and its directory takes a new file (made and removed).
+fn writable(flag: &str, path: &Path) -> anyhow::Result<()> {
+    if path.is_dir() {
+        bail!(
+            "{flag} {}: that is a directory; give a file path",
+            path.display()
+        );
+    }
+    let dir = parent(path);
+    let name = path
+        .file_name()
+        .map_or("output".into(), |n| n.to_string_lossy().into_owned());
+    let probe = dir.join(format!(".{name}.probe-{}", std::process::id()));
+    let made = std::fs::File::create(&probe);
+    let _ = std::fs::remove_file(&probe);
+    if let Err(e) = made {
+        bail!(
+            "{flag} {}: cannot write a file in {} ({e}); give a path in an existing directory you can write (checked before step 1, so that the run's output is not lost at its end)",
+            path.display(),
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        t: TrainArgs,
+    }
+
+    #[test]
+    fn outputs_are_checked_against_inputs_each_other_and_their_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("tokens.bin");
+        std::fs::write(&data, b"x").unwrap();
+        let mut config = Config::default();
+        config.data.path = data.display().to_string();
+        let mut args = Cli::parse_from(["x"]).t;
+
+        // The token file as the metrics file, through another spelling of its path.
+        config.train.metrics_file = Some(format!("{}/./tokens.bin", dir.path().display()));
+        let err = check(&args, &config).unwrap_err().to_string();
+        assert!(
+            err.contains("--metrics") && err.contains("data.path"),
+            "{err}"
+        );
+
+        // Two outputs on one new file.
+        config.train.metrics_file = Some(dir.path().join("m.jsonl").display().to_string());
+        args.json = Some(dir.path().join("m.jsonl"));
+        let err = check(&args, &config).unwrap_err().to_string();
+        assert!(err.contains("--json and --metrics"), "{err}");
+
+        // A directory that does not exist, and a directory as the file.
+        args.json = Some(dir.path().join("report.json"));
+        args.save_model = Some(dir.path().join("absent").join("model.h5"));
+        let err = check(&args, &config).unwrap_err().to_string();
+        assert!(
+            err.contains("--save-model") && err.contains("absent"),
+            "{err}"
+        );
+        args.save_model = Some(dir.path().to_path_buf());
+        let err = check(&args, &config).unwrap_err().to_string();
+        assert!(err.contains("is a directory"), "{err}");
+
+        args.save_model = Some(dir.path().join("model.h5"));
+        check(&args, &config).unwrap();
+        // Nothing was left behind by the probes.
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["tokens.bin"]);
+    }
+}
