@@ -20,7 +20,7 @@ use serde::Serialize;
 use std::io::Write;
 use zero_comm::rsmpi::collective::{CommunicatorCollectives, SystemOperation, UserOperation};
 use zero_comm::rsmpi::topology::SimpleCommunicator;
-use zero_comm::{selftest, Communicator, DType, Element, MpiComm, ReduceOp};
+use zero_comm::{selftest, CollectiveKind, Communicator, DType, Element, MpiComm, ReduceOp};
 
 use super::comm_args::CommArgs;
 use super::comm_device::{self, Baseline};
@@ -42,6 +42,15 @@ impl Op {
             o => bail!("unknown collective '{o}' (reduce_scatter, all_gather, all_reduce)"),
         })
     }
+    /// The collective, as the watchdog names it.
+    pub(super) fn kind(self) -> CollectiveKind {
+        match self {
+            Op::AllReduce => CollectiveKind::AllReduce,
+            Op::ReduceScatter => CollectiveKind::ReduceScatter,
+            Op::AllGather => CollectiveKind::AllGather,
+        }
+    }
+
     pub(super) fn name(self) -> &'static str {
         match self {
             Op::ReduceScatter => "reduce_scatter",
@@ -154,6 +163,7 @@ impl RawMpi for f16 {
 /// the order swapped every pair, each call started right after a barrier, so that a slow
 /// moment of a shared machine hits both alike. `warmup` untimed pairs first.
 pub(super) fn paired(
+    comm: &MpiComm,
     world: &SimpleCommunicator,
     warmup: usize,
     pairs: usize,
@@ -166,14 +176,16 @@ pub(super) fn paired(
     let mut t = vec![0.0f64; 2 * pairs];
     for i in 0..pairs {
         for k in [i % 2, 1 - i % 2] {
-            world.barrier();
+            comm.watched(CollectiveKind::Barrier, 0, DType::U8, || world.barrier());
             let t0 = zero_comm::rsmpi::time();
             call(k == 0)?;
             t[2 * i + k] = zero_comm::rsmpi::time() - t0;
         }
     }
     let mut slowest = vec![0.0f64; 2 * pairs];
-    world.all_reduce_into(&t[..], &mut slowest[..], SystemOperation::max());
+    comm.watched(CollectiveKind::AllReduce, t.len(), DType::F64, || {
+        world.all_reduce_into(&t[..], &mut slowest[..], SystemOperation::max())
+    });
     let ours_t = slowest.iter().step_by(2).copied().collect();
     let raw_t = slowest.iter().skip(1).step_by(2).copied().collect();
     Ok((ours_t, raw_t))
@@ -254,6 +266,13 @@ pub(super) fn plan(args: &CommArgs, n: usize, elem: usize) -> Result<(Vec<Op>, V
             None => break,
         };
     }
+    if points.is_empty() {
+        bail!(
+            "--max-size {} is below the smallest message measured here, one {elem}-byte element per rank ({} bytes on {n} ranks): give a larger --max-size",
+            args.max_size,
+            elem * n
+        );
+    }
     Ok((ops, points))
 }
 
@@ -278,13 +297,13 @@ fn sweep<T: RawMpi>(
         let block_send = vec![T::default(); block];
         let mut block_recv = vec![T::default(); block];
         for &op in &ops {
-            let (ours, raw) = paired(world, args.warmup, pairs, |ours| {
+            let (ours, raw) = paired(comm, world, args.warmup, pairs, |ours| {
                 if !ours || args.raw_vs_raw {
-                    match op {
+                    comm.watched(op.kind(), count, T::DTYPE, || match op {
                         Op::AllReduce => T::raw(world, op, &full_send, &mut full_recv),
                         Op::ReduceScatter => T::raw(world, op, &full_send, &mut block_recv),
                         Op::AllGather => T::raw(world, op, &block_send, &mut full_recv),
-                    }
+                    });
                     return Ok(());
                 }
                 match op {

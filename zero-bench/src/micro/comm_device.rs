@@ -84,7 +84,7 @@ pub(super) fn sweep<T: RawMpi, D: Device, C: Communicator>(
         };
         for &op in &ops {
             let what = || format!("{} of {count} x {}", op.name(), T::DTYPE);
-            let (ours, raw) = paired(world, args.warmup, pairs, |ours| {
+            let (ours, raw) = paired(comm, world, args.warmup, pairs, |ours| {
                 if ours {
                     match op {
                         // In place: the engine's all-reduces are (sums of zeros stay zero).
@@ -116,11 +116,11 @@ pub(super) fn sweep<T: RawMpi, D: Device, C: Communicator>(
                 }
                 match baseline {
                     Baseline::HostMpi(w) => {
-                        match op {
+                        comm.watched(op.kind(), count, T::DTYPE, || match op {
                             Op::AllReduce => T::raw(w, op, &host_send, &mut host_full),
                             Op::ReduceScatter => T::raw(w, op, &host_send, &mut host_block),
                             Op::AllGather => T::raw(w, op, &host_send[..block], &mut host_full),
-                        }
+                        });
                         Ok(())
                     }
                     #[cfg(feature = "nccl")]

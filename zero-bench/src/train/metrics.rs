@@ -141,6 +141,22 @@ impl Metrics {
     /// checkpoints do): this also checks now, before step 1, that the directory takes
     /// files.
     fn staged(path: &Path, lines: &[String]) -> anyhow::Result<Metrics> {
+        // Not a plain file (a pipe, a terminal, /dev/stdout): nothing to rename over,
+        // write to it directly.
+        if std::fs::metadata(path).is_ok_and(|m| !m.is_file()) {
+            let f = std::fs::OpenOptions::new()
+                .append(true)
+                .open(path)
+                .with_context(|| format!("opening the metrics file {}", path.display()))?;
+            return Ok(Metrics {
+                path: path.to_path_buf(),
+                state: State::Open(BufWriter::new(f)),
+                failure: None,
+            });
+        }
+        // A link to a file: replace the file it names, not the link.
+        let target = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+        let path = target.as_path();
         let name = path
             .file_name()
             .map_or("metrics".into(), |n| n.to_string_lossy().into_owned());
@@ -308,6 +324,26 @@ mod tests {
         assert!(!fresh.exists());
         let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
         assert_eq!(left.len(), 1, "{left:?}");
+        // A device or a link is written through, never replaced.
+        let mut null = Metrics::create(Path::new("/dev/null")).unwrap();
+        null.write(0, &r, 1, None);
+        assert!(null.failure().is_none());
+        use std::os::unix::fs::FileTypeExt;
+        assert!(std::fs::metadata("/dev/null")
+            .unwrap()
+            .file_type()
+            .is_char_device());
+        let link = dir.path().join("link.jsonl");
+        std::os::unix::fs::symlink(&path, &link).unwrap();
+        let mut through = Metrics::resume(&link, 5).unwrap();
+        through.write(0, &r, 1, None);
+        drop(through);
+        assert!(std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert_eq!(std::fs::read_to_string(&path).unwrap().lines().count(), 6);
+        std::fs::remove_file(&link).unwrap();
         // A directory that does not exist is an error before step 1.
         assert!(Metrics::create(&dir.path().join("absent").join("m.jsonl")).is_err());
     }

@@ -85,6 +85,22 @@ fn writable(flag: &str, path: &Path) -> anyhow::Result<()> {
             path.display()
         );
     }
+    match std::fs::metadata(path) {
+        // A pipe, a terminal, /dev/stdout: opened when written (opening a pipe here
+        // would wait for its reader).
+        Ok(m) if !m.is_file() => return Ok(()),
+        // An existing file: may this process write it? (Opened without truncating.)
+        Ok(_) => {
+            return match std::fs::OpenOptions::new().write(true).open(path) {
+                Ok(_) => Ok(()),
+                Err(e) => bail!(
+                    "{flag} {}: cannot write it ({e}); give a file you can write (checked before step 1, so that the run's output is not lost at its end)",
+                    path.display()
+                ),
+            };
+        }
+        Err(_) => {}
+    }
     let dir = parent(path);
     let name = path
         .file_name()

@@ -57,6 +57,8 @@ pub struct MpiComm {
     name: Rc<str>,
     shared: Rc<Shared>,
     seq: Cell<u64>,
+    /// Sequence numbers of the raw calls run through [`MpiComm::watched`].
+    raw_seq: Cell<u64>,
     counters: Counters,
     half_sum: Cell<HalfSum>,
     /// Device pointers go to MPI as they are (`--comm mpi-cuda`, after the CUDA-aware
@@ -90,6 +92,25 @@ pub(crate) fn mpi_error_string(code: c_int) -> String {
 }
 
 impl MpiComm {
+    /// Run `f`, an MPI call made outside this communicator (a benchmark's raw baseline on
+    /// the same ranks), under the watchdog as a `kind` of `count` x `dtype`: a peer that
+    /// never joins it ends the job as in one of ours. Reported on `<name> (raw MPI)`,
+    /// with its own sequence numbers.
+    pub fn watched<R>(
+        &self,
+        kind: CollectiveKind,
+        count: usize,
+        dtype: crate::DType,
+        f: impl FnOnce() -> R,
+    ) -> R {
+        let _watch = self.shared.watchdog.as_ref().map(|dog| {
+            let seq = self.raw_seq.get();
+            self.raw_seq.set(seq + 1);
+            dog.enter(&format!("{} (raw MPI)", self.name), seq, kind, count, dtype)
+        });
+        f()
+    }
+
     /// Wrap a communicator handle we own (freed on drop), switching it to ERRORS_RETURN.
     pub(crate) fn adopt(raw: ffi::MPI_Comm, name: String, shared: Rc<Shared>) -> Result<Self> {
         let world_rank = shared.world_rank;
@@ -133,6 +154,7 @@ impl MpiComm {
             name: Rc::from(name.as_str()),
             shared,
             seq: Cell::new(0),
+            raw_seq: Cell::new(0),
             counters: Counters::default(),
             half_sum: Cell::new(half_sum),
             device_pointers: Cell::new(false),
