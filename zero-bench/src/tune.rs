@@ -33,10 +33,10 @@ use zero_kernels::device::{Device, HostDevice};
 use zero_kernels::Exec;
 use zero_models::init::SplitMix64;
 use zero_models::LayeredLm;
-use zero_models::{upload_units, Gpt, TokenBatch};
+use zero_models::{upload_units, Gpt, Llama, ModelPreset, TokenBatch};
 
 use crate::config::{load, Config};
-use crate::sweep::launch::{launcher_words, run_logged};
+use crate::sweep::launch::{launcher_words, run_logged, Interrupted};
 use crate::train::{budget, gpt_config};
 
 /// Options of `zero-bench tune`.
@@ -129,6 +129,8 @@ pub struct Candidate {
     pub predicted_comm_s: f64,
     /// Measured step times, one per round (mean over the timed steps of a run).
     pub measured_s: Vec<f64>,
+    /// Why its run failed (it is not run again, nor chosen).
+    pub failed: Option<String>,
 }
 
 impl Candidate {
@@ -159,6 +161,9 @@ impl Candidate {
     }
 
     fn measured(&self) -> Option<f64> {
+        if self.failed.is_some() {
+            return None;
+        }
         let mut v = self.measured_s.clone();
         if v.is_empty() {
             return None;
@@ -192,9 +197,9 @@ struct Rates {
     fwd_bwd_s: Vec<(usize, f64)>,
     /// Seconds per parameter of one AdamW step on this rank's share.
     adam_s_per_param: f64,
-    /// Alpha (seconds per ring step) and beta (bytes per second per rank).
-    alpha_s: f64,
-    beta_bytes_per_s: f64,
+    /// Alpha (seconds per ring step) and beta (bytes per second per rank); `None` at
+    /// N = 1, where there is no link to measure.
+    link: Option<(f64, f64)>,
     /// How much slower a rank computes when the node has fewer cores than ranks x
     /// threads (1 otherwise).
     contention: f64,
@@ -273,9 +278,8 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
     // 3. Predictions.
     let rates = measure_rates(args, &base, &fitting)?;
     println!(
-        "measured here: alpha {:.1} us per ring step, beta {:.2} GB/s per rank, AdamW {:.2} ns/param, compute x{:.1} for {} rank(s) on {} core(s); forward+backward: {}",
-        rates.alpha_s * 1e6,
-        rates.beta_bytes_per_s / 1e9,
+        "measured here: {}, AdamW {:.2} ns/param, compute x{:.1} for {} rank(s) on {} core(s); forward+backward: {}",
+        link_text(rates.link),
         rates.adam_s_per_param * 1e9,
         rates.contention,
         args.ranks_per_node.unwrap_or(n),
@@ -298,7 +302,9 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
                 .find(|(b, _)| *b == c.micro_batch)
                 .map_or(f64::NAN, |(_, s)| *s);
             let comm = CommPlan::new(&p.layout, &p.plan, c.grad_accum);
-            c.predicted_comm_s = comm.estimate_seconds(rates.alpha_s, rates.beta_bytes_per_s);
+            // No link (N = 1): no communication either, so no time for it.
+            let (alpha, beta) = rates.link.unwrap_or((0.0, f64::INFINITY));
+            c.predicted_comm_s = comm.estimate_seconds(alpha, beta);
             // AdamW runs over this rank's share: everything at stage 0, 1/N of it above.
             let updated = if c.stage == 0 {
                 p.layout.numel()
@@ -345,6 +351,9 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
     let timeout = Duration::from_secs(args.timeout);
     for round in 0..args.rounds {
         for &i in &chosen {
+            if cands[i].failed.is_some() {
+                continue;
+            }
             let c = &cands[i];
             let report = args.out.join(format!("run-{i}-round-{round}.json"));
             let mut words = launcher_words(&args.launcher, n)?;
@@ -368,26 +377,77 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
                 report.display().to_string(),
             ]);
             eprintln!("[tune round {}/{}] {}", round + 1, args.rounds, c.label());
-            run_logged(&words, &report.with_extension("log"), timeout, &c.label())?;
-            let step_s = read_step_seconds(&report)?;
-            cands[i].measured_s.push(step_s);
+            let outcome = run_logged(&words, &report.with_extension("log"), timeout, &c.label())
+                .and_then(|()| read_step_seconds(&report));
+            match outcome {
+                Ok(step_s) => cands[i].measured_s.push(step_s),
+                // Ctrl-C or SIGTERM stops the whole tune, not just this candidate.
+                Err(e) if e.is::<Interrupted>() => {
+                    return Err(e.context(format!(
+                        "tune interrupted in round {} of {}; the finished runs' reports are in {}",
+                        round + 1,
+                        args.rounds,
+                        args.out.display()
+                    )));
+                }
+                // One candidate failing (out of memory, a crash) leaves the others to
+                // compare: it becomes a failed row of the table.
+                Err(e) => {
+                    eprintln!("[tune] {e:#}");
+                    // The table names the candidate; the reason need not repeat it.
+                    let why = format!("{e:#}");
+                    let label = format!("{}: ", cands[i].label());
+                    let why = why.strip_prefix(&label).unwrap_or(&why);
+                    cands[i].failed = Some(format!("round {}: {why}", round + 1));
+                }
+            }
         }
     }
 
     // 5. Report and the chosen configuration.
     let measured: Vec<&Candidate> = chosen.iter().map(|&i| &cands[i]).collect();
-    let best = measured
+    let conc = concordance(&measured);
+    let table = render(&measured, &conc);
+    print!("{table}");
+    let (alpha_s, beta_bytes_per_s) = rates.link.unzip();
+    let mut json = serde_json::json!({
+        "world": n, "global_batch": global, "budget_bytes": budget.bytes,
+        "alpha_s": alpha_s, "beta_bytes_per_s": beta_bytes_per_s,
+        "pairs_ordered_alike": conc.agree, "pairs": conc.pairs,
+        "pairs_tied": conc.tied,
+        "measured": measured,
+    });
+    let json_path = args.out.join("tune.json");
+    let write_json = |json: &serde_json::Value| -> anyhow::Result<()> {
+        std::fs::write(
+            &json_path,
+            serde_json::to_string_pretty(json).context("serialising the tune report")? + "\n",
+        )
+        .with_context(|| format!("writing {}", json_path.display()))
+    };
+    let failed = measured.iter().filter(|c| c.failed.is_some()).count();
+    let Some(best) = measured
         .iter()
         .filter(|c| c.plan_bytes <= budget.bytes)
-        .min_by(|a, b| {
-            a.measured()
-                .unwrap_or(f64::INFINITY)
-                .total_cmp(&b.measured().unwrap_or(f64::INFINITY))
-        })
-        .ok_or_else(|| anyhow!("nothing was measured"))?;
-    let (agree, pairs) = concordance(&measured);
-    let table = render(&measured, agree, pairs);
-    print!("{table}");
+        .filter_map(|c| Some((c, c.measured()?)))
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .map(|(c, _)| c)
+    else {
+        write_json(&json)?;
+        bail!(
+            "no candidate within the budget ran successfully ({failed} of {} candidate(s) failed; \
+             the table above and {} say why, the logs are in {})",
+            measured.len(),
+            json_path.display(),
+            args.out.display()
+        );
+    };
+    if failed > 0 {
+        eprintln!(
+            "[tune] {failed} of {} candidate(s) failed (marked in the table); chosen among the others",
+            measured.len()
+        );
+    }
     let best_cfg = best.apply(&base);
     let toml_path = args.out.join("best.toml");
     let text = format!(
@@ -398,19 +458,9 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
         toml::to_string(&best_cfg).context("writing the chosen configuration")?
     );
     std::fs::write(&toml_path, text).with_context(|| format!("writing {}", toml_path.display()))?;
-    let json = serde_json::json!({
-        "world": n, "global_batch": global, "budget_bytes": budget.bytes,
-        "alpha_s": rates.alpha_s, "beta_bytes_per_s": rates.beta_bytes_per_s,
-        "pairs_ordered_alike": agree, "pairs": pairs,
-        "best": best.label(),
-        "measured": measured,
-    });
-    std::fs::write(
-        args.out.join("tune.json"),
-        serde_json::to_string_pretty(&json).context("serialising the tune report")? + "\n",
-    )
-    .context("writing tune.json")?;
-    if let Some(given) = measured.iter().find(|c| c.given) {
+    json["best"] = best.label().into();
+    write_json(&json)?;
+    if let Some(given) = measured.iter().find(|c| c.given && c.measured().is_some()) {
         println!(
             "chosen: {} at {:.2} ms per step; the configuration as given ({}) {:.2} ms: {:.2}x",
             best.label(),
@@ -420,11 +470,7 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
             given.measured().unwrap_or(f64::NAN) / best.measured().unwrap_or(f64::NAN)
         );
     }
-    println!(
-        "written: {} {}",
-        toml_path.display(),
-        args.out.join("tune.json").display()
-    );
+    println!("written: {} {}", toml_path.display(), json_path.display());
     Ok(())
 }
 
@@ -457,6 +503,7 @@ fn enumerate(base: &Config, n: usize, per_rank: usize) -> anyhow::Result<Vec<Can
                         predicted_s: 0.0,
                         predicted_comm_s: 0.0,
                         measured_s: Vec::new(),
+                        failed: None,
                     });
                 }
             }
@@ -474,6 +521,7 @@ fn enumerate(base: &Config, n: usize, per_rank: usize) -> anyhow::Result<Vec<Can
         predicted_s: 0.0,
         predicted_comm_s: 0.0,
         measured_s: Vec::new(),
+        failed: None,
     };
     if given.micro_batch * given.grad_accum * n == per_rank * n {
         // The same point may be among the enumerated ones: mark it instead of adding it.
@@ -505,7 +553,9 @@ fn measure_rates(
     base: &Config,
     cands: &[(Candidate, budget::RankPlan)],
 ) -> anyhow::Result<Rates> {
-    let gpt = gpt_config(base)?;
+    // Either family (GPT-2 or Llama), as train builds it.
+    let model = base.model_preset().map_err(|e| anyhow!(e))?;
+    model.validate().context("model")?;
     let mut micro: Vec<usize> = cands.iter().map(|(c, _)| c.micro_batch).collect();
     micro.sort_unstable();
     micro.dedup();
@@ -518,33 +568,26 @@ fn measure_rates(
     let t = base.train.seq_len;
     let mut fwd_bwd_s = Vec::new();
     for &b in &micro {
-        let mut model = Gpt::<HostDevice, f32>::new(&dev, gpt, b).context("building the model")?;
-        let params = upload_units(cx, &model.init_params(1), "param")?;
-        let mut grads = upload_units(cx, &model.zero_grads(), "grad")?;
-        let mut rng = SplitMix64::new(7);
-        let v = gpt.vocab_size as u64;
-        let x: Vec<u32> = (0..b * t).map(|_| (rng.next_u64() % v) as u32).collect();
-        let batch = TokenBatch {
-            rows: b,
-            seq_len: t,
-            inputs: &x,
-            targets: &x,
-        };
-        // The fastest of 3 after a warm-up: the machine may be shared.
-        let mut best = f64::INFINITY;
-        for i in 0..4 {
-            let t0 = Instant::now();
-            model
-                .forward_backward(cx, &batch, &params, &mut grads, 1e-3)
-                .context("timing forward+backward")?;
-            if i > 0 {
-                best = best.min(t0.elapsed().as_secs_f64());
+        let best = match model {
+            ModelPreset::Gpt(_) => {
+                // The GPT-2 shape as train resolves and checks it.
+                let g = gpt_config(base)?;
+                let mut m =
+                    Gpt::<HostDevice, f32>::new(&dev, g, b).context("building the model")?;
+                let (p, z) = (m.init_params(1), m.zero_grads());
+                time_fwd_bwd(cx, &mut m, &p, &z, g.vocab_size, b, t)?
             }
-        }
+            ModelPreset::Llama(l) => {
+                let mut m =
+                    Llama::<HostDevice, f32>::new(&dev, l, b).context("building the model")?;
+                let (p, z) = (m.init_params(1), m.zero_grads());
+                time_fwd_bwd(cx, &mut m, &p, &z, l.vocab_size, b, t)?
+            }
+        };
         fwd_bwd_s.push((b, best));
     }
     let adam_s_per_param = adam_rate()?;
-    let (alpha_s, beta_bytes_per_s) = probe_link(args)?;
+    let link = probe_link(args)?;
     let cores = args
         .cores_per_node
         .or_else(|| std::thread::available_parallelism().ok().map(|c| c.get()))
@@ -553,10 +596,57 @@ fn measure_rates(
     Ok(Rates {
         fwd_bwd_s,
         adam_s_per_param,
-        alpha_s,
-        beta_bytes_per_s,
+        link,
         contention: (ranks as f64 / cores.max(1) as f64).max(1.0),
     })
+}
+
+/// The fastest of 3 forward+backward passes of `model` (after a warm-up: the machine may
+/// be shared) on one random micro-batch of `b` x `t` tokens.
+fn time_fwd_bwd<M: LayeredLm<HostDevice, f32>>(
+    cx: Compute<'_, HostDevice>,
+    model: &mut M,
+    init: &[Vec<f32>],
+    zero: &[Vec<f32>],
+    vocab: usize,
+    b: usize,
+    t: usize,
+) -> anyhow::Result<f64> {
+    let params = upload_units(cx, init, "param")?;
+    let mut grads = upload_units(cx, zero, "grad")?;
+    let mut rng = SplitMix64::new(7);
+    let x: Vec<u32> = (0..b * t)
+        .map(|_| (rng.next_u64() % vocab as u64) as u32)
+        .collect();
+    let batch = TokenBatch {
+        rows: b,
+        seq_len: t,
+        inputs: &x,
+        targets: &x,
+    };
+    let mut best = f64::INFINITY;
+    for i in 0..4 {
+        let t0 = Instant::now();
+        model
+            .forward_backward(cx, &batch, &params, &mut grads, 1e-3)
+            .context("timing forward+backward")?;
+        if i > 0 {
+            best = best.min(t0.elapsed().as_secs_f64());
+        }
+    }
+    Ok(best)
+}
+
+/// "alpha A us per ring step, beta B GB/s per rank", or n/a where nothing was measured.
+fn link_text(link: Option<(f64, f64)>) -> String {
+    match link {
+        Some((alpha, beta)) => format!(
+            "alpha {:.1} us per ring step, beta {:.2} GB/s per rank",
+            alpha * 1e6,
+            beta / 1e9
+        ),
+        None => "alpha and beta n/a (one rank: no communication)".into(),
+    }
 }
 
 /// Seconds per parameter of the fused AdamW kernel (fp32 master, m, v; bf16 gradient and
@@ -594,11 +684,11 @@ fn adam_rate() -> anyhow::Result<f64> {
 
 /// Alpha and beta of the link between `--world` ranks under the launcher: a reduce-scatter
 /// sweep (`micro comm`), fitted as time = (N-1) alpha + bytes (N-1)/N / beta by least
-/// squares over the sizes.
-fn probe_link(args: &TuneArgs) -> anyhow::Result<(f64, f64)> {
+/// squares over the sizes. `None` for one rank (nothing to measure).
+fn probe_link(args: &TuneArgs) -> anyhow::Result<Option<(f64, f64)>> {
     let n = args.world;
     if n == 1 {
-        return Ok((0.0, f64::INFINITY));
+        return Ok(None);
     }
     let csv = args.out.join("probe-comm.csv");
     let mut words = launcher_words(&args.launcher, n)?;
@@ -660,7 +750,7 @@ fn probe_link(args: &TuneArgs) -> anyhow::Result<(f64, f64)> {
     let (small, large) = (pts[0], pts[pts.len() - 1]);
     let beta = large.0 * (nf - 1.0) / nf / large.1.max(1e-12);
     let alpha = ((small.1 - small.0 * (nf - 1.0) / nf / beta) / (nf - 1.0)).max(0.0);
-    Ok((alpha, beta))
+    Ok(Some((alpha, beta)))
 }
 
 /// A run's mean step time (after the warm-up step), from its `--json` report.
@@ -674,28 +764,56 @@ fn read_step_seconds(path: &Path) -> anyhow::Result<f64> {
         .ok_or_else(|| anyhow!("{} has no mean_step_seconds", path.display()))
 }
 
-/// Pairs of measured candidates that prediction and measurement order alike, and pairs.
-fn concordance(c: &[&Candidate]) -> (usize, usize) {
-    let (mut agree, mut pairs) = (0, 0);
+/// How often prediction and measurement order the measured candidates alike.
+#[derive(Debug, PartialEq)]
+struct Concordance {
+    /// Pairs ordered alike.
+    agree: usize,
+    /// Pairs both ordered strictly (the ones compared).
+    pairs: usize,
+    /// Pairs left out: predicted (or measured) equal, so neither agreeing nor not.
+    tied: usize,
+}
+
+/// Whether two times are equal to within rounding (candidates differing only in what the
+/// model does not see, as a bucket size at N = 1, predict the same time).
+fn tie(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-9 * a.abs().max(b.abs())
+}
+
+/// [`Concordance`] over the candidates measured successfully.
+fn concordance(c: &[&Candidate]) -> Concordance {
+    let mut k = Concordance {
+        agree: 0,
+        pairs: 0,
+        tied: 0,
+    };
     for i in 0..c.len() {
         for j in i + 1..c.len() {
             let (Some(mi), Some(mj)) = (c[i].measured(), c[j].measured()) else {
                 continue;
             };
-            pairs += 1;
-            if (c[i].predicted_s < c[j].predicted_s) == (mi < mj) {
-                agree += 1;
+            let (pi, pj) = (c[i].predicted_s, c[j].predicted_s);
+            if tie(pi, pj) || tie(mi, mj) {
+                k.tied += 1;
+                continue;
+            }
+            k.pairs += 1;
+            if (pi < pj) == (mi < mj) {
+                k.agree += 1;
             }
         }
     }
-    (agree, pairs)
+    k
 }
 
-fn render(c: &[&Candidate], agree: usize, pairs: usize) -> String {
+fn render(c: &[&Candidate], k: &Concordance) -> String {
     let mut o = String::new();
-    let mut by_pred: Vec<&&Candidate> = c.iter().collect();
+    // Ranks among the candidates that ran (a failed one has neither).
+    let ran: Vec<&&Candidate> = c.iter().filter(|x| x.measured().is_some()).collect();
+    let mut by_pred = ran.clone();
     by_pred.sort_by(|a, b| a.predicted_s.total_cmp(&b.predicted_s));
-    let mut by_meas: Vec<&&Candidate> = c.iter().collect();
+    let mut by_meas = ran.clone();
     by_meas.sort_by(|a, b| {
         a.measured()
             .unwrap_or(f64::INFINITY)
@@ -706,18 +824,27 @@ fn render(c: &[&Candidate], agree: usize, pairs: usize) -> String {
         "{:<60} {:>11} {:>12} {:>11} {:>9} {:>9}",
         "candidate", "plan/rank", "predicted", "measured", "pred rank", "meas rank"
     );
-    for cand in &by_meas {
-        let pr = by_pred
+    // 1 + how many that ran are strictly faster: equal times share a rank.
+    let rank = |time: &dyn Fn(&Candidate) -> Option<f64>, cand: &Candidate| {
+        let Some(mine) = cand.measured().and(time(cand)) else {
+            return "-".to_string();
+        };
+        let faster = ran
             .iter()
-            .position(|x| std::ptr::eq(**x, **cand))
-            .map_or(0, |p| p + 1);
-        let mr = by_meas
-            .iter()
-            .position(|x| std::ptr::eq(**x, **cand))
-            .map_or(0, |p| p + 1);
+            .filter_map(|x| time(x))
+            .filter(|&t| t < mine && !tie(t, mine))
+            .count();
+        (faster + 1).to_string()
+    };
+    let failed = c.iter().filter(|x| x.failed.is_some());
+    for cand in by_meas.iter().copied().chain(failed) {
+        let measured = match cand.measured() {
+            Some(m) => format!("{:>8.2} ms", m * 1e3),
+            None => format!("{:>11}", "failed"),
+        };
         let _ = writeln!(
             o,
-            "{:<60} {:>11} {:>9.2} ms {:>8.2} ms {:>9} {:>9}",
+            "{:<60} {:>11} {:>9.2} ms {} {:>9} {:>9}",
             format!(
                 "{}{}",
                 cand.label(),
@@ -725,19 +852,181 @@ fn render(c: &[&Candidate], agree: usize, pairs: usize) -> String {
             ),
             human_bytes(cand.plan_bytes as f64),
             cand.predicted_s * 1e3,
-            cand.measured().unwrap_or(f64::NAN) * 1e3,
-            pr,
-            mr
+            measured,
+            rank(&|x| Some(x.predicted_s), cand),
+            rank(&|x| x.measured(), cand)
         );
     }
+    for cand in c.iter().filter(|x| x.failed.is_some()) {
+        let _ = writeln!(
+            o,
+            "failed: {}: {}",
+            cand.label(),
+            cand.failed.as_deref().unwrap_or_default()
+        );
+    }
+    if ran.is_empty() {
+        let _ = writeln!(o, "no candidate ran successfully: nothing to compare");
+        return o;
+    }
+    let tied = match k.tied {
+        0 => String::new(),
+        t => format!(" ({t} pair(s) with equal times left out)"),
+    };
     let _ = writeln!(
         o,
-        "predicted order matches the measured one for {agree} of {pairs} pairs{}",
-        if by_pred.first().map(|x| **x as *const _) == by_meas.first().map(|x| **x as *const _) {
+        "predicted order matches the measured one for {} of {} pairs{tied}{}",
+        k.agree,
+        k.pairs,
+        // Among candidates predicted equally fast, any one is "the predicted fastest".
+        if by_meas.first().is_some_and(|m| {
+            by_pred
+                .first()
+                .is_some_and(|p| tie(m.predicted_s, p.predicted_s))
+        }) {
             "; the predicted fastest is the measured fastest"
         } else {
             "; the predicted fastest is not the measured fastest"
         }
     );
     o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cand(predicted_ms: f64, measured_ms: &[f64]) -> Candidate {
+        Candidate {
+            stage: 1,
+            micro_batch: 1,
+            grad_accum: 1,
+            bucket_elems: None,
+            prefetch: 1,
+            persistence_threshold: 0,
+            given: false,
+            plan_bytes: 1 << 20,
+            predicted_s: predicted_ms * 1e-3,
+            predicted_comm_s: 0.0,
+            measured_s: measured_ms.iter().map(|m| m * 1e-3).collect(),
+            failed: None,
+        }
+    }
+
+    #[test]
+    fn tied_predictions_are_left_out_of_the_pairs_not_counted_as_disagreements() {
+        // Two predicted alike (a bucket size at N = 1), one slower; measured a < b < c.
+        let (a, b, c) = (
+            cand(10.0, &[10.0]),
+            cand(10.0, &[11.0]),
+            cand(20.0, &[30.0]),
+        );
+        let k = concordance(&[&a, &b, &c]);
+        assert_eq!(
+            k,
+            Concordance {
+                agree: 2,
+                pairs: 2,
+                tied: 1
+            }
+        );
+        let text = render(&[&a, &b, &c], &k);
+        let ranks: Vec<String> = text
+            .lines()
+            .skip(1)
+            .take(3)
+            .map(|l| {
+                l.split_whitespace()
+                    .rev()
+                    .take(2)
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .collect();
+        // (measured rank, predicted rank): a and b share the predicted first place.
+        assert_eq!(ranks, ["1 1", "2 1", "3 3"], "{text}");
+        assert!(
+            text.contains("matches the measured one for 2 of 2 pairs (1 pair(s) with equal times left out); the predicted fastest is the measured fastest"),
+            "{text}"
+        );
+        // The measured fastest is among those predicted fastest either way round.
+        let b2 = cand(10.0, &[9.0]);
+        assert!(render(&[&a, &b2, &c], &concordance(&[&a, &b2, &c]))
+            .contains("the predicted fastest is the measured fastest"));
+        // A strict disagreement still counts as one.
+        let d = cand(5.0, &[40.0]);
+        assert_eq!(
+            concordance(&[&a, &d]),
+            Concordance {
+                agree: 0,
+                pairs: 1,
+                tied: 0
+            }
+        );
+    }
+
+    #[test]
+    fn a_failed_candidate_is_a_row_with_its_reason_and_out_of_the_comparison() {
+        let a = cand(10.0, &[12.0]);
+        let mut f = cand(5.0, &[6.0]);
+        f.failed = Some("round 2: ZeRO-1: the job failed: error: out of memory".into());
+        assert_eq!(f.measured(), None);
+        let k = concordance(&[&a, &f]);
+        assert_eq!((k.agree, k.pairs, k.tied), (0, 0, 0));
+        let text = render(&[&a, &f], &k);
+        let rows: Vec<&str> = text.lines().collect();
+        assert!(rows[1].contains("12.00 ms") && rows[1].trim_end().ends_with("1         1"));
+        assert!(
+            rows[2].contains("failed") && rows[2].trim_end().ends_with("-         -"),
+            "{text}"
+        );
+        assert!(text.contains("failed: ZeRO-1 B=1 A=1 bucket=default: round 2: ZeRO-1: the job failed: error: out of memory"), "{text}");
+        assert!(text.contains("for 0 of 0 pairs"), "{text}");
+        let none = render(&[&f], &concordance(&[&f]));
+        assert!(none.contains("no candidate ran successfully"), "{none}");
+    }
+
+    #[test]
+    fn an_unmeasured_link_is_na_not_infinite() {
+        assert_eq!(
+            link_text(None),
+            "alpha and beta n/a (one rank: no communication)"
+        );
+        assert_eq!(
+            link_text(Some((2e-6, 3.5e9))),
+            "alpha 2.0 us per ring step, beta 3.50 GB/s per rank"
+        );
+    }
+
+    #[test]
+    fn rates_are_measured_for_a_llama_as_for_a_gpt() {
+        for preset in ["llama-tiny", "tiny"] {
+            let mut base = Config::default();
+            base.model.preset = Some(preset.into());
+            base.train.seq_len = 8;
+            let mut c = cand(0.0, &[]);
+            c.micro_batch = 2;
+            let plan = budget::plan(&c.apply(&base), 1, 0).unwrap();
+            let args = TuneArgs {
+                config: None,
+                set: Vec::new(),
+                world: 1,
+                global_batch: None,
+                mem_limit: None,
+                mem_headroom: 0.1,
+                top: 1,
+                steps: 2,
+                rounds: 1,
+                launcher: "unused {n}".into(),
+                out: PathBuf::from("/nonexistent"),
+                timeout: 1,
+                ranks_per_node: None,
+                cores_per_node: Some(1),
+            };
+            let rates = measure_rates(&args, &base, &[(c, plan)]).unwrap();
+            assert_eq!(rates.fwd_bwd_s.len(), 1, "{preset}");
+            assert!(rates.fwd_bwd_s[0].1 > 0.0, "{preset}");
+            assert!(rates.link.is_none());
+        }
+    }
 }

@@ -10,6 +10,7 @@ use std::fs::File;
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
@@ -51,9 +52,28 @@ pub fn launcher_words(template: &str, n: usize) -> anyhow::Result<Vec<String>> {
     Ok(words)
 }
 
+/// A job stopped because this process received SIGINT or SIGTERM while it ran: the
+/// caller stops too (a sweep or tune does not go on to its next job).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{what}: interrupted by {signal}; the job and its ranks were stopped; its partial \
+     output is in {}",
+    .log.display()
+)]
+pub struct Interrupted {
+    /// The job (a sweep point, a tune candidate).
+    pub what: String,
+    /// "SIGINT" or "SIGTERM".
+    pub signal: &'static str,
+    /// The job's log.
+    pub log: PathBuf,
+}
+
 /// Run `words` (a launcher command line) to its end, stdout and stderr into `log_path`,
 /// in a process group of its own, stopped after `timeout` ([`stop`]); Ok when it exited
-/// 0. `what` names the job in errors.
+/// 0. `what` names the job in errors. A SIGINT or SIGTERM to this process meanwhile is
+/// passed on to the launcher's group (which a terminal's Ctrl-C does not reach) and ends
+/// in [`Interrupted`] once the job is gone.
 pub fn run_logged(
     words: &[String],
     log_path: &Path,
@@ -67,6 +87,9 @@ pub fn run_logged(
     let (program, args) = words
         .split_first()
         .with_context(|| format!("{what}: empty command line"))?;
+    // Before the spawn: a signal from here on is caught, never left to kill this process
+    // with the job still running (the child gets the default handlers back at exec).
+    let signals = Forwarding::install()?;
     let mut child = Command::new(program)
         .args(args)
         .stdin(Stdio::null())
@@ -77,7 +100,25 @@ pub fn run_logged(
         .spawn()
         .with_context(|| format!("starting '{program}' for {what}"))?;
     let start = Instant::now();
+    let interrupted = |sig: libc::c_int| -> anyhow::Error {
+        Interrupted {
+            what: what.to_string(),
+            signal: signal_name(sig),
+            log: log_path.to_path_buf(),
+        }
+        .into()
+    };
     let status = loop {
+        if let Some(sig) = signals.received() {
+            let name = signal_name(sig);
+            eprintln!(
+                "[{name}] stopping {what} (up to {} s; {name} again kills it now)",
+                INTERRUPT_GRACE.as_secs()
+            );
+            let seen = signals.count();
+            stop(&mut child, sig, INTERRUPT_GRACE, &|| signals.count() > seen);
+            return Err(interrupted(sig));
+        }
         if let Some(status) = child
             .try_wait()
             .with_context(|| format!("waiting for {what}"))?
@@ -85,7 +126,14 @@ pub fn run_logged(
             break status;
         }
         if start.elapsed() > timeout {
-            stop(&mut child);
+            // An interrupt meanwhile hurries the stop and is what the caller hears of.
+            let seen = signals.count();
+            stop(&mut child, libc::SIGTERM, STOP_GRACE, &|| {
+                signals.count() > seen
+            });
+            if let Some(sig) = signals.received() {
+                return Err(interrupted(sig));
+            }
             bail!(
                 "{what}: stopped after {:?} (timeout {}s); output in {}",
                 start.elapsed(),
@@ -95,9 +143,19 @@ pub fn run_logged(
         }
         std::thread::sleep(Duration::from_millis(50));
     };
+    // A signal as the job ended on its own still stops the caller.
+    if let Some(sig) = signals.received() {
+        return Err(interrupted(sig));
+    }
     if !status.success() {
+        let errors = error_lines(log_path);
+        let why = if errors.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", errors.join(" | "))
+        };
         bail!(
-            "{what}: the job failed ({status}) after {:.1} s; output in {}",
+            "{what}: the job failed ({status}) after {:.1} s{why}; output in {}",
             start.elapsed().as_secs_f64(),
             log_path.display()
         );
@@ -105,16 +163,170 @@ pub fn run_logged(
     Ok(())
 }
 
+/// Error lines shown of a failed job's log, at most.
+const ERROR_LINES: usize = 3;
+/// Characters kept of one error line (with its continuation lines).
+const ERROR_LINE_CHARS: usize = 500;
+/// Bytes read from the end of a log for its error lines (a long run's log is large;
+/// what ended it is at the end).
+const LOG_TAIL_BYTES: u64 = 256 * 1024;
+
+/// The last few distinct lines of the log at `path` that say `error:` (any case), oldest
+/// first, each cut to [`ERROR_LINE_CHARS`]: why the job failed, in its own words (every
+/// rank may print the same line; it is shown once). Empty when there are none or the log
+/// cannot be read.
+pub fn error_lines(path: &Path) -> Vec<String> {
+    use std::io::{Read as _, Seek as _, SeekFrom};
+    let Ok(mut f) = File::open(path) else {
+        return Vec::new();
+    };
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    if len > LOG_TAIL_BYTES && f.seek(SeekFrom::Start(len - LOG_TAIL_BYTES)).is_err() {
+        return Vec::new();
+    }
+    let mut bytes = Vec::new();
+    if f.read_to_end(&mut bytes).is_err() {
+        return Vec::new();
+    }
+    errors_in(&String::from_utf8_lossy(&bytes))
+}
+
+/// [`error_lines`] of a log's text. An error line takes its indented continuation lines
+/// with it (train's "invalid configuration:" lists the problems below it).
+fn errors_in(text: &str) -> Vec<String> {
+    let mut entries: Vec<String> = Vec::new();
+    let mut open = false;
+    for line in text.lines() {
+        if line.to_ascii_lowercase().contains("error:") {
+            entries.push(line.trim().to_string());
+            open = true;
+        } else if open && line.starts_with([' ', '\t']) && !line.trim().is_empty() {
+            if let Some(last) = entries.last_mut() {
+                last.push(' ');
+                last.push_str(line.trim());
+            }
+        } else {
+            open = false;
+        }
+    }
+    let mut found: Vec<String> = Vec::new();
+    for entry in entries.iter().rev() {
+        let cut: String = match entry.char_indices().nth(ERROR_LINE_CHARS) {
+            Some((at, _)) => format!("{}...", &entry[..at]),
+            None => entry.clone(),
+        };
+        if !found.contains(&cut) {
+            found.push(cut);
+            if found.len() == ERROR_LINES {
+                break;
+            }
+        }
+    }
+    found.reverse();
+    found
+}
+
 /// How long a launcher has after SIGTERM to end its ranks before they are killed.
 const STOP_GRACE: Duration = Duration::from_secs(10);
 
-/// Stop a launcher past its timeout, with every rank it started. SIGTERM first: mpirun
-/// ends its ranks (SIGTERM, then SIGKILL), and srun signals the ranks of its Slurm step. Whatever is left after [`STOP_GRACE`] (a rank that ignores SIGTERM,
-/// or is stopped) gets SIGKILL: the launcher's process group and every process that was
-/// below it, since Open MPI starts each local rank in a process group of its own. (Ranks
-/// of an srun step on other nodes are not below it: killing srun leaves them to Slurm,
-/// which ends the step when srun is gone.)
-fn stop(child: &mut Child) {
+/// How long a launcher has to end its ranks after an interrupt passed on to it.
+const INTERRUPT_GRACE: Duration = Duration::from_secs(30);
+
+/// The signals passed on to a running job.
+const FORWARDED: [libc::c_int; 2] = [libc::SIGINT, libc::SIGTERM];
+
+/// The last forwarded signal received (0: none), and how many were.
+static RECEIVED: AtomicI32 = AtomicI32::new(0);
+static RECEIVED_COUNT: AtomicUsize = AtomicUsize::new(0);
+
+extern "C" fn on_signal(sig: libc::c_int) {
+    // Async-signal-safe: atomic stores only.
+    RECEIVED.store(sig, Ordering::SeqCst);
+    RECEIVED_COUNT.fetch_add(1, Ordering::SeqCst);
+}
+
+/// SIGINT and SIGTERM caught (recorded, for the job's loop to act on) while a job runs;
+/// the previous handlers come back on drop, so between jobs (and in tune's own
+/// measurements) the signals act as before. A signal this process was started ignoring
+/// (a shell's background job ignores SIGINT) stays ignored.
+struct Forwarding {
+    previous: Vec<(libc::c_int, libc::sigaction)>,
+}
+
+impl Forwarding {
+    fn install() -> anyhow::Result<Forwarding> {
+        RECEIVED.store(0, Ordering::SeqCst);
+        RECEIVED_COUNT.store(0, Ordering::SeqCst);
+        let mut guard = Forwarding {
+            previous: Vec::new(),
+        };
+        for sig in FORWARDED {
+            // SAFETY: a zeroed sigaction is a valid "no flags, empty mask" value; the
+            // handler only does atomic stores; `old` is written by sigaction.
+            unsafe {
+                let mut old: libc::sigaction = std::mem::zeroed();
+                if libc::sigaction(sig, std::ptr::null(), &mut old) != 0 {
+                    return Err(std::io::Error::last_os_error())
+                        .with_context(|| format!("reading the handler of {}", signal_name(sig)));
+                }
+                if old.sa_sigaction == libc::SIG_IGN {
+                    continue;
+                }
+                let mut action: libc::sigaction = std::mem::zeroed();
+                action.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;
+                action.sa_flags = libc::SA_RESTART;
+                libc::sigemptyset(&mut action.sa_mask);
+                if libc::sigaction(sig, &action, std::ptr::null_mut()) != 0 {
+                    return Err(std::io::Error::last_os_error()).with_context(|| {
+                        format!("installing the handler of {}", signal_name(sig))
+                    });
+                }
+                guard.previous.push((sig, old));
+            }
+        }
+        Ok(guard)
+    }
+
+    /// The last signal received since [`Forwarding::install`].
+    fn received(&self) -> Option<libc::c_int> {
+        Some(RECEIVED.load(Ordering::SeqCst)).filter(|&s| s != 0)
+    }
+
+    /// How many were.
+    fn count(&self) -> usize {
+        RECEIVED_COUNT.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Forwarding {
+    fn drop(&mut self) {
+        for (sig, old) in &self.previous {
+            // SAFETY: restores the action read in `install`.
+            unsafe {
+                libc::sigaction(*sig, old, std::ptr::null_mut());
+            }
+        }
+    }
+}
+
+/// "SIGINT", "SIGTERM" or "a signal".
+fn signal_name(sig: libc::c_int) -> &'static str {
+    match sig {
+        libc::SIGINT => "SIGINT",
+        libc::SIGTERM => "SIGTERM",
+        _ => "a signal",
+    }
+}
+
+/// Stop a launcher with every rank it started: `sig` to its process group first (SIGTERM
+/// past a timeout, or the interrupt this process received): mpirun ends its ranks
+/// (SIGTERM, then SIGKILL), and srun signals the ranks of its Slurm step. Whatever is
+/// left after `grace` (a rank that ignores the signal, or is stopped), or as soon as
+/// `hurry` says so, gets SIGKILL: the launcher's process group and every process that
+/// was below it, since Open MPI starts each local rank in a process group of its own.
+/// (Ranks of an srun step on other nodes are not below it: killing srun leaves them to
+/// Slurm, which ends the step when srun is gone.)
+fn stop(child: &mut Child, sig: libc::c_int, grace: Duration, hurry: &dyn Fn() -> bool) {
     let pid = child.id() as libc::pid_t;
     // Read before the launcher ends: after, its orphaned ranks belong to init.
     let below = processes_below(pid);
@@ -123,17 +335,18 @@ fn stop(child: &mut Child) {
         |&(p, started): &(libc::pid_t, u64)| proc_stat(p).is_some_and(|(_, s)| s == started);
     // SAFETY: kill(2) on the process group we created; no memory involved.
     unsafe {
-        libc::kill(-pid, libc::SIGTERM);
+        libc::kill(-pid, sig);
     }
     let start = Instant::now();
     let mut exited = false;
-    while start.elapsed() < STOP_GRACE {
+    while start.elapsed() < grace && !hurry() {
         exited = exited || matches!(child.try_wait(), Ok(Some(_)));
         if exited && !below.iter().any(alive) {
             break;
         }
         std::thread::sleep(Duration::from_millis(100));
     }
+    exited = exited || matches!(child.try_wait(), Ok(Some(_)));
     for p in below.iter().filter(|p| alive(p)) {
         // SAFETY: as above, on a process checked a moment ago to be the one read before.
         unsafe {
@@ -283,6 +496,119 @@ mod tests {
             sleep.is_some_and(|(_, started)| started >= my_start),
             "{below:?}"
         );
+    }
+
+    #[test]
+    fn a_failed_job_shows_its_last_distinct_error_lines() {
+        let log = "\
+INFO starting
+error: first problem
+rank 1: error: model.preset = \"x\" is not a preset
+error: model.preset = \"x\" is not a preset
+error: model.preset = \"x\" is not a preset
+Error: the last one
+  - with a reason below it
+mpirun detected that one or more processes exited with non-zero status
+  Process name: [[1,1],0]
+mpirun detected that one or more processes exited with non-zero status
+";
+        assert_eq!(
+            errors_in(log),
+            [
+                "rank 1: error: model.preset = \"x\" is not a preset",
+                "error: model.preset = \"x\" is not a preset",
+                "Error: the last one - with a reason below it"
+            ]
+        );
+        assert!(errors_in("all fine\n").is_empty());
+        let long = format!("error: {}", "é".repeat(600));
+        let cut = &errors_in(&long)[0];
+        assert!(cut.ends_with("...") && cut.chars().count() == ERROR_LINE_CHARS + 3);
+
+        let dir = tempfile::tempdir().unwrap();
+        let log_path = dir.path().join("job.log");
+        let words: Vec<String> = [
+            "sh",
+            "-c",
+            "echo working; echo 'error: no such file' >&2; exit 3",
+        ]
+        .map(String::from)
+        .into();
+        let e = run_logged(&words, &log_path, Duration::from_secs(30), "N=2 x")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("N=2 x: the job failed (exit status: 3)")
+                && e.contains(": error: no such file; output in "),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn an_interrupt_stops_the_job_and_a_second_one_kills_what_ignores_it() {
+        // A test run in a shell's background starts with SIGINT ignored, which
+        // run_logged would respect: this test is about the handler, so start from the
+        // default.
+        // SAFETY: sets the default action of SIGINT; no handler code involved.
+        unsafe {
+            libc::signal(libc::SIGINT, libc::SIG_DFL);
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let pid_file = dir.path().join("pid");
+        // The background sleep ignores SIGINT (as a non-interactive shell starts it), so
+        // only the second interrupt's SIGKILL ends it.
+        let script = format!("sleep 60 & echo $! > {}; wait", pid_file.display());
+        let words = vec!["sh".to_string(), "-c".into(), script];
+        let sender = std::thread::spawn(move || {
+            let start = Instant::now();
+            while !pid_file.exists() && start.elapsed() < Duration::from_secs(20) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            std::thread::sleep(Duration::from_millis(200));
+            let sleep_pid: libc::pid_t = std::fs::read_to_string(&pid_file)
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+                .unwrap_or(0);
+            for _ in 0..2 {
+                // SAFETY: kill(2) of this test process; the handler run_logged installed
+                // catches it.
+                unsafe {
+                    libc::kill(libc::getpid(), libc::SIGINT);
+                }
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            sleep_pid
+        });
+        let start = Instant::now();
+        let e = run_logged(
+            &words,
+            &dir.path().join("job.log"),
+            Duration::from_secs(60),
+            "N=4 y",
+        )
+        .unwrap_err();
+        let sleep_pid = sender.join().unwrap();
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "{:?}",
+            start.elapsed()
+        );
+        let i = e.downcast_ref::<Interrupted>().expect("an Interrupted");
+        assert_eq!((i.what.as_str(), i.signal), ("N=4 y", "SIGINT"));
+        assert!(e.to_string().contains("partial output is in"), "{e}");
+        assert!(sleep_pid > 0);
+        assert!(
+            proc_stat(sleep_pid).is_none(),
+            "sleep {sleep_pid} still runs"
+        );
+        // The previous (default) handler is back.
+        // SAFETY: reads the current action only.
+        let now = unsafe {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            libc::sigaction(libc::SIGINT, std::ptr::null(), &mut old);
+            old.sa_sigaction
+        };
+        assert_eq!(now, libc::SIG_DFL);
     }
 
     #[test]

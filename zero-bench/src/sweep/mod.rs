@@ -188,6 +188,17 @@ fn run_sweep(args: &RunArgs) -> anyhow::Result<()> {
         eprintln!("[sweep {}/{}] {p}", i + 1, points.len());
         match job.run(p) {
             Ok(()) => done.push(job.result_path(p)),
+            // Ctrl-C or SIGTERM: the job was stopped; the sweep stops with it.
+            Err(e) if e.is::<launch::Interrupted>() => {
+                return Err(e.context(format!(
+                    "sweep interrupted at point {} of {} ({} finished; `zero-bench sweep \
+                     collect {}` tables the finished ones)",
+                    i + 1,
+                    points.len(),
+                    done.len(),
+                    args.out.display()
+                )));
+            }
             Err(e) => {
                 eprintln!("[sweep] {e:#}");
                 failed.push(format!("{e:#}"));

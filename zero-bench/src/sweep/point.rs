@@ -13,6 +13,8 @@ use std::fmt;
 
 use anyhow::{bail, Context as _};
 
+use zero_models::ModelPreset;
+
 use crate::config::Config;
 
 /// The label older result files carry for a dimension taken from the configuration.
@@ -41,13 +43,15 @@ impl Resolved {
             && m.width.is_none();
         let model = match &m.preset {
             Some(p) if plain_preset => p.clone(),
-            _ => {
-                let g = config.gpt().map_err(anyhow::Error::msg)?;
-                format!(
-                    "v{}-t{}-l{}-h{}-c{}",
-                    g.vocab_size, g.max_seq_len, g.n_layer, g.n_head, g.n_embd
-                )
-            }
+            // Either family: a Llama preset with a dimension changed is named so too.
+            _ => match config.model_preset().map_err(anyhow::Error::msg)? {
+                ModelPreset::Gpt(g) => {
+                    dimensions_label(g.vocab_size, g.max_seq_len, g.n_layer, g.n_head, g.n_embd)
+                }
+                ModelPreset::Llama(l) => {
+                    dimensions_label(l.vocab_size, l.max_seq_len, l.n_layer, l.n_head, l.n_embd)
+                }
+            },
         };
         let precision = crate::train::precision_name(config.precision.dtype).to_string();
         Ok(Resolved {
@@ -57,6 +61,14 @@ impl Resolved {
         })
     }
 }
+
+/// `v<V>-t<T>-l<L>-h<H>-c<C>`.
+fn dimensions_label(v: usize, t: usize, l: usize, h: usize, c: usize) -> String {
+    format!("v{v}-t{t}-l{l}-h{h}-c{c}")
+}
+
+/// The precisions a sweep may list (`precision.dtype`'s values).
+pub const PRECISIONS: [&str; 3] = ["fp32", "bf16", "fp16"];
 
 /// Which dimensions of a point come from the configuration (so the job passes no flag
 /// for them).
@@ -209,6 +221,23 @@ pub fn matrix(
             v.to_vec()
         })
     };
+    // Checked here, before any job starts: a misspelt name would otherwise fail every
+    // job of its row, one launch at a time.
+    if let Some(m) = models.iter().find(|m| ModelPreset::lookup(m).is_err()) {
+        bail!(
+            "--models: '{m}' is not a model preset; use one of {}",
+            zero_models::preset_names().join(", ")
+        );
+    }
+    if let Some(p) = precisions
+        .iter()
+        .find(|p| !PRECISIONS.contains(&p.as_str()))
+    {
+        bail!(
+            "--precisions: '{p}' is not a precision; use one of {}",
+            PRECISIONS.join(", ")
+        );
+    }
     let models = labels(models, "model")?;
     let precisions = labels(precisions, "precision")?;
     let accums: Vec<Option<usize>> = if grad_accums.is_empty() {
@@ -301,5 +330,46 @@ mod tests {
         assert!(matrix(&[0], &[], &[], &[], &r).is_err());
         assert!(matrix(&[1], &["a_b".into()], &[], &[], &r).is_err());
         assert!(matrix(&[1], &[], &[], &[0], &r).is_err());
+    }
+
+    #[test]
+    fn unknown_models_and_precisions_are_named_with_the_valid_ones() {
+        let r = resolved();
+        let e = matrix(&[1], &["small".into(), "gtp2".into()], &[], &[], &r)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("'gtp2' is not a model preset"), "{e}");
+        assert!(e.contains("gpt2-124m") && e.contains("llama-tiny"), "{e}");
+        let e = matrix(&[1], &[], &["bf16".into(), "fp8".into()], &[], &r)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("'fp8' is not a precision; use one of fp32, bf16, fp16"),
+            "{e}"
+        );
+        // Both families' presets and every precision pass.
+        let ok = matrix(
+            &[1],
+            &["llama-tiny".into(), "tiny".into()],
+            &PRECISIONS.map(String::from),
+            &[],
+            &r,
+        )
+        .unwrap();
+        assert_eq!(ok.len(), 6);
+    }
+
+    #[test]
+    fn a_llama_with_a_changed_dimension_is_named_by_its_dimensions() {
+        let mut c = Config::default();
+        c.model = crate::config::ModelConfig {
+            preset: Some("llama-tiny".into()),
+            layers: Some(3),
+            ..Default::default()
+        };
+        let r = Resolved::of(&c).unwrap();
+        assert_eq!(r.model, "v64-t64-l3-h4-c16");
+        c.model.layers = None;
+        assert_eq!(Resolved::of(&c).unwrap().model, "llama-tiny");
     }
 }
