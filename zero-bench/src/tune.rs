@@ -37,7 +37,7 @@ use zero_models::{upload_units, Gpt, Llama, ModelPreset, TokenBatch};
 
 use crate::config::{load, Config};
 use crate::sweep::launch::{launcher_words, run_logged, Interrupted};
-use crate::train::{budget, gpt_config};
+use crate::train::budget;
 
 /// Options of `zero-bench tune`.
 #[derive(Args, Debug)]
@@ -569,9 +569,7 @@ fn measure_rates(
     let mut fwd_bwd_s = Vec::new();
     for &b in &micro {
         let best = match model {
-            ModelPreset::Gpt(_) => {
-                // The GPT-2 shape as train resolves and checks it.
-                let g = gpt_config(base)?;
+            ModelPreset::Gpt(g) => {
                 let mut m =
                     Gpt::<HostDevice, f32>::new(&dev, g, b).context("building the model")?;
                 let (p, z) = (m.init_params(1), m.zero_grads());

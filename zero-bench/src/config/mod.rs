@@ -99,11 +99,6 @@ impl Config {
         }
     }
 
-    /// The model's shape (the preset with the explicitly set dimensions on top).
-    pub fn gpt(&self) -> Result<GptConfig, String> {
-        resolve_model(&self.model)
-    }
-
     /// The model of either family ([`resolve_any`]).
     pub fn model_preset(&self) -> Result<ModelPreset, String> {
         resolve_any(&self.model)

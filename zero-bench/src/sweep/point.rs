@@ -361,10 +361,12 @@ mod tests {
 
     #[test]
     fn a_llama_with_a_changed_dimension_is_named_by_its_dimensions() {
-        let mut c = Config::default();
-        c.model = crate::config::ModelConfig {
-            preset: Some("llama-tiny".into()),
-            layers: Some(3),
+        let mut c = Config {
+            model: crate::config::ModelConfig {
+                preset: Some("llama-tiny".into()),
+                layers: Some(3),
+                ..Default::default()
+            },
             ..Default::default()
         };
         let r = Resolved::of(&c).unwrap();

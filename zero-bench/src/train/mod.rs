@@ -48,7 +48,6 @@ pub(crate) use args::{parse_threads, ThreadsSetting};
 use launch::{agree, Failure};
 pub use report::precision_name;
 use report::StageResult;
-pub use run::gpt_config;
 
 /// Run `zero-bench train`. On failure exactly one rank prints the error, then every rank
 /// shuts MPI down and exits with status 1 (85 when a stop signal ended the run after a

@@ -16,7 +16,7 @@ use zero_core::Model;
 use zero_core::{Engine, EngineError};
 use zero_kernels::device::Device;
 use zero_models::data::Tokens;
-use zero_models::{Gpt, GptConfig, Llama, ModelPreset, TokenBatch};
+use zero_models::{Gpt, Llama, ModelPreset, TokenBatch};
 
 use super::checkpoints::{self, Resume};
 use super::data::Batches;
@@ -37,13 +37,6 @@ const STATE_CATEGORIES: [MemCategory; 6] = [
     MemCategory::AdamV,
     MemCategory::Padding,
 ];
-
-/// The model shape of a validated configuration.
-pub fn gpt_config(config: &Config) -> anyhow::Result<GptConfig> {
-    let g = config.gpt().map_err(|e| anyhow!(e))?;
-    g.validate().context("model")?;
-    Ok(g)
-}
 
 /// The model of a validated configuration, of either family (GPT-2 or Llama).
 pub fn model_preset(config: &Config) -> anyhow::Result<ModelPreset> {
