@@ -24,3 +24,41 @@ pub fn init(rank: Option<(usize, usize)>) {
         })
         .try_init();
 }
+
+/// An error with its causes on one line, `what: why: why...`, like `{:#}`, but a cause
+/// whose text the line already holds is left out: library errors often put their
+/// source's message in their own (`"device: {0}"`), which `{:#}` would print twice.
+pub fn chain(err: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in err.chain() {
+        let text = cause.to_string();
+        if line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cause_already_in_the_message_is_printed_once() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("allocating the activations: {0}")]
+        struct Outer(#[source] std::io::Error);
+        let inner = std::io::Error::other("cannot allocate 9 TB");
+        let e = anyhow::Error::new(Outer(inner)).context("building the model");
+        assert_eq!(
+            chain(&e),
+            "building the model: allocating the activations: cannot allocate 9 TB"
+        );
+        let plain = anyhow::anyhow!("disk full").context("writing m.jsonl");
+        assert_eq!(chain(&plain), "writing m.jsonl: disk full");
+    }
+}

@@ -78,8 +78,8 @@ fn main() {
         Command::GpuCheck(cmd) => gpu_check::run(cmd),
     };
     if let Err(err) = result {
-        // `{:#}` prints the whole context chain on one line: what failed and why.
-        eprintln!("error: {err:#}");
+        // The whole context chain on one line: what failed and why.
+        eprintln!("error: {}", logging::chain(&err));
         std::process::exit(1);
     }
 }

@@ -393,9 +393,9 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
                 // One candidate failing (out of memory, a crash) leaves the others to
                 // compare: it becomes a failed row of the table.
                 Err(e) => {
-                    eprintln!("[tune] {e:#}");
+                    let why = crate::logging::chain(&e);
+                    eprintln!("[tune] {why}");
                     // The table names the candidate; the reason need not repeat it.
-                    let why = format!("{e:#}");
                     let label = format!("{}: ", cands[i].label());
                     let why = why.strip_prefix(&label).unwrap_or(&why);
                     cands[i].failed = Some(format!("round {}: {why}", round + 1));

@@ -454,7 +454,9 @@ pub fn run(args: &CommArgs) -> Result<()> {
     let world = ctx.universe().world();
     // An error on one rank leaves the others waiting in a collective: take the whole job
     // down (MPI_Abort) rather than return from this rank alone.
-    let or_abort = |e: anyhow::Error| -> ! { zero_comm::abort(&format!("error: {e:#}"), 1) };
+    let or_abort = |e: anyhow::Error| -> ! {
+        zero_comm::abort(&format!("error: {}", crate::logging::chain(&e)), 1)
+    };
     if args.self_test {
         let failed = self_test(&comm).unwrap_or_else(|e| or_abort(e));
         if failed > 0 {

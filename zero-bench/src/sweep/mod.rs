@@ -200,8 +200,8 @@ fn run_sweep(args: &RunArgs) -> anyhow::Result<()> {
                 )));
             }
             Err(e) => {
-                eprintln!("[sweep] {e:#}");
-                failed.push(format!("{e:#}"));
+                eprintln!("[sweep] {}", crate::logging::chain(&e));
+                failed.push(crate::logging::chain(&e));
             }
         }
     }

@@ -39,7 +39,7 @@ impl Failure {
 /// returns a failure. Collective: every rank must call it at the same point.
 pub fn agree<T, C: Communicator>(comm: &C, result: anyhow::Result<T>) -> Result<T, Failure> {
     let rank = comm.rank();
-    let mine = result.as_ref().err().map(|e| format!("{e:#}"));
+    let mine = result.as_ref().err().map(crate::logging::chain);
     let failures = match zero_comm::gather_failures(comm, mine.as_deref()) {
         Ok(f) => f,
         Err(e) => {
@@ -47,7 +47,10 @@ pub fn agree<T, C: Communicator>(comm: &C, result: anyhow::Result<T>) -> Result<
             // and end the whole job. Returning would finalize MPI, which waits for the
             // ranks that are elsewhere, forever.
             let error = match result {
-                Err(mine) => format!("{mine:#}; and agreeing on it failed: {e}"),
+                Err(mine) => format!(
+                    "{}; and agreeing on it failed: {e}",
+                    crate::logging::chain(&mine)
+                ),
                 Ok(_) => format!("agreeing on set-up failed: {e}"),
             };
             zero_comm::abort(&format!("error: {error}"), 1)

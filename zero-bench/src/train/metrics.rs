@@ -189,9 +189,10 @@ impl Metrics {
         let line = step_json(stage, r, tokens, staging).to_string();
         if let Err(e) = self.append(&line) {
             let why = format!(
-                "writing {} failed at step {} ({e:#}); the steps after it are not in it",
+                "writing {} failed at step {} ({}); the steps after it are not in it",
                 self.path.display(),
-                r.step
+                r.step,
+                crate::logging::chain(&e)
             );
             log::error!("{why}; training goes on, and the run will exit 1");
             self.failure = Some(why);

@@ -72,10 +72,10 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
             // Print before MPI_Finalize: finalising waits for every rank, so no rank can
             // exit (and make mpirun kill the others) before the message is out.
             if f.print && f.code == launch::PREEMPTED_EXIT_CODE {
-                eprintln!("{:#}", f.error);
+                eprintln!("{}", crate::logging::chain(&f.error));
                 let _ = std::io::Write::flush(&mut std::io::stderr());
             } else if f.print {
-                eprintln!("error: {:#}", f.error);
+                eprintln!("error: {}", crate::logging::chain(&f.error));
                 let _ = std::io::Write::flush(&mut std::io::stderr());
             }
             drop(mpi);

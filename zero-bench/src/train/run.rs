@@ -215,7 +215,9 @@ where
     ) {
         Ok(r) => Ok(r),
         Err(Stop::Agreed(f)) => Err(f),
-        Err(Stop::Local(e)) => zero_comm::abort(&format!("error: {e:#}"), 1),
+        Err(Stop::Local(e)) => {
+            zero_comm::abort(&format!("error: {}", crate::logging::chain(&e)), 1)
+        }
     }
 }
 
