@@ -59,14 +59,30 @@ enum Command {
     GpuCheck(gpu_check::GpuCheckCommand),
 }
 
-fn main() {
-    // Rust ignores SIGPIPE, so printing into a closed pipe (`zero-bench ... | head`)
-    // would panic; end quietly instead, as other command-line tools do.
-    // SAFETY: signal(2) with the default disposition, before any thread is started.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+/// Commands that read files and print, with no MPI and no training.
+fn only_prints(command: &Command) -> bool {
+    match command {
+        Command::Plan(_) | Command::Data(_) => true,
+        Command::Ckpt(c) => !matches!(c, ckpt::CkptCommand::Bench(_)),
+        // A dry run plans, allocates nothing and trains nothing.
+        Command::Train(args) => args.dry_run,
+        _ => false,
     }
+}
+
+fn main() {
     let cli = Cli::parse();
+    if only_prints(&cli.command) {
+        // Rust ignores SIGPIPE, so printing into a closed pipe (`zero-bench plan | head`)
+        // would panic; end quietly instead, as other command-line tools do. Not for
+        // what trains or communicates: a metrics pipe whose reader left must not end
+        // a run (a failed metrics write is logged, see train/metrics.rs), and MPI's
+        // own sockets expect SIGPIPE ignored.
+        // SAFETY: signal(2) with the default disposition, before any thread is started.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     let result = match cli.command {
         Command::Micro(cmd) => micro::run(cmd),
         Command::Ckpt(cmd) => ckpt::run(cmd),

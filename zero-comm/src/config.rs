@@ -78,6 +78,9 @@ fn parse_timeout(v: &str) -> Result<Option<Duration>> {
         ))
     };
     let secs: f64 = t.parse().map_err(|_| bad())?;
+    if secs == 0.0 {
+        return Ok(None);
+    }
     if !(secs > 0.0 && secs <= 31_536_000.0) {
         return Err(bad());
     }
@@ -160,6 +163,7 @@ mod tests {
         );
         assert_eq!(parse_timeout("off").unwrap(), None);
         assert_eq!(parse_timeout("0").unwrap(), None);
+        assert_eq!(parse_timeout("0.0").unwrap(), None);
         for bad in ["-1", "1e20", "inf", "NaN", "soon", ""] {
             let e = parse_timeout(bad).unwrap_err().to_string();
             assert!(

@@ -30,6 +30,10 @@ const GRACE: Duration = Duration::from_millis(1000);
 /// the abort to end this process too before it reports itself.
 const ABORT_LANDS: Duration = Duration::from_secs(5);
 
+/// A poll that came this much later than asked means the process was stopped, not
+/// slow: that time is not counted as waiting.
+const SUSPEND_SLACK: Duration = Duration::from_secs(2);
+
 /// How often a rank that left the report to a lower rank asks whether it still waits.
 const REPORTER_POLL: Duration = Duration::from_millis(500);
 
@@ -247,8 +251,21 @@ impl Watchdog {
     }
 
     fn run(&self, poll: Duration) {
+        let mut woke = Instant::now();
         while !self.stop.load(Ordering::SeqCst) {
             std::thread::sleep(poll);
+            // A stop of the whole process (SIGSTOP, Slurm's `scontrol suspend`) is no
+            // time waited: the clock of every collective in flight skips it, or a job
+            // suspended past the timeout would be aborted when it resumes.
+            let gap = woke.elapsed();
+            woke = Instant::now();
+            if let Some(lost) = gap.checked_sub(poll + SUSPEND_SLACK) {
+                if let Ok(mut m) = self.in_flight.lock() {
+                    for e in m.values_mut() {
+                        e.started += lost;
+                    }
+                }
+            }
             let late: Option<Entry> = match self.in_flight.lock() {
                 Ok(m) => m
                     .values()
@@ -258,13 +275,10 @@ impl Watchdog {
                 Err(_) => None,
             };
             if let Some(e) = late {
-                // Before looking at `stop`: `stop()` looks at this after setting that, so
-                // one of the two sees the other (SeqCst) and the process cannot exit 0
-                // after the line below.
+                // From here on the job is aborted: `stop()` (MPI about to be finalised)
+                // sees this and waits for the abort, so the process cannot exit 0 after
+                // the line below.
                 self.fired.store(true, Ordering::SeqCst);
-                if self.stop.load(Ordering::SeqCst) {
-                    return;
-                }
                 crate::exit::line_to_stderr(&format!(
                     "rank {}: watchdog: {} #{} on '{}' ({} x {}) has not finished after {:.1} s \
                      (timeout {:.1} s); aborting the job",

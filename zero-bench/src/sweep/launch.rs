@@ -116,7 +116,12 @@ pub fn run_logged(
                 INTERRUPT_GRACE.as_secs()
             );
             let seen = signals.count();
-            stop(&mut child, sig, INTERRUPT_GRACE, &|| signals.count() > seen);
+            // SIGTERM whatever came: srun takes a single SIGINT as a request for its
+            // tasks' status (it aborts on two within a second), and both it and mpirun
+            // end their ranks on SIGTERM.
+            stop(&mut child, libc::SIGTERM, INTERRUPT_GRACE, &|| {
+                signals.count() > seen
+            });
             return Err(interrupted(sig));
         }
         if let Some(status) = child
@@ -450,6 +455,15 @@ impl Job<'_> {
 mod tests {
     use super::*;
 
+    /// Signal handlers belong to the process: tests that run jobs (and so install and
+    /// restore them) take turns, or one's restore would undo another's handler just
+    /// before a test interrupt arrives.
+    static JOBS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    fn one_job_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+        JOBS.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
     #[test]
     fn a_child_and_its_child_are_below_this_process_with_their_start_times() {
         // sh starts sleep as its child (two commands: sh does not exec the last one).
@@ -500,6 +514,7 @@ mod tests {
 
     #[test]
     fn a_failed_job_shows_its_last_distinct_error_lines() {
+        let _turn = one_job_at_a_time();
         let log = "\
 INFO starting
 error: first problem
@@ -546,6 +561,7 @@ mpirun detected that one or more processes exited with non-zero status
 
     #[test]
     fn an_interrupt_stops_the_job_and_a_second_one_kills_what_ignores_it() {
+        let _turn = one_job_at_a_time();
         // A test run in a shell's background starts with SIGINT ignored, which
         // run_logged would respect: this test is about the handler, so start from the
         // default.
@@ -555,9 +571,12 @@ mpirun detected that one or more processes exited with non-zero status
         }
         let dir = tempfile::tempdir().unwrap();
         let pid_file = dir.path().join("pid");
-        // The background sleep ignores SIGINT (as a non-interactive shell starts it), so
-        // only the second interrupt's SIGKILL ends it.
-        let script = format!("sleep 60 & echo $! > {}; wait", pid_file.display());
+        // The job ignores the SIGTERM the first interrupt sends it (the shell and its
+        // background sleep), so only the second interrupt's SIGKILL ends it.
+        let script = format!(
+            "trap '' INT TERM; sleep 60 & echo $! > {}; wait",
+            pid_file.display()
+        );
         let words = vec!["sh".to_string(), "-c".into(), script];
         let sender = std::thread::spawn(move || {
             let start = Instant::now();

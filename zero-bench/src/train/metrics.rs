@@ -117,6 +117,10 @@ impl Metrics {
     /// which the resumed run writes again), then new lines are appended. A missing file
     /// starts empty.
     pub fn resume(path: &Path, step: u64) -> anyhow::Result<Metrics> {
+        // A pipe or a device: nothing to keep, and reading it could wait forever.
+        if std::fs::metadata(path).is_ok_and(|m| !m.is_file()) {
+            return Metrics::staged(path, &[]);
+        }
         let kept: Vec<String> = match std::fs::read_to_string(path) {
             Ok(text) => text
                 .lines()

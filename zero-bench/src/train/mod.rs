@@ -198,13 +198,18 @@ fn same_on_every_rank(
     loaded: &[LoadedConfig],
 ) -> Result<(), Failure> {
     let rank = comm.rank();
+    // The kind of device only: each rank may name its own GPU (`cuda:$SLURM_LOCALID`).
+    let device = match args.device {
+        DeviceChoice::Cuda(_) | DeviceChoice::CudaLocal => "cuda".to_string(),
+        other => format!("{other:?}"),
+    };
+    // (--init-from is left out: a node-local copy is a different path to the same file.)
     let flags = [
-        format!("--device = {:?}", args.device),
+        format!("--device = {device}"),
         format!("--comm = {:?}", args.comm),
         format!("--ckpt-dir = {:?}", args.ckpt_dir),
         format!("--save-every = {}", args.save_every),
         format!("--resume = {:?}", args.resume),
-        format!("--init-from = {:?}", args.init_from),
         format!("--rounds = {}", args.rounds),
     ];
     let mut mine: Vec<String> = flags.to_vec();

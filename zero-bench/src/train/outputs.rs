@@ -40,7 +40,11 @@ pub fn check(args: &TrainArgs, config: &Config) -> anyhow::Result<()> {
                 path.display()
             );
         }
-        if let Some((other, _)) = outputs[..i].iter().find(|(_, p)| same_target(path, p)) {
+        let plain = |p: &Path| std::fs::metadata(p).map_or(true, |m| m.is_file());
+        if let Some((other, _)) = outputs[..i]
+            .iter()
+            .find(|(_, p)| plain(path) && same_target(path, p))
+        {
             bail!(
                 "{flag} and {other} are both {}: give each output its own file",
                 path.display()
