@@ -412,16 +412,19 @@ impl TrainArgs {
     }
 }
 
+/// `train`'s arguments alone, as clap parses them (tests).
+#[cfg(test)]
+#[derive(clap::Parser)]
+pub(crate) struct TestCli {
+    #[command(flatten)]
+    pub(crate) t: TrainArgs,
+}
+
 #[cfg(test)]
 mod tests {
+    use super::TestCli as Cli;
     use super::*;
     use clap::Parser;
-
-    #[derive(Parser)]
-    struct Cli {
-        #[command(flatten)]
-        t: TrainArgs,
-    }
 
     #[test]
     fn flags_become_overrides_after_set() {

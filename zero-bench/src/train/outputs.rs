@@ -124,14 +124,9 @@ fn writable(flag: &str, path: &Path) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::args::TestCli;
     use super::*;
     use clap::Parser;
-
-    #[derive(Parser)]
-    struct Cli {
-        #[command(flatten)]
-        t: TrainArgs,
-    }
 
     #[test]
     fn outputs_are_checked_against_inputs_each_other_and_their_directory() {
@@ -140,7 +135,7 @@ mod tests {
         std::fs::write(&data, b"x").unwrap();
         let mut config = Config::default();
         config.data.path = data.display().to_string();
-        let mut args = Cli::parse_from(["x"]).t;
+        let mut args = TestCli::parse_from(["x"]).t;
 
         // The token file as the metrics file, through another spelling of its path.
         config.train.metrics_file = Some(format!("{}/./tokens.bin", dir.path().display()));
