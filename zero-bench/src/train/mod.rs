@@ -222,10 +222,12 @@ fn same_on_every_rank(
         );
     }
     let text = mine.join("\n");
-    let broken = |e: zero_comm::CommError| {
-        Failure::same_everywhere(
-            anyhow!("comparing the configuration across ranks: {e}"),
-            rank,
+    // A broadcast that fails leaves the ranks at different points: end the job (as
+    // `agree` does), rather than wait in MPI_Finalize.
+    let broken = |e: zero_comm::CommError| -> Failure {
+        zero_comm::abort(
+            &format!("error: comparing the configuration across ranks: {e}"),
+            1,
         )
     };
     let mut len = [text.len() as i64];
