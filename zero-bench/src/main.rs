@@ -96,6 +96,12 @@ fn main() {
     if let Err(err) = result {
         // The whole context chain on one line: what failed and why.
         eprintln!("error: {}", logging::chain(&err));
-        std::process::exit(1);
+        // Stopped by a signal passed on to its job (sweep, tune): 128 + the signal's
+        // number, as a shell reports a command the signal ended.
+        let code = err
+            .chain()
+            .find_map(|c| c.downcast_ref::<sweep::launch::Interrupted>())
+            .map_or(1, |i| i.exit_code());
+        std::process::exit(code);
     }
 }

@@ -52,22 +52,48 @@ pub fn launcher_words(template: &str, n: usize) -> anyhow::Result<Vec<String>> {
     Ok(words)
 }
 
-/// A job stopped because this process received SIGINT or SIGTERM while it ran: the
-/// caller stops too (a sweep or tune does not go on to its next job).
-#[derive(Debug, thiserror::Error)]
-#[error(
-    "{what}: interrupted by {signal}; the job and its ranks were stopped; its partial \
-     output is in {}",
-    .log.display()
-)]
+/// This process received SIGINT or SIGTERM while a job ran: the job was stopped (or had
+/// just finished by itself), and the caller stops too (a sweep or tune does not go on to
+/// its next job).
+#[derive(Debug)]
 pub struct Interrupted {
     /// The job (a sweep point, a tune candidate).
     pub what: String,
     /// "SIGINT" or "SIGTERM".
     pub signal: &'static str,
+    /// The signal's number (the command's exit status is 128 + it).
+    pub signo: libc::c_int,
+    /// The job had ended by itself, successfully, when the signal came.
+    pub finished: bool,
     /// The job's log.
     pub log: PathBuf,
 }
+
+impl Interrupted {
+    /// The exit status of a command a signal ended: 128 + its number (130 for SIGINT).
+    pub fn exit_code(&self) -> i32 {
+        128 + self.signo
+    }
+}
+
+impl std::fmt::Display for Interrupted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (what, signal, log) = (&self.what, self.signal, self.log.display());
+        if self.finished {
+            write!(
+                f,
+                "{what}: finished, then interrupted by {signal}; its output is in {log}"
+            )
+        } else {
+            write!(
+                f,
+                "{what}: interrupted by {signal}; the job and its ranks were stopped; its partial output is in {log}"
+            )
+        }
+    }
+}
+
+impl std::error::Error for Interrupted {}
 
 /// Run `words` (a launcher command line) to its end, stdout and stderr into `log_path`,
 /// in a process group of its own, stopped after `timeout` ([`stop`]); Ok when it exited
@@ -100,10 +126,12 @@ pub fn run_logged(
         .spawn()
         .with_context(|| format!("starting '{program}' for {what}"))?;
     let start = Instant::now();
-    let interrupted = |sig: libc::c_int| -> anyhow::Error {
+    let interrupted = |sig: libc::c_int, finished: bool| -> anyhow::Error {
         Interrupted {
             what: what.to_string(),
             signal: signal_name(sig),
+            signo: sig,
+            finished,
             log: log_path.to_path_buf(),
         }
         .into()
@@ -122,7 +150,7 @@ pub fn run_logged(
             stop(&mut child, libc::SIGTERM, INTERRUPT_GRACE, &|| {
                 signals.count() > seen
             });
-            return Err(interrupted(sig));
+            return Err(interrupted(sig, false));
         }
         if let Some(status) = child
             .try_wait()
@@ -137,7 +165,7 @@ pub fn run_logged(
                 signals.count() > seen
             });
             if let Some(sig) = signals.received() {
-                return Err(interrupted(sig));
+                return Err(interrupted(sig, false));
             }
             bail!(
                 "{what}: stopped after {:?} (timeout {}s); output in {}",
@@ -150,7 +178,7 @@ pub fn run_logged(
     };
     // A signal as the job ended on its own still stops the caller.
     if let Some(sig) = signals.received() {
-        return Err(interrupted(sig));
+        return Err(interrupted(sig, status.success()));
     }
     if !status.success() {
         let errors = error_lines(log_path);
@@ -614,6 +642,7 @@ mpirun detected that one or more processes exited with non-zero status
         );
         let i = e.downcast_ref::<Interrupted>().expect("an Interrupted");
         assert_eq!((i.what.as_str(), i.signal), ("N=4 y", "SIGINT"));
+        assert!(!i.finished && i.exit_code() == 130);
         assert!(e.to_string().contains("partial output is in"), "{e}");
         assert!(sleep_pid > 0);
         assert!(

@@ -190,6 +190,12 @@ fn run_sweep(args: &RunArgs) -> anyhow::Result<()> {
             Ok(()) => done.push(job.result_path(p)),
             // Ctrl-C or SIGTERM: the job was stopped; the sweep stops with it.
             Err(e) if e.is::<launch::Interrupted>() => {
+                // (A point that ended by itself as the signal came has its result.)
+                if e.downcast_ref::<launch::Interrupted>()
+                    .is_some_and(|i| i.finished)
+                {
+                    done.push(job.result_path(p));
+                }
                 return Err(e.context(format!(
                     "sweep interrupted at point {} of {} ({} finished; `zero-bench sweep \
                      collect {}` tables the finished ones)",
