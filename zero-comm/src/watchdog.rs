@@ -183,10 +183,14 @@ impl Watchdog {
 
     /// The longest a report can take before its abort (see [`Self::report`]).
     fn report_bound(&self) -> Duration {
-        let patience = self
-            .timeout
-            .max(heartbeat::report_slack(self.timeout) + 2 * heartbeat::ANSWER_TIMEOUT + GRACE);
-        patience + ABORT_LANDS + 2 * heartbeat::ANSWER_TIMEOUT + GRACE
+        self.patience() + ABORT_LANDS + 2 * heartbeat::ANSWER_TIMEOUT + GRACE
+    }
+
+    /// How long a rank that left the report to a lower one waits for it: at least the
+    /// time that rank's own report takes when a peer does not answer.
+    fn patience(&self) -> Duration {
+        self.timeout
+            .max(heartbeat::report_slack(self.timeout) + 2 * heartbeat::ANSWER_TIMEOUT + GRACE)
     }
 
     /// Watch one collective until the token is dropped.
@@ -230,10 +234,7 @@ impl Watchdog {
                 );
                 let started = Instant::now();
                 let reporter = peers.iter().find(|p| p.rank == rank);
-                // At least the time its own report takes when a peer does not answer.
-                let patience = self.timeout.max(
-                    heartbeat::report_slack(self.timeout) + 2 * heartbeat::ANSWER_TIMEOUT + GRACE,
-                );
+                let patience = self.patience();
                 while started.elapsed() < patience
                     && reporter.is_some_and(|p| heartbeat::still_waits(p, stuck))
                 {

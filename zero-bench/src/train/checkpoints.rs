@@ -297,17 +297,10 @@ fn earlier_run(dir: &Path) -> anyhow::Result<()> {
 /// (The message does not name the rank: identical messages are printed once, with the
 /// count of ranks that gave it.)
 fn probe(dir: &Path, rank: usize) -> anyhow::Result<()> {
-    let file = dir.join(format!(".write-test-rank-{rank}-{}", std::process::id()));
-    let written = std::fs::File::create(&file).and_then(|mut f| {
-        std::io::Write::write_all(&mut f, b"zero-rs checkpoint directory probe\n")?;
-        f.sync_all()
-    });
-    let removed = std::fs::remove_file(&file);
-    match (written, removed) {
-        (Ok(()), Ok(())) => Ok(()),
-        (Err(e), _) | (Ok(()), Err(e)) => bail!(
+    super::outputs::try_file_in(dir, &format!(".write-test-rank-{rank}")).map_err(|e| {
+        anyhow!(
             "--ckpt-dir {}: cannot write a file there ({e}); give a directory every rank can write (a read-only or missing mount?)",
             dir.display()
-        ),
-    }
+        )
+    })
 }

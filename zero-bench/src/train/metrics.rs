@@ -118,7 +118,7 @@ impl Metrics {
     /// starts empty.
     pub fn resume(path: &Path, step: u64) -> anyhow::Result<Metrics> {
         // A pipe or a device: nothing to keep, and reading it could wait forever.
-        if std::fs::metadata(path).is_ok_and(|m| !m.is_file()) {
+        if super::outputs::is_special(path) {
             return Metrics::staged(path, &[]);
         }
         let kept: Vec<String> = match std::fs::read_to_string(path) {
@@ -147,7 +147,7 @@ impl Metrics {
     fn staged(path: &Path, lines: &[String]) -> anyhow::Result<Metrics> {
         // Not a plain file (a pipe, a terminal, /dev/stdout): nothing to rename over,
         // write to it directly.
-        if std::fs::metadata(path).is_ok_and(|m| !m.is_file()) {
+        if super::outputs::is_special(path) {
             let f = std::fs::OpenOptions::new()
                 .append(true)
                 .open(path)

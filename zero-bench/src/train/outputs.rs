@@ -40,10 +40,9 @@ pub fn check(args: &TrainArgs, config: &Config) -> anyhow::Result<()> {
                 path.display()
             );
         }
-        let plain = |p: &Path| std::fs::metadata(p).map_or(true, |m| m.is_file());
         if let Some((other, _)) = outputs[..i]
             .iter()
-            .find(|(_, p)| plain(path) && same_target(path, p))
+            .find(|(_, p)| !is_special(path) && same_target(path, p))
         {
             bail!(
                 "{flag} and {other} are both {}: give each output its own file",
@@ -83,13 +82,11 @@ fn parent(path: &Path) -> &Path {
 
 /// `path` is not a directory, and its directory takes a new file (made and removed).
 fn writable(flag: &str, path: &Path) -> anyhow::Result<()> {
-    if path.is_dir() {
-        bail!(
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => bail!(
             "{flag} {}: that is a directory; give a file path",
             path.display()
-        );
-    }
-    match std::fs::metadata(path) {
+        ),
         // A pipe, a terminal, /dev/stdout: opened when written (opening a pipe here
         // would wait for its reader).
         Ok(m) if !m.is_file() => return Ok(()),
@@ -109,10 +106,7 @@ fn writable(flag: &str, path: &Path) -> anyhow::Result<()> {
     let name = path
         .file_name()
         .map_or("output".into(), |n| n.to_string_lossy().into_owned());
-    let probe = dir.join(format!(".{name}.probe-{}", std::process::id()));
-    let made = std::fs::File::create(&probe);
-    let _ = std::fs::remove_file(&probe);
-    if let Err(e) = made {
+    if let Err(e) = try_file_in(dir, &format!(".{name}.probe")) {
         bail!(
             "{flag} {}: cannot write a file in {} ({e}); give a path in an existing directory you can write (checked before step 1, so that the run's output is not lost at its end)",
             path.display(),
@@ -120,6 +114,24 @@ fn writable(flag: &str, path: &Path) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// Create, write, sync and remove the file `<stem>-<pid>` in `dir`: this process can
+/// create files there (and the filesystem takes data; a read-only mount fails here).
+pub(super) fn try_file_in(dir: &Path, stem: &str) -> std::io::Result<()> {
+    let file = dir.join(format!("{stem}-{}", std::process::id()));
+    let written = std::fs::File::create(&file).and_then(|mut f| {
+        std::io::Write::write_all(&mut f, b"zero-rs write probe\n")?;
+        f.sync_all()
+    });
+    let removed = std::fs::remove_file(&file);
+    written.and(removed)
+}
+
+/// `path` exists and is not a plain file (a pipe, a terminal, a device): written
+/// through, never replaced or read back.
+pub(super) fn is_special(path: &Path) -> bool {
+    std::fs::metadata(path).is_ok_and(|m| !m.is_file())
 }
 
 #[cfg(test)]

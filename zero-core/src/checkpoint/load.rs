@@ -91,25 +91,17 @@ fn moved_aside(root: &Path, name: &str) -> Option<PathBuf> {
 /// "; complete step directories here: step-4, step-8 (pass one to --resume)", or "" when
 /// there are none.
 fn step_dirs_hint(root: &Path) -> String {
-    let Ok(entries) = std::fs::read_dir(root) else {
-        return String::new();
-    };
-    let mut steps: Vec<(u64, String)> = entries
-        .filter_map(|e| e.ok())
-        .filter(|e| e.path().join(super::META_FILE).is_file())
-        .filter_map(|e| {
-            let name = e.file_name().to_string_lossy().into_owned();
-            Some((name.strip_prefix("step-")?.parse().ok()?, name))
-        })
+    let complete: Vec<String> = super::step_dirs(root)
+        .into_iter()
+        .map(|(_, name)| name)
+        .filter(|name| root.join(name).join(super::META_FILE).is_file())
         .collect();
-    if steps.is_empty() {
+    if complete.is_empty() {
         return String::new();
     }
-    steps.sort();
-    let names: Vec<String> = steps.into_iter().map(|(_, n)| n).collect();
     format!(
         "; complete step directories here: {} (name one to load it)",
-        names.join(", ")
+        complete.join(", ")
     )
 }
 

@@ -65,6 +65,23 @@ pub const META_FILE: &str = "meta.json";
 /// The pointer file naming the newest complete step directory.
 pub const LATEST: &str = "latest";
 
+/// The `step-<S>` directories in `root` as (S, name), by step; none when `root` cannot
+/// be read.
+pub(crate) fn step_dirs(root: &std::path::Path) -> Vec<(u64, String)> {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return Vec::new();
+    };
+    let mut steps: Vec<(u64, String)> = entries
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            Some((name.strip_prefix("step-")?.parse().ok()?, name))
+        })
+        .collect();
+    steps.sort();
+    steps
+}
+
 /// Name of rank `r`'s shard file.
 pub fn rank_file(rank: usize) -> String {
     format!("rank-{rank:05}.h5")

@@ -314,23 +314,13 @@ fn publish<D: Device, C: Communicator>(
 /// Remove complete checkpoints beyond the newest `keep_last` (never `current`). Failures
 /// are logged, not fatal: the new checkpoint is already safe.
 fn prune(root: &Path, keep_last: usize, current: &str) {
-    let Ok(entries) = std::fs::read_dir(root) else {
-        return;
-    };
-    let mut steps: Vec<(u64, PathBuf, String)> = entries
-        .filter_map(|e| e.ok())
-        .filter_map(|e| {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let s = name.strip_prefix("step-")?.parse::<u64>().ok()?;
-            Some((s, e.path(), name))
-        })
-        .collect();
-    steps.sort();
+    let steps = super::step_dirs(root);
     let excess = steps.len().saturating_sub(keep_last);
-    for (_, path, name) in steps.into_iter().take(excess) {
+    for (_, name) in steps.into_iter().take(excess) {
         if name == current {
             continue;
         }
+        let path = root.join(&name);
         log::info!("removing old checkpoint '{}'", path.display());
         if let Err(e) = std::fs::remove_dir_all(&path) {
             log::warn!("could not remove '{}': {e}", path.display());
