@@ -11,4 +11,7 @@ keep=""; [ "${CI:-}" = "true" ] && keep="--keep-logs"
 trap "scripts/slurm-cluster/stop.sh $keep" EXIT
 # The CLI tests (tests/tests/*_cli.rs) run the real zero-bench binary of this profile.
 cargo build --release -p zero-bench
+# The TCP-world tests (tests/tests/tcp_world.rs) run the carried build, which links no MPI:
+# the same command as scripts/carry-check.sh, so CI builds it once.
+cargo build --release -p zero-bench --no-default-features --features nccl --target-dir "${CARRY_TARGET_DIR:-target-carry}"
 cargo test --workspace --release "$@"

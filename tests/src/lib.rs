@@ -333,3 +333,18 @@ pub fn zero_bench_bin() -> PathBuf {
     );
     bin
 }
+
+/// The carried GPU build of `zero-bench` (no MPI, no HDF5): `target-carry/release/zero-bench`,
+/// built by scripts/test.sh and scripts/carry-check.sh. The TCP-world tests run it.
+pub fn carried_bin() -> PathBuf {
+    let target = std::env::var_os("CARRY_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target-carry"));
+    let bin = target.join("release").join("zero-bench");
+    assert!(
+        bin.is_file(),
+        "{} is missing: build it first with `cargo build -p zero-bench --release --no-default-features --features nccl --target-dir target-carry` (scripts/test.sh does)",
+        bin.display()
+    );
+    bin
+}

@@ -25,7 +25,9 @@ pub fn under_launcher() -> bool {
     LAUNCHER_VARS.iter().any(|v| std::env::var_os(v).is_some())
 }
 
-pub use backend::{device_pointers, init, node_groups, node_rank, ranks_on_this_node, WorldComm};
+pub use backend::{
+    device_pointers, host_transport, init, node_groups, node_rank, ranks_on_this_node, WorldComm,
+};
 
 #[cfg(feature = "mpi")]
 mod backend {
@@ -63,6 +65,12 @@ mod backend {
         Ok((node.rank(), node.size()))
     }
 
+    /// What carries `backend`'s host collectives, when it is not what its name says
+    /// (nothing to add here: MPI's are MPI).
+    pub fn host_transport(_comm: &WorldComm, _backend: zero_comm::Backend) -> Option<String> {
+        None
+    }
+
     /// `--comm mpi-cuda`: MPI takes device pointers (the probe said it can).
     pub fn device_pointers(comm: &WorldComm) -> anyhow::Result<()> {
         comm.set_device_pointers(true);
@@ -84,60 +92,126 @@ mod backend {
 #[cfg(not(feature = "mpi"))]
 mod backend {
     use anyhow::anyhow;
-    use zero_comm::{CommConfig, LocalComm};
+    use zero_comm::socket::{Address, Rendezvous, DEFAULT_RENDEZVOUS_TIMEOUT, RENDEZVOUS_VAR};
+    use zero_comm::{CommConfig, Communicator, SocketComm};
 
-    /// The world communicator: one rank, in this process.
-    pub type WorldComm = LocalComm;
+    /// The world communicator: the processes of the launch joined by TCP
+    /// (`ZERO_RENDEZVOUS`), or this process alone.
+    pub type WorldComm = SocketComm;
 
-    /// A world of one process.
+    /// The world of this process.
     pub struct World {
-        /// The world communicator (rank 0 of 1).
+        /// The world communicator.
         pub comm: WorldComm,
     }
 
-    /// A world of one, unless a launcher started this process as one of several ranks
-    /// (`command` names what was run, for the error).
+    /// The TCP world `ZERO_RENDEZVOUS` describes, else a world of one; started by a
+    /// launcher as one of several ranks without `ZERO_RENDEZVOUS`, it stops and says what
+    /// to set instead of training N unrelated copies (`command` names what was run).
     pub fn init(command: &str) -> anyhow::Result<World> {
-        if let Some(why) = one_of_several() {
-            return Err(crate::features::missing(
-                "mpi",
-                &format!("`{command}` as one of several ranks under mpirun/srun ({why}; this build runs one process alone)"),
-            ));
-        }
         let config = CommConfig::from_env().map_err(|e| anyhow!("{e}"))?;
-        let comm = LocalComm::world(1, config)
-            .map_err(|e| anyhow!("creating the one-rank world: {e}"))?
-            .pop()
-            .ok_or_else(|| anyhow!("creating the one-rank world: no communicator"))?;
+        let rv = Rendezvous::from_env().map_err(|e| anyhow!("{e}"))?;
+        let rv = match rv {
+            Some(rv) => rv,
+            None => {
+                if let Some(why) = one_of_several() {
+                    return Err(anyhow!(
+                        "`{command}` was started as one of several ranks ({why}), and this build has no MPI to join them: set {RENDEZVOUS_VAR}=file:PATH (a path every rank sees, e.g. {RENDEZVOUS_VAR}=file:$PWD/.zero-rendezvous-$SLURM_JOB_ID) to join them over TCP, or build zero-bench with MPI (the default features)"
+                    ));
+                }
+                alone()
+            }
+        };
+        if rv.size > 1 {
+            log::info!(
+                "rank {}: joining a TCP world of {} at {} (this build has no MPI)",
+                rv.rank,
+                rv.size,
+                rv.address
+            );
+        }
+        let comm = SocketComm::connect(&rv, &config).map_err(|e| anyhow!("{e}"))?;
         Ok(World { comm })
     }
 
-    /// One process: all of this node is its own.
-    pub fn ranks_on_this_node(_comm: &WorldComm) -> anyhow::Result<usize> {
-        Ok(1)
+    /// The ranks of this job on this node (collective).
+    pub fn ranks_on_this_node(comm: &WorldComm) -> anyhow::Result<usize> {
+        Ok(node_rank(comm)?.1)
     }
 
-    /// One process: rank 0 of 1 on its node.
-    pub fn node_rank(_comm: &WorldComm) -> anyhow::Result<(usize, usize)> {
-        Ok((0, 1))
+    /// (this rank's rank among the ranks on its host, how many there are), from every
+    /// rank's host name (collective).
+    pub fn node_rank(comm: &WorldComm) -> anyhow::Result<(usize, usize)> {
+        const NAME_BYTES: usize = 256;
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .unwrap_or_default();
+        let mut mine = [0u8; NAME_BYTES];
+        let n = host.len().min(NAME_BYTES);
+        mine[..n].copy_from_slice(&host.as_bytes()[..n]);
+        let mut all = vec![0u8; NAME_BYTES * comm.size()];
+        comm.all_gather(&mine[..], &mut all[..])
+            .map_err(|e| anyhow!("finding the ranks on this node: {e}"))?;
+        let same: Vec<usize> = all
+            .chunks(NAME_BYTES)
+            .enumerate()
+            .filter(|(_, name)| *name == mine)
+            .map(|(r, _)| r)
+            .collect();
+        let local = same.iter().position(|&r| r == comm.rank()).unwrap_or(0);
+        Ok((local, same.len()))
     }
 
-    /// One process: one node of one rank (`ranks_per_node` must be 1 or unset).
+    /// The node and cross-node groups: a world of one only (hpZ and qgZ split the world
+    /// into sub-communicators, which the TCP world does not make).
     pub fn node_groups(
         comm: &WorldComm,
         ranks_per_node: Option<usize>,
     ) -> anyhow::Result<zero_comm::NodeGroups<WorldComm>> {
-        if let Some(l) = ranks_per_node.filter(|&l| l != zero_comm::Communicator::size(comm)) {
+        if comm.size() > 1 {
+            return Err(anyhow!(
+                "hpZ and qgZ (zero.hpz, zero.qgz) need node groups, which a TCP world of {} ranks does not make: build zero-bench with MPI for them, or turn them off",
+                comm.size()
+            ));
+        }
+        if let Some(l) = ranks_per_node.filter(|&l| l != 1) {
             return Err(anyhow!(
                 "zero.ranks_per_node = {l}, but this build runs one process alone (a node of 1 rank); remove the key or build with MPI"
             ));
         }
         let config = CommConfig::from_env().map_err(|e| anyhow!("{e}"))?;
-        zero_comm::LocalComm::world_on_nodes(1, 1, config)
-            .map_err(|e| anyhow!("creating the node groups of one rank: {e}"))?
-            .pop()
-            .map(|(_, groups)| groups)
-            .ok_or_else(|| anyhow!("creating the node groups of one rank: none"))
+        let one = || {
+            SocketComm::connect(&alone(), &config)
+                .map_err(|e| anyhow!("creating the node groups of one rank: {e}"))
+        };
+        Ok(zero_comm::NodeGroups {
+            node: one()?,
+            cross: one()?,
+        })
+    }
+
+    /// A world of this process alone.
+    fn alone() -> Rendezvous {
+        Rendezvous {
+            rank: 0,
+            size: 1,
+            address: Address::File(std::path::PathBuf::new()),
+            token: String::new(),
+            timeout: DEFAULT_RENDEZVOUS_TIMEOUT,
+        }
+    }
+
+    /// What carries `backend`'s host collectives, when it is not what its name says:
+    /// this build has no MPI, so `mpi` and `mpi-staged` run over the TCP world.
+    pub fn host_transport(comm: &WorldComm, backend: zero_comm::Backend) -> Option<String> {
+        use zero_comm::Backend;
+        (comm.size() > 1 && matches!(backend, Backend::Mpi | Backend::MpiStaged)).then(|| {
+            format!(
+                "this build has no MPI: the host collectives go over the TCP world of {} ranks ({}), a star through rank 0",
+                comm.size(),
+                zero_comm::socket::RENDEZVOUS_VAR
+            )
+        })
     }
 
     /// There is no MPI in this build to take device pointers.
@@ -151,8 +225,19 @@ mod backend {
     /// The launcher's variable that says this process is not alone (a world size above 1
     /// or a rank above 0), as `NAME=value`.
     fn one_of_several() -> Option<String> {
-        const SIZES: &[&str] = &["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MPI_LOCALNRANKS"];
-        const RANKS: &[&str] = &["OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"];
+        // srun sets the SLURM_ ones with or without PMI (`--mpi=none`).
+        const SIZES: &[&str] = &[
+            "OMPI_COMM_WORLD_SIZE",
+            "PMI_SIZE",
+            "MPI_LOCALNRANKS",
+            "SLURM_STEP_NUM_TASKS",
+        ];
+        const RANKS: &[&str] = &[
+            "OMPI_COMM_WORLD_RANK",
+            "PMIX_RANK",
+            "PMI_RANK",
+            "SLURM_PROCID",
+        ];
         let value = |name: &str| -> Option<(String, u64)> {
             let v = std::env::var(name).ok()?;
             let n = v.trim().parse().ok()?;

@@ -191,6 +191,33 @@ pub enum CommError {
         /// What was found and what to do, with the numbers.
         detail: String,
     },
+    /// A connection of the TCP backend ([`crate::SocketComm`]) failed inside a
+    /// collective: the peer's process ended, or the network dropped the connection.
+    #[error("rank {rank}: {op} #{seq} on '{comm}': the connection to rank {peer} failed: {cause}")]
+    Link {
+        /// Rank that saw it.
+        rank: usize,
+        /// Communicator name.
+        comm: String,
+        /// Sequence number of the collective.
+        seq: u64,
+        /// The collective.
+        op: &'static str,
+        /// The rank at the other end.
+        peer: usize,
+        /// What the socket said.
+        cause: String,
+    },
+    /// Joining the TCP world ([`crate::socket::Rendezvous`]) failed.
+    #[error("rank {rank}: joining the TCP world at {at}: {detail}")]
+    Rendezvous {
+        /// Rank that saw it.
+        rank: usize,
+        /// The rendezvous address (`ZERO_RENDEZVOUS`).
+        at: String,
+        /// What went wrong and what to do.
+        detail: String,
+    },
     /// An NCCL call failed (feature `nccl`).
     #[error("rank {rank}: NCCL {op} failed: {message}")]
     Nccl {

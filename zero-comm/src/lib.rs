@@ -50,7 +50,9 @@ mod nccl_watch;
 pub mod nodes;
 pub mod nonblocking;
 pub mod on_stream;
+mod reduce;
 pub mod selftest;
+pub mod socket;
 pub mod staged;
 pub mod stats;
 #[cfg(feature = "mpi")]
@@ -74,6 +76,7 @@ pub use mpi::MpiComm;
 pub use nccl::NcclComm;
 pub use nodes::NodeGroups;
 pub use nonblocking::{Pending, Scope};
+pub use socket::SocketComm;
 pub use staged::{StagedComm, Staging, StagingStats};
 pub use stats::{ring_bytes, CollectiveKind, CommStats, KindStats};
 #[cfg(feature = "mpi")]

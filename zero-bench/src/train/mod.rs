@@ -164,6 +164,9 @@ fn run_on(args: &TrainArgs, comm: Option<&WorldComm>) -> Result<(), Failure> {
     let (backend, why) = zero_comm::select(args.comm, &facts).map_err(|e| same(anyhow!(e)))?;
     if rank == 0 {
         log::info!("comm backend: {backend} ({why})");
+        if let Some(note) = world::host_transport(comm, backend) {
+            log::info!("comm backend: {note}");
+        }
     }
     // One device per rank for every run of the stage list.
     match args.device {

@@ -185,8 +185,8 @@ unsafe fn queue_reads(
 
 #[cfg(test)]
 mod tests {
-    use super::super::reduce::{self, Elem, Half};
     use super::*;
+    use crate::reduce::{self, Elem, Half};
     use crate::DType;
     use half::{bf16, f16};
     use zero_kernels::cuda::peer::twin;

@@ -106,7 +106,6 @@ mod device;
 mod device;
 #[cfg(test)]
 mod nodes_tests;
-mod reduce;
 mod rendezvous;
 #[cfg(test)]
 mod tests;
@@ -117,10 +116,10 @@ use crate::config::{CommConfig, HalfSum};
 use crate::error::{CommError, Result};
 use crate::fingerprint::{describe, fingerprint};
 use crate::nodes::NodeGroups;
+use crate::reduce::{self, fold_into, layout, scratch_as, Elem, Half};
 use crate::stats::{ring_bytes, CollectiveKind, CommStats, Counters};
 use crate::DType;
 use half::{bf16, f16};
-use reduce::{Elem, Half};
 use rendezvous::{Group, Here, Reading, Slot, NAME};
 use std::cell::Cell;
 use std::sync::Arc;
@@ -548,29 +547,6 @@ impl LocalComm {
     }
 }
 
-/// One monomorphic loop per (type, op): the element op inlines and vectorises.
-fn fold_into<T: Elem>(inputs: &[&[T]], out: &mut [T], op: ReduceOp) {
-    match op {
-        ReduceOp::Sum => reduce::fold(inputs, out, T::sum),
-        ReduceOp::Max => reduce::fold(inputs, out, T::max),
-    }
-}
-
-/// Size and alignment of one element.
-fn layout(dtype: DType) -> (usize, usize) {
-    use std::mem::{align_of, size_of};
-    match dtype {
-        DType::F32 => (size_of::<f32>(), align_of::<f32>()),
-        DType::F64 => (size_of::<f64>(), align_of::<f64>()),
-        DType::BF16 => (size_of::<bf16>(), align_of::<bf16>()),
-        DType::F16 => (size_of::<f16>(), align_of::<f16>()),
-        DType::U8 => (size_of::<u8>(), align_of::<u8>()),
-        DType::U32 => (size_of::<u32>(), align_of::<u32>()),
-        DType::I32 => (size_of::<i32>(), align_of::<i32>()),
-        DType::I64 => (size_of::<i64>(), align_of::<i64>()),
-    }
-}
-
 /// Elements `off..off + len` of every rank's input, in rank order.
 ///
 /// # Safety
@@ -601,17 +577,6 @@ unsafe fn slice_mut<'a, T>(p: *mut u8, len: usize) -> &'a mut [T] {
     } else {
         std::slice::from_raw_parts_mut(p as *mut T, len)
     }
-}
-
-/// The first `len` elements of `T` of the scratch words (grown as needed).
-fn scratch_as<T: bytemuck::Pod>(v: &mut Vec<u64>, len: usize) -> &mut [T] {
-    let words = (len * std::mem::size_of::<T>()).div_ceil(8);
-    if v.len() < words {
-        v.resize(words, 0);
-    }
-    // u64 words are aligned for, and a whole number of, every element type (1, 2, 4, 8
-    // bytes), so the cast cannot fail.
-    &mut bytemuck::cast_slice_mut::<u64, T>(&mut v[..words])[..len]
 }
 
 impl Communicator for LocalComm {

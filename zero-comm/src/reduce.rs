@@ -19,14 +19,15 @@
 //!   NaN is the one kept, payload and sign unchanged (the MPI backend's half max returns a
 //!   canonical NaN instead). Max of integers: `Ord::max`.
 
-use crate::Element;
+use crate::communicator::ReduceOp;
+use crate::{DType, Element};
 use half::{bf16, f16};
 
 /// Elements per chunk: a few chunks of every rank stay in L1 while they are combined.
 const CHUNK: usize = 2048;
 
 /// An element type with the reductions above.
-pub(super) trait Elem: Element {
+pub(crate) trait Elem: Element {
     /// `acc + x` (per-step rounding for halves).
     fn sum(acc: Self, x: Self) -> Self;
     /// `max(acc, x)` as documented in the module header.
@@ -34,7 +35,7 @@ pub(super) trait Elem: Element {
 }
 
 /// A 16-bit float, summable through f32.
-pub(super) trait Half: Elem {
+pub(crate) trait Half: Elem {
     fn widen(self) -> f32;
     fn narrow(x: f32) -> Self;
 }
@@ -55,7 +56,7 @@ macro_rules! float_max {
 
 /// `acc + x` with the NaN of the module documentation.
 #[inline]
-pub(super) fn add_f32(acc: f32, x: f32) -> f32 {
+pub(crate) fn add_f32(acc: f32, x: f32) -> f32 {
     let s = acc + x;
     if !s.is_nan() {
         s
@@ -70,7 +71,7 @@ pub(super) fn add_f32(acc: f32, x: f32) -> f32 {
 
 /// As [`add_f32`], for f64.
 #[inline]
-pub(super) fn add_f64(acc: f64, x: f64) -> f64 {
+pub(crate) fn add_f64(acc: f64, x: f64) -> f64 {
     let s = acc + x;
     if !s.is_nan() {
         s
@@ -150,7 +151,7 @@ int_elem!(u8, u32, i32, i64);
 
 /// `out[i] = f(...f(f(inputs[0][i], inputs[1][i]), inputs[2][i])..., inputs[N-1][i])`.
 /// Every input has `out.len()` elements (checked by the caller).
-pub(super) fn fold<T: Copy>(inputs: &[&[T]], out: &mut [T], f: impl Fn(T, T) -> T) {
+pub(crate) fn fold<T: Copy>(inputs: &[&[T]], out: &mut [T], f: impl Fn(T, T) -> T) {
     let Some((first, rest)) = inputs.split_first() else {
         return;
     };
@@ -167,7 +168,7 @@ pub(super) fn fold<T: Copy>(inputs: &[&[T]], out: &mut [T], f: impl Fn(T, T) -> 
 }
 
 /// `acc[i] = ((widen(x0[i]) + widen(x1[i])) + ...)` in f32, rank order.
-pub(super) fn fold_upcast<H: Half>(inputs: &[&[H]], acc: &mut [f32]) {
+pub(crate) fn fold_upcast<H: Half>(inputs: &[&[H]], acc: &mut [f32]) {
     let Some((first, rest)) = inputs.split_first() else {
         return;
     };
@@ -186,10 +187,44 @@ pub(super) fn fold_upcast<H: Half>(inputs: &[&[H]], acc: &mut [f32]) {
 }
 
 /// Round every f32 of `acc` to the half type (round-to-nearest-even), once.
-pub(super) fn narrow<H: Half>(acc: &[f32], out: &mut [H]) {
+pub(crate) fn narrow<H: Half>(acc: &[f32], out: &mut [H]) {
     for (o, &a) in out.iter_mut().zip(acc) {
         *o = H::narrow(a);
     }
+}
+
+/// One monomorphic loop per (type, op): the element op inlines and vectorises.
+pub(crate) fn fold_into<T: Elem>(inputs: &[&[T]], out: &mut [T], op: ReduceOp) {
+    match op {
+        ReduceOp::Sum => fold(inputs, out, T::sum),
+        ReduceOp::Max => fold(inputs, out, T::max),
+    }
+}
+
+/// Size and alignment of one element.
+pub(crate) fn layout(dtype: DType) -> (usize, usize) {
+    use std::mem::{align_of, size_of};
+    match dtype {
+        DType::F32 => (size_of::<f32>(), align_of::<f32>()),
+        DType::F64 => (size_of::<f64>(), align_of::<f64>()),
+        DType::BF16 => (size_of::<bf16>(), align_of::<bf16>()),
+        DType::F16 => (size_of::<f16>(), align_of::<f16>()),
+        DType::U8 => (size_of::<u8>(), align_of::<u8>()),
+        DType::U32 => (size_of::<u32>(), align_of::<u32>()),
+        DType::I32 => (size_of::<i32>(), align_of::<i32>()),
+        DType::I64 => (size_of::<i64>(), align_of::<i64>()),
+    }
+}
+
+/// The first `len` elements of `T` of the scratch words (grown as needed).
+pub(crate) fn scratch_as<T: bytemuck::Pod>(v: &mut Vec<u64>, len: usize) -> &mut [T] {
+    let words = (len * std::mem::size_of::<T>()).div_ceil(8);
+    if v.len() < words {
+        v.resize(words, 0);
+    }
+    // u64 words are aligned for, and a whole number of, every element type (1, 2, 4, 8
+    // bytes), so the cast cannot fail.
+    &mut bytemuck::cast_slice_mut::<u64, T>(&mut v[..words])[..len]
 }
 
 #[cfg(test)]

@@ -1,0 +1,1165 @@
+//! Processes joined by TCP: the world of a launch without MPI.
+//!
+//! Some clusters start tasks with `srun` but without PMI/PMIx (`srun --mpi=none`, or
+//! `MpiDefault=none` and no PMIx plugin), and zero-bench's carried GPU build links no MPI at
+//! all. Then every process knows its rank and the world's size from the launcher
+//! (`SLURM_PROCID`, `SLURM_NTASKS`, or `ZERO_RANK`, `ZERO_WORLD_SIZE`), and one address
+//! where rank 0 can be found ([`Rendezvous`], `ZERO_RENDEZVOUS`). [`SocketComm`] connects
+//! them: every rank holds one TCP connection to rank 0, a star.
+//!
+//! What it is for: the control plane of such a job (agreeing on the configuration, the
+//! NCCL unique id, barriers, checkpoint votes), and the gradients of a small CPU job. Its
+//! semantics are those of the thread ranks ([`crate::LocalComm`]), so a run gives the same
+//! bits as thread ranks on the same inputs:
+//!
+//! - **Deterministic reductions.** Rank 0 receives every rank's input and reduces in rank
+//!   order, `((x0 + x1) + x2) + ...` (the rules of `reduce.rs`: f32/f64 in their own type,
+//!   halves per [`HalfSum`], wrapping integers, first maximum), then sends each rank its
+//!   output.
+//! - **The consistency check is always on.** Every input travels with its call's
+//!   fingerprint (sequence number, collective, reduction, count, dtype, root, half mode);
+//!   rank 0 compares them before reducing and every rank returns [`CommError::Mismatch`]
+//!   naming rank 0 and the lowest differing rank. The group stays usable.
+//! - **No rank waits forever.** Rank 0 waits for its peers at most
+//!   [`CommConfig::timeout`] (`ZERO_COMM_TIMEOUT`, 30 minutes unless set) and then fails
+//!   with [`CommError::Timeout`] naming the ranks that never arrived; the others wait a
+//!   little longer, for rank 0's verdict. A process that ends closes its connection:
+//!   rank 0 notices at once (it polls every connection), and every rank's collective
+//!   fails with [`CommError::Link`] (the rank whose connection broke) or
+//!   [`CommError::Poisoned`] (told by rank 0). After such a failure the group is unusable
+//!   and every later collective returns `Poisoned` at once.
+//! - **Non-blocking collectives complete at start**, as with thread ranks.
+//! - **Host memory only.** Device buffers are [`CommError::Location`]; wrap the
+//!   communicator in a [`crate::StagedComm`] to move them through host staging.
+//!
+//! Cost: rank 0 receives `N - 1` inputs and sends `N - 1` outputs, so an all-reduce of
+//! `S` bytes moves `2 (N - 1) S` bytes through rank 0's link (a ring moves `2 (N - 1) S /
+//! N` through each). The accounting ([`Communicator::stats`]) is nevertheless the ring
+//! algorithm's, as for every backend, so the ledgers compare with the ZeRO formulas; the
+//! star is for control traffic and small worlds, and NCCL carries the GPU data.
+//!
+//! The wire format (little-endian `u64` words): a rank's input is `[fingerprint (7 words),
+//! payload bytes]` and the payload; rank 0's answer is `[status, payload bytes]` and the
+//! payload (status 0: the output; 1: a mismatch, the payload `rank_b`, `call_a`, `call_b`
+//! as lines; 2: the group failed, the payload the failing rank and the reason as lines).
+
+use crate::buffer::Location;
+use crate::communicator::{Communicator, Done, InFlight, RawCall, ReduceOp};
+use crate::config::{CommConfig, HalfSum};
+use crate::error::{CommError, Result};
+use crate::fingerprint::{describe, fingerprint, FIELDS};
+use crate::reduce::{self, fold_into, layout, scratch_as, Elem, Half};
+use crate::stats::{ring_bytes, CollectiveKind, CommStats, Counters};
+use crate::DType;
+use half::{bf16, f16};
+use std::cell::{Cell, RefCell};
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// The backend's name in messages.
+pub const NAME: &str = "tcp";
+/// The communicator's name in messages.
+const COMM: &str = "world";
+/// First word of a hello: "ZERO-TCP".
+const MAGIC: u64 = u64::from_le_bytes(*b"ZERO-TCP");
+/// Version of the wire format above.
+const VERSION: u64 = 1;
+/// The longest token or message accepted in a hello or a failure answer.
+const MAX_TEXT: u64 = 64 * 1024;
+/// How long rank 0 waits for a connected stranger's hello before dropping it.
+const HELLO_WAIT: Duration = Duration::from_secs(10);
+/// How much longer than rank 0 the other ranks wait, so rank 0's verdict comes first.
+const VERDICT_SLACK: Duration = Duration::from_secs(10);
+/// The rendezvous's default patience (`ZERO_RENDEZVOUS_TIMEOUT`): ranks of one srun step
+/// start within seconds, but a busy shared file system or a slow node may lag.
+pub const DEFAULT_RENDEZVOUS_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Where rank 0 is found (`ZERO_RENDEZVOUS`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Address {
+    /// `tcp:HOST:PORT` (or `HOST:PORT`): rank 0 listens on PORT of every interface, the
+    /// others connect to HOST:PORT. HOST must be rank 0's host.
+    Tcp {
+        /// What the others connect to.
+        host: String,
+        /// The port.
+        port: u16,
+    },
+    /// `file:PATH` (or a path with a `/`): rank 0 listens on a free port and writes its
+    /// `host:port` and the job's token into PATH, on a file system every rank sees; the
+    /// others wait for that file. Rank 0 removes it once everyone has connected.
+    File(PathBuf),
+}
+
+impl Address {
+    /// Parse `ZERO_RENDEZVOUS`'s value.
+    pub fn parse(text: &str) -> std::result::Result<Address, String> {
+        let text = text.trim();
+        let tcp = |hp: &str| -> std::result::Result<Address, String> {
+            let (host, port) = hp
+                .rsplit_once(':')
+                .ok_or_else(|| format!("'{hp}' has no ':PORT'"))?;
+            let port: u16 = port
+                .parse()
+                .map_err(|_| format!("'{port}' in '{hp}' is not a port number (1-65535)"))?;
+            if host.is_empty() || port == 0 {
+                return Err(format!("'{hp}' needs a host and a port above 0"));
+            }
+            let host = host.trim_start_matches('[').trim_end_matches(']');
+            Ok(Address::Tcp {
+                host: host.to_string(),
+                port,
+            })
+        };
+        if let Some(path) = text.strip_prefix("file:") {
+            if path.is_empty() {
+                return Err("file: needs a path".into());
+            }
+            Ok(Address::File(PathBuf::from(path)))
+        } else if let Some(hp) = text.strip_prefix("tcp:") {
+            tcp(hp)
+        } else if text.contains('/') {
+            Ok(Address::File(PathBuf::from(text)))
+        } else if text.contains(':') {
+            tcp(text)
+        } else {
+            Err(format!(
+                "'{text}' is neither tcp:HOST:PORT nor file:PATH (a file on a file system every rank sees)"
+            ))
+        }
+    }
+}
+
+impl std::fmt::Display for Address {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Address::Tcp { host, port } => write!(f, "tcp:{host}:{port}"),
+            Address::File(p) => write!(f, "file:{}", p.display()),
+        }
+    }
+}
+
+/// How this process joins a TCP world: its rank, the world's size, where rank 0 is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rendezvous {
+    /// This process's rank.
+    pub rank: usize,
+    /// Processes in the world.
+    pub size: usize,
+    /// Where rank 0 listens.
+    pub address: Address,
+    /// Names this job, so that a rank never joins another job's rank 0 (through a stale
+    /// file or a reused port): `ZERO_RENDEZVOUS_TOKEN`, else Slurm's job, step and restart
+    /// count, else empty.
+    pub token: String,
+    /// How long to wait for every rank to join.
+    pub timeout: Duration,
+}
+
+/// The environment variable naming the rendezvous address.
+pub const RENDEZVOUS_VAR: &str = "ZERO_RENDEZVOUS";
+
+impl Rendezvous {
+    /// From the environment: `None` when `ZERO_RENDEZVOUS` is not set. The rank comes from
+    /// `ZERO_RANK`, else `SLURM_PROCID`; the size from `ZERO_WORLD_SIZE`, else
+    /// `SLURM_NTASKS`; the patience from `ZERO_RENDEZVOUS_TIMEOUT` (seconds).
+    pub fn from_env() -> std::result::Result<Option<Rendezvous>, String> {
+        Self::from_vars(|name| std::env::var(name).ok())
+    }
+
+    /// As [`Rendezvous::from_env`], reading variables through `var`.
+    pub fn from_vars(
+        var: impl Fn(&str) -> Option<String>,
+    ) -> std::result::Result<Option<Rendezvous>, String> {
+        let Some(at) = var(RENDEZVOUS_VAR).filter(|v| !v.trim().is_empty()) else {
+            return Ok(None);
+        };
+        let address = Address::parse(&at).map_err(|e| format!("{RENDEZVOUS_VAR}={at}: {e}"))?;
+        let number = |names: [&str; 2], what: &str| -> std::result::Result<usize, String> {
+            for name in names {
+                if let Some(v) = var(name) {
+                    return v
+                        .trim()
+                        .parse()
+                        .map_err(|_| format!("{name}={v} is not a whole number (the {what})"));
+                }
+            }
+            Err(format!(
+                "{RENDEZVOUS_VAR} is set, so this process joins a TCP world, but neither {} nor {} gives its {what}: launch with srun, or set ZERO_RANK and ZERO_WORLD_SIZE for every process",
+                names[0], names[1]
+            ))
+        };
+        let rank = number(["ZERO_RANK", "SLURM_PROCID"], "rank")?;
+        let size = number(["ZERO_WORLD_SIZE", "SLURM_NTASKS"], "world size")?;
+        if size == 0 || rank >= size {
+            return Err(format!(
+                "rank {rank} of a world of {size}: the rank must be below the size"
+            ));
+        }
+        let token = match (var("ZERO_RENDEZVOUS_TOKEN"), var("SLURM_JOB_ID")) {
+            (Some(t), _) => t,
+            (None, Some(job)) => format!(
+                "slurm:{job}.{}.{}",
+                var("SLURM_STEP_ID").unwrap_or_default(),
+                var("SLURM_RESTART_COUNT").unwrap_or_else(|| "0".into())
+            ),
+            (None, None) => String::new(),
+        };
+        let timeout = match var("ZERO_RENDEZVOUS_TIMEOUT") {
+            None => DEFAULT_RENDEZVOUS_TIMEOUT,
+            Some(v) => v
+                .trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|s| s.is_finite() && *s > 0.0 && *s <= 86_400.0)
+                .map(Duration::from_secs_f64)
+                .ok_or_else(|| {
+                    format!("ZERO_RENDEZVOUS_TIMEOUT={v}: give seconds, above 0 and at most a day")
+                })?,
+        };
+        Ok(Some(Rendezvous {
+            rank,
+            size,
+            address,
+            token,
+            timeout,
+        }))
+    }
+}
+
+/// One rank of a TCP world; see the [module documentation](self).
+///
+/// `Send` but not `Sync` (one thread uses it). Dropping it closes its connections.
+pub struct SocketComm {
+    rank: usize,
+    size: usize,
+    /// Rank 0: the connection of rank `r` at index `r - 1`; the others: the one to rank 0.
+    links: Vec<TcpStream>,
+    seq: Cell<u64>,
+    counters: Counters,
+    half_sum: Cell<HalfSum>,
+    timeout: Option<Duration>,
+    /// Set when a collective failed part-way: `(rank that failed, why)`.
+    broken: RefCell<Option<(usize, String)>>,
+    /// Rank 0: the peers' inputs, and the reduced result (u64 words: aligned for every
+    /// dtype), kept between calls.
+    inputs: RefCell<Vec<Vec<u64>>>,
+    result: Cell<Vec<u64>>,
+}
+
+impl std::fmt::Debug for SocketComm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SocketComm")
+            .field("rank", &self.rank)
+            .field("size", &self.size)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a failed read or write of a link means.
+enum Fault {
+    /// The peer closed the connection or it broke.
+    Broken(String),
+    /// Nothing came for the whole wait.
+    Silent,
+}
+
+fn fault(e: io::Error) -> Fault {
+    match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => Fault::Silent,
+        io::ErrorKind::UnexpectedEof => {
+            Fault::Broken("the connection was closed (that process ended)".into())
+        }
+        io::ErrorKind::ConnectionReset
+        | io::ErrorKind::ConnectionAborted
+        | io::ErrorKind::BrokenPipe => Fault::Broken(format!(
+            "{e} (that process ended, or the network dropped the connection)"
+        )),
+        _ => Fault::Broken(e.to_string()),
+    }
+}
+
+fn words(buf: &[u8]) -> impl Iterator<Item = u64> + '_ {
+    buf.chunks_exact(8).map(|c| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(c);
+        u64::from_le_bytes(w)
+    })
+}
+
+fn to_bytes(ws: &[u64]) -> Vec<u8> {
+    ws.iter().flat_map(|w| w.to_le_bytes()).collect()
+}
+
+fn read_words<const N: usize>(s: &mut TcpStream) -> std::result::Result<[u64; N], Fault> {
+    let mut buf = vec![0u8; 8 * N];
+    s.read_exact(&mut buf).map_err(fault)?;
+    let mut out = [0u64; N];
+    for (o, w) in out.iter_mut().zip(words(&buf)) {
+        *o = w;
+    }
+    Ok(out)
+}
+
+fn read_text(s: &mut TcpStream, len: u64) -> std::result::Result<String, Fault> {
+    if len > MAX_TEXT {
+        return Err(Fault::Broken(format!(
+            "a message of {len} bytes (at most {MAX_TEXT}): not this protocol"
+        )));
+    }
+    let mut buf = vec![0u8; len as usize];
+    s.read_exact(&mut buf).map_err(fault)?;
+    Ok(String::from_utf8_lossy(&buf).into_owned())
+}
+
+/// This host's name, as the others should reach it (`ZERO_RENDEZVOUS_HOST` overrides).
+fn advertised_host() -> String {
+    if let Ok(h) = std::env::var("ZERO_RENDEZVOUS_HOST") {
+        if !h.trim().is_empty() {
+            return h.trim().to_string();
+        }
+    }
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "127.0.0.1".into())
+}
+
+impl SocketComm {
+    /// Join the world `rv` describes (collective over the processes of the launch): rank
+    /// 0 listens and waits for all the others; the others connect. A world of one opens
+    /// nothing.
+    pub fn connect(rv: &Rendezvous, config: &CommConfig) -> Result<SocketComm> {
+        let err = |detail: String| CommError::Rendezvous {
+            rank: rv.rank,
+            at: rv.address.to_string(),
+            detail,
+        };
+        if rv.size == 0 || rv.rank >= rv.size {
+            return Err(err(format!(
+                "rank {} of a world of {}: the rank must be below the size",
+                rv.rank, rv.size
+            )));
+        }
+        let links = if rv.size == 1 {
+            Vec::new()
+        } else if rv.rank == 0 {
+            Self::gather_peers(rv).map_err(err)?
+        } else {
+            vec![Self::join_root(rv).map_err(err)?]
+        };
+        if rv.size > 1 {
+            // Messages and aborts name the rank, as under MPI (`exit.rs`).
+            crate::exit::WORLD_RANK.store(rv.rank, std::sync::atomic::Ordering::Relaxed);
+        }
+        for l in &links {
+            l.set_nodelay(true)
+                .map_err(|e| err(format!("setting TCP_NODELAY: {e}")))?;
+        }
+        Ok(SocketComm {
+            rank: rv.rank,
+            size: rv.size,
+            links,
+            seq: Cell::new(0),
+            counters: Counters::default(),
+            half_sum: Cell::new(config.half_sum),
+            timeout: config.timeout,
+            broken: RefCell::new(None),
+            inputs: RefCell::new(Vec::new()),
+            result: Cell::new(Vec::new()),
+        })
+    }
+
+    /// Rank 0: listen, publish the address (file mode), accept every other rank's hello,
+    /// then answer all of them at once.
+    fn gather_peers(rv: &Rendezvous) -> std::result::Result<Vec<TcpStream>, String> {
+        let port = match &rv.address {
+            Address::Tcp { port, .. } => *port,
+            Address::File(_) => 0,
+        };
+        let listener = TcpListener::bind(("0.0.0.0", port))
+            .map_err(|e| format!("rank 0 cannot listen on port {port}: {e}"))?;
+        let mut published = None;
+        if let Address::File(path) = &rv.address {
+            let port = listener
+                .local_addr()
+                .map_err(|e| format!("the listening port: {e}"))?
+                .port();
+            let addr = format!("{}:{port}", advertised_host());
+            publish(path, &addr, &rv.token)?;
+            published = Some(path.clone());
+            log::debug!(
+                "rank 0: TCP world listening on {addr} (written to {})",
+                path.display()
+            );
+        }
+        let joined = Self::accept_all(&listener, rv);
+        if let Some(path) = published {
+            // Once everyone is in (or the wait failed), a later run must not find it.
+            let _ = std::fs::remove_file(path);
+        }
+        let mut links = joined?;
+        for s in &mut links {
+            s.write_all(&to_bytes(&[0, 0]))
+                .map_err(|e| format!("answering a joined rank: {e}"))?;
+        }
+        Ok(links)
+    }
+
+    fn accept_all(
+        listener: &TcpListener,
+        rv: &Rendezvous,
+    ) -> std::result::Result<Vec<TcpStream>, String> {
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| format!("listening: {e}"))?;
+        let deadline = Instant::now() + rv.timeout;
+        let mut slots: Vec<Option<TcpStream>> = (1..rv.size).map(|_| None).collect();
+        let refuse = |slots: &mut Vec<Option<TcpStream>>, why: &str| {
+            for s in slots.iter_mut().flatten() {
+                let _ = s.write_all(&to_bytes(&[1, why.len() as u64]));
+                let _ = s.write_all(why.as_bytes());
+            }
+            why.to_string()
+        };
+        while slots.iter().any(Option::is_none) {
+            let (mut stream, from) = match listener.accept() {
+                Ok(x) => x,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if Instant::now() >= deadline {
+                        let missing: Vec<String> = slots
+                            .iter()
+                            .enumerate()
+                            .filter(|(_, s)| s.is_none())
+                            .map(|(i, _)| (i + 1).to_string())
+                            .collect();
+                        let why = format!(
+                            "rank(s) {} did not join within {:.0} s (ZERO_RENDEZVOUS_TIMEOUT); were they started, with the same ZERO_RENDEZVOUS, and can they reach this host?",
+                            missing.join(", "),
+                            rv.timeout.as_secs_f64()
+                        );
+                        return Err(refuse(&mut slots, &why));
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
+                }
+                Err(e) => return Err(refuse(&mut slots, &format!("accepting: {e}"))),
+            };
+            let hello = (|| -> std::result::Result<(usize, usize, String), String> {
+                stream.set_nonblocking(false).map_err(|e| e.to_string())?;
+                stream
+                    .set_read_timeout(Some(HELLO_WAIT))
+                    .map_err(|e| e.to_string())?;
+                let [magic, version, rank, size, len] =
+                    read_words::<5>(&mut stream).map_err(|_| "no hello".to_string())?;
+                if magic != MAGIC || version != VERSION {
+                    return Err("not a zero-rs rank of this version".into());
+                }
+                let token = read_text(&mut stream, len).map_err(|_| "no token".to_string())?;
+                Ok((rank as usize, size as usize, token))
+            })();
+            let (rank, size, token) = match hello {
+                Ok(h) => h,
+                Err(why) => {
+                    log::warn!("rank 0: TCP world: dropped a connection from {from}: {why}");
+                    continue;
+                }
+            };
+            if token != rv.token {
+                log::warn!(
+                    "rank 0: TCP world: dropped a connection from {from}: another job's (token '{token}', ours '{}')",
+                    rv.token
+                );
+                let why = "rank 0 there belongs to another job (a different token)";
+                let _ = stream.write_all(&to_bytes(&[1, why.len() as u64]));
+                let _ = stream.write_all(why.as_bytes());
+                continue;
+            }
+            if size != rv.size || rank == 0 || rank >= rv.size || slots[rank - 1].is_some() {
+                let why = if size != rv.size {
+                    format!("rank {rank} (at {from}) says the world has {size} ranks, rank 0 says {}: give every process the same size", rv.size)
+                } else {
+                    format!("a second process (at {from}) claims rank {rank}: every process needs its own rank below {}", rv.size)
+                };
+                let _ = stream.write_all(&to_bytes(&[1, why.len() as u64]));
+                let _ = stream.write_all(why.as_bytes());
+                return Err(refuse(&mut slots, &why));
+            }
+            let _ = stream.set_read_timeout(None);
+            slots[rank - 1] = Some(stream);
+        }
+        Ok(slots.into_iter().flatten().collect())
+    }
+
+    /// Ranks above 0: find rank 0 (wait for the file), connect (retrying while it is not
+    /// listening yet), say hello, and wait for everyone to have joined.
+    fn join_root(rv: &Rendezvous) -> std::result::Result<TcpStream, String> {
+        let deadline = Instant::now() + rv.timeout;
+        let late = |what: &str| {
+            format!(
+                "{what} within {:.0} s (ZERO_RENDEZVOUS_TIMEOUT); is rank 0 running, with the same ZERO_RENDEZVOUS?",
+                rv.timeout.as_secs_f64()
+            )
+        };
+        let mut last = String::new();
+        let mut stream = loop {
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "{} (last: {last})",
+                    late("rank 0 could not be reached")
+                ));
+            }
+            let target = match &rv.address {
+                Address::Tcp { host, port } => Some(format!("{host}:{port}")),
+                Address::File(path) => read_published(path, &rv.token),
+            };
+            let Some(target) = target else {
+                last =
+                    "the rendezvous file is not there yet, or it names another job (another token)"
+                        .into();
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            };
+            let addrs: Vec<SocketAddr> = match target.to_socket_addrs() {
+                Ok(a) => a.collect(),
+                Err(e) => {
+                    last = format!("resolving {target}: {e}");
+                    std::thread::sleep(Duration::from_millis(200));
+                    continue;
+                }
+            };
+            let connected = addrs.iter().find_map(|a| {
+                TcpStream::connect_timeout(a, Duration::from_secs(5))
+                    .map_err(|e| last = format!("connecting to {a}: {e}"))
+                    .ok()
+            });
+            match connected {
+                Some(s) => break s,
+                None => std::thread::sleep(Duration::from_millis(100)),
+            }
+        };
+        let mut hello = to_bytes(&[
+            MAGIC,
+            VERSION,
+            rv.rank as u64,
+            rv.size as u64,
+            rv.token.len() as u64,
+        ]);
+        hello.extend_from_slice(rv.token.as_bytes());
+        stream
+            .write_all(&hello)
+            .map_err(|e| format!("saying hello to rank 0: {e}"))?;
+        let left = deadline.saturating_duration_since(Instant::now()) + VERDICT_SLACK;
+        stream
+            .set_read_timeout(Some(left))
+            .map_err(|e| e.to_string())?;
+        let answer = read_words::<2>(&mut stream).map_err(|f| match f {
+            Fault::Silent => late("not every rank joined"),
+            Fault::Broken(why) => format!("rank 0 hung up before everyone joined: {why}"),
+        })?;
+        match answer {
+            [0, _] => {
+                stream.set_read_timeout(None).map_err(|e| e.to_string())?;
+                Ok(stream)
+            }
+            [_, len] => Err(format!(
+                "rank 0 refused: {}",
+                read_text(&mut stream, len).unwrap_or_else(|_| "(no reason given)".into())
+            )),
+        }
+    }
+
+    /// Number of collectives issued so far on this communicator.
+    pub fn sequence(&self) -> u64 {
+        self.seq.get()
+    }
+
+    fn poisoned(&self, seq: u64, op: &'static str) -> Option<CommError> {
+        self.broken
+            .borrow()
+            .as_ref()
+            .map(|(by, reason)| CommError::Poisoned {
+                rank: self.rank,
+                comm: COMM.into(),
+                seq,
+                op,
+                by: *by,
+                reason: reason.clone(),
+            })
+    }
+
+    fn link_error(&self, seq: u64, op: &'static str, peer: usize, f: Fault) -> CommError {
+        let err = match f {
+            Fault::Broken(cause) => CommError::Link {
+                rank: self.rank,
+                comm: COMM.into(),
+                seq,
+                op,
+                peer,
+                cause,
+            },
+            Fault::Silent => CommError::Timeout {
+                rank: self.rank,
+                comm: COMM.into(),
+                seq,
+                op,
+                waited_s: self.timeout.map_or(0.0, |t| t.as_secs_f64()),
+                missing: vec![peer],
+            },
+        };
+        *self.broken.borrow_mut() = Some((self.rank, err.to_string()));
+        err
+    }
+
+    /// What this rank's call sends to rank 0 (rank 0: its own input): `(address, bytes)`.
+    fn input_of(&self, call: &RawCall) -> (*const u8, usize) {
+        let es = call.dtype.size_bytes();
+        match call.kind {
+            CollectiveKind::Barrier => (std::ptr::null(), 0),
+            CollectiveKind::Broadcast if call.root != self.rank => (std::ptr::null(), 0),
+            CollectiveKind::AllGather if call.send.is_none() => {
+                let block = call.recv.len / self.size;
+                let off = self.rank * block * es;
+                (call.recv.ptr.wrapping_add(off) as *const u8, block * es)
+            }
+            _ => {
+                let b = call.send.unwrap_or(call.recv);
+                (b.ptr as *const u8, b.len * es)
+            }
+        }
+    }
+
+    /// The bytes rank `r` receives as its output (what rank 0 sends it).
+    fn output_bytes(&self, call: &RawCall, r: usize) -> usize {
+        let es = call.dtype.size_bytes();
+        match call.kind {
+            CollectiveKind::Barrier => 0,
+            CollectiveKind::Broadcast if call.root == r => 0,
+            _ => call.recv.len * es,
+        }
+    }
+
+    /// Ranks above 0: send the input, receive the output.
+    ///
+    /// # Safety
+    /// As [`Communicator::execute`].
+    unsafe fn exchange_with_root(&self, call: &RawCall, fp: &[i64; FIELDS]) -> Result<()> {
+        let seq = fp[0] as u64;
+        let op = call.kind.name();
+        let mut link: &TcpStream = &self.links[0];
+        let (ptr, len) = self.input_of(call);
+        let mut header: Vec<u64> = fp.iter().map(|&x| x as u64).collect();
+        header.push(len as u64);
+        let sent = (|| -> io::Result<()> {
+            link.write_all(&to_bytes(&header))?;
+            if len > 0 {
+                // SAFETY: the input is valid for `len` bytes (execute's contract).
+                link.write_all(std::slice::from_raw_parts(ptr, len))?;
+            }
+            Ok(())
+        })();
+        sent.map_err(|e| self.link_error(seq, op, 0, fault(e)))?;
+        // Rank 0 gives up on a silent peer after the timeout; we wait a little longer,
+        // for its verdict.
+        let _ = link.set_read_timeout(self.timeout.map(|t| t + VERDICT_SLACK));
+        let read = |link: &mut &TcpStream, buf: &mut [u8]| link.read_exact(buf).map_err(fault);
+        let mut answer = [0u8; 16];
+        read(&mut link, &mut answer).map_err(|f| self.link_error(seq, op, 0, f))?;
+        let [status, bytes]: [u64; 2] = {
+            let mut w = words(&answer);
+            [w.next().unwrap_or(0), w.next().unwrap_or(0)]
+        };
+        if status != 0 {
+            let mut text = vec![0u8; bytes.min(MAX_TEXT) as usize];
+            read(&mut link, &mut text).map_err(|f| self.link_error(seq, op, 0, f))?;
+            let text = String::from_utf8_lossy(&text).into_owned();
+            let mut lines = text.splitn(3, '\n');
+            let (a, b, c) = (
+                lines.next().unwrap_or(""),
+                lines.next().unwrap_or(""),
+                lines.next().unwrap_or(""),
+            );
+            if status == 1 {
+                return Err(CommError::Mismatch {
+                    rank: self.rank,
+                    comm: COMM.into(),
+                    seq,
+                    rank_a: 0,
+                    call_a: b.to_string(),
+                    rank_b: a.parse().unwrap_or(0),
+                    call_b: c.to_string(),
+                });
+            }
+            let by = a.parse().unwrap_or(0);
+            let reason = [b, c].join("\n").trim_end().to_string();
+            *self.broken.borrow_mut() = Some((by, reason.clone()));
+            return Err(CommError::Poisoned {
+                rank: self.rank,
+                comm: COMM.into(),
+                seq,
+                op,
+                by,
+                reason,
+            });
+        }
+        let want = self.output_bytes(call, self.rank);
+        if bytes as usize != want {
+            return Err(self.link_error(
+                seq,
+                op,
+                0,
+                Fault::Broken(format!(
+                    "rank 0 sent {bytes} bytes where this rank expects {want}"
+                )),
+            ));
+        }
+        if want > 0 {
+            // SAFETY: `recv` is writable for its length (contract); `want` is its bytes.
+            let out = std::slice::from_raw_parts_mut(call.recv.ptr, want);
+            read(&mut link, out).map_err(|f| self.link_error(seq, op, 0, f))?;
+        }
+        Ok(())
+    }
+
+    /// Rank 0: wait until every peer has something to read (or hung up), at most the
+    /// timeout; the first peer that is silent for the whole wait is `Err`.
+    fn wait_readable(&self) -> std::result::Result<(), (usize, Fault)> {
+        let deadline = self.timeout.map(|t| Instant::now() + t);
+        let mut pending: Vec<usize> = (1..self.size).collect();
+        while !pending.is_empty() {
+            let mut fds: Vec<libc::pollfd> = pending
+                .iter()
+                .map(|&r| libc::pollfd {
+                    fd: self.links[r - 1].as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                })
+                .collect();
+            let slice = match deadline {
+                Some(d) => d.saturating_duration_since(Instant::now()),
+                None => Duration::from_secs(3600),
+            };
+            if slice.is_zero() {
+                return Err((pending[0], Fault::Silent));
+            }
+            let ms = slice.as_millis().clamp(1, 1000) as libc::c_int;
+            // SAFETY: `fds` is a valid array of `fds.len()` pollfd structures.
+            let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err((pending[0], Fault::Broken(format!("poll: {e}"))));
+            }
+            let ready: Vec<bool> = fds.iter().map(|f| f.revents != 0).collect();
+            let mut i = 0;
+            pending.retain(|_| {
+                let keep = !ready[i];
+                i += 1;
+                keep
+            });
+        }
+        Ok(())
+    }
+
+    /// Rank 0: tell every peer the collective failed (best effort), and remember it.
+    fn fail_all(&self, status: u64, text: &str) {
+        let mut msg = to_bytes(&[status, text.len() as u64]);
+        msg.extend_from_slice(text.as_bytes());
+        for mut l in &self.links {
+            let _ = l.write_all(&msg);
+        }
+    }
+
+    /// Rank 0: gather, check, combine, answer.
+    ///
+    /// # Safety
+    /// As [`Communicator::execute`].
+    unsafe fn serve(&self, call: &RawCall, fp: &[i64; FIELDS], upcast: bool) -> Result<()> {
+        let seq = fp[0] as u64;
+        let op = call.kind.name();
+        let mut inputs = self.inputs.borrow_mut();
+        inputs.resize_with(self.size - 1, Vec::new);
+        let mut fps = Vec::with_capacity(self.size - 1);
+        let mut lens = Vec::with_capacity(self.size - 1);
+        let gathered = (|| -> std::result::Result<(), (usize, Fault)> {
+            self.wait_readable()?;
+            for r in 1..self.size {
+                let mut link = &self.links[r - 1];
+                let _ = link.set_read_timeout(self.timeout);
+                let mut header = vec![0u8; 8 * (FIELDS + 1)];
+                link.read_exact(&mut header).map_err(|e| (r, fault(e)))?;
+                let w: Vec<u64> = words(&header).collect();
+                let len = w[FIELDS] as usize;
+                let buf = &mut inputs[r - 1];
+                buf.clear();
+                buf.resize(len.div_ceil(8), 0);
+                let bytes = &mut bytemuck::cast_slice_mut::<u64, u8>(buf)[..len];
+                link.read_exact(bytes).map_err(|e| (r, fault(e)))?;
+                fps.push(w[..FIELDS].iter().map(|&x| x as i64).collect::<Vec<i64>>());
+                lens.push(len);
+            }
+            Ok(())
+        })();
+        if let Err((peer, f)) = gathered {
+            let e = self.link_error(seq, op, peer, f);
+            self.fail_all(2, &format!("0\n{e}"));
+            return Err(e);
+        }
+        // The check: the same call everywhere (the input lengths follow from it, except
+        // for the block of an in-place all-gather, compared too).
+        let (_, mine) = self.input_of(call);
+        // (A broadcast's inputs are the root's buffer and nothing from the others.)
+        let mismatch = fps.iter().zip(&lens).enumerate().find(|(_, (f, &len))| {
+            f.as_slice() != fp.as_slice() || (len != mine && call.kind != CollectiveKind::Broadcast)
+        });
+        if let Some((i, (f, &len))) = mismatch {
+            let (mut a, mut b) = (describe(fp), describe(f));
+            if f.as_slice() == fp.as_slice() {
+                a.push_str(&format!(" with a {mine}-byte input"));
+                b.push_str(&format!(" with a {len}-byte input"));
+            }
+            self.fail_all(1, &format!("{}\n{a}\n{b}", i + 1));
+            return Err(CommError::Mismatch {
+                rank: 0,
+                comm: COMM.into(),
+                seq,
+                rank_a: 0,
+                call_a: a,
+                rank_b: i + 1,
+                call_b: b,
+            });
+        }
+        let (my_ptr, _) = self.input_of(call);
+        let all: Vec<&[u8]> = std::iter::once(if mine == 0 {
+            &[][..]
+        } else {
+            // SAFETY: our input is valid for `mine` bytes (contract), and nothing writes
+            // our buffers until the combined result is computed.
+            std::slice::from_raw_parts(my_ptr, mine)
+        })
+        .chain(
+            inputs
+                .iter()
+                .zip(&lens)
+                .map(|(b, &l)| &bytemuck::cast_slice::<u64, u8>(b)[..l]),
+        )
+        .collect();
+        let answered = self.combine_and_answer(call, &all, upcast);
+        if let Err((peer, f)) = answered {
+            let e = self.link_error(seq, op, peer, f);
+            self.fail_all(2, &format!("0\n{e}"));
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Rank 0: compute every rank's output from `all` (the inputs in rank order, as bytes)
+    /// and send it; write our own. An error names the peer whose link failed.
+    ///
+    /// # Safety
+    /// As [`Communicator::execute`]; `all[0]` may alias our own `recv` (in place).
+    unsafe fn combine_and_answer(
+        &self,
+        call: &RawCall,
+        all: &[&[u8]],
+        upcast: bool,
+    ) -> std::result::Result<(), (usize, Fault)> {
+        let es = call.dtype.size_bytes();
+        let n = self.size;
+        let recv_bytes = call.recv.len * es;
+        let send = |r: usize, parts: &[&[u8]]| -> std::result::Result<(), (usize, Fault)> {
+            let total: usize = parts.iter().map(|p| p.len()).sum();
+            let mut link = &self.links[r - 1];
+            (|| -> io::Result<()> {
+                link.write_all(&to_bytes(&[0, total as u64]))?;
+                for p in parts {
+                    link.write_all(p)?;
+                }
+                Ok(())
+            })()
+            .map_err(|e| (r, fault(e)))
+        };
+        // SAFETY (for `own`): `recv` is writable for its length (contract); taken only
+        // after every read of `all[0]` that it may alias.
+        let own = || -> &mut [u8] {
+            if recv_bytes == 0 {
+                &mut []
+            } else {
+                std::slice::from_raw_parts_mut(call.recv.ptr, recv_bytes)
+            }
+        };
+        match call.kind {
+            CollectiveKind::Barrier => {
+                for r in 1..n {
+                    send(r, &[])?;
+                }
+            }
+            CollectiveKind::Broadcast => {
+                let data = all[call.root];
+                for r in 1..n {
+                    // The root has the data: it is told only that the call is done.
+                    let parts: &[&[u8]] = if r == call.root { &[] } else { &[data] };
+                    send(r, parts)?;
+                }
+                if call.root != 0 && recv_bytes > 0 {
+                    own().copy_from_slice(data);
+                }
+            }
+            CollectiveKind::AllGather => {
+                for r in 1..n {
+                    send(r, all)?;
+                }
+                let block = recv_bytes / n;
+                for (q, part) in all.iter().enumerate() {
+                    if (q > 0 || call.send.is_some()) && block > 0 {
+                        // SAFETY: block q of `recv` is in bounds (`recv` is n blocks) and
+                        // overlaps no input we read here: in place, our input is block 0,
+                        // skipped; the peers' inputs are our own buffers.
+                        std::ptr::copy_nonoverlapping(
+                            part.as_ptr(),
+                            call.recv.ptr.add(q * block),
+                            block,
+                        );
+                    }
+                }
+            }
+            CollectiveKind::AllToAll => {
+                let block = recv_bytes / n;
+                for r in 1..n {
+                    let parts: Vec<&[u8]> =
+                        all.iter().map(|p| &p[r * block..(r + 1) * block]).collect();
+                    send(r, &parts)?;
+                }
+                let out = own();
+                for (q, part) in all.iter().enumerate() {
+                    out[q * block..(q + 1) * block].copy_from_slice(&part[..block]);
+                }
+            }
+            CollectiveKind::AllReduce | CollectiveKind::ReduceScatter => {
+                let full = all[0].len();
+                let mut result = self.result.take();
+                let reduced = reduce_bytes(call, all, upcast, &mut result, full);
+                let outcome = (|| {
+                    let reduced = match reduced {
+                        Ok(r) => r,
+                        Err(why) => {
+                            return Err((0, Fault::Broken(why)));
+                        }
+                    };
+                    if call.kind == CollectiveKind::AllReduce {
+                        for r in 1..n {
+                            send(r, &[reduced])?;
+                        }
+                        if recv_bytes > 0 {
+                            own().copy_from_slice(reduced);
+                        }
+                    } else {
+                        for r in 1..n {
+                            send(r, &[&reduced[r * recv_bytes..(r + 1) * recv_bytes]])?;
+                        }
+                        if recv_bytes > 0 {
+                            own().copy_from_slice(&reduced[..recv_bytes]);
+                        }
+                    }
+                    Ok(())
+                })();
+                self.result.set(result);
+                outcome?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `b` as elements of `T` (an empty input may sit at any address).
+fn cast<T: bytemuck::Pod>(b: &[u8]) -> std::result::Result<&[T], String> {
+    if b.is_empty() {
+        return Ok(&[]);
+    }
+    bytemuck::try_cast_slice::<u8, T>(b).map_err(|e| format!("input layout: {e}"))
+}
+
+/// The rank-order reduction of `all` (bytes of `full` each) into `scratch`, as bytes.
+fn reduce_bytes<'a>(
+    call: &RawCall,
+    all: &[&[u8]],
+    upcast: bool,
+    scratch: &'a mut Vec<u64>,
+    full: usize,
+) -> std::result::Result<&'a [u8], String> {
+    let op = call.op.unwrap_or(ReduceOp::Sum);
+    fn typed<T: Elem>(
+        all: &[&[u8]],
+        op: ReduceOp,
+        scratch: &mut Vec<u64>,
+        full: usize,
+    ) -> std::result::Result<(), String> {
+        let ins: Vec<&[T]> = all
+            .iter()
+            .map(|b| cast::<T>(b))
+            .collect::<std::result::Result<_, _>>()?;
+        let n = full / std::mem::size_of::<T>();
+        fold_into(&ins, scratch_as::<T>(scratch, n), op);
+        Ok(())
+    }
+    fn halves<H: Half>(
+        all: &[&[u8]],
+        scratch: &mut Vec<u64>,
+        full: usize,
+    ) -> std::result::Result<(), String> {
+        let ins: Vec<&[H]> = all
+            .iter()
+            .map(|b| cast::<H>(b))
+            .collect::<std::result::Result<_, _>>()?;
+        let n = full / std::mem::size_of::<H>();
+        let mut acc = vec![0f32; n];
+        reduce::fold_upcast(&ins, &mut acc);
+        reduce::narrow(&acc, scratch_as::<H>(scratch, n));
+        Ok(())
+    }
+    match call.dtype {
+        DType::F32 => typed::<f32>(all, op, scratch, full),
+        DType::F64 => typed::<f64>(all, op, scratch, full),
+        DType::BF16 if upcast => halves::<bf16>(all, scratch, full),
+        DType::BF16 => typed::<bf16>(all, op, scratch, full),
+        DType::F16 if upcast => halves::<f16>(all, scratch, full),
+        DType::F16 => typed::<f16>(all, op, scratch, full),
+        DType::U8 => typed::<u8>(all, op, scratch, full),
+        DType::U32 => typed::<u32>(all, op, scratch, full),
+        DType::I32 => typed::<i32>(all, op, scratch, full),
+        DType::I64 => typed::<i64>(all, op, scratch, full),
+    }?;
+    Ok(&bytemuck::cast_slice::<u64, u8>(scratch)[..full])
+}
+
+/// Rank 0 (file mode): write `host:port` and the token into `path`, atomically.
+fn publish(path: &Path, addr: &str, token: &str) -> std::result::Result<(), String> {
+    let tmp = path.with_file_name(format!(
+        ".{}.{}",
+        path.file_name()
+            .map_or("zero-rendezvous".into(), |n| n.to_string_lossy()),
+        std::process::id()
+    ));
+    std::fs::write(&tmp, format!("{addr}\n{token}\n"))
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            format!(
+                "rank 0 cannot write the rendezvous file {}: {e} (give a path in a writable directory that every rank sees)",
+                path.display()
+            )
+        })
+}
+
+/// Ranks above 0 (file mode): rank 0's address, once the file names this job's token.
+fn read_published(path: &Path, token: &str) -> Option<String> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let mut lines = text.lines();
+    let addr = lines.next()?.trim().to_string();
+    (lines.next().unwrap_or("") == token && !addr.is_empty()).then_some(addr)
+}
+
+impl Communicator for SocketComm {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn size(&self) -> usize {
+        self.size
+    }
+    fn world_rank(&self) -> usize {
+        self.rank
+    }
+    fn name(&self) -> &str {
+        COMM
+    }
+    fn stats(&self) -> CommStats {
+        self.counters.snapshot()
+    }
+    fn reset_stats(&self) {
+        self.counters.reset()
+    }
+    fn half_sum(&self) -> HalfSum {
+        self.half_sum.get()
+    }
+    fn set_half_sum(&self, mode: HalfSum) {
+        self.half_sum.set(mode)
+    }
+
+    unsafe fn execute(&self, call: &RawCall) -> Result<()> {
+        let op = call.kind.name();
+        for b in call.send.iter().chain(std::iter::once(&call.recv)) {
+            if b.location != Location::Host {
+                return Err(CommError::Location {
+                    rank: self.rank,
+                    op,
+                    location: b.location,
+                    backend: NAME,
+                });
+            }
+            let (_, align) = layout(call.dtype);
+            if b.len > 0 && (b.ptr.is_null() || !(b.ptr as usize).is_multiple_of(align)) {
+                return Err(CommError::Size {
+                    rank: self.rank,
+                    op,
+                    comm: COMM.into(),
+                    detail: format!("buffer at {:p} is not aligned for {}", b.ptr, call.dtype),
+                });
+            }
+        }
+        if call.kind == CollectiveKind::Broadcast && call.root >= self.size {
+            return Err(CommError::Root {
+                rank: self.rank,
+                op,
+                comm: COMM.into(),
+                root: call.root,
+                size: self.size,
+            });
+        }
+        let seq = self.seq.get();
+        if let Some(e) = self.poisoned(seq, op) {
+            return Err(e);
+        }
+        self.seq.set(seq + 1);
+        let upcast = call.dtype.is_half()
+            && call.op == Some(ReduceOp::Sum)
+            && self.half_sum.get() == HalfSum::Upcast;
+        let fp = fingerprint(seq, call, upcast);
+        if self.rank == 0 {
+            // (A world of one runs this too, for the copies of `_into` calls.)
+            self.serve(call, &fp, upcast)?;
+        } else {
+            self.exchange_with_root(call, &fp)?;
+        }
+        let elem = if upcast { 4 } else { call.dtype.size_bytes() } as u64;
+        let basis = match call.kind {
+            CollectiveKind::ReduceScatter => call.send.map_or(0, |s| s.len),
+            _ => call.recv.len,
+        } as u64;
+        let (sent, received) = ring_bytes(call.kind, self.size, self.rank, basis * elem, call.root);
+        self.counters.record(call.kind, sent, received);
+        Ok(())
+    }
+
+    unsafe fn start(&self, call: &RawCall) -> Result<Box<dyn InFlight>> {
+        // Completes at start; see the module documentation.
+        self.execute(call)?;
+        Ok(Box::new(Done))
+    }
+}
+
+impl Drop for SocketComm {
+    fn drop(&mut self) {
+        for l in &self.links {
+            let _ = l.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

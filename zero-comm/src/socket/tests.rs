@@ -1,0 +1,415 @@
+use super::*;
+use crate::{run_local, selftest};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// A fresh rendezvous file path of this test process.
+fn rendezvous_file() -> PathBuf {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let dir = std::env::temp_dir().join(format!("zero-socket-tests-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a scratch directory in the temp dir");
+    dir.join(format!("rv-{}", N.fetch_add(1, Ordering::SeqCst)))
+}
+
+fn rendezvous(rank: usize, size: usize, file: &Path) -> Rendezvous {
+    Rendezvous {
+        rank,
+        size,
+        address: Address::File(file.to_path_buf()),
+        token: "test".into(),
+        timeout: Duration::from_secs(30),
+    }
+}
+
+/// Run `f` on `size` ranks, each a thread with its own TCP connection(s).
+fn run_tcp<T: Send + 'static>(
+    size: usize,
+    config: CommConfig,
+    f: impl Fn(SocketComm) -> T + Send + Sync + Clone + 'static,
+) -> Vec<T> {
+    let file = rendezvous_file();
+    let handles: Vec<_> = (0..size)
+        .map(|rank| {
+            let (f, file, config) = (f.clone(), file.clone(), config.clone());
+            std::thread::spawn(move || {
+                let comm = SocketComm::connect(&rendezvous(rank, size, &file), &config)
+                    .unwrap_or_else(|e| panic!("rank {rank} could not join: {e}"));
+                f(comm)
+            })
+        })
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| h.join().expect("no rank panicked"))
+        .collect()
+}
+
+#[test]
+fn socket_comm_is_send() {
+    fn send<T: Send>() {}
+    send::<SocketComm>();
+}
+
+#[test]
+fn the_self_test_passes_on_one_to_four_ranks() {
+    for size in 1..=4 {
+        for (rank, cases) in run_tcp(size, CommConfig::default(), |c| selftest::run(&c))
+            .into_iter()
+            .enumerate()
+        {
+            let cases = cases.unwrap_or_else(|e| panic!("{size} ranks, rank {rank}: {e}"));
+            assert!(!cases.is_empty());
+            for case in cases {
+                assert!(
+                    case.ok,
+                    "{size} ranks, rank {rank}: {}: {}",
+                    case.name, case.detail
+                );
+            }
+        }
+    }
+}
+
+/// The collectives of one step, on values whose sums round: the bits must be those of
+/// the thread ranks (the same rank-order reduction).
+fn step<C: Communicator>(c: &C) -> Vec<u32> {
+    let me = c.rank() as f32;
+    let x: Vec<f32> = (0..24)
+        .map(|i| (i as f32 * 0.37 + me).sin() / 3.0)
+        .collect();
+    let mut ar = x.clone();
+    c.all_reduce(&mut ar[..], ReduceOp::Sum)
+        .expect("all-reduce");
+    let mut mx = vec![0f32; 24];
+    c.all_reduce_into(&x[..], &mut mx[..], ReduceOp::Max)
+        .expect("all-reduce max");
+    let mut rs = vec![0f32; 24 / c.size()];
+    c.reduce_scatter(&x[..], &mut rs[..], ReduceOp::Sum)
+        .expect("reduce-scatter");
+    let h: Vec<bf16> = x.iter().map(|&v| bf16::from_f32(v)).collect();
+    let mut hs = h.clone();
+    c.all_reduce(&mut hs[..], ReduceOp::Sum).expect("bf16 sum");
+    c.set_half_sum(HalfSum::Upcast);
+    let mut hu = h.clone();
+    c.all_reduce(&mut hu[..], ReduceOp::Sum)
+        .expect("bf16 upcast sum");
+    c.set_half_sum(HalfSum::Op);
+    let mut ag = vec![0f32; 24];
+    let block = 24 / c.size();
+    ag[c.rank() * block..(c.rank() + 1) * block].copy_from_slice(&x[..block]);
+    c.all_gather_in_place(&mut ag[..]).expect("all-gather");
+    let mut a2a = vec![0f32; 24];
+    c.all_to_all(&x[..], &mut a2a[..]).expect("all-to-all");
+    let mut b = x.clone();
+    c.broadcast(&mut b[..], c.size() - 1).expect("broadcast");
+    c.barrier().expect("barrier");
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<u32>>();
+    let mut out = bits(&ar);
+    out.extend(bits(&mx));
+    out.extend(bits(&rs));
+    out.extend(hs.iter().chain(&hu).map(|h| u32::from(h.to_bits())));
+    out.extend(bits(&ag));
+    out.extend(bits(&a2a));
+    out.extend(bits(&b));
+    out
+}
+
+#[test]
+fn results_and_ledger_are_those_of_thread_ranks() {
+    let size = 3;
+    let tcp = run_tcp(size, CommConfig::default(), |c| (step(&c), c.stats()));
+    let local = run_local(size, CommConfig::default(), |c| (step(&c), c.stats()));
+    for (rank, ((bits, stats), l)) in tcp.into_iter().zip(local).enumerate() {
+        let (lbits, lstats) = l.expect("no thread rank panicked");
+        assert_eq!(
+            bits, lbits,
+            "rank {rank}: the bits differ from the thread ranks'"
+        );
+        assert_eq!(stats, lstats, "rank {rank}: the ledger differs");
+    }
+}
+
+#[test]
+fn a_mismatch_names_both_calls_and_leaves_the_group_usable() {
+    let out = run_tcp(3, CommConfig::default(), |c| {
+        let n = if c.rank() == 2 { 5 } else { 4 };
+        let mut x = vec![1.0f32; n];
+        let first = c.all_reduce(&mut x[..], ReduceOp::Sum);
+        let mut y = vec![c.rank() as i32; 3];
+        let second = c.all_reduce(&mut y[..], ReduceOp::Sum).map(|()| y);
+        (first, second)
+    });
+    for (rank, (first, second)) in out.into_iter().enumerate() {
+        match first {
+            Err(CommError::Mismatch {
+                rank_a: 0,
+                rank_b: 2,
+                call_a,
+                call_b,
+                ..
+            }) => {
+                assert!(call_a.contains("4 x f32"), "rank {rank}: {call_a}");
+                assert!(call_b.contains("5 x f32"), "rank {rank}: {call_b}");
+            }
+            other => panic!("rank {rank}: expected a mismatch, got {other:?}"),
+        }
+        assert_eq!(second.expect("the group is usable after"), vec![3, 3, 3]);
+    }
+}
+
+#[test]
+fn a_rank_that_ends_fails_everyone_at_once() {
+    let t0 = Instant::now();
+    let out = run_tcp(3, CommConfig::default(), |c| {
+        if c.rank() == 2 {
+            drop(c);
+            return (None, None);
+        }
+        let mut x = [1.0f32; 8];
+        let first = c.all_reduce(&mut x[..], ReduceOp::Sum).err();
+        let later = c.barrier().err();
+        (first, later)
+    });
+    // The default timeout is 30 minutes: only noticing the closed connection ends it.
+    assert!(t0.elapsed() < Duration::from_secs(60), "{:?}", t0.elapsed());
+    match &out[0].0 {
+        Some(CommError::Link { peer: 2, .. }) => {}
+        other => panic!("rank 0: expected the broken link to rank 2, got {other:?}"),
+    }
+    match &out[1].0 {
+        Some(CommError::Poisoned { by: 0, reason, .. }) => {
+            assert!(reason.contains("rank 2"), "{reason}")
+        }
+        other => panic!("rank 1: expected rank 0's verdict, got {other:?}"),
+    }
+    for (rank, (_, later)) in out.iter().take(2).enumerate() {
+        assert!(
+            matches!(later, Some(CommError::Poisoned { .. })),
+            "rank {rank}: later calls are refused: {later:?}"
+        );
+    }
+}
+
+#[test]
+fn a_silent_rank_times_out_naming_it() {
+    let config = CommConfig {
+        timeout: Some(Duration::from_millis(500)),
+        ..CommConfig::default()
+    };
+    let out = run_tcp(3, config, |c| {
+        if c.rank() == 1 {
+            std::thread::sleep(Duration::from_secs(2));
+            return None;
+        }
+        c.barrier().err()
+    });
+    match &out[0] {
+        Some(CommError::Timeout { missing, .. }) => assert_eq!(missing, &vec![1]),
+        other => panic!("rank 0: expected a timeout naming rank 1, got {other:?}"),
+    }
+    assert!(
+        matches!(&out[2], Some(CommError::Poisoned { by: 0, .. })),
+        "rank 2: {:?}",
+        out[2]
+    );
+}
+
+#[test]
+fn device_buffers_are_refused() {
+    let out = run_tcp(1, CommConfig::default(), |c| {
+        let mut x = [0f32; 4];
+        let call = RawCall {
+            kind: CollectiveKind::AllReduce,
+            op: Some(ReduceOp::Sum),
+            dtype: DType::F32,
+            send: None,
+            recv: crate::communicator::RawBuf {
+                ptr: x.as_mut_ptr() as *mut u8,
+                len: 4,
+                location: Location::Cuda(0),
+            },
+            root: 0,
+        };
+        // SAFETY: the buffer is valid host memory; it is refused before use.
+        unsafe { c.execute(&call) }.err()
+    });
+    assert!(
+        matches!(out[0], Some(CommError::Location { .. })),
+        "{:?}",
+        out[0]
+    );
+}
+
+#[test]
+fn another_jobs_rank_is_turned_away_and_a_duplicate_rank_fails_the_rendezvous() {
+    // A stranger (another token) knocks first; the world still forms. (A stranger that
+    // waits for the file never connects: the file names our token.)
+    let file = rendezvous_file();
+    let root = {
+        let file = file.clone();
+        std::thread::spawn(move || {
+            SocketComm::connect(&rendezvous(0, 2, &file), &CommConfig::default())
+        })
+    };
+    // The stranger knows the address (not through the file, which names our token).
+    let published = loop {
+        if let Some(addr) = std::fs::read_to_string(&file)
+            .ok()
+            .and_then(|t| t.lines().next().map(str::to_string))
+        {
+            break addr;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let (host, port) = published.rsplit_once(':').expect("host:port");
+    let stranger = {
+        let mut rv = rendezvous(1, 2, &file);
+        rv.address = Address::Tcp {
+            host: host.into(),
+            port: port.parse().expect("a port"),
+        };
+        rv.token = "another job".into();
+        rv.timeout = Duration::from_secs(5);
+        SocketComm::connect(&rv, &CommConfig::default())
+    };
+    match stranger {
+        Err(CommError::Rendezvous { detail, .. }) => {
+            assert!(detail.contains("another job"), "{detail}")
+        }
+        other => panic!("the stranger should be refused: {other:?}"),
+    }
+    // Now the real rank 1.
+    let one = SocketComm::connect(&rendezvous(1, 2, &file), &CommConfig::default())
+        .expect("rank 1 joins");
+    let zero = root
+        .join()
+        .expect("rank 0 ran")
+        .expect("rank 0 formed the world");
+    assert!(
+        !file.exists(),
+        "rank 0 removes the rendezvous file once all joined"
+    );
+    drop((zero, one));
+
+    // Two processes that both say rank 1: rank 0 refuses the world.
+    let file = rendezvous_file();
+    let handles: Vec<_> = [0, 1, 1]
+        .into_iter()
+        .map(|rank| {
+            let file = file.clone();
+            std::thread::spawn(move || {
+                SocketComm::connect(&rendezvous(rank, 3, &file), &CommConfig::default()).err()
+            })
+        })
+        .collect();
+    let errors: Vec<_> = handles
+        .into_iter()
+        .map(|h| h.join().expect("no panic"))
+        .collect();
+    match &errors[0] {
+        Some(CommError::Rendezvous { detail, .. }) => {
+            assert!(detail.contains("claims rank 1"), "{detail}")
+        }
+        other => panic!("rank 0: {other:?}"),
+    }
+    for e in &errors[1..] {
+        assert!(matches!(e, Some(CommError::Rendezvous { .. })), "{e:?}");
+    }
+}
+
+#[test]
+fn rank_zero_reports_who_never_joined() {
+    let file = rendezvous_file();
+    let mut rv = rendezvous(0, 3, &file);
+    rv.timeout = Duration::from_millis(300);
+    match SocketComm::connect(&rv, &CommConfig::default()) {
+        Err(CommError::Rendezvous { detail, .. }) => {
+            assert!(detail.contains("rank(s) 1, 2 did not join"), "{detail}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(!file.exists(), "the file of a failed rendezvous is removed");
+}
+
+#[test]
+fn the_environment_names_rank_size_and_address() {
+    let vars = |list: &'static [(&'static str, &'static str)]| {
+        move |name: &str| {
+            list.iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| v.to_string())
+        }
+    };
+    assert_eq!(Rendezvous::from_vars(vars(&[])), Ok(None));
+    let rv = Rendezvous::from_vars(vars(&[
+        ("ZERO_RENDEZVOUS", "file:/shared/run/rv"),
+        ("SLURM_PROCID", "3"),
+        ("SLURM_NTASKS", "4"),
+        ("SLURM_JOB_ID", "77"),
+        ("SLURM_STEP_ID", "0"),
+    ]))
+    .expect("valid")
+    .expect("set");
+    assert_eq!((rv.rank, rv.size), (3, 4));
+    assert_eq!(rv.address, Address::File("/shared/run/rv".into()));
+    assert_eq!(rv.token, "slurm:77.0.0");
+    assert_eq!(rv.timeout, DEFAULT_RENDEZVOUS_TIMEOUT);
+    let rv = Rendezvous::from_vars(vars(&[
+        ("ZERO_RENDEZVOUS", "node17:29500"),
+        ("ZERO_RANK", "0"),
+        ("ZERO_WORLD_SIZE", "2"),
+        ("SLURM_PROCID", "5"),
+        ("ZERO_RENDEZVOUS_TIMEOUT", "2.5"),
+    ]))
+    .expect("valid")
+    .expect("set");
+    assert_eq!(rv.rank, 0, "ZERO_RANK wins over SLURM_PROCID");
+    assert_eq!(
+        rv.address,
+        Address::Tcp {
+            host: "node17".into(),
+            port: 29500
+        }
+    );
+    assert_eq!(rv.timeout, Duration::from_millis(2500));
+    for (list, says) in [
+        (
+            &[("ZERO_RENDEZVOUS", "node17")][..],
+            "neither tcp:HOST:PORT nor file:PATH",
+        ),
+        (&[("ZERO_RENDEZVOUS", "tcp:node17:0")][..], "port above 0"),
+        (
+            &[("ZERO_RENDEZVOUS", "file:/x")][..],
+            "neither ZERO_RANK nor SLURM_PROCID",
+        ),
+        (
+            &[
+                ("ZERO_RENDEZVOUS", "file:/x"),
+                ("ZERO_RANK", "2"),
+                ("ZERO_WORLD_SIZE", "2"),
+            ][..],
+            "below the size",
+        ),
+        (
+            &[
+                ("ZERO_RENDEZVOUS", "file:/x"),
+                ("ZERO_RANK", "one"),
+                ("ZERO_WORLD_SIZE", "2"),
+            ][..],
+            "ZERO_RANK=one is not a whole number",
+        ),
+        (
+            &[
+                ("ZERO_RENDEZVOUS", "file:/x"),
+                ("ZERO_RANK", "0"),
+                ("ZERO_WORLD_SIZE", "2"),
+                ("ZERO_RENDEZVOUS_TIMEOUT", "-1"),
+            ][..],
+            "ZERO_RENDEZVOUS_TIMEOUT=-1",
+        ),
+    ] {
+        let list: &'static [(&'static str, &'static str)] =
+            Box::leak(list.to_vec().into_boxed_slice());
+        let e = Rendezvous::from_vars(vars(list)).expect_err("refused");
+        assert!(e.contains(says), "{list:?}: {e}");
+    }
+}
