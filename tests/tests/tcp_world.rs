@@ -6,7 +6,8 @@
 //! - `srun --mpi=none` on the local two-node Slurm cluster does the same.
 //! - A rank killed mid-run ends the others at once with its rank named; a rank that never
 //!   comes is named after ZERO_RENDEZVOUS_TIMEOUT; a process started as one of several
-//!   ranks without ZERO_RENDEZVOUS says what to set.
+//!   ranks without ZERO_RENDEZVOUS says what to set; the MPI build started alone with
+//!   ZERO_RENDEZVOUS for a larger world refuses to train alone.
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -325,4 +326,31 @@ fn one_of_several_ranks_without_a_rendezvous_says_what_to_set() {
         "says what to set\n{said}"
     );
     assert!(!said.contains("panicked"), "{said}");
+}
+
+#[test]
+fn the_mpi_build_told_of_a_tcp_world_refuses_to_train_alone() {
+    let dir = scratch("mpi_build");
+    let out = Command::new(zero_tests::zero_bench_bin())
+        .args([
+            "train",
+            "--config",
+            &repo("configs/demo.toml"),
+            "--steps",
+            "2",
+        ])
+        .current_dir(&dir)
+        .env("ZERO_RENDEZVOUS", format!("file:{}", s(&dir.join("rv"))))
+        .env("ZERO_RANK", "0")
+        .env("ZERO_WORLD_SIZE", "2")
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .expect("the MPI build runs");
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains("joins ranks through MPI and MPI started it alone"),
+        "{said}"
+    );
+    assert!(!said.contains("step 1"), "no step ran\n{said}");
 }

@@ -45,9 +45,27 @@ mod backend {
         pub _ctx: MpiContext,
     }
 
-    /// Bring MPI up (a singleton world of 1 when not launched by mpirun/srun).
-    pub fn init(_command: &str) -> anyhow::Result<World> {
+    /// Bring MPI up (a singleton world of 1 when not launched by mpirun/srun). A
+    /// singleton told by `ZERO_RENDEZVOUS` that it is one of several stops: this build
+    /// joins ranks through MPI only, and would otherwise train alone.
+    pub fn init(command: &str) -> anyhow::Result<World> {
         let (ctx, comm) = zero_comm::init().map_err(|e| anyhow!("cannot initialise MPI: {e}"))?;
+        if let Ok(Some(rv)) = zero_comm::socket::Rendezvous::from_env() {
+            if comm.size() == 1 && rv.size > 1 {
+                return Err(anyhow!(
+                    "{} is set for a world of {} ranks, but this zero-bench joins ranks through MPI and MPI started it alone: launch `{command}` with mpirun or srun --mpi=pmix (and unset {0}), or run the build without MPI (scripts/carry-check.sh) for the TCP world",
+                    zero_comm::socket::RENDEZVOUS_VAR,
+                    rv.size
+                ));
+            }
+            if comm.rank() == 0 {
+                log::warn!(
+                    "{} is ignored: this zero-bench joins its {} ranks through MPI",
+                    zero_comm::socket::RENDEZVOUS_VAR,
+                    comm.size()
+                );
+            }
+        }
         Ok(World { comm, _ctx: ctx })
     }
 

@@ -20,6 +20,7 @@ mod nccl_pair;
 mod perf;
 mod report;
 mod stats;
+mod tcp_pair;
 mod train;
 
 use std::io::Write;
@@ -94,7 +95,7 @@ pub struct RunArgs {
     budget_s: f64,
     /// Run only these groups (comma-separated): kernel, adamw-bandwidth, gpt-fwd-bwd,
     /// llama-fwd-bwd, train-4-ranks, staged, nccl-2-procs (with nccl-bandwidth),
-    /// throughput, attention-products.
+    /// train-tcp, throughput, attention-products.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
 }
@@ -108,6 +109,7 @@ const GROUPS: &[&str] = &[
     "train-4-ranks",
     "staged",
     "nccl-2-procs",
+    tcp_pair::GROUP,
     "throughput",
     PRODUCTS_GROUP,
 ];
@@ -318,6 +320,18 @@ fn all_checks<D: BenchDevice>(
     // 5. Two processes through NCCL (issue 14) against two thread ranks.
     if a.wants("nccl-2-procs") {
         nccl_pair(a, reference, steps, sim, &mut report)?;
+    }
+
+    // `train` as two processes joined without MPI (ZERO_RENDEZVOUS): NCCL against
+    // staging through host memory.
+    if a.wants(tcp_pair::GROUP) {
+        guarded(
+            &mut report,
+            a.budget_s,
+            tcp_pair::GROUP,
+            "two train processes",
+            |r| tcp_pair::check(&a.out, sim, steps, r),
+        )?;
     }
 
     // 6. Throughput, 124M and 350M. 7. Attention as batched products (the kernels, the

@@ -1,0 +1,213 @@
+//! `zero-bench train` as two processes joined without MPI (`ZERO_RENDEZVOUS`, zero-comm's
+//! `socket.rs`): what a GPU cluster whose srun has no PMI runs. The whole command line,
+//! not a harness: configuration agreement, NCCL's unique id over the TCP world, the GPU
+//! of each rank, the engine, the report.
+//!
+//! Both processes share the one GPU (`ZERO_SHARE_GPUS=1`; each its own `NCCL_HOSTID`,
+//! sockets on `lo`, as in `nccl_pair.rs`). The same ZeRO-2 fp32 run goes once with
+//! `--comm nccl` and once with `--comm mpi-staged` (device buffers staged through host
+//! memory and reduced by rank 0 of the TCP world); with two ranks every sum is `a + b`
+//! in both, so the curves must agree to [`train::FP32_TOL`]. On the simulated GPU (the dry
+//! run) NCCL is not there: `--comm mpi` on its host-reachable buffers stands in for it,
+//! and must give the staged run's bits.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context};
+
+use super::report::{Check, Kind, Report};
+use super::train;
+
+/// The group's name (`--only`).
+pub const GROUP: &str = "train-tcp";
+/// Processes in the pair.
+const RANKS: usize = 2;
+/// How long a pair may take, CUDA and NCCL set-up included.
+const PAIR_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The run both pairs train: the README's demo model (built-in corpus).
+const CONFIG: &str = r#"# gpu-check train-tcp: the demo model
+[model]
+preset = "small"
+vocab_size = 64
+context_len = 64
+layers = 2
+width = 128
+
+[data]
+path = "builtin"
+
+[train]
+micro_batch = 4
+seq_len = 64
+seed = 1337
+log_every = 1
+
+[optim]
+lr = 3e-3
+schedule = "warmup_cosine"
+warmup_steps = 2
+min_lr = 3e-4
+weight_decay = 0.1
+grad_clip = 1.0
+
+[zero]
+stage = 2
+"#;
+
+/// Run one pair with `comm`; rank 0's losses.
+fn run_pair(
+    exe: &Path,
+    dir: &Path,
+    device: &str,
+    comm: &str,
+    steps: usize,
+) -> anyhow::Result<Vec<f64>> {
+    let run = dir.join(comm);
+    let _ = std::fs::remove_dir_all(&run);
+    std::fs::create_dir_all(&run).with_context(|| format!("creating {}", run.display()))?;
+    let config = run.join("config.toml");
+    std::fs::write(&config, CONFIG).with_context(|| format!("writing {}", config.display()))?;
+    let json = run.join("report.json");
+    let mut children = Vec::new();
+    for rank in 0..RANKS {
+        let log = run.join(format!("rank{rank}.log"));
+        let log_file =
+            std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        let mut cmd = Command::new(exe);
+        cmd.arg("train")
+            .arg("--config")
+            .arg(&config)
+            .args(["--steps", &steps.to_string(), "--precision", "fp32"])
+            .args(["--device", device, "--comm", comm, "--no-progress"])
+            .current_dir(&run)
+            .env(
+                "ZERO_RENDEZVOUS",
+                format!("file:{}", run.join("rendezvous").display()),
+            )
+            .env("ZERO_RANK", rank.to_string())
+            .env("ZERO_WORLD_SIZE", RANKS.to_string())
+            .env("ZERO_RENDEZVOUS_TIMEOUT", "60")
+            .env("ZERO_COMM_TIMEOUT", "60")
+            // Both on the one GPU; each process its own NCCL "host" (nccl_pair.rs).
+            .env("ZERO_SHARE_GPUS", "1")
+            .env("NCCL_HOSTID", format!("zero-gpu-check-tcp-rank{rank}"))
+            .env("NCCL_SOCKET_IFNAME", "lo")
+            .env("RUST_BACKTRACE", "0")
+            .stdin(Stdio::null())
+            .stdout(log_file.try_clone()?)
+            .stderr(log_file);
+        if rank == 0 {
+            cmd.arg("--json").arg(&json);
+        }
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("starting rank {rank} ({})", exe.display()))?;
+        children.push((child, log));
+    }
+    let start = Instant::now();
+    let mut ended: Vec<Option<std::process::ExitStatus>> = vec![None; RANKS];
+    while ended.iter().any(Option::is_none) && start.elapsed() < PAIR_TIMEOUT {
+        for (r, (child, _)) in children.iter_mut().enumerate() {
+            if ended[r].is_none() {
+                ended[r] = child.try_wait()?;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for (child, _) in children.iter_mut() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    for (r, e) in ended.iter().enumerate() {
+        let tail = || log_tail(&children[r].1);
+        match e {
+            Some(s) if s.success() => {}
+            Some(s) => bail!("rank {r} exited with {s}: {}", tail()),
+            None => bail!(
+                "rank {r} still running after {} s (killed): {}",
+                PAIR_TIMEOUT.as_secs(),
+                tail()
+            ),
+        }
+    }
+    let text =
+        std::fs::read_to_string(&json).with_context(|| format!("reading {}", json.display()))?;
+    let report: serde_json::Value = serde_json::from_str(&text)?;
+    report["stages"][0]["losses"]
+        .as_array()
+        .ok_or_else(|| anyhow!("no losses in {}", json.display()))?
+        .iter()
+        .map(|v| {
+            v.as_f64()
+                .ok_or_else(|| anyhow!("a loss that is not a number"))
+        })
+        .collect()
+}
+
+/// The last lines of a rank's log, for a failure's message.
+fn log_tail(path: &PathBuf) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(4)..].join(" | ")
+}
+
+/// The group's one check: the pair with the GPU's collectives (`nccl`; `mpi` on the
+/// simulated GPU) against the pair staged through host memory.
+pub fn check(out: &Path, sim: bool, steps: usize, report: &mut Report) -> anyhow::Result<()> {
+    let (device, direct) = if sim {
+        ("sim-gpu", "mpi")
+    } else {
+        ("cuda", "nccl")
+    };
+    let name =
+        format!("ZeRO-2 fp32, {RANKS} train processes x {steps} steps: {direct} vs mpi-staged");
+    let check = Check::new(GROUP, name, Kind::Correctness);
+    if cfg!(feature = "mpi") {
+        // This build would ignore ZERO_RENDEZVOUS and refuse to train (world.rs).
+        return report.add(check.skip(
+            "this zero-bench joins processes through MPI; the TCP world is the build without MPI's (scripts/carry-check.sh builds it)",
+        ));
+    }
+    if !sim && !cfg!(feature = "nccl") {
+        return report.add(check.skip(
+            "this zero-bench was built without the `nccl` feature (scripts/carry-check.sh builds it)",
+        ));
+    }
+    let t0 = Instant::now();
+    let dir = out.join(GROUP);
+    let outcome = (|| -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
+        let exe = std::env::current_exe().context("finding this binary")?;
+        let a = run_pair(&exe, &dir, device, direct, steps)
+            .with_context(|| format!("--comm {direct}"))?;
+        let b = run_pair(&exe, &dir, device, "mpi-staged", steps).context("--comm mpi-staged")?;
+        Ok((a, b))
+    })();
+    let mut check = match outcome {
+        Err(e) => check.fail(format!("{e:#}")),
+        Ok((a, b)) => {
+            let (worst, at) = train::max_rel(&a, &b, steps);
+            let how = if worst == 0.0 {
+                "equal bitwise".to_string()
+            } else {
+                format!("max rel {worst:.2e} (step {at})")
+            };
+            check
+                .at_most(
+                    worst,
+                    train::FP32_TOL,
+                    format!(
+                        "{direct} vs mpi-staged over the TCP world: {how} <= {:.0e}; loss {:.4} -> {:.4}",
+                        train::FP32_TOL,
+                        a.first().copied().unwrap_or(f64::NAN),
+                        a.last().copied().unwrap_or(f64::NAN)
+                    ),
+                )
+                .with_data(serde_json::json!({ direct: a, "mpi-staged": b }))
+        }
+    };
+    check.seconds = t0.elapsed().as_secs_f64();
+    report.add(check)
+}
