@@ -2,10 +2,11 @@
 //!
 //! - with feature `mpi` (default): MPI's world, one process per rank under mpirun or
 //!   srun (a singleton world of 1 when started directly);
-//! - without it (the carried GPU build, which must not need libmpi): one process alone,
-//!   over an in-process communicator of one rank. Started by a launcher as one of
-//!   several ranks, it stops and says how to build for that instead of training N
-//!   unrelated copies.
+//! - without it (the carried GPU build, which must not need libmpi): the processes of
+//!   the launch joined over TCP when `ZERO_RENDEZVOUS` says where rank 0 is
+//!   (zero-comm's `SocketComm`), else one process alone. Started by a launcher as one of
+//!   several ranks without `ZERO_RENDEZVOUS`, it stops and says what to set instead of
+//!   training N unrelated copies.
 //!
 //! [`WorldComm`] names the communicator of either, so the callers carry no `cfg`.
 
@@ -20,9 +21,13 @@ const LAUNCHER_VARS: &[&str] = &[
     "MPI_LOCALNRANKS",
 ];
 
-/// Whether this process was started by an MPI launcher.
+/// Whether this process was started by an MPI launcher, or is told to join a TCP world
+/// (`ZERO_RENDEZVOUS`): either way it is one rank of a world it must form.
 pub fn under_launcher() -> bool {
-    LAUNCHER_VARS.iter().any(|v| std::env::var_os(v).is_some())
+    LAUNCHER_VARS
+        .iter()
+        .chain([&zero_comm::socket::RENDEZVOUS_VAR])
+        .any(|v| std::env::var_os(v).is_some())
 }
 
 pub use backend::{
@@ -127,14 +132,18 @@ mod backend {
     /// launcher as one of several ranks without `ZERO_RENDEZVOUS`, it stops and says what
     /// to set instead of training N unrelated copies (`command` names what was run).
     pub fn init(command: &str) -> anyhow::Result<World> {
-        let config = CommConfig::from_env().map_err(|e| anyhow!("{e}"))?;
+        let config = CommConfig::from_env().map_err(|e| match e {
+            // (Its text says MPI: this build has none.)
+            zero_comm::CommError::Init(why) => anyhow!("{why}"),
+            e => anyhow!("{e}"),
+        })?;
         let rv = Rendezvous::from_env().map_err(|e| anyhow!("{e}"))?;
         let rv = match rv {
             Some(rv) => rv,
             None => {
                 if let Some(why) = one_of_several() {
                     return Err(anyhow!(
-                        "`{command}` was started as one of several ranks ({why}), and this build has no MPI to join them: set {RENDEZVOUS_VAR}=file:PATH (a path every rank sees, e.g. {RENDEZVOUS_VAR}=file:$PWD/.zero-rendezvous-$SLURM_JOB_ID) to join them over TCP, or build zero-bench with MPI (the default features)"
+                        "`{command}` was started as one of several ranks ({why}), and this build has no MPI to join them: set {RENDEZVOUS_VAR}=file:PATH (a path every rank sees, e.g. {RENDEZVOUS_VAR}=file:$PWD/.zero-rendezvous) to join them over TCP, or build zero-bench with MPI (the default features)"
                     ));
                 }
                 alone()
@@ -188,7 +197,7 @@ mod backend {
     ) -> anyhow::Result<zero_comm::NodeGroups<WorldComm>> {
         if comm.size() > 1 {
             return Err(anyhow!(
-                "hpZ and qgZ (zero.hpz, zero.qgz) need node groups, which a TCP world of {} ranks does not make: build zero-bench with MPI for them, or turn them off",
+                "hpZ and qgZ (zero.hierarchical_weights, zero.quantize_grads) need node groups, which a TCP world of {} ranks does not make: build zero-bench with MPI for them, or turn them off",
                 comm.size()
             ));
         }

@@ -136,6 +136,7 @@ impl Address {
 impl std::fmt::Display for Address {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
+            Address::Tcp { host, port } if host.contains(':') => write!(f, "tcp:[{host}]:{port}"),
             Address::Tcp { host, port } => write!(f, "tcp:{host}:{port}"),
             Address::File(p) => write!(f, "file:{}", p.display()),
         }
@@ -178,7 +179,7 @@ impl Rendezvous {
             return Ok(None);
         };
         let address = Address::parse(&at).map_err(|e| format!("{RENDEZVOUS_VAR}={at}: {e}"))?;
-        let number = |names: [&str; 2], what: &str| -> std::result::Result<usize, String> {
+        let number = |names: &[&str], what: &str| -> std::result::Result<usize, String> {
             for name in names {
                 if let Some(v) = var(name) {
                     return v
@@ -188,12 +189,29 @@ impl Rendezvous {
                 }
             }
             Err(format!(
-                "{RENDEZVOUS_VAR} is set, so this process joins a TCP world, but neither {} nor {} gives its {what}: launch with srun, or set ZERO_RANK and ZERO_WORLD_SIZE for every process",
-                names[0], names[1]
+                "{RENDEZVOUS_VAR} is set, so this process joins a TCP world, but none of {} gives its {what}: launch with srun, or set ZERO_RANK and ZERO_WORLD_SIZE for every process",
+                names.join(", ")
             ))
         };
-        let rank = number(["ZERO_RANK", "SLURM_PROCID"], "rank")?;
-        let size = number(["ZERO_WORLD_SIZE", "SLURM_NTASKS"], "world size")?;
+        // Ours first, then what srun, Open MPI's mpirun and PMI launchers set.
+        let rank = number(
+            &[
+                "ZERO_RANK",
+                "SLURM_PROCID",
+                "OMPI_COMM_WORLD_RANK",
+                "PMI_RANK",
+            ],
+            "rank",
+        )?;
+        let size = number(
+            &[
+                "ZERO_WORLD_SIZE",
+                "SLURM_NTASKS",
+                "OMPI_COMM_WORLD_SIZE",
+                "PMI_SIZE",
+            ],
+            "world size",
+        )?;
         if size == 0 || rank >= size {
             return Err(format!(
                 "rank {rank} of a world of {size}: the rank must be below the size"
@@ -359,6 +377,10 @@ impl SocketComm {
         for l in &links {
             l.set_nodelay(true)
                 .map_err(|e| err(format!("setting TCP_NODELAY: {e}")))?;
+            // A write to a stopped peer blocks once the socket buffers are full: bound it
+            // as reads are, or a stopped rank could hold its peer forever.
+            l.set_write_timeout(config.timeout)
+                .map_err(|e| err(format!("setting the write timeout: {e}")))?;
         }
         Ok(SocketComm {
             rank: rv.rank,
@@ -381,8 +403,21 @@ impl SocketComm {
             Address::Tcp { port, .. } => *port,
             Address::File(_) => 0,
         };
-        let listener = TcpListener::bind(("0.0.0.0", port))
-            .map_err(|e| format!("rank 0 cannot listen on port {port}: {e}"))?;
+        // Every interface, of the family the others will use.
+        let any = match &rv.address {
+            Address::Tcp { host, .. } if host.parse::<std::net::Ipv6Addr>().is_ok() => "::",
+            _ => "0.0.0.0",
+        };
+        let listener = TcpListener::bind((any, port)).map_err(|e| {
+            format!(
+                "rank 0 cannot listen on port {port}: {e}{}",
+                if port > 0 {
+                    " (give another port, or file:PATH to let rank 0 pick a free one)"
+                } else {
+                    ""
+                }
+            )
+        })?;
         let mut published = None;
         if let Address::File(path) = &rv.address {
             let port = listener
@@ -390,21 +425,26 @@ impl SocketComm {
                 .map_err(|e| format!("the listening port: {e}"))?
                 .port();
             let addr = format!("{}:{port}", advertised_host());
-            publish(path, &addr, &rv.token)?;
-            published = Some(path.clone());
+            let file = rendezvous_file(path, &rv.token);
+            publish(&file, &addr, &rv.token)?;
             log::debug!(
                 "rank 0: TCP world listening on {addr} (written to {})",
-                path.display()
+                file.display()
             );
+            published = Some((file, addr));
         }
         let joined = Self::accept_all(&listener, rv);
-        if let Some(path) = published {
-            // Once everyone is in (or the wait failed), a later run must not find it.
-            let _ = std::fs::remove_file(path);
+        if let Some((file, addr)) = published {
+            // Once everyone is in (or the wait failed), a later run must not find it;
+            // only ours (a launch without a token may share the path).
+            if read_published(&file, &rv.token).as_deref() == Some(addr.as_str()) {
+                let _ = std::fs::remove_file(file);
+            }
         }
         let mut links = joined?;
         for s in &mut links {
-            s.write_all(&to_bytes(&[0, 0]))
+            s.set_write_timeout(Some(HELLO_WAIT))
+                .and_then(|()| s.write_all(&to_bytes(&[0, 0])))
                 .map_err(|e| format!("answering a joined rank: {e}"))?;
         }
         Ok(links)
@@ -451,6 +491,9 @@ impl SocketComm {
             };
             let hello = (|| -> std::result::Result<(usize, usize, String), String> {
                 stream.set_nonblocking(false).map_err(|e| e.to_string())?;
+                stream
+                    .set_write_timeout(Some(HELLO_WAIT))
+                    .map_err(|e| e.to_string())?;
                 stream
                     .set_read_timeout(Some(HELLO_WAIT))
                     .map_err(|e| e.to_string())?;
@@ -514,13 +557,19 @@ impl SocketComm {
                 ));
             }
             let target = match &rv.address {
+                Address::Tcp { host, port } if host.contains(':') => {
+                    Some(format!("[{host}]:{port}"))
+                }
                 Address::Tcp { host, port } => Some(format!("{host}:{port}")),
-                Address::File(path) => read_published(path, &rv.token),
+                Address::File(path) => read_published(&rendezvous_file(path, &rv.token), &rv.token),
             };
             let Some(target) = target else {
-                last =
-                    "the rendezvous file is not there yet, or it names another job (another token)"
-                        .into();
+                if let Address::File(path) = &rv.address {
+                    last = format!(
+                        "rank 0's file {} is not there yet",
+                        rendezvous_file(path, &rv.token).display()
+                    );
+                }
                 std::thread::sleep(Duration::from_millis(50));
                 continue;
             };
@@ -551,7 +600,8 @@ impl SocketComm {
         ]);
         hello.extend_from_slice(rv.token.as_bytes());
         stream
-            .write_all(&hello)
+            .set_write_timeout(Some(HELLO_WAIT))
+            .and_then(|()| stream.write_all(&hello))
             .map_err(|e| format!("saying hello to rank 0: {e}"))?;
         let left = deadline.saturating_duration_since(Instant::now()) + VERDICT_SLACK;
         stream
@@ -593,6 +643,18 @@ impl SocketComm {
     }
 
     fn link_error(&self, seq: u64, op: &'static str, peer: usize, f: Fault) -> CommError {
+        self.links_error(seq, op, &[peer], f)
+    }
+
+    /// As [`SocketComm::link_error`], naming every peer that stayed silent.
+    fn links_error(&self, seq: u64, op: &'static str, peers: &[usize], f: Fault) -> CommError {
+        let peer = peers.first().copied().unwrap_or(0);
+        // Ranks above 0 wait for rank 0 longer than the timeout (for its verdict).
+        let slack = if self.rank == 0 {
+            Duration::ZERO
+        } else {
+            VERDICT_SLACK
+        };
         let err = match f {
             Fault::Broken(cause) => CommError::Link {
                 rank: self.rank,
@@ -607,8 +669,8 @@ impl SocketComm {
                 comm: COMM.into(),
                 seq,
                 op,
-                waited_s: self.timeout.map_or(0.0, |t| t.as_secs_f64()),
-                missing: vec![peer],
+                waited_s: self.timeout.map_or(0.0, |t| (t + slack).as_secs_f64()),
+                missing: peers.to_vec(),
             },
         };
         *self.broken.borrow_mut() = Some((self.rank, err.to_string()));
@@ -674,7 +736,17 @@ impl SocketComm {
             [w.next().unwrap_or(0), w.next().unwrap_or(0)]
         };
         if status != 0 {
-            let mut text = vec![0u8; bytes.min(MAX_TEXT) as usize];
+            if bytes > MAX_TEXT {
+                return Err(self.link_error(
+                    seq,
+                    op,
+                    0,
+                    Fault::Broken(format!(
+                        "rank 0 answered with {bytes} bytes of text: not this protocol"
+                    )),
+                ));
+            }
+            let mut text = vec![0u8; bytes as usize];
             read(&mut link, &mut text).map_err(|f| self.link_error(seq, op, 0, f))?;
             let text = String::from_utf8_lossy(&text).into_owned();
             let mut lines = text.splitn(3, '\n');
@@ -727,7 +799,7 @@ impl SocketComm {
 
     /// Rank 0: wait until every peer has something to read (or hung up), at most the
     /// timeout; the first peer that is silent for the whole wait is `Err`.
-    fn wait_readable(&self) -> std::result::Result<(), (usize, Fault)> {
+    fn wait_readable(&self) -> std::result::Result<(), (Vec<usize>, Fault)> {
         let deadline = self.timeout.map(|t| Instant::now() + t);
         let mut pending: Vec<usize> = (1..self.size).collect();
         while !pending.is_empty() {
@@ -744,7 +816,7 @@ impl SocketComm {
                 None => Duration::from_secs(3600),
             };
             if slice.is_zero() {
-                return Err((pending[0], Fault::Silent));
+                return Err((pending, Fault::Silent));
             }
             let ms = slice.as_millis().clamp(1, 1000) as libc::c_int;
             // SAFETY: `fds` is a valid array of `fds.len()` pollfd structures.
@@ -754,7 +826,7 @@ impl SocketComm {
                 if e.kind() == io::ErrorKind::Interrupted {
                     continue;
                 }
-                return Err((pending[0], Fault::Broken(format!("poll: {e}"))));
+                return Err((vec![pending[0]], Fault::Broken(format!("poll: {e}"))));
             }
             let ready: Vec<bool> = fds.iter().map(|f| f.revents != 0).collect();
             let mut i = 0;
@@ -787,27 +859,28 @@ impl SocketComm {
         inputs.resize_with(self.size - 1, Vec::new);
         let mut fps = Vec::with_capacity(self.size - 1);
         let mut lens = Vec::with_capacity(self.size - 1);
-        let gathered = (|| -> std::result::Result<(), (usize, Fault)> {
+        let gathered = (|| -> std::result::Result<(), (Vec<usize>, Fault)> {
             self.wait_readable()?;
             for r in 1..self.size {
                 let mut link = &self.links[r - 1];
                 let _ = link.set_read_timeout(self.timeout);
                 let mut header = vec![0u8; 8 * (FIELDS + 1)];
-                link.read_exact(&mut header).map_err(|e| (r, fault(e)))?;
+                link.read_exact(&mut header)
+                    .map_err(|e| (vec![r], fault(e)))?;
                 let w: Vec<u64> = words(&header).collect();
                 let len = w[FIELDS] as usize;
                 let buf = &mut inputs[r - 1];
                 buf.clear();
                 buf.resize(len.div_ceil(8), 0);
                 let bytes = &mut bytemuck::cast_slice_mut::<u64, u8>(buf)[..len];
-                link.read_exact(bytes).map_err(|e| (r, fault(e)))?;
+                link.read_exact(bytes).map_err(|e| (vec![r], fault(e)))?;
                 fps.push(w[..FIELDS].iter().map(|&x| x as i64).collect::<Vec<i64>>());
                 lens.push(len);
             }
             Ok(())
         })();
-        if let Err((peer, f)) = gathered {
-            let e = self.link_error(seq, op, peer, f);
+        if let Err((peers, f)) = gathered {
+            let e = self.links_error(seq, op, &peers, f);
             self.fail_all(2, &format!("0\n{e}"));
             return Err(e);
         }
@@ -1036,6 +1109,30 @@ fn reduce_bytes<'a>(
         DType::I64 => typed::<i64>(all, op, scratch, full),
     }?;
     Ok(&bytemuck::cast_slice::<u64, u8>(scratch)[..full])
+}
+
+/// The file of a `file:PATH` rendezvous: PATH itself without a token, else PATH with the
+/// token appended (`PATH.slurm-77.0.0`), so that concurrent launches sharing PATH (srun
+/// steps of one job, a requeued job) never meet in one file.
+pub fn rendezvous_file(path: &Path, token: &str) -> PathBuf {
+    if token.is_empty() {
+        return path.to_path_buf();
+    }
+    let tag: String = token
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '-' || c == '_' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    let mut name = path
+        .file_name()
+        .map_or_else(Default::default, |n| n.to_os_string());
+    name.push(format!(".{tag}"));
+    path.with_file_name(name)
 }
 
 /// Rank 0 (file mode): write `host:port` and the token into `path`, atomically.

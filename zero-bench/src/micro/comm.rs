@@ -276,10 +276,12 @@ pub(super) fn plan(args: &CommArgs, n: usize, elem: usize) -> Result<(Vec<Op>, V
     Ok((ops, points))
 }
 
-/// Measure every size and collective for element type `T`.
-fn sweep<T: RawMpi>(
+/// Measure every size and collective for element type `T`: `ours` (the MPI world's
+/// communicator, or `--tcp`'s) against the raw MPI call.
+fn sweep<T: RawMpi, C: Communicator>(
     args: &CommArgs,
     comm: &MpiComm,
+    ours_comm: &C,
     world: &SimpleCommunicator,
 ) -> Result<Vec<Row>> {
     let n = comm.size();
@@ -308,12 +310,12 @@ fn sweep<T: RawMpi>(
                 }
                 match op {
                     Op::AllReduce => {
-                        comm.all_reduce_into(&full_send[..], &mut full_recv[..], ReduceOp::Sum)
+                        ours_comm.all_reduce_into(&full_send[..], &mut full_recv[..], ReduceOp::Sum)
                     }
                     Op::ReduceScatter => {
-                        comm.reduce_scatter(&full_send[..], &mut block_recv[..], ReduceOp::Sum)
+                        ours_comm.reduce_scatter(&full_send[..], &mut block_recv[..], ReduceOp::Sum)
                     }
-                    Op::AllGather => comm.all_gather(&block_send[..], &mut full_recv[..]),
+                    Op::AllGather => ours_comm.all_gather(&block_send[..], &mut full_recv[..]),
                 }
                 .with_context(|| format!("{} of {count} x {}", op.name(), T::DTYPE))
             })?;
@@ -478,15 +480,14 @@ pub fn run(args: &CommArgs) -> Result<()> {
         }
         return Ok(());
     }
-    let rows = match args.dtype {
-        DType::F32 => sweep::<f32>(args, &comm, &world),
-        DType::F64 => sweep::<f64>(args, &comm, &world),
-        DType::BF16 => sweep::<bf16>(args, &comm, &world),
-        DType::F16 => sweep::<f16>(args, &comm, &world),
-        DType::U8 => sweep::<u8>(args, &comm, &world),
-        DType::U32 => sweep::<u32>(args, &comm, &world),
-        DType::I32 => sweep::<i32>(args, &comm, &world),
-        DType::I64 => sweep::<i64>(args, &comm, &world),
+    let rows = if args.tcp {
+        let tcp = tcp_world(&comm).unwrap_or_else(|e| or_abort(e));
+        if comm.rank() == 0 {
+            println!("# ours: the TCP world (SocketComm, a star through rank 0); raw: MPI");
+        }
+        sweep_dtype(args, &comm, &tcp, &world)
+    } else {
+        sweep_dtype(args, &comm, &comm, &world)
     }
     .unwrap_or_else(|e| or_abort(e));
     if comm.rank() == 0 {
@@ -494,6 +495,60 @@ pub fn run(args: &CommArgs) -> Result<()> {
         write_outputs(args, &rows).unwrap_or_else(|e| or_abort(e));
     }
     Ok(())
+}
+
+/// [`sweep`] for `--dtype`.
+fn sweep_dtype<C: Communicator>(
+    args: &CommArgs,
+    comm: &MpiComm,
+    ours: &C,
+    world: &SimpleCommunicator,
+) -> Result<Vec<Row>> {
+    match args.dtype {
+        DType::F32 => sweep::<f32, C>(args, comm, ours, world),
+        DType::F64 => sweep::<f64, C>(args, comm, ours, world),
+        DType::BF16 => sweep::<bf16, C>(args, comm, ours, world),
+        DType::F16 => sweep::<f16, C>(args, comm, ours, world),
+        DType::U8 => sweep::<u8, C>(args, comm, ours, world),
+        DType::U32 => sweep::<u32, C>(args, comm, ours, world),
+        DType::I32 => sweep::<i32, C>(args, comm, ours, world),
+        DType::I64 => sweep::<i64, C>(args, comm, ours, world),
+    }
+}
+
+/// `--tcp`: the MPI world's ranks joined again as a TCP world (rank 0 names a
+/// rendezvous file in the working directory and broadcasts its name and token).
+fn tcp_world(comm: &MpiComm) -> Result<zero_comm::SocketComm> {
+    use zero_comm::socket::{Address, Rendezvous};
+    // [token (u64), path bytes...]: rank 0's process id names both.
+    let mut msg = [0u8; 512];
+    if comm.rank() == 0 {
+        let id = std::process::id();
+        let path = std::env::current_dir()
+            .context("the working directory (--tcp meets there)")?
+            .join(format!(".zero-micro-comm-tcp-{id}"));
+        let text = format!("{id}\n{}", path.display());
+        if text.len() > msg.len() {
+            bail!("--tcp: the working directory's path is too long for the rendezvous file");
+        }
+        msg[..text.len()].copy_from_slice(text.as_bytes());
+    }
+    comm.broadcast(&mut msg[..], 0)
+        .context("--tcp: handing out the rendezvous")?;
+    let text = String::from_utf8_lossy(&msg);
+    let text = text.trim_end_matches('\0');
+    let (token, path) = text
+        .split_once('\n')
+        .ok_or_else(|| anyhow::anyhow!("--tcp: no rendezvous from rank 0"))?;
+    let rv = Rendezvous {
+        rank: comm.rank(),
+        size: comm.size(),
+        address: Address::File(path.into()),
+        token: format!("micro-comm-{token}"),
+        timeout: std::time::Duration::from_secs(60),
+    };
+    let config = zero_comm::CommConfig::from_env()?;
+    Ok(zero_comm::SocketComm::connect(&rv, &config)?)
 }
 
 /// `--device` and `--comm` agree (and `--dtype` with device buffers); the transport of

@@ -55,6 +55,11 @@ pub struct CommArgs {
     /// the bare NCCL call on the same buffers). Host buffers: mpi (the default, auto).
     #[arg(long, default_value = "auto", value_name = "BACKEND")]
     pub comm: zero_comm::CommChoice,
+    /// Time zero-comm's TCP world (`SocketComm`, the world of the build without MPI: a
+    /// star through rank 0) as "ours" against raw MPI on the same host buffers. The
+    /// ranks meet through a file in the working directory, which every rank must see.
+    #[arg(long)]
+    pub tcp: bool,
     /// Also write the table as CSV here (rank 0).
     #[arg(long)]
     pub csv: Option<PathBuf>,

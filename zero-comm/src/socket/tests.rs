@@ -3,7 +3,7 @@ use crate::{run_local, selftest};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// A fresh rendezvous file path of this test process.
-fn rendezvous_file() -> PathBuf {
+fn scratch_path() -> PathBuf {
     static N: AtomicUsize = AtomicUsize::new(0);
     let dir = std::env::temp_dir().join(format!("zero-socket-tests-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("a scratch directory in the temp dir");
@@ -26,7 +26,7 @@ fn run_tcp<T: Send + 'static>(
     config: CommConfig,
     f: impl Fn(SocketComm) -> T + Send + Sync + Clone + 'static,
 ) -> Vec<T> {
-    let file = rendezvous_file();
+    let file = scratch_path();
     let handles: Vec<_> = (0..size)
         .map(|rank| {
             let (f, file, config) = (f.clone(), file.clone(), config.clone());
@@ -243,7 +243,7 @@ fn device_buffers_are_refused() {
 fn another_jobs_rank_is_turned_away_and_a_duplicate_rank_fails_the_rendezvous() {
     // A stranger (another token) knocks first; the world still forms. (A stranger that
     // waits for the file never connects: the file names our token.)
-    let file = rendezvous_file();
+    let file = scratch_path();
     let root = {
         let file = file.clone();
         std::thread::spawn(move || {
@@ -252,7 +252,7 @@ fn another_jobs_rank_is_turned_away_and_a_duplicate_rank_fails_the_rendezvous() 
     };
     // The stranger knows the address (not through the file, which names our token).
     let published = loop {
-        if let Some(addr) = std::fs::read_to_string(&file)
+        if let Some(addr) = std::fs::read_to_string(rendezvous_file(&file, "test"))
             .ok()
             .and_then(|t| t.lines().next().map(str::to_string))
         {
@@ -285,13 +285,13 @@ fn another_jobs_rank_is_turned_away_and_a_duplicate_rank_fails_the_rendezvous() 
         .expect("rank 0 ran")
         .expect("rank 0 formed the world");
     assert!(
-        !file.exists(),
+        !rendezvous_file(&file, "test").exists(),
         "rank 0 removes the rendezvous file once all joined"
     );
     drop((zero, one));
 
     // Two processes that both say rank 1: rank 0 refuses the world.
-    let file = rendezvous_file();
+    let file = scratch_path();
     let handles: Vec<_> = [0, 1, 1]
         .into_iter()
         .map(|rank| {
@@ -318,7 +318,7 @@ fn another_jobs_rank_is_turned_away_and_a_duplicate_rank_fails_the_rendezvous() 
 
 #[test]
 fn rank_zero_reports_who_never_joined() {
-    let file = rendezvous_file();
+    let file = scratch_path();
     let mut rv = rendezvous(0, 3, &file);
     rv.timeout = Duration::from_millis(300);
     match SocketComm::connect(&rv, &CommConfig::default()) {
@@ -327,7 +327,10 @@ fn rank_zero_reports_who_never_joined() {
         }
         other => panic!("{other:?}"),
     }
-    assert!(!file.exists(), "the file of a failed rendezvous is removed");
+    assert!(
+        !rendezvous_file(&file, "test").exists(),
+        "the file of a failed rendezvous is removed"
+    );
 }
 
 #[test]
@@ -379,7 +382,7 @@ fn the_environment_names_rank_size_and_address() {
         (&[("ZERO_RENDEZVOUS", "tcp:node17:0")][..], "port above 0"),
         (
             &[("ZERO_RENDEZVOUS", "file:/x")][..],
-            "neither ZERO_RANK nor SLURM_PROCID",
+            "none of ZERO_RANK, SLURM_PROCID",
         ),
         (
             &[
@@ -412,4 +415,103 @@ fn the_environment_names_rank_size_and_address() {
         let e = Rendezvous::from_vars(vars(list)).expect_err("refused");
         assert!(e.contains(says), "{list:?}: {e}");
     }
+}
+
+#[test]
+fn launches_sharing_a_path_meet_in_files_of_their_own() {
+    let p = Path::new("/shared/run/rv");
+    assert_eq!(rendezvous_file(p, ""), p);
+    assert_eq!(
+        rendezvous_file(p, "slurm:77.0.0"),
+        Path::new("/shared/run/rv.slurm-77.0.0")
+    );
+    // Two worlds of two, one path, different tokens (two srun steps of one job): each
+    // forms on its own.
+    let file = scratch_path();
+    let handles: Vec<_> = [("a", 0), ("b", 0), ("a", 1), ("b", 1)]
+        .into_iter()
+        .map(|(token, rank)| {
+            let file = file.clone();
+            std::thread::spawn(move || {
+                let mut rv = rendezvous(rank, 2, &file);
+                rv.token = token.into();
+                let c = SocketComm::connect(&rv, &CommConfig::default()).expect("joins");
+                // Each world sums its own ranks' tags: a = 1 + 2, b = 10 + 20.
+                let tag = if token == "a" {
+                    1 + rank as i32
+                } else {
+                    10 * (1 + rank as i32)
+                };
+                let mut x = [tag];
+                c.all_reduce(&mut x[..], ReduceOp::Sum).expect("all-reduce");
+                (token, x[0])
+            })
+        })
+        .collect();
+    for h in handles {
+        let (token, sum) = h.join().expect("no panic");
+        assert_eq!(sum, if token == "a" { 3 } else { 30 }, "world {token}");
+    }
+}
+
+#[test]
+fn a_stopped_peer_cannot_hold_rank_0_in_a_write() {
+    // Rank 1 is a stand-in that sends its input and then never reads (a process stopped
+    // with SIGSTOP): rank 0's answer, larger than the socket buffers, must time out.
+    const N: usize = 8 << 20;
+    let file = scratch_path();
+    let config = CommConfig {
+        timeout: Some(Duration::from_millis(500)),
+        ..CommConfig::default()
+    };
+    let root = {
+        let file = file.clone();
+        std::thread::spawn(move || {
+            let c = SocketComm::connect(&rendezvous(0, 2, &file), &config).expect("rank 0");
+            let mut x = vec![1.0f32; N];
+            let t0 = Instant::now();
+            let e = c.all_reduce(&mut x[..], ReduceOp::Sum).err();
+            (e, t0.elapsed())
+        })
+    };
+    let addr = loop {
+        if let Some(a) = read_published(&rendezvous_file(&file, "test"), "test") {
+            break a;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let mut s = TcpStream::connect(addr).expect("connect to rank 0");
+    let mut hello = to_bytes(&[MAGIC, VERSION, 1, 2, 4]);
+    hello.extend_from_slice(b"test");
+    s.write_all(&hello).expect("hello");
+    let answer = read_words::<2>(&mut s).ok().expect("joined");
+    assert_eq!(answer, [0, 0]);
+    let mut buf = vec![1.0f32; N];
+    let call = RawCall {
+        kind: CollectiveKind::AllReduce,
+        op: Some(ReduceOp::Sum),
+        dtype: DType::F32,
+        send: None,
+        recv: crate::communicator::RawBuf {
+            ptr: buf.as_mut_ptr() as *mut u8,
+            len: N,
+            location: Location::Host,
+        },
+        root: 0,
+    };
+    let mut header: Vec<u64> = fingerprint(0, &call, false)
+        .iter()
+        .map(|&x| x as u64)
+        .collect();
+    header.push((N * 4) as u64);
+    s.write_all(&to_bytes(&header)).expect("header");
+    s.write_all(bytemuck::cast_slice(&buf)).expect("input");
+    // ... and never read the answer.
+    let (e, took) = root.join().expect("rank 0 ran");
+    assert!(
+        matches!(&e, Some(CommError::Timeout { missing, .. }) if missing == &vec![1]),
+        "{e:?}"
+    );
+    assert!(took < Duration::from_secs(20), "{took:?}");
+    drop(s);
 }
