@@ -8,6 +8,8 @@
 //!   comes is named after ZERO_RENDEZVOUS_TIMEOUT; a process started as one of several
 //!   ranks without ZERO_RENDEZVOUS says what to set; the MPI build started alone with
 //!   ZERO_RENDEZVOUS for a larger world refuses to train alone.
+//! - ZeRO++'s node groups form over TCP too (4 processes as 2 emulated nodes of 2): hpZ
+//!   trains the flat run's bits, and the node and cross-node bytes are the ledger's.
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -359,4 +361,64 @@ fn the_mpi_build_told_of_a_tcp_world_refuses_to_train_alone() {
         "{said}"
     );
     assert!(!said.contains("step 1"), "no step ran\n{said}");
+}
+
+/// A 4-process TCP-world run of `configs/tiny.toml` at stage 3 on 2 emulated nodes of 2,
+/// with `extra` arguments: the report's stage.
+fn four_on_two_nodes(name: &str, extra: &[&str]) -> Value {
+    let dir = scratch(name);
+    let json = dir.join("report.json");
+    let ended = finish(
+        start_world(&dir, 4, &[], |r| {
+            let mut a: Vec<String> = [
+                "--config",
+                &repo("configs/tiny.toml"),
+                "--stage",
+                "3",
+                "--precision",
+                "bf16",
+                "--steps",
+                "4",
+                "--no-progress",
+                "--set",
+                "zero.ranks_per_node=2",
+            ]
+            .iter()
+            .chain(extra)
+            .map(|x| x.to_string())
+            .collect();
+            if r == 0 {
+                a.extend(["--json".to_string(), s(&json)]);
+            }
+            a
+        }),
+        Duration::from_secs(180),
+    );
+    for (r, e) in ended.iter().enumerate() {
+        assert_eq!(e.code, Some(0), "{name}: rank {r} failed\n{}", e.text);
+    }
+    read_json(&json)["stages"][0].clone()
+}
+
+#[test]
+fn zero_plus_plus_node_groups_form_over_tcp() {
+    // hpZ's backward gathers on the node group: the flat run's bits.
+    let flat = four_on_two_nodes("flat", &[]);
+    let hpz = four_on_two_nodes("hpz", &["--set", "zero.hierarchical_weights=true"]);
+    assert_eq!(hpz["losses"], flat["losses"], "hpZ over TCP node groups");
+    zero_tests::cli::assert_node_traffic(&hpz, 2, 2, "hpZ over TCP");
+    // All three switches: the bytes on the node and cross-node groups are the ledger's.
+    let all = four_on_two_nodes(
+        "all",
+        &[
+            "--set",
+            "zero.hierarchical_weights=true",
+            "--set",
+            "zero.quantize_weights=true",
+            "--set",
+            "zero.quantize_grads=true",
+        ],
+    );
+    let cut = zero_tests::cli::assert_node_traffic(&all, 2, 2, "ZeRO++ over TCP");
+    assert!(cut > 2.0, "{cut:.2}x fewer bytes leaving each node");
 }

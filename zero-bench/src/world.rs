@@ -189,32 +189,14 @@ mod backend {
         Ok((local, same.len()))
     }
 
-    /// The node and cross-node groups: a world of one only (hpZ and qgZ split the world
-    /// into sub-communicators, which the TCP world does not make).
+    /// The node and cross-node groups of the TCP world (collective): nodes of
+    /// `ranks_per_node` consecutive ranks, or (`None`) the ranks that share a host name.
     pub fn node_groups(
         comm: &WorldComm,
         ranks_per_node: Option<usize>,
     ) -> anyhow::Result<zero_comm::NodeGroups<WorldComm>> {
-        if comm.size() > 1 {
-            return Err(anyhow!(
-                "hpZ and qgZ (zero.hierarchical_weights, zero.quantize_grads) need node groups, which a TCP world of {} ranks does not make: build zero-bench with MPI for them, or turn them off",
-                comm.size()
-            ));
-        }
-        if let Some(l) = ranks_per_node.filter(|&l| l != 1) {
-            return Err(anyhow!(
-                "zero.ranks_per_node = {l}, but this build runs one process alone (a node of 1 rank); remove the key or build with MPI"
-            ));
-        }
-        let config = CommConfig::from_env().map_err(|e| anyhow!("{e}"))?;
-        let one = || {
-            SocketComm::connect(&alone(), &config)
-                .map_err(|e| anyhow!("creating the node groups of one rank: {e}"))
-        };
-        Ok(zero_comm::NodeGroups {
-            node: one()?,
-            cross: one()?,
-        })
+        comm.node_groups(ranks_per_node)
+            .map_err(|e| anyhow!("finding the nodes of the world: {e}"))
     }
 
     /// A world of this process alone.

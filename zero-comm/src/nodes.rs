@@ -10,8 +10,9 @@
 //! (unequal nodes, ranks dealt round-robin) is an error on every rank, naming what was
 //! found and how to launch instead, never a silent reordering.
 //!
-//! Where the nodes come from: [`crate::MpiComm::node_groups`] (emulated, Slurm's node id,
-//! or shared memory) and [`crate::LocalComm::world_on_nodes`] (thread ranks, emulated).
+//! Where the nodes come from: `MpiComm::node_groups` (emulated, Slurm's node id, or shared
+//! memory), [`crate::SocketComm::node_groups`] (emulated, or host names) and
+//! [`crate::LocalComm::world_on_nodes`] (thread ranks, emulated).
 
 use crate::communicator::Communicator;
 
@@ -38,15 +39,13 @@ impl<C: Communicator> NodeGroups<C> {
 }
 
 /// What to do about a layout that is not node-major with equal nodes (for messages).
-#[cfg(any(feature = "mpi", test))]
 pub(crate) const TODO: &str = "launch the same number of ranks on every node, numbered node by node (srun --distribution=block, mpirun --map-by slot or --map-by core), or give the ranks per node explicitly";
 
 /// The ranks per node L of a world where rank r is on the node identified by `node_of[r]`
 /// (any id, equal for the ranks of one node; nodes are numbered in order of their lowest
 /// rank), when the world is node-major with equal nodes; else what was found and what to
-/// do. Pure, so every rank given the same table reaches the same verdict. Only MPI needs
-/// it: thread ranks are node-major by construction.
-#[cfg(any(feature = "mpi", test))]
+/// do. Pure, so every rank given the same table reaches the same verdict. MPI and the TCP
+/// world need it: thread ranks are node-major by construction.
 pub(crate) fn ranks_per_node(node_of: &[i64]) -> Result<usize, String> {
     let mut ids: Vec<i64> = Vec::new();
     let mut index = Vec::with_capacity(node_of.len());

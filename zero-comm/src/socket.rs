@@ -48,6 +48,7 @@ use crate::communicator::{Communicator, Done, InFlight, RawCall, ReduceOp};
 use crate::config::{CommConfig, HalfSum};
 use crate::error::{CommError, Result};
 use crate::fingerprint::{describe, fingerprint, FIELDS};
+use crate::nodes::NodeGroups;
 use crate::reduce::{self, fold_into, layout, scratch_as, Elem, Half};
 use crate::stats::{ring_bytes, CollectiveKind, CommStats, Counters};
 use crate::DType;
@@ -61,8 +62,8 @@ use std::time::{Duration, Instant};
 
 /// The backend's name in messages.
 pub const NAME: &str = "tcp";
-/// The communicator's name in messages.
-const COMM: &str = "world";
+/// The world communicator's name in messages.
+const WORLD: &str = "world";
 /// First word of a hello: "ZERO-TCP".
 const MAGIC: u64 = u64::from_le_bytes(*b"ZERO-TCP");
 /// Version of the wire format above.
@@ -254,6 +255,9 @@ impl Rendezvous {
 pub struct SocketComm {
     rank: usize,
     size: usize,
+    /// Rank in the world this group belongs to, and the group's name (messages).
+    world_rank: usize,
+    name: String,
     /// Rank 0: the connection of rank `r` at index `r - 1`; the others: the one to rank 0.
     links: Vec<TcpStream>,
     seq: Cell<u64>,
@@ -366,7 +370,8 @@ impl SocketComm {
         let links = if rv.size == 1 {
             Vec::new()
         } else if rv.rank == 0 {
-            Self::gather_peers(rv).map_err(err)?
+            let listener = listen(&rv.address).map_err(err)?;
+            Self::gather_peers(listener, rv).map_err(err)?
         } else {
             vec![Self::join_root(rv).map_err(err)?]
         };
@@ -374,17 +379,31 @@ impl SocketComm {
             // Messages and aborts name the rank, as under MPI (`exit.rs`).
             crate::exit::WORLD_RANK.store(rv.rank, std::sync::atomic::Ordering::Relaxed);
         }
+        Self::from_links(rv.rank, rv.size, rv.rank, WORLD.into(), links, config).map_err(err)
+    }
+
+    /// A communicator over joined links (rank 0: one per peer; the others: one to 0).
+    fn from_links(
+        rank: usize,
+        size: usize,
+        world_rank: usize,
+        name: String,
+        links: Vec<TcpStream>,
+        config: &CommConfig,
+    ) -> std::result::Result<SocketComm, String> {
         for l in &links {
             l.set_nodelay(true)
-                .map_err(|e| err(format!("setting TCP_NODELAY: {e}")))?;
+                .map_err(|e| format!("setting TCP_NODELAY: {e}"))?;
             // A write to a stopped peer blocks once the socket buffers are full: bound it
             // as reads are, or a stopped rank could hold its peer forever.
             l.set_write_timeout(config.timeout)
-                .map_err(|e| err(format!("setting the write timeout: {e}")))?;
+                .map_err(|e| format!("setting the write timeout: {e}"))?;
         }
         Ok(SocketComm {
-            rank: rv.rank,
-            size: rv.size,
+            rank,
+            size,
+            world_rank,
+            name,
             links,
             seq: Cell::new(0),
             counters: Counters::default(),
@@ -398,26 +417,10 @@ impl SocketComm {
 
     /// Rank 0: listen, publish the address (file mode), accept every other rank's hello,
     /// then answer all of them at once.
-    fn gather_peers(rv: &Rendezvous) -> std::result::Result<Vec<TcpStream>, String> {
-        let port = match &rv.address {
-            Address::Tcp { port, .. } => *port,
-            Address::File(_) => 0,
-        };
-        // Every interface, of the family the others will use.
-        let any = match &rv.address {
-            Address::Tcp { host, .. } if host.parse::<std::net::Ipv6Addr>().is_ok() => "::",
-            _ => "0.0.0.0",
-        };
-        let listener = TcpListener::bind((any, port)).map_err(|e| {
-            format!(
-                "rank 0 cannot listen on port {port}: {e}{}",
-                if port > 0 {
-                    " (give another port, or file:PATH to let rank 0 pick a free one)"
-                } else {
-                    ""
-                }
-            )
-        })?;
+    fn gather_peers(
+        listener: TcpListener,
+        rv: &Rendezvous,
+    ) -> std::result::Result<Vec<TcpStream>, String> {
         let mut published = None;
         if let Address::File(path) = &rv.address {
             let port = listener
@@ -623,6 +626,123 @@ impl SocketComm {
         }
     }
 
+    /// The node and cross-node groups of this world (collective; see `nodes.rs`): nodes
+    /// of `ranks_per_node` consecutive ranks, or (`None`) the ranks that share a host
+    /// name. Each group is a star of its own, its lowest rank the hub, joined through
+    /// this world (the hub listens on a free port and its address is all-gathered here).
+    pub fn node_groups(&self, ranks_per_node: Option<usize>) -> Result<NodeGroups<SocketComm>> {
+        let n = self.size;
+        let nodes_err = |detail: String| CommError::Nodes {
+            rank: self.world_rank,
+            comm: self.name.clone(),
+            detail,
+        };
+        let node_of: Vec<i64> = match ranks_per_node {
+            Some(l) => {
+                if l == 0 || !n.is_multiple_of(l) {
+                    return Err(nodes_err(format!(
+                        "{l} ranks per node does not divide the {n} ranks into equal nodes; give a positive divisor of {n}, or none to find the nodes"
+                    )));
+                }
+                (0..n).map(|r| (r / l) as i64).collect()
+            }
+            None => {
+                let names = self.all_host_names()?;
+                names
+                    .iter()
+                    .map(|h| names.iter().position(|x| x == h).unwrap_or(0) as i64)
+                    .collect()
+            }
+        };
+        let l = crate::nodes::ranks_per_node(&node_of).map_err(|e| {
+            nodes_err(if ranks_per_node.is_some() {
+                e
+            } else {
+                format!("nodes by host name: {e}")
+            })
+        })?;
+        let (m, j) = (self.rank / l, self.rank % l);
+        let node = self.split(format!("node[{m}]"), m * l, j, l)?;
+        let cross = self.split(format!("cross[{j}]"), j, m, n / l)?;
+        Ok(NodeGroups { node, cross })
+    }
+
+    /// Every rank's host name, in rank order (collective).
+    fn all_host_names(&self) -> Result<Vec<Vec<u8>>> {
+        const NAME_BYTES: usize = 256;
+        let mut mine = [0u8; NAME_BYTES];
+        let host = advertised_host();
+        let k = host.len().min(NAME_BYTES);
+        mine[..k].copy_from_slice(&host.as_bytes()[..k]);
+        let mut all = vec![0u8; NAME_BYTES * self.size];
+        self.all_gather(&mine[..], &mut all[..])?;
+        Ok(all.chunks(NAME_BYTES).map(<[u8]>::to_vec).collect())
+    }
+
+    /// This rank's group `name`, of `size` ranks whose hub is world rank `hub` and in
+    /// which this rank is `rank` (collective over this whole communicator: every rank
+    /// calls it once for its own group).
+    fn split(&self, name: String, hub: usize, rank: usize, size: usize) -> Result<SocketComm> {
+        const ADDR_BYTES: usize = 300;
+        let fail = |detail: String| CommError::Rendezvous {
+            rank: self.world_rank,
+            at: name.clone(),
+            detail,
+        };
+        // The hubs listen; the others' slots stay empty.
+        let listener = if rank == 0 && size > 1 {
+            Some(listen(&Address::Tcp {
+                host: String::new(),
+                port: 0,
+            }))
+        } else {
+            None
+        };
+        let mut mine = [0u8; ADDR_BYTES];
+        if let Some(Ok(l)) = &listener {
+            let port = l
+                .local_addr()
+                .map_err(|e| fail(format!("the listening port: {e}")))?
+                .port();
+            let addr = format!("{}:{port}", advertised_host());
+            let k = addr.len().min(ADDR_BYTES);
+            mine[..k].copy_from_slice(&addr.as_bytes()[..k]);
+        }
+        let mut all = vec![0u8; ADDR_BYTES * self.size];
+        let seq = self.seq.get();
+        self.all_gather(&mine[..], &mut all[..])?;
+        let config = CommConfig {
+            timeout: self.timeout,
+            half_sum: self.half_sum.get(),
+            ..CommConfig::default()
+        };
+        let links = if size == 1 {
+            Vec::new()
+        } else {
+            let text = &all[hub * ADDR_BYTES..(hub + 1) * ADDR_BYTES];
+            let text = String::from_utf8_lossy(text)
+                .trim_end_matches('\0')
+                .to_string();
+            let (host, port) = text
+                .rsplit_once(':')
+                .and_then(|(h, p)| Some((h.to_string(), p.parse::<u16>().ok()?)))
+                .ok_or_else(|| fail(format!("world rank {hub}, its hub, could not listen")))?;
+            let rv = Rendezvous {
+                rank,
+                size,
+                address: Address::Tcp { host, port },
+                // One group of one split of this world: never another's.
+                token: format!("{name}@{}#{seq}", self.name),
+                timeout: DEFAULT_RENDEZVOUS_TIMEOUT,
+            };
+            match listener {
+                Some(l) => Self::gather_peers(l.map_err(&fail)?, &rv).map_err(&fail)?,
+                None => vec![Self::join_root(&rv).map_err(&fail)?],
+            }
+        };
+        Self::from_links(rank, size, self.world_rank, name.clone(), links, &config).map_err(fail)
+    }
+
     /// Number of collectives issued so far on this communicator.
     pub fn sequence(&self) -> u64 {
         self.seq.get()
@@ -633,8 +753,8 @@ impl SocketComm {
             .borrow()
             .as_ref()
             .map(|(by, reason)| CommError::Poisoned {
-                rank: self.rank,
-                comm: COMM.into(),
+                rank: self.world_rank,
+                comm: self.name.clone(),
                 seq,
                 op,
                 by: *by,
@@ -657,16 +777,16 @@ impl SocketComm {
         };
         let err = match f {
             Fault::Broken(cause) => CommError::Link {
-                rank: self.rank,
-                comm: COMM.into(),
+                rank: self.world_rank,
+                comm: self.name.clone(),
                 seq,
                 op,
                 peer,
                 cause,
             },
             Fault::Silent => CommError::Timeout {
-                rank: self.rank,
-                comm: COMM.into(),
+                rank: self.world_rank,
+                comm: self.name.clone(),
                 seq,
                 op,
                 waited_s: self.timeout.map_or(0.0, |t| (t + slack).as_secs_f64()),
@@ -757,8 +877,8 @@ impl SocketComm {
             );
             if status == 1 {
                 return Err(CommError::Mismatch {
-                    rank: self.rank,
-                    comm: COMM.into(),
+                    rank: self.world_rank,
+                    comm: self.name.clone(),
                     seq,
                     rank_a: 0,
                     call_a: b.to_string(),
@@ -770,8 +890,8 @@ impl SocketComm {
             let reason = [b, c].join("\n").trim_end().to_string();
             *self.broken.borrow_mut() = Some((by, reason.clone()));
             return Err(CommError::Poisoned {
-                rank: self.rank,
-                comm: COMM.into(),
+                rank: self.world_rank,
+                comm: self.name.clone(),
                 seq,
                 op,
                 by,
@@ -900,7 +1020,7 @@ impl SocketComm {
             self.fail_all(1, &format!("{}\n{a}\n{b}", i + 1));
             return Err(CommError::Mismatch {
                 rank: 0,
-                comm: COMM.into(),
+                comm: self.name.clone(),
                 seq,
                 rank_a: 0,
                 call_a: a,
@@ -1111,6 +1231,29 @@ fn reduce_bytes<'a>(
     Ok(&bytemuck::cast_slice::<u64, u8>(scratch)[..full])
 }
 
+/// Rank 0's listening socket for `address`: its port on every interface (of the family
+/// the others use), or a free port for a file.
+fn listen(address: &Address) -> std::result::Result<TcpListener, String> {
+    let port = match address {
+        Address::Tcp { port, .. } => *port,
+        Address::File(_) => 0,
+    };
+    let any = match address {
+        Address::Tcp { host, .. } if host.parse::<std::net::Ipv6Addr>().is_ok() => "::",
+        _ => "0.0.0.0",
+    };
+    TcpListener::bind((any, port)).map_err(|e| {
+        format!(
+            "rank 0 cannot listen on port {port}: {e}{}",
+            if port > 0 {
+                " (give another port, or file:PATH to let rank 0 pick a free one)"
+            } else {
+                ""
+            }
+        )
+    })
+}
+
 /// The file of a `file:PATH` rendezvous: PATH itself without a token, else PATH with the
 /// token appended (`PATH.slurm-77.0.0`), so that concurrent launches sharing PATH (srun
 /// steps of one job, a requeued job) never meet in one file.
@@ -1170,10 +1313,10 @@ impl Communicator for SocketComm {
         self.size
     }
     fn world_rank(&self) -> usize {
-        self.rank
+        self.world_rank
     }
     fn name(&self) -> &str {
-        COMM
+        &self.name
     }
     fn stats(&self) -> CommStats {
         self.counters.snapshot()
@@ -1193,7 +1336,7 @@ impl Communicator for SocketComm {
         for b in call.send.iter().chain(std::iter::once(&call.recv)) {
             if b.location != Location::Host {
                 return Err(CommError::Location {
-                    rank: self.rank,
+                    rank: self.world_rank,
                     op,
                     location: b.location,
                     backend: NAME,
@@ -1202,18 +1345,18 @@ impl Communicator for SocketComm {
             let (_, align) = layout(call.dtype);
             if b.len > 0 && (b.ptr.is_null() || !(b.ptr as usize).is_multiple_of(align)) {
                 return Err(CommError::Size {
-                    rank: self.rank,
+                    rank: self.world_rank,
                     op,
-                    comm: COMM.into(),
+                    comm: self.name.clone(),
                     detail: format!("buffer at {:p} is not aligned for {}", b.ptr, call.dtype),
                 });
             }
         }
         if call.kind == CollectiveKind::Broadcast && call.root >= self.size {
             return Err(CommError::Root {
-                rank: self.rank,
+                rank: self.world_rank,
                 op,
-                comm: COMM.into(),
+                comm: self.name.clone(),
                 root: call.root,
                 size: self.size,
             });

@@ -515,3 +515,63 @@ fn a_stopped_peer_cannot_hold_rank_0_in_a_write() {
     assert!(took < Duration::from_secs(20), "{took:?}");
     drop(s);
 }
+
+#[test]
+fn node_groups_are_stars_of_their_own() {
+    // 6 ranks as 3 nodes of 2: node = consecutive pairs, cross = one per node.
+    let out = run_tcp(6, CommConfig::default(), |c| {
+        let g = c.node_groups(Some(2)).expect("node groups");
+        let me = c.rank() as i64;
+        let mut on_node = [me];
+        g.node
+            .all_reduce(&mut on_node[..], ReduceOp::Sum)
+            .expect("node sum");
+        let mut across = [me];
+        g.cross
+            .all_reduce(&mut across[..], ReduceOp::Sum)
+            .expect("cross sum");
+        let mut gathered = [0i64; 3];
+        g.cross
+            .all_gather(&[me][..], &mut gathered[..])
+            .expect("cross gather");
+        // The world is still usable after the splits.
+        let mut all = [1i64];
+        c.all_reduce(&mut all[..], ReduceOp::Sum)
+            .expect("world sum");
+        (
+            (g.node.rank(), g.node.size(), g.node.name().to_string()),
+            (g.cross.rank(), g.cross.size(), g.cross.name().to_string()),
+            on_node[0],
+            across[0],
+            gathered,
+            all[0],
+        )
+    });
+    for (r, (node, cross, on_node, across, gathered, all)) in out.into_iter().enumerate() {
+        let (m, j) = (r / 2, r % 2);
+        assert_eq!(node, (j, 2, format!("node[{m}]")), "rank {r}");
+        assert_eq!(cross, (m, 3, format!("cross[{j}]")), "rank {r}");
+        assert_eq!(
+            on_node,
+            (2 * m + 2 * m + 1) as i64,
+            "rank {r}: its node's ranks"
+        );
+        assert_eq!(across, (j + (2 + j) + (4 + j)) as i64, "rank {r}");
+        assert_eq!(gathered, [j as i64, 2 + j as i64, 4 + j as i64], "rank {r}");
+        assert_eq!(all, 6);
+    }
+    // By host name: every thread rank is on this host, one node of 3.
+    let out = run_tcp(3, CommConfig::default(), |c| {
+        let g = c.node_groups(None).expect("node groups");
+        (g.node.size(), g.cross.size())
+    });
+    assert!(out.iter().all(|&s| s == (3, 1)), "{out:?}");
+    // A ranks-per-node that does not divide the world is refused on every rank.
+    let out = run_tcp(3, CommConfig::default(), |c| c.node_groups(Some(2)).err());
+    for e in out {
+        assert!(
+            matches!(&e, Some(CommError::Nodes { detail, .. }) if detail.contains("does not divide")),
+            "{e:?}"
+        );
+    }
+}
