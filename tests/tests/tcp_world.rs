@@ -54,9 +54,12 @@ fn start_world(
     size: usize,
     env: &[(&str, &str)],
     args_of: impl Fn(usize) -> Vec<String>,
-) -> Vec<Child> {
+) -> Vec<(Child, PathBuf)> {
     (0..size)
         .map(|r| {
+            // Files, not pipes: a rank is never held up writing its log.
+            let out = std::fs::File::create(dir.join(format!("rank{r}.out"))).expect("a log file");
+            let err = std::fs::File::create(dir.join(format!("rank{r}.err"))).expect("a log file");
             let mut cmd = Command::new(carried_bin());
             cmd.arg("train")
                 .args(args_of(r))
@@ -69,13 +72,15 @@ fn start_world(
                 .env("ZERO_WORLD_SIZE", size.to_string())
                 .env("RUST_BACKTRACE", "0")
                 .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped());
+                .stdout(out)
+                .stderr(err);
             for (k, v) in env {
                 cmd.env(k, v);
             }
-            cmd.spawn()
-                .unwrap_or_else(|e| panic!("starting rank {r} of the carried build: {e}"))
+            let child = cmd
+                .spawn()
+                .unwrap_or_else(|e| panic!("starting rank {r} of the carried build: {e}"));
+            (child, dir.join(format!("rank{r}")))
         })
         .collect()
 }
@@ -88,11 +93,11 @@ struct Ended {
 }
 
 /// Wait for every process, killing those still running at `deadline` from now.
-fn finish(children: Vec<Child>, deadline: Duration) -> Vec<Ended> {
+fn finish(children: Vec<(Child, PathBuf)>, deadline: Duration) -> Vec<Ended> {
     let t0 = Instant::now();
     children
         .into_iter()
-        .map(|mut c| {
+        .map(|(mut c, logs)| {
             let code = loop {
                 match c.try_wait().expect("waiting for a rank") {
                     Some(status) => break status.code(),
@@ -105,13 +110,14 @@ fn finish(children: Vec<Child>, deadline: Duration) -> Vec<Ended> {
                 }
             };
             let after = t0.elapsed();
-            let out = c.wait_with_output().expect("the rank's output");
+            let read =
+                |ext: &str| std::fs::read_to_string(logs.with_extension(ext)).unwrap_or_default();
             Ended {
                 code,
                 text: format!(
                     "--- stdout ---\n{}--- stderr ---\n{}",
-                    String::from_utf8_lossy(&out.stdout),
-                    String::from_utf8_lossy(&out.stderr)
+                    read("out"),
+                    read("err")
                 ),
                 after,
             }
@@ -212,12 +218,14 @@ fn srun_without_pmi_joins_the_ranks_over_tcp() {
     assert!(out.status.success(), "srun failed\n{}", text(&out));
     let tcp = curves(&read_json(&json));
     let mpi = curves(&mpirun_reference(&dir, steps));
+    assert_eq!(tcp.len(), 4, "one report per stage");
     for (stage, (t, m)) in tcp.iter().zip(&mpi).enumerate() {
         assert_eq!(
             t.0, m.0,
             "stage {stage}: losses (srun over TCP, then mpirun)"
         );
         assert_eq!(t.1, m.1, "stage {stage}: bytes sent per step");
+        assert_eq!(t.2, m.2, "stage {stage}: ledger per rank");
     }
 }
 
@@ -246,7 +254,7 @@ fn a_killed_rank_ends_the_others_at_once_naming_it() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    let mut victim = children.pop().expect("rank 2");
+    let (mut victim, _) = children.pop().expect("rank 2");
     victim.kill().expect("killing rank 2");
     let _ = victim.wait();
     // The watchdog's default is 30 minutes: only the closed connection can end them now.

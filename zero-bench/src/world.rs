@@ -170,9 +170,7 @@ mod backend {
     /// rank's host name (collective).
     pub fn node_rank(comm: &WorldComm) -> anyhow::Result<(usize, usize)> {
         const NAME_BYTES: usize = 256;
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .map(|h| h.trim().to_string())
-            .unwrap_or_default();
+        let host = zero_comm::socket::host_name();
         let mut mine = [0u8; NAME_BYTES];
         let n = host.len().min(NAME_BYTES);
         mine[..n].copy_from_slice(&host.as_bytes()[..n]);

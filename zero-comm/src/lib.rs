@@ -23,8 +23,9 @@
 //!   ([`CommConfig`], `ZERO_COMM_TIMEOUT`, `ZERO_COMM_CHECK`).
 //!
 //! Feature `mpi` (default) builds the MPI backend ([`init`], `MpiComm`, the watchdog) and
-//! links the MPI library; without it the crate is [`LocalComm`] and the rest, and links
-//! no MPI (the carried GPU build of zero-bench).
+//! links the MPI library; without it the crate is [`LocalComm`], [`SocketComm`] (the TCP
+//! world: processes without MPI, module [`socket`]) and the rest, and links no MPI (the
+//! carried GPU build of zero-bench).
 #![deny(missing_docs)]
 
 pub mod agree;

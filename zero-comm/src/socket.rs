@@ -38,7 +38,9 @@
 //! algorithm's, as for every backend, so the ledgers compare with the ZeRO formulas; the
 //! star is for control traffic and small worlds, and NCCL carries the GPU data.
 //!
-//! The wire format (little-endian `u64` words): a rank's input is `[fingerprint (7 words),
+//! The wire format (little-endian `u64` words). Joining: a rank's hello is `[magic
+//! "ZERO-TCP", version, rank, size, token bytes]` and the token; rank 0 answers, once all
+//! have joined, `[0, 0]`, or `[1, bytes]` and why it refused. Then per collective: a rank's input is `[fingerprint (7 words),
 //! payload bytes]` and the payload; rank 0's answer is `[status, payload bytes]` and the
 //! payload (status 0: the output; 1: a mismatch, the payload `rank_b`, `call_a`, `call_b`
 //! as lines; 2: the group failed, the payload the failing rank and the reason as lines).
@@ -264,6 +266,8 @@ pub struct SocketComm {
     counters: Counters,
     half_sum: Cell<HalfSum>,
     timeout: Option<Duration>,
+    /// How long joining a group may take (the world's `ZERO_RENDEZVOUS_TIMEOUT`).
+    join_timeout: Duration,
     /// Set when a collective failed part-way: `(rank that failed, why)`.
     broken: RefCell<Option<(usize, String)>>,
     /// Rank 0: the peers' inputs, and the reduced result (u64 words: aligned for every
@@ -279,6 +283,15 @@ impl std::fmt::Debug for SocketComm {
             .field("size", &self.size)
             .finish_non_exhaustive()
     }
+}
+
+/// Who a communicator is in its group (for [`SocketComm::from_links`]).
+struct Group {
+    rank: usize,
+    size: usize,
+    world_rank: usize,
+    name: String,
+    join_timeout: Duration,
 }
 
 /// What a failed read or write of a link means.
@@ -337,18 +350,23 @@ fn read_text(s: &mut TcpStream, len: u64) -> std::result::Result<String, Fault> 
     Ok(String::from_utf8_lossy(&buf).into_owned())
 }
 
-/// This host's name, as the others should reach it (`ZERO_RENDEZVOUS_HOST` overrides).
-fn advertised_host() -> String {
-    if let Ok(h) = std::env::var("ZERO_RENDEZVOUS_HOST") {
-        if !h.trim().is_empty() {
-            return h.trim().to_string();
-        }
-    }
+/// This host's name (the kernel's): what tells the ranks of one node apart from the
+/// others' (node groups, and zero-bench's choice of GPU).
+pub fn host_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()
         .map(|h| h.trim().to_string())
         .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "127.0.0.1".into())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+/// How the others should reach rank 0 through its rendezvous file: its host name, or
+/// `ZERO_RENDEZVOUS_HOST` where that does not resolve on the other nodes.
+fn advertised_host() -> String {
+    match std::env::var("ZERO_RENDEZVOUS_HOST") {
+        Ok(h) if !h.trim().is_empty() => h.trim().to_string(),
+        _ => host_name(),
+    }
 }
 
 impl SocketComm {
@@ -379,18 +397,29 @@ impl SocketComm {
             // Messages and aborts name the rank, as under MPI (`exit.rs`).
             crate::exit::WORLD_RANK.store(rv.rank, std::sync::atomic::Ordering::Relaxed);
         }
-        Self::from_links(rv.rank, rv.size, rv.rank, WORLD.into(), links, config).map_err(err)
+        let group = Group {
+            rank: rv.rank,
+            size: rv.size,
+            world_rank: rv.rank,
+            name: WORLD.into(),
+            join_timeout: rv.timeout,
+        };
+        Self::from_links(group, links, config).map_err(err)
     }
 
     /// A communicator over joined links (rank 0: one per peer; the others: one to 0).
     fn from_links(
-        rank: usize,
-        size: usize,
-        world_rank: usize,
-        name: String,
+        group: Group,
         links: Vec<TcpStream>,
         config: &CommConfig,
     ) -> std::result::Result<SocketComm, String> {
+        let Group {
+            rank,
+            size,
+            world_rank,
+            name,
+            join_timeout,
+        } = group;
         for l in &links {
             l.set_nodelay(true)
                 .map_err(|e| format!("setting TCP_NODELAY: {e}"))?;
@@ -404,6 +433,7 @@ impl SocketComm {
             size,
             world_rank,
             name,
+            join_timeout,
             links,
             seq: Cell::new(0),
             counters: Counters::default(),
@@ -637,6 +667,24 @@ impl SocketComm {
             comm: self.name.clone(),
             detail,
         };
+        // Every rank must divide the same way, or their splits would wait on each other.
+        let asked = ranks_per_node.map_or(-1, |l| l as i64);
+        let mut all_asked = vec![0i64; n];
+        self.all_gather(&[asked][..], &mut all_asked[..])?;
+        if let Some(r) = all_asked.iter().position(|&a| a != asked) {
+            let says = |a: i64| {
+                if a < 0 {
+                    "host names".to_string()
+                } else {
+                    format!("{a} ranks per node")
+                }
+            };
+            return Err(nodes_err(format!(
+                "this rank divides by {} but rank {r} by {}: give every rank the same ranks per node",
+                says(asked),
+                says(all_asked[r])
+            )));
+        }
         let node_of: Vec<i64> = match ranks_per_node {
             Some(l) => {
                 if l == 0 || !n.is_multiple_of(l) {
@@ -671,7 +719,7 @@ impl SocketComm {
     fn all_host_names(&self) -> Result<Vec<Vec<u8>>> {
         const NAME_BYTES: usize = 256;
         let mut mine = [0u8; NAME_BYTES];
-        let host = advertised_host();
+        let host = host_name();
         let k = host.len().min(NAME_BYTES);
         mine[..k].copy_from_slice(&host.as_bytes()[..k]);
         let mut all = vec![0u8; NAME_BYTES * self.size];
@@ -704,7 +752,19 @@ impl SocketComm {
                 .local_addr()
                 .map_err(|e| fail(format!("the listening port: {e}")))?
                 .port();
-            let addr = format!("{}:{port}", advertised_host());
+            // The address of this host that the world's connection uses: one the other
+            // nodes reach (a host name might not resolve there).
+            let ip = self
+                .links
+                .first()
+                .map(|link| link.local_addr().map(|a| a.ip()))
+                .transpose()
+                .map_err(|e| fail(format!("this rank's address: {e}")))?
+                .map_or_else(host_name, |ip| match ip {
+                    std::net::IpAddr::V6(v6) => format!("[{v6}]"),
+                    v4 => v4.to_string(),
+                });
+            let addr = format!("{ip}:{port}");
             let k = addr.len().min(ADDR_BYTES);
             mine[..k].copy_from_slice(&addr.as_bytes()[..k]);
         }
@@ -723,24 +783,41 @@ impl SocketComm {
             let text = String::from_utf8_lossy(text)
                 .trim_end_matches('\0')
                 .to_string();
+            if let Some(Err(e)) = &listener {
+                return Err(fail(e.clone()));
+            }
             let (host, port) = text
                 .rsplit_once(':')
-                .and_then(|(h, p)| Some((h.to_string(), p.parse::<u16>().ok()?)))
-                .ok_or_else(|| fail(format!("world rank {hub}, its hub, could not listen")))?;
+                .and_then(|(h, p)| {
+                    let h = h.trim_start_matches('[').trim_end_matches(']');
+                    Some((h.to_string(), p.parse::<u16>().ok()?))
+                })
+                .ok_or_else(|| {
+                    fail(format!(
+                        "world rank {hub}, its hub, could not listen (its error says why)"
+                    ))
+                })?;
             let rv = Rendezvous {
                 rank,
                 size,
                 address: Address::Tcp { host, port },
                 // One group of one split of this world: never another's.
                 token: format!("{name}@{}#{seq}", self.name),
-                timeout: DEFAULT_RENDEZVOUS_TIMEOUT,
+                timeout: self.join_timeout,
             };
             match listener {
                 Some(l) => Self::gather_peers(l.map_err(&fail)?, &rv).map_err(&fail)?,
                 None => vec![Self::join_root(&rv).map_err(&fail)?],
             }
         };
-        Self::from_links(rank, size, self.world_rank, name.clone(), links, &config).map_err(fail)
+        let group = Group {
+            rank,
+            size,
+            world_rank: self.world_rank,
+            name: name.clone(),
+            join_timeout: self.join_timeout,
+        };
+        Self::from_links(group, links, &config).map_err(fail)
     }
 
     /// Number of collectives issued so far on this communicator.
@@ -844,7 +921,12 @@ impl SocketComm {
             }
             Ok(())
         })();
-        sent.map_err(|e| self.link_error(seq, op, 0, fault(e)))?;
+        if let Err(e) = sent {
+            // Rank 0 may have failed this call and hung up after saying why: prefer that.
+            return Err(self
+                .pending_verdict(seq, op)
+                .unwrap_or_else(|| self.link_error(seq, op, 0, fault(e))));
+        }
         // Rank 0 gives up on a silent peer after the timeout; we wait a little longer,
         // for its verdict.
         let _ = link.set_read_timeout(self.timeout.map(|t| t + VERDICT_SLACK));
@@ -915,6 +997,30 @@ impl SocketComm {
             read(&mut link, out).map_err(|f| self.link_error(seq, op, 0, f))?;
         }
         Ok(())
+    }
+
+    /// Ranks above 0, after a write to rank 0 failed: rank 0's failure answer, when it
+    /// sent one before it hung up (read within a short wait).
+    fn pending_verdict(&self, seq: u64, op: &'static str) -> Option<CommError> {
+        let link: &TcpStream = self.links.first()?;
+        link.set_read_timeout(Some(Duration::from_millis(200)))
+            .ok()?;
+        let [status, bytes] = read_words::<2>(&mut link.try_clone().ok()?).ok()?;
+        if status != 2 {
+            return None;
+        }
+        let text = read_text(&mut link.try_clone().ok()?, bytes).ok()?;
+        let (by, reason) = text.split_once('\n').unwrap_or(("0", text.as_str()));
+        let by = by.parse().unwrap_or(0);
+        *self.broken.borrow_mut() = Some((by, reason.to_string()));
+        Some(CommError::Poisoned {
+            rank: self.world_rank,
+            comm: self.name.clone(),
+            seq,
+            op,
+            by,
+            reason: reason.to_string(),
+        })
     }
 
     /// Rank 0: wait until every peer has something to read (or hung up), at most the
@@ -1019,7 +1125,7 @@ impl SocketComm {
             }
             self.fail_all(1, &format!("{}\n{a}\n{b}", i + 1));
             return Err(CommError::Mismatch {
-                rank: 0,
+                rank: self.world_rank,
                 comm: self.name.clone(),
                 seq,
                 rank_a: 0,

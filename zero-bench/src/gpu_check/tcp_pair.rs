@@ -102,25 +102,27 @@ fn run_pair(
         if rank == 0 {
             cmd.arg("--json").arg(&json);
         }
-        let child = cmd
-            .spawn()
-            .with_context(|| format!("starting rank {rank} ({})", exe.display()))?;
-        children.push((child, log));
+        match cmd.spawn() {
+            Ok(child) => children.push((child, log)),
+            Err(e) => {
+                stop(&mut children);
+                return Err(anyhow!("starting rank {rank} ({}): {e}", exe.display()));
+            }
+        }
     }
     let start = Instant::now();
     let mut ended: Vec<Option<std::process::ExitStatus>> = vec![None; RANKS];
     while ended.iter().any(Option::is_none) && start.elapsed() < PAIR_TIMEOUT {
         for (r, (child, _)) in children.iter_mut().enumerate() {
             if ended[r].is_none() {
-                ended[r] = child.try_wait()?;
+                // A rank that cannot be asked is taken as still running (killed below).
+                ended[r] = child.try_wait().ok().flatten();
             }
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    for (child, _) in children.iter_mut() {
-        let _ = child.kill();
-        let _ = child.wait();
-    }
+    // Nothing of the pair stays on the GPU.
+    stop(&mut children);
     for (r, e) in ended.iter().enumerate() {
         let tail = || log_tail(&children[r].1);
         match e {
@@ -136,6 +138,13 @@ fn run_pair(
     let text =
         std::fs::read_to_string(&json).with_context(|| format!("reading {}", json.display()))?;
     let report: serde_json::Value = serde_json::from_str(&text)?;
+    // Two processes that each trained alone would agree too: the world must be the pair.
+    if report["world"].as_u64() != Some(RANKS as u64) {
+        bail!(
+            "the run's world was {} rank(s), not the {RANKS} processes",
+            report["world"]
+        );
+    }
     report["stages"][0]["losses"]
         .as_array()
         .ok_or_else(|| anyhow!("no losses in {}", json.display()))?
@@ -145,6 +154,14 @@ fn run_pair(
                 .ok_or_else(|| anyhow!("a loss that is not a number"))
         })
         .collect()
+}
+
+/// Kill and reap every started rank.
+fn stop(children: &mut [(std::process::Child, PathBuf)]) {
+    for (child, _) in children.iter_mut() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
 }
 
 /// The last lines of a rank's log, for a failure's message.

@@ -564,6 +564,9 @@ fn device_options(args: &CommArgs) -> Result<zero_comm::CommChoice> {
         }
         return Ok(CommChoice::Mpi);
     }
+    if args.tcp {
+        bail!("--tcp times the TCP world on host buffers: drop --device (or --tcp)");
+    }
     let choice = match args.comm {
         CommChoice::Auto => CommChoice::MpiStaged,
         c => c,

@@ -58,7 +58,7 @@ pub struct CommArgs {
     /// Time zero-comm's TCP world (`SocketComm`, the world of the build without MPI: a
     /// star through rank 0) as "ours" against raw MPI on the same host buffers. The
     /// ranks meet through a file in the working directory, which every rank must see.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "raw_vs_raw")]
     pub tcp: bool,
     /// Also write the table as CSV here (rank 0).
     #[arg(long)]

@@ -2,12 +2,14 @@ use super::*;
 use crate::{run_local, selftest};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// A fresh rendezvous file path of this test process.
+/// A fresh rendezvous file path of this test process (rank 0 removes the file).
 fn scratch_path() -> PathBuf {
     static N: AtomicUsize = AtomicUsize::new(0);
-    let dir = std::env::temp_dir().join(format!("zero-socket-tests-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("a scratch directory in the temp dir");
-    dir.join(format!("rv-{}", N.fetch_add(1, Ordering::SeqCst)))
+    std::env::temp_dir().join(format!(
+        "zero-socket-test-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst)
+    ))
 }
 
 fn rendezvous(rank: usize, size: usize, file: &Path) -> Rendezvous {
@@ -191,13 +193,15 @@ fn a_rank_that_ends_fails_everyone_at_once() {
 
 #[test]
 fn a_silent_rank_times_out_naming_it() {
+    // Rank 1 sleeps well past the timeout; rank 2 arrives at once (the timeout leaves a
+    // loaded machine seconds to schedule it).
     let config = CommConfig {
-        timeout: Some(Duration::from_millis(500)),
+        timeout: Some(Duration::from_secs(2)),
         ..CommConfig::default()
     };
     let out = run_tcp(3, config, |c| {
         if c.rank() == 1 {
-            std::thread::sleep(Duration::from_secs(2));
+            std::thread::sleep(Duration::from_secs(6));
             return None;
         }
         c.barrier().err()
