@@ -16,7 +16,8 @@
 //! - an output (`--save-model`, `--json`) in a directory that does not exist, or one that
 //!   is the run's own token file, is refused before step 1, and the file is intact;
 //! - a fresh run into a `--ckpt-dir` holding an earlier run's checkpoints is refused (it
-//!   would replace them step by step), and `--resume` continues it;
+//!   would replace them step by step), and `--resume` continues it; so is a run resumed
+//!   from another root, while one of the root's own steps, or a fresh root, resumes;
 //! - a resume that fails leaves the metrics file as it was;
 //! - a config file that one rank cannot read fails every rank, naming that rank, rather
 //!   than leaving the others waiting.
@@ -531,6 +532,40 @@ fn a_fresh_run_does_not_replace_an_earlier_runs_checkpoints() {
     // What the message says to do works.
     ok(&tiny(&["--steps", "3", "--ckpt-dir", &ck, "--resume", &ck]));
     assert!(dir.join("ck/step-3").is_dir());
+
+    // Resumed from another run's checkpoint into this root: refused too, the root kept.
+    let other = s(&dir.join("other"));
+    ok(&tiny(&["--steps", "1", "--ckpt-dir", &other]));
+    let step3 = std::fs::read(dir.join("ck/step-3/meta.json")).expect("step-3");
+    let out = tiny(&["--steps", "3", "--ckpt-dir", &ck, "--resume", &other]);
+    refused_before_step_1(
+        &out,
+        &["holds the checkpoints of another run", "latest: step-3"],
+    );
+    assert_eq!(
+        std::fs::read(dir.join("ck/step-3/meta.json")).expect("step-3 kept"),
+        step3
+    );
+    // A step of the root itself (going back to step 2) and a fresh root both resume.
+    let step2_dir = s(&dir.join("ck/step-2"));
+    ok(&tiny(&[
+        "--steps",
+        "3",
+        "--ckpt-dir",
+        &ck,
+        "--resume",
+        &step2_dir,
+    ]));
+    let fresh = s(&dir.join("fresh"));
+    ok(&tiny(&[
+        "--steps",
+        "2",
+        "--ckpt-dir",
+        &fresh,
+        "--resume",
+        &other,
+    ]));
+    assert!(dir.join("fresh/step-2").is_dir());
 }
 
 #[test]

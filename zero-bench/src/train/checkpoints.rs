@@ -120,9 +120,11 @@ pub fn prepare<C: Communicator>(
         };
         agree(comm, created)?;
         agree(comm, probe(dir, rank))?;
-        // Another run's checkpoints: a fresh run would replace its steps one by one.
+        // Another run's checkpoints: a fresh run, or one resumed from elsewhere, would
+        // replace its steps one by one.
         let earlier = match (rank, &args.resume) {
             (0, None) => earlier_run(dir),
+            (0, Some(from)) => resumed_elsewhere(dir, from),
             _ => Ok(()),
         };
         agree(comm, earlier)?;
@@ -290,6 +292,36 @@ fn earlier_run(dir: &Path) -> anyhow::Result<()> {
         dir.display(),
         text.trim(),
         dir.display()
+    )
+}
+
+/// Refuse `dir` when it holds a run's checkpoints (a `latest` pointer) and `--resume`
+/// names a checkpoint outside it: its saves would replace that run's steps with another
+/// history's. A checkpoint of `dir` itself (its `latest`, or one of its `step-S`) is fine.
+fn resumed_elsewhere(dir: &Path, from: &Path) -> anyhow::Result<()> {
+    let Ok(text) = std::fs::read_to_string(dir.join(checkpoint::LATEST)) else {
+        return Ok(());
+    };
+    // An unreadable --resume is reported where it is loaded, with its own message.
+    let Ok(step_dir) = checkpoint::resolve(from) else {
+        return Ok(());
+    };
+    let root = step_dir.parent().unwrap_or(Path::new("."));
+    let root = if root.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        root
+    };
+    if super::outputs::same_file(root, dir) {
+        return Ok(());
+    }
+    bail!(
+        "--ckpt-dir {} holds the checkpoints of another run (latest: {}), and --resume {} is not one of them: its saves would replace that run's steps; pass --resume {} to continue that run, or give another --ckpt-dir (or remove that one) to continue from {}",
+        dir.display(),
+        text.trim(),
+        from.display(),
+        dir.display(),
+        from.display()
     )
 }
 

@@ -55,7 +55,7 @@ pub fn check(args: &TrainArgs, config: &Config) -> anyhow::Result<()> {
 }
 
 /// Both paths exist and are the same file (links followed).
-fn same_file(a: &Path, b: &Path) -> bool {
+pub(super) fn same_file(a: &Path, b: &Path) -> bool {
     match (std::fs::metadata(a), std::fs::metadata(b)) {
         (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
         _ => false,
