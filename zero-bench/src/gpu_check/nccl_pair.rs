@@ -442,12 +442,10 @@ pub fn check(
                     let got = &pair[0].losses;
                     let (worst, at) = train::max_rel(got, &threads, steps);
                     let worst = if agree { worst } else { f64::INFINITY };
-                    let how = if !agree {
-                        "the two processes' losses differ".to_string()
-                    } else if worst == 0.0 {
-                        "equal bitwise".to_string()
+                    let how = if agree {
+                        train::rel_in_words(worst, at)
                     } else {
-                        format!("max rel {worst:.2e} (step {at})")
+                        "the two processes' losses differ".to_string()
                     };
                     check
                         .at_most(

@@ -206,11 +206,7 @@ pub fn check(out: &Path, sim: bool, steps: usize, report: &mut Report) -> anyhow
         Err(e) => check.fail(format!("{e:#}")),
         Ok((a, b)) => {
             let (worst, at) = train::max_rel(&a, &b, steps);
-            let how = if worst == 0.0 {
-                "equal bitwise".to_string()
-            } else {
-                format!("max rel {worst:.2e} (step {at})")
-            };
+            let how = train::rel_in_words(worst, at);
             check
                 .at_most(
                     worst,

@@ -140,6 +140,15 @@ pub struct Curve {
     pub twin_losses: Option<Vec<f64>>,
 }
 
+/// [`max_rel`]'s result in words: "equal bitwise", or the difference and its step.
+pub(super) fn rel_in_words(worst: f64, at: usize) -> String {
+    if worst == 0.0 {
+        "equal bitwise".to_string()
+    } else {
+        format!("max rel {worst:.2e} (step {at})")
+    }
+}
+
 /// The largest relative difference of `got` from `want` over their first `steps`
 /// steps, and the step (1-based) where it is; infinite when either is shorter, NaN
 /// counts as worst.
