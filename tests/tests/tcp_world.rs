@@ -177,7 +177,7 @@ fn two_processes_without_mpi_train_the_bits_of_mpirun() {
     );
     let tcp = curves(&read_json(&json));
     let mpi = curves(&mpirun_reference(&dir, steps));
-    assert_eq!(tcp.len(), 4, "one report per stage");
+    assert_eq!((tcp.len(), mpi.len()), (4, 4), "one report per stage");
     for (stage, (t, m)) in tcp.iter().zip(&mpi).enumerate() {
         // Two ranks: every sum is a + b in both transports, so the bits agree.
         assert_eq!(t.0, m.0, "stage {stage}: losses (TCP, then mpirun)");
@@ -218,7 +218,7 @@ fn srun_without_pmi_joins_the_ranks_over_tcp() {
     assert!(out.status.success(), "srun failed\n{}", text(&out));
     let tcp = curves(&read_json(&json));
     let mpi = curves(&mpirun_reference(&dir, steps));
-    assert_eq!(tcp.len(), 4, "one report per stage");
+    assert_eq!((tcp.len(), mpi.len()), (4, 4), "one report per stage");
     for (stage, (t, m)) in tcp.iter().zip(&mpi).enumerate() {
         assert_eq!(
             t.0, m.0,

@@ -360,6 +360,37 @@ pub fn host_name() -> String {
         .unwrap_or_else(|| "localhost".into())
 }
 
+/// This host's IPv4 addresses other than loopback (`getifaddrs`).
+fn interface_ipv4s() -> Vec<std::net::Ipv4Addr> {
+    let mut out = Vec::new();
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: on success getifaddrs points `head` at a list that we free below.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return out;
+    }
+    let mut node = head;
+    while !node.is_null() {
+        // SAFETY: `node` is a live entry of that list (freed only after the loop).
+        let ifa = unsafe { &*node };
+        if !ifa.ifa_addr.is_null() {
+            // SAFETY: a non-null ifa_addr points at a sockaddr of its family.
+            let family = i32::from(unsafe { (*ifa.ifa_addr).sa_family });
+            if family == libc::AF_INET {
+                // SAFETY: AF_INET: the sockaddr is a sockaddr_in.
+                let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
+                let ip = std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
+                if !ip.is_loopback() && !ip.is_unspecified() {
+                    out.push(ip);
+                }
+            }
+        }
+        node = ifa.ifa_next;
+    }
+    // SAFETY: `head` came from getifaddrs and is freed once.
+    unsafe { libc::freeifaddrs(head) };
+    out
+}
+
 /// How the others should reach rank 0 through its rendezvous file: its host name, or
 /// `ZERO_RENDEZVOUS_HOST` where that does not resolve on the other nodes.
 fn advertised_host() -> String {
@@ -574,6 +605,12 @@ impl SocketComm {
     /// Ranks above 0: find rank 0 (wait for the file), connect (retrying while it is not
     /// listening yet), say hello, and wait for everyone to have joined.
     fn join_root(rv: &Rendezvous) -> std::result::Result<TcpStream, String> {
+        Self::join_any(rv, &[])
+    }
+
+    /// As [`SocketComm::join_root`], trying each of `targets` (`host:port`) in turn
+    /// instead of `rv`'s address when any are given.
+    fn join_any(rv: &Rendezvous, targets: &[String]) -> std::result::Result<TcpStream, String> {
         let deadline = Instant::now() + rv.timeout;
         let late = |what: &str| {
             format!(
@@ -590,6 +627,7 @@ impl SocketComm {
                 ));
             }
             let target = match &rv.address {
+                _ if !targets.is_empty() => Some(targets.join(",")),
                 Address::Tcp { host, port } if host.contains(':') => {
                     Some(format!("[{host}]:{port}"))
                 }
@@ -606,14 +644,17 @@ impl SocketComm {
                 std::thread::sleep(Duration::from_millis(50));
                 continue;
             };
-            let addrs: Vec<SocketAddr> = match target.to_socket_addrs() {
-                Ok(a) => a.collect(),
-                Err(e) => {
-                    last = format!("resolving {target}: {e}");
-                    std::thread::sleep(Duration::from_millis(200));
-                    continue;
+            let mut addrs: Vec<SocketAddr> = Vec::new();
+            for t in target.split(',') {
+                match t.to_socket_addrs() {
+                    Ok(a) => addrs.extend(a),
+                    Err(e) => last = format!("resolving {t}: {e}"),
                 }
-            };
+            }
+            if addrs.is_empty() {
+                std::thread::sleep(Duration::from_millis(200));
+                continue;
+            }
             let connected = addrs.iter().find_map(|a| {
                 TcpStream::connect_timeout(a, Duration::from_secs(5))
                     .map_err(|e| last = format!("connecting to {a}: {e}"))
@@ -715,6 +756,29 @@ impl SocketComm {
         Ok(NodeGroups { node, cross })
     }
 
+    /// Where this host may be reached from the others, best first: the address of the
+    /// world's connection (unless loopback), this host's other IPv4 addresses, its name.
+    fn reachable_candidates(&self) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        let mut add = |c: String| {
+            if !out.contains(&c) {
+                out.push(c);
+            }
+        };
+        if let Some(Ok(a)) = self.links.first().map(TcpStream::local_addr) {
+            if let std::net::IpAddr::V4(ip) = a.ip() {
+                if !ip.is_loopback() && !ip.is_unspecified() {
+                    add(ip.to_string());
+                }
+            }
+        }
+        for ip in interface_ipv4s() {
+            add(ip.to_string());
+        }
+        add(host_name());
+        out
+    }
+
     /// Every rank's host name, in rank order (collective).
     fn all_host_names(&self) -> Result<Vec<Vec<u8>>> {
         const NAME_BYTES: usize = 256;
@@ -731,42 +795,44 @@ impl SocketComm {
     /// which this rank is `rank` (collective over this whole communicator: every rank
     /// calls it once for its own group).
     fn split(&self, name: String, hub: usize, rank: usize, size: usize) -> Result<SocketComm> {
-        const ADDR_BYTES: usize = 300;
+        const ADDR_BYTES: usize = 512;
         let fail = |detail: String| CommError::Rendezvous {
             rank: self.world_rank,
             at: name.clone(),
             detail,
         };
-        // The hubs listen; the others' slots stay empty.
-        let listener = if rank == 0 && size > 1 {
-            Some(listen(&Address::Tcp {
-                host: String::new(),
-                port: 0,
-            }))
-        } else {
-            None
-        };
+        // The hubs listen and publish where they may be reached; the others' slots stay
+        // empty. A hub's failure is reported after the all-gather, which every rank must
+        // reach (its members then find its slot empty).
+        let listener: Option<std::result::Result<(TcpListener, u16), String>> =
+            (rank == 0 && size > 1).then(|| {
+                let l = listen(&Address::Tcp {
+                    host: String::new(),
+                    port: 0,
+                })?;
+                let port = l
+                    .local_addr()
+                    .map_err(|e| format!("the listening port: {e}"))?
+                    .port();
+                Ok((l, port))
+            });
         let mut mine = [0u8; ADDR_BYTES];
-        if let Some(Ok(l)) = &listener {
-            let port = l
-                .local_addr()
-                .map_err(|e| fail(format!("the listening port: {e}")))?
-                .port();
-            // The address of this host that the world's connection uses: one the other
-            // nodes reach (a host name might not resolve there).
-            let ip = self
-                .links
-                .first()
-                .map(|link| link.local_addr().map(|a| a.ip()))
-                .transpose()
-                .map_err(|e| fail(format!("this rank's address: {e}")))?
-                .map_or_else(host_name, |ip| match ip {
-                    std::net::IpAddr::V6(v6) => format!("[{v6}]"),
-                    v4 => v4.to_string(),
-                });
-            let addr = format!("{ip}:{port}");
-            let k = addr.len().min(ADDR_BYTES);
-            mine[..k].copy_from_slice(&addr.as_bytes()[..k]);
+        if let Some(Ok((_, port))) = &listener {
+            // Candidates, best first: the address the world's connection uses, this
+            // host's other addresses, its name. (A name may resolve to a loopback address
+            // on its own host, and an address on one network may not route from another.)
+            let mut text = String::new();
+            for c in self.reachable_candidates() {
+                let item = format!("{c}:{port}");
+                if text.len() + item.len() + 1 > ADDR_BYTES {
+                    break;
+                }
+                if !text.is_empty() {
+                    text.push(',');
+                }
+                text.push_str(&item);
+            }
+            mine[..text.len()].copy_from_slice(text.as_bytes());
         }
         let mut all = vec![0u8; ADDR_BYTES * self.size];
         let seq = self.seq.get();
@@ -779,35 +845,39 @@ impl SocketComm {
         let links = if size == 1 {
             Vec::new()
         } else {
+            if let Some(Err(e)) = &listener {
+                return Err(fail(e.clone()));
+            }
             let text = &all[hub * ADDR_BYTES..(hub + 1) * ADDR_BYTES];
             let text = String::from_utf8_lossy(text)
                 .trim_end_matches('\0')
                 .to_string();
-            if let Some(Err(e)) = &listener {
-                return Err(fail(e.clone()));
+            let targets: Vec<String> = text
+                .split(',')
+                .filter(|t| !t.is_empty())
+                .map(str::to_string)
+                .collect();
+            if targets.is_empty() {
+                return Err(fail(format!(
+                    "world rank {hub}, its hub, could not listen (its error says why)"
+                )));
             }
-            let (host, port) = text
-                .rsplit_once(':')
-                .and_then(|(h, p)| {
-                    let h = h.trim_start_matches('[').trim_end_matches(']');
-                    Some((h.to_string(), p.parse::<u16>().ok()?))
-                })
-                .ok_or_else(|| {
-                    fail(format!(
-                        "world rank {hub}, its hub, could not listen (its error says why)"
-                    ))
-                })?;
             let rv = Rendezvous {
                 rank,
                 size,
-                address: Address::Tcp { host, port },
+                // (Only the port and the messages use this: the targets are tried.)
+                address: Address::Tcp {
+                    host: targets[0].clone(),
+                    port: 0,
+                },
                 // One group of one split of this world: never another's.
                 token: format!("{name}@{}#{seq}", self.name),
                 timeout: self.join_timeout,
             };
             match listener {
-                Some(l) => Self::gather_peers(l.map_err(&fail)?, &rv).map_err(&fail)?,
-                None => vec![Self::join_root(&rv).map_err(&fail)?],
+                Some(Ok((l, _))) => Self::gather_peers(l, &rv).map_err(&fail)?,
+                Some(Err(e)) => return Err(fail(e)),
+                None => vec![Self::join_any(&rv, &targets).map_err(&fail)?],
             }
         };
         let group = Group {

@@ -74,8 +74,14 @@ fn run_pair(
     let mut children = Vec::new();
     for rank in 0..RANKS {
         let log = run.join(format!("rank{rank}.log"));
-        let log_file =
-            std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        let files = std::fs::File::create(&log).and_then(|f| Ok((f.try_clone()?, f)));
+        let (out_file, err_file) = match files {
+            Ok(f) => f,
+            Err(e) => {
+                stop(&mut children);
+                return Err(anyhow!("creating {}: {e}", log.display()));
+            }
+        };
         let mut cmd = Command::new(exe);
         cmd.arg("train")
             .arg("--config")
@@ -97,8 +103,8 @@ fn run_pair(
             .env("NCCL_SOCKET_IFNAME", "lo")
             .env("RUST_BACKTRACE", "0")
             .stdin(Stdio::null())
-            .stdout(log_file.try_clone()?)
-            .stderr(log_file);
+            .stdout(out_file)
+            .stderr(err_file);
         if rank == 0 {
             cmd.arg("--json").arg(&json);
         }

@@ -306,6 +306,8 @@ fn resumed_elsewhere(dir: &Path, from: &Path) -> anyhow::Result<()> {
     let Ok(step_dir) = checkpoint::resolve(from) else {
         return Ok(());
     };
+    // Through links: the root the step directory really is in.
+    let step_dir = std::fs::canonicalize(&step_dir).unwrap_or(step_dir);
     let root = step_dir.parent().unwrap_or(Path::new("."));
     let root = if root.as_os_str().is_empty() {
         Path::new(".")
