@@ -584,7 +584,11 @@ fn node_groups_are_stars_of_their_own() {
 fn a_hub_publishes_no_loopback_address_and_its_name_last() {
     let out = run_tcp(2, CommConfig::default(), |c| c.reachable_candidates());
     for (rank, candidates) in out.into_iter().enumerate() {
-        assert_eq!(candidates.last(), Some(&host_name()), "rank {rank}: {candidates:?}");
+        assert_eq!(
+            candidates.last(),
+            Some(&host_name()),
+            "rank {rank}: {candidates:?}"
+        );
         for c in &candidates[..candidates.len() - 1] {
             let ip: std::net::Ipv4Addr = c.parse().expect("an IPv4 address");
             assert!(!ip.is_loopback(), "rank {rank}: {candidates:?}");
