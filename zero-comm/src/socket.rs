@@ -91,9 +91,11 @@ pub enum Address {
         /// The port.
         port: u16,
     },
-    /// `file:PATH` (or a path with a `/`): rank 0 listens on a free port and writes its
-    /// `host:port` and the job's token into PATH, on a file system every rank sees; the
-    /// others wait for that file. Rank 0 removes it once everyone has connected.
+    /// `file:PATH` (or a path with a `/`): rank 0 listens on a free port and writes where
+    /// it may be reached (`host:port`, then `ip:port` for each of its IPv4 addresses) and
+    /// the job's token into a file beside PATH ([`rendezvous_file`]), on a file system
+    /// every rank sees; the others wait for that file and try each address. Rank 0
+    /// removes it once everyone has connected.
     File(PathBuf),
 }
 
@@ -488,7 +490,16 @@ impl SocketComm {
                 .local_addr()
                 .map_err(|e| format!("the listening port: {e}"))?
                 .port();
-            let addr = format!("{}:{port}", advertised_host());
+            // Its name first, then its IPv4 addresses, for a name that does not resolve
+            // on the other nodes (the others try each in turn).
+            let mut candidates = vec![advertised_host()];
+            candidates.extend(interface_ipv4s().iter().map(|ip| ip.to_string()));
+            candidates.dedup();
+            let addr = candidates
+                .iter()
+                .map(|c| format!("{c}:{port}"))
+                .collect::<Vec<_>>()
+                .join(",");
             let file = rendezvous_file(path, &rv.token);
             publish(&file, &addr, &rv.token)?;
             log::debug!(

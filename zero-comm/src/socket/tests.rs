@@ -264,7 +264,9 @@ fn another_jobs_rank_is_turned_away_and_a_duplicate_rank_fails_the_rendezvous() 
         }
         std::thread::sleep(Duration::from_millis(10));
     };
-    let (host, port) = published.rsplit_once(':').expect("host:port");
+    // (The file lists rank 0's name first, then its IPv4 addresses.)
+    let first = published.split(',').next().expect("an address");
+    let (host, port) = first.rsplit_once(':').expect("host:port");
     let stranger = {
         let mut rv = rendezvous(1, 2, &file);
         rv.address = Address::Tcp {
@@ -484,7 +486,8 @@ fn a_stopped_peer_cannot_hold_rank_0_in_a_write() {
         }
         std::thread::sleep(Duration::from_millis(10));
     };
-    let mut s = TcpStream::connect(addr).expect("connect to rank 0");
+    let first = addr.split(',').next().expect("an address").to_string();
+    let mut s = TcpStream::connect(first).expect("connect to rank 0");
     let mut hello = to_bytes(&[MAGIC, VERSION, 1, 2, 4]);
     hello.extend_from_slice(b"test");
     s.write_all(&hello).expect("hello");
