@@ -169,22 +169,8 @@ mod backend {
     /// (this rank's rank among the ranks on its host, how many there are), from every
     /// rank's host name (collective).
     pub fn node_rank(comm: &WorldComm) -> anyhow::Result<(usize, usize)> {
-        const NAME_BYTES: usize = 256;
-        let host = zero_comm::socket::host_name();
-        let mut mine = [0u8; NAME_BYTES];
-        let n = host.len().min(NAME_BYTES);
-        mine[..n].copy_from_slice(&host.as_bytes()[..n]);
-        let mut all = vec![0u8; NAME_BYTES * comm.size()];
-        comm.all_gather(&mine[..], &mut all[..])
-            .map_err(|e| anyhow!("finding the ranks on this node: {e}"))?;
-        let same: Vec<usize> = all
-            .chunks(NAME_BYTES)
-            .enumerate()
-            .filter(|(_, name)| *name == mine)
-            .map(|(r, _)| r)
-            .collect();
-        let local = same.iter().position(|&r| r == comm.rank()).unwrap_or(0);
-        Ok((local, same.len()))
+        comm.host_local()
+            .map_err(|e| anyhow!("finding the ranks on this node: {e}"))
     }
 
     /// The node and cross-node groups of the TCP world (collective): nodes of

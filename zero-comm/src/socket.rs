@@ -331,7 +331,7 @@ fn to_bytes(ws: &[u64]) -> Vec<u8> {
     ws.iter().flat_map(|w| w.to_le_bytes()).collect()
 }
 
-fn read_words<const N: usize>(s: &mut TcpStream) -> std::result::Result<[u64; N], Fault> {
+fn read_words<const N: usize>(mut s: impl Read) -> std::result::Result<[u64; N], Fault> {
     let mut buf = vec![0u8; 8 * N];
     s.read_exact(&mut buf).map_err(fault)?;
     let mut out = [0u64; N];
@@ -341,7 +341,7 @@ fn read_words<const N: usize>(s: &mut TcpStream) -> std::result::Result<[u64; N]
     Ok(out)
 }
 
-fn read_text(s: &mut TcpStream, len: u64) -> std::result::Result<String, Fault> {
+fn read_text(mut s: impl Read, len: u64) -> std::result::Result<String, Fault> {
     if len > MAX_TEXT {
         return Err(Fault::Broken(format!(
             "a message of {len} bytes (at most {MAX_TEXT}): not this protocol"
@@ -790,6 +790,16 @@ impl SocketComm {
         out
     }
 
+    /// (this rank's rank among the ranks on its host, how many there are), from every
+    /// rank's host name (collective).
+    pub fn host_local(&self) -> Result<(usize, usize)> {
+        let names = self.all_host_names()?;
+        let mine = &names[self.rank];
+        let local = names[..self.rank].iter().filter(|n| *n == mine).count();
+        let count = names.iter().filter(|n| *n == mine).count();
+        Ok((local, count))
+    }
+
     /// Every rank's host name, in rank order (collective).
     fn all_host_names(&self) -> Result<Vec<Vec<u8>>> {
         const NAME_BYTES: usize = 256;
@@ -1019,47 +1029,8 @@ impl SocketComm {
             [w.next().unwrap_or(0), w.next().unwrap_or(0)]
         };
         if status != 0 {
-            if bytes > MAX_TEXT {
-                return Err(self.link_error(
-                    seq,
-                    op,
-                    0,
-                    Fault::Broken(format!(
-                        "rank 0 answered with {bytes} bytes of text: not this protocol"
-                    )),
-                ));
-            }
-            let mut text = vec![0u8; bytes as usize];
-            read(&mut link, &mut text).map_err(|f| self.link_error(seq, op, 0, f))?;
-            let text = String::from_utf8_lossy(&text).into_owned();
-            let mut lines = text.splitn(3, '\n');
-            let (a, b, c) = (
-                lines.next().unwrap_or(""),
-                lines.next().unwrap_or(""),
-                lines.next().unwrap_or(""),
-            );
-            if status == 1 {
-                return Err(CommError::Mismatch {
-                    rank: self.world_rank,
-                    comm: self.name.clone(),
-                    seq,
-                    rank_a: 0,
-                    call_a: b.to_string(),
-                    rank_b: a.parse().unwrap_or(0),
-                    call_b: c.to_string(),
-                });
-            }
-            let by = a.parse().unwrap_or(0);
-            let reason = [b, c].join("\n").trim_end().to_string();
-            *self.broken.borrow_mut() = Some((by, reason.clone()));
-            return Err(CommError::Poisoned {
-                rank: self.world_rank,
-                comm: self.name.clone(),
-                seq,
-                op,
-                by,
-                reason,
-            });
+            let text = read_text(link, bytes).map_err(|f| self.link_error(seq, op, 0, f))?;
+            return Err(self.verdict(seq, op, status, &text));
         }
         let want = self.output_bytes(call, self.rank);
         if bytes as usize != want {
@@ -1086,22 +1057,42 @@ impl SocketComm {
         let link: &TcpStream = self.links.first()?;
         link.set_read_timeout(Some(Duration::from_millis(200)))
             .ok()?;
-        let [status, bytes] = read_words::<2>(&mut link.try_clone().ok()?).ok()?;
-        if status != 2 {
+        let [status, bytes] = read_words::<2>(link).ok()?;
+        if status == 0 {
             return None;
         }
-        let text = read_text(&mut link.try_clone().ok()?, bytes).ok()?;
-        let (by, reason) = text.split_once('\n').unwrap_or(("0", text.as_str()));
-        let by = by.parse().unwrap_or(0);
-        *self.broken.borrow_mut() = Some((by, reason.to_string()));
-        Some(CommError::Poisoned {
+        let text = read_text(link, bytes).ok()?;
+        Some(self.verdict(seq, op, status, &text))
+    }
+
+    /// Ranks above 0: the error of rank 0's failure answer (`status` 1: a mismatch,
+    /// `rank_b`, `call_a`, `call_b` as lines; else the group failed: the failing rank and
+    /// the reason), remembering a failure so that later calls are refused.
+    fn verdict(&self, seq: u64, op: &'static str, status: u64, text: &str) -> CommError {
+        let (first, rest) = text.split_once('\n').unwrap_or((text, ""));
+        if status == 1 {
+            let (call_a, call_b) = rest.split_once('\n').unwrap_or((rest, ""));
+            return CommError::Mismatch {
+                rank: self.world_rank,
+                comm: self.name.clone(),
+                seq,
+                rank_a: 0,
+                call_a: call_a.to_string(),
+                rank_b: first.parse().unwrap_or(0),
+                call_b: call_b.to_string(),
+            };
+        }
+        let by = first.parse().unwrap_or(0);
+        let reason = rest.trim_end().to_string();
+        *self.broken.borrow_mut() = Some((by, reason.clone()));
+        CommError::Poisoned {
             rank: self.world_rank,
             comm: self.name.clone(),
             seq,
             op,
             by,
-            reason: reason.to_string(),
-        })
+            reason,
+        }
     }
 
     /// Rank 0: wait until every peer has something to read (or hung up), at most the
@@ -1176,8 +1167,8 @@ impl SocketComm {
                     .map_err(|e| (vec![r], fault(e)))?;
                 let w: Vec<u64> = words(&header).collect();
                 let len = w[FIELDS] as usize;
+                // Reused between calls: only growth is zero-filled (the read overwrites).
                 let buf = &mut inputs[r - 1];
-                buf.clear();
                 buf.resize(len.div_ceil(8), 0);
                 let bytes = &mut bytemuck::cast_slice_mut::<u64, u8>(buf)[..len];
                 link.read_exact(bytes).map_err(|e| (vec![r], fault(e)))?;

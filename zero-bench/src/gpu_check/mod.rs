@@ -471,6 +471,13 @@ fn nccl_pair(
     }
 }
 
+/// The last lines of a process's log, for a failure's detail (the pairs of processes).
+fn log_tail(path: &std::path::Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    lines[lines.len().saturating_sub(4)..].join(" | ")
+}
+
 /// Run a long group unless the budget is spent (then one `skip` line says so).
 fn guarded(
     report: &mut Report,

@@ -28,6 +28,7 @@ use zero_kernels::cuda::CudaDevice;
 use zero_kernels::device::{Buffer, Device};
 use zero_models::data::MarkovSource;
 
+use super::log_tail;
 use super::report::{Check, Kind, Report};
 use super::train::{self, Reference, Setup};
 
@@ -216,13 +217,6 @@ impl Drop for Running {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-/// The last lines of a rank's log, for a failure's detail.
-fn log_tail(path: &Path) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-    lines[lines.len().saturating_sub(4)..].join(" | ")
 }
 
 /// Start the pair on `job` in `dir` (each rank's log and result there); rank 1 stops

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
 
+use super::log_tail;
 use super::report::{Check, Kind, Report};
 use super::train;
 
@@ -168,13 +169,6 @@ fn stop(children: &mut [(std::process::Child, PathBuf)]) {
         let _ = child.kill();
         let _ = child.wait();
     }
-}
-
-/// The last lines of a rank's log, for a failure's message.
-fn log_tail(path: &PathBuf) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(4)..].join(" | ")
 }
 
 /// The group's one check: the pair with the GPU's collectives (`nccl`; `mpi` on the
