@@ -93,6 +93,9 @@ pub trait BenchDevice: Device {
     fn set_attention_kernels(&self, _k: AttentionKernels) -> Option<AttentionKernels> {
         None
     }
+    /// Leave started host work (host-staged collectives) running behind the ops that
+    /// follow (`true`), or wait for each where it starts; the previous choice.
+    fn set_overlap(&self, on: bool) -> bool;
 }
 
 impl BenchDevice for SimDevice {
@@ -102,11 +105,21 @@ impl BenchDevice for SimDevice {
     fn set_attention_kernels(&self, k: AttentionKernels) -> Option<AttentionKernels> {
         SimDevice::set_attention_kernels(self, k)
     }
+    fn set_overlap(&self, on: bool) -> bool {
+        let before = self.overlap();
+        SimDevice::set_overlap(self, on);
+        before
+    }
 }
 
 impl BenchDevice for HostDevice {
     fn simulated(&self) -> bool {
         false
+    }
+    fn set_overlap(&self, on: bool) -> bool {
+        let before = self.overlap();
+        HostDevice::set_overlap(self, on);
+        before
     }
 }
 
@@ -118,7 +131,7 @@ pub type Opener<D> = dyn Fn(usize) -> zero_kernels::Result<D> + Sync;
 pub mod cuda {
     //! The CUDA device under test.
 
-    use zero_kernels::cuda::CudaDevice;
+    use zero_kernels::cuda::{CudaDevice, StagedOverlap};
     use zero_kernels::twin::attention_products::AttentionKernels;
     use zero_kernels::KernelError;
 
@@ -143,6 +156,14 @@ pub mod cuda {
         }
         fn set_attention_kernels(&self, k: AttentionKernels) -> Option<AttentionKernels> {
             Some(CudaDevice::set_attention_kernels(self, k))
+        }
+        fn set_overlap(&self, on: bool) -> bool {
+            let mode = if on {
+                StagedOverlap::Overlap
+            } else {
+                StagedOverlap::Wait
+            };
+            self.set_staged_overlap(mode) == StagedOverlap::Overlap
         }
     }
 

@@ -67,8 +67,9 @@ impl HostWork for Polled {
 }
 
 /// Start `call` as host work on `stream` ([`Device::host_task_started`]): on a device
-/// that overlaps (the host device, the simulated GPU), it runs behind the ops queued
-/// after it, polled between them; elsewhere the device waits for it in place. `retain`
+/// that overlaps (the host device, the simulated GPU, a CUDA device told to), it runs
+/// behind the ops queued after it, polled between them; elsewhere the device waits for
+/// it in place. `retain`
 /// holds the buffers it touches, kept allocated while it is in flight.
 #[allow(clippy::too_many_arguments)]
 fn run<C: Communicator, D: Device>(
@@ -98,7 +99,8 @@ fn run<C: Communicator, D: Device>(
     if !on_host {
         // Device pointers (CUDA-aware MPI): MPI supports them in blocking collectives,
         // not necessarily in non-blocking ones (Open MPI 4 reduces those on the host).
-        // A GPU's host task waits in place anyway, so nothing overlaps less.
+        // A GPU's host task waits in place anyway (started work may overlap; a
+        // collective on device memory is not that), so nothing overlaps less.
         return dev
             .host_task(stream, name, reads, writes, || {
                 // SAFETY: ordered on `stream` like a kernel reading and writing these

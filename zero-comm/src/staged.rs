@@ -23,8 +23,10 @@
 //!   host goes back to queueing compute while the collective runs. MPI's progress comes
 //!   from the transport's progress thread (`mpi/progress.rs`) and from the device's polls
 //!   between ops. A device that overlaps started work (the host device, the simulated
-//!   GPU) runs compute on other streams meanwhile; one that waits for started work in
-//!   place (a CUDA device today) still runs these same steps, in order.
+//!   GPU, a CUDA device with `ZERO_CUDA_STAGED=overlap`, whose stream waits on the GPU
+//!   for a word the host sets: `zero-kernels/src/device/release.rs`) runs compute on
+//!   other streams meanwhile; one that waits for started work in place (a CUDA device by
+//!   default) still runs these same steps, in order.
 //! - **Double buffering.** Collective k uses slot k mod 2, so the next collective's
 //!   download never writes the region the previous one is still reducing or uploading
 //!   from. Before a slot is used again, the host waits for an event recorded after that

@@ -17,6 +17,7 @@ mod kernels;
 mod model;
 #[cfg(feature = "nccl")]
 mod nccl_pair;
+mod overlap;
 mod perf;
 mod report;
 mod stats;
@@ -315,6 +316,16 @@ fn all_checks<D: BenchDevice>(
     if a.wants("staged") {
         let setup = &reference.setup;
         train::staged_check(open, setup, steps, &curves, a.budget_s, &mut report)?;
+        // The overlap of started host work behind GPU compute, by itself.
+        let what = "host work behind compute";
+        guarded(&mut report, a.budget_s, "staged", what, |r| {
+            overlap::check(open, r).or_else(|e| {
+                r.add(
+                    Check::new("staged", what.to_string(), Kind::Correctness)
+                        .fail(format!("{e:#}")),
+                )
+            })
+        })?;
     }
 
     // 5. Two processes through NCCL (issue 14) against two thread ranks.

@@ -29,7 +29,7 @@ pub const PEAK_FLOPS: f64 = 989e12;
 /// Goal: model FLOPs utilisation.
 pub const MFU_GOAL: f64 = 0.40;
 
-const NOT_MEASURED: &str = "simulated, not a measurement";
+pub(super) const NOT_MEASURED: &str = "simulated, not a measurement";
 
 /// AdamW over `n` parameters vs a copy of 14n bytes (read 14n + write 14n = 28n), in
 /// `rounds` interleaved rounds of `iters` calls each; medians of the rounds.

@@ -10,6 +10,13 @@
 //! in both, so the curves must agree to [`train::FP32_TOL`]. On the simulated GPU (the dry
 //! run) NCCL is not there: `--comm mpi` on its host-reachable buffers stands in for it,
 //! and must give the staged run's bits.
+//!
+//! The staged run goes twice: with the host waiting for each collective
+//! (`ZERO_CUDA_STAGED=wait`; `--no-overlap` on the simulated GPU) and with the collectives
+//! left running behind compute (`ZERO_CUDA_STAGED=overlap`: the GPU's stream waits for
+//! them, `zero-kernels/src/device/release.rs`; the simulated GPU's default). Same
+//! collectives, same values: the curves must be equal bit for bit, and the runs' overlap
+//! lines say how much of the communication ran behind compute.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -58,15 +65,33 @@ grad_clip = 1.0
 stage = 2
 "#;
 
-/// Run one pair with `comm`; rank 0's losses.
+/// How one pair runs: its folder's name, `--comm`, and what else it is given.
+struct Pair<'a> {
+    label: &'a str,
+    comm: &'a str,
+    args: &'a [&'a str],
+    env: &'a [(&'a str, &'a str)],
+}
+
+/// What one pair's rank 0 reported.
+struct PairRun {
+    losses: Vec<f64>,
+    /// The share of the communication that ran behind compute, where the run says.
+    hidden: Option<f64>,
+    /// Mean step time.
+    step_seconds: Option<f64>,
+}
+
+/// Run one pair; what its rank 0 reported.
 fn run_pair(
     exe: &Path,
     dir: &Path,
     device: &str,
-    comm: &str,
+    pair: &Pair<'_>,
     steps: usize,
-) -> anyhow::Result<Vec<f64>> {
-    let run = dir.join(comm);
+) -> anyhow::Result<PairRun> {
+    let comm = pair.comm;
+    let run = dir.join(pair.label);
     let _ = std::fs::remove_dir_all(&run);
     std::fs::create_dir_all(&run).with_context(|| format!("creating {}", run.display()))?;
     let config = run.join("config.toml");
@@ -89,6 +114,8 @@ fn run_pair(
             .arg(&config)
             .args(["--steps", &steps.to_string(), "--precision", "fp32"])
             .args(["--device", device, "--comm", comm, "--no-progress"])
+            .args(pair.args)
+            .envs(pair.env.iter().copied())
             .current_dir(&run)
             .env(
                 "ZERO_RENDEZVOUS",
@@ -152,7 +179,8 @@ fn run_pair(
             report["world"]
         );
     }
-    report["stages"][0]["losses"]
+    let stage = &report["stages"][0];
+    let losses = stage["losses"]
         .as_array()
         .ok_or_else(|| anyhow!("no losses in {}", json.display()))?
         .iter()
@@ -160,7 +188,12 @@ fn run_pair(
             v.as_f64()
                 .ok_or_else(|| anyhow!("a loss that is not a number"))
         })
-        .collect()
+        .collect::<anyhow::Result<Vec<f64>>>()?;
+    Ok(PairRun {
+        losses,
+        hidden: stage["overlap"]["hidden_fraction"].as_f64(),
+        step_seconds: stage["mean_step_seconds"].as_f64(),
+    })
 }
 
 /// Kill and reap every started rank.
@@ -171,8 +204,9 @@ fn stop(children: &mut [(std::process::Child, PathBuf)]) {
     }
 }
 
-/// The group's one check: the pair with the GPU's collectives (`nccl`; `mpi` on the
-/// simulated GPU) against the pair staged through host memory.
+/// The group's checks: the pair with the GPU's collectives (`nccl`; `mpi` on the
+/// simulated GPU) against the pair staged through host memory, the host waiting for each
+/// collective; then that staged pair against the staged pair overlapped.
 pub fn check(out: &Path, sim: bool, steps: usize, report: &mut Report) -> anyhow::Result<()> {
     let (device, direct) = if sim {
         ("sim-gpu", "mpi")
@@ -182,30 +216,76 @@ pub fn check(out: &Path, sim: bool, steps: usize, report: &mut Report) -> anyhow
     let name =
         format!("ZeRO-2 fp32, {RANKS} train processes x {steps} steps: {direct} vs mpi-staged");
     let check = Check::new(GROUP, name, Kind::Correctness);
+    let overlap_name = format!(
+        "ZeRO-2 fp32, {RANKS} train processes x {steps} steps: mpi-staged, host waiting vs overlapped"
+    );
+    let overlap_check = Check::new(GROUP, overlap_name, Kind::Correctness);
+    let skip = |why: &str, report: &mut Report| -> anyhow::Result<()> {
+        report.add(check.clone().skip(why))?;
+        report.add(overlap_check.clone().skip(why))
+    };
     if cfg!(feature = "mpi") {
         // This build would ignore ZERO_RENDEZVOUS and refuse to train (world.rs).
-        return report.add(check.skip(
+        return skip(
             "this zero-bench joins processes through MPI; the TCP world is the build without MPI's (scripts/carry-check.sh builds it)",
-        ));
+            report,
+        );
     }
     if !sim && !cfg!(feature = "nccl") {
-        return report.add(check.skip(
+        return skip(
             "this zero-bench was built without the `nccl` feature (scripts/carry-check.sh builds it)",
-        ));
+            report,
+        );
     }
+    let (waiting, overlapped) = if sim {
+        (
+            Pair {
+                label: "mpi-staged-waiting",
+                comm: "mpi-staged",
+                args: &["--no-overlap"],
+                env: &[],
+            },
+            Pair {
+                label: "mpi-staged-overlapped",
+                comm: "mpi-staged",
+                args: &[],
+                env: &[],
+            },
+        )
+    } else {
+        (
+            Pair {
+                label: "mpi-staged-waiting",
+                comm: "mpi-staged",
+                args: &[],
+                env: &[("ZERO_CUDA_STAGED", "wait")],
+            },
+            Pair {
+                label: "mpi-staged-overlapped",
+                comm: "mpi-staged",
+                args: &[],
+                env: &[("ZERO_CUDA_STAGED", "overlap")],
+            },
+        )
+    };
     let t0 = Instant::now();
     let dir = out.join(GROUP);
-    let outcome = (|| -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
-        let exe = std::env::current_exe().context("finding this binary")?;
-        let a = run_pair(&exe, &dir, device, direct, steps)
-            .with_context(|| format!("--comm {direct}"))?;
-        let b = run_pair(&exe, &dir, device, "mpi-staged", steps).context("--comm mpi-staged")?;
-        Ok((a, b))
-    })();
-    let mut check = match outcome {
-        Err(e) => check.fail(format!("{e:#}")),
-        Ok((a, b)) => {
-            let (worst, at) = train::max_rel(&a, &b, steps);
+    let exe = std::env::current_exe().context("finding this binary")?;
+    let direct_pair = Pair {
+        label: direct,
+        comm: direct,
+        args: &[],
+        env: &[],
+    };
+    let a = run_pair(&exe, &dir, device, &direct_pair, steps)
+        .with_context(|| format!("--comm {direct}"));
+    let b = run_pair(&exe, &dir, device, &waiting, steps)
+        .context("--comm mpi-staged, the host waiting");
+    let mut check = match (&a, &b) {
+        (Err(e), _) | (_, Err(e)) => check.fail(format!("{e:#}")),
+        (Ok(a), Ok(b)) => {
+            let (a, b) = (&a.losses, &b.losses);
+            let (worst, at) = train::max_rel(a, b, steps);
             let how = train::rel_in_words(worst, at);
             check
                 .at_most(
@@ -222,5 +302,42 @@ pub fn check(out: &Path, sim: bool, steps: usize, report: &mut Report) -> anyhow
         }
     };
     check.seconds = t0.elapsed().as_secs_f64();
+    report.add(check)?;
+
+    let t1 = Instant::now();
+    let c =
+        run_pair(&exe, &dir, device, &overlapped, steps).context("--comm mpi-staged, overlapped");
+    let mut check = match (&b, &c) {
+        (Err(e), _) | (_, Err(e)) => overlap_check.fail(format!("{e:#}")),
+        (Ok(b), Ok(c)) => {
+            let (worst, at) = train::max_rel(&c.losses, &b.losses, steps);
+            let how = train::rel_in_words(worst, at);
+            let figures = |r: &PairRun| {
+                format!(
+                    "{} hidden, step {}",
+                    r.hidden
+                        .map_or("none".into(), |h| format!("{:.0}%", 100.0 * h)),
+                    r.step_seconds
+                        .map_or("?".into(), |t| format!("{:.1} ms", 1e3 * t)),
+                )
+            };
+            overlap_check
+                .at_most(
+                    worst,
+                    0.0,
+                    format!(
+                        "mpi-staged overlapped vs waiting: {how} (bitwise: bound 0); overlapped {}, waiting {}",
+                        figures(c),
+                        figures(b),
+                    ),
+                )
+                .with_data(serde_json::json!({
+                    "waiting": b.losses, "overlapped": c.losses,
+                    "hidden_waiting": b.hidden, "hidden_overlapped": c.hidden,
+                    "step_s_waiting": b.step_seconds, "step_s_overlapped": c.step_seconds,
+                }))
+        }
+    };
+    check.seconds = t1.elapsed().as_secs_f64();
     report.add(check)
 }

@@ -171,8 +171,10 @@ pub struct TrainArgs {
     /// between the ops it runs, because Open MPI moves a host collective forward only
     /// inside MPI calls (a progress thread helps: ZERO_COMM_PROGRESS_US). The step is the
     /// same either way; the summary's overlap line says how much communication ran
-    /// behind compute. A CUDA device waits for MPI collectives anyway, and NCCL's are
-    /// queued on the GPU's stream, so this changes nothing there.
+    /// behind compute. On a CUDA device NCCL's collectives are queued on the GPU's
+    /// stream, and the host waits for each host-staged one (`mpi-staged`) unless
+    /// ZERO_CUDA_STAGED=overlap (the GPU's stream waits for it instead; not yet run on a
+    /// GPU), which this flag overrides.
     #[arg(long)]
     pub no_overlap: bool,
 

@@ -543,6 +543,10 @@ fn on_cuda(
         None => agree(comm, local_gpu(comm))?,
     };
     let dev = agree(comm, crate::device::cuda::open(ordinal))?;
+    if args.no_overlap {
+        // Whatever ZERO_CUDA_STAGED says: the host waits for each staged collective.
+        dev.set_overlap(false);
+    }
     with_backend(args, loaded, comm, backend, &dev)
 }
 

@@ -23,7 +23,7 @@ use cudarc::cublaslt::sys;
 use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::CudaStream;
 
-use super::pool::{Block, Pool};
+use super::pool::{Block, Pool, Settle};
 use crate::error::KernelError;
 use crate::nn::MatLayout;
 
@@ -153,7 +153,8 @@ pub(crate) struct Blas {
 
 impl Blas {
     /// Load cuBLASLt (an error naming the library when it cannot be found).
-    pub(crate) fn new(pool: &Arc<Pool>) -> Result<Blas, KernelError> {
+    /// `settle`: as for [`Block::new`].
+    pub(crate) fn new(pool: &Arc<Pool>, settle: Settle<'_>) -> Result<Blas, KernelError> {
         // SAFETY: only tries to dlopen the library.
         if !unsafe { sys::is_culib_present() } {
             return Err(KernelError::Cuda(
@@ -161,7 +162,7 @@ impl Blas {
             ));
         }
         let handle = lt::create_handle().map_err(cublas_err)?;
-        let workspace = Block::new(pool, WORKSPACE_BYTES, "cuBLASLt workspace")?;
+        let workspace = Block::new(pool, WORKSPACE_BYTES, "cuBLASLt workspace", settle)?;
         Ok(Blas {
             handle,
             workspace,

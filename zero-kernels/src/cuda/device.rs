@@ -9,10 +9,18 @@
 //!   out of range: they skip it. The models check their batches on the host before the
 //!   upload (zero-models' `Gpt` does), which is where a user's bad token is caught;
 //! - a host task (a collective of a host transport) first waits for its stream, then runs
-//!   on the calling thread.
+//!   on the calling thread;
+//! - started host work (a host-staged collective, [`Device::host_task_started`]) is
+//!   waited for where it starts, or, with [`StagedOverlap::Overlap`], its stream waits
+//!   on the GPU for a page-locked word that the host sets once the work has finished
+//!   (`cuStreamWaitValue32`), so the host goes on queueing compute. The host looks at the
+//!   work between the ops it queues, and finishes all of it before anything that blocks
+//!   it on the device (`device/release.rs`).
 
 use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::{result, sys, CudaEvent, CudaStream, LaunchConfig, PushKernelArg};
@@ -23,8 +31,9 @@ use super::{nn as launch, AttentionKernels, CudaDevice, MatmulPrecision};
 use crate::adamw::{self, cuda::AdamWPtrs, AdamWCoeffs};
 use crate::device::check::{self, same_len};
 use crate::device::{
-    Access, AdamWStep, AdamWViews, Buffer, DView, DViewMut, Device, LayerNormGrads, LayerNormOut,
-    LayerNormSaved, Location, MatMul, Result, Retained, StagingMemory, View, ViewMut,
+    Access, AdamWStep, AdamWViews, Buffer, DView, DViewMut, Device, HostWork, LayerNormGrads,
+    LayerNormOut, LayerNormSaved, Location, MatMul, OverlapStats, Result, Retained, StagedOverlap,
+    StagingMemory, View, ViewMut,
 };
 use crate::dtype::{DType, Element};
 use crate::error::KernelError;
@@ -113,6 +122,11 @@ impl std::fmt::Debug for CudaEventRef {
 
 impl Drop for CudaDevice {
     fn drop(&mut self) {
+        // Streams may wait for started host work (a step that failed half-way): finish
+        // it and let them go, or the synchronisation below would never return.
+        if let Err(e) = self.settle() {
+            log::warn!("CUDA device: host work failed before shutdown: {e}");
+        }
         // Queued copies may still read staging memory whose last handle goes with
         // `staged_uploads`, and kernels may still use pooled buffers: let them finish.
         if let Err(e) = self.ctx.synchronize() {
@@ -140,6 +154,42 @@ impl Drop for PinnedHost {
         if let Err(e) = freed {
             log::warn!("freeing page-locked staging memory: {e}");
         }
+    }
+}
+
+/// A page-locked host word that streams wait on (`cuStreamWaitValue32`) and the host
+/// sets: the release word of `device/release.rs`.
+pub(crate) struct ReleaseWord {
+    memory: PinnedHost,
+    device: CUdeviceptr,
+}
+
+impl ReleaseWord {
+    fn new(ctx: &Arc<cudarc::driver::CudaContext>) -> Result<ReleaseWord> {
+        ctx.bind_to_thread()?;
+        let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
+        // SAFETY: a fresh allocation of 8 bytes (aligned for a u64), zeroed before any
+        // stream can read it, freed only by `PinnedHost`'s Drop.
+        let ptr = unsafe { result::malloc_host(8, flags) }? as *mut u64;
+        unsafe { std::ptr::write_bytes(ptr, 0, 1) };
+        let memory = PinnedHost {
+            ctx: Arc::clone(ctx),
+            ptr,
+        };
+        let mut device: CUdeviceptr = 0;
+        // SAFETY: `ptr` is mapped page-locked memory of this context (DEVICEMAP).
+        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, ptr as *mut std::ffi::c_void, 0) }
+            .result()?;
+        Ok(ReleaseWord { memory, device })
+    }
+
+    /// Release every number up to `n` (cyclically) to the streams waiting on the word.
+    fn set(&self, n: u32) {
+        // SAFETY: the word is 8 aligned bytes the host owns for the device's life; the
+        // GPU only reads it. Release: what the finished work wrote (the staging regions)
+        // is visible before the number that lets a stream copy it.
+        let word = unsafe { &*(self.memory.ptr as *const AtomicU32) };
+        word.store(n, Ordering::Release);
     }
 }
 
@@ -198,7 +248,7 @@ impl CudaDevice {
         name: &str,
     ) -> Result<Scratch<'s>> {
         let bytes = len * T::DTYPE.size_bytes();
-        let block = Block::on_stream(&self.pool, bytes, name, &stream.inner)?;
+        let block = Block::on_stream(&self.pool, bytes, name, &stream.inner, &|| self.settle())?;
         Ok(Scratch {
             block,
             stream: &stream.inner,
@@ -207,6 +257,61 @@ impl CudaDevice {
 
     fn bind(&self) -> Result<()> {
         Ok(self.ctx.bind_to_thread()?)
+    }
+
+    /// Release numbers up to `n` to the streams waiting on the release word.
+    fn release_to(&self, n: u32) {
+        if let Some(word) = self.release_word.borrow().as_ref() {
+            word.set(n);
+        }
+    }
+
+    /// Before the host blocks on the device: wait for the started host work, release
+    /// its streams, and report the first failure among it (`device/release.rs`).
+    pub(crate) fn settle(&self) -> Result<()> {
+        let settled = self.released.borrow_mut().settle(&|n| self.release_to(n));
+        // Nothing waits for the word now: let go of what finished uploads held (an
+        // upload always follows started work, so `upload_from_staging` rarely can).
+        self.staged_uploads
+            .borrow_mut()
+            .retain(|(done, _)| !done.is_complete());
+        settled
+    }
+
+    /// Release the streams of the started host work that has finished (between ops).
+    pub(crate) fn poll_released(&self) {
+        if let Ok(mut released) = self.released.try_borrow_mut() {
+            if released.busy() {
+                released.poll(&|n| self.release_to(n));
+            }
+        }
+    }
+
+    /// Queue on `stream` a wait for the release word to reach the next work's number.
+    fn queue_release_wait(&self, stream: &CudaStreamRef) -> Result<()> {
+        if self.release_word.borrow().is_none() {
+            let word = ReleaseWord::new(&self.ctx)?;
+            *self.release_word.borrow_mut() = Some(word);
+        }
+        let number = self.released.borrow().next_number();
+        let word = self.release_word.borrow();
+        let Some(word) = word.as_ref() else {
+            return Err(KernelError::Cuda("the release word was not made".into()));
+        };
+        self.bind()?;
+        // SAFETY: the word is mapped page-locked memory that lives as long as the device,
+        // which lets every waiting stream go before it is freed (`settle` in Drop).
+        // GEQ compares cyclically: (int32_t)(word - number) >= 0.
+        unsafe {
+            sys::cuStreamWaitValue32_v2(
+                stream.inner.cu_stream(),
+                word.device,
+                number,
+                sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
+            )
+        }
+        .result()?;
+        Ok(())
     }
 
     /// A product (or a strided batch of them) through cuBLASLt at the device's matmul
@@ -225,7 +330,7 @@ impl CudaDevice {
         self.bind()?;
         let mut blas = self.blas.borrow_mut();
         if blas.is_none() {
-            *blas = Some(super::blas::Blas::new(&self.pool)?);
+            *blas = Some(super::blas::Blas::new(&self.pool, &|| self.settle())?);
         }
         let Some(blas) = blas.as_ref() else {
             return Err(KernelError::Cuda("cuBLASLt did not load".into()));
@@ -244,6 +349,9 @@ impl CudaDevice {
         let host = self.rope_table(shape);
         let table = self.scratch::<f32>(stream, host.len(), "rope cos/sin table")?;
         if !host.is_empty() {
+            // A copy from pageable memory may block the host until its stream has
+            // reached it, and the stream may wait for started host work: settle first.
+            self.settle()?;
             self.bind()?;
             // SAFETY: the temporary holds host.len() f32; the host table is kept in the
             // device's cache, never changed or freed while the device lives.
@@ -299,8 +407,12 @@ impl Device for CudaDevice {
             MatmulPrecision::Bf16 => "bf16 matmul",
         };
         let attention = self.attention.get().description();
+        let staged = match self.staged.get() {
+            StagedOverlap::Wait => "",
+            StagedOverlap::Overlap => ", staged collectives overlap",
+        };
         format!(
-            "cuda:{} ({name}, {cc}, {precision}{attention})",
+            "cuda:{} ({name}, {cc}, {precision}{attention}{staged})",
             self.ctx.ordinal()
         )
     }
@@ -316,7 +428,7 @@ impl Device for CudaDevice {
                 name: name.to_string(),
                 bytes: len as u128 * T::DTYPE.size_bytes() as u128,
             })?;
-        let block = Block::new(&self.pool, bytes, name)?;
+        let block = Block::new(&self.pool, bytes, name, &|| self.settle())?;
         let id = self.next_id.get();
         self.next_id.set(id + 1);
         Ok(CudaBuf {
@@ -345,10 +457,12 @@ impl Device for CudaDevice {
     }
 
     fn sync_event(&self, event: &CudaEventRef) -> Result<()> {
+        self.settle()?;
         Ok(event.0.synchronize()?)
     }
 
     fn synchronize(&self) -> Result<()> {
+        self.settle()?;
         self.ctx.synchronize()?;
         self.pool.after_synchronize();
         self.staged_uploads.borrow_mut().clear();
@@ -370,8 +484,56 @@ impl Device for CudaDevice {
         let _timed = self.time_op(name, &stream.inner);
         // The work queued before has run when the stream is idle; the work queued after
         // is queued after `task` returns. That is the host task's whole contract.
+        self.settle()?;
         stream.inner.synchronize()?;
         Ok(task())
+    }
+
+    fn host_task_started(
+        &self,
+        stream: &CudaStreamRef,
+        name: &'static str,
+        _reads: &[Access<'_>],
+        _writes: &[Access<'_>],
+        retain: Vec<Retained>,
+        start: impl FnOnce() -> Result<Box<dyn HostWork>>,
+    ) -> Result<()> {
+        let _timed = self.time_op(name, &stream.inner);
+        // Starts after the work queued before it, as a host task does.
+        self.settle()?;
+        stream.inner.synchronize()?;
+        let t0 = Instant::now();
+        let mut work = start()?;
+        if self.staged.get() == StagedOverlap::Overlap && !self.stream_wait_refused.get() {
+            match self.queue_release_wait(stream) {
+                Ok(()) => {
+                    let issued = t0.elapsed().as_secs_f64();
+                    self.released
+                        .borrow_mut()
+                        .push(name, work, retain, issued, &|n| self.release_to(n));
+                    return Ok(());
+                }
+                Err(e) => {
+                    log::warn!(
+                        "CUDA device: the driver refused a stream wait ({e}); host-staged collectives wait where they start from now on"
+                    );
+                    self.stream_wait_refused.set(true);
+                }
+            }
+        }
+        if let Err(e) = work.wait() {
+            // The transport may still hold the addresses: never free them.
+            std::mem::forget((work, retain));
+            return Err(e);
+        }
+        self.released
+            .borrow_mut()
+            .account_waited(t0.elapsed().as_secs_f64());
+        Ok(())
+    }
+
+    fn overlap_stats(&self) -> OverlapStats {
+        self.released.borrow().stats()
     }
 
     fn upload<T: Element>(
@@ -385,6 +547,9 @@ impl Device for CudaDevice {
         if src.is_empty() {
             return Ok(());
         }
+        // A copy from pageable memory may block the host until its stream has reached
+        // it, and the stream may wait for started host work: settle first.
+        self.settle()?;
         self.bind()?;
         // SAFETY: dst holds src.len() elements. From pageable memory the driver copies
         // `src` to a staging buffer before returning, so it may be reused at once.
@@ -422,10 +587,14 @@ impl Device for CudaDevice {
             return Ok(());
         }
         self.bind()?;
-        // Release what copies that have run held, then hold `keep` until this one has.
-        self.staged_uploads
-            .borrow_mut()
-            .retain(|(done, _)| !done.is_complete());
+        // Release what copies that have run held (not while a stream waits for started
+        // work: freeing page-locked memory synchronises the device), then hold `keep`
+        // until this one has.
+        if !self.released.borrow().busy() {
+            self.staged_uploads
+                .borrow_mut()
+                .retain(|(done, _)| !done.is_complete());
+        }
         // SAFETY: dst holds `bytes`; the caller keeps `src` valid and unwritten until the
         // copy has run, and `keep` (held below until the event after it completes) keeps
         // it allocated. From page-locked memory the copy is a DMA the stream runs later.
@@ -455,6 +624,7 @@ impl Device for CudaDevice {
             return Ok(());
         }
         self.bind()?;
+        self.settle()?;
         // SAFETY: src holds dst.len() elements; the host waits below before reading dst.
         unsafe { result::memcpy_dtoh_async(dst, addr(&src), stream.inner.cu_stream()) }?;
         Ok(stream.inner.synchronize()?)
@@ -491,6 +661,7 @@ impl Device for CudaDevice {
                 // An 8-byte pattern with unequal halves (rare: f64/i64 constants).
                 let host = vec![value; n];
                 self.upload(stream, &host, dst)?;
+                self.settle()?;
                 return stream.inner.synchronize().map_err(Into::into);
             }
         }

@@ -26,6 +26,8 @@ pub use profile::OpTime;
 pub(crate) use buffer::check_len as buffer_check_len;
 pub use buffer::{DeviceAdamWState, DeviceBuffer, DeviceElement, DeviceFloat, DeviceHalfMut};
 
+use crate::device::release::Released;
+pub use crate::device::StagedOverlap;
 use crate::error::KernelError;
 use crate::ptx::SOURCES;
 pub use crate::twin::attention_products::AttentionKernels;
@@ -62,6 +64,16 @@ pub struct CudaDevice {
     /// Staging memory held for queued [`crate::device::Device::upload_from_staging`]
     /// copies, each until the event recorded after its copy has completed.
     staged_uploads: RefCell<Vec<(cudarc::driver::CudaEvent, crate::device::Retained)>>,
+    /// Whether host-staged collectives run behind compute ([`StagedOverlap::ENV`] at
+    /// opening).
+    staged: Cell<StagedOverlap>,
+    /// Started host work whose streams wait on the device for the release word
+    /// (`device/release.rs`).
+    released: RefCell<Released>,
+    /// The page-locked word those streams wait on, made for the first such work.
+    release_word: RefCell<Option<device::ReleaseWord>>,
+    /// Set when the driver refused a stream wait: the host waits in place from then on.
+    stream_wait_refused: Cell<bool>,
 }
 
 /// A rotary table's shape: (T, hd, the bits of theta).
@@ -99,6 +111,7 @@ impl CudaDevice {
             return Err(KernelError::NoSuchDevice { ordinal, count });
         }
         let attention = AttentionKernels::from_env()?;
+        let staged = StagedOverlap::from_env()?;
         let ctx = CudaContext::new(ordinal)?;
         let stream = ctx.default_stream();
         let mut kernels = HashMap::new();
@@ -123,6 +136,10 @@ impl CudaDevice {
             profiling: Cell::new(false),
             op_marks: RefCell::new(Vec::new()),
             staged_uploads: RefCell::new(Vec::new()),
+            staged: Cell::new(staged),
+            released: RefCell::new(Released::default()),
+            release_word: RefCell::new(None),
+            stream_wait_refused: Cell::new(false),
         })
     }
 
@@ -146,6 +163,18 @@ impl CudaDevice {
     /// The attention kernels that run.
     pub fn attention_kernels(&self) -> AttentionKernels {
         self.attention.get()
+    }
+
+    /// Whether host-staged collectives started from now on run behind compute (the
+    /// default comes from [`StagedOverlap::ENV`], else [`StagedOverlap::Wait`]); the
+    /// previous choice. Work already started is unaffected.
+    pub fn set_staged_overlap(&self, mode: StagedOverlap) -> StagedOverlap {
+        self.staged.replace(mode)
+    }
+
+    /// Whether host-staged collectives run behind compute.
+    pub fn staged_overlap(&self) -> StagedOverlap {
+        self.staged.get()
     }
 
     /// The caching allocator's counters.

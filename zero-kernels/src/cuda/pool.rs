@@ -18,6 +18,9 @@ use cudarc::driver::{result, CudaContext, CudaEvent, CudaStream};
 
 use crate::error::KernelError;
 
+/// What an allocation runs before it waits for the whole device ([`Pool::alloc`]).
+pub(crate) type Settle<'a> = &'a dyn Fn() -> Result<(), KernelError>;
+
 /// Small blocks are rounded up to this many bytes (cuMemAlloc aligns to 256 anyway).
 const SMALL_ROUND: usize = 512;
 /// Blocks from 1 MiB up are rounded up to whole 2 MiB pages, so that a buffer reallocated
@@ -99,33 +102,42 @@ impl Pool {
     /// A block of at least `bytes` (its size class), zeroed; `name` is for the error.
     /// `on`: the stream whose work will use it, zeroed in that stream's order; `None`
     /// (a buffer for any stream): zeroed before this returns.
+    ///
+    /// `settle` runs before the pool asks the driver for memory or waits for the device
+    /// (when memory runs out): the device's started host work must be let go first, or a
+    /// stream waiting for it would wait forever (`device/release.rs`).
     pub(crate) fn alloc(
         &self,
         bytes: usize,
         name: &str,
         on: Option<&CudaStream>,
+        settle: Settle<'_>,
     ) -> Result<(CUdeviceptr, usize), KernelError> {
         let class = size_class(bytes);
         self.ctx.bind_to_thread()?;
         let ptr = match self.take(class) {
             Some(p) => p,
-            None => match self.fresh(class) {
-                Ok(p) => p,
-                Err(_) => {
-                    // Out of memory (or fragmented): wait for the device, hand every
-                    // cached block back, try once more.
-                    self.ctx.synchronize()?;
-                    self.after_synchronize();
-                    self.trim()?;
-                    self.fresh(class).map_err(|e| {
-                        let (free, total) = self.ctx.mem_get_info().unwrap_or((0, 0));
-                        KernelError::Cuda(format!(
-                            "cannot allocate '{name}' ({bytes} bytes): {e}; the GPU has {free} of {total} bytes free and this pool holds {} (reduce the micro-batch, raise the ZeRO stage, or use fewer ranks per GPU)",
-                            self.stats().reserved
-                        ))
-                    })?
+            None => {
+                // cuMemAlloc may synchronise the device: settle first.
+                settle()?;
+                match self.fresh(class) {
+                    Ok(p) => p,
+                    Err(_) => {
+                        // Out of memory (or fragmented): wait for the device, hand every
+                        // cached block back, try once more.
+                        self.ctx.synchronize()?;
+                        self.after_synchronize();
+                        self.trim()?;
+                        self.fresh(class).map_err(|e| {
+                            let (free, total) = self.ctx.mem_get_info().unwrap_or((0, 0));
+                            KernelError::Cuda(format!(
+                                "cannot allocate '{name}' ({bytes} bytes): {e}; the GPU has {free} of {total} bytes free and this pool holds {} (reduce the micro-batch, raise the ZeRO stage, or use fewer ranks per GPU)",
+                                self.stats().reserved
+                            ))
+                        })?
+                    }
                 }
-            },
+            }
         };
         // Our streams are non-blocking (cudarc's `new_stream`): they do not wait for the
         // legacy default stream, where `cuMemsetD8` runs, and it returns before the memset
@@ -238,8 +250,13 @@ pub(crate) struct Block {
 
 impl Block {
     /// A block zeroed before this returns, for any stream.
-    pub(crate) fn new(pool: &Arc<Pool>, bytes: usize, name: &str) -> Result<Block, KernelError> {
-        Self::zeroed(pool, bytes, name, None)
+    pub(crate) fn new(
+        pool: &Arc<Pool>,
+        bytes: usize,
+        name: &str,
+        settle: Settle<'_>,
+    ) -> Result<Block, KernelError> {
+        Self::zeroed(pool, bytes, name, None, settle)
     }
 
     /// A temporary for work queued on `stream`, zeroed in that stream's order.
@@ -248,8 +265,9 @@ impl Block {
         bytes: usize,
         name: &str,
         stream: &CudaStream,
+        settle: Settle<'_>,
     ) -> Result<Block, KernelError> {
-        Self::zeroed(pool, bytes, name, Some(stream))
+        Self::zeroed(pool, bytes, name, Some(stream), settle)
     }
 
     fn zeroed(
@@ -257,6 +275,7 @@ impl Block {
         bytes: usize,
         name: &str,
         on: Option<&CudaStream>,
+        settle: Settle<'_>,
     ) -> Result<Block, KernelError> {
         if bytes == 0 {
             return Ok(Block {
@@ -266,7 +285,7 @@ impl Block {
                 after: Mutex::new(None),
             });
         }
-        let (ptr, class) = pool.alloc(bytes, name, on)?;
+        let (ptr, class) = pool.alloc(bytes, name, on, settle)?;
         Ok(Block {
             ptr,
             bytes: class,

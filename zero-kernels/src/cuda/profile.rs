@@ -72,6 +72,8 @@ impl CudaDevice {
     /// Wait for the ops timed since [`CudaDevice::profile_ops`] and return their GPU time
     /// per op name, the largest first; the marks are consumed.
     pub fn take_op_profile(&self) -> Result<Vec<OpTime>, KernelError> {
+        // The marks' events may sit behind streams that wait for started host work.
+        self.settle()?;
         let marks = std::mem::take(&mut *self.op_marks.borrow_mut());
         let mut by_name: HashMap<&'static str, (usize, f64)> = HashMap::new();
         for m in &marks {
@@ -90,7 +92,10 @@ impl CudaDevice {
 
     /// Time op `name` on `stream` from now until the returned guard drops, when profiling
     /// is on.
+    /// Every op passes here, so this is also where the host looks at started host work
+    /// (`device/release.rs`).
     pub(crate) fn time_op<'a>(&'a self, name: &'static str, stream: &'a CudaStream) -> OpTimer<'a> {
+        self.poll_released();
         let start = if self.profiling.get() {
             stream
                 .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))

@@ -54,6 +54,7 @@ pub(crate) mod check;
 mod cpu;
 mod float_buf;
 mod host;
+pub(crate) mod release;
 mod sim;
 mod staging;
 #[cfg(test)]
@@ -66,6 +67,7 @@ pub use buffer::{Access, Buffer, Location, View, ViewMut};
 pub use cpu::{CpuBuffer, CpuEvent, CpuStream};
 pub use float_buf::{same_type, same_type_mut, FloatBuffer, FloatView, FloatViewMut};
 pub use host::HostDevice;
+pub use release::StagedOverlap;
 pub use sim::SimDevice;
 pub use staging::StagingMemory;
 
@@ -267,8 +269,10 @@ pub trait Device {
     /// behind `reads` and `writes`) keeps them allocated until then. [`HostDevice`] and
     /// [`SimDevice`] with overlap on poll the work between the ops they run and defer
     /// `stream`'s later ops until it is done, so compute on other streams runs meanwhile
-    /// (the CPU's progress mechanism); a CUDA device (and overlap off) waits for it here,
-    /// this default.
+    /// (the CPU's progress mechanism); a CUDA device with [`StagedOverlap::Overlap`]
+    /// queues a wait on `stream` for a word the host sets once the work has finished
+    /// (`release.rs`). Overlap off, a CUDA device by default, and this default wait for
+    /// it here.
     fn host_task_started(
         &self,
         stream: &Self::Stream,
