@@ -398,6 +398,7 @@ mod staged {
         let retain: Vec<Option<Retained>> = vec![
             Some(Box::new(Rc::clone(&lease.send))),
             Some(Box::new(Rc::clone(&lease.recv))),
+            Some(Box::new(lease.settled())),
         ];
         // Host memory only: the device orders it on `stream` and leaves it running where
         // it can. No device buffer is touched until the upload.

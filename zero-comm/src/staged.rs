@@ -65,8 +65,13 @@ enum LastUse {
     #[default]
     None,
     /// Queued completely: the device's event (boxed: the staging serves any device)
-    /// recorded after the upload, and which device (its address) recorded it.
-    Queued { device: usize, event: Box<dyn Any> },
+    /// recorded after the upload, which device (its address) recorded it, and whether
+    /// the device let go of the collective normally ([`Settled`]).
+    Queued {
+        device: usize,
+        event: Box<dyn Any>,
+        settled: Rc<Cell<bool>>,
+    },
     /// Leased and not released: its collective or upload failed part-way, and either
     /// may still touch the regions.
     Unsettled,
@@ -107,6 +112,27 @@ pub(crate) struct Lease {
     pub(crate) send: Rc<StagingMemory>,
     /// The receive region.
     pub(crate) recv: Rc<StagingMemory>,
+    /// Set when the collective's [`Settled`] is dropped.
+    settled: Rc<Cell<bool>>,
+}
+
+impl Lease {
+    /// What the collective's started host work retains beside the regions: the device
+    /// drops it when the work has finished, and leaks it when the work failed (the
+    /// transport may still hold the regions), which is how [`Staging::lease`] tells a
+    /// failed collective's slot, whose regions it must not reuse, from a finished one.
+    pub(crate) fn settled(&self) -> Settled {
+        Settled(Rc::clone(&self.settled))
+    }
+}
+
+/// Marks a lease's collective as let go normally when dropped ([`Lease::settled`]).
+pub(crate) struct Settled(Rc<Cell<bool>>);
+
+impl Drop for Settled {
+    fn drop(&mut self) {
+        self.0.set(true);
+    }
 }
 
 /// Bytes the staging copies moved (not network bytes: see the module documentation).
@@ -245,9 +271,13 @@ impl Staging {
         let fail =
             |why: String| CommError::device(rank, op, format!("host staging: slot {index}: {why}"));
         // The host waits until nothing can still read or write the slot's regions.
-        match &slot.last_use {
-            LastUse::None => {}
-            LastUse::Queued { device, event } => {
+        let failed_before = match &slot.last_use {
+            LastUse::None => false,
+            LastUse::Queued {
+                device,
+                event,
+                settled,
+            } => {
                 let event = event
                     .downcast_ref::<D::Event>()
                     .filter(|_| *device == device_id(dev))
@@ -258,22 +288,26 @@ impl Staging {
                         )
                     })?;
                 dev.sync_event(event).map_err(|e| fail(e.to_string()))?;
+                // Finished work has been let go by now; failed work, which a device that
+                // overlaps reports only later, has not.
+                !settled.get()
             }
-            LastUse::Unsettled => {
-                // The use before failed part-way: everything this device queued must have
-                // run, and a failed collective may have left the transport holding the
-                // regions (its handles to them are leaked, never freed), so the slot
-                // takes fresh ones.
-                dev.synchronize()
-                    .map_err(|e| fail(format!("after an earlier failure: {e}")))?;
-                if let Some(bytes) = slot.send.as_ref().map(|m| m.bytes()) {
-                    let fresh = || -> Result<Option<Rc<StagingMemory>>> {
-                        let memory = dev.alloc_staging(bytes).map_err(|e| fail(e.to_string()))?;
-                        Ok(Some(Rc::new(memory)))
-                    };
-                    slot.send = fresh()?;
-                    slot.recv = fresh()?;
-                }
+            LastUse::Unsettled => true,
+        };
+        if failed_before {
+            // The use before failed part-way: everything this device queued must have
+            // run, and a failed collective may have left the transport holding the
+            // regions (its handles to them are leaked, never freed), so the slot takes
+            // fresh ones.
+            dev.synchronize()
+                .map_err(|e| fail(format!("after an earlier failure: {e}")))?;
+            if let Some(bytes) = slot.send.as_ref().map(|m| m.bytes()) {
+                let fresh = || -> Result<Option<Rc<StagingMemory>>> {
+                    let memory = dev.alloc_staging(bytes).map_err(|e| fail(e.to_string()))?;
+                    Ok(Some(Rc::new(memory)))
+                };
+                slot.send = fresh()?;
+                slot.recv = fresh()?;
             }
         }
         slot.last_use = LastUse::Unsettled;
@@ -290,6 +324,7 @@ impl Staging {
             index,
             send: Rc::clone(send),
             recv: Rc::clone(recv),
+            settled: Rc::new(Cell::new(false)),
         })
     }
 
@@ -300,6 +335,7 @@ impl Staging {
         self.slots[lease.index].borrow_mut().last_use = LastUse::Queued {
             device: device_id(dev),
             event: Box::new(after),
+            settled: lease.settled,
         };
     }
 }
@@ -367,5 +403,114 @@ impl<C: Communicator> Communicator for StagedComm<C> {
     }
     fn staging(&self) -> Option<&Staging> {
         Some(&self.staging)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{on_stream, run_local, LocalComm, ReduceOp};
+    use zero_kernels::device::{Buffer, HostDevice};
+
+    /// Thread ranks whose started collectives finish their transfer but fail when waited
+    /// for (a peer that died after the data moved): a device that overlaps sees the
+    /// failure only after it has queued the upload and the slot was released.
+    struct FailsLate<'a>(&'a LocalComm);
+
+    struct Late;
+    impl InFlight for Late {
+        fn test(&mut self) -> Result<bool> {
+            Ok(false)
+        }
+        fn wait(&mut self) -> Result<()> {
+            Err(CommError::device(0, "all_reduce", "peer 1 is gone".into()))
+        }
+    }
+
+    impl Communicator for FailsLate<'_> {
+        fn rank(&self) -> usize {
+            self.0.rank()
+        }
+        fn size(&self) -> usize {
+            self.0.size()
+        }
+        fn world_rank(&self) -> usize {
+            self.0.world_rank()
+        }
+        fn name(&self) -> &str {
+            "fails-late"
+        }
+        fn stats(&self) -> CommStats {
+            self.0.stats()
+        }
+        fn reset_stats(&self) {
+            self.0.reset_stats()
+        }
+        fn half_sum(&self) -> HalfSum {
+            self.0.half_sum()
+        }
+        fn set_half_sum(&self, mode: HalfSum) {
+            self.0.set_half_sum(mode)
+        }
+        unsafe fn execute(&self, call: &RawCall) -> Result<()> {
+            self.0.execute(call)
+        }
+        unsafe fn start(&self, call: &RawCall) -> Result<Box<dyn InFlight>> {
+            self.0.execute(call)?;
+            Ok(Box::new(Late))
+        }
+    }
+
+    /// Slot 0's regions (send, receive), to tell reuse from fresh ones.
+    fn slot0(st: &Staging) -> (Rc<StagingMemory>, Rc<StagingMemory>) {
+        let slot = st.slots[0].borrow();
+        match (&slot.send, &slot.recv) {
+            (Some(s), Some(r)) => (Rc::clone(s), Rc::clone(r)),
+            _ => panic!("slot 0 has no regions"),
+        }
+    }
+
+    #[test]
+    fn a_slot_whose_collective_failed_after_its_release_takes_fresh_regions() {
+        let out = run_local(1, Default::default(), |comm| {
+            let staged = StagedComm::new(FailsLate(&comm));
+            // The host device overlaps started work and, unlike the simulated GPU, stays
+            // usable after a failure (a caller may retry).
+            let dev = HostDevice::new();
+            dev.set_overlap(true);
+            let st = staged.buffers();
+            st.reserve(&dev, 16).expect("staging allocated");
+            let side = dev.stream("comm").expect("a stream");
+            let mut buf = dev.alloc::<f32>(4, "buf").expect("a buffer");
+            let before = slot0(st);
+            // Started and left running: the failure is not seen yet.
+            let first = on_stream::all_reduce(&staged, &dev, &side, buf.view_mut(), ReduceOp::Sum);
+            let released = matches!(st.slots[0].borrow().last_use, LastUse::Queued { .. });
+            // Slot 1: its download waits for the first collective, which fails.
+            let second = on_stream::all_reduce(&staged, &dev, &side, buf.view_mut(), ReduceOp::Sum);
+            // Slot 0 again.
+            let third = on_stream::all_reduce(&staged, &dev, &side, buf.view_mut(), ReduceOp::Sum);
+            let after = slot0(st);
+            let reused = Rc::ptr_eq(&before.0, &after.0) || Rc::ptr_eq(&before.1, &after.1);
+            (
+                first.is_ok(),
+                released,
+                second.map_err(|e| e.to_string()),
+                third.map_err(|e| e.to_string()),
+                reused,
+            )
+        });
+        let (first, released, second, third, reused) =
+            out.into_iter().next().expect("one rank").expect("rank ran");
+        assert!(
+            first && released,
+            "the first collective was started and released"
+        );
+        let e = second.expect_err("the failure surfaces at the next collective");
+        assert!(e.contains("peer 1 is gone"), "{e}");
+        assert!(
+            !reused,
+            "the failed collective's regions were reused: {third:?}"
+        );
     }
 }

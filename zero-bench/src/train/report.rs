@@ -271,8 +271,9 @@ pub struct StageResult {
     /// Traffic on the node groups (an engine built on nodes: hpZ, qgZ).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nodes: Option<NodeTraffic>,
-    /// How much of the communication ran behind compute (collectives left running on
-    /// the host device); absent where none ran that way.
+    /// How much of the communication ran behind compute (collectives left running: the
+    /// host device, the simulated GPU, a CUDA device with `ZERO_CUDA_STAGED=overlap`);
+    /// absent where none ran that way.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub overlap: Option<CommOverlap>,
 }

@@ -179,8 +179,8 @@ pub struct StepReport {
     /// The same on the node and cross-node groups (an engine built [`Engine::on_nodes`]).
     pub node_comm: Option<NodeStats>,
     /// How much of the step's communication ran behind compute (the progress mechanism
-    /// of `zero_kernels::device::HostDevice` and `SimDevice`, `set_overlap`); zeros on
-    /// devices that do not time it (CUDA).
+    /// of `zero_kernels::device::HostDevice` and `SimDevice`, `set_overlap`, and of a CUDA
+    /// device with `ZERO_CUDA_STAGED=overlap`); zeros where nothing is left running.
     pub overlap: OverlapStats,
     /// Bytes held per memory category (measured from the allocations).
     pub memory: BTreeMap<MemCategory, u64>,

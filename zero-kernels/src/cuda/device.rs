@@ -290,6 +290,18 @@ impl CudaDevice {
     /// Queue on `stream` a wait for the release word to reach the next work's number.
     fn queue_release_wait(&self, stream: &CudaStreamRef) -> Result<()> {
         if self.release_word.borrow().is_none() {
+            // cuStreamWaitValue32_v2 came with CUDA 11.7's driver; loading a missing
+            // symbol would panic (dynamic loading), so an older driver is refused first.
+            let mut version = 0;
+            // SAFETY: writes one int.
+            unsafe { sys::cuDriverGetVersion(&mut version) }.result()?;
+            if version < 11070 {
+                return Err(KernelError::Cuda(format!(
+                    "the CUDA driver is version {}.{}; stream waits on host memory (cuStreamWaitValue32_v2) need 11.7 or later",
+                    version / 1000,
+                    version % 1000 / 10
+                )));
+            }
             let word = ReleaseWord::new(&self.ctx)?;
             *self.release_word.borrow_mut() = Some(word);
         }
@@ -515,7 +527,7 @@ impl Device for CudaDevice {
                 }
                 Err(e) => {
                     log::warn!(
-                        "CUDA device: the driver refused a stream wait ({e}); host-staged collectives wait where they start from now on"
+                        "CUDA device: could not queue a stream wait for host-staged work ({e}); this device waits for each host-staged collective where it starts from now on"
                     );
                     self.stream_wait_refused.set(true);
                 }
@@ -526,12 +538,15 @@ impl Device for CudaDevice {
             std::mem::forget((work, retain));
             return Err(e);
         }
-        self.released
-            .borrow_mut()
-            .account_waited(t0.elapsed().as_secs_f64());
         Ok(())
     }
 
+    /// Started host work's time with overlap on: exposed is what held the host (the
+    /// start calls, and waiting for the work in a settle), total from each start until
+    /// the host saw the work finished. The host's view: a stream may also have stalled on
+    /// the word, which this does not count. With the host waiting where work starts,
+    /// nothing is counted (the GPU runs what was queued meanwhile, so the host's wait is
+    /// not the GPU's), as before the overlap existed.
     fn overlap_stats(&self) -> OverlapStats {
         self.released.borrow().stats()
     }
@@ -559,6 +574,8 @@ impl Device for CudaDevice {
 
     fn alloc_staging(&self, bytes: usize) -> Result<StagingMemory> {
         let words = bytes.div_ceil(8).max(1);
+        // Allocating page-locked memory may synchronise the device.
+        self.settle()?;
         self.bind()?;
         // Page-locked, and portable: usable by every context of the process.
         // SAFETY: a fresh allocation of `words * 8` bytes, zeroed before it is handed out

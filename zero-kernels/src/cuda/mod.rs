@@ -167,7 +167,11 @@ impl CudaDevice {
 
     /// Whether host-staged collectives started from now on run behind compute (the
     /// default comes from [`StagedOverlap::ENV`], else [`StagedOverlap::Wait`]); the
-    /// previous choice. Work already started is unaffected.
+    /// previous choice. Work already started is unaffected; after the driver refused a
+    /// stream wait (logged) the device waits whatever this says. Settling is per device
+    /// and synchronisation per context: with several devices on one GPU in one process,
+    /// overlap only collectives that finish when they start (thread ranks), as
+    /// docs/ARCHITECTURE.md explains.
     pub fn set_staged_overlap(&self, mode: StagedOverlap) -> StagedOverlap {
         self.staged.replace(mode)
     }

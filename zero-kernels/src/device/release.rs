@@ -29,8 +29,15 @@ use std::time::Instant;
 use super::{HostWork, OverlapStats, Result, Retained};
 use crate::error::KernelError;
 
-/// Most pieces of work in flight; starting one more first waits for the oldest.
+/// Most pieces of work in flight; starting one more first waits for the oldest. (The
+/// CUDA device settles before it starts work, so one is in flight there; this bounds any
+/// other user.)
 const MAX_IN_FLIGHT: usize = 8;
+/// Most ops the host queues while work is in flight before it waits for that work: a
+/// stream waiting for the word holds everything queued behind it (and on streams that
+/// wait for its events), and a full launch queue would block the host inside a launch,
+/// where it could never write the word.
+const MAX_OPS_BEHIND: usize = 256;
 
 /// Whether a CUDA device leaves host-staged collectives running behind compute.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -91,6 +98,8 @@ pub(crate) struct Released {
     /// The last number handed out (0: none yet; the word starts at 0).
     last: u32,
     in_flight: VecDeque<InFlight>,
+    /// Polls (ops queued) since the last start, while work was in flight.
+    ops_behind: usize,
     /// What released work retained, until no stream waits for the word.
     finished: Vec<Vec<Retained>>,
     failed: Option<KernelError>,
@@ -108,14 +117,6 @@ impl Released {
         self.last.wrapping_add(1)
     }
 
-    /// Count one piece of work that the host waited for where it started: `seconds`
-    /// from its start to its end, all of it exposed.
-    pub(crate) fn account_waited(&mut self, seconds: f64) {
-        self.stats.tasks += 1;
-        self.stats.exposed_seconds += seconds;
-        self.stats.total_seconds += seconds;
-    }
-
     /// Take number [`Released::next_number`] for `work`, started `issued` seconds ago
     /// (the start call, exposed), whose stream now waits for the word to reach it.
     /// Past [`MAX_IN_FLIGHT`] the oldest is waited for first.
@@ -128,6 +129,7 @@ impl Released {
         release: &dyn Fn(u32),
     ) {
         self.last = self.last.wrapping_add(1);
+        self.ops_behind = 0;
         self.stats.tasks += 1;
         self.stats.exposed_seconds += issued;
         self.stats.total_seconds += issued;
@@ -144,9 +146,21 @@ impl Released {
     }
 
     /// Release every number whose work has finished, oldest first (one test each until
-    /// one is still running). Failures are kept for [`Released::settle`].
+    /// one is still running); called as each op is queued. Past [`MAX_OPS_BEHIND`] ops
+    /// with work still in flight, wait for all of it. Failures are kept for
+    /// [`Released::settle`].
     pub(crate) fn poll(&mut self, release: &dyn Fn(u32)) {
         while self.busy() && self.finish_oldest(false, release) {}
+        if !self.busy() {
+            return;
+        }
+        self.ops_behind += 1;
+        if self.ops_behind > MAX_OPS_BEHIND {
+            while self.busy() {
+                self.finish_oldest(true, release);
+            }
+            self.finished.clear();
+        }
     }
 
     /// Wait for all work in flight and release it; the first failure since the last
@@ -197,6 +211,8 @@ impl Released {
                 true
             }
             Err(e) => {
+                self.stats.exposed_seconds += blocked;
+                self.stats.total_seconds += oldest.since.elapsed().as_secs_f64();
                 release(oldest.number);
                 let name = oldest.name;
                 // The transport may still hold the addresses: never free them.
@@ -330,6 +346,28 @@ mod tests {
         assert_eq!(Rc::strong_count(&held), 2, "kept while b's stream waits");
         r.settle(&release).expect("no failure");
         assert_eq!(Rc::strong_count(&held), 1, "dropped once nothing waits");
+    }
+
+    #[test]
+    fn the_host_waits_for_the_work_after_many_ops_behind_it() {
+        let word = Word(Cell::new(0));
+        let release = |n: u32| word.0.set(n);
+        let log = Rc::new(Cell::new(0));
+        let mut r = Released::default();
+        r.push(
+            "a",
+            work(usize::MAX, false, &log),
+            Vec::new(),
+            0.0,
+            &release,
+        );
+        for _ in 0..MAX_OPS_BEHIND {
+            r.poll(&release);
+        }
+        assert!(r.busy() && !word.passes(1), "still running");
+        r.poll(&release);
+        assert!(!r.busy() && word.passes(1), "waited for");
+        assert_eq!(log.get(), 1);
     }
 
     #[test]
