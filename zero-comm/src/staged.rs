@@ -31,7 +31,10 @@
 //!   download never writes the region the previous one is still reducing or uploading
 //!   from. Before a slot is used again, the host waits for an event recorded after that
 //!   slot's last upload: a region is never written while a copy or a collective may still
-//!   read it, whichever streams the collectives were queued on.
+//!   read it, whichever streams the collectives were queued on. A collective that failed
+//!   (its lease never released, or released but its work leaked by the device, which
+//!   `Lease::settled` tells) leaves the transport possibly holding the regions: its
+//!   slot takes fresh ones.
 //! - **Order.** The download waits only for the comm stream's own past (what the engine's
 //!   events ordered before the collective), never for the compute stream. The upload is
 //!   queued on the comm stream like any kernel, and other streams see it after an event,
@@ -121,6 +124,10 @@ impl Lease {
     /// drops it when the work has finished, and leaks it when the work failed (the
     /// transport may still hold the regions), which is how [`Staging::lease`] tells a
     /// failed collective's slot, whose regions it must not reuse, from a finished one.
+    /// It relies on every device dropping finished work's retained values by the time
+    /// [`Device::sync_event`] returns for an event recorded after that work (each one
+    /// does: the host and simulated devices when the work finishes, a CUDA device in
+    /// the settle that `sync_event` starts with).
     pub(crate) fn settled(&self) -> Settled {
         Settled(Rc::clone(&self.settled))
     }
@@ -299,6 +306,9 @@ impl Staging {
             // run, and a failed collective may have left the transport holding the
             // regions (its handles to them are leaked, never freed), so the slot takes
             // fresh ones.
+            log::warn!(
+                "rank {rank}: host staging: slot {index} takes fresh regions (the collective that used it last failed)"
+            );
             dev.synchronize()
                 .map_err(|e| fail(format!("after an earlier failure: {e}")))?;
             if let Some(bytes) = slot.send.as_ref().map(|m| m.bytes()) {
@@ -330,7 +340,9 @@ impl Staging {
 
     /// The lease's collective and upload are queued on `dev`; `after` is an event it
     /// recorded after the upload: the slot is used again once it has completed. A lease
-    /// never released (an error part-way) leaves the slot to a full synchronisation.
+    /// never released (an error part-way), or one whose work the device leaked (it
+    /// failed after the release), leaves the slot to a full synchronisation and fresh
+    /// regions.
     pub(crate) fn release<D: Device>(&self, dev: &D, lease: Lease, after: D::Event) {
         self.slots[lease.index].borrow_mut().last_use = LastUse::Queued {
             device: device_id(dev),
@@ -410,7 +422,7 @@ impl<C: Communicator> Communicator for StagedComm<C> {
 mod tests {
     use super::*;
     use crate::{on_stream, run_local, LocalComm, ReduceOp};
-    use zero_kernels::device::{Buffer, HostDevice};
+    use zero_kernels::device::{Buffer, HostDevice, SimDevice};
 
     /// Thread ranks whose started collectives finish their transfer but fail when waited
     /// for (a peer that died after the data moved): a device that overlaps sees the
@@ -467,6 +479,45 @@ mod tests {
         match (&slot.send, &slot.recv) {
             (Some(s), Some(r)) => (Rc::clone(s), Rc::clone(r)),
             _ => panic!("slot 0 has no regions"),
+        }
+    }
+
+    /// Collectives that finish keep their slots' regions (no allocation per collective),
+    /// on the host device with and without overlap and on the simulated GPU.
+    #[test]
+    fn finished_collectives_keep_their_regions_on_every_device() {
+        fn reused<D: Device>(open: impl Fn() -> D + Sync) -> bool {
+            let out = run_local(1, Default::default(), |comm| {
+                let dev = open();
+                let staged = StagedComm::new(&comm);
+                let st = staged.buffers();
+                st.reserve(&dev, 16).expect("staging allocated");
+                let side = dev.stream("comm").expect("a stream");
+                let mut buf = dev.alloc::<f32>(4, "buf").expect("a buffer");
+                let before = slot0(st);
+                for _ in 0..5 {
+                    on_stream::all_reduce(&staged, &dev, &side, buf.view_mut(), ReduceOp::Sum)
+                        .expect("a collective");
+                }
+                dev.synchronize().expect("synchronized");
+                let after = slot0(st);
+                Rc::ptr_eq(&before.0, &after.0) && Rc::ptr_eq(&before.1, &after.1)
+            });
+            out.into_iter().all(|r| r.expect("rank ran"))
+        }
+        for overlap in [true, false] {
+            let host = || {
+                let dev = HostDevice::new();
+                dev.set_overlap(overlap);
+                dev
+            };
+            assert!(reused(host), "host device, overlap {overlap}");
+            let sim = || {
+                let dev = SimDevice::gpu_twin(11);
+                dev.set_overlap(overlap);
+                dev
+            };
+            assert!(reused(sim), "simulated GPU, overlap {overlap}");
         }
     }
 

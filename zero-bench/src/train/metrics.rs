@@ -9,7 +9,8 @@
 //! hpZ or qgZ) `node_comm_sent_bytes` and `cross_comm_sent_bytes` (the same per kind on
 //! the node and cross-node groups), and with host-staged communication (`--comm mpi-staged`) `host_staging_bytes`
 //! (the staging buffers, host memory beside the device ledger), and where collectives ran as
-//! host work (`--device host`) `comm_seconds` and `comm_exposed_seconds` (how long they ran,
+//! host work left running (`--device host`, the simulated GPU, a CUDA device with
+//! `ZERO_CUDA_STAGED=overlap`) `comm_seconds` and `comm_exposed_seconds` (how long they ran,
 //! and how much of that held the rank up: `zero_kernels::device::OverlapStats`). Non-finite numbers (an overflowed gradient norm) are written as null.
 
 use std::fs::File;

@@ -110,9 +110,10 @@ impl CudaStreamRef {
     }
 }
 
-/// An event of a [`CudaDevice`].
+/// An event of a [`CudaDevice`], and the stream it was recorded on (its `CUstream`'s
+/// address: whether a stream that waits for it may stall behind started host work).
 #[derive(Clone)]
-pub struct CudaEventRef(Arc<CudaEvent>);
+pub struct CudaEventRef(Arc<CudaEvent>, u64);
 
 impl std::fmt::Debug for CudaEventRef {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -270,6 +271,7 @@ impl CudaDevice {
     /// its streams, and report the first failure among it (`device/release.rs`).
     pub(crate) fn settle(&self) -> Result<()> {
         let settled = self.released.borrow_mut().settle(&|n| self.release_to(n));
+        self.gated.borrow_mut().clear();
         // Nothing waits for the word now: let go of what finished uploads held (an
         // upload always follows started work, so `upload_from_staging` rarely can).
         self.staged_uploads
@@ -278,12 +280,19 @@ impl CudaDevice {
         settled
     }
 
-    /// Release the streams of the started host work that has finished (between ops).
-    pub(crate) fn poll_released(&self) {
-        if let Ok(mut released) = self.released.try_borrow_mut() {
-            if released.busy() {
-                released.poll(&|n| self.release_to(n));
-            }
+    /// Release the streams of the started host work that has finished, as an op is
+    /// queued on `stream`.
+    pub(crate) fn poll_released(&self, stream: &cudarc::driver::CudaStream) {
+        let Ok(mut released) = self.released.try_borrow_mut() else {
+            return;
+        };
+        if !released.busy() {
+            return;
+        }
+        let behind = self.gated.borrow().contains(&(stream.cu_stream() as u64));
+        released.poll(behind, &|n| self.release_to(n));
+        if !released.busy() {
+            self.gated.borrow_mut().clear();
         }
     }
 
@@ -461,10 +470,20 @@ impl Device for CudaDevice {
     }
 
     fn record(&self, stream: &CudaStreamRef) -> Result<CudaEventRef> {
-        Ok(CudaEventRef(Arc::new(stream.inner.record_event(None)?)))
+        Ok(CudaEventRef(
+            Arc::new(stream.inner.record_event(None)?),
+            stream.inner.cu_stream() as u64,
+        ))
     }
 
     fn wait_event(&self, stream: &CudaStreamRef, event: &CudaEventRef) -> Result<()> {
+        // A stream that waits for a stream held by the release word is held too.
+        let waiter = stream.inner.cu_stream() as u64;
+        let mut gated = self.gated.borrow_mut();
+        if gated.contains(&event.1) && !gated.contains(&waiter) {
+            gated.push(waiter);
+        }
+        drop(gated);
         Ok(stream.inner.wait(&event.0)?)
     }
 
@@ -520,6 +539,10 @@ impl Device for CudaDevice {
             match self.queue_release_wait(stream) {
                 Ok(()) => {
                     let issued = t0.elapsed().as_secs_f64();
+                    let held = stream.inner.cu_stream() as u64;
+                    if !self.gated.borrow().contains(&held) {
+                        self.gated.borrow_mut().push(held);
+                    }
                     self.released
                         .borrow_mut()
                         .push(name, work, retain, issued, &|n| self.release_to(n));

@@ -74,6 +74,9 @@ pub struct CudaDevice {
     release_word: RefCell<Option<device::ReleaseWord>>,
     /// Set when the driver refused a stream wait: the host waits in place from then on.
     stream_wait_refused: Cell<bool>,
+    /// The streams (`CUstream` addresses) that may stall behind the started host work in
+    /// flight: those that wait for the word, and those that wait for their events.
+    gated: RefCell<Vec<u64>>,
 }
 
 /// A rotary table's shape: (T, hd, the bits of theta).
@@ -140,6 +143,7 @@ impl CudaDevice {
             released: RefCell::new(Released::default()),
             release_word: RefCell::new(None),
             stream_wait_refused: Cell::new(false),
+            gated: RefCell::new(Vec::new()),
         })
     }
 

@@ -95,7 +95,7 @@ impl CudaDevice {
     /// Every op passes here, so this is also where the host looks at started host work
     /// (`device/release.rs`).
     pub(crate) fn time_op<'a>(&'a self, name: &'static str, stream: &'a CudaStream) -> OpTimer<'a> {
-        self.poll_released();
+        self.poll_released(stream);
         let start = if self.profiling.get() {
             stream
                 .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))

@@ -297,7 +297,8 @@ pub trait Device {
     }
 
     /// How much of the started host work ([`Device::host_task_started`]) ran behind other
-    /// work, so far ([`HostDevice`], [`SimDevice`]; with overlap off, exposed = total).
+    /// work, so far ([`HostDevice`], [`SimDevice`]: with overlap off, exposed = total; a
+    /// CUDA device counts only the work it overlapped, [`StagedOverlap::Overlap`]).
     /// Zero on a device that does not time it (this default).
     fn overlap_stats(&self) -> OverlapStats {
         OverlapStats::default()

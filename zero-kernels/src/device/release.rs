@@ -17,8 +17,9 @@
 //! wrap around. Work that fails is released too (the stream must not wait forever; the
 //! step fails with the error at the next [`Released::settle`]), and what it retains is
 //! leaked, as on the host device: the transport may still hold the addresses. What
-//! finished work retains is dropped at the next settle, when no stream waits for the
-//! word: freeing page-locked memory synchronises the whole device.
+//! finished work retains is dropped once no stream waits for the word (at the next
+//! settle, or a poll that waited for everything): freeing page-locked memory
+//! synchronises the whole device.
 
 // Only the CUDA device releases work this way; the tests run everywhere.
 #![cfg_attr(not(feature = "cuda"), allow(dead_code))]
@@ -33,11 +34,12 @@ use crate::error::KernelError;
 /// CUDA device settles before it starts work, so one is in flight there; this bounds any
 /// other user.)
 const MAX_IN_FLIGHT: usize = 8;
-/// Most ops the host queues while work is in flight before it waits for that work: a
-/// stream waiting for the word holds everything queued behind it (and on streams that
-/// wait for its events), and a full launch queue would block the host inside a launch,
-/// where it could never write the word.
-const MAX_OPS_BEHIND: usize = 256;
+/// Most ops the host queues behind work in flight (on a stream that waits for the word,
+/// directly or through events) before it waits for that work: those ops cannot run, an
+/// op may be several launches, and a full launch queue would block the host inside a
+/// launch, where it could never write the word. Ops on other streams run, and are not
+/// counted.
+const MAX_OPS_BEHIND: usize = 128;
 
 /// Whether a CUDA device leaves host-staged collectives running behind compute.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -146,12 +148,12 @@ impl Released {
     }
 
     /// Release every number whose work has finished, oldest first (one test each until
-    /// one is still running); called as each op is queued. Past [`MAX_OPS_BEHIND`] ops
-    /// with work still in flight, wait for all of it. Failures are kept for
-    /// [`Released::settle`].
-    pub(crate) fn poll(&mut self, release: &dyn Fn(u32)) {
+    /// one is still running); called as each op is queued, `behind` when it is queued
+    /// behind the work in flight. Past [`MAX_OPS_BEHIND`] such ops with work still in
+    /// flight, wait for all of it. Failures are kept for [`Released::settle`].
+    pub(crate) fn poll(&mut self, behind: bool, release: &dyn Fn(u32)) {
         while self.busy() && self.finish_oldest(false, release) {}
-        if !self.busy() {
+        if !self.busy() || !behind {
             return;
         }
         self.ops_behind += 1;
@@ -289,13 +291,13 @@ mod tests {
         // The first needs 3 polls, the second is done at its first.
         r.push("a", work(3, false, &log), Vec::new(), 0.0, &release);
         r.push("b", work(1, false, &log), Vec::new(), 0.0, &release);
-        r.poll(&release);
+        r.poll(true, &release);
         assert!(
             !word.passes(1) && !word.passes(2),
             "nothing finished in order yet"
         );
-        r.poll(&release);
-        r.poll(&release);
+        r.poll(true, &release);
+        r.poll(true, &release);
         assert!(
             word.passes(1) && word.passes(2),
             "a finished, then b at once"
@@ -341,7 +343,7 @@ mod tests {
         let retain: Vec<Retained> = vec![Box::new(Rc::clone(&held))];
         r.push("a", work(1, false, &log), retain, 0.0, &release);
         r.push("b", work(1000, false, &log), Vec::new(), 0.0, &release);
-        r.poll(&release);
+        r.poll(true, &release);
         assert!(word.passes(1) && !word.passes(2));
         assert_eq!(Rc::strong_count(&held), 2, "kept while b's stream waits");
         r.settle(&release).expect("no failure");
@@ -362,10 +364,12 @@ mod tests {
             &release,
         );
         for _ in 0..MAX_OPS_BEHIND {
-            r.poll(&release);
+            r.poll(true, &release);
+            // Ops on streams that do not wait for the word are not counted.
+            r.poll(false, &release);
         }
         assert!(r.busy() && !word.passes(1), "still running");
-        r.poll(&release);
+        r.poll(true, &release);
         assert!(!r.busy() && word.passes(1), "waited for");
         assert_eq!(log.get(), 1);
     }
