@@ -53,7 +53,25 @@ fn config(name: &str) -> String {
 /// Submit `script args...` (in `dir`, output to `dir/job.out`) with extra environment,
 /// wait for its end (scancel after JOB_TIMEOUT, then fail); returns (job id, final state,
 /// output file text).
+/// Submit and wait for a job; (id, state, its output). A job whose step launch timed out
+/// inside the local cluster's own daemons ("Socket timed out on send/recv operation":
+/// slurmd's RPCs on a loaded 2-core machine, before our binary ran) is submitted once
+/// more, saying so.
 fn run_job(conf: &str, dir: &Path, args: &[&str], env: &[(&str, &str)]) -> (u64, String, String) {
+    let (id, state, log) = run_job_once(conf, dir, args, env);
+    if state != "COMPLETED" && log.contains("Socket timed out on send/recv operation") {
+        eprintln!("job {id}: {state} on a Slurm RPC timeout of the local cluster; submitting it again\n{log}");
+        return run_job_once(conf, dir, args, env);
+    }
+    (id, state, log)
+}
+
+fn run_job_once(
+    conf: &str,
+    dir: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (u64, String, String) {
     let output = dir.join("job.out");
     let (chdir, out) = (
         format!("--chdir={}", dir.display()),

@@ -39,6 +39,7 @@ pub mod cast;
 pub mod cuda;
 pub mod device;
 pub mod dtype;
+mod env;
 pub mod error;
 pub mod float;
 pub mod gradstats;

@@ -68,19 +68,11 @@ impl StagedOverlap {
     /// The choice of [`StagedOverlap::ENV`]: the default when it is unset or empty, an
     /// error naming the variable when it holds anything but `wait` or `overlap`.
     pub fn from_env() -> Result<StagedOverlap> {
-        let value = match std::env::var(Self::ENV) {
-            Ok(v) => v,
-            Err(std::env::VarError::NotPresent) => return Ok(Self::default()),
-            Err(std::env::VarError::NotUnicode(v)) => v.to_string_lossy().into_owned(),
-        };
-        if value.trim().is_empty() {
-            return Ok(Self::default());
-        }
-        Self::parse(&value).ok_or(KernelError::BadEnv {
-            var: Self::ENV,
-            value,
-            expected: "wait (the host waits for each host-staged collective), overlap (the GPU stream waits for it)",
-        })
+        crate::env::choice(
+            Self::ENV,
+            Self::parse,
+            "wait (the host waits for each host-staged collective), overlap (the GPU stream waits for it)",
+        )
     }
 }
 

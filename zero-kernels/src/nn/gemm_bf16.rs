@@ -199,19 +199,12 @@ impl Bf16Kernel {
     /// The kernel `ZERO_BF16_KERNEL` forces (`None` when unset or empty); an error for a
     /// name that is not a kernel or a kernel this CPU does not run.
     pub fn from_env() -> Result<Option<Self>, Bf16KernelError> {
-        let value = match std::env::var(BF16_KERNEL_ENV) {
-            Ok(v) => v,
-            Err(std::env::VarError::NotPresent) => return Ok(None),
-            Err(std::env::VarError::NotUnicode(v)) => {
-                return Err(Bf16KernelError::BadEnv(v.to_string_lossy().into_owned()))
-            }
-        };
-        if value.trim().is_empty() {
+        let Some(value) = crate::env::setting(BF16_KERNEL_ENV) else {
             return Ok(None);
-        }
+        };
         let kernel = value
             .parse::<Bf16Kernel>()
-            .map_err(|_| Bf16KernelError::BadEnv(value.trim().to_string()))?;
+            .map_err(|_| Bf16KernelError::BadEnv(value.clone()))?;
         kernel.force().map(Some)
     }
 

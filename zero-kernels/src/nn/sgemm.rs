@@ -166,19 +166,12 @@ impl SgemmKernel {
     /// The kernel `ZERO_SGEMM` forces (`None` when unset or empty); an error for a name
     /// that is not a kernel or a kernel this CPU does not run.
     pub fn from_env() -> Result<Option<Self>, SgemmKernelError> {
-        let value = match std::env::var(SGEMM_KERNEL_ENV) {
-            Ok(v) => v,
-            Err(std::env::VarError::NotPresent) => return Ok(None),
-            Err(std::env::VarError::NotUnicode(v)) => {
-                return Err(SgemmKernelError::BadEnv(v.to_string_lossy().into_owned()))
-            }
-        };
-        if value.trim().is_empty() {
+        let Some(value) = crate::env::setting(SGEMM_KERNEL_ENV) else {
             return Ok(None);
-        }
+        };
         let kernel = value
             .parse::<SgemmKernel>()
-            .map_err(|_| SgemmKernelError::BadEnv(value.trim().to_string()))?;
+            .map_err(|_| SgemmKernelError::BadEnv(value.clone()))?;
         kernel.force().map(Some)
     }
 

@@ -58,20 +58,11 @@ impl AttentionKernels {
     /// The choice of [`AttentionKernels::ENV`]: the default when it is unset or empty,
     /// an error naming the variable when it holds anything but `rows` or `products`.
     pub fn from_env() -> Result<AttentionKernels, crate::KernelError> {
-        let value = match std::env::var(Self::ENV) {
-            Ok(v) => v,
-            Err(std::env::VarError::NotPresent) => return Ok(Self::default()),
-            Err(std::env::VarError::NotUnicode(v)) => v.to_string_lossy().into_owned(),
-        };
-        if value.trim().is_empty() {
-            return Ok(Self::default());
-        }
-        Self::parse(&value).ok_or(crate::KernelError::BadEnv {
-            var: Self::ENV,
-            value,
-            expected:
-                "rows (one warp per row, the CPU twin's bits), products (cuBLAS batched products)",
-        })
+        crate::env::choice(
+            Self::ENV,
+            Self::parse,
+            "rows (one warp per row, the CPU twin's bits), products (cuBLAS batched products)",
+        )
     }
 
     /// What a device's description adds for this choice ("" for the default).
