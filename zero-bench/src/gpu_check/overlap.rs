@@ -183,16 +183,19 @@ pub fn check<D: BenchDevice>(open: &Opener<D>, report: &mut Report) -> anyhow::R
     let dev = open(0).context("opening the device")?;
     let sim = dev.simulated();
     let t0 = Instant::now();
-    // A GPU: products of 2048 x 2048 for about as long as the work. The simulated GPU
-    // runs the twins on the CPU: small and few.
-    let (work, size, products) = if sim {
-        (Duration::from_millis(20), 32, 4)
+    // Products for about as long as the work, sized from a probe: 2048 x 2048 on a GPU;
+    // on the simulated GPU, which runs the twins on the CPU, 64 x 64 beside 50 ms of
+    // work (the same steps, its timings not judged).
+    let (work, size) = if sim {
+        (Duration::from_millis(50), 64)
     } else {
-        let probe = run_once(&dev, false, Duration::ZERO, 2048, 10)?;
-        let per_product = probe.compute / 10.0;
-        let n = (HOST_WORK.as_secs_f64() / per_product.max(1e-6)).round();
-        (HOST_WORK, 2048, n.clamp(10.0, 20_000.0) as usize)
+        (HOST_WORK, 2048)
     };
+    let probe = run_once(&dev, false, Duration::ZERO, size, 10)?;
+    let per_product = probe.compute / 10.0;
+    let products = (work.as_secs_f64() / per_product.max(1e-6))
+        .round()
+        .clamp(10.0, 20_000.0) as usize;
     let waited = run_once(&dev, false, work, size, products);
     let overlapped = run_once(&dev, true, work, size, products);
     dev.set_overlap(false);
