@@ -15,10 +15,9 @@
 //!   on the GPU for a page-locked word that the host sets once the work has finished
 //!   (`cuStreamWaitValue32`), so the host goes on queueing compute. The host looks at the
 //!   work between the ops it queues, and finishes all of it before anything that blocks
-//!   it on the device (`device/release.rs`).
+//!   it on the device (`staged.rs`, `device/release.rs`).
 
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -138,9 +137,9 @@ impl Drop for CudaDevice {
 }
 
 /// Page-locked host memory from `cuMemHostAlloc`, freed (in its context) when dropped.
-struct PinnedHost {
-    ctx: Arc<cudarc::driver::CudaContext>,
-    ptr: *mut u64,
+pub(super) struct PinnedHost {
+    pub(super) ctx: Arc<cudarc::driver::CudaContext>,
+    pub(super) ptr: *mut u64,
 }
 
 impl Drop for PinnedHost {
@@ -155,42 +154,6 @@ impl Drop for PinnedHost {
         if let Err(e) = freed {
             log::warn!("freeing page-locked staging memory: {e}");
         }
-    }
-}
-
-/// A page-locked host word that streams wait on (`cuStreamWaitValue32`) and the host
-/// sets: the release word of `device/release.rs`.
-pub(crate) struct ReleaseWord {
-    memory: PinnedHost,
-    device: CUdeviceptr,
-}
-
-impl ReleaseWord {
-    fn new(ctx: &Arc<cudarc::driver::CudaContext>) -> Result<ReleaseWord> {
-        ctx.bind_to_thread()?;
-        let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
-        // SAFETY: a fresh allocation of 8 bytes (aligned for a u64), zeroed before any
-        // stream can read it, freed only by `PinnedHost`'s Drop.
-        let ptr = unsafe { result::malloc_host(8, flags) }? as *mut u64;
-        unsafe { std::ptr::write_bytes(ptr, 0, 1) };
-        let memory = PinnedHost {
-            ctx: Arc::clone(ctx),
-            ptr,
-        };
-        let mut device: CUdeviceptr = 0;
-        // SAFETY: `ptr` is mapped page-locked memory of this context (DEVICEMAP).
-        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, ptr as *mut std::ffi::c_void, 0) }
-            .result()?;
-        Ok(ReleaseWord { memory, device })
-    }
-
-    /// Release every number up to `n` (cyclically) to the streams waiting on the word.
-    fn set(&self, n: u32) {
-        // SAFETY: the word is 8 aligned bytes the host owns for the device's life; the
-        // GPU only reads it. Release: what the finished work wrote (the staging regions)
-        // is visible before the number that lets a stream copy it.
-        let word = unsafe { &*(self.memory.ptr as *const AtomicU32) };
-        word.store(n, Ordering::Release);
     }
 }
 
@@ -260,79 +223,20 @@ impl CudaDevice {
         Ok(self.ctx.bind_to_thread()?)
     }
 
-    /// Release numbers up to `n` to the streams waiting on the release word.
-    fn release_to(&self, n: u32) {
-        if let Some(word) = self.release_word.borrow().as_ref() {
-            word.set(n);
-        }
-    }
-
     /// Before the host blocks on the device: wait for the started host work, release
-    /// its streams, and report the first failure among it (`device/release.rs`).
+    /// its streams, and report the first failure among it (`staged.rs`). Nothing to do
+    /// (the host waiting where work starts, the default) costs one look.
     pub(crate) fn settle(&self) -> Result<()> {
-        let settled = self.released.borrow_mut().settle(&|n| self.release_to(n));
-        self.gated.borrow_mut().clear();
+        if self.staged.idle() {
+            return Ok(());
+        }
+        let settled = self.staged.settle();
         // Nothing waits for the word now: let go of what finished uploads held (an
         // upload always follows started work, so `upload_from_staging` rarely can).
         self.staged_uploads
             .borrow_mut()
             .retain(|(done, _)| !done.is_complete());
         settled
-    }
-
-    /// Release the streams of the started host work that has finished, as an op is
-    /// queued on `stream`.
-    pub(crate) fn poll_released(&self, stream: &cudarc::driver::CudaStream) {
-        let Ok(mut released) = self.released.try_borrow_mut() else {
-            return;
-        };
-        if !released.busy() {
-            return;
-        }
-        let behind = self.gated.borrow().contains(&(stream.cu_stream() as u64));
-        released.poll(behind, &|n| self.release_to(n));
-        if !released.busy() {
-            self.gated.borrow_mut().clear();
-        }
-    }
-
-    /// Queue on `stream` a wait for the release word to reach the next work's number.
-    fn queue_release_wait(&self, stream: &CudaStreamRef) -> Result<()> {
-        if self.release_word.borrow().is_none() {
-            // cuStreamWaitValue32_v2 came with CUDA 11.7's driver; loading a missing
-            // symbol would panic (dynamic loading), so an older driver is refused first.
-            let mut version = 0;
-            // SAFETY: writes one int.
-            unsafe { sys::cuDriverGetVersion(&mut version) }.result()?;
-            if version < 11070 {
-                return Err(KernelError::Cuda(format!(
-                    "the CUDA driver is version {}.{}; stream waits on host memory (cuStreamWaitValue32_v2) need 11.7 or later",
-                    version / 1000,
-                    version % 1000 / 10
-                )));
-            }
-            let word = ReleaseWord::new(&self.ctx)?;
-            *self.release_word.borrow_mut() = Some(word);
-        }
-        let number = self.released.borrow().next_number();
-        let word = self.release_word.borrow();
-        let Some(word) = word.as_ref() else {
-            return Err(KernelError::Cuda("the release word was not made".into()));
-        };
-        self.bind()?;
-        // SAFETY: the word is mapped page-locked memory that lives as long as the device,
-        // which lets every waiting stream go before it is freed (`settle` in Drop).
-        // GEQ compares cyclically: (int32_t)(word - number) >= 0.
-        unsafe {
-            sys::cuStreamWaitValue32_v2(
-                stream.inner.cu_stream(),
-                word.device,
-                number,
-                sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
-            )
-        }
-        .result()?;
-        Ok(())
     }
 
     /// A product (or a strided batch of them) through cuBLASLt at the device's matmul
@@ -428,7 +332,7 @@ impl Device for CudaDevice {
             MatmulPrecision::Bf16 => "bf16 matmul",
         };
         let attention = self.attention.get().description();
-        let staged = match self.staged.get() {
+        let staged = match self.staged.mode() {
             StagedOverlap::Wait => "",
             StagedOverlap::Overlap => ", staged collectives overlap",
         };
@@ -477,13 +381,8 @@ impl Device for CudaDevice {
     }
 
     fn wait_event(&self, stream: &CudaStreamRef, event: &CudaEventRef) -> Result<()> {
-        // A stream that waits for a stream held by the release word is held too.
-        let waiter = stream.inner.cu_stream() as u64;
-        let mut gated = self.gated.borrow_mut();
-        if gated.contains(&event.1) && !gated.contains(&waiter) {
-            gated.push(waiter);
-        }
-        drop(gated);
+        self.staged
+            .note_wait(stream.inner.cu_stream() as u64, event.1);
         Ok(stream.inner.wait(&event.0)?)
     }
 
@@ -512,7 +411,7 @@ impl Device for CudaDevice {
         _writes: &[Access<'_>],
         task: impl FnOnce() -> R,
     ) -> Result<R> {
-        let _timed = self.time_op(name, &stream.inner);
+        let _timed = self.begin_op(name, &stream.inner);
         // The work queued before has run when the stream is idle; the work queued after
         // is queued after `task` returns. That is the host task's whole contract.
         self.settle()?;
@@ -526,33 +425,28 @@ impl Device for CudaDevice {
         name: &'static str,
         _reads: &[Access<'_>],
         _writes: &[Access<'_>],
-        retain: Vec<Retained>,
+        mut retain: Vec<Retained>,
         start: impl FnOnce() -> Result<Box<dyn HostWork>>,
     ) -> Result<()> {
-        let _timed = self.time_op(name, &stream.inner);
+        let _timed = self.begin_op(name, &stream.inner);
         // Starts after the work queued before it, as a host task does.
         self.settle()?;
         stream.inner.synchronize()?;
         let t0 = Instant::now();
         let mut work = start()?;
-        if self.staged.get() == StagedOverlap::Overlap && !self.stream_wait_refused.get() {
-            match self.queue_release_wait(stream) {
-                Ok(()) => {
-                    let issued = t0.elapsed().as_secs_f64();
-                    let held = stream.inner.cu_stream() as u64;
-                    if !self.gated.borrow().contains(&held) {
-                        self.gated.borrow_mut().push(held);
-                    }
-                    self.released
-                        .borrow_mut()
-                        .push(name, work, retain, issued, &|n| self.release_to(n));
-                    return Ok(());
-                }
-                Err(e) => {
+        if self.staged.overlapping() {
+            let issued = t0.elapsed().as_secs_f64();
+            match self
+                .staged
+                .leave_running(&self.ctx, &stream.inner, name, work, retain, issued)
+            {
+                Ok(()) => return Ok(()),
+                Err(refused) => {
                     log::warn!(
-                        "CUDA device: could not queue a stream wait for host-staged work ({e}); this device waits for each host-staged collective where it starts from now on"
+                        "CUDA device: could not queue a stream wait for host-staged work ({}); this device waits for each host-staged collective where it starts from now on",
+                        refused.error
                     );
-                    self.stream_wait_refused.set(true);
+                    (work, retain) = (refused.work, refused.retain);
                 }
             }
         }
@@ -571,7 +465,7 @@ impl Device for CudaDevice {
     /// nothing is counted (the GPU runs what was queued meanwhile, so the host's wait is
     /// not the GPU's), as before the overlap existed.
     fn overlap_stats(&self) -> OverlapStats {
-        self.released.borrow().stats()
+        self.staged.stats()
     }
 
     fn upload<T: Element>(
@@ -580,7 +474,7 @@ impl Device for CudaDevice {
         src: &[T],
         dst: DViewMut<'_, Self, T>,
     ) -> Result<()> {
-        let _timed = self.time_op("upload", &stream.inner);
+        let _timed = self.begin_op("upload", &stream.inner);
         same_len("upload", "dst", dst.len(), src.len())?;
         if src.is_empty() {
             return Ok(());
@@ -621,7 +515,7 @@ impl Device for CudaDevice {
         dst: DViewMut<'_, Self, T>,
         keep: Retained,
     ) -> Result<()> {
-        let _timed = self.time_op("upload_from_staging", &stream.inner);
+        let _timed = self.begin_op("upload_from_staging", &stream.inner);
         let bytes = dst.len() * std::mem::size_of::<T>();
         if bytes == 0 {
             return Ok(());
@@ -630,7 +524,7 @@ impl Device for CudaDevice {
         // Release what copies that have run held (not while a stream waits for started
         // work: freeing page-locked memory synchronises the device), then hold `keep`
         // until this one has.
-        if !self.released.borrow().busy() {
+        if !self.staged.busy() {
             self.staged_uploads
                 .borrow_mut()
                 .retain(|(done, _)| !done.is_complete());
@@ -658,7 +552,7 @@ impl Device for CudaDevice {
         src: DView<'_, Self, T>,
         dst: &mut [T],
     ) -> Result<()> {
-        let _timed = self.time_op("download", &stream.inner);
+        let _timed = self.begin_op("download", &stream.inner);
         same_len("download", "dst", dst.len(), src.len())?;
         if dst.is_empty() {
             return Ok(());
@@ -676,7 +570,7 @@ impl Device for CudaDevice {
         dst: DViewMut<'_, Self, T>,
         value: T,
     ) -> Result<()> {
-        let _timed = self.time_op("fill", &stream.inner);
+        let _timed = self.begin_op("fill", &stream.inner);
         let n = dst.len();
         if n == 0 {
             return Ok(());
@@ -714,7 +608,7 @@ impl Device for CudaDevice {
         src: DView<'_, Self, T>,
         dst: DViewMut<'_, Self, T>,
     ) -> Result<()> {
-        let _timed = self.time_op("copy", &stream.inner);
+        let _timed = self.begin_op("copy", &stream.inner);
         same_len("copy", "dst", dst.len(), src.len())?;
         if src.is_empty() {
             return Ok(());
@@ -734,7 +628,7 @@ impl Device for CudaDevice {
         src: DView<'_, Self, S>,
         dst: DViewMut<'_, Self, T>,
     ) -> Result<()> {
-        let _timed = self.time_op("cast", &stream.inner);
+        let _timed = self.begin_op("cast", &stream.inner);
         same_len("cast", "dst", dst.len(), src.len())?;
         if S::DTYPE == T::DTYPE {
             let bytes = src.len() * S::DTYPE.size_bytes();
@@ -778,7 +672,7 @@ impl Device for CudaDevice {
         dst: DViewMut<'_, Self, T>,
         src: DView<'_, Self, S>,
     ) -> Result<()> {
-        let _timed = self.time_op("accumulate", &stream.inner);
+        let _timed = self.begin_op("accumulate", &stream.inner);
         same_len("accumulate", "src", src.len(), dst.len())?;
         crate::cast::cuda::launch2_on(
             self,
@@ -798,7 +692,7 @@ impl Device for CudaDevice {
         codes: DViewMut<'_, Self, u8>,
         scales: DViewMut<'_, Self, f32>,
     ) -> Result<()> {
-        let _timed = self.time_op("quantize_int8", &stream.inner);
+        let _timed = self.begin_op("quantize_int8", &stream.inner);
         let n = src.len();
         crate::quant::check_lengths(n, block, codes.len(), scales.len())?;
         let entry = quant_kernel("quantize_int8", quant_entry, true, T::DTYPE)?;
@@ -831,7 +725,7 @@ impl Device for CudaDevice {
         block: usize,
         dst: DViewMut<'_, Self, T>,
     ) -> Result<()> {
-        let _timed = self.time_op("dequantize_int8", &stream.inner);
+        let _timed = self.begin_op("dequantize_int8", &stream.inner);
         let n = dst.len();
         crate::quant::check_lengths(n, block, codes.len(), scales.len())?;
         let entry = quant_kernel("dequantize_int8", quant_entry, false, T::DTYPE)?;
@@ -858,7 +752,7 @@ impl Device for CudaDevice {
         codes: DViewMut<'_, Self, u8>,
         scales: DViewMut<'_, Self, f32>,
     ) -> Result<()> {
-        let _timed = self.time_op("quantize_int4", &stream.inner);
+        let _timed = self.begin_op("quantize_int4", &stream.inner);
         let n = src.len();
         crate::quant::check_lengths_int4(n, block, codes.len(), scales.len())?;
         let entry = quant_kernel("quantize_int4", quant4_entry, true, T::DTYPE)?;
@@ -893,7 +787,7 @@ impl Device for CudaDevice {
         block: usize,
         dst: DViewMut<'_, Self, T>,
     ) -> Result<()> {
-        let _timed = self.time_op("dequantize_int4", &stream.inner);
+        let _timed = self.begin_op("dequantize_int4", &stream.inner);
         let n = dst.len();
         crate::quant::check_lengths_int4(n, block, codes.len(), scales.len())?;
         let entry = quant_kernel("dequantize_int4", quant4_entry, false, T::DTYPE)?;
@@ -919,7 +813,7 @@ impl Device for CudaDevice {
         scale: f32,
         out: DViewMut<'_, Self, f64>,
     ) -> Result<()> {
-        let _timed = self.time_op("grad_stats", &stream.inner);
+        let _timed = self.begin_op("grad_stats", &stream.inner);
         same_len("grad_stats", "out", out.len(), 2)?;
         let n = grad.len();
         let sums = self.scratch::<f64>(
@@ -948,7 +842,7 @@ impl Device for CudaDevice {
         state: AdamWViews<'_, Self>,
         param: Option<DViewMut<'_, Self, P>>,
     ) -> Result<()> {
-        let _timed = self.time_op("adamw", &stream.inner);
+        let _timed = self.begin_op("adamw", &stream.inner);
         let n = grad.len();
         check::adamw(
             n,
@@ -998,7 +892,7 @@ impl Device for CudaDevice {
         b: DView<'_, Self, F>,
         c: DViewMut<'_, Self, F>,
     ) -> Result<()> {
-        let _timed = self.time_op("matmul", &stream.inner);
+        let _timed = self.begin_op("matmul", &stream.inner);
         f32_only::<F>("matmul")?;
         check::matmul(&mm, a.len(), b.len(), c.len())?;
         self.gemm(
@@ -1021,7 +915,7 @@ impl Device for CudaDevice {
         b: DView<'_, Self, F>,
         width: usize,
     ) -> Result<()> {
-        let _timed = self.time_op("layernorm_forward", &stream.inner);
+        let _timed = self.begin_op("layernorm_forward", &stream.inner);
         f32_only::<F>("layernorm_forward")?;
         let rows = check::layernorm_forward(
             x.len(),
@@ -1054,7 +948,7 @@ impl Device for CudaDevice {
         saved: LayerNormSaved<'_, Self, F>,
         width: usize,
     ) -> Result<()> {
-        let _timed = self.time_op("layernorm_backward", &stream.inner);
+        let _timed = self.begin_op("layernorm_backward", &stream.inner);
         f32_only::<F>("layernorm_backward")?;
         let rows = check::layernorm_backward(
             dout.len(),
@@ -1102,7 +996,7 @@ impl Device for CudaDevice {
         width: usize,
         eps: f64,
     ) -> Result<()> {
-        let _timed = self.time_op("rmsnorm_forward", &stream.inner);
+        let _timed = self.begin_op("rmsnorm_forward", &stream.inner);
         f32_only::<F>("rmsnorm_forward")?;
         let rows = check::rmsnorm_forward(x.len(), out.len(), w.len(), rstd.len(), width)?;
         launch::llama::rmsnorm_forward(
@@ -1129,7 +1023,7 @@ impl Device for CudaDevice {
         rstd: DView<'_, Self, F>,
         width: usize,
     ) -> Result<()> {
-        let _timed = self.time_op("rmsnorm_backward", &stream.inner);
+        let _timed = self.begin_op("rmsnorm_backward", &stream.inner);
         f32_only::<F>("rmsnorm_backward")?;
         let rows = check::rmsnorm_backward(
             dout.len(),
@@ -1170,7 +1064,7 @@ impl Device for CudaDevice {
         v: DView<'_, Self, F>,
         shape: RopeShape,
     ) -> Result<()> {
-        let _timed = self.time_op("rope_gqa_forward", &stream.inner);
+        let _timed = self.begin_op("rope_gqa_forward", &stream.inner);
         let name = "rope_gqa_forward";
         f32_only::<F>(name)?;
         check::rope_gqa(name, qkv.len(), q.len(), k.len(), v.len(), &shape)?;
@@ -1197,7 +1091,7 @@ impl Device for CudaDevice {
         dqkv: DView<'_, Self, F>,
         shape: RopeShape,
     ) -> Result<()> {
-        let _timed = self.time_op("rope_gqa_backward", &stream.inner);
+        let _timed = self.begin_op("rope_gqa_backward", &stream.inner);
         let name = "rope_gqa_backward";
         f32_only::<F>(name)?;
         check::rope_gqa(name, dqkv.len(), dq.len(), dk.len(), dv.len(), &shape)?;
@@ -1222,7 +1116,7 @@ impl Device for CudaDevice {
         a: DView<'_, Self, F>,
         b: DView<'_, Self, F>,
     ) -> Result<()> {
-        let _timed = self.time_op("swiglu_forward", &stream.inner);
+        let _timed = self.begin_op("swiglu_forward", &stream.inner);
         f32_only::<F>("swiglu_forward")?;
         same_len("swiglu_forward", "a", a.len(), out.len())?;
         same_len("swiglu_forward", "b", b.len(), out.len())?;
@@ -1245,7 +1139,7 @@ impl Device for CudaDevice {
         a: DView<'_, Self, F>,
         b: DView<'_, Self, F>,
     ) -> Result<()> {
-        let _timed = self.time_op("swiglu_backward", &stream.inner);
+        let _timed = self.begin_op("swiglu_backward", &stream.inner);
         let name = "swiglu_backward";
         f32_only::<F>(name)?;
         for (what, len) in [
@@ -1274,7 +1168,7 @@ impl Device for CudaDevice {
         out: DViewMut<'_, Self, F>,
         x: DView<'_, Self, F>,
     ) -> Result<()> {
-        let _timed = self.time_op("gelu_forward", &stream.inner);
+        let _timed = self.begin_op("gelu_forward", &stream.inner);
         f32_only::<F>("gelu_forward")?;
         same_len("gelu_forward", "out", out.len(), x.len())?;
         launch::elementwise::gelu_forward(self, &stream.inner, addr_mut(&out), addr(&x), x.len())
@@ -1286,7 +1180,7 @@ impl Device for CudaDevice {
         d: DViewMut<'_, Self, F>,
         x: DView<'_, Self, F>,
     ) -> Result<()> {
-        let _timed = self.time_op("gelu_backward", &stream.inner);
+        let _timed = self.begin_op("gelu_backward", &stream.inner);
         f32_only::<F>("gelu_backward")?;
         same_len("gelu_backward", "d", d.len(), x.len())?;
         launch::elementwise::gelu_backward(self, &stream.inner, addr_mut(&d), addr(&x), x.len())
@@ -1300,7 +1194,7 @@ impl Device for CudaDevice {
         qkv: DView<'_, Self, F>,
         shape: AttnShape,
     ) -> Result<()> {
-        let _timed = self.time_op("attention_forward", &stream.inner);
+        let _timed = self.begin_op("attention_forward", &stream.inner);
         f32_only::<F>("attention_forward")?;
         check::attention_forward(y.len(), p.len(), qkv.len(), &shape)?;
         if self.attention.get() == AttentionKernels::Products {
@@ -1339,7 +1233,7 @@ impl Device for CudaDevice {
         qkv: DView<'_, Self, F>,
         shape: AttnShape,
     ) -> Result<()> {
-        let _timed = self.time_op("attention_backward", &stream.inner);
+        let _timed = self.begin_op("attention_backward", &stream.inner);
         f32_only::<F>("attention_backward")?;
         check::attention_backward(
             dqkv.len(),
@@ -1389,7 +1283,7 @@ impl Device for CudaDevice {
         targets: DView<'_, Self, u32>,
         v: usize,
     ) -> Result<()> {
-        let _timed = self.time_op("softmax_xent_forward", &stream.inner);
+        let _timed = self.begin_op("softmax_xent_forward", &stream.inner);
         let op = "softmax_xent_forward";
         f32_only::<F>(op)?;
         let rows = check::softmax_xent(op, logits.len(), Some(losses.len()), targets.len(), v)?;
@@ -1412,7 +1306,7 @@ impl Device for CudaDevice {
         v: usize,
         scale: F,
     ) -> Result<()> {
-        let _timed = self.time_op("softmax_xent_backward", &stream.inner);
+        let _timed = self.begin_op("softmax_xent_backward", &stream.inner);
         let op = "softmax_xent_backward";
         f32_only::<F>(op)?;
         let rows = check::softmax_xent(op, probs.len(), None, targets.len(), v)?;
@@ -1433,7 +1327,7 @@ impl Device for CudaDevice {
         dst: DViewMut<'_, Self, F>,
         src: DView<'_, Self, F>,
     ) -> Result<()> {
-        let _timed = self.time_op("mean", &stream.inner);
+        let _timed = self.begin_op("mean", &stream.inner);
         f32_only::<F>("mean")?;
         check::mean(dst.len(), src.len())?;
         launch::xent::mean(self, &stream.inner, addr_mut(&dst), addr(&src), src.len())
@@ -1445,7 +1339,7 @@ impl Device for CudaDevice {
         out: DViewMut<'_, Self, F>,
         row: DView<'_, Self, F>,
     ) -> Result<()> {
-        let _timed = self.time_op("fill_rows", &stream.inner);
+        let _timed = self.begin_op("fill_rows", &stream.inner);
         f32_only::<F>("fill_rows")?;
         let rows = check::rows_of("fill_rows", "out", out.len(), row.len())?;
         launch::rows::fill_rows(
@@ -1464,7 +1358,7 @@ impl Device for CudaDevice {
         out: DViewMut<'_, Self, F>,
         row: DView<'_, Self, F>,
     ) -> Result<()> {
-        let _timed = self.time_op("add_rows", &stream.inner);
+        let _timed = self.begin_op("add_rows", &stream.inner);
         f32_only::<F>("add_rows")?;
         let rows = check::rows_of("add_rows", "out", out.len(), row.len())?;
         launch::rows::add_rows(
@@ -1483,7 +1377,7 @@ impl Device for CudaDevice {
         db: DViewMut<'_, Self, F>,
         dout: DView<'_, Self, F>,
     ) -> Result<()> {
-        let _timed = self.time_op("bias_backward", &stream.inner);
+        let _timed = self.begin_op("bias_backward", &stream.inner);
         f32_only::<F>("bias_backward")?;
         let rows = check::rows_of("bias_backward", "dout", dout.len(), db.len())?;
         let scratch = self.scratch::<f32>(
@@ -1511,7 +1405,7 @@ impl Device for CudaDevice {
         table: DView<'_, Self, F>,
         width: usize,
     ) -> Result<()> {
-        let _timed = self.time_op("gather_rows", &stream.inner);
+        let _timed = self.begin_op("gather_rows", &stream.inner);
         let op = "gather_rows";
         f32_only::<F>(op)?;
         let (rows, table_rows) =
@@ -1536,7 +1430,7 @@ impl Device for CudaDevice {
         dout: DView<'_, Self, F>,
         width: usize,
     ) -> Result<()> {
-        let _timed = self.time_op("scatter_add_rows", &stream.inner);
+        let _timed = self.begin_op("scatter_add_rows", &stream.inner);
         let op = "scatter_add_rows";
         f32_only::<F>(op)?;
         let (rows, table_rows) = check::lookup(
@@ -1569,7 +1463,7 @@ impl Device for CudaDevice {
         first: usize,
         width: usize,
     ) -> Result<()> {
-        let _timed = self.time_op("gather_rows_block", &stream.inner);
+        let _timed = self.begin_op("gather_rows_block", &stream.inner);
         let op = "gather_rows_block";
         f32_only::<F>(op)?;
         let (rows, block_rows) =
@@ -1596,7 +1490,7 @@ impl Device for CudaDevice {
         first: usize,
         width: usize,
     ) -> Result<()> {
-        let _timed = self.time_op("scatter_add_rows_block", &stream.inner);
+        let _timed = self.begin_op("scatter_add_rows_block", &stream.inner);
         let op = "scatter_add_rows_block";
         f32_only::<F>(op)?;
         let (rows, block_rows) = check::lookup(
@@ -1629,7 +1523,7 @@ impl Device for CudaDevice {
         period: usize,
         width: usize,
     ) -> Result<()> {
-        let _timed = self.time_op("add_periodic_rows", &stream.inner);
+        let _timed = self.begin_op("add_periodic_rows", &stream.inner);
         let op = "add_periodic_rows";
         f32_only::<F>(op)?;
         let rows = check::periodic(op, "out", out.len(), table.len(), period, width)?;
@@ -1652,7 +1546,7 @@ impl Device for CudaDevice {
         period: usize,
         width: usize,
     ) -> Result<()> {
-        let _timed = self.time_op("periodic_rows_backward", &stream.inner);
+        let _timed = self.begin_op("periodic_rows_backward", &stream.inner);
         let op = "periodic_rows_backward";
         f32_only::<F>(op)?;
         let rows = check::periodic(op, "dout", dout.len(), dtable.len(), period, width)?;
@@ -1675,7 +1569,7 @@ impl Device for CudaDevice {
         seq_len: usize,
         width: usize,
     ) -> Result<()> {
-        let _timed = self.time_op("shift_rows_forward", &stream.inner);
+        let _timed = self.begin_op("shift_rows_forward", &stream.inner);
         let op = "shift_rows_forward";
         f32_only::<F>(op)?;
         let rows = check::shift(op, "x", x.len(), "out", out.len(), seq_len, width)?;
@@ -1698,7 +1592,7 @@ impl Device for CudaDevice {
         seq_len: usize,
         width: usize,
     ) -> Result<()> {
-        let _timed = self.time_op("shift_rows_backward", &stream.inner);
+        let _timed = self.begin_op("shift_rows_backward", &stream.inner);
         let op = "shift_rows_backward";
         f32_only::<F>(op)?;
         let rows = check::shift(op, "dout", dout.len(), "dx", dx.len(), seq_len, width)?;
@@ -1719,7 +1613,7 @@ impl Device for CudaDevice {
         dst: DViewMut<'_, Self, F>,
         src: DView<'_, Self, F>,
     ) -> Result<()> {
-        let _timed = self.time_op("add", &stream.inner);
+        let _timed = self.begin_op("add", &stream.inner);
         f32_only::<F>("add")?;
         same_len("add", "src", src.len(), dst.len())?;
         launch::elementwise::add(self, &stream.inner, addr_mut(&dst), addr(&src), src.len())
@@ -1731,7 +1625,7 @@ impl Device for CudaDevice {
         dst: DViewMut<'_, Self, F>,
         a: F,
     ) -> Result<()> {
-        let _timed = self.time_op("scale", &stream.inner);
+        let _timed = self.begin_op("scale", &stream.inner);
         f32_only::<F>("scale")?;
         let n = dst.len();
         launch::elementwise::scale(self, &stream.inner, addr_mut(&dst), a.to_f64() as f32, n)

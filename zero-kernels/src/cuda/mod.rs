@@ -17,6 +17,7 @@ pub(crate) mod nn;
 pub mod peer;
 mod pool;
 mod profile;
+mod staged;
 
 pub use blas::MatmulPrecision;
 pub use device::{CudaBuf, CudaEventRef, CudaStreamRef};
@@ -26,7 +27,6 @@ pub use profile::OpTime;
 pub(crate) use buffer::check_len as buffer_check_len;
 pub use buffer::{DeviceAdamWState, DeviceBuffer, DeviceElement, DeviceFloat, DeviceHalfMut};
 
-use crate::device::release::Released;
 pub use crate::device::StagedOverlap;
 use crate::error::KernelError;
 use crate::ptx::SOURCES;
@@ -64,19 +64,9 @@ pub struct CudaDevice {
     /// Staging memory held for queued [`crate::device::Device::upload_from_staging`]
     /// copies, each until the event recorded after its copy has completed.
     staged_uploads: RefCell<Vec<(cudarc::driver::CudaEvent, crate::device::Retained)>>,
-    /// Whether host-staged collectives run behind compute ([`StagedOverlap::ENV`] at
-    /// opening).
-    staged: Cell<StagedOverlap>,
-    /// Started host work whose streams wait on the device for the release word
-    /// (`device/release.rs`).
-    released: RefCell<Released>,
-    /// The page-locked word those streams wait on, made for the first such work.
-    release_word: RefCell<Option<device::ReleaseWord>>,
-    /// Set when the driver refused a stream wait: the host waits in place from then on.
-    stream_wait_refused: Cell<bool>,
-    /// The streams (`CUstream` addresses) that may stall behind the started host work in
-    /// flight: those that wait for the word, and those that wait for their events.
-    gated: RefCell<Vec<u64>>,
+    /// Host-staged work left running behind compute, and whether it is
+    /// ([`StagedOverlap::ENV`] at opening).
+    staged: staged::StagedWork,
 }
 
 /// A rotary table's shape: (T, hd, the bits of theta).
@@ -139,11 +129,7 @@ impl CudaDevice {
             profiling: Cell::new(false),
             op_marks: RefCell::new(Vec::new()),
             staged_uploads: RefCell::new(Vec::new()),
-            staged: Cell::new(staged),
-            released: RefCell::new(Released::default()),
-            release_word: RefCell::new(None),
-            stream_wait_refused: Cell::new(false),
-            gated: RefCell::new(Vec::new()),
+            staged: staged::StagedWork::new(staged),
         })
     }
 
@@ -177,12 +163,12 @@ impl CudaDevice {
     /// overlap only collectives that finish when they start (thread ranks), as
     /// docs/ARCHITECTURE.md explains.
     pub fn set_staged_overlap(&self, mode: StagedOverlap) -> StagedOverlap {
-        self.staged.replace(mode)
+        self.staged.set_mode(mode)
     }
 
     /// Whether host-staged collectives run behind compute.
     pub fn staged_overlap(&self) -> StagedOverlap {
-        self.staged.get()
+        self.staged.mode()
     }
 
     /// The caching allocator's counters.

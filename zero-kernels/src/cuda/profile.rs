@@ -32,7 +32,7 @@ pub struct OpTime {
     pub ms: f64,
 }
 
-/// Records the end event of an op when dropped (see [`CudaDevice::time_op`]).
+/// Records the end event of an op when dropped (see [`CudaDevice::begin_op`]).
 pub(crate) struct OpTimer<'a> {
     dev: &'a CudaDevice,
     name: &'static str,
@@ -90,12 +90,15 @@ impl CudaDevice {
         Ok(out)
     }
 
-    /// Time op `name` on `stream` from now until the returned guard drops, when profiling
-    /// is on.
-    /// Every op passes here, so this is also where the host looks at started host work
-    /// (`device/release.rs`).
-    pub(crate) fn time_op<'a>(&'a self, name: &'static str, stream: &'a CudaStream) -> OpTimer<'a> {
-        self.poll_released(stream);
+    /// Every op starts here: the host looks at the host-staged work left running
+    /// (`staged.rs`), and, when profiling is on, op `name` on `stream` is timed from now
+    /// until the returned guard drops.
+    pub(crate) fn begin_op<'a>(
+        &'a self,
+        name: &'static str,
+        stream: &'a CudaStream,
+    ) -> OpTimer<'a> {
+        self.staged.poll(stream);
         let start = if self.profiling.get() {
             stream
                 .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))

@@ -106,6 +106,12 @@ impl Released {
         !self.in_flight.is_empty()
     }
 
+    /// Whether [`Released::settle`] has nothing to do: no work in flight, nothing
+    /// retained, no failure to report.
+    pub(crate) fn idle(&self) -> bool {
+        self.in_flight.is_empty() && self.finished.is_empty() && self.failed.is_none()
+    }
+
     /// The number the next piece of work's stream waits for.
     pub(crate) fn next_number(&self) -> u32 {
         self.last.wrapping_add(1)
