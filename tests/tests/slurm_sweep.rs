@@ -408,3 +408,81 @@ fn train_and_sweep_sbatch_refuse_to_run_outside_an_allocation() {
         );
     }
 }
+
+/// Ctrl-C to `sweep run` or `tune` inside an allocation, while their srun step trains:
+/// the step ends within seconds (no step of the job is left in `squeue -s` 30 s later:
+/// Slurm tears a cancelled step down after srun has ended), the command
+/// exits 130 and says which point or run it stopped and where its partial output is. The
+/// batch script runs the command in the background with job control on (`set -m`), as an
+/// interactive shell would, so SIGINT is not ignored the way a non-interactive shell's
+/// background jobs ignore it; the signal goes to that one process, as a terminal's
+/// Ctrl-C goes to the foreground process (the launcher runs in its own process group).
+#[test]
+fn ctrl_c_stops_sweep_and_tune_and_their_srun_steps() {
+    let conf = slurm_conf();
+    let bench = zero_bench_bin().display().to_string();
+    let launcher = "srun --mpi=pmix --kill-on-bad-exit=1 -n {n}";
+    let cases = [
+        (
+            "sweep",
+            format!(
+                "sweep run --ranks 4 --stages 0 --steps 20000 --config {} --out out --launcher '{launcher}'",
+                config("tiny.toml")
+            ),
+            "sweep interrupted at point 1 of 1",
+        ),
+        (
+            "tune",
+            format!(
+                "tune --config {} --world 4 --global-batch 8 --mem-limit 1GiB --top 2 \
+                 --steps 20000 --rounds 1 --ranks-per-node 2 --out out --launcher '{launcher}'",
+                config("tiny.toml")
+            ),
+            "tune interrupted in round 1 of 1",
+        ),
+    ];
+    for (name, args, said) in cases {
+        let dir = job_dir(&format!("ctrl-c-{name}"));
+        let batch = dir.join("ctrl-c.sbatch");
+        // Wait until the training job's ranks run (rank 0 has logged its backend; not
+        // tune's link probe, whose log is probe-comm.log), interrupt a second later, then
+        // give Slurm 30 s to tear the step down. (Interrupted while srun still launched
+        // its tasks, the step may outlive srun by minutes on this loaded machine: slurmd
+        // was measured taking 2 minutes to start a step's tasks under a load of 10.)
+        std::fs::write(
+            &batch,
+            format!(
+                "#!/bin/bash\nset -m\n{bench} {args} > cmd.log 2>&1 &\npid=$!\n\
+                 for i in $(seq 600); do\n\
+                 \x20 cat out/run-*.log out/n4_*.log 2>/dev/null | grep -q 'comm backend' && break\n\
+                 \x20 sleep 0.2\ndone\nsleep 1\nkill -INT $pid\nwait $pid\necho \"rc=$?\"\n\
+                 for i in $(seq 150); do\n\
+                 \x20 left=$(squeue -h -s -j $SLURM_JOB_ID -o %i | grep -v batch | tr '\\n' ' ')\n\
+                 \x20 [ -z \"$left\" ] && break\n\x20 sleep 0.2\ndone\n\
+                 echo \"steps left: $left\"\n"
+            ),
+        )
+        .unwrap_or_else(|e| panic!("write {}: {e}", batch.display()));
+        let batch = batch.display().to_string();
+        let (id, state, log) = run_job(
+            &conf,
+            &dir,
+            &["-N", "2", "--ntasks-per-node=2", "--time=00:05:00", &batch],
+            &[],
+        );
+        let cmd_log = std::fs::read_to_string(dir.join("cmd.log")).unwrap_or_default();
+        assert_eq!(state, "COMPLETED", "{name}: job {id}\n{log}\n{cmd_log}");
+        assert!(log.contains("rc=130"), "{name}: job {id}\n{log}\n{cmd_log}");
+        assert!(
+            log.lines().any(|l| l
+                .strip_prefix("steps left:")
+                .is_some_and(|r| r.trim().is_empty())),
+            "{name}: a step outlived the interrupt: job {id}\n{log}\n{cmd_log}"
+        );
+        assert!(
+            cmd_log.contains(said)
+                && cmd_log.contains("interrupted by SIGINT; the job and its ranks were stopped"),
+            "{name}: job {id}\n{cmd_log}"
+        );
+    }
+}
