@@ -168,3 +168,39 @@ fn mpi_errors_are_typed_and_carry_the_rank() {
         );
     }
 }
+
+/// A library user's `main` under `zero_comm::mpi_main`: one rank's error ends the job at
+/// once (the others sat in an all-reduce) and is printed naming the rank; an error every
+/// rank returns at the same point ends each rank normally, with exit code 1 and no abort.
+#[test]
+fn mpi_main_aborts_on_one_ranks_error_and_finalizes_on_an_agreed_one() {
+    let out = job(3, "rank-error").run();
+    out.assert_failed_by_itself();
+    assert!(
+        out.all_text()
+            .contains("rank 2: deliberate error on the last rank"),
+        "{}",
+        out.transcript()
+    );
+    assert!(
+        !out.all_text().contains("watchdog"),
+        "ended by the watchdog, not by mpi_main\n{}",
+        out.transcript()
+    );
+    let out = job(3, "agreed-error").run();
+    out.assert_failed_by_itself();
+    assert_eq!(out.code, Some(1), "{}", out.transcript());
+    for r in 0..3 {
+        let line = format!("rank {r}: deliberate error on every rank (sum 3)");
+        assert!(
+            out.all_text().contains(&line),
+            "{line}\n{}",
+            out.transcript()
+        );
+    }
+    assert!(
+        !out.all_text().contains("MPI_ABORT"),
+        "aborted instead of finalizing\n{}",
+        out.transcript()
+    );
+}

@@ -73,6 +73,54 @@ impl Drop for MpiContext {
     }
 }
 
+/// Run `job` as this process's rank of an MPI job (started by mpirun or srun) and end it
+/// as a job should end; `main` returns what this returns:
+///
+/// ```no_run
+/// # fn train(_: &zero_comm::MpiComm) -> Result<(), zero_comm::CommError> { Ok(()) }
+/// fn main() -> std::process::ExitCode {
+///     // zero-core's EngineError::is_agreed_stop tells the errors every rank returns.
+///     zero_comm::mpi_main(|comm| train(comm), |_error| false)
+/// }
+/// ```
+///
+/// - MPI does not start ([`init`]): the reason on stderr, exit code 1.
+/// - `job` returns `Ok`: MPI_Finalize, exit code 0.
+/// - `job` returns `Err(e)`: `rank R: e` on stderr at once (`{:#}`, so an `anyhow` error
+///   shows its causes), then, when `agreed(&e)` says every rank returns this error at
+///   the same point, MPI_Finalize on every rank and exit code 1; otherwise the whole job
+///   is aborted (MPI_Abort, exit code 1), because the other ranks may be waiting for this
+///   one in a collective. Returning such an error from `main` with `?` instead would
+///   drop [`MpiContext`] first: its MPI_Finalize waits for ranks that wait in their
+///   collective, until the watchdog ([`CommConfig::timeout`], 30 minutes unless set)
+///   ends the job without the error ever printed. `|_| false` is always safe.
+///
+/// A panic aborts the job as with [`init`] (its hook).
+pub fn mpi_main<E: std::fmt::Display>(
+    job: impl FnOnce(&MpiComm) -> std::result::Result<(), E>,
+    agreed: impl FnOnce(&E) -> bool,
+) -> std::process::ExitCode {
+    let (context, world) = match init() {
+        Ok(x) => x,
+        Err(e) => {
+            line_to_stderr(&format!("cannot start MPI: {e}"));
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let outcome = job(&world);
+    let code = match outcome {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) if agreed(&e) => {
+            line_to_stderr(&format!("rank {}: {e:#}", context.world_rank));
+            std::process::ExitCode::FAILURE
+        }
+        Err(e) => crate::exit::abort(&format!("{e:#}"), 1),
+    };
+    drop(world);
+    drop(context);
+    code
+}
+
 /// Initialise MPI with options from the environment ([`CommConfig::from_env`]).
 pub fn init() -> Result<(MpiContext, MpiComm)> {
     init_with(CommConfig::from_env()?)

@@ -69,7 +69,7 @@ pub use config::{CommConfig, HalfSum};
 pub use error::{CommError, Result};
 pub use exit::{abort, line_to_stderr, PANIC_EXIT_CODE};
 #[cfg(feature = "mpi")]
-pub use init::{init, init_with, MpiContext};
+pub use init::{init, init_with, mpi_main, MpiContext};
 pub use local::{run_local, run_local_on_nodes, LocalComm, RankPanic};
 #[cfg(feature = "mpi")]
 pub use mpi::MpiComm;

@@ -14,6 +14,6 @@
 #[path = "models/mod.rs"]
 mod models;
 
-fn main() {
-    models::launch::main("char_lm", &models::train::CharLmExample, 300);
+fn main() -> std::process::ExitCode {
+    models::launch::main("char_lm", &models::train::CharLmExample, 300)
 }

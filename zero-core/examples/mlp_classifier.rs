@@ -14,6 +14,6 @@
 #[path = "models/mod.rs"]
 mod models;
 
-fn main() {
-    models::launch::main("mlp_classifier", &models::train::MlpExample, 200);
+fn main() -> std::process::ExitCode {
+    models::launch::main("mlp_classifier", &models::train::MlpExample, 200)
 }

@@ -13,14 +13,27 @@
 //!   watchdog covers the MPI call between the staging copies.
 //! - `mpi-error`: an MPI call with an invalid root must come back as `CommError::Mpi`
 //!   carrying the rank, not abort inside MPI.
+//! - `rank-error` (under `zero_comm::mpi_main`): the last rank's job returns an error
+//!   while the others wait in an all-reduce; the job must end at once (MPI_Abort), the
+//!   error printed naming the rank, without waiting for the watchdog.
+//! - `agreed-error` (under `zero_comm::mpi_main`): every rank returns the same error
+//!   after an all-reduce, which `agreed` accepts; every rank prints it and finalizes, and
+//!   the job exits 1 without an abort.
 
 use std::time::Duration;
 use zero_comm::{
     CollectiveKind, CommError, Communicator, DType, Location, RawBuf, RawCall, ReduceOp,
 };
 
-fn main() {
+fn main() -> std::process::ExitCode {
     let mode = std::env::args().nth(1).unwrap_or_default();
+    if let Some(agreed) = match mode.as_str() {
+        "rank-error" => Some(false),
+        "agreed-error" => Some(true),
+        _ => None,
+    } {
+        return zero_comm::mpi_main(|world| job_error(world, agreed), |_| agreed);
+    }
     let (_ctx, world) = match zero_comm::init() {
         Ok(x) => x,
         Err(e) => {
@@ -146,6 +159,27 @@ fn main() {
         _ => zero_comm::abort(&format!("unknown mode '{mode}'"), 2),
     }
     println!("{}", zero_tests::ok_line(me));
+    std::process::ExitCode::SUCCESS
+}
+
+/// The job of `rank-error` (`agreed`: false) and `agreed-error` (true).
+fn job_error(world: &zero_comm::MpiComm, agreed: bool) -> Result<(), String> {
+    let (me, n) = (world.rank(), world.size());
+    let mut buf = vec![1.0f32; 1000];
+    if agreed {
+        world
+            .all_reduce(&mut buf[..], ReduceOp::Sum)
+            .map_err(|e| e.to_string())?;
+        return Err(format!("deliberate error on every rank (sum {})", buf[0]));
+    }
+    if me == n - 1 {
+        return Err("deliberate error on the last rank".into());
+    }
+    // Would wait for the watchdog (30 minutes) if the job were not aborted.
+    world
+        .all_reduce(&mut buf[..], ReduceOp::Sum)
+        .map_err(|e| e.to_string())?;
+    Ok(())
 }
 
 fn expect_mismatch(r: zero_comm::Result<()>, a: &str, b: &str) {

@@ -1,6 +1,7 @@
 //! What the example binaries share: options, and the launch on N thread ranks
 //! (`zero_comm::run_local`), or on MPI when started by mpirun/srun (one process a rank).
 
+use std::process::ExitCode;
 use zero_comm::Communicator;
 use zero_core::{EngineError, Stage};
 use zero_kernels::device::{Device, HostDevice, SimDevice};
@@ -17,8 +18,8 @@ pub trait Example: Sync {
     ) -> Result<Vec<f64>, EngineError>;
 }
 
-/// Parse `--ranks N --stage S --steps K --sim`, run, exit non-zero on any error.
-pub fn main(name: &str, example: &impl Example, default_steps: u64) {
+/// Parse `--ranks N --stage S --steps K --sim`, run; the exit code is non-zero on any error.
+pub fn main(name: &str, example: &impl Example, default_steps: u64) -> ExitCode {
     let usage = format!("usage: {name} [--ranks N] [--stage 0-3] [--steps K] [--sim]");
     let (mut ranks, mut stage, mut steps, mut sim) = (2usize, Stage::Zero3, default_steps, false);
     let mut args = std::env::args().skip(1);
@@ -30,7 +31,7 @@ pub fn main(name: &str, example: &impl Example, default_steps: u64) {
             }
             "-h" | "--help" => {
                 println!("{usage}");
-                return;
+                return ExitCode::SUCCESS;
             }
             "--ranks" | "--steps" | "--stage" => match args.next() {
                 None => Err("needs a value".to_string()),
@@ -49,31 +50,38 @@ pub fn main(name: &str, example: &impl Example, default_steps: u64) {
         };
         if let Err(e) = parsed {
             eprintln!("{name}: {a}: {e}");
-            std::process::exit(2);
+            return ExitCode::from(2);
         }
     }
-    let outcome = if under_mpirun() {
-        zero_comm::init()
-            .map_err(|e| e.to_string())
-            .and_then(|(_mpi, comm)| launch(example, &comm, stage, steps, sim))
-    } else {
-        println!(
-            "{ranks} thread ranks, {stage} on the {} device",
-            if sim { "simulated" } else { "host" }
+    if under_mpirun() {
+        // One rank's error aborts the job (the others may wait for it in a collective);
+        // an error every rank returns together ends each rank normally.
+        return zero_comm::mpi_main(
+            |comm| launch(example, comm, stage, steps, sim).map(drop),
+            EngineError::is_agreed_stop,
         );
-        zero_comm::run_local(ranks, Default::default(), |comm| {
-            launch(example, &comm, stage, steps, sim)
-        })
-        .into_iter()
-        .enumerate()
-        .try_for_each(|(r, x)| {
-            x.map_err(|p| format!("rank {r} panicked: {p:?}"))
-                .and_then(|x| x)
-        })
-    };
-    if let Err(e) = outcome {
-        eprintln!("{name}: error: {e}");
-        std::process::exit(1);
+    }
+    println!(
+        "{ranks} thread ranks, {stage} on the {} device",
+        if sim { "simulated" } else { "host" }
+    );
+    let outcome = zero_comm::run_local(ranks, Default::default(), |comm| {
+        launch(example, &comm, stage, steps, sim)
+            .map(drop)
+            .map_err(|e| format!("rank {}: {e}", comm.rank()))
+    })
+    .into_iter()
+    .enumerate()
+    .try_for_each(|(r, x)| {
+        x.map_err(|p| format!("rank {r} panicked: {p:?}"))
+            .and_then(|x| x)
+    });
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{name}: error: {e}");
+            ExitCode::FAILURE
+        }
     }
 }
 
@@ -83,15 +91,12 @@ fn launch<C: Communicator>(
     stage: Stage,
     steps: u64,
     sim: bool,
-) -> Result<(), String> {
-    let outcome = if sim {
+) -> Result<Vec<f64>, EngineError> {
+    if sim {
         example.train(comm, &SimDevice::new(comm.rank() as u64), stage, steps)
     } else {
         example.train(comm, &HostDevice::new(), stage, steps)
-    };
-    outcome
-        .map(|_| ())
-        .map_err(|e| format!("rank {}: {e}", comm.rank()))
+    }
 }
 
 /// Launched by mpirun or srun (then every process is one rank of MPI's world).
