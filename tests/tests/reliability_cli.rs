@@ -635,3 +635,141 @@ exec "$2" train --config "$c" --no-progress --steps 2"#;
         out.transcript()
     );
 }
+
+/// Each rank of 2 in its own directory (`base/L<rank>`, as node-local storage mounted
+/// under one path would give), running `train` with `args`.
+fn per_rank_dirs(base: &Path, args: &[&str]) -> JobOutput {
+    for r in 0..2 {
+        std::fs::create_dir_all(base.join(format!("L{r}"))).expect("mkdir");
+    }
+    let script = r#"cd "$1/L$OMPI_COMM_WORLD_RANK" && b="$2" && shift 2 && exec "$b" train "$@""#;
+    let mut a = vec![
+        "-c".to_string(),
+        script.to_string(),
+        "sh".to_string(),
+        s(base),
+        s(&zero_bench_bin()),
+        "--config".to_string(),
+        repo("configs/tiny.toml"),
+        "--no-progress".to_string(),
+    ];
+    a.extend(args.iter().map(|x| x.to_string()));
+    MpiJob::new(2, "sh")
+        .args(a)
+        .timeout(Duration::from_secs(90))
+        .run()
+}
+
+/// A --ckpt-dir that is a different directory on each rank (both exist and are
+/// writable) is refused before step 1, naming the rank that cannot see rank 0's file;
+/// a --resume path that holds different checkpoints on different ranks (a stale
+/// node-local copy) is refused before anything loads, naming the rank.
+#[test]
+fn ranks_that_see_different_checkpoint_directories_are_refused() {
+    let dir = scratch("node-local");
+    for r in 0..2 {
+        std::fs::create_dir_all(dir.join(format!("L{r}/ck"))).expect("mkdir");
+    }
+    let out = per_rank_dirs(
+        &dir,
+        &["--steps", "3", "--ckpt-dir", "ck", "--save-every", "1"],
+    );
+    failed_with(
+        &out,
+        1,
+        &["rank 1 of 2", "does not see it", "not one directory shared"],
+    );
+    no_step_ran(&out);
+    // Two runs' step 2 (another learning rate), one copied to each rank's directory.
+    for (name, lr) in [("a", "0.01"), ("b", "0.05")] {
+        let ck = s(&dir.join(name));
+        let lr = format!("optim.lr={lr}");
+        ok(&tiny(&["--steps", "2", "--ckpt-dir", &ck, "--set", &lr]));
+    }
+    for (r, name) in [(0, "a"), (1, "b")] {
+        let to = dir.join(format!("L{r}/from"));
+        let status = Command::new("cp")
+            .arg("-r")
+            .arg(dir.join(name).join("step-2"))
+            .arg(&to)
+            .status()
+            .expect("cp runs");
+        assert!(status.success());
+    }
+    let out_dir = s(&dir.join("out"));
+    let out = per_rank_dirs(
+        &dir,
+        &["--steps", "4", "--resume", "from", "--ckpt-dir", &out_dir],
+    );
+    failed_with(
+        &out,
+        1,
+        &["rank 1 of 2", "--resume from", "another meta.json"],
+    );
+    no_step_ran(&out);
+}
+
+/// Two jobs given one --ckpt-dir: the second is refused while the first runs, naming
+/// the first (its process), and the first finishes and saves as it would alone.
+#[test]
+fn a_second_job_in_a_checkpoint_directory_in_use_is_refused() {
+    let dir = scratch("locked");
+    let ck = s(&dir.join("ck"));
+    let first = std::thread::scope(|scope| {
+        let first = scope.spawn(|| {
+            tiny(&[
+                "--steps",
+                "20000",
+                "--ckpt-dir",
+                &ck,
+                "--save-every",
+                "10000",
+            ])
+        });
+        // Once the first holds the lock (it writes its holder there).
+        let lock = dir.join("ck/.zero-lock");
+        let start = std::time::Instant::now();
+        while std::fs::read_to_string(&lock).map_or(true, |t| t.is_empty())
+            && start.elapsed() < Duration::from_secs(60)
+        {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let second = tiny(&["--steps", "3", "--ckpt-dir", &ck]);
+        let running = !first.is_finished();
+        failed_with(&second, 1, &["is in use by another job (process"]);
+        no_step_ran(&second);
+        assert!(
+            running,
+            "the first job ended before the second started; the test needs it running\n{}",
+            second.transcript()
+        );
+        first.join().expect("the first job's thread")
+    });
+    ok(&first);
+    assert!(dir.join("ck/step-20000").is_dir(), "{}", first.transcript());
+}
+
+/// A resume whose model has another head count (the parameters' shapes alike, so the
+/// load alone would accept it) is refused before step 1, saying the checkpoint's.
+#[test]
+fn a_resume_with_another_head_count_is_refused() {
+    let dir = scratch("heads");
+    let ck = s(&dir.join("ck"));
+    ok(&tiny(&["--steps", "2", "--ckpt-dir", &ck]));
+    let out = tiny(&[
+        "--steps",
+        "4",
+        "--resume",
+        &ck,
+        "--ckpt-dir",
+        &ck,
+        "--set",
+        "model.heads=4",
+    ]);
+    failed_with(
+        &out,
+        1,
+        &["heads 2, and this run has 4 (--set model.heads=2)"],
+    );
+    no_step_ran(&out);
+}

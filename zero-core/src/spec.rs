@@ -351,10 +351,28 @@ impl ModelSpec {
         )
     }
 
-    /// Check the spec is well formed: names unique, every layer's units exist and are
-    /// distinct, every unit is used by some layer, no empty unit, the row blocks of each
-    /// split tensor tile its rows exactly.
+    /// Check the spec is well formed: sizes that memory can address, names unique, every
+    /// layer's units exist and are distinct, every unit is used by some layer, no empty
+    /// unit, the row blocks of each split tensor tile its rows exactly.
     pub fn validate(&self) -> Result<(), String> {
+        // Before anything multiplies shapes (numel, offsets, layouts): an 8-byte element
+        // count that overflows would wrap silently in a release build.
+        let limit = isize::MAX as usize / 8;
+        let mut total = 0usize;
+        for p in self.units.iter().flat_map(|u| &u.params) {
+            total = p
+                .shape
+                .iter()
+                .try_fold(1usize, |n, &d| n.checked_mul(d))
+                .and_then(|n| total.checked_add(n))
+                .filter(|&t| t <= limit)
+                .ok_or_else(|| {
+                    format!(
+                        "parameter '{}' of shape {:?} takes the model past {limit} elements, more than memory can address; check its shape",
+                        p.name, p.shape
+                    )
+                })?;
+        }
         let mut names = std::collections::HashSet::new();
         for unit in &self.units {
             if unit.params.is_empty() {
@@ -546,5 +564,22 @@ mod tests {
         let mut odd = blocks.clone();
         odd[1].shape = vec![4, 2];
         refused(vec![unit(odd)], "one row shape");
+    }
+
+    #[test]
+    fn validate_refuses_sizes_past_what_memory_addresses() {
+        let huge = ParamSpec::new("w", &[usize::MAX / 2, 3]);
+        let e = spec_of(vec![unit(vec![huge])]).validate().unwrap_err();
+        assert!(
+            e.contains("'w' of shape") && e.contains("check its shape"),
+            "{e}"
+        );
+        // Each fits, the sum does not.
+        let half = ParamSpec::new("a", &[isize::MAX as usize / 16 + 1]);
+        let other = ParamSpec::new("b", &[isize::MAX as usize / 16 + 1]);
+        let e = spec_of(vec![unit(vec![half]), unit(vec![other])])
+            .validate()
+            .unwrap_err();
+        assert!(e.contains("'b'"), "{e}");
     }
 }

@@ -1,11 +1,19 @@
 //! What `--ckpt-dir` and `--resume` need, checked on every rank before step 1, so that a
 //! run that could not save, or should not resume, stops before it spends its allocation:
 //!
-//! - `--ckpt-dir`: rank 0 creates it; every rank writes and removes a probe file there
-//!   (each rank writes its own shard into it later). A directory that cannot be created,
-//!   a read-only filesystem, or one that a rank cannot see is an error naming the rank.
-//!   Without `--save-every` the run saves once, after its last step.
-//! - `--resume`: every rank reads the checkpoint's metadata. `train.steps` must be above
+//! - `--ckpt-dir`: rank 0 creates it and locks it for the whole run (`flock` on
+//!   `.zero-lock`, which names the holder), so a second job given the same directory is
+//!   refused instead of replacing this one's steps; a file system without locks gets a
+//!   warning. Every rank writes and removes a probe file there (each rank writes its own
+//!   shard into it later), and finds a file rank 0 wrote (node-local storage mounted
+//!   under the same path on every node would pass the probe and fail at the first save).
+//!   A directory that cannot be created, a read-only filesystem, or one that a rank
+//!   cannot see is an error naming the rank. Without `--save-every` the run saves once,
+//!   after its last step.
+//! - `--resume`: every rank reads the checkpoint's metadata, and the ranks compare it
+//!   (its step and a hash of `meta.json`, which holds every shard's checksums): ranks
+//!   that read different checkpoints under one path (a stale node-local copy) are
+//!   refused, naming them, rather than loading a mix. `train.steps` must be above
 //!   the checkpoint's step, and the global batch (ranks x grad_accum x micro_batch rows
 //!   of seq_len tokens) must be the checkpoint's unless `--allow-batch-change` says
 //!   otherwise; the change is then logged and recorded in the next checkpoints.
@@ -120,6 +128,8 @@ pub fn prepare<C: Communicator>(
         };
         agree(comm, created)?;
         agree(comm, probe(dir, rank))?;
+        agree(comm, if rank == 0 { lock(dir) } else { Ok(()) })?;
+        seen_by_every_rank(comm, dir)?;
         // Another run's checkpoints: a fresh run, or one resumed from elsewhere, would
         // replace its steps one by one.
         let earlier = match (rank, &args.resume) {
@@ -142,6 +152,7 @@ pub fn prepare<C: Communicator>(
         .and_then(|dir| Meta::read(&dir).map(|m| (dir, m)))
         .with_context(|| format!("--resume {}", path.display()));
     let (dir, meta) = agree(comm, read)?;
+    same_checkpoint_on_every_rank(comm, path, &dir, &meta)?;
     // The checks below depend only on the metadata and the configuration, the same on
     // every rank: rank 0 reports.
     let same = |e: anyhow::Error| Failure::same_everywhere(e, rank);
@@ -172,6 +183,12 @@ pub fn prepare<C: Communicator>(
             meta.step,
             show(saved.decay_steps)
         );
+    }
+    if let Some(why) = architecture_change(&meta, config) {
+        return Err(same(anyhow!(
+            "the checkpoint {} was trained with {why}: the parameters' shapes are alike, so it would load, but the model would compute something else than it learned; resume with the checkpoint's setting (or train afresh)",
+            dir.display()
+        )));
     }
     let ours = GlobalBatch::of(config, comm.size());
     let batch_change = match saved_batch(&meta) {
@@ -224,8 +241,13 @@ pub fn load<C: Communicator, E: Communicator, D: Device>(
     let (rank, world) = (comm.rank(), comm.size());
     let stage = engine.config().zero.stage;
     let from = &resume.dir;
-    let info =
-        checkpoint::load(engine, from).with_context(|| format!("resuming from {}", from.display()));
+    let info = checkpoint::load(engine, from).with_context(|| {
+        format!(
+            "resuming from {}{}",
+            from.display(),
+            earlier_checkpoints(from, resume.step)
+        )
+    });
     let info = agree(comm, info)?;
     if let Some(change) = &resume.batch_change {
         engine.record(change.clone());
@@ -245,6 +267,39 @@ pub fn load<C: Communicator, E: Communicator, D: Device>(
         );
     }
     Ok(())
+}
+
+/// For an error loading `step_dir`: the complete checkpoints before it in its root, newest
+/// first, as somewhere to resume from instead (" (earlier checkpoints in ROOT: step-8,
+/// step-4; --resume ROOT/step-8)"), or nothing.
+fn earlier_checkpoints(step_dir: &Path, step: u64) -> String {
+    let Some(root) = step_dir.parent() else {
+        return String::new();
+    };
+    let mut earlier: Vec<(u64, String)> = std::fs::read_dir(root)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let s: u64 = name.strip_prefix("step-")?.parse().ok()?;
+            (s < step && e.path().join(checkpoint::META_FILE).is_file()).then_some((s, name))
+        })
+        .collect();
+    earlier.sort_unstable_by(|a, b| b.cmp(a));
+    match earlier.first() {
+        None => String::new(),
+        Some((_, newest)) => format!(
+            " (earlier checkpoints in {}: {}; --resume {} to go on from the newest)",
+            root.display(),
+            earlier
+                .iter()
+                .map(|(_, n)| n.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+            root.join(newest).display()
+        ),
+    }
 }
 
 /// Save a checkpoint of `engine` under the root `dir`, keeping the newest `keep_last`,
@@ -278,6 +333,73 @@ fn saved_batch(meta: &Meta) -> anyhow::Result<GlobalBatch> {
         rows: saved.train.micro_batch,
         seq_len: saved.train.seq_len,
     })
+}
+
+/// What of the model's architecture differs from the checkpoint's in what the parameters'
+/// shapes do not show (so loading cannot catch it): the head counts, a Llama's RoPE base
+/// and norm epsilon. `None` when alike, or when the checkpoint records no readable
+/// configuration (the shapes are still checked on load).
+fn architecture_change(meta: &Meta, config: &Config) -> Option<String> {
+    use zero_models::ModelPreset;
+    let saved: Config = toml::from_str(meta.app_config.as_deref()?).ok()?;
+    let (theirs, ours) = (saved.model_preset().ok()?, config.model_preset().ok()?);
+    // (Only the head count is a setting; the rest come with the preset.)
+    let preset = saved.model.preset.clone().unwrap_or_default();
+    let differ = |what: &str, set: &str, a: String, b: String| {
+        (a != b).then(|| match set {
+            "model.heads" => format!("{what} {a}, and this run has {b} (--set model.heads={a})"),
+            _ => format!("{what} {a}, and this run has {b} (model.preset = \"{preset}\")"),
+        })
+    };
+    match (theirs, ours) {
+        (ModelPreset::Gpt(t), ModelPreset::Gpt(o)) => differ(
+            "heads",
+            "model.heads",
+            t.n_head.to_string(),
+            o.n_head.to_string(),
+        ),
+        (ModelPreset::Llama(t), ModelPreset::Llama(o)) => [
+            (
+                "heads",
+                "model.heads",
+                t.n_head.to_string(),
+                o.n_head.to_string(),
+            ),
+            (
+                "kv heads",
+                "model.kv_heads",
+                t.n_kv_head.to_string(),
+                o.n_kv_head.to_string(),
+            ),
+            (
+                "RoPE base",
+                "model.rope_theta",
+                t.rope_theta.to_string(),
+                o.rope_theta.to_string(),
+            ),
+            (
+                "norm epsilon",
+                "model.norm_eps",
+                t.norm_eps.to_string(),
+                o.norm_eps.to_string(),
+            ),
+        ]
+        .into_iter()
+        .find_map(|(w, s, a, b)| differ(w, s, a, b)),
+        (t, o) => Some(format!(
+            "a {} model, and this run has a {} model",
+            family(&t),
+            family(&o)
+        )),
+    }
+}
+
+/// "GPT-2" or "Llama".
+fn family(m: &zero_models::ModelPreset) -> &'static str {
+    match m {
+        zero_models::ModelPreset::Gpt(_) => "GPT-2",
+        zero_models::ModelPreset::Llama(_) => "Llama",
+    }
 }
 
 /// Refuse `dir` when it holds an earlier run's checkpoints (a `latest` pointer) and this
@@ -337,4 +459,180 @@ fn probe(dir: &Path, rank: usize) -> anyhow::Result<()> {
             dir.display()
         )
     })
+}
+
+/// The ranks' collectives failed while checking the set-up: they may be at different
+/// points, so end the job here (as `agree` does) rather than wait in MPI_Finalize.
+fn broken(e: zero_comm::CommError) -> Failure {
+    zero_comm::abort(
+        &format!("error: checking --ckpt-dir/--resume across ranks: {e}"),
+        1,
+    )
+}
+
+/// A nonce for names no earlier run used: the time and the process id.
+fn nonce() -> i64 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i64);
+    (t ^ ((std::process::id() as i64) << 32)) & i64::MAX
+}
+
+/// The name of the lock file in a checkpoint directory.
+pub const LOCK_FILE: &str = ".zero-lock";
+
+/// Directories this process holds locked (each until the process ends: the lock is the
+/// open file). A second run in the same process reuses its lock.
+static LOCKED: std::sync::Mutex<Vec<(PathBuf, std::fs::File)>> = std::sync::Mutex::new(Vec::new());
+
+/// Lock `dir` for this job (rank 0): `flock` on `.zero-lock`, which then names the holder.
+/// Another job holding it is an error that names that job; a file system that takes no
+/// locks (some Lustre mounts, NFS without its lock service) a warning.
+fn lock(dir: &Path) -> anyhow::Result<()> {
+    use std::io::{Read, Seek, Write};
+    use std::os::fd::AsRawFd;
+    let mut held = LOCKED.lock().unwrap_or_else(|p| p.into_inner());
+    let canonical = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    if held.iter().any(|(d, _)| *d == canonical) {
+        return Ok(());
+    }
+    let path = dir.join(LOCK_FILE);
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .with_context(|| {
+            format!(
+                "--ckpt-dir {}: cannot open its lock file {}",
+                dir.display(),
+                path.display()
+            )
+        })?;
+    // SAFETY: flock(2) on a descriptor this function owns; no memory involved.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let e = std::io::Error::last_os_error();
+        let no_locks = [libc::ENOLCK, libc::EOPNOTSUPP, libc::ENOSYS, libc::EINVAL];
+        if e.raw_os_error().is_some_and(|c| no_locks.contains(&c)) {
+            log::warn!(
+                "--ckpt-dir {}: its file system takes no locks ({e}); nothing stops another job from saving into the same directory, which would replace this run's steps",
+                dir.display()
+            );
+            return Ok(());
+        }
+        if e.kind() == std::io::ErrorKind::WouldBlock {
+            let mut holder = String::new();
+            let _ = file.read_to_string(&mut holder);
+            let holder = holder.trim();
+            bail!(
+                "--ckpt-dir {} is in use by another job{}: two runs saving into one directory replace each other's steps. Give this run another --ckpt-dir, or wait for that job to end (its lock, {}, goes with it)",
+                dir.display(),
+                if holder.is_empty() { String::new() } else { format!(" ({holder})") },
+                path.display()
+            );
+        }
+        bail!(
+            "--ckpt-dir {}: cannot lock {}: {e}",
+            dir.display(),
+            path.display()
+        );
+    }
+    // Who holds it, for the message above (best effort: the lock is what counts).
+    let job = std::env::var("SLURM_JOB_ID").map_or(String::new(), |j| format!(", Slurm job {j}"));
+    let _ = file.set_len(0).and_then(|_| file.rewind()).and_then(|_| {
+        writeln!(
+            file,
+            "process {} on {}{job}",
+            std::process::id(),
+            zero_comm::socket::host_name()
+        )
+    });
+    held.push((canonical, file));
+    Ok(())
+}
+
+/// Every rank finds a file that rank 0 wrote into `dir` (collective): the ranks share
+/// the directory. Rank 0 writes a marker named by a fresh nonce and broadcasts the
+/// nonce; the others look for it for up to 10 s (a network file system may take a
+/// moment), and those that never see it fail, named.
+fn seen_by_every_rank<C: Communicator>(comm: &C, dir: &Path) -> Result<(), Failure> {
+    if comm.size() == 1 {
+        return Ok(());
+    }
+    let rank = comm.rank();
+    let mut id = [nonce()];
+    comm.broadcast(&mut id[..], 0).map_err(broken)?;
+    let marker = dir.join(format!(".shared-test-{:x}", id[0]));
+    let written = match rank {
+        0 => std::fs::File::create(&marker)
+            .and_then(|f| f.sync_all())
+            .with_context(|| {
+                format!(
+                    "--ckpt-dir {}: cannot write {}",
+                    dir.display(),
+                    marker.display()
+                )
+            }),
+        _ => Ok(()),
+    };
+    agree(comm, written)?;
+    let seen = if rank == 0 {
+        Ok(())
+    } else {
+        let start = std::time::Instant::now();
+        while !marker.exists() && start.elapsed() < std::time::Duration::from_secs(10) {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        if marker.exists() {
+            Ok(())
+        } else {
+            Err(anyhow!(
+                "--ckpt-dir {}: rank 0 wrote {} there, and this rank does not see it: the directory is not one directory shared by all ranks (node-local storage under the same path?), so rank 0's metadata and the other ranks' shards would never meet; give a directory on a file system every node shares",
+                dir.display(),
+                marker.display()
+            ))
+        }
+    };
+    let outcome = agree(comm, seen);
+    if rank == 0 {
+        let _ = std::fs::remove_file(&marker);
+    }
+    outcome
+}
+
+/// Every rank resolved `--resume` to the same checkpoint (collective): same step and the
+/// same `meta.json` bytes (which hold every shard's checksums). A rank that read another
+/// fails, named, with rank 0's step and its own.
+fn same_checkpoint_on_every_rank<C: Communicator>(
+    comm: &C,
+    given: &Path,
+    dir: &Path,
+    meta: &Meta,
+) -> Result<(), Failure> {
+    use std::hash::{Hash, Hasher};
+    if comm.size() == 1 {
+        return Ok(());
+    }
+    let meta_path = dir.join(checkpoint::META_FILE);
+    // SipHash with fixed keys: the same bytes hash alike in every process of this build.
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    std::fs::read(&meta_path).unwrap_or_default().hash(&mut h);
+    let mine = [meta.step as i64, h.finish() as i64];
+    let mut all = vec![0i64; 2 * comm.size()];
+    comm.all_gather(&mine[..], &mut all[..]).map_err(broken)?;
+    let root = [all[0], all[1]];
+    let result = if mine == root {
+        Ok(())
+    } else {
+        Err(anyhow!(
+            "--resume {}: this rank read {} (step {}), which is not the checkpoint rank 0 read (step {}{}): every rank must load the same files, or the model would be a mix of two states; put the checkpoint on a file system all nodes share, or refresh the node-local copies",
+            given.display(),
+            dir.display(),
+            meta.step,
+            root[0],
+            if root[0] == mine[0] { ", another meta.json" } else { "" }
+        ))
+    };
+    agree(comm, result)
 }

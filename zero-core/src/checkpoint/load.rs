@@ -213,7 +213,14 @@ fn fill<D: Device, C: Communicator>(
             let reader = match files.entry(c.from_rank) {
                 std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
                 std::collections::hash_map::Entry::Vacant(v) => {
-                    v.insert(ShardReader::open(&dir.join(rank_file(c.from_rank)))?)
+                    let reader = ShardReader::open(&dir.join(rank_file(c.from_rank)))?;
+                    reader.check_identity(
+                        c.from_rank,
+                        meta.world,
+                        meta.step,
+                        &dir.join(super::META_FILE),
+                    )?;
+                    v.insert(reader)
                 }
             };
             let len = meta.layout.units[u].shard_len;

@@ -311,10 +311,24 @@ fn publish<D: Device, C: Communicator>(
     Ok(())
 }
 
-/// Remove complete checkpoints beyond the newest `keep_last` (never `current`). Failures
-/// are logged, not fatal: the new checkpoint is already safe.
-fn prune(root: &Path, keep_last: usize, current: &str) {
-    let steps = super::step_dirs(root);
+/// Remove complete checkpoints beyond the newest `keep_last` up to `current` (never
+/// `current`). Steps after `current` (left by a run that went further before this one
+/// resumed from an earlier step) are neither counted nor removed, so a resumed run keeps
+/// `keep_last` of its own. Failures are logged, not fatal: the new checkpoint is safe.
+pub(super) fn prune(root: &Path, keep_last: usize, current: &str) {
+    let all = super::step_dirs(root);
+    let Some(now) = all.iter().find(|(_, n)| n == current).map(|(s, _)| *s) else {
+        return;
+    };
+    let (steps, later): (Vec<_>, Vec<_>) = all.into_iter().partition(|(s, _)| *s <= now);
+    if !later.is_empty() {
+        let names: Vec<&str> = later.iter().map(|(_, n)| n.as_str()).collect();
+        log::info!(
+            "'{}' also holds {} from a run that went past step {now} (kept; `latest` names this run's '{current}')",
+            root.display(),
+            names.join(", ")
+        );
+    }
     let excess = steps.len().saturating_sub(keep_last);
     for (_, name) in steps.into_iter().take(excess) {
         if name == current {

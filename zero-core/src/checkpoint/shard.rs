@@ -133,6 +133,39 @@ impl ShardReader {
         &self.path
     }
 
+    /// Check the file is rank `rank`'s shard of the `world`-rank checkpoint of step `step`
+    /// (its attributes, written by [`ShardWriter::create`]): a shard copied in from another
+    /// step or run, or a `meta.json` edited or damaged, is refused instead of loaded.
+    pub fn check_identity(
+        &self,
+        rank: usize,
+        world: usize,
+        step: u64,
+        meta: &Path,
+    ) -> Result<(), CheckpointError> {
+        for (name, want) in [
+            ("rank", rank as u64),
+            ("world", world as u64),
+            ("step", step),
+        ] {
+            let have: u64 = self
+                .file
+                .attr(name)
+                .and_then(|a| a.read_scalar())
+                .map_err(CheckpointError::h5(&self.path, format!("attribute {name}")))?;
+            if have != want {
+                return Err(CheckpointError::Meta {
+                    path: meta.to_path_buf(),
+                    reason: format!(
+                        "it describes {name} {want}, but the shard file {} says {name} {have}: the file belongs to another checkpoint (copied in from another step or run?), or the metadata was changed; resume from an intact checkpoint",
+                        self.path.display()
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// Byte offset of dataset `kind` of unit `unit` in the file (contiguous storage), for
     /// low-level inspection.
     pub fn dataset_offset(&self, unit: usize, kind: usize) -> Result<Option<u64>, CheckpointError> {

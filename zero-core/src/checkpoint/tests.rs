@@ -103,6 +103,43 @@ fn verify_read_param_and_consolidate_round_trip() {
     assert!(consolidate(&dir, &out).is_err());
 }
 
+/// A shard file that is not the one the metadata describes (another rank's, or another
+/// step's after an edit of `meta.json`) is refused by its own rank/world/step attributes,
+/// though its checksums may hold.
+#[test]
+fn shards_of_another_rank_or_step_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("step-7");
+    let layout = layout();
+    let mut meta = write_checkpoint(&dir, &layout);
+    let reader = ShardReader::open(&dir.join(rank_file(1))).unwrap();
+    let meta_path = dir.join(META_FILE);
+    reader.check_identity(1, 3, 7, &meta_path).unwrap();
+    let text = reader
+        .check_identity(0, 3, 7, &meta_path)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        text.contains("describes rank 0") && text.contains("says rank 1"),
+        "{text}"
+    );
+    let text = reader
+        .check_identity(1, 3, 9, &meta_path)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        text.contains("describes step 9") && text.contains("says step 7"),
+        "{text}"
+    );
+    drop(reader);
+    // meta.json edited to another step: verify and consolidate refuse every shard.
+    meta.step = 9;
+    meta.write(&meta_path).unwrap();
+    let report = verify(&dir).unwrap();
+    assert_eq!(report.problems.len(), 3, "{:?}", report.problems);
+    assert!(consolidate(&dir, &tmp.path().join("m.h5")).is_err());
+}
+
 /// A table held in row blocks (11 rows in blocks of 4, 4 and 3, over three units) is
 /// consolidated as one dataset of its whole shape, its rows in order, and read back
 /// whole as an ndarray.
@@ -293,4 +330,31 @@ fn clean_partial_removes_only_dead_saves() {
     assert!(clean_partial(&root.join("absent"), None)
         .unwrap()
         .is_empty());
+}
+
+/// A run resumed from step 4 of a directory that holds steps 4, 8 and 12 (an abandoned
+/// run went further) keeps its own newest `keep_last`, and leaves 8 and 12 alone until
+/// its own saves replace them.
+#[test]
+fn prune_keeps_the_resumed_runs_own_newest_steps() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let have = |names: &[&str]| {
+        let mut got: Vec<String> = super::step_dirs(root).into_iter().map(|(_, n)| n).collect();
+        got.sort();
+        let mut want: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        want.sort();
+        assert_eq!(got, want);
+    };
+    for s in [4, 8, 12] {
+        std::fs::create_dir(root.join(format!("step-{s}"))).unwrap();
+    }
+    for s in 5..=7 {
+        std::fs::create_dir(root.join(format!("step-{s}"))).unwrap();
+        super::save::prune(root, 3, &format!("step-{s}"));
+    }
+    have(&["step-5", "step-6", "step-7", "step-8", "step-12"]);
+    // Its save of step 8 replaced the old one: now 8 is its own.
+    super::save::prune(root, 3, "step-8");
+    have(&["step-6", "step-7", "step-8", "step-12"]);
 }

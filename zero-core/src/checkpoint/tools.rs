@@ -39,7 +39,10 @@ pub fn verify(path: &Path) -> Result<VerifyReport, CheckpointError> {
     let mut problems = Vec::new();
     let mut bytes_checked = 0u64;
     for r in 0..meta.world {
-        let reader = match ShardReader::open(&dir.join(rank_file(r))) {
+        let reader = match ShardReader::open(&dir.join(rank_file(r))).and_then(|f| {
+            f.check_identity(r, meta.world, meta.step, &dir.join(super::META_FILE))?;
+            Ok(f)
+        }) {
             Ok(f) => f,
             Err(e) => {
                 problems.push(e);
@@ -96,7 +99,9 @@ pub fn read_param(
         let reader = match files.entry(r) {
             std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
             std::collections::hash_map::Entry::Vacant(v) => {
-                v.insert(ShardReader::open(&dir.join(rank_file(r)))?)
+                let reader = ShardReader::open(&dir.join(rank_file(r)))?;
+                reader.check_identity(r, meta.world, meta.step, &dir.join(super::META_FILE))?;
+                v.insert(reader)
             }
         };
         let crcs = meta.crcs(r, p.unit, 0).unwrap_or(&[]);
@@ -134,11 +139,14 @@ pub fn partial_path(out: &Path) -> PathBuf {
 /// Write `out` through [`partial_path`]: `write` fills the temporary file; it is renamed
 /// to `out` only when complete, and removed on failure, so `out` is either as before or
 /// whole. An existing `out` is an error unless `overwrite` (then it is replaced whole).
+/// A symbolic link is written through (its target replaced; [`crate::files::replace_target`]),
+/// and a device, FIFO or socket is refused.
 pub fn write_whole<T>(
     out: &Path,
     overwrite: bool,
     write: impl FnOnce(&Path) -> Result<T, CheckpointError>,
 ) -> Result<T, CheckpointError> {
+    let out = &crate::files::replace_target(out).map_err(CheckpointError::Invalid)?;
     if out.exists() && !overwrite {
         return Err(CheckpointError::Invalid(format!(
             "'{}' exists; not overwriting it",

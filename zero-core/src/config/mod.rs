@@ -335,13 +335,16 @@ pub enum DivergencePolicy {
 /// `[divergence]`: the loss guard. A step's loss diverges when it is not finite, or
 /// above `spike_factor` times the median of the last `window` losses (once
 /// min(10, window) are known; skipped steps' losses are left out of the median). The
-/// spike test assumes a loss that is positive (a cross-entropy, a squared error).
+/// spike test needs a positive median (a cross-entropy, a squared error): against a
+/// median at or below 0 (a loss that may be negative) no step is a spike, and
+/// `spike_factor = 0` turns the test off; non-finite losses are always caught.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DivergenceConfig {
     /// warn | stop | skip_step.
     pub policy: DivergencePolicy,
-    /// A loss above this multiple of the recent median is a spike.
+    /// A loss above this multiple of the recent (positive) median is a spike; 0: no
+    /// spike test.
     pub spike_factor: f64,
     /// Losses the median is taken over.
     pub window: usize,

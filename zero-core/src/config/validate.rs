@@ -177,9 +177,9 @@ impl EngineConfig {
         let d = &self.divergence;
         need(
             p,
-            d.spike_factor > 1.0 && d.spike_factor.is_finite(),
+            (d.spike_factor > 1.0 || d.spike_factor == 0.0) && d.spike_factor.is_finite(),
             format!(
-                "divergence.spike_factor ({}) must be > 1: a loss above this multiple of its recent median is a spike (default 3)",
+                "divergence.spike_factor ({}) must be > 1: a loss above this multiple of its recent median is a spike (default 3; 0 turns the spike test off)",
                 d.spike_factor
             ),
         );

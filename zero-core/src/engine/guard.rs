@@ -1,5 +1,6 @@
 //! The loss guard: a step's loss diverges when it is not finite, or is above
-//! `spike_factor` times the median of the recent losses (`[divergence]`). The loss is the
+//! `spike_factor` times the median of the recent losses when that median is positive
+//! (`[divergence]`). The loss is the
 //! global batch's, agreed on every rank before the update, so every rank decides alike;
 //! the policy (warn, stop, skip the step) is applied in `step.rs`.
 
@@ -57,7 +58,10 @@ impl LossGuard {
         if !loss.is_finite() {
             return Some(Divergence::NonFinite);
         }
-        if self.recent.len() < MIN_HISTORY.min(cfg.window) {
+        // A spike is a multiple of a positive median: a loss that may be negative (a
+        // log-likelihood of continuous data, an ELBO) has no such scale, and
+        // `spike_factor = 0` turns the test off.
+        if self.recent.len() < MIN_HISTORY.min(cfg.window) || cfg.spike_factor == 0.0 {
             return None;
         }
         let mut v: Vec<f64> = self.recent.iter().copied().collect();
@@ -68,7 +72,7 @@ impl LossGuard {
         } else {
             0.5 * (v[mid - 1] + v[mid])
         };
-        (loss > cfg.spike_factor * median).then_some(Divergence::Spike {
+        (median > 0.0 && loss > cfg.spike_factor * median).then_some(Divergence::Spike {
             median,
             factor: cfg.spike_factor,
         })
@@ -118,5 +122,30 @@ mod tests {
         assert!(g.judge(3.5, &cfg).is_some());
         g.record(f64::NAN, &cfg);
         assert_eq!(g.recent.len(), 12, "non-finite losses are not recorded");
+        let off = DivergenceConfig {
+            spike_factor: 0.0,
+            ..cfg.clone()
+        };
+        assert_eq!(g.judge(1e30, &off), None, "spike_factor = 0: no spikes");
+        assert_eq!(g.judge(f64::NAN, &off), Some(Divergence::NonFinite));
+    }
+
+    #[test]
+    fn a_loss_below_zero_has_no_spikes() {
+        // A negative log-likelihood of continuous data: losses around -5; a step at
+        // -4 is above 3 x -5 but is no spike, and neither is one at a median of 0.
+        let cfg = DivergenceConfig::default();
+        let mut g = LossGuard::default();
+        for i in 0..20 {
+            g.record(-5.0 - 0.01 * i as f64, &cfg);
+        }
+        assert_eq!(g.judge(-4.0, &cfg), None);
+        assert_eq!(g.judge(100.0, &cfg), None);
+        let mut zero = LossGuard::default();
+        for _ in 0..20 {
+            zero.record(0.0, &cfg);
+        }
+        assert_eq!(zero.judge(1e-9, &cfg), None);
+        assert_eq!(zero.judge(f64::INFINITY, &cfg), Some(Divergence::NonFinite));
     }
 }

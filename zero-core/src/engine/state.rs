@@ -140,6 +140,15 @@ impl<D: Device, C: Communicator> Engine<'_, D, C> {
         scaler: LossScaler,
     ) -> Result<(), EngineError> {
         self.check_intact()?;
+        // A scale that is not a positive finite number would turn every step into an
+        // "overflow" and blame the learning rate or the data.
+        let scale_ok = |s: f64| s.is_finite() && s > 0.0;
+        if !scale_ok(scaler.scale) || !scale_ok(scaler.min_scale) {
+            return Err(EngineError::Mismatch(format!(
+                "the imported loss scaler has scale {} and min_scale {}: both must be finite and above 0 (a damaged or hand-edited state?)",
+                scaler.scale, scaler.min_scale
+            )));
+        }
         let (core, bufs) = (&self.core, &mut self.bufs);
         match core.plan.param_dtype {
             DType::F32 => optimizer::refresh_from_master::<f32, D, C>(core, bufs)?,

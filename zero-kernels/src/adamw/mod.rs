@@ -73,7 +73,9 @@ pub struct AdamWSegment {
 #[derive(Clone, Copy, Debug, PartialEq)]
 #[repr(C)]
 pub struct AdamWCoeffs {
-    /// Combined gradient multiplier: 1/loss-scale x clip coefficient x 1/accumulation.
+    /// Combined gradient multiplier: 1/loss-scale x clip coefficient. (The mean over
+    /// the N x A micro-batches is taken earlier: the engine weighs each micro-batch's
+    /// loss by 1/(N A) in its backward.)
     pub grad_scale: f32,
     /// beta1.
     pub beta1: f32,

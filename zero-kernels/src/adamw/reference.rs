@@ -2,7 +2,7 @@
 //! vectorised path (which runs exactly these operations in this order, lane by lane).
 //!
 //! torch.optim.AdamW (decoupled weight decay, Loshchilov & Hutter 2019, Alg. 2), in f32:
-//!   g  = g_raw * grad_scale                      (1/loss-scale x clip x 1/accumulation)
+//!   g  = g_raw * grad_scale                      (1/loss-scale x clip; g_raw is already the mean)
 //!   m  = beta1 * m + (1 - beta1) * g
 //!   v  = beta2 * v + (1 - beta2) * g^2
 //!   p  = p * (1 - lr * wd) - (lr / (1 - beta1^t)) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
