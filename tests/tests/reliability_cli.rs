@@ -773,3 +773,185 @@ fn a_resume_with_another_head_count_is_refused() {
     );
     no_step_ran(&out);
 }
+
+/// 2 ranks of `train` on configs/tiny.toml where rank 1 alone gets `rank1` (a shell
+/// fragment run before the command: an export, or extra arguments through `$@`).
+fn rank1_differs(rank1_env: &str, rank1_args: &str) -> JobOutput {
+    let script = format!(
+        r#"b="$1"; c="$2"; shift 2
+if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then {rank1_env}; exec "$b" train --config "$c" --no-progress --steps 3 {rank1_args}; fi
+exec "$b" train --config "$c" --no-progress --steps 3"#
+    );
+    MpiJob::new(2, "sh")
+        .args([
+            "-c".to_string(),
+            script,
+            "sh".to_string(),
+            s(&zero_bench_bin()),
+            repo("configs/tiny.toml"),
+        ])
+        .timeout(Duration::from_secs(90))
+        .run()
+}
+
+/// A communication setting in one rank's environment only (ZERO_COMM_RING=0 changes the
+/// reduce-scatter's protocol) or a flag on one rank only (--mem-limit, --save-model)
+/// would leave the ranks in different collectives: refused before step 1, naming it.
+#[test]
+fn one_ranks_own_comm_environment_or_flag_is_refused() {
+    let out = rank1_differs("export ZERO_COMM_RING=0", "");
+    failed_with(
+        &out,
+        1,
+        &[
+            "rank 1 of 2",
+            "environment ZERO_COMM_RING = \"0\"",
+            "mpirun -x",
+        ],
+    );
+    no_step_ran(&out);
+    let out = rank1_differs(":", "--mem-limit 10MiB");
+    failed_with(&out, 1, &["rank 1 of 2", "--mem-limit = Some"]);
+    no_step_ran(&out);
+    let dir = scratch("one-rank-flag");
+    let model = s(&dir.join("m.h5"));
+    let out = rank1_differs(":", &format!("--save-model {model}"));
+    failed_with(&out, 1, &["rank 1 of 2", "--save-model given = true"]);
+    no_step_ran(&out);
+}
+
+/// Outputs written whole (a temporary file renamed over the target) never replace a
+/// FIFO or a device with a plain file: refused before any work. A symbolic link is
+/// written through: its target gets the data, the link stays.
+#[test]
+fn whole_outputs_refuse_special_files_and_write_through_links() {
+    let dir = scratch("special");
+    let fifo = dir.join("pipe");
+    let made = Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("mkfifo runs");
+    assert!(made.success());
+    let out = tiny(&["--steps", "2", "--save-model", &s(&fifo)]);
+    failed_with(&out, 1, &["--save-model", "is not a regular file"]);
+    no_step_ran(&out);
+    let data = |args: &[&str]| {
+        Command::new(zero_bench_bin())
+            .arg("data")
+            .args(args)
+            .output()
+            .expect("zero-bench starts")
+    };
+    let o = data(&["corpus", &s(&fifo), "--tokens", "10"]);
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("not a regular file"),
+        "{o:?}"
+    );
+    let meta = std::fs::symlink_metadata(&fifo).expect("the FIFO is still there");
+    assert!(!meta.is_file(), "the FIFO was replaced by a file");
+    let real = dir.join("real.bin");
+    std::fs::write(&real, b"old").expect("write");
+    let link = dir.join("link.bin");
+    std::os::unix::fs::symlink("real.bin", &link).expect("symlink");
+    let o = data(&["corpus", &s(&link), "--tokens", "1000"]);
+    assert!(o.status.success(), "{o:?}");
+    assert!(std::fs::symlink_metadata(&link)
+        .expect("link")
+        .file_type()
+        .is_symlink());
+    assert!(
+        std::fs::metadata(&real).expect("target").len() > 1000,
+        "the target got the tokens"
+    );
+}
+
+/// Sizes past this machine's memory or a 64-bit count, and thread counts past any node,
+/// are refused with the size named: no panic, no allocator abort.
+#[test]
+fn absurd_sizes_are_refused_without_a_panic() {
+    let run = |args: &[&str]| {
+        Command::new(zero_bench_bin())
+            .args(args)
+            .output()
+            .expect("zero-bench starts")
+    };
+    for (args, said) in [
+        (
+            &[
+                "micro",
+                "gemm",
+                "--shapes",
+                "10000000000x10000000000x10000000000",
+            ][..],
+            "overflow a 64-bit byte count",
+        ),
+        (
+            &[
+                "micro",
+                "adam",
+                "--min-mparams",
+                "100000000",
+                "--max-mparams",
+                "100000000",
+            ][..],
+            "of memory, and this process has",
+        ),
+        (
+            &["micro", "quant", "--mvalues", "100000000000"][..],
+            "of memory, and this process has",
+        ),
+        (
+            &[
+                "data",
+                "corpus",
+                "/tmp/never-written.bin",
+                "--tokens",
+                "100000000000000",
+            ][..],
+            "of memory, and this process has",
+        ),
+        (
+            &[
+                "train",
+                "--config",
+                "configs/tiny.toml",
+                "--threads",
+                "100000",
+            ][..],
+            "at most 1024",
+        ),
+    ] {
+        let o = run(args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            matches!(o.status.code(), Some(1) | Some(2))
+                && err.contains(said)
+                && !err.contains("panicked"),
+            "{args:?}: {o:?}"
+        );
+    }
+}
+
+/// data.path may name a node-local copy on each rank, but the copies must hold the same
+/// tokens: a rank reading another file is refused before step 1, naming it.
+#[test]
+fn ranks_reading_different_token_data_are_refused() {
+    let dir = scratch("tokens");
+    let other = dir.join("other.bin");
+    let o = Command::new(zero_bench_bin())
+        .args(["data", "corpus", &s(&other), "--tokens", "1234"])
+        .output()
+        .expect("zero-bench starts");
+    assert!(o.status.success(), "{o:?}");
+    let out = rank1_differs(":", &format!("--set data.path={}", s(&other)));
+    failed_with(
+        &out,
+        1,
+        &[
+            "the ranks read different token data",
+            "rank 1 has 1234 tokens",
+        ],
+    );
+    no_step_ran(&out);
+}

@@ -215,6 +215,10 @@ pub fn run(cmd: DataCommand) -> anyhow::Result<()> {
             format,
         } => {
             let src = MarkovSource::default_source();
+            crate::memory::need(
+                &format!("--tokens {tokens}"),
+                crate::memory::product(&[tokens as u64, 2]),
+            )?;
             let corpus = MarkovSource::default_corpus(tokens, src.vocab()).context("generating")?;
             let toks: Vec<u16> = (0..corpus.len())
                 .map(|i| corpus.get(i))

@@ -14,6 +14,7 @@ mod features;
 mod glibc_compat;
 mod gpu_check;
 mod logging;
+mod memory;
 mod micro;
 mod plan;
 mod sweep;

@@ -88,6 +88,7 @@
 pub mod checkpoint;
 pub mod config;
 pub mod engine;
+pub mod files;
 pub mod layout;
 pub mod ledger;
 pub mod model;

@@ -156,6 +156,12 @@ pub fn run(args: &AdamArgs) -> Result<()> {
     if args.reps == 0 {
         bail!("--reps must be at least 1");
     }
+    // The largest point: master, m, v in f32, the gradient and the parameters (at most
+    // 4 bytes each).
+    crate::memory::need(
+        &format!("--max-mparams {}", args.max_mparams),
+        crate::memory::product(&[args.max_mparams as u64, 1 << 20, 20]),
+    )?;
     let mut exec = Exec::default().with_threads(args.threads)?;
     if let Some(name) = &args.isa {
         let isa = Isa::ALL

@@ -449,6 +449,11 @@ pub fn run(args: &CommArgs) -> Result<()> {
             args.max_size
         );
     }
+    // A send and a receive buffer of the largest size, and the raw baseline's pair.
+    crate::memory::need(
+        &format!("--max-size {}", args.max_size),
+        crate::memory::product(&[args.max_size as u64, 4]),
+    )?;
     // Before MPI starts, so that a bad option is said once.
     device_options(args)?;
     let (ctx, comm) = zero_comm::init().context("initialising MPI")?;

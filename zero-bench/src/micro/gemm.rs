@@ -80,7 +80,16 @@ fn parse_shape(s: &str) -> Result<(usize, usize, usize)> {
         .collect::<Result<_, _>>()
         .with_context(|| format!("shape {s:?} is not MxKxN"))?;
     match dims[..] {
-        [m, k, n] if m > 0 && k > 0 && n > 0 => Ok((m, k, n)),
+        [m, k, n] if m > 0 && k > 0 && n > 0 => {
+            // A, B and C in f32 (the packed copies are smaller than their sources).
+            let (m64, k64, n64) = (m as u64, k as u64, n as u64);
+            let elems = crate::memory::product(&[m64, k64])
+                .zip(crate::memory::product(&[k64, n64]))
+                .zip(crate::memory::product(&[m64, n64]))
+                .and_then(|((a, b), c)| a.checked_add(b)?.checked_add(c));
+            crate::memory::need(&format!("shape {s}"), elems.and_then(|e| e.checked_mul(4)))?;
+            Ok((m, k, n))
+        }
         _ => bail!("shape {s:?} must be MxKxN with three positive sizes"),
     }
 }

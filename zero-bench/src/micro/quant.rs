@@ -48,6 +48,11 @@ pub fn run(a: &QuantArgs) -> Result<()> {
             a.block
         );
     }
+    // x, y and the int8 scales in f32, the codes: under 14 bytes a value.
+    crate::memory::need(
+        &format!("--mvalues {}", a.mvalues),
+        crate::memory::product(&[a.mvalues as u64, 1 << 20, 14]),
+    )?;
     let n = a.mvalues << 20;
     let x: Vec<f32> = (0..n)
         .map(|i| ((i * 7919) % 2001) as f32 / 1000.0 - 1.0)

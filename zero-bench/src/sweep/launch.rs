@@ -124,7 +124,18 @@ pub fn run_logged(
         // Its own process group, for `stop` to signal.
         .process_group(0)
         .spawn()
-        .with_context(|| format!("starting '{program}' for {what}"))?;
+        .with_context(|| {
+            // The default launcher is the repository's scripts/mpirun.sh, relative.
+            let hint = if Path::new(program).is_relative() && program.contains('/') {
+                format!(
+                    " (a path relative to the current directory, {}: run from the repository's root, or give --launcher, e.g. \"mpirun -n {{n}}\" or \"srun -n {{n}}\")",
+                    std::env::current_dir().map_or("?".into(), |d| d.display().to_string())
+                )
+            } else {
+                String::new()
+            };
+            format!("starting '{program}' for {what}{hint}")
+        })?;
     let start = Instant::now();
     let interrupted = |sig: libc::c_int, finished: bool| -> anyhow::Error {
         Interrupted {

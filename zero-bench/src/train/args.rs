@@ -291,6 +291,9 @@ impl ThreadsSetting {
     }
 }
 
+/// The most kernel threads a rank may be given (more than any node's cores).
+const MAX_THREADS: usize = 1024;
+
 pub(crate) fn parse_threads(s: &str) -> Result<ThreadsSetting, String> {
     let s = s.trim();
     if s.eq_ignore_ascii_case("auto") {
@@ -298,6 +301,9 @@ pub(crate) fn parse_threads(s: &str) -> Result<ThreadsSetting, String> {
     }
     match s.parse::<usize>() {
         Ok(0) => Err("0 threads: give at least 1 thread per rank, or auto".to_string()),
+        Ok(n) if n > MAX_THREADS => Err(format!(
+            "{n} threads per rank: at most {MAX_THREADS} (a thread per core the rank is given; auto counts them)"
+        )),
         Ok(n) => Ok(ThreadsSetting::Fixed(n)),
         Err(_) => Err(format!(
             "'{s}' is not a thread count: give a whole number >= 1, or auto"

@@ -58,6 +58,7 @@ pub fn open(config: &Config, vocab: usize) -> anyhow::Result<Tokens> {
 /// progress when the scan takes more than a few seconds.
 pub fn check<C: Communicator>(comm: &C, tokens: &Tokens, config: &Config) -> anyhow::Result<()> {
     let (rank, world) = (comm.rank(), comm.size());
+    same_tokens_on_every_rank(comm, tokens)?;
     let len = tokens.len();
     let share = len.div_ceil(world);
     let mine = (rank * share).min(len)..((rank + 1) * share).min(len);
@@ -114,6 +115,46 @@ pub fn check<C: Communicator>(comm: &C, tokens: &Tokens, config: &Config) -> any
         );
     }
     Ok(())
+}
+
+/// Every rank reads the same tokens (data.path may name a node-local copy on each):
+/// the ranks compare their token counts and sampled fingerprints ([`Tokens::fingerprint`]),
+/// and all of them fail alike, naming the ranks that differ from rank 0, when one does:
+/// the scan below splits the file between them, and a stale copy would train on other
+/// data. Collective.
+fn same_tokens_on_every_rank<C: Communicator>(comm: &C, tokens: &Tokens) -> anyhow::Result<()> {
+    let world = comm.size();
+    if world == 1 {
+        return Ok(());
+    }
+    let mine = [tokens.len() as i64, tokens.fingerprint() as i64];
+    let mut all = vec![0i64; 2 * world];
+    comm.all_gather(&mine[..], &mut all[..])
+        .context("comparing the ranks' token data")?;
+    let differ: Vec<String> = (1..world)
+        .filter(|&r| all[2 * r..2 * r + 2] != all[..2])
+        .map(|r| {
+            if all[2 * r] != all[0] {
+                format!("rank {r} has {} tokens", all[2 * r])
+            } else {
+                format!("rank {r} other tokens")
+            }
+        })
+        .collect();
+    if differ.is_empty() {
+        return Ok(());
+    }
+    bail!(
+        "the ranks read different token data: rank 0 has {} tokens, {}{}: every rank must read the same tokens; refresh the node-local copies, or give every rank one file on a shared file system",
+        all[0],
+        differ.join(", "),
+        // Rank 0 prints this (the message is the same on every rank but for this).
+        if comm.rank() == 0 {
+            format!(" (rank 0 reads {})", tokens.name())
+        } else {
+            String::new()
+        }
+    )
 }
 
 /// This rank's micro-batches of each step.

@@ -206,16 +206,38 @@ fn same_on_every_rank(
         DeviceChoice::Cuda(_) | DeviceChoice::CudaLocal => "cuda".to_string(),
         other => format!("{other:?}"),
     };
-    // (--init-from is left out: a node-local copy is a different path to the same file.)
+    // Every flag that changes which collectives a rank issues. (--init-from's and
+    // --save-model's paths are left out, only whether they are given: a node-local copy
+    // is a different path to the same file, and only rank 0 writes the model.)
     let flags = [
         format!("--device = {device}"),
         format!("--comm = {:?}", args.comm),
         format!("--ckpt-dir = {:?}", args.ckpt_dir),
         format!("--save-every = {}", args.save_every),
+        format!("--keep-last = {}", args.keep_last),
         format!("--resume = {:?}", args.resume),
+        format!("--allow-batch-change = {}", args.allow_batch_change),
+        format!("--init-from given = {}", args.init_from.is_some()),
+        format!("--save-model given = {}", args.save_model.is_some()),
+        format!("--no-overlap = {}", args.no_overlap),
         format!("--rounds = {}", args.rounds),
+        format!("--mem-limit = {:?}", args.mem_limit),
+        format!("--mem-headroom = {}", args.mem_headroom),
+        format!("--json given = {}", args.json.is_some()),
     ];
     let mut mine: Vec<String> = flags.to_vec();
+    // The communication settings each rank reads from its own environment change the
+    // protocol (ring or MPI's reduce-scatter, the consistency check's extra calls, ...):
+    // one rank without `mpirun -x` would wait in another collective than the others.
+    let mut env: Vec<String> = std::env::vars()
+        .filter(|(k, _)| k.starts_with("ZERO_COMM_"))
+        .map(|(k, v)| format!("environment {k} = {v:?}"))
+        .collect();
+    env.sort();
+    if env.is_empty() {
+        env.push("environment ZERO_COMM_*: none set".to_string());
+    }
+    mine.extend(env);
     for (i, l) in loaded.iter().enumerate() {
         mine.extend(
             l.settings()
@@ -255,7 +277,7 @@ fn same_on_every_rank(
                 |(a, b)| format!("rank 0 has `{a}`, this rank `{b}`"),
             );
         Err(anyhow!(
-            "this rank's configuration differs from rank 0's ({first}): give every rank the same config file, --set values and flags"
+            "this rank's configuration differs from rank 0's ({first}): give every rank the same config file, --set values, flags and ZERO_COMM_* environment (mpirun -x VAR, or export it before srun)"
         ))
     };
     agree(comm, differs)

@@ -15,12 +15,18 @@ use crate::config::Config;
 pub fn check(args: &TrainArgs, config: &Config) -> anyhow::Result<()> {
     let mut outputs: Vec<(&str, PathBuf)> = Vec::new();
     if let Some(p) = &config.train.metrics_file {
+        if p.trim().is_empty() {
+            bail!("train.metrics_file is empty; give a file path (or leave it unset for no metrics file)");
+        }
         outputs.push(("--metrics", PathBuf::from(p)));
     }
     if let Some(p) = &args.json {
         outputs.push(("--json", p.clone()));
     }
     if let Some(p) = &args.save_model {
+        // Written whole and renamed into place: a regular file (through a link), checked
+        // now rather than after the last step.
+        zero_core::files::replace_target(p).map_err(|e| anyhow::anyhow!("--save-model {e}"))?;
         outputs.push(("--save-model", p.clone()));
     }
     let mut inputs: Vec<(&str, PathBuf)> = Vec::new();

@@ -4,6 +4,10 @@
 //! with [`super::launch::PREEMPTED_EXIT_CODE`]. Slurm sends SIGTERM at the time limit
 //! and on `scancel` (SIGKILL follows after KillWait, 30 s by default) and SIGUSR1 where
 //! the job asks (`#SBATCH --signal=USR1@120`); mpirun forwards SIGUSR1 to every rank.
+//! SIGINT (Ctrl-C on a run started without a launcher; mpirun turns its own into SIGTERM
+//! for the ranks) does the same, saying so at once; a second SIGINT ends the process
+//! there and then. A SIGINT ignored when the process started (a background job of a
+//! script) stays ignored.
 
 use std::sync::atomic::{AtomicI32, Ordering};
 
@@ -14,19 +18,38 @@ use zero_comm::{Communicator, ReduceOp};
 static RECEIVED: AtomicI32 = AtomicI32::new(0);
 
 /// The signals that stop a run after its current step.
-const STOPPING: [libc::c_int; 2] = [libc::SIGTERM, libc::SIGUSR1];
+const STOPPING: [libc::c_int; 3] = [libc::SIGTERM, libc::SIGUSR1, libc::SIGINT];
 
 extern "C" fn on_signal(sig: libc::c_int) {
-    // Async-signal-safe: one atomic store.
-    RECEIVED.store(sig, Ordering::SeqCst);
+    // Async-signal-safe only: atomics, write(2), signal(2), raise(3).
+    let before = RECEIVED.swap(sig, Ordering::SeqCst);
+    if sig == libc::SIGINT {
+        let text: &[u8] = if before == libc::SIGINT {
+            b"\nSIGINT again: stopping now, without a checkpoint\n"
+        } else {
+            b"\nSIGINT: stopping after this step (with --ckpt-dir, after saving a checkpoint); Ctrl-C again stops at once\n"
+        };
+        // SAFETY: write(2) of a static buffer to stderr; signal(2) and raise(3) are
+        // async-signal-safe, and restore the default action before re-raising.
+        unsafe {
+            libc::write(2, text.as_ptr() as *const libc::c_void, text.len());
+            if before == libc::SIGINT {
+                libc::signal(libc::SIGINT, libc::SIG_DFL);
+                libc::raise(libc::SIGINT);
+            }
+        }
+    }
 }
 
 /// Install the handlers (once, at start: a signal that arrives during set-up is kept and
 /// acted on after the first step).
 pub fn install() -> anyhow::Result<()> {
     for sig in STOPPING {
+        if sig == libc::SIGINT && ignored(sig) {
+            continue;
+        }
         // SAFETY: a zeroed sigaction is a valid "no flags, empty mask" value; the handler
-        // is an extern "C" fn that only does an atomic store.
+        // is an extern "C" fn that only does async-signal-safe calls.
         let rc = unsafe {
             let mut action: libc::sigaction = std::mem::zeroed();
             action.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;
@@ -40,6 +63,15 @@ pub fn install() -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Whether `sig` is ignored (SIG_IGN) now.
+fn ignored(sig: libc::c_int) -> bool {
+    // SAFETY: sigaction(2) with no new action only reads the current one into a local.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(sig, std::ptr::null(), &mut old) == 0 && old.sa_sigaction == libc::SIG_IGN
+    }
 }
 
 /// Whether any rank received a stopping signal, agreed on every rank (the signal's
@@ -56,6 +88,7 @@ pub fn name(sig: i32) -> String {
     match sig {
         libc::SIGTERM => "SIGTERM".into(),
         libc::SIGUSR1 => "SIGUSR1".into(),
+        libc::SIGINT => "SIGINT".into(),
         other => format!("signal {other}"),
     }
 }
