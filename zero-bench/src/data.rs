@@ -217,7 +217,8 @@ pub fn run(cmd: DataCommand) -> anyhow::Result<()> {
             let src = MarkovSource::default_source();
             crate::memory::need(
                 &format!("--tokens {tokens}"),
-                crate::memory::product(&[tokens as u64, 2]),
+                // The corpus and its copy as written, u16 each.
+                crate::memory::product(&[tokens as u64, 4]),
             )?;
             let corpus = MarkovSource::default_corpus(tokens, src.vocab()).context("generating")?;
             let toks: Vec<u16> = (0..corpus.len())

@@ -139,6 +139,7 @@ pub fn init_with(config: CommConfig) -> Result<(MpiContext, MpiComm)> {
     }
     let (world_rank, world_size) = (rank as usize, size as usize);
     install_panic_hook(world_rank);
+    same_protocol_on_every_rank(world_rank, &config)?;
     if threading != Threading::Multiple {
         log::warn!(
             "rank {world_rank}: MPI granted {threading:?}, not Multiple; the watchdog's \
@@ -222,6 +223,55 @@ pub fn init_with(config: CommConfig) -> Result<(MpiContext, MpiComm)> {
         },
         world,
     ))
+}
+
+/// The settings that change which MPI calls a collective makes (`ZERO_COMM_CHECK`'s
+/// extra all-gather, `ZERO_COMM_HALF_SUM`, `ZERO_COMM_RING`) must be alike on every rank,
+/// or the ranks' first collectives would not match: a hang, or garbage. Each rank's
+/// environment is its own (`mpirun -x` passes a variable on), so they are compared here,
+/// with one all-reduce on MPI_COMM_WORLD before any collective of ours; every rank gets
+/// the same error naming the settings that differ. (`ZERO_COMM_TIMEOUT` and
+/// `ZERO_COMM_PROGRESS_US` change no call and may differ.)
+fn same_protocol_on_every_rank(world_rank: usize, config: &CommConfig) -> Result<()> {
+    let settings = [
+        ("ZERO_COMM_CHECK", config.check as i64),
+        ("ZERO_COMM_HALF_SUM", config.half_sum as i64),
+        ("ZERO_COMM_RING", config.mpi_reduce_scatter as i64),
+    ];
+    // max(v) and max(-v) = -min(v) in one reduction.
+    let send: Vec<i64> = settings.iter().flat_map(|&(_, v)| [v, -v]).collect();
+    let mut got = vec![0i64; send.len()];
+    // SAFETY: both buffers hold send.len() i64s; collective over the world, called by
+    // every rank at the same point of init.
+    let rc = unsafe {
+        ffi::MPI_Allreduce(
+            send.as_ptr() as *const std::os::raw::c_void,
+            got.as_mut_ptr() as *mut std::os::raw::c_void,
+            send.len() as i32,
+            ffi::RSMPI_INT64_T,
+            ffi::RSMPI_MAX,
+            ffi::RSMPI_COMM_WORLD,
+        )
+    };
+    if rc != 0 {
+        return Err(CommError::Init(format!(
+            "rank {world_rank}: comparing the ZERO_COMM_* settings failed: {}",
+            mpi_error_string(rc)
+        )));
+    }
+    let differ: Vec<&str> = settings
+        .iter()
+        .enumerate()
+        .filter(|&(i, _)| got[2 * i] != -got[2 * i + 1])
+        .map(|(_, &(name, _))| name)
+        .collect();
+    if differ.is_empty() {
+        return Ok(());
+    }
+    Err(CommError::Init(format!(
+        "rank {world_rank}: {} differ(s) between the ranks (set on some, not others): their collectives would not match; give every rank the same environment (mpirun -x VAR, or export it before srun)",
+        differ.join(", ")
+    )))
 }
 
 /// Every rank's heartbeat address: one MPI_Allgather of fixed-size blocks on

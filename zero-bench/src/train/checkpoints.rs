@@ -486,8 +486,10 @@ pub const LOCK_FILE: &str = ".zero-lock";
 static LOCKED: std::sync::Mutex<Vec<(PathBuf, std::fs::File)>> = std::sync::Mutex::new(Vec::new());
 
 /// Lock `dir` for this job (rank 0): `flock` on `.zero-lock`, which then names the holder.
-/// Another job holding it is an error that names that job; a file system that takes no
-/// locks (some Lustre mounts, NFS without its lock service) a warning.
+/// Another job holding it is an error that names that job; a file system that refuses
+/// locks, a warning. (A mount whose locks are only node-local, NFS `nolock` or Lustre
+/// `localflock`, accepts them silently: two jobs whose rank 0 runs on different nodes
+/// are then not kept apart.)
 fn lock(dir: &Path) -> anyhow::Result<()> {
     use std::io::{Read, Seek, Write};
     use std::os::fd::AsRawFd;
@@ -525,6 +527,24 @@ fn lock(dir: &Path) -> anyhow::Result<()> {
             let mut holder = String::new();
             let _ = file.read_to_string(&mut holder);
             let holder = holder.trim();
+            // A holder naming this Slurm job with a lower restart count is the instance
+            // before a requeue (Slurm never runs two at once), whose lock a network file
+            // system may keep for a while after its node failed (until the lock's lease
+            // or the client's eviction ends). Go on, saying so. (The same instance, e.g.
+            // two srun steps of one allocation, has the same count: refused.)
+            if let Some((job, restart)) = slurm_instance() {
+                let earlier = holder
+                    .rsplit_once(&format!("Slurm job {job} restart "))
+                    .and_then(|(_, n)| n.trim().parse::<u64>().ok())
+                    .is_some_and(|n| n < restart);
+                if earlier {
+                    log::warn!(
+                        "--ckpt-dir {}: its lock is still held by an earlier instance of this Slurm job ({holder}; requeued after a node failure?); going on without it",
+                        dir.display()
+                    );
+                    return Ok(());
+                }
+            }
             bail!(
                 "--ckpt-dir {} is in use by another job{}: two runs saving into one directory replace each other's steps. Give this run another --ckpt-dir, or wait for that job to end (its lock, {}, goes with it)",
                 dir.display(),
@@ -539,7 +559,9 @@ fn lock(dir: &Path) -> anyhow::Result<()> {
         );
     }
     // Who holds it, for the message above (best effort: the lock is what counts).
-    let job = std::env::var("SLURM_JOB_ID").map_or(String::new(), |j| format!(", Slurm job {j}"));
+    let job = slurm_instance().map_or(String::new(), |(j, r)| {
+        format!(", Slurm job {j} restart {r}")
+    });
     let _ = file.set_len(0).and_then(|_| file.rewind()).and_then(|_| {
         writeln!(
             file,
@@ -550,6 +572,17 @@ fn lock(dir: &Path) -> anyhow::Result<()> {
     });
     held.push((canonical, file));
     Ok(())
+}
+
+/// This Slurm job's id and restart count (`SLURM_RESTART_COUNT`, 0 before a requeue);
+/// `None` outside Slurm.
+fn slurm_instance() -> Option<(String, u64)> {
+    let job = std::env::var("SLURM_JOB_ID").ok()?;
+    let restart = std::env::var("SLURM_RESTART_COUNT")
+        .ok()
+        .and_then(|r| r.trim().parse().ok())
+        .unwrap_or(0);
+    Some((job, restart))
 }
 
 /// Every rank finds a file that rank 0 wrote into `dir` (collective): the ranks share
@@ -577,14 +610,27 @@ fn seen_by_every_rank<C: Communicator>(comm: &C, dir: &Path) -> Result<(), Failu
         _ => Ok(()),
     };
     agree(comm, written)?;
+    // Listed rather than looked up: NFS caches a lookup's "no such file" for a while,
+    // while a listing asks the server again once the directory changed.
+    let listed = || {
+        std::fs::read_dir(dir)
+            .map(|entries| {
+                entries
+                    .filter_map(|e| e.ok())
+                    .any(|e| Some(e.file_name().as_os_str()) == marker.file_name())
+            })
+            .unwrap_or(false)
+    };
     let seen = if rank == 0 {
         Ok(())
     } else {
         let start = std::time::Instant::now();
-        while !marker.exists() && start.elapsed() < std::time::Duration::from_secs(10) {
+        let mut found = listed();
+        while !found && start.elapsed() < std::time::Duration::from_secs(10) {
             std::thread::sleep(std::time::Duration::from_millis(100));
+            found = listed();
         }
-        if marker.exists() {
+        if found {
             Ok(())
         } else {
             Err(anyhow!(
@@ -602,7 +648,7 @@ fn seen_by_every_rank<C: Communicator>(comm: &C, dir: &Path) -> Result<(), Failu
 }
 
 /// Every rank resolved `--resume` to the same checkpoint (collective): same step and the
-/// same `meta.json` bytes (which hold every shard's checksums). A rank that read another
+/// same `meta.json` bytes (their CRC32; the file holds every shard's checksums). A rank that read another
 /// fails, named, with rank 0's step and its own.
 fn same_checkpoint_on_every_rank<C: Communicator>(
     comm: &C,
@@ -610,19 +656,27 @@ fn same_checkpoint_on_every_rank<C: Communicator>(
     dir: &Path,
     meta: &Meta,
 ) -> Result<(), Failure> {
-    use std::hash::{Hash, Hasher};
     if comm.size() == 1 {
         return Ok(());
     }
     let meta_path = dir.join(checkpoint::META_FILE);
-    // SipHash with fixed keys: the same bytes hash alike in every process of this build.
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    std::fs::read(&meta_path).unwrap_or_default().hash(&mut h);
-    let mine = [meta.step as i64, h.finish() as i64];
+    let bytes = std::fs::read(&meta_path).with_context(|| {
+        format!(
+            "--resume {}: reading {}",
+            given.display(),
+            meta_path.display()
+        )
+    });
+    // CRC32 of the bytes: the same in every process and build. A rank that cannot read
+    // the file takes part with -1 and reports its own error.
+    let crc = bytes.as_ref().map_or(-1, |b| crc32fast::hash(b) as i64);
+    let mine = [meta.step as i64, crc];
     let mut all = vec![0i64; 2 * comm.size()];
     comm.all_gather(&mine[..], &mut all[..]).map_err(broken)?;
     let root = [all[0], all[1]];
-    let result = if mine == root {
+    let result = if let Err(e) = bytes {
+        Err(e)
+    } else if mine == root {
         Ok(())
     } else {
         Err(anyhow!(

@@ -129,15 +129,18 @@ fn same_tokens_on_every_rank<C: Communicator>(comm: &C, tokens: &Tokens) -> anyh
     }
     let mine = [tokens.len() as i64, tokens.fingerprint() as i64];
     let mut all = vec![0i64; 2 * world];
-    comm.all_gather(&mine[..], &mut all[..])
-        .context("comparing the ranks' token data")?;
+    if let Err(e) = comm.all_gather(&mine[..], &mut all[..]) {
+        // The ranks may now be at different points: end the job rather than finalize
+        // MPI, which would wait for them.
+        zero_comm::abort(&format!("error: comparing the ranks' token data: {e}"), 1)
+    }
     let differ: Vec<String> = (1..world)
         .filter(|&r| all[2 * r..2 * r + 2] != all[..2])
         .map(|r| {
             if all[2 * r] != all[0] {
                 format!("rank {r} has {} tokens", all[2 * r])
             } else {
-                format!("rank {r} other tokens")
+                format!("rank {r} has other tokens")
             }
         })
         .collect();

@@ -208,7 +208,8 @@ fn same_on_every_rank(
     };
     // Every flag that changes which collectives a rank issues. (--init-from's and
     // --save-model's paths are left out, only whether they are given: a node-local copy
-    // is a different path to the same file, and only rank 0 writes the model.)
+    // is a different path to the same file, and only rank 0 writes the model. --json and
+    // --metrics are rank 0's alone: the others may leave them out.)
     let flags = [
         format!("--device = {device}"),
         format!("--comm = {:?}", args.comm),
@@ -223,21 +224,10 @@ fn same_on_every_rank(
         format!("--rounds = {}", args.rounds),
         format!("--mem-limit = {:?}", args.mem_limit),
         format!("--mem-headroom = {}", args.mem_headroom),
-        format!("--json given = {}", args.json.is_some()),
     ];
+    // (The ZERO_COMM_* settings that change the collectives are compared by
+    // `zero_comm::init` itself, before any collective.)
     let mut mine: Vec<String> = flags.to_vec();
-    // The communication settings each rank reads from its own environment change the
-    // protocol (ring or MPI's reduce-scatter, the consistency check's extra calls, ...):
-    // one rank without `mpirun -x` would wait in another collective than the others.
-    let mut env: Vec<String> = std::env::vars()
-        .filter(|(k, _)| k.starts_with("ZERO_COMM_"))
-        .map(|(k, v)| format!("environment {k} = {v:?}"))
-        .collect();
-    env.sort();
-    if env.is_empty() {
-        env.push("environment ZERO_COMM_*: none set".to_string());
-    }
-    mine.extend(env);
     for (i, l) in loaded.iter().enumerate() {
         mine.extend(
             l.settings()
@@ -277,7 +267,7 @@ fn same_on_every_rank(
                 |(a, b)| format!("rank 0 has `{a}`, this rank `{b}`"),
             );
         Err(anyhow!(
-            "this rank's configuration differs from rank 0's ({first}): give every rank the same config file, --set values, flags and ZERO_COMM_* environment (mpirun -x VAR, or export it before srun)"
+            "this rank's configuration differs from rank 0's ({first}): give every rank the same config file, --set values and flags"
         ))
     };
     agree(comm, differs)

@@ -322,7 +322,7 @@ where
         if let Some(sig) = signal.filter(|_| done < last) {
             progress.finish();
             let stop = saver.stopped_by(sig, done, last, rank);
-            if stop.code == PREEMPTED_EXIT_CODE && rank == 0 {
+            if stop.code == PREEMPTED_EXIT_CODE && sig != libc::SIGINT && rank == 0 {
                 saver.mark_stopped(done, sig);
             }
             return Err(Stop::Agreed(stop));
@@ -568,27 +568,28 @@ impl<'a> Saver<'a> {
     /// The run was told to stop (signal `sig`) after step `done` of `last`.
     fn stopped_by(&self, sig: i32, done: u64, last: u64, rank: usize) -> Failure {
         let what = signals::name(sig);
-        match (&self.saved, self.ckpt.dir) {
+        let code = signals::exit_code(sig);
+        let mut failure = match (&self.saved, self.ckpt.dir) {
             (Some((step, path)), Some(dir)) if *step == done => Failure {
                 error: anyhow!(
-                    "stopped by {what} after step {done} of {last}; checkpoint saved in {}: continue with --resume {} (exit status {PREEMPTED_EXIT_CODE})",
+                    "stopped by {what} after step {done} of {last}; checkpoint saved in {}: continue with --resume {} (exit status {code})",
                     path.display(),
                     dir.display()
                 ),
                 print: rank == 0,
-                code: PREEMPTED_EXIT_CODE,
+                code,
             },
             // Its checkpoint failed, but an older one can be resumed: the steps since are
             // lost, the run is not; a job script requeues on 85 as usual.
             (_, Some(dir)) if self.resumable() => Failure {
                 error: anyhow!(
-                    "stopped by {what} after step {done} of {last}, but its checkpoint could not be saved ({}); {}: continue with --resume {} (the steps since are lost; exit status {PREEMPTED_EXIT_CODE})",
+                    "stopped by {what} after step {done} of {last}, but its checkpoint could not be saved ({}); {}: continue with --resume {} (the steps since are lost; exit status {code})",
                     self.failed.as_ref().map_or("unknown error", |(_, e)| e.as_str()),
                     self.last_good(),
                     dir.display()
                 ),
                 print: rank == 0,
-                code: PREEMPTED_EXIT_CODE,
+                code,
             },
             (_, Some(_)) => Failure::same_everywhere(
                 anyhow!(
@@ -604,7 +605,12 @@ impl<'a> Saver<'a> {
                 ),
                 rank,
             ),
+        };
+        // The user's stop (SIGINT) ends as 130 whether or not anything was saved.
+        if sig == libc::SIGINT {
+            failure.code = code;
         }
+        failure
     }
 
     /// A run that trained to its last step but could not save it fails (the exit status

@@ -5,39 +5,60 @@
 //! and on `scancel` (SIGKILL follows after KillWait, 30 s by default) and SIGUSR1 where
 //! the job asks (`#SBATCH --signal=USR1@120`); mpirun forwards SIGUSR1 to every rank.
 //! SIGINT (Ctrl-C on a run started without a launcher; mpirun turns its own into SIGTERM
-//! for the ranks) does the same, saying so at once; a second SIGINT ends the process
-//! there and then. A SIGINT ignored when the process started (a background job of a
+//! for the ranks) does the same, saying so at once, but exits 130 and leaves no stop
+//! marker, so a job script does not requeue it; a second SIGINT ends the process there
+//! and then. A SIGINT ignored when the process started (a background job of a
 //! script) stays ignored.
 
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
 
 use anyhow::Context;
 use zero_comm::{Communicator, ReduceOp};
 
-/// The last stopping signal received (0: none).
+/// The stopping signal received (0: none); of several, the highest number, so that
+/// SIGTERM (15) and SIGUSR1 (10), a scheduler's, win over SIGINT (2), a user's.
 static RECEIVED: AtomicI32 = AtomicI32::new(0);
+
+/// SIGINTs received (the second one ends the process at once).
+static INTERRUPTS: AtomicU32 = AtomicU32::new(0);
 
 /// The signals that stop a run after its current step.
 const STOPPING: [libc::c_int; 3] = [libc::SIGTERM, libc::SIGUSR1, libc::SIGINT];
 
 extern "C" fn on_signal(sig: libc::c_int) {
-    // Async-signal-safe only: atomics, write(2), signal(2), raise(3).
-    let before = RECEIVED.swap(sig, Ordering::SeqCst);
-    if sig == libc::SIGINT {
-        let text: &[u8] = if before == libc::SIGINT {
-            b"\nSIGINT again: stopping now, without a checkpoint\n"
-        } else {
-            b"\nSIGINT: stopping after this step (with --ckpt-dir, after saving a checkpoint); Ctrl-C again stops at once\n"
-        };
-        // SAFETY: write(2) of a static buffer to stderr; signal(2) and raise(3) are
-        // async-signal-safe, and restore the default action before re-raising.
-        unsafe {
-            libc::write(2, text.as_ptr() as *const libc::c_void, text.len());
-            if before == libc::SIGINT {
-                libc::signal(libc::SIGINT, libc::SIG_DFL);
-                libc::raise(libc::SIGINT);
-            }
+    // Async-signal-safe only: atomics, errno, write(2), signal(2), raise(3).
+    RECEIVED.fetch_max(sig, Ordering::SeqCst);
+    if sig != libc::SIGINT {
+        return;
+    }
+    let again = INTERRUPTS.fetch_add(1, Ordering::SeqCst) > 0;
+    let text: &[u8] = if again {
+        b"\nSIGINT again: stopping now, without a checkpoint\n"
+    } else {
+        b"\nSIGINT: stopping after this step (with --ckpt-dir, after saving a checkpoint); Ctrl-C again stops at once\n"
+    };
+    // SAFETY: errno is this thread's (saved and restored, so the interrupted code's
+    // reading of it is unchanged); write(2) of a static buffer to stderr; signal(2) and
+    // raise(3) are async-signal-safe, and restore the default action before re-raising.
+    unsafe {
+        let errno = *libc::__errno_location();
+        libc::write(2, text.as_ptr() as *const libc::c_void, text.len());
+        if again {
+            libc::signal(libc::SIGINT, libc::SIG_DFL);
+            libc::raise(libc::SIGINT);
         }
+        *libc::__errno_location() = errno;
+    }
+}
+
+/// The exit status of a run stopped by `sig` after saving: 85 for the scheduler's
+/// signals (a job script requeues on it), 130 (128 + 2) for SIGINT, the user's (no
+/// requeue: the user asked to stop).
+pub fn exit_code(sig: i32) -> i32 {
+    if sig == libc::SIGINT {
+        128 + libc::SIGINT
+    } else {
+        super::launch::PREEMPTED_EXIT_CODE
     }
 }
 

@@ -146,7 +146,8 @@ pub fn write_whole<T>(
     overwrite: bool,
     write: impl FnOnce(&Path) -> Result<T, CheckpointError>,
 ) -> Result<T, CheckpointError> {
-    let out = &crate::files::replace_target(out).map_err(CheckpointError::Invalid)?;
+    let out =
+        &crate::files::replace_target(out).map_err(|e| CheckpointError::Invalid(e.to_string()))?;
     if out.exists() && !overwrite {
         return Err(CheckpointError::Invalid(format!(
             "'{}' exists; not overwriting it",

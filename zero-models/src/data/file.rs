@@ -209,14 +209,12 @@ impl Tokens {
         None
     }
 
-    /// A fingerprint of the tokens for telling copies apart: the count and 256 windows
-    /// of 16 tokens spread evenly over the file (read unchecked), hashed. Equal copies
-    /// agree; a stale or other file almost surely differs, at the cost of 4096 reads.
-    pub fn fingerprint(&self) -> u64 {
-        use std::hash::{Hash, Hasher};
-        // SipHash with fixed keys: the same tokens hash alike in every process.
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        self.len.hash(&mut h);
+    /// A fingerprint of the tokens for telling copies apart: the CRC32 of 256 windows of
+    /// 16 tokens spread evenly over the file (read unchecked), the same in every process
+    /// and build; compare it with the count. Equal copies agree; a stale or other file
+    /// almost surely differs, at the cost of 4096 reads.
+    pub fn fingerprint(&self) -> u32 {
+        let mut h = crc32fast::Hasher::new();
         let raw = |i: usize| match &self.storage {
             Storage::Mapped(map, off) => {
                 u16::from_le_bytes([map[off + 2 * i], map[off + 2 * i + 1]])
@@ -229,10 +227,10 @@ impl Tokens {
             let start = (self.len.saturating_sub(WIDTH) as u128 * w as u128 / (WINDOWS - 1) as u128)
                 as usize;
             for i in start..(start + WIDTH).min(self.len) {
-                raw(i).hash(&mut h);
+                h.update(&raw(i).to_le_bytes());
             }
         }
-        h.finish()
+        h.finalize()
     }
 
     /// Number of tokens.
@@ -301,7 +299,8 @@ impl TokenWriter {
             }
         };
         // Through a symbolic link to its target; never over a device, FIFO or socket.
-        let path = &zero_core::files::replace_target(path).map_err(DataError::Invalid)?;
+        let path = &zero_core::files::replace_target(path)
+            .map_err(|e| DataError::Invalid(e.to_string()))?;
         let name = path
             .file_name()
             .ok_or_else(|| DataError::Invalid(format!("{}: not a file name", path.display())))?;
