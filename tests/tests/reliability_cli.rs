@@ -1061,3 +1061,22 @@ fn ranks_reading_different_token_data_are_refused() {
     );
     no_step_ran(&out);
 }
+
+/// `micro comm` with other sizes on one rank is refused on every rank at once (before,
+/// the ranks waited in different collectives).
+#[test]
+fn micro_comm_with_other_options_on_one_rank_is_refused() {
+    let script = r#"b="$1"; shift
+if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then exec "$b" micro comm --min-size 1KiB --max-size 8KiB --iters 2; fi
+exec "$b" micro comm --min-size 1KiB --max-size 4KiB --iters 2"#;
+    let out = MpiJob::new(2, "sh")
+        .args([
+            "-c".to_string(),
+            script.to_string(),
+            "sh".to_string(),
+            s(&zero_bench_bin()),
+        ])
+        .timeout(Duration::from_secs(90))
+        .run();
+    failed_with(&out, 1, &["given different micro comm options"]);
+}

@@ -85,7 +85,8 @@ pub struct TuneArgs {
     pub out: PathBuf,
     /// Stop a run that takes longer than this many seconds: SIGTERM to the launcher,
     /// then SIGKILL to it and its ranks 10 s later.
-    #[arg(long, value_name = "SECONDS", default_value_t = 600)]
+    #[arg(long, value_name = "SECONDS", default_value_t = 600,
+          value_parser = clap::value_parser!(u64).range(1..))]
     pub timeout: u64,
     /// Ranks the launcher puts on one node (default: all N, as on this machine): with
     /// more ranks than cores, each rank's compute is predicted that much slower.

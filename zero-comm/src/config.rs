@@ -74,14 +74,14 @@ fn parse_timeout(v: &str) -> Result<Option<Duration>> {
     }
     let bad = || {
         CommError::Init(format!(
-            "ZERO_COMM_TIMEOUT='{v}' must be a positive number of seconds up to a year (31536000), or 0/off for no watchdog"
+            "ZERO_COMM_TIMEOUT='{v}' must be a number of seconds from 1 up to a year (31536000), or 0/off for no watchdog (a shorter one would fire on ordinary collectives)"
         ))
     };
     let secs: f64 = t.parse().map_err(|_| bad())?;
     if secs == 0.0 {
         return Ok(None);
     }
-    if !(secs > 0.0 && secs <= 31_536_000.0) {
+    if !(1.0..=31_536_000.0).contains(&secs) {
         return Err(bad());
     }
     Duration::try_from_secs_f64(secs)
@@ -164,7 +164,7 @@ mod tests {
         assert_eq!(parse_timeout("off").unwrap(), None);
         assert_eq!(parse_timeout("0").unwrap(), None);
         assert_eq!(parse_timeout("0.0").unwrap(), None);
-        for bad in ["-1", "1e20", "inf", "NaN", "soon", ""] {
+        for bad in ["-1", "1e20", "inf", "NaN", "soon", "", "0.000001", "0.5"] {
             let e = parse_timeout(bad).unwrap_err().to_string();
             assert!(
                 e.contains("ZERO_COMM_TIMEOUT") && e.contains("0/off"),

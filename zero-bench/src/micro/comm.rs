@@ -440,6 +440,41 @@ fn self_test(comm: &MpiComm) -> Result<u64> {
     Ok(failed)
 }
 
+/// Every rank was given the same options that shape the run (one all-reduce of the
+/// CRC32 of their text, as its maximum and its negated minimum): ranks given different
+/// sizes or collectives would wait in different calls. (Each rank may name its own GPU;
+/// `--csv` and `--json` are rank 0's.) Collective.
+fn same_arguments_on_every_rank<C: Communicator>(comm: &C, args: &CommArgs) -> Result<()> {
+    let device = match args.device {
+        DeviceChoice::Cuda(_) | DeviceChoice::CudaLocal => "cuda".to_string(),
+        other => format!("{other:?}"),
+    };
+    let a = args;
+    let text = format!(
+        "{} {} {:?} {} {} {} {} {:?} {} {} {device} {:?} {}",
+        a.min_size,
+        a.max_size,
+        a.dtype,
+        a.iters,
+        a.warmup,
+        a.min_pairs,
+        a.bytes_per_point,
+        a.ops,
+        a.self_test,
+        a.raw_vs_raw,
+        a.comm,
+        a.tcp
+    );
+    let crc = crc32fast::hash(text.as_bytes()) as f64;
+    let mut both = [crc, -crc];
+    comm.all_reduce(&mut both[..], ReduceOp::Max)
+        .context("comparing the ranks' options")?;
+    if both[0] != -both[1] {
+        bail!("the ranks were given different micro comm options: give every rank the same command line");
+    }
+    Ok(())
+}
+
 /// Run the benchmark.
 pub fn run(args: &CommArgs) -> Result<()> {
     if args.min_size > args.max_size {
@@ -464,6 +499,7 @@ pub fn run(args: &CommArgs) -> Result<()> {
     let or_abort = |e: anyhow::Error| -> ! {
         zero_comm::abort(&format!("error: {}", crate::logging::chain(&e)), 1)
     };
+    same_arguments_on_every_rank(&comm, args).unwrap_or_else(|e| or_abort(e));
     if args.self_test {
         let failed = self_test(&comm).unwrap_or_else(|e| or_abort(e));
         if failed > 0 {

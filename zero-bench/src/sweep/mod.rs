@@ -98,7 +98,8 @@ pub struct RunArgs {
     pub out: PathBuf,
     /// Stop a job (one point, all its stages) that runs longer than this many seconds:
     /// SIGTERM to the launcher, then SIGKILL to it and its ranks 10 s later.
-    #[arg(long, value_name = "SECONDS", default_value_t = 1800)]
+    #[arg(long, value_name = "SECONDS", default_value_t = 1800,
+          value_parser = clap::value_parser!(u64).range(1..))]
     pub timeout: u64,
 }
 
