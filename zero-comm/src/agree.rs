@@ -20,6 +20,45 @@ pub fn lowest_failing_rank<C: Communicator>(comm: &C, failed: bool) -> Result<Op
     Ok((flag[0] > 0.0).then(|| n - flag[0] as usize))
 }
 
+/// Every rank's `values` (each passes as many), gathered, as rank 0's and those of the
+/// ranks whose values differ from them, in rank order: for checking that the ranks hold
+/// the same thing (a file's size and checksum, a command line's CRC), with every rank
+/// learning the same answer. Collective: one all-gather.
+pub fn unlike_rank_0<C: Communicator>(comm: &C, values: &[i64]) -> Result<Unlike> {
+    let k = values.len();
+    let mut all = vec![0i64; k * comm.size()];
+    comm.all_gather(values, &mut all[..])?;
+    let mut ranks = all.chunks(k.max(1)).map(<[i64]>::to_vec);
+    let root = ranks.next().unwrap_or_default();
+    let others = ranks
+        .enumerate()
+        .map(|(i, v)| (i + 1, v))
+        .filter(|(_, v)| *v != root)
+        .collect();
+    Ok(Unlike { root, others })
+}
+
+/// What [`unlike_rank_0`] found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unlike {
+    /// Rank 0's values.
+    pub root: Vec<i64>,
+    /// (rank, its values) of each rank whose values differ from rank 0's.
+    pub others: Vec<(usize, Vec<i64>)>,
+}
+
+impl Unlike {
+    /// Every rank holds rank 0's values.
+    pub fn none(&self) -> bool {
+        self.others.is_empty()
+    }
+
+    /// Whether `rank` differs from rank 0.
+    pub fn differs(&self, rank: usize) -> bool {
+        self.others.iter().any(|(r, _)| *r == rank)
+    }
+}
+
 /// The longest message [`gather_failures`] carries per rank, in bytes (longer ones are
 /// cut at a character boundary and end in "...").
 pub const MAX_FAILURE_BYTES: usize = 4096;
@@ -100,5 +139,21 @@ mod tests {
         }
         let none = crate::run_local(3, Default::default(), |comm| gather_failures(&comm, None));
         assert!(none.into_iter().all(|r| r.unwrap().unwrap().is_empty()));
+    }
+
+    #[test]
+    fn every_rank_learns_which_ranks_differ_from_rank_0() {
+        let results = crate::run_local(4, Default::default(), |comm| {
+            let mine = if comm.rank() == 2 { [7, 9] } else { [7, 8] };
+            unlike_rank_0(&comm, &mine)
+        });
+        for r in results {
+            let got = r.unwrap().unwrap();
+            assert_eq!(got.root, [7, 8]);
+            assert_eq!(got.others, [(2, vec![7, 9])]);
+            assert!(got.differs(2) && !got.differs(1) && !got.none());
+        }
+        let same = crate::run_local(3, Default::default(), |comm| unlike_rank_0(&comm, &[5]));
+        assert!(same.into_iter().all(|r| r.unwrap().unwrap().none()));
     }
 }

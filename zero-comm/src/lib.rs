@@ -59,7 +59,7 @@ pub mod stats;
 #[cfg(feature = "mpi")]
 mod watchdog;
 
-pub use agree::{gather_failures, lowest_failing_rank};
+pub use agree::{gather_failures, lowest_failing_rank, unlike_rank_0, Unlike};
 pub use backend::{
     gpu_for_rank, probe_cuda_aware, select, Backend, CommChoice, Facts, SelectError,
 };

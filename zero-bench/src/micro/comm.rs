@@ -440,9 +440,8 @@ fn self_test(comm: &MpiComm) -> Result<u64> {
     Ok(failed)
 }
 
-/// Every rank was given the same options that shape the run (one all-reduce of the
-/// CRC32 of their text, as its maximum and its negated minimum): ranks given different
-/// sizes or collectives would wait in different calls. (Each rank may name its own GPU;
+/// Every rank was given the same options that shape the run (the CRC32 of their text,
+/// compared: [`zero_comm::unlike_rank_0`]): ranks given different sizes or collectives would wait in different calls. (Each rank may name its own GPU;
 /// `--csv` and `--json` are rank 0's.) Collective.
 fn same_arguments_on_every_rank<C: Communicator>(comm: &C, args: &CommArgs) -> Result<()> {
     let device = match args.device {
@@ -465,11 +464,9 @@ fn same_arguments_on_every_rank<C: Communicator>(comm: &C, args: &CommArgs) -> R
         a.comm,
         a.tcp
     );
-    let crc = crc32fast::hash(text.as_bytes()) as f64;
-    let mut both = [crc, -crc];
-    comm.all_reduce(&mut both[..], ReduceOp::Max)
-        .context("comparing the ranks' options")?;
-    if both[0] != -both[1] {
+    let crc = crc32fast::hash(text.as_bytes()) as i64;
+    let unlike = zero_comm::unlike_rank_0(comm, &[crc]).context("comparing the ranks' options")?;
+    if !unlike.none() {
         bail!("the ranks were given different micro comm options: give every rank the same command line");
     }
     Ok(())

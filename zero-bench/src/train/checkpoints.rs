@@ -276,17 +276,11 @@ fn earlier_checkpoints(step_dir: &Path, step: u64) -> String {
     let Some(root) = step_dir.parent() else {
         return String::new();
     };
-    let mut earlier: Vec<(u64, String)> = std::fs::read_dir(root)
+    let mut earlier: Vec<(u64, String)> = checkpoint::step_dirs(root)
         .into_iter()
-        .flatten()
-        .filter_map(|e| e.ok())
-        .filter_map(|e| {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let s: u64 = name.strip_prefix("step-")?.parse().ok()?;
-            (s < step && e.path().join(checkpoint::META_FILE).is_file()).then_some((s, name))
-        })
+        .filter(|(s, name)| *s < step && root.join(name).join(checkpoint::META_FILE).is_file())
         .collect();
-    earlier.sort_unstable_by(|a, b| b.cmp(a));
+    earlier.reverse();
     match earlier.first() {
         None => String::new(),
         Some((_, newest)) => format!(
@@ -343,49 +337,27 @@ fn architecture_change(meta: &Meta, config: &Config) -> Option<String> {
     use zero_models::ModelPreset;
     let saved: Config = toml::from_str(meta.app_config.as_deref()?).ok()?;
     let (theirs, ours) = (saved.model_preset().ok()?, config.model_preset().ok()?);
-    // (Only the head count is a setting; the rest come with the preset.)
-    let preset = saved.model.preset.clone().unwrap_or_default();
-    let differ = |what: &str, set: &str, a: String, b: String| {
-        (a != b).then(|| match set {
-            "model.heads" => format!("{what} {a}, and this run has {b} (--set model.heads={a})"),
-            _ => format!("{what} {a}, and this run has {b} (model.preset = \"{preset}\")"),
-        })
+    let heads = |a: usize, b: usize| {
+        (a != b).then(|| format!("heads {a}, and this run has {b} (--set model.heads={a})"))
     };
     match (theirs, ours) {
-        (ModelPreset::Gpt(t), ModelPreset::Gpt(o)) => differ(
-            "heads",
-            "model.heads",
-            t.n_head.to_string(),
-            o.n_head.to_string(),
-        ),
-        (ModelPreset::Llama(t), ModelPreset::Llama(o)) => [
-            (
-                "heads",
-                "model.heads",
-                t.n_head.to_string(),
-                o.n_head.to_string(),
-            ),
-            (
-                "kv heads",
-                "model.kv_heads",
-                t.n_kv_head.to_string(),
-                o.n_kv_head.to_string(),
-            ),
-            (
-                "RoPE base",
-                "model.rope_theta",
-                t.rope_theta.to_string(),
-                o.rope_theta.to_string(),
-            ),
-            (
-                "norm epsilon",
-                "model.norm_eps",
-                t.norm_eps.to_string(),
-                o.norm_eps.to_string(),
-            ),
-        ]
-        .into_iter()
-        .find_map(|(w, s, a, b)| differ(w, s, a, b)),
+        (ModelPreset::Gpt(t), ModelPreset::Gpt(o)) => heads(t.n_head, o.n_head),
+        (ModelPreset::Llama(t), ModelPreset::Llama(o)) => {
+            heads(t.n_head, o.n_head).or_else(|| {
+                // Not settings: they come with the preset.
+                let preset = saved.model.preset.clone().unwrap_or_default();
+                [
+                    ("kv heads", t.n_kv_head as f64, o.n_kv_head as f64),
+                    ("RoPE base", t.rope_theta, o.rope_theta),
+                    ("norm epsilon", t.norm_eps, o.norm_eps),
+                ]
+                .into_iter()
+                .find(|(_, a, b)| a != b)
+                .map(|(what, a, b)| {
+                    format!("{what} {a}, and this run has {b} (model.preset = \"{preset}\")")
+                })
+            })
+        }
         (t, o) => Some(format!(
             "a {} model, and this run has a {} model",
             family(&t),
@@ -468,14 +440,6 @@ fn broken(e: zero_comm::CommError) -> Failure {
         &format!("error: checking --ckpt-dir/--resume across ranks: {e}"),
         1,
     )
-}
-
-/// A nonce for names no earlier run used: the time and the process id.
-fn nonce() -> i64 {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as i64);
-    (t ^ ((std::process::id() as i64) << 32)) & i64::MAX
 }
 
 /// The name of the lock file in a checkpoint directory.
@@ -594,7 +558,7 @@ fn seen_by_every_rank<C: Communicator>(comm: &C, dir: &Path) -> Result<(), Failu
         return Ok(());
     }
     let rank = comm.rank();
-    let mut id = [nonce()];
+    let mut id = [checkpoint::fresh_nonce()];
     comm.broadcast(&mut id[..], 0).map_err(broken)?;
     let marker = dir.join(format!(".shared-test-{:x}", id[0]));
     let written = match rank {
@@ -671,12 +635,11 @@ fn same_checkpoint_on_every_rank<C: Communicator>(
     // the file takes part with -1 and reports its own error.
     let crc = bytes.as_ref().map_or(-1, |b| crc32fast::hash(b) as i64);
     let mine = [meta.step as i64, crc];
-    let mut all = vec![0i64; 2 * comm.size()];
-    comm.all_gather(&mine[..], &mut all[..]).map_err(broken)?;
-    let root = [all[0], all[1]];
+    let unlike = zero_comm::unlike_rank_0(comm, &mine).map_err(broken)?;
+    let root = &unlike.root;
     let result = if let Err(e) = bytes {
         Err(e)
-    } else if mine == root {
+    } else if !unlike.differs(comm.rank()) {
         Ok(())
     } else {
         Err(anyhow!(

@@ -123,33 +123,33 @@ pub fn check<C: Communicator>(comm: &C, tokens: &Tokens, config: &Config) -> any
 /// the scan below splits the file between them, and a stale copy would train on other
 /// data. Collective.
 fn same_tokens_on_every_rank<C: Communicator>(comm: &C, tokens: &Tokens) -> anyhow::Result<()> {
-    let world = comm.size();
-    if world == 1 {
+    if comm.size() == 1 {
         return Ok(());
     }
     let mine = [tokens.len() as i64, tokens.fingerprint() as i64];
-    let mut all = vec![0i64; 2 * world];
-    if let Err(e) = comm.all_gather(&mine[..], &mut all[..]) {
+    let unlike = match zero_comm::unlike_rank_0(comm, &mine) {
+        Ok(u) => u,
         // The ranks may now be at different points: end the job rather than finalize
         // MPI, which would wait for them.
-        zero_comm::abort(&format!("error: comparing the ranks' token data: {e}"), 1)
+        Err(e) => zero_comm::abort(&format!("error: comparing the ranks' token data: {e}"), 1),
+    };
+    if unlike.none() {
+        return Ok(());
     }
-    let differ: Vec<String> = (1..world)
-        .filter(|&r| all[2 * r..2 * r + 2] != all[..2])
-        .map(|r| {
-            if all[2 * r] != all[0] {
-                format!("rank {r} has {} tokens", all[2 * r])
+    let differ: Vec<String> = unlike
+        .others
+        .iter()
+        .map(|(r, v)| {
+            if v[0] != unlike.root[0] {
+                format!("rank {r} has {} tokens", v[0])
             } else {
                 format!("rank {r} has other tokens")
             }
         })
         .collect();
-    if differ.is_empty() {
-        return Ok(());
-    }
     bail!(
         "the ranks read different token data: rank 0 has {} tokens, {}{}: every rank must read the same tokens; refresh the node-local copies, or give every rank one file on a shared file system",
-        all[0],
+        unlike.root[0],
         differ.join(", "),
         // Rank 0 prints this (the message is the same on every rank but for this).
         if comm.rank() == 0 {

@@ -65,9 +65,18 @@ pub const META_FILE: &str = "meta.json";
 /// The pointer file naming the newest complete step directory.
 pub const LATEST: &str = "latest";
 
+/// A number for names no earlier run used (a save's temporary directory, a marker
+/// file): the time in nanoseconds mixed with the process id, non-negative.
+pub fn fresh_nonce() -> i64 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i64);
+    (t ^ ((std::process::id() as i64) << 32)) & i64::MAX
+}
+
 /// The `step-<S>` directories in `root` as (S, name), by step; none when `root` cannot
 /// be read.
-pub(crate) fn step_dirs(root: &std::path::Path) -> Vec<(u64, String)> {
+pub fn step_dirs(root: &std::path::Path) -> Vec<(u64, String)> {
     let Ok(entries) = std::fs::read_dir(root) else {
         return Vec::new();
     };

@@ -138,12 +138,7 @@ pub fn save<D: Device, C: Communicator>(
     let mut head = [0i64; 2];
     let mut prepared = Ok(());
     if rank == 0 {
-        let nonce = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as i64)
-            .unwrap_or(0)
-            ^ ((std::process::id() as i64) << 32);
-        let nonce = nonce & i64::MAX;
+        let nonce = super::fresh_nonce();
         let tmp = root.join(format!("tmp-step-{step}-{nonce:x}"));
         prepared = std::fs::create_dir_all(root)
             .map_err(CheckpointError::io("create directory", root))
