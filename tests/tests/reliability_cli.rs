@@ -1027,6 +1027,15 @@ fn absurd_sizes_are_refused_without_a_panic() {
             ][..],
             "at most 1024",
         ),
+        // A negative number reaches the option's own check, not "unexpected argument".
+        (
+            &["train", "--config", "configs/tiny.toml", "--threads", "-2"][..],
+            "'-2' is not a thread count",
+        ),
+        (
+            &["train", "--config", "configs/tiny.toml", "--steps", "-1"][..],
+            "invalid value '-1' for '--steps <N>'",
+        ),
     ] {
         let o = run(args);
         let err = String::from_utf8_lossy(&o.stderr);

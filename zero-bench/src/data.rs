@@ -214,6 +214,11 @@ pub fn run(cmd: DataCommand) -> anyhow::Result<()> {
             tokens,
             format,
         } => {
+            if tokens < 2 {
+                anyhow::bail!(
+                    "--tokens {tokens}: a token file needs at least 2 tokens (an input and its target; a run reads B x T + 1 per row)"
+                );
+            }
             let src = MarkovSource::default_source();
             crate::memory::need(
                 &format!("--tokens {tokens}"),

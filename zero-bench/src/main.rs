@@ -22,7 +22,7 @@ mod train;
 mod tune;
 mod world;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 /// ZeRO (Zero Redundancy Optimizer) in Rust: training, benchmarks and tools for MPI/Slurm clusters.
 #[derive(Parser, Debug)]
@@ -71,8 +71,20 @@ fn only_prints(command: &Command) -> bool {
     }
 }
 
+/// Every option of every command takes a negative number as its value, so that
+/// `--steps -1` reaches the option's own check ("a count must be positive") instead of
+/// clap's "unexpected argument '-1'".
+fn negative_values(command: clap::Command) -> clap::Command {
+    command
+        .mut_args(|a| a.allow_negative_numbers(true))
+        .mut_subcommands(negative_values)
+}
+
 fn main() {
-    let cli = Cli::parse();
+    let cli = negative_values(Cli::command())
+        .try_get_matches()
+        .and_then(|m| Cli::from_arg_matches(&m))
+        .unwrap_or_else(|e| e.exit());
     if only_prints(&cli.command) {
         // Rust ignores SIGPIPE, so printing into a closed pipe (`zero-bench plan | head`)
         // would panic; end quietly instead, as other command-line tools do. Not for

@@ -10,14 +10,18 @@
 //! `engine_stages losses`: every stage's per-step losses (fp32, bf16) as bit patterns,
 //! which tests/tests/engine.rs holds against the same training on thread ranks.
 //!
-//! `engine_stages mixed`: bf16 and fp16 runs of every stage track the fp32 run within
-//! a stated tolerance; a forced fp16 overflow skips the step on every rank.
+//! `engine_stages mixed`: bf16 and fp16 runs of every stage, with 16-bit or f32
+//! gradient accumulators and reductions, track the fp32 run within a stated tolerance;
+//! an f32 accumulator sums A micro-steps as one rank would sum N ranks' gradients (f32
+//! rounding only), and a 16-bit one measurably does not; a forced fp16 overflow skips
+//! the step on every rank.
 
 use zero_comm::{ring_bytes, CollectiveKind, Communicator};
-use zero_core::config::{GradReduceDtype, Precision, Stage};
+use zero_core::config::{GradDtype, Precision, Stage};
 use zero_core::ledger::{CommPlan, CommPurpose};
 use zero_core::{Engine, StepReport};
 use zero_kernels::device::HostDevice;
+use zero_kernels::DType;
 use zero_models::data::{MarkovSource, Sequential, Tokens};
 use zero_models::{Gpt, GptConfig, TokenBatch as Batch};
 use zero_tests::scenario::{fail, host, tiny_config, tiny_gpt, Tiny as Config, SEQ_LEN as T};
@@ -38,6 +42,8 @@ struct Run {
     applied: u64,
     losses: Vec<f64>,
     master: Vec<f32>,
+    /// The reduced gradient of the first step (every rank starts from the same weights).
+    first_grads: Vec<f32>,
     reports: Vec<StepReport>,
 }
 
@@ -73,6 +79,7 @@ fn run<C: Communicator>(comm: &C, cfg: &Config, tokens: &Tokens, who: &str) -> R
         applied: 0,
         losses: Vec::new(),
         master: Vec::new(),
+        first_grads: Vec::new(),
         reports: Vec::new(),
     };
     for s in 0..STEPS as u64 {
@@ -112,6 +119,11 @@ fn run<C: Communicator>(comm: &C, cfg: &Config, tokens: &Tokens, who: &str) -> R
         }
         out.losses.push(rep.loss);
         out.reports.push(rep);
+        if s == 0 {
+            out.first_grads = engine
+                .full_grads_f32()
+                .unwrap_or_else(|e| die(e.to_string()));
+        }
     }
     out.master = engine
         .full_master_f32()
@@ -170,6 +182,112 @@ fn compare(rank: usize, what: &str, got: &Run, want: &Run, loss_tol: f64, param_
                 .map(|l| format!("{l:.6}"))
                 .collect::<Vec<_>>(),
             if bitwise { " (bitwise equal)" } else { "" }
+        );
+    }
+}
+
+/// `precision.grad_accum_dtype = "f32"` in bf16. One rank with A = N micro-steps sums
+/// the same N micro-batch gradients as N ranks with A = 1 (the data order gives both the
+/// same global batch), from the same bf16 weights at the first step. With f32
+/// accumulators and f32 reductions the two sums differ only in the order of f32
+/// additions (relative error ~1e-7); with a 16-bit accumulator the single rank rounds
+/// its running sum to 8 significant bits at each of its N micro-steps (relative error
+/// ~2^-9 per addition). Stages 1-3 with an f32 accumulator match stage 0's as the fp32
+/// stages do.
+fn accumulation_in_f32(world: &zero_comm::MpiComm, tokens: &Tokens) {
+    let (rank, n) = (world.rank(), world.size());
+    let bf16 = |stage, a, accum| {
+        let mut c = config(stage, Precision::Bf16, a);
+        c.engine.precision.grad_accum_dtype = Some(accum);
+        c.engine.precision.grad_reduce_dtype = Some(GradDtype::F32);
+        c
+    };
+    let wide = run(
+        world,
+        &bf16(Stage::Zero0, 1, GradDtype::F32),
+        tokens,
+        "f32 sums",
+    );
+    if wide.reports.is_empty() || wide.first_grads.is_empty() {
+        fail(rank, "f32 accumulation: no step ran".into());
+    }
+    let plan_grads = |c: &Config| {
+        let dev = host();
+        let model = Gpt::<HostDevice, f32>::new(dev, gpt(), B)
+            .unwrap_or_else(|e| fail(rank, e.to_string()));
+        let engine = Engine::new(&c.engine, world, dev, &model)
+            .unwrap_or_else(|e| fail(rank, e.to_string()));
+        engine
+            .plan()
+            .get(zero_core::plan::BufferRole::Grads)
+            .map(|b| b.dtype)
+    };
+    if plan_grads(&bf16(Stage::Zero0, 1, GradDtype::F32)) != Some(DType::F32) {
+        fail(
+            rank,
+            "grad_accum_dtype = \"f32\" did not plan f32 gradients".into(),
+        );
+    }
+    // Stages 2/3 reduce every micro-step, so their f32 sums add in another order than
+    // stage 0's, and the masters differ in the last bits. That can flip a weight's bf16
+    // rounding, after which the gradients differ by ~2^-9 relative and a near-zero one
+    // may change sign, which Adam turns into a step of up to lr (1e-2) on that element:
+    // losses within 1e-4, weights within lr / 2, against O(lr) for a lost contribution.
+    let base = run(
+        world,
+        &bf16(Stage::Zero0, 2, GradDtype::F32),
+        tokens,
+        "f32 A=2",
+    );
+    for &stage in &[Stage::Zero1, Stage::Zero2, Stage::Zero3] {
+        let r = run(world, &bf16(stage, 2, GradDtype::F32), tokens, "f32 A=2");
+        compare(
+            rank,
+            &format!("bf16 accumulate F32 A=2 {stage:?} vs stage 0"),
+            &r,
+            &base,
+            1e-4,
+            5e-3,
+        );
+    }
+    let solo = world
+        .split(if rank == 0 { Some(0) } else { None }, 0)
+        .unwrap_or_else(|e| fail(rank, e.to_string()));
+    let Some(solo) = solo else {
+        return;
+    };
+    // ||g - g_ref|| / ||g_ref|| over every parameter.
+    let rel_err = |g: &[f32], want: &[f32]| -> f64 {
+        let (mut d, mut r) = (0.0f64, 0.0f64);
+        for (&x, &y) in g.iter().zip(want) {
+            d += (x as f64 - y as f64).powi(2);
+            r += (y as f64).powi(2);
+        }
+        (d / r).sqrt()
+    };
+    let f32_sums = run(
+        &solo,
+        &bf16(Stage::Zero0, n, GradDtype::F32),
+        tokens,
+        "1 rank",
+    );
+    let bf16_sums = run(
+        &solo,
+        &bf16(Stage::Zero0, n, GradDtype::Half),
+        tokens,
+        "1 rank",
+    );
+    let e32 = rel_err(&f32_sums.first_grads, &wide.first_grads);
+    let e16 = rel_err(&bf16_sums.first_grads, &wide.first_grads);
+    println!(
+        "bf16, 1 rank x A={n} vs {n} ranks x A=1, first-step gradient: relative error {e32:.2e} accumulating in f32, {e16:.2e} in bf16"
+    );
+    // f32 rounding of a few additions per element; bf16's 2^-9 per addition is ~10^4
+    // times that, so 10x is a wide margin either way.
+    if e32 > 1e-5 || e16 < 10.0 * e32 || e16 < 1e-4 {
+        fail(
+            rank,
+            format!("f32 accumulation error {e32:.2e}, bf16 accumulation error {e16:.2e}"),
         );
     }
 }
@@ -283,8 +401,14 @@ fn main() {
             );
             for precision in [Precision::Bf16, Precision::Fp16] {
                 for &stage in &stages {
-                    for reduce in [GradReduceDtype::Half, GradReduceDtype::F32] {
+                    for (accum, reduce) in [
+                        (GradDtype::Half, GradDtype::Half),
+                        (GradDtype::Half, GradDtype::F32),
+                        (GradDtype::F32, GradDtype::Half),
+                        (GradDtype::F32, GradDtype::F32),
+                    ] {
                         let mut c = config(stage, precision, 2);
+                        c.engine.precision.grad_accum_dtype = Some(accum);
                         c.engine.precision.grad_reduce_dtype = Some(reduce);
                         let r = run(&world, &c, &tokens, "mixed");
                         // 16-bit parameters carry 8 (bf16) or 11 (fp16) significant bits:
@@ -297,11 +421,14 @@ fn main() {
                         } else {
                             1e-2
                         };
-                        let what = format!("{precision:?} {stage:?} reduce {reduce:?} vs fp32");
+                        let what = format!(
+                            "{precision:?} {stage:?} accumulate {accum:?} reduce {reduce:?} vs fp32"
+                        );
                         compare(rank, &what, &r, &fp32, tol, 5e-2);
                     }
                 }
             }
+            accumulation_in_f32(&world, &tokens);
             // fp32/bf16 have no loss scaler to recover: a diverged run (lr 1e30 makes the
             // next forward overflow) stops with an error on every rank, naming the step.
             for precision in [Precision::Fp32, Precision::Bf16] {

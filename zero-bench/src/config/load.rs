@@ -320,7 +320,13 @@ impl LoadedConfig {
             &mut rows,
             "precision.grad_reduce_dtype",
             format!("\"{}\"", c.precision.reduce_dtype()),
-            "the gradient dtype",
+            "the parameter dtype",
+        );
+        derived(
+            &mut rows,
+            "precision.grad_accum_dtype",
+            format!("\"{}\"", c.precision.grad_dtype()),
+            "the parameter dtype",
         );
         derived(
             &mut rows,

@@ -288,6 +288,7 @@ fn override_values_are_read_as_toml() {
             "optim.betas=[0.8, 0.9]".into(),
             "precision.dtype=fp16".into(),
             "precision.grad_reduce_dtype=\"f32\"".into(),
+            "precision.grad_accum_dtype=\"f32\"".into(),
             "zero.reduce_every_micro_step=false".into(),
             "train.metrics_file=out/metrics.jsonl".into(),
         ],
@@ -298,6 +299,7 @@ fn override_values_are_read_as_toml() {
     assert_eq!(c.optim.betas, [0.8, 0.9]);
     assert_eq!(c.precision.dtype, Precision::Fp16);
     assert_eq!(c.precision.reduce_dtype(), DType::F32);
+    assert_eq!(c.precision.grad_dtype(), DType::F32);
     assert!(!c.zero.reduce_every_micro_step());
     assert_eq!(c.train.metrics_file.as_deref(), Some("out/metrics.jsonl"));
     let e = load_str("", "t", &["zero.stage=two".into()]).unwrap_err();

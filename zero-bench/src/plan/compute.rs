@@ -10,7 +10,7 @@
 use crate::config::Config;
 use anyhow::Context as _;
 use serde::Serialize;
-use zero_core::config::GradReduceDtype;
+use zero_core::config::{GradDtype, PrecisionConfig};
 use zero_core::ledger::{
     paper_volume_psi, CommPlan, CommPurpose, Explanation, Links, PaperFormula,
 };
@@ -26,6 +26,8 @@ pub struct Knobs {
     pub precision: Precision,
     /// Reduce 16-bit gradients in f32.
     pub reduce_f32: bool,
+    /// Accumulate 16-bit gradients in f32.
+    pub accumulate_f32: bool,
     /// Stages 2/3 accumulate full gradients locally and reduce once per step.
     pub reduce_once: bool,
     /// A.
@@ -73,6 +75,16 @@ pub struct Knobs {
 }
 
 impl Knobs {
+    /// The `[precision]` section these knobs give.
+    pub fn precision_config(&self) -> PrecisionConfig {
+        PrecisionConfig {
+            dtype: self.precision,
+            grad_reduce_dtype: self.reduce_f32.then_some(GradDtype::F32),
+            grad_accum_dtype: self.accumulate_f32.then_some(GradDtype::F32),
+            ..PrecisionConfig::default()
+        }
+    }
+
     /// Bytes the plan may use: `gpu_mem x (1 - headroom)`, rounded down.
     pub fn usable_bytes(&self) -> u64 {
         (self.gpu_mem as f64 * (1.0 - self.headroom)).floor() as u64
@@ -90,7 +102,7 @@ impl Knobs {
         if self.reduce_once && stage >= Stage::Zero2 {
             c.zero.reduce_every_micro_step = Some(false);
         }
-        c.precision.dtype = self.precision;
+        c.precision = self.precision_config();
         // The switches where they apply at this stage (as `--stage auto` does).
         c.zero.quantize_weights = self.quantize_weights
             && stage >= Stage::Zero1
@@ -100,9 +112,6 @@ impl Knobs {
         c.zero.quant_block = self.quant_block;
         c.zero.grad_quant_bits = self.grad_quant_bits;
         c.zero.ranks_per_node = self.ranks_per_node.unwrap_or(0);
-        if self.reduce_f32 {
-            c.precision.grad_reduce_dtype = Some(GradReduceDtype::F32);
-        }
         c.train.grad_accum = self.grad_accum;
         c.train.micro_batch = self.micro_batch;
         c.train.seq_len = self.seq_len;

@@ -141,6 +141,10 @@ pub struct PlanArgs {
     /// Reduce 16-bit gradients in f32 (twice the bytes on the wire and in the buckets).
     #[arg(long)]
     pub reduce_f32: bool,
+    /// Accumulate 16-bit gradients in f32 (precision.grad_accum_dtype = "f32": 2 more
+    /// bytes a parameter of gradients, sums rounded once instead of A times).
+    #[arg(long)]
+    pub accumulate_f32: bool,
     /// Stages 2/3: accumulate full gradients locally and reduce once per step (less
     /// traffic with --grad-accum > 1, full gradients in memory).
     #[arg(long)]
@@ -253,6 +257,7 @@ pub fn run(a: &PlanArgs) -> anyhow::Result<()> {
     let knobs = Knobs {
         precision: a.precision.precision(),
         reduce_f32: a.reduce_f32,
+        accumulate_f32: a.accumulate_f32,
         reduce_once: a.reduce_once,
         grad_accum: a.grad_accum,
         micro_batch: a.micro_batch,
@@ -278,6 +283,9 @@ pub fn run(a: &PlanArgs) -> anyhow::Result<()> {
     };
     if a.reduce_f32 && matches!(a.precision, PrecisionArg::Fp32) {
         bail!("--reduce-f32 with --precision fp32: fp32 gradients are already reduced in f32; drop the flag");
+    }
+    if a.accumulate_f32 && matches!(a.precision, PrecisionArg::Fp32) {
+        bail!("--accumulate-f32 with --precision fp32: fp32 gradients already accumulate in f32; drop the flag");
     }
     if a.ranks_per_node.is_none() && (a.intra_gbps.is_some() || a.inter_gbps.is_some()) {
         bail!("--intra-gbps and --inter-gbps describe the links inside and between nodes: give --ranks-per-node too (without it, --link-gbps is every link)");

@@ -28,6 +28,10 @@ pub struct PlanReport {
     pub activation_note: String,
     /// `bf16`, `fp16`, `fp32`.
     pub precision: String,
+    /// The dtype gradients accumulate in (`bf16`, `fp16`, `f32`).
+    pub grad_accum_dtype: String,
+    /// The dtype gradients are reduced in.
+    pub grad_reduce_dtype: String,
     /// A.
     pub grad_accum: usize,
     /// B.
@@ -69,6 +73,8 @@ impl PlanReport {
             activation_bytes: model.activation_bytes,
             activation_note: model.activation_note.clone(),
             precision: precision.to_string(),
+            grad_accum_dtype: knobs.precision_config().grad_dtype().to_string(),
+            grad_reduce_dtype: knobs.precision_config().reduce_dtype().to_string(),
             grad_accum: knobs.grad_accum,
             micro_batch: knobs.micro_batch,
             seq_len: knobs.seq_len,
@@ -89,11 +95,13 @@ impl PlanReport {
         let mut o = String::new();
         let _ = writeln!(
             o,
-            "model: {} (Ψ = {} parameters, {} units), {}, A = {} micro-steps of B = {} x T = {}",
+            "model: {} (Ψ = {} parameters, {} units), {} (gradients accumulated in {}, reduced in {}), A = {} micro-steps of B = {} x T = {}",
             self.model,
             group(self.params as u64),
             self.units,
             self.precision,
+            self.grad_accum_dtype,
+            self.grad_reduce_dtype,
             self.grad_accum,
             self.micro_batch,
             self.seq_len

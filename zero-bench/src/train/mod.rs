@@ -343,6 +343,17 @@ fn with_backend<D: BenchDevice>(
 ) -> Result<(), Failure> {
     use zero_comm::Backend;
     let rank = comm.rank();
+    let rounded_sums = loaded
+        .iter()
+        .map(|l| &l.config)
+        .find(|c| c.train.grad_accum > 1 && c.precision.grad_dtype() != zero_kernels::DType::F32);
+    if let (0, Some(c)) = (rank, rounded_sums) {
+        log::info!(
+            "gradients accumulate in {} over {} micro-steps, the sum rounded at each; precision.grad_accum_dtype = \"f32\" keeps it in fp32 for 2 more bytes a parameter",
+            c.precision.grad_dtype(),
+            c.train.grad_accum
+        );
+    }
     // hpZ / qgZ: the node and cross-node groups (collective; every rank agrees).
     let wanted = agree(comm, wanted_ranks_per_node(&loaded))?;
     let groups = match wanted {

@@ -19,7 +19,8 @@ pub enum CheckpointError {
         cause: std::io::Error,
     },
     /// The HDF5 library refused a file or a dataset (truncated, not HDF5, missing dataset).
-    #[error("HDF5 file '{path}', {dataset}: {cause}")]
+    /// The message is HDF5's, shortened ([`brief_hdf5`]).
+    #[error("HDF5 file '{path}', {dataset}: {}", brief_hdf5(&cause.to_string()))]
     Hdf5 {
         /// The file.
         path: PathBuf,
@@ -120,6 +121,33 @@ impl CheckpointError {
 impl From<zero_comm::CommError> for CheckpointError {
     fn from(e: zero_comm::CommError) -> Self {
         CheckpointError::Engine(EngineError::Comm(e))
+    }
+}
+
+/// HDF5's message on one line, without its internals: a failed system call's record
+/// ("time = ..., filename = ..., file descriptor = ..., errno = 28, error message = 'No
+/// space left on device', buf = 0x..., ...") becomes "No space left on device (errno 28)"
+/// after the call that failed; other messages pass through with newlines as spaces.
+pub fn brief_hdf5(message: &str) -> String {
+    let quoted = |key: &str| {
+        let at = message.find(key)? + key.len();
+        let end = message[at..].find('\'')?;
+        Some(&message[at..at + end])
+    };
+    let errno = message.find("errno = ").map(|at| {
+        message[at + 8..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect::<String>()
+    });
+    let flat = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
+    match (quoted("error message = '"), message.find("time = ")) {
+        (Some(os), Some(time)) => {
+            let call = message[..time].trim_end().trim_end_matches(':');
+            let errno = errno.map_or_else(String::new, |e| format!(" (errno {e})"));
+            format!("{}: {os}{errno}", flat(call))
+        }
+        _ => flat(message),
     }
 }
 

@@ -50,7 +50,7 @@ mod shard;
 mod tests;
 mod tools;
 
-pub use error::CheckpointError;
+pub use error::{brief_hdf5, CheckpointError};
 pub use load::{load, resolve, LoadInfo};
 pub use meta::{Meta, FORMAT_NAME, FORMAT_VERSION};
 pub use save::{clean_partial, save, SaveOptions};

@@ -358,3 +358,18 @@ fn prune_keeps_the_resumed_runs_own_newest_steps() {
     super::save::prune(root, 3, "step-8");
     have(&["step-6", "step-7", "step-8", "step-12"]);
 }
+
+/// HDF5's record of a failed write (as a full disk gives it) shortens to the call and the
+/// OS error; other messages keep their words on one line.
+#[test]
+fn hdf5_messages_are_shortened_to_the_os_error() {
+    let full = "H5Fflush(): unable to flush file's cached information: file write failed: time = Sun Dec  6 19:56:07 2026\n, filename = '/ck/tmp-step-2/rank-00000.h5', file descriptor = 20, errno = 28, error message = 'No space left on device', buf = 0x55c2534c9608, total write size = 1808, bytes this sub-write = 1808, bytes actually written = 18446744073709551615, offset = 0";
+    assert_eq!(
+        super::brief_hdf5(full),
+        "H5Fflush(): unable to flush file's cached information: file write failed: No space left on device (errno 28)"
+    );
+    assert_eq!(
+        super::brief_hdf5("H5Dopen2(): unable to open dataset:\n object 'm' doesn't exist"),
+        "H5Dopen2(): unable to open dataset: object 'm' doesn't exist"
+    );
+}

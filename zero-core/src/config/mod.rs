@@ -248,13 +248,15 @@ impl Precision {
     }
 }
 
-/// Element type gradients are reduced in.
+/// Element type of a gradient sum in 16-bit training: the accumulator the micro-steps
+/// add into (`precision.grad_accum_dtype`) or the reduction across ranks
+/// (`precision.grad_reduce_dtype`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum GradReduceDtype {
-    /// The 16-bit gradient type (summed with a user-defined op).
+pub enum GradDtype {
+    /// The 16-bit parameter type (a reduction sums it with a user-defined op).
     Half,
-    /// Upcast to fp32 for the reduction (twice the bytes, more accurate sums).
+    /// fp32: twice the bytes, a sum rounded to 24 bits instead of 8 (bf16) or 11 (fp16).
     F32,
 }
 
@@ -264,9 +266,17 @@ pub enum GradReduceDtype {
 pub struct PrecisionConfig {
     /// fp32 | bf16 | fp16.
     pub dtype: Precision,
-    /// half | f32. Unset: half for bf16/fp16, f32 for fp32 (where half is an error).
+    /// The dtype gradients are reduced across ranks in: half | f32. Unset: half for
+    /// bf16/fp16, f32 for fp32 (where half is an error).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub grad_reduce_dtype: Option<GradReduceDtype>,
+    pub grad_reduce_dtype: Option<GradDtype>,
+    /// The dtype of the gradient accumulator the micro-steps add into: half | f32.
+    /// Unset: half for bf16/fp16 (the ZeRO paper's 2 bytes a parameter; each of the A
+    /// micro-steps rounds the running sum), f32 for fp32 (where half is an error). "f32"
+    /// keeps the sum in fp32 (Megatron's `--accumulate-allreduce-grads-in-fp32`,
+    /// DeepSpeed's `grad_accum_dtype`) for 2 more bytes a parameter.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grad_accum_dtype: Option<GradDtype>,
     /// Dynamic loss scaling. Unset: on for fp16 (required), off otherwise (only fp16
     /// may use it).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -293,6 +303,7 @@ impl Default for PrecisionConfig {
         PrecisionConfig {
             dtype: Precision::Bf16,
             grad_reduce_dtype: None,
+            grad_accum_dtype: None,
             loss_scaling: None,
             initial_scale: 65536.0,
             growth_factor: 2.0,
@@ -309,7 +320,15 @@ impl PrecisionConfig {
     /// Element type gradients travel in (resolved default).
     pub fn reduce_dtype(&self) -> DType {
         match (self.dtype, self.grad_reduce_dtype) {
-            (Precision::Fp32, _) | (_, Some(GradReduceDtype::F32)) => DType::F32,
+            (Precision::Fp32, _) | (_, Some(GradDtype::F32)) => DType::F32,
+            (p, _) => p.param_dtype(),
+        }
+    }
+
+    /// Element type of the gradient accumulator (resolved default).
+    pub fn grad_dtype(&self) -> DType {
+        match (self.dtype, self.grad_accum_dtype) {
+            (Precision::Fp32, _) | (_, Some(GradDtype::F32)) => DType::F32,
             (p, _) => p.param_dtype(),
         }
     }

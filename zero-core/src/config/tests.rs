@@ -121,6 +121,36 @@ fn hierarchical_switches_need_their_stages() {
     assert!(!EngineConfig::default().zero.hierarchical());
 }
 
+/// The gradient accumulator's dtype: the parameters' unless "f32" is asked for (fp32
+/// training always f32); the reductions keep their own setting.
+#[test]
+fn the_gradient_accumulator_is_16_bit_unless_f32_is_asked_for() {
+    use zero_kernels::DType;
+    let resolved = |text: &str| {
+        let c: EngineConfig = toml::from_str(text).unwrap();
+        c.validate().unwrap();
+        (c.precision.grad_dtype(), c.precision.reduce_dtype())
+    };
+    assert_eq!(resolved(""), (DType::BF16, DType::BF16));
+    assert_eq!(
+        resolved("[precision]\ngrad_accum_dtype = \"f32\"\n"),
+        (DType::F32, DType::BF16)
+    );
+    assert_eq!(
+        resolved("[precision]\ndtype = \"fp16\"\ngrad_accum_dtype = \"f32\"\ngrad_reduce_dtype = \"f32\"\n"),
+        (DType::F32, DType::F32)
+    );
+    assert_eq!(
+        resolved("[precision]\ndtype = \"fp16\"\ngrad_accum_dtype = \"half\"\n"),
+        (DType::F16, DType::F16)
+    );
+    assert_eq!(
+        resolved("[precision]\ndtype = \"fp32\"\ngrad_accum_dtype = \"f32\"\n"),
+        (DType::F32, DType::F32)
+    );
+    assert!(toml::from_str::<EngineConfig>("[precision]\ngrad_accum_dtype = \"f64\"\n").is_err());
+}
+
 #[test]
 fn reduce_every_micro_step_needs_stage_2_or_3() {
     for stage in [0, 1] {
@@ -151,6 +181,10 @@ fn fp16_needs_loss_scaling_and_only_fp16_may_use_it() {
     has(
         &problems("[precision]\ndtype = \"fp32\"\ngrad_reduce_dtype = \"half\"\n"),
         "fp32 gradients have no 16-bit form",
+    );
+    has(
+        &problems("[precision]\ndtype = \"fp32\"\ngrad_accum_dtype = \"half\"\n"),
+        "precision.grad_accum_dtype = \"half\" with dtype = \"fp32\"",
     );
     has(
         &problems("[precision]\ndtype = \"fp16\"\nbackoff_factor = 1.5\n"),

@@ -114,8 +114,13 @@ impl EngineConfig {
         if pr.dtype == Precision::Fp32 {
             need(
                 p,
-                pr.grad_reduce_dtype != Some(super::GradReduceDtype::Half),
+                pr.grad_reduce_dtype != Some(super::GradDtype::Half),
                 "precision.grad_reduce_dtype = \"half\" with dtype = \"fp32\": fp32 gradients have no 16-bit form; remove the key or set it to \"f32\"".into(),
+            );
+            need(
+                p,
+                pr.grad_accum_dtype != Some(super::GradDtype::Half),
+                "precision.grad_accum_dtype = \"half\" with dtype = \"fp32\": fp32 gradients have no 16-bit form; remove the key or set it to \"f32\"".into(),
             );
         }
         match (pr.dtype, pr.loss_scaling) {

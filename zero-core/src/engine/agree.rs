@@ -28,7 +28,7 @@ pub(super) struct Agreed {
 }
 
 /// Reduce this rank's view of the step with every other rank's (see the module doc).
-pub(super) fn agree<P: Float, D: Device, C: Communicator>(
+pub(super) fn agree<G: Float, D: Device, C: Communicator>(
     core: &Core<'_, D, C>,
     bufs: &mut Buffers<D>,
     micro_steps: usize,
@@ -37,7 +37,7 @@ pub(super) fn agree<P: Float, D: Device, C: Communicator>(
     let (dev, compute, comm) = (core.dev, &core.streams.compute, &core.streams.comm);
     bufs.reducer.finish(core)?;
     let inv_scale = (1.0 / loss_scale) as f32;
-    let grads = bufs.grads.get::<P>()?;
+    let grads = bufs.grads.get::<G>()?;
     for (u, at) in core.plan.placements.iter().enumerate() {
         dev.grad_stats(
             compute,

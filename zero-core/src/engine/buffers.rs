@@ -30,7 +30,7 @@ pub(crate) struct GatherSlot<D: Device> {
 pub(crate) struct Buffers<D: Device> {
     /// Working parameters P (full, or shard at stage 3). In fp32 training: the master.
     pub params: FloatBuffer<D>,
-    /// Gradient accumulator P (full, or shard when reduced every micro-step).
+    /// Gradient accumulator G (full, or shard when reduced every micro-step).
     pub grads: FloatBuffer<D>,
     /// fp32 master (16-bit training only; full at stage 0, else shard).
     pub master: Option<D::Buf<f32>>,
@@ -170,7 +170,7 @@ impl<D: Device> Buffers<D> {
         }
         Ok(Buffers {
             params: float(BufferRole::Params, "params", p)?,
-            grads: float(BufferRole::Grads, "grads", p)?,
+            grads: float(BufferRole::Grads, "grads", plan.inputs.grad_dtype)?,
             master,
             adam_m: f32s(BufferRole::AdamM, "adam m")?,
             adam_v: f32s(BufferRole::AdamV, "adam v")?,

@@ -20,9 +20,9 @@ use super::buffers::Buffers;
 use super::{Core, EngineError, WaitPoint};
 use crate::config::Stage;
 
-/// AdamW step `t` (from 1) with learning rate `lr`, the gradient multiplied by
+/// AdamW step `t` (from 1) with learning rate `lr`, the gradient (in G) multiplied by
 /// `grad_mult` (1/loss scale x clip coefficient) on the way in.
-pub(super) fn update<P: Float, D: Device, C: Communicator>(
+pub(super) fn update<P: Float, G: Float, D: Device, C: Communicator>(
     core: &Core<'_, D, C>,
     bufs: &mut Buffers<D>,
     t: u64,
@@ -46,7 +46,7 @@ pub(super) fn update<P: Float, D: Device, C: Communicator>(
         adam_v,
         ..
     } = bufs;
-    let grads = grads.get::<P>()?;
+    let grads = grads.get::<G>()?;
     for (u, at) in core.plan.placements.iter().enumerate() {
         let segments: Vec<AdamWSegment> = core
             .layout
@@ -78,7 +78,7 @@ pub(super) fn update<P: Float, D: Device, C: Communicator>(
                 };
                 let p = params.get_mut::<P>()?.slice_mut(at.updated_params.clone());
                 core.dev
-                    .adamw::<P, P>(compute, &step, grad, state, Some(p))?;
+                    .adamw::<G, P>(compute, &step, grad, state, Some(p))?;
             }
             None => {
                 // fp32 training: the parameters are the master weights.
@@ -90,7 +90,7 @@ pub(super) fn update<P: Float, D: Device, C: Communicator>(
                     v,
                 };
                 core.dev
-                    .adamw::<P, f32>(compute, &step, grad, state, None)?;
+                    .adamw::<G, f32>(compute, &step, grad, state, None)?;
             }
         }
     }

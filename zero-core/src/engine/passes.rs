@@ -17,7 +17,8 @@
 //!   runs the layers below (DDP's gradient buckets, in units).
 //!
 //! The model computes in f32: 16-bit parameters are widened into the ParamWindow per
-//! layer, and 16-bit (or sharded) gradients are written into the GradWindow first. A
+//! layer, and gradients go through the GradWindow when the accumulator is 16-bit or
+//! sharded (an f32 full accumulator takes them directly). A
 //! layer whose backward reads no parameter (a lookup, `LayerSpec::backward_reads_params`)
 //! gets none in the backward, at every stage: nothing is gathered or widened for it.
 //!
@@ -70,7 +71,7 @@ pub(super) fn forward<P: Float, D: Device, C: Communicator, M: Model<D>>(
 /// Backward of every layer, in reverse, starting with what the forward left `gathered`;
 /// with sharded gradients, each unit's gradient is reduce-scattered into this rank's
 /// gradient shard as soon as it is complete.
-pub(super) fn backward<P: Float, W: Float, D: Device, C: Communicator, M: Model<D>>(
+pub(super) fn backward<P: Float, G: Float, W: Float, D: Device, C: Communicator, M: Model<D>>(
     core: &Core<'_, D, C>,
     bufs: &mut Buffers<D>,
     model: &mut M,
@@ -120,13 +121,13 @@ pub(super) fn backward<P: Float, W: Float, D: Device, C: Communicator, M: Model<
             } else {
                 Vec::new()
             };
-            let mut g = layer_grads::<P, D, C>(core, grads, grad_window, tied_grads, l)?;
+            let mut g = layer_grads::<G, D, C>(core, grads, grad_window, tied_grads, l)?;
             model.backward_layer(core.compute(), l, &p, &mut g, weight)?;
         }
         let units = &core.spec.layers[l].units;
-        if !sharded && P::DTYPE != DType::F32 {
-            // 16-bit with full gradients: the f32 window goes into the P accumulator.
-            let grads = bufs.grads.get_mut::<P>()?;
+        if !sharded && G::DTYPE != DType::F32 {
+            // A 16-bit full accumulator: the f32 window is added into it (and rounded).
+            let grads = bufs.grads.get_mut::<G>()?;
             for (u, r) in core.plan.window_ranges(&core.layout, units, false) {
                 let at = core.plan.placements[u].grads.clone();
                 core.dev
@@ -158,15 +159,15 @@ pub(super) fn backward<P: Float, W: Float, D: Device, C: Communicator, M: Model<
                     let sent =
                         reducer.send::<f32, W, C>(core, src.clone(), unit.shard_len, c.clone())?;
                     let dst = grads
-                        .get_mut::<P>()?
+                        .get_mut::<G>()?
                         .slice_mut(shard_at + c.start..shard_at + c.end);
-                    reducer.land::<W, P, C>(core, sent, dst, Landing::Add)?;
+                    reducer.land::<W, G, C>(core, sent, dst, Landing::Add)?;
                 }
             }
         }
         if !sharded && last_micro_step {
             for u in core.plan.fully_computed_after(l) {
-                super::step::reduce_full_unit::<P, W, D, C>(core, bufs, u)?;
+                super::step::reduce_full_unit::<G, W, D, C>(core, bufs, u)?;
             }
         }
         if let Some(step) = step {
@@ -341,8 +342,8 @@ fn layer_params<'a, P: Float, D: Device, C: Communicator>(
 }
 
 /// f32 gradient views for layer `l`'s units (the model adds into them): straight into
-/// the fp32 full gradient, or the zeroed GradWindow, or a tied unit's accumulator.
-fn layer_grads<'a, P: Float, D: Device, C: Communicator>(
+/// an f32 full accumulator, or the zeroed GradWindow, or a tied unit's accumulator.
+fn layer_grads<'a, G: Float, D: Device, C: Communicator>(
     core: &'a Core<'_, D, C>,
     grads: &'a mut FloatBuffer<D>,
     window: &'a mut D::Buf<f32>,
@@ -352,7 +353,7 @@ fn layer_grads<'a, P: Float, D: Device, C: Communicator>(
     let units = &core.spec.layers[l].units;
     let spec = |u: usize| &core.spec.units[u];
     let sharded = core.plan.grads_sharded;
-    if !sharded && P::DTYPE == DType::F32 {
+    if !sharded && G::DTYPE == DType::F32 {
         let ranges: Vec<_> = units
             .iter()
             .map(|&u| core.plan.placements[u].grads.clone())

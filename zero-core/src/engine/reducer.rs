@@ -208,17 +208,17 @@ impl<D: Device> Reducer<D> {
         Ok(())
     }
 
-    /// Stage 0: all-reduce `range` of the gradient buffer, in place when P = W, else
+    /// Stage 0: all-reduce `range` of the gradient buffer, in place when G = W, else
     /// chunk by chunk (at most `chunk` elements) through a bucket.
-    pub fn all_reduce<P: Float, W: Float, C: Communicator>(
+    pub fn all_reduce<G: Float, W: Float, C: Communicator>(
         &mut self,
         core: &Core<'_, D, C>,
-        grads: &mut D::Buf<P>,
+        grads: &mut D::Buf<G>,
         range: Range<usize>,
         chunk: usize,
     ) -> Result<(), EngineError> {
         let (compute, comm) = (&core.streams.compute, &core.streams.comm);
-        if let Some(g) = same_type_mut::<D, P, W>(grads.slice_mut(range.clone())) {
+        if let Some(g) = same_type_mut::<D, G, W>(grads.slice_mut(range.clone())) {
             core.hand_over(WaitPoint::GradsComputed, compute, comm)?;
             on_stream::all_reduce(core.comm, core.dev, comm, g, ReduceOp::Sum)?;
             self.landed = Some(core.dev.record(comm)?);

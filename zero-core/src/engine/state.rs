@@ -202,6 +202,43 @@ impl<D: Device, C: Communicator> Engine<'_, D, C> {
         Ok(out)
     }
 
+    /// The last step's reduced gradient of every parameter as f32 (unpadded, layout
+    /// order), gathered to every rank: what AdamW read, before clipping and still
+    /// multiplied by the loss scale that step used (`StepReport::loss_scale`). It is
+    /// there from the end of a step until the next step starts (which zeroes it). Each
+    /// rank contributes the block it owns (`UnitPlacement::norm_grads`), so the result is
+    /// the same at every stage. For tests and inspection: allocates Ψ floats on the host.
+    pub fn full_grads_f32(&self) -> Result<Vec<f32>, EngineError> {
+        self.check_intact()?;
+        match self.core.plan.inputs.grad_dtype {
+            DType::F32 => self.full_grads_as::<f32>(),
+            DType::BF16 => self.full_grads_as::<half::bf16>(),
+            DType::F16 => self.full_grads_as::<half::f16>(),
+            other => Err(EngineError::Internal(format!("gradient dtype {other}"))),
+        }
+    }
+
+    fn full_grads_as<G: Float>(&self) -> Result<Vec<f32>, EngineError> {
+        let (dev, s) = (self.core.dev, &self.core.streams.compute);
+        let grads = self.bufs.grads.get::<G>()?;
+        let mut out = Vec::with_capacity(self.core.layout.numel());
+        for (unit, at) in self
+            .core
+            .layout
+            .units
+            .iter()
+            .zip(&self.core.plan.placements)
+        {
+            let mut own = vec![G::from_f32(0.0); at.norm_grads.len()];
+            dev.download(s, grads.slice(at.norm_grads.clone()), &mut own)?;
+            let own: Vec<f32> = own.iter().map(|x| x.to_f32()).collect();
+            let mut whole = vec![0.0f32; unit.padded_len];
+            self.core.comm.all_gather(&own[..], &mut whole[..])?;
+            out.extend_from_slice(&whole[..unit.numel]);
+        }
+        Ok(out)
+    }
+
     /// The fp32 master of every parameter (unpadded, layout order), gathered to every
     /// rank; in fp32 training the parameters themselves.
     pub fn full_master_f32(&self) -> Result<Vec<f32>, EngineError> {

@@ -44,17 +44,43 @@ impl<D: Device, C: Communicator> Engine<'_, D, C> {
         // Until the step returns Ok or an error every rank agreed on, it is part-way: an
         // error in between leaves buffers, events and collectives mid-step.
         self.interrupted = Some(self.step + 1);
+        use half::{bf16, f16};
+        let plan = &self.core.plan;
+        // (P, G, W): parameters, gradient accumulator, reduction; G and W are P or f32.
         let report = match (
-            self.core.plan.param_dtype,
-            self.core.plan.inputs.reduce_dtype,
+            plan.param_dtype,
+            plan.inputs.grad_dtype,
+            plan.inputs.reduce_dtype,
         ) {
-            (DType::F32, DType::F32) => self.step_as::<f32, f32, M>(model, batches),
-            (DType::BF16, DType::BF16) => self.step_as::<half::bf16, half::bf16, M>(model, batches),
-            (DType::BF16, DType::F32) => self.step_as::<half::bf16, f32, M>(model, batches),
-            (DType::F16, DType::F16) => self.step_as::<half::f16, half::f16, M>(model, batches),
-            (DType::F16, DType::F32) => self.step_as::<half::f16, f32, M>(model, batches),
-            (p, w) => Err(EngineError::Internal(format!(
-                "parameters {p} reduced in {w}"
+            (DType::F32, DType::F32, DType::F32) => {
+                self.step_as::<f32, f32, f32, M>(model, batches)
+            }
+            (DType::BF16, DType::BF16, DType::BF16) => {
+                self.step_as::<bf16, bf16, bf16, M>(model, batches)
+            }
+            (DType::BF16, DType::BF16, DType::F32) => {
+                self.step_as::<bf16, bf16, f32, M>(model, batches)
+            }
+            (DType::BF16, DType::F32, DType::BF16) => {
+                self.step_as::<bf16, f32, bf16, M>(model, batches)
+            }
+            (DType::BF16, DType::F32, DType::F32) => {
+                self.step_as::<bf16, f32, f32, M>(model, batches)
+            }
+            (DType::F16, DType::F16, DType::F16) => {
+                self.step_as::<f16, f16, f16, M>(model, batches)
+            }
+            (DType::F16, DType::F16, DType::F32) => {
+                self.step_as::<f16, f16, f32, M>(model, batches)
+            }
+            (DType::F16, DType::F32, DType::F16) => {
+                self.step_as::<f16, f32, f16, M>(model, batches)
+            }
+            (DType::F16, DType::F32, DType::F32) => {
+                self.step_as::<f16, f32, f32, M>(model, batches)
+            }
+            (p, g, w) => Err(EngineError::Internal(format!(
+                "parameters {p} with gradients accumulated in {g} and reduced in {w}"
             ))),
         };
         if report
@@ -80,8 +106,8 @@ impl<D: Device, C: Communicator> Engine<'_, D, C> {
         }
     }
 
-    /// The step with parameters and gradients in P, reduced in W.
-    fn step_as<P: Float, W: Float, M: Model<D>>(
+    /// The step with parameters in P, gradients accumulated in G and reduced in W.
+    fn step_as<P: Float, G: Float, W: Float, M: Model<D>>(
         &mut self,
         model: &mut M,
         batches: &[M::Batch<'_>],
@@ -106,7 +132,7 @@ impl<D: Device, C: Communicator> Engine<'_, D, C> {
         let weight = (loss_scale / (n * a) as f64) as f32;
 
         // 0. The parameters are current on both streams; the gradients start at zero.
-        start_step::<P, D, C>(core, bufs)?;
+        start_step::<G, D, C>(core, bufs)?;
 
         // 1. Micro-steps.
         for (m, batch) in batches.iter().enumerate() {
@@ -118,7 +144,7 @@ impl<D: Device, C: Communicator> Engine<'_, D, C> {
                 bufs.losses.slice_mut(m..m + 1),
             )?;
             let last = m + 1 == batches.len();
-            passes::backward::<P, W, D, C, M>(core, bufs, model, gathered, weight, last)?;
+            passes::backward::<P, G, W, D, C, M>(core, bufs, model, gathered, weight, last)?;
         }
 
         // 2. Full gradients are reduced once per step, each unit as soon as the last
@@ -126,12 +152,12 @@ impl<D: Device, C: Communicator> Engine<'_, D, C> {
         //    here only the units no layer uses.
         if !core.plan.grads_sharded {
             for u in (0..core.plan.uses.len()).filter(|&u| core.plan.uses[u].is_empty()) {
-                reduce_full_unit::<P, W, D, C>(core, bufs, u)?;
+                reduce_full_unit::<G, W, D, C>(core, bufs, u)?;
             }
         }
 
         // 3. Agree across ranks on overflow, gradient norm and loss; judge the loss.
-        let agreed = agree::agree::<P, D, C>(core, bufs, a, loss_scale)?;
+        let agreed = agree::agree::<G, D, C>(core, bufs, a, loss_scale)?;
         let index = *step; // 0-based: the data position and the schedule's step
         let number = index + 1; // what users see: steps count from 1
         let lr = core.config.optim.lr_at(index as usize);
@@ -186,7 +212,7 @@ impl<D: Device, C: Communicator> Engine<'_, D, C> {
                 1.0
             };
             let grad_mult = (coef / loss_scale) as f32;
-            optimizer::update::<P, D, C>(core, bufs, *applied + 1, lr, grad_mult)?;
+            optimizer::update::<P, G, D, C>(core, bufs, *applied + 1, lr, grad_mult)?;
             optimizer::publish::<P, D, C>(core, bufs)?;
             *applied += 1;
             guard.record(agreed.loss, guard_cfg);
@@ -244,7 +270,7 @@ impl<D: Device, C: Communicator> Engine<'_, D, C> {
 
 /// Both streams wait for the last write of the parameters; compute zeroes the gradient
 /// accumulator (its readers, last step's statistics and update, ran on compute too).
-fn start_step<P: Float, D: Device, C: Communicator>(
+fn start_step<G: Float, D: Device, C: Communicator>(
     core: &Core<'_, D, C>,
     bufs: &mut Buffers<D>,
 ) -> Result<(), EngineError> {
@@ -253,17 +279,17 @@ fn start_step<P: Float, D: Device, C: Communicator>(
         core.wait(WaitPoint::ParamsReady, &core.streams.comm, e)?;
     }
     bufs.reducer.before_rewriting_sources(core)?;
-    let grads = bufs.grads.get_mut::<P>()?;
+    let grads = bufs.grads.get_mut::<G>()?;
     core.dev
-        .fill(&core.streams.compute, grads.view_mut(), P::from_f32(0.0))?;
+        .fill(&core.streams.compute, grads.view_mut(), G::from_f32(0.0))?;
     Ok(())
 }
 
 /// Full gradients (stage 0, and stage 1 without sharded gradients): reduce unit `u`'s
-/// whole gradient. Stage 0 all-reduces it (in place when P = W, else in bucket-sized
+/// whole gradient (in G). Stage 0 all-reduces it (in place when G = W, else in bucket-sized
 /// chunks through a bucket); stage 1 reduce-scatters it so that this rank's block holds
 /// the sum (the other blocks keep stale local values, never read).
-pub(super) fn reduce_full_unit<P: Float, W: Float, D: Device, C: Communicator>(
+pub(super) fn reduce_full_unit<G: Float, W: Float, D: Device, C: Communicator>(
     core: &Core<'_, D, C>,
     bufs: &mut Buffers<D>,
     u: usize,
@@ -271,16 +297,16 @@ pub(super) fn reduce_full_unit<P: Float, W: Float, D: Device, C: Communicator>(
     let Buffers { grads, reducer, .. } = bufs;
     let at = &core.plan.placements[u];
     if core.config.zero.stage == Stage::Zero0 {
-        let grads = grads.get_mut::<P>()?;
-        return reducer.all_reduce::<P, W, C>(core, grads, at.grads.clone(), core.plan.bucket_len);
+        let grads = grads.get_mut::<G>()?;
+        return reducer.all_reduce::<G, W, C>(core, grads, at.grads.clone(), core.plan.bucket_len);
     }
     let shard_len = core.layout.units[u].shard_len;
     for c in core.plan.shard_chunks(shard_len) {
-        let src = grads.get::<P>()?.slice(at.grads.clone());
-        let sent = reducer.send::<P, W, C>(core, src, shard_len, c.clone())?;
+        let src = grads.get::<G>()?.slice(at.grads.clone());
+        let sent = reducer.send::<G, W, C>(core, src, shard_len, c.clone())?;
         let own = at.reduced_grads.start;
-        let dst = grads.get_mut::<P>()?.slice_mut(own + c.start..own + c.end);
-        reducer.land::<W, P, C>(core, sent, dst, Landing::Overwrite)?;
+        let dst = grads.get_mut::<G>()?.slice_mut(own + c.start..own + c.end);
+        reducer.land::<W, G, C>(core, sent, dst, Landing::Overwrite)?;
     }
     // The unit's gradient is whole: the backward of the layers below does not rewrite
     // it, and compute reads it only after `finish` (the agreement) waited for comm.

@@ -180,7 +180,11 @@ impl CommPlan {
         let n = layout.world;
         let a = grad_accum as u64;
         let stage = plan.inputs.stage;
-        let (p, w) = (plan.param_dtype, plan.inputs.reduce_dtype);
+        let (p, g, w) = (
+            plan.param_dtype,
+            plan.inputs.grad_dtype,
+            plan.inputs.reduce_dtype,
+        );
         // Per-unit chunk counts for bucketed collectives.
         let chunked = |us: &mut dyn Iterator<Item = usize>| -> (u64, u64) {
             us.fold((0, 0), |(c, e), u| {
@@ -262,13 +266,13 @@ impl CommPlan {
         };
         match stage {
             Stage::Zero0 => {
-                // In place, one call per unit, when no conversion is needed (W = P);
+                // In place, one call per unit, when no conversion is needed (W = G);
                 // else bucket-sized chunks converted to W.
                 let calls = layout
                     .units
                     .iter()
                     .map(|u| {
-                        if w == p {
+                        if w == g {
                             1
                         } else {
                             plan.full_chunks(u.padded_len).len() as u64

@@ -19,6 +19,7 @@ fn inputs(stage: Stage, precision: Precision, reduce_f32: bool, every: bool) -> 
         } else {
             precision.param_dtype()
         },
+        grad_dtype: precision.param_dtype(),
         reduce_every_micro_step: every,
         bucket_elems: 1000,
         prefetch: 1,
@@ -34,7 +35,7 @@ fn inputs(stage: Stage, precision: Precision, reduce_f32: bool, every: bool) -> 
     }
 }
 
-/// Every valid (stage, precision, reduce dtype, policy) combination.
+/// Every valid (stage, precision, accumulator dtype, reduce dtype, policy) combination.
 fn all_inputs() -> Vec<PlanInputs> {
     let mut v = Vec::new();
     for stage in Stage::ALL {
@@ -44,7 +45,14 @@ fn all_inputs() -> Vec<PlanInputs> {
                     if every && stage < Stage::Zero2 {
                         continue;
                     }
-                    v.push(inputs(stage, precision, reduce_f32, every));
+                    let inp = inputs(stage, precision, reduce_f32, every);
+                    if precision != Precision::Fp32 {
+                        v.push(PlanInputs {
+                            grad_dtype: DType::F32,
+                            ..inp.clone()
+                        });
+                    }
+                    v.push(inp);
                 }
             }
         }
@@ -105,6 +113,58 @@ fn without_padding_16bit_state_matches_the_formula_exactly() {
         let f = PaperFormula::new(stage, 48, 4);
         assert_eq!(f.total(), Frac::int(want as i128));
     }
+}
+
+/// `precision.grad_accum_dtype = "f32"` in bf16: the gradients weigh 4 bytes a parameter
+/// instead of the paper's 2 (2Ψ more at stages 0/1, 2Ψ/N more sharded), the explanation
+/// says so, and full gradients need no f32 window (the model writes into them).
+#[test]
+fn an_f32_gradient_accumulator_costs_2_bytes_a_parameter_more() {
+    let spec = chain(&[12, 24, 12]);
+    let (psi, n) = (48i128, 4i128);
+    let layout = PartitionLayout::new(&spec, 4, 1).unwrap();
+    for stage in Stage::ALL {
+        for every in [false, true] {
+            if every && stage < Stage::Zero2 {
+                continue;
+            }
+            let half = inputs(stage, Precision::Bf16, false, every);
+            let f32_grads = PlanInputs {
+                grad_dtype: DType::F32,
+                ..half.clone()
+            };
+            let a = BufferPlan::new(&spec, &layout, &half, 1).unwrap();
+            let b = BufferPlan::new(&spec, &layout, &f32_grads, 1).unwrap();
+            let grads = |p: &BufferPlan| p.category_bytes(MemCategory::Grads) as i128;
+            let more = if b.grads_sharded {
+                2 * psi / n
+            } else {
+                2 * psi
+            };
+            assert_eq!(grads(&b) - grads(&a), more, "{stage} every={every}");
+            let e = Explanation::new(&b);
+            assert!(
+                e.items
+                    .iter()
+                    .any(|d| d.category == MemCategory::Grads
+                        && d.reason.contains("gradients are f32")),
+                "{}",
+                e.render()
+            );
+            assert_eq!(
+                b.get(BufferRole::GradWindow).is_some(),
+                b.grads_sharded,
+                "{stage} every={every}"
+            );
+        }
+    }
+    // Only f32 or the parameter dtype.
+    let mut bad = inputs(Stage::Zero1, Precision::Bf16, false, false);
+    bad.grad_dtype = DType::F16;
+    assert!(matches!(
+        BufferPlan::new(&spec, &layout, &bad, 0),
+        Err(PlanError::GradDtype { .. })
+    ));
 }
 
 #[test]
@@ -200,6 +260,17 @@ fn stage_buffers_follow_the_table() {
             Extent::Full
         };
         assert_eq!(ext(&plan, BufferRole::Grads), Some(want_grads));
+        assert_eq!(
+            plan.get(BufferRole::Grads).map(|b| b.dtype),
+            Some(inp.grad_dtype)
+        );
+        // The model writes f32 gradients straight into an f32 full accumulator.
+        let window = sharded_grads || inp.grad_dtype != DType::F32;
+        assert_eq!(
+            plan.get(BufferRole::GradWindow).is_some(),
+            window,
+            "{inp:?}"
+        );
         let want_opt = if s == Stage::Zero0 {
             Extent::Full
         } else {

@@ -5,21 +5,22 @@
 //! from these placements; `zero-bench plan` prints the same plan as a dry run, so the
 //! dry run equals what a real run reports (the [`crate::ledger`] accounts for it).
 //!
-//! Notation: P = working dtype of parameters and gradients (bf16/fp16, or f32 in fp32
-//! training), W = dtype gradients are reduced in (P, or f32), full = the padded
+//! Notation: P = working dtype of parameters (bf16/fp16, or f32 in fp32 training), G =
+//! dtype of the gradient accumulator (P, or f32: `precision.grad_accum_dtype`), W =
+//! dtype gradients are reduced in (P, or f32), full = the padded
 //! concatenation of all units (padded Ψ elements), shard = this rank's slice of every
 //! unit (padded Ψ / N elements), Lw = largest sum of padded unit lengths a layer uses.
 //!
 //! ```text
 //! buffer            dtype  stage 0   stage 1   stage 2          stage 3          note
 //! Params            P      full      full      full             shard            fp32: this IS the master
-//! Grads             P      full      full      shard | full*    shard | full*    * reduce_every_micro_step = false
+//! Grads             G      full      full      shard | full*    shard | full*    * reduce_every_micro_step = false
 //! Master            f32    full      shard     shard            shard            16-bit training only
 //! AdamM, AdamV      f32    full      shard     shard            shard
 //! Persistent{u}     P      -         -         -                unit u           units under persistence_threshold
 //! GatherSlot{s}     P      -         -         -                see gather.rs    resident window incl. prefetch and uses
 //! ParamWindow       f32    Lw        Lw        Lw               Lw               16-bit only: the model reads f32
-//! GradWindow        f32    Lw (16-bit only)    Lw' (sharded)    Lw' (sharded)    model writes f32 gradients here
+//! GradWindow        f32    Lw (G = 16-bit)     Lw' (sharded)    Lw' (sharded)    model writes f32 gradients here
 //! TiedGrad{u}       f32    -         -         sharded only     sharded only     a use spans several layers
 //! Bucket{0,1}       W      bucket    bucket    bucket           bucket           reduction staging, double-buffered
 //! BucketPiece{0,1}  W      -         bucket/N  bucket/N         bucket/N         reduce-scatter output
@@ -38,9 +39,10 @@
 //! - Compute: 16-bit params of a layer's units are widened into ParamWindow (units at
 //!   consecutive offsets of their padded lengths); fp32 training reads Params (stages
 //!   0-2) or the gather slots / Persistent buffers (stage 3) directly.
-//! - Gradients, full (stages 0/1, or 2/3 accumulating locally): fp32 training lets the
-//!   model `+=` straight into Grads; 16-bit training gives it the zeroed GradWindow
-//!   (all the layer's units) and adds the window into Grads after each layer.
+//! - Gradients, full (stages 0/1, or 2/3 accumulating locally): an f32 accumulator (fp32
+//!   training, or G = f32) lets the model `+=` straight into Grads; a 16-bit one gives
+//!   it the zeroed GradWindow (all the layer's units) and adds the window into Grads
+//!   after each layer.
 //! - Gradients, sharded (stages 2/3 reducing every micro-step): the model writes into the
 //!   zeroed GradWindow (the layer's units without an accumulator: Lw' excludes them)
 //!   and into TiedGrad{u} for units with a use spanning several layers ([`uses`]:
@@ -112,6 +114,8 @@ pub struct PlanInputs {
     pub precision: Precision,
     /// W: the dtype gradients are reduced in (f32, or P).
     pub reduce_dtype: DType,
+    /// G: the dtype of the gradient accumulator (f32, or P).
+    pub grad_dtype: DType,
     /// Stages 2/3: reduce every micro-step (sharded gradients) or once per step.
     pub reduce_every_micro_step: bool,
     /// Bucket capacity in elements ([`crate::config::ZeroConfig::bucket_elems_for`]).
@@ -148,6 +152,7 @@ impl PlanInputs {
             stage: c.zero.stage,
             precision: c.precision.dtype,
             reduce_dtype: c.precision.reduce_dtype(),
+            grad_dtype: c.precision.grad_dtype(),
             reduce_every_micro_step: c.zero.reduce_every_micro_step(),
             bucket_elems: c.zero.bucket_elems_for(world),
             prefetch: c.zero.prefetch,
@@ -200,9 +205,17 @@ pub enum PlanError {
     /// Reducing every micro-step at a stage that keeps full gradients.
     #[error("reduce_every_micro_step needs stage 2 or 3, not {0}")]
     ReduceEveryNeedsStage2(Stage),
-    /// A reduce dtype that is neither f32 nor the gradient dtype.
-    #[error("gradients of {precision:?} training cannot be reduced in {dtype}; use f32 or the gradient dtype")]
+    /// A reduce dtype that is neither f32 nor the parameter dtype.
+    #[error("gradients of {precision:?} training cannot be reduced in {dtype}; use f32 or the parameter dtype")]
     ReduceDtype {
+        /// The precision.
+        precision: Precision,
+        /// The dtype asked for.
+        dtype: DType,
+    },
+    /// A gradient accumulator dtype that is neither f32 nor the parameter dtype.
+    #[error("gradients of {precision:?} training cannot accumulate in {dtype}; use f32 or the parameter dtype")]
+    GradDtype {
         /// The precision.
         precision: Precision,
         /// The dtype asked for.
@@ -352,7 +365,7 @@ pub struct BufferPlan {
     pub numel: usize,
     /// What the plan was built from.
     pub inputs: PlanInputs,
-    /// P: parameter and gradient dtype.
+    /// P: parameter dtype (the gradient accumulator's is `inputs.grad_dtype`).
     pub param_dtype: DType,
     /// Gradients are a shard (stages 2/3 reducing every micro-step), else full.
     pub grads_sharded: bool,
@@ -404,11 +417,17 @@ impl BufferPlan {
             });
         }
         let (stage, p) = (inputs.stage, inputs.precision.param_dtype());
-        let w = inputs.reduce_dtype;
+        let (g, w) = (inputs.grad_dtype, inputs.reduce_dtype);
         if w != DType::F32 && w != p {
             return Err(PlanError::ReduceDtype {
                 precision: inputs.precision,
                 dtype: w,
+            });
+        }
+        if g != DType::F32 && g != p {
+            return Err(PlanError::GradDtype {
+                precision: inputs.precision,
+                dtype: g,
             });
         }
         if inputs.reduce_every_micro_step && stage < Stage::Zero2 {
@@ -457,7 +476,7 @@ impl BufferPlan {
         use BufferRole as R;
         use MemCategory as C;
         b.push(state(R::Params, C::Params, p, stage == Stage::Zero3));
-        b.push(state(R::Grads, C::Grads, p, grads_sharded));
+        b.push(state(R::Grads, C::Grads, g, grads_sharded));
         let opt_sharded = stage >= Stage::Zero1;
         if sixteen {
             b.push(state(R::Master, C::Master, DType::F32, opt_sharded));
@@ -575,7 +594,7 @@ impl BufferPlan {
                     b.push(t);
                 }
             }
-        } else if sixteen {
+        } else if g != DType::F32 {
             b.push(scratch(
                 R::GradWindow,
                 C::Compute,

@@ -16,6 +16,11 @@ use zero_core::PartitionLayout;
 
 use super::{Elem, Entry};
 
+/// HDF5's message, shortened to one line (`zero_core::checkpoint::brief_hdf5`).
+fn brief(e: hdf5::Error) -> anyhow::Error {
+    anyhow::anyhow!(zero_core::checkpoint::brief_hdf5(&e.to_string()))
+}
+
 /// An open HDF5 model file and its datasets.
 pub struct H5File {
     path: std::path::PathBuf,
@@ -28,9 +33,11 @@ impl H5File {
     /// are not datasets are left out).
     pub fn open(path: &Path) -> anyhow::Result<H5File> {
         let file = hdf5::File::open(path)
+            .map_err(brief)
             .with_context(|| format!("opening the model file {} (HDF5)", path.display()))?;
         let names = file
             .member_names()
+            .map_err(brief)
             .with_context(|| format!("listing the tensors of {}", path.display()))?;
         let mut entries = Vec::with_capacity(names.len());
         for name in names {
@@ -39,6 +46,7 @@ impl H5File {
             };
             let dtype = ds
                 .dtype()
+                .map_err(brief)
                 .with_context(|| format!("{}: reading the type of '{name}'", path.display()))?;
             let elem = if dtype.is::<f32>() {
                 Ok(Elem::F32)
@@ -80,6 +88,7 @@ impl H5File {
         let ds = self
             .file
             .dataset(&e.name)
+            .map_err(brief)
             .with_context(|| format!("{}: opening '{}'", self.path.display(), e.name))?;
         let cols: usize = e.shape.iter().skip(1).product();
         let (values, first) = if e.shape.len() < 2 || cols == 0 {
@@ -94,8 +103,9 @@ impl H5File {
                 .map(|a| a.iter().copied().collect());
             (read, first)
         };
-        let values =
-            values.with_context(|| format!("{}: reading '{}'", self.path.display(), e.name))?;
+        let values = values
+            .map_err(brief)
+            .with_context(|| format!("{}: reading '{}'", self.path.display(), e.name))?;
         let from = range.start - first;
         let got = values.get(from..from + range.len()).ok_or_else(|| {
             anyhow::anyhow!(
@@ -142,10 +152,12 @@ fn write_model(
         );
     }
     let file = hdf5::File::create(path)
+        .map_err(brief)
         .with_context(|| format!("creating the model file {}", path.display()))?;
     file.new_attr::<u64>()
         .create("step")
         .and_then(|a| a.write_scalar(&step))
+        .map_err(brief)
         .with_context(|| format!("{}: writing attribute 'step'", path.display()))?;
     // Start of each unit in `values` (units are concatenated without padding).
     let mut unit_start = Vec::with_capacity(layout.units.len());
@@ -166,9 +178,11 @@ fn write_model(
             .shape(t.shape.clone())
             .create(t.name.as_str())
             .and_then(|ds| ds.write_raw(&whole))
+            .map_err(brief)
             .with_context(|| format!("{}: writing '{}'", path.display(), t.name))?;
     }
     file.flush()
+        .map_err(brief)
         .with_context(|| format!("flushing {}", path.display()))?;
     Ok(())
 }
