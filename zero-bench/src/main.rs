@@ -71,12 +71,19 @@ fn only_prints(command: &Command) -> bool {
     }
 }
 
-/// Every option of every command takes a negative number as its value, so that
-/// `--steps -1` reaches the option's own check ("a count must be positive") instead of
-/// clap's "unexpected argument '-1'".
+/// Every option of every command that takes a value takes a negative number too, so
+/// that `--steps -1` reaches the option's own check ("a count must be positive")
+/// instead of clap's "unexpected argument '-1'". (Not on/off flags: clap refuses the
+/// setting on an argument that takes no value.)
 fn negative_values(command: clap::Command) -> clap::Command {
     command
-        .mut_args(|a| a.allow_negative_numbers(true))
+        .mut_args(|a| {
+            if a.get_action().takes_values() {
+                a.allow_negative_numbers(true)
+            } else {
+                a
+            }
+        })
         .mut_subcommands(negative_values)
 }
 
@@ -116,5 +123,16 @@ fn main() {
             .find_map(|c| c.downcast_ref::<sweep::launch::Interrupted>())
             .map_or(1, |i| i.exit_code());
         std::process::exit(code);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// clap's own consistency checks (debug builds run them at parse time) pass on the
+    /// command line as `main` builds it.
+    #[test]
+    fn the_command_line_is_consistent() {
+        use clap::CommandFactory;
+        super::negative_values(super::Cli::command()).debug_assert();
     }
 }

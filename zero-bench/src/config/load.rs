@@ -316,17 +316,26 @@ impl LoadedConfig {
                 "train.steps",
             );
         }
+        // The keys take "half" or "f32"; the comment names the dtype "half" is.
+        let key_value = |dtype: zero_kernels::DType| {
+            if dtype == zero_kernels::DType::F32 {
+                "\"f32\"".to_string()
+            } else {
+                "\"half\"".to_string()
+            }
+        };
+        let why = format!("the parameter dtype ({})", c.precision.dtype.param_dtype());
         derived(
             &mut rows,
             "precision.grad_reduce_dtype",
-            format!("\"{}\"", c.precision.reduce_dtype()),
-            "the parameter dtype",
+            key_value(c.precision.reduce_dtype()),
+            &why,
         );
         derived(
             &mut rows,
             "precision.grad_accum_dtype",
-            format!("\"{}\"", c.precision.grad_dtype()),
-            "the parameter dtype",
+            key_value(c.precision.grad_dtype()),
+            &why,
         );
         derived(
             &mut rows,

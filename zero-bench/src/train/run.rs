@@ -291,6 +291,17 @@ where
     let tokens_per_step = (world * t.grad_accum * t.micro_batch * t.seq_len) as u64;
     let mut saver = Saver::new(shared.checkpoints, config);
     let last = steps as u64;
+    // A stop signal that arrived during the set-up (reading checkpoints or weights,
+    // planning, allocating) ends the run before its first step: nothing was trained
+    // since the checkpoint it resumed (if any), so nothing is saved or lost.
+    if let Some(sig) = signals::agreed(comm)?.filter(|_| engine.steps_done() < last) {
+        progress.finish();
+        return Err(Stop::Agreed(saver.stopped_before_start(
+            sig,
+            engine.steps_done(),
+            rank,
+        )));
+    }
     // Steps are counted from 1: `done` is the number of the step just run, and the
     // checkpoint saved after it is `step-<done>` (its state after `done` steps).
     for index in engine.steps_done()..last {
@@ -611,6 +622,33 @@ impl<'a> Saver<'a> {
             failure.code = code;
         }
         failure
+    }
+
+    /// The run was told to stop (signal `sig`) during its set-up, with `done` steps
+    /// behind it (those of the checkpoint it resumed).
+    fn stopped_before_start(&self, sig: i32, done: u64, rank: usize) -> Failure {
+        let what = signals::name(sig);
+        let code = signals::exit_code(sig);
+        let again = match self.ckpt.resume {
+            Some(r) => {
+                if sig != libc::SIGINT && rank == 0 {
+                    self.mark_stopped(done, sig);
+                }
+                format!(
+                    "continue with --resume {} (exit status {code})",
+                    r.dir.display()
+                )
+            }
+            None => format!("start it again (exit status {code})"),
+        };
+        Failure {
+            error: anyhow!(
+                "stopped by {what} during set-up, before step {}: nothing was trained, so nothing needed saving; {again}",
+                done + 1
+            ),
+            print: rank == 0,
+            code,
+        }
     }
 
     /// A run that trained to its last step but could not save it fails (the exit status

@@ -1,7 +1,9 @@
 //! SIGTERM and SIGUSR1 stop a run cleanly: the handler only records the signal; after
 //! each step every rank says what it received and all agree (one all-reduce of one
 //! number), so all ranks stop after the same step, save a checkpoint together and exit
-//! with [`super::launch::PREEMPTED_EXIT_CODE`]. Slurm sends SIGTERM at the time limit
+//! with [`super::launch::PREEMPTED_EXIT_CODE`]. They agree once more before the first
+//! step, so a signal that came during the set-up (loading, planning, allocating) ends
+//! the run there, with nothing trained and nothing to save. Slurm sends SIGTERM at the time limit
 //! and on `scancel` (SIGKILL follows after KillWait, 30 s by default) and SIGUSR1 where
 //! the job asks (`#SBATCH --signal=USR1@120`); mpirun forwards SIGUSR1 to every rank.
 //! SIGINT (Ctrl-C on a run started without a launcher; mpirun turns its own into SIGTERM
@@ -63,7 +65,7 @@ pub fn exit_code(sig: i32) -> i32 {
 }
 
 /// Install the handlers (once, at start: a signal that arrives during set-up is kept and
-/// acted on after the first step).
+/// acted on before the first step, `run.rs`).
 pub fn install() -> anyhow::Result<()> {
     for sig in STOPPING {
         if sig == libc::SIGINT && ignored(sig) {

@@ -273,8 +273,9 @@ pub struct PrecisionConfig {
     /// The dtype of the gradient accumulator the micro-steps add into: half | f32.
     /// Unset: half for bf16/fp16 (the ZeRO paper's 2 bytes a parameter; each of the A
     /// micro-steps rounds the running sum), f32 for fp32 (where half is an error). "f32"
-    /// keeps the sum in fp32 (Megatron's `--accumulate-allreduce-grads-in-fp32`,
-    /// DeepSpeed's `grad_accum_dtype`) for 2 more bytes a parameter.
+    /// keeps the sum in fp32 (DeepSpeed's `grad_accum_dtype`) for 2 more bytes a
+    /// parameter; with `grad_reduce_dtype = "f32"` too, the reductions are f32 as well
+    /// (Megatron's `--accumulate-allreduce-grads-in-fp32`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub grad_accum_dtype: Option<GradDtype>,
     /// Dynamic loss scaling. Unset: on for fp16 (required), off otherwise (only fp16

@@ -1,9 +1,10 @@
 //! One optimizer step, top to bottom, as llm.c's training loop reads: micro-steps
 //! (forward, loss, backward with per-unit reduction at stages 2/3) -> full gradients
 //! reduced once (stages 0/1, or 2/3 accumulating locally) -> agree on overflow, norm and
-//! loss across ranks -> AdamW on this rank's share -> share the new parameters. The
-//! stage differences sit at three points: which buffers hold what (the plan's
-//! placements), the boundary reduction below, and the sharing (`optimizer.rs`).
+//! loss across ranks -> AdamW on this rank's share -> share the new parameters. In the
+//! step the stage differences sit at three points: which buffers hold what (the plan's
+//! placements), the boundary reduction below, and the sharing (`optimizer.rs`); the
+//! fourth is before step 1 (which part of a fresh unit a rank keeps, `init_params`).
 //!
 //! Steps are numbered from 1 wherever a user sees them (reports, logs, errors, the
 //! checkpoint `step-S` holding the state after step S); the engine's step counter is

@@ -28,6 +28,8 @@
 //! unit whose spans do not overlap those of the slot's other units (closed integer
 //! intervals), so step (1) never writes a slot that is still in use.
 
+use std::collections::BTreeMap;
+
 use super::uses::UnitUse;
 
 /// What the engine does at one step of a pass.
@@ -59,8 +61,26 @@ pub struct GatherSchedule {
 /// Closed interval of steps on the 2L timeline.
 type Span = (usize, usize);
 
-fn overlaps(a: Span, b: Span) -> bool {
-    a.0 <= b.1 && b.0 <= a.1
+/// The spans of the units in one slot, by first step. They are pairwise disjoint (a
+/// unit's own spans are merged, its forward ones end before its backward ones start, and
+/// a unit joins a slot only if its spans overlap none there), so their ends increase
+/// with their starts, and a span overlaps one of them exactly when it overlaps the last
+/// one starting at or before its own end: one lookup, not a scan of the slot's history
+/// (which made planning quadratic in the layer count).
+#[derive(Default)]
+struct Occupied(BTreeMap<usize, usize>);
+
+impl Occupied {
+    fn overlaps(&self, (g, r): Span) -> bool {
+        self.0
+            .range(..=r)
+            .next_back()
+            .is_some_and(|(_, &end)| end >= g)
+    }
+
+    fn add(&mut self, spans: &[Span]) {
+        self.0.extend(spans.iter().copied());
+    }
 }
 
 /// Spans in step order, those that overlap or touch (the next gathered at or before
@@ -141,16 +161,12 @@ impl GatherSchedule {
         let mut order: Vec<usize> = (0..units).filter(|&u| !spans[u].is_empty()).collect();
         order.sort_by_key(|&u| (spans[u][0].0, std::cmp::Reverse(padded_len[u])));
         let mut slots: Vec<usize> = Vec::new();
-        let mut members: Vec<Vec<Span>> = Vec::new();
+        let mut members: Vec<Occupied> = Vec::new();
         let mut unit_slot = vec![None; units];
         for u in order {
             let su = &spans[u];
             let need = padded_len[u];
-            let free = |s: usize| {
-                members[s]
-                    .iter()
-                    .all(|&a| su.iter().all(|&b| !overlaps(a, b)))
-            };
+            let free = |s: usize| su.iter().all(|&b| !members[s].overlaps(b));
             let fits = (0..slots.len())
                 .filter(|&s| free(s) && slots[s] >= need)
                 .min_by_key(|&s| slots[s]);
@@ -161,12 +177,12 @@ impl GatherSchedule {
                 (Some(s), _) | (None, Some(s)) => s,
                 (None, None) => {
                     slots.push(0);
-                    members.push(Vec::new());
+                    members.push(Occupied::default());
                     slots.len() - 1
                 }
             };
             slots[s] = slots[s].max(need);
-            members[s].extend_from_slice(su);
+            members[s].add(su);
             unit_slot[u] = Some(s);
         }
         GatherSchedule {

@@ -55,7 +55,7 @@
 //!   shard in a piece. Two buckets alternate so one reduces while the next fills. When
 //!   one chunk is the whole shard and the gradient is already in W, the reduce-scatter
 //!   reads the unit's gradient buffer as it is (its blocks are in rank order) and no
-//!   bucket is filled. Stage 0 all-reduces the unit in place when P = W, else
+//!   bucket is filled. Stage 0 all-reduces the unit in place when G = W, else
 //!   contiguous chunks of up to `bucket` elements through a bucket (no pieces).
 //! - Stages 1/2 all-gather each unit's updated P parameters in place (each rank's block
 //!   sits where the gathered block goes). Stage 3 gathers all-gather a unit's P shard
