@@ -897,11 +897,15 @@ fn sigterm_during_set_up_stops_before_step_1() {
     text.push_str(&String::from_utf8_lossy(&out.stderr));
     assert_eq!(out.status.code(), Some(85), "{text}");
     assert!(
-        text.contains("stopped by SIGTERM during set-up, before step 1: nothing was trained"),
+        text.contains(
+            "stopped by SIGTERM during the set-up of ZeRO-0, before its step 1: this run trained nothing"
+        ),
         "{text}"
     );
     assert!(!text.contains("step 1/2"), "a step ran: {text}");
     assert!(!dir.join("ck").join("latest").exists(), "{text}");
+    // The marker a job script requeues on, as after a step.
+    assert!(dir.join("ck").join("STOPPED").exists(), "{text}");
 }
 
 /// A resume whose model has another head count (the parameters' shapes alike, so the

@@ -50,8 +50,9 @@ pub use report::precision_name;
 use report::StageResult;
 
 /// Run `zero-bench train`. On failure exactly one rank prints the error, then every rank
-/// shuts MPI down and exits with status 1 (85 when a stop signal ended the run after a
-/// checkpoint: [`launch::PREEMPTED_EXIT_CODE`]).
+/// shuts MPI down and exits with status 1 (85 when a scheduler's stop signal ended the
+/// run, after a checkpoint or before step 1: [`launch::PREEMPTED_EXIT_CODE`]; 130 for
+/// SIGINT).
 pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     let without_mpi = args.dry_run && !world::under_launcher();
     if !args.dry_run {

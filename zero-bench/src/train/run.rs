@@ -298,6 +298,7 @@ where
         progress.finish();
         return Err(Stop::Agreed(saver.stopped_before_start(
             sig,
+            stage,
             engine.steps_done(),
             rank,
         )));
@@ -624,26 +625,27 @@ impl<'a> Saver<'a> {
         failure
     }
 
-    /// The run was told to stop (signal `sig`) during its set-up, with `done` steps
-    /// behind it (those of the checkpoint it resumed).
-    fn stopped_before_start(&self, sig: i32, done: u64, rank: usize) -> Failure {
+    /// The run (of `stage`) was told to stop (signal `sig`) during its set-up, with
+    /// `done` steps behind it (those of the checkpoint it resumed).
+    fn stopped_before_start(&self, sig: i32, stage: Stage, done: u64, rank: usize) -> Failure {
         let what = signals::name(sig);
         let code = signals::exit_code(sig);
+        // As after a step: the scheduler's signals leave the marker a job script requeues
+        // on (it resumes `latest` where there is one, else starts afresh).
+        if sig != libc::SIGINT && rank == 0 {
+            self.mark_stopped(done, sig);
+        }
         let again = match self.ckpt.resume {
             Some(r) => {
-                if sig != libc::SIGINT && rank == 0 {
-                    self.mark_stopped(done, sig);
-                }
                 format!(
-                    "continue with --resume {} (exit status {code})",
-                    r.dir.display()
+                    "the checkpoint it resumed, {r}, is intact: continue with the same --resume"
                 )
             }
-            None => format!("start it again (exit status {code})"),
+            None => "start it again".into(),
         };
         Failure {
             error: anyhow!(
-                "stopped by {what} during set-up, before step {}: nothing was trained, so nothing needed saving; {again}",
+                "stopped by {what} during the set-up of {stage}, before its step {}: this run trained nothing, so it saved nothing; {again} (exit status {code})",
                 done + 1
             ),
             print: rank == 0,

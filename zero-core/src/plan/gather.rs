@@ -79,7 +79,10 @@ impl Occupied {
     }
 
     fn add(&mut self, spans: &[Span]) {
-        self.0.extend(spans.iter().copied());
+        for &(g, r) in spans {
+            let earlier = self.0.insert(g, r);
+            debug_assert!(earlier.is_none(), "two spans of one slot start at step {g}");
+        }
     }
 }
 
