@@ -22,7 +22,7 @@
 use std::ops::Range;
 
 use zero_comm::Communicator;
-use zero_kernels::device::{Buffer, Device};
+use zero_kernels::device::{Buffer, Device, FloatBuffer};
 use zero_kernels::{DType, Float};
 
 use super::{optimizer, Engine, EngineError, LossScaler};
@@ -175,31 +175,8 @@ impl<D: Device, C: Communicator> Engine<'_, D, C> {
     /// on the host; not for the training loop.
     pub fn full_params_f32(&self) -> Result<Vec<f32>, EngineError> {
         self.check_intact()?;
-        match self.core.plan.param_dtype {
-            DType::F32 => self.full_params_as::<f32>(),
-            DType::BF16 => self.full_params_as::<half::bf16>(),
-            DType::F16 => self.full_params_as::<half::f16>(),
-            other => Err(EngineError::Internal(format!("parameter dtype {other}"))),
-        }
-    }
-
-    fn full_params_as<P: Float>(&self) -> Result<Vec<f32>, EngineError> {
-        let (dev, s) = (self.core.dev, &self.core.streams.compute);
-        let params = self.bufs.params.get::<P>()?;
-        let mut out = Vec::with_capacity(self.core.layout.numel());
-        for (unit, at) in self
-            .core
-            .layout
-            .units
-            .iter()
-            .zip(&self.core.plan.placements)
-        {
-            let mut held = vec![P::from_f32(0.0); at.params.len()];
-            dev.download(s, params.slice(at.params.clone()), &mut held)?;
-            let whole = self.gathered(held, at, unit.padded_len)?;
-            out.extend(whole[..unit.numel].iter().map(|x| x.to_f32()));
-        }
-        Ok(out)
+        let params = |at: &UnitPlacement| at.params.clone();
+        self.full_f32(&self.bufs.params, self.core.plan.param_dtype, params)
     }
 
     /// The last step's reduced gradient of every parameter as f32 (unpadded, layout
@@ -210,17 +187,37 @@ impl<D: Device, C: Communicator> Engine<'_, D, C> {
     /// the same at every stage. For tests and inspection: allocates Ψ floats on the host.
     pub fn full_grads_f32(&self) -> Result<Vec<f32>, EngineError> {
         self.check_intact()?;
-        match self.core.plan.inputs.grad_dtype {
-            DType::F32 => self.full_grads_as::<f32>(),
-            DType::BF16 => self.full_grads_as::<half::bf16>(),
-            DType::F16 => self.full_grads_as::<half::f16>(),
-            other => Err(EngineError::Internal(format!("gradient dtype {other}"))),
+        let own_block = |at: &UnitPlacement| at.norm_grads.clone();
+        self.full_f32(
+            &self.bufs.grads,
+            self.core.plan.inputs.grad_dtype,
+            own_block,
+        )
+    }
+
+    /// Every unit of `buf` (elements of `dtype`) as f32, unpadded, in layout order: each
+    /// rank's `held` range of the unit (the whole unit, or its own block), gathered.
+    fn full_f32(
+        &self,
+        buf: &FloatBuffer<D>,
+        dtype: DType,
+        held: impl Fn(&UnitPlacement) -> Range<usize>,
+    ) -> Result<Vec<f32>, EngineError> {
+        match dtype {
+            DType::F32 => self.full_as::<f32>(buf, held),
+            DType::BF16 => self.full_as::<half::bf16>(buf, held),
+            DType::F16 => self.full_as::<half::f16>(buf, held),
+            other => Err(EngineError::Internal(format!("a {other} buffer"))),
         }
     }
 
-    fn full_grads_as<G: Float>(&self) -> Result<Vec<f32>, EngineError> {
+    fn full_as<T: Float>(
+        &self,
+        buf: &FloatBuffer<D>,
+        held: impl Fn(&UnitPlacement) -> Range<usize>,
+    ) -> Result<Vec<f32>, EngineError> {
         let (dev, s) = (self.core.dev, &self.core.streams.compute);
-        let grads = self.bufs.grads.get::<G>()?;
+        let values = buf.get::<T>()?;
         let mut out = Vec::with_capacity(self.core.layout.numel());
         for (unit, at) in self
             .core
@@ -229,12 +226,11 @@ impl<D: Device, C: Communicator> Engine<'_, D, C> {
             .iter()
             .zip(&self.core.plan.placements)
         {
-            let mut own = vec![G::from_f32(0.0); at.norm_grads.len()];
-            dev.download(s, grads.slice(at.norm_grads.clone()), &mut own)?;
-            let own: Vec<f32> = own.iter().map(|x| x.to_f32()).collect();
-            let mut whole = vec![0.0f32; unit.padded_len];
-            self.core.comm.all_gather(&own[..], &mut whole[..])?;
-            out.extend_from_slice(&whole[..unit.numel]);
+            let range = held(at);
+            let mut mine = vec![T::from_f32(0.0); range.len()];
+            dev.download(s, values.slice(range), &mut mine)?;
+            let whole = self.gathered(mine, at, unit.padded_len)?;
+            out.extend(whole[..unit.numel].iter().map(|x| x.to_f32()));
         }
         Ok(out)
     }
