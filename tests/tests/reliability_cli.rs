@@ -857,55 +857,68 @@ fn ctrl_c_stops_a_run_with_a_checkpoint_and_a_second_one_at_once() {
 
 /// SIGTERM during the set-up (here the seconds a GPT-2 124M spends allocating and
 /// initialising its weights, after the configuration is printed) ends the run before
-/// step 1 with the preemption status 85, saying nothing was trained, instead of running
-/// a step and saving a checkpoint inside the scheduler's grace period.
+/// step 1 with the preemption status 85 and the stop marker, saying nothing was trained,
+/// instead of running a step and saving a checkpoint inside the scheduler's grace
+/// period; SIGINT does the same with 130, says so when it arrives, and leaves no marker.
 #[test]
-fn sigterm_during_set_up_stops_before_step_1() {
-    let dir = scratch("setup-sigterm");
-    let mut child = Command::new(zero_bench_bin())
-        .args(["train", "--model", "gpt2-124m", "--no-progress"])
-        .args([
-            "--set",
-            "data.path=\"builtin\"",
-            "--set",
-            "train.micro_batch=1",
-        ])
-        .args(["--set", "train.seq_len=32", "--set", "train.grad_accum=1"])
-        .args(["--precision", "fp32", "--stage", "0", "--steps", "2"])
-        .args(["--ckpt-dir", &s(&dir.join("ck"))])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("zero-bench starts");
-    let stdout = child.stdout.take().expect("piped");
-    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stdout));
-    let mut text = String::new();
-    // The handlers are installed before the configuration is printed.
-    for line in lines.by_ref().map_while(Result::ok) {
-        text.push_str(&line);
-        text.push('\n');
-        if line.starts_with("resolved configuration") {
-            // SAFETY: kill(2) on our own child; no memory involved.
-            unsafe {
-                libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
+fn a_stop_signal_during_set_up_stops_before_step_1() {
+    for (sig, name, code) in [
+        (libc::SIGTERM, "SIGTERM", 85),
+        (libc::SIGINT, "SIGINT", 130),
+    ] {
+        let dir = scratch(&format!("setup-{name}"));
+        let mut child = Command::new(zero_bench_bin())
+            .args(["train", "--model", "gpt2-124m", "--no-progress"])
+            .args([
+                "--set",
+                "data.path=\"builtin\"",
+                "--set",
+                "train.micro_batch=1",
+            ])
+            .args(["--set", "train.seq_len=32", "--set", "train.grad_accum=1"])
+            .args(["--precision", "fp32", "--stage", "0", "--steps", "2"])
+            .args(["--ckpt-dir", &s(&dir.join("ck"))])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("zero-bench starts");
+        let stdout = child.stdout.take().expect("piped");
+        let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stdout));
+        let mut text = String::new();
+        // The handlers are installed before the configuration is printed.
+        for line in lines.by_ref().map_while(Result::ok) {
+            text.push_str(&line);
+            text.push('\n');
+            if line.starts_with("resolved configuration") {
+                // SAFETY: kill(2) on our own child; no memory involved.
+                unsafe {
+                    libc::kill(child.id() as libc::pid_t, sig);
+                }
+                break;
             }
-            break;
+        }
+        text.extend(lines.map_while(Result::ok).map(|l| l + "\n"));
+        let out = child.wait_with_output().expect("the run ends");
+        text.push_str(&String::from_utf8_lossy(&out.stderr));
+        assert_eq!(out.status.code(), Some(code), "{text}");
+        assert!(
+            text.contains(&format!(
+                "stopped by {name} during the set-up of ZeRO-0, before its step 1: this run trained nothing"
+            )),
+            "{text}"
+        );
+        assert!(!text.contains("step 1/2"), "a step ran: {text}");
+        assert!(!dir.join("ck").join("latest").exists(), "{text}");
+        // The marker a job script requeues on, as after a step: not for the user's stop.
+        assert_eq!(
+            dir.join("ck").join("STOPPED").exists(),
+            sig == libc::SIGTERM,
+            "{text}"
+        );
+        if sig == libc::SIGINT {
+            assert!(text.contains("SIGINT: stopping before step 1"), "{text}");
         }
     }
-    text.extend(lines.map_while(Result::ok).map(|l| l + "\n"));
-    let out = child.wait_with_output().expect("the run ends");
-    text.push_str(&String::from_utf8_lossy(&out.stderr));
-    assert_eq!(out.status.code(), Some(85), "{text}");
-    assert!(
-        text.contains(
-            "stopped by SIGTERM during the set-up of ZeRO-0, before its step 1: this run trained nothing"
-        ),
-        "{text}"
-    );
-    assert!(!text.contains("step 1/2"), "a step ran: {text}");
-    assert!(!dir.join("ck").join("latest").exists(), "{text}");
-    // The marker a job script requeues on, as after a step.
-    assert!(dir.join("ck").join("STOPPED").exists(), "{text}");
 }
 
 /// A resume whose model has another head count (the parameters' shapes alike, so the

@@ -293,7 +293,9 @@ where
     let last = steps as u64;
     // A stop signal that arrived during the set-up (reading checkpoints or weights,
     // planning, allocating) ends the run before its first step: nothing was trained
-    // since the checkpoint it resumed (if any), so nothing is saved or lost.
+    // since the checkpoint it resumed (if any), so nothing is saved or lost. (A SIGINT
+    // from here on is told "after this step": at worst the run stops sooner.)
+    signals::stepping();
     if let Some(sig) = signals::agreed(comm)?.filter(|_| engine.steps_done() < last) {
         progress.finish();
         return Err(Stop::Agreed(saver.stopped_before_start(

@@ -12,7 +12,7 @@
 //! and then. A SIGINT ignored when the process started (a background job of a
 //! script) stays ignored.
 
-use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
 
 use anyhow::Context;
 use zero_comm::{Communicator, ReduceOp};
@@ -23,6 +23,9 @@ static RECEIVED: AtomicI32 = AtomicI32::new(0);
 
 /// SIGINTs received (the second one ends the process at once).
 static INTERRUPTS: AtomicU32 = AtomicU32::new(0);
+
+/// Whether a run has reached its steps (the first SIGINT's message says where it stops).
+static STEPPING: AtomicBool = AtomicBool::new(false);
 
 /// The signals that stop a run after its current step.
 const STOPPING: [libc::c_int; 3] = [libc::SIGTERM, libc::SIGUSR1, libc::SIGINT];
@@ -36,8 +39,10 @@ extern "C" fn on_signal(sig: libc::c_int) {
     let again = INTERRUPTS.fetch_add(1, Ordering::SeqCst) > 0;
     let text: &[u8] = if again {
         b"\nSIGINT again: stopping now, without a checkpoint\n"
-    } else {
+    } else if STEPPING.load(Ordering::SeqCst) {
         b"\nSIGINT: stopping after this step (with --ckpt-dir, after saving a checkpoint); Ctrl-C again stops at once\n"
+    } else {
+        b"\nSIGINT: stopping before step 1, once the set-up is done; Ctrl-C again stops at once\n"
     };
     // SAFETY: errno is this thread's (saved and restored, so the interrupted code's
     // reading of it is unchanged); write(2) of a static buffer to stderr; signal(2) and
@@ -95,6 +100,11 @@ fn ignored(sig: libc::c_int) -> bool {
         let mut old: libc::sigaction = std::mem::zeroed();
         libc::sigaction(sig, std::ptr::null(), &mut old) == 0 && old.sa_sigaction == libc::SIG_IGN
     }
+}
+
+/// From here on a stop waits for the step under way (the first SIGINT says so).
+pub fn stepping() {
+    STEPPING.store(true, Ordering::SeqCst);
 }
 
 /// Whether any rank received a stopping signal, agreed on every rank (the signal's
