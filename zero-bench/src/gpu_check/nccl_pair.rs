@@ -420,7 +420,7 @@ pub fn check(
             let t0 = Instant::now();
             let job = format!("train:{}:{pname}:{steps}", stage.number());
             let outcome = (|| -> anyhow::Result<(Vec<f64>, Vec<RankResult>)> {
-                let threads = train::curve(&open, &setup, stage, precision, steps)
+                let threads = train::curve(&open, &setup, (stage, precision, false), steps)
                     .context("the thread-rank run")?;
                 let pair = run_pair(reference_dir, &dir, &job).context("the NCCL pair")?;
                 Ok((threads, pair))

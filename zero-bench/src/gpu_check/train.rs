@@ -34,7 +34,7 @@ use crate::device::{BenchDevice, Opener};
 /// The reference file inside the prepared folder.
 pub const REFERENCE_FILE: &str = "reference.json";
 /// Format of [`REFERENCE_FILE`]; a binary reads only its own.
-const FORMAT: u32 = 3;
+const FORMAT: u32 = 4;
 /// The tightest fp32 tolerance: the relative loss difference at any step that always
 /// passes.
 pub const FP32_TOL: f64 = 1e-5;
@@ -111,6 +111,12 @@ impl Setup {
     }
 
     pub(super) fn engine(&self, stage: Stage, precision: Precision) -> EngineConfig {
+        self.engine_with(stage, precision, false)
+    }
+
+    /// [`Setup::engine`], the 16-bit gradients accumulated in f32 when `f32_grads`
+    /// (`precision.grad_accum_dtype = "f32"`).
+    fn engine_with(&self, stage: Stage, precision: Precision, f32_grads: bool) -> EngineConfig {
         let mut c = EngineConfig {
             grad_accum: 1,
             seed: self.seed,
@@ -122,6 +128,9 @@ impl Setup {
         c.precision.dtype = precision;
         c.optim.lr = self.lr;
         c.optim.eps = self.eps;
+        if f32_grads {
+            c.precision.grad_accum_dtype = Some(zero_core::config::GradDtype::F32);
+        }
         c
     }
 }
@@ -133,6 +142,9 @@ pub struct Curve {
     pub stage: usize,
     /// `fp32` or `bf16`.
     pub precision: String,
+    /// bf16 with the gradients accumulated in f32 (`precision.grad_accum_dtype`).
+    #[serde(default)]
+    pub f32_grads: bool,
     /// Mean loss of each step, from step 1.
     pub losses: Vec<f64>,
     /// The same run on the CUDA kernels' CPU twins (`SimDevice::gpu_twin`): how far a
@@ -189,7 +201,7 @@ pub struct Reference {
     pub device: String,
     /// The run.
     pub setup: Setup,
-    /// Stages 0-3 in fp32, then in bf16.
+    /// Stages 0-3 in fp32, then in bf16, then bf16 with f32 gradients at stages 0 and 2.
     pub curves: Vec<Curve>,
 }
 
@@ -266,16 +278,17 @@ pub(super) fn train_rank<D: BenchDevice, C: Communicator>(
 }
 
 /// Train `setup` at `stage`/`precision` on thread ranks, each on a device from `open`
-/// (bf16 products where it has them, for bf16), and return the loss curve (the same on
-/// every rank: it is the agreed global loss; checked).
-pub fn curve<D: BenchDevice>(
+/// (bf16 products where it has them, for bf16), its bf16 gradients accumulated in f32
+/// when the case says so, and return the loss curve (the same on every rank: it is the
+/// agreed global loss; checked).
+pub(super) fn curve<D: BenchDevice>(
     open: &Opener<D>,
     setup: &Setup,
-    stage: Stage,
-    precision: Precision,
+    (stage, precision, f32_grads): Case,
     steps: usize,
 ) -> anyhow::Result<Vec<f64>> {
-    curve_through(open, setup, stage, precision, steps, Transport::Direct)
+    let cfg = setup.engine_with(stage, precision, f32_grads);
+    curve_with(open, setup, &cfg, steps, Transport::Direct)
 }
 
 /// How the thread ranks' collectives reach each other.
@@ -302,9 +315,20 @@ pub fn curve_through<D: BenchDevice>(
     steps: usize,
     transport: Transport,
 ) -> anyhow::Result<Vec<f64>> {
+    let cfg = setup.engine(stage, precision);
+    curve_with(open, setup, &cfg, steps, transport)
+}
+
+/// Train `setup` with the engine configuration `cfg` (see [`curve_through`]).
+fn curve_with<D: BenchDevice>(
+    open: &Opener<D>,
+    setup: &Setup,
+    cfg: &EngineConfig,
+    steps: usize,
+    transport: Transport,
+) -> anyhow::Result<Vec<f64>> {
     let tokens = MarkovSource::default_corpus(setup.corpus_tokens, setup.vocab)
         .context("building the built-in corpus")?;
-    let cfg = setup.engine(stage, precision);
     // A rank that fails leaves the others in a collective: the watchdog ends them.
     let comm_cfg = CommConfig {
         timeout: Some(std::time::Duration::from_secs(120)),
@@ -315,11 +339,11 @@ pub fn curve_through<D: BenchDevice>(
             .map_err(|e| format!("rank {}: opening the device: {e}", comm.rank()))?;
         // The engine turns bf16 products on for bf16 (on the host too: AVX-512 BF16).
         let losses = match transport {
-            Transport::Direct => train_rank(&comm, &dev, setup, &cfg, &tokens, steps)?,
+            Transport::Direct => train_rank(&comm, &dev, setup, cfg, &tokens, steps)?,
             Transport::Staged | Transport::StagedOverlap => {
                 dev.set_overlap(transport == Transport::StagedOverlap);
                 let staged = StagedComm::new(&comm);
-                let losses = train_rank(&staged, &dev, setup, &cfg, &tokens, steps)?;
+                let losses = train_rank(&staged, &dev, setup, cfg, &tokens, steps)?;
                 if staged.buffers().stats().calls == 0 {
                     return Err(format!(
                         "rank {}: nothing went through staging",
@@ -348,15 +372,31 @@ pub fn curve_through<D: BenchDevice>(
     Ok(curves.swap_remove(0))
 }
 
-/// The cases, in the reference's order.
-fn cases() -> Vec<(Stage, Precision)> {
+/// A reference case: stage, precision, and whether bf16 gradients accumulate in f32.
+pub(super) type Case = (Stage, Precision, bool);
+
+/// The cases, in the reference's order: stages 0-3 in fp32 and in bf16, then bf16 with
+/// f32 gradient accumulators at stage 0 (the model writes into them) and stage 2 (the
+/// reduced bf16 pieces land in them).
+fn cases() -> Vec<Case> {
     let mut v = Vec::new();
     for p in [Precision::Fp32, Precision::Bf16] {
         for s in Stage::ALL {
-            v.push((s, p));
+            v.push((s, p, false));
         }
     }
+    v.push((Stage::Zero0, Precision::Bf16, true));
+    v.push((Stage::Zero2, Precision::Bf16, true));
     v
+}
+
+/// "bf16", or "bf16 with f32 gradients".
+fn case_name(precision: &str, f32_grads: bool) -> String {
+    if f32_grads {
+        format!("{precision} with f32 gradients")
+    } else {
+        precision.to_string()
+    }
 }
 
 /// `gpu-check prepare`: the host's curves into `dir/reference.json`, with the twins'
@@ -366,13 +406,14 @@ pub fn prepare(dir: &Path, steps: usize) -> anyhow::Result<Reference> {
     let open = |_rank: usize| Ok(HostDevice::new());
     let open_twin = |rank: usize| Ok(SimDevice::gpu_twin(0x7417 + rank as u64));
     let mut curves = Vec::new();
-    for (stage, precision) in cases() {
+    for case in cases() {
+        let (stage, precision, f32_grads) = case;
         let t0 = Instant::now();
-        let name = precision_name(precision);
-        let losses = curve(&open, &setup, stage, precision, steps)
+        let name = case_name(precision_name(precision), f32_grads);
+        let losses = curve(&open, &setup, case, steps)
             .with_context(|| format!("reference run {stage} {name}"))?;
         let twin_losses = Some(
-            curve(&open_twin, &setup, stage, precision, steps)
+            curve(&open_twin, &setup, case, steps)
                 .with_context(|| format!("twin run {stage} {name}"))?,
         );
         let spread = twin_losses
@@ -388,7 +429,8 @@ pub fn prepare(dir: &Path, steps: usize) -> anyhow::Result<Reference> {
         );
         curves.push(Curve {
             stage: stage.number(),
-            precision: name.to_string(),
+            precision: precision_name(precision).to_string(),
+            f32_grads,
             losses,
             twin_losses,
         });
@@ -426,17 +468,16 @@ pub fn check<D: BenchDevice>(
     for want in &reference.curves {
         let precision = precision_of(&want.precision)?;
         let stage = Stage::try_from(want.stage as i64).map_err(anyhow::Error::msg)?;
-        let name = format!(
-            "{stage} {}, {} ranks x {steps} steps",
-            want.precision, setup.ranks
-        );
+        let label = case_name(&want.precision, want.f32_grads);
+        let name = format!("{stage} {label}, {} ranks x {steps} steps", setup.ranks);
         let check = Check::new("train-4-ranks", name, Kind::Correctness);
         if report.elapsed() > deadline {
             report.add(check.skip(format!("out of time (budget {deadline:.0} s)")))?;
             continue;
         }
         let t0 = Instant::now();
-        let mut check = match curve(open, setup, stage, precision, steps) {
+        let case = (stage, precision, want.f32_grads);
+        let mut check = match curve(open, setup, case, steps) {
             Err(e) => check.fail(format!("{e:#}")),
             Ok(got) => {
                 let floor = match precision {
@@ -460,7 +501,7 @@ pub fn check<D: BenchDevice>(
                 } else {
                     "matches"
                 };
-                let vs_stage0 = match stage0.iter().find(|(p, _)| p == &want.precision) {
+                let vs_stage0 = match stage0.iter().find(|(p, _)| p == &label) {
                     Some((_, s0)) if stage != Stage::Zero0 => {
                         let (d, _) = max_rel(&got, s0, steps);
                         if d == 0.0 {
@@ -472,13 +513,16 @@ pub fn check<D: BenchDevice>(
                     _ => String::new(),
                 };
                 if stage == Stage::Zero0 {
-                    stage0.push((want.precision.clone(), got.clone()));
+                    stage0.push((label.clone(), got.clone()));
                 }
-                curves.push(DeviceCurve {
-                    stage,
-                    precision,
-                    losses: got.clone(),
-                });
+                // The other checks compare against the default numerics' curves.
+                if !want.f32_grads {
+                    curves.push(DeviceCurve {
+                        stage,
+                        precision,
+                        losses: got.clone(),
+                    });
+                }
                 check
                     .at_most(
                         worst,

@@ -142,7 +142,8 @@ pub struct PlanArgs {
     #[arg(long)]
     pub reduce_f32: bool,
     /// Accumulate 16-bit gradients in f32 (precision.grad_accum_dtype = "f32": 2 more
-    /// bytes a parameter of gradients, sums rounded once instead of A times).
+    /// bytes a parameter of gradients, the running sum kept in f32; --reduce-f32 keeps
+    /// the reductions in f32 too).
     #[arg(long)]
     pub accumulate_f32: bool,
     /// Stages 2/3: accumulate full gradients locally and reduce once per step (less

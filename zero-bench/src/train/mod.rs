@@ -350,7 +350,7 @@ fn with_backend<D: BenchDevice>(
         .find(|c| c.train.grad_accum > 1 && c.precision.grad_dtype() != zero_kernels::DType::F32);
     if let (0, Some(c)) = (rank, rounded_sums) {
         log::info!(
-            "gradients accumulate in {} over {} micro-steps, the sum rounded at each; precision.grad_accum_dtype = \"f32\" keeps it in fp32 for 2 more bytes a parameter",
+            "gradients accumulate in {} over {} micro-steps, the sum rounded at each; precision.grad_accum_dtype = \"f32\" keeps it in fp32 for 2 more bytes a parameter (with precision.grad_reduce_dtype = \"f32\" too, stages 2/3 also reduce each micro-step in f32)",
             c.precision.grad_dtype(),
             c.train.grad_accum
         );

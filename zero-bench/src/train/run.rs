@@ -114,6 +114,7 @@ pub fn train<C: Communicator, E: Communicator, D: BenchDevice>(
 ) -> Result<StageResult, Failure> {
     let t = &loaded.config.train;
     rss::reset_peak();
+    signals::setting_up();
 
     let family = agree(comm, model_preset(&loaded.config))?;
     match family {
@@ -291,12 +292,15 @@ where
     let tokens_per_step = (world * t.grad_accum * t.micro_batch * t.seq_len) as u64;
     let mut saver = Saver::new(shared.checkpoints, config);
     let last = steps as u64;
-    // A stop signal that arrived during the set-up (reading checkpoints or weights,
-    // planning, allocating) ends the run before its first step: nothing was trained
-    // since the checkpoint it resumed (if any), so nothing is saved or lost. (A SIGINT
-    // from here on is told "after this step": at worst the run stops sooner.)
+    // SIGTERM or SIGINT during the set-up (reading checkpoints or weights, planning,
+    // allocating) ends the run before its first step: nothing was trained since the
+    // checkpoint it resumed (if any), so nothing is saved or lost. SIGUSR1 waits for the
+    // first step (signals.rs). (A SIGINT from here on is told "after this step": at
+    // worst the run stops sooner.)
     signals::stepping();
-    if let Some(sig) = signals::agreed(comm)?.filter(|_| engine.steps_done() < last) {
+    let at_start = signals::agreed(comm)?;
+    if let Some(sig) = at_start.filter(|&s| signals::stops_set_up(s) && engine.steps_done() < last)
+    {
         progress.finish();
         return Err(Stop::Agreed(saver.stopped_before_start(
             sig,
@@ -547,9 +551,11 @@ impl<'a> Saver<'a> {
         }
     }
 
-    /// Leave `STOPPED_MARKER` in the checkpoint directory: the run stopped on a signal
-    /// with a checkpoint to resume. A job script requeues on it even when the launcher
-    /// reports another status than 85 (srun may kill ranks finishing their exit).
+    /// Leave `STOPPED_MARKER` in the checkpoint directory: a scheduler's signal stopped
+    /// the run (after a step and its checkpoint, or before its first step, when the job
+    /// resumes its latest checkpoint or starts afresh). A job script requeues on it even
+    /// when the launcher reports another status than 85 (srun may kill ranks finishing
+    /// their exit).
     fn mark_stopped(&self, done: u64, sig: i32) {
         if let Some(dir) = self.ckpt.dir {
             let path = dir.join(STOPPED_MARKER);

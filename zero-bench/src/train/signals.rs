@@ -2,8 +2,10 @@
 //! each step every rank says what it received and all agree (one all-reduce of one
 //! number), so all ranks stop after the same step, save a checkpoint together and exit
 //! with [`super::launch::PREEMPTED_EXIT_CODE`]. They agree once more before the first
-//! step, so a signal that came during the set-up (loading, planning, allocating) ends
-//! the run there, with nothing trained and nothing to save. Slurm sends SIGTERM at the time limit
+//! step: SIGTERM or SIGINT during the set-up (loading, planning, allocating) ends the
+//! run there, with nothing trained and nothing to save; SIGUSR1, a warning ahead of
+//! the time limit, still lets it run its first step and save it (with a short limit,
+//! each requeued job then makes progress). Slurm sends SIGTERM at the time limit
 //! and on `scancel` (SIGKILL follows after KillWait, 30 s by default) and SIGUSR1 where
 //! the job asks (`#SBATCH --signal=USR1@120`); mpirun forwards SIGUSR1 to every rank.
 //! SIGINT (Ctrl-C on a run started without a launcher; mpirun turns its own into SIGTERM
@@ -24,10 +26,11 @@ static RECEIVED: AtomicI32 = AtomicI32::new(0);
 /// SIGINTs received (the second one ends the process at once).
 static INTERRUPTS: AtomicU32 = AtomicU32::new(0);
 
-/// Whether a run has reached its steps (the first SIGINT's message says where it stops).
+/// Whether a run has reached its steps (the first SIGINT's message says where it stops);
+/// false again while the next run of `--stages` sets up.
 static STEPPING: AtomicBool = AtomicBool::new(false);
 
-/// The signals that stop a run after its current step.
+/// The signals that stop a run after its current step (or before its first).
 const STOPPING: [libc::c_int; 3] = [libc::SIGTERM, libc::SIGUSR1, libc::SIGINT];
 
 extern "C" fn on_signal(sig: libc::c_int) {
@@ -42,7 +45,7 @@ extern "C" fn on_signal(sig: libc::c_int) {
     } else if STEPPING.load(Ordering::SeqCst) {
         b"\nSIGINT: stopping after this step (with --ckpt-dir, after saving a checkpoint); Ctrl-C again stops at once\n"
     } else {
-        b"\nSIGINT: stopping before step 1, once the set-up is done; Ctrl-C again stops at once\n"
+        b"\nSIGINT: stopping before the first step, once the set-up is done; Ctrl-C again stops at once\n"
     };
     // SAFETY: errno is this thread's (saved and restored, so the interrupted code's
     // reading of it is unchanged); write(2) of a static buffer to stderr; signal(2) and
@@ -58,7 +61,7 @@ extern "C" fn on_signal(sig: libc::c_int) {
     }
 }
 
-/// The exit status of a run stopped by `sig` after saving: 85 for the scheduler's
+/// The exit status of a run stopped by `sig` (after saving, or before its first step): 85 for the scheduler's
 /// signals (a job script requeues on it), 130 (128 + 2) for SIGINT, the user's (no
 /// requeue: the user asked to stop).
 pub fn exit_code(sig: i32) -> i32 {
@@ -105,6 +108,20 @@ fn ignored(sig: libc::c_int) -> bool {
 /// From here on a stop waits for the step under way (the first SIGINT says so).
 pub fn stepping() {
     STEPPING.store(true, Ordering::SeqCst);
+}
+
+/// A run (of several, with `--stages`) starts its set-up: a stop comes before its first
+/// step.
+pub fn setting_up() {
+    STEPPING.store(false, Ordering::SeqCst);
+}
+
+/// Whether a stop signal received during the set-up ends the run before its first
+/// step: SIGTERM (the time limit, scancel) and SIGINT (the user) do; SIGUSR1 is the
+/// scheduler's warning ahead of the limit (`#SBATCH --signal=USR1@120`), with time
+/// left for a step and its checkpoint.
+pub fn stops_set_up(sig: i32) -> bool {
+    sig != libc::SIGUSR1
 }
 
 /// Whether any rank received a stopping signal, agreed on every rank (the signal's

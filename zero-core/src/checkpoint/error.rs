@@ -134,8 +134,9 @@ pub fn brief_hdf5(message: &str) -> String {
         let end = message[at..].find('\'')?;
         Some(&message[at..at + end])
     };
-    let errno = message.find("errno = ").map(|at| {
-        message[at + 8..]
+    let key = "errno = ";
+    let errno = message.find(key).map(|at| {
+        message[at + key.len()..]
             .chars()
             .take_while(char::is_ascii_digit)
             .collect::<String>()

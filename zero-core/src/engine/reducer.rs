@@ -185,12 +185,13 @@ impl<D: Device> Reducer<D> {
         Ok(InPiece { bucket: b, len })
     }
 
-    /// Land a reduced chunk in `dst` (this rank's elements of it, in P), on comm.
-    pub fn land<W: Float, P: Float, C: Communicator>(
+    /// Land a reduced chunk in `dst` (this rank's elements of it, in the gradient
+    /// accumulator's G), on comm.
+    pub fn land<W: Float, G: Float, C: Communicator>(
         &mut self,
         core: &Core<'_, D, C>,
         at: InPiece,
-        dst: DViewMut<'_, D, P>,
+        dst: DViewMut<'_, D, G>,
         how: Landing,
     ) -> Result<(), EngineError> {
         let comm = &core.streams.comm;

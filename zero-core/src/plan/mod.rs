@@ -813,7 +813,7 @@ impl BufferPlan {
 /// on this plan: a unit's whole padded buffer (stage 0's in-place all-reduce, stage 1-2's
 /// parameter all-gather, stage 3's gathers, hpZ's node gathers) or a bucket
 /// (reduce-scatter input; qgZ's codes, N c bytes, and scales, at most N c f32). The
-/// elements the engine moves are at most 4 bytes (P and W are f32, bf16 or f16); the
+/// elements the engine moves are at most 4 bytes (P, G and W are f32, bf16 or f16); the
 /// agreement's three f64s are below any unit.
 pub fn host_staging_region_bytes(layout: &PartitionLayout, plan: &BufferPlan) -> usize {
     let unit = layout.units.iter().map(|u| u.padded_len).max().unwrap_or(0);
