@@ -916,7 +916,10 @@ fn a_stop_signal_during_set_up_stops_before_step_1() {
             "{text}"
         );
         if sig == libc::SIGINT {
-            assert!(text.contains("SIGINT: stopping before the first step"), "{text}");
+            assert!(
+                text.contains("SIGINT: stopping before the first step"),
+                "{text}"
+            );
         }
     }
 }

@@ -40,7 +40,12 @@ fn dry_run_passes_and_reports_every_check() {
         serde_json::from_str(&std::fs::read_to_string(refdir.join("reference.json")).unwrap())
             .unwrap();
     let curves = r["curves"].as_array().unwrap();
-    assert_eq!(curves.len(), 8, "stages 0-3 x fp32, bf16");
+    assert_eq!(
+        curves.len(),
+        10,
+        "stages 0-3 x fp32, bf16, and bf16 with f32 gradients at stages 0 and 2"
+    );
+    assert_eq!(curves.iter().filter(|c| c["f32_grads"] == true).count(), 2);
     for c in curves {
         assert_eq!(c["losses"].as_array().unwrap().len(), 6);
     }
@@ -76,7 +81,7 @@ fn dry_run_passes_and_reports_every_check() {
         ("llama-fwd-bwd", 2),
         ("adamw-bandwidth", 1),
         ("gpt-fwd-bwd", 4),
-        ("train-4-ranks", 8),
+        ("train-4-ranks", 10),
         ("throughput", 2),
         ("attention-products", 7),
     ] {
