@@ -72,9 +72,9 @@ fn only_prints(command: &Command) -> bool {
 }
 
 /// Every option of every command that takes a value takes a negative number too, so
-/// that `--threads -2` reaches the option's own check ("'-2' is not a thread count")
-/// and `--steps -1` clap's "invalid value '-1' for '--steps <N>'", instead of
-/// "unexpected argument '-1'". (Not on/off flags: clap refuses the
+/// that `--threads -2` reaches the option's own check (`'-2' is not a thread count`)
+/// and `--steps -1` clap's parse of the number (`invalid value '-1' for '--steps <N>'`),
+/// instead of `unexpected argument '-1'`. (Not on/off flags: clap refuses the
 /// setting on an argument that takes no value.)
 fn negative_values(command: clap::Command) -> clap::Command {
     command

@@ -61,9 +61,9 @@ extern "C" fn on_signal(sig: libc::c_int) {
     }
 }
 
-/// The exit status of a run stopped by `sig` (after saving, or before its first step): 85 for the scheduler's
-/// signals (a job script requeues on it), 130 (128 + 2) for SIGINT, the user's (no
-/// requeue: the user asked to stop).
+/// The exit status of a run stopped by `sig` (after saving, or before its first step):
+/// 85 for the scheduler's signals (a job script requeues on it), 130 (128 + 2) for
+/// SIGINT, the user's (no requeue: the user asked to stop).
 pub fn exit_code(sig: i32) -> i32 {
     if sig == libc::SIGINT {
         128 + libc::SIGINT
@@ -73,7 +73,7 @@ pub fn exit_code(sig: i32) -> i32 {
 }
 
 /// Install the handlers (once, at start: a signal that arrives during set-up is kept and
-/// acted on before the first step, `run.rs`).
+/// acted on before the first step, or SIGUSR1 after it: [`stops_set_up`], `run.rs`).
 pub fn install() -> anyhow::Result<()> {
     for sig in STOPPING {
         if sig == libc::SIGINT && ignored(sig) {

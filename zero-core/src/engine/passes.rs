@@ -18,9 +18,9 @@
 //!
 //! The model computes in f32: 16-bit parameters are widened into the ParamWindow per
 //! layer, and gradients go through the GradWindow when the accumulator is 16-bit or
-//! sharded (an f32 full accumulator takes them directly). A
-//! layer whose backward reads no parameter (a lookup, `LayerSpec::backward_reads_params`)
-//! gets none in the backward, at every stage: nothing is gathered or widened for it.
+//! sharded (an f32 full accumulator takes them directly). A layer whose backward reads
+//! no parameter (a lookup, `LayerSpec::backward_reads_params`) gets none in the
+//! backward, at every stage: nothing is gathered or widened for it.
 //!
 //! [`GatherSchedule`]: crate::plan::GatherSchedule
 
