@@ -147,12 +147,7 @@ pub fn init_with(config: CommConfig) -> Result<(MpiContext, MpiComm)> {
              non-blocking collectives advance only when tested (no progress thread)"
         );
     }
-    let ops = HalfOps::create().map_err(|rc| {
-        CommError::Init(format!(
-            "rank {world_rank}: MPI_Op_create failed: {}",
-            mpi_error_string(rc)
-        ))
-    })?;
+    let ops = HalfOps::create().map_err(|rc| init_failed(world_rank, "MPI_Op_create", rc))?;
     let watchdog = match config.timeout {
         Some(t) => Some(Watchdog::start(world_rank, t).map_err(|e| {
             CommError::Init(format!(
@@ -184,10 +179,7 @@ pub fn init_with(config: CommConfig) -> Result<(MpiContext, MpiComm)> {
     // SAFETY: collective over the world; MPI writes one handle.
     let rc = unsafe { ffi::MPI_Comm_dup(ffi::RSMPI_COMM_WORLD, dup.as_mut_ptr()) };
     if rc != 0 {
-        return Err(CommError::Init(format!(
-            "rank {world_rank}: MPI_Comm_dup(MPI_COMM_WORLD) failed: {}",
-            mpi_error_string(rc)
-        )));
+        return Err(init_failed(world_rank, "MPI_Comm_dup(MPI_COMM_WORLD)", rc));
     }
     // SAFETY: written on success.
     let dup = unsafe { dup.assume_init() };
@@ -254,10 +246,11 @@ fn same_protocol_on_every_rank(world_rank: usize, config: &CommConfig) -> Result
         )
     };
     if rc != 0 {
-        return Err(CommError::Init(format!(
-            "rank {world_rank}: comparing the ZERO_COMM_* settings failed: {}",
-            mpi_error_string(rc)
-        )));
+        return Err(init_failed(
+            world_rank,
+            "comparing the ZERO_COMM_* settings",
+            rc,
+        ));
     }
     let differ: Vec<&str> = settings
         .iter()
@@ -298,12 +291,21 @@ fn exchange_addresses(
         )
     };
     if rc != 0 {
-        return Err(CommError::Init(format!(
-            "rank {world_rank}: exchanging the watchdog's heartbeat addresses failed: {}",
-            mpi_error_string(rc)
-        )));
+        return Err(init_failed(
+            world_rank,
+            "exchanging the watchdog's heartbeat addresses",
+            rc,
+        ));
     }
     Ok(decode_addresses(&all))
+}
+
+/// The set-up's MPI call `what` returned the error code `rc`: say which rank and call.
+fn init_failed(world_rank: usize, what: &str, rc: i32) -> CommError {
+    CommError::Init(format!(
+        "rank {world_rank}: {what} failed: {}",
+        mpi_error_string(rc)
+    ))
 }
 
 fn install_panic_hook(world_rank: usize) {

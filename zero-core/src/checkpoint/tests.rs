@@ -115,22 +115,15 @@ fn shards_of_another_rank_or_step_are_refused() {
     let reader = ShardReader::open(&dir.join(rank_file(1))).unwrap();
     let meta_path = dir.join(META_FILE);
     reader.check_identity(1, 3, 7, &meta_path).unwrap();
-    let text = reader
-        .check_identity(0, 3, 7, &meta_path)
-        .unwrap_err()
-        .to_string();
-    assert!(
-        text.contains("describes rank 0") && text.contains("says rank 1"),
-        "{text}"
-    );
-    let text = reader
-        .check_identity(1, 3, 9, &meta_path)
-        .unwrap_err()
-        .to_string();
-    assert!(
-        text.contains("describes step 9") && text.contains("says step 7"),
-        "{text}"
-    );
+    let refused = |rank, step, says: [&str; 2]| {
+        let text = reader
+            .check_identity(rank, 3, step, &meta_path)
+            .unwrap_err()
+            .to_string();
+        assert!(says.iter().all(|s| text.contains(s)), "{text}");
+    };
+    refused(0, 7, ["describes rank 0", "says rank 1"]);
+    refused(1, 9, ["describes step 9", "says step 7"]);
     drop(reader);
     // meta.json edited to another step: verify and consolidate refuse every shard.
     meta.step = 9;
