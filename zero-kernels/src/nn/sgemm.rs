@@ -60,6 +60,29 @@ pub fn k_block(k: usize) -> usize {
     k.div_ceil(blocks).next_multiple_of(16).clamp(16, KC)
 }
 
+/// Ways of the smallest L1 data cache this kernel meets (AMD Zen 4: 32 KiB, 8 ways;
+/// Intel since Ice Lake: 48 KiB, 12 ways), both with 64 sets of 64-byte lines.
+pub const L1_WAYS: usize = 8;
+
+/// The most of `rows` rows, `stride` floats apart, whose first cache lines fall in one L1
+/// set: an L1 of 64 sets of 64-byte lines maps addresses 4 KiB apart to the same set.
+/// Read in place, the micro-kernel's rows stream side by side, a line of each per 16 k;
+/// at a row stride that is a multiple of 1024 floats (K = 1024, 2048 or 3072: GPT-2's
+/// 4C, most Llama widths) all 14 land in one set and evict each other before their 16 k
+/// are used. `micro gemm`, 1 thread, Zen 4, M = 1024, N = 384: K = 1024 ran at 54 GFLOP/s
+/// read in place against 94 at K = 1040; at a stride of 2048 bytes (7 rows a set) it ran
+/// at full speed. Such A is packed instead.
+pub fn rows_share_l1_set(stride: isize, rows: usize) -> usize {
+    const SETS: usize = 64;
+    const LINE: i128 = 64;
+    let mut per_set = [0usize; SETS];
+    for i in 0..rows {
+        let byte = (i as i128 * stride as i128 * 4).rem_euclid(LINE * SETS as i128);
+        per_set[(byte / LINE) as usize] += 1;
+    }
+    per_set.into_iter().max().unwrap_or(0)
+}
+
 /// An f32 GEMM implementation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum SgemmKernel {
@@ -338,7 +361,7 @@ impl Tile {
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{k_block, with_packs, Tile, MC, MR, NC, NR};
+    use super::{k_block, rows_share_l1_set, with_packs, Tile, L1_WAYS, MC, MR, NC, NR};
     use std::arch::x86_64::*;
 
     /// See [`super::sgemm`].
@@ -424,8 +447,9 @@ mod avx512 {
                     // Rows of A contiguous in k are read in place, 14 row streams, as
                     // oneDNN's kernels do: packing them (a transpose) cost ~0.35 ns per
                     // element, 10% of a 4096x256x256 product. Only a last panel of fewer
-                    // than MR rows is packed (its zero rows must not be read from A).
-                    let direct = csa == 1;
+                    // than MR rows is packed (its zero rows must not be read from A), and
+                    // all of it when its rows would crowd one L1 set (`rows_share_l1_set`).
+                    let direct = csa == 1 && rows_share_l1_set(rsa, MR) <= L1_WAYS;
                     let packed_from = if direct { mc / MR * MR } else { 0 };
                     // SAFETY: rows ic + packed_from..ic + mc and columns pc..pc + kc are
                     // inside A; the panels go to the start of `pa`, which holds them.
@@ -948,6 +972,67 @@ mod tests {
                     assert!(same, "{kernel} {m}x{k}x{n}: split at {split} changed bits");
                 }
             }
+        }
+    }
+
+    #[test]
+    fn rows_whose_lines_share_an_l1_set_are_counted() {
+        assert_eq!(rows_share_l1_set(1024, MR), MR); // 4 KiB apart: one set
+        assert_eq!(rows_share_l1_set(3072, MR), MR); // 12 KiB: one set
+        assert_eq!(rows_share_l1_set(-1024, MR), MR);
+        assert_eq!(rows_share_l1_set(512, MR), 7); // 2 KiB: two sets
+        assert_eq!(rows_share_l1_set(1040, MR), 1); // 4 KiB + a line: one set each
+        assert_eq!(rows_share_l1_set(384, MR), 2); // 1.5 KiB: eight sets
+        assert_eq!(rows_share_l1_set(1, 0), 0);
+    }
+
+    /// A whose rows crowd one L1 set is packed rather than read in place, with the same
+    /// bits: the product at row stride 1024 (packed) equals that of the same A at 1040
+    /// (read in place).
+    #[test]
+    fn crowded_rows_of_a_are_packed_with_the_same_bits() {
+        let (m, k, n) = (MR * 3 + 5, 1000, 70);
+        for kernel in SgemmKernel::available() {
+            let run = |lda: usize| {
+                let mut a = vec![0.0f32; m * lda];
+                for i in 0..m {
+                    for p in 0..k {
+                        a[i * lda + p] = val(i * k + p, 6);
+                    }
+                }
+                let b: Vec<f32> = (0..k * n).map(|i| val(i, 7)).collect();
+                let mut c = vec![f32::NAN; m * n];
+                // SAFETY: A is m rows of lda >= k floats, B k x n, C m x n.
+                unsafe {
+                    sgemm(
+                        kernel,
+                        m,
+                        k,
+                        n,
+                        1.0,
+                        a.as_ptr(),
+                        lda as isize,
+                        1,
+                        b.as_ptr(),
+                        n as isize,
+                        1,
+                        0.0,
+                        c.as_mut_ptr(),
+                        n as isize,
+                        1,
+                    )
+                };
+                c
+            };
+            let (crowded, spread) = (run(1024), run(1040));
+            assert!(
+                rows_share_l1_set(1024, MR) > L1_WAYS && rows_share_l1_set(1040, MR) <= L1_WAYS
+            );
+            let same = crowded
+                .iter()
+                .zip(&spread)
+                .all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(same, "{kernel}: packed A changed the bits");
         }
     }
 
