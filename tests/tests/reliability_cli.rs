@@ -1101,9 +1101,18 @@ fn absurd_sizes_are_refused_without_a_panic() {
             &["train", "--config", "configs/tiny.toml", "--threads", "-2"][..],
             "'-2' is not a thread count",
         ),
+        // Whole-number options say what was wrong, not "invalid digit found in string".
         (
             &["train", "--config", "configs/tiny.toml", "--steps", "-1"][..],
-            "invalid value '-1' for '--steps <N>'",
+            "invalid value '-1' for '--steps <N>': it is negative; give a whole number",
+        ),
+        (
+            &["train", "--config", "configs/tiny.toml", "--steps", "ten"][..],
+            "'ten' for '--steps <N>': it is not a whole number",
+        ),
+        (
+            &["micro", "gemm", "--rounds", "99999999999999999999999"][..],
+            "for '--rounds <ROUNDS>': it is too large",
         ),
     ] {
         let o = run(args);

@@ -73,8 +73,8 @@ fn only_prints(command: &Command) -> bool {
 
 /// Every option of every command that takes a value takes a negative number too, so
 /// that `--threads -2` reaches the option's own check (`'-2' is not a thread count`)
-/// and `--steps -1` clap's parse of the number (`invalid value '-1' for '--steps <N>'`),
-/// instead of `unexpected argument '-1'`. (Not on/off flags: clap refuses the
+/// and `--steps -1` the parse of the number ([`explain_whole_numbers`]), instead of
+/// `unexpected argument '-1'`. (Not on/off flags: clap refuses the
 /// setting on an argument that takes no value.)
 fn negative_values(command: clap::Command) -> clap::Command {
     command
@@ -88,11 +88,41 @@ fn negative_values(command: clap::Command) -> clap::Command {
         .mut_subcommands(negative_values)
 }
 
+/// clap's parse of a whole-number option (`--steps`, `--rounds`, ...) says only "invalid
+/// digit found in string" for `--steps -1` or `--steps ten`; this error says what was
+/// wrong with the value and what to give. Other errors pass unchanged.
+fn explain_whole_numbers(err: clap::Error) -> clap::Error {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    use std::num::{IntErrorKind, ParseIntError};
+    let cause = std::error::Error::source(&err).and_then(|s| s.downcast_ref::<ParseIntError>());
+    let (Some(cause), Some(ContextValue::String(arg)), Some(ContextValue::String(value))) = (
+        cause,
+        err.get(ContextKind::InvalidArg),
+        err.get(ContextKind::InvalidValue),
+    ) else {
+        return err;
+    };
+    let why = match cause.kind() {
+        IntErrorKind::PosOverflow => "it is too large",
+        IntErrorKind::Empty => "it is empty",
+        _ if value.trim_start().starts_with('-') => "it is negative",
+        _ => "it is not a whole number",
+    };
+    // Raw: formatted with the top command, clap would print its usage, not the option's.
+    clap::Error::raw(
+        ErrorKind::ValueValidation,
+        format!(
+            "invalid value '{value}' for '{arg}': {why}; give a whole number in digits, such as 8\n\n\
+             For more information, try '--help'.\n"
+        ),
+    )
+}
+
 fn main() {
     let cli = negative_values(Cli::command())
         .try_get_matches()
         .and_then(|m| Cli::from_arg_matches(&m))
-        .unwrap_or_else(|e| e.exit());
+        .unwrap_or_else(|e| explain_whole_numbers(e).exit());
     if only_prints(&cli.command) {
         // Rust ignores SIGPIPE, so printing into a closed pipe (`zero-bench plan | head`)
         // would panic; end quietly instead, as other command-line tools do. Not for
