@@ -24,6 +24,9 @@ SHAPES = {
     # name: (vocab, layers, heads, width, seq_len, micro_batch); issue 13's two shapes.
     "v4096": (4096, 6, 6, 384, 256, 4),
     "v50257": (50257, 6, 6, 384, 256, 4),
+    # GPT-2 124M itself, at its context (1024 tokens a step, as the shapes above): its
+    # widths (768, 3072) are what real models look like, unlike the 384 above.
+    "gpt2": (50257, 12, 12, 768, 1024, 1),
     # For a quick look (--quick): seconds per case.
     "mini": (1024, 2, 4, 128, 128, 4),
 }
