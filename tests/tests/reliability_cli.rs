@@ -1114,6 +1114,14 @@ fn absurd_sizes_are_refused_without_a_panic() {
             &["micro", "gemm", "--rounds", "99999999999999999999999"][..],
             "for '--rounds <ROUNDS>': it is too large",
         ),
+        (
+            &["micro", "gemm", "--rounds", "-1.5"][..],
+            "'-1.5' for '--rounds <ROUNDS>': it is not a whole number",
+        ),
+        (
+            &["micro", "gemm", "--rounds="][..],
+            "'' for '--rounds <ROUNDS>': it is empty",
+        ),
     ] {
         let o = run(args);
         let err = String::from_utf8_lossy(&o.stderr);

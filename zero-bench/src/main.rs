@@ -105,7 +105,12 @@ fn explain_whole_numbers(err: clap::Error) -> clap::Error {
     let why = match cause.kind() {
         IntErrorKind::PosOverflow => "it is too large",
         IntErrorKind::Empty => "it is empty",
-        _ if value.trim_start().starts_with('-') => "it is negative",
+        _ if value.trim_start().strip_prefix('-').is_some_and(|digits| {
+            !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
+        }) =>
+        {
+            "it is negative"
+        }
         _ => "it is not a whole number",
     };
     // Raw: formatted with the top command, clap would print its usage, not the option's.

@@ -18,8 +18,9 @@
 //! 28 zmm accumulators: per k, two 16-lane loads of packed B, 14 broadcasts of A and 28
 //! FMAs, so the two FMA ports, not loads, bound the loop (its ceiling with everything in
 //! L1 was ~235 GFLOP/s here). A whose rows are contiguous in k (the activations of a
-//! forward or backward product) is read in place, row by row, as oneDNN's kernels do; any
-//! other A is packed into MR-row panels.
+//! forward or backward product) is read in place, row by row, as oneDNN's kernels do,
+//! unless its row stride puts the 14 rows' lines in one L1 set ([`reads_a_in_place`]);
+//! any other A is packed into MR-row panels.
 //!
 //! Numerics: C(i, j) is one FMA chain over k in order within each K block, the blocks
 //! added in order (`C = fma(alpha, acc, beta * C)` after the first, `fma(alpha, acc, C)`
@@ -64,23 +65,35 @@ pub fn k_block(k: usize) -> usize {
 /// Intel since Ice Lake: 48 KiB, 12 ways), both with 64 sets of 64-byte lines.
 pub const L1_WAYS: usize = 8;
 
-/// The most of `rows` rows, `stride` floats apart, whose first cache lines fall in one L1
-/// set: an L1 of 64 sets of 64-byte lines maps addresses 4 KiB apart to the same set.
-/// Read in place, the micro-kernel's rows stream side by side, a line of each per 16 k;
-/// at a row stride that is a multiple of 1024 floats (K = 1024, 2048 or 3072: GPT-2's
-/// 4C, most Llama widths) all 14 land in one set and evict each other before their 16 k
-/// are used. `micro gemm`, 1 thread, Zen 4, M = 1024, N = 384: K = 1024 ran at 54 GFLOP/s
-/// read in place against 94 at K = 1040; at a stride of 2048 bytes (7 rows a set) it ran
-/// at full speed. Such A is packed instead.
+/// The most distinct cache lines that the first elements of `rows` rows, `stride` floats
+/// apart, put in one L1 set (rows taken to start on a line): an L1 of 64 sets of 64-byte
+/// lines maps addresses 4 KiB apart to the same set. Read in place, the micro-kernel's
+/// rows stream side by side, a line of each per 16 k; at a row stride that is a multiple
+/// of 1024 floats (K = 1024, 2048 or 3072: GPT-2's 4C, most Llama widths) all 14 lines
+/// land in one set and evict each other before their 16 k are used. `micro gemm`, 1
+/// thread, Zen 4, M = 1024, N = 384, old / new binary: K = 1024 ran at 62-78 GFLOP/s read
+/// in place against 93-98 packed (K = 1040, read in place: 98-107); at a stride of 2 KiB
+/// (7 lines a set) it ran at full speed.
 pub fn rows_share_l1_set(stride: isize, rows: usize) -> usize {
-    const SETS: usize = 64;
+    const SETS: i128 = 64;
     const LINE: i128 = 64;
-    let mut per_set = [0usize; SETS];
-    for i in 0..rows {
-        let byte = (i as i128 * stride as i128 * 4).rem_euclid(LINE * SETS as i128);
-        per_set[(byte / LINE) as usize] += 1;
+    let line_of = |row: usize| (row as i128 * stride as i128 * 4).div_euclid(LINE);
+    let mut per_set = [0usize; SETS as usize];
+    for row in 0..rows {
+        let line = line_of(row);
+        // Each line once (no allocation: this runs on every product).
+        if (0..row).all(|earlier| line_of(earlier) != line) {
+            per_set[line.rem_euclid(SETS) as usize] += 1;
+        }
     }
     per_set.into_iter().max().unwrap_or(0)
+}
+
+/// Whether A, `rsa` and `csa` floats per row and column, is read in place by the AVX-512
+/// kernel: rows contiguous in k whose [`MR`] lines spread over L1's sets
+/// ([`rows_share_l1_set`]). Any other A is packed.
+pub fn reads_a_in_place(rsa: isize, csa: isize) -> bool {
+    csa == 1 && rows_share_l1_set(rsa, MR) <= L1_WAYS
 }
 
 /// An f32 GEMM implementation.
@@ -361,7 +374,7 @@ impl Tile {
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{k_block, rows_share_l1_set, with_packs, Tile, L1_WAYS, MC, MR, NC, NR};
+    use super::{k_block, reads_a_in_place, with_packs, Tile, MC, MR, NC, NR};
     use std::arch::x86_64::*;
 
     /// See [`super::sgemm`].
@@ -423,6 +436,7 @@ mod avx512 {
         pa: *mut f32,
         pb: *mut f32,
     ) {
+        let in_place = reads_a_in_place(rsa, csa);
         for jc in (0..n).step_by(NC) {
             let nc = NC.min(n - jc);
             let kb = k_block(k);
@@ -448,8 +462,8 @@ mod avx512 {
                     // oneDNN's kernels do: packing them (a transpose) cost ~0.35 ns per
                     // element, 10% of a 4096x256x256 product. Only a last panel of fewer
                     // than MR rows is packed (its zero rows must not be read from A), and
-                    // all of it when its rows would crowd one L1 set (`rows_share_l1_set`).
-                    let direct = csa == 1 && rows_share_l1_set(rsa, MR) <= L1_WAYS;
+                    // all of it when its rows would crowd one L1 set (`reads_a_in_place`).
+                    let direct = in_place;
                     let packed_from = if direct { mc / MR * MR } else { 0 };
                     // SAFETY: rows ic + packed_from..ic + mc and columns pc..pc + kc are
                     // inside A; the panels go to the start of `pa`, which holds them.
@@ -984,6 +998,11 @@ mod tests {
         assert_eq!(rows_share_l1_set(1040, MR), 1); // 4 KiB + a line: one set each
         assert_eq!(rows_share_l1_set(384, MR), 2); // 1.5 KiB: eight sets
         assert_eq!(rows_share_l1_set(1, 0), 0);
+        // One row broadcast (stride 0), or rows within one line: a single line.
+        assert_eq!(rows_share_l1_set(0, MR), 1);
+        assert_eq!(rows_share_l1_set(1, MR), 1);
+        assert!(reads_a_in_place(1040, 1) && reads_a_in_place(0, 1));
+        assert!(!reads_a_in_place(1024, 1) && !reads_a_in_place(1040, 2));
     }
 
     /// A whose rows crowd one L1 set is packed rather than read in place, with the same
@@ -991,7 +1010,8 @@ mod tests {
     /// (read in place).
     #[test]
     fn crowded_rows_of_a_are_packed_with_the_same_bits() {
-        let (m, k, n) = (MR * 3 + 5, 1000, 70);
+        // More than one MC block of rows, so the packing buffer is reused.
+        let (m, k, n) = (MC + MR * 3 + 5, 1000, 70);
         for kernel in SgemmKernel::available() {
             let run = |lda: usize| {
                 let mut a = vec![0.0f32; m * lda];
@@ -1025,9 +1045,7 @@ mod tests {
                 c
             };
             let (crowded, spread) = (run(1024), run(1040));
-            assert!(
-                rows_share_l1_set(1024, MR) > L1_WAYS && rows_share_l1_set(1040, MR) <= L1_WAYS
-            );
+            assert!(!reads_a_in_place(1024, 1) && reads_a_in_place(1040, 1));
             let same = crowded
                 .iter()
                 .zip(&spread)
