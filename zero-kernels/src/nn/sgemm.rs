@@ -61,7 +61,7 @@ pub fn k_block(k: usize) -> usize {
     k.div_ceil(blocks).next_multiple_of(16).clamp(16, KC)
 }
 
-/// Ways of the smallest L1 data cache this kernel meets (AMD Zen 4: 32 KiB, 8 ways;
+/// The fewest ways of the L1 data caches this kernel meets (AMD Zen 4: 32 KiB, 8 ways;
 /// Intel since Ice Lake: 48 KiB, 12 ways), both with 64 sets of 64-byte lines.
 pub const L1_WAYS: usize = 8;
 
