@@ -45,44 +45,11 @@ impl<D: Device, C: Communicator> Engine<'_, D, C> {
         // Until the step returns Ok or an error every rank agreed on, it is part-way: an
         // error in between leaves buffers, events and collectives mid-step.
         self.interrupted = Some(self.step + 1);
-        use half::{bf16, f16};
-        let plan = &self.core.plan;
-        // (P, G, W): parameters, gradient accumulator, reduction; G and W are P or f32.
-        let report = match (
-            plan.param_dtype,
-            plan.inputs.grad_dtype,
-            plan.inputs.reduce_dtype,
-        ) {
-            (DType::F32, DType::F32, DType::F32) => {
-                self.step_as::<f32, f32, f32, M>(model, batches)
-            }
-            (DType::BF16, DType::BF16, DType::BF16) => {
-                self.step_as::<bf16, bf16, bf16, M>(model, batches)
-            }
-            (DType::BF16, DType::BF16, DType::F32) => {
-                self.step_as::<bf16, bf16, f32, M>(model, batches)
-            }
-            (DType::BF16, DType::F32, DType::BF16) => {
-                self.step_as::<bf16, f32, bf16, M>(model, batches)
-            }
-            (DType::BF16, DType::F32, DType::F32) => {
-                self.step_as::<bf16, f32, f32, M>(model, batches)
-            }
-            (DType::F16, DType::F16, DType::F16) => {
-                self.step_as::<f16, f16, f16, M>(model, batches)
-            }
-            (DType::F16, DType::F16, DType::F32) => {
-                self.step_as::<f16, f16, f32, M>(model, batches)
-            }
-            (DType::F16, DType::F32, DType::F16) => {
-                self.step_as::<f16, f32, f16, M>(model, batches)
-            }
-            (DType::F16, DType::F32, DType::F32) => {
-                self.step_as::<f16, f32, f32, M>(model, batches)
-            }
-            (p, g, w) => Err(EngineError::Internal(format!(
-                "parameters {p} with gradients accumulated in {g} and reduced in {w}"
-            ))),
+        let report = match self.core.plan.param_dtype {
+            DType::F32 => self.step_with_param::<f32, M>(model, batches),
+            DType::BF16 => self.step_with_param::<half::bf16, M>(model, batches),
+            DType::F16 => self.step_with_param::<half::f16, M>(model, batches),
+            p => Err(EngineError::Internal(format!("parameters in {p}"))),
         };
         if report
             .as_ref()
@@ -104,6 +71,30 @@ impl<D: Device, C: Communicator> Engine<'_, D, C> {
         match self.interrupted {
             Some(step) => Err(EngineError::Interrupted { step }),
             None => Ok(()),
+        }
+    }
+
+    /// The step with parameters in P: the gradient accumulator (G) and the reduction (W)
+    /// are each P or f32 (for fp32 training both are f32).
+    fn step_with_param<P: Float, M: Model<D>>(
+        &mut self,
+        model: &mut M,
+        batches: &[M::Batch<'_>],
+    ) -> Result<StepReport, EngineError> {
+        let plan = &self.core.plan;
+        let (g, w) = (plan.inputs.grad_dtype, plan.inputs.reduce_dtype);
+        let p_or_f32 = |t: DType| t == P::DTYPE || t == DType::F32;
+        if !p_or_f32(g) || !p_or_f32(w) {
+            return Err(EngineError::Internal(format!(
+                "parameters {} with gradients accumulated in {g} and reduced in {w}",
+                P::DTYPE
+            )));
+        }
+        match (g == DType::F32, w == DType::F32) {
+            (false, false) => self.step_as::<P, P, P, M>(model, batches),
+            (false, true) => self.step_as::<P, P, f32, M>(model, batches),
+            (true, false) => self.step_as::<P, f32, P, M>(model, batches),
+            (true, true) => self.step_as::<P, f32, f32, M>(model, batches),
         }
     }
 
