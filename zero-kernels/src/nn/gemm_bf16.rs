@@ -6,8 +6,9 @@
 //! inputs.
 //!
 //! Layout (the BLIS scheme): K is cut into blocks ([`KC`]; for AMX equal blocks of at
-//! most [`AMX_KC`]); per block B is packed once into panels of [`NR`] columns and A into
-//! bands of rows, both as *pairs*: one u32 holds the bf16 of k = 2p (low half) and
+//! most [`AMX_KC`]), N into blocks whose packed B stays in L2 ([`NC`]; for AMX
+//! [`AMX_B_BLOCK_BYTES`]); per block B is packed once into panels of [`NR`] columns and
+//! A into bands of rows, both as *pairs*: one u32 holds the bf16 of k = 2p (low half) and
 //! k = 2p + 1 (high half), the operand layout of AVX-512 BF16's `vdpbf16ps` and of AMX's
 //! `tdpbf16ps` ("VNNI" layout), which add both products of a pair to an f32 lane. The
 //! AVX-512 BF16 and portable micro-kernels keep a tile of f32 sums in registers, then add
@@ -67,6 +68,13 @@ pub const KC: usize = 256;
 /// X (a column of A) is read once (`pack_a`); each panel then passes over all of B's in
 /// turn.
 pub const MC: usize = 64;
+/// Most columns per packed block of B of the AVX-512 BF16 and portable kernels: at [`KC`] a
+/// block is 512 KiB, which stays in L2 (1 MiB per core on Zen 4, 1.25-2 MiB on Intel's
+/// AVX-512 BF16 parts) while every panel of A passes over it. Unblocked, the classifier's
+/// N = 50257 packed 26 MB per K block, streamed from memory once per 8-row panel of A:
+/// `micro gemm` 1024 x 768 x 50257 ran at 136 GFLOP/s (189 at N = 768) and 1.5x on 2
+/// threads, bound by memory.
+pub const NC: usize = NR * 32;
 /// Most K per packed block of the AMX kernel (K is cut into equal blocks of whole tiles,
 /// at most this long): with C's 32 x 32 block held in the tiles through a K block, C is
 /// read and written once per block, so blocks are long.
@@ -645,8 +653,8 @@ unsafe fn pack_b(
     let panels = n.div_ceil(NR);
     // Every slot of columns < n is written below (the pairs with both halves, then the
     // odd k's with a zero high half); only the last panel's columns past n are zeroed
-    // here, rather than the whole buffer (26 MB per K block at the classifier's
-    // N = 50257: 1.5-1.7% of a bf16 training step's samples).
+    // here, rather than the whole buffer (before N was blocked, 26 MB per K block at the
+    // classifier's N = 50257: 1.5-1.7% of a bf16 training step's samples).
     out.resize(panels * pairs * NR, 0);
     let full = kc / 2; // pairs with both halves
     if let Some(last) = out.chunks_exact_mut(pairs * NR).last() {
@@ -1774,69 +1782,99 @@ pub unsafe fn sgemm_bf16(
     // Every AVX-512 BF16 CPU has AVX2; the portable kernel packs in scalar (any CPU).
     let vector = kernel == Bf16Kernel::Avx512Bf16;
     let c_at = |i: usize, j: usize| c.offset(i as isize * rsc + j as isize * csc);
-    // Kept between calls: at the classifier's N = 50257 B's packed block is 26 MB, and a
-    // new one each call may be memory mapped (glibc maps blocks this large), faulted in
-    // page by page and unmapped again, a TLB shootdown across the pool's threads (V =
-    // 50257 bf16 step on 2 threads of a Zen 4: 0.612-0.634 -> 0.610-0.616 s).
+    // Kept between calls: a packed block of B is up to 512 KiB (26 MB at the classifier's
+    // N = 50257 before N was blocked), and a new one each call may be memory mapped
+    // (glibc maps blocks this large), faulted in page by page and unmapped again, a TLB
+    // shootdown across the pool's threads (V = 50257 bf16 step on 2 threads of a Zen 4,
+    // measured then: 0.612-0.634 -> 0.610-0.616 s).
     let mut b_packed = PANEL_B.with(|p| p.take());
-    // Kept too, and not zeroed: `pack_a` writes every slot it packs (zeroing a new 32 KB
-    // each call was 1.2% of a bf16 training step's samples, attention's small products
-    // calling it thousands of times a step).
+    // Kept too (a band of MC rows, or all of A's rows where N has several blocks), and
+    // not zeroed: `pack_a` writes every slot it packs (zeroing a new 32 KB each call was
+    // 1.2% of a bf16 training step's samples, attention's small products calling it
+    // thousands of times a step).
     let mut a_packed = PANEL_A.with(|p| p.take());
     a_packed.resize(KC.div_ceil(2) * MC, 0);
     let mut tile = [0f32; MR * NR];
+    // Several blocks of columns (as even as whole panels make them, so no thin last
+    // block): A's rows are packed once per K block, all of them, and each block of B
+    // passes under every panel of A from L2 (see [`NC`]).
+    let whole_a = n > NC;
+    let nc_block = n.div_ceil(n.div_ceil(NC)).next_multiple_of(NR);
     for kb in (0..k).step_by(KC) {
         let kc = KC.min(k - kb);
         let pairs = kc.div_ceil(2);
         let update = Update::of_block(kb, alpha, beta);
-        pack_b(&mut b_packed, b, rsb, csb, kb, kc, n, vector);
-        #[cfg(target_arch = "x86_64")]
-        let panels = n.div_ceil(NR);
-        for ib in (0..m).step_by(MC) {
-            let band = MC.min(m - ib);
-            pack_a(&mut a_packed, a, rsa, csa, ib, band, kb, kc, vector);
-            let a_panels = a_packed.chunks_exact(pairs * MR).take(band.div_ceil(MR));
-            for (i0, ap) in (ib..).step_by(MR).zip(a_panels) {
-                let mr = MR.min(m - i0);
-                for (panel, bp) in b_packed.chunks_exact(pairs * NR).enumerate() {
-                    let j0 = panel * NR;
-                    let width = NR.min(n - j0);
-                    #[cfg(target_arch = "x86_64")]
-                    if kernel == Bf16Kernel::Avx512Bf16 && csc == 1 && rsc > 0 {
-                        // The next tile: the next panel, or the next rows' first. (Past
-                        // C's last tile it points outside C: only prefetched.)
-                        let next = if panel + 1 < panels {
-                            c.wrapping_offset(i0 as isize * rsc + (j0 + NR) as isize)
-                        } else {
-                            c.wrapping_offset((i0 + MR) as isize * rsc)
-                        };
-                        let ldc = rsc as usize;
-                        let tile = CTile {
-                            c: c_at(i0, j0),
-                            ldc,
-                            rows: mr,
-                            width,
-                            next,
-                        };
-                        kernel_avx512bf16(pairs, ap, bp, tile, update);
-                        continue;
-                    }
-                    match kernel {
+        if whole_a {
+            a_packed.resize(m.div_ceil(MR) * pairs * MR, 0);
+            for ib in (0..m).step_by(MC) {
+                let out = &mut a_packed[ib / MR * pairs * MR..];
+                pack_a(out, a, rsa, csa, ib, MC.min(m - ib), kb, kc, vector);
+            }
+        }
+        for jc in (0..n).step_by(nc_block) {
+            let nc = nc_block.min(n - jc);
+            let b_block = b.offset(jc as isize * csb);
+            pack_b(&mut b_packed, b_block, rsb, csb, kb, kc, nc, vector);
+            #[cfg(target_arch = "x86_64")]
+            let panels = nc.div_ceil(NR);
+            for ib in (0..m).step_by(MC) {
+                let band = MC.min(m - ib);
+                let a_band: &[u32] = if whole_a {
+                    &a_packed[ib / MR * pairs * MR..]
+                } else {
+                    pack_a(&mut a_packed, a, rsa, csa, ib, band, kb, kc, vector);
+                    &a_packed
+                };
+                let a_panels = a_band.chunks_exact(pairs * MR).take(band.div_ceil(MR));
+                for (i0, ap) in (ib..).step_by(MR).zip(a_panels) {
+                    let mr = MR.min(m - i0);
+                    for (panel, bp) in b_packed.chunks_exact(pairs * NR).enumerate() {
+                        let j0 = jc + panel * NR;
+                        let width = NR.min(n - j0);
                         #[cfg(target_arch = "x86_64")]
-                        Bf16Kernel::Avx512Bf16 => {
-                            let (c, next) = (tile.as_mut_ptr(), tile.as_ptr());
-                            let scratch = CTile {
-                                c,
-                                ldc: NR,
-                                rows: MR,
-                                width: NR,
+                        if kernel == Bf16Kernel::Avx512Bf16 && csc == 1 && rsc > 0 {
+                            // The next tile: the next panel, or the next rows' first in
+                            // this block. (Past C's last tile it points outside C: only
+                            // prefetched.)
+                            let next = if panel + 1 < panels {
+                                c.wrapping_offset(i0 as isize * rsc + (j0 + NR) as isize)
+                            } else {
+                                c.wrapping_offset((i0 + MR) as isize * rsc + jc as isize)
+                            };
+                            let ldc = rsc as usize;
+                            let tile = CTile {
+                                c: c_at(i0, j0),
+                                ldc,
+                                rows: mr,
+                                width,
                                 next,
                             };
-                            kernel_avx512bf16(pairs, ap, bp, scratch, Update::Set { alpha: 1.0 })
+                            kernel_avx512bf16(pairs, ap, bp, tile, update);
+                            continue;
                         }
-                        _ => kernel_portable(pairs, ap, bp, &mut tile),
+                        match kernel {
+                            #[cfg(target_arch = "x86_64")]
+                            Bf16Kernel::Avx512Bf16 => {
+                                let (c, next) = (tile.as_mut_ptr(), tile.as_ptr());
+                                let scratch = CTile {
+                                    c,
+                                    ldc: NR,
+                                    rows: MR,
+                                    width: NR,
+                                    next,
+                                };
+                                kernel_avx512bf16(
+                                    pairs,
+                                    ap,
+                                    bp,
+                                    scratch,
+                                    Update::Set { alpha: 1.0 },
+                                )
+                            }
+                            _ => kernel_portable(pairs, ap, bp, &mut tile),
+                        }
+                        update.apply_tile(&tile, c_at(i0, j0), rsc, csc, mr, width);
                     }
-                    update.apply_tile(&tile, c_at(i0, j0), rsc, csc, mr, width);
                 }
             }
         }
@@ -2407,6 +2445,57 @@ mod tests {
             let v = run(Bf16Kernel::Avx512Bf16, m, k, n, &a, &b);
             for (x, y) in p.iter().zip(&v) {
                 assert_eq!(x.to_bits(), y.to_bits(), "{m}x{k}x{n}: {x} vs {y}");
+            }
+        }
+    }
+
+    /// N past [`NC`] is cut into column blocks, with A packed whole per K block: each
+    /// block of C has the bits of that block multiplied alone (at most NC columns, so A
+    /// packed band by band), in both the vector and the portable kernels; the row count
+    /// spans two MC bands and a ragged panel, K two blocks and a half pair, and the
+    /// blocks of N (3 of 704 here) are as even as whole panels make them.
+    #[test]
+    fn column_blocks_give_the_bits_of_each_block_alone() {
+        let (m, k, n) = (MC + 13, KC + 45, 2 * NC + 50);
+        let (a, b) = (vals(m * k, 21), vals(k * n, 22));
+        let blocks = n.div_ceil(NC);
+        let width = n.div_ceil(blocks).next_multiple_of(NR);
+        assert!(blocks == 3 && width < NC && width % NR == 0);
+        for kernel in [Bf16Kernel::Portable, Bf16Kernel::Avx512Bf16] {
+            if !have(kernel) {
+                continue;
+            }
+            let whole = run(kernel, m, k, n, &a, &b);
+            // The same columns of C again, a block at a time (ragged blocks too: these
+            // widths need not be the ones the whole call uses, the bits are per element).
+            let mut apart = vec![f32::NAN; m * n];
+            for j0 in (0..n).step_by(NC / 2 + 7) {
+                let nc = (NC / 2 + 7).min(n - j0);
+                // SAFETY: row-major A (m x k) and the k x nc, m x nc views starting at
+                // column j0 of B (k x n) and C (m x n), inside their slices.
+                unsafe {
+                    sgemm_bf16(
+                        kernel,
+                        m,
+                        k,
+                        nc,
+                        1.0,
+                        a.as_ptr(),
+                        k as isize,
+                        1,
+                        b.as_ptr().add(j0),
+                        n as isize,
+                        1,
+                        0.0,
+                        apart.as_mut_ptr().add(j0),
+                        n as isize,
+                        1,
+                    )
+                };
+            }
+            for (i, (x, y)) in whole.iter().zip(&apart).enumerate() {
+                let at = (i / n, i % n);
+                assert_eq!(x.to_bits(), y.to_bits(), "{kernel} at {at:?}: {x} vs {y}");
             }
         }
     }
