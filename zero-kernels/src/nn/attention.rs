@@ -9,8 +9,10 @@
 //! Both functions panic when a slice is shorter than its shape says or `C` is not a
 //! multiple of `H` (bugs in the calling layer, never user input).
 
+use std::ops::Range;
+
 use super::gemm::{Gemm, MatLayout};
-use super::isa_ops::{AttentionBackwardSequences, AttentionForwardSequences};
+use super::isa_ops::{AttentionBackwardHeads, AttentionForwardHeads};
 use super::scalar::Scalar;
 use super::softmax::{softmax_causal_rows, softmax_causal_rows_backward};
 use crate::isa::Exec;
@@ -45,12 +47,34 @@ fn bands(t: usize) -> impl Iterator<Item = (usize, usize)> {
     (0..t).step_by(BAND).map(move |r0| (r0, (r0 + BAND).min(t)))
 }
 
+/// Where a run of heads ([`forward_heads`], [`backward_heads`]) writes its outputs (Y in
+/// the forward; dQ, dK and dV in the backward). A *unit* is one head of one sequence,
+/// numbered as P's blocks are: `u = bi * H + hi`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum HeadsOut {
+    /// The model's rows: `y` `[B, T, C]` (`dqkv` `[B, T, 3C]`), head `hi` at columns
+    /// `hi * hs` (of each third).
+    Model,
+    /// A buffer of the run's own, unit after unit from its first: `[T, hs]` per unit
+    /// forward, `[T, 3 hs]` (dQ | dK | dV) backward. A head's columns of the model's rows
+    /// are interleaved with the other heads', so threads that split heads each write here
+    /// and the caller copies the rows into place.
+    Own,
+}
+
 /// Forward: writes `y` `[B,T,C]` and `p` `[B,H,T,T]` (P's upper triangle is written 0) from
-/// `qkv` `[B,T,3C]`. With several threads the sequences are split between them (each
-/// computed exactly as on one thread); a single sequence threads its products instead.
+/// `qkv` `[B,T,3C]`. With several threads the heads of all sequences (`B * H` units) are
+/// split between them, each computed exactly as on one thread, so a single sequence (a
+/// micro-batch of 1) uses every thread too and each packs only its own heads' operands.
 /// The softmax rows run at this CPU's best instruction-set level (same bits at every level).
 pub fn attention_forward<F: Scalar>(g: &Gemm, y: &mut [F], p: &mut [F], qkv: &[F], s: AttnShape) {
     attention_forward_at(&Exec::default(), g, y, p, qkv, s)
+}
+
+/// Units (heads of sequences) per thread's run: as even as whole units go.
+fn units_per_part(g: &Gemm, units: usize) -> Option<usize> {
+    let parts = g.threads().min(units);
+    (parts > 1).then(|| units.div_ceil(parts))
 }
 
 /// [`attention_forward`] with the non-GEMM work compiled for `exec`'s level.
@@ -64,69 +88,86 @@ pub(crate) fn attention_forward_at<F: Scalar>(
 ) {
     let AttnShape { b, t, c, h } = s;
     check_heads(c, h);
-    let parts = g.threads().min(b);
+    let units = b * h;
     // c == 0 (an empty model width) has nothing to split: chunks of 0 would panic.
-    if parts <= 1 || t == 0 || c == 0 {
-        return run_auto(exec, AttentionForwardSequences(g, y, p, qkv, s));
-    }
-    let per = b.div_ceil(parts);
-    let jobs: Vec<_> = y[..b * t * c]
-        .chunks_mut(per * t * c)
-        .zip(p[..b * h * t * t].chunks_mut(per * h * t * t))
-        .zip(qkv[..b * t * 3 * c].chunks(per * t * 3 * c))
+    let per = match units_per_part(g, units) {
+        Some(per) if t > 0 && c > 0 => per,
+        _ => {
+            let out = HeadsOut::Model;
+            return run_auto(exec, AttentionForwardHeads(g, y, out, p, qkv, s, 0..units));
+        }
+    };
+    let hs = c / h;
+    let mut own = vec![F::ZERO; units * t * hs];
+    let jobs: Vec<_> = own
+        .chunks_mut(per * t * hs)
+        .zip(p[..units * t * t].chunks_mut(per * t * t))
+        .enumerate()
+        .map(|(i, (y, p))| (i * per, y, p))
         .collect();
     let one = g.on_one_thread();
-    g.workers().run(jobs, |((y, p), qkv)| {
-        let b = qkv.len() / (t * 3 * c);
-        run_auto(
-            exec,
-            AttentionForwardSequences(&one, y, p, qkv, AttnShape { b, ..s }),
-        )
+    g.workers().run(jobs, |(u0, y, p)| {
+        let run = u0..u0 + p.len() / (t * t);
+        let out = HeadsOut::Own;
+        run_auto(exec, AttentionForwardHeads(&one, y, out, p, qkv, s, run))
     });
+    for (u, head) in own.chunks_exact(t * hs).enumerate() {
+        let (bi, hi) = (u / h, u % h);
+        for (r, row) in head.chunks_exact(hs).enumerate() {
+            y[(bi * t + r) * c + hi * hs..][..hs].copy_from_slice(row);
+        }
+    }
 }
 
-/// [`attention_forward`] on this thread (its products on `g`'s threads).
+/// [`attention_forward`] for units `run` on this thread (its products on `g`'s threads):
+/// `p` holds those units' P from the first (`[run.len(), T, T]`), `qkv` every sequence,
+/// `y` is as `out` says.
 #[inline(always)]
-pub(crate) fn forward_sequences<F: Scalar>(
+pub(crate) fn forward_heads<F: Scalar>(
     g: &Gemm,
     y: &mut [F],
+    out: HeadsOut,
     p: &mut [F],
     qkv: &[F],
     s: AttnShape,
+    run: Range<usize>,
 ) {
-    let AttnShape { b, t, c, h } = s;
+    let AttnShape { t, c, h, .. } = s;
     let hs = c / h;
     let scale = F::from_f64(1.0 / (hs as f64).sqrt());
-    for bi in 0..b {
-        for hi in 0..h {
-            let base = bi * t * 3 * c + hi * hs;
-            let (q, k, v) = (&qkv[base..], &qkv[base + c..], &qkv[base + 2 * c..]);
-            let pm = &mut p[(bi * h + hi) * t * t..][..t * t];
-            for (r0, r1) in bands(t) {
-                // S[r0..r1, 0..r1] = scale * Q[r0..r1] K[0..r1]^T
-                g.run(
-                    scale,
-                    &q[r0 * 3 * c..],
-                    MatLayout::rm(r1 - r0, hs, 3 * c),
-                    k,
-                    MatLayout::rm(r1, hs, 3 * c).t(),
-                    F::ZERO,
-                    &mut pm[r0 * t..],
-                    MatLayout::rm(r1 - r0, r1, t),
-                );
-                softmax_causal_rows(&mut pm[r0 * t..r1 * t], t, r0);
-                // Y[r0..r1] = P[r0..r1, 0..r1] V[0..r1]
-                g.run(
-                    F::ONE,
-                    &pm[r0 * t..],
-                    MatLayout::rm(r1 - r0, r1, t),
-                    v,
-                    MatLayout::rm(r1, hs, 3 * c),
-                    F::ZERO,
-                    &mut y[bi * t * c + hi * hs + r0 * c..],
-                    MatLayout::rm(r1 - r0, hs, c),
-                );
-            }
+    for (i, u) in run.enumerate() {
+        let (bi, hi) = (u / h, u % h);
+        let base = bi * t * 3 * c + hi * hs;
+        let (q, k, v) = (&qkv[base..], &qkv[base + c..], &qkv[base + 2 * c..]);
+        let pm = &mut p[i * t * t..][..t * t];
+        let (yh, ldy) = match out {
+            HeadsOut::Model => (&mut y[bi * t * c + hi * hs..], c),
+            HeadsOut::Own => (&mut y[i * t * hs..], hs),
+        };
+        for (r0, r1) in bands(t) {
+            // S[r0..r1, 0..r1] = scale * Q[r0..r1] K[0..r1]^T
+            g.run(
+                scale,
+                &q[r0 * 3 * c..],
+                MatLayout::rm(r1 - r0, hs, 3 * c),
+                k,
+                MatLayout::rm(r1, hs, 3 * c).t(),
+                F::ZERO,
+                &mut pm[r0 * t..],
+                MatLayout::rm(r1 - r0, r1, t),
+            );
+            softmax_causal_rows(&mut pm[r0 * t..r1 * t], t, r0);
+            // Y[r0..r1] = P[r0..r1, 0..r1] V[0..r1]
+            g.run(
+                F::ONE,
+                &pm[r0 * t..],
+                MatLayout::rm(r1 - r0, r1, t),
+                v,
+                MatLayout::rm(r1, hs, 3 * c),
+                F::ZERO,
+                &mut yh[r0 * ldy..],
+                MatLayout::rm(r1 - r0, hs, ldy),
+            );
         }
     }
 }
@@ -134,8 +175,8 @@ pub(crate) fn forward_sequences<F: Scalar>(
 /// Backward: **writes** (not adds) `dqkv` `[B,T,3C]` from `dy` `[B,T,C]`, with `p` `[B,H,T,T]`
 /// and `qkv` as the forward left and saw them; `dp` is a scratch of at least T*T elements.
 /// dV = P^T dY; dS = softmax'(dP = dY V^T); dQ = dS K / sqrt(hs); dK = dS^T Q / sqrt(hs).
-/// Threads split the sequences as in [`attention_forward`]; each thread past the first
-/// gets a T*T scratch of its own. Levels as in [`attention_forward`].
+/// Threads split the heads of all sequences as in [`attention_forward`]; each thread past
+/// the first gets a T*T scratch of its own. Levels as in [`attention_forward`].
 pub fn attention_backward<F: Scalar>(
     g: &Gemm,
     dqkv: &mut [F],
@@ -162,111 +203,135 @@ pub(crate) fn attention_backward_at<F: Scalar>(
 ) {
     let AttnShape { b, t, c, h } = s;
     check_heads(c, h);
-    let parts = g.threads().min(b);
+    let units = b * h;
     // c == 0 (an empty model width) has nothing to split: chunks of 0 would panic.
-    if parts <= 1 || t == 0 || c == 0 {
-        return run_auto(exec, AttentionBackwardSequences(g, dqkv, dp, dy, p, qkv, s));
-    }
-    let per = b.div_ceil(parts);
+    let per = match units_per_part(g, units) {
+        Some(per) if t > 0 && c > 0 => per,
+        _ => {
+            let out = HeadsOut::Model;
+            let op = AttentionBackwardHeads(g, dqkv, out, dp, dy, p, qkv, s, 0..units);
+            return run_auto(exec, op);
+        }
+    };
+    let hs = c / h;
+    let mut own = vec![F::ZERO; units * t * 3 * hs];
+    let parts = units.div_ceil(per);
     let mut scratch: Vec<Vec<F>> = (1..parts).map(|_| vec![F::ZERO; t * t]).collect();
     let scratches = std::iter::once(&mut dp[..t * t]).chain(scratch.iter_mut().map(|v| &mut v[..]));
-    let jobs: Vec<_> = dqkv[..b * t * 3 * c]
-        .chunks_mut(per * t * 3 * c)
+    let jobs: Vec<_> = own
+        .chunks_mut(per * t * 3 * hs)
         .zip(scratches)
-        .zip(dy[..b * t * c].chunks(per * t * c))
-        .zip(p[..b * h * t * t].chunks(per * h * t * t))
-        .zip(qkv[..b * t * 3 * c].chunks(per * t * 3 * c))
+        .enumerate()
+        .map(|(i, (d, dp))| (i * per, d, dp))
         .collect();
     let one = g.on_one_thread();
-    g.workers().run(jobs, |((((dqkv, dp), dy), p), qkv)| {
-        let b = qkv.len() / (t * 3 * c);
-        let s = AttnShape { b, ..s };
+    g.workers().run(jobs, |(u0, d, dp)| {
+        let run = u0..u0 + d.len() / (t * 3 * hs);
+        let p = &p[u0 * t * t..run.end * t * t];
+        let out = HeadsOut::Own;
         run_auto(
             exec,
-            AttentionBackwardSequences(&one, dqkv, dp, dy, p, qkv, s),
+            AttentionBackwardHeads(&one, d, out, dp, dy, p, qkv, s, run),
         )
     });
+    for (u, head) in own.chunks_exact(t * 3 * hs).enumerate() {
+        let (bi, hi) = (u / h, u % h);
+        for (r, row) in head.chunks_exact(3 * hs).enumerate() {
+            for (part, d) in row.chunks_exact(hs).enumerate() {
+                dqkv[(bi * t + r) * 3 * c + part * c + hi * hs..][..hs].copy_from_slice(d);
+            }
+        }
+    }
 }
 
-/// [`attention_backward`] on this thread (its products on `g`'s threads).
+/// [`attention_backward`] for units `run` on this thread (its products on `g`'s
+/// threads): `p` holds those units' P from the first, `dy` and `qkv` every sequence,
+/// `dqkv` is as `out` says.
 #[inline(always)]
-pub(crate) fn backward_sequences<F: Scalar>(
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn backward_heads<F: Scalar>(
     g: &Gemm,
     dqkv: &mut [F],
+    out: HeadsOut,
     dp: &mut [F],
     dy: &[F],
     p: &[F],
     qkv: &[F],
     s: AttnShape,
+    run: Range<usize>,
 ) {
-    let AttnShape { b, t, c, h } = s;
+    let AttnShape { t, c, h, .. } = s;
     let hs = c / h;
     let scale = F::from_f64(1.0 / (hs as f64).sqrt());
     let dp = &mut dp[..t * t];
-    for bi in 0..b {
-        for hi in 0..h {
-            let base = bi * t * 3 * c + hi * hs;
-            let (q, k, v) = (&qkv[base..], &qkv[base + c..], &qkv[base + 2 * c..]);
-            let pm = &p[(bi * h + hi) * t * t..][..t * t];
-            let dyh = &dy[bi * t * c + hi * hs..];
-            for (r0, r1) in bands(t) {
-                // dP[r0..r1, 0..r1] = dY[r0..r1] V[0..r1]^T, then through the softmax.
-                g.run(
-                    F::ONE,
-                    &dyh[r0 * c..],
-                    MatLayout::rm(r1 - r0, hs, c),
-                    v,
-                    MatLayout::rm(r1, hs, 3 * c).t(),
-                    F::ZERO,
-                    &mut dp[r0 * t..],
-                    MatLayout::rm(r1 - r0, r1, t),
-                );
-                let rows = r0 * t..r1 * t;
-                softmax_causal_rows_backward(&mut dp[rows.clone()], &pm[rows], t, r0);
-                // dQ[r0..r1] = scale * dS[r0..r1, 0..r1] K[0..r1]
-                g.run(
-                    scale,
-                    &dp[r0 * t..],
-                    MatLayout::rm(r1 - r0, r1, t),
-                    k,
-                    MatLayout::rm(r1, hs, 3 * c),
-                    F::ZERO,
-                    &mut dqkv[base + r0 * 3 * c..],
-                    MatLayout::rm(r1 - r0, hs, 3 * c),
-                );
-            }
-            // Keys/values j in [j0, j1) receive from queries i >= j0 only (dS, P are 0
-            // above the diagonal).
-            for (j0, j1) in bands(t) {
-                let a_t = MatLayout {
-                    rows: j1 - j0,
-                    cols: t - j0,
-                    rs: 1,
-                    cs: t,
-                };
-                // dK[j0..j1] = scale * dS[j0.., j0..j1]^T Q[j0..]
-                g.run(
-                    scale,
-                    &dp[j0 * t + j0..],
-                    a_t,
-                    &q[j0 * 3 * c..],
-                    MatLayout::rm(t - j0, hs, 3 * c),
-                    F::ZERO,
-                    &mut dqkv[base + c + j0 * 3 * c..],
-                    MatLayout::rm(j1 - j0, hs, 3 * c),
-                );
-                // dV[j0..j1] = P[j0.., j0..j1]^T dY[j0..]
-                g.run(
-                    F::ONE,
-                    &pm[j0 * t + j0..],
-                    a_t,
-                    &dyh[j0 * c..],
-                    MatLayout::rm(t - j0, hs, c),
-                    F::ZERO,
-                    &mut dqkv[base + 2 * c + j0 * 3 * c..],
-                    MatLayout::rm(j1 - j0, hs, 3 * c),
-                );
-            }
+    for (i, u) in run.enumerate() {
+        let (bi, hi) = (u / h, u % h);
+        let base = bi * t * 3 * c + hi * hs;
+        let (q, k, v) = (&qkv[base..], &qkv[base + c..], &qkv[base + 2 * c..]);
+        let pm = &p[i * t * t..][..t * t];
+        let dyh = &dy[bi * t * c + hi * hs..];
+        // Where this unit's dQ starts, dK and dV after it (`part` on), row stride `ld`.
+        let (at, part, ld) = match out {
+            HeadsOut::Model => (base, c, 3 * c),
+            HeadsOut::Own => (i * t * 3 * hs, hs, 3 * hs),
+        };
+        for (r0, r1) in bands(t) {
+            // dP[r0..r1, 0..r1] = dY[r0..r1] V[0..r1]^T, then through the softmax.
+            g.run(
+                F::ONE,
+                &dyh[r0 * c..],
+                MatLayout::rm(r1 - r0, hs, c),
+                v,
+                MatLayout::rm(r1, hs, 3 * c).t(),
+                F::ZERO,
+                &mut dp[r0 * t..],
+                MatLayout::rm(r1 - r0, r1, t),
+            );
+            let rows = r0 * t..r1 * t;
+            softmax_causal_rows_backward(&mut dp[rows.clone()], &pm[rows], t, r0);
+            // dQ[r0..r1] = scale * dS[r0..r1, 0..r1] K[0..r1]
+            g.run(
+                scale,
+                &dp[r0 * t..],
+                MatLayout::rm(r1 - r0, r1, t),
+                k,
+                MatLayout::rm(r1, hs, 3 * c),
+                F::ZERO,
+                &mut dqkv[at + r0 * ld..],
+                MatLayout::rm(r1 - r0, hs, ld),
+            );
+        }
+        // Keys/values j in [j0, j1) receive from queries i >= j0 only (dS, P are 0
+        // above the diagonal).
+        for (j0, j1) in bands(t) {
+            let a_t = MatLayout {
+                rows: j1 - j0,
+                cols: t - j0,
+                rs: 1,
+                cs: t,
+            };
+            // dK[j0..j1] = scale * dS[j0.., j0..j1]^T Q[j0..]
+            g.run(
+                scale,
+                &dp[j0 * t + j0..],
+                a_t,
+                &q[j0 * 3 * c..],
+                MatLayout::rm(t - j0, hs, 3 * c),
+                F::ZERO,
+                &mut dqkv[at + part + j0 * ld..],
+                MatLayout::rm(j1 - j0, hs, ld),
+            );
+            // dV[j0..j1] = P[j0.., j0..j1]^T dY[j0..]
+            g.run(
+                F::ONE,
+                &pm[j0 * t + j0..],
+                a_t,
+                &dyh[j0 * c..],
+                MatLayout::rm(t - j0, hs, c),
+                F::ZERO,
+                &mut dqkv[at + 2 * part + j0 * ld..],
+                MatLayout::rm(j1 - j0, hs, ld),
+            );
         }
     }
 }
@@ -368,43 +433,49 @@ mod tests {
         }
     }
 
-    /// bf16 operands hold on every thread count: sequences split over threads compute
-    /// what one thread does (bit for bit), and not what exact f32 operands give.
+    /// bf16 operands hold on every thread count: heads split over threads compute what
+    /// one thread does (bit for bit, written into place), and not what exact f32
+    /// operands give. Three sequences of 2 heads (6 units: even and uneven splits), and
+    /// one sequence of 3 heads (a micro-batch of 1; 4 threads leave one idle).
     #[test]
     fn bf16_operands_give_the_same_bits_on_any_thread_count() {
-        let s = AttnShape {
-            b: 3,
-            t: 70,
-            c: 32,
-            h: 2,
-        };
-        let qkv: Vec<f32> = vals(s.b * s.t * 3 * s.c, 4)
-            .iter()
-            .map(|&x| x as f32)
-            .collect();
-        let dy: Vec<f32> = vals(s.b * s.t * s.c, 5).iter().map(|&x| x as f32).collect();
-        let run = |g: &Gemm| {
-            let mut y = vec![0f32; s.b * s.t * s.c];
-            let mut p = vec![0f32; s.b * s.h * s.t * s.t];
-            attention_forward(g, &mut y, &mut p, &qkv, s);
-            let mut dqkv = vec![0f32; qkv.len()];
-            let mut dp = vec![0f32; g.threads() * s.t * s.t];
-            attention_backward(g, &mut dqkv, &mut dp, &dy, &p, &qkv, s);
-            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            (bits(&y), bits(&dqkv))
-        };
-        let one = run(&Gemm::new(1).with_bf16_operands(true));
-        assert_eq!(run(&Gemm::new(2).with_bf16_operands(true)), one);
-        assert_eq!(run(&Gemm::new(3).with_bf16_operands(true)), one);
-        let exact = run(&Gemm::new(2));
-        assert_ne!(
-            exact.0, one.0,
-            "bf16 operands changed nothing in the forward"
-        );
-        assert_ne!(
-            exact.1, one.1,
-            "bf16 operands changed nothing in the backward"
-        );
+        for (b, c, h) in [(3, 32, 2), (1, 48, 3)] {
+            let s = AttnShape { b, t: 70, c, h };
+            let qkv: Vec<f32> = vals(s.b * s.t * 3 * s.c, 4)
+                .iter()
+                .map(|&x| x as f32)
+                .collect();
+            let dy: Vec<f32> = vals(s.b * s.t * s.c, 5).iter().map(|&x| x as f32).collect();
+            let run = |g: &Gemm| {
+                let mut y = vec![f32::NAN; s.b * s.t * s.c];
+                let mut p = vec![0f32; s.b * s.h * s.t * s.t];
+                attention_forward(g, &mut y, &mut p, &qkv, s);
+                let mut dqkv = vec![f32::NAN; qkv.len()];
+                let mut dp = vec![0f32; s.t * s.t];
+                attention_backward(g, &mut dqkv, &mut dp, &dy, &p, &qkv, s);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                (bits(&y), bits(&p), bits(&dqkv))
+            };
+            let one = run(&Gemm::new(1).with_bf16_operands(true));
+            assert!(one
+                .0
+                .iter()
+                .chain(&one.2)
+                .all(|&x| !f32::from_bits(x).is_nan()));
+            for threads in 2..=4 {
+                let got = run(&Gemm::new(threads).with_bf16_operands(true));
+                assert!(got == one, "B={b} H={h} on {threads} threads");
+            }
+            let exact = run(&Gemm::new(2));
+            assert_ne!(
+                exact.0, one.0,
+                "bf16 operands changed nothing in the forward"
+            );
+            assert_ne!(
+                exact.2, one.2,
+                "bf16 operands changed nothing in the backward"
+            );
+        }
     }
 
     #[test]

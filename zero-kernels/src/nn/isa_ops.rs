@@ -102,24 +102,28 @@ isa_ops! {
         v: usize,
         scale: F,
     ) => xent::softmax_xent_backward;
-    /// The sequences of [`attention::attention_forward`] that one thread computes.
-    AttentionForwardSequences<'a, F>(
+    /// The heads of [`attention::attention_forward`] that one thread computes.
+    AttentionForwardHeads<'a, F>(
         g: &'a Gemm,
         y: &'a mut [F],
+        out: attention::HeadsOut,
         p: &'a mut [F],
         qkv: &'a [F],
         s: AttnShape,
-    ) => attention::forward_sequences;
-    /// The sequences of [`attention::attention_backward`] that one thread computes.
-    AttentionBackwardSequences<'a, F>(
+        run: std::ops::Range<usize>,
+    ) => attention::forward_heads;
+    /// The heads of [`attention::attention_backward`] that one thread computes.
+    AttentionBackwardHeads<'a, F>(
         g: &'a Gemm,
         dqkv: &'a mut [F],
+        out: attention::HeadsOut,
         dp: &'a mut [F],
         dy: &'a [F],
         p: &'a [F],
         qkv: &'a [F],
         s: AttnShape,
-    ) => attention::backward_sequences;
+        run: std::ops::Range<usize>,
+    ) => attention::backward_heads;
     /// [`rmsnorm::rmsnorm_forward`].
     RmsNormForward<'a, F>(
         out: &'a mut [F],
