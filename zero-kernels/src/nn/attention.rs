@@ -16,6 +16,7 @@ use super::isa_ops::{AttentionBackwardHeads, AttentionForwardHeads};
 use super::scalar::Scalar;
 use super::softmax::{softmax_causal_rows, softmax_causal_rows_backward};
 use crate::isa::Exec;
+use crate::par::SendPtr;
 use crate::simd::run_auto;
 
 /// Queries per band of the causal products.
@@ -57,8 +58,8 @@ pub(crate) enum HeadsOut {
     Model,
     /// A buffer of the run's own, unit after unit from its first: `[T, hs]` per unit
     /// forward, `[T, 3 hs]` (dQ | dK | dV) backward. A head's columns of the model's rows
-    /// are interleaved with the other heads', so threads that split heads each write here
-    /// and the caller copies the rows into place.
+    /// interleave with the other heads', so a thread of several that split the heads
+    /// computes a unit here, then copies its rows into place.
     Own,
 }
 
@@ -98,25 +99,34 @@ pub(crate) fn attention_forward_at<F: Scalar>(
         }
     };
     let hs = c / h;
-    let mut own = vec![F::ZERO; units * t * hs];
-    let jobs: Vec<_> = own
-        .chunks_mut(per * t * hs)
-        .zip(p[..units * t * t].chunks_mut(per * t * t))
+    assert!(y.len() >= b * t * c, "attention: y shorter than B*T*C");
+    let jobs: Vec<_> = p[..units * t * t]
+        .chunks_mut(per * t * t)
         .enumerate()
-        .map(|(i, (y, p))| (i * per, y, p))
+        .map(|(i, p)| (i * per, p))
         .collect();
     let one = g.on_one_thread();
-    g.workers().run(jobs, |(u0, y, p)| {
-        let run = u0..u0 + p.len() / (t * t);
-        let out = HeadsOut::Own;
-        run_auto(exec, AttentionForwardHeads(&one, y, out, p, qkv, s, run))
-    });
-    for (u, head) in own.chunks_exact(t * hs).enumerate() {
-        let (bi, hi) = (u / h, u % h);
-        for (r, row) in head.chunks_exact(hs).enumerate() {
-            y[(bi * t + r) * c + hi * hs..][..hs].copy_from_slice(row);
+    let y_at = SendPtr(y.as_mut_ptr());
+    g.workers().run(jobs, |(u0, p)| {
+        let mut own = vec![F::ZERO; t * hs];
+        for (u, pm) in (u0..).zip(p.chunks_exact_mut(t * t)) {
+            let out = HeadsOut::Own;
+            run_auto(
+                exec,
+                AttentionForwardHeads(&one, &mut own, out, pm, qkv, s, u..u + 1),
+            );
+            let (bi, hi) = (u / h, u % h);
+            for (r, row) in own.chunks_exact(hs).enumerate() {
+                // SAFETY: y holds B*T*C (asserted); columns hi*hs.. of row (bi, r) are
+                // unit u's alone, and the units are split between the threads; nothing
+                // else touches y until the run returns.
+                unsafe {
+                    let to = y_at.at((bi * t + r) * c + hi * hs);
+                    std::ptr::copy_nonoverlapping(row.as_ptr(), to, hs);
+                }
+            }
         }
-    }
+    });
 }
 
 /// [`attention_forward`] for units `run` on this thread (its products on `g`'s threads):
@@ -214,34 +224,36 @@ pub(crate) fn attention_backward_at<F: Scalar>(
         }
     };
     let hs = c / h;
-    let mut own = vec![F::ZERO; units * t * 3 * hs];
+    assert!(
+        dqkv.len() >= b * t * 3 * c,
+        "attention: dqkv shorter than B*T*3C"
+    );
     let parts = units.div_ceil(per);
     let mut scratch: Vec<Vec<F>> = (1..parts).map(|_| vec![F::ZERO; t * t]).collect();
     let scratches = std::iter::once(&mut dp[..t * t]).chain(scratch.iter_mut().map(|v| &mut v[..]));
-    let jobs: Vec<_> = own
-        .chunks_mut(per * t * 3 * hs)
-        .zip(scratches)
-        .enumerate()
-        .map(|(i, (d, dp))| (i * per, d, dp))
-        .collect();
+    let jobs: Vec<_> = (0..units).step_by(per).zip(scratches).collect();
     let one = g.on_one_thread();
-    g.workers().run(jobs, |(u0, d, dp)| {
-        let run = u0..u0 + d.len() / (t * 3 * hs);
-        let p = &p[u0 * t * t..run.end * t * t];
-        let out = HeadsOut::Own;
-        run_auto(
-            exec,
-            AttentionBackwardHeads(&one, d, out, dp, dy, p, qkv, s, run),
-        )
-    });
-    for (u, head) in own.chunks_exact(t * 3 * hs).enumerate() {
-        let (bi, hi) = (u / h, u % h);
-        for (r, row) in head.chunks_exact(3 * hs).enumerate() {
-            for (part, d) in row.chunks_exact(hs).enumerate() {
-                dqkv[(bi * t + r) * 3 * c + part * c + hi * hs..][..hs].copy_from_slice(d);
+    let dqkv_at = SendPtr(dqkv.as_mut_ptr());
+    g.workers().run(jobs, |(u0, dp)| {
+        let mut own = vec![F::ZERO; t * 3 * hs];
+        for u in u0..(u0 + per).min(units) {
+            let p = &p[u * t * t..(u + 1) * t * t];
+            let out = HeadsOut::Own;
+            let op = AttentionBackwardHeads(&one, &mut own, out, &mut *dp, dy, p, qkv, s, u..u + 1);
+            run_auto(exec, op);
+            let (bi, hi) = (u / h, u % h);
+            for (r, row) in own.chunks_exact(3 * hs).enumerate() {
+                for (part, d) in row.chunks_exact(hs).enumerate() {
+                    // SAFETY: dqkv holds B*T*3C (asserted); columns part*C + hi*hs.. of
+                    // row (bi, r) are unit u's alone, as in the forward.
+                    unsafe {
+                        let to = dqkv_at.at((bi * t + r) * 3 * c + part * c + hi * hs);
+                        std::ptr::copy_nonoverlapping(d.as_ptr(), to, hs);
+                    }
+                }
             }
         }
-    }
+    });
 }
 
 /// [`attention_backward`] for units `run` on this thread (its products on `g`'s
