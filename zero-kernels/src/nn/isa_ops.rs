@@ -356,7 +356,7 @@ mod tests {
 
     #[test]
     fn attention_and_rope_give_the_scalar_levels_bits() {
-        // T = 70 crosses a query band; two threads split the sequences.
+        // T = 70 crosses a query band; two threads split the 6 heads (2 sequences x 3).
         let s = AttnShape {
             b: 2,
             t: 70,
