@@ -64,18 +64,22 @@ pub(crate) enum HeadsOut {
 }
 
 /// Forward: writes `y` `[B,T,C]` and `p` `[B,H,T,T]` (P's upper triangle is written 0) from
-/// `qkv` `[B,T,3C]`. With several threads the heads of all sequences (`B * H` units) are
-/// split between them, each computed exactly as on one thread, so a single sequence (a
-/// micro-batch of 1) uses every thread too and each packs only its own heads' operands.
+/// `qkv` `[B,T,3C]`. With several threads and at least as many heads of all sequences
+/// (`B * H` units) as threads, the units are split between them, each computed exactly as
+/// on one thread, so a single sequence (a micro-batch of 1) uses every thread too and each
+/// packs only its own heads' operands. With fewer units than threads one thread runs them
+/// and splits each product over the threads (no thread idles).
 /// The softmax rows run at this CPU's best instruction-set level (same bits at every level).
 pub fn attention_forward<F: Scalar>(g: &Gemm, y: &mut [F], p: &mut [F], qkv: &[F], s: AttnShape) {
     attention_forward_at(&Exec::default(), g, y, p, qkv, s)
 }
 
-/// Units (heads of sequences) per thread's run: as even as whole units go.
+/// Units (heads of sequences) per thread's run, as even as whole units go; `None`: run
+/// them on one thread, its products on all of `g`'s (one thread, or fewer units than
+/// threads).
 fn units_per_part(g: &Gemm, units: usize) -> Option<usize> {
-    let parts = g.threads().min(units);
-    (parts > 1).then(|| units.div_ceil(parts))
+    let threads = g.threads();
+    (threads > 1 && units >= threads).then(|| units.div_ceil(threads))
 }
 
 /// [`attention_forward`] with the non-GEMM work compiled for `exec`'s level.
@@ -90,12 +94,14 @@ pub(crate) fn attention_forward_at<F: Scalar>(
     let AttnShape { b, t, c, h } = s;
     check_heads(c, h);
     let units = b * h;
-    // c == 0 (an empty model width) has nothing to split: chunks of 0 would panic.
+    // t == 0 or c == 0 (no rows, or an empty model width) has nothing to split: chunks
+    // of 0 would panic.
     let per = match units_per_part(g, units) {
         Some(per) if t > 0 && c > 0 => per,
         _ => {
             let out = HeadsOut::Model;
-            return run_auto(exec, AttentionForwardHeads(g, y, out, p, qkv, s, 0..units));
+            let op = AttentionForwardHeads(g, y, out, p, qkv, s, 0..units);
+            return run_auto(exec, op);
         }
     };
     let hs = c / h;
@@ -129,8 +135,8 @@ pub(crate) fn attention_forward_at<F: Scalar>(
     });
 }
 
-/// [`attention_forward`] for units `run` on this thread (its products on `g`'s threads):
-/// `p` holds those units' P from the first (`[run.len(), T, T]`), `qkv` every sequence,
+/// [`attention_forward`] for `units` on this thread (its products on `g`'s threads): `p`
+/// holds those units' P from the first (`[units.len(), T, T]`), `qkv` every sequence,
 /// `y` is as `out` says.
 #[inline(always)]
 pub(crate) fn forward_heads<F: Scalar>(
@@ -140,12 +146,12 @@ pub(crate) fn forward_heads<F: Scalar>(
     p: &mut [F],
     qkv: &[F],
     s: AttnShape,
-    run: Range<usize>,
+    units: Range<usize>,
 ) {
     let AttnShape { t, c, h, .. } = s;
     let hs = c / h;
     let scale = F::from_f64(1.0 / (hs as f64).sqrt());
-    for (i, u) in run.enumerate() {
+    for (i, u) in units.enumerate() {
         let (bi, hi) = (u / h, u % h);
         let base = bi * t * 3 * c + hi * hs;
         let (q, k, v) = (&qkv[base..], &qkv[base + c..], &qkv[base + 2 * c..]);
@@ -214,7 +220,8 @@ pub(crate) fn attention_backward_at<F: Scalar>(
     let AttnShape { b, t, c, h } = s;
     check_heads(c, h);
     let units = b * h;
-    // c == 0 (an empty model width) has nothing to split: chunks of 0 would panic.
+    // t == 0 or c == 0 (no rows, or an empty model width) has nothing to split: chunks
+    // of 0 would panic.
     let per = match units_per_part(g, units) {
         Some(per) if t > 0 && c > 0 => per,
         _ => {
@@ -256,9 +263,9 @@ pub(crate) fn attention_backward_at<F: Scalar>(
     });
 }
 
-/// [`attention_backward`] for units `run` on this thread (its products on `g`'s
-/// threads): `p` holds those units' P from the first, `dy` and `qkv` every sequence,
-/// `dqkv` is as `out` says.
+/// [`attention_backward`] for `units` on this thread (its products on `g`'s threads):
+/// `p` holds those units' P from the first, `dy` and `qkv` every sequence, `dqkv` is as
+/// `out` says.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn backward_heads<F: Scalar>(
@@ -270,13 +277,13 @@ pub(crate) fn backward_heads<F: Scalar>(
     p: &[F],
     qkv: &[F],
     s: AttnShape,
-    run: Range<usize>,
+    units: Range<usize>,
 ) {
     let AttnShape { t, c, h, .. } = s;
     let hs = c / h;
     let scale = F::from_f64(1.0 / (hs as f64).sqrt());
     let dp = &mut dp[..t * t];
-    for (i, u) in run.enumerate() {
+    for (i, u) in units.enumerate() {
         let (bi, hi) = (u / h, u % h);
         let base = bi * t * 3 * c + hi * hs;
         let (q, k, v) = (&qkv[base..], &qkv[base + c..], &qkv[base + 2 * c..]);
@@ -445,10 +452,12 @@ mod tests {
         }
     }
 
-    /// bf16 operands hold on every thread count: heads split over threads compute what
-    /// one thread does (bit for bit, written into place), and not what exact f32
-    /// operands give. Three sequences of 2 heads (6 units: even and uneven splits), and
-    /// one sequence of 3 heads (a micro-batch of 1; 4 threads leave one idle).
+    /// Every thread count gives one thread's bits (written into place), with bf16 and
+    /// with exact f32 operands, and bf16 operands are not what exact f32 ones give.
+    /// Three sequences of 2 heads (6 units: 3 + 3 on 2 threads, a run crossing
+    /// sequences; 2 + 2 + 2 on 3 and 4), and one sequence of 3 heads (a micro-batch of 1:
+    /// 2 + 1 on 2 threads, 1 + 1 + 1 on 3; on 4, fewer units than threads, so one thread
+    /// runs them and splits its products).
     #[test]
     fn bf16_operands_give_the_same_bits_on_any_thread_count() {
         for (b, c, h) in [(3, 32, 2), (1, 48, 3)] {
@@ -474,11 +483,13 @@ mod tests {
                 .iter()
                 .chain(&one.2)
                 .all(|&x| !f32::from_bits(x).is_nan()));
+            let exact = run(&Gemm::new(1));
             for threads in 2..=4 {
                 let got = run(&Gemm::new(threads).with_bf16_operands(true));
-                assert!(got == one, "B={b} H={h} on {threads} threads");
+                assert!(got == one, "bf16: B={b} H={h} on {threads} threads");
+                let got = run(&Gemm::new(threads));
+                assert!(got == exact, "f32: B={b} H={h} on {threads} threads");
             }
-            let exact = run(&Gemm::new(2));
             assert_ne!(
                 exact.0, one.0,
                 "bf16 operands changed nothing in the forward"

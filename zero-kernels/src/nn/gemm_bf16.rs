@@ -65,14 +65,14 @@ pub const NR: usize = 32;
 pub const KC: usize = 256;
 /// Rows of A per packed band of the AVX-512 BF16 and portable kernels (a multiple of
 /// MR): 8 panels, packed together so that where A = X^T each 256-byte run of a row of
-/// X (a column of A) is read once (`pack_a`); each panel then passes over all of B's in
-/// turn.
+/// X (a column of A) is read once (`pack_a`); each panel then passes over all of a
+/// column block's panels of B in turn.
 pub const MC: usize = 64;
 /// Most columns per packed block of B of the AVX-512 BF16 and portable kernels: at [`KC`] a
-/// block is 512 KiB, which stays in L2 (1 MiB per core on Zen 4, 1.25-2 MiB on Intel's
-/// AVX-512 BF16 parts) while every panel of A passes over it. Unblocked, the classifier's
-/// N = 50257 packed 26 MB per K block, streamed from memory once per 8-row panel of A:
-/// `micro gemm` 1024 x 768 x 50257 ran at 136 GFLOP/s (189 at N = 768) and 1.5x on 2
+/// block is 512 KiB, which stays in L2 (1 MiB per core on Zen 4, 1-2 MiB on Intel's
+/// AVX-512 BF16 parts) while every panel of A passes over it. Unblocked, an N = 50257
+/// product packed 26 MB per K block, streamed from memory once per 8-row panel of A:
+/// `micro gemm` 1024 x 768 x 50257 ran at 136 GFLOP/s (189 at N = 768) and 1.45x on 2
 /// threads, bound by memory.
 pub const NC: usize = NR * 32;
 /// Most K per packed block of the AMX kernel (K is cut into equal blocks of whole tiles,
@@ -1788,39 +1788,50 @@ pub unsafe fn sgemm_bf16(
     // shootdown across the pool's threads (V = 50257 bf16 step on 2 threads of a Zen 4,
     // measured then: 0.612-0.634 -> 0.610-0.616 s).
     let mut b_packed = PANEL_B.with(|p| p.take());
-    // Kept too (a band of MC rows, or all of A's rows where N has several blocks), and
-    // not zeroed: `pack_a` writes every slot it packs (zeroing a new 32 KB each call was
-    // 1.2% of a bf16 training step's samples, attention's small products calling it
-    // thousands of times a step).
-    let mut a_packed = PANEL_A.with(|p| p.take());
-    a_packed.resize(KC.div_ceil(2) * MC, 0);
-    let mut tile = [0f32; MR * NR];
-    // Several blocks of columns (as even as whole panels make them, so no thin last
-    // block): A's rows are packed once per K block, all of them, and each block of B
-    // passes under every panel of A from L2 (see [`NC`]).
+    // Several blocks of columns: A's rows are packed once per K block, all of them (the
+    // buffer then keeps 512 bytes per row of the largest such call, 8 MiB at 16384 rows),
+    // and each block of B passes under every panel of A from L2 (see [`NC`]).
     let whole_a = n > NC;
-    let nc_block = n.div_ceil(n.div_ceil(NC)).next_multiple_of(NR);
+    // Kept too (a band of MC rows, or all of A's rows), only grown, and not zeroed:
+    // `pack_a` writes every slot it packs (zeroing a new 32 KB each call was 1.2% of a
+    // bf16 training step's samples, attention's small products calling it thousands of
+    // times a step).
+    let mut a_packed = PANEL_A.with(|p| p.take());
+    let a_len = if whole_a {
+        m.div_ceil(MR) * MR * KC.div_ceil(2)
+    } else {
+        MC * KC.div_ceil(2)
+    };
+    if a_packed.len() < a_len {
+        a_packed.resize(a_len, 0);
+    }
+    let mut tile = [0f32; MR * NR];
+    // Blocks of whole panels, their sizes at most one panel apart (no thin last block).
+    let panels = n.div_ceil(NR);
+    let blocks = panels.div_ceil(NC / NR);
+    let block_cols = |i: usize| (i * panels / blocks * NR).min(n);
     for kb in (0..k).step_by(KC) {
         let kc = KC.min(k - kb);
         let pairs = kc.div_ceil(2);
         let update = Update::of_block(kb, alpha, beta);
         if whole_a {
-            a_packed.resize(m.div_ceil(MR) * pairs * MR, 0);
+            // Band ib's panels start at panel ib / MR, each `pairs * MR` long.
             for ib in (0..m).step_by(MC) {
-                let out = &mut a_packed[ib / MR * pairs * MR..];
+                let out = &mut a_packed[ib * pairs..];
                 pack_a(out, a, rsa, csa, ib, MC.min(m - ib), kb, kc, vector);
             }
         }
-        for jc in (0..n).step_by(nc_block) {
-            let nc = nc_block.min(n - jc);
+        for block in 0..blocks {
+            let (jc, end) = (block_cols(block), block_cols(block + 1));
+            let nc = end - jc;
             let b_block = b.offset(jc as isize * csb);
             pack_b(&mut b_packed, b_block, rsb, csb, kb, kc, nc, vector);
             #[cfg(target_arch = "x86_64")]
-            let panels = nc.div_ceil(NR);
+            let block_panels = nc.div_ceil(NR);
             for ib in (0..m).step_by(MC) {
                 let band = MC.min(m - ib);
                 let a_band: &[u32] = if whole_a {
-                    &a_packed[ib / MR * pairs * MR..]
+                    &a_packed[ib * pairs..]
                 } else {
                     pack_a(&mut a_packed, a, rsa, csa, ib, band, kb, kc, vector);
                     &a_packed
@@ -1836,7 +1847,7 @@ pub unsafe fn sgemm_bf16(
                             // The next tile: the next panel, or the next rows' first in
                             // this block. (Past C's last tile it points outside C: only
                             // prefetched.)
-                            let next = if panel + 1 < panels {
+                            let next = if panel + 1 < block_panels {
                                 c.wrapping_offset(i0 as isize * rsc + (j0 + NR) as isize)
                             } else {
                                 c.wrapping_offset((i0 + MR) as isize * rsc + jc as isize)
@@ -2450,52 +2461,74 @@ mod tests {
     }
 
     /// N past [`NC`] is cut into column blocks, with A packed whole per K block: each
-    /// block of C has the bits of that block multiplied alone (at most NC columns, so A
-    /// packed band by band), in both the vector and the portable kernels; the row count
-    /// spans two MC bands and a ragged panel, K two blocks and a half pair, and the
-    /// blocks of N (3 of 704 here) are as even as whole panels make them.
+    /// block of C has the bits of the same columns multiplied alone (here 519 columns
+    /// at a time, so A packed band by band), on the vector and the portable kernels, for
+    /// every operand layout (A = X^T and B = W^T as the model passes them) and with C
+    /// updated by alpha and beta. 77 rows: two MC bands and a ragged panel; K = 301: two
+    /// K blocks and a half pair; N = 2098: 66 panels in 3 blocks of 22.
     #[test]
     fn column_blocks_give_the_bits_of_each_block_alone() {
         let (m, k, n) = (MC + 13, KC + 45, 2 * NC + 50);
-        let (a, b) = (vals(m * k, 21), vals(k * n, 22));
-        let blocks = n.div_ceil(NC);
-        let width = n.div_ceil(blocks).next_multiple_of(NR);
-        assert!(blocks == 3 && width < NC && width % NR == 0);
+        assert!(n > NC, "one column block: the whole-A path is not taken");
+        let (a, b, c0) = (vals(m * k, 21), vals(k * n, 22), vals(m * n, 23));
+        let layouts = [
+            (false, false, 1.0, 0.0),
+            (true, true, 0.5, 2.0),
+            (true, false, 1.0, 1.0),
+            (false, true, -1.0, 0.5),
+        ];
         for kernel in [Bf16Kernel::Portable, Bf16Kernel::Avx512Bf16] {
             if !have(kernel) {
                 continue;
             }
-            let whole = run(kernel, m, k, n, &a, &b);
-            // The same columns of C again, a block at a time (ragged blocks too: these
-            // widths need not be the ones the whole call uses, the bits are per element).
-            let mut apart = vec![f32::NAN; m * n];
-            for j0 in (0..n).step_by(NC / 2 + 7) {
-                let nc = (NC / 2 + 7).min(n - j0);
-                // SAFETY: row-major A (m x k) and the k x nc, m x nc views starting at
-                // column j0 of B (k x n) and C (m x n), inside their slices.
-                unsafe {
-                    sgemm_bf16(
-                        kernel,
-                        m,
-                        k,
-                        nc,
-                        1.0,
-                        a.as_ptr(),
-                        k as isize,
-                        1,
-                        b.as_ptr().add(j0),
-                        n as isize,
-                        1,
-                        0.0,
-                        apart.as_mut_ptr().add(j0),
-                        n as isize,
-                        1,
-                    )
+            for (a_t, b_t, alpha, beta) in layouts {
+                // A is m x k, stored as it is or as its k x m transpose; B likewise.
+                let (rsa, csa) = if a_t {
+                    (1, m as isize)
+                } else {
+                    (k as isize, 1)
                 };
-            }
-            for (i, (x, y)) in whole.iter().zip(&apart).enumerate() {
-                let at = (i / n, i % n);
-                assert_eq!(x.to_bits(), y.to_bits(), "{kernel} at {at:?}: {x} vs {y}");
+                let (rsb, csb) = if b_t {
+                    (1, k as isize)
+                } else {
+                    (n as isize, 1)
+                };
+                // Columns j0..j0 + nc of C (m x n, row-major) from those of B.
+                let product = |j0: usize, nc: usize, c: &mut [f32]| {
+                    // SAFETY: A's and B's strides address their m * k and k * n slices;
+                    // column j0 of B and of C starts inside them and nc columns fit.
+                    unsafe {
+                        sgemm_bf16(
+                            kernel,
+                            m,
+                            k,
+                            nc,
+                            alpha,
+                            a.as_ptr(),
+                            rsa,
+                            csa,
+                            b.as_ptr().offset(j0 as isize * csb),
+                            rsb,
+                            csb,
+                            beta,
+                            c.as_mut_ptr().add(j0),
+                            n as isize,
+                            1,
+                        )
+                    }
+                };
+                let mut whole = c0.clone();
+                product(0, n, &mut whole);
+                let mut apart = c0.clone();
+                let alone = NC / 2 + 7; // 519
+                for j0 in (0..n).step_by(alone) {
+                    product(j0, alone.min(n - j0), &mut apart);
+                }
+                for (i, (x, y)) in whole.iter().zip(&apart).enumerate() {
+                    let at = (i / n, i % n);
+                    let how = format!("{kernel} A^T {a_t} B^T {b_t} alpha {alpha} beta {beta}");
+                    assert_eq!(x.to_bits(), y.to_bits(), "{how} at {at:?}: {x} vs {y}");
+                }
             }
         }
     }

@@ -110,7 +110,7 @@ isa_ops! {
         p: &'a mut [F],
         qkv: &'a [F],
         s: AttnShape,
-        run: std::ops::Range<usize>,
+        units: std::ops::Range<usize>,
     ) => attention::forward_heads;
     /// The heads of [`attention::attention_backward`] that one thread computes.
     AttentionBackwardHeads<'a, F>(
@@ -122,7 +122,7 @@ isa_ops! {
         p: &'a [F],
         qkv: &'a [F],
         s: AttnShape,
-        run: std::ops::Range<usize>,
+        units: std::ops::Range<usize>,
     ) => attention::backward_heads;
     /// [`rmsnorm::rmsnorm_forward`].
     RmsNormForward<'a, F>(
