@@ -125,9 +125,9 @@ impl HostDevice {
     }
 
     /// The best instruction set of this CPU, every op on `threads` threads (0 is taken as
-    /// 1): matrix products split C's rows, attention the heads of all its sequences, the
-    /// row-wise ops their rows, the vectorised kernels their chunks. No result depends on
-    /// the count.
+    /// 1): matrix products split C's rows, attention the heads of all its sequences (or,
+    /// with fewer than half as many as threads, each product's rows), the row-wise ops
+    /// their rows, the vectorised kernels their chunks. No result depends on the count.
     pub fn with_threads(threads: usize) -> Self {
         let threads = threads.max(1);
         let exec = Exec::default();

@@ -64,22 +64,24 @@ pub(crate) enum HeadsOut {
 }
 
 /// Forward: writes `y` `[B,T,C]` and `p` `[B,H,T,T]` (P's upper triangle is written 0) from
-/// `qkv` `[B,T,3C]`. With several threads and at least as many heads of all sequences
-/// (`B * H` units) as threads, the units are split between them, each computed exactly as
-/// on one thread, so a single sequence (a micro-batch of 1) uses every thread too and each
-/// packs only its own heads' operands. With fewer units than threads one thread runs them
-/// and splits each product over the threads (no thread idles).
+/// `qkv` `[B,T,3C]`. With several threads the heads of all sequences (`B * H` units) are
+/// split between them, each computed exactly as on one thread, so a single sequence (a
+/// micro-batch of 1) uses the threads too and each packs only its own heads' operands.
+/// With fewer than half as many units as threads, one thread runs them and splits each
+/// product (where large enough) over the threads instead.
 /// The softmax rows run at this CPU's best instruction-set level (same bits at every level).
 pub fn attention_forward<F: Scalar>(g: &Gemm, y: &mut [F], p: &mut [F], qkv: &[F], s: AttnShape) {
     attention_forward_at(&Exec::default(), g, y, p, qkv, s)
 }
 
 /// Units (heads of sequences) per thread's run, as even as whole units go; `None`: run
-/// them on one thread, its products on all of `g`'s (one thread, or fewer units than
-/// threads).
+/// them on one thread, its products on all of `g`'s (one thread, or fewer than half as
+/// many units as threads). A judgement, measured on 2 threads only: a unit on each of at
+/// least half the threads beats every thread packing all of K and V for a few rows of
+/// each product.
 fn units_per_part(g: &Gemm, units: usize) -> Option<usize> {
     let threads = g.threads();
-    (threads > 1 && units >= threads).then(|| units.div_ceil(threads))
+    (threads > 1 && units > 1 && 2 * units >= threads).then(|| units.div_ceil(threads.min(units)))
 }
 
 /// [`attention_forward`] with the non-GEMM work compiled for `exec`'s level.
@@ -191,8 +193,8 @@ pub(crate) fn forward_heads<F: Scalar>(
 /// Backward: **writes** (not adds) `dqkv` `[B,T,3C]` from `dy` `[B,T,C]`, with `p` `[B,H,T,T]`
 /// and `qkv` as the forward left and saw them; `dp` is a scratch of at least T*T elements.
 /// dV = P^T dY; dS = softmax'(dP = dY V^T); dQ = dS K / sqrt(hs); dK = dS^T Q / sqrt(hs).
-/// Threads split the heads of all sequences as in [`attention_forward`]; each thread past
-/// the first gets a T*T scratch of its own. Levels as in [`attention_forward`].
+/// Threads split the units as in [`attention_forward`] (where they do, each part past the
+/// first gets a T*T scratch of its own). Levels as in [`attention_forward`].
 pub fn attention_backward<F: Scalar>(
     g: &Gemm,
     dqkv: &mut [F],
@@ -456,8 +458,8 @@ mod tests {
     /// with exact f32 operands, and bf16 operands are not what exact f32 ones give.
     /// Three sequences of 2 heads (6 units: 3 + 3 on 2 threads, a run crossing
     /// sequences; 2 + 2 + 2 on 3 and 4), and one sequence of 3 heads (a micro-batch of 1:
-    /// 2 + 1 on 2 threads, 1 + 1 + 1 on 3; on 4, fewer units than threads, so one thread
-    /// runs them and splits its products).
+    /// 2 + 1 on 2 threads, 1 + 1 + 1 on 3 and on 4, one thread idle). The fallback (one
+    /// thread running all units) is the 1-thread run's own path.
     #[test]
     fn bf16_operands_give_the_same_bits_on_any_thread_count() {
         for (b, c, h) in [(3, 32, 2), (1, 48, 3)] {

@@ -1723,8 +1723,18 @@ thread_local! {
     /// Each thread's packed B of the `vdpbf16ps` and portable kernels between calls
     /// ([`sgemm_bf16`]; taken out for a call, like [`PACKED`]).
     static PANEL_B: std::cell::Cell<Vec<u32>> = const { std::cell::Cell::new(Vec::new()) };
-    /// Each thread's packed band of A for [`sgemm_bf16`], kept as [`PANEL_B`] is.
+    /// Each thread's packed A for [`sgemm_bf16`]: a band of MC rows, or all rows where N
+    /// has several column blocks; kept as [`PANEL_B`] is, and only grown.
     static PANEL_A: std::cell::Cell<Vec<u32>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// The column blocks of an N-column product ([`NC`]): whole panels of [`NR`], their sizes
+/// at most one panel apart (no thin last block), each at most NC wide.
+fn column_blocks(n: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
+    let panels = n.div_ceil(NR);
+    let blocks = panels.div_ceil(NC / NR);
+    let start = move |i: usize| (i * panels / blocks * NR).min(n);
+    (0..blocks).map(move |i| start(i)..start(i + 1))
 }
 
 /// `C = alpha * bf16(A) bf16(B) + beta * C`, f32 accumulation, with `kernel`.
@@ -1806,10 +1816,6 @@ pub unsafe fn sgemm_bf16(
         a_packed.resize(a_len, 0);
     }
     let mut tile = [0f32; MR * NR];
-    // Blocks of whole panels, their sizes at most one panel apart (no thin last block).
-    let panels = n.div_ceil(NR);
-    let blocks = panels.div_ceil(NC / NR);
-    let block_cols = |i: usize| (i * panels / blocks * NR).min(n);
     for kb in (0..k).step_by(KC) {
         let kc = KC.min(k - kb);
         let pairs = kc.div_ceil(2);
@@ -1821,9 +1827,8 @@ pub unsafe fn sgemm_bf16(
                 pack_a(out, a, rsa, csa, ib, MC.min(m - ib), kb, kc, vector);
             }
         }
-        for block in 0..blocks {
-            let (jc, end) = (block_cols(block), block_cols(block + 1));
-            let nc = end - jc;
+        for cols in column_blocks(n) {
+            let (jc, nc) = (cols.start, cols.len());
             let b_block = b.offset(jc as isize * csb);
             pack_b(&mut b_packed, b_block, rsb, csb, kb, kc, nc, vector);
             #[cfg(target_arch = "x86_64")]
@@ -2469,7 +2474,8 @@ mod tests {
     #[test]
     fn column_blocks_give_the_bits_of_each_block_alone() {
         let (m, k, n) = (MC + 13, KC + 45, 2 * NC + 50);
-        assert!(n > NC, "one column block: the whole-A path is not taken");
+        let widths: Vec<usize> = column_blocks(n).map(|b| b.len()).collect();
+        assert_eq!(widths, [704, 704, 690], "the whole-A path takes 3 blocks");
         let (a, b, c0) = (vals(m * k, 21), vals(k * n, 22), vals(m * n, 23));
         let layouts = [
             (false, false, 1.0, 0.0),
@@ -2524,12 +2530,33 @@ mod tests {
                 for j0 in (0..n).step_by(alone) {
                     product(j0, alone.min(n - j0), &mut apart);
                 }
+                let how = format!("{kernel} A^T {a_t} B^T {b_t} alpha {alpha} beta {beta}");
                 for (i, (x, y)) in whole.iter().zip(&apart).enumerate() {
                     let at = (i / n, i % n);
-                    let how = format!("{kernel} A^T {a_t} B^T {b_t} alpha {alpha} beta {beta}");
                     assert_eq!(x.to_bits(), y.to_bits(), "{how} at {at:?}: {x} vs {y}");
                 }
             }
+        }
+    }
+
+    /// Column blocks cover 0..n once, in order, each a whole number of panels (the last
+    /// may end at n), at most NC wide and at most one panel apart in size.
+    #[test]
+    fn column_blocks_partition_n_evenly() {
+        for n in 1..=8 * NC + 3 {
+            let blocks: Vec<_> = column_blocks(n).collect();
+            assert_eq!(blocks.first().map(|b| b.start), Some(0), "n = {n}");
+            assert_eq!(blocks.last().map(|b| b.end), Some(n), "n = {n}");
+            for pair in blocks.windows(2) {
+                assert_eq!(pair[0].end, pair[1].start, "n = {n}");
+            }
+            let panels: Vec<usize> = blocks.iter().map(|b| b.len().div_ceil(NR)).collect();
+            let (least, most) = (panels.iter().min(), panels.iter().max());
+            assert!(blocks
+                .iter()
+                .all(|b| b.start % NR == 0 && !b.is_empty() && b.len() <= NC));
+            assert!(most.zip(least).is_some_and(|(a, b)| a - b <= 1), "n = {n}");
+            assert_eq!(blocks.len() > 1, n > NC, "n = {n}");
         }
     }
 
