@@ -124,17 +124,38 @@ pub(crate) fn attention_forward_at<F: Scalar>(
                 AttentionForwardHeads(&one, &mut own, out, pm, qkv, s, u..u + 1),
             );
             let (bi, hi) = (u / h, u % h);
-            for (r, row) in own.chunks_exact(hs).enumerate() {
-                // SAFETY: y holds B*T*C (asserted); columns hi*hs.. of row (bi, r) are
-                // unit u's alone, and the units are split between the threads; nothing
-                // else touches y until the run returns.
-                unsafe {
-                    let to = y_at.at((bi * t + r) * c + hi * hs);
-                    std::ptr::copy_nonoverlapping(row.as_ptr(), to, hs);
-                }
-            }
+            // SAFETY: y holds B*T*C (asserted); columns hi*hs.. of sequence bi's rows are
+            // unit u's alone, and the units are split between the threads; nothing else
+            // touches y until the run returns.
+            unsafe { unit_into_place(&own, hs, 1, y_at.at(bi * t * c + hi * hs), c, 0) };
         }
     });
+}
+
+/// Copies one unit's outputs from its own buffer ([`HeadsOut::Own`]: rows of `parts`
+/// runs of `hs`) into the model's rows, `ld` apart from `to`: run `part` of row r to
+/// `to + r * ld + part * part_stride`.
+///
+/// # Safety
+/// Those places lie inside one buffer, and no other thread reads or writes them while
+/// this runs (they are the unit's own columns).
+unsafe fn unit_into_place<F: Copy>(
+    own: &[F],
+    hs: usize,
+    parts: usize,
+    to: *mut F,
+    ld: usize,
+    part_stride: usize,
+) {
+    for (r, row) in own.chunks_exact(parts * hs).enumerate() {
+        for (part, run) in row.chunks_exact(hs).enumerate() {
+            // SAFETY: the caller's contract; `own` is a separate allocation.
+            unsafe {
+                let at = to.add(r * ld + part * part_stride);
+                std::ptr::copy_nonoverlapping(run.as_ptr(), at, hs);
+            }
+        }
+    }
 }
 
 /// [`attention_forward`] for `units` on this thread (its products on `g`'s threads): `p`
@@ -251,15 +272,11 @@ pub(crate) fn attention_backward_at<F: Scalar>(
             let op = AttentionBackwardHeads(&one, &mut own, out, &mut *dp, dy, p, qkv, s, u..u + 1);
             run_auto(exec, op);
             let (bi, hi) = (u / h, u % h);
-            for (r, row) in own.chunks_exact(3 * hs).enumerate() {
-                for (part, d) in row.chunks_exact(hs).enumerate() {
-                    // SAFETY: dqkv holds B*T*3C (asserted); columns part*C + hi*hs.. of
-                    // row (bi, r) are unit u's alone, as in the forward.
-                    unsafe {
-                        let to = dqkv_at.at((bi * t + r) * 3 * c + part * c + hi * hs);
-                        std::ptr::copy_nonoverlapping(d.as_ptr(), to, hs);
-                    }
-                }
+            // SAFETY: dqkv holds B*T*3C (asserted); columns part*C + hi*hs.. of sequence
+            // bi's rows are unit u's alone, as in the forward.
+            unsafe {
+                let to = dqkv_at.at(bi * t * 3 * c + hi * hs);
+                unit_into_place(&own, hs, 3, to, 3 * c, c);
             }
         }
     });

@@ -463,8 +463,7 @@ mod avx512 {
                     // element, 10% of a 4096x256x256 product. Only a last panel of fewer
                     // than MR rows is packed (its zero rows must not be read from A), and
                     // all of it when its rows would crowd one L1 set (`reads_a_in_place`).
-                    let direct = in_place;
-                    let packed_from = if direct { mc / MR * MR } else { 0 };
+                    let packed_from = if in_place { mc / MR * MR } else { 0 };
                     // SAFETY: rows ic + packed_from..ic + mc and columns pc..pc + kc are
                     // inside A; the panels go to the start of `pa`, which holds them.
                     // With no rows left to pack the pointer may point past A
