@@ -32,6 +32,7 @@ use crate::twin;
 use crate::twin::attention_products::{self as products, AttentionKernels, Buf, HostBufs};
 
 use super::check::{self, ids_below as check_ids, rows_of, same_len};
+use super::populate::populate;
 use crate::{cast, gradstats};
 
 /// The host allocation behind a [`CpuBuffer`]: freed when the last handle (the owner's,
@@ -73,56 +74,6 @@ impl<T: Element> std::fmt::Debug for CpuBuffer<T> {
     }
 }
 
-/// Buffers of at least this many bytes are mapped when allocated ([`populate`]).
-const POPULATE_MIN_BYTES: usize = 1 << 20;
-
-/// Maps a fresh buffer's pages now, writable, in one system call (`MADV_POPULATE_WRITE`,
-/// Linux 5.14 on; elsewhere, on an older kernel, or under memory pressure nothing
-/// happens and the pages come as they are touched, as before). Why: a lazily zeroed page
-/// that is read before it is written (AdamW's moments are, in the first step) is mapped
-/// to the kernel's shared zero page, then copied on the first write, and that second
-/// fault flushes the page from the TLB of every CPU running one of this process's
-/// threads, an interrupt to each (a VM exit on a virtual machine). GPT-2 124M's first
-/// bf16 step on 2 threads of a Zen 4 spent 3.7 CPU-seconds in those faults (4.7-5.2 s,
-/// against 2.7 s for the next step; populated: 2.6-2.7 s, as the next). Pages touched
-/// write-first fault once each either way; here they come in one call instead. Where
-/// the host has not the memory, the kernel says so here, rather than the process being
-/// killed for memory partway through a step: that is warned about (`name`).
-fn populate(ptr: *mut u8, bytes: usize, name: &str) {
-    #[cfg(target_os = "linux")]
-    if bytes >= POPULATE_MIN_BYTES {
-        // SAFETY: sysconf has no memory-safety preconditions.
-        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-        let page = usize::try_from(page).unwrap_or(4096).max(1);
-        // madvise takes whole pages: those inside the allocation.
-        let start = (ptr as usize).next_multiple_of(page);
-        let end = (ptr as usize + bytes) / page * page;
-        if end > start {
-            // SAFETY: [start, end) lies inside the live allocation just made; populating
-            // maps its pages (zero-filled, as alloc_zeroed left them) and changes no
-            // contents. A refusal is only a missed speed-up.
-            let rc = unsafe {
-                libc::madvise(
-                    start as *mut libc::c_void,
-                    end - start,
-                    libc::MADV_POPULATE_WRITE,
-                )
-            };
-            let error = std::io::Error::last_os_error();
-            if rc != 0 && error.raw_os_error() == Some(libc::ENOMEM) {
-                log::warn!(
-                    "host memory is short: buffer {name:?} ({:.1} MiB) could not be mapped \
-                     now; the run may be killed for memory later (fewer ranks or a smaller \
-                     micro-batch per node, or a higher ZeRO stage, need less)",
-                    bytes as f64 / (1u64 << 20) as f64
-                );
-            }
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = (ptr, bytes, name);
-}
-
 impl<T: Element> CpuBuffer<T> {
     fn zeroed(id: u64, name: &str, len: usize) -> Result<Self> {
         let bytes = len.checked_mul(std::mem::size_of::<T>());
@@ -141,15 +92,17 @@ impl<T: Element> CpuBuffer<T> {
             std::ptr::NonNull::<T>::dangling().as_ptr()
         } else {
             // Fallible, unlike `vec![0; len]` (which aborts the process): a buffer the
-            // host cannot hold is an error the caller reports. Zeroed pages come lazily
-            // from the OS, as with `vec!`; zero is a valid bit pattern of every Element
-            // (they are Pod).
+            // host cannot hold is an error the caller reports. Zeroed pages come from the
+            // OS, lazily as with `vec!` below 1 MiB and backed at once from there on
+            // (`populate.rs`); zero is a valid bit pattern of every Element (they are Pod).
             // SAFETY: `layout` has a non-zero size.
             let p = unsafe { std::alloc::alloc_zeroed(layout) } as *mut T;
             if p.is_null() {
                 return Err(too_big());
             }
-            populate(p as *mut u8, layout.size(), name);
+            // SAFETY: `p` is the allocation just made, `layout.size()` long, not yet
+            // shared.
+            unsafe { populate(p as *mut u8, layout.size(), name) };
             p
         };
         Ok(CpuBuffer {
@@ -1999,44 +1952,5 @@ fn convert<S: Float, T: Float>(exec: &Exec, src: &[S], dst: &mut [T]) -> Result<
             }
             Ok(())
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Pages of `bytes` from `ptr` (whole pages inside) that are mapped now (`mincore`).
-    #[cfg(target_os = "linux")]
-    fn resident_pages(ptr: *const u8, bytes: usize) -> (usize, usize) {
-        // SAFETY: no preconditions.
-        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
-        let start = (ptr as usize).next_multiple_of(page);
-        let end = (ptr as usize + bytes) / page * page;
-        let pages = (end - start) / page;
-        let mut flags = vec![0u8; pages];
-        // SAFETY: [start, end) is inside the caller's live allocation; `flags` has a byte
-        // per page.
-        let rc =
-            unsafe { libc::mincore(start as *mut libc::c_void, end - start, flags.as_mut_ptr()) };
-        assert_eq!(rc, 0, "mincore failed");
-        (flags.iter().filter(|&&f| f & 1 == 1).count(), pages)
-    }
-
-    #[test]
-    #[cfg(target_os = "linux")]
-    fn large_buffers_are_mapped_when_allocated_and_read_as_zeros() {
-        // Above glibc's largest mmap threshold (32 MiB), so the allocation is a fresh
-        // mapping whatever this process freed before: lazy unless populated.
-        let len = (40 << 20) / 4;
-        let buf = CpuBuffer::<f32>::zeroed(1, "large", len).expect("alloc");
-        let (resident, pages) = resident_pages(buf.raw_ptr() as *const u8, len * 4);
-        // A kernel before 5.14 refuses MADV_POPULATE_WRITE: pages then stay lazy, which
-        // is what this test would see; every CI and build machine here runs a later one.
-        assert_eq!(resident, pages, "pages of a fresh 40 MiB buffer mapped");
-        // SAFETY: the buffer holds `len` initialised (zeroed) f32s and nothing else
-        // reaches it in this test.
-        let values = unsafe { std::slice::from_raw_parts(buf.raw_ptr(), len) };
-        assert!(values.iter().all(|&x| x == 0.0));
     }
 }

@@ -54,6 +54,7 @@ pub(crate) mod check;
 mod cpu;
 mod float_buf;
 mod host;
+mod populate;
 pub(crate) mod release;
 mod sim;
 mod staging;
