@@ -93,16 +93,13 @@ impl<T: Element> CpuBuffer<T> {
         } else {
             // Fallible, unlike `vec![0; len]` (which aborts the process): a buffer the
             // host cannot hold is an error the caller reports. Zeroed pages come from the
-            // OS, lazily as with `vec!` below 1 MiB and backed at once from there on
+            // OS, lazily as with `vec!` below 1 MiB, and `alloc` backs larger ones at once
             // (`populate.rs`); zero is a valid bit pattern of every Element (they are Pod).
             // SAFETY: `layout` has a non-zero size.
             let p = unsafe { std::alloc::alloc_zeroed(layout) } as *mut T;
             if p.is_null() {
                 return Err(too_big());
             }
-            // SAFETY: `p` is the allocation just made, `layout.size()` long, not yet
-            // shared.
-            unsafe { populate(p as *mut u8, layout.size(), name) };
             p
         };
         Ok(CpuBuffer {
@@ -396,7 +393,18 @@ impl<Q: CpuQueue> Device for Q {
     }
 
     fn alloc<T: Element>(&self, len: usize, name: &str) -> Result<CpuBuffer<T>> {
-        CpuBuffer::zeroed(self.next_id(), name, len)
+        let buffer = CpuBuffer::zeroed(self.next_id(), name, len)?;
+        let bytes = len * std::mem::size_of::<T>();
+        // SAFETY: the buffer was just allocated, `bytes` long; no op has it yet.
+        unsafe {
+            populate(
+                self.gemm().workers(),
+                buffer.raw_ptr() as *mut u8,
+                bytes,
+                name,
+            )
+        };
+        Ok(buffer)
     }
 
     fn stream(&self, name: &str) -> Result<CpuStream> {
