@@ -96,6 +96,11 @@ pub trait BenchDevice: Device {
     /// Leave started host work (host-staged collectives) running behind the ops that
     /// follow (`true`), or wait for each where it starts; the previous choice.
     fn set_overlap(&self, on: bool) -> bool;
+    /// The CPU threads this rank's host-side work may use (`--threads`): the kernels' on
+    /// the host; 1 where the device computes elsewhere.
+    fn host_threads(&self) -> usize {
+        1
+    }
 }
 
 impl BenchDevice for SimDevice {
@@ -115,6 +120,9 @@ impl BenchDevice for SimDevice {
 impl BenchDevice for HostDevice {
     fn simulated(&self) -> bool {
         false
+    }
+    fn host_threads(&self) -> usize {
+        self.threads()
     }
     fn set_overlap(&self, on: bool) -> bool {
         let before = self.overlap();

@@ -55,6 +55,8 @@ pub struct Gpt<D: Device, F: Scalar = f32> {
     vocab_blocks: Vec<Range<usize>>,
     io: TokenArena<D, F>,
     dims: Dims,
+    /// Threads that draw initial values ([`Self::with_init_threads`]).
+    init_threads: usize,
 }
 
 /// Bytes of the activation arena for micro-batches of `rows` x `seq_len` and elements of
@@ -103,7 +105,15 @@ impl<D: Device, F: Scalar> Gpt<D, F> {
             vocab_blocks: cfg.vocab_blocks(),
             io: TokenArena::new(dev, dims.total(), limits, "gpt")?,
             dims,
+            init_threads: 1,
         })
+    }
+
+    /// Initial values drawn on up to `threads` threads (default 1; the values do not
+    /// depend on it): the threads the rank's kernels use, which a job leaves it.
+    pub fn with_init_threads(mut self, threads: usize) -> Self {
+        self.init_threads = threads.max(1);
+        self
     }
 
     /// The shape.
@@ -114,7 +124,7 @@ impl<D: Device, F: Scalar> Gpt<D, F> {
     /// Fresh parameters, one flat host buffer per unit (no padding).
     pub fn init_params(&self, seed: u64) -> Vec<Vec<F>> {
         host_units(&self.spec, |u, v| {
-            init::init_unit(u, self.cfg.n_layer, seed, v)
+            init::init_unit(u, self.cfg.n_layer, seed, v, self.init_threads)
         })
     }
 

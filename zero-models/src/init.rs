@@ -94,21 +94,34 @@ fn llama_rule(p: &ParamSpec, n_layer: usize) -> Result<f64, f64> {
 }
 
 /// Fill `out` (length >= unit numel; any padding past it is left alone) with the unit's
-/// initial parameters.
-pub fn init_unit<F: Scalar>(unit: &UnitSpec, n_layer: usize, seed: u64, out: &mut [F]) {
-    init_with(unit, seed, out, |p| rule(p, n_layer))
+/// initial parameters, drawn on up to `threads` threads (the values do not depend on it).
+pub fn init_unit<F: Scalar>(
+    unit: &UnitSpec,
+    n_layer: usize,
+    seed: u64,
+    out: &mut [F],
+    threads: usize,
+) {
+    init_with(unit, seed, out, threads, |p| rule(p, n_layer))
 }
 
 /// [`init_unit`] for a Llama unit (`llama_rule`): each tensor from its own
 /// `(seed, name)` stream, as GPT-2's.
-pub fn init_llama_unit<F: Scalar>(unit: &UnitSpec, n_layer: usize, seed: u64, out: &mut [F]) {
-    init_with(unit, seed, out, |p| llama_rule(p, n_layer))
+pub fn init_llama_unit<F: Scalar>(
+    unit: &UnitSpec,
+    n_layer: usize,
+    seed: u64,
+    out: &mut [F],
+    threads: usize,
+) {
+    init_with(unit, seed, out, threads, |p| llama_rule(p, n_layer))
 }
 
 fn init_with<F: Scalar>(
     unit: &UnitSpec,
     seed: u64,
     out: &mut [F],
+    threads: usize,
     rule: impl Fn(&ParamSpec) -> Result<f64, f64>,
 ) {
     let mut at = 0;
@@ -123,7 +136,7 @@ fn init_with<F: Scalar>(
                     b.first_row * row_len
                 });
                 let g = param_rng(seed, p.tensor_name());
-                normals(&g, first, std, dst, init_threads());
+                normals(&g, first, std, dst, threads);
             }
             Err(value) => dst.fill(F::from_f64(value)),
         }
@@ -133,14 +146,6 @@ fn init_with<F: Scalar>(
 
 /// Elements below which a tensor is drawn on one thread.
 const MIN_PER_THREAD: usize = 1 << 18;
-
-/// Threads for drawing initial values: the CPUs this process may run on
-/// (`available_parallelism` honours its affinity and CPU quota, so a rank bound to one
-/// core draws on one). Drawing is a one-off before the first step, on scoped threads.
-fn init_threads() -> usize {
-    static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *THREADS.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-}
 
 /// `dst[i] = std * N(first + i)`, N(j) the j-th normal of the stream `g` starts (two
 /// draws each), split over up to `threads` threads: the generator's state is a counter
@@ -186,7 +191,7 @@ mod tests {
     #[test]
     fn drawn_on_several_threads_the_values_are_those_of_one() {
         let g = param_rng(11, "h.0.mlp.c_fc.weight");
-        let len = 3 * MIN_PER_THREAD + 5;
+        let len = 7 * MIN_PER_THREAD + 5;
         let mut one = vec![0f32; len];
         normals(&g, 17, 0.02, &mut one, 1);
         for threads in [2, 3, 5] {

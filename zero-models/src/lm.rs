@@ -393,7 +393,8 @@ pub trait LayeredLm<D: Device, F: Scalar> {
 
 /// `impl zero_core::Model<D> for $model<D, f32>`: the engine's calls on the family's
 /// [`LayeredLm`] methods; the model has fields `spec`, `cfg` (with `n_layer`), `io` (a
-/// [`TokenArena`]) and `dims` (with `bt()`), and `$init(unit, n_layer, seed, out)` fills a
+/// [`TokenArena`]), `dims` (with `bt()`) and `init_threads`, and
+/// `$init(unit, n_layer, seed, out, threads)` fills a
 /// unit's fresh parameters.
 macro_rules! impl_model {
     ($model:ident, $init:path) => {
@@ -407,7 +408,8 @@ macro_rules! impl_model {
             /// Panics if `unit` is not a unit of the spec or `out` is shorter than it
             /// (engine bugs).
             fn init_unit(&self, seed: u64, unit: usize, out: &mut [f32]) {
-                $init(&self.spec.units[unit], self.cfg.n_layer, seed, out);
+                let unit = &self.spec.units[unit];
+                $init(unit, self.cfg.n_layer, seed, out, self.init_threads);
             }
 
             fn begin_micro_step(

@@ -227,10 +227,12 @@ pub fn run(args: &ModelArgs) -> anyhow::Result<()> {
     };
     let mut model = match cfg {
         ModelPreset::Gpt(g) => {
-            Net::Gpt(Gpt::<HostDevice, f32>::new(&dev, g, b).context("building the model")?)
+            let m = Gpt::<HostDevice, f32>::new(&dev, g, b).context("building the model")?;
+            Net::Gpt(m.with_init_threads(dev.threads()))
         }
         ModelPreset::Llama(l) => {
-            Net::Llama(Llama::<HostDevice, f32>::new(&dev, l, b).context("building the model")?)
+            let m = Llama::<HostDevice, f32>::new(&dev, l, b).context("building the model")?;
+            Net::Llama(m.with_init_threads(dev.threads()))
         }
     };
     let params = upload_units(cx, &model.init_params(1), "param")?;

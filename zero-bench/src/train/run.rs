@@ -121,7 +121,9 @@ pub fn train<C: Communicator, E: Communicator, D: BenchDevice>(
         ModelPreset::Gpt(gpt) => {
             let model = agree(
                 comm,
-                Gpt::<D, f32>::new(dev, gpt, t.micro_batch).context("building the model"),
+                Gpt::<D, f32>::new(dev, gpt, t.micro_batch)
+                    .map(|m| m.with_init_threads(dev.host_threads()))
+                    .context("building the model"),
             )?;
             train_model(
                 comm,
@@ -137,7 +139,9 @@ pub fn train<C: Communicator, E: Communicator, D: BenchDevice>(
         ModelPreset::Llama(llama) => {
             let model = agree(
                 comm,
-                Llama::<D, f32>::new(dev, llama, t.micro_batch).context("building the model"),
+                Llama::<D, f32>::new(dev, llama, t.micro_batch)
+                    .map(|m| m.with_init_threads(dev.host_threads()))
+                    .context("building the model"),
             )?;
             train_model(
                 comm,

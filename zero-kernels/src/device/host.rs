@@ -135,6 +135,11 @@ impl HostDevice {
         HostDevice::with_exec(exec, threads)
     }
 
+    /// Threads the matrix products run on (the caller's included).
+    pub fn threads(&self) -> usize {
+        self.gemm.threads()
+    }
+
     /// Kernels as `exec` says, matrix products on `gemm_threads` threads.
     pub fn with_exec(exec: Exec, gemm_threads: usize) -> Self {
         HostDevice {

@@ -11,7 +11,8 @@
 //!
 //! Not where the process's CPUs span several NUMA nodes: there each page is best placed
 //! by the thread that first writes it (the kernels split their work the same way every
-//! step), and populating would put every page on the allocating thread's node.
+//! step), and populating splits a buffer its own way, placing pages away from the
+//! threads that will use them.
 //!
 //! A host short of memory usually runs its out-of-memory killer during the call, so a
 //! rank that cannot hold its buffers ends while it allocates rather than partway through
@@ -32,9 +33,10 @@ pub(crate) enum Populated {
     /// Left to be mapped as touched: smaller than [`POPULATE_MIN_BYTES`], not Linux, or
     /// the process's CPUs span several NUMA nodes.
     Lazy,
-    /// The kernel does not know `MADV_POPULATE_WRITE` (before Linux 5.14, or an
-    /// emulation of Linux): mapped as touched.
-    Unsupported,
+    /// The kernel refused for another reason than memory: it does not know
+    /// `MADV_POPULATE_WRITE` (before Linux 5.14, or an emulation of Linux), or a page
+    /// could not be mapped (a hardware-poisoned page, a fatal signal): mapped as touched.
+    Refused,
     /// The kernel had not the memory (warned about): mapped as touched.
     NoMemory,
 }
@@ -78,7 +80,7 @@ pub(crate) unsafe fn populate(
             .step_by(per)
             .map(|from| (from, (from + per).min(end)))
             .collect();
-        // The worst outcome of the parts: 0 mapped, 1 unsupported, 2 no memory.
+        // The worst outcome of the parts: 0 mapped, 1 refused, 2 no memory.
         let worst = AtomicU8::new(0);
         workers.run(jobs, |(from, to)| {
             // SAFETY: [from, to) lies inside the caller's allocation; populating backs
@@ -99,7 +101,7 @@ pub(crate) unsafe fn populate(
         });
         match worst.into_inner() {
             0 => Populated::Mapped,
-            1 => Populated::Unsupported,
+            1 => Populated::Refused,
             _ => {
                 static WARNED: std::sync::Once = std::sync::Once::new();
                 WARNED.call_once(|| {
@@ -209,8 +211,8 @@ mod tests {
         // the kernel cannot (before Linux 5.14) or should not (CPUs on several NUMA
         // nodes), pages stay lazy and there is nothing to check.
         let probe = vec![0u8; len * 4 + 4096];
-        // SAFETY: `probe` is this test's own allocation.
         let one = Workers::new(1);
+        // SAFETY: `probe` is this test's own allocation.
         let how = unsafe { populate(&one, probe.as_ptr() as *mut u8, probe.len(), "probe") };
         if how != Populated::Mapped {
             eprintln!("skipped: this host leaves pages lazy ({how:?})");
