@@ -124,7 +124,14 @@ impl<D: Device, F: Scalar> Gpt<D, F> {
     /// Fresh parameters, one flat host buffer per unit (no padding).
     pub fn init_params(&self, seed: u64) -> Vec<Vec<F>> {
         host_units(&self.spec, |u, v| {
-            init::init_unit(u, self.cfg.n_layer, seed, v, self.init_threads)
+            init::init_unit(
+                init::Family::Gpt,
+                u,
+                self.cfg.n_layer,
+                seed,
+                v,
+                self.init_threads,
+            )
         })
     }
 
@@ -394,4 +401,4 @@ impl<D: Device, F: Scalar> LayeredLm<D, F> for Gpt<D, F> {
     }
 }
 
-impl_model!(Gpt, init::init_unit);
+impl_model!(Gpt, init::Family::Gpt);

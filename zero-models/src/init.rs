@@ -66,7 +66,7 @@ pub fn param_rng(seed: u64, name: &str) -> SplitMix64 {
 }
 
 /// The initial value rule of one parameter: Some(std) for a normal draw, or a constant.
-fn rule(p: &ParamSpec, n_layer: usize) -> Result<f64, f64> {
+fn gpt_rule(p: &ParamSpec, n_layer: usize) -> Result<f64, f64> {
     let n = p.tensor_name();
     if n.ends_with("c_proj.weight") {
         Ok(0.02 / ((2 * n_layer) as f64).sqrt())
@@ -93,37 +93,30 @@ fn llama_rule(p: &ParamSpec, n_layer: usize) -> Result<f64, f64> {
     }
 }
 
+/// Which family's rule sets a unit's initial values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    /// GPT-2's (`gpt_rule`).
+    Gpt,
+    /// Llama's (`llama_rule`).
+    Llama,
+}
+
 /// Fill `out` (length >= unit numel; any padding past it is left alone) with the unit's
-/// initial parameters, drawn on up to `threads` threads (the values do not depend on it).
+/// initial parameters by `family`'s rule, each tensor from its own `(seed, name)`
+/// stream, drawn on up to `threads` threads (the values do not depend on it).
 pub fn init_unit<F: Scalar>(
+    family: Family,
     unit: &UnitSpec,
     n_layer: usize,
     seed: u64,
     out: &mut [F],
     threads: usize,
 ) {
-    init_with(unit, seed, out, threads, |p| rule(p, n_layer))
-}
-
-/// [`init_unit`] for a Llama unit (`llama_rule`): each tensor from its own
-/// `(seed, name)` stream, as GPT-2's.
-pub fn init_llama_unit<F: Scalar>(
-    unit: &UnitSpec,
-    n_layer: usize,
-    seed: u64,
-    out: &mut [F],
-    threads: usize,
-) {
-    init_with(unit, seed, out, threads, |p| llama_rule(p, n_layer))
-}
-
-fn init_with<F: Scalar>(
-    unit: &UnitSpec,
-    seed: u64,
-    out: &mut [F],
-    threads: usize,
-    rule: impl Fn(&ParamSpec) -> Result<f64, f64>,
-) {
+    let rule = |p: &ParamSpec| match family {
+        Family::Gpt => gpt_rule(p, n_layer),
+        Family::Llama => llama_rule(p, n_layer),
+    };
     let mut at = 0;
     for p in &unit.params {
         let dst = &mut out[at..at + p.numel()];

@@ -393,11 +393,10 @@ pub trait LayeredLm<D: Device, F: Scalar> {
 
 /// `impl zero_core::Model<D> for $model<D, f32>`: the engine's calls on the family's
 /// [`LayeredLm`] methods; the model has fields `spec`, `cfg` (with `n_layer`), `io` (a
-/// [`TokenArena`]), `dims` (with `bt()`) and `init_threads`, and
-/// `$init(unit, n_layer, seed, out, threads)` fills a
-/// unit's fresh parameters.
+/// [`TokenArena`]), `dims` (with `bt()`) and `init_threads`; `$family`
+/// ([`crate::init::Family`]) picks the rule of a unit's fresh parameters.
 macro_rules! impl_model {
-    ($model:ident, $init:path) => {
+    ($model:ident, $family:expr) => {
         impl<D: Device> zero_core::Model<D> for $model<D, f32> {
             type Batch<'a> = $crate::lm::TokenBatch<'a>;
 
@@ -409,7 +408,8 @@ macro_rules! impl_model {
             /// (engine bugs).
             fn init_unit(&self, seed: u64, unit: usize, out: &mut [f32]) {
                 let unit = &self.spec.units[unit];
-                $init(unit, self.cfg.n_layer, seed, out, self.init_threads);
+                let (n_layer, threads) = (self.cfg.n_layer, self.init_threads);
+                $crate::init::init_unit($family, unit, n_layer, seed, out, threads);
             }
 
             fn begin_micro_step(

@@ -137,7 +137,8 @@ impl<D: Device, F: Scalar> Llama<D, F> {
     /// Fresh parameters, one flat host buffer per unit.
     pub fn init_params(&self, seed: u64) -> Vec<Vec<F>> {
         host_units(&self.spec, |u, v| {
-            init::init_llama_unit(u, self.cfg.n_layer, seed, v, self.init_threads)
+            let family = init::Family::Llama;
+            init::init_unit(family, u, self.cfg.n_layer, seed, v, self.init_threads)
         })
     }
 
@@ -345,4 +346,4 @@ impl<D: Device, F: Scalar> LayeredLm<D, F> for Llama<D, F> {
     }
 }
 
-impl_model!(Llama, init::init_llama_unit);
+impl_model!(Llama, init::Family::Llama);
