@@ -213,6 +213,18 @@ pub trait Model<D: Device> {
     /// the world size or the rank, so every partitioning starts from the same model.
     fn init_unit(&self, seed: u64, unit: usize, out: &mut [f32]);
 
+    /// Write elements `range` of unit `unit`'s flat initial parameters into `out`
+    /// (length `range.len()`; `range` within the unit's numel): exactly the values
+    /// [`Self::init_unit`] writes there. At ZeRO-3 the engine asks each rank for its
+    /// shard only, so a model whose initialiser can skip ahead (a counter-based stream,
+    /// as the reference models' in `zero-models/src/init.rs`) makes start-up fall as 1/N
+    /// too. The default draws the whole unit and copies the range.
+    fn init_unit_range(&self, seed: u64, unit: usize, range: Range<usize>, out: &mut [f32]) {
+        let mut whole = vec![0.0f32; self.spec().units[unit].numel()];
+        self.init_unit(seed, unit, &mut whole);
+        out.copy_from_slice(&whole[range]);
+    }
+
     /// Start a micro-step on this batch (the previous one's activations are dropped).
     fn begin_micro_step(
         &mut self,

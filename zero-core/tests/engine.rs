@@ -587,6 +587,141 @@ fn a_step_that_failed_part_way_stops_the_engine() {
     }
 }
 
+/// At stage 3 each rank draws only its shard of the initial values (`init_unit_range`),
+/// plus the units it keeps whole (persistent), and starts from the same model as stage 0;
+/// at stages 0-2 every rank draws every unit whole.
+#[test]
+fn a_stage_3_rank_draws_only_its_shard_of_the_initial_values() {
+    use common::models::char_lm::{CharLm, TokenBatch};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use zero_core::model::{Compute, Model, ModelError, UnitGrads, UnitParams};
+    use zero_core::ModelSpec;
+    use zero_kernels::device::{DView, HostDevice};
+
+    /// The char LM, counting the initial values drawn.
+    struct CountsDraws(CharLm<HostDevice>, AtomicUsize);
+    impl Model<HostDevice> for CountsDraws {
+        type Batch<'a> = TokenBatch<'a>;
+        fn spec(&self) -> &ModelSpec {
+            self.0.spec()
+        }
+        fn init_unit(&self, seed: u64, unit: usize, out: &mut [f32]) {
+            self.1
+                .fetch_add(self.spec().units[unit].numel(), Ordering::Relaxed);
+            self.0.init_unit(seed, unit, out)
+        }
+        fn init_unit_range(
+            &self,
+            seed: u64,
+            unit: usize,
+            range: std::ops::Range<usize>,
+            out: &mut [f32],
+        ) {
+            self.1.fetch_add(range.len(), Ordering::Relaxed);
+            let mut whole = vec![0.0; self.spec().units[unit].numel()];
+            self.0.init_unit(seed, unit, &mut whole);
+            out.copy_from_slice(&whole[range]);
+        }
+        fn begin_micro_step(
+            &mut self,
+            cx: Compute<'_, HostDevice>,
+            batch: &TokenBatch<'_>,
+        ) -> Result<(), ModelError> {
+            self.0.begin_micro_step(cx, batch)
+        }
+        fn forward_layer(
+            &mut self,
+            cx: Compute<'_, HostDevice>,
+            layer: usize,
+            params: &[UnitParams<'_, HostDevice>],
+        ) -> Result<(), ModelError> {
+            self.0.forward_layer(cx, layer, params)
+        }
+        fn loss(&self) -> DView<'_, HostDevice, f32> {
+            self.0.loss()
+        }
+        fn backward_layer(
+            &mut self,
+            cx: Compute<'_, HostDevice>,
+            layer: usize,
+            params: &[UnitParams<'_, HostDevice>],
+            grads: &mut [UnitGrads<'_, HostDevice>],
+            weight: f32,
+        ) -> Result<(), ModelError> {
+            self.0.backward_layer(cx, layer, params, grads, weight)
+        }
+        fn activation_bytes(&self) -> usize {
+            self.0.activation_bytes()
+        }
+    }
+
+    let n = 2;
+    // (stage, units kept whole below this many elements) -> per rank (drawn, params).
+    let start = |stage: Stage, persist_below: usize| {
+        zero_comm::run_local(n, Default::default(), |comm| {
+            let dev = HostDevice::new();
+            let model = CountsDraws(
+                CharLm::new(&dev, common::lm_config()).unwrap(),
+                AtomicUsize::new(0),
+            );
+            let mut c = config(stage, Precision::Fp32, 1);
+            c.zero.persistence_threshold = persist_below;
+            let engine = zero_core::Engine::new(&c, &comm, &dev, &model).unwrap();
+            let drawn = model.1.load(Ordering::Relaxed);
+            let units: Vec<(usize, usize)> = (engine.layout().units.iter())
+                .map(|u| (u.numel, u.shard_len))
+                .collect();
+            (drawn, units, engine.full_params_f32().unwrap())
+        })
+        .into_iter()
+        .map(Result::unwrap)
+        .collect::<Vec<_>>()
+    };
+    let f32_bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let stage0 = start(Stage::Zero0, 0);
+    let whole_model: usize = stage0[0].1.iter().map(|u| u.0).sum();
+    let reference = f32_bits(&stage0[0].2);
+    for stage in [Stage::Zero0, Stage::Zero1, Stage::Zero2] {
+        for (drawn, _, params) in start(stage, 0) {
+            assert_eq!(drawn, whole_model, "{stage}");
+            assert_eq!(f32_bits(&params), reference, "{stage}");
+        }
+    }
+    // Stage 3: the shard of every unit, clipped to the unit's real elements (the last
+    // rank's shard of a padded unit holds padding, which is zeros, not drawn).
+    for (rank, (drawn, units, params)) in start(Stage::Zero3, 0).into_iter().enumerate() {
+        let shard: usize = (units.iter())
+            .map(|&(numel, s)| (rank * s..(rank + 1) * s).filter(|&e| e < numel).count())
+            .sum();
+        assert_eq!(drawn, shard, "rank {rank}");
+        assert!(
+            drawn < whole_model * 2 / 3,
+            "rank {rank}: {drawn} of {whole_model}"
+        );
+        assert_eq!(f32_bits(&params), reference, "rank {rank}");
+    }
+    // With the small units kept whole, those are drawn whole and the others sharded.
+    let below = 1000;
+    let sizes: Vec<usize> = stage0[0].1.iter().map(|u| u.0).collect();
+    assert!(
+        sizes.iter().any(|&e| e < below) && sizes.iter().any(|&e| e >= below),
+        "units on both sides of {below}: {sizes:?}"
+    );
+    for (rank, (drawn, units, params)) in start(Stage::Zero3, below).into_iter().enumerate() {
+        let want: usize = (units.iter())
+            .map(|&(numel, s)| {
+                if numel < below {
+                    numel
+                } else {
+                    (rank * s..(rank + 1) * s).filter(|&e| e < numel).count()
+                }
+            })
+            .sum();
+        assert_eq!(drawn, want, "rank {rank}, units below {below} whole");
+        assert_eq!(f32_bits(&params), reference, "rank {rank}");
+    }
+}
+
 #[test]
 fn a_step_refuses_another_model_and_a_wrong_batch_count() {
     use common::models::char_lm::{CharLm, TokenBatch};

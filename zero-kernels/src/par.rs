@@ -107,21 +107,37 @@ pub(crate) fn zip_parts<A, B>(a: Vec<A>, b: Vec<B>) -> Vec<(Option<A>, Option<B>
     (0..n).map(|_| (a.next(), b.next())).collect()
 }
 
-/// Run `f` on every job: the first on this thread, the others on scoped threads.
+/// Run `f` on every job: the first on this thread, the others on scoped threads. A job
+/// whose thread the OS refuses (a thread limit reached) runs on this thread after the
+/// first, so the result is the same, only slower.
 pub(crate) fn run_parts<J: Send>(jobs: Vec<J>, f: impl Fn(J) + Sync) {
-    let mut jobs = jobs.into_iter();
-    let Some(first) = jobs.next() else {
-        return;
-    };
-    let rest: Vec<J> = jobs.collect();
-    if rest.is_empty() {
-        f(first);
+    if jobs.len() <= 1 {
+        jobs.into_iter().for_each(f);
         return;
     }
+    // Each slot is taken once: by its thread, or by this one if the thread was refused.
+    let slots: Vec<Mutex<Option<J>>> = jobs.into_iter().map(|j| Mutex::new(Some(j))).collect();
+    let run_slot = |i: usize| {
+        let job = slots[i].lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(job) = job {
+            f(job);
+        }
+    };
     std::thread::scope(|s| {
-        let f = &f;
-        let handles: Vec<_> = rest.into_iter().map(|j| s.spawn(move || f(j))).collect();
-        f(first);
+        let run_slot = &run_slot;
+        let mut handles = Vec::with_capacity(slots.len() - 1);
+        let mut refused = Vec::new();
+        for i in 1..slots.len() {
+            match std::thread::Builder::new().spawn_scoped(s, move || run_slot(i)) {
+                Ok(h) => handles.push(h),
+                Err(e) => {
+                    log::debug!("kernel part {i} runs on the calling thread ({e})");
+                    refused.push(i);
+                }
+            }
+        }
+        run_slot(0);
+        refused.into_iter().for_each(run_slot);
         for h in handles {
             if let Err(e) = h.join() {
                 // A kernel thread only panics on a bug; carry the panic to the caller.

@@ -6,6 +6,8 @@
 //! values do not depend on how parameters are grouped into units, split into row blocks,
 //! or split across ranks.
 
+use std::ops::Range;
+
 use zero_core::{ParamSpec, UnitSpec};
 use zero_kernels::nn::Scalar;
 
@@ -113,13 +115,54 @@ pub fn init_unit<F: Scalar>(
     out: &mut [F],
     threads: usize,
 ) {
+    let numel = unit.numel();
+    init_unit_range(
+        family,
+        unit,
+        n_layer,
+        seed,
+        0..numel,
+        &mut out[..numel],
+        threads,
+    );
+}
+
+/// Fill `out` (length `range.len()`) with elements `range` of the unit's flat initial
+/// parameters: the same values [`init_unit`] writes there, drawn without the rest (each
+/// tensor's stream skips to where the range enters it), so a ZeRO-3 rank draws only its
+/// shard. `range` must lie within the unit's elements.
+pub fn init_unit_range<F: Scalar>(
+    family: Family,
+    unit: &UnitSpec,
+    n_layer: usize,
+    seed: u64,
+    range: Range<usize>,
+    out: &mut [F],
+    threads: usize,
+) {
+    assert_eq!(
+        out.len(),
+        range.len(),
+        "init range and output differ in length"
+    );
+    assert!(
+        range.end <= unit.numel(),
+        "init range past the unit's elements"
+    );
     let rule = |p: &ParamSpec| match family {
         Family::Gpt => gpt_rule(p, n_layer),
         Family::Llama => llama_rule(p, n_layer),
     };
     let mut at = 0;
     for p in &unit.params {
-        let dst = &mut out[at..at + p.numel()];
+        let tensor = at..at + p.numel();
+        at = tensor.end;
+        // The part of this tensor the range covers, in the unit and in `out`.
+        let (lo, hi) = (tensor.start.max(range.start), tensor.end.min(range.end));
+        if lo >= hi {
+            continue;
+        }
+        let dst = &mut out[lo - range.start..hi - range.start];
         match rule(p) {
             Ok(std) => {
                 // A row block draws the values its rows have in the whole tensor: the
@@ -129,11 +172,10 @@ pub fn init_unit<F: Scalar>(
                     b.first_row * row_len
                 });
                 let g = param_rng(seed, p.tensor_name());
-                normals(&g, first, std, dst, threads);
+                normals(&g, first + (lo - tensor.start), std, dst, threads);
             }
             Err(value) => dst.fill(F::from_f64(value)),
         }
-        at += p.numel();
     }
 }
 
@@ -180,6 +222,42 @@ fn normals<F: Scalar>(g: &SplitMix64, first: usize, std: f64, dst: &mut [F], thr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_range_of_a_unit_is_drawn_as_the_whole_unit_draws_it() {
+        // Tensors of every rule (normal, scaled normal, constants), one split in row
+        // blocks, so ranges start and end inside tensors, blocks and constant runs.
+        let mut params = vec![
+            ParamSpec::new("h.0.ln_1.weight", &[6]),
+            ParamSpec::new("h.0.attn.c_attn.weight", &[18, 6]),
+            ParamSpec::new("h.0.attn.c_attn.bias", &[18]),
+            ParamSpec::new("h.0.attn.c_proj.weight", &[6, 6]),
+        ];
+        params.extend(ParamSpec::split_rows("wte.weight", &[11, 6], 4));
+        let unit = UnitSpec {
+            name: "mixed".into(),
+            params,
+        };
+        let n = unit.numel();
+        for family in [Family::Gpt, Family::Llama] {
+            let mut whole = vec![0f32; n];
+            init_unit(family, &unit, 2, 5, &mut whole, 1);
+            let mut starts: Vec<usize> = (0..n).step_by(7).collect();
+            starts.extend(unit.offsets());
+            for &lo in &starts {
+                for hi in [lo, lo + 1, lo + 13, lo + 40, n] {
+                    let hi = hi.min(n);
+                    let mut part = vec![f32::NAN; hi - lo];
+                    init_unit_range(family, &unit, 2, 5, lo..hi, &mut part, 2);
+                    let same = part.iter().zip(&whole[lo..hi]);
+                    assert!(
+                        same.clone().all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{family:?} {lo}..{hi}"
+                    );
+                }
+            }
+        }
+    }
 
     #[test]
     fn drawn_on_several_threads_the_values_are_those_of_one() {

@@ -412,6 +412,21 @@ macro_rules! impl_model {
                 $crate::init::init_unit($family, unit, n_layer, seed, out, threads);
             }
 
+            /// Draws only `range` (each tensor's stream skips to it). Panics if `unit`
+            /// is not a unit of the spec, `range` leaves it, or `out` is not as long as
+            /// `range` (engine bugs).
+            fn init_unit_range(
+                &self,
+                seed: u64,
+                unit: usize,
+                range: std::ops::Range<usize>,
+                out: &mut [f32],
+            ) {
+                let unit = &self.spec.units[unit];
+                let (n_layer, threads) = (self.cfg.n_layer, self.init_threads);
+                $crate::init::init_unit_range($family, unit, n_layer, seed, range, out, threads);
+            }
+
             fn begin_micro_step(
                 &mut self,
                 cx: zero_core::model::Compute<'_, D>,

@@ -35,6 +35,7 @@ pub mod state;
 mod step;
 
 use std::collections::BTreeMap;
+use std::ops::Range;
 
 use zero_comm::{CommError, CommStats, Communicator, NodeGroups};
 use zero_kernels::device::{Buffer, Device, OverlapStats};
@@ -442,37 +443,49 @@ impl<'c, D: Device, C: Communicator> Engine<'c, D, C> {
     }
 
     /// Fill parameters, master weights and persistent units from the model's initialiser,
-    /// one unit at a time (bounded extra host memory: one unit).
+    /// one unit at a time (bounded extra host memory: one unit). A ZeRO-3 rank draws only
+    /// its shard of a unit it does not keep whole, so start-up falls as 1/N with memory.
     fn init_params<P: Float, M: Model<D>>(&mut self, model: &M) -> Result<(), EngineError> {
         let core = &self.core;
         let (dev, s) = (core.dev, &core.streams.compute);
         let seed = core.config.seed;
+        let stage3 = core.config.zero.stage == Stage::Zero3;
         let bufs = &mut self.bufs;
         for (u, unit) in core.layout.units.iter().enumerate() {
             let at = &core.plan.placements[u];
-            let mut full = vec![0.0f32; unit.padded_len];
-            model.init_unit(seed, u, &mut full[..unit.numel]);
+            // Unit-relative elements this rank needs: at stage 3 its shard (which is also
+            // what it updates), unless it keeps the unit whole; otherwise the whole unit.
+            let drawn = if stage3 && bufs.persistent[u].is_none() {
+                at.own.clone()
+            } else {
+                0..unit.padded_len
+            };
+            let window = |r: &Range<usize>| r.start - drawn.start..r.end - drawn.start;
+            // `drawn` from the model; elements past the unit's numel are padding, zero.
+            let mut values = vec![0.0f32; drawn.len()];
+            let real = drawn.start.min(unit.numel)..drawn.end.min(unit.numel);
+            model.init_unit_range(seed, u, real.clone(), &mut values[..real.len()]);
             let round = |x: &[f32]| -> Vec<P> { x.iter().map(|&v| P::from_f32(v)).collect() };
             // Working parameters: what this rank holds of the unit (whole or shard).
-            let held = if core.config.zero.stage == Stage::Zero3 {
-                &full[at.own.clone()]
+            let held = if stage3 {
+                window(&at.own)
             } else {
-                &full[..]
+                window(&drawn)
             };
             dev.upload(
                 s,
-                &round(held),
+                &round(&values[held]),
                 bufs.params.get_mut::<P>()?.slice_mut(at.params.clone()),
             )?;
             if let Some(master) = &mut bufs.master {
                 dev.upload(
                     s,
-                    &full[at.updates.clone()],
+                    &values[window(&at.updates)],
                     master.slice_mut(at.state.clone()),
                 )?;
             }
             if let Some(p) = &mut bufs.persistent[u] {
-                dev.upload(s, &round(&full), p.get_mut::<P>()?.view_mut())?;
+                dev.upload(s, &round(&values), p.get_mut::<P>()?.view_mut())?;
             }
         }
         bufs.params_ready = Some(dev.record(s)?);
