@@ -588,8 +588,9 @@ fn a_step_that_failed_part_way_stops_the_engine() {
 }
 
 /// At stage 3 each rank draws only its shard of the initial values (`init_unit_range`),
-/// plus the units it keeps whole (persistent), and starts from the same model as stage 0;
-/// at stages 0-2 every rank draws every unit whole.
+/// plus the units it keeps whole (persistent), and starts from the same model as stage 0
+/// (bf16 parameters and f32 master alike); at stages 0-2 every rank draws every unit
+/// whole.
 #[test]
 fn a_stage_3_rank_draws_only_its_shard_of_the_initial_values() {
     use common::models::char_lm::{CharLm, TokenBatch};
@@ -656,7 +657,8 @@ fn a_stage_3_rank_draws_only_its_shard_of_the_initial_values() {
     }
 
     let n = 2;
-    // (stage, units kept whole below this many elements) -> per rank (drawn, params).
+    // (stage, units kept whole below this many elements) -> per rank (drawn, units'
+    // (numel, shard_len), params and master gathered, in bf16 training).
     let start = |stage: Stage, persist_below: usize| {
         zero_comm::run_local(n, Default::default(), |comm| {
             let dev = HostDevice::new();
@@ -664,14 +666,16 @@ fn a_stage_3_rank_draws_only_its_shard_of_the_initial_values() {
                 CharLm::new(&dev, common::lm_config()).unwrap(),
                 AtomicUsize::new(0),
             );
-            let mut c = config(stage, Precision::Fp32, 1);
+            let mut c = config(stage, Precision::Bf16, 1);
             c.zero.persistence_threshold = persist_below;
             let engine = zero_core::Engine::new(&c, &comm, &dev, &model).unwrap();
             let drawn = model.1.load(Ordering::Relaxed);
             let units: Vec<(usize, usize)> = (engine.layout().units.iter())
                 .map(|u| (u.numel, u.shard_len))
                 .collect();
-            (drawn, units, engine.full_params_f32().unwrap())
+            let params = engine.full_params_f32().unwrap();
+            let master = engine.full_master_f32().unwrap();
+            (drawn, units, [params, master].concat())
         })
         .into_iter()
         .map(Result::unwrap)

@@ -47,39 +47,23 @@ pub(crate) fn map<R: Send>(
     if ranges.len() <= 1 {
         return ranges.into_iter().map(&f).collect();
     }
-    if let Some(pool) = pool_of_this_thread(exec.threads()) {
-        // Each chunk's result lands in its own slot, so the order is the chunks'.
-        let out: Vec<Mutex<Option<R>>> = ranges.iter().map(|_| Mutex::new(None)).collect();
-        pool.run(ranges.len(), &|i| {
-            let r = f(ranges[i].clone());
-            *out[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
-        });
-        return out
-            .into_iter()
-            .map(|slot| {
-                slot.into_inner()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .expect("the pool ran every chunk")
-            })
-            .collect();
+    // Each chunk's result lands in its own slot, so the order is the chunks'.
+    let out: Vec<Mutex<Option<R>>> = ranges.iter().map(|_| Mutex::new(None)).collect();
+    let run_chunk = |i: usize| {
+        let r = f(ranges[i].clone());
+        *out[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+    };
+    match pool_of_this_thread(exec.threads()) {
+        Some(pool) => pool.run(ranges.len(), &run_chunk),
+        None => run_parts((0..ranges.len()).collect(), run_chunk),
     }
-    std::thread::scope(|s| {
-        let f = &f;
-        let handles: Vec<_> = ranges[1..]
-            .iter()
-            .cloned()
-            .map(|r| s.spawn(move || f(r)))
-            .collect();
-        let mut out = vec![f(ranges[0].clone())];
-        for h in handles {
-            match h.join() {
-                Ok(r) => out.push(r),
-                // A kernel thread only panics on a bug; carry the panic to the caller.
-                Err(e) => std::panic::resume_unwind(e),
-            }
-        }
-        out
-    })
+    out.into_iter()
+        .map(|slot| {
+            slot.into_inner()
+                .unwrap_or_else(|e| e.into_inner())
+                .expect("every chunk ran")
+        })
+        .collect()
 }
 
 /// Rows per part when `rows` rows of about `work_per_row` element operations each go to
@@ -107,37 +91,36 @@ pub(crate) fn zip_parts<A, B>(a: Vec<A>, b: Vec<B>) -> Vec<(Option<A>, Option<B>
     (0..n).map(|_| (a.next(), b.next())).collect()
 }
 
-/// Run `f` on every job: the first on this thread, the others on scoped threads. A job
-/// whose thread the OS refuses (a thread limit reached) runs on this thread after the
-/// first, so the result is the same, only slower.
+/// Run `f` on every job: the first on this thread, the others on scoped threads. Where
+/// the OS refuses a thread (a thread limit reached), that job and the ones after it run
+/// on this thread after the first: the same result, only slower.
 pub(crate) fn run_parts<J: Send>(jobs: Vec<J>, f: impl Fn(J) + Sync) {
     if jobs.len() <= 1 {
         jobs.into_iter().for_each(f);
         return;
     }
-    // Each slot is taken once: by its thread, or by this one if the thread was refused.
-    let slots: Vec<Mutex<Option<J>>> = jobs.into_iter().map(|j| Mutex::new(Some(j))).collect();
+    let slots = JobSlots::new(jobs);
     let run_slot = |i: usize| {
-        let job = slots[i].lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(job) = job {
-            f(job);
+        if let Some(job) = slots.take(i) {
+            f(job)
         }
     };
     std::thread::scope(|s| {
         let run_slot = &run_slot;
         let mut handles = Vec::with_capacity(slots.len() - 1);
-        let mut refused = Vec::new();
+        let mut refused_from = slots.len();
         for i in 1..slots.len() {
             match std::thread::Builder::new().spawn_scoped(s, move || run_slot(i)) {
                 Ok(h) => handles.push(h),
                 Err(e) => {
-                    log::debug!("kernel part {i} runs on the calling thread ({e})");
-                    refused.push(i);
+                    log::debug!("kernel parts {i}.. run on the calling thread ({e})");
+                    refused_from = i;
+                    break;
                 }
             }
         }
         run_slot(0);
-        refused.into_iter().for_each(run_slot);
+        (refused_from..slots.len()).for_each(run_slot);
         for h in handles {
             if let Err(e) = h.join() {
                 // A kernel thread only panics on a bug; carry the panic to the caller.
@@ -145,6 +128,24 @@ pub(crate) fn run_parts<J: Send>(jobs: Vec<J>, f: impl Fn(J) + Sync) {
             }
         }
     });
+}
+
+/// Jobs handed out by index, each exactly once, whichever thread asks first.
+struct JobSlots<J>(Vec<Mutex<Option<J>>>);
+
+impl<J> JobSlots<J> {
+    fn new(jobs: Vec<J>) -> Self {
+        JobSlots(jobs.into_iter().map(|j| Mutex::new(Some(j))).collect())
+    }
+
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Job `i`, or None once it was taken.
+    fn take(&self, i: usize) -> Option<J> {
+        self.0[i].lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
 }
 
 /// The threads one device's kernels run on: the calling thread plus `threads - 1` workers
@@ -191,12 +192,10 @@ impl Workers {
             jobs.into_iter().for_each(f);
             return;
         }
-        // Each job is taken by exactly one thread (the pool hands out each index once).
-        let slots: Vec<Mutex<Option<J>>> = jobs.into_iter().map(|j| Mutex::new(Some(j))).collect();
+        let slots = JobSlots::new(jobs);
         pool.run(slots.len(), &|i| {
-            let job = slots[i].lock().unwrap_or_else(|e| e.into_inner()).take();
-            if let Some(job) = job {
-                f(job);
+            if let Some(job) = slots.take(i) {
+                f(job)
             }
         });
     }

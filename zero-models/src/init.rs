@@ -239,6 +239,7 @@ mod tests {
             params,
         };
         let n = unit.numel();
+        let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits());
         for family in [Family::Gpt, Family::Llama] {
             let mut whole = vec![0f32; n];
             init_unit(family, &unit, 2, 5, &mut whole, 1);
@@ -249,13 +250,30 @@ mod tests {
                     let hi = hi.min(n);
                     let mut part = vec![f32::NAN; hi - lo];
                     init_unit_range(family, &unit, 2, 5, lo..hi, &mut part, 2);
-                    let same = part.iter().zip(&whole[lo..hi]);
-                    assert!(
-                        same.clone().all(|(a, b)| a.to_bits() == b.to_bits()),
-                        "{family:?} {lo}..{hi}"
-                    );
+                    assert!(same(&part, &whole[lo..hi]), "{family:?} {lo}..{hi}");
                 }
             }
+        }
+        // A tensor long enough to be split over threads, ranges starting inside it.
+        let big = UnitSpec {
+            name: "big".into(),
+            params: vec![
+                ParamSpec::new("h.0.ln_2.bias", &[5]),
+                ParamSpec::new("h.0.mlp.c_fc.weight", &[3 * MIN_PER_THREAD / 100, 100]),
+            ],
+        };
+        let n = big.numel();
+        let mut whole = vec![0f32; n];
+        init_unit(Family::Gpt, &big, 2, 5, &mut whole, 1);
+        for range in [
+            0..n,
+            3..n - 1,
+            MIN_PER_THREAD + 1..n,
+            7..2 * MIN_PER_THREAD + 9,
+        ] {
+            let mut part = vec![f32::NAN; range.len()];
+            init_unit_range(Family::Gpt, &big, 2, 5, range.clone(), &mut part, 3);
+            assert!(same(&part, &whole[range.clone()]), "{range:?}");
         }
     }
 

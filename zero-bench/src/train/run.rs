@@ -181,6 +181,7 @@ where
     let stage = config.zero.stage;
     // Set-up: engine (allocates exactly the plan; in bf16 it switches the device's
     // matrix products to bf16 operands with f32 sums), initial weights.
+    let setup_started = std::time::Instant::now();
     let setup = (|| -> anyhow::Result<_> {
         let engine = match nodes {
             Some(g) => Engine::on_nodes(&config.engine(), engine_comm, g, dev, &model),
@@ -191,6 +192,12 @@ where
         Ok((engine, batches))
     })();
     let (mut engine, mut batches) = agree(comm, setup)?;
+    if rank == 0 && !shared.quiet {
+        // Drawing a large model's initial values takes a while (about 22 ns a value per
+        // thread; at stage 3 each rank draws its shard only): say where the time went.
+        let seconds = setup_started.elapsed().as_secs_f64();
+        log::info!("{stage}: engine built and initial values drawn in {seconds:.1} s");
+    }
     if let Some(init) = shared.init {
         // Reads are checked on every rank before this (InitFile::open), so a failure here
         // is an I/O error mid-way: agree, since finish_import's gathers follow.

@@ -41,7 +41,7 @@ use zero_comm::{CommError, CommStats, Communicator, NodeGroups};
 use zero_kernels::device::{Buffer, Device, OverlapStats};
 use zero_kernels::{DType, Float, KernelError};
 
-use crate::config::{ConfigError, EngineConfig, Precision, Stage};
+use crate::config::{ConfigError, EngineConfig, Precision};
 use crate::layout::{LayoutError, PartitionLayout};
 use crate::ledger::MemCategory;
 use crate::model::{Compute, Model, ModelError};
@@ -319,7 +319,8 @@ pub struct Engine<'c, D: Device, C: Communicator> {
 
 impl<'c, D: Device, C: Communicator> Engine<'c, D, C> {
     /// Lay out `model`, plan and allocate this rank's buffers on `dev`, and initialise
-    /// parameters and master weights from `model.init_unit(config.seed, ..)`.
+    /// parameters and master weights from `model.init_unit(config.seed, ..)` (or, for
+    /// part of a unit, `model.init_unit_range`).
     pub fn new<M: Model<D>>(
         config: &EngineConfig,
         comm: &'c C,
@@ -443,35 +444,34 @@ impl<'c, D: Device, C: Communicator> Engine<'c, D, C> {
     }
 
     /// Fill parameters, master weights and persistent units from the model's initialiser,
-    /// one unit at a time (bounded extra host memory: one unit). A ZeRO-3 rank draws only
-    /// its shard of a unit it does not keep whole, so start-up falls as 1/N with memory.
+    /// one unit at a time (bounded extra host memory: one unit). Each rank draws only
+    /// what it holds (the placement's `held`): at stage 3 its shard of a unit not kept
+    /// gathered, so with a model whose `init_unit_range` skips ahead (the reference
+    /// models') start-up falls as 1/N with memory.
     fn init_params<P: Float, M: Model<D>>(&mut self, model: &M) -> Result<(), EngineError> {
         let core = &self.core;
         let (dev, s) = (core.dev, &core.streams.compute);
         let seed = core.config.seed;
-        let stage3 = core.config.zero.stage == Stage::Zero3;
         let bufs = &mut self.bufs;
         for (u, unit) in core.layout.units.iter().enumerate() {
             let at = &core.plan.placements[u];
-            // Unit-relative elements this rank needs: at stage 3 its shard (which is also
-            // what it updates), unless it keeps the unit whole; otherwise the whole unit.
-            let drawn = if stage3 && bufs.persistent[u].is_none() {
-                at.own.clone()
-            } else {
+            let drawn = if core.plan.persistent[u] {
                 0..unit.padded_len
+            } else {
+                at.held.clone()
             };
-            let window = |r: &Range<usize>| r.start - drawn.start..r.end - drawn.start;
-            // `drawn` from the model; elements past the unit's numel are padding, zero.
+            // Elements of `drawn`, from the model; those past numel are padding, zero.
             let mut values = vec![0.0f32; drawn.len()];
             let real = drawn.start.min(unit.numel)..drawn.end.min(unit.numel);
-            model.init_unit_range(seed, u, real.clone(), &mut values[..real.len()]);
+            if real.len() == unit.numel {
+                model.init_unit(seed, u, &mut values[..unit.numel]);
+            } else if !real.is_empty() {
+                model.init_unit_range(seed, u, real.clone(), &mut values[..real.len()]);
+            }
+            let window = |r: &Range<usize>| r.start - drawn.start..r.end - drawn.start;
             let round = |x: &[f32]| -> Vec<P> { x.iter().map(|&v| P::from_f32(v)).collect() };
             // Working parameters: what this rank holds of the unit (whole or shard).
-            let held = if stage3 {
-                window(&at.own)
-            } else {
-                window(&drawn)
-            };
+            let held = window(&at.held);
             dev.upload(
                 s,
                 &round(&values[held]),
