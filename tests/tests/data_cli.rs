@@ -223,6 +223,30 @@ fn bad_input_and_output_exit_1_and_leave_no_file() {
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     assert!(text(&out).contains("missing.txt"), "{}", text(&out));
 
+    // Sizes past their bounds are refused before the output is created (an existing one
+    // is left as it was), not met as an allocation abort or a refused thread's panic.
+    std::fs::write(&bin, b"earlier tokens").expect("write");
+    for (flag, value, says) in [
+        (
+            "--chunk-bytes",
+            "18446744073709551615",
+            "chunk size 18446744073709551615 bytes",
+        ),
+        ("--chunk-bytes", "0", "chunk size 0 bytes"),
+        ("--threads", "100000", "100000 threads: give 1 to 1024"),
+    ] {
+        let out = data(&["tokenize", &s(&txt), &s(&bin), flag, value]);
+        assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+        assert!(
+            text(&out).contains("--chunk-bytes and --threads") && text(&out).contains(says),
+            "{}",
+            text(&out)
+        );
+        assert!(!text(&out).contains("panicked"), "{}", text(&out));
+        assert_eq!(std::fs::read(&bin).expect("read"), b"earlier tokens");
+    }
+    std::fs::remove_file(&bin).expect("remove");
+
     let good = dir.join("good.txt");
     std::fs::write(&good, "Hello world").expect("write");
     let out = data(&["tokenize", &s(&good), &s(&dir.join("no/such/dir/out.bin"))]);

@@ -106,6 +106,13 @@ fn tokenize(
     threads: usize,
     chunk_bytes: usize,
 ) -> anyhow::Result<()> {
+    let options = StreamOptions {
+        chunk_bytes,
+        threads,
+    };
+    options
+        .check()
+        .context("checking --chunk-bytes and --threads")?;
     let file = std::fs::File::open(input)
         .with_context(|| format!("cannot read the input {}", input.display()))?;
     if let (Ok(a), Ok(b)) = (file.metadata(), std::fs::metadata(output)) {
@@ -145,10 +152,7 @@ fn tokenize(
         tok,
         std::io::BufReader::with_capacity(1 << 20, file),
         input,
-        StreamOptions {
-            chunk_bytes,
-            threads,
-        },
+        options,
         |ids| writer.write(ids),
         |done| match &bar {
             Some(bar) => bar.set_position(done),

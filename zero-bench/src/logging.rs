@@ -25,6 +25,39 @@ pub fn init(rank: Option<(usize, usize)>) {
         .try_init();
 }
 
+/// Write to standard output for a command that must outlive its reader: `train`
+/// ignores SIGPIPE (see main.rs), so where `print!` would panic on a closed pipe
+/// (`zero-bench train | head`) or a full disk, the failed write is logged once and the
+/// run goes on. Use through [`out!`] and [`outln!`].
+pub fn write_out(args: std::fmt::Arguments<'_>) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    if let Err(e) = std::io::stdout().lock().write_fmt(args) {
+        if !WARNED.swap(true, Ordering::Relaxed) {
+            log::warn!("standard output cannot be written ({e}); training goes on, its reports in the log and --json only");
+        }
+    }
+}
+
+/// `print!` that survives a closed standard output ([`write_out`]).
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::logging::write_out(format_args!($($arg)*))
+    };
+}
+
+/// `println!` that survives a closed standard output ([`write_out`]).
+macro_rules! outln {
+    () => {
+        $crate::logging::write_out(format_args!("\n"))
+    };
+    ($($arg:tt)*) => {
+        $crate::logging::write_out(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
+pub(crate) use {out, outln};
+
 /// An error with its causes on one line, `what: why: why...`, like `{:#}`, but a cause
 /// whose text the line already holds is left out: library errors often put their
 /// source's message in their own (`"device: {0}"`), which `{:#}` would print twice.

@@ -45,7 +45,7 @@ use crate::train::budget;
 pub struct TuneArgs {
     /// Training configuration file (the model, data, precision and optimizer; what tune
     /// chooses overrides its `[zero]` and `[train]` batch keys).
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", value_parser = crate::config::utf8_path)]
     pub config: Option<PathBuf>,
     /// Override one configuration value (as train --set), repeatable.
     #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
@@ -81,7 +81,7 @@ pub struct TuneArgs {
     #[arg(long, value_name = "TEMPLATE", default_value = "scripts/mpirun.sh {n}")]
     pub launcher: String,
     /// Directory for the runs' reports and logs, the table and the chosen configuration.
-    #[arg(long, value_name = "DIR", default_value = "tune-out")]
+    #[arg(long, value_name = "DIR", default_value = "tune-out", value_parser = crate::config::utf8_path)]
     pub out: PathBuf,
     /// Stop a run that takes longer than this many seconds: SIGTERM to the launcher,
     /// then SIGKILL to it and its ranks 10 s later.

@@ -33,6 +33,42 @@ pub enum GptConfigError {
     /// An unknown preset name.
     #[error("unknown model preset '{0}' (known: {known})", known = preset_names().join(", "))]
     UnknownPreset(String),
+    /// A dimension past its bound ([`DIM_BOUNDS`]).
+    #[error(
+        "{name} = {value} is past its bound {max}: beyond any model trained today, and \
+         the parameter and activation counts would overflow; give a smaller {name}"
+    )]
+    TooLarge {
+        /// Which dimension.
+        name: &'static str,
+        /// The value given.
+        value: usize,
+        /// Its bound.
+        max: usize,
+    },
+}
+
+/// The largest value of each model dimension: far past any model trained today, and small
+/// enough that parameter counts (L x C x F <= 2^50) and activation sizes (with at most
+/// 2^24 tokens a micro-batch) cannot overflow 64 bits.
+pub const DIM_BOUNDS: &[(&str, usize)] = &[
+    ("n_layer", 1 << 12),
+    ("n_embd", 1 << 17),
+    ("ffn_hidden", 1 << 19),
+    ("max_seq_len", 1 << 22),
+    ("n_head", 1 << 17),
+    ("n_kv_head", 1 << 17),
+];
+
+/// An error for the first of `dims` past its [`DIM_BOUNDS`] entry.
+pub(crate) fn check_bounds(dims: &[(&'static str, usize)]) -> Result<(), GptConfigError> {
+    for &(name, value) in dims {
+        let bound = DIM_BOUNDS.iter().find(|(n, _)| *n == name);
+        if let Some(&(_, max)) = bound.filter(|(_, max)| value > *max) {
+            return Err(GptConfigError::TooLarge { name, value, max });
+        }
+    }
+    Ok(())
 }
 
 /// Named shapes, the one table of them (`zero-bench` config files name them): `tiny`
@@ -253,7 +289,13 @@ impl GptConfig {
         if self.vocab_size > 65536 {
             return Err(GptConfigError::VocabTooLarge(self.vocab_size));
         }
-        Ok(())
+        check_bounds(&[
+            ("n_layer", self.n_layer),
+            ("n_embd", self.n_embd),
+            ("ffn_hidden", self.n_embd.saturating_mul(4)),
+            ("max_seq_len", self.max_seq_len),
+            ("n_head", self.n_head),
+        ])
     }
 
     /// Units and layers. Units: `embed` {block 0 of `wte`, `wpe`}, one unit per further

@@ -137,4 +137,30 @@ fn bad_configs_are_errors_with_the_numbers() {
     );
     cfg.n_head = 0;
     assert!(cfg.validate().is_err());
+    // Dimensions past their bounds are refused before a spec of a billion layers is built
+    // or a size overflows, naming the dimension.
+    let mut cfg = GptConfig::preset("tiny").expect("preset");
+    cfg.n_layer = 1_000_000_000;
+    let err = cfg.validate().expect_err("a billion layers");
+    assert!(
+        matches!(
+            err,
+            GptConfigError::TooLarge {
+                name: "n_layer",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let mut cfg = GptConfig::preset("tiny").expect("preset");
+    cfg.n_embd = usize::MAX / 2;
+    cfg.n_head = 1;
+    assert!(matches!(
+        cfg.validate(),
+        Err(GptConfigError::TooLarge { name: "n_embd", .. })
+    ));
+    GptConfig::preset("gpt2-1.5b")
+        .expect("preset")
+        .validate()
+        .expect("the largest preset is inside the bounds");
 }

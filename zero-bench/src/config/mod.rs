@@ -381,6 +381,18 @@ impl Config {
                 t.micro_batch, t.seq_len, t.grad_accum
             ),
         );
+        // Activations grow with the micro-batch's tokens times the model's widths: past
+        // 2^24 tokens their byte count could overflow (the widths' bounds are in
+        // zero-models/src/config.rs, DIM_BOUNDS).
+        let micro_tokens = t.micro_batch.checked_mul(t.seq_len);
+        need(
+            &mut p,
+            micro_tokens.is_some_and(|x| x <= 1 << 24),
+            format!(
+                "micro_batch x seq_len = {} x {} is past 2^24 = 16777216 tokens a micro-batch; give a smaller micro_batch and raise grad_accum instead",
+                t.micro_batch, t.seq_len
+            ),
+        );
         need(
             &mut p,
             t.log_every > 0,
@@ -396,4 +408,12 @@ impl Config {
             Err(LoadError::Invalid { problems: p })
         }
     }
+}
+
+/// The parser of a path flag whose value goes on as text (into a `--set` override or a
+/// child job's command line): taking `&str`, clap refuses a path that is not UTF-8
+/// ("invalid UTF-8 was detected"), which would otherwise be changed on the way (U+FFFD)
+/// and name another file.
+pub fn utf8_path(s: &str) -> Result<std::path::PathBuf, String> {
+    Ok(std::path::PathBuf::from(s))
 }

@@ -376,6 +376,25 @@ pub fn run(args: &OverlapArgs) -> Result<()> {
             "--layers, --reps and --bucket (at least 4 bytes) must be positive"
         ));
     }
+    // One collective's count is an MPI int of f32 elements: at most 2^31 - 1 of them.
+    let max_bucket = 4 * i32::MAX as usize;
+    if args.bucket > max_bucket {
+        return Err(anyhow!(
+            "--bucket {}: at most {} (2^31 - 1 f32 elements, what one MPI call counts)",
+            args.bucket,
+            zero_core::ledger::human_bytes(max_bucket as f64)
+        ));
+    }
+    if !(0.0..=60_000.0).contains(&args.compute_ms) {
+        return Err(anyhow!(
+            "--compute-ms {}: give 0 to 60000 ms of compute per layer",
+            args.compute_ms
+        ));
+    }
+    // The layers' buckets, and two gather slots of a send and a receive bucket each.
+    let layers = args.layers as u64;
+    let bytes = crate::memory::product(&[layers.saturating_add(4), args.bucket as u64]);
+    crate::memory::need("micro overlap's buckets", bytes)?;
     let len = args.bucket / 4;
     let iters = calibrate(args.compute_ms);
     let mut s = Setup {

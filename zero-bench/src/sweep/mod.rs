@@ -81,7 +81,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "TEMPLATE", default_value = "scripts/mpirun.sh {n}")]
     pub launcher: String,
     /// Training configuration file for every job (train --config).
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", value_parser = crate::config::utf8_path)]
     pub config: Option<PathBuf>,
     /// Optimizer steps per stage (train --steps); the first is warm-up, not timed.
     #[arg(long, value_name = "N")]
@@ -94,7 +94,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "K|auto", default_value = "1", value_parser = crate::train::parse_threads)]
     pub threads: crate::train::ThreadsSetting,
     /// Directory for the result files, job logs, table and plots.
-    #[arg(long, value_name = "DIR", default_value = "sweep-out")]
+    #[arg(long, value_name = "DIR", default_value = "sweep-out", value_parser = crate::config::utf8_path)]
     pub out: PathBuf,
     /// Stop a job (one point, all its stages) that runs longer than this many seconds:
     /// SIGTERM to the launcher, then SIGKILL to it and its ranks 10 s later.

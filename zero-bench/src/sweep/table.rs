@@ -15,21 +15,33 @@ use serde::{Deserialize, Serialize};
 
 use super::point::Point;
 
-/// One stage's part of `train --json`'s report (the fields the sweep uses).
+/// One stage's part of `train --json`'s report (the fields the sweep uses). JSON has no
+/// NaN or infinity, so serde_json writes a non-finite number (the loss of a run whose
+/// last fp16 step overflowed) as `null`: read back as NaN, so one such point does not
+/// cost the sweep its table.
 #[derive(Debug, Deserialize)]
 struct StageJson {
     stage: usize,
     steps: usize,
+    #[serde(deserialize_with = "nan_if_null")]
     final_loss: f64,
     tokens_per_step: u64,
+    #[serde(deserialize_with = "nan_if_null")]
     mean_step_seconds: f64,
+    #[serde(deserialize_with = "nan_if_null")]
     tokens_per_s: f64,
     ledger_bytes_per_rank: Vec<u64>,
     state_bytes_per_rank: Vec<u64>,
+    #[serde(deserialize_with = "nan_if_null")]
     formula_bytes_per_rank: f64,
     peak_rss_bytes_per_rank: Vec<u64>,
     comm_sent_bytes_per_step: u64,
     comm_plan_bytes_per_step: u64,
+}
+
+/// A number, or NaN for the `null` a non-finite one was written as.
+fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
 }
 
 /// `train --json`'s report with `--stages`.
@@ -291,6 +303,18 @@ mod tests {
             comm_sent_bytes_per_step: 0,
             comm_plan_bytes_per_step: 0,
         }
+    }
+
+    #[test]
+    fn a_non_finite_loss_written_as_null_reads_back_as_nan() {
+        let stage = r#"{"stage": 0, "steps": 2, "final_loss": null, "tokens_per_step": 64,
+            "mean_step_seconds": 0.5, "tokens_per_s": 128.0, "ledger_bytes_per_rank": [1],
+            "state_bytes_per_rank": [1], "formula_bytes_per_rank": 1.0,
+            "peak_rss_bytes_per_rank": [1], "comm_sent_bytes_per_step": 0,
+            "comm_plan_bytes_per_step": 0}"#;
+        let s: StageJson = serde_json::from_str(stage).expect("null reads as NaN");
+        assert!(s.final_loss.is_nan());
+        assert_eq!(s.tokens_per_s, 128.0);
     }
 
     #[test]

@@ -74,7 +74,7 @@ pub struct TrainArgs {
     pub checkpoint_every: Option<usize>,
 
     /// Per-step metrics as JSON lines, written by rank 0 (= --set train.metrics_file=FILE).
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", value_parser = crate::config::utf8_path)]
     pub metrics: Option<PathBuf>,
 
     /// Run the stage list this many times, interleaved (0,1,2,3,0,1,2,3,...), and average

@@ -11,6 +11,7 @@ use zero_core::ledger::{CommPlan, PaperFormula};
 
 use super::budget::{self, RankPlan};
 use super::report;
+use crate::logging::{out, outln};
 
 /// Plan every configuration in `runs` for `world` ranks, print rank `show`'s plan in
 /// full (and every rank's total when they differ) when `print`, and return the plans as
@@ -32,13 +33,13 @@ pub fn plan(
         let (shown, layout) = (&plans[show].plan, &plans[show].layout);
         let comm = CommPlan::new(layout, shown, c.train.grad_accum);
         if print {
-            println!(
+            outln!(
                 "\n=== dry run: {} on {world} rank(s), {} parameters ===",
                 c.zero.stage,
                 layout.numel()
             );
-            print!("{}", report::ledger(shown, &totals));
-            print!("{}", report::comm(&comm, shown));
+            out!("{}", report::ledger(shown, &totals));
+            out!("{}", report::comm(&comm, shown));
         }
         // --comm mpi-staged: host memory beside the device ledger, one staging per
         // communicator the engine uses (the world's, and the node groups' with hpZ/qgZ).
@@ -47,7 +48,7 @@ pub fn plan(
             let region = zero_core::plan::host_staging_region_bytes(layout, shown);
             let held = communicators * zero_comm::Staging::held_bytes_for(region);
             if print {
-                println!(
+                outln!(
                     "host staging (--comm mpi-staged): {} per rank in host memory, beside the device ledger ({communicators} communicator(s) x 2 slots x send + receive of {})",
                     zero_core::ledger::human_bytes(held as f64),
                     zero_core::ledger::human_bytes(region as f64)

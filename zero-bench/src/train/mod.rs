@@ -43,6 +43,7 @@ use zero_comm::Communicator;
 use zero_kernels::device::{HostDevice, SimDevice};
 use zero_kernels::twin::attention_products::AttentionKernels;
 
+use crate::logging::{out, outln};
 pub use args::TrainArgs;
 pub(crate) use args::{parse_threads, ThreadsSetting};
 use launch::{agree, Failure};
@@ -630,7 +631,7 @@ fn run_with<E: Communicator, D: BenchDevice>(
     let rank = comm.rank();
     let same = |e: anyhow::Error| Failure::same_everywhere(e, rank);
     if rank == 0 {
-        println!(
+        outln!(
             "resolved configuration ({} rank(s) on {}{}):",
             comm.size(),
             dev.describe(),
@@ -640,7 +641,7 @@ fn run_with<E: Communicator, D: BenchDevice>(
                 String::new()
             }
         );
-        print!("{}", loaded[0].render());
+        out!("{}", loaded[0].render());
     }
     // The memory guard (and the automatic stage) before anything is allocated.
     let device_memory = dev.free_memory().map(|free| (free, dev.describe()));
@@ -737,10 +738,10 @@ fn run_with<E: Communicator, D: BenchDevice>(
                 if rank == 0 {
                     summary(&r, c.data.path == "builtin");
                     if let Some(t) = &r.nodes {
-                        println!("{}", t.render(r.stage));
+                        outln!("{}", t.render(r.stage));
                     }
                     if let Some(o) = &r.overlap {
-                        println!("{}", o.render(r.stage));
+                        outln!("{}", o.render(r.stage));
                     }
                 }
                 results.push(r);
@@ -809,13 +810,16 @@ fn run_with<E: Communicator, D: BenchDevice>(
             calls
         );
     }
+    // Rank 0 writes the report; the others wait to hear that it did (returning alone,
+    // it would leave them in the collective below until their watchdog fired).
+    let mut reported = Ok(());
     if rank == 0 {
         if results.len() > 1 {
-            println!("\n=== stages compared ({} rank(s)) ===", comm.size());
-            print!("{}", report::stage_table(&results));
+            outln!("\n=== stages compared ({} rank(s)) ===", comm.size());
+            out!("{}", report::stage_table(&results));
         }
         if let Some(path) = &args.json {
-            write_json(
+            reported = write_json(
                 path,
                 &serde_json::json!({
                     "world": comm.size(),
@@ -824,13 +828,13 @@ fn run_with<E: Communicator, D: BenchDevice>(
                     "staging": staging,
                     "stages": results,
                 }),
-            )
-            .map_err(same)?;
+            );
         }
         if let Some(p) = metrics_file {
-            println!("metrics: {}", p.display());
+            outln!("metrics: {}", p.display());
         }
     }
+    agree(comm, reported)?;
     // Training finished (its checkpoints and model file are written), but steps are
     // missing from the metrics file: not a clean exit.
     let lost = metrics.as_ref().and_then(|m| m.failure());
@@ -876,7 +880,7 @@ fn fit_to_budget(
             };
             let (stage, table) = budget::choose_stage(&l.config, world, rank, b, comm)?;
             if print {
-                print!("{table}");
+                out!("{table}");
             }
             l.config.zero.stage = stage;
         }
@@ -929,7 +933,7 @@ fn dry_run(
     }
     let print = rank == 0;
     if print {
-        println!(
+        outln!(
             "resolved configuration (dry run, {world} rank(s){}):",
             if loaded.len() > 1 {
                 format!(", zero.stage set per run: {}", stage_list(loaded))
@@ -937,7 +941,7 @@ fn dry_run(
                 String::new()
             }
         );
-        print!("{}", loaded[0].render());
+        out!("{}", loaded[0].render());
     }
     fit_to_budget(args, loaded, world, show, comm, None, print)?;
     let staged = args.comm == zero_comm::CommChoice::MpiStaged;
@@ -948,7 +952,7 @@ fn dry_run(
         init_from::check_hf_config(path, &preset)?;
         let file = init_from::InitFile::open(path, &preset.spec())?;
         if print {
-            println!(
+            outln!(
                 "--init-from {} ({}): every tensor of the model present with its shape{}",
                 path.display(),
                 file.describe(),
@@ -971,14 +975,14 @@ fn dry_run(
 fn write_json(path: &Path, value: &serde_json::Value) -> anyhow::Result<()> {
     let text = serde_json::to_string_pretty(value).context("serialising the report")?;
     std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))?;
-    println!("report written to {}", path.display());
+    outln!("report written to {}", path.display());
     Ok(())
 }
 
 /// Rank 0's end-of-run lines for one stage.
 fn summary(r: &StageResult, builtin: bool) {
     let first = r.losses.first().copied().unwrap_or(f64::NAN);
-    println!(
+    outln!(
         "summary ZeRO-{}: {} steps, loss {first:.4} -> {:.4}{}, {} tok/s, {:.1} ms/step (after the first), \
          ledger {} per rank (ZeRO formula {}), peak RSS {}",
         r.stage,

@@ -27,6 +27,7 @@ use super::progress::Progress;
 use super::report::{self, CommOverlap, NodeTraffic, StageResult};
 use super::rss;
 use super::signals;
+use crate::logging::{out, outln};
 
 /// The ledger categories the paper's formula counts (padding belongs to them).
 const STATE_CATEGORIES: [MemCategory; 6] = [
@@ -192,10 +193,10 @@ where
         Ok((engine, batches))
     })();
     let (mut engine, mut batches) = agree(comm, setup)?;
-    if rank == 0 && !shared.quiet {
+    let seconds = setup_started.elapsed().as_secs_f64();
+    if rank == 0 && !shared.quiet && seconds >= 1.0 {
         // Drawing a large model's initial values takes a while (about 22 ns a value per
         // thread; at stage 3 each rank draws its shard only): say where the time went.
-        let seconds = setup_started.elapsed().as_secs_f64();
         log::info!("{stage}: engine built and initial values drawn in {seconds:.1} s");
     }
     if let Some(init) = shared.init {
@@ -280,9 +281,9 @@ where
     let plan = engine.plan().clone();
     let comm_plan = CommPlan::new(engine.layout(), &plan, config.train.grad_accum);
     if rank == 0 && !shared.quiet {
-        println!("\n=== {stage}: {steps} steps on {world} rank(s) ===");
-        print!("{}", report::ledger(&plan, &totals));
-        print!("{}", report::comm(&comm_plan, &plan));
+        outln!("\n=== {stage}: {steps} steps on {world} rank(s) ===");
+        out!("{}", report::ledger(&plan, &totals));
+        out!("{}", report::comm(&comm_plan, &plan));
     }
 
     let progress = Progress::new(

@@ -247,6 +247,15 @@ fn zero_sizes_and_every_problem_at_once() {
 }
 
 #[test]
+fn an_alignment_no_checkpoint_could_be_read_back_with_is_refused() {
+    let p = problems("[zero]\nalign = 2097152\n");
+    has(&p, "zero.align = 2097152 is past the largest alignment");
+    assert_eq!(p.len(), 1, "{p:#?}");
+    let largest: EngineConfig = toml::from_str("[zero]\nalign = 1048576\n").unwrap();
+    largest.validate().unwrap();
+}
+
+#[test]
 fn learning_rate_schedule() {
     let o = OptimConfig {
         lr: 1.0,

@@ -108,6 +108,15 @@ impl EngineConfig {
             z.align > 0,
             "zero.align is 0; give the shard alignment in elements (default 32 = 64 bytes of 16-bit elements)".into(),
         );
+        need(
+            p,
+            z.align <= crate::layout::MAX_ALIGN,
+            format!(
+                "zero.align = {} is past the largest alignment, 2^20 = {} elements (a checkpoint saved so could not be read back); give at most that (default 32)",
+                z.align,
+                crate::layout::MAX_ALIGN
+            ),
+        );
 
         // [precision]
         let pr = &self.precision;

@@ -39,6 +39,18 @@ pub enum LayoutError {
     /// Alignment 0.
     #[error("alignment must be at least 1 element, got 0 (the default is {DEFAULT_ALIGN})")]
     ZeroAlign,
+    /// A world size or alignment past what a layout may hold ([`MAX_WORLD`],
+    /// [`MAX_ALIGN`]): a checkpoint saved so could not be read back.
+    #[error(
+        "world size {world} and alignment {align} must be at most 2^24 ranks and 2^20 \
+         elements (the default alignment is {DEFAULT_ALIGN})"
+    )]
+    TooLarge {
+        /// The world size asked for.
+        world: usize,
+        /// The alignment asked for.
+        align: usize,
+    },
     /// The model spec is malformed.
     #[error("invalid model spec: {0}")]
     BadSpec(String),
@@ -77,6 +89,13 @@ pub enum LayoutError {
     #[error("inconsistent layout: {0}")]
     Inconsistent(String),
 }
+
+/// The most ranks a layout may span (2^24; a checkpoint's layout past it is corrupt).
+pub const MAX_WORLD: usize = 1 << 24;
+
+/// The largest shard alignment, in elements (2^20, 2-4 MB; a checkpoint's layout past
+/// it is corrupt).
+pub const MAX_ALIGN: usize = 1 << 20;
 
 /// The most elements a layout read from a file may describe (2^48, a quarter of a
 /// petabyte of fp32 state): beyond it the numbers are corrupt, not a model.
@@ -188,6 +207,9 @@ impl PartitionLayout {
         if align == 0 {
             return Err(LayoutError::ZeroAlign);
         }
+        if world > MAX_WORLD || align > MAX_ALIGN {
+            return Err(LayoutError::TooLarge { world, align });
+        }
         spec.validate().map_err(LayoutError::BadSpec)?;
         let quantum = world * align;
         let (mut units, mut params) = (Vec::new(), Vec::new());
@@ -227,7 +249,7 @@ impl PartitionLayout {
     /// Nothing is allocated in proportion to the sizes it claims.
     pub fn check_consistent(&self) -> Result<(), LayoutError> {
         let bad = |m: String| Err(LayoutError::Inconsistent(m));
-        if !(1..=1 << 24).contains(&self.world) || !(1..=1 << 20).contains(&self.align) {
+        if !(1..=MAX_WORLD).contains(&self.world) || !(1..=MAX_ALIGN).contains(&self.align) {
             return bad(format!(
                 "world {} and align {} must be in 1..=2^24 and 1..=2^20",
                 self.world, self.align

@@ -179,6 +179,15 @@ fn bad_arguments_are_errors() {
         PartitionLayout::new(&spec, 1, 0).unwrap_err(),
         LayoutError::ZeroAlign
     );
+    // Sizes a checkpoint could not be read back with, or whose product overflows.
+    for (world, align) in [(2, MAX_ALIGN + 1), (MAX_WORLD + 1, 1), (4, 1 << 62)] {
+        assert_eq!(
+            PartitionLayout::new(&spec, world, align).unwrap_err(),
+            LayoutError::TooLarge { world, align }
+        );
+    }
+    let largest = PartitionLayout::new(&spec, 2, MAX_ALIGN).unwrap();
+    largest.check_consistent().unwrap();
     let l = PartitionLayout::new(&spec, 2, 1).unwrap();
     assert_eq!(
         l.shard_range(0, 2).unwrap_err(),

@@ -154,6 +154,14 @@ impl LlamaConfig {
                 name: "vocab_block_rows",
             });
         }
+        crate::config::check_bounds(&[
+            ("n_layer", self.n_layer),
+            ("n_embd", self.n_embd),
+            ("ffn_hidden", self.ffn_hidden),
+            ("max_seq_len", self.max_seq_len),
+            ("n_head", self.n_head),
+            ("n_kv_head", self.n_kv_head),
+        ])?;
         if !self.n_embd.is_multiple_of(self.n_head) {
             return Err(GptConfigError::HeadsDontDivide {
                 c: self.n_embd,

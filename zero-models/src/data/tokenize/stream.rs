@@ -45,10 +45,36 @@ use std::sync::{mpsc, Mutex};
 #[derive(Clone, Copy, Debug)]
 pub struct StreamOptions {
     /// Bytes read per chunk (a chunk ends at the last safe split before this, or later if
-    /// there is none); at least 1.
+    /// there is none); 1 to [`MAX_CHUNK_BYTES`].
     pub chunk_bytes: usize,
-    /// Chunks encoded in parallel; at least 1.
+    /// Chunks encoded in parallel; 1 to [`MAX_THREADS`].
     pub threads: usize,
+}
+
+/// The largest chunk (1 GiB): up to three chunks per thread are held at once.
+pub const MAX_CHUNK_BYTES: usize = 1 << 30;
+
+/// The most encoding threads (more than any node's cores).
+pub const MAX_THREADS: usize = 1024;
+
+impl StreamOptions {
+    /// An error naming the value out of range, if one is ([`encode_stream`] checks; a
+    /// caller that creates its output first can check before).
+    pub fn check(&self) -> Result<(), DataError> {
+        if !(1..=MAX_CHUNK_BYTES).contains(&self.chunk_bytes) {
+            return Err(DataError::Invalid(format!(
+                "chunk size {} bytes: give 1 to {MAX_CHUNK_BYTES} (1 GiB; the default is 4 MiB)",
+                self.chunk_bytes
+            )));
+        }
+        if !(1..=MAX_THREADS).contains(&self.threads) {
+            return Err(DataError::Invalid(format!(
+                "{} threads: give 1 to {MAX_THREADS} (one per core is enough)",
+                self.threads
+            )));
+        }
+        Ok(())
+    }
 }
 
 impl Default for StreamOptions {
@@ -181,12 +207,7 @@ pub fn encode_stream<R: Read>(
     mut sink: impl FnMut(&[u16]) -> Result<(), DataError>,
     mut progress: impl FnMut(u64),
 ) -> Result<StreamStats, DataError> {
-    if opts.chunk_bytes == 0 || opts.threads == 0 {
-        return Err(DataError::Invalid(format!(
-            "chunk_bytes ({}) and threads ({}) must be at least 1",
-            opts.chunk_bytes, opts.threads
-        )));
-    }
+    opts.check()?;
     let mut chunker = Chunker {
         input,
         path,
