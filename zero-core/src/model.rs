@@ -115,6 +115,7 @@ impl<'a, D: Device> UnitParams<'a, D> {
         cx: Compute<'_, D>,
         i: usize,
     ) -> Result<ndarray::ArrayD<f32>, ModelError> {
+        no_such_param(self.unit, i)?;
         let v = self.param(i);
         let mut host = vec![0.0f32; v.len()];
         cx.dev.download(cx.stream, v, &mut host)?;
@@ -185,6 +186,7 @@ impl<'a, D: Device> UnitGrads<'a, D> {
         cx: Compute<'_, D>,
         i: usize,
     ) -> Result<ndarray::ArrayD<f32>, ModelError> {
+        no_such_param(self.unit, i)?;
         let shape = self.unit.params[i].shape.clone();
         let name = self.unit.name.clone();
         let v = self.param(i);
@@ -192,6 +194,18 @@ impl<'a, D: Device> UnitGrads<'a, D> {
         cx.dev.download(cx.stream, v.as_view(), &mut host)?;
         ndarray::ArrayD::from_shape_vec(shape, host)
             .map_err(|e| ModelError::Other(format!("gradient {i} of '{name}': {e}")))
+    }
+}
+
+/// An error when `unit` has no parameter `i` (for the calls that return one).
+fn no_such_param(unit: &UnitSpec, i: usize) -> Result<(), ModelError> {
+    match unit.params.get(i) {
+        Some(_) => Ok(()),
+        None => Err(ModelError::BadCall(format!(
+            "unit '{}' has parameters 0..{}; there is no parameter {i}",
+            unit.name,
+            unit.params.len()
+        ))),
     }
 }
 

@@ -291,9 +291,10 @@ impl ModelSpec {
     pub fn first_use(&self) -> Vec<Option<usize>> {
         let mut first = vec![None; self.units.len()];
         for (l, layer) in self.layers.iter().enumerate() {
+            // A layer naming a unit the spec lacks (a spec not validated) is skipped there.
             for &u in &layer.units {
-                if first[u].is_none() {
-                    first[u] = Some(l);
+                if let Some(slot @ None) = first.get_mut(u) {
+                    *slot = Some(l);
                 }
             }
         }
@@ -305,7 +306,9 @@ impl ModelSpec {
         let mut last = vec![None; self.units.len()];
         for (l, layer) in self.layers.iter().enumerate() {
             for &u in &layer.units {
-                last[u] = Some(l);
+                if let Some(slot) = last.get_mut(u) {
+                    *slot = Some(l);
+                }
             }
         }
         last
@@ -343,11 +346,15 @@ impl ModelSpec {
 
     /// "N units in L layers, Ψ parameters" (for messages).
     pub fn summary(&self) -> String {
+        // Counted without overflow: the spec described may not be validated (a model
+        // handed to an engine built for another).
+        let elements = (self.units.iter().flat_map(|u| &u.params))
+            .map(|p| (p.shape.iter()).fold(1u128, |n, &d| n.saturating_mul(d as u128)))
+            .fold(0u128, u128::saturating_add);
         format!(
-            "{} units in {} layers, {} parameters",
+            "{} units in {} layers, {elements} parameters",
             self.units.len(),
             self.layers.len(),
-            self.numel()
         )
     }
 
@@ -415,11 +422,13 @@ impl ModelSpec {
                          to start at row {next}",
                         p.name,
                         b.first_row,
-                        b.first_row + rows,
+                        b.first_row.saturating_add(rows),
                         b.tensor_rows
                     ));
                 }
-                next += rows;
+                next = next.checked_add(rows).ok_or_else(|| {
+                    format!("the row blocks of '{tensor}' hold more rows than a count can")
+                })?;
             }
             if next != whole {
                 return Err(format!(
@@ -564,6 +573,24 @@ mod tests {
         let mut odd = blocks.clone();
         odd[1].shape = vec![4, 2];
         refused(vec![unit(odd)], "one row shape");
+        // Row numbers at the end of the counting range: errors, not overflows.
+        let far = ParamSpec::rows_of("t.a", &[2, 3], "t", usize::MAX, 4);
+        refused(vec![unit(vec![far])], "expected to start at row 0");
+        let (a, b) = (
+            ParamSpec::rows_of("z.a", &[usize::MAX, 0], "z", 0, usize::MAX),
+            ParamSpec::rows_of("z.b", &[usize::MAX, 0], "z", usize::MAX, usize::MAX),
+        );
+        refused(vec![unit(vec![a, b])], "more rows than a count can");
+    }
+
+    #[test]
+    fn uses_and_summary_of_a_spec_not_validated_do_not_panic() {
+        let mut spec = spec_of(vec![unit(vec![ParamSpec::new("w", &[usize::MAX, 2])])]);
+        spec.layers.push(LayerSpec::new("stray", vec![0, 99]));
+        assert_eq!(spec.first_use(), [Some(0)]);
+        assert_eq!(spec.last_use(), [Some(1)]);
+        let expected = (usize::MAX as u128 * 2).to_string();
+        assert!(spec.summary().contains(&expected), "{}", spec.summary());
     }
 
     #[test]

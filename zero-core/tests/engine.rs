@@ -568,14 +568,20 @@ fn a_step_that_failed_part_way_stops_the_engine() {
                 .unwrap_err()
                 .to_string();
             assert!(!dir.exists(), "{}", dir.display());
+            // Nor is a checkpoint loaded into it (before any collective: the ranks may be
+            // at different ones).
+            let loaded = zero_core::checkpoint::load(&mut engine, &dir)
+                .unwrap_err()
+                .to_string();
             assert_eq!(engine.interrupted(), Some(1));
             dev.synchronize().unwrap();
-            (failed, again, export, params, saved, engine.steps_done())
+            let refused = [again, export, params, saved, loaded];
+            (failed, refused, engine.steps_done())
         });
         for outcome in outcomes {
-            let (failed, again, export, params, saved, done) = outcome.unwrap();
+            let (failed, refused, done) = outcome.unwrap();
             assert!(failed.contains("injected failure"), "{stage}: {failed}");
-            for refused in [&again, &export, &params, &saved] {
+            for refused in &refused {
                 assert!(
                     refused.contains("step 1 failed part-way")
                         && refused.contains("resume from the last checkpoint"),
@@ -724,6 +730,49 @@ fn a_stage_3_rank_draws_only_its_shard_of_the_initial_values() {
         assert_eq!(drawn, want, "rank {rank}, units below {below} whole");
         assert_eq!(f32_bits(&params), reference, "rank {rank}");
     }
+}
+
+/// State from a damaged or hand-edited checkpoint is refused, not run with: counters a
+/// step would overflow or that disagree, and a loss scale no step could use.
+#[test]
+fn imported_counters_and_scales_out_of_range_are_refused() {
+    use common::models::char_lm::CharLm;
+    use zero_kernels::device::HostDevice;
+    let outcomes = zero_comm::run_local(1, Default::default(), |comm| {
+        let dev = HostDevice::new();
+        let model = CharLm::new(&dev, common::lm_config()).unwrap();
+        let c = config(Stage::Zero1, Precision::Fp32, 1);
+        let mut engine = zero_core::Engine::new(&c, &comm, &dev, &model).unwrap();
+        let scaler = zero_core::LossScaler::new(&c.precision);
+        let mut huge = scaler.clone();
+        huge.scale = f64::INFINITY;
+        let refusals = [
+            (u64::MAX, 0, scaler.clone()),
+            (3, 4, scaler.clone()),
+            (3, 3, huge),
+        ]
+        .map(|(step, applied, s)| {
+            engine
+                .finish_import(step, applied, s)
+                .unwrap_err()
+                .to_string()
+        });
+        engine.finish_import(3, 2, scaler).unwrap();
+        (refusals, engine.steps_done())
+    });
+    let (refusals, done) = outcomes.into_iter().next().unwrap().unwrap();
+    assert!(
+        refusals[0].contains("need applied <= step <= 2^53"),
+        "{}",
+        refusals[0]
+    );
+    assert!(
+        refusals[1].contains("step 3 and applied 4"),
+        "{}",
+        refusals[1]
+    );
+    assert!(refusals[2].contains("at most 2^64"), "{}", refusals[2]);
+    assert_eq!(done, 3);
 }
 
 #[test]

@@ -15,7 +15,7 @@ use super::meta::Meta;
 use super::shard::{ShardReader, KINDS};
 use super::{rank_file, CheckpointError, LATEST};
 use crate::config::Stage;
-use crate::engine::{Engine, LossScaler};
+use crate::engine::{Engine, EngineError, LossScaler};
 use crate::layout::PartitionLayout;
 
 /// What was loaded.
@@ -112,6 +112,11 @@ pub fn load<D: Device, C: Communicator>(
     engine: &mut Engine<'_, D, C>,
     path: &Path,
 ) -> Result<LoadInfo, CheckpointError> {
+    // Before any collective, as `save`: after a step failed part-way the ranks may be at
+    // different ones (a new engine is to load the checkpoint).
+    if let Some(step) = engine.interrupted() {
+        return Err(EngineError::Interrupted { step }.into());
+    }
     let comm = engine.communicator();
     let read = resolve(path).and_then(|dir| {
         let meta = Meta::read(&dir)?;

@@ -89,7 +89,9 @@ pub fn read_param(
         ))
     })?;
     let unit = &meta.layout.units[p.unit];
-    let mut out = Vec::with_capacity(p.numel);
+    // Reserved up to a bound only: the size is the metadata's claim until the datasets
+    // are read (checked there), so a corrupt one fails as an error, not an allocation.
+    let mut out = Vec::with_capacity(p.numel.min(RESERVE_BOUND));
     let want = p.offset..p.offset + p.numel;
     let mut at = want.start;
     while at < want.end {
@@ -111,6 +113,9 @@ pub fn read_param(
     Ok(out)
 }
 
+/// The most elements reserved ahead on a size `meta.json` claims (64 MiB of f32).
+const RESERVE_BOUND: usize = 1 << 24;
+
 /// Read a whole tensor (its master weights, row-major) from the shard files: its one
 /// parameter, or the row blocks of a split tensor joined in row order (they tile its
 /// rows; [`crate::PartitionLayout::tensors`]).
@@ -120,7 +125,7 @@ pub fn read_tensor(
     tensor: &Tensor,
     files: &mut HashMap<usize, ShardReader>,
 ) -> Result<Vec<f32>, CheckpointError> {
-    let mut values = Vec::with_capacity(tensor.numel());
+    let mut values = Vec::with_capacity(tensor.numel().min(RESERVE_BOUND));
     for &(i, _) in &tensor.parts {
         values.extend(read_param(dir, meta, i, files)?);
     }

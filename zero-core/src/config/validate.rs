@@ -145,11 +145,11 @@ impl EngineConfig {
         if pr.loss_scaling() {
             need(
                 p,
-                pr.initial_scale.is_finite()
+                pr.initial_scale <= crate::engine::scaler::MAX_LOSS_SCALE
                     && pr.initial_scale >= pr.min_scale
                     && pr.min_scale > 0.0,
                 format!(
-                    "loss scale bounds: need 0 < min_scale ({}) <= initial_scale ({}), both finite",
+                    "loss scale bounds: need 0 < min_scale ({}) <= initial_scale ({}) <= 2^64",
                     pr.min_scale, pr.initial_scale
                 ),
             );

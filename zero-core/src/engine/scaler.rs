@@ -15,6 +15,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::PrecisionConfig;
 
+/// The largest loss scale (2^64): far past any scale fp16 gradients can use (their range
+/// ends at 65504), and finite, so that growth can never make it infinite, where every
+/// step would overflow and no backoff could bring it down.
+pub const MAX_LOSS_SCALE: f64 = 18_446_744_073_709_551_616.0;
+
 /// The scaler's whole state (saved in checkpoints so a resumed run continues exactly).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LossScaler {
@@ -65,7 +70,9 @@ impl LossScaler {
     pub fn with_policy_of(&self, p: &PrecisionConfig) -> LossScaler {
         let fresh = LossScaler::new(p);
         LossScaler {
-            scale: self.scale.max(fresh.min_scale),
+            scale: self
+                .scale
+                .clamp(fresh.min_scale, MAX_LOSS_SCALE.max(fresh.min_scale)),
             clean_steps: self.clean_steps,
             hysteresis_left: self.hysteresis_left.clamp(1, fresh.hysteresis),
             skips_at_min: self.skips_at_min,
@@ -80,7 +87,7 @@ impl LossScaler {
         }
         if overflow {
             if self.scale <= self.min_scale {
-                self.skips_at_min += 1;
+                self.skips_at_min = self.skips_at_min.saturating_add(1);
             }
             self.clean_steps = 0;
             self.hysteresis_left = self.hysteresis_left.saturating_sub(1);
@@ -90,10 +97,10 @@ impl LossScaler {
             }
         } else {
             self.skips_at_min = 0;
-            self.clean_steps += 1;
+            self.clean_steps = self.clean_steps.saturating_add(1);
             self.hysteresis_left = self.hysteresis;
             if self.clean_steps >= self.growth_interval {
-                self.scale *= self.growth;
+                self.scale = (self.scale * self.growth).min(MAX_LOSS_SCALE);
                 self.clean_steps = 0;
             }
         }
@@ -155,6 +162,18 @@ mod tests {
         assert_eq!((s.scale, s.skips_at_min), (16384.0, 2));
         s.update(false);
         assert_eq!(s.skips_at_min, 0);
+    }
+
+    #[test]
+    fn growth_stops_at_a_finite_ceiling_from_which_backoff_comes_down() {
+        let mut s = fp16();
+        (s.growth, s.growth_interval) = (1e300, 1);
+        s.update(false);
+        s.update(false);
+        assert_eq!(s.scale, MAX_LOSS_SCALE);
+        s.update(true);
+        s.update(true);
+        assert_eq!(s.scale, MAX_LOSS_SCALE / 2.0);
     }
 
     #[test]

@@ -142,11 +142,18 @@ impl<D: Device, C: Communicator> Engine<'_, D, C> {
         self.check_intact()?;
         // A scale that is not a positive finite number would turn every step into an
         // "overflow" and blame the learning rate or the data.
-        let scale_ok = |s: f64| s.is_finite() && s > 0.0;
+        let scale_ok = |s: f64| s > 0.0 && s <= super::scaler::MAX_LOSS_SCALE;
         if !scale_ok(scaler.scale) || !scale_ok(scaler.min_scale) {
             return Err(EngineError::Mismatch(format!(
-                "the imported loss scaler has scale {} and min_scale {}: both must be finite and above 0 (a damaged or hand-edited state?)",
+                "the imported loss scaler has scale {} and min_scale {}: both must be above 0 and at most 2^64 (a damaged or hand-edited state?)",
                 scaler.scale, scaler.min_scale
+            )));
+        }
+        // Counters a step adds to: beyond 2^53 (where JSON's numbers stop being exact) or
+        // out of order they are damaged, and would overflow.
+        if step > 1 << 53 || applied > step {
+            return Err(EngineError::Mismatch(format!(
+                "the imported step counters are step {step} and applied {applied}: need applied <= step <= 2^53 (a damaged or hand-edited state?)"
             )));
         }
         let (core, bufs) = (&self.core, &mut self.bufs);

@@ -161,7 +161,7 @@ impl<D: Device, C: Communicator> Engine<'_, D, C> {
         };
         let rank0 = core.comm.rank() == 0;
         if let Some(why) = diverged {
-            guard.events += 1;
+            guard.events = guard.events.saturating_add(1);
             match guard_cfg.policy {
                 DivergencePolicy::Stop => {
                     return Err(EngineError::Diverged {
@@ -185,7 +185,7 @@ impl<D: Device, C: Communicator> Engine<'_, D, C> {
         }
         let skip_for_loss = diverged.is_some() && guard_cfg.policy == DivergencePolicy::SkipStep;
         if skip_for_loss {
-            guard.skipped_in_a_row += 1;
+            guard.skipped_in_a_row = guard.skipped_in_a_row.saturating_add(1);
             if guard.skipped_in_a_row > guard_cfg.max_consecutive_skips {
                 return Err(EngineError::SkippedTooLong {
                     step: number,

@@ -544,6 +544,13 @@ impl PartitionLayout {
             if want.is_empty() {
                 continue;
             }
+            if old.shard_len == 0 {
+                // Only a layout not made by `new` (nor checked) has empty shards.
+                return Err(LayoutError::Inconsistent(format!(
+                    "unit '{}' of the old layout has shards of 0 elements",
+                    old.name
+                )));
+            }
             let first = want.start / old.shard_len;
             let last = (want.end - 1) / old.shard_len;
             for from_rank in first..=last {

@@ -188,6 +188,14 @@ fn bad_arguments_are_errors() {
     }
     let largest = PartitionLayout::new(&spec, 2, MAX_ALIGN).unwrap();
     largest.check_consistent().unwrap();
+    // A layout not made by `new` (deserialised, unchecked) with empty shards: an error.
+    let mut empty = PartitionLayout::new(&spec, 2, 1).unwrap();
+    empty.units[0].shard_len = 0;
+    let to = PartitionLayout::new(&spec, 1, 1).unwrap();
+    assert!(matches!(
+        to.reshard_from(&empty, 0),
+        Err(LayoutError::Inconsistent(_))
+    ));
     let l = PartitionLayout::new(&spec, 2, 1).unwrap();
     assert_eq!(
         l.shard_range(0, 2).unwrap_err(),

@@ -402,6 +402,8 @@ impl BufferPlan {
         inputs: &PlanInputs,
         rank: usize,
     ) -> Result<BufferPlan, PlanError> {
+        // The spec's layers are read by index below: a malformed one is an error here.
+        spec.validate().map_err(LayoutError::BadSpec)?;
         if spec.units.len() != layout.units.len()
             || spec
                 .units
