@@ -771,7 +771,7 @@ fn imported_counters_and_scales_out_of_range_are_refused() {
         "{}",
         refusals[1]
     );
-    assert!(refusals[2].contains("at most 2^64"), "{}", refusals[2]);
+    assert!(refusals[2].contains("at most 2^127"), "{}", refusals[2]);
     assert_eq!(done, 3);
 }
 

@@ -149,7 +149,7 @@ impl EngineConfig {
                     && pr.initial_scale >= pr.min_scale
                     && pr.min_scale > 0.0,
                 format!(
-                    "loss scale bounds: need 0 < min_scale ({}) <= initial_scale ({}) <= 2^64",
+                    "loss scale bounds: need 0 < min_scale ({}) <= initial_scale ({}) <= 2^127",
                     pr.min_scale, pr.initial_scale
                 ),
             );

@@ -15,10 +15,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::PrecisionConfig;
 
-/// The largest loss scale (2^64): far past any scale fp16 gradients can use (their range
+/// The largest loss scale (2^127): the largest power of two f32 holds (the scaled
+/// gradient's weight is an f32), far past any scale fp16 gradients can use (their range
 /// ends at 65504), and finite, so that growth can never make it infinite, where every
 /// step would overflow and no backoff could bring it down.
-pub const MAX_LOSS_SCALE: f64 = 18_446_744_073_709_551_616.0;
+pub const MAX_LOSS_SCALE: f64 = 1.7014118346046923e38; // 2^127
 
 /// The scaler's whole state (saved in checkpoints so a resumed run continues exactly).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

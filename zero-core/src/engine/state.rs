@@ -145,7 +145,7 @@ impl<D: Device, C: Communicator> Engine<'_, D, C> {
         let scale_ok = |s: f64| s > 0.0 && s <= super::scaler::MAX_LOSS_SCALE;
         if !scale_ok(scaler.scale) || !scale_ok(scaler.min_scale) {
             return Err(EngineError::Mismatch(format!(
-                "the imported loss scaler has scale {} and min_scale {}: both must be above 0 and at most 2^64 (a damaged or hand-edited state?)",
+                "the imported loss scaler has scale {} and min_scale {}: both must be above 0 and at most 2^127 (a damaged or hand-edited state?)",
                 scaler.scale, scaler.min_scale
             )));
         }

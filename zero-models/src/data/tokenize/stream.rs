@@ -248,10 +248,11 @@ pub fn encode_stream<R: Read>(
         // and the workers end before the scope joins them.
         let job_tx = job_tx;
         let (out_tx, out_rx) = mpsc::channel::<(u64, Option<Vec<u16>>)>();
+        let mut started = 0;
         for own in &forks {
             let tok = own.as_ref().unwrap_or(tok);
             let (job_rx, out_tx) = (&job_rx, out_tx.clone());
-            s.spawn(move || loop {
+            let worker = std::thread::Builder::new().spawn_scoped(s, move || loop {
                 // The lock is held only while waiting for the next job.
                 let job = match job_rx.lock() {
                     Ok(rx) => rx.recv(),
@@ -264,6 +265,19 @@ pub fn encode_stream<R: Read>(
                     break;
                 }
             });
+            // A thread limit reached: fewer workers take the same queue, or none at all.
+            match worker {
+                Ok(_) => started += 1,
+                Err(e) if started > 0 => {
+                    log::warn!("tokenizing on {started} threads: the OS refused more ({e})");
+                    break;
+                }
+                Err(e) => {
+                    return Err(DataError::Invalid(format!(
+                        "the OS refused the tokenizer's threads ({e}); give fewer threads, or 1"
+                    )))
+                }
+            }
         }
         drop(out_tx);
         // Chunks sent and written; the file offset where each unwritten chunk ends.
