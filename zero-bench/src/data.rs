@@ -208,8 +208,10 @@ pub fn run(cmd: DataCommand) -> anyhow::Result<()> {
                 (TokenizerKind::Byte, false) => Tokenizer::Byte,
                 (TokenizerKind::Gpt2, special) => Tokenizer::gpt2(special)?,
             };
+            // By default one per core, within the tokenizer's bound.
             let threads = threads.unwrap_or_else(|| {
-                std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+                let cores = std::thread::available_parallelism();
+                cores.map_or(1, |n| n.get().min(zero_models::data::TOKENIZE_MAX_THREADS))
             });
             tokenize(&input, &output, format, &tok, threads, chunk_bytes)?;
         }

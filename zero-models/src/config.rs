@@ -33,6 +33,17 @@ pub enum GptConfigError {
     /// An unknown preset name.
     #[error("unknown model preset '{0}' (known: {known})", known = preset_names().join(", "))]
     UnknownPreset(String),
+    /// Activations past what any host holds, whose sizes could overflow.
+    #[error(
+        "the activations of {rows} rows x {seq_len} tokens with these widths would pass \
+         2^62 bytes; give fewer rows (micro_batch) or a shorter context"
+    )]
+    ActivationsTooLarge {
+        /// Rows of a micro-batch.
+        rows: usize,
+        /// Tokens of a row (the context).
+        seq_len: usize,
+    },
     /// A dimension past its bound ([`DIM_BOUNDS`]).
     #[error(
         "{name} = {value} is past its bound {max}: beyond any model trained today, and \
@@ -49,8 +60,9 @@ pub enum GptConfigError {
 }
 
 /// The largest value of each model dimension: far past any model trained today, and small
-/// enough that parameter counts (L x C x F <= 2^50) and activation sizes (with at most
-/// 2^24 tokens a micro-batch) cannot overflow 64 bits.
+/// enough that parameter counts (L x C x F <= 2^48) cannot overflow 64 bits, nor a spec
+/// of a mistyped number of layers fill the memory. (Activation sizes, which also grow
+/// with the micro-batch, are checked when a model is built: `arena_fits` in lm.rs.)
 pub const DIM_BOUNDS: &[(&str, usize)] = &[
     ("n_layer", 1 << 12),
     ("n_embd", 1 << 17),

@@ -67,12 +67,26 @@ pub fn activation_bytes_for(
     seq_len: usize,
     elem_bytes: usize,
 ) -> usize {
+    if !gpt_arena_fits(cfg, rows, seq_len) {
+        return crate::lm::TOO_LARGE_ARENA;
+    }
     arena_bytes_for(
         dims_for(cfg, rows, seq_len).total(),
         rows,
         seq_len,
         elem_bytes,
     )
+}
+
+/// [`crate::lm::arena_fits`] for GPT-2's widths (the widest activation is the MLP's 4C).
+fn gpt_arena_fits(cfg: &GptConfig, rows: usize, seq_len: usize) -> bool {
+    let widths = (
+        cfg.n_embd.saturating_mul(4),
+        cfg.n_head,
+        cfg.vocab_size,
+        cfg.n_layer,
+    );
+    crate::lm::arena_fits((rows, seq_len), widths)
 }
 
 fn dims_for(cfg: &GptConfig, b: usize, t: usize) -> Dims {
@@ -95,6 +109,10 @@ impl<D: Device, F: Scalar> Gpt<D, F> {
         cfg.validate()?;
         if max_rows == 0 {
             return Err(GptConfigError::Zero { name: "max_rows" }.into());
+        }
+        if !gpt_arena_fits(&cfg, max_rows, cfg.max_seq_len) {
+            let (rows, seq_len) = (max_rows, cfg.max_seq_len);
+            return Err(GptConfigError::ActivationsTooLarge { rows, seq_len }.into());
         }
         let dims = dims_for(&cfg, max_rows, cfg.max_seq_len);
         let limits = (max_rows, cfg.max_seq_len, cfg.vocab_size);

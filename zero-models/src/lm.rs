@@ -90,6 +90,27 @@ pub(crate) fn bad_call(msg: String) -> ModelError {
     ModelError::BadCall(msg)
 }
 
+/// Whether the activations of `rows` x `seq_len` tokens, for a model of `layers` blocks
+/// whose widest activation is `widest` (C, 3C, 4C or F) per token, with `heads`
+/// attention heads and `vocab` logits, stay under 2^62 bytes: an upper
+/// bound counted in u128 (per block 16 pieces of B T widest, plus the B H T^2 attention
+/// probabilities; then the head's B T V logits; 8 bytes each, f64's, the widest element
+/// a model computes in), so that the exact sizes, counted in usize, cannot wrap.
+pub(crate) fn arena_fits(
+    (rows, seq_len): (usize, usize),
+    (widest, heads, vocab, layers): (usize, usize, usize, usize),
+) -> bool {
+    let [b, t, w, h, v, l] = [rows, seq_len, widest, heads, vocab, layers].map(|x| x as u128);
+    let product = |xs: &[u128]| xs.iter().fold(1u128, |p, &x| p.saturating_mul(x));
+    let block = product(&[16, b, t, w]).saturating_add(product(&[b, h, t, t]));
+    let elems = product(&[l + 1, block]).saturating_add(product(&[b, t, v + 16]));
+    product(&[elems, 8]) < 1 << 62
+}
+
+/// The bytes [`arena_fits`] refuses (2^62, less than anything a host holds, and far
+/// from overflowing when a budget adds it to other sizes).
+pub(crate) const TOO_LARGE_ARENA: usize = 1 << 62;
+
 /// Bytes of a [`TokenArena`] of `elems` activations of `elem_bytes` for micro-batches of
 /// `rows` x `seq_len` tokens: the activations, the inputs and targets (u32), the loss.
 pub(crate) fn arena_bytes_for(

@@ -122,6 +122,21 @@ fn big_specs_and_activation_sizes_need_no_allocation() {
     let bytes = activation_bytes_for(&cfg, 1024, 1024, 4);
     assert!(bytes > 1 << 40);
     assert!(cfg.flops_per_token(1024) > 6.0 * 1.5e9);
+    // Sizes whose exact count would wrap come back as 2^62 bytes (which any memory
+    // budget refuses), and a model of them is an error, not a wrapped allocation.
+    assert_eq!(activation_bytes_for(&cfg, usize::MAX / 3, 1024, 4), 1 << 62);
+    let dev = zero_kernels::device::HostDevice::new();
+    let too_many = zero_models::Gpt::<_, f32>::new(&dev, cfg, usize::MAX / 3);
+    assert!(
+        matches!(
+            too_many.as_ref().err(),
+            Some(zero_models::GptError::Config(
+                GptConfigError::ActivationsTooLarge { .. }
+            ))
+        ),
+        "{:?}",
+        too_many.err()
+    );
 }
 
 #[test]

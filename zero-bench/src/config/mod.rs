@@ -381,18 +381,6 @@ impl Config {
                 t.micro_batch, t.seq_len, t.grad_accum
             ),
         );
-        // Activations grow with the micro-batch's tokens times the model's widths: past
-        // 2^24 tokens their byte count could overflow (the widths' bounds are in
-        // zero-models/src/config.rs, DIM_BOUNDS).
-        let micro_tokens = t.micro_batch.checked_mul(t.seq_len);
-        need(
-            &mut p,
-            micro_tokens.is_some_and(|x| x <= 1 << 24),
-            format!(
-                "micro_batch x seq_len = {} x {} is past 2^24 = 16777216 tokens a micro-batch; give a smaller micro_batch and raise grad_accum instead",
-                t.micro_batch, t.seq_len
-            ),
-        );
         need(
             &mut p,
             t.log_every > 0,

@@ -369,8 +369,8 @@ impl Drop for Progress {
 
 /// Run `micro overlap` (under mpirun).
 pub fn run(args: &OverlapArgs) -> Result<()> {
-    let (_ctx, comm) = zero_comm::init().context("initialising MPI")?;
-    crate::logging::init(Some((comm.rank(), comm.size())));
+    // Every check before MPI starts: one rank refusing alone after it (its node's
+    // memory) would leave the others waiting in the first collective.
     if args.layers == 0 || args.reps == 0 || args.bucket < 4 {
         return Err(anyhow!(
             "--layers, --reps and --bucket (at least 4 bytes) must be positive"
@@ -395,6 +395,8 @@ pub fn run(args: &OverlapArgs) -> Result<()> {
     let layers = args.layers as u64;
     let bytes = crate::memory::product(&[layers.saturating_add(4), args.bucket as u64]);
     crate::memory::need("micro overlap's buckets", bytes)?;
+    let (_ctx, comm) = zero_comm::init().context("initialising MPI")?;
+    crate::logging::init(Some((comm.rank(), comm.size())));
     let len = args.bucket / 4;
     let iters = calibrate(args.compute_ms);
     let mut s = Setup {

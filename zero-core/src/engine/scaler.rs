@@ -70,10 +70,10 @@ impl LossScaler {
     /// saved one. The scale is kept within the new floor.
     pub fn with_policy_of(&self, p: &PrecisionConfig) -> LossScaler {
         let fresh = LossScaler::new(p);
+        // max and min, not clamp: a floor nothing validated (scaling off) may be NaN.
+        let ceiling = MAX_LOSS_SCALE.max(fresh.min_scale);
         LossScaler {
-            scale: self
-                .scale
-                .clamp(fresh.min_scale, MAX_LOSS_SCALE.max(fresh.min_scale)),
+            scale: self.scale.max(fresh.min_scale).min(ceiling),
             clean_steps: self.clean_steps,
             hysteresis_left: self.hysteresis_left.clamp(1, fresh.hysteresis),
             skips_at_min: self.skips_at_min,

@@ -143,7 +143,8 @@ impl<D: Device, C: Communicator> Engine<'_, D, C> {
         // A scale that is not a positive finite number would turn every step into an
         // "overflow" and blame the learning rate or the data.
         let scale_ok = |s: f64| s > 0.0 && s <= super::scaler::MAX_LOSS_SCALE;
-        if !scale_ok(scaler.scale) || !scale_ok(scaler.min_scale) {
+        // (The floor matters only where scaling is on; nothing validates it elsewhere.)
+        if !scale_ok(scaler.scale) || (scaler.enabled && !scale_ok(scaler.min_scale)) {
             return Err(EngineError::Mismatch(format!(
                 "the imported loss scaler has scale {} and min_scale {}: both must be above 0 and at most 2^127 (a damaged or hand-edited state?)",
                 scaler.scale, scaler.min_scale

@@ -20,9 +20,9 @@ pub struct UnitPlacement {
     /// The unit's working parameters in Params: the whole padded unit (stages 0-2) or
     /// this rank's shard (stage 3).
     pub params: Range<usize>,
-    /// The same elements unit-relative (`0..padded_len`, or `own`): with `updates`
-    /// inside it, what this rank draws of the unit's initial values (a stage-3 unit
-    /// kept gathered is drawn whole, for its gathered copy).
+    /// The same elements unit-relative (`0..padded_len`, or `own`), with `updates`
+    /// inside them: what this rank draws of the unit's initial values (the engine draws a
+    /// stage-3 unit it keeps gathered whole, for the gathered copy).
     pub held: Range<usize>,
     /// The unit's gradient accumulator in Grads: the whole padded unit (full gradients)
     /// or this rank's shard (stages 2/3 reducing every micro-step).

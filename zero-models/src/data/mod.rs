@@ -15,7 +15,7 @@ pub use markov::MarkovSource;
 pub use order::Sequential;
 pub use tokenize::{
     encode_stream, last_safe_split, tokenize_utf8, Gpt2, StreamOptions, StreamStats, Tokenizer,
-    BYTE_VOCAB, GPT2_EOT, GPT2_VOCAB,
+    BYTE_VOCAB, GPT2_EOT, GPT2_VOCAB, TOKENIZE_MAX_THREADS,
 };
 
 use std::path::PathBuf;

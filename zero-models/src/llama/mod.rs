@@ -54,6 +54,19 @@ pub struct Llama<D: Device, F: Scalar = f32> {
     init_threads: usize,
 }
 
+/// [`crate::lm::arena_fits`] for Llama's widths (the widest activation is q, k and v
+/// together, or the MLP's F).
+fn llama_arena_fits(cfg: &LlamaConfig, rows: usize, seq_len: usize) -> bool {
+    let qkv = cfg.n_embd.saturating_add(cfg.kv_dim().saturating_mul(2));
+    let widths = (
+        qkv.max(cfg.ffn_hidden),
+        cfg.n_head,
+        cfg.vocab_size,
+        cfg.n_layer,
+    );
+    crate::lm::arena_fits((rows, seq_len), widths)
+}
+
 fn dims_for(cfg: &LlamaConfig, b: usize, t: usize) -> LlamaDims {
     LlamaDims {
         b,
@@ -79,6 +92,9 @@ pub fn activation_bytes_for(
     seq_len: usize,
     elem_bytes: usize,
 ) -> usize {
+    if !llama_arena_fits(cfg, rows, seq_len) {
+        return crate::lm::TOO_LARGE_ARENA;
+    }
     arena_bytes_for(
         dims_for(cfg, rows, seq_len).total(),
         rows,
@@ -108,6 +124,10 @@ impl<D: Device, F: Scalar> Llama<D, F> {
         cfg.validate()?;
         if max_rows == 0 {
             return Err(crate::GptConfigError::Zero { name: "max_rows" }.into());
+        }
+        if !llama_arena_fits(&cfg, max_rows, cfg.max_seq_len) {
+            let (rows, seq_len) = (max_rows, cfg.max_seq_len);
+            return Err(crate::GptConfigError::ActivationsTooLarge { rows, seq_len }.into());
         }
         let dims = dims_for(&cfg, max_rows, cfg.max_seq_len);
         let limits = (max_rows, cfg.max_seq_len, cfg.vocab_size);

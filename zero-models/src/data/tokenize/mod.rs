@@ -14,7 +14,9 @@ mod gpt2;
 mod stream;
 
 pub use gpt2::{Gpt2, GPT2_EOT, GPT2_VOCAB};
-pub use stream::{encode_stream, last_safe_split, StreamOptions, StreamStats};
+pub use stream::{
+    encode_stream, last_safe_split, StreamOptions, StreamStats, MAX_THREADS as TOKENIZE_MAX_THREADS,
+};
 
 use super::DataError;
 use std::path::Path;
