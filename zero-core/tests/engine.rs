@@ -482,34 +482,63 @@ fn the_simulated_device_catches_every_removed_wait() {
     }
 }
 
-/// A step that fails part-way (here the model's forward of one layer, on every rank)
-/// leaves half a step behind: the engine returns that error, then refuses further steps,
-/// state export and checkpoints with one that says what to do, at every stage, instead
-/// of gathering into slots or reducing gradients the failed step left mid-flight.
-#[test]
-fn a_step_that_failed_part_way_stops_the_engine() {
+use hooked::Hooked;
+
+mod hooked {
+    use super::common;
     use common::models::char_lm::{CharLm, TokenBatch};
-    use zero_comm::Communicator;
+    use std::sync::atomic::{AtomicUsize, Ordering};
     use zero_core::model::{Compute, Model, ModelError, UnitGrads, UnitParams};
     use zero_core::ModelSpec;
-    use zero_kernels::device::{DView, Device, HostDevice};
+    use zero_kernels::device::{DView, HostDevice};
 
-    /// The char LM, failing the forward of layer 2 on its first call.
-    struct FailsOnce(CharLm<HostDevice>, bool);
-    impl Model<HostDevice> for FailsOnce {
+    /// The char LM with two test hooks: the forward of `fail_layer` fails on its first
+    /// call, and the initial values drawn are counted (`init_unit`, `init_unit_range`).
+    pub struct Hooked {
+        lm: CharLm<HostDevice>,
+        fail_layer: Option<usize>,
+        pub drawn: AtomicUsize,
+    }
+
+    impl Hooked {
+        pub fn new(lm: CharLm<HostDevice>, fail_layer: Option<usize>) -> Self {
+            let drawn = AtomicUsize::new(0);
+            Hooked {
+                lm,
+                fail_layer,
+                drawn,
+            }
+        }
+    }
+
+    impl Model<HostDevice> for Hooked {
         type Batch<'a> = TokenBatch<'a>;
         fn spec(&self) -> &ModelSpec {
-            self.0.spec()
+            self.lm.spec()
         }
         fn init_unit(&self, seed: u64, unit: usize, out: &mut [f32]) {
-            self.0.init_unit(seed, unit, out)
+            let numel = self.spec().units[unit].numel();
+            self.drawn.fetch_add(numel, Ordering::Relaxed);
+            self.lm.init_unit(seed, unit, out)
+        }
+        fn init_unit_range(
+            &self,
+            seed: u64,
+            unit: usize,
+            range: std::ops::Range<usize>,
+            out: &mut [f32],
+        ) {
+            self.drawn.fetch_add(range.len(), Ordering::Relaxed);
+            let mut whole = vec![0.0; self.spec().units[unit].numel()];
+            self.lm.init_unit(seed, unit, &mut whole);
+            out.copy_from_slice(&whole[range]);
         }
         fn begin_micro_step(
             &mut self,
             cx: Compute<'_, HostDevice>,
             batch: &TokenBatch<'_>,
         ) -> Result<(), ModelError> {
-            self.0.begin_micro_step(cx, batch)
+            self.lm.begin_micro_step(cx, batch)
         }
         fn forward_layer(
             &mut self,
@@ -517,14 +546,14 @@ fn a_step_that_failed_part_way_stops_the_engine() {
             layer: usize,
             params: &[UnitParams<'_, HostDevice>],
         ) -> Result<(), ModelError> {
-            if layer == 2 && !self.1 {
-                self.1 = true;
+            if self.fail_layer == Some(layer) {
+                self.fail_layer = None;
                 return Err(ModelError::BadCall("injected failure".into()));
             }
-            self.0.forward_layer(cx, layer, params)
+            self.lm.forward_layer(cx, layer, params)
         }
         fn loss(&self) -> DView<'_, HostDevice, f32> {
-            self.0.loss()
+            self.lm.loss()
         }
         fn backward_layer(
             &mut self,
@@ -534,17 +563,29 @@ fn a_step_that_failed_part_way_stops_the_engine() {
             grads: &mut [UnitGrads<'_, HostDevice>],
             weight: f32,
         ) -> Result<(), ModelError> {
-            self.0.backward_layer(cx, layer, params, grads, weight)
+            self.lm.backward_layer(cx, layer, params, grads, weight)
         }
         fn activation_bytes(&self) -> usize {
-            self.0.activation_bytes()
+            self.lm.activation_bytes()
         }
     }
+}
+
+/// A step that fails part-way (here the model's forward of one layer, on every rank)
+/// leaves half a step behind: the engine returns that error, then refuses further steps,
+/// state export and checkpoints with one that says what to do, at every stage, instead
+/// of gathering into slots or reducing gradients the failed step left mid-flight.
+#[test]
+fn a_step_that_failed_part_way_stops_the_engine() {
+    use common::models::char_lm::{CharLm, TokenBatch};
+    use zero_comm::Communicator;
+    use zero_kernels::device::{Device, HostDevice};
 
     for stage in [Stage::Zero0, Stage::Zero3] {
         let outcomes = zero_comm::run_local(2, Default::default(), |comm| {
             let dev = HostDevice::new();
-            let mut model = FailsOnce(CharLm::new(&dev, common::lm_config()).unwrap(), false);
+            let lm = CharLm::new(&dev, common::lm_config()).unwrap();
+            let mut model = Hooked::new(lm, Some(2));
             let c = config(stage, Precision::Bf16, 1);
             let mut engine = zero_core::Engine::new(&c, &comm, &dev, &model).unwrap();
             let (x, y) = common::lm_batch(0, 0, comm.rank(), 2, 1);
@@ -599,68 +640,9 @@ fn a_step_that_failed_part_way_stops_the_engine() {
 /// whole.
 #[test]
 fn a_stage_3_rank_draws_only_its_shard_of_the_initial_values() {
-    use common::models::char_lm::{CharLm, TokenBatch};
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use zero_core::model::{Compute, Model, ModelError, UnitGrads, UnitParams};
-    use zero_core::ModelSpec;
-    use zero_kernels::device::{DView, HostDevice};
-
-    /// The char LM, counting the initial values drawn.
-    struct CountsDraws(CharLm<HostDevice>, AtomicUsize);
-    impl Model<HostDevice> for CountsDraws {
-        type Batch<'a> = TokenBatch<'a>;
-        fn spec(&self) -> &ModelSpec {
-            self.0.spec()
-        }
-        fn init_unit(&self, seed: u64, unit: usize, out: &mut [f32]) {
-            self.1
-                .fetch_add(self.spec().units[unit].numel(), Ordering::Relaxed);
-            self.0.init_unit(seed, unit, out)
-        }
-        fn init_unit_range(
-            &self,
-            seed: u64,
-            unit: usize,
-            range: std::ops::Range<usize>,
-            out: &mut [f32],
-        ) {
-            self.1.fetch_add(range.len(), Ordering::Relaxed);
-            let mut whole = vec![0.0; self.spec().units[unit].numel()];
-            self.0.init_unit(seed, unit, &mut whole);
-            out.copy_from_slice(&whole[range]);
-        }
-        fn begin_micro_step(
-            &mut self,
-            cx: Compute<'_, HostDevice>,
-            batch: &TokenBatch<'_>,
-        ) -> Result<(), ModelError> {
-            self.0.begin_micro_step(cx, batch)
-        }
-        fn forward_layer(
-            &mut self,
-            cx: Compute<'_, HostDevice>,
-            layer: usize,
-            params: &[UnitParams<'_, HostDevice>],
-        ) -> Result<(), ModelError> {
-            self.0.forward_layer(cx, layer, params)
-        }
-        fn loss(&self) -> DView<'_, HostDevice, f32> {
-            self.0.loss()
-        }
-        fn backward_layer(
-            &mut self,
-            cx: Compute<'_, HostDevice>,
-            layer: usize,
-            params: &[UnitParams<'_, HostDevice>],
-            grads: &mut [UnitGrads<'_, HostDevice>],
-            weight: f32,
-        ) -> Result<(), ModelError> {
-            self.0.backward_layer(cx, layer, params, grads, weight)
-        }
-        fn activation_bytes(&self) -> usize {
-            self.0.activation_bytes()
-        }
-    }
+    use common::models::char_lm::CharLm;
+    use std::sync::atomic::Ordering;
+    use zero_kernels::device::HostDevice;
 
     let n = 2;
     // (stage, units kept whole below this many elements) -> per rank (drawn, units'
@@ -668,14 +650,11 @@ fn a_stage_3_rank_draws_only_its_shard_of_the_initial_values() {
     let start = |stage: Stage, persist_below: usize| {
         zero_comm::run_local(n, Default::default(), |comm| {
             let dev = HostDevice::new();
-            let model = CountsDraws(
-                CharLm::new(&dev, common::lm_config()).unwrap(),
-                AtomicUsize::new(0),
-            );
+            let model = Hooked::new(CharLm::new(&dev, common::lm_config()).unwrap(), None);
             let mut c = config(stage, Precision::Bf16, 1);
             c.zero.persistence_threshold = persist_below;
             let engine = zero_core::Engine::new(&c, &comm, &dev, &model).unwrap();
-            let drawn = model.1.load(Ordering::Relaxed);
+            let drawn = model.drawn.load(Ordering::Relaxed);
             let units: Vec<(usize, usize)> = (engine.layout().units.iter())
                 .map(|u| (u.numel, u.shard_len))
                 .collect();
