@@ -45,9 +45,9 @@ use std::sync::{mpsc, Mutex};
 #[derive(Clone, Copy, Debug)]
 pub struct StreamOptions {
     /// Bytes read per chunk (a chunk ends at the last safe split before this, or later if
-    /// there is none); 1 to [`MAX_CHUNK_BYTES`].
+    /// there is none); 1 to 2^30 (1 GiB).
     pub chunk_bytes: usize,
-    /// Chunks encoded in parallel; 1 to [`MAX_THREADS`].
+    /// Chunks encoded in parallel; 1 to 1024.
     pub threads: usize,
 }
 
