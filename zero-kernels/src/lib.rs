@@ -58,6 +58,7 @@ pub mod twin;
 pub use dtype::{DType, Element};
 pub use error::KernelError;
 pub use float::Float;
+pub use par::run_parts;
 
 /// Result of a zero-kernels call.
 pub type Result<T, E = KernelError> = std::result::Result<T, E>;

@@ -91,10 +91,11 @@ pub(crate) fn zip_parts<A, B>(a: Vec<A>, b: Vec<B>) -> Vec<(Option<A>, Option<B>
     (0..n).map(|_| (a.next(), b.next())).collect()
 }
 
-/// Run `f` on every job: the first on this thread, the others on scoped threads. Where
-/// the OS refuses a thread (a thread limit reached), that job and the ones after it run
-/// on this thread after the first: the same result, only slower.
-pub(crate) fn run_parts<J: Send>(jobs: Vec<J>, f: impl Fn(J) + Sync) {
+/// Run `f` on every job: the first on this thread, the others on scoped threads spawned
+/// for the call (for work outside a device's kernels, which run on the device's pool).
+/// Where the OS refuses a thread (a thread limit reached), that job and the ones after
+/// it run on this thread after the first: the same result, only slower.
+pub fn run_parts<J: Send>(jobs: Vec<J>, f: impl Fn(J) + Sync) {
     if jobs.len() <= 1 {
         jobs.into_iter().for_each(f);
         return;

@@ -72,8 +72,12 @@ pub const DIM_BOUNDS: &[(&str, usize)] = &[
     ("n_kv_head", 1 << 17),
 ];
 
-/// An error for the first of `dims` past its [`DIM_BOUNDS`] entry.
-pub(crate) fn check_bounds(dims: &[(&'static str, usize)]) -> Result<(), GptConfigError> {
+/// An error for the first of `dims` that is 0, else for the first past its
+/// [`DIM_BOUNDS`] entry (a name without one has no upper bound).
+pub(crate) fn check_dims(dims: &[(&'static str, usize)]) -> Result<(), GptConfigError> {
+    if let Some(&(name, _)) = dims.iter().find(|(_, v)| *v == 0) {
+        return Err(GptConfigError::Zero { name });
+    }
     for &(name, value) in dims {
         let bound = DIM_BOUNDS.iter().find(|(n, _)| *n == name);
         if let Some(&(_, max)) = bound.filter(|(_, max)| value > *max) {
@@ -274,19 +278,17 @@ impl GptConfig {
         GptLayer::sequence(self.n_layer, self.vocab_blocks().len())
     }
 
-    /// Check the shape: all dimensions positive, H divides C, V fits u16 tokens.
+    /// Check the shape: all dimensions positive and within [`DIM_BOUNDS`], H divides C, V
+    /// fits u16 tokens.
     pub fn validate(&self) -> Result<(), GptConfigError> {
-        for (name, v) in [
+        check_dims(&[
             ("vocab_size", self.vocab_size),
             ("max_seq_len", self.max_seq_len),
             ("n_layer", self.n_layer),
             ("n_head", self.n_head),
             ("n_embd", self.n_embd),
-        ] {
-            if v == 0 {
-                return Err(GptConfigError::Zero { name });
-            }
-        }
+            ("ffn_hidden", self.n_embd.saturating_mul(4)),
+        ])?;
         if self.n_embd / self.n_head * self.n_head != self.n_embd {
             return Err(GptConfigError::HeadsDontDivide {
                 c: self.n_embd,
@@ -301,13 +303,7 @@ impl GptConfig {
         if self.vocab_size > 65536 {
             return Err(GptConfigError::VocabTooLarge(self.vocab_size));
         }
-        check_bounds(&[
-            ("n_layer", self.n_layer),
-            ("n_embd", self.n_embd),
-            ("ffn_hidden", self.n_embd.saturating_mul(4)),
-            ("max_seq_len", self.max_seq_len),
-            ("n_head", self.n_head),
-        ])
+        Ok(())
     }
 
     /// Units and layers. Units: `embed` {block 0 of `wte`, `wpe`}, one unit per further

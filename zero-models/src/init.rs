@@ -199,24 +199,11 @@ fn normals<F: Scalar>(g: &SplitMix64, first: usize, std: f64, dst: &mut [F], thr
         return fill(0, dst);
     }
     let per = dst.len().div_ceil(parts);
-    // Parts whose thread the OS refused, drawn on this thread after the others.
-    let refused: Vec<usize> = std::thread::scope(|s| {
-        let mut refused = Vec::new();
-        for (i, part) in dst.chunks_mut(per).enumerate() {
-            let fill = &fill;
-            let spawned = std::thread::Builder::new().spawn_scoped(s, move || fill(i * per, part));
-            if let Err(e) = spawned {
-                log::debug!("initial values: part {i} drawn on the calling thread ({e})");
-                refused.push(i);
-            }
-        }
-        refused
-    });
-    for i in refused {
-        let end = ((i + 1) * per).min(dst.len());
-        let part = &mut dst[i * per..end];
-        fill(i * per, part);
-    }
+    let jobs: Vec<(usize, &mut [F])> = (dst.chunks_mut(per).enumerate())
+        .map(|(i, part)| (i * per, part))
+        .collect();
+    // Scoped threads (a thread the OS refuses leaves its part to this one).
+    zero_kernels::run_parts(jobs, |(at, part)| fill(at, part));
 }
 
 #[cfg(test)]

@@ -136,7 +136,7 @@ impl LlamaConfig {
     /// Check the shape: dimensions positive, H divides C into even heads, Hkv divides H,
     /// theta > 1 and eps > 0.
     pub fn validate(&self) -> Result<(), GptConfigError> {
-        for (name, v) in [
+        crate::config::check_dims(&[
             ("vocab_size", self.vocab_size),
             ("max_seq_len", self.max_seq_len),
             ("n_layer", self.n_layer),
@@ -144,24 +144,12 @@ impl LlamaConfig {
             ("n_kv_head", self.n_kv_head),
             ("n_embd", self.n_embd),
             ("ffn_hidden", self.ffn_hidden),
-        ] {
-            if v == 0 {
-                return Err(GptConfigError::Zero { name });
-            }
-        }
+        ])?;
         if self.vocab_block_rows == Some(0) {
             return Err(GptConfigError::Zero {
                 name: "vocab_block_rows",
             });
         }
-        crate::config::check_bounds(&[
-            ("n_layer", self.n_layer),
-            ("n_embd", self.n_embd),
-            ("ffn_hidden", self.ffn_hidden),
-            ("max_seq_len", self.max_seq_len),
-            ("n_head", self.n_head),
-            ("n_kv_head", self.n_kv_head),
-        ])?;
         if !self.n_embd.is_multiple_of(self.n_head) {
             return Err(GptConfigError::HeadsDontDivide {
                 c: self.n_embd,
