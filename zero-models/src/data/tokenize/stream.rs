@@ -193,6 +193,26 @@ impl<R: Read> Chunker<'_, R> {
     }
 }
 
+/// Every remaining chunk encoded on the calling thread, in order, into `sink`.
+fn encode_on_this_thread<R: Read>(
+    tok: &Tokenizer,
+    chunker: &mut Chunker<'_, R>,
+    sink: &mut impl FnMut(&[u16]) -> Result<(), DataError>,
+    progress: &mut impl FnMut(u64),
+    stats: &mut StreamStats,
+) -> Result<(), DataError> {
+    let mut ids = Vec::new();
+    while let Some(text) = chunker.next_chunk()? {
+        ids.clear();
+        tok.encode_into(&text, &mut ids);
+        sink(&ids)?;
+        stats.tokens += ids.len() as u64;
+        stats.bytes = chunker.offset;
+        progress(stats.bytes);
+    }
+    Ok(())
+}
+
 /// Encode the UTF-8 text of `input` (named `path` in errors) with `tok`, handing the
 /// tokens to `sink` in order: first [`Tokenizer::file_prefix`], then the text's. The
 /// tokens are those of `tok.encode(whole text)` for any chunk size and thread count (see
@@ -223,15 +243,7 @@ pub fn encode_stream<R: Read>(
         tokens: prefix.len() as u64,
     };
     if opts.threads == 1 {
-        let mut ids = Vec::new();
-        while let Some(text) = chunker.next_chunk()? {
-            ids.clear();
-            tok.encode_into(&text, &mut ids);
-            sink(&ids)?;
-            stats.tokens += ids.len() as u64;
-            stats.bytes = chunker.offset;
-            progress(stats.bytes);
-        }
+        encode_on_this_thread(tok, &mut chunker, &mut sink, &mut progress, &mut stats)?;
         return Ok(stats);
     }
     // Workers live for the whole stream, each with its own tokenizer: GPT-2's regex keeps
@@ -265,7 +277,8 @@ pub fn encode_stream<R: Read>(
                     break;
                 }
             });
-            // A thread limit reached: fewer workers take the same queue, or none at all.
+            // A thread limit reached: fewer workers take the same queue, or, with none,
+            // this thread encodes alone (as with one thread asked for).
             match worker {
                 Ok(_) => started += 1,
                 Err(e) if started > 0 => {
@@ -273,9 +286,9 @@ pub fn encode_stream<R: Read>(
                     break;
                 }
                 Err(e) => {
-                    return Err(DataError::Invalid(format!(
-                        "the OS refused the tokenizer's threads ({e}); give fewer threads, or 1"
-                    )))
+                    log::warn!("tokenizing on one thread: the OS refused worker threads ({e})");
+                    encode_on_this_thread(tok, &mut chunker, &mut sink, &mut progress, &mut stats)?;
+                    return Ok(stats);
                 }
             }
         }
