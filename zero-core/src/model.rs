@@ -229,11 +229,11 @@ pub trait Model<D: Device> {
 
     /// Write elements `range` of unit `unit`'s flat initial parameters into `out`
     /// (length `range.len()`; `range` non-empty, within the unit's numel): exactly the
-    /// values [`Self::init_unit`] writes there. At ZeRO-3 the engine asks each rank for its
-    /// shard of every unit it does not keep gathered (`persistence_threshold`), so a
-    /// model whose initialiser can skip ahead (a counter-based stream, as the reference
-    /// models' in `zero-models/src/init.rs`) makes start-up fall as 1/N too. The default
-    /// draws the whole unit and copies the range.
+    /// values [`Self::init_unit`] writes there. At every stage the engine asks each rank
+    /// for its own 1/N block of every unit and all-gathers the blocks where it keeps the
+    /// whole unit, so a model whose initialiser can skip ahead (a counter-based stream, as
+    /// the reference models' in `zero-models/src/init.rs`) makes start-up fall as 1/N
+    /// too. The default draws the whole unit and copies the range.
     fn init_unit_range(&self, seed: u64, unit: usize, range: Range<usize>, out: &mut [f32]) {
         let mut whole = vec![0.0f32; self.spec().units[unit].numel()];
         self.init_unit(seed, unit, &mut whole);

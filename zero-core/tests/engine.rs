@@ -634,14 +634,15 @@ fn a_step_that_failed_part_way_stops_the_engine() {
     }
 }
 
-/// At stage 3 each rank draws only its shard of the initial values (`init_unit_range`),
-/// plus the units it keeps whole (persistent), and starts from the same model as stage 0
-/// (bf16 parameters and f32 master alike); at stages 0-2 every rank draws every unit
-/// whole.
+/// At every stage each rank draws only its own block of each unit's initial values
+/// (`init_unit_range`), units kept gathered at stage 3 too, and the engine's bf16
+/// parameters and f32 master are the bits of each unit drawn whole, once, outside any
+/// engine (the blocks are all-gathered exactly where a whole unit is kept).
 #[test]
-fn a_stage_3_rank_draws_only_its_shard_of_the_initial_values() {
+fn each_rank_draws_only_its_block_of_the_initial_values() {
     use common::models::char_lm::CharLm;
     use std::sync::atomic::Ordering;
+    use zero_core::Model;
     use zero_kernels::device::HostDevice;
 
     let n = 2;
@@ -667,47 +668,53 @@ fn a_stage_3_rank_draws_only_its_shard_of_the_initial_values() {
         .collect::<Vec<_>>()
     };
     let f32_bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-    let stage0 = start(Stage::Zero0, 0);
-    let whole_model: usize = stage0[0].1.iter().map(|u| u.0).sum();
-    let reference = f32_bits(&stage0[0].2);
-    for stage in [Stage::Zero0, Stage::Zero1, Stage::Zero2] {
-        for (drawn, _, params) in start(stage, 0) {
-            assert_eq!(drawn, whole_model, "{stage}");
-            assert_eq!(f32_bits(&params), reference, "{stage}");
-        }
-    }
-    // Stage 3: the shard of every unit, clipped to the unit's real elements (the last
-    // rank's shard of a padded unit holds padding, which is zeros, not drawn).
-    for (rank, (drawn, units, params)) in start(Stage::Zero3, 0).into_iter().enumerate() {
-        let shard: usize = (units.iter())
+    // Each unit drawn whole on one thread: the parameters rounded to bf16, the master.
+    let reference = {
+        let dev = HostDevice::new();
+        let model = CharLm::new(&dev, common::lm_config()).unwrap();
+        let seed = config(Stage::Zero0, Precision::Bf16, 1).seed;
+        let master: Vec<f32> = (model.spec().units.iter().enumerate())
+            .flat_map(|(u, unit)| {
+                let mut values = vec![0.0f32; unit.numel()];
+                model.init_unit(seed, u, &mut values);
+                values
+            })
+            .collect();
+        let params = master.iter().map(|&x| half::bf16::from_f32(x).to_f32());
+        f32_bits(&params.chain(master.iter().copied()).collect::<Vec<_>>())
+    };
+    // This rank's block of every unit, clipped to the unit's real elements (the last
+    // rank's block of a padded unit holds padding, which is zeros, not drawn).
+    let block = |rank: usize, units: &[(usize, usize)]| -> usize {
+        (units.iter())
             .map(|&(numel, s)| (rank * s..(rank + 1) * s).filter(|&e| e < numel).count())
-            .sum();
-        assert_eq!(drawn, shard, "rank {rank}");
-        assert!(
-            drawn < whole_model * 2 / 3,
-            "rank {rank}: {drawn} of {whole_model}"
-        );
-        assert_eq!(f32_bits(&params), reference, "rank {rank}");
-    }
-    // With the small units kept whole, those are drawn whole and the others sharded.
+            .sum()
+    };
+    let sizes: Vec<usize> = start(Stage::Zero0, 0)[0].1.iter().map(|u| u.0).collect();
+    let whole_model: usize = sizes.iter().sum();
+    // Stage 3 with the small units kept gathered (whole on every rank) as well.
     let below = 1000;
-    let sizes: Vec<usize> = stage0[0].1.iter().map(|u| u.0).collect();
     assert!(
         sizes.iter().any(|&e| e < below) && sizes.iter().any(|&e| e >= below),
         "units on both sides of {below}: {sizes:?}"
     );
-    for (rank, (drawn, units, params)) in start(Stage::Zero3, below).into_iter().enumerate() {
-        let want: usize = (units.iter())
-            .map(|&(numel, s)| {
-                if numel < below {
-                    numel
-                } else {
-                    (rank * s..(rank + 1) * s).filter(|&e| e < numel).count()
-                }
-            })
-            .sum();
-        assert_eq!(drawn, want, "rank {rank}, units below {below} whole");
-        assert_eq!(f32_bits(&params), reference, "rank {rank}");
+    let cases = [
+        (Stage::Zero0, 0),
+        (Stage::Zero1, 0),
+        (Stage::Zero2, 0),
+        (Stage::Zero3, 0),
+        (Stage::Zero3, below),
+    ];
+    for (stage, persist_below) in cases {
+        for (rank, (drawn, units, params)) in start(stage, persist_below).into_iter().enumerate() {
+            let case = format!("{stage}, units below {persist_below} kept whole, rank {rank}");
+            assert_eq!(drawn, block(rank, &units), "{case}");
+            assert!(
+                drawn < whole_model * 2 / 3,
+                "{case}: {drawn} of {whole_model}"
+            );
+            assert_eq!(f32_bits(&params), reference, "{case}");
+        }
     }
 }
 

@@ -37,9 +37,9 @@ mod step;
 use std::collections::BTreeMap;
 use std::ops::Range;
 
-use zero_comm::{CommError, CommStats, Communicator, NodeGroups};
-use zero_kernels::device::{Buffer, Device, OverlapStats};
-use zero_kernels::{DType, Float, KernelError};
+use zero_comm::{on_stream, CommError, CommStats, Communicator, NodeGroups};
+use zero_kernels::device::{Buffer, DViewMut, Device, OverlapStats};
+use zero_kernels::{DType, Element, Float, KernelError};
 
 use crate::config::{ConfigError, EngineConfig, Precision};
 use crate::layout::{LayoutError, PartitionLayout};
@@ -444,51 +444,38 @@ impl<'c, D: Device, C: Communicator> Engine<'c, D, C> {
     }
 
     /// Fill parameters, master weights and persistent units from the model's initialiser,
-    /// one unit at a time (bounded extra host memory: one unit). Each rank draws only
-    /// what it holds (the placement's `held`): at stage 3 its shard of a unit not kept
-    /// gathered, so with a model whose `init_unit_range` skips ahead (the reference
-    /// models') start-up falls as 1/N with memory.
+    /// one unit at a time. Each rank draws only its own block of each unit (`own`, 1/N of
+    /// it, through `init_unit_range`) and puts it where its buffers keep it; a buffer that
+    /// holds the whole unit (the parameters at stages 0-2 and of a stage-3 unit kept
+    /// gathered, the master at stage 0) is then all-gathered from every rank's block. So
+    /// with a model whose `init_unit_range` skips ahead (the reference models) start-up
+    /// falls as 1/N at every stage, and host memory holds one block at a time. The values
+    /// are the bits a whole-unit draw gives: the gather is exact, never qwZ's.
     fn init_params<P: Float, M: Model<D>>(&mut self, model: &M) -> Result<(), EngineError> {
         let core = &self.core;
-        let (dev, s) = (core.dev, &core.streams.compute);
         let seed = core.config.seed;
         let bufs = &mut self.bufs;
         for (u, unit) in core.layout.units.iter().enumerate() {
             let at = &core.plan.placements[u];
-            let drawn = if core.plan.persistent[u] {
-                0..unit.padded_len
-            } else {
-                at.held.clone()
-            };
-            // Elements of `drawn`, from the model; those past numel are padding, zero.
-            let mut values = vec![0.0f32; drawn.len()];
-            let real = drawn.start.min(unit.numel)..drawn.end.min(unit.numel);
+            // This rank's block; elements past numel are padding, zero.
+            let mut block = vec![0.0f32; at.own.len()];
+            let real = at.own.start.min(unit.numel)..at.own.end.min(unit.numel);
             if real.len() == unit.numel {
-                model.init_unit(seed, u, &mut values[..unit.numel]);
+                model.init_unit(seed, u, &mut block[..unit.numel]);
             } else if !real.is_empty() {
-                model.init_unit_range(seed, u, real.clone(), &mut values[..real.len()]);
+                model.init_unit_range(seed, u, real.clone(), &mut block[..real.len()]);
             }
-            let window = |r: &Range<usize>| r.start - drawn.start..r.end - drawn.start;
-            let round = |x: &[f32]| -> Vec<P> { x.iter().map(|&v| P::from_f32(v)).collect() };
-            // Working parameters: what this rank holds of the unit (whole or shard).
-            let held = window(&at.held);
-            dev.upload(
-                s,
-                &round(&values[held]),
-                bufs.params.get_mut::<P>()?.slice_mut(at.params.clone()),
-            )?;
+            let rounded: Vec<P> = block.iter().map(|&v| P::from_f32(v)).collect();
+            let params = bufs.params.get_mut::<P>()?.slice_mut(at.params.clone());
+            place_block(core, params, &at.own, &rounded)?;
             if let Some(master) = &mut bufs.master {
-                dev.upload(
-                    s,
-                    &values[window(&at.updates)],
-                    master.slice_mut(at.state.clone()),
-                )?;
+                place_block(core, master.slice_mut(at.state.clone()), &at.own, &block)?;
             }
             if let Some(p) = &mut bufs.persistent[u] {
-                dev.upload(s, &round(&values), p.get_mut::<P>()?.view_mut())?;
+                place_block(core, p.get_mut::<P>()?.view_mut(), &at.own, &rounded)?;
             }
         }
-        bufs.params_ready = Some(dev.record(s)?);
+        bufs.params_ready = Some(core.dev.record(&core.streams.compute)?);
         Ok(())
     }
 
@@ -616,4 +603,23 @@ impl<'c, D: Device, C: Communicator> Engine<'c, D, C> {
         }
         Ok(())
     }
+}
+
+/// Put this rank's block of a unit's initial values (`block`, the unit's elements `own`)
+/// into `dst`, which keeps either that block or the whole padded unit; a whole unit is
+/// then all-gathered from every rank's block (on the compute stream, after the upload).
+fn place_block<T: Element, D: Device, C: Communicator>(
+    core: &Core<'_, D, C>,
+    mut dst: DViewMut<'_, D, T>,
+    own: &Range<usize>,
+    block: &[T],
+) -> Result<(), EngineError> {
+    let (dev, s) = (core.dev, &core.streams.compute);
+    if dst.len() == block.len() {
+        dev.upload(s, block, dst)?;
+        return Ok(());
+    }
+    dev.upload(s, block, dst.reborrow().slice_mut(own.clone()))?;
+    on_stream::all_gather_in_place(core.comm, dev, s, dst)?;
+    Ok(())
 }

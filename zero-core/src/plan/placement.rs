@@ -20,10 +20,6 @@ pub struct UnitPlacement {
     /// The unit's working parameters in Params: the whole padded unit (stages 0-2) or
     /// this rank's shard (stage 3).
     pub params: Range<usize>,
-    /// The same elements unit-relative (`0..padded_len`, or `own`), with `updates`
-    /// inside them: what this rank draws of the unit's initial values (the engine draws a
-    /// stage-3 unit it keeps gathered whole, for the gathered copy).
-    pub held: Range<usize>,
     /// The unit's gradient accumulator in Grads: the whole padded unit (full gradients)
     /// or this rank's shard (stages 2/3 reducing every micro-step).
     pub grads: Range<usize>,
@@ -62,7 +58,6 @@ impl UnitPlacement {
             Stage::Zero0 => UnitPlacement {
                 own: own.clone(),
                 params: whole.clone(),
-                held: 0..unit.padded_len,
                 grads,
                 reduced_grads: whole.clone(),
                 norm_grads: own_in_whole,
@@ -73,7 +68,6 @@ impl UnitPlacement {
             Stage::Zero1 | Stage::Zero2 => UnitPlacement {
                 own: own.clone(),
                 params: whole,
-                held: 0..unit.padded_len,
                 reduced_grads: if grads_sharded {
                     shard.clone()
                 } else {
@@ -92,7 +86,6 @@ impl UnitPlacement {
             Stage::Zero3 => UnitPlacement {
                 own: own.clone(),
                 params: shard.clone(),
-                held: own.clone(),
                 reduced_grads: if grads_sharded {
                     shard.clone()
                 } else {
