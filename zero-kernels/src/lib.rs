@@ -14,11 +14,15 @@
 //!
 //! Every kernel has a scalar `reference` (the test oracle) and vectorised paths chosen at
 //! run time ([`Isa`]: AVX-512, AVX2+FMA+F16C or scalar, by `is_x86_feature_detected!`, so
-//! a plain `cargo build` takes the fast path; forced through [`Exec`] in tests). Results
-//! are bitwise identical across levels, thread counts and the CUDA kernels:
+//! a plain `cargo build` takes the fast path; forced through [`Exec`] in tests). The
+//! matrix products are the exception below: FMA chains (`nn/sgemm.rs`), the same bits
+//! across thread counts but not across kernels, tested against f64 within a bound. The
+//! optimizer kernels ([`adamw`], [`gradstats`], [`cast`], [`quant`]) and the
+//! elementwise and row ops of [`nn`] are bitwise identical across levels, thread counts
+//! and the CUDA kernels:
 //!
 //! - the same IEEE operations in the same order on every path, and **no fused
-//!   multiply-add anywhere** (a scalar fallback without FMA hardware would need a slow
+//!   multiply-add** in them (a scalar fallback without FMA hardware would need a slow
 //!   software `fma`; the kernels are memory-bound, so FMA would buy nothing; the PTX is
 //!   built with `--fmad=false` and explicit `_rn` intrinsics);
 //! - 16-bit conversions by one bit recipe (round to nearest even, subnormals, inf, NaN);

@@ -1,4 +1,4 @@
-//! zero-models: the GPT-2 reference model and data loading.
+//! zero-models: the GPT-2 and Llama reference models and token data.
 //!
 //! - [`GptConfig`]: shapes and presets, the [`zero_core::ModelSpec`], parameter and FLOP
 //!   counts, all without allocating weights.
@@ -11,7 +11,8 @@
 //!   [`LLAMA_PRESETS`], and [`ModelPreset`] looks a name up in either table.
 //! - [`data`]: token files (nanoGPT and llm.c `.bin`), the sequential batch order, a
 //!   built-in synthetic corpus, tokenisation of text (bytes or GPT-2's BPE, streamed).
-//! - [`names`]: GPT-2's tensor names in files, ours and Hugging Face's, both ways.
+//! - [`names`]: tensor names in files (ours, Meta's, Hugging Face's GPT-2 and Llama),
+//!   both ways.
 //!
 //! Driving the model as the engine does, one layer at a time, each call handed only the
 //! parameters of the units that layer uses (here on the host device):

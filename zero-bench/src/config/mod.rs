@@ -111,8 +111,8 @@ impl Config {
 #[serde(deny_unknown_fields, default)]
 pub struct ModelConfig {
     /// Preset name (see [`PRESETS`]): tiny, small, gpt2-124m, gpt2-350m, gpt2-774m,
-    /// gpt2-1.5b; or a Llama ([`zero_models::LLAMA_PRESETS`]): llama-tiny, llama2-7b,
-    /// llama2-13b, llama2-70b, llama3-8b, llama3-70b, llama-7b/13b/70b. Unset: all five
+    /// gpt2-1.5b; or a Llama ([`zero_models::LLAMA_PRESETS`]): llama-tiny, llama-small,
+    /// llama2-7b, llama2-13b, llama2-70b, llama3-8b, llama3-70b, llama-7b/13b/70b. Unset: all five
     /// dimensions below must be given (a GPT-2).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub preset: Option<String>,

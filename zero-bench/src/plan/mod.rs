@@ -108,8 +108,8 @@ pub struct PlanArgs {
     #[arg(long, value_parser = parse_params, allow_negative_numbers = true, conflicts_with = "model", required_unless_present = "model")]
     pub params: Option<u64>,
     /// A model preset instead: tiny, small, gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b,
-    /// llama-tiny, llama2-7b, llama2-13b, llama2-70b, llama3-8b, llama3-70b, llama-7b,
-    /// llama-13b, llama-70b.
+    /// llama-tiny, llama-small, llama2-7b, llama2-13b, llama2-70b, llama3-8b, llama3-70b,
+    /// llama-7b, llama-13b, llama-70b.
     #[arg(long)]
     pub model: Option<String>,
     /// --model only: activation checkpointing every K transformer blocks (blocks 0, K,
@@ -305,8 +305,7 @@ pub fn run(a: &PlanArgs) -> anyhow::Result<()> {
     print!("{}", report.render(a.verbose, a.tflops));
     if let Some(path) = &a.json {
         let text = serde_json::to_string_pretty(&report).context("serialising the plan")?;
-        std::fs::write(path, text + "\n")
-            .with_context(|| format!("writing the plan to {}", path.display()))?;
+        crate::outfile::write_text(path, &(text + "\n"))?;
         log::info!("wrote {}", path.display());
     }
     Ok(())
