@@ -247,6 +247,37 @@ fn sweep_run_over_one_and_two_ranks_writes_the_table_and_plots_and_collect_rebui
     assert_png(&again.join("memory.png"));
     assert_svg(&again.join("memory.svg"));
 
+    // One partial result file (a full disk under `train --json`) costs only its own rows:
+    // the table of the others is written, the file is named, and the exit code says so.
+    // Files not named as results are ignored.
+    let partial = scratch("collect-partial");
+    for entry in std::fs::read_dir(&out).unwrap_or_else(|e| panic!("{e}")) {
+        let path = entry.unwrap_or_else(|e| panic!("{e}")).path();
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        if name.starts_with('n') && name.ends_with(".json") {
+            std::fs::copy(&path, partial.join(&*name)).unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
+    let truncated = partial.join("n3_tiny_fp32_a1.json");
+    std::fs::write(&truncated, "{\"world\": 3, \"sta").unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(partial.join("notes_v2.json"), "{}").unwrap_or_else(|e| panic!("{e}"));
+    let ran = zero_bench_run(
+        &["sweep", "collect", &partial.display().to_string()],
+        &out.join("collect-partial.log"),
+        Duration::from_secs(60),
+    );
+    assert_eq!(ran.code, Some(1), "{}", ran.output);
+    assert!(
+        ran.output.contains("1 result file(s) could not be read")
+            && ran.output.contains("n3_tiny_fp32_a1.json")
+            && !ran.output.contains("notes_v2"),
+        "{}",
+        ran.output
+    );
+    let csv_partial =
+        std::fs::read_to_string(partial.join("sweep.csv")).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(csv_partial, csv, "the readable files' table");
+
     // A second, smaller run into the same directory tables its own point only, though
     // the N=2 result of the first run is still there.
     let ran = zero_bench_run(

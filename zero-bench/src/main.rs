@@ -16,6 +16,7 @@ mod gpu_check;
 mod logging;
 mod memory;
 mod micro;
+mod outfile;
 mod plan;
 mod sweep;
 mod train;

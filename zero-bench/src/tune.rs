@@ -420,11 +420,8 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
     });
     let json_path = args.out.join("tune.json");
     let write_json = |json: &serde_json::Value| -> anyhow::Result<()> {
-        std::fs::write(
-            &json_path,
-            serde_json::to_string_pretty(json).context("serialising the tune report")? + "\n",
-        )
-        .with_context(|| format!("writing {}", json_path.display()))
+        let text = serde_json::to_string_pretty(json).context("serialising the tune report")?;
+        crate::outfile::write_text(&json_path, &(text + "\n"))
     };
     let failed = measured.iter().filter(|c| c.failed.is_some()).count();
     let Some(best) = measured
@@ -435,6 +432,16 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
         .map(|(c, _)| c)
     else {
         write_json(&json)?;
+        // A best.toml of an earlier tune into this directory would read as this one's.
+        let stale = args.out.join("best.toml");
+        match std::fs::remove_file(&stale) {
+            Ok(()) => eprintln!("[tune] removed the earlier {}", stale.display()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => eprintln!(
+                "[tune] could not remove the earlier {}: {e}",
+                stale.display()
+            ),
+        }
         bail!(
             "no candidate within the budget ran successfully ({failed} of {} candidate(s) failed; \
              the table above and {} say why, the logs are in {})",
@@ -458,7 +465,7 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
         best.measured().unwrap_or(f64::NAN) * 1e3,
         toml::to_string(&best_cfg).context("writing the chosen configuration")?
     );
-    std::fs::write(&toml_path, text).with_context(|| format!("writing {}", toml_path.display()))?;
+    crate::outfile::write_text(&toml_path, &text)?;
     json["best"] = best.label().into();
     write_json(&json)?;
     if let Some(given) = measured.iter().find(|c| c.given && c.measured().is_some()) {

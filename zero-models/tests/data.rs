@@ -104,10 +104,13 @@ fn token_outside_vocab_is_reported_with_its_position() {
     assert!(order.fill(&t, 0, 0, &mut x, &mut y).is_err());
     assert!(Tokens::from_vec("mem", vec![0, 9], 5).is_err());
     // The up-front scan finds the first one, in any range, on either storage.
-    assert_eq!(t.first_out_of_vocab(0..4, |_| {}), Some((2, 300)));
-    assert_eq!(t.first_out_of_vocab(3..4, |_| {}), None);
     assert_eq!(
-        t.first_out_of_vocab(0..100, |_| {}),
+        t.first_out_of_vocab(0..4, |_| {}).expect("reads"),
+        Some((2, 300))
+    );
+    assert_eq!(t.first_out_of_vocab(3..4, |_| {}).expect("reads"), None);
+    assert_eq!(
+        t.first_out_of_vocab(0..100, |_| {}).expect("reads"),
         Some((2, 300)),
         "range clipped"
     );
@@ -119,11 +122,47 @@ fn token_outside_vocab_is_reported_with_its_position() {
     write_llmc(&p, &big).expect("write");
     let t = Tokens::open(&p, TokenFormat::Auto, 500).expect("opens");
     let mut calls = Vec::new();
-    let found = t.first_out_of_vocab(0..t.len(), |done| calls.push(done));
+    let found = t
+        .first_out_of_vocab(0..t.len(), |done| calls.push(done))
+        .expect("reads");
     assert_eq!(found, Some(((1 << 24) + 3, 999)));
     assert_eq!(calls, vec![1 << 24]);
     let mem = Tokens::from_vec("mem", vec![1, 2, 3], 4).expect("valid");
-    assert_eq!(mem.first_out_of_vocab(0..3, |_| {}), None);
+    assert_eq!(mem.first_out_of_vocab(0..3, |_| {}).expect("reads"), None);
+    let _ = std::fs::remove_file(p);
+}
+
+/// A token file truncated while a run reads it (written again in place) is an error that
+/// names it and says what happened, not a SIGBUS: the file is read, not mapped.
+#[test]
+fn a_token_file_truncated_under_the_run_is_an_error_naming_it() {
+    let p = tmp("truncated-under.bin");
+    write_nanogpt(&p, &(0..1000u16).collect::<Vec<_>>()).expect("write");
+    let t = Tokens::open(&p, TokenFormat::Auto, 1000).expect("opens");
+    let order = Sequential::new(2, 8, 1, 1, 0).expect("valid");
+    let (mut x, mut y) = (Vec::new(), Vec::new());
+    order.fill(&t, 0, 0, &mut x, &mut y).expect("reads");
+    assert_eq!(x[..3], [0, 1, 2]);
+    assert_eq!(y[..3], [1, 2, 3]);
+    // A sequence that wraps past the end starts again at token 0.
+    let mut window = [0u16; 4];
+    t.read_wrapping(998, &mut window).expect("reads");
+    assert_eq!(window, [998, 999, 0, 1]);
+    std::fs::File::options()
+        .write(true)
+        .open(&p)
+        .and_then(|f| f.set_len(100))
+        .expect("truncate");
+    let e = t
+        .read_wrapping(500, &mut window)
+        .expect_err("the tokens are gone");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("truncated-under.bin") && msg.contains("changed while this run reads it"),
+        "{msg}"
+    );
+    assert!(t.fingerprint().is_err());
+    assert!(t.first_out_of_vocab(0..t.len(), |_| {}).is_err());
     let _ = std::fs::remove_file(p);
 }
 

@@ -3,48 +3,131 @@
 //! number of bytes per rank to the same directory in the same run. Reported as ratios;
 //! nothing is asserted (the machine is shared). Both reads come from the page cache
 //! when the files are fresh, which is the same for both sides of the comparison.
+//!
+//! Failures follow `train`'s rule (train/launch.rs): every step that may fail on some
+//! ranks only (a full disk on one node, rank 0's own directory operations) is agreed on,
+//! so every rank returns the error at the same point, rank 0 prints it once naming the
+//! failing rank(s), and every rank exits with status 1. An error that cannot be agreed
+//! (a collective that failed) ends the whole job at once (`zero_comm::abort`) with the
+//! failing rank's message, rather than leave its peers waiting in a collective or in
+//! MPI_Finalize until the watchdog.
 
 use std::io::Write;
+use std::path::Path;
 use std::time::Instant;
 
 use crate::config::Config;
 use anyhow::{anyhow, Context};
-use zero_comm::Communicator;
+use zero_comm::{CommError, Communicator};
 use zero_core::checkpoint::{self, SaveOptions};
 use zero_core::config::Stage;
-use zero_core::Engine;
+use zero_core::{CheckpointError, Engine, EngineError};
 use zero_kernels::device::HostDevice;
 use zero_models::{Gpt, GptConfig};
 
 use super::args::BenchArgs;
+use crate::train::launch::{agree, Failure};
 
 /// The benchmark's own directory inside `--dir`.
 const WORK_DIR: &str = "zero-ckpt-bench";
 
-/// Seconds of `f` on the slowest rank (barrier before, max-reduce after).
-fn timed<C: Communicator>(comm: &C, f: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<f64> {
-    comm.barrier()?;
+/// Run `ckpt bench`. On failure one rank prints the error, then every rank shuts MPI
+/// down and exits with status 1.
+pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
+    let up = crate::world::init("ckpt bench")?;
+    let (rank, world) = (up.comm.rank(), up.comm.size());
+    crate::logging::init(Some((rank, world)));
+    match bench(args, &up.comm) {
+        Ok(()) => Ok(()),
+        Err(f) => {
+            // Before MPI_Finalize, as `train` does: finalising waits for every rank.
+            if f.print {
+                zero_comm::line_to_stderr(&format!("error: {}", crate::logging::chain(&f.error)));
+            }
+            // Every rank returned this failure at the same point: MPI_Finalize returns.
+            drop(up);
+            std::process::exit(f.code)
+        }
+    }
+}
+
+/// A collective of the bench itself failed: the ranks may be at different points, so
+/// say why on this rank and end the whole job (returning would finalise MPI, which
+/// waits for ranks that are elsewhere).
+fn broken(what: &str, e: CommError) -> ! {
+    zero_comm::abort(&format!("error: ckpt bench: {what}: {e}"), 1)
+}
+
+/// Seconds of `f` on the slowest rank (barrier before, agreement and max-reduce after).
+/// When `f` fails on any rank, every rank returns the failure here.
+fn timed<C: Communicator>(
+    comm: &C,
+    f: impl FnOnce() -> anyhow::Result<()>,
+) -> Result<f64, Failure> {
+    if let Err(e) = comm.barrier() {
+        broken("the barrier before a timed part", e)
+    }
     let t = Instant::now();
     let r = f();
     let mut secs = [t.elapsed().as_secs_f64()];
-    comm.all_reduce(&mut secs[..], zero_comm::ReduceOp::Max)?;
-    r?;
+    agree(comm, r)?;
+    if let Err(e) = comm.all_reduce(&mut secs[..], zero_comm::ReduceOp::Max) {
+        broken("the slowest rank's time", e)
+    }
     Ok(secs[0])
 }
 
-/// Run `ckpt bench`.
-pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
-    // `comm` is dropped before what is left of `up` (MPI finalised last).
-    let up = crate::world::init("ckpt bench")?;
-    let comm = up.comm;
+/// A save or load error. Those the checkpoint code agreed on (every rank returns one at
+/// the same point) go on to [`timed`]'s agreement; any other (a failed collective inside)
+/// may leave the ranks at different points, so this rank says why and ends the job.
+fn checkpoint_error(e: CheckpointError, what: &str, world: usize) -> anyhow::Error {
+    let agreed = world == 1
+        || matches!(
+            e,
+            CheckpointError::Ranks { .. }
+                | CheckpointError::Invalid(_)
+                | CheckpointError::Engine(EngineError::Mismatch(_))
+        );
+    let e = anyhow::Error::new(e).context(what.to_string());
+    if !agreed {
+        zero_comm::abort(
+            &format!("error: ckpt bench: {}", crate::logging::chain(&e)),
+            1,
+        )
+    }
+    e
+}
+
+/// Rank 0's part: `--dir` and the benchmark's own directory inside it.
+fn make_work_dir(dir: &Path, work: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| anyhow!("creating --dir {}: {e}", dir.display()))?;
+    std::fs::create_dir(work).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::AlreadyExists {
+            anyhow!(
+                "the benchmark's own directory {} exists already ({e}): remove one left by an interrupted bench, or choose another --dir",
+                work.display()
+            )
+        } else {
+            anyhow!(
+                "creating the benchmark's own directory {}: {e}",
+                work.display()
+            )
+        }
+    })
+}
+
+/// The bench on `comm`: every failure agreed, or the job aborted.
+fn bench<C: Communicator>(args: &BenchArgs, comm: &C) -> Result<(), Failure> {
     let (rank, world) = (comm.rank(), comm.size());
+    // From the command line: the same on every rank.
+    let same = |error: anyhow::Error| Failure::same_everywhere(error, rank);
     let mut cfg = Config::default();
     cfg.zero.stage = match args.stage {
         0 => Stage::Zero0,
         1 => Stage::Zero1,
         2 => Stage::Zero2,
         3 => Stage::Zero3,
-        s => anyhow::bail!("--stage {s}: ZeRO stages are 0-3"),
+        s => return Err(same(anyhow!("--stage {s}: ZeRO stages are 0-3"))),
     };
     cfg.train.micro_batch = 1;
     cfg.train.seq_len = 64;
@@ -58,32 +141,28 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         checkpoint_every: 0,
     };
     let dev = HostDevice::new();
-    let model = Gpt::<HostDevice, f32>::new(&dev, gpt, 1).map_err(|e| anyhow!("model: {e}"))?;
-    let mut engine =
-        Engine::new(&cfg.engine(), &comm, &dev, &model).map_err(|e| anyhow!("engine: {e}"))?;
+    // Agreed: allocation may fail on some ranks only.
+    let model = agree(
+        comm,
+        Gpt::<HostDevice, f32>::new(&dev, gpt, 1).map_err(|e| anyhow!("model: {e}")),
+    )?;
+    let mut engine = agree(
+        comm,
+        Engine::new(&cfg.engine(), comm, &dev, &model).map_err(|e| anyhow!("engine: {e}")),
+    )?;
     let bytes = (engine.layout().shard_numel() * 12) as u64;
     // Everything goes into a directory of our own, made here and removed at the end:
     // `--dir` may be a real run's checkpoint root, which must not be touched.
     let work = args.dir.join(WORK_DIR);
-    let mut made = [0i64];
-    if rank == 0 {
-        made[0] = match std::fs::create_dir_all(&args.dir).and_then(|_| std::fs::create_dir(&work))
-        {
-            Ok(()) => 1,
-            Err(e) => {
-                log::error!("creating {}: {e}", work.display());
-                0
-            }
-        };
-    }
-    comm.broadcast(&mut made[..], 0)?;
-    anyhow::ensure!(
-        made[0] == 1,
-        "could not create the benchmark's own directory {} (it must not exist yet: remove one left by an interrupted bench, or choose another --dir)",
-        work.display()
-    );
-    let result = measure(args, &comm, &mut engine, &work, bytes);
-    comm.barrier()?;
+    let made = if rank == 0 {
+        make_work_dir(&args.dir, &work)
+    } else {
+        Ok(())
+    };
+    agree(comm, made)?;
+    let result = measure(args, comm, &mut engine, &work, bytes);
+    // Whether it succeeded or failed, `measure` ended in an agreement: every rank is done
+    // with the files.
     if rank == 0 {
         if let Err(e) = std::fs::remove_dir_all(&work) {
             log::warn!("could not remove {}: {e}", work.display());
@@ -123,16 +202,27 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Rank 0 removes the previous round's checkpoint, each rank its previous plain file.
+fn clear(rank: usize, root: &Path, plain: &Path) -> anyhow::Result<()> {
+    if rank == 0 && root.exists() {
+        std::fs::remove_dir_all(root).with_context(|| format!("removing {}", root.display()))?;
+    }
+    if plain.exists() {
+        std::fs::remove_file(plain).with_context(|| format!("removing {}", plain.display()))?;
+    }
+    Ok(())
+}
+
 /// The best save, load, plain write and plain read seconds over `--repeat` rounds, all
-/// inside `work`.
+/// inside `work`. Every failure is agreed on (every rank returns it at the same point).
 fn measure<C: Communicator>(
     args: &BenchArgs,
     comm: &C,
     engine: &mut Engine<'_, HostDevice, C>,
-    work: &std::path::Path,
+    work: &Path,
     bytes: u64,
-) -> anyhow::Result<[f64; 4]> {
-    let rank = comm.rank();
+) -> Result<[f64; 4], Failure> {
+    let (rank, world) = (comm.rank(), comm.size());
     let plain = work.join(format!("plain-rank-{rank:05}.bin"));
     let root = work.join("ckpt");
     let payload = vec![0x5au8; bytes as usize];
@@ -144,34 +234,34 @@ fn measure<C: Communicator>(
     for _ in 0..args.repeat.max(1) {
         // Start from an empty root: removing the previous checkpoint is not the save's
         // cost, and the plain write below also starts from a fresh file.
-        if rank == 0 && root.exists() {
-            std::fs::remove_dir_all(&root)
-                .with_context(|| format!("removing {}", root.display()))?;
-        }
-        if plain.exists() {
-            std::fs::remove_file(&plain)
-                .with_context(|| format!("removing {}", plain.display()))?;
-        }
+        agree(comm, clear(rank, &root, &plain))?;
         save = save.min(timed(comm, || {
             checkpoint::save(engine, &root, &keep)
                 .map(|_| ())
-                .context("save")
+                .map_err(|e| checkpoint_error(e, "save", world))
         })?);
         load = load.min(timed(comm, || {
-            checkpoint::load(engine, &root).map(|_| ()).context("load")
+            checkpoint::load(engine, &root)
+                .map(|_| ())
+                .map_err(|e| checkpoint_error(e, "load", world))
         })?);
         write = write.min(timed(comm, || {
             let mut f = std::fs::File::create(&plain)
-                .with_context(|| format!("create {}", plain.display()))?;
-            f.write_all(&payload).context("plain write")?;
-            f.sync_all().context("plain fsync")
+                .with_context(|| format!("creating {}", plain.display()))?;
+            f.write_all(&payload)
+                .with_context(|| format!("writing {}", plain.display()))?;
+            f.sync_all()
+                .with_context(|| format!("fsync of {}", plain.display()))
         })?);
         read = read.min(timed(comm, || {
-            let back = std::fs::read(&plain).context("plain read")?;
+            let back =
+                std::fs::read(&plain).with_context(|| format!("reading {}", plain.display()))?;
             anyhow::ensure!(
                 back.len() == payload.len(),
-                "plain read returned {} bytes",
-                back.len()
+                "reading {} returned {} bytes, {} were written",
+                plain.display(),
+                back.len(),
+                payload.len()
             );
             Ok(())
         })?);

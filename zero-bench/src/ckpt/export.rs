@@ -1,6 +1,9 @@
 //! `ckpt export --safetensors`: the master weights as a safetensors file (what Hugging
 //! Face tools load), streamed one tensor at a time: the safetensors writer asks each
 //! tensor for its bytes only when it writes it, and we read it from the shard files then.
+//! Before the output is created, every name, shape and shard file is checked (the shards
+//! as `ckpt consolidate` checks them: `Meta::open_shards`); a read that still fails stops
+//! all further reading and the output is removed.
 //!
 //! `--names nanogpt` (default) keeps the names docs/ARCHITECTURE.md lists and [out, in] shapes.
 //! `--names hf-gpt2` writes what `GPT2Model.from_pretrained` expects: `wte.weight`,
@@ -28,7 +31,10 @@ use super::args::{ExportArgs, Names};
 /// One tensor, read from the shard files when the writer asks for its bytes.
 struct Lazy<'a> {
     tensor: Tensor,
+    /// The shape in the file ([cols, rows] when transposed).
     shape: Vec<usize>,
+    /// Its bytes (checked not to overflow when built).
+    data_len: usize,
     transpose: bool,
     source: &'a Source,
 }
@@ -37,8 +43,8 @@ struct Source {
     dir: PathBuf,
     meta: Meta,
     files: RefCell<HashMap<usize, ShardReader>>,
-    /// The first read error: the writer's `data()` cannot fail, so it is kept here and
-    /// the output is deleted afterwards.
+    /// The first read error: the writer's `data()` cannot fail, so it is kept here,
+    /// nothing more is read, and the output is deleted afterwards.
     error: RefCell<Option<CheckpointError>>,
 }
 
@@ -50,33 +56,78 @@ impl View for Lazy<'_> {
         &self.shape
     }
     fn data_len(&self) -> usize {
-        self.shape.iter().product::<usize>() * 4
+        self.data_len
     }
     fn data(&self) -> Cow<'_, [u8]> {
         let s = self.source;
-        let read =
-            checkpoint::read_tensor(&s.dir, &s.meta, &self.tensor, &mut s.files.borrow_mut());
-        let values = match read {
-            Ok(v) if self.transpose => transpose(&v, self.shape[1], self.shape[0]),
-            Ok(v) => v,
+        // After an error the file is discarded: no more reading, nothing to fill the disk
+        // with (the writer takes short data as it comes).
+        if s.error.borrow().is_some() {
+            return Cow::Borrowed(&[]);
+        }
+        match self.bytes() {
+            Ok(bytes) => Cow::Owned(bytes),
             Err(e) => {
                 s.error.borrow_mut().get_or_insert(e);
-                vec![0.0; self.data_len() / 4]
+                Cow::Borrowed(&[])
             }
-        };
-        Cow::Owned(values.iter().flat_map(|x| x.to_le_bytes()).collect())
+        }
     }
 }
 
-/// [rows, cols] row-major -> [cols, rows].
-fn transpose(v: &[f32], rows: usize, cols: usize) -> Vec<f32> {
-    let mut out = vec![0.0; v.len()];
-    for r in 0..rows {
-        for c in 0..cols {
-            out[c * rows + r] = v[r * cols + c];
+impl Lazy<'_> {
+    /// The tensor's bytes as the file holds them: read (and checked) from the shards,
+    /// transposed if asked, little-endian.
+    fn bytes(&self) -> Result<Vec<u8>, CheckpointError> {
+        let s = self.source;
+        let name = &self.tensor.name;
+        let values =
+            checkpoint::read_tensor(&s.dir, &s.meta, &self.tensor, &mut s.files.borrow_mut())?;
+        if values.len().checked_mul(4) != Some(self.data_len) {
+            return Err(CheckpointError::Invalid(format!(
+                "tensor '{name}': {} values read for shape {:?}",
+                values.len(),
+                self.shape
+            )));
         }
+        let values = match (self.transpose, self.shape.as_slice()) {
+            (false, _) => values,
+            // Our [rows, cols] is [cols, rows] in the file.
+            (true, &[cols, rows]) => transpose(&values, rows, cols).ok_or_else(|| {
+                CheckpointError::Invalid(format!(
+                    "tensor '{name}': {} values do not make {rows} x {cols}",
+                    values.len()
+                ))
+            })?,
+            (true, shape) => {
+                return Err(CheckpointError::Invalid(format!(
+                    "tensor '{name}' of shape {shape:?}: only a 2-D tensor can be transposed"
+                )))
+            }
+        };
+        // The one buffer sized here: a tensor too large for memory is an error naming it.
+        let mut bytes = Vec::new();
+        bytes.try_reserve_exact(self.data_len).map_err(|e| {
+            CheckpointError::Invalid(format!(
+                "tensor '{name}' ({} bytes): {e}; export on a machine with more memory",
+                self.data_len
+            ))
+        })?;
+        bytes.extend(values.iter().flat_map(|x| x.to_le_bytes()));
+        Ok(bytes)
     }
-    out
+}
+
+/// [rows, cols] row-major -> [cols, rows]; None unless `v` holds rows x cols values.
+fn transpose(v: &[f32], rows: usize, cols: usize) -> Option<Vec<f32>> {
+    if rows.checked_mul(cols) != Some(v.len()) {
+        return None;
+    }
+    let mut out = Vec::with_capacity(v.len());
+    for c in 0..cols {
+        out.extend(v.iter().skip(c).step_by(cols).take(rows));
+    }
+    Some(out)
 }
 
 /// The name set `names` asks for, for a checkpoint of `family`; an error for a set of
@@ -106,29 +157,61 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<()> {
     let dir = checkpoint::resolve(&args.dir)
         .with_context(|| format!("opening {}", args.dir.display()))?;
     let meta = Meta::read(&dir)?;
+    let layout_tensors = meta.layout.tensors();
+    let family = Family::of(layout_tensors.iter().map(|t| t.name.as_str()));
+    let set = resolve(args.names, family).map_err(|e| anyhow::anyhow!("{e}"))?;
+    // Everything that can be checked is checked before the output is created.
+    let mut planned = Vec::new();
+    for t in layout_tensors {
+        let stored = names::stored(set, &t.name);
+        if stored.transposed && t.shape.len() != 2 {
+            bail!(
+                "tensor '{}' has shape {:?}, but --names {set} stores it transposed as a \
+                 2-D Conv1D weight: the checkpoint is not of the GPT-2 model these names are \
+                 for; export it with --names nanogpt",
+                t.name,
+                t.shape
+            );
+        }
+        let shape = stored.shape(&t.shape);
+        let data_len = shape
+            .iter()
+            .try_fold(4usize, |n, &d| n.checked_mul(d))
+            .with_context(|| {
+                format!(
+                    "tensor '{}' of shape {shape:?}: more bytes than memory can address; \
+                     the checkpoint's metadata is damaged",
+                    t.name
+                )
+            })?;
+        planned.push((stored, t, shape, data_len));
+    }
+    // The shards as `ckpt consolidate` checks them: present, of this checkpoint, holding
+    // what the metadata says (so no tensor's size is a bare claim of meta.json).
+    let files = meta
+        .open_shards(&dir)
+        .with_context(|| format!("checking the shard files of {}", dir.display()))?;
     let source = Source {
         dir,
         meta,
-        files: RefCell::new(HashMap::new()),
+        files: RefCell::new(files),
         error: RefCell::new(None),
     };
-    let layout_tensors = source.meta.layout.tensors();
-    let family = Family::of(layout_tensors.iter().map(|t| t.name.as_str()));
-    let set = resolve(args.names, family).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let mut tensors = Vec::new();
-    for t in layout_tensors {
-        let stored = names::stored(set, &t.name);
-        let shape = stored.shape(&t.shape);
-        tensors.push((
-            stored.name,
-            Lazy {
-                tensor: t,
-                shape,
-                transpose: stored.transposed,
-                source: &source,
-            },
-        ));
-    }
+    let tensors: Vec<_> = planned
+        .into_iter()
+        .map(|(stored, tensor, shape, data_len)| {
+            (
+                stored.name,
+                Lazy {
+                    tensor,
+                    shape,
+                    data_len,
+                    transpose: stored.transposed,
+                    source: &source,
+                },
+            )
+        })
+        .collect();
     let n = tensors.len();
     let info = Some(HashMap::from([
         ("format".to_string(), "pt".to_string()),
@@ -152,12 +235,204 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
+    use zero_core::checkpoint::{rank_file, ShardWriter, META_FILE};
+    use zero_core::{
+        EngineConfig, LayerSpec, LossScaler, ModelSpec, ParamSpec, PartitionLayout, UnitSpec,
+    };
+
     use super::*;
 
     #[test]
     fn transpose_swaps_rows_and_columns() {
         // [[1, 2, 3], [4, 5, 6]] -> [[1, 4], [2, 5], [3, 6]]
         let t = transpose(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], 2, 3);
-        assert_eq!(t, vec![1.0, 4.0, 2.0, 5.0, 3.0, 6.0]);
+        assert_eq!(t, Some(vec![1.0, 4.0, 2.0, 5.0, 3.0, 6.0]));
+        assert_eq!(transpose(&[1.0, 2.0, 3.0], 2, 3), None);
+        assert_eq!(transpose(&[], 0, 0), Some(vec![]));
+    }
+
+    /// A one-unit model of `params` (name, shape) on 2 ranks.
+    fn layout(params: &[(&str, &[usize])]) -> PartitionLayout {
+        let spec = ModelSpec {
+            units: vec![UnitSpec {
+                name: "u".into(),
+                params: params.iter().map(|(n, s)| ParamSpec::new(*n, s)).collect(),
+            }],
+            layers: vec![LayerSpec::new("l", vec![0])],
+        };
+        PartitionLayout::new(&spec, 2, 1).unwrap()
+    }
+
+    /// Write a checkpoint of `layout` at step 7 into `dir`, element i of the flat buffer
+    /// holding i; its metadata.
+    fn write_checkpoint(dir: &Path, layout: &PartitionLayout) -> Meta {
+        std::fs::create_dir_all(dir).unwrap();
+        let config = EngineConfig::default();
+        let scaler = LossScaler::new(&config.precision);
+        let mut meta = Meta::new(&config, layout, 7, 7, &scaler, None);
+        for r in 0..layout.world {
+            let mut w = ShardWriter::create(
+                &dir.join(rank_file(r)),
+                r,
+                layout.world,
+                7,
+                meta.block_elems,
+            )
+            .unwrap();
+            let mut crcs = Vec::new();
+            for (u, unit) in layout.units.iter().enumerate() {
+                let v: Vec<f32> = (r * unit.shard_len..(r + 1) * unit.shard_len)
+                    .map(|i| i as f32)
+                    .collect();
+                crcs.extend(w.write_unit(u, [&v, &v, &v]).unwrap());
+            }
+            w.finish().unwrap();
+            meta.crc32.push(crcs);
+        }
+        write_meta(dir, &meta);
+        meta
+    }
+
+    fn write_meta(dir: &Path, meta: &Meta) {
+        let text = serde_json::to_string_pretty(meta).unwrap();
+        std::fs::write(dir.join(META_FILE), text).unwrap();
+    }
+
+    fn export(dir: &Path, out: &Path, names: Names) -> anyhow::Result<()> {
+        run(&ExportArgs {
+            safetensors: true,
+            names,
+            dir: dir.to_path_buf(),
+            out: out.to_path_buf(),
+        })
+    }
+
+    /// The names in `dir`.
+    fn names_in(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    const GPT2: [(&str, &[usize]); 2] = [("wte", &[3, 2]), ("h.0.attn.c_attn.weight", &[2, 3])];
+
+    #[test]
+    fn hf_gpt2_export_transposes_the_conv1d_weights() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("step-7");
+        write_checkpoint(&dir, &layout(&GPT2));
+        let out = tmp.path().join("out").join("m.safetensors");
+        std::fs::create_dir(tmp.path().join("out")).unwrap();
+        export(&dir, &out, Names::HfGpt2).unwrap();
+        let bytes = std::fs::read(&out).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let values = |name: &str| -> (Vec<usize>, Vec<f32>) {
+            let t = st.tensor(name).unwrap();
+            let v = t
+                .data()
+                .chunks(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect();
+            (t.shape().to_vec(), v)
+        };
+        assert_eq!(
+            values("wte.weight"),
+            (vec![3, 2], vec![0., 1., 2., 3., 4., 5.])
+        );
+        // [[6, 7, 8], [9, 10, 11]] stored as its transpose.
+        assert_eq!(
+            values("h.0.attn.c_attn.weight"),
+            (vec![3, 2], vec![6., 9., 7., 10., 8., 11.])
+        );
+        assert_eq!(names_in(&tmp.path().join("out")), ["m.safetensors"]);
+    }
+
+    #[test]
+    fn a_missing_shard_fails_before_anything_is_written() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("step-7");
+        write_checkpoint(&dir, &layout(&GPT2));
+        std::fs::remove_file(dir.join(rank_file(1))).unwrap();
+        let out = tmp.path().join("out");
+        std::fs::create_dir(&out).unwrap();
+        let err = format!(
+            "{:#}",
+            export(&dir, &out.join("m.safetensors"), Names::Nanogpt).unwrap_err()
+        );
+        assert!(err.contains(&rank_file(1)), "{err}");
+        assert!(names_in(&out).is_empty());
+    }
+
+    #[test]
+    fn a_conv1d_name_that_is_not_2d_is_refused_with_hf_gpt2() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("step-7");
+        write_checkpoint(
+            &dir,
+            &layout(&[("wte", &[3, 2]), ("h.0.attn.c_attn.weight", &[6])]),
+        );
+        let out = tmp.path().join("out");
+        std::fs::create_dir(&out).unwrap();
+        let err = format!(
+            "{:#}",
+            export(&dir, &out.join("m.safetensors"), Names::HfGpt2).unwrap_err()
+        );
+        assert!(
+            err.contains("h.0.attn.c_attn.weight") && err.contains("--names nanogpt"),
+            "{err}"
+        );
+        assert!(names_in(&out).is_empty());
+        // Our own names need no transpose: that export works.
+        export(&dir, &out.join("m.safetensors"), Names::Nanogpt).unwrap();
+    }
+
+    /// A read that fails while the file is written (a checksum that does not hold): the
+    /// error reported, naming the dataset, and no output left.
+    #[test]
+    fn a_bad_block_fails_the_export_and_leaves_no_output() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("step-7");
+        let mut meta = write_checkpoint(&dir, &layout(&GPT2));
+        meta.crc32[1][0][0] ^= 1;
+        write_meta(&dir, &meta);
+        let out = tmp.path().join("out");
+        std::fs::create_dir(&out).unwrap();
+        let err = format!(
+            "{:#}",
+            export(&dir, &out.join("m.safetensors"), Names::Nanogpt).unwrap_err()
+        );
+        assert!(
+            err.contains("checksum mismatch") && err.contains(&rank_file(1)),
+            "{err}"
+        );
+        assert!(names_in(&out).is_empty());
+    }
+
+    /// A `meta.json` claiming a tensor far larger than the shards (2^40 elements): an
+    /// error naming what is wrong, not an allocation failure.
+    #[test]
+    fn a_metadata_claiming_a_huge_tensor_is_an_error() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("step-7");
+        let mut meta = write_checkpoint(&dir, &layout(&GPT2));
+        let huge = layout(&[("wte", &[1 << 20, 1 << 20])]);
+        meta.layout = huge.clone();
+        // Checksum blocks as large, so that the checksum lists stay consistent and short.
+        meta.block_elems = 1 << 40;
+        meta.crc32 = vec![vec![vec![0]; 3]; 2];
+        write_meta(&dir, &meta);
+        let out = tmp.path().join("out");
+        std::fs::create_dir(&out).unwrap();
+        let err = format!(
+            "{:#}",
+            export(&dir, &out.join("m.safetensors"), Names::Nanogpt).unwrap_err()
+        );
+        assert!(err.contains(&rank_file(0)), "{err}");
+        assert!(names_in(&out).is_empty());
     }
 }

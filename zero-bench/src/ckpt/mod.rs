@@ -39,8 +39,16 @@ pub enum CkptCommand {
     Bench(BenchArgs),
 }
 
+/// Run a `ckpt` subcommand, its `log` lines shown (`RUST_LOG`). `bench` starts MPI first
+/// and installs the logger itself, tagged with its rank (bench.rs); the other tools are
+/// one plain process.
 #[cfg(feature = "hdf5")]
-pub use tools::run;
+pub fn run(cmd: CkptCommand) -> anyhow::Result<()> {
+    if !matches!(cmd, CkptCommand::Bench(_)) {
+        crate::logging::init(None);
+    }
+    tools::run(cmd)
+}
 
 /// Run a `ckpt` subcommand: in a build without HDF5, say what to build instead.
 #[cfg(not(feature = "hdf5"))]

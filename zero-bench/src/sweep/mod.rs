@@ -131,8 +131,23 @@ pub fn run(cmd: SweepCommand) -> anyhow::Result<()> {
     match cmd {
         SweepCommand::Run(args) => run_sweep(&args),
         SweepCommand::Collect(args) => {
-            let rows = table::collect(&args.dir)?;
-            write_outputs(&rows, args.out.as_deref().unwrap_or(&args.dir))
+            let found = table::collect(&args.dir)?;
+            let bad = found.unreadable.len();
+            if found.rows.is_empty() {
+                bail!(
+                    "no readable result file in {}:\n  {}",
+                    args.dir.display(),
+                    found.unreadable.join("\n  ")
+                );
+            }
+            write_outputs(&found.rows, args.out.as_deref().unwrap_or(&args.dir))?;
+            if bad > 0 {
+                bail!(
+                    "{bad} result file(s) could not be read (the table has the others):\n  {}",
+                    found.unreadable.join("\n  ")
+                );
+            }
+            Ok(())
         }
         SweepCommand::Resolve(args) => {
             let r = Resolved::of(&load(args.config.as_deref(), &args.set)?.config)?;
@@ -235,10 +250,10 @@ fn write_outputs(rows: &[Row], out: &Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(out)
         .with_context(|| format!("creating the output directory {}", out.display()))?;
     let csv = out.join("sweep.csv");
-    std::fs::write(&csv, table::csv(rows)).with_context(|| format!("writing {}", csv.display()))?;
+    crate::outfile::write_text(&csv, &table::csv(rows))?;
     let json = out.join("sweep.json");
     let text = serde_json::to_string_pretty(rows).context("serialising the sweep table")?;
-    std::fs::write(&json, text).with_context(|| format!("writing {}", json.display()))?;
+    crate::outfile::write_text(&json, &text)?;
     let plots = plot::write_all(rows, out)?;
     print!("{}", table::text(rows));
     println!("table: {} {}", csv.display(), json.display());

@@ -149,9 +149,20 @@ fn rows_of(path: &Path) -> anyhow::Result<Vec<Row>> {
         .collect())
 }
 
-/// Every row of the result files in `dir` (files named as [`Point::file_name`]; other
-/// files are ignored), sorted by series then N, with the scaling efficiency filled in.
-pub fn collect(dir: &Path) -> anyhow::Result<Vec<Row>> {
+/// What `sweep collect` found in a directory.
+pub struct Collected {
+    /// Every row of the readable result files, sorted by series then N, with the scaling
+    /// efficiency filled in.
+    pub rows: Vec<Row>,
+    /// Result files that could not be read (partial, foreign, or a run that disagrees
+    /// with its name), each with why: left out of the table, never silently.
+    pub unreadable: Vec<String>,
+}
+
+/// The result files in `dir` (files named as [`Point::file_name`]; other files are
+/// ignored). One that cannot be read is left out and named in
+/// [`Collected::unreadable`], so one partial file does not cost the whole table.
+pub fn collect(dir: &Path) -> anyhow::Result<Collected> {
     let entries = std::fs::read_dir(dir)
         .with_context(|| format!("reading the sweep directory {}", dir.display()))?;
     let mut files = Vec::new();
@@ -163,7 +174,7 @@ pub fn collect(dir: &Path) -> anyhow::Result<Vec<Row>> {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        if name.starts_with('n') && name.ends_with(".json") && name.contains('_') {
+        if Point::from_file_name(&name).is_ok() {
             files.push(path);
         }
     }
@@ -173,7 +184,18 @@ pub fn collect(dir: &Path) -> anyhow::Result<Vec<Row>> {
             dir.display()
         );
     }
-    rows_from(&files)
+    files.sort();
+    let mut rows = Vec::new();
+    let mut unreadable = Vec::new();
+    for f in &files {
+        match rows_of(f) {
+            Ok(r) => rows.extend(r),
+            Err(e) => unreadable.push(crate::logging::chain(&e)),
+        }
+    }
+    rows.sort_by(|a, b| a.series().cmp(&b.series()).then(a.n.cmp(&b.n)));
+    set_efficiency(&mut rows);
+    Ok(Collected { rows, unreadable })
 }
 
 /// Every row of the given result files, sorted by series then N, with the scaling

@@ -74,8 +74,7 @@ struct GlobalBatch {
 
 impl PartialEq for GlobalBatch {
     fn eq(&self, other: &Self) -> bool {
-        (self.world * self.accum * self.rows, self.seq_len)
-            == (other.world * other.accum * other.rows, other.seq_len)
+        (self.rows_per_step(), self.seq_len) == (other.rows_per_step(), other.seq_len)
     }
 }
 
@@ -89,8 +88,15 @@ impl GlobalBatch {
         }
     }
 
-    fn tokens(&self) -> usize {
-        self.world * self.accum * self.rows * self.seq_len
+    /// N x A x B, saturating: a checkpoint's recorded sizes are not yet validated here.
+    fn rows_per_step(&self) -> u128 {
+        (self.world as u128)
+            .saturating_mul(self.accum as u128)
+            .saturating_mul(self.rows as u128)
+    }
+
+    fn tokens(&self) -> u128 {
+        self.rows_per_step().saturating_mul(self.seq_len as u128)
     }
 }
 
@@ -164,7 +170,7 @@ pub fn prepare<C: Communicator>(
             dir.display(),
             meta.step,
             meta.step,
-            meta.step + steps.max(1)
+            meta.step.saturating_add(steps.max(1))
         )));
     }
     // A cosine schedule decays to train.steps unless told otherwise: resuming with more

@@ -52,7 +52,7 @@ pub fn open(config: &Config, vocab: usize) -> anyhow::Result<Tokens> {
 }
 
 /// Check the token source before training (collective): every token must be inside the
-/// vocabulary (each rank scans 1/N of the file, memory-mapped, and the ranks agree on the
+/// vocabulary (each rank scans 1/N of the file, in 32 MiB reads, and the ranks agree on the
 /// first bad position, so the error names it on every rank), and a source shorter than one
 /// global batch gets a warning (the order wraps around inside a step). Rank 0 reports
 /// progress when the scan takes more than a few seconds.
@@ -65,7 +65,7 @@ pub fn check<C: Communicator>(comm: &C, tokens: &Tokens, config: &Config) -> any
     let started = Instant::now();
     let mut next_report = Duration::from_secs(3);
     let total = mine.len();
-    let found = tokens.first_out_of_vocab(mine.clone(), |done| {
+    let scanned = tokens.first_out_of_vocab(mine.clone(), |done| {
         if rank == 0 && started.elapsed() >= next_report {
             log::info!(
                 "checking {}: {:.0}% of this rank's {} tokens",
@@ -77,10 +77,25 @@ pub fn check<C: Communicator>(comm: &C, tokens: &Tokens, config: &Config) -> any
         }
     });
     // The lowest bad position over the ranks, as the max of its negation (positions
-    // below 2^53 are exact in f64).
-    let mut first = [found.map_or(f64::NEG_INFINITY, |(pos, _)| -(pos as f64))];
+    // below 2^53 are exact in f64), and whether a rank could not read its part: every
+    // rank takes part in the reduction, a failed read too.
+    let found = scanned.as_ref().ok().copied().flatten();
+    let unread = scanned.is_err() as u8 as f64;
+    let mut first = [
+        found.map_or(f64::NEG_INFINITY, |(pos, _)| -(pos as f64)),
+        unread,
+    ];
     comm.all_reduce(&mut first[..], ReduceOp::Max)
         .context("agreeing on the token check")?;
+    if let Err(e) = scanned {
+        return Err(e).with_context(|| format!("reading {} to check its tokens", tokens.name()));
+    }
+    if first[1] > 0.0 {
+        bail!(
+            "another rank could not read {} to check its tokens (its error is on its stderr)",
+            tokens.name()
+        );
+    }
     if first[0].is_finite() {
         let pos = (-first[0]) as usize;
         return match tokens.get(pos) {
@@ -126,13 +141,21 @@ fn same_tokens_on_every_rank<C: Communicator>(comm: &C, tokens: &Tokens) -> anyh
     if comm.size() == 1 {
         return Ok(());
     }
-    let mine = [tokens.len() as i64, tokens.fingerprint() as i64];
+    // A rank that cannot read the file compares as other tokens (-1), then says why.
+    let fingerprint = tokens.fingerprint();
+    let mine = [
+        tokens.len() as i64,
+        fingerprint.as_ref().map_or(-1, |&f| f as i64),
+    ];
     let unlike = match zero_comm::unlike_rank_0(comm, &mine) {
         Ok(u) => u,
         // The ranks may now be at different points: end the job rather than finalize
         // MPI, which would wait for them.
         Err(e) => zero_comm::abort(&format!("error: comparing the ranks' token data: {e}"), 1),
     };
+    if let Err(e) = fingerprint {
+        return Err(e).with_context(|| format!("reading {}", tokens.name()));
+    }
     if unlike.none() {
         return Ok(());
     }
@@ -231,17 +254,14 @@ fn fill_shuffled(
     let t = o.seq_len;
     inputs.clear();
     targets.clear();
+    let mut window = vec![0u16; t + 1];
     for row in 0..o.rows {
         // The global row index: Sequential's start divided by T.
         let g = o.start(step, micro, row) / t as u128;
         let start = shuffled_start(seed, g, tokens.len(), t);
-        let mut prev = tokens.get(start)?;
-        for i in 1..=t {
-            let next = tokens.get(start + i)?;
-            inputs.push(prev as u32);
-            targets.push(next as u32);
-            prev = next;
-        }
+        tokens.read_wrapping(start, &mut window)?;
+        inputs.extend(window[..t].iter().map(|&x| x as u32));
+        targets.extend(window[1..].iter().map(|&x| x as u32));
     }
     Ok(())
 }

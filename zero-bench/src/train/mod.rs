@@ -20,7 +20,8 @@ mod checkpoints;
 mod data;
 mod dry_run;
 mod init_from;
-mod launch;
+// Also `ckpt bench`'s: the same agreement on failures.
+pub(crate) mod launch;
 mod metrics;
 mod outputs;
 mod progress;
@@ -974,7 +975,7 @@ fn dry_run(
 
 fn write_json(path: &Path, value: &serde_json::Value) -> anyhow::Result<()> {
     let text = serde_json::to_string_pretty(value).context("serialising the report")?;
-    std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))?;
+    crate::outfile::write_text(path, &(text + "\n"))?;
     outln!("report written to {}", path.display());
     Ok(())
 }

@@ -116,6 +116,47 @@ pub fn read_param(
 /// The most elements reserved ahead on a size `meta.json` claims (64 MiB of f32).
 const RESERVE_BOUND: usize = 1 << 24;
 
+// Here rather than in meta.rs: it is the offline tools' check (consolidate, export).
+impl Meta {
+    /// Open every rank file of this checkpoint (in `dir`) and check, before anything is
+    /// read or written, that each is its rank's shard of this checkpoint, holds every
+    /// unit's master weights at the length the metadata says, and is at least as large
+    /// as those weights (so a `meta.json` claiming more than the shards hold fails here,
+    /// naming the file, and never sizes a buffer). Reads only metadata. The readers, by
+    /// rank, for [`read_tensor`]'s cache.
+    pub fn open_shards(&self, dir: &Path) -> Result<HashMap<usize, ShardReader>, CheckpointError> {
+        let meta_path = dir.join(super::META_FILE);
+        // Bytes of master weights in each rank's file (bounded: the layout is checked).
+        let master_bytes = (self.layout.shard_numel() as u64).saturating_mul(4);
+        let mut files = HashMap::new();
+        for r in 0..self.world {
+            let path = dir.join(rank_file(r));
+            let reader = ShardReader::open(&path)?;
+            reader.check_identity(r, self.world, self.step, &meta_path)?;
+            let size = std::fs::metadata(&path)
+                .map_err(CheckpointError::io("stat shard file", &path))?
+                .len();
+            if size < master_bytes {
+                return Err(CheckpointError::Meta {
+                    path: meta_path,
+                    reason: format!(
+                        "it puts {master_bytes} bytes of master weights in each rank file, but \
+                         {} has {size} bytes: the file is truncated or the metadata was \
+                         changed; use an intact checkpoint",
+                        path.display()
+                    ),
+                });
+            }
+            for (u, unit) in self.layout.units.iter().enumerate() {
+                // An empty read checks the dataset's existence and length, reading nothing.
+                reader.read_checked(u, 0, 0..0, unit.shard_len, &[], self.block_elems)?;
+            }
+            files.insert(r, reader);
+        }
+        Ok(files)
+    }
+}
+
 /// Read a whole tensor (its master weights, row-major) from the shard files: its one
 /// parameter, or the row blocks of a split tensor joined in row order (they tile its
 /// rows; [`crate::PartitionLayout::tensors`]).
@@ -141,9 +182,10 @@ pub fn partial_path(out: &Path) -> PathBuf {
     out.with_file_name(format!(".{name}.partial-{}", std::process::id()))
 }
 
-/// Write `out` through [`partial_path`]: `write` fills the temporary file; it is renamed
-/// to `out` only when complete, and removed on failure, so `out` is either as before or
-/// whole. An existing `out` is an error unless `overwrite` (then it is replaced whole).
+/// Write `out` through [`partial_path`]: `write` fills the temporary file; it is fsynced
+/// and renamed to `out` only when complete (then the directory fsynced), and removed on
+/// failure, so `out` is either as before or whole, a crash included. An existing `out` is
+/// an error unless `overwrite` (then it is replaced whole).
 /// A symbolic link is written through (its target replaced; [`crate::files::replace_target`]),
 /// and a device, FIFO or socket is refused.
 pub fn write_whole<T>(
@@ -167,9 +209,15 @@ pub fn write_whole<T>(
                 out.display()
             )));
         }
-        std::fs::rename(&tmp, out)
-            .map(|_| v)
-            .map_err(CheckpointError::io("rename into place", out))
+        // The bytes reach the disk before the name does: else a crash soon after the
+        // rename can leave `out` empty or partial (and, with `overwrite`, the old file gone).
+        std::fs::File::open(&tmp)
+            .and_then(|f| f.sync_all())
+            .map_err(CheckpointError::io("fsync", &tmp))?;
+        std::fs::rename(&tmp, out).map_err(CheckpointError::io("rename into place", out))?;
+        // And the rename itself, recorded in the directory.
+        super::save::sync_dir(parent_dir(out))?;
+        Ok(v)
     });
     if result.is_err() && tmp.exists() {
         if let Err(e) = std::fs::remove_file(&tmp) {
@@ -179,25 +227,41 @@ pub fn write_whole<T>(
     result
 }
 
+/// The directory holding `path` ("." for a bare file name).
+fn parent_dir(path: &Path) -> &Path {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    }
+}
+
 /// Write the master weights of the checkpoint at `path` as one HDF5 file of named fp32
 /// tensors at `out` (created; an existing file is an error, and `out` appears only when
 /// complete: [`write_whole`]). Returns the tensors written.
 pub fn consolidate(path: &Path, out: &Path) -> Result<usize, CheckpointError> {
     let dir = super::resolve(path)?;
     let meta = Meta::read(&dir)?;
-    write_whole(out, false, |tmp| write_consolidated(&dir, &meta, tmp))
+    // A missing or wrong shard fails before anything is written.
+    let mut files = meta.open_shards(&dir)?;
+    write_whole(out, false, |tmp| {
+        write_consolidated(&dir, &meta, tmp, &mut files)
+    })
 }
 
-fn write_consolidated(dir: &Path, meta: &Meta, out: &Path) -> Result<usize, CheckpointError> {
+fn write_consolidated(
+    dir: &Path,
+    meta: &Meta,
+    out: &Path,
+    files: &mut HashMap<usize, ShardReader>,
+) -> Result<usize, CheckpointError> {
     let file = hdf5::File::create_excl(out).map_err(CheckpointError::h5(out, "(file)"))?;
     file.new_attr::<u64>()
         .create("step")
         .and_then(|a| a.write_scalar(&meta.step))
         .map_err(CheckpointError::h5(out, "attribute step"))?;
-    let mut files = HashMap::new();
     let tensors = meta.layout.tensors();
     for t in &tensors {
-        let values = read_tensor(dir, meta, t, &mut files)?;
+        let values = read_tensor(dir, meta, t, files)?;
         file.new_dataset::<f32>()
             .shape(t.shape.clone())
             .create(t.name.as_str())
@@ -234,4 +298,51 @@ pub fn read_consolidated(
         out.insert(name, array);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    fn write_text(out: &Path, overwrite: bool, text: &str) -> Result<(), CheckpointError> {
+        write_whole(out, overwrite, |tmp| {
+            std::fs::write(tmp, text).map_err(CheckpointError::io("write", tmp))
+        })
+    }
+
+    /// Written, synced and renamed: the output whole, replaced whole, nothing else left;
+    /// a failed write leaves the earlier file and no partial.
+    #[test]
+    fn write_whole_replaces_whole_and_leaves_no_partial() {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("model.h5");
+        write_text(&out, false, "one").unwrap();
+        assert!(write_text(&out, false, "two").is_err());
+        write_text(&out, true, "two").unwrap();
+        assert_eq!(std::fs::read_to_string(&out).unwrap(), "two");
+        assert_eq!(names(tmp.path()), ["model.h5"]);
+        let failed = write_whole(&out, true, |tmp| {
+            std::fs::write(tmp, "half").map_err(CheckpointError::io("write", tmp))?;
+            Err::<(), _>(CheckpointError::Invalid("disk full".into()))
+        });
+        assert!(failed.is_err());
+        assert_eq!(std::fs::read_to_string(&out).unwrap(), "two");
+        assert_eq!(names(tmp.path()), ["model.h5"]);
+    }
+
+    #[test]
+    fn the_directory_synced_for_a_bare_name_is_the_current_one() {
+        assert_eq!(parent_dir(Path::new("m.h5")), Path::new("."));
+        assert_eq!(parent_dir(Path::new("a/m.h5")), Path::new("a"));
+        assert_eq!(parent_dir(Path::new("/m.h5")), Path::new("/"));
+    }
 }

@@ -1,13 +1,16 @@
-//! Token files, memory-mapped: nanoGPT's `.bin` (raw little-endian uint16, nothing else)
-//! and llm.c's `.bin` (a header of 256 little-endian int32: [0] = magic 20240520,
-//! [1] = version 1, [2] = token count; then that many little-endian uint16). Tokens are
-//! decoded on read (no alignment or endianness assumption) and checked against the
-//! vocabulary there, so opening a 20 GB file costs nothing.
+//! Token files: nanoGPT's `.bin` (raw little-endian uint16, nothing else) and llm.c's
+//! `.bin` (a header of 256 little-endian int32: [0] = magic 20240520, [1] = version 1,
+//! [2] = token count; then that many little-endian uint16). Tokens are read where asked
+//! (positioned reads, one per sequence), decoded on read (no alignment or endianness
+//! assumption) and checked against the vocabulary there, so opening a 20 GB file costs
+//! nothing. The file is not memory-mapped: a file truncated under a running job (a
+//! `prepare.py` writing it again) then gives an error naming it, where a mapping dies of
+//! SIGBUS without a word of which file.
 
 use super::DataError;
-use memmap2::Mmap;
 use std::fs::File;
 use std::io::{BufWriter, Seek, SeekFrom, Write};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 /// llm.c's header magic for token files.
@@ -31,7 +34,8 @@ pub enum TokenFormat {
 }
 
 enum Storage {
-    Mapped(Mmap, usize),
+    /// A token file and the byte offset of its first token.
+    File(File, u64),
     Owned(Vec<u16>),
 }
 
@@ -50,69 +54,78 @@ fn io_err(path: &Path, source: std::io::Error) -> DataError {
     }
 }
 
-fn header_i32(map: &[u8], i: usize) -> i32 {
-    i32::from_le_bytes([map[4 * i], map[4 * i + 1], map[4 * i + 2], map[4 * i + 3]])
+/// Int32 `i` of the header bytes `head` (the caller checked `head` holds it).
+fn header_i32(head: &[u8], i: usize) -> i32 {
+    i32::from_le_bytes([
+        head[4 * i],
+        head[4 * i + 1],
+        head[4 * i + 2],
+        head[4 * i + 3],
+    ])
 }
 
 /// Whether the file starts with what llm.c writes, whatever its magic: a small version
 /// ([1]), a token count ([2]) that the file's length matches for 2- or 4-byte tokens, and
 /// zeros in the rest of the 256 int32. (Raw tokens do that by chance with odds of about
 /// 2^-8000.)
-fn looks_like_llmc_header(map: &[u8]) -> bool {
-    if map.len() < LLMC_HEADER_BYTES {
+fn looks_like_llmc_header(head: &[u8], file_len: u64) -> bool {
+    if head.len() < LLMC_HEADER_BYTES {
         return false;
     }
-    let (version, count) = (header_i32(map, 1), header_i32(map, 2));
-    let body = (map.len() - LLMC_HEADER_BYTES) as u64;
+    let (version, count) = (header_i32(head, 1), header_i32(head, 2));
+    let body = file_len - LLMC_HEADER_BYTES as u64;
     (1..=16).contains(&version)
         && count > 0
         && (body == 2 * count as u64 || body == 4 * count as u64)
-        && (3..256).all(|i| header_i32(map, i) == 0)
+        && (3..256).all(|i| header_i32(head, i) == 0)
 }
 
 impl Tokens {
-    /// Map a token file; tokens are checked against `vocab` as they are read.
+    /// Open a token file; tokens are checked against `vocab` as they are read.
     pub fn open(path: &Path, format: TokenFormat, vocab: usize) -> Result<Self, DataError> {
         let file = File::open(path).map_err(|e| io_err(path, e))?;
-        // SAFETY: the map is read-only; a file truncated under us by another process
-        // would fault (the standard caveat of memory-mapped input, as nanoGPT's np.memmap).
-        let map = unsafe { Mmap::map(&file) }.map_err(|e| io_err(path, e))?;
+        let file_len = file.metadata().map_err(|e| io_err(path, e))?.len();
+        // The header (llm.c's, or the first tokens): what the format is told by.
+        let mut head = vec![0u8; file_len.min(LLMC_HEADER_BYTES as u64) as usize];
+        file.read_exact_at(&mut head, 0)
+            .map_err(|e| io_err(path, e))?;
         let p = PathBuf::from(path);
-        let is_llmc = map.len() >= 4 && header_i32(&map, 0) == LLMC_MAGIC;
+        let is_llmc = head.len() >= 4 && header_i32(&head, 0) == LLMC_MAGIC;
         // A header shaped like llm.c's but with another magic is a wrong file (or another
         // llm.c format), not raw tokens that happen to start oddly.
         let format = match format {
-            TokenFormat::Auto if is_llmc || looks_like_llmc_header(&map) => TokenFormat::LlmC,
+            TokenFormat::Auto if is_llmc || looks_like_llmc_header(&head, file_len) => {
+                TokenFormat::LlmC
+            }
             TokenFormat::Auto => TokenFormat::NanoGpt,
             f => f,
         };
         let offset = match format {
             TokenFormat::LlmC => {
-                if map.len() < LLMC_HEADER_BYTES {
+                if head.len() < LLMC_HEADER_BYTES {
                     return Err(DataError::Truncated {
                         path: p,
                         detail: format!(
-                            "{} bytes, shorter than the {LLMC_HEADER_BYTES}-byte llm.c header",
-                            map.len()
+                            "{file_len} bytes, shorter than the {LLMC_HEADER_BYTES}-byte llm.c header"
                         ),
                     });
                 }
-                let magic = header_i32(&map, 0);
+                let magic = header_i32(&head, 0);
                 if magic != LLMC_MAGIC {
                     return Err(DataError::WrongMagic {
                         path: p,
                         found: magic,
                     });
                 }
-                let version = header_i32(&map, 1);
+                let version = header_i32(&head, 1);
                 if version != LLMC_VERSION {
                     return Err(DataError::WrongVersion {
                         path: p,
                         found: version,
                     });
                 }
-                let header = header_i32(&map, 2) as u32 as u64;
-                let body = (map.len() - LLMC_HEADER_BYTES) as u64;
+                let header = header_i32(&head, 2) as u32 as u64;
+                let body = file_len - LLMC_HEADER_BYTES as u64;
                 if body < 2 * header {
                     return Err(DataError::Truncated {
                         path: p,
@@ -132,26 +145,94 @@ impl Tokens {
                 LLMC_HEADER_BYTES
             }
             _ => {
-                if map.len() % 2 != 0 {
+                if file_len % 2 != 0 {
                     return Err(DataError::Truncated {
                         path: p,
-                        detail: format!(
-                            "{} bytes is not a whole number of uint16 tokens",
-                            map.len()
-                        ),
+                        detail: format!("{file_len} bytes is not a whole number of uint16 tokens"),
                     });
                 }
                 0
             }
         };
-        let len = (map.len() - offset) / 2;
-        log::debug!("mapped {} ({format:?}): {len} tokens", path.display());
+        let len = usize::try_from((file_len - offset as u64) / 2).map_err(|_| {
+            DataError::Invalid(format!("{}: too many tokens for this host", path.display()))
+        })?;
+        log::debug!("opened {} ({format:?}): {len} tokens", path.display());
         Ok(Tokens {
-            storage: Storage::Mapped(map, offset),
+            storage: Storage::File(file, offset as u64),
             len,
             vocab,
             name: path.display().to_string(),
         })
+    }
+
+    /// Tokens `start..start + out.len()` (within `len`) into `out`, unchecked.
+    fn read_raw(&self, start: usize, out: &mut [u16]) -> Result<(), DataError> {
+        let end = start.saturating_add(out.len());
+        if end > self.len {
+            return Err(DataError::Invalid(format!(
+                "{}: tokens {start}..{end} asked of {}",
+                self.name, self.len
+            )));
+        }
+        match &self.storage {
+            Storage::Owned(v) => out.copy_from_slice(&v[start..end]),
+            Storage::File(file, offset) => {
+                let mut bytes = vec![0u8; 2 * out.len()];
+                let at = offset + 2 * start as u64;
+                file.read_exact_at(&mut bytes, at).map_err(|e| {
+                    let path = PathBuf::from(&self.name);
+                    match e.kind() {
+                        std::io::ErrorKind::UnexpectedEof => DataError::Truncated {
+                            path,
+                            detail: format!(
+                                "it held {} tokens when opened, and reading tokens {start}..{end} \
+                                 found its end: the file was changed while this run reads it; \
+                                 write a new token file under another name, not over data.path \
+                                 of a running job",
+                                self.len
+                            ),
+                        },
+                        _ => io_err(&path, e),
+                    }
+                })?;
+                for (t, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                    *t = u16::from_le_bytes([b[0], b[1]]);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Tokens `start, start + 1, ...` into `out`, wrapping around past the last token
+    /// (`start < len`), each checked against the vocabulary: one sequence of a batch.
+    pub fn read_wrapping(&self, start: usize, out: &mut [u16]) -> Result<(), DataError> {
+        if start >= self.len && !out.is_empty() {
+            return Err(DataError::Invalid(format!(
+                "{}: a sequence from token {start} of {}",
+                self.name, self.len
+            )));
+        }
+        let mut filled = 0;
+        let mut at = start;
+        while filled < out.len() {
+            let n = (out.len() - filled).min(self.len - at);
+            self.read_raw(at, &mut out[filled..filled + n])?;
+            if let Some(i) = out[filled..filled + n]
+                .iter()
+                .position(|&t| t as usize >= self.vocab)
+            {
+                return Err(DataError::TokenOutOfVocab {
+                    source_name: self.name.clone(),
+                    position: (at + i) as u64,
+                    token: out[filled + i],
+                    vocab: self.vocab,
+                });
+            }
+            filled += n;
+            at = 0;
+        }
+        Ok(())
     }
 
     /// Tokens held in memory (a generated corpus), checked against `vocab` now.
@@ -180,57 +261,44 @@ impl Tokens {
         &self,
         range: std::ops::Range<usize>,
         mut progress: impl FnMut(usize),
-    ) -> Option<(usize, u16)> {
+    ) -> Result<Option<(usize, u16)>, DataError> {
         const CHUNK: usize = 1 << 24;
         let range = range.start.min(self.len)..range.end.min(self.len);
         let vocab = self.vocab.min(1 << 16) as u32;
+        let mut chunk = vec![0u16; range.len().min(CHUNK)];
         let mut at = range.start;
         while at < range.end {
             let end = (at + CHUNK).min(range.end);
-            let found = match &self.storage {
-                Storage::Mapped(map, off) => map[off + 2 * at..off + 2 * end]
-                    .chunks_exact(2)
-                    .position(|b| u16::from_le_bytes([b[0], b[1]]) as u32 >= vocab),
-                Storage::Owned(v) => v[at..end].iter().position(|&t| t as u32 >= vocab),
-            };
-            if let Some(i) = found {
-                let pos = at + i;
-                let token = match &self.storage {
-                    Storage::Mapped(map, off) => {
-                        u16::from_le_bytes([map[off + 2 * pos], map[off + 2 * pos + 1]])
-                    }
-                    Storage::Owned(v) => v[pos],
-                };
-                return Some((pos, token));
+            let part = &mut chunk[..end - at];
+            self.read_raw(at, part)?;
+            if let Some(i) = part.iter().position(|&t| t as u32 >= vocab) {
+                return Ok(Some((at + i, part[i])));
             }
             at = end;
             progress(at - range.start);
         }
-        None
+        Ok(None)
     }
 
     /// A fingerprint of the tokens for telling copies apart: the CRC32 of 256 windows of
     /// 16 tokens spread evenly over the file (read unchecked), the same in every process
     /// and build; compare it with the count. Equal copies agree; a stale or other file
-    /// almost surely differs, at the cost of 4096 reads.
-    pub fn fingerprint(&self) -> u32 {
+    /// almost surely differs, at the cost of 256 reads.
+    pub fn fingerprint(&self) -> Result<u32, DataError> {
         let mut h = crc32fast::Hasher::new();
-        let raw = |i: usize| match &self.storage {
-            Storage::Mapped(map, off) => {
-                u16::from_le_bytes([map[off + 2 * i], map[off + 2 * i + 1]])
-            }
-            Storage::Owned(v) => v[i],
-        };
         const WINDOWS: usize = 256;
         const WIDTH: usize = 16;
+        let mut window = [0u16; WIDTH];
         for w in 0..WINDOWS {
             let start = (self.len.saturating_sub(WIDTH) as u128 * w as u128 / (WINDOWS - 1) as u128)
                 as usize;
-            for i in start..(start + WIDTH).min(self.len) {
-                h.update(&raw(i).to_le_bytes());
+            let window = &mut window[..WIDTH.min(self.len - start)];
+            self.read_raw(start, window)?;
+            for t in window.iter() {
+                h.update(&t.to_le_bytes());
             }
         }
-        h.finalize()
+        Ok(h.finalize())
     }
 
     /// Number of tokens.
@@ -255,12 +323,9 @@ impl Tokens {
 
     /// Token `i` (< len), checked against the vocabulary.
     pub fn get(&self, i: usize) -> Result<u16, DataError> {
-        let t = match &self.storage {
-            Storage::Mapped(map, off) => {
-                u16::from_le_bytes([map[off + 2 * i], map[off + 2 * i + 1]])
-            }
-            Storage::Owned(v) => v[i],
-        };
+        let mut one = [0u16];
+        self.read_raw(i, &mut one)?;
+        let t = one[0];
         if t as usize >= self.vocab {
             return Err(DataError::TokenOutOfVocab {
                 source_name: self.name.clone(),
@@ -283,6 +348,9 @@ pub struct TokenWriter {
     llmc: bool,
     count: u64,
     bytes: Vec<u8>,
+    /// Set once `tmp` has its final name; until then a drop removes `tmp`. (`file` cannot
+    /// tell: `finish` takes it before its last writes, which may fail.)
+    done: bool,
 }
 
 impl TokenWriter {
@@ -316,6 +384,7 @@ impl TokenWriter {
             llmc,
             count: 0,
             bytes: Vec::new(),
+            done: false,
         };
         if llmc {
             // The count is filled in by finish().
@@ -366,6 +435,7 @@ impl TokenWriter {
     }
 
     /// Write the llm.c count, flush to disk and move the file to its name; the count.
+    /// On an error (a full disk at the last flush...) the temporary file is removed.
     pub fn finish(mut self) -> Result<u64, DataError> {
         let Some(w) = self.file.take() else {
             return Err(DataError::Invalid(format!(
@@ -386,14 +456,23 @@ impl TokenWriter {
         f.sync_all().map_err(|e| io_err(&self.path, e))?;
         drop(f);
         std::fs::rename(&self.tmp, &self.path).map_err(|e| io_err(&self.path, e))?;
+        self.done = true;
+        // The rename durable too: else a crash soon after can lose the new name.
+        let dir = match self.path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| io_err(dir, e))?;
         Ok(self.count)
     }
 }
 
 impl Drop for TokenWriter {
     fn drop(&mut self) {
-        // Not finished (an error on the way): leave nothing behind.
-        if self.file.take().is_some() {
+        // Not finished (an error on the way, in `finish` too): leave nothing behind.
+        if !self.done {
             let _ = std::fs::remove_file(&self.tmp);
         }
     }
@@ -414,4 +493,53 @@ pub fn write_llmc(path: &Path, tokens: &[u16]) -> Result<(), DataError> {
 /// Write tokens as a nanoGPT `.bin` (raw little-endian uint16), atomically.
 pub fn write_nanogpt(path: &Path, tokens: &[u16]) -> Result<(), DataError> {
     write_file(path, TokenFormat::NanoGpt, tokens)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The names in `dir`.
+    fn names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn a_failed_finish_leaves_no_temporary_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("tokens.bin");
+        for format in [TokenFormat::LlmC, TokenFormat::NanoGpt] {
+            let mut w = TokenWriter::create(&path, format).unwrap();
+            w.write(&[1, 2, 3]).unwrap();
+            // A directory took the name meanwhile: the final rename fails.
+            std::fs::create_dir(&path).unwrap();
+            let err = w.finish().unwrap_err();
+            assert!(err.to_string().contains("tokens.bin"), "{err}");
+            assert_eq!(names(tmp.path()), ["tokens.bin"], "{format:?}");
+            std::fs::remove_dir(&path).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_dropped_writer_leaves_nothing_and_a_finished_one_its_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("t.bin");
+        let mut w = TokenWriter::create(&path, TokenFormat::NanoGpt).unwrap();
+        w.write(&[7]).unwrap();
+        drop(w);
+        assert!(names(tmp.path()).is_empty());
+        let mut w = TokenWriter::create(&path, TokenFormat::LlmC).unwrap();
+        w.write(&[7, 8]).unwrap();
+        assert_eq!(w.finish().unwrap(), 2);
+        assert_eq!(names(tmp.path()), ["t.bin"]);
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().len(),
+            (LLMC_HEADER_BYTES + 4) as u64
+        );
+    }
 }

@@ -1,4 +1,4 @@
-//! Token data: files users already have (nanoGPT's and llm.c's `.bin`, memory-mapped),
+//! Token data: files users already have (nanoGPT's and llm.c's `.bin`, read as needed),
 //! the one deterministic batch order ([`Sequential`]), a built-in synthetic corpus with
 //! a known entropy floor ([`MarkovSource`]), and tokenisation of text (bytes or GPT-2's
 //! BPE, streamed: [`Tokenizer`], [`encode_stream`], [`TokenWriter`]).

@@ -82,15 +82,12 @@ impl Sequential {
         }
         inputs.clear();
         targets.clear();
+        let mut window = vec![0u16; t + 1];
         for row in 0..self.rows {
             let start = (self.start(step, micro, row) % n as u128) as usize;
-            let mut prev = tokens.get(start)?;
-            for i in 1..=t {
-                let next = tokens.get((start + i) % n)?;
-                inputs.push(prev as u32);
-                targets.push(next as u32);
-                prev = next;
-            }
+            tokens.read_wrapping(start, &mut window)?;
+            inputs.extend(window[..t].iter().map(|&x| x as u32));
+            targets.extend(window[1..].iter().map(|&x| x as u32));
         }
         Ok(())
     }
