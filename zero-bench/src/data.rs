@@ -251,10 +251,14 @@ pub fn run(cmd: DataCommand) -> anyhow::Result<()> {
         DataCommand::Info { file } => {
             let t = Tokens::open(&file, TokenFormat::Auto, 65536)
                 .with_context(|| format!("opening {}", file.display()))?;
-            let mut max = 0u16;
-            for i in 0..t.len() {
-                max = max.max(t.get(i)?);
-            }
+            // One pass: the largest token, and how many are GPT-2's <|endoftext|>.
+            let (mut max, mut eot) = (0u16, 0usize);
+            t.scan(0..t.len(), |_, chunk| {
+                max = chunk.iter().fold(max, |m, &x| m.max(x));
+                eot += chunk.iter().filter(|&&x| x == GPT2_EOT).count();
+                true
+            })
+            .with_context(|| format!("reading {}", file.display()))?;
             let bytes = std::fs::metadata(&file)
                 .with_context(|| format!("reading the size of {}", file.display()))?
                 .len();
@@ -266,10 +270,6 @@ pub fn run(cmd: DataCommand) -> anyhow::Result<()> {
             let fits = if (max as usize) < BYTE_VOCAB {
                 format!("fits byte tokens (V = {BYTE_VOCAB}) and GPT-2 (V = {GPT2_VOCAB})")
             } else if (max as usize) < GPT2_VOCAB {
-                let eot = (0..t.len())
-                    .map(|i| t.get(i))
-                    .filter(|r| matches!(r, Ok(GPT2_EOT)))
-                    .count();
                 format!(
                     "fits GPT-2 (V = {GPT2_VOCAB}; as GPT-2 ids: {eot} x <|endoftext|> = {GPT2_EOT})"
                 )

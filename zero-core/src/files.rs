@@ -24,6 +24,84 @@ pub enum OutputError {
         /// Why.
         source: std::io::Error,
     },
+    /// The output exists, and this one does not replace an existing file.
+    #[error("'{0}' exists; not overwriting it")]
+    Exists(PathBuf),
+    /// The output appeared while it was being written (another process).
+    #[error("'{0}' appeared while it was being written; not overwriting it")]
+    Appeared(PathBuf),
+    /// Making the written output durable and putting it in place failed.
+    #[error("{what} '{path}': {source}")]
+    Place {
+        /// What was being done ("fsync", "rename into place", "fsync directory").
+        what: &'static str,
+        /// The path concerned.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}
+
+/// The temporary name an output is written under before it is renamed to `out`: in
+/// the same directory (so the rename is atomic), hidden, with the process id.
+pub fn partial_path(out: &Path) -> PathBuf {
+    let name = out
+        .file_name()
+        .map_or("output".into(), |n| n.to_string_lossy().into_owned());
+    out.with_file_name(format!(".{name}.partial-{}", std::process::id()))
+}
+
+/// Write `out` through [`partial_path`]: `write` fills the temporary file; it is fsynced
+/// and renamed to `out` only when complete (then the directory fsynced), and removed on
+/// failure, so `out` is either as before or whole, a crash included. An existing `out` is
+/// an error unless `overwrite` (then it is replaced whole). A symbolic link is written
+/// through (its target replaced; [`replace_target`]), and a device, FIFO or socket is
+/// refused. Any error type that an [`OutputError`] converts into.
+pub fn write_whole<T, E: From<OutputError>>(
+    out: &Path,
+    overwrite: bool,
+    write: impl FnOnce(&Path) -> Result<T, E>,
+) -> Result<T, E> {
+    let out = &replace_target(out)?;
+    if out.exists() && !overwrite {
+        return Err(OutputError::Exists(out.clone()).into());
+    }
+    let tmp = partial_path(out);
+    let place = |what, path: &Path| {
+        let path = path.to_path_buf();
+        move |source| OutputError::Place { what, path, source }
+    };
+    let result = write(&tmp).and_then(|v| {
+        if out.exists() && !overwrite {
+            return Err(OutputError::Appeared(out.clone()).into());
+        }
+        // The bytes reach the disk before the name does: else a crash soon after the
+        // rename can leave `out` empty or partial (and, with `overwrite`, the old file gone).
+        std::fs::File::open(&tmp)
+            .and_then(|f| f.sync_all())
+            .map_err(place("fsync", &tmp))?;
+        std::fs::rename(&tmp, out).map_err(place("rename into place", out))?;
+        Ok(v)
+    });
+    if result.is_err() && tmp.exists() {
+        if let Err(e) = std::fs::remove_file(&tmp) {
+            log::warn!("could not remove the partial '{}': {e}", tmp.display());
+        }
+    }
+    let v = result?;
+    // The rename recorded in the directory. The output is whole under its name already,
+    // so a failure here is a warning (the file may not survive a crash), not lost work.
+    let dir = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    if let Err(e) = std::fs::File::open(dir).and_then(|d| d.sync_all()) {
+        log::warn!(
+            "wrote '{}', but could not fsync its directory ({e}): a crash soon may lose it",
+            out.display()
+        );
+    }
+    Ok(v)
 }
 
 /// The file a written-whole output at `path` replaces: `path` itself, or, when `path` is

@@ -492,12 +492,14 @@ mod hooked {
     use zero_core::ModelSpec;
     use zero_kernels::device::{DView, HostDevice};
 
-    /// The char LM with two test hooks: the forward of `fail_layer` fails on its first
-    /// call, and the initial values drawn are counted (`init_unit`, `init_unit_range`).
+    /// The char LM with three test hooks: the forward of `fail_layer` fails on its first
+    /// call, the initial values drawn are counted (`init_unit`, `init_unit_range`), and
+    /// `spec` replaces the model's spec (a rank whose buffers cannot be allocated).
     pub struct Hooked {
         lm: CharLm<HostDevice>,
         fail_layer: Option<usize>,
         pub drawn: AtomicUsize,
+        pub spec: Option<ModelSpec>,
     }
 
     impl Hooked {
@@ -507,6 +509,7 @@ mod hooked {
                 lm,
                 fail_layer,
                 drawn,
+                spec: None,
             }
         }
     }
@@ -514,7 +517,7 @@ mod hooked {
     impl Model<HostDevice> for Hooked {
         type Batch<'a> = TokenBatch<'a>;
         fn spec(&self) -> &ModelSpec {
-            self.lm.spec()
+            self.spec.as_ref().unwrap_or_else(|| self.lm.spec())
         }
         fn init_unit(&self, seed: u64, unit: usize, out: &mut [f32]) {
             let numel = self.spec().units[unit].numel();
@@ -716,6 +719,43 @@ fn each_rank_draws_only_its_block_of_the_initial_values() {
             assert_eq!(f32_bits(&params), reference, "{case}");
         }
     }
+}
+
+/// `Engine::new` is collective (the initial values are all-gathered): a rank that cannot
+/// allocate its buffers returns its own error and every other rank `PeerSetup`, before
+/// the first gather, instead of waiting there for a rank that has left.
+#[test]
+fn a_rank_that_cannot_allocate_stops_every_rank_before_the_first_gather() {
+    use common::models::char_lm::CharLm;
+    use zero_core::Model;
+    use zero_kernels::device::HostDevice;
+    let outcomes = zero_comm::run_local(2, Default::default(), |comm| {
+        let dev = HostDevice::new();
+        let lm = CharLm::new(&dev, common::lm_config()).unwrap();
+        let mut spec = lm.spec().clone();
+        let mut model = Hooked::new(lm, None);
+        if zero_comm::Communicator::rank(&comm) == 1 {
+            // 2^42 elements (16 TiB of f32) in one tensor: no host allocates that.
+            spec.units[0].params[0].shape = vec![1 << 21, 1 << 21];
+            model.spec = Some(spec);
+        }
+        let c = config(Stage::Zero1, Precision::Fp32, 1);
+        zero_core::Engine::new(&c, &comm, &dev, &model)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    });
+    let errors: Vec<String> = outcomes
+        .into_iter()
+        .map(|o| o.unwrap().expect_err("no engine"))
+        .collect();
+    assert!(
+        errors[0].contains("another rank could not set its engine up"),
+        "{errors:?}"
+    );
+    assert!(
+        errors[1].contains("TiB") || errors[1].contains("bytes"),
+        "{errors:?}"
+    );
 }
 
 /// State from a damaged or hand-edited checkpoint is refused, not run with: counters a

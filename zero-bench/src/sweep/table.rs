@@ -159,9 +159,10 @@ pub struct Collected {
     pub unreadable: Vec<String>,
 }
 
-/// The result files in `dir` (files named as [`Point::file_name`]; other files are
-/// ignored). One that cannot be read is left out and named in
-/// [`Collected::unreadable`], so one partial file does not cost the whole table.
+/// The result files in `dir`: files named as [`Point::file_name`] (a name that starts
+/// like one, `n<N>_`, but is not one is reported too; other files are ignored). One that
+/// cannot be read is left out and named in [`Collected::unreadable`], so one partial
+/// file does not cost the whole table.
 pub fn collect(dir: &Path) -> anyhow::Result<Collected> {
     let entries = std::fs::read_dir(dir)
         .with_context(|| format!("reading the sweep directory {}", dir.display()))?;
@@ -174,7 +175,12 @@ pub fn collect(dir: &Path) -> anyhow::Result<Collected> {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        if Point::from_file_name(&name).is_ok() {
+        let looks_like_a_result = name.ends_with(".json")
+            && name.strip_prefix('n').is_some_and(|rest| {
+                let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+                digits > 0 && rest[digits..].starts_with('_')
+            });
+        if looks_like_a_result {
             files.push(path);
         }
     }
@@ -193,9 +199,10 @@ pub fn collect(dir: &Path) -> anyhow::Result<Collected> {
             Err(e) => unreadable.push(crate::logging::chain(&e)),
         }
     }
-    rows.sort_by(|a, b| a.series().cmp(&b.series()).then(a.n.cmp(&b.n)));
-    set_efficiency(&mut rows);
-    Ok(Collected { rows, unreadable })
+    Ok(Collected {
+        rows: ordered(rows),
+        unreadable,
+    })
 }
 
 /// Every row of the given result files, sorted by series then N, with the scaling
@@ -205,9 +212,14 @@ pub fn rows_from(files: &[PathBuf]) -> anyhow::Result<Vec<Row>> {
     for f in files {
         rows.extend(rows_of(f)?);
     }
+    Ok(ordered(rows))
+}
+
+/// `rows` sorted by series then N, with the scaling efficiency filled in.
+fn ordered(mut rows: Vec<Row>) -> Vec<Row> {
     rows.sort_by(|a, b| a.series().cmp(&b.series()).then(a.n.cmp(&b.n)));
     set_efficiency(&mut rows);
-    Ok(rows)
+    rows
 }
 
 /// eff(N) = (tps(N)/N) / (tps(N0)/N0) within each series (module doc); rows sorted.

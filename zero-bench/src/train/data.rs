@@ -76,34 +76,23 @@ pub fn check<C: Communicator>(comm: &C, tokens: &Tokens, config: &Config) -> any
             next_report += Duration::from_secs(3);
         }
     });
+    let found = read_on_every_rank(comm, scanned, "checking")?;
     // The lowest bad position over the ranks, as the max of its negation (positions
-    // below 2^53 are exact in f64), and whether a rank could not read its part: every
-    // rank takes part in the reduction, a failed read too.
-    let found = scanned.as_ref().ok().copied().flatten();
-    let unread = scanned.is_err() as u8 as f64;
-    let mut first = [
-        found.map_or(f64::NEG_INFINITY, |(pos, _)| -(pos as f64)),
-        unread,
-    ];
+    // below 2^53 are exact in f64).
+    let mut first = [found.map_or(f64::NEG_INFINITY, |(pos, _)| -(pos as f64))];
     comm.all_reduce(&mut first[..], ReduceOp::Max)
         .context("agreeing on the token check")?;
-    if let Err(e) = scanned {
-        return Err(e).with_context(|| format!("reading {} to check its tokens", tokens.name()));
-    }
-    if first[1] > 0.0 {
-        bail!(
-            "another rank could not read {} to check its tokens (its error is on its stderr)",
-            tokens.name()
-        );
-    }
     if first[0].is_finite() {
         let pos = (-first[0]) as usize;
         return match tokens.get(pos) {
-            Err(e) => Err(e).context(format!(
+            Err(e @ zero_models::data::DataError::TokenOutOfVocab { .. }) => {
+                Err(e).context(format!(
                 "data.path holds a token outside the model's vocabulary (model.vocab_size = {}); \
                  tokenize with the model's vocabulary or raise model.vocab_size",
                 tokens.vocab()
-            )),
+            ))
+            }
+            Err(e) => Err(e).with_context(|| format!("reading {}", tokens.name())),
             Ok(t) => bail!(
                 "{}: token {t} at position {pos} is outside the vocabulary",
                 tokens.name()
@@ -132,6 +121,26 @@ pub fn check<C: Communicator>(comm: &C, tokens: &Tokens, config: &Config) -> any
     Ok(())
 }
 
+/// A read of the token file on every rank (collective): its value where every rank read,
+/// else the same error on every rank, naming each rank that could not read and why (the
+/// check's errors are printed by rank 0 only).
+fn read_on_every_rank<T, C: Communicator>(
+    comm: &C,
+    read: Result<T, zero_models::data::DataError>,
+    what: &str,
+) -> anyhow::Result<T> {
+    let mine = read.as_ref().err().map(|e| e.to_string());
+    let failures = zero_comm::gather_failures(comm, mine.as_deref())
+        .with_context(|| format!("agreeing on {what} the token data"))?;
+    match read {
+        Ok(v) if failures.is_empty() => Ok(v),
+        _ => bail!(
+            "{what} the token data: {}",
+            super::launch::describe_failures(&failures, comm.size())
+        ),
+    }
+}
+
 /// Every rank reads the same tokens (data.path may name a node-local copy on each):
 /// the ranks compare their token counts and sampled fingerprints ([`Tokens::fingerprint`]),
 /// and all of them fail alike, naming the ranks that differ from rank 0, when one does:
@@ -141,21 +150,14 @@ fn same_tokens_on_every_rank<C: Communicator>(comm: &C, tokens: &Tokens) -> anyh
     if comm.size() == 1 {
         return Ok(());
     }
-    // A rank that cannot read the file compares as other tokens (-1), then says why.
-    let fingerprint = tokens.fingerprint();
-    let mine = [
-        tokens.len() as i64,
-        fingerprint.as_ref().map_or(-1, |&f| f as i64),
-    ];
+    let fingerprint = read_on_every_rank(comm, tokens.fingerprint(), "fingerprinting")?;
+    let mine = [tokens.len() as i64, fingerprint as i64];
     let unlike = match zero_comm::unlike_rank_0(comm, &mine) {
         Ok(u) => u,
         // The ranks may now be at different points: end the job rather than finalize
         // MPI, which would wait for them.
         Err(e) => zero_comm::abort(&format!("error: comparing the ranks' token data: {e}"), 1),
     };
-    if let Err(e) = fingerprint {
-        return Err(e).with_context(|| format!("reading {}", tokens.name()));
-    }
     if unlike.none() {
         return Ok(());
     }

@@ -196,7 +196,7 @@ where
     let seconds = setup_started.elapsed().as_secs_f64();
     if rank == 0 && !shared.quiet && seconds >= 1.0 {
         // Drawing a large model's initial values takes a while (about 22 ns a value per
-        // thread; at stage 3 each rank draws its shard only): say where the time went.
+        // thread; each rank draws its 1/N block only): say where the time went.
         log::info!("{stage}: engine built and initial values drawn in {seconds:.1} s");
     }
     if let Some(init) = shared.init {

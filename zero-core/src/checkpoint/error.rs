@@ -89,6 +89,9 @@ pub enum CheckpointError {
     /// A bad argument (keep_last = 0...).
     #[error("{0}")]
     Invalid(String),
+    /// An output written whole could not be ([`crate::files::write_whole`]).
+    #[error(transparent)]
+    Output(#[from] crate::files::OutputError),
     /// The engine refused the state or a collective failed.
     #[error(transparent)]
     Engine(#[from] EngineError),

@@ -50,14 +50,14 @@ mod shard;
 mod tests;
 mod tools;
 
+pub use crate::files::partial_path;
 pub use error::{brief_hdf5, CheckpointError};
 pub use load::{load, resolve, LoadInfo};
 pub use meta::{Meta, FORMAT_NAME, FORMAT_VERSION};
 pub use save::{clean_partial, save, SaveOptions};
 pub use shard::{block_crcs, ShardReader, ShardWriter, BLOCK_ELEMS, KINDS};
 pub use tools::{
-    consolidate, partial_path, read_consolidated, read_param, read_tensor, verify, write_whole,
-    VerifyReport,
+    consolidate, read_consolidated, read_param, read_tensor, verify, write_whole, VerifyReport,
 };
 
 /// The metadata file's name inside a step directory.

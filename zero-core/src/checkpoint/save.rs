@@ -56,7 +56,7 @@ pub(crate) fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), CheckpointEr
 }
 
 /// fsync a directory (makes renames and creations inside it durable).
-pub(crate) fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
+fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
     std::fs::File::open(dir)
         .and_then(|f| f.sync_all())
         .map_err(CheckpointError::io("fsync directory", dir))

@@ -173,66 +173,13 @@ pub fn read_tensor(
     Ok(values)
 }
 
-/// The temporary name an output is written under before it is renamed to `out`: in
-/// the same directory (so the rename is atomic), hidden, with the process id.
-pub fn partial_path(out: &Path) -> PathBuf {
-    let name = out
-        .file_name()
-        .map_or("output".into(), |n| n.to_string_lossy().into_owned());
-    out.with_file_name(format!(".{name}.partial-{}", std::process::id()))
-}
-
-/// Write `out` through [`partial_path`]: `write` fills the temporary file; it is fsynced
-/// and renamed to `out` only when complete (then the directory fsynced), and removed on
-/// failure, so `out` is either as before or whole, a crash included. An existing `out` is
-/// an error unless `overwrite` (then it is replaced whole).
-/// A symbolic link is written through (its target replaced; [`crate::files::replace_target`]),
-/// and a device, FIFO or socket is refused.
+/// [`crate::files::write_whole`] with the checkpoint's error type.
 pub fn write_whole<T>(
     out: &Path,
     overwrite: bool,
     write: impl FnOnce(&Path) -> Result<T, CheckpointError>,
 ) -> Result<T, CheckpointError> {
-    let out =
-        &crate::files::replace_target(out).map_err(|e| CheckpointError::Invalid(e.to_string()))?;
-    if out.exists() && !overwrite {
-        return Err(CheckpointError::Invalid(format!(
-            "'{}' exists; not overwriting it",
-            out.display()
-        )));
-    }
-    let tmp = partial_path(out);
-    let result = write(&tmp).and_then(|v| {
-        if out.exists() && !overwrite {
-            return Err(CheckpointError::Invalid(format!(
-                "'{}' appeared while it was being written; not overwriting it",
-                out.display()
-            )));
-        }
-        // The bytes reach the disk before the name does: else a crash soon after the
-        // rename can leave `out` empty or partial (and, with `overwrite`, the old file gone).
-        std::fs::File::open(&tmp)
-            .and_then(|f| f.sync_all())
-            .map_err(CheckpointError::io("fsync", &tmp))?;
-        std::fs::rename(&tmp, out).map_err(CheckpointError::io("rename into place", out))?;
-        // And the rename itself, recorded in the directory.
-        super::save::sync_dir(parent_dir(out))?;
-        Ok(v)
-    });
-    if result.is_err() && tmp.exists() {
-        if let Err(e) = std::fs::remove_file(&tmp) {
-            log::warn!("could not remove the partial '{}': {e}", tmp.display());
-        }
-    }
-    result
-}
-
-/// The directory holding `path` ("." for a bare file name).
-fn parent_dir(path: &Path) -> &Path {
-    match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    }
+    crate::files::write_whole(out, overwrite, write)
 }
 
 /// Write the master weights of the checkpoint at `path` as one HDF5 file of named fp32
@@ -337,12 +284,5 @@ mod tests {
         assert!(failed.is_err());
         assert_eq!(std::fs::read_to_string(&out).unwrap(), "two");
         assert_eq!(names(tmp.path()), ["model.h5"]);
-    }
-
-    #[test]
-    fn the_directory_synced_for_a_bare_name_is_the_current_one() {
-        assert_eq!(parent_dir(Path::new("m.h5")), Path::new("."));
-        assert_eq!(parent_dir(Path::new("a/m.h5")), Path::new("a"));
-        assert_eq!(parent_dir(Path::new("/m.h5")), Path::new("/"));
     }
 }

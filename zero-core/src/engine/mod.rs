@@ -82,6 +82,10 @@ pub enum EngineError {
     /// The model or batches do not fit the configuration.
     #[error("{0}")]
     Mismatch(String),
+    /// Another rank could not set its engine up (its own error says why), so this one
+    /// stopped before the first collective of [`Engine::new`].
+    #[error("another rank could not set its engine up (its own error, on its stderr, says why: memory, most often); this rank stopped before the first collective")]
+    PeerSetup,
     /// An inf/NaN gradient where no loss scaler can recover (fp32, bf16): the step was
     /// not applied on any rank.
     #[error("step {step}: the gradient is inf/NaN on some rank (loss {loss}) in {precision} training, where loss scaling does not apply; the step was not applied. Lower optim.lr, check the data, or resume from the last checkpoint")]
@@ -320,7 +324,10 @@ pub struct Engine<'c, D: Device, C: Communicator> {
 impl<'c, D: Device, C: Communicator> Engine<'c, D, C> {
     /// Lay out `model`, plan and allocate this rank's buffers on `dev`, and initialise
     /// parameters and master weights from `model.init_unit(config.seed, ..)` (or, for
-    /// part of a unit, `model.init_unit_range`).
+    /// part of a unit, `model.init_unit_range`). Collective: every rank of `comm` calls
+    /// it (the initial values are all-gathered); a rank that cannot allocate its buffers
+    /// returns its error and every other rank [`EngineError::PeerSetup`], before the first
+    /// gather.
     pub fn new<M: Model<D>>(
         config: &EngineConfig,
         comm: &'c C,
@@ -382,17 +389,28 @@ impl<'c, D: Device, C: Communicator> Engine<'c, D, C> {
             None => {}
         }
         let plan = BufferPlan::new(&spec, &layout, &inputs, rank)?;
-        let bufs = Buffers::allocate(dev, &plan, spec.units.len())?;
-        // Host-staged collectives (zero-comm's StagedComm): the staging buffers are sized
-        // here, once, for the largest collective of this plan, not in the middle of a step.
-        // The node groups' own staging too (hpZ's and qgZ's collectives are no larger).
-        let groups = nodes.into_iter().flat_map(|g| [&g.node, &g.cross]);
-        for staging in std::iter::once(comm)
-            .chain(groups)
-            .filter_map(|c| c.staging())
-        {
-            staging.reserve(dev, crate::plan::host_staging_region_bytes(&layout, &plan))?;
-        }
+        let streams = Streams {
+            compute: dev.stream("compute")?,
+            comm: dev.stream("comm")?,
+        };
+        // What may fail on some ranks only (memory): agreed before the first collective
+        // (the initial values' gathers), so that no rank waits there for one that failed.
+        let allocated = (|| -> Result<Buffers<D>, EngineError> {
+            let bufs = Buffers::allocate(dev, &plan, spec.units.len())?;
+            // Host-staged collectives (zero-comm's StagedComm): the staging buffers are
+            // sized here, once, for the largest collective of this plan, not in the middle
+            // of a step. The node groups' own staging too (hpZ's and qgZ's collectives are
+            // no larger).
+            let groups = nodes.into_iter().flat_map(|g| [&g.node, &g.cross]);
+            for staging in std::iter::once(comm)
+                .chain(groups)
+                .filter_map(|c| c.staging())
+            {
+                staging.reserve(dev, crate::plan::host_staging_region_bytes(&layout, &plan))?;
+            }
+            Ok(bufs)
+        })();
+        let bufs = agree_on_setup(comm, dev, &streams.compute, allocated)?;
         // Mixed precision as the hardware does it: in bf16 the model's matrix products take
         // bf16 operands with f32 sums (tensor cores, AVX-512 BF16) where the device can.
         let wants_bf16 = config.precision.dtype == Precision::Bf16;
@@ -408,10 +426,6 @@ impl<'c, D: Device, C: Communicator> Engine<'c, D, C> {
                 );
             }
         }
-        let streams = Streams {
-            compute: dev.stream("compute")?,
-            comm: dev.stream("comm")?,
-        };
         let mut engine = Engine {
             fingerprint: spec.fingerprint(),
             core: Core {
@@ -622,4 +636,31 @@ fn place_block<T: Element, D: Device, C: Communicator>(
     dev.upload(s, block, dst.reborrow().slice_mut(own.clone()))?;
     on_stream::all_gather_in_place(core.comm, dev, s, dst)?;
     Ok(())
+}
+
+/// Every rank's set-up outcome, agreed (collective): this rank's own result when every
+/// rank succeeded or this one failed, else [`EngineError::PeerSetup`]. One all-reduce on
+/// a one-element device buffer, which every communicator takes (NCCL only device memory).
+fn agree_on_setup<T, D: Device, C: Communicator>(
+    comm: &C,
+    dev: &D,
+    stream: &D::Stream,
+    mine: Result<T, EngineError>,
+) -> Result<T, EngineError> {
+    if comm.size() == 1 {
+        return mine;
+    }
+    let mut flag = dev.alloc::<f64>(1, "set-up agreement")?;
+    dev.upload(
+        stream,
+        &[f64::from(u8::from(mine.is_err()))],
+        flag.view_mut(),
+    )?;
+    on_stream::all_reduce(comm, dev, stream, flag.view_mut(), zero_comm::ReduceOp::Max)?;
+    let mut any = [0.0f64];
+    dev.download(stream, flag.view(), &mut any)?;
+    match mine {
+        Ok(_) if any[0] > 0.0 => Err(EngineError::PeerSetup),
+        mine => mine,
+    }
 }

@@ -3,7 +3,7 @@
 //! [2] = token count; then that many little-endian uint16). Tokens are read where asked
 //! (positioned reads, one per sequence), decoded on read (no alignment or endianness
 //! assumption) and checked against the vocabulary there, so opening a 20 GB file costs
-//! nothing. The file is not memory-mapped: a file truncated under a running job (a
+//! nothing. The file is not memory-mapped: a file truncated under a running job (nanoGPT's
 //! `prepare.py` writing it again) then gives an error naming it, where a mapping dies of
 //! SIGBUS without a word of which file.
 
@@ -178,9 +178,14 @@ impl Tokens {
         match &self.storage {
             Storage::Owned(v) => out.copy_from_slice(&v[start..end]),
             Storage::File(file, offset) => {
-                let mut bytes = vec![0u8; 2 * out.len()];
+                // Read straight into `out` (no buffer per sequence), then from little-endian.
+                // SAFETY: the bytes of `out`'s u16s, u8 has no alignment, and every bit
+                // pattern is a valid u16.
+                let bytes = unsafe {
+                    std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u8>(), 2 * out.len())
+                };
                 let at = offset + 2 * start as u64;
-                file.read_exact_at(&mut bytes, at).map_err(|e| {
+                file.read_exact_at(bytes, at).map_err(|e| {
                     let path = PathBuf::from(&self.name);
                     match e.kind() {
                         std::io::ErrorKind::UnexpectedEof => DataError::Truncated {
@@ -196,8 +201,8 @@ impl Tokens {
                         _ => io_err(&path, e),
                     }
                 })?;
-                for (t, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
-                    *t = u16::from_le_bytes([b[0], b[1]]);
+                for t in out.iter_mut() {
+                    *t = u16::from_le(*t);
                 }
             }
         }
@@ -253,6 +258,30 @@ impl Tokens {
         })
     }
 
+    /// Read the tokens of `range` (clipped to the tokens there are) in order, unchecked,
+    /// in chunks of 2^24 (32 MiB): `visit(start, chunk)` for each, until it returns false.
+    /// What a whole-file pass (the vocabulary check, `data info`) reads with.
+    pub fn scan(
+        &self,
+        range: std::ops::Range<usize>,
+        mut visit: impl FnMut(usize, &[u16]) -> bool,
+    ) -> Result<(), DataError> {
+        const CHUNK: usize = 1 << 24;
+        let range = range.start.min(self.len)..range.end.min(self.len);
+        let mut chunk = vec![0u16; range.len().min(CHUNK)];
+        let mut at = range.start;
+        while at < range.end {
+            let end = (at + CHUNK).min(range.end);
+            let part = &mut chunk[..end - at];
+            self.read_raw(at, part)?;
+            if !visit(at, part) {
+                break;
+            }
+            at = end;
+        }
+        Ok(())
+    }
+
     /// The first token in `range` outside the vocabulary, as (position, token), reading
     /// the tokens without checking them one by one; `progress(done)` is called every
     /// 2^24 tokens with the tokens read so far. Scanning a 10 GB file this way takes
@@ -262,22 +291,17 @@ impl Tokens {
         range: std::ops::Range<usize>,
         mut progress: impl FnMut(usize),
     ) -> Result<Option<(usize, u16)>, DataError> {
-        const CHUNK: usize = 1 << 24;
-        let range = range.start.min(self.len)..range.end.min(self.len);
         let vocab = self.vocab.min(1 << 16) as u32;
-        let mut chunk = vec![0u16; range.len().min(CHUNK)];
-        let mut at = range.start;
-        while at < range.end {
-            let end = (at + CHUNK).min(range.end);
-            let part = &mut chunk[..end - at];
-            self.read_raw(at, part)?;
-            if let Some(i) = part.iter().position(|&t| t as u32 >= vocab) {
-                return Ok(Some((at + i, part[i])));
+        let first = range.start.min(self.len);
+        let mut found = None;
+        self.scan(range, |at, part| {
+            found = (part.iter().position(|&t| t as u32 >= vocab)).map(|i| (at + i, part[i]));
+            if found.is_none() {
+                progress(at + part.len() - first);
             }
-            at = end;
-            progress(at - range.start);
-        }
-        Ok(None)
+            found.is_none()
+        })?;
+        Ok(found)
     }
 
     /// A fingerprint of the tokens for telling copies apart: the CRC32 of 256 windows of
@@ -457,14 +481,18 @@ impl TokenWriter {
         drop(f);
         std::fs::rename(&self.tmp, &self.path).map_err(|e| io_err(&self.path, e))?;
         self.done = true;
-        // The rename durable too: else a crash soon after can lose the new name.
+        // The rename durable too: else a crash soon after can lose the new name. The file
+        // is whole under its name already, so a failure here is a warning, not lost work.
         let dir = match self.path.parent() {
             Some(p) if !p.as_os_str().is_empty() => p,
             _ => Path::new("."),
         };
-        File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| io_err(dir, e))?;
+        if let Err(e) = File::open(dir).and_then(|d| d.sync_all()) {
+            log::warn!(
+                "wrote {}, but could not fsync its directory ({e}): a crash soon may lose it",
+                self.path.display()
+            );
+        }
         Ok(self.count)
     }
 }
