@@ -42,6 +42,26 @@ fn error_lines(out: &JobOutput) -> Vec<&str> {
         .collect()
 }
 
+/// Every rank exited by itself, and stderr holds exactly one error line, naming each of
+/// `needles` (the failing rank, the path, the OS error).
+fn assert_failed_once_naming(out: &JobOutput, needles: &[&str]) {
+    out.assert_failed_by_itself();
+    let errors = error_lines(out);
+    assert_eq!(
+        errors.len(),
+        1,
+        "the error once, not per rank\n{}",
+        out.transcript()
+    );
+    for needle in needles {
+        assert!(
+            errors[0].contains(needle),
+            "the failing rank, the path and the OS error: no '{needle}'\n{}",
+            out.transcript()
+        );
+    }
+}
+
 /// `mpirun -n 2 sh -c SCRIPT`: rank 1 runs `ckpt bench --dir rank1_dir`, the others
 /// `--dir dir`.
 fn bench(dir: &Path, rank1_dir: &Path) -> JobOutput {
@@ -69,20 +89,7 @@ fn a_dir_below_a_regular_file_fails_every_rank_with_the_os_error_once() {
     std::fs::write(&file, "not a directory").expect("write a file");
     let dir = file.join("bench");
     let out = bench(&dir, &dir);
-    out.assert_failed_by_itself();
-    let errors = error_lines(&out);
-    assert_eq!(
-        errors.len(),
-        1,
-        "the error once, not per rank\n{}",
-        out.transcript()
-    );
-    let e = errors[0];
-    assert!(
-        e.contains("rank 0 of 2") && e.contains(&s(&dir)) && e.contains("Not a directory"),
-        "the failing rank, the path and the OS error\n{}",
-        out.transcript()
-    );
+    assert_failed_once_naming(&out, &["rank 0 of 2", &s(&dir), "Not a directory"]);
 }
 
 #[test]
@@ -94,20 +101,7 @@ fn one_rank_failing_alone_ends_every_rank_promptly_naming_it() {
     let plain = bad.join("zero-ckpt-bench").join("plain-rank-00001.bin");
     std::fs::create_dir_all(plain.join("inside")).expect("a directory in the plain file's place");
     let out = bench(&good, &bad);
-    out.assert_failed_by_itself();
-    let errors = error_lines(&out);
-    assert_eq!(
-        errors.len(),
-        1,
-        "the error once, not per rank\n{}",
-        out.transcript()
-    );
-    let e = errors[0];
-    assert!(
-        e.contains("rank 1 of 2") && e.contains(&s(&plain)) && e.contains("Is a directory"),
-        "the failing rank, the path and the OS error\n{}",
-        out.transcript()
-    );
+    assert_failed_once_naming(&out, &["rank 1 of 2", &s(&plain), "Is a directory"]);
     // Rank 0 removed its own directory on the way out; rank 1's is not the bench's to
     // remove (rank 0 made none there).
     assert!(
@@ -133,21 +127,10 @@ fn a_timed_part_failing_on_one_rank_ends_every_rank_promptly_naming_it() {
     std::os::unix::fs::symlink(root.join("nowhere").join("file"), &plain)
         .expect("dangling symlink");
     let out = bench(&good, &bad);
-    out.assert_failed_by_itself();
-    let errors = error_lines(&out);
-    assert_eq!(
-        errors.len(),
-        1,
-        "the error once, not per rank\n{}",
-        out.transcript()
-    );
-    let e = errors[0];
-    assert!(
-        e.contains("rank 1 of 2")
-            && e.contains(&format!("creating {}", s(&plain)))
-            && e.contains("No such file or directory"),
-        "the failing rank, the path and the OS error\n{}",
-        out.transcript()
+    let creating = format!("creating {}", s(&plain));
+    assert_failed_once_naming(
+        &out,
+        &["rank 1 of 2", &creating, "No such file or directory"],
     );
     assert!(
         !good.join("zero-ckpt-bench").exists(),

@@ -122,23 +122,15 @@ pub fn check<C: Communicator>(comm: &C, tokens: &Tokens, config: &Config) -> any
 }
 
 /// A read of the token file on every rank (collective): its value where every rank read,
-/// else the same error on every rank, naming each rank that could not read and why (the
-/// check's errors are printed by rank 0 only).
+/// else the same error on every rank, naming each rank that could not read and why
+/// (train/launch.rs's agreement; the check's errors are printed by rank 0 only).
 fn read_on_every_rank<T, C: Communicator>(
     comm: &C,
     read: Result<T, zero_models::data::DataError>,
     what: &str,
 ) -> anyhow::Result<T> {
-    let mine = read.as_ref().err().map(|e| e.to_string());
-    let failures = zero_comm::gather_failures(comm, mine.as_deref())
-        .with_context(|| format!("agreeing on {what} the token data"))?;
-    match read {
-        Ok(v) if failures.is_empty() => Ok(v),
-        _ => bail!(
-            "{what} the token data: {}",
-            super::launch::describe_failures(&failures, comm.size())
-        ),
-    }
+    super::launch::agree(comm, read.map_err(anyhow::Error::from))
+        .map_err(|f| f.error.context(format!("{what} the token data")))
 }
 
 /// Every rank reads the same tokens (data.path may name a node-local copy on each):

@@ -72,7 +72,7 @@ pub fn agree<T, C: Communicator>(comm: &C, result: anyhow::Result<T>) -> Result<
 }
 
 /// "rank 2: why" per failing rank, or the one message when every failing rank gave it.
-pub fn describe_failures(failures: &[(usize, String)], world: usize) -> String {
+fn describe_failures(failures: &[(usize, String)], world: usize) -> String {
     let all_same = failures.iter().all(|(_, m)| *m == failures[0].1);
     match failures {
         [(_, m), ..] if all_same && failures.len() == world => m.clone(),
