@@ -20,7 +20,8 @@
 //!   from another root, while one of the root's own steps, or a fresh root, resumes;
 //! - a resume that fails leaves the metrics file as it was;
 //! - a config file that one rank cannot read fails every rank, naming that rank, rather
-//!   than leaving the others waiting.
+//!   than leaving the others waiting;
+//! - a token file written again in place under the run stops it at the next checkpoint.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -1155,6 +1156,75 @@ fn ranks_reading_different_token_data_are_refused() {
         ],
     );
     no_step_ran(&out);
+}
+
+/// A token file written again in place while the run reads it (nanoGPT's prepare.py run
+/// again over data.path) stops the run at its next checkpoint with exit status 1, naming
+/// the file, the steps that may have read the new tokens and the checkpoints on either
+/// side of the change; no older checkpoint is removed (`--keep-last 1` here). Before, the
+/// run trained on the new tokens without a word.
+#[test]
+fn a_token_file_written_again_under_the_run_stops_it_at_the_next_checkpoint() {
+    let dir = scratch("rewritten");
+    let (data, ck) = (dir.join("tokens.bin"), dir.join("ck"));
+    let o = Command::new(zero_bench_bin())
+        .args(["data", "corpus", &s(&data), "--tokens", "50000"])
+        .output()
+        .expect("zero-bench starts");
+    assert!(o.status.success(), "{o:?}");
+    let rewrite = {
+        let (data, ck) = (data.clone(), ck.clone());
+        std::thread::spawn(move || {
+            // Once the first checkpoint is in place, the same tokens in reverse order, over
+            // the old ones (the same file, never shorter: a truncation is a read error of
+            // its own, tested in zero-models/tests/data.rs).
+            let start = std::time::Instant::now();
+            while !ck.join("latest").exists() && start.elapsed() < Duration::from_secs(120) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let bytes = std::fs::read(&data).expect("read tokens");
+            let reversed: Vec<u8> = bytes.chunks_exact(2).rev().flatten().copied().collect();
+            use std::os::unix::fs::FileExt;
+            std::fs::File::options()
+                .write(true)
+                .open(&data)
+                .and_then(|f| f.write_all_at(&reversed, 0))
+                .expect("write in place");
+        })
+    };
+    let out = tiny(&[
+        "--set",
+        &format!("data.path={}", s(&data)),
+        "--steps",
+        "100000000",
+        "--save-every",
+        "20",
+        "--keep-last",
+        "1",
+        "--ckpt-dir",
+        &s(&ck),
+    ]);
+    rewrite.join().expect("the rewriting thread");
+    failed_with(
+        &out,
+        1,
+        &[
+            "was written again while this run read it",
+            "may have read the new tokens, so the run stops after step",
+            "no older checkpoint was removed",
+            "to go on with the new file, --resume",
+            "put it back and --resume",
+        ],
+    );
+    let text = out.all_text();
+    assert_eq!(text.matches("was written again").count(), 1, "{text}");
+    let steps: Vec<String> = std::fs::read_dir(&ck)
+        .expect("the checkpoint directory")
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("step-"))
+        .collect();
+    assert!(steps.len() >= 2, "{steps:?}\n{text}");
 }
 
 /// `micro comm` with other sizes on one rank is refused on every rank at once (before,

@@ -166,6 +166,45 @@ fn a_token_file_truncated_under_the_run_is_an_error_naming_it() {
     let _ = std::fs::remove_file(p);
 }
 
+/// What the open handle reads now: a file written again in place changes its size or its
+/// fingerprint as this handle sees them; one replaced by a rename changes neither (the
+/// handle reads the file it opened).
+#[test]
+fn the_size_and_fingerprint_are_those_of_the_file_as_read_now() {
+    let p = tmp("rewritten-under.bin");
+    let tokens: Vec<u16> = (0..4000u16).map(|t| t % 1000).collect();
+    write_nanogpt(&p, &tokens).expect("write");
+    let t = Tokens::open(&p, TokenFormat::Auto, 1000).expect("opens");
+    let (bytes, fingerprint) = (
+        t.bytes_now().expect("size"),
+        t.fingerprint().expect("reads"),
+    );
+    assert_eq!(bytes, 8000);
+    // Replaced by a rename: this run still reads what it opened.
+    let other = tmp("rewritten-under-new.bin");
+    write_nanogpt(&other, &tokens.iter().rev().copied().collect::<Vec<_>>()).expect("write");
+    std::fs::rename(&other, &p).expect("rename");
+    assert_eq!(t.bytes_now().expect("size"), bytes);
+    assert_eq!(t.fingerprint().expect("reads"), fingerprint);
+    // Written again in place (as nanoGPT's prepare.py does), same length: same size,
+    // another fingerprint. (write_nanogpt writes a new file and renames it.)
+    let in_place = |tokens: &[u16]| {
+        let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+        std::fs::write(&p, bytes).expect("write in place");
+    };
+    let t = Tokens::open(&p, TokenFormat::Auto, 1000).expect("opens");
+    let fingerprint = t.fingerprint().expect("reads");
+    in_place(&tokens);
+    assert_eq!(t.bytes_now().expect("size"), bytes);
+    assert_ne!(t.fingerprint().expect("reads"), fingerprint);
+    // Grown in place: another size.
+    in_place(&[tokens.clone(), tokens].concat());
+    assert_eq!(t.bytes_now().expect("size"), 2 * bytes);
+    let mem = Tokens::from_vec("mem", vec![1, 2, 3], 4).expect("valid");
+    assert_eq!(mem.bytes_now().expect("size"), 6);
+    let _ = std::fs::remove_file(p);
+}
+
 /// A header shaped like llm.c's (version, token count matching the length, zeros after)
 /// with another magic, or another version, is an error when the format is detected,
 /// never read as raw tokens.

@@ -12,8 +12,9 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use super::launch::{agree, Failure};
 use crate::config::{Config, DataOrder};
-use anyhow::{bail, Context};
+use anyhow::{anyhow, bail, Context};
 use zero_comm::{Communicator, ReduceOp};
 use zero_models::data::{MarkovSource, Sequential, TokenFormat, Tokens};
 use zero_models::init::SplitMix64;
@@ -55,10 +56,12 @@ pub fn open(config: &Config, vocab: usize) -> anyhow::Result<Tokens> {
 /// vocabulary (each rank scans 1/N of the file, in 32 MiB reads, and the ranks agree on the
 /// first bad position, so the error names it on every rank), and a source shorter than one
 /// global batch gets a warning (the order wraps around inside a step). Rank 0 reports
-/// progress when the scan takes more than a few seconds.
-pub fn check<C: Communicator>(comm: &C, tokens: &Tokens, config: &Config) -> anyhow::Result<()> {
+/// progress when the scan takes more than a few seconds. Returns this rank's [`Stamp`] of
+/// the source, what [`DataWatch`] compares with during the run.
+pub fn check<C: Communicator>(comm: &C, tokens: &Tokens, config: &Config) -> anyhow::Result<Stamp> {
     let (rank, world) = (comm.rank(), comm.size());
-    same_tokens_on_every_rank(comm, tokens)?;
+    let stamp = read_on_every_rank(comm, Stamp::take(tokens), "fingerprinting")?;
+    same_tokens_on_every_rank(comm, tokens, stamp.fingerprint)?;
     let len = tokens.len();
     let share = len.div_ceil(world);
     let mine = (rank * share).min(len)..((rank + 1) * share).min(len);
@@ -118,7 +121,7 @@ pub fn check<C: Communicator>(comm: &C, tokens: &Tokens, config: &Config) -> any
             t.seq_len
         );
     }
-    Ok(())
+    Ok(stamp)
 }
 
 /// A read of the token file on every rank (collective): its value where every rank read,
@@ -129,7 +132,7 @@ fn read_on_every_rank<T, C: Communicator>(
     read: Result<T, zero_models::data::DataError>,
     what: &str,
 ) -> anyhow::Result<T> {
-    super::launch::agree(comm, read.map_err(anyhow::Error::from))
+    agree(comm, read.map_err(anyhow::Error::from))
         .map_err(|f| f.error.context(format!("{what} the token data")))
 }
 
@@ -138,11 +141,14 @@ fn read_on_every_rank<T, C: Communicator>(
 /// and all of them fail alike, naming the ranks that differ from rank 0, when one does:
 /// the scan below splits the file between them, and a stale copy would train on other
 /// data. Collective.
-fn same_tokens_on_every_rank<C: Communicator>(comm: &C, tokens: &Tokens) -> anyhow::Result<()> {
+fn same_tokens_on_every_rank<C: Communicator>(
+    comm: &C,
+    tokens: &Tokens,
+    fingerprint: u32,
+) -> anyhow::Result<()> {
     if comm.size() == 1 {
         return Ok(());
     }
-    let fingerprint = read_on_every_rank(comm, tokens.fingerprint(), "fingerprinting")?;
     let mine = [tokens.len() as i64, fingerprint as i64];
     let unlike = match zero_comm::unlike_rank_0(comm, &mine) {
         Ok(u) => u,
@@ -175,6 +181,82 @@ fn same_tokens_on_every_rank<C: Communicator>(comm: &C, tokens: &Tokens) -> anyh
             String::new()
         }
     )
+}
+
+/// What a token source held at one moment, as far as a cheap look tells: its size in bytes
+/// and its sampled fingerprint ([`Tokens::fingerprint`], 256 reads).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stamp {
+    bytes: u64,
+    fingerprint: u32,
+}
+
+impl Stamp {
+    /// The stamp of `tokens` now.
+    pub fn take(tokens: &Tokens) -> Result<Stamp, zero_models::data::DataError> {
+        Ok(Stamp {
+            bytes: tokens.bytes_now()?,
+            fingerprint: tokens.fingerprint()?,
+        })
+    }
+}
+
+/// The token file, watched for being written again in place under the run (a tokenizer's
+/// script run again over data.path): the reads, positioned, would go on in the new tokens,
+/// and a checkpoint would hold steps of two datasets without a word. It is looked at where
+/// a checkpoint is saved and after the last step; a size or a fingerprint other than at
+/// the start stops the run (train/run.rs). A file replaced by a rename is not a change:
+/// the run goes on reading the file it opened, which is as it was. A change that misses
+/// every sampled window (a few tokens rewritten) is not seen.
+pub struct DataWatch {
+    start: Stamp,
+    since: u64,
+}
+
+impl DataWatch {
+    /// A watch of a source whose stamp was `start`, for a run that starts after step `since`.
+    pub fn new(start: Stamp, since: u64) -> DataWatch {
+        DataWatch { start, since }
+    }
+
+    /// The last step after which every rank's file was seen as at the start (or the step
+    /// the run started after).
+    pub fn since(&self) -> u64 {
+        self.since
+    }
+
+    /// Whether every rank's token file is as at the start, looked at after step `done`.
+    /// Collective: where one rank's changed (or can no longer be read), every rank gets
+    /// the same failure, naming that rank and what changed.
+    pub fn check<C: Communicator>(
+        &mut self,
+        comm: &C,
+        tokens: &Tokens,
+        done: u64,
+    ) -> Result<(), Failure> {
+        let now = Stamp::take(tokens)
+            .map_err(anyhow::Error::from)
+            .and_then(|now| self.compare(now, tokens.name()));
+        agree(comm, now)?;
+        self.since = done;
+        Ok(())
+    }
+
+    fn compare(&self, now: Stamp, name: &str) -> anyhow::Result<()> {
+        let how = if now.bytes != self.start.bytes {
+            format!(
+                "it held {} bytes at the start and holds {} now",
+                self.start.bytes, now.bytes
+            )
+        } else if now.fingerprint != self.start.fingerprint {
+            "its tokens at sampled positions differ from those at the start".to_string()
+        } else {
+            return Ok(());
+        };
+        Err(anyhow!(
+            "data.path {name} was written again while this run read it ({how})"
+        ))
+    }
 }
 
 /// This rank's micro-batches of each step.

@@ -662,7 +662,7 @@ fn run_with<E: Communicator, D: BenchDevice>(
     let c = &first.config;
     let vocab = run::model_preset(c).map_err(same)?.vocab_size();
     let tokens = agree(comm, data::open(c, vocab))?;
-    data::check(comm, &tokens, c).map_err(same)?;
+    let tokens_at_start = data::check(comm, &tokens, c).map_err(same)?;
     let init_path = match (&args.init_from, &args.resume) {
         (Some(path), Some(ckpt)) => {
             if rank == 0 {
@@ -717,6 +717,7 @@ fn run_with<E: Communicator, D: BenchDevice>(
             let last = round + 1 == args.rounds && i + 1 == loaded.len();
             let shared = run::Shared {
                 tokens: &tokens,
+                tokens_at_start,
                 init: init.as_ref(),
                 save_model: args.save_model.as_deref().filter(|_| last),
                 checkpoints: run::Checkpoints {

@@ -19,7 +19,7 @@ use zero_models::data::Tokens;
 use zero_models::{Gpt, Llama, ModelPreset, TokenBatch};
 
 use super::checkpoints::{self, Resume};
-use super::data::Batches;
+use super::data::{Batches, DataWatch, Stamp};
 use super::init_from::{self, InitFile};
 use super::launch::{agree, Failure, PREEMPTED_EXIT_CODE};
 use super::metrics::Metrics;
@@ -50,6 +50,8 @@ pub fn model_preset(config: &Config) -> anyhow::Result<ModelPreset> {
 pub struct Shared<'a> {
     /// Token source.
     pub tokens: &'a Tokens,
+    /// What it held when the run checked it (data.rs's `check`).
+    pub tokens_at_start: Stamp,
     /// `--init-from`, opened and checked.
     pub init: Option<&'a InitFile>,
     /// `--save-model` (this run writes it).
@@ -303,6 +305,9 @@ where
     let t = &config.train;
     let tokens_per_step = (world * t.grad_accum * t.micro_batch * t.seq_len) as u64;
     let mut saver = Saver::new(shared.checkpoints, config);
+    let mut watch = DataWatch::new(shared.tokens_at_start, engine.steps_done());
+    // The token file's change seen after the last step: the run ends as it would, then fails.
+    let mut changed_at_end = None;
     let last = steps as u64;
     // SIGTERM or SIGINT during the set-up (reading checkpoints or weights, planning,
     // allocating) ends the run before its first step: nothing was trained since the
@@ -346,8 +351,28 @@ where
         skipped += r.skipped as u64;
         // Every rank learns whether any rank was told to stop (SIGTERM, SIGUSR1).
         let signal = signals::agreed(comm)?;
-        if saver.due(done, last, signal.is_some()) {
-            saver.save(engine, done, rank);
+        let due = saver.due(done, last, signal.is_some());
+        // The token file, looked at where a checkpoint is saved and after the last step
+        // (DataWatch in data.rs).
+        let data_changed = if due || done == last {
+            watch.check(comm, shared.tokens, done).err()
+        } else {
+            None
+        };
+        if due {
+            saver.save(engine, done, rank, data_changed.is_none());
+        }
+        if let Some(changed) = data_changed {
+            if done < last {
+                progress.finish();
+                return Err(Stop::Agreed(saver.data_changed(
+                    changed,
+                    watch.since(),
+                    done,
+                    last,
+                )));
+            }
+            changed_at_end = Some(changed);
         }
         if let Some(sig) = signal.filter(|_| done < last) {
             progress.finish();
@@ -369,6 +394,14 @@ where
             init_from::save(path, engine.layout(), &values, engine.steps_done())?;
             log::info!("final weights written to {}", path.display());
         }
+    }
+    if let Some(changed) = changed_at_end {
+        return Err(Stop::Agreed(saver.data_changed(
+            changed,
+            watch.since(),
+            last,
+            last,
+        )));
     }
     if let Some(f) = saver.final_failure(last, rank) {
         return Err(Stop::Agreed(f));
@@ -514,6 +547,8 @@ struct Saver<'a> {
     saved: Option<(u64, std::path::PathBuf)>,
     /// The error of the last save, if it failed (cleared by a success).
     failed: Option<(u64, String)>,
+    /// The last checkpoint this run saved while its token file was as at the start.
+    before_data_changed: Option<(u64, std::path::PathBuf)>,
 }
 
 impl<'a> Saver<'a> {
@@ -523,6 +558,7 @@ impl<'a> Saver<'a> {
             app_config: toml::to_string(config).ok(),
             saved: None,
             failed: None,
+            before_data_changed: None,
         }
     }
 
@@ -536,18 +572,29 @@ impl<'a> Saver<'a> {
 
     /// Save (collective; every rank gets the same outcome). A failed save loses nothing
     /// already saved: the previous checkpoint and `latest` are untouched, and training
-    /// goes on; the end of the run reports it.
+    /// goes on; the end of the run reports it. After the token file changed under the
+    /// run (`data_unchanged` false) no older checkpoint is removed: those hold steps of
+    /// the file as it was.
     fn save<D: Device, E: Communicator>(
         &mut self,
         engine: &Engine<'_, D, E>,
         done: u64,
         rank: usize,
+        data_unchanged: bool,
     ) {
         let Some(dir) = self.ckpt.dir else {
             return;
         };
-        match checkpoints::save(engine, dir, self.ckpt.keep_last, self.app_config.as_deref()) {
+        let keep_last = if data_unchanged {
+            self.ckpt.keep_last
+        } else {
+            usize::MAX
+        };
+        match checkpoints::save(engine, dir, keep_last, self.app_config.as_deref()) {
             Ok(path) => {
+                if data_unchanged {
+                    self.before_data_changed = Some((done, path.clone()));
+                }
                 self.saved = Some((done, path));
                 self.failed = None;
             }
@@ -560,6 +607,55 @@ impl<'a> Saver<'a> {
                 }
                 self.failed = Some((done, e.to_string()));
             }
+        }
+    }
+
+    /// The token file changed under the run (`changed`, agreed by every rank), seen after
+    /// step `done` of `last`; it was last seen as at the start after step `since`. The run
+    /// stops (exit status 1, whatever signal came with it: a job script must not requeue
+    /// onto the new file unasked) and says which checkpoint holds which tokens.
+    fn data_changed(&self, changed: Failure, since: u64, done: u64, last: u64) -> Failure {
+        let stops = if done < last {
+            format!("so the run stops after step {done} of {last}")
+        } else {
+            "so the run fails, though it reached its last step".to_string()
+        };
+        let saved = match (&self.saved, self.ckpt.dir) {
+            (Some((step, path)), Some(_)) if *step == done => {
+                let before = match (&self.before_data_changed, self.ckpt.resume) {
+                    (Some((step, path)), _) => {
+                        format!("--resume {} (step {step})", path.display())
+                    }
+                    (None, Some(r)) => format!("--resume {r} (the checkpoint this run resumed)"),
+                    (None, None) => "start again".to_string(),
+                };
+                format!(
+                    "Checkpoint {} holds these steps, and no older checkpoint was removed: to go on with the new file, --resume {}; to train on the file as it was, put it back and {before}",
+                    path.display(),
+                    path.display()
+                )
+            }
+            (_, Some(_)) => format!(
+                "The checkpoint after step {done} could not be saved ({}); {}",
+                self.failed
+                    .as_ref()
+                    .map_or("it was not attempted", |(_, e)| e.as_str()),
+                self.last_good()
+            ),
+            (_, None) => "No --ckpt-dir was given, so no checkpoint holds them".to_string(),
+        };
+        let steps = if since + 1 == done {
+            format!("step {done}")
+        } else {
+            format!("steps {}-{done}", since + 1)
+        };
+        Failure {
+            error: anyhow!(
+                "{}: {steps} may have read the new tokens, {stops}. {saved}. (Write a new token file under another name, not over data.path of a running job.)",
+                crate::logging::chain(&changed.error)
+            ),
+            print: changed.print,
+            code: 1,
         }
     }
 

@@ -325,6 +325,20 @@ impl Tokens {
         Ok(h.finalize())
     }
 
+    /// The size in bytes of what the tokens are read from now: the open file's length
+    /// (taken from the open handle, so a file replaced by a rename, which this run does not
+    /// read, does not count), or two bytes per token held in memory. Compared with the size
+    /// at the start, it tells a file written again in place under a running job.
+    pub fn bytes_now(&self) -> Result<u64, DataError> {
+        match &self.storage {
+            Storage::Owned(v) => Ok(2 * v.len() as u64),
+            Storage::File(file, _) => file
+                .metadata()
+                .map(|m| m.len())
+                .map_err(|e| io_err(Path::new(&self.name), e)),
+        }
+    }
+
     /// Number of tokens.
     pub fn len(&self) -> usize {
         self.len
