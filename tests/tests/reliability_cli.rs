@@ -21,7 +21,11 @@
 //! - a resume that fails leaves the metrics file as it was;
 //! - a config file that one rank cannot read fails every rank, naming that rank, rather
 //!   than leaving the others waiting;
-//! - a token file written again in place under the run stops it at the next checkpoint.
+//! - a token file written again in place under the run stops it at the next checkpoint;
+//! - `--resume` alone saves where it resumed; `--rounds`/`--stages` with `--ckpt-dir`, a
+//!   file as `--ckpt-dir`, and complete steps without `latest` are refused before step 1;
+//! - a report that cannot be written fails the command (exit 1, not a panic);
+//! - the memory guard's advice offers activation checkpointing.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -1225,6 +1229,166 @@ fn a_token_file_written_again_under_the_run_stops_it_at_the_next_checkpoint() {
         .filter(|n| n.starts_with("step-"))
         .collect();
     assert!(steps.len() >= 2, "{steps:?}\n{text}");
+}
+
+/// `--resume` without `--ckpt-dir` goes on saving into the root it resumed from (a step
+/// directory's or the root's own), as README's example does; before, it trained and
+/// saved nothing, exit status 0. `--keep-last`/`--save-every` need somewhere to save.
+#[test]
+fn a_resume_without_ckpt_dir_goes_on_saving_where_it_resumed() {
+    let dir = scratch("resume-saves");
+    let ck = s(&dir.join("ck"));
+    ok(&tiny(&["--steps", "3", "--ckpt-dir", &ck]));
+    let out = tiny(&["--steps", "5", "--resume", &ck]);
+    ok(&out);
+    assert!(
+        out.all_text()
+            .contains("without --ckpt-dir: checkpoints go on into"),
+        "{}",
+        out.transcript()
+    );
+    let latest = |d: &str| std::fs::read_to_string(Path::new(d).join("latest")).unwrap_or_default();
+    assert_eq!(latest(&ck).trim(), "step-5", "{}", out.transcript());
+    // From a step directory: its root.
+    let step5 = s(&dir.join("ck").join("step-5"));
+    ok(&tiny(&[
+        "--steps",
+        "6",
+        "--resume",
+        &step5,
+        "--keep-last",
+        "1",
+    ]));
+    assert_eq!(latest(&ck).trim(), "step-6");
+    assert!(
+        !dir.join("ck").join("step-3").exists(),
+        "--keep-last 1 applies"
+    );
+    let out = Command::new(zero_bench_bin())
+        .args([
+            "train",
+            "--config",
+            &repo("configs/tiny.toml"),
+            "--keep-last",
+            "2",
+        ])
+        .output()
+        .expect("zero-bench starts");
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--ckpt-dir <DIR>|--resume <DIR>"),
+        "{out:?}"
+    );
+}
+
+/// Checkpoint directories a run would save over are refused before step 1: every round
+/// of `--rounds` or stage of `--stages` would start again into the same directory; a
+/// directory with complete steps but no `latest` (a run that died in its first save)
+/// would be overwritten; a file is not a directory.
+#[test]
+fn a_checkpoint_directory_the_run_would_save_over_is_refused() {
+    let dir = scratch("save-over");
+    let ck = s(&dir.join("ck"));
+    let out = tiny(&["--steps", "2", "--rounds", "2", "--ckpt-dir", &ck]);
+    failed_with(
+        &out,
+        1,
+        &["--rounds 2 with --ckpt-dir", "save over the round before"],
+    );
+    no_step_ran(&out);
+    let out = tiny(&["--steps", "2", "--stages", "0,1", "--ckpt-dir", &ck]);
+    failed_with(
+        &out,
+        1,
+        &["--stages with --ckpt-dir", "--stage N --ckpt-dir DIR"],
+    );
+    no_step_ran(&out);
+    let file = dir.join("a-file");
+    std::fs::write(&file, "x").expect("write");
+    let out = tiny(&["--steps", "2", "--ckpt-dir", &s(&file)]);
+    failed_with(&out, 1, &["is a file, not a directory"]);
+    no_step_ran(&out);
+    // A complete step without `latest`.
+    ok(&tiny(&["--steps", "2", "--ckpt-dir", &ck]));
+    std::fs::remove_file(dir.join("ck").join("latest")).expect("remove latest");
+    let meta = std::fs::read(dir.join("ck").join("step-2").join("meta.json")).expect("meta");
+    let out = tiny(&["--steps", "2", "--ckpt-dir", &ck]);
+    failed_with(
+        &out,
+        1,
+        &[
+            "holds complete checkpoints (step-2) but no `latest`",
+            "--resume",
+        ],
+    );
+    no_step_ran(&out);
+    assert_eq!(
+        std::fs::read(dir.join("ck").join("step-2").join("meta.json")).expect("meta"),
+        meta,
+        "the step is as it was"
+    );
+}
+
+/// A report that cannot be written (`> /dev/full`) fails the command with exit status 1
+/// and says so, instead of a panic (101) with a backtrace; a dry run of `train` too.
+#[test]
+fn a_report_that_cannot_be_written_fails_the_command() {
+    let dir = scratch("dev-full");
+    let tokens = dir.join("t.bin");
+    let o = Command::new(zero_bench_bin())
+        .args(["data", "corpus", &s(&tokens), "--tokens", "1000"])
+        .output()
+        .expect("zero-bench starts");
+    assert!(o.status.success(), "{o:?}");
+    let commands: [Vec<String>; 3] = [
+        ["plan", "--params", "7.5e9", "--gpus", "8"]
+            .map(String::from)
+            .to_vec(),
+        vec!["data".into(), "info".into(), s(&tokens)],
+        vec![
+            "train".into(),
+            "--config".into(),
+            repo("configs/tiny.toml"),
+            "--dry-run".into(),
+        ],
+    ];
+    for args in commands {
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .expect("/dev/full");
+        let out = Command::new(zero_bench_bin())
+            .args(&args)
+            .stdout(full)
+            .output()
+            .expect("zero-bench starts");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(
+            err.contains("error: writing standard output: No space left on device")
+                && !err.contains("panicked"),
+            "{args:?}: {err}"
+        );
+    }
+}
+
+/// Over the memory budget, the advice offers activation checkpointing where it fits
+/// (before, it said activation checkpointing was not in this version).
+#[test]
+fn the_memory_advice_offers_activation_checkpointing() {
+    let out = Command::new(zero_bench_bin())
+        .args(["train", "--config", &repo("configs/tiny.toml"), "--dry-run"])
+        .args(["--mem-limit", "4MB", "--set", "model.layers=8"])
+        .args(["--set", "train.micro_batch=16", "--set", "zero.stage=3"])
+        .output()
+        .expect("zero-bench starts");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("model.checkpoint_every = 1 (activation checkpointing")
+            && !err.contains("not in this version"),
+        "{err}"
+    );
 }
 
 /// `micro comm` with other sizes on one rank is refused on every rank at once (before,

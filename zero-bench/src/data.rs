@@ -9,6 +9,7 @@
 //!   floor (the loss no model can beat on it).
 //! - `data info FILE.bin`: format, token count, largest token.
 
+use crate::logging::outln;
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
@@ -174,7 +175,7 @@ fn tokenize(
         .finish()
         .with_context(|| format!("cannot write the output {}", output.display()))?;
     let secs = start.elapsed().as_secs_f64();
-    println!(
+    outln!(
         "{} tokens ({}, V={}) from {} bytes in {secs:.2} s ({:.1} MB/s, {threads} thread{}) \
          written to {} ({format:?})",
         stats.tokens,
@@ -237,7 +238,7 @@ pub fn run(cmd: DataCommand) -> anyhow::Result<()> {
                 .collect::<Result<_, _>>()
                 .context("reading the corpus back")?;
             write(&output, &toks, format)?;
-            println!(
+            outln!(
                 "{} tokens of the built-in corpus (V={} symbols, order {}) written to {}; \
                  entropy floor {:.4} nats/token (ln V = {:.4})",
                 toks.len(),
@@ -276,7 +277,7 @@ pub fn run(cmd: DataCommand) -> anyhow::Result<()> {
             } else {
                 format!("too large for GPT-2 (V = {GPT2_VOCAB})")
             };
-            println!(
+            outln!(
                 "{}: {format}, {} tokens, largest token {max} (needs V >= {}; {fits})",
                 file.display(),
                 t.len(),

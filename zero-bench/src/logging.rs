@@ -25,18 +25,50 @@ pub fn init(rank: Option<(usize, usize)>) {
         .try_init();
 }
 
-/// Write to standard output for a command that must outlive its reader: `train`
-/// ignores SIGPIPE (see main.rs), so where `print!` would panic on a closed pipe
-/// (`zero-bench train | head`) or a full disk, the failed write is logged once and the
-/// run goes on. Use through [`out!`] and [`outln!`].
+/// The first failed write to standard output (`> /dev/full`, a full disk, a closed pipe
+/// where SIGPIPE is ignored).
+static STDOUT_ERROR: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Write to standard output without panicking where `print!` would (a full disk, or a
+/// closed pipe where SIGPIPE is ignored, as `train` does, see main.rs): the first failure
+/// is logged and kept ([`stdout_error`]), and the command goes on; main.rs then fails
+/// every command whose report is its product, and a training run ends as its training
+/// does (its reports are in the log, the metrics and --json). Use through [`out!`] and
+/// [`outln!`].
 pub fn write_out(args: std::fmt::Arguments<'_>) {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    static WARNED: AtomicBool = AtomicBool::new(false);
     if let Err(e) = std::io::stdout().lock().write_fmt(args) {
-        if !WARNED.swap(true, Ordering::Relaxed) {
-            log::warn!("standard output cannot be written ({e}); training goes on, its reports in the log and --json only");
-        }
+        note_stdout_error(&e);
     }
+}
+
+/// Flush standard output (at the end of a command), keeping a failure as [`write_out`].
+pub fn flush_out() {
+    if let Err(e) = std::io::stdout().lock().flush() {
+        note_stdout_error(&e);
+    }
+}
+
+/// Whether a failed write to standard output fails the command at its end (main.rs), so
+/// that saying "going on" when it happens would mislead.
+static STDOUT_FAILURE_FAILS: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// Make a failed write to standard output the command's failure (main.rs reports it at
+/// the end), rather than a warning.
+pub fn stdout_failure_fails_the_command() {
+    STDOUT_FAILURE_FAILS.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+fn note_stdout_error(e: &std::io::Error) {
+    let quiet = STDOUT_FAILURE_FAILS.load(std::sync::atomic::Ordering::Relaxed);
+    if STDOUT_ERROR.set(e.to_string()).is_ok() && !quiet {
+        log::warn!("standard output cannot be written ({e}); training goes on, its reports in the log (and --json where given) only");
+    }
+}
+
+/// Why standard output could not be written, if a write failed.
+pub fn stdout_error() -> Option<&'static str> {
+    STDOUT_ERROR.get().map(String::as_str)
 }
 
 /// `print!` that survives a closed standard output ([`write_out`]).

@@ -140,6 +140,12 @@ fn main() {
             libc::signal(libc::SIGPIPE, libc::SIG_DFL);
         }
     }
+    // A real training run's product is on disk (checkpoints, metrics, --json, the model);
+    // every other command's is (also) what it prints.
+    let prints_its_product = !matches!(&cli.command, Command::Train(args) if !args.dry_run);
+    if prints_its_product {
+        logging::stdout_failure_fails_the_command();
+    }
     let result = match cli.command {
         Command::Micro(cmd) => micro::run(cmd),
         Command::Ckpt(cmd) => ckpt::run(cmd),
@@ -150,6 +156,13 @@ fn main() {
         Command::Tune(args) => tune::run(&args),
         Command::GpuCheck(cmd) => gpu_check::run(cmd),
     };
+    logging::flush_out();
+    let result = result.and_then(|()| match logging::stdout_error() {
+        Some(why) if prints_its_product => Err(anyhow::anyhow!(
+            "writing standard output: {why}: the report is incomplete; write it where there is room"
+        )),
+        _ => Ok(()),
+    });
     if let Err(err) = result {
         // The whole context chain on one line: what failed and why.
         eprintln!("error: {}", logging::chain(&err));

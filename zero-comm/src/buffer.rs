@@ -1,8 +1,9 @@
 //! What a collective reads from and writes into: any contiguous typed buffer that can say
 //! where it lives. Host slices implement it today; a CUDA device buffer implements the same
 //! two traits later (with `Location::Cuda`), and the collectives' signatures do not change.
-//! A backend that cannot reach a location returns `CommError::Location`, never copies
-//! silently.
+//! A backend that cannot reach a location returns `CommError::Location`; it copies between
+//! locations only where its documentation says so (NcclComm stages host buffers through
+//! device scratch, for zero-core's control collectives: nccl.rs).
 
 use crate::Element;
 

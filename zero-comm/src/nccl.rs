@@ -15,6 +15,13 @@
 //!   timeout ends the job in seconds, naming the collective, rather than leaving every
 //!   rank in a kernel that waits forever.
 //! - Accounting: the ring-algorithm bytes of [`crate::stats`], as for MPI.
+//! - Host buffers: NCCL moves device memory only. A collective called directly on host
+//!   buffers (zero-core's control collectives: agreeing on a failure, a checkpoint's
+//!   checksums and metadata, gathering the whole weights for `--save-model`) is staged
+//!   through device scratch allocated for the call: copied in, run on this communicator's
+//!   stream, copied back ([`NcclComm::execute`]). A step's collectives are on device
+//!   buffers and never take this path; one buffer on the host and one on the device is
+//!   refused (`CommError::Location`).
 //! - Errors: `CommError::Nccl` naming the rank, the collective and NCCL's message.
 //!   bf16/f16 sums are NCCL's native ones (`HalfSum` does not apply).
 
@@ -27,7 +34,7 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use cudarc::nccl::{result, sys};
 
 use crate::buffer::Location;
-use crate::communicator::{Communicator, Done, InFlight, RawCall, ReduceOp};
+use crate::communicator::{Communicator, Done, InFlight, RawBuf, RawCall, ReduceOp};
 use crate::config::{CommConfig, HalfSum};
 use crate::error::{CommError, Result};
 use crate::nccl_id::{UniqueId, UNIQUE_ID_BYTES};
@@ -385,6 +392,66 @@ impl NcclComm {
         Ok(())
     }
 
+    /// Run `call`, whose buffers are all host memory, through device scratch on this
+    /// communicator's stream (the module documentation's "Host buffers"); waits for it.
+    ///
+    /// # Safety
+    /// As [`Communicator::execute`]: the buffers are valid host memory for their lengths.
+    unsafe fn execute_staged(&self, call: &RawCall) -> Result<()> {
+        let op = call.kind.name();
+        let elem = call.dtype.size_bytes();
+        let on_gpu = Location::Cuda(self.ctx.ordinal());
+        let fail = |e: cudarc::driver::DriverError| self.fail(op, e);
+        // Device copies of the buffers, with what they hold (an in-place collective's
+        // input is in `recv`).
+        let stage = |b: &RawBuf| -> Result<CudaSlice<u8>> {
+            // SAFETY: the caller's guarantee: `len` elements of host memory.
+            let host = unsafe { std::slice::from_raw_parts(b.ptr as *const u8, b.len * elem) };
+            let mut d = self
+                .stream
+                .alloc_zeros::<u8>(host.len().max(1))
+                .map_err(fail)?;
+            if !host.is_empty() {
+                self.stream.memcpy_htod(host, &mut d).map_err(fail)?;
+            }
+            Ok(d)
+        };
+        let mut recv = stage(&call.recv)?;
+        let send = call.send.as_ref().map(stage).transpose()?;
+        {
+            // The records are dropped after the collective is queued, as cudarc asks.
+            let (recv_ptr, _recv_record) =
+                cudarc::driver::DevicePtrMut::device_ptr_mut(&mut recv, &self.stream);
+            let send_ptr = send
+                .as_ref()
+                .map(|d| cudarc::driver::DevicePtr::device_ptr(d, &self.stream));
+            let on_device = RawCall {
+                recv: RawBuf {
+                    ptr: recv_ptr as *mut u8,
+                    location: on_gpu,
+                    ..call.recv
+                },
+                send: call.send.zip(send_ptr.as_ref()).map(|(b, (p, _))| RawBuf {
+                    ptr: *p as *mut u8,
+                    location: on_gpu,
+                    ..b
+                }),
+                ..*call
+            };
+            // SAFETY: the scratch buffers live until the stream is synchronised below.
+            unsafe { self.queue(&on_device, &self.stream) }?;
+        }
+        let bytes = call.recv.len * elem;
+        if bytes > 0 {
+            // SAFETY: the caller's guarantee: `len` elements of host memory, writable.
+            let host = unsafe { std::slice::from_raw_parts_mut(call.recv.ptr, bytes) };
+            self.stream
+                .memcpy_dtoh(&recv.slice(..bytes), host)
+                .map_err(fail)?;
+        }
+        self.stream.synchronize().map_err(fail)
+    }
+
     fn fail(&self, op: &'static str, e: impl std::fmt::Debug) -> CommError {
         CommError::Nccl {
             rank: self.world_rank,
@@ -462,6 +529,14 @@ impl Communicator for NcclComm {
     }
 
     unsafe fn execute(&self, call: &RawCall) -> Result<()> {
+        let on_host = |b: &RawBuf| b.location == Location::Host;
+        if call.kind != CollectiveKind::Barrier
+            && on_host(&call.recv)
+            && call.send.as_ref().is_none_or(on_host)
+        {
+            // SAFETY: the caller's guarantees, forwarded.
+            return unsafe { self.execute_staged(call) };
+        }
         // SAFETY: the caller's guarantees; the stream is synchronised before returning.
         unsafe { self.queue(call, &self.stream) }?;
         self.stream

@@ -15,6 +15,7 @@
 //! `lm_head.weight`), nothing transposed. `--names hf` is the HF set of the checkpoint's
 //! family; a set of the other family is refused.
 
+use crate::logging::outln;
 use std::borrow::Cow;
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -226,7 +227,7 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<()> {
         written.map_err(|e| CheckpointError::Invalid(format!("writing {}: {e}", tmp.display())))
     })
     .with_context(|| format!("exporting {} to {}", args.dir.display(), args.out.display()))?;
-    println!(
+    outln!(
         "wrote {n} tensors to {} (safetensors, {set} names)",
         args.out.display()
     );

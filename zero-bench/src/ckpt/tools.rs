@@ -1,6 +1,7 @@
 //! The `ckpt` tools (feature `hdf5`): `inspect` and `consolidate` here, `export` and
 //! `bench` in their modules.
 
+use crate::logging::outln;
 use std::path::Path;
 
 use anyhow::{bail, Context};
@@ -16,7 +17,7 @@ pub fn run(cmd: CkptCommand) -> anyhow::Result<()> {
             let n = checkpoint::consolidate(&dir, &out).with_context(|| {
                 format!("consolidating {} into {}", dir.display(), out.display())
             })?;
-            println!("wrote {n} tensors to {}", out.display());
+            outln!("wrote {n} tensors to {}", out.display());
             Ok(())
         }
         CkptCommand::Export(args) => export::run(&args),
@@ -32,25 +33,31 @@ fn inspect(dir: &Path) -> anyhow::Result<()> {
     let report =
         checkpoint::verify(dir).with_context(|| format!("inspecting {}", dir.display()))?;
     let m = &report.meta;
-    println!("checkpoint   {}", report.dir.display());
-    println!(
+    outln!("checkpoint   {}", report.dir.display());
+    outln!(
         "format       {} v{} (zero-rs {})",
-        m.format, m.format_version, m.zero_rs_version
+        m.format,
+        m.format_version,
+        m.zero_rs_version
     );
-    println!(
+    outln!(
         "step         {} ({} AdamW steps applied), seed {}",
-        m.step, m.applied, m.seed
+        m.step,
+        m.applied,
+        m.seed
     );
-    println!(
+    outln!(
         "saved by     {} ranks, stage {:?}, precision {:?}",
-        m.world, m.stage, m.precision
+        m.world,
+        m.stage,
+        m.precision
     );
-    println!(
+    outln!(
         "loss scale   {} (dynamic scaling {})",
         m.scaler.scale,
         if m.scaler.enabled { "on" } else { "off" }
     );
-    println!(
+    outln!(
         "model        {} tensors in {} units, {} parameters ({} padded, {} per rank shard)",
         m.layout.params.len(),
         m.layout.units.len(),
@@ -58,7 +65,7 @@ fn inspect(dir: &Path) -> anyhow::Result<()> {
         m.layout.padded_numel(),
         m.layout.shard_numel()
     );
-    println!(
+    outln!(
         "state        fp32 {} per rank: {} in all",
         KINDS.join(", "),
         mib(m.data_bytes())
@@ -66,20 +73,20 @@ fn inspect(dir: &Path) -> anyhow::Result<()> {
     for r in 0..m.world {
         let path = report.dir.join(checkpoint::rank_file(r));
         match std::fs::metadata(&path) {
-            Ok(md) => println!("  {}  {}", checkpoint::rank_file(r), mib(md.len())),
-            Err(e) => println!("  {}  unreadable: {e}", checkpoint::rank_file(r)),
+            Ok(md) => outln!("  {}  {}", checkpoint::rank_file(r), mib(md.len())),
+            Err(e) => outln!("  {}  unreadable: {e}", checkpoint::rank_file(r)),
         }
     }
     let datasets = m.world * m.layout.units.len() * KINDS.len();
     if report.problems.is_empty() {
-        println!(
+        outln!(
             "checksums    all hold ({datasets} datasets, {} checked)",
             mib(report.bytes_checked)
         );
         Ok(())
     } else {
         for p in &report.problems {
-            println!("  BAD: {p}");
+            outln!("  BAD: {p}");
         }
         bail!(
             "{} problem(s) in {} ({datasets} datasets checked)",

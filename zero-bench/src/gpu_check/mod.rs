@@ -24,6 +24,7 @@ mod stats;
 mod tcp_pair;
 mod train;
 
+use crate::logging::outln;
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -154,7 +155,7 @@ fn prepare(a: &PrepareArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
     let t0 = std::time::Instant::now();
     let r = train::prepare(&a.out, a.steps)?;
-    println!(
+    outln!(
         "gpu-check prepare: {} reference curves in {:.1} s -> {}",
         r.curves.len(),
         t0.elapsed().as_secs_f64(),
@@ -165,7 +166,7 @@ fn prepare(a: &PrepareArgs) -> anyhow::Result<()> {
 
 /// Say there is no GPU, and why; the exit status tells the script.
 fn no_gpu(reason: &str) -> i32 {
-    println!("no GPU: {reason}");
+    outln!("no GPU: {reason}");
     EXIT_NO_GPU
 }
 
@@ -180,7 +181,7 @@ fn run_checks(a: &RunArgs) -> anyhow::Result<i32> {
     // their twins: a choice of products in the environment would fail them (and the
     // processes of nccl-2-procs would inherit it). Still single-threaded here.
     if let Some(v) = std::env::var_os(AttentionKernels::ENV) {
-        println!(
+        outln!(
             "gpu-check: ignoring {}={}: the attention-products group checks that choice",
             AttentionKernels::ENV,
             v.to_string_lossy()
@@ -231,7 +232,7 @@ fn all_checks<D: BenchDevice>(
     let dut = open(0).context("opening the device under test")?;
     let sim = dut.simulated();
     let mut report = Report::new(desc.clone(), sim, a.quick, &a.reference, &a.out);
-    println!(
+    outln!(
         "gpu-check: {desc}{}; reference {} ({} curves from {})",
         if a.quick { ", quick" } else { "" },
         a.reference.display(),
@@ -412,7 +413,7 @@ fn all_checks<D: BenchDevice>(
 
     report.save(true)?;
     let s = report.summary();
-    println!(
+    outln!(
         "summary: {} ok, {} FAIL ({} of them performance goals), {} skip in {:.1} s -> {}",
         s.ok,
         s.fail,
@@ -428,11 +429,11 @@ fn all_checks<D: BenchDevice>(
         .map(|c| format!("{} {}", c.group, c.name))
         .collect();
     if !failed.is_empty() {
-        println!("failed: {}", failed.join("; "));
+        outln!("failed: {}", failed.join("; "));
     }
     let code = exit_status(&s);
     if code == EXIT_PERFORMANCE {
-        println!("every correctness check passed; only performance goals were missed");
+        outln!("every correctness check passed; only performance goals were missed");
     }
     Ok(code)
 }

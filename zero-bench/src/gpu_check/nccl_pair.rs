@@ -82,6 +82,10 @@ struct RankResult {
     ours_s: Vec<f64>,
     /// Seconds per bare `ncclAllReduce` on the same buffer, one median per round.
     raw_s: Vec<f64>,
+    /// The bench's collectives on host buffers (staged through device scratch, as
+    /// zero-core's checkpoint agreement and weight gathers run them): what differed from
+    /// the expected values, or the error; `None` when all held.
+    host_collectives: Option<String>,
 }
 
 /// The pair's setup: the reference's run on [`RANKS`] ranks.
@@ -140,7 +144,10 @@ pub fn rank_main(a: &NcclRankArgs) -> anyhow::Result<()> {
                 ..RankResult::default()
             }
         }
-        ["bench"] => bench(&comm, &dev)?,
+        ["bench"] => RankResult {
+            host_collectives: host_collectives(&comm).err(),
+            ..bench(&comm, &dev)?
+        },
         _ => bail!("--job {}: give train:STAGE:PRECISION:STEPS or bench", a.job),
     };
     let text = serde_json::to_string(&result)?;
@@ -201,6 +208,53 @@ fn bench(comm: &NcclComm, dev: &CudaDevice) -> anyhow::Result<RankResult> {
         result.raw_s.push(median(t));
     }
     Ok(result)
+}
+
+/// Collectives on host buffers through NCCL, each against the values it must give: a
+/// sum and a max (f64, in place), an all-gather (u32), a broadcast (u8), and the
+/// failure agreement zero-core's checkpoints use (`zero_comm::gather_failures`).
+fn host_collectives(comm: &NcclComm) -> Result<(), String> {
+    use zero_comm::Communicator;
+    let (rank, size) = (comm.rank(), comm.size());
+    let err = |what: &str, e: zero_comm::CommError| format!("{what}: {e}");
+    let mut sum = [rank as f64 + 1.0, 10.0 * (rank as f64 + 1.0)];
+    comm.all_reduce(&mut sum[..], ReduceOp::Sum)
+        .map_err(|e| err("all_reduce sum", e))?;
+    let total = (size * (size + 1) / 2) as f64;
+    let mut max = [rank as f64, -(rank as f64)];
+    comm.all_reduce(&mut max[..], ReduceOp::Max)
+        .map_err(|e| err("all_reduce max", e))?;
+    let mine = [rank as u32 * 7, rank as u32 * 7 + 1];
+    let mut gathered = vec![0u32; 2 * size];
+    comm.all_gather(&mine[..], &mut gathered[..])
+        .map_err(|e| err("all_gather", e))?;
+    let mut bytes = if rank == 0 { *b"root" } else { [0u8; 4] };
+    comm.broadcast(&mut bytes[..], 0)
+        .map_err(|e| err("broadcast", e))?;
+    let failing = (rank == size - 1).then_some("the last rank fails on purpose");
+    let failures =
+        zero_comm::gather_failures(comm, failing).map_err(|e| err("gather_failures", e))?;
+    let expected_gather: Vec<u32> = (0..size as u32).flat_map(|r| [r * 7, r * 7 + 1]).collect();
+    let checks = [
+        ("all_reduce sum", sum == [total, 10.0 * total]),
+        ("all_reduce max", max == [(size - 1) as f64, 0.0]),
+        ("all_gather", gathered == expected_gather),
+        ("broadcast", &bytes == b"root"),
+        (
+            "gather_failures",
+            failures == [(size - 1, "the last rank fails on purpose".to_string())],
+        ),
+    ];
+    let wrong: Vec<&str> = checks
+        .iter()
+        .filter(|(_, ok)| !ok)
+        .map(|(w, _)| *w)
+        .collect();
+    if wrong.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("wrong values from {}", wrong.join(", ")))
+    }
 }
 
 /// A running rank of the pair: the child, its log and its result file.
@@ -481,7 +535,26 @@ pub fn check(
         return report.add(check.skip(format!("out of time (budget {deadline:.0} s)")));
     }
     let t0 = Instant::now();
-    let mut check = match run_pair(reference_dir, &dir, "bench") {
+    let bench = run_pair(reference_dir, &dir, "bench");
+    // Host buffers through NCCL (the same pair of processes): correctness of its own.
+    let host = Check::new("nccl-2-procs", "host buffers (staged)", Kind::Correctness);
+    let host = match &bench {
+        Err(e) => host.fail(format!("{e:#}")),
+        Ok(pair) => match pair.iter().enumerate().find_map(|(r, p)| {
+            p.host_collectives
+                .as_ref()
+                .map(|why| format!("rank {r}: {why}"))
+        }) {
+            Some(why) => host.fail(why),
+            None => host.at_most(
+                0.0,
+                0.0,
+                "sum, max, all-gather, broadcast and the failure agreement on host buffers: no value wrong on either rank",
+            ),
+        },
+    };
+    report.add(host)?;
+    let mut check = match bench {
         Err(e) => check.fail(format!("{e:#}")),
         Ok(pair) => {
             // A collective ends on both ranks at once; rank 0's times stand for both.

@@ -2,6 +2,7 @@
 //! script's timeout still shows how far it got), a summary, and the same as JSON,
 //! rewritten after every check for the same reason.
 
+use crate::logging::outln;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -201,7 +202,7 @@ impl Report {
 
     /// Record, print and save one check.
     pub fn add(&mut self, check: Check) -> anyhow::Result<()> {
-        println!("{}", check.line());
+        outln!("{}", check.line());
         self.checks.push(check);
         self.save(false)
     }

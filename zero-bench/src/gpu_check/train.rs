@@ -17,6 +17,7 @@
 //! `prepare` measures the same way, and the tolerance is [`SPREAD_FACTOR`] times that
 //! drift, at least [`BF16_TOL`].
 
+use crate::logging::outln;
 use std::path::Path;
 use std::time::Instant;
 
@@ -420,7 +421,7 @@ pub fn prepare(dir: &Path, steps: usize) -> anyhow::Result<Reference> {
             .as_ref()
             .map(|t| format!(", twins drift {:.2e}", max_rel(t, &losses, steps).0))
             .unwrap_or_default();
-        println!(
+        outln!(
             "reference {stage} {name}: {} ranks x {steps} steps, loss {:.4} -> {:.4}{spread} ({:.1} s)",
             setup.ranks,
             losses.first().copied().unwrap_or(f64::NAN),

@@ -11,6 +11,8 @@ use zero_core::config::Stage;
 /// Options of `zero-bench train`.
 #[derive(Args, Debug, Clone)]
 #[command(after_long_help = EXAMPLES)]
+// What saves checkpoints: --ckpt-dir, or --resume (which goes on saving where it resumed).
+#[command(group(clap::ArgGroup::new("saves").multiple(true).args(["ckpt_dir", "resume"])))]
 pub struct TrainArgs {
     /// TOML configuration file (sections `[model]`, `[data]`, `[train]`, `[zero]`,
     /// `[precision]`, `[optim]`, `[divergence]`; every key has a default, so the file is
@@ -121,7 +123,7 @@ pub struct TrainArgs {
     /// Save a sharded checkpoint (every rank its shard, atomically) into --ckpt-dir every
     /// N steps. Whatever N, --ckpt-dir always gets one after the last step, and one when
     /// SIGTERM or SIGUSR1 stops the run (then the exit status is 85).
-    #[arg(long, default_value_t = 0, value_name = "N", requires = "ckpt_dir")]
+    #[arg(long, default_value_t = 0, value_name = "N", requires = "saves")]
     pub save_every: u64,
 
     /// Root directory of the checkpoints (`step-<S>/` holds the state after step S,
@@ -131,7 +133,7 @@ pub struct TrainArgs {
     pub ckpt_dir: Option<PathBuf>,
 
     /// Checkpoints to keep in --ckpt-dir (the newest ones; at least 1).
-    #[arg(long, default_value_t = 3, value_name = "K")]
+    #[arg(long, default_value_t = 3, value_name = "K", requires = "saves")]
     pub keep_last: usize,
 
     /// Resume from a checkpoint: a root (its `latest`) or a `step-<S>` directory. Any
@@ -140,7 +142,8 @@ pub struct TrainArgs {
     /// changed: then the scaler starts from this run's configuration). --steps must be
     /// above S; --metrics keeps the file's lines up to step S and appends.
     /// With --init-from too, the checkpoint wins (it holds the trained weights; a
-    /// requeued job script may pass both).
+    /// requeued job script may pass both). Without --ckpt-dir, checkpoints go on into
+    /// the root the resumed one is in.
     #[arg(long, value_name = "DIR", conflicts_with = "stages")]
     pub resume: Option<PathBuf>,
 

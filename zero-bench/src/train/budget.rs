@@ -289,13 +289,27 @@ fn over_budget_advice(config: &Config, world: usize, rank: usize, budget: &Budge
             rows /= 2;
         }
     }
+    // Activation checkpointing at every block: the same batch, recomputing each block's
+    // internals in the backward.
+    if config.model.checkpoint_every != Some(1) {
+        for &s in Stage::ALL.iter().filter(|&&s| s >= config.zero.stage) {
+            let mut c = at_stage(config, s);
+            c.model.checkpoint_every = Some(1);
+            if let Some((bytes, true)) = fits(&c) {
+                options.push(format!(
+                    "zero.stage = {}, model.checkpoint_every = 1 (activation checkpointing at every block: the same batch, each block recomputed in the backward; {} per rank)",
+                    s.number(),
+                    human_bytes(bytes as f64)
+                ));
+                break;
+            }
+        }
+    }
     let mut text = if options.is_empty() {
-        "No stage or smaller micro-batch fits this budget: use more ranks (stages 1-3 divide by N), a smaller model, or more memory per rank.".to_string()
+        "No stage, smaller micro-batch or activation checkpointing fits this budget: use more ranks (stages 1-3 divide by N), a smaller model, or more memory per rank.".to_string()
     } else {
         format!("What would fit: {}.", options.join("; or "))
     };
-    text.push_str(
-        " (Activation checkpointing, which would shrink the activations, is not in this version. --mem-limit none turns the guard off.)",
-    );
+    text.push_str(" (--mem-limit none turns the guard off.)");
     text
 }

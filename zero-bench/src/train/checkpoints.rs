@@ -52,6 +52,11 @@ impl Resume {
     pub fn step(&self) -> u64 {
         self.step
     }
+
+    /// Its step directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
 }
 
 impl std::fmt::Display for Resume {
@@ -124,6 +129,10 @@ pub fn prepare<C: Communicator>(
     let rank = comm.rank();
     if let Some(dir) = &args.ckpt_dir {
         let created = match rank {
+            0 if dir.exists() && !dir.is_dir() => Err(anyhow!(
+                "--ckpt-dir {} is a file, not a directory; give a directory (it is created if missing)",
+                dir.display()
+            )),
             0 => std::fs::create_dir_all(dir).with_context(|| {
                 format!(
                     "--ckpt-dir {}: cannot create it; give a directory on a filesystem every rank can write",
@@ -380,11 +389,39 @@ fn family(m: &zero_models::ModelPreset) -> &'static str {
     }
 }
 
+/// Where a run resumed from `resume` without `--ckpt-dir` saves: the root the resumed
+/// checkpoint is in (the directory above a step directory, or the root itself), so that
+/// `--resume ckpt` alone goes on as the run it continues did, instead of saving nothing.
+pub fn default_ckpt_dir(resume: &Path) -> Option<PathBuf> {
+    if !resume.join(checkpoint::META_FILE).is_file() {
+        return Some(resume.to_path_buf());
+    }
+    match resume.parent() {
+        Some(p) if !p.as_os_str().is_empty() => Some(p.to_path_buf()),
+        _ => Some(PathBuf::from(".")),
+    }
+}
+
 /// Refuse `dir` when it holds an earlier run's checkpoints (a `latest` pointer) and this
 /// run does not resume: its saves would replace that run's steps.
 fn earlier_run(dir: &Path) -> anyhow::Result<()> {
     let latest = dir.join(checkpoint::LATEST);
     let Ok(text) = std::fs::read_to_string(&latest) else {
+        // Complete steps without a pointer: a run that died between its first checkpoint
+        // and `latest`, or steps copied in by hand. Saves would replace them as well.
+        let complete: Vec<String> = checkpoint::step_dirs(dir)
+            .into_iter()
+            .filter(|(_, name)| dir.join(name).join(checkpoint::META_FILE).is_file())
+            .map(|(_, name)| name)
+            .collect();
+        if let Some(newest) = complete.last() {
+            bail!(
+                "--ckpt-dir {} holds complete checkpoints ({}) but no `latest` pointer (a run that died during its first save, or steps copied in): this run would save over them; pass --resume {} to continue from the newest, or give another --ckpt-dir (or remove them) to start afresh",
+                dir.display(),
+                complete.join(", "),
+                dir.join(newest).display()
+            );
+        }
         return Ok(());
     };
     bail!(

@@ -114,7 +114,7 @@ pub fn check<C: Communicator>(comm: &C, tokens: &Tokens, config: &Config) -> any
     let batch = world * t.grad_accum * t.micro_batch * t.seq_len + 1;
     if rank == 0 && len < batch {
         log::warn!(
-            "{} holds {len} tokens, fewer than one global batch ({world} rank(s) x grad_accum {} x micro_batch {} x seq_len {} + 1 = {batch}): the sequential order wraps around inside every step, so steps repeat the same tokens",
+            "{} holds {len} tokens, fewer than one global batch ({world} rank(s) x grad_accum {} x micro_batch {} x seq_len {} + 1 = {batch}): every step reads some tokens more than once (the order wraps around, or shuffled windows overlap)",
             tokens.name(),
             t.grad_accum,
             t.micro_batch,

@@ -55,7 +55,7 @@ use report::StageResult;
 /// shuts MPI down and exits with status 1 (85 when a scheduler's stop signal ended the
 /// run, after a checkpoint or before step 1: [`launch::PREEMPTED_EXIT_CODE`]; 130 for
 /// SIGINT).
-pub fn run(args: TrainArgs) -> anyhow::Result<()> {
+pub fn run(mut args: TrainArgs) -> anyhow::Result<()> {
     let without_mpi = args.dry_run && !world::under_launcher();
     if !args.dry_run {
         // As early as can be: a signal that comes during start-up is kept, not fatal.
@@ -68,6 +68,20 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     };
     let world = mpi.as_ref().map(|m| (m.comm.rank(), m.comm.size()));
     crate::logging::init(world);
+    if let (Some(from), None) = (&args.resume, &args.ckpt_dir) {
+        args.ckpt_dir = checkpoints::default_ckpt_dir(from);
+        if let Some(dir) = args
+            .ckpt_dir
+            .as_ref()
+            .filter(|_| world.is_none_or(|w| w.0 == 0))
+        {
+            log::info!(
+                "--resume {} without --ckpt-dir: checkpoints go on into {} (give --ckpt-dir to save them elsewhere)",
+                from.display(),
+                dir.display()
+            );
+        }
+    }
     let result = run_on(&args, mpi.as_ref().map(|m| &m.comm));
     match result {
         Ok(()) => Ok(()),
@@ -120,6 +134,24 @@ fn configs(args: &TrainArgs) -> anyhow::Result<Vec<LoadedConfig>> {
     }
     if args.rounds == 0 {
         return Err(anyhow!("--rounds 0: run the stage list at least once"));
+    }
+    // Each run of the list starts again from step 1 (or from the one checkpoint resumed):
+    // saving would replace one run's checkpoints with the next's, and prune the one the
+    // next resumes from.
+    if let Some(dir) = &args.ckpt_dir {
+        if args.rounds > 1 {
+            return Err(anyhow!(
+                "--rounds {} with --ckpt-dir {} (or --resume, which saves there too): every round trains from the same start and would save over the round before; --rounds is for timing: leave out the checkpoints, or train once",
+                args.rounds,
+                dir.display()
+            ));
+        }
+        if args.stages.len() > 1 {
+            return Err(anyhow!(
+                "--stages with --ckpt-dir {}: each stage trains from step 1 and would save over the stage before; checkpoint one stage per run (--stage N --ckpt-dir DIR)",
+                dir.display()
+            ));
+        }
     }
     if args.keep_last == 0 {
         return Err(anyhow!(

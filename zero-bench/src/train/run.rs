@@ -626,7 +626,10 @@ impl<'a> Saver<'a> {
                     (Some((step, path)), _) => {
                         format!("--resume {} (step {step})", path.display())
                     }
-                    (None, Some(r)) => format!("--resume {r} (the checkpoint this run resumed)"),
+                    (None, Some(r)) => format!(
+                        "--resume {} (the checkpoint this run resumed)",
+                        r.dir().display()
+                    ),
                     (None, None) => "start again".to_string(),
                 };
                 format!(
@@ -714,7 +717,11 @@ impl<'a> Saver<'a> {
                     "stopped by {what} after step {done} of {last}, but its checkpoint could not be saved ({}); {}: continue with --resume {} (the steps since are lost; exit status {code})",
                     self.failed.as_ref().map_or("unknown error", |(_, e)| e.as_str()),
                     self.last_good(),
-                    dir.display()
+                    // Where this run saved nothing, its --ckpt-dir may hold no `latest`.
+                    match (&self.saved, self.ckpt.resume) {
+                        (None, Some(r)) => r.dir().display(),
+                        _ => dir.display(),
+                    }
                 ),
                 print: rank == 0,
                 code,

@@ -27,12 +27,22 @@ pub mod checkpoints {
         pub fn step(&self) -> u64 {
             match *self {}
         }
+
+        /// Unreachable: there is no [`Resume`].
+        pub fn dir(&self) -> &Path {
+            match *self {}
+        }
     }
 
     impl std::fmt::Display for Resume {
         fn fmt(&self, _: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
             match *self {}
         }
+    }
+
+    /// No default: `--resume` is refused ([`prepare`]).
+    pub fn default_ckpt_dir(_resume: &Path) -> Option<std::path::PathBuf> {
+        None
     }
 
     /// Refuse the options that read or write HDF5 files, before step 1.
