@@ -25,7 +25,8 @@
 //! - `--resume` alone saves where it resumed; `--rounds`/`--stages` with `--ckpt-dir`, a
 //!   file as `--ckpt-dir`, and complete steps without `latest` are refused before step 1;
 //! - a report that cannot be written fails the command (exit 1, not a panic);
-//! - the memory guard's advice offers activation checkpointing.
+//! - the memory guard's advice offers activation checkpointing;
+//! - a real full disk (a small tmpfs) fails the saves and keeps the last good checkpoint.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -1389,6 +1390,83 @@ fn the_memory_advice_offers_activation_checkpointing() {
             && !err.contains("not in this version"),
         "{err}"
     );
+}
+
+/// A tmpfs mounted for one test, unmounted when dropped.
+struct SmallMount(PathBuf);
+
+impl SmallMount {
+    /// A tmpfs of `size` at `dir`, where this machine lets us mount one (root outside a
+    /// restricted container).
+    fn new(dir: &Path, size: &str) -> Option<SmallMount> {
+        std::fs::create_dir_all(dir).expect("mkdir");
+        Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .output()
+            .is_ok_and(|o| o.status.success())
+            .then(|| SmallMount(dir.to_path_buf()))
+    }
+}
+
+impl Drop for SmallMount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).output();
+    }
+}
+
+/// A real full disk: a 900 KiB tmpfs holds two checkpoints of the tiny model on 2 ranks
+/// (about 370 kB each) and not a third. The third save fails with ENOSPC, training goes
+/// on, the final save fails too, and the run exits 1 naming the last good checkpoint,
+/// which is whole (`ckpt inspect` checks every checksum) with no partial step left.
+#[test]
+fn a_full_disk_fails_the_saves_and_keeps_the_last_good_checkpoint() {
+    let dir = scratch("enospc");
+    let Some(mount) = SmallMount::new(&dir.join("small"), "900k") else {
+        eprintln!("skipped: this machine does not let the test mount a tmpfs");
+        return;
+    };
+    let ck = mount.0.join("ck");
+    let out = tiny(&[
+        "--steps",
+        "5",
+        "--save-every",
+        "1",
+        "--keep-last",
+        "5",
+        "--ckpt-dir",
+        &s(&ck),
+    ]);
+    failed_with(
+        &out,
+        1,
+        &[
+            "checkpoint after step 3 failed",
+            "No space left on device",
+            "training reached step 5, but its checkpoint could not be saved",
+            "the last good checkpoint is",
+            "(step 2)",
+        ],
+    );
+    let names: Vec<String> = std::fs::read_dir(&ck)
+        .expect("the checkpoint directory")
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains("step-"))
+        .collect();
+    let mut sorted = names.clone();
+    sorted.sort();
+    assert_eq!(sorted, ["step-1", "step-2"], "no partial step is left");
+    let inspect = Command::new(zero_bench_bin())
+        .args(["ckpt", "inspect", &s(&ck)])
+        .output()
+        .expect("zero-bench starts");
+    let text = String::from_utf8_lossy(&inspect.stdout);
+    assert!(
+        inspect.status.success() && text.contains("step-2"),
+        "{inspect:?}"
+    );
+    drop(mount);
 }
 
 /// `micro comm` with other sizes on one rank is refused on every rank at once (before,
