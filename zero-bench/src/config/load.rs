@@ -68,7 +68,7 @@ pub fn load_str(text: &str, origin: &str, overrides: &[String]) -> Result<Loaded
         message: e.to_string(),
     })?;
     // `zero.stage = "auto"` is this tool's to resolve (zero-core's stage is a number).
-    let file_auto = take_auto_stage(&mut file);
+    let file_auto = take_auto_stage(&mut file, origin)?;
     // Deserialise each layer alone first so an unknown key or a bad type is reported
     // against the place it came from.
     typed(&file, origin)?;
@@ -81,7 +81,7 @@ pub fn load_str(text: &str, origin: &str, overrides: &[String]) -> Result<Loaded
         let (key, value) = parse_override(arg)?;
         set_path(&mut cli, &key, value.clone(), arg)?;
     }
-    let cli_auto = take_auto_stage(&mut cli);
+    let cli_auto = take_auto_stage(&mut cli, "command line (--set)")?;
     let cli_stage = cli
         .get("zero")
         .and_then(Value::as_table)
@@ -120,18 +120,25 @@ pub fn load_str(text: &str, origin: &str, overrides: &[String]) -> Result<Loaded
 }
 
 /// Remove `zero.stage` from `t` when it is the string "auto" (any case); whether it was.
-fn take_auto_stage(t: &mut Table) -> bool {
+/// Any other text there (`zero.stage = "3"`) is refused naming both forms, where the
+/// parser would say only that it expected an integer.
+fn take_auto_stage(t: &mut Table, origin: &str) -> Result<bool, LoadError> {
     let Some(zero) = t.get_mut("zero").and_then(Value::as_table_mut) else {
-        return false;
+        return Ok(false);
     };
-    let auto = zero
-        .get("stage")
-        .and_then(Value::as_str)
-        .is_some_and(|s| s.trim().eq_ignore_ascii_case("auto"));
-    if auto {
-        zero.remove("stage");
+    let Some(text) = zero.get("stage").and_then(Value::as_str) else {
+        return Ok(false);
+    };
+    if !text.trim().eq_ignore_ascii_case("auto") {
+        return Err(LoadError::Parse {
+            origin: origin.to_string(),
+            message: format!(
+                "zero.stage = \"{text}\" is text: write the stage as a number, zero.stage = 0, 1, 2 or 3 (no quotes), or zero.stage = \"auto\""
+            ),
+        });
     }
-    auto
+    zero.remove("stage");
+    Ok(true)
 }
 
 fn typed(t: &Table, origin: &str) -> Result<Config, LoadError> {

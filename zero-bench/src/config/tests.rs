@@ -62,6 +62,26 @@ fn file_and_overrides_with_provenance() {
     assert!(r.contains("zero.reduce_every_micro_step = true"), "{r}");
 }
 
+/// A stage written as text is refused naming both forms (number, or "auto"); "auto" in
+/// any case is taken.
+#[test]
+fn a_stage_written_as_text_names_both_forms() {
+    for (text, sets, origin) in [
+        ("[zero]\nstage = \"3\"\n", vec![], "test.toml"),
+        ("", vec!["zero.stage=three".to_string()], "command line"),
+    ] {
+        let msg = load_str(text, "test.toml", &sets).unwrap_err().to_string();
+        assert!(
+            msg.contains("is text: write the stage as a number")
+                && msg.contains("\"auto\"")
+                && msg.contains(origin),
+            "{msg}"
+        );
+    }
+    let auto = load_str("[zero]\nstage = \"Auto\"\n", "test.toml", &[]).unwrap();
+    assert!(auto.auto_stage);
+}
+
 #[test]
 fn unknown_keys_name_the_key_and_the_valid_ones() {
     let e = load_str("[zero]\nstges = 2\n", "test.toml", &[]).unwrap_err();
