@@ -466,7 +466,7 @@ impl ModelSpec {
 
 /// FNV-1a, 64 bit: stable across platforms and Rust versions (a spec's fingerprint can be
 /// compared between runs).
-struct Fnv(u64);
+pub(crate) struct Fnv(pub(crate) u64);
 
 impl Default for Fnv {
     fn default() -> Self {
@@ -475,13 +475,13 @@ impl Default for Fnv {
 }
 
 impl Fnv {
-    fn bytes(&mut self, b: &[u8]) {
+    pub(crate) fn bytes(&mut self, b: &[u8]) {
         for &x in b {
             self.0 ^= x as u64;
             self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
         }
     }
-    fn u64(&mut self, v: u64) {
+    pub(crate) fn u64(&mut self, v: u64) {
         self.bytes(&v.to_le_bytes());
     }
     fn str(&mut self, s: &str) {

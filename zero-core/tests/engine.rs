@@ -722,8 +722,10 @@ fn each_rank_draws_only_its_block_of_the_initial_values() {
 }
 
 /// `Engine::new` is collective (the initial values are all-gathered): a rank that cannot
-/// allocate its buffers returns its own error and every other rank `PeerSetup`, before
-/// the first gather, instead of waiting there for a rank that has left.
+/// allocate its buffers returns its own error, before the first gather, instead of
+/// leaving the others waiting there. Its buffers are too large because its spec is
+/// another (a 16 TiB tensor), so the other rank is told the ranks' models differ (with
+/// the same spec it would be `PeerSetup`: `tests/engine_setup.rs`).
 #[test]
 fn a_rank_that_cannot_allocate_stops_every_rank_before_the_first_gather() {
     use common::models::char_lm::CharLm;
@@ -749,7 +751,7 @@ fn a_rank_that_cannot_allocate_stops_every_rank_before_the_first_gather() {
         .map(|o| o.unwrap().expect_err("no engine"))
         .collect();
     assert!(
-        errors[0].contains("another rank could not set its engine up"),
+        errors[0].contains("with the same ModelSpec and the same EngineConfig"),
         "{errors:?}"
     );
     assert!(

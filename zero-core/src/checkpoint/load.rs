@@ -3,7 +3,8 @@
 //! shard at stages 1-3, the whole unit at stage 0), intersects that with the N saved
 //! blocks (`PartitionLayout::reshard_from`), and reads only those hyperslabs, each
 //! checked against the saved CRCs. Nothing is gathered; peak extra memory is one
-//! hyperslab (at most one unit's shard plus two checksum blocks).
+//! hyperslab (at most one unit's shard plus two checksum blocks), and at most
+//! `MAX_OPEN_SHARDS` shard files are open at once, however many ranks saved.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -12,8 +13,8 @@ use zero_comm::Communicator;
 use zero_kernels::device::Device;
 
 use super::meta::Meta;
-use super::shard::{ShardReader, KINDS};
-use super::{rank_file, CheckpointError, LATEST};
+use super::shard::{cached_reader, ShardReader, KINDS};
+use super::{CheckpointError, LATEST};
 use crate::config::Stage;
 use crate::engine::{Engine, EngineError, LossScaler};
 use crate::layout::PartitionLayout;
@@ -61,7 +62,7 @@ pub fn resolve(path: &Path) -> Result<PathBuf, CheckpointError> {
     }
     // A save that replaced this step crashed after moving it aside (see `replaced_step`):
     // the moved copy is complete. The next save moves it back.
-    if let Some(aside) = moved_aside(path, name) {
+    if let Some(aside) = super::save::moved_aside(path, name) {
         log::warn!(
             "'{}' names '{name}', which a crashed save moved to '{}': reading that",
             latest.display(),
@@ -76,16 +77,6 @@ pub fn resolve(path: &Path) -> Result<PathBuf, CheckpointError> {
             step_dirs_hint(path)
         ),
     })
-}
-
-/// The complete `old-<name>-<nonce>` copy of step directory `name` in `root`, if any.
-fn moved_aside(root: &Path, name: &str) -> Option<PathBuf> {
-    std::fs::read_dir(root)
-        .ok()?
-        .filter_map(|e| e.ok())
-        .filter(|e| super::save::replaced_step(&e.file_name().to_string_lossy()) == Some(name))
-        .map(|e| e.path())
-        .find(|p| p.join(super::META_FILE).is_file())
 }
 
 /// "; complete step directories here: step-4, step-8 (pass one to --resume)", or "" when
@@ -106,8 +97,11 @@ fn step_dirs_hint(root: &Path) -> String {
 }
 
 /// Load the checkpoint at `path` (a step directory or a root with `latest`) into
-/// `engine`, resharding as needed. Collective: on error every rank returns an error and
-/// the engine's state must not be used.
+/// `engine`, resharding as needed. Collective: on error every rank returns an error. One
+/// found before any state moved (no checkpoint at `path`, another model's) leaves every
+/// engine as it was, so the caller may train from scratch instead; one after (a shard
+/// that fails its checksum) leaves every engine refusing steps, exports and saves
+/// ([`EngineError::ImportPending`]) until a load succeeds.
 pub fn load<D: Device, C: Communicator>(
     engine: &mut Engine<'_, D, C>,
     path: &Path,
@@ -118,13 +112,19 @@ pub fn load<D: Device, C: Communicator>(
         return Err(EngineError::Interrupted { step }.into());
     }
     let comm = engine.communicator();
-    let read = resolve(path).and_then(|dir| {
+    // What is to be loaded, agreed before any state moves.
+    let found = resolve(path).and_then(|dir| {
         let meta = Meta::read(&dir)?;
         meta.check_fits(engine.layout(), &dir)?;
-        fill(engine, &dir, &meta)?;
         Ok(LoadInfo { dir, meta })
     });
-    let info = super::agree(comm, read, "load", path)?;
+    let info = super::agree(comm, found, "load", path)?;
+    // Every rank's engine counts as part-imported from here until the load succeeds
+    // (Engine::begin_import), also one that fails before it imports a unit: no rank may
+    // step while the others refuse.
+    engine.begin_import();
+    let filled = fill(engine, &info.dir, &info.meta);
+    super::agree(comm, filled, "load", path)?;
     let m = &info.meta;
     if comm.rank() == 0 && m.seed != engine.config().seed {
         log::warn!(
@@ -207,6 +207,7 @@ fn fill<D: Device, C: Communicator>(
         path: dir.to_path_buf(),
         reason: e.to_string(),
     })?;
+    // Bounded (`MAX_OPEN_SHARDS`): at stage 0 this rank reads every one of the N files.
     let mut files: HashMap<usize, ShardReader> = HashMap::new();
     let mut next = 0;
     for u in 0..engine.layout().units.len() {
@@ -215,19 +216,7 @@ fn fill<D: Device, C: Communicator>(
         while next < copies.len() && copies[next].unit == u {
             let c = &copies[next];
             next += 1;
-            let reader = match files.entry(c.from_rank) {
-                std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
-                std::collections::hash_map::Entry::Vacant(v) => {
-                    let reader = ShardReader::open(&dir.join(rank_file(c.from_rank)))?;
-                    reader.check_identity(
-                        c.from_rank,
-                        meta.world,
-                        meta.step,
-                        &dir.join(super::META_FILE),
-                    )?;
-                    v.insert(reader)
-                }
-            };
+            let reader = cached_reader(&mut files, dir, meta, c.from_rank)?;
             let len = meta.layout.units[u].shard_len;
             for (kind, out) in dst.iter_mut().enumerate() {
                 let crcs =

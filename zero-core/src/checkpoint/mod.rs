@@ -10,7 +10,11 @@
 //! <root>/step-<S>/rank-<r>.h5     rank r: /unit<u>/{master,adam_m,adam_v}, fp32, the
 //!                                 rank's block r*shard_len..(r+1)*shard_len of unit u
 //! <root>/tmp-step-<S>-<nonce>/    a save in progress (or a dead one: ignored by load,
-//!                                 removed by the next save or by `clean_partial`)
+//!                                 removed by the next save or by `clean_partial`, best
+//!                                 effort: one that cannot be removed is logged and left)
+//! <root>/old-step-<S>-<nonce>/    step-<S> moved aside by a save replacing it: put back
+//!                                 when `latest` names step-<S> and it is missing (the
+//!                                 replace was interrupted), else stale and removed
 //! ```
 //!
 //! Invariants:
@@ -25,6 +29,8 @@
 //!   load reads only the hyperslabs the new layout needs (`PartitionLayout::reshard_from`).
 //! - Every read is checked: each dataset carries CRC32s of blocks of [`BLOCK_ELEMS`]
 //!   elements in the metadata, and a read verifies the blocks it touches.
+//! - Loads and the offline tools keep at most [`MAX_OPEN_SHARDS`] shard files open at
+//!   once, whatever N (a stage-0 load reads all N).
 //!
 //! Use from a training loop (every call is collective; the directory must be on a
 //! filesystem every rank sees):
@@ -54,8 +60,8 @@ pub use crate::files::partial_path;
 pub use error::{brief_hdf5, CheckpointError};
 pub use load::{load, resolve, LoadInfo};
 pub use meta::{Meta, FORMAT_NAME, FORMAT_VERSION};
-pub use save::{clean_partial, save, SaveOptions};
-pub use shard::{block_crcs, ShardReader, ShardWriter, BLOCK_ELEMS, KINDS};
+pub use save::{clean_partial, save, Cleaned, SaveOptions};
+pub use shard::{block_crcs, ShardReader, ShardWriter, BLOCK_ELEMS, KINDS, MAX_OPEN_SHARDS};
 pub use tools::{
     consolidate, read_consolidated, read_param, read_tensor, verify, write_whole, VerifyReport,
 };

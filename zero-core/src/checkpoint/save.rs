@@ -1,7 +1,8 @@
 //! The save protocol (collective: every rank calls [`save`] with the same arguments).
 //!
 //! 1. Rank 0 creates `<root>`, removes dead `tmp-step-*` directories of earlier crashed
-//!    saves, creates `tmp-step-<S>-<nonce>/` and broadcasts the nonce (or its failure).
+//!    saves (best effort: what it cannot remove is logged and left, see [`clean_partial`]),
+//!    creates `tmp-step-<S>-<nonce>/` and broadcasts the nonce (or its failure).
 //! 2. Every rank streams its blocks unit by unit into `rank-<r>.h5` (no gather), then
 //!    flushes, closes and fsyncs the file.
 //! 3. Agreement: an all-reduce of "failed" flags; if any rank failed, nobody publishes
@@ -62,45 +63,125 @@ fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
         .map_err(CheckpointError::io("fsync directory", dir))
 }
 
+/// What [`clean_partial`] did. Every failure was also logged as a warning.
+#[derive(Debug, Default)]
+pub struct Cleaned {
+    /// Directories removed: dead `tmp-step-*` of crashed saves, stale `old-step-*` copies.
+    pub removed: Vec<PathBuf>,
+    /// Step directories put back from the copy an interrupted save had moved aside.
+    pub restored: Vec<PathBuf>,
+    /// What could not be listed, removed or put back (left as it is), each with why.
+    pub failed: Vec<CheckpointError>,
+}
+
+impl Cleaned {
+    fn fail(&mut self, e: CheckpointError) {
+        log::warn!("checkpoint clean-up: {e} (left in place)");
+        self.failed.push(e);
+    }
+}
+
 /// Remove the temporary directories of saves that never completed (a crashed run), except
-/// `keep` (the save in progress). Returns the directories removed. Not collective: call it
-/// on one rank, with no save running in `root`.
-pub fn clean_partial(root: &Path, keep: Option<&Path>) -> Result<Vec<PathBuf>, CheckpointError> {
-    let mut removed = Vec::new();
+/// `keep` (the save in progress), and the stale copies of replaced steps; put back the
+/// copy of a step whose replacement was interrupted (`latest` names the step, which is
+/// missing). Best effort: garbage that cannot be removed is logged and left, never an
+/// error, so that it cannot stop later saves. Not collective: call it on one rank, with
+/// no save running in `root`.
+pub fn clean_partial(root: &Path, keep: Option<&Path>) -> Cleaned {
+    let mut done = Cleaned::default();
     let entries = match std::fs::read_dir(root) {
         Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(removed),
-        Err(e) => return Err(CheckpointError::io("list", root)(e)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return done,
+        Err(e) => {
+            done.fail(CheckpointError::io("list", root)(e));
+            return done;
+        }
     };
+    // Only the step `latest` names can have lost its directory to an interrupted replace;
+    // an `old-step-S-*` of any other S (`step-S` pruned since, or replaced in full) is stale.
+    let named = latest_name(root);
+    let mut restore = None;
+    if let Ok(Some(name)) = &named {
+        if !root.join(name).exists() {
+            restore = moved_aside(root, name);
+        }
+    }
     for entry in entries {
-        let entry = entry.map_err(CheckpointError::io("list", root))?;
+        let entry = match entry {
+            Ok(e) => e,
+            Err(e) => {
+                done.fail(CheckpointError::io("list", root)(e));
+                continue;
+            }
+        };
         let path = entry.path();
         let name = entry.file_name().to_string_lossy().into_owned();
         if Some(path.as_path()) == keep || !path.is_dir() {
             continue;
         }
         if let Some(step_dir) = replaced_step(&name) {
-            // A save that crashed between moving `step-<S>` aside and moving the new one
-            // in: the old one is the only copy, and `latest` may name it.
             let original = root.join(step_dir);
-            if !original.exists() {
+            if restore.as_ref() == Some(&path) {
+                // The only copy of the step `latest` names: a save crashed between moving
+                // it aside and renaming the new one in.
                 log::warn!(
                     "restoring checkpoint '{}' from '{}' (a save replacing it was interrupted)",
                     original.display(),
                     path.display()
                 );
-                std::fs::rename(&path, &original).map_err(CheckpointError::io("rename", &path))?;
+                match std::fs::rename(&path, &original) {
+                    Ok(()) => done.restored.push(original),
+                    // `resolve` still reads the moved copy, so nothing is lost.
+                    Err(e) => done.fail(CheckpointError::io("restore", &path)(e)),
+                }
+                continue;
+            }
+            if named.is_err() {
+                // Without `latest` we cannot tell a stale copy from the only one: keep it.
+                log::warn!(
+                    "checkpoint clean-up: keeping '{}' ('{}' is unreadable, so it may be the only copy of {step_dir})",
+                    path.display(),
+                    root.join(LATEST).display()
+                );
                 continue;
             }
         }
-        let stale = name.starts_with("tmp-step-") || name.starts_with("old-step-");
-        if stale {
+        if name.starts_with("tmp-step-") || name.starts_with("old-step-") {
             log::warn!("removing incomplete checkpoint '{}'", path.display());
-            std::fs::remove_dir_all(&path).map_err(CheckpointError::io("remove", &path))?;
-            removed.push(path);
+            match std::fs::remove_dir_all(&path) {
+                Ok(()) => done.removed.push(path),
+                Err(e) => done.fail(CheckpointError::io("remove", &path)(e)),
+            }
         }
     }
-    Ok(removed)
+    done
+}
+
+/// The directory `latest` in `root` names: `None` when there is no `latest`, an error
+/// when it cannot be read.
+fn latest_name(root: &Path) -> Result<Option<String>, std::io::Error> {
+    match std::fs::read_to_string(root.join(LATEST)) {
+        Ok(text) => Ok(Some(text.trim().to_string()).filter(|n| !n.is_empty())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// The complete `old-<name>-<nonce>` copy of step directory `name` in `root` (one with its
+/// metadata), if any; of several (a stale one that could not be removed and the one an
+/// interrupted save moved aside), the one whose metadata was written last, which is the
+/// copy the step directory held when the save was interrupted.
+pub(crate) fn moved_aside(root: &Path, name: &str) -> Option<PathBuf> {
+    std::fs::read_dir(root)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .filter(|e| replaced_step(&e.file_name().to_string_lossy()) == Some(name))
+        .filter_map(|e| {
+            let meta = std::fs::metadata(e.path().join(META_FILE)).ok()?;
+            meta.is_file().then(|| (meta.modified().ok(), e.path()))
+        })
+        .max()
+        .map(|(_, path)| path)
 }
 
 /// The step directory name an `old-step-<S>-<nonce>` directory was moved aside from.
@@ -130,6 +211,10 @@ pub fn save<D: Device, C: Communicator>(
     if let Some(step) = engine.interrupted() {
         return Err(EngineError::Interrupted { step }.into());
     }
+    // Part old, part new state is not saved (every rank agrees: load marks them all).
+    if engine.import_pending() {
+        return Err(EngineError::ImportPending.into());
+    }
     let comm = engine.communicator();
     let (rank, world) = (comm.rank(), comm.size());
     let step = engine.steps_done();
@@ -142,8 +227,9 @@ pub fn save<D: Device, C: Communicator>(
         let tmp = root.join(format!("tmp-step-{step}-{nonce:x}"));
         prepared = std::fs::create_dir_all(root)
             .map_err(CheckpointError::io("create directory", root))
-            .and_then(|_| clean_partial(root, None))
             .and_then(|_| {
+                // Best effort (logged): only what this checkpoint needs may fail the save.
+                clean_partial(root, None);
                 std::fs::create_dir(&tmp).map_err(CheckpointError::io("create directory", &tmp))
             });
         head = [1, nonce];

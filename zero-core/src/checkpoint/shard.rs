@@ -6,9 +6,11 @@
 //! whole blocks so that every element handed out has been checked against the saved
 //! CRC (at most two extra blocks read per range).
 
+use std::collections::hash_map::{Entry, HashMap};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
+use super::meta::Meta;
 use super::CheckpointError;
 
 /// Elements per checksummed block (256 KiB of fp32).
@@ -326,4 +328,40 @@ impl ShardReader {
         }
         Ok(())
     }
+}
+
+/// The most shard files a load, or an offline tool reading tensors, keeps open at once.
+/// A checkpoint of N ranks has N files and a stage-0 load reads all of them: kept open
+/// until the end, a few thousand ranks would pass the usual `ulimit -n` of 1024 (EMFILE).
+pub const MAX_OPEN_SHARDS: usize = 16;
+
+/// Rank `rank`'s reader of the checkpoint in `dir`, from `files` (a cache by rank) or
+/// opened and checked to be that rank's shard of this checkpoint
+/// ([`ShardReader::check_identity`]) on every open. `files` never holds more than
+/// [`MAX_OPEN_SHARDS`] readers: to open another, the one of the highest rank is closed
+/// (reads sweep the ranks upwards unit after unit, so the low ranks kept open are hit
+/// again on the next sweep, where dropping the oldest would miss every time).
+pub(crate) fn cached_reader<'a>(
+    files: &'a mut HashMap<usize, ShardReader>,
+    dir: &Path,
+    meta: &Meta,
+    rank: usize,
+) -> Result<&'a ShardReader, CheckpointError> {
+    if !files.contains_key(&rank) {
+        // Down to one below the bound (a caller may have filled the map itself).
+        while files.len() >= MAX_OPEN_SHARDS {
+            let Some(&highest) = files.keys().max() else {
+                break;
+            };
+            files.remove(&highest);
+        }
+    }
+    Ok(match files.entry(rank) {
+        Entry::Occupied(o) => o.into_mut(),
+        Entry::Vacant(v) => {
+            let reader = ShardReader::open(&dir.join(super::rank_file(rank)))?;
+            reader.check_identity(rank, meta.world, meta.step, &dir.join(super::META_FILE))?;
+            v.insert(reader)
+        }
+    })
 }

@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use super::meta::Meta;
-use super::shard::{ShardReader, KINDS};
+use super::shard::{cached_reader, ShardReader, KINDS, MAX_OPEN_SHARDS};
 use super::{rank_file, CheckpointError};
 use crate::spec::Tensor;
 
@@ -75,7 +75,8 @@ pub fn verify(path: &Path) -> Result<VerifyReport, CheckpointError> {
 }
 
 /// Read parameter `index` of the layout (its master weights, flattened row-major) from
-/// the shard files of the checkpoint in `dir`, checked; `files` caches open readers.
+/// the shard files of the checkpoint in `dir`, checked; `files` caches open readers, at
+/// most [`MAX_OPEN_SHARDS`] of them (each shard's identity is checked whenever opened).
 pub fn read_param(
     dir: &Path,
     meta: &Meta,
@@ -98,14 +99,7 @@ pub fn read_param(
         let r = at / unit.shard_len;
         let block_end = ((r + 1) * unit.shard_len).min(want.end);
         let from = at - r * unit.shard_len..block_end - r * unit.shard_len;
-        let reader = match files.entry(r) {
-            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
-            std::collections::hash_map::Entry::Vacant(v) => {
-                let reader = ShardReader::open(&dir.join(rank_file(r)))?;
-                reader.check_identity(r, meta.world, meta.step, &dir.join(super::META_FILE))?;
-                v.insert(reader)
-            }
-        };
+        let reader = cached_reader(files, dir, meta, r)?;
         let crcs = meta.crcs(r, p.unit, 0).unwrap_or(&[]);
         out.extend(reader.read_checked(p.unit, 0, from, unit.shard_len, crcs, meta.block_elems)?);
         at = block_end;
@@ -122,8 +116,10 @@ impl Meta {
     /// read or written, that each is its rank's shard of this checkpoint, holds every
     /// unit's master weights at the length the metadata says, and is at least as large
     /// as those weights (so a `meta.json` claiming more than the shards hold fails here,
-    /// naming the file, and never sizes a buffer). Reads only metadata. The readers, by
-    /// rank, for [`read_tensor`]'s cache.
+    /// naming the file, and never sizes a buffer). Reads only metadata, one file at a
+    /// time. Returns the readers of the first [`MAX_OPEN_SHARDS`] ranks, by rank, to start
+    /// [`read_tensor`]'s cache: the others are closed once checked, so a checkpoint of
+    /// thousands of ranks does not exhaust the open-file limit (EMFILE).
     pub fn open_shards(&self, dir: &Path) -> Result<HashMap<usize, ShardReader>, CheckpointError> {
         let meta_path = dir.join(super::META_FILE);
         // Bytes of master weights in each rank's file (bounded: the layout is checked).
@@ -151,7 +147,10 @@ impl Meta {
                 // An empty read checks the dataset's existence and length, reading nothing.
                 reader.read_checked(u, 0, 0..0, unit.shard_len, &[], self.block_elems)?;
             }
-            files.insert(r, reader);
+            // (Dropping a reader closes its file.)
+            if files.len() < MAX_OPEN_SHARDS {
+                files.insert(r, reader);
+            }
         }
         Ok(files)
     }

@@ -31,6 +31,7 @@ mod qgz;
 mod qwz;
 mod reducer;
 pub mod scaler;
+mod setup;
 pub mod state;
 mod step;
 
@@ -45,7 +46,7 @@ use crate::config::{ConfigError, EngineConfig, Precision};
 use crate::layout::{LayoutError, PartitionLayout};
 use crate::ledger::MemCategory;
 use crate::model::{Compute, Model, ModelError};
-use crate::plan::{BufferPlan, BufferRole, PlanError, PlanInputs};
+use crate::plan::{BufferPlan, BufferRole, PlanError};
 use crate::spec::ModelSpec;
 use buffers::Buffers;
 pub use scaler::LossScaler;
@@ -83,8 +84,8 @@ pub enum EngineError {
     #[error("{0}")]
     Mismatch(String),
     /// Another rank could not set its engine up (its own error says why), so this one
-    /// stopped before the first collective of [`Engine::new`].
-    #[error("another rank could not set its engine up (its own error, on its stderr, says why: memory, most often); this rank stopped before the first collective")]
+    /// stopped before the first gather of [`Engine::new`].
+    #[error("another rank could not set its engine up (its own error, on its stderr, says why: memory, most often); this rank stopped before the first gather")]
     PeerSetup,
     /// An inf/NaN gradient where no loss scaler can recover (fp32, bf16): the step was
     /// not applied on any rank.
@@ -136,6 +137,12 @@ pub enum EngineError {
         /// The step that failed (counted from 1).
         step: u64,
     },
+    /// State was imported ([`Engine::import_unit`]) and no [`Engine::finish_import`]
+    /// succeeded after it (a checkpoint load that failed part-way, or a missing call):
+    /// parameters, master and optimizer state are part old, part new, so the engine runs
+    /// no steps and exports no state until every unit is imported again and finished.
+    #[error("state was imported into this engine (Engine::import_unit, e.g. by a checkpoint load that failed part-way) without a successful Engine::finish_import after it, so its parameters, master weights and optimizer state are part old, part new; it runs no steps and exports no state. Build a new engine (Engine::new), or import every unit again and call finish_import (load the checkpoint again)")]
+    ImportPending,
     /// A broken engine invariant (a bug: please report it with the config).
     #[error("internal engine error: {0}")]
     Internal(String),
@@ -319,15 +326,24 @@ pub struct Engine<'c, D: Device, C: Communicator> {
     activation_bytes: u64,
     /// The step (from 1) that returned an error part-way ([`EngineError::Interrupted`]).
     interrupted: Option<u64>,
+    /// Units were imported and no `finish_import` succeeded since
+    /// ([`EngineError::ImportPending`]).
+    import_pending: bool,
 }
+
+/// [`Engine::init_params`] for the plan's parameter dtype, chosen before set-up is agreed.
+type InitParams<'c, D, C, M> = fn(&mut Engine<'c, D, C>, &M) -> Result<(), EngineError>;
 
 impl<'c, D: Device, C: Communicator> Engine<'c, D, C> {
     /// Lay out `model`, plan and allocate this rank's buffers on `dev`, and initialise
     /// parameters and master weights from `model.init_unit(config.seed, ..)` (or, for
     /// part of a unit, `model.init_unit_range`). Collective: every rank of `comm` calls
-    /// it (the initial values are all-gathered); a rank that cannot allocate its buffers
-    /// returns its error and every other rank [`EngineError::PeerSetup`], before the first
-    /// gather.
+    /// it (the initial values are all-gathered). Every rank must pass the same `config`
+    /// and a model with the same spec. Set-up is agreed before the first gather, so no
+    /// rank waits for one that left: a rank whose set-up fails (configuration, layout,
+    /// node groups, plan, memory) returns its own error; otherwise, where the ranks' specs
+    /// or configurations differ, every rank returns [`EngineError::Mismatch`]; otherwise,
+    /// where another rank failed, [`EngineError::PeerSetup`].
     pub fn new<M: Model<D>>(
         config: &EngineConfig,
         comm: &'c C,
@@ -358,59 +374,32 @@ impl<'c, D: Device, C: Communicator> Engine<'c, D, C> {
         dev: &'c D,
         model: &M,
     ) -> Result<Self, EngineError> {
-        config.validate()?;
         let spec = model.spec().clone();
-        spec.validate().map_err(EngineError::Mismatch)?;
-        let (rank, world) = (comm.rank(), comm.size());
-        let layout = PartitionLayout::new(&spec, world, config.zero.align)?;
         let activation_bytes = model.activation_bytes() as u64;
-        let mut inputs = PlanInputs::from_config(config, world, activation_bytes);
-        match nodes {
-            Some(g) => {
-                let (l, m) = (g.node.size(), g.cross.size());
-                let wanted = config.zero.ranks_per_node;
-                // Node-major: the packing of qgZ and the parts of hpZ rely on it.
-                let node_major = g.node.rank() == rank % l && g.cross.rank() == rank / l;
-                if l * m != world || !node_major || (wanted > 0 && wanted != l) {
-                    return Err(EngineError::Mismatch(format!(
-                        "the node groups are {m} node(s) of {l} rank(s) (this rank {rank}: local rank {} on node {}) but the world has {world} ranks{}, numbered node by node; build them from this world (zero_comm::MpiComm::node_groups)",
-                        g.node.rank(),
-                        g.cross.rank(),
-                        if wanted > 0 { format!(" and zero.ranks_per_node = {wanted}") } else { String::new() }
-                    )));
-                }
-                inputs = inputs.on_nodes(l);
-            }
-            None if config.zero.hierarchical() => {
-                return Err(EngineError::Mismatch(
-                    "zero.hierarchical_weights and zero.quantize_grads need the node groups: build the engine with Engine::on_nodes (zero_comm::MpiComm::node_groups makes them)".into(),
-                ));
-            }
-            None => {}
-        }
-        let plan = BufferPlan::new(&spec, &layout, &inputs, rank)?;
-        let streams = Streams {
-            compute: dev.stream("compute")?,
-            comm: dev.stream("comm")?,
-        };
-        // What may fail on some ranks only (memory): agreed before the first collective
-        // (the initial values' gathers), so that no rank waits there for one that failed.
-        let allocated = (|| -> Result<Buffers<D>, EngineError> {
-            let bufs = Buffers::allocate(dev, &plan, spec.units.len())?;
-            // Host-staged collectives (zero-comm's StagedComm): the staging buffers are
-            // sized here, once, for the largest collective of this plan, not in the middle
-            // of a step. The node groups' own staging too (hpZ's and qgZ's collectives are
-            // no larger).
-            let groups = nodes.into_iter().flat_map(|g| [&g.node, &g.cross]);
-            for staging in std::iter::once(comm)
-                .chain(groups)
-                .filter_map(|c| c.staging())
-            {
-                staging.reserve(dev, crate::plan::host_staging_region_bytes(&layout, &plan))?;
-            }
-            Ok(bufs)
-        })();
-        let bufs = agree_on_setup(comm, dev, &streams.compute, allocated)?;
+        // Everything that can fail on some ranks only is agreed before the first
+        // collective (the initial values' gathers), with what every rank must build
+        // alike, so that no rank waits there for one that left (`setup.rs`).
+        let agreement = setup::Agreement::new(comm, dev)?;
+        let mine = setup::prepare(config, comm, nodes, dev, &spec, activation_bytes).and_then(
+            |prepared| {
+                let init: InitParams<'c, D, C, M> = match prepared.plan.param_dtype {
+                    DType::F32 => Self::init_params::<f32, M>,
+                    DType::BF16 => Self::init_params::<half::bf16, M>,
+                    DType::F16 => Self::init_params::<half::f16, M>,
+                    other => return Err(EngineError::Internal(format!("parameter dtype {other}"))),
+                };
+                Ok((prepared, init))
+            },
+        );
+        let fingerprint = setup::fingerprint(&spec, config);
+        let (prepared, init) = agreement.agree(comm, dev, fingerprint, mine)?;
+        let setup::Prepared {
+            layout,
+            plan,
+            streams,
+            bufs,
+        } = prepared;
+        let rank = comm.rank();
         // Mixed precision as the hardware does it: in bf16 the model's matrix products take
         // bf16 operands with f32 sums (tensor cores, AVX-512 BF16) where the device can.
         let wants_bf16 = config.precision.dtype == Precision::Bf16;
@@ -447,13 +436,9 @@ impl<'c, D: Device, C: Communicator> Engine<'c, D, C> {
             history: Vec::new(),
             activation_bytes,
             interrupted: None,
+            import_pending: false,
         };
-        match engine.core.plan.param_dtype {
-            DType::F32 => engine.init_params::<f32, M>(model)?,
-            DType::BF16 => engine.init_params::<half::bf16, M>(model)?,
-            DType::F16 => engine.init_params::<half::f16, M>(model)?,
-            other => return Err(EngineError::Internal(format!("parameter dtype {other}"))),
-        }
+        init(&mut engine, model)?;
         Ok(engine)
     }
 
@@ -644,31 +629,4 @@ fn place_block<T: Element, D: Device, C: Communicator>(
     dev.upload(s, block, dst.reborrow().slice_mut(own.clone()))?;
     on_stream::all_gather_in_place(core.comm, dev, s, dst)?;
     Ok(())
-}
-
-/// Every rank's set-up outcome, agreed (collective): this rank's own result when every
-/// rank succeeded or this one failed, else [`EngineError::PeerSetup`]. One all-reduce on
-/// a one-element device buffer, which every communicator takes (NCCL only device memory).
-fn agree_on_setup<T, D: Device, C: Communicator>(
-    comm: &C,
-    dev: &D,
-    stream: &D::Stream,
-    mine: Result<T, EngineError>,
-) -> Result<T, EngineError> {
-    if comm.size() == 1 {
-        return mine;
-    }
-    let mut flag = dev.alloc::<f64>(1, "set-up agreement")?;
-    dev.upload(
-        stream,
-        &[f64::from(u8::from(mine.is_err()))],
-        flag.view_mut(),
-    )?;
-    on_stream::all_reduce(comm, dev, stream, flag.view_mut(), zero_comm::ReduceOp::Max)?;
-    let mut any = [0.0f64];
-    dev.download(stream, flag.view(), &mut any)?;
-    match mine {
-        Ok(_) if any[0] > 0.0 => Err(EngineError::PeerSetup),
-        mine => mine,
-    }
 }

@@ -14,7 +14,9 @@
 //! those to [`Engine::import_unit`]; [`Engine::finish_import`] then rebuilds everything
 //! derived from the master (16-bit parameter copies, full parameter buffers of stages
 //! 1/2 by all-gather, stage-3 persistent units) and sets the counters. In fp32 training
-//! the parameters are the master.
+//! the parameters are the master. From the first `import_unit` until a `finish_import`
+//! succeeds the state is part old, part new ([`Engine::import_pending`]): steps, exports
+//! and checkpoints refuse it ([`EngineError::ImportPending`]); imports go on.
 //!
 //! Every transfer here goes through the compute stream and waits for it: these are
 //! between-steps operations, not part of the step's overlap.
@@ -91,7 +93,8 @@ impl<D: Device, C: Communicator> Engine<'_, D, C> {
     }
 
     /// Set what this rank keeps of unit `u` ([`Engine::import_range`]) from host data;
-    /// call [`Engine::finish_import`] after every unit.
+    /// call [`Engine::finish_import`] after every unit. Until one succeeds the engine
+    /// refuses steps and exports ([`Engine::import_pending`]).
     pub fn import_unit(
         &mut self,
         u: usize,
@@ -99,7 +102,7 @@ impl<D: Device, C: Communicator> Engine<'_, D, C> {
         adam_m: &[f32],
         adam_v: &[f32],
     ) -> Result<(), EngineError> {
-        self.check_intact()?;
+        self.check_not_interrupted()?;
         let at = self.placement(u)?.clone();
         let n = at.updates.len();
         for (what, len) in [
@@ -114,6 +117,8 @@ impl<D: Device, C: Communicator> Engine<'_, D, C> {
                 )));
             }
         }
+        // From the first upload on, the state is part this import's.
+        self.import_pending = true;
         let (dev, s) = (self.core.dev, &self.core.streams.compute);
         let bufs = &mut self.bufs;
         match &mut bufs.master {
@@ -132,14 +137,15 @@ impl<D: Device, C: Communicator> Engine<'_, D, C> {
     }
 
     /// After every unit was imported: rebuild what derives from the master and restore
-    /// the counters and the loss scaler. Collective: every rank calls it.
+    /// the counters and the loss scaler. Collective: every rank calls it. Only its
+    /// success makes the engine whole again after [`Engine::import_unit`].
     pub fn finish_import(
         &mut self,
         step: u64,
         applied: u64,
         scaler: LossScaler,
     ) -> Result<(), EngineError> {
-        self.check_intact()?;
+        self.check_not_interrupted()?;
         // A scale that is not a positive finite number would turn every step into an
         // "overflow" and blame the learning rate or the data.
         let scale_ok = |s: f64| s > 0.0 && s <= super::scaler::MAX_LOSS_SCALE;
@@ -168,7 +174,25 @@ impl<D: Device, C: Communicator> Engine<'_, D, C> {
         self.step = step;
         self.applied = applied;
         self.scaler = scaler;
+        self.import_pending = false;
         Ok(())
+    }
+
+    /// Mark an import as begun ([`Engine::import_pending`]) before anything of it is
+    /// read. A collective import (a checkpoint load) calls it on every rank first, so
+    /// that one that fails on some rank before that rank imports a unit leaves every
+    /// rank refusing steps alike: a rank that stepped while its peers refused would wait
+    /// in the step's first collective.
+    pub fn begin_import(&mut self) {
+        self.import_pending = true;
+    }
+
+    /// Units were imported ([`Engine::import_unit`], or [`Engine::begin_import`]) and no
+    /// [`Engine::finish_import`] succeeded since: the state is part old, part new, and
+    /// steps, exports and checkpoint saves refuse it ([`EngineError::ImportPending`])
+    /// until every unit is imported again and the import finished.
+    pub fn import_pending(&self) -> bool {
+        self.import_pending
     }
 
     /// Restore what a checkpoint carries of the run beyond its tensors and counters: the
@@ -246,6 +270,7 @@ impl<D: Device, C: Communicator> Engine<'_, D, C> {
     /// The fp32 master of every parameter (unpadded, layout order), gathered to every
     /// rank; in fp32 training the parameters themselves.
     pub fn full_master_f32(&self) -> Result<Vec<f32>, EngineError> {
+        self.check_intact()?;
         let mut out = Vec::with_capacity(self.core.layout.numel());
         for (u, unit) in self.core.layout.units.iter().enumerate() {
             let s = self.export_unit(u)?;

@@ -66,8 +66,20 @@ impl<D: Device, C: Communicator> Engine<'_, D, C> {
         self.interrupted
     }
 
-    /// Refuse to go on after a step that failed part-way ([`EngineError::Interrupted`]).
+    /// Refuse to go on after a step that failed part-way ([`EngineError::Interrupted`]),
+    /// or with state imported and not finished ([`EngineError::ImportPending`]): what
+    /// steps and exports check.
     pub(super) fn check_intact(&self) -> Result<(), EngineError> {
+        self.check_not_interrupted()?;
+        if self.import_pending {
+            return Err(EngineError::ImportPending);
+        }
+        Ok(())
+    }
+
+    /// Refuse to go on after a step that failed part-way ([`EngineError::Interrupted`]):
+    /// what imports check (an import pending is theirs to finish).
+    pub(super) fn check_not_interrupted(&self) -> Result<(), EngineError> {
         match self.interrupted {
             Some(step) => Err(EngineError::Interrupted { step }),
             None => Ok(()),
