@@ -236,6 +236,29 @@ fn bad_inputs_fail_with_a_clear_message() {
             &["--params", "7.5e9", "--gpus", "64", "--inter-gbps", "100"],
             "--ranks-per-node",
         ),
+        // Far above any model: refused at once, not planned for minutes (or aborted).
+        (&["--params", "1e16", "--gpus", "8"], "at most 1e15"),
+        (
+            &["--params", "1e18", "--gpus", "1", "--units", "1"],
+            "at most 1e15",
+        ),
+        (
+            &["--params", "1e15", "--gpus", "8", "--units", "1e6"],
+            "--units 1e6: at most 100000",
+        ),
+        // --model only: a bare parameter count has no blocks to checkpoint (it was
+        // accepted and ignored).
+        (
+            &[
+                "--params",
+                "7.5e9",
+                "--gpus",
+                "8",
+                "--checkpoint-every",
+                "2",
+            ],
+            "'--checkpoint-every <CHECKPOINT_EVERY>'",
+        ),
     ];
     for (args, needle) in cases {
         let out = run(args);
@@ -254,6 +277,101 @@ fn bad_inputs_fail_with_a_clear_message() {
             "{args:?}: no panic:\n{err}"
         );
     }
+}
+
+/// `plan` allocates nothing: the largest plans it takes (1e15 parameters in one unit,
+/// buckets of one element per rank, 1e5 units on 2^18 GPUs with every ZeRO++ switch) run
+/// in a process limited to 512 MiB of address space. (Its chunk counts were once built
+/// as ranges only to be counted: 3.8 GB for 1e15 in one unit, 1e18 aborted.)
+#[test]
+fn the_largest_plans_fit_in_512_mib() {
+    use std::os::unix::process::CommandExt;
+    let cases: &[&[&str]] = &[
+        &["--params", "1e15", "--gpus", "1", "--units", "1"],
+        &[
+            "--params",
+            "1e15",
+            "--gpus",
+            "1",
+            "--units",
+            "1",
+            "--quantize-grads",
+        ],
+        &[
+            "--params",
+            "1e15",
+            "--gpus",
+            "8",
+            "--bucket-elems",
+            "8",
+            "--reduce-f32",
+        ],
+        &[
+            "--params",
+            "1e15",
+            "--gpus",
+            "262144",
+            "--units",
+            "100000",
+            "--ranks-per-node",
+            "8",
+            "--quantize-grads",
+            "--quantize-weights",
+            "--hierarchical-weights",
+        ],
+    ];
+    for args in cases {
+        let mut cmd = Command::new(zero_bench());
+        cmd.arg("plan").args(*args).env("RUST_BACKTRACE", "1");
+        // SAFETY: setrlimit only, between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                let limit = libc::rlimit {
+                    rlim_cur: 512 << 20,
+                    rlim_max: 512 << 20,
+                };
+                if libc::setrlimit(libc::RLIMIT_AS, &limit) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let started = std::time::Instant::now();
+        let out = cmd.output().expect("zero-bench starts");
+        assert!(
+            out.status.success(),
+            "plan {args:?} in 512 MiB:\n{}{}",
+            stdout(&out),
+            stderr(&out)
+        );
+        assert!(stdout(&out).contains("stage"), "{}", stdout(&out));
+        // Instant in practice (well under a second); generous for a loaded machine.
+        let secs = started.elapsed().as_secs_f64();
+        assert!(secs < 30.0, "plan {args:?} took {secs:.1} s");
+    }
+}
+
+/// `--json` that cannot be written (a directory, a missing directory) is refused before
+/// the plan is printed, not after it.
+#[test]
+fn an_unwritable_json_is_refused_before_the_report() {
+    let dir = std::env::temp_dir().join(format!("plan_cli_json_dir_{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let d = dir.to_string_lossy().into_owned();
+    let missing = dir.join("absent").join("plan.json");
+    let m = missing.to_string_lossy().into_owned();
+    for (path, needle) in [(&d, "is a directory"), (&m, "cannot write a file in")] {
+        let out = run(&["--params", "7.5e9", "--gpus", "8", "--json", path]);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(err.contains("--json") && err.contains(needle), "{err}");
+        assert!(
+            stdout(&out).is_empty(),
+            "no report first:\n{}",
+            stdout(&out)
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// ZeRO++ on 8 nodes of 8 GPUs: with --ranks-per-node the traffic is split by group

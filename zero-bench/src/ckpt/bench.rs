@@ -26,6 +26,7 @@ use zero_kernels::device::HostDevice;
 use zero_models::{Gpt, GptConfig};
 
 use super::args::BenchArgs;
+use crate::logging::outln;
 use crate::train::launch::{agree, Failure};
 
 /// The benchmark's own directory inside `--dir`.
@@ -116,6 +117,16 @@ fn make_work_dir(dir: &Path, work: &Path) -> anyhow::Result<()> {
     })
 }
 
+/// `--repeat`: the rounds to take the best of, at least one.
+fn rounds(repeat: usize) -> anyhow::Result<usize> {
+    if repeat == 0 {
+        return Err(anyhow!(
+            "--repeat 0: give at least 1 round (the best of --repeat rounds is reported)"
+        ));
+    }
+    Ok(repeat)
+}
+
 /// The bench on `comm`: every failure agreed, or the job aborted.
 fn bench<C: Communicator>(args: &BenchArgs, comm: &C) -> Result<(), Failure> {
     let (rank, world) = (comm.rank(), comm.size());
@@ -129,6 +140,7 @@ fn bench<C: Communicator>(args: &BenchArgs, comm: &C) -> Result<(), Failure> {
         3 => Stage::Zero3,
         s => return Err(same(anyhow!("--stage {s}: ZeRO stages are 0-3"))),
     };
+    let repeat = rounds(args.repeat).map_err(same)?;
     cfg.train.micro_batch = 1;
     cfg.train.seq_len = 64;
     let gpt = GptConfig {
@@ -160,7 +172,7 @@ fn bench<C: Communicator>(args: &BenchArgs, comm: &C) -> Result<(), Failure> {
         Ok(())
     };
     agree(comm, made)?;
-    let result = measure(args, comm, &mut engine, &work, bytes);
+    let result = measure(repeat, comm, &mut engine, &work, bytes);
     // Whether it succeeded or failed, `measure` ended in an agreement: every rank is done
     // with the files.
     if rank == 0 {
@@ -171,28 +183,28 @@ fn bench<C: Communicator>(args: &BenchArgs, comm: &C) -> Result<(), Failure> {
     let [save, load, write, read] = result?;
     if rank == 0 {
         let mb = |s: f64| bytes as f64 / s / 1e6;
-        println!(
+        outln!(
             "ckpt bench: {world} ranks, stage {}, {} parameters, {:.1} MB of fp32 master+m+v per rank ({:.1} MB in all), best of {}",
             args.stage,
             engine.layout().numel(),
             bytes as f64 / 1e6,
             (bytes * world as u64) as f64 / 1e6,
-            args.repeat.max(1)
+            repeat
         );
-        println!("             per rank MB/s   aggregate MB/s   vs plain");
+        outln!("             per rank MB/s   aggregate MB/s   vs plain");
         for (what, s, base) in [("save", save, write), ("load", load, read)] {
             let plain_name = if what == "save" {
                 "write+fsync"
             } else {
                 "read"
             };
-            println!(
+            outln!(
                 "{what:<12} {:>14.0} {:>16.0} {:>10.2}x",
                 mb(s),
                 mb(s) * world as f64,
                 base / s
             );
-            println!(
+            outln!(
                 "plain {plain_name:<6} {:>14.0} {:>16.0}",
                 mb(base),
                 mb(base) * world as f64
@@ -213,10 +225,11 @@ fn clear(rank: usize, root: &Path, plain: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The best save, load, plain write and plain read seconds over `--repeat` rounds, all
-/// inside `work`. Every failure is agreed on (every rank returns it at the same point).
+/// The best save, load, plain write and plain read seconds over `repeat` rounds (at
+/// least one), all inside `work`. Every failure is agreed on (every rank returns it at
+/// the same point).
 fn measure<C: Communicator>(
-    args: &BenchArgs,
+    repeat: usize,
     comm: &C,
     engine: &mut Engine<'_, HostDevice, C>,
     work: &Path,
@@ -231,7 +244,7 @@ fn measure<C: Communicator>(
         ..Default::default()
     };
     let (mut save, mut load, mut write, mut read) = (f64::MAX, f64::MAX, f64::MAX, f64::MAX);
-    for _ in 0..args.repeat.max(1) {
+    for _ in 0..repeat {
         // Start from an empty root: removing the previous checkpoint is not the save's
         // cost, and the plain write below also starts from a fresh file.
         agree(comm, clear(rank, &root, &plain))?;
@@ -267,4 +280,18 @@ fn measure<C: Communicator>(
         })?);
     }
     Ok([save, load, write, read])
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn zero_rounds_are_refused_not_run_as_one() {
+        let err = super::rounds(0).unwrap_err().to_string();
+        assert!(
+            err.contains("--repeat 0") && err.contains("at least 1"),
+            "{err}"
+        );
+        assert_eq!(super::rounds(1).unwrap(), 1);
+        assert_eq!(super::rounds(3).unwrap(), 3);
+    }
 }

@@ -15,6 +15,8 @@ use std::time::Instant;
 use zero_kernels::adamw::{self, AdamWCoeffs, AdamWHyper, AdamWState};
 use zero_kernels::{DType, Exec, FloatSlice, HalfSliceMut, Isa};
 
+use crate::logging::outln;
+
 /// Options of `micro adam`.
 #[derive(clap::Args, Debug)]
 pub struct AdamArgs {
@@ -30,8 +32,8 @@ pub struct AdamArgs {
     /// Type of the 16-bit parameter copy written by the step: bf16, f16, or none (fp32).
     #[arg(long, default_value = "bf16")]
     param: String,
-    /// Threads per kernel call (1: what a rank under MPI uses).
-    #[arg(long, default_value_t = 1)]
+    /// Threads per kernel call (1: what a rank under MPI uses), 1 to 1024.
+    #[arg(long, default_value_t = 1, value_parser = super::parse_threads)]
     threads: usize,
     /// Force an instruction-set level (scalar, avx2, avx512); default: the best available.
     #[arg(long)]
@@ -156,6 +158,9 @@ pub fn run(args: &AdamArgs) -> Result<()> {
     if args.reps == 0 {
         bail!("--reps must be at least 1");
     }
+    if let Some(path) = &args.json {
+        super::outputs::check(&[("--json", path)])?;
+    }
     // The largest point: master, m, v in f32, the gradient and the parameters (at most
     // 4 bytes each).
     crate::memory::need(
@@ -268,7 +273,7 @@ pub fn run(args: &AdamArgs) -> Result<()> {
         mp *= 4;
     }
 
-    println!(
+    outln!(
         "micro adam: isa {}, threads {}, grad {}, param {}, {} B/param (GB/s count these bytes)",
         exec.isa(),
         exec.threads(),
@@ -276,7 +281,7 @@ pub fn run(args: &AdamArgs) -> Result<()> {
         args.param,
         bytes
     );
-    println!(
+    outln!(
         "{:>9} {:>10} {:>10} {:>11} {:>12} {:>10} {:>13}",
         "params",
         "copy GB/s",
@@ -287,7 +292,7 @@ pub fn run(args: &AdamArgs) -> Result<()> {
         "fused/unfused"
     );
     for r in &rows {
-        println!(
+        outln!(
             "{:>8}M {:>10.1} {:>10.1} {:>12.1} {:>12.3} {:>10.2} {:>12.2}x",
             r.params >> 20,
             r.copy_gbs,
@@ -306,8 +311,8 @@ pub fn run(args: &AdamArgs) -> Result<()> {
             param: args.param.clone(),
             rows,
         };
-        let text = serde_json::to_string_pretty(&report)?;
-        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+        let text = serde_json::to_string_pretty(&report)? + "\n";
+        crate::outfile::write_text(path, &text).context("--json")?;
     }
     Ok(())
 }

@@ -17,7 +17,6 @@
 use anyhow::{bail, Context, Result};
 use half::{bf16, f16};
 use serde::Serialize;
-use std::io::Write;
 use zero_comm::rsmpi::collective::{CommunicatorCollectives, SystemOperation, UserOperation};
 use zero_comm::rsmpi::topology::SimpleCommunicator;
 use zero_comm::{selftest, CollectiveKind, Communicator, DType, Element, MpiComm, ReduceOp};
@@ -25,23 +24,11 @@ use zero_comm::{selftest, CollectiveKind, Communicator, DType, Element, MpiComm,
 use super::comm_args::CommArgs;
 use super::comm_device::{self, Baseline};
 use crate::device::DeviceChoice;
+use crate::logging::outln;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Op {
-    ReduceScatter,
-    AllGather,
-    AllReduce,
-}
+pub(super) use super::comm_args::Op;
 
 impl Op {
-    pub(super) fn parse(s: &str) -> Result<Op> {
-        Ok(match s.trim() {
-            "reduce_scatter" => Op::ReduceScatter,
-            "all_gather" => Op::AllGather,
-            "all_reduce" => Op::AllReduce,
-            o => bail!("unknown collective '{o}' (reduce_scatter, all_gather, all_reduce)"),
-        })
-    }
     /// The collective, as the watchdog names it.
     pub(super) fn kind(self) -> CollectiveKind {
         match self {
@@ -51,13 +38,6 @@ impl Op {
         }
     }
 
-    pub(super) fn name(self) -> &'static str {
-        match self {
-            Op::ReduceScatter => "reduce_scatter",
-            Op::AllGather => "all_gather",
-            Op::AllReduce => "all_reduce",
-        }
-    }
     /// nccl-tests' bus-bandwidth factor.
     fn bus_factor(self, n: usize) -> f64 {
         let n = n as f64;
@@ -245,17 +225,13 @@ pub(super) struct Point {
 /// The collectives of `--ops`, and the sizes from `--min-size` doubling to `--max-size`
 /// for `n` ranks and elements of `elem` bytes.
 pub(super) fn plan(args: &CommArgs, n: usize, elem: usize) -> Result<(Vec<Op>, Vec<Point>)> {
-    let ops = args
-        .ops
-        .iter()
-        .map(|o| Op::parse(o))
-        .collect::<Result<_>>()?;
+    let ops = args.ops.clone();
+    let (least, most) = args.pair_bounds()?;
     let mut points = Vec::new();
     let mut size = args.min_size.max(elem * n);
     while size <= args.max_size {
         let count = size / elem / n * n;
-        let pairs = (args.bytes_per_point / (count * elem).max(1))
-            .clamp(args.min_pairs.max(1), args.iters.max(args.min_pairs).max(1));
+        let pairs = (args.bytes_per_point / (count * elem).max(1)).clamp(least, most);
         points.push(Point {
             count,
             block: count / n,
@@ -330,10 +306,10 @@ fn sweep<T: RawMpi, C: Communicator>(
 }
 
 fn print_header(n: usize, dtype: DType) {
-    println!(
+    outln!(
         "# zero-bench micro comm: {n} ranks, {dtype}; busbw per nccl-tests; ratio = ours/raw busbw"
     );
-    println!(
+    outln!(
         "{:<15} {:>12} {:>6} {:>11} {:>10} {:>10} {:>11} {:>10} {:>7}",
         "collective",
         "size(B)",
@@ -348,7 +324,7 @@ fn print_header(n: usize, dtype: DType) {
 }
 
 pub(super) fn print_row(r: &Row) {
-    println!(
+    outln!(
         "{:<15} {:>12} {:>6} {:>11.1} {:>10.3} {:>10.3} {:>11.1} {:>10.3} {:>7.3}",
         r.op,
         r.size_bytes,
@@ -360,7 +336,6 @@ pub(super) fn print_row(r: &Row) {
         r.raw_busbw_gbs,
         r.ratio
     );
-    let _ = std::io::stdout().flush();
 }
 
 fn write_outputs(args: &CommArgs, rows: &[Row]) -> Result<()> {
@@ -384,11 +359,11 @@ fn write_outputs(args: &CommArgs, rows: &[Row]) -> Result<()> {
                 r.ratio
             ));
         }
-        std::fs::write(p, s).with_context(|| format!("writing CSV to {}", p.display()))?;
+        crate::outfile::write_text(p, &s).context("--csv")?;
     }
     if let Some(p) = &args.json {
         let s = serde_json::to_string_pretty(rows).context("serialising the table")?;
-        std::fs::write(p, s).with_context(|| format!("writing JSON to {}", p.display()))?;
+        crate::outfile::write_text(p, &(s + "\n")).context("--json")?;
     }
     Ok(())
 }
@@ -408,7 +383,7 @@ fn summarise(rows: &[Row]) {
         let geo = (big.iter().map(|r| r.ln()).sum::<f64>() / big.len() as f64).exp();
         let worst = big.iter().copied().fold(f64::INFINITY, f64::min);
         let below = big.iter().filter(|&&r| r < 0.97).count();
-        println!(
+        outln!(
             "# {:<15} from 1 MiB up: ours/raw geomean {geo:.3}, worst {worst:.3}, {below} of {} points below 0.97",
             op.name(),
             big.len()
@@ -430,7 +405,7 @@ fn self_test(comm: &MpiComm) -> Result<u64> {
         } else {
             format!("{failed} FAILED")
         };
-        println!(
+        outln!(
             "# self-test: {} cases per rank x {} ranks (every collective x every dtype, \
              blocking and non-blocking, halves in both sum modes): {verdict}",
             results.len(),
@@ -450,7 +425,7 @@ fn same_arguments_on_every_rank<C: Communicator>(comm: &C, args: &CommArgs) -> R
     };
     let a = args;
     let text = format!(
-        "{} {} {:?} {} {} {} {} {:?} {} {} {device} {:?} {}",
+        "{} {} {:?} {} {} {:?} {} {:?} {} {} {device} {:?} {}",
         a.min_size,
         a.max_size,
         a.dtype,
@@ -488,6 +463,7 @@ pub fn run(args: &CommArgs) -> Result<()> {
     )?;
     // Before MPI starts, so that a bad option is said once.
     device_options(args)?;
+    args.pair_bounds()?;
     let (ctx, comm) = zero_comm::init().context("initialising MPI")?;
     crate::logging::init(Some((comm.rank(), comm.size())));
     let world = ctx.universe().world();
@@ -497,6 +473,14 @@ pub fn run(args: &CommArgs) -> Result<()> {
         zero_comm::abort(&format!("error: {}", crate::logging::chain(&e)), 1)
     };
     same_arguments_on_every_rank(&comm, args).unwrap_or_else(|e| or_abort(e));
+    // Rank 0's --csv and --json, checked before the sweep rather than after it.
+    let outputs = [
+        ("--csv", args.csv.as_deref()),
+        ("--json", args.json.as_deref()),
+    ];
+    if let Err(f) = super::outputs::check_on_rank_0(&comm, &outputs) {
+        super::outputs::exit(f, (comm, ctx))
+    }
     if args.self_test {
         let failed = self_test(&comm).unwrap_or_else(|e| or_abort(e));
         if failed > 0 {
@@ -507,7 +491,7 @@ pub fn run(args: &CommArgs) -> Result<()> {
     if comm.rank() == 0 {
         print_header(comm.size(), args.dtype);
         if args.raw_vs_raw {
-            println!("# A/A control (--raw-vs-raw): the 'ours' columns run the raw call too");
+            outln!("# A/A control (--raw-vs-raw): the 'ours' columns run the raw call too");
         }
     }
     if args.device != DeviceChoice::Host {
@@ -521,7 +505,7 @@ pub fn run(args: &CommArgs) -> Result<()> {
     let rows = if args.tcp {
         let tcp = tcp_world(&comm).unwrap_or_else(|e| or_abort(e));
         if comm.rank() == 0 {
-            println!("# ours: the TCP world (SocketComm, a star through rank 0); raw: MPI");
+            outln!("# ours: the TCP world (SocketComm, a star through rank 0); raw: MPI");
         }
         sweep_dtype(args, &comm, &tcp, &world)
     } else {
@@ -625,7 +609,7 @@ fn device_options(args: &CommArgs) -> Result<zero_comm::CommChoice> {
 fn on_device(args: &CommArgs, comm: &MpiComm, world: &SimpleCommunicator) -> Result<Vec<Row>> {
     let choice = device_options(args)?;
     if comm.rank() == 0 {
-        println!(
+        outln!(
             "# device buffers on {} through --comm {choice}",
             args.device
         );
@@ -634,7 +618,7 @@ fn on_device(args: &CommArgs, comm: &MpiComm, world: &SimpleCommunicator) -> Res
         DeviceChoice::SimGpu => {
             let dev = zero_kernels::device::SimDevice::gpu_twin(0x5157 + comm.rank() as u64);
             if comm.rank() == 0 {
-                println!("# the simulated GPU (a test tool): its times measure nothing");
+                outln!("# the simulated GPU (a test tool): its times measure nothing");
             }
             staged(args, comm, world, &dev)
         }
@@ -653,7 +637,7 @@ fn device_sweep<D: zero_kernels::device::Device, C: Communicator>(
     baseline: &Baseline<'_>,
 ) -> Result<Vec<Row>> {
     if comm.rank() == 0 {
-        println!("# {}", baseline.describe());
+        outln!("# {}", baseline.describe());
         print_header(comm.size(), args.dtype);
     }
     match args.dtype {

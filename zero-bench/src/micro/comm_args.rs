@@ -17,16 +17,18 @@ pub struct CommArgs {
     /// Element type: f32, f64, bf16, f16, u8, i32, i64.
     #[arg(long, default_value = "f32")]
     pub dtype: DType,
-    /// Timed ours/raw call pairs per size and collective at most (fewer for large sizes,
-    /// see --bytes-per-point).
-    #[arg(long, default_value_t = 20)]
+    /// Timed ours/raw call pairs per size and collective at most (>= 1). Each point runs
+    /// --bytes-per-point / size pairs, kept within --min-pairs..=--iters: small sizes
+    /// run --iters pairs, large ones fewer, never fewer than --min-pairs.
+    #[arg(long, default_value_t = 20, value_parser = parse_pairs)]
     pub iters: usize,
     /// Untimed ours/raw pairs before each point.
     #[arg(long, default_value_t = 1)]
     pub warmup: usize,
-    /// Timed ours/raw call pairs per size and collective at least.
-    #[arg(long, default_value_t = 5)]
-    pub min_pairs: usize,
+    /// Timed ours/raw call pairs per size and collective at least, however large the
+    /// size (>= 1, and at most --iters). Default: 5, or --iters where that is fewer.
+    #[arg(long, value_parser = parse_pairs)]
+    pub min_pairs: Option<usize>,
     /// Caps the timed pairs so that each side moves about this many bytes per point.
     #[arg(long, default_value = "64MiB", value_parser = parse_size)]
     pub bytes_per_point: usize,
@@ -34,9 +36,10 @@ pub struct CommArgs {
     #[arg(
         long,
         default_value = "reduce_scatter,all_gather,all_reduce",
-        value_delimiter = ','
+        value_delimiter = ',',
+        value_parser = Op::parse
     )]
-    pub ops: Vec<String>,
+    pub ops: Vec<Op>,
     /// Check every collective on every dtype against serial answers first.
     #[arg(long)]
     pub self_test: bool,
@@ -68,6 +71,77 @@ pub struct CommArgs {
     pub json: Option<PathBuf>,
 }
 
+/// `--min-pairs` when not given (or `--iters` where that is fewer).
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+const DEFAULT_MIN_PAIRS: usize = 5;
+
+// Read by the benchmark, which a build without MPI does not have.
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+impl CommArgs {
+    /// The fewest and the most timed pairs of a point: `--min-pairs` (default
+    /// [`DEFAULT_MIN_PAIRS`], or `--iters` where that is fewer) and `--iters`. An error
+    /// when `--min-pairs` is above `--iters`.
+    pub fn pair_bounds(&self) -> anyhow::Result<(usize, usize)> {
+        let most = self.iters;
+        match self.min_pairs {
+            Some(least) if least > most => anyhow::bail!(
+                "--min-pairs {least} is above --iters {most}: --iters is the most timed pairs per point and --min-pairs the fewest; give --min-pairs <= --iters"
+            ),
+            Some(least) => Ok((least, most)),
+            None => Ok((DEFAULT_MIN_PAIRS.min(most), most)),
+        }
+    }
+}
+
+/// A collective of `--ops`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// `reduce_scatter`.
+    ReduceScatter,
+    /// `all_gather`.
+    AllGather,
+    /// `all_reduce`.
+    AllReduce,
+}
+
+impl Op {
+    /// `reduce_scatter`, `all_gather` or `all_reduce` (as the command line reads them,
+    /// before MPI starts: every rank refuses a bad name alike).
+    pub fn parse(s: &str) -> Result<Op, String> {
+        Ok(match s.trim() {
+            "reduce_scatter" => Op::ReduceScatter,
+            "all_gather" => Op::AllGather,
+            "all_reduce" => Op::AllReduce,
+            o => {
+                return Err(format!(
+                    "unknown collective '{o}' (reduce_scatter, all_gather, all_reduce)"
+                ))
+            }
+        })
+    }
+
+    /// The name `--ops` and the table use.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::ReduceScatter => "reduce_scatter",
+            Op::AllGather => "all_gather",
+            Op::AllReduce => "all_reduce",
+        }
+    }
+}
+
+/// `--iters`, `--min-pairs`: a count of timed pairs, at least 1.
+fn parse_pairs(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(0) => Err("0 pairs: give at least 1 timed pair".to_string()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!(
+            "'{s}' is not a count of pairs (a whole number >= 1)"
+        )),
+    }
+}
+
 /// `16MiB` -> 16777216.
 pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
     let t = s.trim();
@@ -89,4 +163,49 @@ pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
     };
     n.checked_mul(mult)
         .ok_or_else(|| format!("size '{s}' overflows"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{CommArgs, Op};
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        c: CommArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<CommArgs, String> {
+        Cli::try_parse_from(std::iter::once("x").chain(args.iter().copied()))
+            .map(|c| c.c)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn ops_and_pair_counts_are_checked_as_the_command_line_is_read() {
+        let a = parse(&[]).unwrap();
+        assert_eq!(a.ops, [Op::ReduceScatter, Op::AllGather, Op::AllReduce]);
+        assert_eq!(a.pair_bounds().unwrap(), (5, 20));
+        assert_eq!(
+            parse(&["--ops", "all_reduce"]).unwrap().ops,
+            [Op::AllReduce]
+        );
+        let err = parse(&["--ops", "all_reduce,foo"]).unwrap_err();
+        assert!(err.contains("unknown collective 'foo'"), "{err}");
+        for flag in ["--iters", "--min-pairs"] {
+            let err = parse(&[flag, "0"]).unwrap_err();
+            assert!(err.contains("at least 1"), "{flag}: {err}");
+        }
+        // --iters is the most, --min-pairs the fewest; the default fewest follows --iters.
+        assert_eq!(
+            parse(&["--iters", "3"]).unwrap().pair_bounds().unwrap(),
+            (3, 3)
+        );
+        let a = parse(&["--min-pairs", "2", "--iters", "5"]).unwrap();
+        assert_eq!(a.pair_bounds().unwrap(), (2, 5));
+        let a = parse(&["--min-pairs", "100", "--iters", "5"]).unwrap();
+        let err = a.pair_bounds().unwrap_err().to_string();
+        assert!(err.contains("--min-pairs 100 is above --iters 5"), "{err}");
+    }
 }

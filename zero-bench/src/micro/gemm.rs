@@ -18,6 +18,8 @@ use zero_kernels::nn::gemm_bf16::{self, Bf16Kernel};
 use zero_kernels::nn::sgemm::{sgemm, SgemmKernel};
 use zero_kernels::nn::{Gemm, MatLayout};
 
+use crate::logging::outln;
+
 /// Rounds of 24 `vdpbf16ps` in the peak measurement: 1.5 GFLOP, ~7 ms at 230 GFLOP/s.
 const PEAK_STEPS: usize = 1_000_000;
 
@@ -35,8 +37,8 @@ pub struct GemmArgs {
     #[arg(long)]
     kernels: Option<String>,
     /// Threads: `Gemm::run`'s pool, as training uses it (rows of C in bands, one per
-    /// thread; AMX threads also share one packed B).
-    #[arg(long, default_value_t = 1)]
+    /// thread; AMX threads also share one packed B), 1 to 1024.
+    #[arg(long, default_value_t = 1, value_parser = super::parse_threads)]
     threads: usize,
     /// Interleaved rounds (the median is reported).
     #[arg(long, default_value_t = 7)]
@@ -175,7 +177,6 @@ fn time(method: Method, s: &mut Shape, gemm: &Gemm, threads: usize) -> f64 {
 /// Run the benchmark.
 pub fn run(args: &GemmArgs) -> Result<()> {
     anyhow::ensure!(args.rounds > 0, "--rounds must be > 0");
-    anyhow::ensure!(args.threads > 0, "--threads must be > 0");
     // Every kernel is timed by name here, but a bad ZERO_BF16_KERNEL is still an error
     // (as in `micro model`), not a surprise in the next run.
     Bf16Kernel::from_env()?;
@@ -251,7 +252,7 @@ pub fn run(args: &GemmArgs) -> Result<()> {
             }
         }
     }
-    println!(
+    outln!(
         "bf16-operand GEMM micro-kernels vs f32 SGEMM ({f32_kernel}), {} thread(s), median of {} interleaved rounds (GFLOP/s; ratios: median of per-round ratios)",
         args.threads, args.rounds
     );
@@ -272,7 +273,7 @@ pub fn run(args: &GemmArgs) -> Result<()> {
     if peak.is_some() {
         header += &format!(" {:>12}", "avx512/peak");
     }
-    println!("{header}");
+    outln!("{header}");
     for (s, shape) in shapes.iter().enumerate() {
         let flop = 2.0 * (shape.m * shape.k * shape.n) as f64;
         let mut line = format!("{:<18}", format!("{}x{}x{}", shape.m, shape.k, shape.n));
@@ -303,10 +304,10 @@ pub fn run(args: &GemmArgs) -> Result<()> {
             let mut g: Vec<f64> = times[s][v].iter().map(|t| flop / t / 1e9).collect();
             line += &format!(" {:>12.2}", median(&mut g) / (peak * args.threads as f64));
         }
-        println!("{line}");
+        outln!("{line}");
     }
     if let Some(peak) = peak {
-        println!(
+        outln!(
             "peak: vdpbf16ps on registers (24 independent chains, no loads), one core: {peak:.1} GFLOP/s (median of the rounds); avx512/peak divides by it times --threads (a ceiling: a product too small to split runs on fewer)"
         );
     }

@@ -14,6 +14,8 @@ use zero_models::init::SplitMix64;
 use zero_models::LayeredLm;
 use zero_models::{upload_units, Gpt, Llama, ModelPreset, TokenBatch as Batch};
 
+use crate::logging::outln;
+
 /// Options of `micro model`.
 #[derive(clap::Args, Debug)]
 pub struct ModelArgs {
@@ -26,8 +28,9 @@ pub struct ModelArgs {
     /// T: sequence length (default: the preset's maximum).
     #[arg(long)]
     seq_len: Option<usize>,
-    /// GEMM threads (one MPI rank is one process; 1 is what a rank per core uses).
-    #[arg(long, default_value_t = 1)]
+    /// GEMM threads (one MPI rank is one process; 1 is what a rank per core uses), 1 to
+    /// 1024.
+    #[arg(long, default_value_t = 1, value_parser = super::parse_threads)]
     threads: usize,
     /// Timed forward+backward steps (after one warm-up step).
     #[arg(long, default_value_t = 5)]
@@ -276,7 +279,7 @@ pub fn run(args: &ModelArgs) -> anyhow::Result<()> {
         pick(model_gf) / pick(shape_gf).max(pick(square_gf))
     };
 
-    println!(
+    outln!(
         "model {} ({shape_text}, {} params), B={b} T={t}, {} thread(s), {} products, activation arena {:.1} MiB",
         args.preset,
         cfg.num_params(),
@@ -288,7 +291,7 @@ pub fn run(args: &ModelArgs) -> anyhow::Result<()> {
         },
         model.arena_bytes() as f64 / (1 << 20) as f64
     );
-    println!(
+    outln!(
         "flops/token = 6*(matmul weights) + 12*L*C*T = {:.4e}; fastest of {} steps",
         cfg.flops_per_token(t),
         args.steps
@@ -303,9 +306,9 @@ pub fn run(args: &ModelArgs) -> anyhow::Result<()> {
         } else {
             "n/a".to_string()
         };
-        println!("{label:<42} {wall:>12.prec$} {cpu:>12}");
+        outln!("{label:<42} {wall:>12.prec$} {cpu:>12}");
     };
-    println!("{:<42} {:>12} {:>12}", "measure", "wall", "cpu-time");
+    outln!("{:<42} {:>12} {:>12}", "measure", "wall", "cpu-time");
     row("step fwd+bwd (s)", best.wall, best.cpu, 4);
     row("tokens/s", tokens / best.wall, tokens / best.cpu, 0);
     row("model GFLOP/s (fwd+bwd)", model_gf.0, model_gf.1, 1);
@@ -314,6 +317,6 @@ pub fn run(args: &ModelArgs) -> anyhow::Result<()> {
     let label = format!("{gemm_name} GFLOP/s 1024x1024x1024");
     row(&label, square_gf.0, square_gf.1, 1);
     row(&format!("model / best {gemm_name}"), ratio(0), ratio(1), 3);
-    println!("loss of the batch (sanity, ~ln V at init): {loss:.4}");
+    outln!("loss of the batch (sanity, ~ln V at init): {loss:.4}");
     Ok(())
 }

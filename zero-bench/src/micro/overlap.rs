@@ -37,6 +37,8 @@ use anyhow::{anyhow, Context, Result};
 use zero_comm::rsmpi::ffi;
 use zero_comm::{Communicator, MpiComm, ReduceOp};
 
+use crate::logging::outln;
+
 /// `micro overlap` options.
 #[derive(clap::Args, Debug)]
 pub struct OverlapArgs {
@@ -395,8 +397,12 @@ pub fn run(args: &OverlapArgs) -> Result<()> {
     let layers = args.layers as u64;
     let bytes = crate::memory::product(&[layers.saturating_add(4), args.bucket as u64]);
     crate::memory::need("micro overlap's buckets", bytes)?;
-    let (_ctx, comm) = zero_comm::init().context("initialising MPI")?;
+    let (ctx, comm) = zero_comm::init().context("initialising MPI")?;
     crate::logging::init(Some((comm.rank(), comm.size())));
+    // Rank 0's --json, checked before the measurement rather than after it.
+    if let Err(f) = super::outputs::check_on_rank_0(&comm, &[("--json", args.json.as_deref())]) {
+        super::outputs::exit(f, (comm, ctx))
+    }
     let len = args.bucket / 4;
     let iters = calibrate(args.compute_ms);
     let mut s = Setup {
@@ -466,7 +472,7 @@ pub fn run(args: &OverlapArgs) -> Result<()> {
     let comm_t = e[1];
     let hidden = |exposed: f64| (1.0 - exposed / comm_t).clamp(0.0, 1.0);
     if comm.rank() == 0 {
-        println!(
+        outln!(
             "# micro overlap: {} ranks, {} layers x ({:.1} ms compute + {} bucket), median of {}",
             comm.size(),
             args.layers,
@@ -474,9 +480,12 @@ pub fn run(args: &OverlapArgs) -> Result<()> {
             zero_core::ledger::human_bytes(args.bucket as f64),
             args.reps
         );
-        println!(
+        outln!(
             "{:<12} {:>10} {:>10} {:>8}",
-            "mode", "seconds", "exposed", "hidden"
+            "mode",
+            "seconds",
+            "exposed",
+            "hidden"
         );
         for (i, name) in [
             "compute",
@@ -494,7 +503,7 @@ pub fn run(args: &OverlapArgs) -> Result<()> {
             } else {
                 "-".into()
             };
-            println!("{name:<12} {:>10.4} {:>10.4} {h:>8}", t[i], e[i]);
+            outln!("{name:<12} {:>10.4} {:>10.4} {h:>8}", t[i], e[i]);
         }
         if let Some(path) = &args.json {
             let v = serde_json::json!({
@@ -517,8 +526,8 @@ pub fn run(args: &OverlapArgs) -> Result<()> {
                     "thread_poll": hidden(e[5]),
                 },
             });
-            std::fs::write(path, serde_json::to_string_pretty(&v)?)
-                .with_context(|| format!("writing {}", path.display()))?;
+            let text = serde_json::to_string_pretty(&v)? + "\n";
+            crate::outfile::write_text(path, &text).context("--json")?;
         }
     }
     Ok(())

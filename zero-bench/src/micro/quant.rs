@@ -15,6 +15,8 @@ use zero_kernels::quant::{
 };
 use zero_kernels::{Exec, Isa};
 
+use crate::logging::outln;
+
 /// Options of `micro quant`.
 #[derive(clap::Args, Debug)]
 pub struct QuantArgs {
@@ -24,8 +26,8 @@ pub struct QuantArgs {
     /// Values per scale (the quantization block).
     #[arg(long, default_value_t = zero_kernels::quant::DEFAULT_BLOCK)]
     block: usize,
-    /// Threads per kernel call.
-    #[arg(long, default_value_t = 1)]
+    /// Threads per kernel call, 1 to 1024.
+    #[arg(long, default_value_t = 1, value_parser = super::parse_threads)]
     threads: usize,
     /// Rounds (the median is reported).
     #[arg(long, default_value_t = 7)]
@@ -62,9 +64,12 @@ pub fn run(a: &QuantArgs) -> Result<()> {
     let mut c4 = vec![0u8; code_bytes_int4(n)];
     let mut s4 = vec![0f32; scale_count(n, a.block)];
     let mut y = vec![0f32; n];
-    println!(
+    outln!(
         "micro quant: {} M values, blocks of {}, {} thread(s), median of {} rounds",
-        a.mvalues, a.block, a.threads, a.reps
+        a.mvalues,
+        a.block,
+        a.threads,
+        a.reps
     );
     for isa in Isa::available() {
         let exec = Exec::default()
@@ -93,7 +98,7 @@ pub fn run(a: &QuantArgs) -> Result<()> {
         let (tq, td, tc) = (median(tq), median(td), median(tc));
         let (tq4, td4) = (median(tq4), median(td4));
         let gv = |t: f64| n as f64 / t / 1e9;
-        println!(
+        outln!(
             "  {isa:>6}: quantize {:.2} Gvalues/s ({:.2}x copy), dequantize {:.2} Gvalues/s ({:.2}x copy), f32 copy {:.2} Gvalues/s ({:.1} GB/s)",
             gv(tq),
             tc / tq,
@@ -102,7 +107,7 @@ pub fn run(a: &QuantArgs) -> Result<()> {
             gv(tc),
             8.0 * n as f64 / tc / 1e9
         );
-        println!(
+        outln!(
             "  {:>6}  int4: quantize {:.2} Gvalues/s ({:.2}x copy), dequantize {:.2} Gvalues/s ({:.2}x copy)",
             "",
             gv(tq4),

@@ -25,6 +25,8 @@ use zero_core::{PartitionLayout, Precision, Stage};
 
 use compute::Knobs;
 
+use crate::logging::out;
+
 /// Training precision on the command line.
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum PrecisionArg {
@@ -62,8 +64,33 @@ fn parse_worlds(s: &str) -> Result<Worlds, String> {
     units::parse_world_list(s, "--gpus").map(Worlds)
 }
 
+/// The largest `--params`: 1e15 (1000 T), some 500 times the largest models trained,
+/// and where every byte count of the ledger is still an exact integer with room to spare.
+const MAX_PARAMS: u64 = 1_000_000_000_000_000;
+
 fn parse_params(s: &str) -> Result<u64, String> {
-    units::parse_positive(s, "--params")
+    let v = units::parse_positive(s, "--params")?;
+    if v > MAX_PARAMS {
+        return Err(format!(
+            "--params {s} is {v} parameters: at most 1e15 (1000T), far above any model trained (the largest have a few 1e12)"
+        ));
+    }
+    Ok(v)
+}
+
+/// The most `--units`: 100 000, hundreds of times the depth of any model trained (a
+/// unit is a layer's parameters); the ledger holds a few records per unit, so that a
+/// plan stays instant and small.
+const MAX_UNITS: usize = 100_000;
+
+fn parse_units(s: &str) -> Result<usize, String> {
+    let v = parse_positive_usize(s)?;
+    if v > MAX_UNITS {
+        return Err(format!(
+            "--units {s}: at most {MAX_UNITS} (a unit per layer; the deepest models have a few hundred)"
+        ));
+    }
+    Ok(v)
 }
 
 fn parse_usize(s: &str) -> Result<usize, String> {
@@ -104,7 +131,7 @@ fn parse_stages(s: &str) -> Result<Stages, String> {
 pub struct PlanArgs {
     /// Parameter count Ψ of a synthetic model (70e9, 7.5e9, 1.5B). It is cut into
     /// --units equal units, one per layer (units only size partition padding and the
-    /// stage-3 gather and compute buffers).
+    /// stage-3 gather and compute buffers). At most 1e15.
     #[arg(long, value_parser = parse_params, allow_negative_numbers = true, conflicts_with = "model", required_unless_present = "model")]
     pub params: Option<u64>,
     /// A model preset instead: tiny, small, gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b,
@@ -115,12 +142,15 @@ pub struct PlanArgs {
     /// --model only: activation checkpointing every K transformer blocks (blocks 0, K,
     /// 2K, ... keep only their output and recompute the rest in the backward); 0: off.
     /// The report gives the activations with it and without.
-    #[arg(long, default_value_t = 0, value_parser = parse_usize, requires = "model")]
+    // `conflicts_with = "params"`, not `requires = "model"`: clap waives a requirement
+    // on an argument that conflicts with one given (--model with --params), so `requires`
+    // let `--params 7.5e9 --checkpoint-every 2` through, the flag ignored.
+    #[arg(long, default_value_t = 0, value_parser = parse_usize, conflicts_with = "params")]
     pub checkpoint_every: usize,
     /// --params only: units of the synthetic model. Default: the depth of a transformer
     /// of that size with GPT-3's aspect ratio C = 128 L, i.e. L = (Ψ / 196608)^(1/3)
-    /// (96 for 175e9, 71 for 70e9, 34 for 7.5e9).
-    #[arg(long, value_parser = parse_positive_usize, conflicts_with = "model")]
+    /// (96 for 175e9, 71 for 70e9, 34 for 7.5e9). At most 100000.
+    #[arg(long, value_parser = parse_units, conflicts_with = "model")]
     pub units: Option<usize>,
     /// N: GPUs (data-parallel ranks); a comma-separated list prints a table over N.
     #[arg(long, value_parser = parse_worlds, allow_negative_numbers = true)]
@@ -237,6 +267,9 @@ pub struct PlanArgs {
 /// Run `zero-bench plan`.
 pub fn run(a: &PlanArgs) -> anyhow::Result<()> {
     crate::logging::init(None);
+    if let Some(path) = &a.json {
+        crate::micro::outputs::check(&[("--json", path)])?;
+    }
     if let Some(tf) = a.tflops {
         if !(tf.is_finite() && tf > 0.0) {
             bail!("--tflops must be positive, got {tf}");
@@ -302,7 +335,7 @@ pub fn run(a: &PlanArgs) -> anyhow::Result<()> {
         }
     }
     let report = report::PlanReport::new(&plan_model, &knobs, a.precision.name(), points);
-    print!("{}", report.render(a.verbose, a.tflops));
+    out!("{}", report.render(a.verbose, a.tflops));
     if let Some(path) = &a.json {
         let text = serde_json::to_string_pretty(&report).context("serialising the plan")?;
         crate::outfile::write_text(path, &(text + "\n"))?;

@@ -190,7 +190,7 @@ impl CommPlan {
             us.fold((0, 0), |(c, e), u| {
                 let unit = &layout.units[u];
                 (
-                    c + plan.shard_chunks(unit.shard_len).len() as u64,
+                    c + plan.shard_chunk_count(unit.shard_len) as u64,
                     e + unit.padded_len as u64,
                 )
             })
@@ -247,8 +247,9 @@ impl CommPlan {
             let (mut calls, mut inside, mut across) = (0, [0u64; 2], [0u64; 2]);
             for (u, unit) in layout.units.iter().enumerate() {
                 let times = if plan.grads_sharded { uses(u) * a } else { 1 };
-                for c in plan.shard_chunks(unit.shard_len) {
-                    let c = c.len();
+                // Chunks of one length at a time (counted, never built).
+                for (c, count) in plan.shard_chunk_lens(unit.shard_len) {
+                    let times = times * count as u64;
                     calls += times;
                     let bits = plan.inputs.grad_quant_bits;
                     inside[0] += times * (l * grad_code_bytes(m * c, bits)) as u64;
@@ -275,7 +276,7 @@ impl CommPlan {
                         if w == g {
                             1
                         } else {
-                            plan.full_chunks(u.padded_len).len() as u64
+                            plan.full_chunk_count(u.padded_len) as u64
                         }
                     })
                     .sum();

@@ -794,3 +794,119 @@ fn stage_3_saves_at_least_half_the_model_state_saving_on_a_table_heavy_shape() {
         }
     }
 }
+
+/// The gradient lines of `CommPlan::new` (which counts chunks arithmetically) against
+/// the same traffic summed over the chunk ranges themselves, on shapes whose shards end
+/// in a short chunk and on ones that do not, with and without qgZ, on one node and two.
+#[test]
+fn chunk_counts_equal_the_built_chunks() {
+    let mut checked = [0usize; 2];
+    for (spec, align) in [
+        (tied_spec(65, 16, 3, 8), 4),
+        (chain(&[1000, 37, 4096, 5]), 1),
+    ] {
+        for (world, rpn) in [(2, 1), (4, 1), (4, 2), (3, 3)] {
+            let layout = PartitionLayout::new(&spec, world, align).unwrap();
+            for bucket_elems in [world, 7 * world, 1000, 1 << 20] {
+                for quant in [None, Some(16)] {
+                    for bits in [8, 4] {
+                        for mut inp in all_inputs() {
+                            inp.bucket_elems = bucket_elems;
+                            inp.ranks_per_node = rpn;
+                            inp.grad_quant_block = quant;
+                            inp.grad_quant_bits = bits;
+                            let Ok(plan) = BufferPlan::new(&spec, &layout, &inp, 0) else {
+                                continue;
+                            };
+                            let a = 3;
+                            let comm = CommPlan::new(&layout, &plan, a);
+                            let grads: Vec<_> = comm
+                                .lines
+                                .iter()
+                                .filter(|l| l.purpose == CommPurpose::Grads)
+                                .map(|l| (l.collective, l.group, l.calls, l.elems))
+                                .collect();
+                            let want = reference_grad_lines(&layout, &plan, a as u64);
+                            assert_eq!(grads, want, "N={world} L={rpn} {inp:?}");
+                            checked[usize::from(quant.is_some())] += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked[0] > 100 && checked[1] > 100, "{checked:?}");
+}
+
+/// The gradient traffic of a step, chunk range by chunk range (`shard_chunks`,
+/// `full_chunks`): what `CommPlan::new` computed before it counted them.
+fn reference_grad_lines(
+    layout: &PartitionLayout,
+    plan: &BufferPlan,
+    a: u64,
+) -> Vec<(Collective, Group, u64, u64)> {
+    use crate::plan::grad_code_bytes;
+    use zero_kernels::quant::scale_count;
+    let inp = &plan.inputs;
+    let (w, g) = (inp.reduce_dtype, inp.grad_dtype);
+    let times = |u: usize| -> u64 {
+        if plan.grads_sharded {
+            plan.uses[u].len().max(1) as u64 * a
+        } else {
+            1
+        }
+    };
+    let mut out = Vec::new();
+    if inp.stage == Stage::Zero0 {
+        let calls = layout
+            .units
+            .iter()
+            .map(|u| {
+                if w == g {
+                    1
+                } else {
+                    plan.full_chunks(u.padded_len).len() as u64
+                }
+            })
+            .sum();
+        out.push((
+            Collective::AllReduce,
+            Group::World,
+            calls,
+            layout.padded_numel() as u64,
+        ));
+        return out;
+    }
+    let (mut calls, mut elems) = (0, 0);
+    let (l, m) = (
+        inp.ranks_per_node.max(1),
+        layout.world / inp.ranks_per_node.max(1),
+    );
+    let (mut inside, mut across) = ([0u64; 2], [0u64; 2]);
+    for (u, unit) in layout.units.iter().enumerate() {
+        let chunks = plan.shard_chunks(unit.shard_len);
+        calls += times(u) * chunks.len() as u64;
+        elems += times(u) * unit.padded_len as u64;
+        if let Some(block) = inp.grad_quant_block {
+            for c in chunks {
+                let (c, t, bits) = (c.len(), times(u), inp.grad_quant_bits);
+                inside[0] += t * (l * grad_code_bytes(m * c, bits)) as u64;
+                inside[1] += t * (l * scale_count(m * c, block)) as u64;
+                across[0] += t * (m * grad_code_bytes(c, bits)) as u64;
+                across[1] += t * (m * scale_count(c, block)) as u64;
+            }
+        }
+    }
+    if inp.grad_quant_block.is_none() {
+        out.push((Collective::ReduceScatter, Group::World, calls, elems));
+        return out;
+    }
+    for (group, ranks, [codes, scales]) in [(Group::Node, l, inside), (Group::Cross, m, across)] {
+        if ranks > 1 {
+            out.push((Collective::AllToAll, group, calls, codes));
+            out.push((Collective::AllToAll, group, calls, scales));
+        }
+    }
+    out.retain(|x| x.3 > 0);
+    out
+}

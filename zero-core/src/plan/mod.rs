@@ -532,9 +532,15 @@ impl BufferPlan {
         let mut secondary = vec![None; layout.units.len()];
         if let (Some(g), true) = (&gather, inputs.hierarchical_weights) {
             // Like the gather slots, it holds the units' padding too (counted as its own).
+            // Marked in one pass over the schedule (not a scan of it per unit: a plan of
+            // 1e5 units stays linear).
+            let mut in_backward = vec![false; layout.units.len()];
+            for &u in g.backward.iter().flat_map(|s| &s.gather) {
+                in_backward[u] = true;
+            }
             let mut at = 0;
             for (u, unit) in layout.units.iter().enumerate() {
-                if g.backward.iter().any(|s| s.gather.contains(&u)) {
+                if in_backward[u] {
                     let part = unit.padded_len / l;
                     secondary[u] = Some(at..at + part);
                     at += part;
@@ -710,6 +716,25 @@ impl BufferPlan {
         split(padded_len, self.bucket_len)
     }
 
+    /// `shard_chunks(shard_len).len()`, counted without building the ranges (a plan of
+    /// 1e15 parameters has billions of them; `zero-bench plan` allocates nothing).
+    pub fn shard_chunk_count(&self, shard_len: usize) -> usize {
+        split_count(shard_len, self.piece_len)
+    }
+
+    /// `full_chunks(padded_len).len()`, counted without building the ranges.
+    pub fn full_chunk_count(&self, padded_len: usize) -> usize {
+        split_count(padded_len, self.bucket_len)
+    }
+
+    /// The lengths of `shard_chunks(shard_len)` with how many chunks have each, without
+    /// building the ranges: `(piece_len, shard_len / piece_len)` for the whole chunks,
+    /// then `(shard_len % piece_len, 1)` for a shorter last one (pairs with a count of 0
+    /// left out).
+    pub fn shard_chunk_lens(&self, shard_len: usize) -> impl Iterator<Item = (usize, usize)> {
+        split_lens(shard_len, self.piece_len)
+    }
+
     /// Where each unit of `layer` sits in the ParamWindow (`skip_accumulated = false`)
     /// or the GradWindow (`skip_accumulated = self.grads_sharded`: units with an
     /// accumulator then live in their TiedGrad buffer instead).
@@ -848,9 +873,26 @@ pub fn grad_quant_scales(l: usize, m: usize, c: usize, block: usize) -> usize {
 /// `0..len` cut into consecutive ranges of at most `step` (none when `len == 0`).
 fn split(len: usize, step: usize) -> Vec<Range<usize>> {
     let step = step.max(1);
-    (0..len.div_ceil(step))
+    (0..split_count(len, step))
         .map(|k| k * step..((k + 1) * step).min(len))
         .collect()
+}
+
+/// `split(len, step).len()`, without the ranges.
+fn split_count(len: usize, step: usize) -> usize {
+    len.div_ceil(step.max(1))
+}
+
+/// The range lengths of `split(len, step)`, each with how many ranges have it (those
+/// with none left out), without the ranges.
+fn split_lens(len: usize, step: usize) -> impl Iterator<Item = (usize, usize)> {
+    let step = step.max(1);
+    [
+        (step, len / step),
+        (len % step, usize::from(!len.is_multiple_of(step))),
+    ]
+    .into_iter()
+    .filter(|&(_, count)| count > 0)
 }
 
 /// A layer's distinct units (first occurrence order) at consecutive offsets of their
@@ -881,5 +923,39 @@ fn scratch(role: BufferRole, category: MemCategory, dtype: DType, len: usize) ->
         len,
         padding: 0,
         extent: Extent::Scratch,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{split, split_count, split_lens};
+
+    #[test]
+    fn chunks_are_counted_as_they_would_be_built() {
+        for len in (0..200).chain([1 << 20, (1 << 20) + 1, 3 * 4096 - 1, 1_000_003]) {
+            for step in [0, 1, 2, 3, 7, 64, 100, 199, 200, 201, 4096, 1 << 22] {
+                let built = split(len, step);
+                assert_eq!(split_count(len, step), built.len(), "len {len} step {step}");
+                // The lengths with their counts: the built ranges, grouped.
+                let mut grouped: Vec<(usize, usize)> = Vec::new();
+                for r in &built {
+                    match grouped.last_mut() {
+                        Some((l, c)) if *l == r.len() => *c += 1,
+                        _ => grouped.push((r.len(), 1)),
+                    }
+                }
+                assert_eq!(
+                    split_lens(len, step).collect::<Vec<_>>(),
+                    grouped,
+                    "len {len} step {step}"
+                );
+            }
+        }
+        // What the built Vec could not hold: 1e15 elements in chunks of 4Mi.
+        let len = 1_000_000_000_000_000;
+        assert_eq!(split_count(len, 1 << 22), 238_418_580);
+        let lens: Vec<_> = split_lens(len, 1 << 22).collect();
+        assert_eq!(lens, [(1 << 22, 238_418_579), (len % (1 << 22), 1)]);
+        assert_eq!(split_count(usize::MAX, 1), usize::MAX);
     }
 }
