@@ -374,7 +374,7 @@ fn bad_sweeps_are_refused_with_a_message() {
     std::fs::create_dir_all(&empty).unwrap_or_else(|e| panic!("{e}"));
     // Refused before anything is created.
     let never = dir.join("never").display().to_string();
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 8] = [
         (
             &["sweep", "collect", &empty.display().to_string()],
             "no result files",
@@ -401,6 +401,44 @@ fn bad_sweeps_are_refused_with_a_message() {
                 "sweep", "run", "--ranks", "1", "--stages", "0,4", "--out", &never,
             ],
             "ZeRO stages are 0, 1, 2 and 3",
+        ),
+        // A value listed twice would run its job twice over the same files.
+        (
+            &["sweep", "run", "--ranks", "1,1", "--out", &never],
+            "--ranks 1,1 lists the world size 1 twice: each value runs once, and a repeat \
+             would run the same job again over the same files; give each world size once",
+        ),
+        (
+            &[
+                "sweep",
+                "run",
+                "--ranks",
+                "1",
+                "--models",
+                "tiny,small,tiny",
+                "--out",
+                &never,
+            ],
+            "--models tiny,small,tiny lists the model tiny twice",
+        ),
+        (
+            &[
+                "sweep",
+                "run",
+                "--ranks",
+                "1",
+                "--grad-accum",
+                "2,2",
+                "--out",
+                &never,
+            ],
+            "--grad-accum 2,2 lists the accumulation 2 twice",
+        ),
+        (
+            &[
+                "sweep", "run", "--ranks", "1", "--stages", "0,3,0", "--out", &never,
+            ],
+            "--stages 0,3,0 lists the stage 0 twice",
         ),
     ];
     for (i, (args, msg)) in cases.iter().enumerate() {
@@ -439,4 +477,78 @@ fn bad_sweeps_are_refused_with_a_message() {
         "{}",
         ran.output
     );
+}
+
+/// A configuration's `train.metrics_file` is the user's file: the sweep's jobs leave it
+/// as it was, each writing its own step lines beside its result.
+#[test]
+fn sweep_run_leaves_the_configurations_metrics_file_alone() {
+    let dir = scratch("metrics");
+    let precious = dir.join("precious.jsonl");
+    let kept = "{\"the user's\": \"earlier metrics\"}\n";
+    std::fs::write(&precious, kept).unwrap_or_else(|e| panic!("{e}"));
+    let tiny = std::fs::read_to_string(repo().join("configs/tiny.toml"))
+        .unwrap_or_else(|e| panic!("configs/tiny.toml: {e}"));
+    let with = tiny.replacen(
+        "[train]\n",
+        &format!("[train]\nmetrics_file = \"{}\"\n", precious.display()),
+        1,
+    );
+    assert_ne!(with, tiny, "configs/tiny.toml has no [train] section");
+    let config = dir.join("tm.toml");
+    std::fs::write(&config, with).unwrap_or_else(|e| panic!("{e}"));
+    let out = dir.join("sw5");
+    // One rank per job, started without mpirun: two points, two jobs.
+    let ran = zero_bench_run(
+        &[
+            "sweep",
+            "run",
+            "--ranks",
+            "1",
+            "--grad-accum",
+            "1,2",
+            "--stages",
+            "0",
+            "--config",
+            &config.display().to_string(),
+            "--steps",
+            "2",
+            "--launcher",
+            "env X={n}",
+            "--out",
+            &out.display().to_string(),
+        ],
+        &dir.join("sweep.log"),
+        Duration::from_secs(120),
+    );
+    assert_eq!(ran.code, Some(0), "{}", ran.output);
+    assert_eq!(
+        std::fs::read_to_string(&precious).unwrap_or_else(|e| panic!("{e}")),
+        kept,
+        "the sweep's jobs wrote over the configuration's metrics file\n{}",
+        ran.output
+    );
+    assert!(
+        ran.output
+            .contains("is left as it is: each point's job writes its steps to"),
+        "{}",
+        ran.output
+    );
+    for a in [1, 2] {
+        let path = out.join(format!("n1_v64-t16-l2-h2-c32_fp32_a{a}.metrics.jsonl"));
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{}: {e}\n{}", path.display(), ran.output));
+        let steps: Vec<u64> = text
+            .lines()
+            .map(|l| {
+                let v: Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}"));
+                v["step"]
+                    .as_u64()
+                    .unwrap_or_else(|| panic!("no step in {l}"))
+            })
+            .collect();
+        assert_eq!(steps, [1, 2], "{}", path.display());
+    }
+    // The table has both points (the metrics files are not taken for results).
+    assert_eq!(read_json(&out.join("sweep.json")).len(), 2);
 }

@@ -36,6 +36,7 @@ use zero_models::LayeredLm;
 use zero_models::{upload_units, Gpt, Llama, ModelPreset, TokenBatch};
 
 use crate::config::{load, Config};
+use crate::logging::{out, outln};
 use crate::sweep::launch::{launcher_words, run_logged, Interrupted};
 use crate::train::budget;
 
@@ -213,6 +214,12 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
     if n == 0 {
         bail!("--world 0: tune for at least 1 rank");
     }
+    // Every candidate's memory plan is made for N ranks (as `plan` and `train --dry-run`
+    // make theirs); past this, tune would only multiply its way into nonsense.
+    let most = crate::plan::units::MAX_RANKS;
+    if n as u64 > most {
+        bail!("--world {n}: tune plans for at most {most} ranks; give the world size of the job you will run");
+    }
     if args.top == 0 || args.steps < 2 || args.rounds == 0 {
         bail!("--top must be >= 1, --steps >= 2 (the first is warm-up), --rounds >= 1");
     }
@@ -220,9 +227,10 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
     let loaded = load(args.config.as_deref(), &args.set)?;
     let base = loaded.config;
     let t = &base.train;
-    let global = args
-        .global_batch
-        .unwrap_or(n * t.grad_accum * t.micro_batch);
+    let global = match args.global_batch {
+        Some(g) => g,
+        None => global_batch_of(n, t.grad_accum, t.micro_batch)?,
+    };
     if global == 0 || !global.is_multiple_of(n) {
         bail!("--global-batch {global} is not a positive multiple of the world size {n}: every rank takes the same number of sequences");
     }
@@ -247,14 +255,14 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
     };
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;
-    println!(
+    outln!(
         "tune: N = {n}, global batch {global} sequences ({per_rank} per rank), budget {} per rank ({})",
         human_bytes(budget.bytes as f64),
         budget.source
     );
 
     // 1-2. Candidates that fit.
-    let mut cands = enumerate(&base, n, per_rank)?;
+    let mut cands = enumerate(&base, per_rank)?;
     let total = cands.len();
     let mut fitting = Vec::new();
     for mut c in cands.drain(..) {
@@ -268,7 +276,7 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
         .iter()
         .filter(|(c, _)| c.plan_bytes <= budget.bytes)
         .count();
-    println!("{total} candidates, {fits} fit the budget");
+    outln!("{total} candidates, {fits} fit the budget");
     if fits == 0 {
         bail!(
             "no candidate fits {} per rank: use more ranks, a smaller model, or more memory",
@@ -278,7 +286,7 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
 
     // 3. Predictions.
     let rates = measure_rates(args, &base, &fitting)?;
-    println!(
+    outln!(
         "measured here: {}, AdamW {:.2} ns/param, compute x{:.1} for {} rank(s) on {} core(s); forward+backward: {}",
         link_text(rates.link),
         rates.adam_s_per_param * 1e9,
@@ -350,6 +358,17 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
     }
     let program = std::env::current_exe().context("finding the zero-bench binary")?;
     let timeout = Duration::from_secs(args.timeout);
+    // A metrics file the configuration names is the user's: every run here would
+    // truncate it and write its own steps, each over the one before. Each run writes its
+    // steps to a file of its own in --out instead (kept rather than dropped: the user
+    // asked for the step lines, and a failed or slow candidate's are worth reading).
+    let own_metrics = base.train.metrics_file.is_some();
+    if let Some(m) = &base.train.metrics_file {
+        eprintln!(
+            "[tune] train.metrics_file {m:?} is left as it is: each run writes its steps to {}",
+            run_metrics(&args.out.join("run-<i>-round-<r>.json")).display()
+        );
+    }
     for round in 0..args.rounds {
         for &i in &chosen {
             if cands[i].failed.is_some() {
@@ -365,6 +384,13 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
             }
             for s in args.set.iter().cloned().chain(c.overrides()) {
                 words.extend(["--set".into(), s]);
+            }
+            if own_metrics {
+                // train's --metrics comes after (and so over) every --set and the file.
+                words.extend([
+                    "--metrics".into(),
+                    run_metrics(&report).display().to_string(),
+                ]);
             }
             words.extend([
                 "--steps".into(),
@@ -409,7 +435,7 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
     let measured: Vec<&Candidate> = chosen.iter().map(|&i| &cands[i]).collect();
     let conc = concordance(&measured);
     let table = render(&measured, &conc);
-    print!("{table}");
+    out!("{table}");
     let (alpha_s, beta_bytes_per_s) = rates.link.unzip();
     let mut json = serde_json::json!({
         "world": n, "global_batch": global, "budget_bytes": budget.bytes,
@@ -456,10 +482,22 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
             measured.len()
         );
     }
-    let best_cfg = best.apply(&base);
+    let mut best_cfg = best.apply(&base);
+    // best.toml is a set-up to train with, not a record of the runs here: the given
+    // configuration's metrics file is left out (named in a comment), or the next run
+    // with best.toml would overwrite whatever that file holds by then, as tune's runs
+    // would have without their own files. The run started from it names its own.
+    let metrics_note = match best_cfg.train.metrics_file.take() {
+        Some(m) => format!(
+            "# train.metrics_file ({} in the given configuration) is left out, so that no \
+             earlier metrics are overwritten: give the run its own with --metrics FILE\n",
+            toml::Value::String(m)
+        ),
+        None => String::new(),
+    };
     let toml_path = args.out.join("best.toml");
     let text = format!(
-        "# Chosen by zero-bench tune for N = {n}, {global} sequences per step, {} per rank:\n# {} (measured {:.2} ms per step)\n{}",
+        "# Chosen by zero-bench tune for N = {n}, {global} sequences per step, {} per rank:\n# {} (measured {:.2} ms per step)\n{metrics_note}{}",
         human_bytes(budget.bytes as f64),
         best.label(),
         best.measured().unwrap_or(f64::NAN) * 1e3,
@@ -469,7 +507,7 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
     json["best"] = best.label().into();
     write_json(&json)?;
     if let Some(given) = measured.iter().find(|c| c.given && c.measured().is_some()) {
-        println!(
+        outln!(
             "chosen: {} at {:.2} ms per step; the configuration as given ({}) {:.2} ms: {:.2}x",
             best.label(),
             best.measured().unwrap_or(f64::NAN) * 1e3,
@@ -478,13 +516,35 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
             given.measured().unwrap_or(f64::NAN) / best.measured().unwrap_or(f64::NAN)
         );
     }
-    println!("written: {} {}", toml_path.display(), json_path.display());
+    outln!("written: {} {}", toml_path.display(), json_path.display());
     Ok(())
+}
+
+/// The global batch the configuration gives N ranks, N x A x B sequences, or an error
+/// naming the product that does not fit and what to lower.
+fn global_batch_of(n: usize, grad_accum: usize, micro_batch: usize) -> anyhow::Result<usize> {
+    n.checked_mul(grad_accum)
+        .and_then(|x| x.checked_mul(micro_batch))
+        .ok_or_else(|| {
+            anyhow!(
+                "the global batch --world x train.grad_accum x train.micro_batch = {n} x \
+                 {grad_accum} x {micro_batch} is more than {} sequences: lower \
+                 train.micro_batch or train.grad_accum (--set train.micro_batch=B), or give \
+                 --global-batch",
+                usize::MAX
+            )
+        })
+}
+
+/// Where a run whose report is `report` (`run-<i>-round-<r>.json`) writes its step
+/// metrics: `run-<i>-round-<r>.metrics.jsonl` beside it.
+fn run_metrics(report: &Path) -> PathBuf {
+    report.with_extension("metrics.jsonl")
 }
 
 /// Every candidate: stages x micro-batches dividing `per_rank` x buckets x (stage 3)
 /// prefetch and persistence; the configuration as given is marked.
-fn enumerate(base: &Config, n: usize, per_rank: usize) -> anyhow::Result<Vec<Candidate>> {
+fn enumerate(base: &Config, per_rank: usize) -> anyhow::Result<Vec<Candidate>> {
     let micro: Vec<usize> = (1..=per_rank.min(64))
         .filter(|&b| per_rank.is_multiple_of(b))
         .collect();
@@ -531,7 +591,8 @@ fn enumerate(base: &Config, n: usize, per_rank: usize) -> anyhow::Result<Vec<Can
         measured_s: Vec::new(),
         failed: None,
     };
-    if given.micro_batch * given.grad_accum * n == per_rank * n {
+    // (Checked: with --global-batch, the configuration's A x B need not fit a usize.)
+    if given.micro_batch.checked_mul(given.grad_accum) == Some(per_rank) {
         // The same point may be among the enumerated ones: mark it instead of adding it.
         match out.iter_mut().find(|c| {
             (
@@ -990,6 +1051,32 @@ mod tests {
         assert!(text.contains("for 0 of 0 pairs"), "{text}");
         let none = render(&[&f], &concordance(&[&f]));
         assert!(none.contains("no candidate ran successfully"), "{none}");
+    }
+
+    #[test]
+    fn a_global_batch_past_usize_is_an_error_naming_the_product_not_a_wrapped_number() {
+        assert_eq!(global_batch_of(4, 2, 3).unwrap(), 24);
+        let e = global_batch_of(1_000_000, 1, 100_000_000_000_000)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            format!(
+                "the global batch --world x train.grad_accum x train.micro_batch = 1000000 x 1 \
+                 x 100000000000000 is more than {} sequences: lower train.micro_batch or \
+                 train.grad_accum (--set train.micro_batch=B), or give --global-batch",
+                usize::MAX
+            )
+        );
+        // The first product alone may overflow too.
+        assert!(global_batch_of(usize::MAX, 2, 1).is_err());
+        // With --global-batch, a configuration whose A x B overflows is not the given
+        // point (rather than wrapping into a match or panicking).
+        let mut base = Config::default();
+        base.train.micro_batch = usize::MAX / 2;
+        base.train.grad_accum = 4;
+        let c = enumerate(&base, 8).unwrap();
+        assert!(!c.is_empty() && c.iter().all(|c| !c.given));
     }
 
     #[test]

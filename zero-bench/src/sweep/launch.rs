@@ -29,6 +29,10 @@ pub struct Job<'a> {
     pub dir: &'a Path,
     /// Kill a job that runs longer than this.
     pub timeout: Duration,
+    /// Give each job a metrics file of its own beside its result ([`Job::metrics_path`]),
+    /// over the configuration's `train.metrics_file` (which every job would otherwise
+    /// overwrite in turn).
+    pub own_metrics: bool,
 }
 
 /// The launcher's words for world size `n`.
@@ -454,9 +458,20 @@ impl Job<'_> {
         words.push("train".into());
         words.extend(self.train_args.iter().cloned());
         words.extend(point.train_flags());
+        if self.own_metrics {
+            // train's --metrics comes after (and so over) every --set and the file.
+            words.push("--metrics".into());
+            words.push(self.metrics_path(point).display().to_string());
+        }
         words.push("--json".into());
         words.push(self.result_path(point).display().to_string());
         Ok(words)
+    }
+
+    /// Where `point`'s job writes its step metrics ([`Job::own_metrics`]):
+    /// `<point>.metrics.jsonl` beside its result (`sweep collect` reads `.json` only).
+    pub fn metrics_path(&self, point: &Point) -> PathBuf {
+        self.result_path(point).with_extension("metrics.jsonl")
     }
 
     /// Where `point`'s result goes.
@@ -679,6 +694,7 @@ mpirun detected that one or more processes exited with non-zero status
             train_args: &args,
             dir: Path::new("/out"),
             timeout: Duration::from_secs(1),
+            own_metrics: false,
         };
         let p = Point {
             n: 4,
@@ -694,6 +710,16 @@ mpirun detected that one or more processes exited with non-zero status
             job.command_line(&p).unwrap().join(" "),
             "srun --mpi=pmix -n 4 /bin/zb train --config c.toml --model tiny --grad-accum 2 \
              --json /out/n4_tiny_bf16_a2.json"
+        );
+        // A configuration with a metrics file: each point writes its own beside its result.
+        let own = Job {
+            own_metrics: true,
+            ..job
+        };
+        assert_eq!(
+            own.command_line(&p).unwrap().join(" "),
+            "srun --mpi=pmix -n 4 /bin/zb train --config c.toml --model tiny --grad-accum 2 \
+             --metrics /out/n4_tiny_bf16_a2.metrics.jsonl --json /out/n4_tiny_bf16_a2.json"
         );
         assert!(launcher_words("mpirun -n 4", 4).is_err());
         assert_eq!(

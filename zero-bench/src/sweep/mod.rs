@@ -22,6 +22,7 @@ use anyhow::{bail, Context as _};
 use clap::{Args, Subcommand};
 
 use crate::config::load;
+use crate::logging::{out, outln};
 use point::Resolved;
 use table::Row;
 
@@ -151,7 +152,7 @@ pub fn run(cmd: SweepCommand) -> anyhow::Result<()> {
         }
         SweepCommand::Resolve(args) => {
             let r = Resolved::of(&load(args.config.as_deref(), &args.set)?.config)?;
-            println!("{} {} {}", r.model, r.precision, r.grad_accum);
+            outln!("{} {} {}", r.model, r.precision, r.grad_accum);
             Ok(())
         }
     }
@@ -164,8 +165,11 @@ fn run_sweep(args: &RunArgs) -> anyhow::Result<()> {
     if args.stages.is_empty() {
         bail!("--stages is empty: give the stages each job runs, e.g. --stages 0,1,2,3");
     }
+    // A stage listed twice would run twice in every job, two rows of one (N, stage).
+    point::no_repeats(&args.stages, "--stages", "stage")?;
+    let config = load(args.config.as_deref(), &args.set)?.config;
     // What the configuration leaves to itself, named by its values in files and plots.
-    let resolved = Resolved::of(&load(args.config.as_deref(), &args.set)?.config)?;
+    let resolved = Resolved::of(&config)?;
     let points = point::matrix(
         &args.ranks,
         &args.models,
@@ -198,7 +202,17 @@ fn run_sweep(args: &RunArgs) -> anyhow::Result<()> {
         train_args: &train_args,
         dir: &args.out,
         timeout: Duration::from_secs(args.timeout),
+        // The configuration's metrics file is the user's: every job would truncate it
+        // and write its own steps over the one before. Each job writes its own beside
+        // its result instead (kept, not dropped: the user asked for the step lines).
+        own_metrics: config.train.metrics_file.is_some(),
     };
+    if let Some(m) = &config.train.metrics_file {
+        eprintln!(
+            "[sweep] train.metrics_file {m:?} is left as it is: each point's job writes its steps to {}",
+            args.out.join("<point>.metrics.jsonl").display()
+        );
+    }
     let (mut done, mut failed) = (Vec::new(), Vec::new());
     for (i, p) in points.iter().enumerate() {
         eprintln!("[sweep {}/{}] {p}", i + 1, points.len());
@@ -255,9 +269,9 @@ fn write_outputs(rows: &[Row], out: &Path) -> anyhow::Result<()> {
     let text = serde_json::to_string_pretty(rows).context("serialising the sweep table")?;
     crate::outfile::write_text(&json, &text)?;
     let plots = plot::write_all(rows, out)?;
-    print!("{}", table::text(rows));
-    println!("table: {} {}", csv.display(), json.display());
+    out!("{}", table::text(rows));
+    outln!("table: {} {}", csv.display(), json.display());
     let names: Vec<String> = plots.iter().map(|p| p.display().to_string()).collect();
-    println!("plots: {}", names.join(" "));
+    outln!("plots: {}", names.join(" "));
     Ok(())
 }

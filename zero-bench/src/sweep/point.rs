@@ -191,6 +191,27 @@ impl fmt::Display for Point {
     }
 }
 
+/// Refuse a list (`flag`'s) that names a value twice, naming it and the list: checked
+/// before anything starts, since a repeated point's job would run again over the same
+/// result file and log (and a repeated stage would run twice in every job).
+pub fn no_repeats<T: PartialEq + fmt::Display>(
+    list: &[T],
+    flag: &str,
+    what: &str,
+) -> anyhow::Result<()> {
+    for (i, v) in list.iter().enumerate() {
+        if list[..i].contains(v) {
+            let given: Vec<String> = list.iter().map(ToString::to_string).collect();
+            bail!(
+                "{flag} {} lists the {what} {v} twice: each value runs once, and a repeat would \
+                 run the same job again over the same files; give each {what} once",
+                given.join(",")
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Every point of the matrix ranks x models x precisions x accumulations, in that nesting
 /// order (N outermost); an empty list stands for the configuration's value, `resolved`.
 pub fn matrix(
@@ -209,6 +230,12 @@ pub fn matrix(
     if let Some(a) = grad_accums.iter().find(|&&a| a == 0) {
         bail!("--grad-accum contains {a}: accumulation starts at 1");
     }
+    // A value listed twice is the same point twice: its job would run again, over the
+    // first one's result file and log.
+    no_repeats(ranks, "--ranks", "world size")?;
+    no_repeats(models, "--models", "model")?;
+    no_repeats(precisions, "--precisions", "precision")?;
+    no_repeats(grad_accums, "--grad-accum", "accumulation")?;
     let labels = |v: &[String], what: &str| -> anyhow::Result<Vec<String>> {
         for s in v {
             if s.is_empty() || s.contains(['_', '/', ' ']) || s == FROM_CONFIG {
@@ -330,6 +357,38 @@ mod tests {
         assert!(matrix(&[0], &[], &[], &[], &r).is_err());
         assert!(matrix(&[1], &["a_b".into()], &[], &[], &r).is_err());
         assert!(matrix(&[1], &[], &[], &[0], &r).is_err());
+    }
+
+    #[test]
+    fn a_value_listed_twice_is_refused_naming_it() {
+        let r = resolved();
+        let e = |res: anyhow::Result<Vec<Point>>| res.unwrap_err().to_string();
+        assert_eq!(
+            e(matrix(&[1, 1], &[], &[], &[], &r)),
+            "--ranks 1,1 lists the world size 1 twice: each value runs once, and a repeat \
+             would run the same job again over the same files; give each world size once"
+        );
+        assert!(e(matrix(&[1, 2, 4, 2], &[], &[], &[], &r))
+            .starts_with("--ranks 1,2,4,2 lists the world size 2 twice"));
+        let m = e(matrix(&[1], &["tiny".into(), "tiny".into()], &[], &[], &r));
+        assert!(
+            m.starts_with("--models tiny,tiny lists the model tiny twice"),
+            "{m}"
+        );
+        let p = e(matrix(&[1], &[], &["bf16".into(), "bf16".into()], &[], &r));
+        assert!(
+            p.starts_with("--precisions bf16,bf16 lists the precision bf16 twice"),
+            "{p}"
+        );
+        let a = e(matrix(&[1], &[], &[], &[2, 1, 2], &r));
+        assert!(
+            a.starts_with("--grad-accum 2,1,2 lists the accumulation 2 twice"),
+            "{a}"
+        );
+        assert!(no_repeats(&[0u8, 3, 0], "--stages", "stage").is_err());
+        assert!(no_repeats(&[0u8, 1, 2, 3], "--stages", "stage").is_ok());
+        // Distinct values still make every point.
+        assert_eq!(matrix(&[1, 2], &[], &[], &[1, 2], &r).unwrap().len(), 4);
     }
 
     #[test]

@@ -1,0 +1,179 @@
+//! `zero-bench tune` as users run it, one rank on this machine (`--launcher "env X={n}"`:
+//! each measured run is a plain `zero-bench train`, no mpirun, so these take seconds).
+//!
+//! Checked: a configuration's `train.metrics_file` is the user's file, which tune's runs
+//! leave as it was (each writes its own step lines into `--out`) and which the chosen
+//! `best.toml` does not name; a world size or global batch past what tune can count is
+//! refused with what to lower, not wrapped into a number nobody typed.
+//!
+//! The binary is `zero-bench` next to this test's `deps/` directory; build it first with
+//! `cargo build -p zero-bench --release` (scripts/test.sh does).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use zero_tests::cli::{read_lines, repo, s};
+use zero_tests::zero_bench_bin;
+
+/// A fresh, empty directory for one test.
+fn scratch(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("tune-{name}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create the test's scratch directory");
+    dir
+}
+
+/// `zero-bench args...` in `dir`.
+fn zero_bench(dir: &Path, args: &[&str]) -> Output {
+    Command::new(zero_bench_bin())
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .expect("zero-bench runs")
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// configs/tiny.toml with `metrics_file = "<metrics>"` in its `[train]`.
+fn config_with_metrics(dir: &Path, metrics: &Path) -> PathBuf {
+    let tiny = std::fs::read_to_string(repo("configs/tiny.toml")).expect("configs/tiny.toml");
+    let with = tiny.replacen(
+        "[train]\n",
+        &format!("[train]\nmetrics_file = \"{}\"\n", metrics.display()),
+        1,
+    );
+    assert_ne!(with, tiny, "configs/tiny.toml has no [train] section");
+    let path = dir.join("tm.toml");
+    std::fs::write(&path, with).expect("write tm.toml");
+    path
+}
+
+#[test]
+fn tune_leaves_the_configurations_metrics_file_alone_and_best_toml_names_none() {
+    let dir = scratch("metrics");
+    let precious = dir.join("precious.jsonl");
+    let kept = "{\"the user's\": \"earlier metrics\"}\n";
+    std::fs::write(&precious, kept).expect("write precious.jsonl");
+    let config = config_with_metrics(&dir, &precious);
+    let out_dir = dir.join("tout");
+    let out = zero_bench(
+        &dir,
+        &[
+            "tune",
+            "--config",
+            &s(&config),
+            "--world",
+            "1",
+            "--mem-limit",
+            "1GiB",
+            "--top",
+            "1",
+            "--steps",
+            "2",
+            "--rounds",
+            "2",
+            "--launcher",
+            "env X={n}",
+            "--out",
+            &s(&out_dir),
+        ],
+    );
+    let text = text(&out);
+    assert!(out.status.success(), "{text}");
+    assert_eq!(
+        std::fs::read_to_string(&precious).expect("precious.jsonl"),
+        kept,
+        "tune's runs wrote over the configuration's metrics file\n{text}"
+    );
+    assert!(
+        text.contains("is left as it is: each run writes its steps to"),
+        "{text}"
+    );
+    // Every run (each candidate, each round) has its own step lines in --out.
+    let mut runs: Vec<PathBuf> = std::fs::read_dir(&out_dir)
+        .expect("the --out directory")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| s(p).ends_with(".metrics.jsonl"))
+        .collect();
+    runs.sort();
+    assert!(
+        runs.len() >= 2,
+        "one metrics file per run: {runs:?}\n{text}"
+    );
+    for r in &runs {
+        assert!(
+            s(r).contains("round-0") || s(r).contains("round-1"),
+            "{}",
+            r.display()
+        );
+        let steps: Vec<u64> = read_lines(r)
+            .iter()
+            .map(|l| l["step"].as_u64().expect("a step number"))
+            .collect();
+        assert_eq!(steps, [1, 2], "{}", r.display());
+    }
+    // The chosen configuration names no metrics file: training with it overwrites none.
+    let best = std::fs::read_to_string(out_dir.join("best.toml")).expect("best.toml");
+    assert!(
+        !best
+            .lines()
+            .any(|l| l.trim_start().starts_with("metrics_file")),
+        "{best}"
+    );
+    assert!(
+        best.contains("# train.metrics_file (") && best.contains("--metrics FILE"),
+        "{best}"
+    );
+}
+
+#[test]
+fn a_world_or_global_batch_tune_cannot_count_is_refused_saying_what_to_lower() {
+    let dir = scratch("overflow");
+    let never = dir.join("never");
+    let cases: [(&[&str], &str); 2] = [
+        (
+            &["--world", "1000000"],
+            "--world 1000000: tune plans for at most 262144 ranks",
+        ),
+        (
+            &[
+                "--world",
+                "1000",
+                "--set",
+                "train.micro_batch=100000000000000000",
+            ],
+            "the global batch --world x train.grad_accum x train.micro_batch = 1000 x 1 x \
+             100000000000000000 is more than 18446744073709551615 sequences: lower \
+             train.micro_batch or train.grad_accum",
+        ),
+    ];
+    for (extra, want) in cases {
+        let mut args = vec!["tune", "--mem-limit", "1GiB", "--out"];
+        let never_arg = s(&never);
+        args.push(&never_arg);
+        args.extend(extra);
+        let out = zero_bench(&dir, &args);
+        let text = text(&out);
+        assert_eq!(out.status.code(), Some(1), "{args:?}\n{text}");
+        assert!(
+            text.contains("error: ") && text.contains(want),
+            "{args:?}: want '{want}'\n{text}"
+        );
+        assert!(
+            !text.contains("not a positive multiple") && !text.contains("panicked"),
+            "{text}"
+        );
+        assert!(
+            !never.exists(),
+            "a refused tune created {}",
+            never.display()
+        );
+    }
+}
