@@ -438,7 +438,9 @@ fn a_resume_with_the_same_rows_split_otherwise_is_accepted() {
         "{}",
         out.transcript()
     );
-    // Another number of rows is still refused.
+    // Another number of rows is still refused (from step 3 again: the resume above
+    // saved step 5 into the same root).
+    a[6] = s(&dir.join("ck").join("step-3"));
     a[8] = "1".into();
     let out = train(1, &a);
     failed_with(&out, 1, &["global batch", "--allow-batch-change"]);
@@ -1232,9 +1234,10 @@ fn a_token_file_written_again_under_the_run_stops_it_at_the_next_checkpoint() {
     assert!(steps.len() >= 2, "{steps:?}\n{text}");
 }
 
-/// `--resume` without `--ckpt-dir` goes on saving into the root it resumed from (a step
-/// directory's or the root's own), as README's example does; before, it trained and
-/// saved nothing, exit status 0. `--keep-last`/`--save-every` need somewhere to save.
+/// `--resume` of a root without `--ckpt-dir` goes on saving into that root, as README's
+/// example does (before, it trained and saved nothing, exit status 0); one of a step
+/// directory (perhaps another run's) saves nothing and says so, and `--save-every` there
+/// needs a `--ckpt-dir`. `--keep-last`/`--save-every` need somewhere to save.
 #[test]
 fn a_resume_without_ckpt_dir_goes_on_saving_where_it_resumed() {
     let dir = scratch("resume-saves");
@@ -1250,20 +1253,22 @@ fn a_resume_without_ckpt_dir_goes_on_saving_where_it_resumed() {
     );
     let latest = |d: &str| std::fs::read_to_string(Path::new(d).join("latest")).unwrap_or_default();
     assert_eq!(latest(&ck).trim(), "step-5", "{}", out.transcript());
-    // From a step directory: its root.
+    // From a step directory: nothing saved, and said.
     let step5 = s(&dir.join("ck").join("step-5"));
-    ok(&tiny(&[
-        "--steps",
-        "6",
-        "--resume",
-        &step5,
-        "--keep-last",
-        "1",
-    ]));
-    assert_eq!(latest(&ck).trim(), "step-6");
+    let out = tiny(&["--steps", "6", "--resume", &step5]);
+    ok(&out);
     assert!(
-        !dir.join("ck").join("step-3").exists(),
-        "--keep-last 1 applies"
+        out.all_text().contains("this run saves no checkpoint"),
+        "{}",
+        out.transcript()
+    );
+    assert_eq!(latest(&ck).trim(), "step-5");
+    assert!(!dir.join("ck").join("step-6").exists());
+    let out = tiny(&["--steps", "6", "--resume", &step5, "--save-every", "1"]);
+    failed_with(
+        &out,
+        1,
+        &["--save-every 1 with --resume", "give --ckpt-dir"],
     );
     let out = Command::new(zero_bench_bin())
         .args([

@@ -650,9 +650,15 @@ fn resume_from_a_checkpoint_continues_the_same_run() {
             "resumed step differs from the uninterrupted run"
         );
     }
-    // Resharded: the 2-rank stage-2 checkpoint continues on 3 ranks at stage 3. The
+    // Resharded: the 2-rank stage-2 checkpoint of step 4 continues on 3 ranks at stage 3
+    // (the resume above went on saving into the root: step 8 is its `latest` now). The
     // global batch is different (N changes): refused without --allow-batch-change, and
     // with it the run trains on from step 5.
+    assert!(
+        ckpt.join("step-8").is_dir(),
+        "--resume of a root saves into it"
+    );
+    let ck = s(&ckpt.join("step-4"));
     let mut a: Vec<String> = [
         "--config",
         &repo("configs/tiny.toml"),

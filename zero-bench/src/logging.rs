@@ -27,7 +27,7 @@ pub fn init(rank: Option<(usize, usize)>) {
 
 /// The first failed write to standard output (`> /dev/full`, a full disk, a closed pipe
 /// where SIGPIPE is ignored).
-static STDOUT_ERROR: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+static STDOUT_ERROR: std::sync::OnceLock<(std::io::ErrorKind, String)> = std::sync::OnceLock::new();
 
 /// Write to standard output without panicking where `print!` would (a full disk, or a
 /// closed pipe where SIGPIPE is ignored, as `train` does, see main.rs): the first failure
@@ -61,14 +61,17 @@ pub fn stdout_failure_fails_the_command() {
 
 fn note_stdout_error(e: &std::io::Error) {
     let quiet = STDOUT_FAILURE_FAILS.load(std::sync::atomic::Ordering::Relaxed);
-    if STDOUT_ERROR.set(e.to_string()).is_ok() && !quiet {
+    if STDOUT_ERROR.set((e.kind(), e.to_string())).is_ok() && !quiet {
         log::warn!("standard output cannot be written ({e}); training goes on, its reports in the log (and --json where given) only");
     }
 }
 
-/// Why standard output could not be written, if a write failed.
-pub fn stdout_error() -> Option<&'static str> {
-    STDOUT_ERROR.get().map(String::as_str)
+/// Why standard output could not be written, if a write failed: the error's kind and
+/// its text.
+pub fn stdout_error() -> Option<(std::io::ErrorKind, &'static str)> {
+    STDOUT_ERROR
+        .get()
+        .map(|(kind, text)| (*kind, text.as_str()))
 }
 
 /// `print!` that survives a closed standard output ([`write_out`]).

@@ -158,7 +158,12 @@ fn main() {
     };
     logging::flush_out();
     let result = result.and_then(|()| match logging::stdout_error() {
-        Some(why) if prints_its_product => Err(anyhow::anyhow!(
+        // The reader left (`| head`), as it meant to: end as a shell reports a command
+        // that SIGPIPE ended, without a word (the commands that keep SIGPIPE die of it).
+        Some((std::io::ErrorKind::BrokenPipe, _)) if prints_its_product => {
+            std::process::exit(128 + libc::SIGPIPE)
+        }
+        Some((_, why)) if prints_its_product => Err(anyhow::anyhow!(
             "writing standard output: {why}: the report is incomplete; write it where there is room"
         )),
         _ => Ok(()),

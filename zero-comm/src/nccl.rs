@@ -21,7 +21,9 @@
 //!   through device scratch allocated for the call: copied in, run on this communicator's
 //!   stream, copied back ([`NcclComm::execute`]). A step's collectives are on device
 //!   buffers and never take this path; one buffer on the host and one on the device is
-//!   refused (`CommError::Location`).
+//!   refused (`CommError::Location`). The scratch is allocated per call: a rank that
+//!   cannot allocate it fails the call before NCCL, and its peers wait in the collective
+//!   until the watchdog (`ZERO_COMM_TIMEOUT`) ends the job, naming it.
 //! - Errors: `CommError::Nccl` naming the rank, the collective and NCCL's message.
 //!   bf16/f16 sums are NCCL's native ones (`HalfSum` does not apply).
 

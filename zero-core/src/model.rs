@@ -98,6 +98,9 @@ impl<'a, D: Device> UnitParams<'a, D> {
     }
 
     /// Parameter `i`'s shape.
+    ///
+    /// # Panics
+    /// When the unit has no parameter `i`.
     pub fn shape(&self, i: usize) -> &'a [usize] {
         &self.unit.params[i].shape
     }
@@ -174,7 +177,8 @@ impl<'a, D: Device> UnitGrads<'a, D> {
         out
     }
 
-    /// The whole flat view (padding included).
+    /// The whole flat view, padding included: write the parameters' elements only (the
+    /// padding starts at zero and must stay so: it enters the gradient norm and clipping).
     pub fn view(&mut self) -> DViewMut<'_, D, f32> {
         self.view.reborrow()
     }

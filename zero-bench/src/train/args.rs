@@ -142,8 +142,8 @@ pub struct TrainArgs {
     /// changed: then the scaler starts from this run's configuration). --steps must be
     /// above S; --metrics keeps the file's lines up to step S and appends.
     /// With --init-from too, the checkpoint wins (it holds the trained weights; a
-    /// requeued job script may pass both). Without --ckpt-dir, checkpoints go on into
-    /// the root the resumed one is in.
+    /// requeued job script may pass both). Without --ckpt-dir, a root goes on saving
+    /// into itself; a step directory saves nothing.
     #[arg(long, value_name = "DIR", conflicts_with = "stages")]
     pub resume: Option<PathBuf>,
 

@@ -389,17 +389,16 @@ fn family(m: &zero_models::ModelPreset) -> &'static str {
     }
 }
 
-/// Where a run resumed from `resume` without `--ckpt-dir` saves: the root the resumed
-/// checkpoint is in (the directory above a step directory, or the root itself), so that
-/// `--resume ckpt` alone goes on as the run it continues did, instead of saving nothing.
+/// Where a run resumed from `resume` without `--ckpt-dir` saves: a root (a directory
+/// with `latest`) is a run to continue, so `--resume ckpt` alone goes on saving there as
+/// that run did. A step directory may be another run's (a base model to fine-tune, a
+/// read-only copy): nothing is assumed, and the run saves nothing unless given
+/// `--ckpt-dir`.
 pub fn default_ckpt_dir(resume: &Path) -> Option<PathBuf> {
-    if !resume.join(checkpoint::META_FILE).is_file() {
-        return Some(resume.to_path_buf());
-    }
-    match resume.parent() {
-        Some(p) if !p.as_os_str().is_empty() => Some(p.to_path_buf()),
-        _ => Some(PathBuf::from(".")),
-    }
+    resume
+        .join(checkpoint::LATEST)
+        .is_file()
+        .then(|| resume.to_path_buf())
 }
 
 /// Refuse `dir` when it holds an earlier run's checkpoints (a `latest` pointer) and this
@@ -470,7 +469,7 @@ fn resumed_elsewhere(dir: &Path, from: &Path) -> anyhow::Result<()> {
 fn probe(dir: &Path, rank: usize) -> anyhow::Result<()> {
     super::outputs::try_file_in(dir, &format!(".write-test-rank-{rank}")).map_err(|e| {
         anyhow!(
-            "--ckpt-dir {}: cannot write a file there ({e}); give a directory every rank can write (a read-only or missing mount?)",
+            "--ckpt-dir {}: cannot write a file there ({e}); give a directory every rank can write (a read-only or missing mount?); without --ckpt-dir, --resume of a root saves into that root",
             dir.display()
         )
     })

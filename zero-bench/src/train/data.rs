@@ -204,8 +204,8 @@ impl Stamp {
 /// The token file, watched for being written again in place under the run (a tokenizer's
 /// script run again over data.path): the reads, positioned, would go on in the new tokens,
 /// and a checkpoint would hold steps of two datasets without a word. It is looked at where
-/// a checkpoint is saved and after the last step; a size or a fingerprint other than at
-/// the start stops the run (train/run.rs). A file replaced by a rename is not a change:
+/// a checkpoint is saved and after the last step; a smaller size or another fingerprint
+/// than at the start stops the run (train/run.rs; a file that only grew reads as it did). A file replaced by a rename is not a change:
 /// the run goes on reading the file it opened, which is as it was. A change that misses
 /// every sampled window (a few tokens rewritten) is not seen.
 pub struct DataWatch {
@@ -243,7 +243,8 @@ impl DataWatch {
     }
 
     fn compare(&self, now: Stamp, name: &str) -> anyhow::Result<()> {
-        let how = if now.bytes != self.start.bytes {
+        // Grown alone is no change: the reads stop at the length the run opened.
+        let how = if now.bytes < self.start.bytes {
             format!(
                 "it held {} bytes at the start and holds {} now",
                 self.start.bytes, now.bytes

@@ -70,16 +70,24 @@ pub fn run(mut args: TrainArgs) -> anyhow::Result<()> {
     crate::logging::init(world);
     if let (Some(from), None) = (&args.resume, &args.ckpt_dir) {
         args.ckpt_dir = checkpoints::default_ckpt_dir(from);
-        if let Some(dir) = args
-            .ckpt_dir
-            .as_ref()
-            .filter(|_| world.is_none_or(|w| w.0 == 0))
-        {
-            log::info!(
-                "--resume {} without --ckpt-dir: checkpoints go on into {} (give --ckpt-dir to save them elsewhere)",
+        let rank0 = world.is_none_or(|w| w.0 == 0);
+        match &args.ckpt_dir {
+            Some(dir) if rank0 => log::info!(
+                "--resume {} without --ckpt-dir: the run goes on saving into {} (give --ckpt-dir to save elsewhere)",
                 from.display(),
                 dir.display()
-            );
+            ),
+            // A step directory: nothing of this run is saved.
+            None if args.save_every > 0 => anyhow::bail!(
+                "--save-every {} with --resume {} (a step directory) and no --ckpt-dir: give --ckpt-dir, where this run's checkpoints go",
+                args.save_every,
+                from.display()
+            ),
+            None if rank0 && !args.dry_run => log::warn!(
+                "--resume {} without --ckpt-dir: this run saves no checkpoint (give --ckpt-dir to keep its steps)",
+                from.display()
+            ),
+            _ => {}
         }
     }
     let result = run_on(&args, mpi.as_ref().map(|m| &m.comm));

@@ -396,12 +396,15 @@ where
         }
     }
     if let Some(changed) = changed_at_end {
-        return Err(Stop::Agreed(saver.data_changed(
-            changed,
-            watch.since(),
-            last,
-            last,
-        )));
+        let mut failure = saver.data_changed(changed, watch.since(), last, last);
+        if let Some(path) = shared.save_model {
+            failure.error = anyhow!(
+                "{} The final weights were written to {} all the same.",
+                crate::logging::chain(&failure.error),
+                path.display()
+            );
+        }
+        return Err(Stop::Agreed(failure));
     }
     if let Some(f) = saver.final_failure(last, rank) {
         return Err(Stop::Agreed(f));

@@ -470,10 +470,13 @@ fn hdf5_messages_are_shortened_to_the_os_error() {
 /// Open files under `dir` (the entries of /proc/self/fd that point there): other tests
 /// running in this process use other directories.
 fn open_files_under(dir: &Path) -> usize {
+    // The links name resolved paths: resolve `dir` too (a temporary directory may be
+    // reached through a link), else nothing would ever match.
+    let dir = std::fs::canonicalize(dir).unwrap();
     std::fs::read_dir("/proc/self/fd")
         .unwrap()
         .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
-        .filter(|target| target.starts_with(dir))
+        .filter(|target| target.starts_with(&dir))
         .count()
 }
 

@@ -42,6 +42,13 @@ impl<D: Device, C: Communicator> Engine<'_, D, C> {
             )));
         }
         self.check_intact()?;
+        // The loss is copied out after each forward: one f32, by the Model contract.
+        let loss_len = model.loss().len();
+        if loss_len != 1 {
+            return Err(EngineError::Mismatch(format!(
+                "the model's loss() view has {loss_len} elements: it must be the micro-batch's mean loss, one f32 (Model::loss)"
+            )));
+        }
         // Until the step returns Ok or an error every rank agreed on, it is part-way: an
         // error in between leaves buffers, events and collectives mid-step.
         self.interrupted = Some(self.step + 1);
