@@ -1247,7 +1247,7 @@ fn a_resume_without_ckpt_dir_goes_on_saving_where_it_resumed() {
     ok(&out);
     assert!(
         out.all_text()
-            .contains("without --ckpt-dir: checkpoints go on into"),
+            .contains("without --ckpt-dir: the run goes on saving into"),
         "{}",
         out.transcript()
     );
