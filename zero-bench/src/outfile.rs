@@ -4,9 +4,36 @@
 //! a result, nor costs the earlier file at the same path. A pipe, a terminal or
 //! `/dev/stdout` is written as it is: there is nothing there to lose.
 
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 use anyhow::Context as _;
+
+/// Both paths exist and are the same file (links followed).
+pub(crate) fn same_file(a: &Path, b: &Path) -> bool {
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+        _ => false,
+    }
+}
+
+/// The two paths name one file, existing or not: the same file, or the same name in the
+/// same directory.
+pub(crate) fn same_target(a: &Path, b: &Path) -> bool {
+    let place = |p: &Path| {
+        let dir = parent(p).canonicalize().ok()?;
+        Some(dir.join(p.file_name()?))
+    };
+    same_file(a, b) || matches!((place(a), place(b)), (Some(x), Some(y)) if x == y)
+}
+
+/// The directory a relative or absolute file path is in ("." for a bare name).
+pub(crate) fn parent(path: &Path) -> &Path {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    }
+}
 
 /// Write `text` to `path` whole, replacing an earlier file whole.
 pub fn write_text(path: &Path, text: &str) -> anyhow::Result<()> {
@@ -29,7 +56,7 @@ mod tests {
         super::write_text(&path, "first\n").unwrap();
         super::write_text(&path, "second\n").unwrap();
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "second\n");
-        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+        let names = zero_core::files::entry_names(dir.path()).unwrap();
         assert_eq!(names.len(), 1, "{names:?}");
         // A directory that does not exist: an error naming the path, nothing written.
         let missing = dir.path().join("no-such-dir").join("report.json");

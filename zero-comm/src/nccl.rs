@@ -409,14 +409,12 @@ impl NcclComm {
         let stage = |b: &RawBuf| -> Result<CudaSlice<u8>> {
             // SAFETY: the caller's guarantee: `len` elements of host memory.
             let host = unsafe { std::slice::from_raw_parts(b.ptr as *const u8, b.len * elem) };
-            let mut d = self
-                .stream
-                .alloc_zeros::<u8>(host.len().max(1))
-                .map_err(fail)?;
-            if !host.is_empty() {
-                self.stream.memcpy_htod(host, &mut d).map_err(fail)?;
+            // (An empty buffer still needs a device address: one zeroed byte.)
+            match host.is_empty() {
+                true => self.stream.alloc_zeros::<u8>(1),
+                false => self.stream.clone_htod(host),
             }
-            Ok(d)
+            .map_err(fail)
         };
         let mut recv = stage(&call.recv)?;
         let send = call.send.as_ref().map(stage).transpose()?;

@@ -4,6 +4,16 @@
 
 use std::path::{Path, PathBuf};
 
+/// The names of what `dir` holds, sorted: what a caller checks for leftovers (no
+/// temporary file after a whole write, no partial step after a failed save).
+pub fn entry_names(dir: &Path) -> std::io::Result<Vec<String>> {
+    let mut names = std::fs::read_dir(dir)?
+        .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect::<std::io::Result<Vec<String>>>()?;
+    names.sort();
+    Ok(names)
+}
+
 /// Why an output cannot be written whole at a path.
 #[derive(Debug, thiserror::Error)]
 pub enum OutputError {

@@ -24,6 +24,7 @@ use common::models::char_lm::{CharLm, TokenBatch};
 use common::{config, lm_batch, lm_config, SEQ};
 use zero_comm::{run_local, CommConfig, Communicator, LocalComm};
 use zero_core::checkpoint::{self, SaveOptions, LATEST, MAX_OPEN_SHARDS};
+use zero_core::files::entry_names;
 use zero_core::{Engine, EngineConfig, Precision, Stage};
 use zero_kernels::device::HostDevice;
 
@@ -123,15 +124,6 @@ fn exe() -> PathBuf {
     std::env::current_exe().expect("the test binary's path")
 }
 
-fn names(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
-    v
-}
-
 fn latest(root: &Path) -> String {
     std::fs::read_to_string(root.join(LATEST))
         .unwrap()
@@ -229,7 +221,7 @@ fn saves_go_on_past_leftovers_they_cannot_remove() {
     for d in leftovers {
         assert!(root.join(d).join("x").is_file(), "{d}");
     }
-    let have = names(&root);
+    let have = entry_names(&root).unwrap();
     assert!(
         have.contains(&"step-1".to_string()) && have.contains(&"step-2".to_string()),
         "{have:?}"
@@ -268,7 +260,7 @@ fn only_the_step_latest_names_is_restored() {
     run(1, 1);
     copy_dir(&root.join("step-1"), &aside);
     run(2, 1);
-    assert_eq!(names(&root), ["latest", "step-2"]);
+    assert_eq!(entry_names(&root).unwrap(), ["latest", "step-2"]);
     // A stale copy of the pruned step 1, and a crash that moved `step-2` aside.
     std::fs::rename(&aside, root.join("old-step-1-5a")).unwrap();
     std::fs::rename(root.join("step-2"), root.join("old-step-2-c0ffee")).unwrap();
@@ -277,7 +269,7 @@ fn only_the_step_latest_names_is_restored() {
         root.join("old-step-2-c0ffee")
     );
     run(3, 3);
-    assert_eq!(names(&root), ["latest", "step-2", "step-3"]);
+    assert_eq!(entry_names(&root).unwrap(), ["latest", "step-2", "step-3"]);
     assert_eq!(latest(&root), "step-3");
     let report = checkpoint::verify(&root.join("step-2")).unwrap();
     assert!(report.problems.is_empty() && report.meta.step == 2);

@@ -239,6 +239,7 @@ mod tests {
     use std::path::Path;
 
     use zero_core::checkpoint::{rank_file, ShardWriter, META_FILE};
+    use zero_core::files::entry_names;
     use zero_core::{
         EngineConfig, LayerSpec, LossScaler, ModelSpec, ParamSpec, PartitionLayout, UnitSpec,
     };
@@ -310,14 +311,17 @@ mod tests {
         })
     }
 
-    /// The names in `dir`.
-    fn names_in(dir: &Path) -> Vec<String> {
-        let mut v: Vec<String> = std::fs::read_dir(dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        v.sort();
-        v
+    /// Export `dir` into a fresh `out/` under `tmp` with `names`, expecting an error: its
+    /// text, once no output is left behind.
+    fn refused(dir: &Path, tmp: &Path, names: Names) -> String {
+        let out = tmp.join("out");
+        std::fs::create_dir_all(&out).unwrap();
+        let err = format!(
+            "{:#}",
+            export(dir, &out.join("m.safetensors"), names).unwrap_err()
+        );
+        assert!(entry_names(&out).unwrap().is_empty(), "{err}");
+        err
     }
 
     const GPT2: [(&str, &[usize]); 2] = [("wte", &[3, 2]), ("h.0.attn.c_attn.weight", &[2, 3])];
@@ -350,7 +354,10 @@ mod tests {
             values("h.0.attn.c_attn.weight"),
             (vec![3, 2], vec![6., 9., 7., 10., 8., 11.])
         );
-        assert_eq!(names_in(&tmp.path().join("out")), ["m.safetensors"]);
+        assert_eq!(
+            entry_names(&tmp.path().join("out")).unwrap(),
+            ["m.safetensors"]
+        );
     }
 
     #[test]
@@ -359,14 +366,8 @@ mod tests {
         let dir = tmp.path().join("step-7");
         write_checkpoint(&dir, &layout(&GPT2));
         std::fs::remove_file(dir.join(rank_file(1))).unwrap();
-        let out = tmp.path().join("out");
-        std::fs::create_dir(&out).unwrap();
-        let err = format!(
-            "{:#}",
-            export(&dir, &out.join("m.safetensors"), Names::Nanogpt).unwrap_err()
-        );
+        let err = refused(&dir, tmp.path(), Names::Nanogpt);
         assert!(err.contains(&rank_file(1)), "{err}");
-        assert!(names_in(&out).is_empty());
     }
 
     #[test]
@@ -377,19 +378,13 @@ mod tests {
             &dir,
             &layout(&[("wte", &[3, 2]), ("h.0.attn.c_attn.weight", &[6])]),
         );
-        let out = tmp.path().join("out");
-        std::fs::create_dir(&out).unwrap();
-        let err = format!(
-            "{:#}",
-            export(&dir, &out.join("m.safetensors"), Names::HfGpt2).unwrap_err()
-        );
+        let err = refused(&dir, tmp.path(), Names::HfGpt2);
         assert!(
             err.contains("h.0.attn.c_attn.weight") && err.contains("--names nanogpt"),
             "{err}"
         );
-        assert!(names_in(&out).is_empty());
         // Our own names need no transpose: that export works.
-        export(&dir, &out.join("m.safetensors"), Names::Nanogpt).unwrap();
+        export(&dir, &tmp.path().join("out/m.safetensors"), Names::Nanogpt).unwrap();
     }
 
     /// A read that fails while the file is written (a checksum that does not hold): the
@@ -401,17 +396,11 @@ mod tests {
         let mut meta = write_checkpoint(&dir, &layout(&GPT2));
         meta.crc32[1][0][0] ^= 1;
         write_meta(&dir, &meta);
-        let out = tmp.path().join("out");
-        std::fs::create_dir(&out).unwrap();
-        let err = format!(
-            "{:#}",
-            export(&dir, &out.join("m.safetensors"), Names::Nanogpt).unwrap_err()
-        );
+        let err = refused(&dir, tmp.path(), Names::Nanogpt);
         assert!(
             err.contains("checksum mismatch") && err.contains(&rank_file(1)),
             "{err}"
         );
-        assert!(names_in(&out).is_empty());
     }
 
     /// A `meta.json` claiming a tensor far larger than the shards (2^40 elements): an
@@ -427,13 +416,7 @@ mod tests {
         meta.block_elems = 1 << 40;
         meta.crc32 = vec![vec![vec![0]; 3]; 2];
         write_meta(&dir, &meta);
-        let out = tmp.path().join("out");
-        std::fs::create_dir(&out).unwrap();
-        let err = format!(
-            "{:#}",
-            export(&dir, &out.join("m.safetensors"), Names::Nanogpt).unwrap_err()
-        );
+        let err = refused(&dir, tmp.path(), Names::Nanogpt);
         assert!(err.contains(&rank_file(0)), "{err}");
-        assert!(names_in(&out).is_empty());
     }
 }

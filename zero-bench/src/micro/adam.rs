@@ -33,7 +33,7 @@ pub struct AdamArgs {
     #[arg(long, default_value = "bf16")]
     param: String,
     /// Threads per kernel call (1: what a rank under MPI uses), 1 to 1024.
-    #[arg(long, default_value_t = 1, value_parser = super::parse_threads)]
+    #[arg(long, default_value_t = 1, value_parser = crate::train::thread_count)]
     threads: usize,
     /// Force an instruction-set level (scalar, avx2, avx512); default: the best available.
     #[arg(long)]

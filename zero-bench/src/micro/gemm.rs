@@ -38,7 +38,7 @@ pub struct GemmArgs {
     kernels: Option<String>,
     /// Threads: `Gemm::run`'s pool, as training uses it (rows of C in bands, one per
     /// thread; AMX threads also share one packed B), 1 to 1024.
-    #[arg(long, default_value_t = 1, value_parser = super::parse_threads)]
+    #[arg(long, default_value_t = 1, value_parser = crate::train::thread_count)]
     threads: usize,
     /// Interleaved rounds (the median is reported).
     #[arg(long, default_value_t = 7)]

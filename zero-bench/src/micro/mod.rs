@@ -38,26 +38,6 @@ pub enum MicroCommand {
     Gemm(gemm::GemmArgs),
 }
 
-/// The most `--threads` a micro-benchmark takes: what `train --threads` accepts per rank
-/// (more than any node's cores; the test below holds the two together).
-const MAX_THREADS: usize = 1024;
-
-/// `--threads` of `micro adam`, `gemm`, `model` and `quant`: a whole number from 1 to
-/// [`MAX_THREADS`], checked as the command line is read.
-pub(crate) fn parse_threads(s: &str) -> Result<usize, String> {
-    let t = s.trim();
-    match t.parse::<usize>() {
-        Ok(0) => Err("0 threads: give at least 1".to_string()),
-        Ok(n) if n > MAX_THREADS => Err(format!(
-            "{n} threads: at most {MAX_THREADS} (a thread per core; what train --threads takes)"
-        )),
-        Ok(n) => Ok(n),
-        Err(_) => Err(format!(
-            "'{t}' is not a thread count: give a whole number from 1 to {MAX_THREADS}"
-        )),
-    }
-}
-
 /// Run one micro-benchmark.
 pub fn run(cmd: MicroCommand) -> anyhow::Result<()> {
     match cmd {
@@ -84,24 +64,18 @@ mod comm {
 
 #[cfg(test)]
 mod tests {
-    use super::{parse_threads, MAX_THREADS};
-    use crate::train::{parse_threads as train_threads, ThreadsSetting};
+    use crate::train::thread_count;
 
+    /// The micro-benchmarks' `--threads` (train's count, without `auto`).
     #[test]
     fn threads_are_bounded_as_train_bounds_them() {
-        assert_eq!(parse_threads("1"), Ok(1));
-        assert_eq!(parse_threads(" 8 "), Ok(8));
-        assert_eq!(parse_threads(&MAX_THREADS.to_string()), Ok(MAX_THREADS));
+        assert_eq!(thread_count("1"), Ok(1));
+        assert_eq!(thread_count(" 8 "), Ok(8));
+        assert_eq!(thread_count("1024"), Ok(1024));
         for bad in ["0", "1025", "5000", "auto", "-1", "two", ""] {
-            assert!(parse_threads(bad).is_err(), "{bad}");
+            assert!(thread_count(bad).is_err(), "{bad}");
         }
-        assert!(parse_threads("0").unwrap_err().contains("at least 1"));
-        assert!(parse_threads("5000").unwrap_err().contains("at most 1024"));
-        // The same bound as `train --threads`.
-        assert!(matches!(
-            train_threads(&MAX_THREADS.to_string()),
-            Ok(ThreadsSetting::Fixed(MAX_THREADS))
-        ));
-        assert!(train_threads(&(MAX_THREADS + 1).to_string()).is_err());
+        assert!(thread_count("0").unwrap_err().contains("at least 1"));
+        assert!(thread_count("5000").unwrap_err().contains("at most 1024"));
     }
 }

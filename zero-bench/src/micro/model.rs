@@ -30,7 +30,7 @@ pub struct ModelArgs {
     seq_len: Option<usize>,
     /// GEMM threads (one MPI rank is one process; 1 is what a rank per core uses), 1 to
     /// 1024.
-    #[arg(long, default_value_t = 1, value_parser = super::parse_threads)]
+    #[arg(long, default_value_t = 1, value_parser = crate::train::thread_count)]
     threads: usize,
     /// Timed forward+backward steps (after one warm-up step).
     #[arg(long, default_value_t = 5)]

@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::bail;
 
+use crate::outfile::{parent, same_target};
+
 /// Check each `(flag, path)` an output is to be written to, in order: not a directory,
 /// its directory takes the temporary file it is written through, and no two outputs
 /// share a file. A pipe, a terminal or `/dev/stdout` passes (written as it is).
@@ -17,7 +19,7 @@ pub(crate) fn check(outputs: &[(&str, &Path)]) -> anyhow::Result<()> {
         let Some(target) = writable(flag, path)? else {
             continue;
         };
-        if let Some((other, _)) = targets.iter().find(|(_, t)| same_place(t, &target)) {
+        if let Some((other, _)) = targets.iter().find(|(_, t)| same_target(t, &target)) {
             bail!(
                 "{flag} and {other} are both {}: give each output its own file",
                 path.display()
@@ -77,29 +79,13 @@ fn writable(flag: &str, path: &Path) -> anyhow::Result<Option<PathBuf>> {
         std::fs::remove_file(&probe)
     });
     if let Err(e) = made {
-        let dir = match target.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p,
-            _ => Path::new("."),
-        };
         bail!(
             "{flag} {}: cannot write a file in {} ({e}); give a path in an existing directory you can write (checked before the benchmark runs, so that its result is not lost at its end)",
             path.display(),
-            dir.display()
+            parent(&target).display()
         );
     }
     Ok(Some(target))
-}
-
-/// Two targets name one file: the same name in the same directory.
-fn same_place(a: &Path, b: &Path) -> bool {
-    let place = |p: &Path| {
-        let dir = match p.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d,
-            _ => Path::new("."),
-        };
-        Some(dir.canonicalize().ok()?.join(p.file_name()?))
-    };
-    matches!((place(a), place(b)), (Some(x), Some(y)) if x == y)
 }
 
 #[cfg(test)]
@@ -135,10 +121,7 @@ mod tests {
         std::fs::write(&a, "old").unwrap();
         check(&[("--csv", &a), ("--json", &d.join("t.json"))]).unwrap();
         check(&[("--json", Path::new("/dev/null"))]).unwrap();
-        let names: Vec<_> = std::fs::read_dir(d)
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
+        let names = zero_core::files::entry_names(d).unwrap();
         assert_eq!(names, ["t.csv"]);
         assert_eq!(std::fs::read_to_string(&a).unwrap(), "old");
         let err = check(&[("--csv", Path::new(""))]).unwrap_err().to_string();

@@ -27,7 +27,7 @@ pub struct QuantArgs {
     #[arg(long, default_value_t = zero_kernels::quant::DEFAULT_BLOCK)]
     block: usize,
     /// Threads per kernel call, 1 to 1024.
-    #[arg(long, default_value_t = 1, value_parser = super::parse_threads)]
+    #[arg(long, default_value_t = 1, value_parser = crate::train::thread_count)]
     threads: usize,
     /// Rounds (the median is reported).
     #[arg(long, default_value_t = 7)]

@@ -297,19 +297,26 @@ impl ThreadsSetting {
 /// The most kernel threads a rank may be given (more than any node's cores).
 const MAX_THREADS: usize = 1024;
 
+/// `--threads` of `train` and `sweep`: a count ([`thread_count`]) or `auto`.
 pub(crate) fn parse_threads(s: &str) -> Result<ThreadsSetting, String> {
-    let s = s.trim();
-    if s.eq_ignore_ascii_case("auto") {
+    if s.trim().eq_ignore_ascii_case("auto") {
         return Ok(ThreadsSetting::Auto);
     }
+    thread_count(s)
+        .map(ThreadsSetting::Fixed)
+        .map_err(|e| format!("{e}, or auto (a thread per core the rank is given)"))
+}
+
+/// A count of kernel threads, 1 to [`MAX_THREADS`] (`--threads` of the micro-benchmarks,
+/// and of `train` besides `auto`).
+pub(crate) fn thread_count(s: &str) -> Result<usize, String> {
+    let s = s.trim();
     match s.parse::<usize>() {
-        Ok(0) => Err("0 threads: give at least 1 thread per rank, or auto".to_string()),
-        Ok(n) if n > MAX_THREADS => Err(format!(
-            "{n} threads per rank: at most {MAX_THREADS} (a thread per core the rank is given; auto counts them)"
-        )),
-        Ok(n) => Ok(ThreadsSetting::Fixed(n)),
+        Ok(0) => Err("0 threads: give at least 1".to_string()),
+        Ok(n) if n > MAX_THREADS => Err(format!("{n} threads: at most {MAX_THREADS}")),
+        Ok(n) => Ok(n),
         Err(_) => Err(format!(
-            "'{s}' is not a thread count: give a whole number >= 1, or auto"
+            "'{s}' is not a thread count: give a whole number from 1 to {MAX_THREADS}"
         )),
     }
 }

@@ -450,7 +450,7 @@ fn resumed_elsewhere(dir: &Path, from: &Path) -> anyhow::Result<()> {
     } else {
         root
     };
-    if super::outputs::same_file(root, dir) {
+    if crate::outfile::same_file(root, dir) {
         return Ok(());
     }
     bail!(

@@ -3,13 +3,13 @@
 //! fail only after the training, losing its result, and an output that is one of the
 //! run's inputs (the token file, the config) would be overwritten by it.
 
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::bail;
 
 use super::args::TrainArgs;
 use crate::config::Config;
+use crate::outfile::{parent, same_file, same_target};
 
 /// Check the outputs rank 0 writes (call it on rank 0).
 pub fn check(args: &TrainArgs, config: &Config) -> anyhow::Result<()> {
@@ -58,32 +58,6 @@ pub fn check(args: &TrainArgs, config: &Config) -> anyhow::Result<()> {
         writable(flag, path)?;
     }
     Ok(())
-}
-
-/// Both paths exist and are the same file (links followed).
-pub(super) fn same_file(a: &Path, b: &Path) -> bool {
-    match (std::fs::metadata(a), std::fs::metadata(b)) {
-        (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
-        _ => false,
-    }
-}
-
-/// The two paths name one file, existing or not: the same file, or the same name in the
-/// same directory.
-fn same_target(a: &Path, b: &Path) -> bool {
-    let place = |p: &Path| {
-        let dir = parent(p).canonicalize().ok()?;
-        Some(dir.join(p.file_name()?))
-    };
-    same_file(a, b) || matches!((place(a), place(b)), (Some(x), Some(y)) if x == y)
-}
-
-/// The directory a relative or absolute file path is in ("." for a bare name).
-fn parent(path: &Path) -> &Path {
-    match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    }
 }
 
 /// `path` is not a directory, and its directory takes a new file (made and removed).
@@ -184,10 +158,7 @@ mod tests {
         args.save_model = Some(dir.path().join("model.h5"));
         check(&args, &config).unwrap();
         // Nothing was left behind by the probes.
-        let names: Vec<_> = std::fs::read_dir(dir.path())
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
+        let names = zero_core::files::entry_names(dir.path()).unwrap();
         assert_eq!(names, ["tokens.bin"]);
     }
 }

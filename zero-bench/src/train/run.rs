@@ -359,6 +359,9 @@ where
         } else {
             None
         };
+        // The run stops at the first change seen, so the checkpoint before this one
+        // holds steps of the file as it was.
+        let clean = saver.saved.clone();
         if due {
             saver.save(engine, done, rank, data_changed.is_none());
         }
@@ -367,12 +370,13 @@ where
                 progress.finish();
                 return Err(Stop::Agreed(saver.data_changed(
                     changed,
+                    clean.as_ref(),
                     watch.since(),
                     done,
                     last,
                 )));
             }
-            changed_at_end = Some(changed);
+            changed_at_end = Some((changed, clean));
         }
         if let Some(sig) = signal.filter(|_| done < last) {
             progress.finish();
@@ -395,8 +399,8 @@ where
             log::info!("final weights written to {}", path.display());
         }
     }
-    if let Some(changed) = changed_at_end {
-        let mut failure = saver.data_changed(changed, watch.since(), last, last);
+    if let Some((changed, clean)) = changed_at_end {
+        let mut failure = saver.data_changed(changed, clean.as_ref(), watch.since(), last, last);
         if let Some(path) = shared.save_model {
             failure.error = anyhow!(
                 "{} The final weights were written to {} all the same.",
@@ -550,8 +554,6 @@ struct Saver<'a> {
     saved: Option<(u64, std::path::PathBuf)>,
     /// The error of the last save, if it failed (cleared by a success).
     failed: Option<(u64, String)>,
-    /// The last checkpoint this run saved while its token file was as at the start.
-    before_data_changed: Option<(u64, std::path::PathBuf)>,
 }
 
 impl<'a> Saver<'a> {
@@ -561,7 +563,6 @@ impl<'a> Saver<'a> {
             app_config: toml::to_string(config).ok(),
             saved: None,
             failed: None,
-            before_data_changed: None,
         }
     }
 
@@ -595,9 +596,6 @@ impl<'a> Saver<'a> {
         };
         match checkpoints::save(engine, dir, keep_last, self.app_config.as_deref()) {
             Ok(path) => {
-                if data_unchanged {
-                    self.before_data_changed = Some((done, path.clone()));
-                }
                 self.saved = Some((done, path));
                 self.failed = None;
             }
@@ -614,10 +612,18 @@ impl<'a> Saver<'a> {
     }
 
     /// The token file changed under the run (`changed`, agreed by every rank), seen after
-    /// step `done` of `last`; it was last seen as at the start after step `since`. The run
-    /// stops (exit status 1, whatever signal came with it: a job script must not requeue
-    /// onto the new file unasked) and says which checkpoint holds which tokens.
-    fn data_changed(&self, changed: Failure, since: u64, done: u64, last: u64) -> Failure {
+    /// step `done` of `last`; it was last seen as at the start after step `since`, and
+    /// `clean` is this run's checkpoint before the change was seen. The run stops (exit
+    /// status 1, whatever signal came with it: a job script must not requeue onto the new
+    /// file unasked) and says which checkpoint holds which tokens.
+    fn data_changed(
+        &self,
+        changed: Failure,
+        clean: Option<&(u64, std::path::PathBuf)>,
+        since: u64,
+        done: u64,
+        last: u64,
+    ) -> Failure {
         let stops = if done < last {
             format!("so the run stops after step {done} of {last}")
         } else {
@@ -625,7 +631,7 @@ impl<'a> Saver<'a> {
         };
         let saved = match (&self.saved, self.ckpt.dir) {
             (Some((step, path)), Some(_)) if *step == done => {
-                let before = match (&self.before_data_changed, self.ckpt.resume) {
+                let before = match (clean, self.ckpt.resume) {
                     (Some((step, path)), _) => {
                         format!("--resume {} (step {step})", path.display())
                     }

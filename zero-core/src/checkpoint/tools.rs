@@ -249,15 +249,7 @@ pub fn read_consolidated(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn names(dir: &Path) -> Vec<String> {
-        let mut v: Vec<String> = std::fs::read_dir(dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        v.sort();
-        v
-    }
+    use crate::files::entry_names;
 
     fn write_text(out: &Path, overwrite: bool, text: &str) -> Result<(), CheckpointError> {
         write_whole(out, overwrite, |tmp| {
@@ -275,13 +267,13 @@ mod tests {
         assert!(write_text(&out, false, "two").is_err());
         write_text(&out, true, "two").unwrap();
         assert_eq!(std::fs::read_to_string(&out).unwrap(), "two");
-        assert_eq!(names(tmp.path()), ["model.h5"]);
+        assert_eq!(entry_names(tmp.path()).unwrap(), ["model.h5"]);
         let failed = write_whole(&out, true, |tmp| {
             std::fs::write(tmp, "half").map_err(CheckpointError::io("write", tmp))?;
             Err::<(), _>(CheckpointError::Invalid("disk full".into()))
         });
         assert!(failed.is_err());
         assert_eq!(std::fs::read_to_string(&out).unwrap(), "two");
-        assert_eq!(names(tmp.path()), ["model.h5"]);
+        assert_eq!(entry_names(tmp.path()).unwrap(), ["model.h5"]);
     }
 }

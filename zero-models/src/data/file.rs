@@ -540,16 +540,7 @@ pub fn write_nanogpt(path: &Path, tokens: &[u16]) -> Result<(), DataError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The names in `dir`.
-    fn names(dir: &Path) -> Vec<String> {
-        let mut v: Vec<String> = std::fs::read_dir(dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        v.sort();
-        v
-    }
+    use zero_core::files::entry_names;
 
     #[test]
     fn a_failed_finish_leaves_no_temporary_file() {
@@ -562,7 +553,11 @@ mod tests {
             std::fs::create_dir(&path).unwrap();
             let err = w.finish().unwrap_err();
             assert!(err.to_string().contains("tokens.bin"), "{err}");
-            assert_eq!(names(tmp.path()), ["tokens.bin"], "{format:?}");
+            assert_eq!(
+                entry_names(tmp.path()).unwrap(),
+                ["tokens.bin"],
+                "{format:?}"
+            );
             std::fs::remove_dir(&path).unwrap();
         }
     }
@@ -574,11 +569,11 @@ mod tests {
         let mut w = TokenWriter::create(&path, TokenFormat::NanoGpt).unwrap();
         w.write(&[7]).unwrap();
         drop(w);
-        assert!(names(tmp.path()).is_empty());
+        assert!(entry_names(tmp.path()).unwrap().is_empty());
         let mut w = TokenWriter::create(&path, TokenFormat::LlmC).unwrap();
         w.write(&[7, 8]).unwrap();
         assert_eq!(w.finish().unwrap(), 2);
-        assert_eq!(names(tmp.path()), ["t.bin"]);
+        assert_eq!(entry_names(tmp.path()).unwrap(), ["t.bin"]);
         assert_eq!(
             std::fs::metadata(&path).unwrap().len(),
             (LLMC_HEADER_BYTES + 4) as u64
