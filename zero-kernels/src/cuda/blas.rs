@@ -203,6 +203,16 @@ impl Blas {
                 "{what}'s layout {l:?} is neither row- nor column-major: cuBLAS cannot address it"
             ),
         };
+        // Strides (so leading dimensions) valid offsets: they are passed as i64, and a
+        // caller's check of the spans does not bound a stride of a one-wide dimension.
+        for (what, l) in [("A", &la), ("B", &lb), ("C", &lc)] {
+            if !l.strides_fit::<f32>() {
+                return Err(KernelError::BadShape {
+                    op: "matmul",
+                    detail: format!("{what}'s layout {l:?} has a stride past isize::MAX bytes"),
+                });
+            }
+        }
         let ca = as_col_major(&la).ok_or_else(|| unsupported("A", &la))?;
         let cb = as_col_major(&lb).ok_or_else(|| unsupported("B", &lb))?;
         let cc = as_col_major(&lc).ok_or_else(|| unsupported("C", &lc))?;

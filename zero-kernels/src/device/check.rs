@@ -6,7 +6,7 @@
 
 use super::{MatMul, Result};
 use crate::error::KernelError;
-use crate::nn::{AttnShape, MatLayout, RopeShape, Scalar};
+use crate::nn::{checked_elems, AttnShape, MatLayout, RopeShape, Scalar};
 
 /// `what` of `op` has `got` elements where `expected` were due.
 pub(crate) fn same_len(
@@ -55,13 +55,23 @@ pub(crate) fn rows_of(op: &'static str, what: &str, len: usize, width: usize) ->
     Ok(len / width)
 }
 
-/// Elements from the first to one past the last element a strided view addresses.
-pub(crate) fn span(l: &MatLayout) -> usize {
-    if l.rows == 0 || l.cols == 0 {
-        0
-    } else {
-        (l.rows - 1) * l.rs + (l.cols - 1) * l.cs + 1
-    }
+/// Elements of the buffer of shape `dims` that `what` (its shape's formula, e.g.
+/// `"qkv [B,T,3C]"`) of `op` must have; an error when that overflows (in release a
+/// wrapped size could match a short view and send the kernel past it).
+pub(crate) fn elems(op: &'static str, what: &str, dims: &[usize]) -> Result<usize> {
+    checked_elems(dims).ok_or_else(|| {
+        shape_err(
+            op,
+            format!("{what} of dims {dims:?} has more elements than usize counts"),
+        )
+    })
+}
+
+/// Strided view `what` of `op` fits a view of `len` elements of `F`: its span computed
+/// without overflow and its strides valid `isize` offsets ([`MatLayout::check_fits`]).
+pub(crate) fn view_fits<F>(op: &'static str, what: &str, l: &MatLayout, len: usize) -> Result<()> {
+    l.check_fits::<F>(len)
+        .map_err(|e| shape_err(op, format!("{what}'s {e}")))
 }
 
 /// Every id below `limit` (the host-side check of a lookup's indices).
@@ -90,15 +100,7 @@ pub(crate) fn matmul<F: Scalar>(mm: &MatMul<F>, a: usize, b: usize, c: usize) ->
         ));
     }
     for (what, l, len) in [("A", &la, a), ("B", &lb, b), ("C", &lc, c)] {
-        if span(l) > len {
-            return Err(shape_err(
-                "matmul",
-                format!(
-                    "{what}'s layout {l:?} addresses {} elements of a {len}-element view",
-                    span(l)
-                ),
-            ));
-        }
+        view_fits::<F>("matmul", what, l, len)?;
     }
     Ok(())
 }
@@ -159,13 +161,24 @@ pub(crate) fn attention_shape(op: &'static str, s: &AttnShape) -> Result<()> {
     Ok(())
 }
 
+/// Elements of qkv `[B,T,3C]`, y `[B,T,C]` and p `[B,H,T,T]`, all computed (an overflow
+/// is the error, whatever the views' lengths) before any is compared.
+fn attention_lens(op: &'static str, s: &AttnShape) -> Result<(usize, usize, usize)> {
+    let (b, t, c, h) = (s.b, s.t, s.c, s.h);
+    Ok((
+        elems(op, "qkv [B,T,3C]", &[b, t, 3, c])?,
+        elems(op, "y [B,T,C]", &[b, t, c])?,
+        elems(op, "p [B,H,T,T]", &[b, h, t, t])?,
+    ))
+}
+
 pub(crate) fn attention_forward(y: usize, p: usize, qkv: usize, s: &AttnShape) -> Result<()> {
     let op = "attention_forward";
     attention_shape(op, s)?;
-    let (b, t, c, h) = (s.b, s.t, s.c, s.h);
-    same_len(op, "qkv", qkv, b * t * 3 * c)?;
-    same_len(op, "y", y, b * t * c)?;
-    same_len(op, "p", p, b * h * t * t)
+    let (qkv_len, y_len, p_len) = attention_lens(op, s)?;
+    same_len(op, "qkv", qkv, qkv_len)?;
+    same_len(op, "y", y, y_len)?;
+    same_len(op, "p", p, p_len)
 }
 
 pub(crate) fn attention_backward(
@@ -178,11 +191,13 @@ pub(crate) fn attention_backward(
 ) -> Result<()> {
     let op = "attention_backward";
     attention_shape(op, s)?;
-    let (b, t, c, h) = (s.b, s.t, s.c, s.h);
-    same_len(op, "qkv", qkv, b * t * 3 * c)?;
-    same_len(op, "dqkv", dqkv, b * t * 3 * c)?;
-    same_len(op, "dy", dy, b * t * c)?;
-    same_len(op, "p", p, b * h * t * t)?;
+    let (qkv_len, dy_len, p_len) = attention_lens(op, s)?;
+    same_len(op, "qkv", qkv, qkv_len)?;
+    same_len(op, "dqkv", dqkv, qkv_len)?;
+    same_len(op, "dy", dy, dy_len)?;
+    same_len(op, "p", p, p_len)?;
+    // T*T fits: T > 0 and H > 0, so it divides the B*H*T*T (nonzero dims) just checked.
+    let t = s.t;
     if scratch < t * t {
         return Err(shape_err(
             op,
@@ -243,7 +258,8 @@ pub(crate) fn periodic(
     width: usize,
 ) -> Result<usize> {
     let rows = rows_of(op, rows_what, rows_len, width)?;
-    if period == 0 || table_len != period * width {
+    let table = elems(op, "table [period, width]", &[period, width])?;
+    if period == 0 || table_len != table {
         return Err(shape_err(
             op,
             format!("table of {table_len} elements is not period {period} x width {width}"),
@@ -342,9 +358,13 @@ pub(crate) fn rope_gqa(
     s: &RopeShape,
 ) -> Result<()> {
     s.check().map_err(|e| shape_err(op, e))?;
-    let bt = s.b * s.t;
-    same_len(op, "qkv", qkv, 3 * bt * s.c())?;
-    same_len(op, "q", q, bt * s.c())?;
-    same_len(op, "k", k, bt * s.c_kv())?;
-    same_len(op, "v", v, bt * s.c_kv())
+    // Sizes all computed first, as for attention (`check` refused overflows already).
+    let (b, t, h, kv_h, hd) = (s.b, s.t, s.h, s.kv_h, s.hd);
+    let qkv_len = elems(op, "qkv [B,T,3H hd]", &[b, t, 3, h, hd])?;
+    let q_len = elems(op, "q [B,T,H hd]", &[b, t, h, hd])?;
+    let kv_len = elems(op, "k, v [B,T,Hkv hd]", &[b, t, kv_h, hd])?;
+    same_len(op, "qkv", qkv, qkv_len)?;
+    same_len(op, "q", q, q_len)?;
+    same_len(op, "k", k, kv_len)?;
+    same_len(op, "v", v, kv_len)
 }

@@ -573,6 +573,145 @@ fn llama_ops_refuse_bad_shapes_with_errors() {
         .is_err());
 }
 
+/// Layouts whose span overflows `usize` (in release it wrapped to a few elements, which
+/// passed the bound check) or whose stride is no valid offset are refused with an error
+/// naming the view, before anything runs.
+#[test]
+fn matmul_refuses_overflowing_layouts_with_errors() {
+    let host = HostDevice::new();
+    let s = host.stream("s").unwrap();
+    let (a, b) = (
+        host.alloc::<f32>(3, "a").unwrap(),
+        host.alloc::<f32>(1, "b").unwrap(),
+    );
+    let mut c = host.alloc::<f32>(3, "c").unwrap();
+    let fine = MatLayout::rm(3, 1, 1);
+    let one = MatLayout::rm(1, 1, 1);
+    // (3-1) * 2^63 + 1 wraps to 1: a 1-element B "held" a 3-row view 2^63 apart.
+    let wraps = MatLayout::rm(3, 1, 1 << 63);
+    // One row: the span is 1, but the row stride is no isize offset.
+    let wild = MatLayout::rm(1, 1, usize::MAX);
+    let cases = [
+        ("A", wraps, one, fine),
+        ("B", fine, wild, fine),
+        ("C", fine, one, wraps),
+        (
+            "A",
+            MatLayout {
+                cs: usize::MAX,
+                ..fine
+            },
+            one,
+            fine,
+        ),
+    ];
+    for (what, la, lb, lc) in cases {
+        let mm = MatMul {
+            alpha: 1.0f32,
+            beta: 0.0,
+            a: la,
+            b: lb,
+            c: lc,
+        };
+        match host.matmul(&s, mm, a.view(), b.view(), c.view_mut()) {
+            Err(KernelError::BadShape {
+                op: "matmul",
+                detail,
+            }) => {
+                assert!(detail.starts_with(&format!("{what}'s")), "{detail}")
+            }
+            other => panic!("{what}: {other:?}"),
+        }
+    }
+    // A fitting product of the same buffers still runs.
+    let mm = MatMul {
+        alpha: 1.0f32,
+        beta: 0.0,
+        a: fine,
+        b: one,
+        c: fine,
+    };
+    host.matmul(&s, mm, a.view(), b.view(), c.view_mut())
+        .unwrap();
+    host.synchronize().unwrap();
+}
+
+/// Attention shapes whose buffer sizes overflow `usize` are errors: with B = 2^62, C = H =
+/// 4, T = 1 every size (B*T*3C, B*T*C, B*H*T*T) wrapped to 0, so empty views passed and
+/// the kernel ran 2^62 sequences over them.
+#[test]
+fn attention_refuses_overflowing_shapes_with_errors() {
+    let host = HostDevice::new();
+    let s = host.stream("s").unwrap();
+    let buf = |n: usize| host.alloc::<f32>(n, "b").unwrap();
+    let shapes = [
+        AttnShape {
+            b: 1 << 62,
+            t: 1,
+            c: 4,
+            h: 4,
+        },
+        AttnShape {
+            b: 1,
+            t: 1 << 32,
+            c: 1,
+            h: 1,
+        },
+        // An empty batch of an impossible shape, too (kernels size by T*3C alone).
+        AttnShape {
+            b: 0,
+            t: 1,
+            c: 1 << 63,
+            h: 1,
+        },
+    ];
+    for shape in shapes {
+        let (mut y, mut p, qkv) = (buf(0), buf(0), buf(0));
+        let e = host.attention_forward(&s, y.view_mut(), p.view_mut(), qkv.view(), shape);
+        assert!(
+            matches!(&e, Err(KernelError::BadShape { op: "attention_forward", detail })
+                if detail.contains("more elements than usize")),
+            "{shape:?}: {e:?}"
+        );
+        let (mut dqkv, mut scratch, dy) = (buf(0), buf(1), buf(0));
+        let e = host.attention_backward(
+            &s,
+            dqkv.view_mut(),
+            scratch.view_mut(),
+            dy.view(),
+            p.view(),
+            qkv.view(),
+            shape,
+        );
+        assert!(
+            matches!(
+                &e,
+                Err(KernelError::BadShape {
+                    op: "attention_backward",
+                    ..
+                })
+            ),
+            "{shape:?}: {e:?}"
+        );
+    }
+    // Rotary/GQA alike: 3 * B*T*H*hd wrapped to 0 for B = 2^62.
+    let rope = RopeShape {
+        b: 1 << 62,
+        t: 1,
+        h: 2,
+        kv_h: 1,
+        hd: 2,
+        theta: 1e4,
+    };
+    let (mut qkv, q, k, v) = (buf(0), buf(0), buf(0), buf(0));
+    let e = host.rope_gqa_forward(&s, qkv.view_mut(), q.view(), k.view(), v.view(), rope);
+    assert!(
+        matches!(&e, Err(KernelError::BadShape { detail, .. }) if detail.contains("usize")),
+        "{e:?}"
+    );
+    host.synchronize().unwrap();
+}
+
 /// Test tool: host work that finishes on its `polls`-th test (a stand-in for a
 /// non-blocking collective), adding 1 to a host buffer when it finishes; counts its tests.
 struct SlowWork {

@@ -35,11 +35,19 @@ pub struct AttnShape {
     pub h: usize,
 }
 
-/// Heads must split C evenly (a model's config validates this; the kernel checks again).
-fn check_heads(c: usize, h: usize) {
+/// Heads must split C evenly (a model's config validates this; the kernel checks again),
+/// and the buffers' sizes fit `usize`: the threaded paths write `y`/`dqkv` through raw
+/// pointers at offsets bounded by those sizes.
+fn check_heads(s: &AttnShape) {
+    let AttnShape { b, t, c, h } = *s;
     assert!(
         h > 0 && c.is_multiple_of(h),
         "attention: C = {c} is not a positive multiple of H = {h}"
+    );
+    assert!(
+        super::checked_elems(&[b, t, 3, c]).is_some()
+            && super::checked_elems(&[b, h, t, t]).is_some(),
+        "attention: the buffers of {s:?} have more elements than usize counts"
     );
 }
 
@@ -94,7 +102,7 @@ pub(crate) fn attention_forward_at<F: Scalar>(
     s: AttnShape,
 ) {
     let AttnShape { b, t, c, h } = s;
-    check_heads(c, h);
+    check_heads(&s);
     let units = b * h;
     // t == 0 or c == 0 (no rows, or an empty model width) has nothing to split: chunks
     // of 0 would panic.
@@ -241,7 +249,7 @@ pub(crate) fn attention_backward_at<F: Scalar>(
     s: AttnShape,
 ) {
     let AttnShape { b, t, c, h } = s;
-    check_heads(c, h);
+    check_heads(&s);
     let units = b * h;
     // t == 0 or c == 0 (no rows, or an empty model width) has nothing to split: chunks
     // of 0 would panic.

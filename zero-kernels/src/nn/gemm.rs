@@ -57,12 +57,50 @@ impl MatLayout {
     }
 
     /// Elements from the first to one past the last element addressed (0 for an empty
-    /// view): the shortest slice the view fits in.
-    pub fn span(&self) -> usize {
+    /// view): the shortest slice the view fits in; `None` when that overflows `usize`
+    /// (no slice holds the view).
+    pub fn checked_span(&self) -> Option<usize> {
         if self.rows == 0 || self.cols == 0 {
-            0
-        } else {
-            (self.rows - 1) * self.rs + (self.cols - 1) * self.cs + 1
+            return Some(0);
+        }
+        (self.rows - 1)
+            .checked_mul(self.rs)?
+            .checked_add((self.cols - 1).checked_mul(self.cs)?)?
+            .checked_add(1)
+    }
+
+    /// [`Self::checked_span`], saturating at `usize::MAX` when it overflows: a bound
+    /// check against it then fails, where a wrapped span could pass.
+    pub fn span(&self) -> usize {
+        self.checked_span().unwrap_or(usize::MAX)
+    }
+
+    /// Whether both strides are valid pointer offsets for elements of `F`: the kernels
+    /// step by them as `isize` element counts, whose byte offset must fit `isize`
+    /// (a stride of a dimension of one element is never stepped, but still passed).
+    pub fn strides_fit<F>(&self) -> bool {
+        let max = isize::MAX as usize / std::mem::size_of::<F>().max(1);
+        self.rs <= max && self.cs <= max
+    }
+
+    /// Why this view cannot address a slice of `len` elements of `F` (`Ok`: it can): its
+    /// span must be computable and at most `len`, its strides fit `isize`. The one bound
+    /// check of every GEMM entry point, so their unsafe kernels stay in bounds.
+    pub fn check_fits<F>(&self, len: usize) -> Result<(), String> {
+        if !self.strides_fit::<F>() {
+            return Err(format!(
+                "layout {self:?} has a stride past isize::MAX bytes of {}-byte elements",
+                std::mem::size_of::<F>()
+            ));
+        }
+        match self.checked_span() {
+            Some(span) if span <= len => Ok(()),
+            Some(span) => Err(format!(
+                "layout {self:?} addresses {span} elements of a {len}-element view"
+            )),
+            None => Err(format!(
+                "layout {self:?} addresses more elements than usize counts"
+            )),
         }
     }
 }
@@ -153,7 +191,9 @@ impl Gemm {
     }
 
     /// `C = alpha * A B + beta * C`. Panics when the shapes disagree or a view runs past
-    /// its slice: both are bugs in the calling layer, never user input.
+    /// its slice (or its span or a stride overflows, [`MatLayout::check_fits`]): both
+    /// are bugs in the calling layer, never user input; a device's matmul checks first
+    /// and returns an error instead.
     #[allow(clippy::too_many_arguments)]
     pub fn run<F: Scalar>(
         &self,
@@ -176,16 +216,13 @@ impl Gemm {
             lc.rows,
             lc.cols
         );
-        assert!(
-            la.span() <= a.len() && lb.span() <= b.len() && lc.span() <= c.len(),
-            "gemm view out of bounds: spans {} {} {} over lengths {} {} {}",
-            la.span(),
-            lb.span(),
-            lc.span(),
-            a.len(),
-            b.len(),
-            c.len()
-        );
+        // The only bound check before the raw pointers below: overflow-safe spans, and
+        // strides that are valid offsets (a panic on a bad view, never a wild access).
+        for (what, l, len) in [("A", la, a.len()), ("B", lb, b.len()), ("C", lc, c.len())] {
+            if let Err(e) = l.check_fits::<F>(len) {
+                panic!("gemm view out of bounds: {what}'s {e}");
+            }
+        }
         let (m, k, n) = (la.rows, la.cols, lb.cols);
         if m == 0 || n == 0 {
             return;
@@ -210,7 +247,8 @@ impl Gemm {
         // Rows r0..r1 of C, on whichever thread calls it.
         let band = |(r0, r1): (usize, usize)| {
             // SAFETY: the views were bounds-checked above; rows r0..r1 of A and C are
-            // inside them; C does not alias A or B (a `&mut` and two `&`); bands on
+            // inside them (r0 * rs is at most the span; an empty A, k = 0, is one band
+            // from r0 = 0); C does not alias A or B (a `&mut` and two `&`); bands on
             // several threads write disjoint rows of C.
             unsafe {
                 gemm_band(
@@ -320,6 +358,34 @@ mod tests {
                 c[i * lc.rs + j * lc.cs] = 0.5 * s + 2.0 * c[i * lc.rs + j * lc.cs];
             }
         }
+    }
+
+    #[test]
+    fn spans_and_strides_that_overflow_never_fit() {
+        // (3-1) * 2^63 + 1 wraps to 1 in unchecked arithmetic.
+        let wraps = MatLayout::rm(3, 1, 1 << 63);
+        assert_eq!(wraps.checked_span(), None);
+        assert_eq!(wraps.span(), usize::MAX);
+        assert!(wraps.check_fits::<f32>(1).is_err());
+        assert!(wraps.check_fits::<f32>(usize::MAX).is_err());
+        assert_eq!(MatLayout::rm(0, 5, usize::MAX).checked_span(), Some(0));
+        assert_eq!(MatLayout::rm(3, 4, 5).t().checked_span(), Some(14));
+        assert!(MatLayout::rm(3, 4, 5).check_fits::<f64>(15).is_ok());
+        // One row: the span is 4, but the stride is no isize offset of f32 bytes.
+        let wild = MatLayout::rm(1, 4, isize::MAX as usize / 4 + 1);
+        assert_eq!(wild.checked_span(), Some(4));
+        assert!(wild.check_fits::<f32>(4).is_err());
+        assert!(wild.check_fits::<u8>(4).is_ok());
+    }
+
+    #[test]
+    #[should_panic(expected = "gemm view out of bounds: B's")]
+    fn run_panics_on_a_wrapping_span_instead_of_reading_past_it() {
+        let (a, b, mut c) = ([1.0f32; 3], [1.0f32; 1], [0.0f32; 9]);
+        // B is 1 x 3 with columns 2^63 apart: its span, 2 * 2^63 + 1, wraps to 1.
+        let lb = MatLayout::rm(3, 1, 1 << 63).t();
+        let (la, lc) = (MatLayout::rm(3, 1, 1), MatLayout::rm(3, 3, 3));
+        Gemm::new(1).run(1.0, &a, la, &b, lb, 0.0, &mut c, lc);
     }
 
     #[test]

@@ -73,3 +73,20 @@ pub use scalar::{exp_f32, tanh_f32, Scalar};
 pub use softmax::{softmax_row_backward_inplace, softmax_row_inplace};
 pub use swiglu::{swiglu_backward, swiglu_forward};
 pub use xent::{mean_f64, mean_into, softmax_xent_backward, softmax_xent_forward};
+
+/// Elements of a buffer of the shape `dims` (their product); `None` when the product of
+/// the nonzero dims overflows `usize`. Zeros are skipped rather than short-circuiting, so
+/// an empty batch of an impossible shape is refused as well: kernels derive sizes such
+/// as `T * 3C` from the dims without a batch factor to make them 0.
+pub(crate) fn checked_elems(dims: &[usize]) -> Option<usize> {
+    let mut n: usize = 1;
+    let mut empty = false;
+    for &d in dims {
+        if d == 0 {
+            empty = true;
+        } else {
+            n = n.checked_mul(d)?;
+        }
+    }
+    Some(if empty { 0 } else { n })
+}

@@ -48,7 +48,7 @@ impl RopeShape {
         self.kv_h * self.hd
     }
 
-    /// Check the heads: Hkv > 0 divides H, hd even and > 0.
+    /// Check the heads: Hkv > 0 divides H, hd even and > 0, and the sizes fit `usize`.
     pub fn check(&self) -> Result<(), String> {
         if self.kv_h == 0 || !self.h.is_multiple_of(self.kv_h) {
             return Err(format!(
@@ -58,6 +58,16 @@ impl RopeShape {
         }
         if self.hd == 0 || !self.hd.is_multiple_of(2) {
             return Err(format!("rope: head size {} is not even and > 0", self.hd));
+        }
+        // The sizes the kernels index by: qkv [B,T,3C], and k, v [B,T,Ckv] apart (with
+        // H = 0 any Hkv divides it).
+        let (b, t, hd) = (self.b, self.t, self.hd);
+        if super::checked_elems(&[b, t, 3, self.h, hd]).is_none()
+            || super::checked_elems(&[b, t, self.kv_h, hd]).is_none()
+        {
+            return Err(format!(
+                "rope: the buffers of {self:?} have more elements than usize counts"
+            ));
         }
         Ok(())
     }

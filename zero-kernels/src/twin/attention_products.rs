@@ -117,7 +117,7 @@ impl Operand {
     /// One past the last element the batch touches (0 for an empty matrix); `None` when
     /// that overflows (a plan no buffer can hold).
     pub fn end(&self, batch: usize) -> Option<usize> {
-        extent(self.offset, batch, self.stride, self.layout.span())
+        extent(self.offset, batch, self.stride, self.layout.checked_span()?)
     }
 }
 
@@ -541,9 +541,17 @@ pub fn run_on_host<F: Scalar>(
                 let c = bufs.take(pr.c.buf)?;
                 let ran: Result<(), KernelError> = (|| {
                     let (a, b) = (bufs.input(pr.a.buf)?, bufs.input(pr.b.buf)?);
-                    reaches(HOST_OP, pr.a.buf, pr.a.end(pr.batch), a.len())?;
-                    reaches(HOST_OP, pr.b.buf, pr.b.end(pr.batch), b.len())?;
-                    reaches(HOST_OP, pr.c.buf, pr.c.end(pr.batch), c.len())?;
+                    for (x, len) in [(&pr.a, a.len()), (&pr.b, b.len()), (&pr.c, c.len())] {
+                        reaches(HOST_OP, x.buf, x.end(pr.batch), len)?;
+                        // The strides too (the span is inside, by `end`): the GEMM
+                        // panics on what this refuses.
+                        x.layout
+                            .check_fits::<F>(len)
+                            .map_err(|e| KernelError::BadShape {
+                                op: HOST_OP,
+                                detail: format!("{:?}: {e}", x.buf),
+                            })?;
+                    }
                     for k in 0..pr.batch {
                         g.run(
                             F::from_f64(pr.alpha),
