@@ -432,3 +432,85 @@ fn a_failed_load_leaves_every_engine_usable_or_every_one_refusing() {
     })
     .unwrap();
 }
+
+/// Copy the files of directory `from` into a new directory `to` (one level deep: a
+/// checkpoint root's `latest` and step directories).
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let dst = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_tree(&e.path(), &dst);
+        } else {
+            std::fs::copy(e.path(), dst).unwrap();
+        }
+    }
+}
+
+/// Each rank imports from its own `meta.json`: ranks that read different checkpoints
+/// under one path (rank 1's node-local copy is stale: its `latest` names step 1; or it
+/// holds step 2 with another `meta.json`) would load a mix of two states. Every rank is
+/// refused, naming the ranks and steps, before any state moved: the engines stay usable
+/// and hold what they held, and a load of the same files on every rank then succeeds.
+#[test]
+fn ranks_that_read_different_checkpoints_are_all_refused_before_any_import() {
+    let tmp = tempfile::tempdir().unwrap();
+    let shared = tmp.path().join("shared");
+    let cfg = config(Stage::Zero2, Precision::Fp32, 1);
+    on_ranks(2, |comm| {
+        train(&comm, &cfg, None, 2, &save_into(&shared, 3)).map(drop)
+    })
+    .unwrap();
+    // Rank 1's stale copy: `latest` names step 1.
+    let stale = tmp.path().join("stale");
+    copy_tree(&shared, &stale);
+    std::fs::write(stale.join(LATEST), "step-1\n").unwrap();
+    // Another copy: step 2, its metadata rewritten (the same step, other bytes).
+    let edited = tmp.path().join("edited");
+    copy_tree(&shared, &edited);
+    let meta = edited.join("step-2").join(checkpoint::META_FILE);
+    let text = std::fs::read_to_string(&meta).unwrap();
+    let value: serde_json::Value = serde_json::from_str(&text).unwrap();
+    std::fs::write(&meta, serde_json::to_string(&value).unwrap()).unwrap();
+    for (other, want) in [
+        (&stale, "rank 1: step 1"),
+        (&edited, "rank 1: step 2 (another meta.json)"),
+    ] {
+        let outcomes = on_ranks(2, |comm| {
+            let dev = HostDevice::new();
+            let model = CharLm::new(&dev, lm_config()).map_err(|e| e.to_string())?;
+            let mut engine = Engine::new(&cfg, &comm, &dev, &model).map_err(|e| e.to_string())?;
+            let before = engine.full_master_f32().map_err(|e| e.to_string())?;
+            let path = if comm.rank() == 0 { &shared } else { other };
+            let err = match checkpoint::load(&mut engine, path) {
+                Ok(_) => return Err("a load of two checkpoints succeeded".into()),
+                Err(e) => e,
+            };
+            if !matches!(err, checkpoint::CheckpointError::Differs { .. }) {
+                return Err(format!("not CheckpointError::Differs: {err}"));
+            }
+            if engine.import_pending() || engine.steps_done() != 0 {
+                return Err("the refused load moved the engine's state".into());
+            }
+            let after = engine.full_master_f32().map_err(|e| e.to_string())?;
+            if bits(&after) != bits(&before) {
+                return Err("the refused load changed the master weights".into());
+            }
+            // In step: a load of the same files on every rank follows.
+            checkpoint::load(&mut engine, &shared).map_err(|e| format!("the load then: {e}"))?;
+            Ok((err.to_string(), engine.steps_done()))
+        })
+        .unwrap();
+        for (rank, (msg, done)) in outcomes.into_iter().enumerate() {
+            assert!(
+                msg.contains("rank 0: step 2")
+                    && msg.contains(want)
+                    && msg.contains("mix of two states")
+                    && msg.contains("nothing was loaded"),
+                "rank {rank}: {msg}"
+            );
+            assert_eq!(done, 2, "rank {rank}");
+        }
+    }
+}

@@ -9,7 +9,9 @@
 //!   hang into a failure).
 //! - An import without a successful `finish_import` leaves the engine part old, part
 //!   new: steps and exports refuse it until every unit is imported again and finished,
-//!   after which it trains the bits of a fresh engine.
+//!   after which it trains the bits of a fresh engine; `finish_import` refuses an import
+//!   that left units out (naming them), on every rank alike.
+//! - The bf16 matrix-product mode is the device's; each step sets its engine's.
 
 mod common;
 
@@ -303,4 +305,158 @@ fn an_import_without_finish_is_refused_until_every_unit_is_imported_and_finished
             assert!(same_master, "{case}: the master of a fresh engine");
         }
     }
+}
+
+/// `finish_import` while an import is pending needs every unit imported since it began:
+/// `begin_import` then `finish_import` with no unit, or with some, is refused naming the
+/// missing units, and the engine stays pending (it used to finish and step with a part-old
+/// state). A rank that imported everything while another did not is refused too
+/// (`PeerImport`), with no rank left in a gather; every unit imported on every rank
+/// finishes.
+#[test]
+fn finish_import_needs_every_unit_imported_since_the_import_began() {
+    let results = zero_comm::run_local(2, watched(), |comm| {
+        let dev = HostDevice::new();
+        let mut lm = CharLm::new(&dev, lm_config()).unwrap();
+        let c = config(Stage::Zero2, Precision::Fp32, 1);
+        let mut engine = Engine::new(&c, &comm, &dev, &lm).unwrap();
+        let scaler = LossScaler::new(&c.precision);
+        let units = engine.layout().units.len();
+        let own: Vec<_> = (0..units)
+            .map(|u| {
+                let r = engine.import_range(u).unwrap();
+                engine
+                    .export_unit(u)
+                    .map(|s| (r, s.master, s.adam_m, s.adam_v))
+                    .unwrap()
+            })
+            .collect();
+        // Stages 1-3 export and import the same block: re-import what it holds.
+        let import = |engine: &mut Engine<'_, HostDevice, LocalComm>, u: usize| {
+            let (r, m, a, v) = &own[u];
+            assert_eq!(r.len(), m.len());
+            engine.import_unit(u, m, a, v).unwrap();
+        };
+        let mut seen = Vec::new();
+        // Nothing imported.
+        engine.begin_import();
+        let e = engine.finish_import(0, 0, scaler.clone()).unwrap_err();
+        seen.push((kind_of(&e), e.to_string(), engine.import_pending()));
+        // Rank 0 all units, rank 1 all but the last.
+        engine.begin_import();
+        let upto = if comm.rank() == 0 { units } else { units - 1 };
+        for u in 0..upto {
+            import(&mut engine, u);
+        }
+        let e = engine.finish_import(0, 0, scaler.clone()).unwrap_err();
+        seen.push((kind_of(&e), e.to_string(), engine.import_pending()));
+        let (x, y) = common::lm_batch(0, 0, comm.rank(), 2, 1);
+        let b = TokenBatch {
+            inputs: &x,
+            targets: &y,
+            seq_len: common::SEQ,
+        };
+        let refused = engine.step(&mut lm, &[b]).map(drop).unwrap_err();
+        seen.push((kind(&refused), refused.to_string(), engine.import_pending()));
+        // A new import begun: what the last one imported counts no more.
+        engine.begin_import();
+        import(&mut engine, units - 1);
+        let e = engine.finish_import(0, 0, scaler.clone()).unwrap_err();
+        seen.push((kind_of(&e), e.to_string(), engine.import_pending()));
+        // Every unit: it finishes and steps.
+        for u in 0..units {
+            import(&mut engine, u);
+        }
+        engine.finish_import(0, 0, scaler).unwrap();
+        assert!(!engine.import_pending());
+        engine.step(&mut lm, &[b]).unwrap();
+        (seen, units)
+    });
+    for (rank, r) in results.into_iter().enumerate() {
+        let (seen, units) = r.unwrap();
+        let case = |i: usize| format!("rank {rank}, case {i}: {:?}", seen[i]);
+        let all = format!("{units} of the model's {units} units were not imported");
+        assert_eq!(seen[0].0, "incomplete", "{}", case(0));
+        assert!(
+            seen[0].1.contains(&all) && seen[0].1.contains("unit 0 '"),
+            "{}",
+            case(0)
+        );
+        let last = format!("unit {} '", units - 1);
+        if rank == 0 {
+            assert_eq!(seen[1].0, "peer", "{}", case(1));
+            assert!(
+                seen[1].1.contains("rank 1: finish_import: 1 of"),
+                "{}",
+                case(1)
+            );
+        } else {
+            assert_eq!(seen[1].0, "incomplete", "{}", case(1));
+            assert!(
+                seen[1].1.contains(&last) && !seen[1].1.contains("unit 0 '"),
+                "{}",
+                case(1)
+            );
+        }
+        assert_eq!(seen[2].0, "pending", "{}", case(2));
+        assert_eq!(seen[3].0, "incomplete", "{}", case(3));
+        assert!(
+            seen[3].1.contains(&format!("{} of the model's", units - 1))
+                && !seen[3].1.contains(&last),
+            "{}",
+            case(3)
+        );
+        assert!(
+            seen.iter().all(|s| s.2),
+            "rank {rank}: stays pending: {seen:?}"
+        );
+    }
+}
+
+fn kind_of(e: &EngineError) -> &'static str {
+    match e {
+        EngineError::ImportIncomplete { .. } => "incomplete",
+        EngineError::PeerImport { .. } => "peer",
+        other => kind(other),
+    }
+}
+
+/// The bf16 matrix-product mode is the device's: an fp32 engine built on the device of
+/// a bf16 one turns it off, and each step sets it again, so the bf16 engine still steps
+/// the bits it steps alone on its device (and the fp32 one those of its own).
+#[test]
+fn engines_of_two_precisions_on_one_device_each_step_with_their_own_products() {
+    let results = zero_comm::run_local(1, watched(), |comm| {
+        let step = |engine: &mut Engine<'_, HostDevice, LocalComm>, lm: &mut CharLm<HostDevice>| {
+            let (x, y) = common::lm_batch(0, 0, 0, 1, 1);
+            let b = TokenBatch {
+                inputs: &x,
+                targets: &y,
+                seq_len: common::SEQ,
+            };
+            engine.step(lm, &[b]).unwrap().loss.to_bits()
+        };
+        let alone = |c: &EngineConfig| {
+            let dev = HostDevice::new();
+            let mut lm = CharLm::new(&dev, lm_config()).unwrap();
+            let mut e = Engine::new(c, &comm, &dev, &lm).unwrap();
+            step(&mut e, &mut lm)
+        };
+        let (c16, c32) = (
+            config(Stage::Zero1, Precision::Bf16, 1),
+            config(Stage::Zero1, Precision::Fp32, 1),
+        );
+        let dev = HostDevice::new();
+        let mut lm = CharLm::new(&dev, lm_config()).unwrap();
+        let mut e16 = Engine::new(&c16, &comm, &dev, &lm).unwrap();
+        let mut e32 = Engine::new(&c32, &comm, &dev, &lm).unwrap();
+        let shared16 = step(&mut e16, &mut lm);
+        let shared32 = step(&mut e32, &mut lm);
+        ([alone(&c16), alone(&c32)], [shared16, shared32])
+    });
+    let (alone, shared) = results.into_iter().next().unwrap().unwrap();
+    assert_eq!(
+        shared, alone,
+        "bf16 and fp32 losses beside each other, and alone"
+    );
 }

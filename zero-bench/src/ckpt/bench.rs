@@ -87,7 +87,12 @@ fn checkpoint_error(e: CheckpointError, what: &str, world: usize) -> anyhow::Err
             e,
             CheckpointError::Ranks { .. }
                 | CheckpointError::Invalid(_)
-                | CheckpointError::Engine(EngineError::Mismatch(_))
+                | CheckpointError::Differs { .. }
+                | CheckpointError::Engine(
+                    EngineError::Mismatch(_)
+                        | EngineError::PeerImport { .. }
+                        | EngineError::ImportIncomplete { .. }
+                )
         );
     let e = anyhow::Error::new(e).context(what.to_string());
     if !agreed {

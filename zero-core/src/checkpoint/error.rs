@@ -86,6 +86,21 @@ pub enum CheckpointError {
         /// (rank, its error), in rank order.
         failures: Vec<(usize, String)>,
     },
+    /// The ranks of a load read different checkpoints under one path (a stale
+    /// node-local copy, a `latest` that names another step on some node): loading them
+    /// would mix two states. Found before any state moved: every engine is as it was.
+    #[error("load of the checkpoint in '{}': this rank read '{}'; the ranks did not read the same checkpoint (rank 0: step {root_step}; {}), so the model would be a mix of two states, and nothing was loaded. Every rank must read the same files: put the checkpoint on a file system all nodes share, or refresh the node-local copies", path.display(), dir.display(), unlike(*root_step, others))]
+    Differs {
+        /// The path given to the load.
+        path: PathBuf,
+        /// The step directory this rank read.
+        dir: PathBuf,
+        /// The step of rank 0's checkpoint.
+        root_step: u64,
+        /// (rank, step) of each rank whose `meta.json` differs from rank 0's, in rank
+        /// order.
+        others: Vec<(usize, u64)>,
+    },
     /// A bad argument (keep_last = 0...).
     #[error("{0}")]
     Invalid(String),
@@ -161,4 +176,26 @@ fn list(failures: &[(usize, String)]) -> String {
         .iter()
         .map(|(r, m)| format!("\n  rank {r}: {m}"))
         .collect()
+}
+
+/// "rank 2: step 4, rank 3: step 8 (another meta.json)", at most eight ranks, then how
+/// many more.
+fn unlike(root_step: u64, others: &[(usize, u64)]) -> String {
+    const SHOWN: usize = 8;
+    let mut text: Vec<String> = others
+        .iter()
+        .take(SHOWN)
+        .map(|&(r, step)| {
+            let same = if step == root_step {
+                " (another meta.json)"
+            } else {
+                ""
+            };
+            format!("rank {r}: step {step}{same}")
+        })
+        .collect();
+    if others.len() > SHOWN {
+        text.push(format!("and {} more rank(s)", others.len() - SHOWN));
+    }
+    text.join(", ")
 }

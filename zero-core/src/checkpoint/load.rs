@@ -98,7 +98,8 @@ fn step_dirs_hint(root: &Path) -> String {
 
 /// Load the checkpoint at `path` (a step directory or a root with `latest`) into
 /// `engine`, resharding as needed. Collective: on error every rank returns an error. One
-/// found before any state moved (no checkpoint at `path`, another model's) leaves every
+/// found before any state moved (no checkpoint at `path`, another model's, ranks that
+/// read different checkpoints under `path`: [`CheckpointError::Differs`]) leaves every
 /// engine as it was, so the caller may train from scratch instead; one after (a shard
 /// that fails its checksum) leaves every engine refusing steps, exports and saves
 /// ([`EngineError::ImportPending`]) until a load succeeds.
@@ -114,11 +115,12 @@ pub fn load<D: Device, C: Communicator>(
     let comm = engine.communicator();
     // What is to be loaded, agreed before any state moves.
     let found = resolve(path).and_then(|dir| {
-        let meta = Meta::read(&dir)?;
+        let (meta, crc) = Meta::read_with_crc(&dir)?;
         meta.check_fits(engine.layout(), &dir)?;
-        Ok(LoadInfo { dir, meta })
+        Ok((LoadInfo { dir, meta }, crc))
     });
-    let info = super::agree(comm, found, "load", path)?;
+    let (info, crc) = super::agree(comm, found, "load", path)?;
+    same_checkpoint_on_every_rank(comm, &info, crc, path)?;
     // Every rank's engine counts as part-imported from here until the load succeeds
     // (Engine::begin_import), also one that fails before it imports a unit: no rank may
     // step while the others refuse.
@@ -188,6 +190,34 @@ pub fn load<D: Device, C: Communicator>(
     Ok(info)
 }
 
+/// Refuse, on every rank, a load whose ranks read different checkpoints: each imports
+/// from its own `meta.json`, so a stale node-local copy would load as a mix of two
+/// states. Compares each rank's step and `meta.json` CRC with rank 0's. Collective on
+/// every rank alike (one all-gather; none on one rank), before any state moves.
+fn same_checkpoint_on_every_rank<C: Communicator>(
+    comm: &C,
+    info: &LoadInfo,
+    crc: u32,
+    path: &Path,
+) -> Result<(), CheckpointError> {
+    if comm.size() == 1 {
+        return Ok(());
+    }
+    // The step travels as i64 and back: the same bits on every rank.
+    let mine = [info.meta.step as i64, i64::from(crc)];
+    let unlike = zero_comm::unlike_rank_0(comm, &mine)?;
+    if unlike.none() {
+        return Ok(());
+    }
+    let step = |v: &[i64]| v.first().map_or(0, |&s| s as u64);
+    Err(CheckpointError::Differs {
+        path: path.to_path_buf(),
+        dir: info.dir.clone(),
+        root_step: step(&unlike.root),
+        others: unlike.others.iter().map(|(r, v)| (*r, step(v))).collect(),
+    })
+}
+
 /// Fill every unit this rank keeps from the saved blocks.
 fn fill<D: Device, C: Communicator>(
     engine: &mut Engine<'_, D, C>,
@@ -218,14 +248,14 @@ fn fill<D: Device, C: Communicator>(
             next += 1;
             let reader = cached_reader(&mut files, dir, meta, c.from_rank)?;
             let len = meta.layout.units[u].shard_len;
-            for (kind, out) in dst.iter_mut().enumerate() {
+            for (kind, (out, name)) in dst.iter_mut().zip(KINDS).enumerate() {
                 let crcs =
                     meta.crcs(c.from_rank, u, kind)
                         .ok_or_else(|| CheckpointError::Meta {
                             path: dir.join(super::META_FILE),
                             reason: format!(
-                                "no checksums for rank {} unit {u} {}",
-                                c.from_rank, KINDS[kind]
+                                "no checksums for rank {} unit {u} {name}",
+                                c.from_rank
                             ),
                         })?;
                 let to = &mut out[c.to.clone()];

@@ -50,6 +50,13 @@ pub struct Meta {
     /// The application's own configuration as it gave it (zero-bench: its TOML), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub app_config: Option<String>,
+    /// The application's own state to resume with, as it gave it ([`SaveOptions::app_state`];
+    /// zero-bench: where its data order had got to, so that a changed batch goes on from
+    /// there).
+    ///
+    /// [`SaveOptions::app_state`]: super::SaveOptions::app_state
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub app_state: Option<String>,
     /// What happened to the training beyond its steps, oldest first (resumes, precision
     /// and batch changes): [`crate::Engine::history`].
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -88,6 +95,7 @@ impl Meta {
             layout: layout.clone(),
             engine: config.clone(),
             app_config: app_config.map(str::to_string),
+            app_state: None,
             history: Vec::new(),
             loss_guard: LossGuard::default(),
             block_elems: BLOCK_ELEMS,
@@ -95,8 +103,13 @@ impl Meta {
         }
     }
 
-    /// The checksums of `rank`'s dataset `kind` of unit `unit`.
+    /// The checksums of `rank`'s dataset `kind` of unit `unit`; `None` where there are
+    /// none, `kind` past [`KINDS`] included.
     pub fn crcs(&self, rank: usize, unit: usize, kind: usize) -> Option<&[u32]> {
+        // Checked: `unit * 3 + kind` with kind 3 is the next unit's master.
+        if kind >= KINDS.len() {
+            return None;
+        }
         self.crc32
             .get(rank)
             .and_then(|r| r.get(unit * KINDS.len() + kind))
@@ -117,12 +130,19 @@ impl Meta {
 
     /// Read and check `dir/meta.json`: format, version, and internal consistency.
     pub fn read(dir: &Path) -> Result<Meta, CheckpointError> {
+        Self::read_with_crc(dir).map(|(meta, _)| meta)
+    }
+
+    /// [`Meta::read`], with the CRC32 of the file's bytes: the same for the same file
+    /// in every process and build (what a load's ranks compare).
+    pub(crate) fn read_with_crc(dir: &Path) -> Result<(Meta, u32), CheckpointError> {
         let path = dir.join(super::META_FILE);
         let bad = |reason: String| CheckpointError::Meta {
             path: path.clone(),
             reason,
         };
         let text = std::fs::read_to_string(&path).map_err(CheckpointError::io("read", &path))?;
+        let crc = crc32fast::hash(text.as_bytes());
         let meta: Meta =
             serde_json::from_str(&text).map_err(|e| bad(format!("not valid metadata: {e}")))?;
         if meta.format != FORMAT_NAME || meta.format_version != FORMAT_VERSION {
@@ -171,7 +191,7 @@ impl Meta {
                 }
             }
         }
-        Ok(meta)
+        Ok((meta, crc))
     }
 
     /// Refuse a checkpoint whose model differs from `layout`'s, naming the difference.

@@ -33,6 +33,10 @@ pub struct SaveOptions<'a> {
     /// The application's own configuration, recorded in the metadata as given
     /// (`zero-bench` passes its TOML), so a checkpoint says how it was trained.
     pub app_config: Option<&'a str>,
+    /// The application's own state at this step, recorded as given and read back as
+    /// [`Meta::app_state`] (zero-bench records its data position: a resumed run with
+    /// another global batch reads on from it). The same on every rank.
+    pub app_state: Option<&'a str>,
     /// Called on this rank after each unit is written (progress, fault injection in tests).
     pub after_unit: Option<&'a dyn Fn(usize)>,
 }
@@ -42,6 +46,7 @@ impl Default for SaveOptions<'_> {
         SaveOptions {
             keep_last: 3,
             app_config: None,
+            app_state: None,
             after_unit: None,
         }
     }
@@ -329,6 +334,7 @@ fn publish<D: Device, C: Communicator>(
         engine.scaler(),
         opts.app_config,
     );
+    meta.app_state = opts.app_state.map(str::to_string);
     meta.history = engine.history().to_vec();
     meta.loss_guard = engine.loss_guard().clone();
     // Reshape the gathered CRCs like this rank's (every rank has the same block counts).

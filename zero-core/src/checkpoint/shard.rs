@@ -19,9 +19,18 @@ pub const BLOCK_ELEMS: usize = 1 << 16;
 /// The datasets of every unit, in the order of the checksums in the metadata.
 pub const KINDS: [&str; 3] = ["master", "adam_m", "adam_v"];
 
-/// Dataset path of `kind` (index in [`KINDS`]) of unit `unit`.
-pub fn dataset_name(unit: usize, kind: usize) -> String {
-    format!("unit{unit:04}/{}", KINDS[kind])
+/// Dataset path of `kind` (index in [`KINDS`]) of unit `unit`; an error for a `kind`
+/// past [`KINDS`].
+pub fn dataset_name(unit: usize, kind: usize) -> Result<String, CheckpointError> {
+    let Some(name) = KINDS.get(kind) else {
+        return Err(CheckpointError::Invalid(format!(
+            "dataset kind {kind} of unit {unit}: a unit has {} datasets, kinds 0..{} ({})",
+            KINDS.len(),
+            KINDS.len(),
+            KINDS.join(", ")
+        )));
+    };
+    Ok(format!("unit{unit:04}/{name}"))
 }
 
 /// CRC32 of each block of `data`.
@@ -83,11 +92,11 @@ impl ShardWriter {
             .create_group(&group)
             .map_err(CheckpointError::h5(&self.path, &group))?;
         let mut crcs = Vec::with_capacity(KINDS.len());
-        for (kind, values) in data.iter().enumerate() {
-            let name = dataset_name(unit, kind);
+        for (kind, (values, short)) in data.iter().zip(KINDS).enumerate() {
+            let name = dataset_name(unit, kind)?;
             g.new_dataset::<f32>()
                 .shape(values.len())
-                .create(KINDS[kind])
+                .create(short)
                 .and_then(|ds| ds.write_raw(*values))
                 .map_err(CheckpointError::h5(&self.path, &name))?;
             crcs.push(block_crcs(values, self.block));
@@ -171,7 +180,7 @@ impl ShardReader {
     /// Byte offset of dataset `kind` of unit `unit` in the file (contiguous storage), for
     /// low-level inspection.
     pub fn dataset_offset(&self, unit: usize, kind: usize) -> Result<Option<u64>, CheckpointError> {
-        let name = dataset_name(unit, kind);
+        let name = dataset_name(unit, kind)?;
         let ds = self
             .file
             .dataset(&name)
@@ -206,7 +215,7 @@ impl ShardReader {
         kind: usize,
         len: usize,
     ) -> Result<hdf5::Dataset, CheckpointError> {
-        let name = dataset_name(unit, kind);
+        let name = dataset_name(unit, kind)?;
         let ds = self
             .file
             .dataset(&name)
@@ -257,7 +266,7 @@ impl ShardReader {
                 "read of {}..{} into {out_len} elements from '{}' of {len} elements in '{}' (checksum block {block})",
                 range.start,
                 range.end,
-                dataset_name(unit, kind),
+                dataset_name(unit, kind)?,
                 self.path.display()
             )));
         }
@@ -278,7 +287,7 @@ impl ShardReader {
         block: usize,
         out: &mut [f32],
     ) -> Result<(), CheckpointError> {
-        let name = dataset_name(unit, kind);
+        let name = dataset_name(unit, kind)?;
         if range.is_empty() {
             return Ok(());
         }

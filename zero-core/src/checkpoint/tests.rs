@@ -534,3 +534,42 @@ fn the_tools_keep_a_bounded_number_of_shards_open() {
         .to_string();
     assert!(err.contains(&format!("describes rank {r}")), "{err}");
 }
+
+/// A dataset kind past `KINDS` (3: master, adam_m, adam_v) is refused by name, never an
+/// index panic, and has no checksums (not the next unit's master's).
+#[test]
+fn a_dataset_kind_out_of_range_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("step-7");
+    let layout = layout();
+    let meta = write_checkpoint(&dir, &layout);
+    assert_eq!(super::shard::dataset_name(1, 2).unwrap(), "unit0001/adam_v");
+    let err = super::shard::dataset_name(1, 3).unwrap_err();
+    assert!(
+        matches!(err, CheckpointError::Invalid(_)) && err.to_string().contains("kind 3"),
+        "{err}"
+    );
+    assert!(meta.crcs(0, 0, 2).is_some());
+    assert_eq!(meta.crcs(0, 0, 3), None);
+    assert_eq!(meta.crcs(0, 0, usize::MAX), None);
+    let (u, r) = (0, 1);
+    let len = layout.units[u].shard_len;
+    let reader = ShardReader::open(&dir.join(rank_file(r))).unwrap();
+    let crcs = meta.crcs(r, u, 0).unwrap();
+    for kind in [3, 7] {
+        let errs = [
+            reader
+                .read_checked(u, kind, 0..len, len, crcs, BLOCK)
+                .map(drop)
+                .unwrap_err(),
+            reader
+                .read_checked_into(u, kind, 0..len, len, crcs, BLOCK, &mut vec![0.0; len])
+                .unwrap_err(),
+            reader.dataset_offset(u, kind).map(drop).unwrap_err(),
+        ];
+        for e in errs {
+            assert!(matches!(e, CheckpointError::Invalid(_)), "{e}");
+            assert!(e.to_string().contains(&format!("kind {kind}")), "{e}");
+        }
+    }
+}

@@ -61,7 +61,9 @@ impl LossGuard {
         // A spike is a multiple of a positive median: a loss that may be negative (a
         // log-likelihood of continuous data, an ELBO) has no such scale, and
         // `spike_factor = 0` turns the test off.
-        if self.recent.len() < MIN_HISTORY.min(cfg.window) || cfg.spike_factor == 0.0 {
+        // No history (window 0 keeps none) has no median: at least one loss is needed.
+        let needed = MIN_HISTORY.min(cfg.window).max(1);
+        if self.recent.len() < needed || cfg.spike_factor == 0.0 {
             return None;
         }
         let mut v: Vec<f64> = self.recent.iter().copied().collect();
@@ -147,5 +149,28 @@ mod tests {
         }
         assert_eq!(zero.judge(1e-9, &cfg), None);
         assert_eq!(zero.judge(f64::INFINITY, &cfg), Some(Divergence::NonFinite));
+    }
+
+    #[test]
+    fn no_history_judges_no_spike() {
+        // window = 0 (refused by validation, but `judge` is public) keeps no losses.
+        let cfg = DivergenceConfig {
+            window: 0,
+            ..Default::default()
+        };
+        let mut g = LossGuard::default();
+        assert_eq!(g.judge(1e30, &cfg), None);
+        assert_eq!(g.judge(f64::NAN, &cfg), Some(Divergence::NonFinite));
+        g.record(1.0, &cfg);
+        assert!(g.recent.is_empty());
+        assert_eq!(g.judge(1e30, &cfg), None);
+        // One loss kept by a window of 1 is a median of one.
+        let one = DivergenceConfig {
+            window: 1,
+            ..Default::default()
+        };
+        assert_eq!(LossGuard::default().judge(1e30, &one), None);
+        g.record(1.0, &one);
+        assert!(g.judge(1e30, &one).is_some());
     }
 }

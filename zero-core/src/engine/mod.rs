@@ -143,9 +143,48 @@ pub enum EngineError {
     /// no steps and exports no state until every unit is imported again and finished.
     #[error("state was imported into this engine (Engine::import_unit, e.g. by a checkpoint load that failed part-way) without a successful Engine::finish_import after it, so its parameters, master weights and optimizer state are part old, part new; it runs no steps and exports no state. Build a new engine (Engine::new), or import every unit again and call finish_import (load the checkpoint again)")]
     ImportPending,
+    /// [`Engine::finish_import`] while an import is pending and some units were not
+    /// imported since it began: finishing would leave those units' state old. The import
+    /// stays pending.
+    #[error("finish_import: {} of the model's {units} units were not imported since the import began ({}), so finishing would leave their parameters and optimizer state old beside the new ones; import every unit (Engine::import_unit for each unit, after Engine::begin_import) and call finish_import again", missing.len(), unit_list(missing))]
+    ImportIncomplete {
+        /// (index, name) of each unit not imported.
+        missing: Vec<(usize, String)>,
+        /// Units of the model.
+        units: usize,
+    },
+    /// [`Engine::finish_import`] failed on other ranks (each one's message): no rank
+    /// finished, so every rank's import stays pending.
+    #[error("finish_import failed on {} other rank(s), so no rank finished its import and every engine still refuses steps:{}", failures.len(), failure_lines(failures))]
+    PeerImport {
+        /// (rank, its error), in rank order.
+        failures: Vec<(usize, String)>,
+    },
     /// A broken engine invariant (a bug: please report it with the config).
     #[error("internal engine error: {0}")]
     Internal(String),
+}
+
+/// "unit 3 'h.2', unit 5 'h.4'", at most eight, then how many more.
+fn unit_list(units: &[(usize, String)]) -> String {
+    const SHOWN: usize = 8;
+    let mut text: Vec<String> = units
+        .iter()
+        .take(SHOWN)
+        .map(|(u, name)| format!("unit {u} '{name}'"))
+        .collect();
+    if units.len() > SHOWN {
+        text.push(format!("and {} more", units.len() - SHOWN));
+    }
+    text.join(", ")
+}
+
+/// One indented line per failing rank.
+fn failure_lines(failures: &[(usize, String)]) -> String {
+    failures
+        .iter()
+        .map(|(r, m)| format!("\n  rank {r}: {m}"))
+        .collect()
 }
 
 impl EngineError {
@@ -329,6 +368,9 @@ pub struct Engine<'c, D: Device, C: Communicator> {
     /// Units were imported and no `finish_import` succeeded since
     /// ([`EngineError::ImportPending`]).
     import_pending: bool,
+    /// While an import is pending: which units it has imported (`finish_import` needs
+    /// every one; `begin_import`, or the first `import_unit` after a finish, clears it).
+    imported: Vec<bool>,
 }
 
 /// [`Engine::init_params`] for the plan's parameter dtype, chosen before set-up is agreed.
@@ -344,6 +386,13 @@ impl<'c, D: Device, C: Communicator> Engine<'c, D, C> {
     /// node groups, plan, memory) returns its own error; otherwise, where the ranks' specs
     /// or configurations differ, every rank returns [`EngineError::Mismatch`]; otherwise,
     /// where another rank failed, [`EngineError::PeerSetup`].
+    ///
+    /// The matrix-product mode is the device's, not the engine's: this sets `dev`'s bf16
+    /// products ([`Device::set_bf16_products`]) on in bf16 training and off otherwise,
+    /// for everything that runs on `dev` afterwards (a model's forward outside a step
+    /// included). Each [`Engine::step`] sets it again, so engines of different precisions
+    /// on one device each step with their own; between steps the device keeps the mode of
+    /// the engine that last set it.
     pub fn new<M: Model<D>>(
         config: &EngineConfig,
         comm: &'c C,
@@ -437,6 +486,7 @@ impl<'c, D: Device, C: Communicator> Engine<'c, D, C> {
             activation_bytes,
             interrupted: None,
             import_pending: false,
+            imported: Vec::new(),
         };
         init(&mut engine, model)?;
         Ok(engine)

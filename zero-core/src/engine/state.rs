@@ -94,7 +94,8 @@ impl<D: Device, C: Communicator> Engine<'_, D, C> {
 
     /// Set what this rank keeps of unit `u` ([`Engine::import_range`]) from host data;
     /// call [`Engine::finish_import`] after every unit. Until one succeeds the engine
-    /// refuses steps and exports ([`Engine::import_pending`]).
+    /// refuses steps and exports ([`Engine::import_pending`]). The first call after a
+    /// finish (or on a fresh engine) begins an import, as [`Engine::begin_import`] does.
     pub fn import_unit(
         &mut self,
         u: usize,
@@ -118,7 +119,9 @@ impl<D: Device, C: Communicator> Engine<'_, D, C> {
             }
         }
         // From the first upload on, the state is part this import's.
-        self.import_pending = true;
+        if !self.import_pending {
+            self.begin_import();
+        }
         let (dev, s) = (self.core.dev, &self.core.streams.compute);
         let bufs = &mut self.bufs;
         match &mut bufs.master {
@@ -133,19 +136,65 @@ impl<D: Device, C: Communicator> Engine<'_, D, C> {
         }
         dev.upload(s, adam_m, bufs.adam_m.slice_mut(at.state.clone()))?;
         dev.upload(s, adam_v, bufs.adam_v.slice_mut(at.state))?;
+        // Counted only once all three uploads were made: a failed one leaves it to do.
+        if let Some(done) = self.imported.get_mut(u) {
+            *done = true;
+        }
         Ok(())
     }
 
     /// After every unit was imported: rebuild what derives from the master and restore
-    /// the counters and the loss scaler. Collective: every rank calls it. Only its
-    /// success makes the engine whole again after [`Engine::import_unit`].
+    /// the counters and the loss scaler. Collective: every rank calls it, also one whose
+    /// import failed part-way (it then returns its own error, the others
+    /// [`EngineError::PeerImport`]). Only its success makes the engine whole again after
+    /// [`Engine::import_unit`]; while an import is pending it needs every unit imported
+    /// since the import began ([`EngineError::ImportIncomplete`] names the others), and
+    /// on any error the import stays pending. Without an import pending it only rebuilds
+    /// and sets the counters.
     pub fn finish_import(
         &mut self,
         step: u64,
         applied: u64,
         scaler: LossScaler,
     ) -> Result<(), EngineError> {
+        // Before any collective: after a step failed part-way the ranks may be at
+        // different ones.
         self.check_not_interrupted()?;
+        // What may differ between ranks (an import that stopped early on one) is agreed
+        // before the rebuild's gathers, so that no rank waits in one that another left.
+        let mine = self.check_finish(step, applied, &scaler).err();
+        let text = mine.as_ref().map(ToString::to_string);
+        let failures = zero_comm::gather_failures(self.core.comm, text.as_deref())?;
+        if let Some(e) = mine {
+            return Err(e);
+        }
+        if !failures.is_empty() {
+            return Err(EngineError::PeerImport { failures });
+        }
+        let (core, bufs) = (&self.core, &mut self.bufs);
+        match core.plan.param_dtype {
+            DType::F32 => optimizer::refresh_from_master::<f32, D, C>(core, bufs)?,
+            DType::BF16 => optimizer::refresh_from_master::<half::bf16, D, C>(core, bufs)?,
+            DType::F16 => optimizer::refresh_from_master::<half::f16, D, C>(core, bufs)?,
+            other => return Err(EngineError::Internal(format!("parameter dtype {other}"))),
+        }
+        core.dev.synchronize()?;
+        self.step = step;
+        self.applied = applied;
+        self.scaler = scaler;
+        self.import_pending = false;
+        self.imported.clear();
+        Ok(())
+    }
+
+    /// What [`Engine::finish_import`] refuses on this rank: a damaged scaler or counters,
+    /// or units an import pending has not imported.
+    fn check_finish(
+        &self,
+        step: u64,
+        applied: u64,
+        scaler: &LossScaler,
+    ) -> Result<(), EngineError> {
         // A scale that is not a positive finite number would turn every step into an
         // "overflow" and blame the learning rate or the data.
         let scale_ok = |s: f64| s > 0.0 && s <= super::scaler::MAX_LOSS_SCALE;
@@ -163,28 +212,34 @@ impl<D: Device, C: Communicator> Engine<'_, D, C> {
                 "the imported step counters are step {step} and applied {applied}: need applied <= step <= 2^53 (a damaged or hand-edited state?)"
             )));
         }
-        let (core, bufs) = (&self.core, &mut self.bufs);
-        match core.plan.param_dtype {
-            DType::F32 => optimizer::refresh_from_master::<f32, D, C>(core, bufs)?,
-            DType::BF16 => optimizer::refresh_from_master::<half::bf16, D, C>(core, bufs)?,
-            DType::F16 => optimizer::refresh_from_master::<half::f16, D, C>(core, bufs)?,
-            other => return Err(EngineError::Internal(format!("parameter dtype {other}"))),
+        if !self.import_pending {
+            return Ok(());
         }
-        core.dev.synchronize()?;
-        self.step = step;
-        self.applied = applied;
-        self.scaler = scaler;
-        self.import_pending = false;
-        Ok(())
+        let units = &self.core.layout.units;
+        let missing: Vec<(usize, String)> = units
+            .iter()
+            .enumerate()
+            .filter(|&(u, _)| !self.imported.get(u).copied().unwrap_or(false))
+            .map(|(u, unit)| (u, unit.name.clone()))
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        Err(EngineError::ImportIncomplete {
+            missing,
+            units: units.len(),
+        })
     }
 
     /// Mark an import as begun ([`Engine::import_pending`]) before anything of it is
-    /// read. A collective import (a checkpoint load) calls it on every rank first, so
-    /// that one that fails on some rank before that rank imports a unit leaves every
-    /// rank refusing steps alike: a rank that stepped while its peers refused would wait
-    /// in the step's first collective.
+    /// read, with no unit imported yet: [`Engine::finish_import`] then needs every unit
+    /// imported after this call. A collective import (a checkpoint load) calls it on
+    /// every rank first, so that one that fails on some rank before that rank imports a
+    /// unit leaves every rank refusing steps alike: a rank that stepped while its peers
+    /// refused would wait in the step's first collective.
     pub fn begin_import(&mut self) {
         self.import_pending = true;
+        self.imported = vec![false; self.core.layout.units.len()];
     }
 
     /// Units were imported ([`Engine::import_unit`], or [`Engine::begin_import`]) and no

@@ -42,6 +42,10 @@ impl<D: Device, C: Communicator> Engine<'_, D, C> {
             )));
         }
         self.check_intact()?;
+        // The mode is the device's: another engine (or the caller) on this device may
+        // have changed it since `Engine::new` set it.
+        let bf16 = self.core.config.precision.dtype == crate::config::Precision::Bf16;
+        self.core.dev.set_bf16_products(bf16);
         // The loss is copied out after each forward: one f32, by the Model contract.
         let loss_len = model.loss().len();
         if loss_len != 1 {

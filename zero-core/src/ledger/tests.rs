@@ -910,3 +910,55 @@ fn reference_grad_lines(
     out.retain(|x| x.3 > 0);
     out
 }
+
+/// Stage 3, A = 1024, 65536 ranks, 70B fp32 parameters: the bytes of a line pass u64 in
+/// `elems x size x (N-1)` though not in the result; each line is that product over N,
+/// computed here in f64, and the sums saturate instead of wrapping.
+#[test]
+fn huge_plans_count_their_bytes_without_overflow() {
+    let units: Vec<UnitSpec> = (0..80)
+        .map(|i| UnitSpec {
+            name: format!("h.{i}"),
+            params: vec![ParamSpec::new(format!("h.{i}.w"), &[25_000, 35_000])],
+        })
+        .collect();
+    let layers = (0..80)
+        .map(|i| LayerSpec::new(format!("h.{i}"), vec![i]))
+        .collect();
+    let spec = ModelSpec { units, layers };
+    assert_eq!(spec.numel(), 70_000_000_000);
+    let world = 65_536;
+    let layout = PartitionLayout::new(&spec, world, 32).unwrap();
+    let mut inp = inputs(Stage::Zero3, Precision::Fp32, true, true);
+    inp.activation_bytes = 0;
+    inp.persistence_threshold = 0;
+    inp.bucket_elems = 1 << 24;
+    inp.grad_accum = 1024;
+    let plan = BufferPlan::new(&spec, &layout, &inp, 0).unwrap();
+    let comm = CommPlan::new(&layout, &plan, 1024);
+    let mut overflowing = 0;
+    for l in &comm.lines {
+        let g = comm.group_size(l.group) as f64;
+        let per = (l.dtype.size_bytes()
+            * if l.collective == Collective::AllReduce {
+                2
+            } else {
+                1
+            }) as f64;
+        let product = l.elems as f64 * per * (g - 1.0);
+        overflowing += usize::from(product > u64::MAX as f64);
+        let want = product / g;
+        assert!(
+            (l.sent_bytes as f64 - want).abs() <= want * 1e-12,
+            "{l:?}: want {want}"
+        );
+    }
+    assert!(overflowing > 0, "the case must pass u64 in the product");
+    let sum: f64 = comm.lines.iter().map(|l| l.sent_bytes as f64).sum();
+    assert!((comm.sent_bytes() as f64 - sum).abs() <= sum * 1e-12);
+    // Beyond u64 in the result: saturated, never wrapped.
+    assert_eq!(super::comm::ring_bytes(u64::MAX, 8, 2), u64::MAX);
+    assert_eq!(super::comm::ring_bytes(10, 4, 0), 0);
+    assert_eq!(super::comm::ring_bytes(10, 4, 4), 30);
+    assert_eq!(node_egress(2, u64::MAX as usize, 1, 2), u64::MAX);
+}

@@ -576,8 +576,24 @@ impl InitFile {
     }
 
     /// Set the engine's parameters (master and working copies) to the file's, unit by
-    /// unit, each rank only what it keeps. Collective: every rank calls it.
+    /// unit, each rank only what it keeps. Collective: every rank calls it, and every
+    /// rank reaches `finish_import` (an I/O error on one rank mid-way must not leave the
+    /// others waiting in its agreement): that rank returns its own error, the others the
+    /// engine's `PeerImport`, and every engine refuses steps until a load succeeds.
     pub fn load_into<D: Device, C: Communicator>(
+        &self,
+        engine: &mut Engine<'_, D, C>,
+    ) -> anyhow::Result<()> {
+        let imported = self.import_units(engine);
+        let scaler = LossScaler::new(&engine.config().precision);
+        let finished = engine
+            .finish_import(0, 0, scaler)
+            .map_err(|e| anyhow!("finishing the load of {}: {e}", self.path.display()));
+        imported.and(finished)
+    }
+
+    /// This rank's part of every unit, read and imported (`load_into`).
+    fn import_units<D: Device, C: Communicator>(
         &self,
         engine: &mut Engine<'_, D, C>,
     ) -> anyhow::Result<()> {
@@ -615,10 +631,7 @@ impl InitFile {
                 .import_unit(u, &master, &zeros, &zeros)
                 .map_err(|e| anyhow!("loading unit '{}': {e}", unit.name))?;
         }
-        let scaler = LossScaler::new(&engine.config().precision);
-        engine
-            .finish_import(0, 0, scaler)
-            .map_err(|e| anyhow!("finishing the load of {}: {e}", self.path.display()))
+        Ok(())
     }
 
     /// Elements `range` of a tensor of ours ([rows, cols] row-major) into `out`.
