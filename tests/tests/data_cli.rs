@@ -8,12 +8,22 @@
 //! - `--format nanogpt --allow-special`: the text `<|endoftext|>` becomes the token 50256.
 //! - Non-UTF-8 input: exit 1 naming the byte offset, and no output file (nor a temporary).
 //! - A missing input and an unwritable output: exit 1 naming the path.
+//! - An existing output is refused by `tokenize` and `corpus` (and `ckpt consolidate` and
+//!   `export`) and kept as it was; `--force` replaces it whole.
+//! - An output in a directory that does not exist is refused before any work, in the same
+//!   words by `data tokenize`, `data corpus`, `ckpt consolidate` and `ckpt export`.
+//! - A text of fewer than 2 tokens writes nothing (exit 1); `data info` on a file of 0 or
+//!   1 tokens says it is too few to train on (exit 1).
+//! - SIGTERM (and Ctrl-C's SIGINT) during `tokenize` removes the unfinished temporary
+//!   file, and the process ends by that signal.
 //!
 //! The binary is `zero-bench` next to this test's `deps/` directory; build it first with
 //! `cargo build -p zero-bench --release` (scripts/test.sh does).
 
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::time::{Duration, Instant};
 
 use zero_tests::cli::{ok, read_lines, repo, s, train};
 use zero_tests::zero_bench_bin as zero_bench;
@@ -169,7 +179,8 @@ fn allow_special_and_nanogpt() {
         .map(|b| u16::from_le_bytes([b[0], b[1]]))
         .collect();
     assert_eq!(toks, [50256, 15496, 995, 50256, 262]);
-    // Without the flag the same text is ordinary text: 7 tokens for "<|endoftext|>".
+    // Without the flag the same text is ordinary text: 7 tokens for "<|endoftext|>"
+    // (written over the first file: --force).
     let out = data(&[
         "tokenize",
         &s(&txt),
@@ -178,6 +189,7 @@ fn allow_special_and_nanogpt() {
         "gpt2",
         "--format",
         "nanogpt",
+        "--force",
     ]);
     assert!(out.status.success(), "{}", text(&out));
     assert_eq!(
@@ -281,4 +293,217 @@ fn bad_input_and_output_exit_1_and_leave_no_file() {
     }
     let out = data(&["corpus", "--tokens", "2", &s(&corpus)]);
     assert!(out.status.success() && corpus.exists(), "{}", text(&out));
+}
+
+fn ckpt(args: &[&str]) -> Output {
+    Command::new(zero_bench())
+        .arg("ckpt")
+        .args(args)
+        .output()
+        .expect("zero-bench starts")
+}
+
+/// Exit status 1, a message that contains every one of `says`, no panic.
+fn failed_saying(out: &Output, says: &[&str]) {
+    let t = text(out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    for said in says {
+        assert!(t.contains(said), "missing {said:?} in: {t}");
+    }
+    for bad in ["panicked", "stack backtrace", "Custom {", "kind:"] {
+        assert!(!t.contains(bad), "{t}");
+    }
+}
+
+#[test]
+fn an_existing_output_is_kept_unless_force() {
+    let dir = scratch("exists");
+    let txt = dir.join("in.txt");
+    std::fs::write(&txt, "Hello world").expect("write");
+    let bin = dir.join("out.bin");
+    std::fs::write(&bin, b"the user's file").expect("write");
+    let refused = [
+        vec!["tokenize".to_string(), s(&txt), s(&bin)],
+        vec![
+            "corpus".to_string(),
+            s(&bin),
+            "--tokens".into(),
+            "100".into(),
+        ],
+    ];
+    for args in &refused {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = data(&args);
+        failed_saying(&out, &["out.bin' exists; not overwriting it", "--force"]);
+        assert_eq!(
+            std::fs::read(&bin).expect("read"),
+            b"the user's file",
+            "{args:?}"
+        );
+        no_temporaries(&dir);
+    }
+    // A symbolic link to an existing file is that file: refused too.
+    let link = dir.join("link.bin");
+    std::os::unix::fs::symlink("out.bin", &link).expect("symlink");
+    let out = data(&["corpus", &s(&link), "--tokens", "100"]);
+    failed_saying(&out, &["exists; not overwriting it"]);
+    assert_eq!(std::fs::read(&bin).expect("read"), b"the user's file");
+
+    // --force replaces it whole (through the link, which stays a link).
+    let out = data(&["tokenize", &s(&txt), &s(&bin), "--force"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(llmc_tokens(&bin), b"Hello world".map(u16::from));
+    let out = data(&["corpus", &s(&link), "--tokens", "100", "--force"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(llmc_tokens(&bin).len(), 100);
+    assert!(std::fs::symlink_metadata(&link)
+        .expect("link")
+        .file_type()
+        .is_symlink());
+    no_temporaries(&dir);
+
+    // The ckpt tools refuse an existing output the same way, before reading the
+    // checkpoint (here there is none).
+    for args in [
+        &["consolidate", "no-checkpoint", &s(&bin)][..],
+        &["export", "--safetensors", "no-checkpoint", &s(&bin)][..],
+    ] {
+        let out = ckpt(args);
+        failed_saying(&out, &["out.bin' exists; not overwriting it"]);
+        assert!(!text(&out).contains("no-checkpoint'"), "{}", text(&out));
+        assert_eq!(llmc_tokens(&bin).len(), 100);
+    }
+}
+
+#[test]
+fn a_missing_directory_is_said_before_any_work() {
+    let dir = scratch("nodir");
+    let txt = dir.join("in.txt");
+    std::fs::write(&txt, "Hello world").expect("write");
+    let nodir = dir.join("nodir");
+    let missing = format!("directory '{}' does not exist; create it first", s(&nodir));
+    let out = data(&["tokenize", &s(&txt), &s(&nodir.join("x.bin"))]);
+    failed_saying(&out, &["cannot write the output", &missing]);
+    let out = data(&["corpus", &s(&nodir.join("x.bin")), "--tokens", "100"]);
+    failed_saying(&out, &["cannot write the output", &missing]);
+    // The ckpt tools say it first, whatever the checkpoint (none here), in the same
+    // words, not in HDF5's or as a Rust debug dump naming the temporary file.
+    let out = ckpt(&["consolidate", "no-checkpoint", &s(&nodir.join("x.h5"))]);
+    failed_saying(&out, &["consolidating no-checkpoint into", &missing]);
+    let out = ckpt(&[
+        "export",
+        "--safetensors",
+        "no-checkpoint",
+        &s(&nodir.join("x.st")),
+    ]);
+    failed_saying(&out, &["exporting no-checkpoint to", &missing]);
+    assert!(!text(&out).contains(".partial-"), "{}", text(&out));
+    // A file where the directory should be.
+    let out = data(&["corpus", &s(&txt.join("x.bin")), "--tokens", "100"]);
+    failed_saying(&out, &["in.txt"]);
+    assert_eq!(std::fs::read_to_string(&txt).expect("read"), "Hello world");
+    assert!(!nodir.exists());
+}
+
+#[test]
+fn too_few_tokens_write_nothing_and_info_says_so() {
+    let dir = scratch("few");
+    let empty = dir.join("empty.txt");
+    std::fs::write(&empty, "").expect("write");
+    let one = dir.join("one.txt");
+    std::fs::write(&one, "a").expect("write");
+    for (txt, tokenizer, tokens) in [
+        (&empty, "byte", "0 tokens"),
+        (&one, "byte", "1 token from 1 bytes"),
+        // gpt2 starts with <|endoftext|>: one token of an empty text.
+        (&empty, "gpt2", "1 token from 0 bytes"),
+    ] {
+        let bin = dir.join("e.bin");
+        let out = data(&["tokenize", &s(txt), &s(&bin), "--tokenizer", tokenizer]);
+        failed_saying(
+            &out,
+            &[tokens, "needs at least 2 tokens", "nothing was written"],
+        );
+        assert!(!bin.exists(), "{tokenizer}: {}", text(&out));
+        no_temporaries(&dir);
+    }
+    // Two tokens make a file; info reads it.
+    let two = dir.join("two.txt");
+    std::fs::write(&two, "ab").expect("write");
+    let bin = dir.join("two.bin");
+    let out = data(&["tokenize", &s(&two), &s(&bin), "--format", "nanogpt"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let out = data(&["info", &s(&bin)]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("2 tokens, largest token 98"),
+        "{}",
+        text(&out)
+    );
+    // Files of 0 and 1 tokens (written by something else): too few to train on, exit 1.
+    let bytes = std::fs::read(&bin).expect("read");
+    for (n, said) in [
+        (0, "0 tokens: too few to train on"),
+        (1, "1 token: too few"),
+    ] {
+        let short = dir.join(format!("short-{n}.bin"));
+        std::fs::write(&short, &bytes[..2 * n]).expect("write");
+        let out = data(&["info", &s(&short)]);
+        failed_saying(&out, &[said]);
+        assert!(!text(&out).contains("needs V >= 1 "), "{}", text(&out));
+    }
+}
+
+/// SIGTERM and SIGINT while `tokenize` writes: the temporary file is removed, no output
+/// appears, and the process ends by the signal (a shell's 143 and 130).
+#[test]
+fn a_signal_removes_the_unfinished_output() {
+    let dir = scratch("signal");
+    let txt = dir.join("big.txt");
+    // ~40 MB: a few seconds of GPT-2 BPE on one thread, long after the temporary appears.
+    let line = "The quick brown fox jumps over the lazy dog, they'd said. ".repeat(100) + "\n";
+    std::fs::write(&txt, line.repeat(7000)).expect("write");
+    for sig in [libc::SIGTERM, libc::SIGINT] {
+        let bin = dir.join(format!("out-{sig}.bin"));
+        let tmp_prefix = format!(".out-{sig}.bin.tmp-");
+        let mut child = Command::new(zero_bench());
+        child
+            .args(["data", "tokenize", &s(&txt), &s(&bin)])
+            .args(["--tokenizer", "gpt2", "--threads", "1"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        // SAFETY: signal(2) only, between fork and exec: SIGINT as a terminal gives it,
+        // even where this test runs with it ignored (a script's background job).
+        unsafe {
+            child.pre_exec(|| {
+                libc::signal(libc::SIGINT, libc::SIG_DFL);
+                Ok(())
+            });
+        }
+        let mut child = child.spawn().expect("zero-bench starts");
+        let start = Instant::now();
+        let has_tmp = || {
+            std::fs::read_dir(&dir)
+                .expect("list")
+                .filter_map(|e| e.ok())
+                .any(|e| e.file_name().to_string_lossy().starts_with(&tmp_prefix))
+        };
+        while !has_tmp() {
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "no temporary file appeared"
+            );
+            assert!(
+                child.try_wait().expect("wait").is_none(),
+                "it ended before writing"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // SAFETY: kill(2) of our own child, still running (not yet waited for).
+        assert_eq!(unsafe { libc::kill(child.id() as libc::pid_t, sig) }, 0);
+        let status = child.wait().expect("wait");
+        assert_eq!(status.signal(), Some(sig), "{status:?}");
+        assert!(!bin.exists(), "an output appeared after signal {sig}");
+        no_temporaries(&dir);
+    }
 }

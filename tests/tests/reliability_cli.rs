@@ -1037,7 +1037,15 @@ fn whole_outputs_refuse_special_files_and_write_through_links() {
     std::fs::write(&real, b"old").expect("write");
     let link = dir.join("link.bin");
     std::os::unix::fs::symlink("real.bin", &link).expect("symlink");
+    // An existing file (through a link too) is replaced only when asked.
     let o = data(&["corpus", &s(&link), "--tokens", "1000"]);
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("--force"),
+        "{o:?}"
+    );
+    assert_eq!(std::fs::read(&real).expect("target"), b"old");
+    let o = data(&["corpus", &s(&link), "--tokens", "1000", "--force"]);
     assert!(o.status.success(), "{o:?}");
     assert!(std::fs::symlink_metadata(&link)
         .expect("link")

@@ -8,6 +8,13 @@
 //! - `data corpus OUT.bin`: write the built-in synthetic corpus and print its entropy
 //!   floor (the loss no model can beat on it).
 //! - `data info FILE.bin`: format, token count, largest token.
+//!
+//! `tokenize` and `corpus` refuse an existing output unless `--force`, check the
+//! output's directory before any work, and put the file in place without replacing one
+//! that another process wrote meanwhile (`zero_core::files::place_new`). A signal that
+//! ends them (SIGINT, SIGTERM, SIGHUP, SIGABRT) removes the unfinished temporary file
+//! first ([`remove_unfinished_output_on_signals`]; the `ckpt` tools use it too), and the
+//! process then ends by that signal (a shell reports 128 + its number: 130 for Ctrl-C).
 
 use crate::logging::outln;
 use anyhow::Context;
@@ -15,9 +22,10 @@ use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+use zero_core::files::OutputError;
 use zero_models::data::{
-    encode_stream, write_llmc, write_nanogpt, MarkovSource, StreamOptions, TokenFormat,
-    TokenWriter, Tokenizer, Tokens, BYTE_VOCAB, GPT2_EOT, GPT2_VOCAB,
+    encode_stream, MarkovSource, StreamOptions, TokenFormat, TokenWriter, Tokenizer, Tokens,
+    BYTE_VOCAB, GPT2_EOT, GPT2_VOCAB,
 };
 
 /// Output format of written token files.
@@ -46,7 +54,14 @@ pub enum DataCommand {
     /// gpt2 writes one <|endoftext|> (50256) first, as llm.c's GPT-2 data files start each
     /// document with it, then the ids of the whole text; the text "<|endoftext|>" in the
     /// file is ordinary text (7 tokens) unless --allow-special. The output appears under
-    /// its name only when complete (an error leaves no file).
+    /// its name only when complete (an error leaves no file), and never replaces an
+    /// existing file unless --force. A text that gives fewer than 2 tokens (empty) is an
+    /// error: a token file needs an input and its target.
+    ///
+    /// On Ctrl-C, SIGTERM or SIGHUP the unfinished output is removed and the command ends
+    /// by that signal (exit status 130 for Ctrl-C, 143 for SIGTERM). The temporary file
+    /// that a killed process (SIGKILL) leaves, .OUT.tmp-PID, is removed by the next run
+    /// writing OUT once it is a minute old.
     Tokenize {
         /// Input text file (UTF-8).
         input: PathBuf,
@@ -70,31 +85,146 @@ pub enum DataCommand {
         /// pre-tokenizer splits anyway, so the tokens are those of the whole text.
         #[arg(long, default_value_t = 4 << 20)]
         chunk_bytes: usize,
+        /// Replace the output if it exists (without it, an existing file is refused and
+        /// left as it is). The old file stays until the new one is complete.
+        #[arg(long)]
+        force: bool,
     },
     /// Write the built-in Markov corpus (V = 64 symbols, order 2) and print its entropy floor.
+    ///
+    /// The output is never replaced unless --force, and appears only when complete; on
+    /// Ctrl-C, SIGTERM or SIGHUP the unfinished output is removed and the command ends by
+    /// that signal (exit status 130 for Ctrl-C, 143 for SIGTERM).
     Corpus {
         /// Output token file.
         output: PathBuf,
-        /// Tokens to generate.
+        /// Tokens to generate (at least 2; at most 2147483647 in llm.c's format). Takes 2
+        /// bytes of memory per token.
         #[arg(long, default_value_t = 1 << 20)]
         tokens: usize,
         /// Output format.
         #[arg(long, value_enum, default_value = "llmc")]
         format: OutFormat,
+        /// Replace the output if it exists (without it, an existing file is refused and
+        /// left as it is).
+        #[arg(long)]
+        force: bool,
     },
-    /// Describe a token file (format detected from the llm.c magic).
+    /// Describe a token file (format detected from the llm.c magic); exit 1 when it holds
+    /// fewer than 2 tokens (nothing to train on).
     Info {
         /// The token file.
         file: PathBuf,
     },
 }
 
-fn write(path: &Path, tokens: &[u16], format: OutFormat) -> anyhow::Result<()> {
-    match format {
-        OutFormat::Llmc => write_llmc(path, tokens),
-        OutFormat::Nanogpt => write_nanogpt(path, tokens),
+impl OutFormat {
+    fn token_format(self) -> TokenFormat {
+        match self {
+            OutFormat::Llmc => TokenFormat::LlmC,
+            OutFormat::Nanogpt => TokenFormat::NanoGpt,
+        }
     }
-    .with_context(|| format!("writing {}", path.display()))
+}
+
+/// The fewest tokens a token file is written with: one input and its target (a run
+/// reads B x T + 1 per row, so it needs more: `train` says how many).
+const MIN_TOKENS: u64 = 2;
+
+/// The most tokens an llm.c file holds (its header's count is an int32).
+const LLMC_MAX_TOKENS: u64 = i32::MAX as u64;
+
+/// Check, before any work, that `output` can be written: its directory exists, and
+/// nothing is there unless `force`.
+fn check_output(output: &Path, force: bool) -> anyhow::Result<()> {
+    match zero_core::files::check_output(output, force) {
+        Ok(_) => Ok(()),
+        Err(e @ OutputError::Exists(_)) => Err(anyhow::anyhow!(
+            "{e}; give --force to replace it, or another path"
+        )),
+        Err(e) => Err(e.into()),
+    }
+    .with_context(|| format!("cannot write the output {}", output.display()))
+}
+
+/// Start writing `output`: replacing an existing file with `force`, else never.
+fn writer(output: &Path, format: OutFormat, force: bool) -> anyhow::Result<TokenWriter> {
+    let format = format.token_format();
+    if force {
+        TokenWriter::create(output, format)
+    } else {
+        TokenWriter::create_new(output, format)
+    }
+    .with_context(|| format!("cannot write the output {}", output.display()))
+}
+
+/// Write `tokens` (the generated corpus) to `writer` in the chunks [`Tokens::scan`]
+/// reads, so that nothing in proportion to the corpus is allocated beyond it.
+fn write_chunked(tokens: &Tokens, writer: &mut TokenWriter) -> anyhow::Result<()> {
+    let mut written = Ok(());
+    tokens
+        .scan(0..tokens.len(), |_, chunk| {
+            written = writer.write(chunk);
+            written.is_ok()
+        })
+        .context("reading the corpus back")?;
+    Ok(written?)
+}
+
+/// The signals after which a `data` or `ckpt` tool that writes an output removes its
+/// unfinished temporary file before it ends.
+const ENDING: [libc::c_int; 4] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGABRT];
+
+extern "C" fn remove_unfinished_and_end(sig: libc::c_int) {
+    // Async-signal-safe only: atomics (take_tracked), unlink(2), write(2), signal(2),
+    // raise(3).
+    let mut removed = false;
+    zero_core::files::take_tracked(|path| {
+        // SAFETY: take_tracked hands NUL-terminated paths that stay valid (never freed).
+        removed |= unsafe { libc::unlink(path) } == 0;
+    });
+    let text: &[u8] = b"\ninterrupted: the unfinished output was removed (an existing file of that name is as it was)\n";
+    // SAFETY: write(2) of a static buffer to stderr; signal(2) and raise(3) restore the
+    // default action and send the signal again, which ends the process once this handler
+    // returns (the signal is blocked until then), as if it had not been caught.
+    unsafe {
+        if removed {
+            libc::write(2, text.as_ptr() as *const libc::c_void, text.len());
+        }
+        libc::signal(sig, libc::SIG_DFL);
+        libc::raise(sig);
+    }
+}
+
+/// For a command that writes an output whole (`data tokenize`, `data corpus`, `ckpt
+/// consolidate`, `ckpt export`): on SIGINT, SIGTERM, SIGHUP or SIGABRT, remove the
+/// temporary file being written (`zero_core::files::track_temporary`), then end by that
+/// signal, as the default action would (exit status 128 + its number in a shell: 130 for
+/// Ctrl-C, 143 for SIGTERM). A signal ignored when the process started (SIGHUP under
+/// nohup, SIGINT in a script's background job) stays ignored.
+pub(crate) fn remove_unfinished_output_on_signals() -> anyhow::Result<()> {
+    for sig in ENDING {
+        // SAFETY: a zeroed sigaction is a valid "no flags, empty mask" value; `old` is
+        // written by sigaction(2); the handler only does async-signal-safe calls.
+        let rc = unsafe {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(sig, std::ptr::null(), &mut old) == 0
+                && old.sa_sigaction == libc::SIG_IGN
+            {
+                continue;
+            }
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = remove_unfinished_and_end as extern "C" fn(libc::c_int) as usize;
+            action.sa_flags = libc::SA_RESTART;
+            libc::sigemptyset(&mut action.sa_mask);
+            libc::sigaction(sig, &action, std::ptr::null_mut())
+        };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error())
+                .with_context(|| format!("installing the handler of signal {sig}"));
+        }
+    }
+    Ok(())
 }
 
 /// `data tokenize`: stream `input` through `tok` into `output`, with a progress bar on a
@@ -106,6 +236,7 @@ fn tokenize(
     tok: &Tokenizer,
     threads: usize,
     chunk_bytes: usize,
+    force: bool,
 ) -> anyhow::Result<()> {
     let options = StreamOptions {
         chunk_bytes,
@@ -125,18 +256,12 @@ fn tokenize(
             input.display()
         );
     }
+    check_output(output, force)?;
     let size = file
         .metadata()
         .with_context(|| format!("reading the size of {}", input.display()))?
         .len();
-    let mut writer = TokenWriter::create(
-        output,
-        match format {
-            OutFormat::Llmc => TokenFormat::LlmC,
-            OutFormat::Nanogpt => TokenFormat::NanoGpt,
-        },
-    )
-    .with_context(|| format!("cannot write the output {}", output.display()))?;
+    let mut writer = writer(output, format, force)?;
     let bar = std::io::stderr().is_terminal().then(|| {
         let bar = ProgressBar::new(size);
         // The template is a constant: an error here is a bug of this file.
@@ -171,6 +296,17 @@ fn tokenize(
     if let Some(bar) = &bar {
         bar.finish_and_clear();
     }
+    // Dropped unfinished on this error: no file is left.
+    anyhow::ensure!(
+        writer.count() >= MIN_TOKENS,
+        "{}: {} token{} from {} bytes: a token file needs at least {MIN_TOKENS} tokens (an \
+         input and its target); nothing was written to {}. Give a longer text",
+        input.display(),
+        writer.count(),
+        if writer.count() == 1 { "" } else { "s" },
+        stats.bytes,
+        output.display()
+    );
     writer
         .finish()
         .with_context(|| format!("cannot write the output {}", output.display()))?;
@@ -189,6 +325,10 @@ fn tokenize(
     Ok(())
 }
 
+/// Bytes taken to write the corpus beyond the corpus itself: the chunk [`Tokens::scan`]
+/// reads (2^24 tokens of 2 bytes), the writer's bounded buffers (1 MiB and less).
+const CORPUS_WRITE_BYTES: u64 = (2 << 24) + (2 << 20);
+
 /// Run a data tool.
 pub fn run(cmd: DataCommand) -> anyhow::Result<()> {
     crate::logging::init(None);
@@ -201,7 +341,9 @@ pub fn run(cmd: DataCommand) -> anyhow::Result<()> {
             allow_special,
             threads,
             chunk_bytes,
+            force,
         } => {
+            remove_unfinished_output_on_signals()?;
             let tok = match (tokenizer, allow_special) {
                 (TokenizerKind::Byte, true) => anyhow::bail!(
                     "--allow-special needs --tokenizer gpt2 (byte tokens have no special tokens)"
@@ -214,34 +356,43 @@ pub fn run(cmd: DataCommand) -> anyhow::Result<()> {
                 let cores = std::thread::available_parallelism();
                 cores.map_or(1, |n| n.get().min(zero_models::data::TOKENIZE_MAX_THREADS))
             });
-            tokenize(&input, &output, format, &tok, threads, chunk_bytes)?;
+            tokenize(&input, &output, format, &tok, threads, chunk_bytes, force)?;
         }
         DataCommand::Corpus {
             output,
             tokens,
             format,
+            force,
         } => {
-            if tokens < 2 {
+            remove_unfinished_output_on_signals()?;
+            if (tokens as u64) < MIN_TOKENS {
                 anyhow::bail!(
-                    "--tokens {tokens}: a token file needs at least 2 tokens (an input and its target; a run reads B x T + 1 per row)"
+                    "--tokens {tokens}: a token file needs at least {MIN_TOKENS} tokens (an input and its target; a run reads B x T + 1 per row)"
                 );
             }
-            let src = MarkovSource::default_source();
+            // Sizes before anything is generated: the memory it takes (the corpus, u16
+            // each, and a bounded chunk to write it), then what llm.c's header can count.
             crate::memory::need(
                 &format!("--tokens {tokens}"),
-                // The corpus and its copy as written, u16 each.
-                crate::memory::product(&[tokens as u64, 4]),
+                crate::memory::product(&[tokens as u64, 2])
+                    .and_then(|b| b.checked_add(CORPUS_WRITE_BYTES)),
             )?;
+            if matches!(format, OutFormat::Llmc) && tokens as u64 > LLMC_MAX_TOKENS {
+                anyhow::bail!(
+                    "--tokens {tokens}: an llm.c token file holds at most {LLMC_MAX_TOKENS} tokens (its header's count is an int32); give --format nanogpt, or fewer tokens"
+                );
+            }
+            check_output(&output, force)?;
+            let src = MarkovSource::default_source();
             let corpus = MarkovSource::default_corpus(tokens, src.vocab()).context("generating")?;
-            let toks: Vec<u16> = (0..corpus.len())
-                .map(|i| corpus.get(i))
-                .collect::<Result<_, _>>()
-                .context("reading the corpus back")?;
-            write(&output, &toks, format)?;
+            let mut w = writer(&output, format, force)?;
+            write_chunked(&corpus, &mut w)
+                .and_then(|()| Ok(w.finish()?))
+                .with_context(|| format!("writing {}", output.display()))?;
             outln!(
                 "{} tokens of the built-in corpus (V={} symbols, order {}) written to {}; \
                  entropy floor {:.4} nats/token (ln V = {:.4})",
-                toks.len(),
+                corpus.len(),
                 src.vocab(),
                 src.order(),
                 output.display(),
@@ -277,11 +428,26 @@ pub fn run(cmd: DataCommand) -> anyhow::Result<()> {
             } else {
                 format!("too large for GPT-2 (V = {GPT2_VOCAB})")
             };
-            outln!(
-                "{}: {format}, {} tokens, largest token {max} (needs V >= {}; {fits})",
+            if t.is_empty() {
+                outln!("{}: {format}, 0 tokens", file.display());
+            } else {
+                outln!(
+                    "{}: {format}, {} token{}, largest token {max} (needs V >= {}; {fits})",
+                    file.display(),
+                    t.len(),
+                    if t.len() == 1 { "" } else { "s" },
+                    max as usize + 1
+                );
+            }
+            // What `data tokenize` and `data corpus` refuse to write: nothing to train on.
+            anyhow::ensure!(
+                t.len() as u64 >= MIN_TOKENS,
+                "{}: {} token{}: too few to train on (a token file needs at least {MIN_TOKENS}, \
+                 an input and its target; a run needs B x T + 1); make it again from a longer \
+                 text",
                 file.display(),
                 t.len(),
-                max as usize + 1
+                if t.len() == 1 { "" } else { "s" }
             );
         }
     }

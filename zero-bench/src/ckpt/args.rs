@@ -31,7 +31,7 @@ pub struct ExportArgs {
     pub names: Names,
     /// A checkpoint root (follows `latest`) or a step directory.
     pub dir: PathBuf,
-    /// The file to write.
+    /// The file to write (must not exist; its directory must).
     pub out: PathBuf,
 }
 

@@ -150,11 +150,18 @@ fn resolve(names: Names, family: Family) -> Result<NameSet, String> {
     }
 }
 
-/// Run `ckpt export`.
+/// Run `ckpt export`: every error says what was being exported where.
 pub fn run(args: &ExportArgs) -> anyhow::Result<()> {
     if !args.safetensors {
         bail!("choose a format: --safetensors (the only one for now)");
     }
+    export(args)
+        .with_context(|| format!("exporting {} to {}", args.dir.display(), args.out.display()))
+}
+
+fn export(args: &ExportArgs) -> anyhow::Result<()> {
+    // The output first: a directory missing or a file there is said before any reading.
+    zero_core::files::check_output(&args.out, false)?;
     let dir = checkpoint::resolve(&args.dir)
         .with_context(|| format!("opening {}", args.dir.display()))?;
     let meta = Meta::read(&dir)?;
@@ -218,15 +225,24 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<()> {
         ("format".to_string(), "pt".to_string()),
         ("zero_rs_step".to_string(), source.meta.step.to_string()),
     ]));
-    // Written under a temporary name and renamed when whole: the output is never partial.
+    // Written under a temporary name and put in place when whole (never over a file that
+    // appeared meanwhile): the output is never partial. Errors name the output, not the
+    // hidden temporary file.
     checkpoint::write_whole(&args.out, false, |tmp| {
         let written = safetensors::tensor::serialize_to_file(tensors, &info, tmp);
         if let Some(e) = source.error.borrow_mut().take() {
             return Err(e);
         }
-        written.map_err(|e| CheckpointError::Invalid(format!("writing {}: {e}", tmp.display())))
-    })
-    .with_context(|| format!("exporting {} to {}", args.dir.display(), args.out.display()))?;
+        written.map_err(|e| match e {
+            safetensors::SafeTensorError::IoError(cause) => CheckpointError::Io {
+                what: "write",
+                path: args.out.clone(),
+                cause,
+            },
+            // Its Display is its Debug form.
+            e => CheckpointError::Invalid(format!("writing {}: {e:?}", args.out.display())),
+        })
+    })?;
     outln!(
         "wrote {n} tensors to {} (safetensors, {set} names)",
         args.out.display()
@@ -401,6 +417,36 @@ mod tests {
             err.contains("checksum mismatch") && err.contains(&rank_file(1)),
             "{err}"
         );
+    }
+
+    /// The output is checked before the checkpoint is read: a missing directory, and an
+    /// existing file (kept as it was), are said with the export's context.
+    #[test]
+    fn a_missing_directory_or_an_existing_output_is_refused_first() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("step-7");
+        write_checkpoint(&dir, &layout(&GPT2));
+        let err = format!(
+            "{:#}",
+            export(&dir, &tmp.path().join("nodir/m.st"), Names::Nanogpt).unwrap_err()
+        );
+        assert!(
+            err.starts_with("exporting ") && err.contains("nodir' does not exist; create it first"),
+            "{err}"
+        );
+        assert!(!err.contains(".partial-"), "{err}");
+        let out = tmp.path().join("m.st");
+        std::fs::write(&out, b"mine").unwrap();
+        let err = format!("{:#}", export(&dir, &out, Names::Nanogpt).unwrap_err());
+        assert!(err.contains("exists; not overwriting it"), "{err}");
+        assert_eq!(std::fs::read(&out).unwrap(), b"mine");
+        // A damaged meta.json is reported as part of the export too.
+        std::fs::write(dir.join(META_FILE), "{").unwrap();
+        let err = format!(
+            "{:#}",
+            export(&dir, &tmp.path().join("m2.st"), Names::Nanogpt).unwrap_err()
+        );
+        assert!(err.starts_with("exporting "), "{err}");
     }
 
     /// A `meta.json` claiming a tensor far larger than the shards (2^40 elements): an

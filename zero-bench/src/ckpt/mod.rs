@@ -27,13 +27,25 @@ pub enum CkptCommand {
     },
     /// Write the master weights as one HDF5 file of named fp32 tensors (what
     /// `train --init-from` and h5py read).
+    ///
+    /// The file appears only when complete, and never replaces an existing one (nor one
+    /// that another process writes meanwhile). On Ctrl-C, SIGTERM or SIGHUP the unfinished
+    /// file is removed and the command ends by that signal (exit status 130 for Ctrl-C,
+    /// 143 for SIGTERM); the one a killed process (SIGKILL) leaves, .OUT.partial-PID, is
+    /// removed by the next run writing OUT once it is a minute old.
     Consolidate {
         /// A checkpoint root (follows `latest`) or a step directory.
         dir: PathBuf,
-        /// The HDF5 file to create (must not exist).
+        /// The HDF5 file to create (must not exist; its directory must).
         out: PathBuf,
     },
     /// Export the master weights for other tools.
+    ///
+    /// The file appears only when complete, and never replaces an existing one (nor one
+    /// that another process writes meanwhile). On Ctrl-C, SIGTERM or SIGHUP the unfinished
+    /// file is removed and the command ends by that signal (exit status 130 for Ctrl-C,
+    /// 143 for SIGTERM); the one a killed process (SIGKILL) leaves, .OUT.partial-PID, is
+    /// removed by the next run writing OUT once it is a minute old.
     Export(ExportArgs),
     /// Save/load throughput vs a plain sequential write/read of the same bytes (mpirun).
     Bench(BenchArgs),
@@ -46,6 +58,13 @@ pub enum CkptCommand {
 pub fn run(cmd: CkptCommand) -> anyhow::Result<()> {
     if !matches!(cmd, CkptCommand::Bench(_)) {
         crate::logging::init(None);
+    }
+    if matches!(
+        cmd,
+        CkptCommand::Consolidate { .. } | CkptCommand::Export(_)
+    ) {
+        // An output written whole: a signal removes the unfinished file (data.rs).
+        crate::data::remove_unfinished_output_on_signals()?;
     }
     tools::run(cmd)
 }

@@ -5,7 +5,7 @@ use crate::logging::outln;
 use std::path::Path;
 
 use anyhow::{bail, Context};
-use zero_core::checkpoint::{self, KINDS};
+use zero_core::checkpoint::{self, ShardReader, KINDS};
 
 use super::{bench, export, CkptCommand};
 
@@ -14,9 +14,11 @@ pub fn run(cmd: CkptCommand) -> anyhow::Result<()> {
     match cmd {
         CkptCommand::Inspect { dir } => inspect(&dir),
         CkptCommand::Consolidate { dir, out } => {
-            let n = checkpoint::consolidate(&dir, &out).with_context(|| {
-                format!("consolidating {} into {}", dir.display(), out.display())
-            })?;
+            let context = || format!("consolidating {} into {}", dir.display(), out.display());
+            // The output first: a directory missing or a file there is said before any
+            // reading (and before HDF5 could say it in its own words).
+            zero_core::files::check_output(&out, false).with_context(context)?;
+            let n = checkpoint::consolidate(&dir, &out).with_context(context)?;
             outln!("wrote {n} tensors to {}", out.display());
             Ok(())
         }
@@ -57,6 +59,21 @@ fn inspect(dir: &Path) -> anyhow::Result<()> {
         m.scaler.scale,
         if m.scaler.enabled { "on" } else { "off" }
     );
+    // What happened beyond the steps (resumes, precision and batch changes), oldest first,
+    // and the application's state (train: where its data order had got to).
+    for (i, line) in m.history.iter().enumerate() {
+        outln!(
+            "{}{line}",
+            if i == 0 {
+                "history      "
+            } else {
+                "             "
+            }
+        );
+    }
+    if let Some(state) = &m.app_state {
+        outln!("app state    {state}");
+    }
     outln!(
         "model        {} tensors in {} units, {} parameters ({} padded, {} per rank shard)",
         m.layout.params.len(),
@@ -70,14 +87,36 @@ fn inspect(dir: &Path) -> anyhow::Result<()> {
         KINDS.join(", "),
         mib(m.data_bytes())
     );
+    // A rank file that cannot be opened as its rank's shard (missing, truncated, of
+    // another checkpoint) is one problem of the report, and none of its datasets was
+    // read: only the others count as checked.
+    let meta_path = report.dir.join(checkpoint::META_FILE);
+    let mut unreadable = 0;
     for r in 0..m.world {
-        let path = report.dir.join(checkpoint::rank_file(r));
-        match std::fs::metadata(&path) {
-            Ok(md) => outln!("  {}  {}", checkpoint::rank_file(r), mib(md.len())),
-            Err(e) => outln!("  {}  unreadable: {e}", checkpoint::rank_file(r)),
+        let name = checkpoint::rank_file(r);
+        let path = report.dir.join(&name);
+        let size = match std::fs::metadata(&path) {
+            Ok(md) => mib(md.len()),
+            Err(e) => {
+                unreadable += 1;
+                outln!("  {name}  unreadable: {e}");
+                continue;
+            }
+        };
+        match ShardReader::open(&path)
+            .and_then(|f| f.check_identity(r, m.world, m.step, &meta_path))
+        {
+            Ok(()) => outln!("  {name}  {size}"),
+            // The reason is among the problems listed below.
+            Err(_) => {
+                unreadable += 1;
+                outln!("  {name}  {size}, unreadable as this checkpoint's shard (below)");
+            }
         }
     }
-    let datasets = m.world * m.layout.units.len() * KINDS.len();
+    let per_rank = m.layout.units.len() * KINDS.len();
+    let datasets = m.world * per_rank;
+    let read = datasets - unreadable * per_rank;
     if report.problems.is_empty() {
         outln!(
             "checksums    all hold ({datasets} datasets, {} checked)",
@@ -88,10 +127,22 @@ fn inspect(dir: &Path) -> anyhow::Result<()> {
         for p in &report.problems {
             outln!("  BAD: {p}");
         }
+        // Each problem is an unreadable rank file or one bad dataset of a readable one.
+        let bad = report.problems.len().saturating_sub(unreadable).min(read);
+        let not_read = if unreadable == 0 {
+            String::new()
+        } else {
+            format!(
+                "; {} more in {unreadable} unreadable rank file{} not checked",
+                unreadable * per_rank,
+                if unreadable == 1 { "" } else { "s" }
+            )
+        };
         bail!(
-            "{} problem(s) in {} ({datasets} datasets checked)",
+            "{} problem(s) in {}: {} of {datasets} datasets checked, {bad} of them bad{not_read}",
             report.problems.len(),
-            report.dir.display()
+            report.dir.display(),
+            read
         )
     }
 }

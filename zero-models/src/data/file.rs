@@ -379,21 +379,59 @@ impl Tokens {
 /// A token file written as tokens come (llm.c's or nanoGPT's layout), under a temporary
 /// name beside `path` that becomes `path` only in [`TokenWriter::finish`]: an error or a
 /// drop before that removes it, so no partial file is ever left under the final name.
+/// [`TokenWriter::create`] replaces an existing file; [`TokenWriter::create_new`] refuses
+/// one, and puts its file in place without replacing one that another process wrote
+/// meanwhile (`zero_core::files::place_new`). The temporary name is tracked while it
+/// exists (`zero_core::files::track_temporary`), so that a signal handler can remove it.
 pub struct TokenWriter {
     path: PathBuf,
     tmp: PathBuf,
     file: Option<BufWriter<File>>,
     llmc: bool,
+    overwrite: bool,
     count: u64,
+    /// The little-endian bytes of at most [`WRITE_CHUNK`] tokens: bounded whatever the
+    /// length of the slices written.
     bytes: Vec<u8>,
     /// Set once `tmp` has its final name; until then a drop removes `tmp`. (`file` cannot
     /// tell: `finish` takes it before its last writes, which may fail.)
     done: bool,
+    /// Declared last: dropped after `Drop::drop` removed `tmp`.
+    _tracked: zero_core::files::TrackedTemporary,
+}
+
+/// Tokens converted to bytes at a time by [`TokenWriter::write`] (128 KiB of bytes).
+const WRITE_CHUNK: usize = 1 << 16;
+
+/// An output that cannot be written at `path`: an I/O error where the file system said
+/// no (a directory missing on the way...), else what is wrong with the path.
+fn output_err(path: &Path, e: zero_core::files::OutputError) -> DataError {
+    use zero_core::files::OutputError as O;
+    match e {
+        O::NoDirectory(_) | O::NotADirectory(_) => DataError::Io {
+            path: path.to_path_buf(),
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, e.to_string()),
+        },
+        O::Io { source, .. } | O::Place { source, .. } => io_err(path, source),
+        e => DataError::Invalid(e.to_string()),
+    }
 }
 
 impl TokenWriter {
-    /// Start writing `path` in `format` (`LlmC` or `NanoGpt`; `Auto` is an error).
+    /// Start writing `path` in `format` (`LlmC` or `NanoGpt`; `Auto` is an error),
+    /// replacing an existing file when finished.
     pub fn create(path: &Path, format: TokenFormat) -> Result<Self, DataError> {
+        Self::open(path, format, true)
+    }
+
+    /// Start writing `path` in `format`, which must not exist: an existing file is an
+    /// error now, and one that appears meanwhile is an error of [`TokenWriter::finish`]
+    /// (and is kept).
+    pub fn create_new(path: &Path, format: TokenFormat) -> Result<Self, DataError> {
+        Self::open(path, format, false)
+    }
+
+    fn open(path: &Path, format: TokenFormat, overwrite: bool) -> Result<Self, DataError> {
         let llmc = match format {
             TokenFormat::LlmC => true,
             TokenFormat::NanoGpt => false,
@@ -404,25 +442,30 @@ impl TokenWriter {
                 )))
             }
         };
-        // Through a symbolic link to its target; never over a device, FIFO or socket.
-        let path = &zero_core::files::replace_target(path)
-            .map_err(|e| DataError::Invalid(e.to_string()))?;
+        // Through a symbolic link to its target; never over a device, FIFO or socket; in
+        // a directory that exists; not over an existing file unless `overwrite`.
+        let path =
+            &zero_core::files::check_output(path, overwrite).map_err(|e| output_err(path, e))?;
         let name = path
             .file_name()
             .ok_or_else(|| DataError::Invalid(format!("{}: not a file name", path.display())))?;
+        zero_core::files::remove_stale_temporaries(path);
         let mut tmp_name = std::ffi::OsString::from(".");
         tmp_name.push(name);
         tmp_name.push(format!(".tmp-{}", std::process::id()));
         let tmp = path.with_file_name(tmp_name);
+        let tracked = zero_core::files::track_temporary(&tmp);
         let file = File::create(&tmp).map_err(|e| io_err(path, e))?;
         let mut w = TokenWriter {
             path: path.to_path_buf(),
             tmp,
             file: Some(BufWriter::with_capacity(1 << 20, file)),
             llmc,
+            overwrite,
             count: 0,
             bytes: Vec::new(),
             done: false,
+            _tracked: tracked,
         };
         if llmc {
             // The count is filled in by finish().
@@ -445,22 +488,28 @@ impl TokenWriter {
     }
 
     /// Append tokens. An llm.c file holds at most i32::MAX tokens (its header's count).
+    /// The tokens are converted [`WRITE_CHUNK`] at a time, so writing a long slice takes
+    /// no memory in proportion to it.
     pub fn write(&mut self, tokens: &[u16]) -> Result<(), DataError> {
         let count = self.count + tokens.len() as u64;
-        if self.llmc && count > i32::MAX as u64 {
+        if self.llmc && count > LLMC_MAX_TOKENS {
             return Err(DataError::Invalid(format!(
-                "{}: {count} tokens do not fit the llm.c header's int32 count (at most {}); \
-                 write nanoGPT's format or split the text",
+                "{}: {count} tokens do not fit the llm.c header's int32 count (at most \
+                 {LLMC_MAX_TOKENS}); write nanoGPT's format or split the text",
                 self.path.display(),
-                i32::MAX
             )));
         }
         let mut bytes = std::mem::take(&mut self.bytes);
-        bytes.clear();
-        tokens
-            .iter()
-            .for_each(|t| bytes.extend_from_slice(&t.to_le_bytes()));
-        let written = self.write_bytes(&bytes);
+        let mut written = Ok(());
+        for part in tokens.chunks(WRITE_CHUNK) {
+            bytes.clear();
+            part.iter()
+                .for_each(|t| bytes.extend_from_slice(&t.to_le_bytes()));
+            written = self.write_bytes(&bytes);
+            if written.is_err() {
+                break;
+            }
+        }
         self.bytes = bytes;
         written?;
         self.count = count;
@@ -473,7 +522,8 @@ impl TokenWriter {
     }
 
     /// Write the llm.c count, flush to disk and move the file to its name; the count.
-    /// On an error (a full disk at the last flush...) the temporary file is removed.
+    /// On an error (a full disk at the last flush, or, from [`TokenWriter::create_new`],
+    /// a file that appeared under the name meanwhile) the temporary file is removed.
     pub fn finish(mut self) -> Result<u64, DataError> {
         let Some(w) = self.file.take() else {
             return Err(DataError::Invalid(format!(
@@ -493,23 +543,22 @@ impl TokenWriter {
         }
         f.sync_all().map_err(|e| io_err(&self.path, e))?;
         drop(f);
-        std::fs::rename(&self.tmp, &self.path).map_err(|e| io_err(&self.path, e))?;
-        self.done = true;
-        // The rename durable too: else a crash soon after can lose the new name. The file
-        // is whole under its name already, so a failure here is a warning, not lost work.
-        let dir = match self.path.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p,
-            _ => Path::new("."),
-        };
-        if let Err(e) = File::open(dir).and_then(|d| d.sync_all()) {
-            log::warn!(
-                "wrote {}, but could not fsync its directory ({e}): a crash soon may lose it",
-                self.path.display()
-            );
+        if self.overwrite {
+            std::fs::rename(&self.tmp, &self.path).map_err(|e| io_err(&self.path, e))?;
+        } else {
+            zero_core::files::place_new(&self.tmp, &self.path)
+                .map_err(|e| output_err(&self.path, e))?;
         }
+        self.done = true;
+        // The new name durable too: else a crash soon after can lose it. The file is
+        // whole under its name already, so a failure here is a warning, not lost work.
+        zero_core::files::sync_directory_of(&self.path);
         Ok(self.count)
     }
 }
+
+/// The most tokens an llm.c file holds: its header's count is an int32.
+const LLMC_MAX_TOKENS: u64 = i32::MAX as u64;
 
 impl Drop for TokenWriter {
     fn drop(&mut self) {
@@ -560,6 +609,60 @@ mod tests {
             );
             std::fs::remove_dir(&path).unwrap();
         }
+    }
+
+    /// A long slice is converted a chunk at a time: the writer's buffer stays bounded,
+    /// and the file holds every token in order.
+    #[test]
+    fn long_writes_are_converted_in_bounded_chunks() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("long.bin");
+        let n = 3 * WRITE_CHUNK + 5;
+        let tokens: Vec<u16> = (0..n).map(|i| (i % 50_000) as u16).collect();
+        let mut w = TokenWriter::create_new(&path, TokenFormat::NanoGpt).unwrap();
+        w.write(&tokens).unwrap();
+        w.write(&tokens[..7]).unwrap();
+        assert!(
+            w.bytes.capacity() <= 2 * WRITE_CHUNK,
+            "{} bytes buffered",
+            w.bytes.capacity()
+        );
+        assert_eq!(w.finish().unwrap(), (n + 7) as u64);
+        let t = Tokens::open(&path, TokenFormat::NanoGpt, 65536).unwrap();
+        let mut back = vec![0u16; t.len()];
+        t.read_wrapping(0, &mut back).unwrap();
+        assert_eq!(back[..n], tokens[..]);
+        assert_eq!(back[n..], tokens[..7]);
+    }
+
+    /// create_new refuses an existing file at once, and at finish one that appeared
+    /// meanwhile, keeping it and leaving no temporary file.
+    #[test]
+    fn create_new_never_replaces_a_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("t.bin");
+        std::fs::write(&path, b"mine").unwrap();
+        let e = TokenWriter::create_new(&path, TokenFormat::LlmC)
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("exists; not overwriting it"), "{e}");
+        std::fs::remove_file(&path).unwrap();
+        let mut w = TokenWriter::create_new(&path, TokenFormat::LlmC).unwrap();
+        w.write(&[1, 2]).unwrap();
+        std::fs::write(&path, b"theirs").unwrap();
+        let e = w.finish().unwrap_err();
+        assert!(e.to_string().contains("exists; not overwriting it"), "{e}");
+        assert_eq!(std::fs::read(&path).unwrap(), b"theirs");
+        assert_eq!(entry_names(tmp.path()).unwrap(), ["t.bin"]);
+        let e = TokenWriter::create_new(&tmp.path().join("nodir/t.bin"), TokenFormat::LlmC)
+            .err()
+            .unwrap();
+        let why = std::error::Error::source(&e).map(|c| c.to_string());
+        assert!(
+            matches!(e, DataError::Io { .. })
+                && why.is_some_and(|w| w.ends_with("nodir' does not exist; create it first")),
+            "{e}"
+        );
     }
 
     #[test]
