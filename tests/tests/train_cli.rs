@@ -653,7 +653,7 @@ fn resume_from_a_checkpoint_continues_the_same_run() {
     // Resharded: the 2-rank stage-2 checkpoint of step 4 continues on 3 ranks at stage 3
     // (the resume above went on saving into the root: step 8 is its `latest` now). The
     // global batch is different (N changes): refused without --allow-batch-change, and
-    // with it the run trains on from step 5.
+    // with it the run trains on from step 5, its data from where step 4 left it.
     assert!(
         ckpt.join("step-8").is_dir(),
         "--resume of a root saves into it"
@@ -686,11 +686,18 @@ fn resume_from_a_checkpoint_continues_the_same_run() {
         "{}",
         nothing_left.stderr
     );
+    let other_ckpt = dir.join("other");
     let other = run(
         3,
         6,
         "3",
-        &["--resume", &ck, "--allow-batch-change"],
+        &[
+            "--resume",
+            &ck,
+            "--allow-batch-change",
+            "--ckpt-dir",
+            &s(&other_ckpt),
+        ],
         &dir.join("c.jsonl"),
     );
     assert_eq!(other.len(), 2);
@@ -698,6 +705,56 @@ fn resume_from_a_checkpoint_continues_the_same_run() {
     assert!(other
         .iter()
         .all(|v| v["loss"].as_f64().is_some_and(f64::is_finite)));
+    // Each checkpoint records where the data order has got to (configs/tiny.toml: B = 2
+    // rows of T = 16 tokens, A = 1): after 4 steps of 2 ranks, global row 4*2*2 = 16 and
+    // token 16*16 = 256; after 2 more steps of 3 ranks, row 16 + 2*3*2 = 28 and token
+    // 256 + 12*16 = 448, not where 6 steps of 3 ranks would be (row 36).
+    let meta = |step_dir: &Path| -> Value {
+        let text = std::fs::read_to_string(step_dir.join("meta.json")).unwrap();
+        serde_json::from_str(&text).unwrap()
+    };
+    let position = |step_dir: &Path| -> Value {
+        let state = meta(step_dir)["app_state"].as_str().unwrap().to_string();
+        serde_json::from_str::<Value>(&state).unwrap()["data_position"].clone()
+    };
+    let expect = |index: u64, row: &str, token: &str| serde_json::json!({"step_index": index, "row": row, "token": token});
+    assert_eq!(position(&ckpt.join("step-4")), expect(4, "16", "256"));
+    assert_eq!(position(&other_ckpt.join("step-6")), expect(6, "28", "448"));
+    let history = meta(&other_ckpt.join("step-6"))["history"].to_string();
+    assert!(
+        history.contains("global batch changed") && history.contains("global row 16, token 256"),
+        "{history}"
+    );
+    // A checkpoint from before positions were recorded: its position is worked out from
+    // its global batch, to the same place.
+    let legacy = dir.join("legacy").join("step-4");
+    std::fs::create_dir_all(&legacy).unwrap();
+    for entry in std::fs::read_dir(ckpt.join("step-4")).unwrap() {
+        let from = entry.unwrap().path();
+        std::fs::copy(&from, legacy.join(from.file_name().unwrap())).unwrap();
+    }
+    let mut old = meta(&legacy);
+    old.as_object_mut().unwrap().remove("app_state");
+    std::fs::write(legacy.join("meta.json"), old.to_string()).unwrap();
+    let legacy_ckpt = dir.join("legacy-on");
+    let again = run(
+        3,
+        6,
+        "3",
+        &[
+            "--resume",
+            &s(&legacy),
+            "--allow-batch-change",
+            "--ckpt-dir",
+            &s(&legacy_ckpt),
+        ],
+        &dir.join("d.jsonl"),
+    );
+    assert_eq!(again.len(), 2);
+    assert_eq!(
+        position(&legacy_ckpt.join("step-6")),
+        expect(6, "28", "448")
+    );
 }
 
 /// `--device sim-gpu` (the simulated GPU: the CUDA kernels' CPU twins, with CUDA's

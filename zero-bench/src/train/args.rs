@@ -65,7 +65,10 @@ pub struct TrainArgs {
     /// Model preset, with its own dimensions (over a configuration's; --set model.KEY=...
     /// still changes one): tiny, small, gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b,
     /// llama-tiny, llama-small, llama2-7b, llama2-13b, llama2-70b, llama3-8b, llama3-70b,
-    /// llama-7b/13b/70b (= --set model.preset=NAME and its dimensions).
+    /// llama-7b/13b/70b (= --set model.preset=NAME and its dimensions). Where the file and
+    /// --set leave them, a preset shorter than the default train.seq_len (64) sets it to
+    /// its context length, and one with fewer symbols than the built-in corpus (64) reads
+    /// it with vocab_size 64: `--model tiny` runs as it is.
     #[arg(long, value_name = "PRESET")]
     pub model: Option<String>,
 
@@ -149,8 +152,9 @@ pub struct TrainArgs {
 
     /// With --resume: go on although the global batch (ranks x grad_accum x micro_batch
     /// sequences of seq_len tokens) differs from the checkpoint's; the change is logged
-    /// and recorded in the checkpoints that follow. Without it such a resume is refused.
-    /// Without --resume it has no effect.
+    /// and recorded in the checkpoints that follow, and the data reads on from where the
+    /// checkpoint's run had got to (each checkpoint records its data position). Without
+    /// it such a resume is refused. Without --resume it has no effect.
     #[arg(long)]
     pub allow_batch_change: bool,
 
@@ -398,17 +402,72 @@ impl TrainArgs {
         let Some(m) = &self.model else {
             return Vec::new();
         };
-        let set_here = |key: &str| {
-            self.set
-                .iter()
-                .any(|s| s.split_once('=').is_some_and(|(k, _)| k.trim() == key))
-        };
         crate::config::preset_dimensions(m)
             .into_iter()
             .flatten()
             .map(|(key, value)| (format!("model.{key}"), value))
-            .filter(|(key, _)| !set_here(key))
+            .filter(|(key, _)| self.set_value(key).is_none())
             .collect()
+    }
+
+    /// The value `--set KEY=VALUE` gives `key` (the last one), if any.
+    fn set_value(&self, key: &str) -> Option<&str> {
+        self.set.iter().rev().find_map(|s| {
+            s.split_once('=')
+                .filter(|(k, _)| k.trim() == key)
+                .map(|(_, v)| v.trim())
+        })
+    }
+
+    /// What `--model NAME` also sets so that its preset runs as it is, where neither the
+    /// configuration file (`file`, its TOML) nor `--set` gives the key: `train.seq_len`
+    /// down to the preset's context length (the default, 64, is longer than `tiny`'s
+    /// 8) and, on the built-in corpus, `model.vocab_size` up to the corpus's symbols
+    /// (`tiny` has 32). Each as (key, value, why).
+    pub fn preset_fit(&self, file: &toml::Table) -> Vec<(String, usize, String)> {
+        let Some(m) = &self.model else {
+            return Vec::new();
+        };
+        let in_file = |key: &str| {
+            let (section, name) = key.split_once('.').unwrap_or(("", key));
+            file.get(section)
+                .and_then(toml::Value::as_table)
+                .and_then(|t| t.get(name))
+                .cloned()
+        };
+        let given = |key: &str| self.set_value(key).is_some() || in_file(key).is_some();
+        let mut fit = Vec::new();
+        for (key, value) in self.preset_dimensions() {
+            let default = crate::config::Config::default();
+            if key == "model.context_len"
+                && value < default.train.seq_len
+                && !given("train.seq_len")
+            {
+                fit.push((
+                    "train.seq_len".to_string(),
+                    value,
+                    format!(
+                        "--model {m}: its context_len (the default is {})",
+                        default.train.seq_len
+                    ),
+                ));
+            }
+            let path = match self.set_value("data.path") {
+                Some(p) => p.trim_matches('"').to_string(),
+                None => in_file("data.path")
+                    .and_then(|v| v.as_str().map(str::to_string))
+                    .unwrap_or(default.data.path),
+            };
+            let builtin = super::data::BUILTIN_VOCAB;
+            if key == "model.vocab_size" && value < builtin && path == "builtin" {
+                fit.push((
+                    key,
+                    builtin,
+                    format!("--model {m} on the built-in corpus: its {builtin} symbols (the preset has {value})"),
+                ));
+            }
+        }
+        fit
     }
 
     /// The overrides of one run of the stage list (`None`: the configured stage).
@@ -481,6 +540,66 @@ mod tests {
             loaded.config.train.metrics_file.as_deref(),
             Some("/tmp/m \"q\".jsonl")
         );
+    }
+
+    #[test]
+    fn a_small_preset_gets_the_sequence_length_and_vocabulary_it_needs() {
+        let fit = |args: &[&str], file: &str| {
+            let cli = Cli::parse_from(std::iter::once("x").chain(args.iter().copied()));
+            let file: toml::Table = toml::from_str(file).unwrap();
+            cli.t
+                .preset_fit(&file)
+                .into_iter()
+                .map(|(k, v, _)| (k, v))
+                .collect::<Vec<_>>()
+        };
+        let both = vec![
+            ("model.vocab_size".to_string(), 64),
+            ("train.seq_len".to_string(), 8),
+        ];
+        assert_eq!(fit(&["--model", "tiny"], ""), both);
+        // A file's [model] dimensions give way to the preset's, so the vocabulary is
+        // fitted all the same; its train.seq_len stays its own.
+        assert_eq!(
+            fit(
+                &["--model", "tiny"],
+                "[model]\nvocab_size = 64\n[train]\nseq_len = 4\n"
+            ),
+            both[..1]
+        );
+        // What --set gives stays.
+        assert_eq!(
+            fit(&["--model", "tiny", "--set", "train.seq_len=4"], ""),
+            both[..1]
+        );
+        assert!(
+            fit(&["--model", "tiny", "--set", "model.vocab_size=40"], "")
+                .iter()
+                .all(|(k, _)| k != "model.vocab_size")
+        );
+        // A token file: its vocabulary is the model's business.
+        assert_eq!(
+            fit(&["--model", "tiny"], "[data]\npath = \"x.bin\"\n"),
+            both[1..]
+        );
+        assert_eq!(
+            fit(&["--model", "tiny", "--set", "data.path=x.bin"], ""),
+            both[1..]
+        );
+        // Presets that fit the defaults, and no --model: nothing.
+        assert!(fit(&["--model", "small"], "").is_empty());
+        assert!(fit(&["--model", "llama-tiny"], "").is_empty());
+        assert!(fit(&[], "").is_empty());
+        // The run loads and validates.
+        let cli = Cli::parse_from(["x", "--model", "tiny"]);
+        let mut o = cli.t.overrides();
+        o.extend(
+            fit(&["--model", "tiny"], "")
+                .iter()
+                .map(|(k, v)| format!("{k}={v}")),
+        );
+        let c = crate::config::load(None, &o).unwrap().config;
+        assert_eq!((c.train.seq_len, c.model.vocab_size), (8, Some(64)));
     }
 
     #[test]

@@ -16,7 +16,9 @@
 //!   refused, naming them, rather than loading a mix. `train.steps` must be above
 //!   the checkpoint's step, and the global batch (ranks x grad_accum x micro_batch rows
 //!   of seq_len tokens) must be the checkpoint's unless `--allow-batch-change` says
-//!   otherwise; the change is then logged and recorded in the next checkpoints.
+//!   otherwise; the change is then logged and recorded in the next checkpoints, and the
+//!   data order goes on from where the checkpoint's had got to (each checkpoint records
+//!   its data position: [`DataPosition`]).
 //!
 //! Loading and saving during the run go through here too ([`load`], [`save`]): this module
 //! and `init_from` are all of `train` that needs HDF5 (a build without it has stand-ins
@@ -32,6 +34,7 @@ use zero_comm::Communicator;
 use zero_core::checkpoint::{self, Meta, SaveOptions};
 use zero_core::Engine;
 use zero_kernels::device::Device;
+use zero_models::data::Origin;
 
 use super::launch::{agree, Failure};
 use super::TrainArgs;
@@ -45,6 +48,8 @@ pub struct Resume {
     pub step: u64,
     /// The global batch change allowed by `--allow-batch-change`, as a history line.
     pub batch_change: Option<String>,
+    /// Where the data order had got to after its step: the resumed run reads on from there.
+    pub origin: Origin,
 }
 
 impl Resume {
@@ -56,6 +61,98 @@ impl Resume {
     /// Its step directory.
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// Where its data order had got to.
+    pub fn origin(&self) -> Origin {
+        self.origin
+    }
+}
+
+/// A checkpoint's data position, recorded as its application state (JSON): the order of
+/// the run that saved it, after its step, as the [`Origin`] a resumed run starts from.
+/// Rows and tokens are decimal strings (they are u128).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct DataPosition {
+    /// The step index it applies to (the checkpoint's step: the next step's 0-based index).
+    step_index: u64,
+    /// Global row index of that step's first row.
+    row: String,
+    /// Its first token, before wrapping.
+    token: String,
+}
+
+/// The application state zero-bench records in each checkpoint.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct AppState {
+    data_position: DataPosition,
+}
+
+/// `origin` as the application state of a checkpoint.
+pub fn app_state(origin: Origin) -> String {
+    let state = AppState {
+        data_position: DataPosition {
+            step_index: origin.index,
+            row: origin.row.to_string(),
+            token: origin.token.to_string(),
+        },
+    };
+    // Plain strings and integers: serialising cannot fail.
+    serde_json::to_string(&state).unwrap_or_default()
+}
+
+/// The data position `meta` records, checked against its step.
+fn recorded_origin(meta: &Meta) -> anyhow::Result<Option<Origin>> {
+    let Some(text) = meta.app_state.as_deref() else {
+        return Ok(None);
+    };
+    let state: AppState = serde_json::from_str(text).context("its app_state")?;
+    let p = state.data_position;
+    if p.step_index != meta.step {
+        bail!(
+            "its data position is for step index {}, the checkpoint is at step {}",
+            p.step_index,
+            meta.step
+        );
+    }
+    let number = |what: &str, s: &str| {
+        s.parse::<u128>()
+            .with_context(|| format!("its data position's {what} {s:?}"))
+    };
+    Ok(Some(Origin {
+        index: p.step_index,
+        row: number("row", &p.row)?,
+        token: number("token", &p.token)?,
+    }))
+}
+
+/// Where the data order of the run that saved `meta` had got to after its step: as it
+/// recorded, else (a checkpoint from before positions were recorded) as its global batch
+/// `theirs` read from step 0, else the order's start with this run's batch (as then).
+fn data_origin(meta: &Meta, theirs: Option<GlobalBatch>, rank: usize) -> Origin {
+    let derived = || match theirs {
+        Some(b) => {
+            let row = (meta.step as u128).saturating_mul(b.rows_per_step());
+            Origin {
+                index: meta.step,
+                row,
+                token: row.saturating_mul(b.seq_len as u128),
+            }
+        }
+        None => Origin::default(),
+    };
+    match recorded_origin(meta) {
+        Ok(Some(origin)) => origin,
+        Ok(None) => derived(),
+        Err(why) => {
+            if rank == 0 {
+                log::warn!(
+                    "the checkpoint's recorded data position is unreadable ({why:#}); reading on from where its global batch puts step {}",
+                    meta.step
+                );
+            }
+            derived()
+        }
     }
 }
 
@@ -206,12 +303,14 @@ pub fn prepare<C: Communicator>(
         )));
     }
     let ours = GlobalBatch::of(config, comm.size());
-    let batch_change = match saved_batch(&meta) {
+    let theirs = saved_batch(&meta);
+    let origin = data_origin(&meta, theirs.as_ref().ok().copied(), rank);
+    let batch_change = match theirs {
         Ok(theirs) if theirs == ours => None,
         Ok(theirs) if args.allow_batch_change => {
             let line = format!(
-                "after step {}: global batch changed from {theirs} to {ours} (--allow-batch-change)",
-                meta.step
+                "after step {}: global batch changed from {theirs} to {ours} (--allow-batch-change); the data reads on from global row {}, token {}",
+                meta.step, origin.row, origin.token
             );
             if rank == 0 {
                 log::warn!("{line}");
@@ -241,6 +340,7 @@ pub fn prepare<C: Communicator>(
         dir,
         step: meta.step,
         batch_change,
+        origin,
     }))
 }
 
@@ -312,17 +412,20 @@ fn earlier_checkpoints(step_dir: &Path, step: u64) -> String {
 }
 
 /// Save a checkpoint of `engine` under the root `dir`, keeping the newest `keep_last`,
-/// with `app_config` (this tool's configuration) in its metadata. Collective; returns
-/// the step directory.
+/// with `app_config` (this tool's configuration) and `data` (where the data order has got
+/// to) in its metadata. Collective; returns the step directory.
 pub fn save<D: Device, E: Communicator>(
     engine: &Engine<'_, D, E>,
     dir: &Path,
     keep_last: usize,
     app_config: Option<&str>,
+    data: Origin,
 ) -> anyhow::Result<PathBuf> {
+    let state = app_state(data);
     let opts = SaveOptions {
         keep_last,
         app_config,
+        app_state: Some(&state),
         ..Default::default()
     };
     Ok(checkpoint::save(engine, dir, &opts)?)

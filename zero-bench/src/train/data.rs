@@ -16,7 +16,7 @@ use super::launch::{agree, Failure};
 use crate::config::{Config, DataOrder};
 use anyhow::{anyhow, bail, Context};
 use zero_comm::{Communicator, ReduceOp};
-use zero_models::data::{MarkovSource, Sequential, TokenFormat, Tokens};
+use zero_models::data::{MarkovSource, Origin, Sequential, TokenFormat, Tokens};
 use zero_models::init::SplitMix64;
 use zero_models::TokenBatch as Batch;
 
@@ -269,11 +269,18 @@ pub struct Batches {
 }
 
 impl Batches {
-    /// The order of `config` for rank `rank` of `world`.
-    pub fn new(config: &Config, world: usize, rank: usize) -> anyhow::Result<Batches> {
+    /// The order of `config` for rank `rank` of `world`, starting at `origin` (a resumed
+    /// run: where the checkpoint's order had got to; else the default).
+    pub fn new(
+        config: &Config,
+        world: usize,
+        rank: usize,
+        origin: Origin,
+    ) -> anyhow::Result<Batches> {
         let t = &config.train;
         let order = Sequential::new(t.micro_batch, t.seq_len, t.grad_accum, world, rank)
-            .context("batch order")?;
+            .context("batch order")?
+            .starting_at(origin);
         Ok(Batches {
             order,
             shuffle_seed: match config.data.order {
@@ -283,6 +290,11 @@ impl Batches {
             inputs: vec![Vec::new(); t.grad_accum],
             targets: vec![Vec::new(); t.grad_accum],
         })
+    }
+
+    /// Where the order will have got to after `steps` steps (what a checkpoint records).
+    pub fn origin_at(&self, steps: u64) -> Origin {
+        self.order.origin_at(steps)
     }
 
     /// Fill the A micro-batches of global step `step` and return them.
@@ -333,8 +345,7 @@ fn fill_shuffled(
     targets.clear();
     let mut window = vec![0u16; t + 1];
     for row in 0..o.rows {
-        // The global row index: Sequential's start divided by T.
-        let g = o.start(step, micro, row) / t as u128;
+        let g = o.global_row(step, micro, row);
         let start = shuffled_start(seed, g, tokens.len(), t);
         tokens.read_wrapping(start, &mut window)?;
         inputs.extend(window[..t].iter().map(|&x| x as u32));
@@ -366,7 +377,7 @@ mod tests {
                 // Row order of the global batch: micro-step, then rank, then row.
                 let mut rows: Vec<(usize, usize, Vec<u32>)> = Vec::new();
                 for r in 0..world {
-                    let mut b = Batches::new(&c, world, r).unwrap();
+                    let mut b = Batches::new(&c, world, r, Origin::default()).unwrap();
                     for (m, batch) in b.fill(&corpus(), 3).unwrap().iter().enumerate() {
                         rows.push((m, r, batch.inputs.to_vec()));
                     }
@@ -388,7 +399,7 @@ mod tests {
         c.train.micro_batch = 3;
         c.train.seq_len = 16;
         c.data.order = DataOrder::Shuffled;
-        let mut b = Batches::new(&c, 1, 0).unwrap();
+        let mut b = Batches::new(&c, 1, 0, Origin::default()).unwrap();
         let batch = &b.fill(&tokens, 5).unwrap()[0];
         assert_eq!(batch.inputs.len(), 48);
         for row in 0..3 {

@@ -113,27 +113,47 @@ pub fn run(mut args: TrainArgs) -> anyhow::Result<()> {
 fn configs(args: &TrainArgs) -> anyhow::Result<Vec<LoadedConfig>> {
     let runs = args.stage_runs();
     let mut out = Vec::with_capacity(runs.len());
+    // What the preset needs besides (a shorter train.seq_len, the built-in corpus's
+    // vocabulary), where the file and --set leave it. A file that cannot be read or
+    // parsed is the loader's to report.
+    let file: toml::Table = args
+        .config
+        .as_deref()
+        .and_then(|p| std::fs::read_to_string(p).ok())
+        .and_then(|text| toml::from_str(&text).ok())
+        .unwrap_or_default();
+    let fit = args.preset_fit(&file);
     // What --model brought besides the preset: named in provenance and in errors.
     let dims = args.preset_dimensions();
     let model = args.model.as_deref().unwrap_or_default();
     let brought = (!dims.is_empty()).then(|| {
-        let set: Vec<String> = dims.iter().map(|(k, v)| format!("{k} = {v}")).collect();
+        let set: Vec<String> = dims
+            .iter()
+            .map(|(k, v)| {
+                let fitted = fit.iter().find(|(f, _, _)| f == k).map(|(_, v, _)| v);
+                format!("{k} = {}", fitted.unwrap_or(v))
+            })
+            .collect();
         format!(
             "--model {model} brought its preset's dimensions ({}); --set model.KEY=VALUE changes one",
             set.join(", ")
         )
     });
     for stage in runs {
-        let mut loaded =
-            load(args.config.as_deref(), &args.overrides_for(stage)).map_err(
-                |e| match &brought {
-                    Some(b) => anyhow!(e).context(b.clone()),
-                    None => anyhow!(e),
-                },
-            )?;
+        let mut overrides = args.overrides_for(stage);
+        overrides.extend(fit.iter().map(|(key, value, _)| format!("{key}={value}")));
+        let mut loaded = load(args.config.as_deref(), &overrides).map_err(|e| match &brought {
+            Some(b) => anyhow!(e).context(b.clone()),
+            None => anyhow!(e),
+        })?;
         for (key, _) in &dims {
             let from = Source::Derived(format!("--model {model}: the preset's"));
             loaded.provenance.insert(key.clone(), from);
+        }
+        for (key, _, why) in &fit {
+            loaded
+                .provenance
+                .insert(key.clone(), Source::Derived(why.clone()));
         }
         // Model checks zero-core cannot do (it knows no model family): e.g. a GPT-2's
         // V <= 65536, a Llama's Hkv dividing H.
@@ -650,8 +670,9 @@ fn on_cuda(
     Err(Failure::same_everywhere(
         anyhow!(
             "--device {device}: this zero-bench was built without the `cuda` feature; build \
-             it with `cargo build -p zero-bench --release --features cuda` (or the carried GPU \
-             build: --no-default-features --features cuda), or train with --device host"
+             it with `cargo build -p zero-bench --release --features nccl` (CUDA and NCCL; or \
+             the carried GPU build: --no-default-features --features nccl), or train with \
+             --device host"
         ),
         comm.rank(),
     ))

@@ -15,7 +15,7 @@ use zero_core::plan::{BufferPlan, PlanInputs};
 use zero_core::Model;
 use zero_core::{Engine, EngineError};
 use zero_kernels::device::Device;
-use zero_models::data::Tokens;
+use zero_models::data::{Origin, Tokens};
 use zero_models::{Gpt, Llama, ModelPreset, TokenBatch};
 
 use super::checkpoints::{self, Resume};
@@ -191,7 +191,8 @@ where
             None => Engine::new(&config.engine(), engine_comm, dev, &model),
         }
         .context("creating the engine")?;
-        let batches = Batches::new(config, world, rank)?;
+        let origin = shared.checkpoints.resume.map(|r| r.origin());
+        let batches = Batches::new(config, world, rank, origin.unwrap_or_default())?;
         Ok((engine, batches))
     })();
     let (mut engine, mut batches) = agree(comm, setup)?;
@@ -363,7 +364,13 @@ where
         // holds steps of the file as it was.
         let clean = saver.saved.clone();
         if due {
-            saver.save(engine, done, rank, data_changed.is_none());
+            saver.save(
+                engine,
+                done,
+                rank,
+                data_changed.is_none(),
+                batches.origin_at(done),
+            );
         }
         if let Some(changed) = data_changed {
             if done < last {
@@ -578,13 +585,15 @@ impl<'a> Saver<'a> {
     /// already saved: the previous checkpoint and `latest` are untouched, and training
     /// goes on; the end of the run reports it. After the token file changed under the
     /// run (`data_unchanged` false) no older checkpoint is removed: those hold steps of
-    /// the file as it was.
+    /// the file as it was. `data` is where the data order has got to (recorded, so that
+    /// a resume with another global batch reads on from there).
     fn save<D: Device, E: Communicator>(
         &mut self,
         engine: &Engine<'_, D, E>,
         done: u64,
         rank: usize,
         data_unchanged: bool,
+        data: Origin,
     ) {
         let Some(dir) = self.ckpt.dir else {
             return;
@@ -594,7 +603,7 @@ impl<'a> Saver<'a> {
         } else {
             usize::MAX
         };
-        match checkpoints::save(engine, dir, keep_last, self.app_config.as_deref()) {
+        match checkpoints::save(engine, dir, keep_last, self.app_config.as_deref(), data) {
             Ok(path) => {
                 self.saved = Some((done, path));
                 self.failed = None;

@@ -32,6 +32,11 @@ pub mod checkpoints {
         pub fn dir(&self) -> &Path {
             match *self {}
         }
+
+        /// Unreachable: there is no [`Resume`].
+        pub fn origin(&self) -> zero_models::data::Origin {
+            match *self {}
+        }
     }
 
     impl std::fmt::Display for Resume {
@@ -89,6 +94,7 @@ pub mod checkpoints {
         _dir: &Path,
         _keep_last: usize,
         _app_config: Option<&str>,
+        _data: zero_models::data::Origin,
     ) -> anyhow::Result<PathBuf> {
         Err(super::missing("hdf5", "saving a checkpoint"))
     }

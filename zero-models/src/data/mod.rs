@@ -12,7 +12,7 @@ pub use file::{
     write_llmc, write_nanogpt, TokenFormat, TokenWriter, Tokens, LLMC_MAGIC, LLMC_VERSION,
 };
 pub use markov::MarkovSource;
-pub use order::Sequential;
+pub use order::{Origin, Sequential};
 pub use tokenize::{
     encode_stream, last_safe_split, tokenize_utf8, Gpt2, StreamOptions, StreamStats, Tokenizer,
     BYTE_VOCAB, GPT2_EOT, GPT2_VOCAB, TOKENIZE_MAX_THREADS,
