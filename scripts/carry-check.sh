@@ -58,7 +58,7 @@ runpath=$(readelf -d "$out" | sed -n 's/.*(\(RPATH\|RUNPATH\)).*\[\(.*\)\]/\1 \2
 [ -z "$runpath" ] || echo "carry-check: note: $runpath"
 
 if [ -n "$forbidden" ]; then
-    fail "$out needs $(tr '\n' ' ' <<<"$forbidden")(MPI/HDF5 are not on the GPU machine): a crate links them without its feature; see 'cargo tree -p zero-bench --no-default-features --features cuda -i mpi' (or -i hdf5-metno)"
+    fail "$out needs $(tr '\n' ' ' <<<"$forbidden")(MPI/HDF5 are not on the GPU machine): a crate links them without its feature; see 'cargo tree -p zero-bench --no-default-features --features nccl -i mpi' (or -i hdf5-metno)"
 fi
 if [ "$(printf '%s\n%s\n' "$highest_num" "$max_glibc" | sort -V | tail -n 1)" != "$max_glibc" ]; then
     symbols=$(objdump -T "$out" | grep -F "($highest)" | awk '{print $NF}' | sort -u | tr '\n' ' ')

@@ -3,7 +3,7 @@
 # Idempotent: a second run installs nothing and says so. Run as root (or with sudo).
 #
 #   scripts/setup.sh            system packages (Open MPI, HDF5, libclang, pkg-config, hdf5-tools)
-#   scripts/setup.sh --cuda     also the PTX assembler (ptxas, from PyPI) used to check our kernels
+#   scripts/setup.sh --cuda     also ptxas (checks our PTX) and NVRTC (regenerates it), both from PyPI
 #   scripts/setup.sh --slurm    also Slurm (slurmctld, slurmd, clients, PMIx plugin) for the local test cluster
 #   scripts/setup.sh --python   also h5py and numpy (PyPI): tests read our HDF5 files as users do
 set -euo pipefail
@@ -19,7 +19,7 @@ for arg in "$@"; do
     --cuda) want_cuda=1 ;;
     --slurm) want_slurm=1 ;;
     --python) want_python=1 ;;
-    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,8s/^# \{0,1\}//p' "$0"; exit 0 ;;
     *) die "unknown option '$arg' (see --help)" ;;
   esac
 done

@@ -1,6 +1,6 @@
 //! What a command says when this binary was built without a feature it needs (the carried
-//! GPU build is `--no-default-features --features cuda`: no MPI, no HDF5, so it runs on a
-//! machine that has neither). Only compiled into such a build.
+//! GPU build is `--no-default-features --features nccl`, CUDA and NCCL: no MPI, no HDF5,
+//! so it runs on a machine that has neither). Only compiled into such a build.
 
 /// `what` needs feature `feature` ("mpi" or "hdf5"), which this build left out: the error
 /// names the feature and how to get it.

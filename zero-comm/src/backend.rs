@@ -218,7 +218,7 @@ pub fn select(choice: CommChoice, facts: &Facts) -> Result<(Backend, String), Se
         SelectError::Missing {
         asked: choice,
         missing: "this binary was built without NCCL (cudarc's nccl feature)".into(),
-        todo: "build zero-bench with the NCCL backend, or use --comm mpi-staged (always works) or mpi-cuda (a CUDA-aware MPI)".into(),
+        todo: "build zero-bench with the NCCL backend (`cargo build --release -p zero-bench --features nccl`; the carried GPU build without MPI and HDF5: `--no-default-features --features nccl`), or use --comm mpi-staged (always works) or mpi-cuda (a CUDA-aware MPI)".into(),
     }
     };
     match choice {

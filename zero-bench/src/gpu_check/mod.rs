@@ -217,7 +217,8 @@ fn cuda(a: &RunArgs, reference: &train::Reference) -> anyhow::Result<i32> {
 fn cuda(_a: &RunArgs, _reference: &train::Reference) -> anyhow::Result<i32> {
     Ok(no_gpu(
         "this zero-bench was built without the `cuda` feature \
-         (cargo build -p zero-bench --release --no-default-features --features cuda)",
+         (the carried GPU build: cargo build -p zero-bench --release --no-default-features \
+         --features nccl)",
     ))
 }
 
