@@ -1,6 +1,7 @@
 //! Ending the process: `rank R: <message>` on stderr in one write, then the whole job down
 //! (MPI_Abort when MPI is up, else a plain exit). Apart from `init.rs` so that a build
-//! without MPI (the carried GPU build) keeps the same exits.
+//! without MPI (the carried GPU build) keeps the same exits. [`Deadline`] bounds a call
+//! that cannot time out itself (`ncclCommInitRank`) by ending the job after a limit.
 
 use std::io::Write;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -41,4 +42,83 @@ pub(crate) fn abort_world(code: i32) -> ! {
     // SAFETY: _exit ends the process without running destructors (which could block in
     // MPI); nothing of ours needs to run.
     unsafe { libc::_exit(code) }
+}
+
+/// A call that must return within a time limit: a thread runs `on_expiry` unless the guard
+/// is dropped first. For calls that block in a library with no timeout of their own
+/// (`ncclCommInitRank`, which waits forever for a rank that never comes).
+#[cfg_attr(not(feature = "nccl"), allow(dead_code))]
+pub(crate) struct Deadline {
+    /// Dropping it wakes the thread, which then returns.
+    disarm: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+#[cfg_attr(not(feature = "nccl"), allow(dead_code))]
+impl Deadline {
+    /// Start the clock: `on_expiry` runs on a thread named `name` after `limit`, unless the
+    /// guard is dropped before.
+    pub(crate) fn start(
+        name: String,
+        limit: std::time::Duration,
+        on_expiry: impl FnOnce() + Send + 'static,
+    ) -> std::io::Result<Deadline> {
+        let (disarm, expired) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::Builder::new().name(name).spawn(move || {
+            // No message is ever sent: the guard's drop disconnects, which ends the wait.
+            if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = expired.recv_timeout(limit) {
+                on_expiry();
+            }
+        })?;
+        Ok(Deadline {
+            disarm: Some(disarm),
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Deadline {
+    fn drop(&mut self) {
+        // Disconnecting wakes the thread at once.
+        drop(self.disarm.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_deadline_fires_only_when_the_call_outlives_it() {
+        let fired = Arc::new(AtomicBool::new(false));
+        let f = Arc::clone(&fired);
+        let start = Instant::now();
+        let guard = Deadline::start("t".into(), Duration::from_secs(30), move || {
+            f.store(true, Ordering::SeqCst)
+        })
+        .unwrap();
+        drop(guard);
+        assert!(!fired.load(Ordering::SeqCst));
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "disarming wakes it"
+        );
+        let f = Arc::clone(&fired);
+        let guard = Deadline::start("t".into(), Duration::from_millis(20), move || {
+            f.store(true, Ordering::SeqCst)
+        })
+        .unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(
+            fired.load(Ordering::SeqCst),
+            "a call that outlives its limit"
+        );
+        drop(guard);
+    }
 }

@@ -5,6 +5,10 @@
 //! - Set-up: rank 0 makes the unique id, every rank gets it ([`crate::nccl_id`]: over MPI,
 //!   or from an environment variable or a file where MPI cannot start), then
 //!   `ncclCommInitRank` on the GPU the rank trains on ([`NcclComm::new`]).
+//!   [`NcclComm::over`] does it over a bootstrap communicator (MPI's world, or the TCP
+//!   world): every rank first prepares its GPU and the ranks agree that all did, so a
+//!   rank that failed there stops them all before any waits in `ncclCommInitRank`;
+//!   `ZERO_COMM_TIMEOUT` bounds that call (a peer that died in it ends the job).
 //! - Stream order: the engine's collectives ([`crate::on_stream`]) are queued on the
 //!   engine's own CUDA stream ([`Communicator::enqueue`]), like a kernel: they start after
 //!   the work queued there before, the work queued after sees their result, and the host
@@ -40,7 +44,7 @@ use crate::communicator::{Communicator, Done, InFlight, RawBuf, RawCall, ReduceO
 use crate::config::{CommConfig, HalfSum};
 use crate::error::{CommError, Result};
 use crate::nccl_id::{UniqueId, UNIQUE_ID_BYTES};
-use crate::nccl_watch::{Queued, Watch};
+use crate::nccl_watch::{Queued, Watch, NCCL_WATCHDOG_EXIT_CODE};
 use crate::stats::{ring_bytes, CollectiveKind, CommStats, Counters};
 use crate::DType;
 
@@ -112,10 +116,21 @@ fn dtype_of(d: DType) -> sys::ncclDataType_t {
     }
 }
 
+/// What a rank sets up on its own before NCCL: the GPU's context, the communicator's
+/// stream, the barrier's scratch.
+struct Prepared {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    barrier: CudaSlice<f32>,
+}
+
 impl NcclComm {
     /// Rank `rank` of `size` on GPU `ordinal`, joined through `id` (every rank passes the
     /// same). `world_rank` is for messages; `config.timeout` is the watchdog's limit per
-    /// collective (NCCL's own errors end the job whatever it is).
+    /// collective (NCCL's own errors end the job whatever it is) and bounds
+    /// `ncclCommInitRank`. A rank that fails before NCCL (its GPU, a stream) leaves its
+    /// peers waiting in `ncclCommInitRank` until that bound: where the ranks share a
+    /// communicator, [`NcclComm::over`] stops them all first.
     pub fn new(
         ordinal: usize,
         id: &UniqueId,
@@ -124,37 +139,149 @@ impl NcclComm {
         world_rank: usize,
         config: &CommConfig,
     ) -> Result<Self> {
+        let prepared = Self::prepare(ordinal, world_rank)?;
+        Self::join(prepared, id, rank, size, world_rank, config)
+    }
+
+    /// Rank `bootstrap.rank()` of `bootstrap.size()` on GPU `ordinal`, set up through
+    /// `bootstrap` (collective over it): every rank prepares its GPU, then the ranks agree
+    /// over `bootstrap` that all did and rank 0's unique id goes to every rank
+    /// ([`crate::nccl_id::agree_and_exchange`]), and only then does any rank enter the
+    /// blocking `ncclCommInitRank`. A rank that fails before NCCL (its GPU, a stream,
+    /// memory, or rank 0 the id) thus fails every rank with an error naming it, instead
+    /// of leaving the others in NCCL. A rank that dies during `ncclCommInitRank` leaves
+    /// the others there until `config.timeout` (`ZERO_COMM_TIMEOUT`), which then ends the
+    /// job naming the call. `config` as in [`NcclComm::new`].
+    pub fn over<C: Communicator>(
+        bootstrap: &C,
+        ordinal: usize,
+        config: &CommConfig,
+    ) -> Result<Self> {
+        let world_rank = bootstrap.world_rank();
+        let prepared = Self::prepare(ordinal, world_rank);
+        let ready = prepared.as_ref().map(|_| ()).map_err(|e| {
+            let why = match e {
+                CommError::Nccl { message, .. } => message.clone(),
+                e => e.to_string(),
+            };
+            // A group's ranks are not the world's: name this one in the world too.
+            match bootstrap.rank() == world_rank {
+                true => why,
+                false => format!("(world rank {world_rank}) {why}"),
+            }
+        });
+        let id = crate::nccl_id::agree_and_exchange(bootstrap, ready, unique_id).map_err(|e| {
+            use crate::nccl_id::IdError;
+            match e {
+                IdError::Comm(c) => c,
+                IdError::SetUp { comm, failures, .. } => CommError::Nccl {
+                    rank: world_rank,
+                    op: "init",
+                    message: crate::nccl_id::set_up_failed(&comm, &failures),
+                },
+                e => CommError::Nccl {
+                    rank: world_rank,
+                    op: "init",
+                    message: e.to_string(),
+                },
+            }
+        })?;
+        // (Prepared on this rank: else the agreement failed above.)
+        Self::join(
+            prepared?,
+            &id,
+            bootstrap.rank(),
+            bootstrap.size(),
+            world_rank,
+            config,
+        )
+    }
+
+    /// This rank's own set-up, before NCCL: nothing here waits for another rank.
+    fn prepare(ordinal: usize, world_rank: usize) -> Result<Prepared> {
+        let err = |message: String| CommError::Nccl {
+            rank: world_rank,
+            op: "init",
+            message,
+        };
+        if !present() {
+            return Err(err(NOT_PRESENT.into()));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(|e| err(format!("GPU {ordinal}: {e:?}")))?;
+        let stream = ctx
+            .new_stream()
+            .map_err(|e| err(format!("GPU {ordinal}: a stream: {e:?}")))?;
+        let barrier = stream
+            .alloc_zeros::<f32>(1)
+            .map_err(|e| err(format!("GPU {ordinal}: the barrier's scratch: {e:?}")))?;
+        Ok(Prepared {
+            ctx,
+            stream,
+            barrier,
+        })
+    }
+
+    /// `ncclCommInitRank` (blocking until every rank has called it; bounded by
+    /// `config.timeout`), then the watchdog.
+    fn join(
+        prepared: Prepared,
+        id: &UniqueId,
+        rank: usize,
+        size: usize,
+        world_rank: usize,
+        config: &CommConfig,
+    ) -> Result<Self> {
+        let Prepared {
+            ctx,
+            stream,
+            barrier,
+        } = prepared;
         let err = |op: &'static str, message: String| CommError::Nccl {
             rank: world_rank,
             op,
             message,
         };
-        if !present() {
-            return Err(err("init", NOT_PRESENT.into()));
-        }
-        let ctx =
-            CudaContext::new(ordinal).map_err(|e| err("init", format!("GPU {ordinal}: {e:?}")))?;
-        let stream = ctx
-            .new_stream()
-            .map_err(|e| err("init", format!("a stream: {e:?}")))?;
-        let barrier = stream
-            .alloc_zeros::<f32>(1)
-            .map_err(|e| err("init", format!("the barrier's scratch: {e:?}")))?;
         let mut internal = [0 as c_char; UNIQUE_ID_BYTES];
         for (o, &b) in internal.iter_mut().zip(id.0.iter()) {
             *o = b as c_char;
         }
+        // NCCL has no timeout of its own here: a peer that died before or during its call
+        // would hold this rank forever. There is no handle to abort yet, so the job ends.
+        let deadline = config.timeout.and_then(|limit| {
+            let started = crate::exit::Deadline::start(
+                format!("nccl-init-deadline-{world_rank}"),
+                limit,
+                move || {
+                    crate::exit::line_to_stderr(&format!(
+                        "rank {world_rank}: NCCL watchdog: ncclCommInitRank (rank {rank} of {size}) has not returned after {:.0} s (ZERO_COMM_TIMEOUT): a peer never joined (it failed or died before or during its set-up: its log says why); ending the job",
+                        limit.as_secs_f64()
+                    ));
+                    crate::exit::abort_world(NCCL_WATCHDOG_EXIT_CODE)
+                },
+            );
+            match started {
+                Ok(d) => Some(d),
+                // Not a reason to fail this rank alone: its peers would wait for it in NCCL.
+                Err(e) => {
+                    log::warn!(
+                        "rank {world_rank}: no thread to bound ncclCommInitRank ({e}): it goes unwatched"
+                    );
+                    None
+                }
+            }
+        });
         let mut raw = std::mem::MaybeUninit::<sys::ncclComm_t>::uninit();
         // SAFETY: NCCL writes one handle; the id is plain bytes every rank shares.
-        unsafe {
+        let init = unsafe {
             result::comm_init_rank(
                 raw.as_mut_ptr(),
                 size as c_int,
                 sys::ncclUniqueId { internal },
                 rank as c_int,
             )
-        }
-        .map_err(|e| err("ncclCommInitRank", format!("{e:?}")))?;
+        };
+        drop(deadline);
+        init.map_err(|e| err("ncclCommInitRank", format!("{e:?}")))?;
         // SAFETY: written on success.
         let raw = unsafe { raw.assume_init() };
         let name = "nccl".to_string();

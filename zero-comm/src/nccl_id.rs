@@ -4,7 +4,9 @@
 //! them are tested here with a stand-in id:
 //!
 //! - over MPI ([`exchange`]): rank 0 makes it and broadcasts it; a failure on rank 0 is
-//!   broadcast too, so no rank waits for an id that will not come;
+//!   broadcast too, so no rank waits for an id that will not come. [`agree_and_exchange`]
+//!   first agrees that every rank prepared its GPU (`NcclComm::over`, feature `nccl`), so a
+//!   rank that failed there stops every rank before the blocking `ncclCommInitRank`;
 //! - from an environment variable ([`from_env`], 256 hex digits) that a launcher set;
 //! - from a file ([`from_file`], 128 bytes or 256 hex digits) on a shared file system:
 //!   rank 0 writes it atomically ([`write_file`]), the others wait for it with a
@@ -68,9 +70,32 @@ pub enum IdError {
         /// What went wrong.
         message: String,
     },
+    /// A rank could not prepare for NCCL (its GPU, a stream, memory) or rank 0 could not
+    /// make the id ([`agree_and_exchange`]): no rank went on to `ncclCommInitRank`.
+    #[error("rank {rank}: {}", set_up_failed(.comm, .failures))]
+    SetUp {
+        /// Rank reporting (in the world).
+        rank: usize,
+        /// The bootstrap communicator's name.
+        comm: String,
+        /// (rank in `comm`, its reason) of every rank that failed.
+        failures: Vec<(usize, String)>,
+    },
     /// The broadcast failed.
     #[error(transparent)]
     Comm(#[from] crate::CommError),
+}
+
+/// What [`IdError::SetUp`] says, without the reporting rank.
+pub fn set_up_failed(comm: &str, failures: &[(usize, String)]) -> String {
+    let each: Vec<String> = failures
+        .iter()
+        .map(|(r, why)| format!("rank {r}: {why}"))
+        .collect();
+    format!(
+        "NCCL set-up on '{comm}' failed before any rank entered ncclCommInitRank, so none waits there: {}; fix that rank's GPU or NCCL and start again",
+        each.join("; ")
+    )
 }
 
 impl UniqueId {
@@ -134,6 +159,37 @@ pub fn exchange<C: Communicator>(
     let mut id = [0u8; UNIQUE_ID_BYTES];
     id.copy_from_slice(&buf[1..]);
     Ok(UniqueId(id))
+}
+
+/// Agree that every rank is ready for NCCL, then hand rank 0's id to all: each rank
+/// passes `ready` (`Err(why)`: its own preparation failed, e.g. its GPU or a stream), rank
+/// 0 makes the id with `make` when it is ready itself, and every rank learns every
+/// failure (rank 0's `make` included) before any of them returns. So either every rank
+/// gets the id and goes on to the blocking `ncclCommInitRank`, or every rank returns
+/// [`IdError::SetUp`] naming the failed ranks and why: no rank waits in NCCL for one
+/// that already gave up. Collective over `comm`: one all-reduce (an all-gather more on a
+/// failure), then one broadcast.
+pub fn agree_and_exchange<C: Communicator>(
+    comm: &C,
+    ready: Result<(), String>,
+    make: impl FnOnce() -> Result<UniqueId, String>,
+) -> Result<UniqueId, IdError> {
+    let mine = match ready {
+        Err(why) => Err(why),
+        Ok(()) if comm.rank() == 0 => make().map(Some),
+        Ok(()) => Ok(None),
+    };
+    let failures = crate::agree::gather_failures(comm, mine.as_ref().err().map(String::as_str))?;
+    if !failures.is_empty() {
+        return Err(IdError::SetUp {
+            rank: comm.world_rank(),
+            comm: comm.name().to_string(),
+            failures,
+        });
+    }
+    let id = mine.ok().flatten();
+    // Rank 0 has an id: it passed no failure.
+    exchange(comm, || id.ok_or_else(|| "no id was made".to_string()))
 }
 
 /// The id from environment variable `var` (256 hex digits).
@@ -247,6 +303,54 @@ mod tests {
         let errs: Vec<String> = out.into_iter().map(|r| r.unwrap().unwrap_err()).collect();
         assert!(errs[0].contains("rank 0") && errs[0].contains("libnccl.so.2 not found"));
         assert!(errs[1].contains("rank 1") && errs[1].contains("rank 0 could not make it"));
+    }
+
+    #[test]
+    fn a_rank_that_cannot_prepare_stops_every_rank_before_nccl() {
+        // Rank 2's GPU fails: every rank learns it (and why) from the agreement, so none
+        // goes on to ncclCommInitRank to wait for rank 2 there.
+        let out = run_local(4, Default::default(), |comm| {
+            let ready = match comm.rank() {
+                2 => Err("GPU 2: CUDA_ERROR_OUT_OF_MEMORY".to_string()),
+                _ => Ok(()),
+            };
+            agree_and_exchange(&comm, ready, || Ok(stand_in(5))).map_err(|e| e.to_string())
+        });
+        for (r, got) in out.into_iter().enumerate() {
+            let e = got.unwrap().unwrap_err();
+            assert!(e.starts_with(&format!("rank {r}: ")), "{e}");
+            assert!(
+                e.contains("rank 2: GPU 2: CUDA_ERROR_OUT_OF_MEMORY"),
+                "names the rank and why: {e}"
+            );
+            assert!(
+                e.contains("before any rank entered ncclCommInitRank"),
+                "{e}"
+            );
+        }
+        // Rank 0 cannot make the id: the same, everywhere.
+        let out = run_local(2, Default::default(), |comm| {
+            agree_and_exchange(&comm, Ok(()), || Err("libnccl.so not found".into()))
+                .map_err(|e| e.to_string())
+        });
+        for got in out {
+            let e = got.unwrap().unwrap_err();
+            assert!(e.contains("rank 0: libnccl.so not found"), "{e}");
+        }
+        // Everyone ready: everyone gets rank 0's id, made once, by rank 0.
+        let made = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let out = run_local(3, Default::default(), move |comm| {
+            let (made, rank) = (std::sync::Arc::clone(&made), comm.rank());
+            agree_and_exchange(&comm, Ok(()), move || {
+                assert_eq!(made.fetch_add(1, std::sync::atomic::Ordering::SeqCst), 0);
+                assert_eq!(rank, 0, "only rank 0 makes the id");
+                Ok(stand_in(8))
+            })
+            .map_err(|e| e.to_string())
+        });
+        for got in out {
+            assert_eq!(got.unwrap().unwrap(), stand_in(8));
+        }
     }
 
     #[test]

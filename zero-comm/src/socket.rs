@@ -3,7 +3,8 @@
 //! Some clusters start tasks with `srun` but without PMI/PMIx (`srun --mpi=none`, or
 //! `MpiDefault=none` and no PMIx plugin), and zero-bench's carried GPU build links no MPI at
 //! all. Then every process knows its rank and the world's size from the launcher
-//! (`SLURM_PROCID`, `SLURM_NTASKS`, or `ZERO_RANK`, `ZERO_WORLD_SIZE`), and one address
+//! (`ZERO_RANK`, `ZERO_WORLD_SIZE`, else mpirun's, PMI's or Slurm's: [`RANK_VARS`]), and
+//! one address
 //! where rank 0 can be found ([`Rendezvous`], `ZERO_RENDEZVOUS`). [`SocketComm`] connects
 //! them: every rank holds one TCP connection to rank 0, a star.
 //!
@@ -157,9 +158,10 @@ pub struct Rendezvous {
     pub size: usize,
     /// Where rank 0 listens.
     pub address: Address,
-    /// Names this job, so that a rank never joins another job's rank 0 (through a stale
-    /// file or a reused port): `ZERO_RENDEZVOUS_TOKEN`, else Slurm's job, step and restart
-    /// count, else empty.
+    /// Names this launch, so that a rank never joins another launch's rank 0 (through a
+    /// stale or shared file, or a reused port): `ZERO_RENDEZVOUS_TOKEN`, else the
+    /// per-launch ids of the launcher that started this process ([`launch_token`]), else
+    /// empty.
     pub token: String,
     /// How long to wait for every rank to join.
     pub timeout: Duration,
@@ -168,10 +170,139 @@ pub struct Rendezvous {
 /// The environment variable naming the rendezvous address.
 pub const RENDEZVOUS_VAR: &str = "ZERO_RENDEZVOUS";
 
+/// The most ranks a TCP world may have: far more than a star through one rank 0 serves,
+/// and few enough that a mistyped size cannot make rank 0 allocate without bound.
+pub const MAX_WORLD_SIZE: usize = 1 << 20;
+
+/// Where a process finds its rank, in the order believed: ours; then the launcher that
+/// started the process (Open MPI's mpirun sets `OMPI_COMM_WORLD_*` for its children;
+/// MPICH's hydra and `srun --mpi=pmi2` set `PMI_*`, PMIx launchers `PMIX_RANK`); Slurm's
+/// last, because an mpirun inside an sbatch allocation inherits the allocation's
+/// `SLURM_*` (`mpirun -n 4` in `sbatch -n 8` would wait for 8 ranks). srun sets its
+/// `SLURM_*` and the PMI ones alike, so for srun the order changes nothing.
+pub const RANK_VARS: &[&str] = &[
+    "ZERO_RANK",
+    "OMPI_COMM_WORLD_RANK",
+    "PMI_RANK",
+    "PMIX_RANK",
+    "SLURM_PROCID",
+];
+
+/// Where a process finds the world's size, in [`RANK_VARS`]'s order (PMIx exports no size).
+pub const SIZE_VARS: &[&str] = &[
+    "ZERO_WORLD_SIZE",
+    "OMPI_COMM_WORLD_SIZE",
+    "PMI_SIZE",
+    "SLURM_NTASKS",
+];
+
+/// The first of `names` that `var` has, as (name, value, the value as a number).
+fn first_number(
+    var: &impl Fn(&str) -> Option<String>,
+    names: &[&'static str],
+) -> Option<(&'static str, String, Option<usize>)> {
+    names.iter().find_map(|&name| {
+        let v = var(name)?;
+        let n = v.trim().parse().ok();
+        Some((name, v, n))
+    })
+}
+
+/// The launchers' variables that disagree with the rank and size taken from `rank_from`
+/// and `size_from` (`NAME=value` each), in a sentence saying what to do; `None` when all
+/// agree. Several launchers' variables in one environment are normal (srun sets Slurm's
+/// and PMI's); different values mean one of them describes another launch (the
+/// enclosing allocation).
+fn launcher_disagreement(
+    var: &impl Fn(&str) -> Option<String>,
+    (rank_from, rank): (&str, usize),
+    (size_from, size): (&str, usize),
+) -> Option<String> {
+    let differ = |names: &[&str], used: &str, value: usize| -> Vec<String> {
+        names
+            .iter()
+            .filter(|&&n| n != used)
+            .filter_map(|&n| var(n).map(|v| (n, v)))
+            .filter(|(_, v)| v.trim().parse::<usize>().ok() != Some(value))
+            .map(|(n, v)| format!("{n}={v}"))
+            .collect()
+    };
+    let mut others = differ(RANK_VARS, rank_from, rank);
+    others.extend(differ(SIZE_VARS, size_from, size));
+    if others.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "the launchers' variables disagree: this process took rank {rank} from {rank_from} and the size {size} from {size_from}, but {} say otherwise; if the wrong launcher's are believed (e.g. Slurm's of an enclosing allocation), set ZERO_RANK and ZERO_WORLD_SIZE for every process",
+        others.join(", ")
+    ))
+}
+
+/// This launch's token (see [`Rendezvous::token`]): `ZERO_RENDEZVOUS_TOKEN`, else the ids
+/// of the one launch that started this process, which are the same on all its ranks and
+/// differ between two launches: Open MPI's (`PMIX_NAMESPACE`, `OMPI_MCA_ess_base_jobid`)
+/// under mpirun, `PMI_JOBID` under a PMI launcher, `PMIX_NAMESPACE` under a PMIx one,
+/// else Slurm's job, step and restart count (srun). Only that launcher's: an mpirun inside
+/// an sbatch allocation sees the batch step's `SLURM_STEP_ID` on one node and the step of
+/// the daemons it started with srun on the others. Empty when nothing names the launch
+/// (e.g. MPICH's hydra): launches that share a `file:` path then need their own paths
+/// or tokens, and [`SocketComm::connect`] refuses to take over a live one's file.
+pub fn launch_token(var: &impl Fn(&str) -> Option<String>) -> String {
+    if let Some(t) = var("ZERO_RENDEZVOUS_TOKEN") {
+        return t;
+    }
+    let ids = |family: &str, names: &[&str]| -> String {
+        let found: Vec<String> = names
+            .iter()
+            .filter_map(|&n| var(n))
+            .filter(|v| !v.trim().is_empty())
+            .collect();
+        match found.is_empty() {
+            true => String::new(),
+            false => format!("{family}:{}", found.join(".")),
+        }
+    };
+    let has = |n: &str| var(n).is_some();
+    if has("OMPI_COMM_WORLD_RANK") {
+        ids("ompi", &["PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid"])
+    } else if has("PMI_RANK") {
+        ids("pmi", &["PMI_JOBID"])
+    } else if has("PMIX_RANK") {
+        ids("pmix", &["PMIX_NAMESPACE"])
+    } else if let Some(job) = var("SLURM_JOB_ID") {
+        format!(
+            "slurm:{job}.{}.{}",
+            var("SLURM_STEP_ID").unwrap_or_default(),
+            var("SLURM_RESTART_COUNT").unwrap_or_else(|| "0".into())
+        )
+    } else {
+        String::new()
+    }
+}
+
+/// When the launchers' variables of this process's environment disagree about the rank
+/// and size `rv` holds, why a rendezvous may wait in vain (appended to its timeouts);
+/// empty otherwise, and for a rendezvous not taken from the environment.
+fn environment_note(rv: &Rendezvous) -> String {
+    let var = |name: &str| std::env::var(name).ok();
+    let (Some((rank_from, _, Some(rank))), Some((size_from, _, Some(size)))) =
+        (first_number(&var, RANK_VARS), first_number(&var, SIZE_VARS))
+    else {
+        return String::new();
+    };
+    if (rank, size) != (rv.rank, rv.size) {
+        return String::new();
+    }
+    launcher_disagreement(&var, (rank_from, rank), (size_from, size))
+        .map(|d| format!("; note: {d}"))
+        .unwrap_or_default()
+}
+
 impl Rendezvous {
     /// From the environment: `None` when `ZERO_RENDEZVOUS` is not set. The rank comes from
-    /// `ZERO_RANK`, else `SLURM_PROCID`; the size from `ZERO_WORLD_SIZE`, else
-    /// `SLURM_NTASKS`; the patience from `ZERO_RENDEZVOUS_TIMEOUT` (seconds).
+    /// the first of [`RANK_VARS`] set (`ZERO_RANK`, then the launcher's), the size from
+    /// the first of [`SIZE_VARS`]; the token from [`launch_token`]; the patience from
+    /// `ZERO_RENDEZVOUS_TIMEOUT` (seconds).
     pub fn from_env() -> std::result::Result<Option<Rendezvous>, String> {
         Self::from_vars(|name| std::env::var(name).ok())
     }
@@ -184,53 +315,37 @@ impl Rendezvous {
             return Ok(None);
         };
         let address = Address::parse(&at).map_err(|e| format!("{RENDEZVOUS_VAR}={at}: {e}"))?;
-        let number = |names: &[&str], what: &str| -> std::result::Result<usize, String> {
-            for name in names {
-                if let Some(v) = var(name) {
-                    return v
-                        .trim()
-                        .parse()
-                        .map_err(|_| format!("{name}={v} is not a whole number (the {what})"));
+        type Found = std::result::Result<(&'static str, usize), String>;
+        let number = |names: &[&'static str], what: &str| -> Found {
+            match first_number(&var, names) {
+                Some((name, _, Some(n))) => Ok((name, n)),
+                Some((name, v, None)) => {
+                    Err(format!("{name}={v} is not a whole number (the {what})"))
                 }
+                None => Err(format!(
+                    "{RENDEZVOUS_VAR} is set, so this process joins a TCP world, but none of {} gives its {what}: launch with srun or mpirun, or set ZERO_RANK and ZERO_WORLD_SIZE for every process",
+                    names.join(", ")
+                )),
             }
-            Err(format!(
-                "{RENDEZVOUS_VAR} is set, so this process joins a TCP world, but none of {} gives its {what}: launch with srun, or set ZERO_RANK and ZERO_WORLD_SIZE for every process",
-                names.join(", ")
-            ))
         };
-        // Ours first, then what srun, Open MPI's mpirun and PMI launchers set.
-        let rank = number(
-            &[
-                "ZERO_RANK",
-                "SLURM_PROCID",
-                "OMPI_COMM_WORLD_RANK",
-                "PMI_RANK",
-            ],
-            "rank",
-        )?;
-        let size = number(
-            &[
-                "ZERO_WORLD_SIZE",
-                "SLURM_NTASKS",
-                "OMPI_COMM_WORLD_SIZE",
-                "PMI_SIZE",
-            ],
-            "world size",
-        )?;
-        if size == 0 || rank >= size {
+        let (rank_from, rank) = number(RANK_VARS, "rank")?;
+        let (size_from, size) = number(SIZE_VARS, "world size")?;
+        if size > MAX_WORLD_SIZE {
             return Err(format!(
-                "rank {rank} of a world of {size}: the rank must be below the size"
+                "{size_from}={size}: a TCP world has at most {MAX_WORLD_SIZE} ranks; give the number of processes launched"
             ));
         }
-        let token = match (var("ZERO_RENDEZVOUS_TOKEN"), var("SLURM_JOB_ID")) {
-            (Some(t), _) => t,
-            (None, Some(job)) => format!(
-                "slurm:{job}.{}.{}",
-                var("SLURM_STEP_ID").unwrap_or_default(),
-                var("SLURM_RESTART_COUNT").unwrap_or_else(|| "0".into())
-            ),
-            (None, None) => String::new(),
-        };
+        if size == 0 || rank >= size {
+            return Err(format!(
+                "rank {rank} of a world of {size} ({rank_from}, {size_from}): the rank must be below the size"
+            ));
+        }
+        let note = launcher_disagreement(&var, (rank_from, rank), (size_from, size));
+        log::debug!(
+            "rank {rank} of {size}: from {rank_from} and {size_from}{}",
+            note.map(|n| format!(" ({n})")).unwrap_or_default()
+        );
+        let token = launch_token(&var);
         let timeout = match var("ZERO_RENDEZVOUS_TIMEOUT") {
             None => DEFAULT_RENDEZVOUS_TIMEOUT,
             Some(v) => v
@@ -418,13 +533,21 @@ impl SocketComm {
                 rv.rank, rv.size
             )));
         }
+        if rv.size > MAX_WORLD_SIZE {
+            return Err(err(format!(
+                "a world of {} ranks: a TCP world has at most {MAX_WORLD_SIZE}; give the number of processes launched (ZERO_WORLD_SIZE)",
+                rv.size
+            )));
+        }
+        // Said with a timeout: launchers that disagree about the size are a likely cause.
+        let note = environment_note(rv);
         let links = if rv.size == 1 {
             Vec::new()
         } else if rv.rank == 0 {
             let listener = listen(&rv.address).map_err(err)?;
-            Self::gather_peers(listener, rv).map_err(err)?
+            Self::gather_peers(listener, rv, &note).map_err(err)?
         } else {
-            vec![Self::join_root(rv).map_err(err)?]
+            vec![Self::join_any(rv, &[], &note).map_err(err)?]
         };
         if rv.size > 1 {
             // Messages and aborts name the rank, as under MPI (`exit.rs`).
@@ -479,10 +602,11 @@ impl SocketComm {
     }
 
     /// Rank 0: listen, publish the address (file mode), accept every other rank's hello,
-    /// then answer all of them at once.
+    /// then answer all of them at once. `note` is appended to a timeout's message.
     fn gather_peers(
         listener: TcpListener,
         rv: &Rendezvous,
+        note: &str,
     ) -> std::result::Result<Vec<TcpStream>, String> {
         let mut published = None;
         if let Address::File(path) = &rv.address {
@@ -501,14 +625,14 @@ impl SocketComm {
                 .collect::<Vec<_>>()
                 .join(",");
             let file = rendezvous_file(path, &rv.token);
-            publish(&file, &addr, &rv.token)?;
+            publish(&file, &addr, port, &rv.token)?;
             log::debug!(
                 "rank 0: TCP world listening on {addr} (written to {})",
                 file.display()
             );
             published = Some((file, addr));
         }
-        let joined = Self::accept_all(&listener, rv);
+        let joined = Self::accept_all(&listener, rv, note);
         if let Some((file, addr)) = published {
             // Once everyone is in (or the wait failed), a later run must not find it;
             // only ours (a launch without a token may share the path).
@@ -528,6 +652,7 @@ impl SocketComm {
     fn accept_all(
         listener: &TcpListener,
         rv: &Rendezvous,
+        note: &str,
     ) -> std::result::Result<Vec<TcpStream>, String> {
         listener
             .set_nonblocking(true)
@@ -553,7 +678,7 @@ impl SocketComm {
                             .map(|(i, _)| (i + 1).to_string())
                             .collect();
                         let why = format!(
-                            "rank(s) {} did not join within {:.0} s (ZERO_RENDEZVOUS_TIMEOUT); were they started, with the same ZERO_RENDEZVOUS, and can they reach this host?",
+                            "rank(s) {} did not join within {:.0} s (ZERO_RENDEZVOUS_TIMEOUT); were they started, with the same ZERO_RENDEZVOUS, and can they reach this host?{note}",
                             missing.join(", "),
                             rv.timeout.as_secs_f64()
                         );
@@ -613,19 +738,19 @@ impl SocketComm {
         Ok(slots.into_iter().flatten().collect())
     }
 
-    /// Ranks above 0: find rank 0 (wait for the file), connect (retrying while it is not
-    /// listening yet), say hello, and wait for everyone to have joined.
-    fn join_root(rv: &Rendezvous) -> std::result::Result<TcpStream, String> {
-        Self::join_any(rv, &[])
-    }
-
-    /// As [`SocketComm::join_root`], trying each of `targets` (`host:port`) in turn
-    /// instead of `rv`'s address when any are given.
-    fn join_any(rv: &Rendezvous, targets: &[String]) -> std::result::Result<TcpStream, String> {
+    /// Ranks above 0: find rank 0 (wait for the file; or try each of `targets`,
+    /// `host:port`, in turn instead of `rv`'s address when any are given), connect
+    /// (retrying while it is not listening yet), say hello, and wait for everyone to have
+    /// joined. `note` is appended to a timeout's message.
+    fn join_any(
+        rv: &Rendezvous,
+        targets: &[String],
+        note: &str,
+    ) -> std::result::Result<TcpStream, String> {
         let deadline = Instant::now() + rv.timeout;
         let late = |what: &str| {
             format!(
-                "{what} within {:.0} s (ZERO_RENDEZVOUS_TIMEOUT); is rank 0 running, with the same ZERO_RENDEZVOUS?",
+                "{what} within {:.0} s (ZERO_RENDEZVOUS_TIMEOUT); is rank 0 running, with the same ZERO_RENDEZVOUS?{note}",
                 rv.timeout.as_secs_f64()
             )
         };
@@ -896,9 +1021,9 @@ impl SocketComm {
                 timeout: self.join_timeout,
             };
             match listener {
-                Some(Ok((l, _))) => Self::gather_peers(l, &rv).map_err(&fail)?,
+                Some(Ok((l, _))) => Self::gather_peers(l, &rv, "").map_err(&fail)?,
                 Some(Err(e)) => return Err(fail(e)),
-                None => vec![Self::join_any(&rv, &targets).map_err(&fail)?],
+                None => vec![Self::join_any(&rv, &targets, "").map_err(&fail)?],
             }
         };
         let group = Group {
@@ -1456,23 +1581,76 @@ pub fn rendezvous_file(path: &Path, token: &str) -> PathBuf {
     path.with_file_name(name)
 }
 
-/// Rank 0 (file mode): write `host:port` and the token into `path`, atomically.
-fn publish(path: &Path, addr: &str, token: &str) -> std::result::Result<(), String> {
+/// Rank 0 (file mode): write `addr` (`host:port,...`, all on `port`) and the token into
+/// `path`, atomically, but never over the file of a rank 0 that still waits there: two
+/// launches with one path and one token (nothing names their launches) would otherwise
+/// take each other's ranks. A file whose rank 0 no longer answers (a launch that died) is
+/// replaced.
+fn publish(path: &Path, addr: &str, port: u16, token: &str) -> std::result::Result<(), String> {
     let tmp = path.with_file_name(format!(
         ".{}.{}",
         path.file_name()
             .map_or("zero-rendezvous".into(), |n| n.to_string_lossy()),
         std::process::id()
     ));
-    std::fs::write(&tmp, format!("{addr}\n{token}\n"))
-        .and_then(|()| std::fs::rename(&tmp, path))
-        .map_err(|e| {
-            let _ = std::fs::remove_file(&tmp);
-            format!(
-                "rank 0 cannot write the rendezvous file {}: {e} (give a path in a writable directory that every rank sees)",
-                path.display()
-            )
+    let failed = |e: io::Error| {
+        format!(
+            "rank 0 cannot write the rendezvous file {}: {e} (give a path in a writable directory that every rank sees)",
+            path.display()
+        )
+    };
+    if let Err(e) = std::fs::write(&tmp, format!("{addr}\n{token}\n")) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(failed(e));
+    }
+    // A hard link creates `path` only where there is none, in one step (a check, then a
+    // rename, would let two rank 0s both find it free).
+    let placed = match std::fs::hard_link(&tmp, path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => match live_rank_0(path, port) {
+            Some((at, theirs)) => {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(format!(
+                    "the rendezvous file {} is in use: a rank 0 listening at {at} (token '{theirs}') still waits for its ranks there; give each launch its own {RENDEZVOUS_VAR} path or ZERO_RENDEZVOUS_TOKEN (or, if no such launch runs, remove the file)",
+                    path.display()
+                ));
+            }
+            None => {
+                log::warn!(
+                    "rank 0: replacing the rendezvous file {}: its rank 0 no longer answers (a launch that ended)",
+                    path.display()
+                );
+                std::fs::rename(&tmp, path)
+            }
+        },
+        // A file system without hard links: replace, as before.
+        Err(_) => std::fs::rename(&tmp, path),
+    };
+    // (After a link both names remain; after a rename this finds nothing.)
+    let _ = std::fs::remove_file(&tmp);
+    placed.map_err(failed)
+}
+
+/// Whether the rank 0 that wrote the rendezvous file `path` still listens: (the address
+/// that answered, the token in the file). Addresses on `our_port` are not tried: a dead
+/// launch's port may be this rank 0's now, and it would answer itself.
+fn live_rank_0(path: &Path, our_port: u16) -> Option<(String, String)> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let mut lines = text.lines();
+    let theirs = lines.next()?.trim().to_string();
+    let token = lines.next().unwrap_or("").to_string();
+    let port_of = |t: &str| t.rsplit_once(':').and_then(|(_, p)| p.parse::<u16>().ok());
+    theirs
+        .split(',')
+        .filter(|t| !t.is_empty() && port_of(t) != Some(our_port))
+        .find(|t| {
+            t.to_socket_addrs().is_ok_and(|mut addrs| {
+                // Connecting and closing at once: its rank 0 drops a connection without a
+                // hello and goes on waiting.
+                addrs.any(|a| TcpStream::connect_timeout(&a, Duration::from_secs(1)).is_ok())
+            })
         })
+        .map(|t| (t.to_string(), token))
 }
 
 /// Ranks above 0 (file mode): rank 0's address, once the file names this job's token.

@@ -498,8 +498,8 @@ fn with_backend<D: BenchDevice>(
         }
         #[cfg(feature = "nccl")]
         Backend::Nccl => {
-            // The GPU this rank trains on; the id from rank 0 over MPI (a failure to make
-            // it reaches every rank, so none waits in ncclCommInitRank).
+            // The GPU this rank trains on; set up over the world (a rank whose GPU or id
+            // fails stops every rank before any waits in ncclCommInitRank).
             let ordinal = match dev.location() {
                 zero_kernels::device::Location::Cuda(o) => o,
                 zero_kernels::device::Location::Host => {
@@ -514,25 +514,14 @@ fn with_backend<D: BenchDevice>(
                 comm,
                 zero_comm::CommConfig::from_env().map_err(anyhow::Error::from),
             )?;
-            let id = zero_comm::nccl_id::exchange(comm, zero_comm::nccl::unique_id)
-                .map_err(anyhow::Error::from);
-            let id = agree(comm, id)?;
-            let nccl = zero_comm::NcclComm::new(ordinal, &id, rank, comm.size(), rank, &config)
-                .map_err(anyhow::Error::from);
+            let nccl =
+                zero_comm::NcclComm::over(comm, ordinal, &config).map_err(anyhow::Error::from);
             let nccl = agree(comm, nccl)?;
             // hpZ / qgZ: one NCCL communicator per MPI group, its id over that group.
             let nccl_groups = match &groups {
                 Some(g) => {
                     let on = |sub: &WorldComm| -> anyhow::Result<zero_comm::NcclComm> {
-                        let id = zero_comm::nccl_id::exchange(sub, zero_comm::nccl::unique_id)?;
-                        Ok(zero_comm::NcclComm::new(
-                            ordinal,
-                            &id,
-                            sub.rank(),
-                            sub.size(),
-                            rank,
-                            &config,
-                        )?)
+                        Ok(zero_comm::NcclComm::over(sub, ordinal, &config)?)
                     };
                     let node = agree(comm, on(&g.node).context("NCCL on the node group"))?;
                     let cross = agree(comm, on(&g.cross).context("NCCL on the cross-node group"))?;

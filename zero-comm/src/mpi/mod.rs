@@ -268,18 +268,16 @@ impl MpiComm {
     }
 
     fn count(&self, call: &RawCall, n: usize) -> Result<c_int> {
-        c_int::try_from(n).map_err(|_| CommError::Size {
-            rank: self.shared.world_rank,
-            op: call.kind.name(),
-            comm: self.name.to_string(),
-            detail: format!("{n} elements exceed MPI's count limit of {}", c_int::MAX),
-        })
+        mpi_count_fits(self.shared.world_rank, &self.name, call, n)
     }
 
     /// Everything before the data moves: sequence number, consistency check, accounting,
     /// watchdog registration.
     fn begin(&self, call: &RawCall) -> Result<(bool, Option<WatchSpec>)> {
         self.loc_check(call)?;
+        // Refused before the sequence number and the accounting move, so a refused call
+        // leaves no trace (every rank refuses it alike: the lengths are the same).
+        self.count(call, mpi_count(call.kind, call.recv.len, self.size))?;
         let upcast = call.dtype.is_half()
             && call.op == Some(ReduceOp::Sum)
             && self.half_sum.get() == HalfSum::Upcast;
@@ -336,7 +334,9 @@ impl MpiComm {
             Some(p) if call.recv.len > 0 => p,
             _ => in_place,
         };
-        let n = self.count(call, call.recv.len)?;
+        // What MPI receives per call: for an all-gather and an all-to-all the block per
+        // rank, not the whole output (checked in `begin`).
+        let n = self.count(call, mpi_count(call.kind, call.recv.len, self.size))?;
         let (rc, name) = match (call.kind, req) {
             (CollectiveKind::Barrier, None) => (ffi::MPI_Barrier(self.raw), "MPI_Barrier"),
             (CollectiveKind::Barrier, Some(r)) => (ffi::MPI_Ibarrier(self.raw, r), "MPI_Ibarrier"),
@@ -356,33 +356,23 @@ impl MpiComm {
                 ffi::MPI_Ireduce_scatter_block(sendp, recv, n, dt, mpi_op, self.raw, r),
                 "MPI_Ireduce_scatter_block",
             ),
-            (CollectiveKind::AllGather, r) => {
-                let block = self.count(call, call.recv.len / self.size.max(1))?;
-                match r {
-                    None => (
-                        ffi::MPI_Allgather(sendp, block, dt, recv, block, dt, self.raw),
-                        "MPI_Allgather",
-                    ),
-                    Some(r) => (
-                        ffi::MPI_Iallgather(sendp, block, dt, recv, block, dt, self.raw, r),
-                        "MPI_Iallgather",
-                    ),
-                }
-            }
-            (CollectiveKind::AllToAll, r) => {
-                // Equal blocks: `size` of them in both buffers (checked by the typed layer).
-                let block = self.count(call, call.recv.len / self.size.max(1))?;
-                match r {
-                    None => (
-                        ffi::MPI_Alltoall(sendp, block, dt, recv, block, dt, self.raw),
-                        "MPI_Alltoall",
-                    ),
-                    Some(r) => (
-                        ffi::MPI_Ialltoall(sendp, block, dt, recv, block, dt, self.raw, r),
-                        "MPI_Ialltoall",
-                    ),
-                }
-            }
+            (CollectiveKind::AllGather, None) => (
+                ffi::MPI_Allgather(sendp, n, dt, recv, n, dt, self.raw),
+                "MPI_Allgather",
+            ),
+            (CollectiveKind::AllGather, Some(r)) => (
+                ffi::MPI_Iallgather(sendp, n, dt, recv, n, dt, self.raw, r),
+                "MPI_Iallgather",
+            ),
+            // Equal blocks: `size` of them in both buffers (checked by the typed layer).
+            (CollectiveKind::AllToAll, None) => (
+                ffi::MPI_Alltoall(sendp, n, dt, recv, n, dt, self.raw),
+                "MPI_Alltoall",
+            ),
+            (CollectiveKind::AllToAll, Some(r)) => (
+                ffi::MPI_Ialltoall(sendp, n, dt, recv, n, dt, self.raw, r),
+                "MPI_Ialltoall",
+            ),
             (CollectiveKind::Broadcast, None) => (
                 ffi::MPI_Bcast(recv, n, dt, call.root as c_int, self.raw),
                 "MPI_Bcast",
@@ -552,6 +542,39 @@ impl Drop for MpiComm {
             }
         }
     }
+}
+
+/// The element count MPI receives in one call of `kind` on `size` ranks whose output
+/// holds `recv_len`: the whole output for an all-reduce, a broadcast and a reduce-scatter
+/// (its output is this rank's block), one rank's block for an all-gather and an
+/// all-to-all (MPI counts per rank, not the gathered whole), nothing for a barrier.
+fn mpi_count(kind: CollectiveKind, recv_len: usize, size: usize) -> usize {
+    match kind {
+        CollectiveKind::Barrier => 0,
+        CollectiveKind::AllGather | CollectiveKind::AllToAll => recv_len / size.max(1),
+        CollectiveKind::AllReduce | CollectiveKind::ReduceScatter | CollectiveKind::Broadcast => {
+            recv_len
+        }
+    }
+}
+
+/// `n`, MPI's count for `call`, as MPI's `int`; above `c_int::MAX` a `Size` error (for
+/// world rank `rank` on `comm`) that says how to make it fit.
+fn mpi_count_fits(rank: usize, comm: &str, call: &RawCall, n: usize) -> Result<c_int> {
+    c_int::try_from(n).map_err(|_| CommError::Size {
+        rank,
+        op: call.kind.name(),
+        comm: comm.to_string(),
+        detail: format!(
+            "{n} {} elements{} exceed MPI's count limit of {} per call; split the data into collectives of at most that many (in the engine: a smaller zero.bucket_elems, or more ranks so that each holds a smaller partition)",
+            call.dtype.name(),
+            match call.kind {
+                CollectiveKind::AllGather | CollectiveKind::AllToAll => " per rank",
+                _ => "",
+            },
+            c_int::MAX
+        ),
+    })
 }
 
 /// f32 staging of a half sum (HalfSum::Upcast).
@@ -739,5 +762,54 @@ pub(crate) fn abort_if_running(code: i32) {
         unsafe {
             ffi::MPI_Abort(ffi::RSMPI_COMM_WORLD, code);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::DType;
+
+    fn call(kind: CollectiveKind, recv_len: usize) -> RawCall {
+        RawCall {
+            kind,
+            op: None,
+            dtype: DType::BF16,
+            send: None,
+            recv: RawBuf {
+                ptr: std::ptr::null_mut(),
+                len: recv_len,
+                location: Location::Host,
+            },
+            root: 0,
+        }
+    }
+
+    #[test]
+    fn mpi_is_given_the_block_per_rank_and_refused_only_what_it_cannot_count() {
+        use CollectiveKind as K;
+        // A legal all-gather: 300M elements per rank on 8 ranks, 2.4G gathered.
+        let n = 300_000_000usize;
+        assert_eq!(mpi_count(K::AllGather, 8 * n, 8), n);
+        assert_eq!(mpi_count(K::AllToAll, 8 * n, 8), n);
+        assert_eq!(mpi_count(K::AllReduce, 8 * n, 8), 8 * n);
+        assert_eq!(mpi_count(K::Broadcast, 8 * n, 8), 8 * n);
+        assert_eq!(mpi_count(K::ReduceScatter, n, 8), n);
+        assert_eq!(mpi_count(K::Barrier, 0, 8), 0);
+        let gather = call(K::AllGather, 8 * n);
+        let fits = mpi_count_fits(3, "world", &gather, mpi_count(K::AllGather, 8 * n, 8));
+        assert_eq!(fits.unwrap(), n as c_int);
+        let e = mpi_count_fits(3, "world", &call(K::AllReduce, 8 * n), 8 * n)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("rank 3") && e.contains("2400000000 bf16 elements exceed"),
+            "{e}"
+        );
+        assert!(e.contains("zero.bucket_elems"), "says what to do: {e}");
+        let e = mpi_count_fits(0, "world", &call(K::AllGather, 0), 1 << 31)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("elements per rank exceed"), "{e}");
     }
 }

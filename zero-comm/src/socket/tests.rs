@@ -388,7 +388,24 @@ fn the_environment_names_rank_size_and_address() {
         (&[("ZERO_RENDEZVOUS", "tcp:node17:0")][..], "port above 0"),
         (
             &[("ZERO_RENDEZVOUS", "file:/x")][..],
-            "none of ZERO_RANK, SLURM_PROCID",
+            "none of ZERO_RANK, OMPI_COMM_WORLD_RANK, PMI_RANK, PMIX_RANK, SLURM_PROCID",
+        ),
+        (
+            // A size that would have rank 0 allocate without bound.
+            &[
+                ("ZERO_RENDEZVOUS", "file:/x"),
+                ("ZERO_RANK", "0"),
+                ("ZERO_WORLD_SIZE", "20000000000"),
+            ][..],
+            "ZERO_WORLD_SIZE=20000000000: a TCP world has at most 1048576 ranks",
+        ),
+        (
+            &[
+                ("ZERO_RENDEZVOUS", "file:/x"),
+                ("OMPI_COMM_WORLD_RANK", "0"),
+                ("OMPI_COMM_WORLD_SIZE", "4000000"),
+            ][..],
+            "OMPI_COMM_WORLD_SIZE=4000000: a TCP world has at most",
         ),
         (
             &[
@@ -420,6 +437,202 @@ fn the_environment_names_rank_size_and_address() {
             Box::leak(list.to_vec().into_boxed_slice());
         let e = Rendezvous::from_vars(vars(list)).expect_err("refused");
         assert!(e.contains(says), "{list:?}: {e}");
+    }
+}
+
+#[test]
+fn the_launcher_that_started_the_process_gives_rank_size_and_token() {
+    let vars = |list: &'static [(&'static str, &'static str)]| {
+        move |name: &str| {
+            list.iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| v.to_string())
+        }
+    };
+    let rv = |list: &'static [(&'static str, &'static str)]| {
+        Rendezvous::from_vars(vars(list))
+            .expect("valid")
+            .expect("set")
+    };
+    // `mpirun -n 4` inside `sbatch -n 8`: the batch step's SLURM_* are inherited, but
+    // mpirun's own variables describe this launch.
+    const MPIRUN_IN_SBATCH: &[(&str, &str)] = &[
+        ("ZERO_RENDEZVOUS", "file:/shared/rv"),
+        ("SLURM_JOB_ID", "77"),
+        ("SLURM_PROCID", "0"),
+        ("SLURM_NTASKS", "8"),
+        ("OMPI_COMM_WORLD_RANK", "2"),
+        ("OMPI_COMM_WORLD_SIZE", "4"),
+        ("PMIX_RANK", "2"),
+        ("PMIX_NAMESPACE", "prterun-node1-4242@1"),
+    ];
+    let a = rv(MPIRUN_IN_SBATCH);
+    assert_eq!((a.rank, a.size), (2, 4), "mpirun's, not the allocation's");
+    assert_eq!(a.token, "ompi:prterun-node1-4242@1");
+    // The same rank on another node of the allocation, whose daemon srun started in a
+    // step of its own: the same token (no SLURM_STEP_ID in it).
+    let b = rv(&[
+        ("ZERO_RENDEZVOUS", "file:/shared/rv"),
+        ("SLURM_JOB_ID", "77"),
+        ("SLURM_STEP_ID", "3"),
+        ("SLURM_PROCID", "1"),
+        ("SLURM_NTASKS", "1"),
+        ("OMPI_COMM_WORLD_RANK", "3"),
+        ("OMPI_COMM_WORLD_SIZE", "4"),
+        ("PMIX_RANK", "3"),
+        ("PMIX_NAMESPACE", "prterun-node1-4242@1"),
+    ]);
+    assert_eq!((b.rank, b.size, &b.token), (3, 4, &a.token));
+    // A second mpirun in the same allocation: another token, so another file.
+    let c = rv(&[
+        ("ZERO_RENDEZVOUS", "file:/shared/rv"),
+        ("SLURM_JOB_ID", "77"),
+        ("SLURM_PROCID", "0"),
+        ("SLURM_NTASKS", "8"),
+        ("OMPI_COMM_WORLD_RANK", "0"),
+        ("OMPI_COMM_WORLD_SIZE", "4"),
+        ("OMPI_MCA_ess_base_jobid", "5190"),
+        ("PMIX_NAMESPACE", "prterun-node1-4243@1"),
+    ]);
+    assert_ne!(c.token, a.token);
+    assert_ne!(
+        rendezvous_file(Path::new("/shared/rv"), &c.token),
+        rendezvous_file(Path::new("/shared/rv"), &a.token)
+    );
+    // The disagreement is said (it is what a rendezvous timeout then shows).
+    let note = launcher_disagreement(
+        &vars(MPIRUN_IN_SBATCH),
+        ("OMPI_COMM_WORLD_RANK", 2),
+        ("OMPI_COMM_WORLD_SIZE", 4),
+    )
+    .expect("they disagree");
+    assert!(
+        note.contains("SLURM_PROCID=0, SLURM_NTASKS=8") && note.contains("ZERO_WORLD_SIZE"),
+        "{note}"
+    );
+    // srun --mpi=pmix: Slurm's and PMIx's variables agree; the token is the step's.
+    const SRUN_PMIX: &[(&str, &str)] = &[
+        ("ZERO_RENDEZVOUS", "file:/shared/rv"),
+        ("SLURM_JOB_ID", "77"),
+        ("SLURM_STEP_ID", "0"),
+        ("SLURM_PROCID", "3"),
+        ("SLURM_NTASKS", "4"),
+        ("PMIX_RANK", "3"),
+        ("PMIX_NAMESPACE", "slurm.pmix.77.0"),
+    ];
+    let d = rv(SRUN_PMIX);
+    assert_eq!((d.rank, d.size), (3, 4));
+    assert_eq!(d.token, "pmix:slurm.pmix.77.0");
+    let agree = launcher_disagreement(&vars(SRUN_PMIX), ("PMIX_RANK", 3), ("SLURM_NTASKS", 4));
+    assert_eq!(agree, None);
+    // srun --mpi=pmi2.
+    let e = rv(&[
+        ("ZERO_RENDEZVOUS", "file:/shared/rv"),
+        ("SLURM_JOB_ID", "77"),
+        ("SLURM_PROCID", "1"),
+        ("SLURM_NTASKS", "2"),
+        ("PMI_RANK", "1"),
+        ("PMI_SIZE", "2"),
+        ("PMI_JOBID", "77.1"),
+    ]);
+    assert_eq!((e.rank, e.size, e.token.as_str()), (1, 2, "pmi:77.1"));
+    // MPICH's hydra inside `sbatch -n 8`: PMI's size, and no id names the launch.
+    let f = rv(&[
+        ("ZERO_RENDEZVOUS", "file:/shared/rv"),
+        ("SLURM_JOB_ID", "77"),
+        ("SLURM_PROCID", "0"),
+        ("SLURM_NTASKS", "8"),
+        ("PMI_RANK", "1"),
+        ("PMI_SIZE", "2"),
+    ]);
+    assert_eq!((f.rank, f.size, f.token.as_str()), (1, 2, ""));
+    // Ours win over every launcher's, and ZERO_RENDEZVOUS_TOKEN over every id.
+    let g = rv(&[
+        ("ZERO_RENDEZVOUS", "file:/shared/rv"),
+        ("ZERO_RANK", "1"),
+        ("ZERO_WORLD_SIZE", "2"),
+        ("ZERO_RENDEZVOUS_TOKEN", "mine"),
+        ("OMPI_COMM_WORLD_RANK", "3"),
+        ("OMPI_COMM_WORLD_SIZE", "4"),
+        ("PMIX_NAMESPACE", "prterun-node1-4242@1"),
+    ]);
+    assert_eq!((g.rank, g.size, g.token.as_str()), (1, 2, "mine"));
+}
+
+#[test]
+fn a_timeout_says_when_the_launchers_disagree() {
+    // (The note comes from the environment in `connect`; here it is handed in.)
+    let file = scratch_path();
+    let mut rv = rendezvous(0, 3, &file);
+    rv.timeout = Duration::from_millis(200);
+    let listener = listen(&rv.address).expect("listens");
+    let e = SocketComm::gather_peers(listener, &rv, "; note: SLURM_NTASKS=8 says otherwise")
+        .expect_err("nobody came");
+    assert!(
+        e.contains("rank(s) 1, 2 did not join") && e.contains("note: SLURM_NTASKS=8"),
+        "{e}"
+    );
+    let mut rv = rendezvous(1, 3, &file);
+    rv.timeout = Duration::from_millis(200);
+    let e = SocketComm::join_any(&rv, &[], "; note: SLURM_NTASKS=8 says otherwise")
+        .expect_err("no rank 0");
+    assert!(e.contains("note: SLURM_NTASKS=8"), "{e}");
+}
+
+#[test]
+fn a_second_launch_never_takes_over_a_live_launchs_file() {
+    // Another launch's rank 0 waits at this path with the same token (nothing named the
+    // launches apart): ours refuses rather than overwrite its file and take its ranks.
+    let file = scratch_path();
+    let theirs = std::net::TcpListener::bind("127.0.0.1:0").expect("binds");
+    let port = theirs.local_addr().expect("an address").port();
+    let shared = rendezvous_file(&file, "test");
+    std::fs::write(&shared, format!("127.0.0.1:{port}\ntest\n")).expect("writes");
+    match SocketComm::connect(&rendezvous(0, 2, &file), &CommConfig::default()) {
+        Err(CommError::Rendezvous { detail, .. }) => {
+            assert!(
+                detail.contains("is in use") && detail.contains(&format!("127.0.0.1:{port}")),
+                "{detail}"
+            );
+            assert!(
+                detail.contains("ZERO_RENDEZVOUS_TOKEN"),
+                "says what to do: {detail}"
+            );
+        }
+        other => panic!("rank 0 should refuse: {other:?}"),
+    }
+    assert_eq!(
+        std::fs::read_to_string(&shared).expect("still there"),
+        format!("127.0.0.1:{port}\ntest\n"),
+        "their file is left alone"
+    );
+    // That launch ends: its file is stale, and ours replaces it and forms.
+    drop(theirs);
+    let handles: Vec<_> = (0..2)
+        .map(|rank| {
+            let file = file.clone();
+            std::thread::spawn(move || {
+                SocketComm::connect(&rendezvous(rank, 2, &file), &CommConfig::default())
+                    .map(|c| c.size())
+                    .map_err(|e| e.to_string())
+            })
+        })
+        .collect();
+    for h in handles {
+        assert_eq!(h.join().expect("no panic"), Ok(2));
+    }
+    assert!(!shared.exists(), "removed once all joined");
+}
+
+#[test]
+fn a_world_too_large_is_refused_before_anything_is_allocated() {
+    let mut rv = rendezvous(0, 20_000_000_000, &scratch_path());
+    rv.timeout = Duration::from_millis(100);
+    match SocketComm::connect(&rv, &CommConfig::default()) {
+        Err(CommError::Rendezvous { detail, .. }) => {
+            assert!(detail.contains("at most 1048576"), "{detail}")
+        }
+        other => panic!("{other:?}"),
     }
 }
 
