@@ -133,6 +133,18 @@ impl MpiJob {
             .stderr(Stdio::piped())
             // Own process group: a timeout kills mpirun and every rank it started.
             .process_group(0);
+        // Descriptors of this test process that are not close-on-exec (the HDF5 library
+        // opens its files without O_CLOEXEC) would live on in mpirun, and with them the
+        // HDF5 file lock of a file another test thread is writing: that test's job would
+        // then fail to open it ("unable to lock file"). Close them all at exec.
+        // SAFETY: the closure runs in the forked child before exec and calls only
+        // async-signal-safe functions (close_range or fcntl), touching no memory.
+        unsafe {
+            cmd.pre_exec(|| {
+                cloexec_from(3);
+                Ok(())
+            });
+        }
         let start = Instant::now();
         let mut child = cmd.spawn().unwrap_or_else(|e| {
             panic!(
@@ -347,4 +359,28 @@ pub fn carried_bin() -> PathBuf {
         bin.display()
     );
     bin
+}
+
+/// Mark every descriptor from `first` on close-on-exec (in a forked child, before exec):
+/// close_range(2) with CLOSE_RANGE_CLOEXEC (Linux 5.11), else fcntl on each of the first
+/// 4096. Async-signal-safe.
+fn cloexec_from(first: libc::c_int) {
+    // SAFETY: plain system calls on descriptor numbers; a number that is no open
+    // descriptor makes fcntl fail with EBADF, which is ignored.
+    unsafe {
+        let marked = libc::syscall(
+            libc::SYS_close_range,
+            first as libc::c_uint,
+            libc::c_uint::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        );
+        if marked != 0 {
+            for fd in first..4096 {
+                let flags = libc::fcntl(fd, libc::F_GETFD);
+                if flags >= 0 {
+                    libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC);
+                }
+            }
+        }
+    }
 }

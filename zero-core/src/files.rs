@@ -119,12 +119,22 @@ pub fn check_output(path: &Path, overwrite: bool) -> Result<PathBuf, OutputError
 /// from some others), so that a checked rename is the way left to place a file.
 fn no_hard_links(e: &std::io::Error) -> bool {
     use std::io::ErrorKind as K;
-    // EPERM is 1 on every Unix; EACCES (also PermissionDenied) is a real refusal.
-    e.raw_os_error() == Some(1)
+    // EPERM is 1 on every Unix; EACCES (also PermissionDenied) is a real refusal. std
+    // files Linux's EOPNOTSUPP (= ENOTSUP, 95) under no kind of its own: by number.
+    matches!(e.raw_os_error(), Some(1) | Some(95))
         || matches!(
             e.kind(),
             K::Unsupported | K::CrossesDevices | K::TooManyLinks
         )
+}
+
+/// Whether `a` and `b` name one file (device and inode; neither followed if a link).
+fn same_inode(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::symlink_metadata(a), std::fs::symlink_metadata(b)) {
+        (Ok(x), Ok(y)) => (x.dev(), x.ino()) == (y.dev(), y.ino()),
+        _ => false,
+    }
 }
 
 /// Put the complete file `tmp` in place at `out` without replacing anything: a hard link
@@ -136,6 +146,18 @@ pub fn place_new(tmp: &Path, out: &Path) -> Result<(), OutputError> {
     match std::fs::hard_link(tmp, out) {
         Ok(()) => {
             // `out` is whole under its name: a `tmp` left is a warning, not lost work.
+            if let Err(e) = std::fs::remove_file(tmp) {
+                log::warn!(
+                    "wrote '{}', but could not remove its temporary '{}' ({e}); remove it",
+                    out.display(),
+                    tmp.display()
+                );
+            }
+            Ok(())
+        }
+        // NFS may answer a retransmitted link that succeeded with EEXIST: `out` is then
+        // our own file (the same inode as `tmp`), in place.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && same_inode(tmp, out) => {
             if let Err(e) = std::fs::remove_file(tmp) {
                 log::warn!(
                     "wrote '{}', but could not remove its temporary '{}' ({e}); remove it",

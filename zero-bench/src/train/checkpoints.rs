@@ -115,9 +115,13 @@ fn recorded_origin(meta: &Meta) -> anyhow::Result<Option<Origin>> {
             meta.step
         );
     }
+    // A real run reads far fewer than 2^96 rows or tokens; a larger number is an edited
+    // or damaged record, and would overflow the order's arithmetic.
     let number = |what: &str, s: &str| {
         s.parse::<u128>()
-            .with_context(|| format!("its data position's {what} {s:?}"))
+            .ok()
+            .filter(|&n| n < 1u128 << 96)
+            .with_context(|| format!("its data position's {what} {s:?} is no count below 2^96"))
     };
     Ok(Some(Origin {
         index: p.step_index,

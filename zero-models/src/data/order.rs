@@ -82,11 +82,16 @@ impl Sequential {
     /// resumes after `index` steps with another global batch starts from. `index` below
     /// the origin's counts as the origin.
     pub fn origin_at(&self, index: u64) -> Origin {
-        let rows = index.saturating_sub(self.origin.index) as u128 * self.global_rows();
+        // Saturating: an origin near u128::MAX (a damaged record) must not panic.
+        let rows =
+            (index.saturating_sub(self.origin.index) as u128).saturating_mul(self.global_rows());
         Origin {
             index,
-            row: self.origin.row + rows,
-            token: self.origin.token + rows * self.seq_len as u128,
+            row: self.origin.row.saturating_add(rows),
+            token: self
+                .origin
+                .token
+                .saturating_add(rows.saturating_mul(self.seq_len as u128)),
         }
     }
 
@@ -95,14 +100,21 @@ impl Sequential {
     pub fn global_row(&self, step: u64, micro: usize, row: usize) -> u128 {
         let (a, n, b) = (self.accum as u128, self.world as u128, self.rows as u128);
         let step = step.saturating_sub(self.origin.index) as u128;
-        self.origin.row + ((step * a + micro as u128) * n + self.rank as u128) * b + row as u128
+        // A u64 step times a real order's N*A*B (far below 2^64) stays below 2^128; the
+        // origin's part saturates (a damaged record).
+        let rows = ((step * a + micro as u128) * n + self.rank as u128) * b + row as u128;
+        self.origin.row.saturating_add(rows)
     }
 
     /// First token of row `row` of micro-step `micro` of step index `step`, before
     /// wrapping.
     pub fn start(&self, step: u64, micro: usize, row: usize) -> u128 {
-        let rows = self.global_row(step, micro, row) - self.origin.row;
-        self.origin.token + rows * self.seq_len as u128
+        let rows = self
+            .global_row(step, micro, row)
+            .saturating_sub(self.origin.row);
+        self.origin
+            .token
+            .saturating_add(rows.saturating_mul(self.seq_len as u128))
     }
 
     /// Fill this rank's micro-batch (`rows * seq_len` inputs and targets, row-major).

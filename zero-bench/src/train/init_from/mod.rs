@@ -584,6 +584,9 @@ impl InitFile {
         &self,
         engine: &mut Engine<'_, D, C>,
     ) -> anyhow::Result<()> {
+        // From here every rank's engine counts as part-imported, also one that fails
+        // before its first unit: finish_import then refuses on every rank alike.
+        engine.begin_import();
         let imported = self.import_units(engine);
         let scaler = LossScaler::new(&engine.config().precision);
         let finished = engine
