@@ -144,38 +144,19 @@ fn same_inode(a: &Path, b: &Path) -> bool {
 /// writer there can still replace). On an error `tmp` is left for the caller to remove.
 pub fn place_new(tmp: &Path, out: &Path) -> Result<(), OutputError> {
     match std::fs::hard_link(tmp, out) {
-        Ok(()) => {
-            // `out` is whole under its name: a `tmp` left is a warning, not lost work.
-            if let Err(e) = std::fs::remove_file(tmp) {
-                log::warn!(
-                    "wrote '{}', but could not remove its temporary '{}' ({e}); remove it",
-                    out.display(),
-                    tmp.display()
-                );
-            }
-            Ok(())
-        }
+        Ok(()) => {}
         // NFS may answer a retransmitted link that succeeded with EEXIST: `out` is then
         // our own file (the same inode as `tmp`), in place.
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && same_inode(tmp, out) => {
-            if let Err(e) = std::fs::remove_file(tmp) {
-                log::warn!(
-                    "wrote '{}', but could not remove its temporary '{}' ({e}); remove it",
-                    out.display(),
-                    tmp.display()
-                );
-            }
-            Ok(())
-        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && same_inode(tmp, out) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-            Err(OutputError::Appeared(out.to_path_buf()))
+            return Err(OutputError::Appeared(out.to_path_buf()))
         }
         Err(e) if no_hard_links(&e) => {
             log::debug!(
                 "no hard link for '{}' ({e}): a checked rename instead",
                 out.display()
             );
-            match std::fs::symlink_metadata(out) {
+            return match std::fs::symlink_metadata(out) {
                 Ok(_) => Err(OutputError::Appeared(out.to_path_buf())),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::rename(tmp, out)
                     .map_err(|source| OutputError::Place {
@@ -187,14 +168,25 @@ pub fn place_new(tmp: &Path, out: &Path) -> Result<(), OutputError> {
                     path: out.to_path_buf(),
                     source,
                 }),
-            }
+            };
         }
-        Err(source) => Err(OutputError::Place {
-            what: "link into place",
-            path: out.to_path_buf(),
-            source,
-        }),
+        Err(source) => {
+            return Err(OutputError::Place {
+                what: "link into place",
+                path: out.to_path_buf(),
+                source,
+            })
+        }
     }
+    // `out` is whole under its name: a `tmp` left is a warning, not lost work.
+    if let Err(e) = std::fs::remove_file(tmp) {
+        log::warn!(
+            "wrote '{}', but could not remove its temporary '{}' ({e}); remove it",
+            out.display(),
+            tmp.display()
+        );
+    }
+    Ok(())
 }
 
 /// Write `out` through [`partial_path`]: `write` fills the temporary file; it is fsynced

@@ -488,8 +488,8 @@ impl TokenWriter {
     }
 
     /// Append tokens. An llm.c file holds at most i32::MAX tokens (its header's count).
-    /// The tokens are converted [`WRITE_CHUNK`] at a time, so writing a long slice takes
-    /// no memory in proportion to it.
+    /// The tokens are converted 64 Ki at a time (`WRITE_CHUNK`), so writing a long slice
+    /// takes no memory in proportion to it.
     pub fn write(&mut self, tokens: &[u16]) -> Result<(), DataError> {
         let count = self.count + tokens.len() as u64;
         if self.llmc && count > LLMC_MAX_TOKENS {
