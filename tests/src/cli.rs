@@ -8,6 +8,15 @@ use serde_json::Value;
 
 use crate::{zero_bench_bin, JobOutput, MpiJob};
 
+/// `zero-bench COMMAND ARGS...` as one process (no launcher), run to its end.
+pub fn command(command: &str, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(zero_bench_bin())
+        .arg(command)
+        .args(args)
+        .output()
+        .expect("zero-bench starts")
+}
+
 /// A file of the repository (configs/..., slurm/...), as a string for arguments.
 pub fn repo(rel: &str) -> String {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

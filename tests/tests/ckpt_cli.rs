@@ -11,14 +11,8 @@ use std::process::{Command, Output};
 use std::time::Duration;
 use zero_tests::MpiJob;
 
-use zero_tests::zero_bench_bin as zero_bench;
-
 fn ckpt(args: &[&str]) -> Output {
-    Command::new(zero_bench())
-        .arg("ckpt")
-        .args(args)
-        .output()
-        .expect("zero-bench starts")
+    zero_tests::cli::command("ckpt", args)
 }
 
 fn text(out: &Output) -> String {

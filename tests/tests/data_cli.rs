@@ -37,11 +37,7 @@ fn scratch(name: &str) -> PathBuf {
 }
 
 fn data(args: &[&str]) -> Output {
-    Command::new(zero_bench())
-        .arg("data")
-        .args(args)
-        .output()
-        .expect("zero-bench starts")
+    zero_tests::cli::command("data", args)
 }
 
 fn text(out: &Output) -> String {
@@ -296,11 +292,7 @@ fn bad_input_and_output_exit_1_and_leave_no_file() {
 }
 
 fn ckpt(args: &[&str]) -> Output {
-    Command::new(zero_bench())
-        .arg("ckpt")
-        .args(args)
-        .output()
-        .expect("zero-bench starts")
+    zero_tests::cli::command("ckpt", args)
 }
 
 /// Exit status 1, a message that contains every one of `says`, no panic.

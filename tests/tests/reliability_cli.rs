@@ -1018,13 +1018,7 @@ fn whole_outputs_refuse_special_files_and_write_through_links() {
     let out = tiny(&["--steps", "2", "--save-model", &s(&fifo)]);
     failed_with(&out, 1, &["--save-model", "is not a regular file"]);
     no_step_ran(&out);
-    let data = |args: &[&str]| {
-        Command::new(zero_bench_bin())
-            .arg("data")
-            .args(args)
-            .output()
-            .expect("zero-bench starts")
-    };
+    let data = |args: &[&str]| zero_tests::cli::command("data", args);
     let o = data(&["corpus", &s(&fifo), "--tokens", "10"]);
     assert_eq!(o.status.code(), Some(1), "{o:?}");
     assert!(
