@@ -123,9 +123,14 @@ pub fn step(
 ) -> Result<(), KernelError> {
     let n = check(&grad, &state, &param)?;
     check_segments(segments, groups.len(), n)?;
-    for s in segments {
-        let c = AdamWCoeffs::new(&groups[s.group], t, grad_scale, s.decay)?;
-        launch(dev, &c, &grad, &state, &param, s.range.clone())?;
+    // Every segment's constants first (as the CPU step): a group that fails refuses the
+    // step before any launch.
+    let coeffs = segments
+        .iter()
+        .map(|s| AdamWCoeffs::new(&groups[s.group], t, grad_scale, s.decay))
+        .collect::<Result<Vec<_>, _>>()?;
+    for (s, c) in segments.iter().zip(&coeffs) {
+        launch(dev, c, &grad, &state, &param, s.range.clone())?;
     }
     Ok(())
 }

@@ -136,7 +136,7 @@ impl AdamWCoeffs {
         let ti = t.min(i32::MAX as u64) as i32;
         let bias1 = 1.0 - h.beta1.powi(ti);
         let bias2 = 1.0 - h.beta2.powi(ti);
-        Ok(AdamWCoeffs {
+        let c = AdamWCoeffs {
             grad_scale,
             beta1: h.beta1 as f32,
             one_minus_beta1: (1.0 - h.beta1) as f32,
@@ -150,7 +150,40 @@ impl AdamWCoeffs {
             } else {
                 1.0
             },
-        })
+        };
+        // The checks above are in f64, but every kernel computes with these f32 values: an
+        // eps that rounds to 0 makes 0/0 = NaN where m = v = 0 (a parameter whose gradient
+        // is 0), and an infinite factor makes inf * 0 = NaN; either ruins the master
+        // weights for good. The betas' f32 forms stay in [0, 1] and make no NaN.
+        if !(c.eps > 0.0 && c.eps.is_finite()) {
+            return Err(bad(
+                "eps",
+                h.eps,
+                "rounds to 0 or to infinity in f32 (the kernels compute in f32): must lie between about 7e-46 and 3.4e38",
+            ));
+        }
+        if !c.step_size.is_finite() {
+            return Err(bad(
+                "lr",
+                h.lr,
+                "lr / (1 - beta1^t), the step size, overflows f32 (the kernels compute in f32)",
+            ));
+        }
+        if !c.inv_sqrt_bias2.is_finite() {
+            return Err(bad(
+                "beta2",
+                h.beta2,
+                "1 / sqrt(1 - beta2^t) overflows f32 (the kernels compute in f32)",
+            ));
+        }
+        if !c.decay.is_finite() {
+            return Err(bad(
+                "weight_decay",
+                h.weight_decay,
+                "1 - lr * weight_decay overflows f32 (the kernels compute in f32)",
+            ));
+        }
+        Ok(c)
     }
 }
 

@@ -333,6 +333,95 @@ fn bad_arguments_are_errors_with_the_numbers() {
     );
 }
 
+/// Hyper-parameters that pass the f64 checks but whose f32 constants would be 0 or
+/// infinite (then NaN weights: 0/0 where m = v = 0, inf * 0) are errors naming the value.
+#[test]
+fn hyper_parameters_that_break_in_f32_are_errors() {
+    let h = AdamWHyper::default();
+    let err = |h: AdamWHyper, t: u64, decay: bool| match AdamWCoeffs::new(&h, t, 1.0, decay) {
+        Err(KernelError::BadHyper { name, why, .. }) => (name, why),
+        other => panic!("{h:?} at step {t}: {other:?}"),
+    };
+    // eps rounds to +0 in f32 below about 7e-46, to inf above f32::MAX.
+    for eps in [1e-46, 6e-46, 1e39, f64::MAX] {
+        let (name, why) = err(AdamWHyper { eps, ..h }, 1, true);
+        assert_eq!(name, "eps");
+        assert!(why.contains("in f32"), "{why}");
+    }
+    // lr / (1 - beta1^t): lr itself past f32::MAX, or a moderate lr over a tiny bias
+    // correction (beta1 just under 1 at step 1).
+    for (lr, beta1) in [
+        (1e39, 0.0),
+        (f64::MAX, 0.9),
+        (1e30, 1.0 - f64::EPSILON / 2.0),
+    ] {
+        let (name, why) = err(AdamWHyper { lr, beta1, ..h }, 1, false);
+        assert_eq!(name, "lr");
+        assert!(why.contains("step size"), "{why}");
+    }
+    // 1 - lr * weight_decay below -f32::MAX, only where decay applies.
+    let big = AdamWHyper {
+        lr: 1e20,
+        weight_decay: 1e20,
+        ..h
+    };
+    assert_eq!(err(big, 3, true).0, "weight_decay");
+    assert_eq!(AdamWCoeffs::new(&big, 3, 1.0, false).unwrap().decay, 1.0);
+    let e = AdamWCoeffs::new(&AdamWHyper { eps: 1e-46, ..h }, 1, 1.0, true).unwrap_err();
+    let e = e.to_string();
+    assert!(
+        e.contains("hyper-parameter eps = ") && e.contains("rounds to 0"),
+        "{e}"
+    );
+    // The smallest eps that survives (f32's least subnormal) still works, and a step with
+    // m = v = g = 0 then leaves the weights finite.
+    let tiny = AdamWHyper { eps: 1e-45, ..h };
+    assert!(AdamWCoeffs::new(&tiny, 1, 1.0, true).unwrap().eps > 0.0);
+    let (mut p, mut m, mut v) = (vec![1.0f32; 3], vec![0.0f32; 3], vec![0.0f32; 3]);
+    let seg = [AdamWSegment {
+        range: 0..3,
+        group: 0,
+        decay: true,
+    }];
+    step(
+        &Exec::default(),
+        &[tiny],
+        &seg,
+        1,
+        1.0,
+        FloatSlice::F32(&[0.0; 3]),
+        AdamWState {
+            master: &mut p,
+            m: &mut m,
+            v: &mut v,
+        },
+        None,
+    )
+    .unwrap();
+    assert!(p.iter().all(|x| x.is_finite()), "{p:?}");
+    // The whole step refuses an eps that rounds to 0, before touching the state.
+    let e = step(
+        &Exec::default(),
+        &[AdamWHyper { eps: 1e-46, ..h }],
+        &seg,
+        1,
+        1.0,
+        FloatSlice::F32(&[0.0; 3]),
+        AdamWState {
+            master: &mut p,
+            m: &mut m,
+            v: &mut v,
+        },
+        None,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(e, KernelError::BadHyper { name: "eps", .. }),
+        "{e}"
+    );
+    assert!(p.iter().all(|x| x.is_finite()), "{p:?}");
+}
+
 #[test]
 fn shaped_copy_moves_the_same_streams() {
     let n = 37;

@@ -84,9 +84,16 @@ fn accumulate_typed<A: SimdFloat>(exec: &Exec, dst: &mut [f32], src: &[A]) {
 /// `dst[i] = round(f32(dst[i]) + f32(src[i]))` into a `dst` of any float type (one
 /// thread): the accumulation into 16-bit buffers that [`accumulate`] (f32 `dst`) leaves
 /// out, written as plain Rust and compiled for `exec`'s level (also the sum MPI calls
-/// back for halves, `zero-comm/src/mpi/ops.rs`).
-pub fn accumulate_rounded<S: Float, T: Float>(exec: &Exec, dst: &mut [T], src: &[S]) {
+/// back for halves, `zero-comm/src/mpi/ops.rs`). A [`KernelError::LengthMismatch`] when
+/// `src` and `dst` differ in length, as its siblings.
+pub fn accumulate_rounded<S: Float, T: Float>(
+    exec: &Exec,
+    dst: &mut [T],
+    src: &[S],
+) -> Result<(), KernelError> {
+    check_len("src", src.len(), dst.len())?;
     run_auto(exec, AccumulateRounded(dst, src));
+    Ok(())
 }
 
 /// [`accumulate_rounded`]'s body.

@@ -86,6 +86,31 @@ fn length_mismatch_is_an_error_with_the_numbers() {
     );
 }
 
+/// `accumulate_rounded` refuses slices of different lengths (as `accumulate` does)
+/// instead of summing the shorter prefix, and leaves `dst` as it was.
+#[test]
+fn accumulate_rounded_refuses_a_length_mismatch() {
+    let exec = Exec::default();
+    let mut dst = vec![bf16::ONE; 10];
+    let err = accumulate_rounded(&exec, &mut dst, &[1.0f32; 7]).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "length mismatch: src has 7 elements, expected 10"
+    );
+    assert!(dst.iter().all(|&x| x == bf16::ONE));
+    let err = accumulate_rounded(&exec, &mut dst[..2], &[f16::ONE; 3]).unwrap_err();
+    assert!(matches!(
+        err,
+        KernelError::LengthMismatch {
+            what: "src",
+            got: 3,
+            expected: 2
+        }
+    ));
+    accumulate_rounded(&exec, &mut dst, &[bf16::ONE; 10]).unwrap();
+    assert!(dst.iter().all(|&x| x.to_f32() == 2.0));
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 

@@ -159,12 +159,26 @@ impl Drop for PinnedHost {
 
 /// Device address of a view's first element.
 fn addr<T: Element>(v: &View<'_, CudaBuf<T>>) -> CUdeviceptr {
+    inside(v.buffer(), &v.range());
     v.buffer().block.ptr + (v.range().start * T::DTYPE.size_bytes()) as u64
 }
 
 /// Device address of a write view's first element.
 fn addr_mut<T: Element>(v: &ViewMut<'_, CudaBuf<T>>) -> CUdeviceptr {
+    inside(v.buffer(), &v.range());
     v.buffer().block.ptr + (v.range().start * T::DTYPE.size_bytes()) as u64
+}
+
+/// The view constructors keep a view inside its buffer; checked again (one compare) where
+/// a view becomes a device address, so that a bug there stops before a kernel writes
+/// past the allocation.
+fn inside<T: Element>(buf: &CudaBuf<T>, r: &std::ops::Range<usize>) {
+    assert!(
+        r.start <= r.end && r.end <= buf.len(),
+        "view {r:?} is not inside buffer '{}' of {} elements",
+        buf.name(),
+        buf.len()
+    );
 }
 
 /// Model ops run in f32 on the GPU.
@@ -861,8 +875,14 @@ impl Device for CudaDevice {
         );
         let out0 = param.as_ref().map(addr_mut);
         let half = param.as_ref().map(|_| P::DTYPE);
-        for s in step.segments {
-            let c = AdamWCoeffs::new(&step.groups[s.group], step.t, step.grad_scale, s.decay)?;
+        // Every segment's constants first, as the CPU step does: a group whose values fail
+        // (in f64 or once rounded to f32) then refuses the step before any launch.
+        let coeffs = step
+            .segments
+            .iter()
+            .map(|s| AdamWCoeffs::new(&step.groups[s.group], step.t, step.grad_scale, s.decay))
+            .collect::<Result<Vec<_>>>()?;
+        for (s, c) in step.segments.iter().zip(&coeffs) {
             let at = s.range.start;
             let ptrs = AdamWPtrs {
                 grad: elem(g0, G::DTYPE.size_bytes(), at),
@@ -875,7 +895,7 @@ impl Device for CudaDevice {
             adamw::cuda::launch_raw(
                 self,
                 &stream.inner,
-                &c,
+                c,
                 (G::DTYPE, half),
                 ptrs,
                 s.range.len(),

@@ -134,6 +134,20 @@ fn check_range(name: &str, range: &Range<usize>, len: usize) {
     );
 }
 
+/// The sum of `lens` when it fits in a view of `len` elements. Checked: in release builds
+/// (no overflow checks) a plain sum wraps, e.g. `[usize::MAX, 2]` to 1, and would pass
+/// the bounds check while the first piece spans `usize::MAX` elements.
+fn carve_total(name: &str, lens: &[usize], len: usize) -> Result<usize, KernelError> {
+    lens.iter()
+        .try_fold(0usize, |a, &n| a.checked_add(n))
+        .filter(|&total| total <= len)
+        .ok_or_else(|| {
+            KernelError::BadViews(format!(
+                "carving pieces of {lens:?} elements from a view of {len} elements of buffer '{name}': they add up to more than the view"
+            ))
+        })
+}
+
 /// Elements of one buffer an op reads or writes, for hazard tracking.
 #[derive(Clone, Debug)]
 pub struct Access<'a> {
@@ -303,16 +317,25 @@ impl<'a, B: Buffer> ViewMut<'a, B> {
     /// Consecutive pieces of the given lengths from the start (the rest is dropped).
     ///
     /// # Panics
-    /// When the lengths add up to more than the view.
+    /// When the lengths add up to more than the view (see [`ViewMut::try_carve`]).
     pub fn carve<const N: usize>(self, lens: [usize; N]) -> [ViewMut<'a, B>; N] {
-        let total: usize = lens.iter().sum();
-        check_range(self.buf.name(), &(0..total), self.len());
+        self.try_carve(lens).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`ViewMut::carve`], with a [`KernelError::BadViews`] instead of a panic when the
+    /// lengths add up to more than the view (or overflow `usize`).
+    pub fn try_carve<const N: usize>(
+        self,
+        lens: [usize; N],
+    ) -> Result<[ViewMut<'a, B>; N], KernelError> {
+        carve_total(self.buf.name(), &lens, self.len())?;
+        // `start + total <= buffer len`, so `at + n` below cannot overflow.
         let mut at = self.range.start;
-        lens.map(|n| {
+        Ok(lens.map(|n| {
             let v = ViewMut::new_shared(self.buf, at..at + n);
             at += n;
             v
-        })
+        }))
     }
 
     /// What an op writing this view touches.
@@ -329,15 +352,41 @@ impl<'a, B: Buffer> View<'a, B> {
     /// Consecutive pieces of the given lengths from the start (the rest is dropped).
     ///
     /// # Panics
-    /// When the lengths add up to more than the view.
+    /// When the lengths add up to more than the view (see [`View::try_carve`]).
     pub fn carve<const N: usize>(&self, lens: [usize; N]) -> [View<'a, B>; N] {
-        let total: usize = lens.iter().sum();
-        check_range(self.buf.name(), &(0..total), self.len());
+        self.try_carve(lens).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`View::carve`], with a [`KernelError::BadViews`] instead of a panic when the
+    /// lengths add up to more than the view (or overflow `usize`).
+    pub fn try_carve<const N: usize>(
+        &self,
+        lens: [usize; N],
+    ) -> Result<[View<'a, B>; N], KernelError> {
+        carve_total(self.buf.name(), &lens, self.len())?;
+        // `start + total <= buffer len`, so `at + n` below cannot overflow.
         let mut at = self.range.start;
-        lens.map(|n| {
+        Ok(lens.map(|n| {
             let v = View::new(self.buf, at..at + n);
             at += n;
             v
-        })
+        }))
+    }
+}
+
+#[cfg(test)]
+impl<'a, B: Buffer> View<'a, B> {
+    /// A view with no bounds check, to test that the devices refuse one outside its
+    /// buffer (their backstop behind the checked constructors).
+    pub(crate) fn unchecked_for_tests(buf: &'a B, range: Range<usize>) -> Self {
+        View::new(buf, range)
+    }
+}
+
+#[cfg(test)]
+impl<'a, B: Buffer> ViewMut<'a, B> {
+    /// As [`View::unchecked_for_tests`].
+    pub(crate) fn unchecked_for_tests(buf: &'a mut B, range: Range<usize>) -> Self {
+        ViewMut::new(buf, range)
     }
 }

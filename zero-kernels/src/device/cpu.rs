@@ -7,8 +7,9 @@
 //! Why the raw slices inside an op are sound: a buffer's memory is reachable only
 //! through ops (and host transfers) of its device; a device runs one op at a time, on the
 //! thread that owns it; and [`OpBuilder::finish`] refuses an op whose write range
-//! overlaps any other range it touches in the same buffer. So while an op runs, its
-//! `&mut [T]` is the only reference to those elements.
+//! overlaps any other range it touches in the same buffer, or that has a view not inside
+//! its buffer. So while an op runs, its `&mut [T]` is the only reference to those
+//! elements, and lies inside their allocation.
 
 use std::cell::Cell;
 use std::ops::Range;
@@ -207,6 +208,22 @@ struct OpBuilder {
     name: &'static str,
     reads: Vec<OpAccess>,
     writes: Vec<OpAccess>,
+    /// The first view that is not inside its buffer ([`OpBuilder::finish`] refuses it).
+    outside: Option<KernelError>,
+}
+
+/// An error unless `range` lies inside its storage: what makes `Rd::get`/`Wr::get` and
+/// `download`'s slice sound, checked where a view becomes a slice. View constructors
+/// already ensure it; this is one compare per access in case one of them ever does not.
+fn check_inside<T>(op: &str, st: &Storage<T>, range: &Range<usize>) -> Result<()> {
+    if range.start <= range.end && range.end <= st.len {
+        Ok(())
+    } else {
+        Err(KernelError::BadViews(format!(
+            "{op}: view {range:?} is not inside buffer '{}' of {} elements",
+            st.name, st.len
+        )))
+    }
 }
 
 impl OpBuilder {
@@ -215,11 +232,20 @@ impl OpBuilder {
             name,
             reads: Vec::with_capacity(4),
             writes: Vec::with_capacity(2),
+            outside: None,
+        }
+    }
+
+    /// Notes a view outside its buffer; the op is then refused before it can run.
+    fn note_outside<T>(&mut self, st: &Storage<T>, range: &Range<usize>) {
+        if self.outside.is_none() {
+            self.outside = check_inside(self.name, st, range).err();
         }
     }
 
     fn r<T: Element>(&mut self, v: &View<'_, CpuBuffer<T>>) -> Rd<T> {
         let st = Rc::clone(&v.buffer().st);
+        self.note_outside(&st, &v.range());
         self.reads.push(OpAccess {
             id: st.id,
             name: Rc::clone(&st.name),
@@ -233,6 +259,7 @@ impl OpBuilder {
 
     fn w<T: Element>(&mut self, v: &ViewMut<'_, CpuBuffer<T>>) -> Wr<T> {
         let st = Rc::clone(&v.buffer().st);
+        self.note_outside(&st, &v.range());
         self.writes.push(OpAccess {
             id: st.id,
             name: Rc::clone(&st.name),
@@ -247,6 +274,9 @@ impl OpBuilder {
     /// Refuse a write that overlaps another access of the op in the same buffer (what
     /// makes the raw slices sound), then wrap the kernel.
     fn finish(self, run: impl FnOnce() -> Result<()> + 'static) -> Result<CpuOp> {
+        if let Some(e) = self.outside {
+            return Err(e);
+        }
         for (i, w) in self.writes.iter().enumerate() {
             let others = self.reads.iter().chain(
                 self.writes
@@ -527,8 +557,9 @@ impl<Q: CpuQueue> Device for Q {
         dst: &mut [T],
     ) -> Result<()> {
         same_len("download", "dst", dst.len(), src.len())?;
-        self.host_read(stream, "download", &src.access())?;
         let st = &src.buffer().st;
+        check_inside("download", st, &src.range())?;
+        self.host_read(stream, "download", &src.access())?;
         // SAFETY: the device ran every op ordered before this read and runs none now.
         let data = unsafe { std::slice::from_raw_parts(st.ptr.add(src.range().start), src.len()) };
         dst.copy_from_slice(data);
@@ -631,8 +662,15 @@ impl<Q: CpuQueue> Device for Q {
                     // Elementwise: any split gives the same bits.
                     let per = rows_per_part(workers.threads(), d.len(), 1);
                     let jobs: Vec<_> = d.chunks_mut(per).zip(s.chunks(per)).collect();
-                    workers.run(jobs, |(d, s)| cast::accumulate_rounded(&exec, d, s));
-                    Ok(())
+                    // The first job's error, if any (none while the lengths agree, as
+                    // checked above, since both sides are chunked alike).
+                    let failed = std::sync::OnceLock::new();
+                    workers.run(jobs, |(d, s)| {
+                        if let Err(e) = cast::accumulate_rounded(&exec, d, s) {
+                            let _ = failed.set(e);
+                        }
+                    });
+                    failed.into_inner().map_or(Ok(()), Err)
                 }
             })?,
         )

@@ -1299,3 +1299,77 @@ fn simulated_gpu_attention_as_products_agrees_with_the_rows_twins() {
         None
     );
 }
+
+#[test]
+fn carving_lengths_that_overflow_is_an_error_not_a_huge_view() {
+    // In release builds a plain sum wraps [usize::MAX, 2] to 1, which fits a 1-element
+    // buffer: the first piece would then span usize::MAX elements.
+    let dev = HostDevice::new();
+    let mut a = dev.alloc::<f32>(1, "a").unwrap();
+    for lens in [[usize::MAX, 2], [1, usize::MAX], [2, 0]] {
+        let e = a.view().try_carve(lens).unwrap_err();
+        assert!(matches!(e, KernelError::BadViews(_)), "{e}");
+        assert!(e.to_string().contains("buffer 'a'"), "{e}");
+        let e = a.view_mut().try_carve(lens).unwrap_err();
+        assert!(matches!(e, KernelError::BadViews(_)), "{e}");
+    }
+    // Pieces that fit come out consecutive, from the view's start.
+    let mut b = dev.alloc::<f32>(8, "b").unwrap();
+    let [x, y] = b.slice_mut(2..8).try_carve([3, 2]).unwrap();
+    assert_eq!((x.range(), y.range()), (2..5, 5..7));
+    let [x, y, z] = b.slice(1..4).try_carve([0, 3, 0]).unwrap();
+    assert_eq!((x.range(), y.range(), z.range()), (1..1, 1..4, 4..4));
+}
+
+#[test]
+#[should_panic(expected = "add up to more than the view")]
+fn carve_panics_on_overflowing_lengths_in_every_build() {
+    let dev = HostDevice::new();
+    let mut a = dev.alloc::<f32>(1, "a").unwrap();
+    let _ = a.view_mut().carve([usize::MAX, 2]);
+}
+
+/// Ops refuse a view that is not inside its buffer (the check where a view becomes a
+/// slice, behind the view constructors' own).
+fn views_outside_their_buffer_are_refused<D: cpu::CpuQueue>(dev: &D) {
+    let s = dev.stream("s").unwrap();
+    let mut a = dev.alloc::<f32>(1, "a").unwrap();
+    let mut b = dev.alloc::<f32>(4, "b").unwrap();
+    let bad = |e: KernelError| {
+        assert!(matches!(e, KernelError::BadViews(_)), "{e}");
+        assert!(e.to_string().contains("not inside buffer 'a'"), "{e}");
+    };
+    bad(dev
+        .fill(&s, ViewMut::unchecked_for_tests(&mut a, 0..usize::MAX), 1.0)
+        .unwrap_err());
+    bad(dev
+        .fill(&s, ViewMut::unchecked_for_tests(&mut a, 1..3), 1.0)
+        .unwrap_err());
+    bad(dev
+        .copy(&s, View::unchecked_for_tests(&a, 0..4), b.view_mut())
+        .unwrap_err());
+    bad(dev
+        .copy(
+            &s,
+            b.slice(0..2),
+            ViewMut::unchecked_for_tests(&mut a, 0..2),
+        )
+        .unwrap_err());
+    let mut out = [0.0f32; 3];
+    bad(dev
+        .download(&s, View::unchecked_for_tests(&a, 2..5), &mut out)
+        .unwrap_err());
+    // Views inside the buffer still work.
+    dev.fill(&s, b.view_mut(), 2.0).unwrap();
+    dev.copy(&s, b.slice(0..1), a.view_mut()).unwrap();
+    dev.synchronize().unwrap();
+    let mut one = [0.0f32];
+    dev.download(&s, a.view(), &mut one).unwrap();
+    assert_eq!(one, [2.0]);
+}
+
+#[test]
+fn host_and_sim_devices_refuse_views_outside_their_buffer() {
+    views_outside_their_buffer_are_refused(&HostDevice::new());
+    views_outside_their_buffer_are_refused(&SimDevice::new(0));
+}

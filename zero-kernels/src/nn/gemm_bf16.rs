@@ -103,6 +103,28 @@ pub enum Bf16Kernel {
     Portable,
 }
 
+/// The x86 features the AVX-512 BF16 and AVX2 kernels need, each on its own (so tests
+/// can mask one, as a virtual machine's CPUID can).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct X86Features {
+    avx512f: bool,
+    avx512bf16: bool,
+    avx2: bool,
+    fma: bool,
+}
+
+impl X86Features {
+    #[cfg(target_arch = "x86_64")]
+    fn detect() -> Self {
+        X86Features {
+            avx512f: std::arch::is_x86_feature_detected!("avx512f"),
+            avx512bf16: std::arch::is_x86_feature_detected!("avx512bf16"),
+            avx2: std::arch::is_x86_feature_detected!("avx2"),
+            fma: std::arch::is_x86_feature_detected!("fma"),
+        }
+    }
+}
+
 /// A bf16 micro-kernel that cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Bf16KernelError {
@@ -167,19 +189,24 @@ impl Bf16Kernel {
         match self {
             Bf16Kernel::Portable => true,
             #[cfg(target_arch = "x86_64")]
-            Bf16Kernel::Avx512Bf16 => {
-                std::arch::is_x86_feature_detected!("avx512f")
-                    && std::arch::is_x86_feature_detected!("avx512bf16")
-            }
-            #[cfg(target_arch = "x86_64")]
-            Bf16Kernel::Avx2 => {
-                std::arch::is_x86_feature_detected!("avx2")
-                    && std::arch::is_x86_feature_detected!("fma")
-            }
+            Bf16Kernel::Avx512Bf16 | Bf16Kernel::Avx2 => self.runs_with(X86Features::detect()),
             #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
             Bf16Kernel::Amx => amx::usable(),
             #[allow(unreachable_patterns)]
             _ => false,
+        }
+    }
+
+    /// Whether a CPU with `f` runs the kernel; AMX (which also needs the OS's grant)
+    /// never here, see [`Bf16Kernel::is_available`].
+    fn runs_with(self, f: X86Features) -> bool {
+        match self {
+            Bf16Kernel::Portable => true,
+            // The `vdpbf16ps` kernel packs its operands with AVX2 (`pack_v3`). Every AVX-512
+            // BF16 chip has AVX2, but a hypervisor's CPUID mask can hide it.
+            Bf16Kernel::Avx512Bf16 => f.avx512f && f.avx512bf16 && f.avx2,
+            Bf16Kernel::Avx2 => f.avx2 && f.fma,
+            Bf16Kernel::Amx => false,
         }
     }
 
@@ -1789,7 +1816,8 @@ pub unsafe fn sgemm_bf16(
         );
         return;
     }
-    // Every AVX-512 BF16 CPU has AVX2; the portable kernel packs in scalar (any CPU).
+    // The AVX-512 BF16 kernel packs with AVX2 (`is_available` requires it); the portable
+    // kernel packs in scalar (any CPU).
     let vector = kernel == Bf16Kernel::Avx512Bf16;
     let c_at = |i: usize, j: usize| c.offset(i as isize * rsc + j as isize * csc);
     // Kept between calls: a packed block of B is up to 512 KiB (26 MB at the classifier's
@@ -1947,6 +1975,35 @@ pub unsafe fn sgemm_bf16_shared(
 mod tests {
     use super::*;
     use half::bf16;
+
+    /// The AVX-512 BF16 kernel packs with AVX2, so a CPU (or a VM's CPUID mask) that
+    /// shows AVX-512F and BF16 without AVX2 must not get it; nor the AVX2 kernel.
+    #[test]
+    fn avx512_bf16_kernel_needs_avx2_too() {
+        let all = X86Features {
+            avx512f: true,
+            avx512bf16: true,
+            avx2: true,
+            fma: true,
+        };
+        assert!(Bf16Kernel::Avx512Bf16.runs_with(all));
+        let no_avx2 = X86Features { avx2: false, ..all };
+        assert!(!Bf16Kernel::Avx512Bf16.runs_with(no_avx2));
+        assert!(!Bf16Kernel::Avx2.runs_with(no_avx2));
+        assert!(Bf16Kernel::Portable.runs_with(no_avx2));
+        assert!(!Bf16Kernel::Avx512Bf16.runs_with(X86Features {
+            avx512bf16: false,
+            ..all
+        }));
+        assert!(!Bf16Kernel::Avx2.runs_with(X86Features { fma: false, ..all }));
+        // And this CPU: `is_available` (what `force` and `Gemm::with_bf16_kernel` check)
+        // agrees with the features it detects.
+        #[cfg(target_arch = "x86_64")]
+        for k in [Bf16Kernel::Avx512Bf16, Bf16Kernel::Avx2] {
+            assert_eq!(k.is_available(), k.runs_with(X86Features::detect()), "{k}");
+            assert_eq!(k.force().is_ok(), k.is_available(), "{k}");
+        }
+    }
 
     /// The definition in f64 over the bf16-rounded operands, and `sum |a| |b|` per
     /// element (what the error bound scales with).
