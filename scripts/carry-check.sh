@@ -13,6 +13,11 @@
 #   scripts/carry-check.sh            # target-carry/, glibc <= 2.34
 #   CARRY_MAX_GLIBC=2.31 scripts/carry-check.sh
 set -euo pipefail
+case "${1:-}" in
+    -h | --help) sed -n '2,14s/^# \{0,1\}//p' "$0"; exit 0 ;;
+    "") ;;
+    *) echo "carry-check: unknown argument '$1' (see --help)" >&2; exit 1 ;;
+esac
 cd "$(dirname "$0")/.."
 
 target=${CARRY_TARGET_DIR:-target-carry}
@@ -44,8 +49,10 @@ forbidden=$(grep -E '^lib(mpi|hdf5|open-)' <<<"$needed" || true)
 
 # Version needs (readelf -V: "Name: GLIBC_2.34  Flags: none  Version: 5"), and the same from
 # the dynamic symbol table (objdump -T: "(GLIBC_2.34) memcpy"), in case one misses some.
+# (`|| true`: a grep that finds nothing, or objdump refusing a file, must not end the script
+# under pipefail before the message below.)
 versions=$( { readelf -V "$out" | grep -o 'Name: GLIBC_[0-9][0-9.]*' | sed 's/Name: //'
-              objdump -T "$out" | grep -o 'GLIBC_[0-9][0-9.]*'; } | sort -u -V)
+              objdump -T "$out" | grep -o 'GLIBC_[0-9][0-9.]*'; } | sort -u -V) || true
 [ -n "$versions" ] || fail "no GLIBC_ version found in $out (readelf -V, objdump -T)"
 highest=$(tail -n 1 <<<"$versions")
 highest_num=${highest#GLIBC_}

@@ -15,9 +15,9 @@
 #                                              run (which must say "no GPU"), then the same
 #                                              checks on the simulated GPU (which must pass)
 #
-# ARGS go to `zero-bench gpu-check run` (e.g. --quick). Exit status: 0 passed, 2 a
-# correctness check failed, 3 no GPU (`run`), 4 only performance goals missed, 124 out of
-# time, 1 anything else.
+# ARGS go to `zero-bench gpu-check run` (e.g. --quick); DIR and OUTDIR are the arguments
+# before the first that starts with '-'. Exit status: 0 passed, 2 a correctness check
+# failed, 3 no GPU (`run`), 4 only performance goals missed, 124 out of time, 1 anything else.
 # GPU_CHECK_FEATURES (default: cuda) are the zero-bench features of the build; with `cuda`
 # the build is scripts/carry-check.sh's (which also checks the binary carries).
 set -euo pipefail
@@ -31,6 +31,16 @@ die() {
     echo "gpu-check.sh: error: $*" >&2
     exit 1
 }
+usage() { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; }
+
+# Files and folders removed on exit (prepare's half-written ones, the NCCL link folder).
+cleanup=()
+# shellcheck disable=SC2317 # run by the trap
+on_exit() { if [ ${#cleanup[@]} -gt 0 ]; then rm -rf "${cleanup[@]}"; fi; }
+trap on_exit EXIT
+
+# True when $1 is a positional argument (DIR, OUTDIR), not the first of ARGS.
+positional() { [ -n "${1:-}" ] && [ "${1#-}" = "$1" ]; }
 
 # The repository root (prepare and dry-run build there).
 repo_root() {
@@ -42,13 +52,20 @@ repo_root() {
 }
 
 prepare() {
-    local root dir features bin
+    local root dir features bin script
+    case "${1:-}" in -h | --help) usage; exit 0 ;; esac
     root=$(repo_root prepare)
-    dir=${1:-$root/.gpu-check}
+    dir=$root/.gpu-check
+    if positional "${1:-}"; then dir=$1; shift; fi
+    [ $# -eq 0 ] || die "prepare takes only [DIR], got '$*'"
     features=${GPU_CHECK_FEATURES-cuda}
     mkdir -p "$dir"
     dir=$(cd "$dir" && pwd)
     cd "$root"
+    # Everything is written as .tmp first and renamed at the end: a failed prepare leaves
+    # the previous binary and reference together (or neither), never a mix.
+    rm -rf "$dir/zero-bench.tmp" "$dir/ref.tmp" "$dir/gpu-check.sh.tmp"
+    cleanup+=("$dir/zero-bench.tmp" "$dir/ref.tmp" "$dir/gpu-check.sh.tmp")
     if [ "$features" = cuda ] && [ -x scripts/carry-check.sh ]; then
         say "building the carried binary (scripts/carry-check.sh)"
         scripts/carry-check.sh
@@ -56,8 +73,10 @@ prepare() {
         cp "$bin" "$dir/zero-bench.tmp"
     else
         say "cargo build -p zero-bench --release --no-default-features${features:+ --features $features}"
-        cargo build -q -p zero-bench --release --no-default-features ${features:+--features "$features"}
-        bin="${CARGO_TARGET_DIR:-target}/release/zero-bench"
+        # The binary cargo built, wherever its target dir is (CARGO_TARGET_DIR, .cargo/config.toml).
+        bin=$(cargo build -q -p zero-bench --release --no-default-features ${features:+--features "$features"} \
+            --message-format=json-render-diagnostics | sed -n 's/.*"executable":"\([^"]*\/zero-bench\)".*/\1/p' | tail -n 1)
+        [ -x "$bin" ] || die "cargo build did not name the zero-bench binary"
         cp "$bin" "$dir/zero-bench.tmp"
         if command -v strip >/dev/null; then
             strip --strip-all "$dir/zero-bench.tmp"
@@ -65,10 +84,17 @@ prepare() {
             say "strip not found: the copy keeps its symbols"
         fi
     fi
-    mv "$dir/zero-bench.tmp" "$dir/zero-bench"
-    cp "$here/gpu-check.sh" "$dir/gpu-check.sh"
     say "CPU reference runs"
-    "$dir/zero-bench" gpu-check prepare --out "$dir/ref"
+    "$dir/zero-bench.tmp" gpu-check prepare --out "$dir/ref.tmp"
+    # The repository's script (also when this is a prepared copy run as `prepare`); a new
+    # file renamed over the old, never the running script rewritten in place.
+    script=$root/scripts/gpu-check.sh
+    [ -f "$script" ] || script=$here/gpu-check.sh
+    cp "$script" "$dir/gpu-check.sh.tmp"
+    rm -rf "$dir/ref"
+    mv "$dir/zero-bench.tmp" "$dir/zero-bench"
+    mv "$dir/ref.tmp" "$dir/ref"
+    mv "$dir/gpu-check.sh.tmp" "$dir/gpu-check.sh"
     local bytes
     bytes=$(du -sb "$dir" | cut -f1)
     if [ "$bytes" -ge "$limit_bytes" ]; then
@@ -124,7 +150,8 @@ cuda_libs() {
         done
     fi
     local uniq=() seen=" "
-    for d in "${found[@]}"; do
+    # (${a[@]+"${a[@]}"}: an empty array is "unbound" under set -u in bash < 4.4.)
+    for d in ${found[@]+"${found[@]}"}; do
         case "$seen" in *" $d "*) ;; *)
             uniq+=("$d")
             seen="$seen$d "
@@ -142,8 +169,7 @@ cuda_libs() {
         if [ -e "$d/libnccl.so.2" ] && [ ! -e "$d/libnccl.so" ]; then
             lib=$(mktemp -d "${TMPDIR:-/tmp}/zero-gpu-check-nccl.XXXXXX")
             ln -s "$d/libnccl.so.2" "$lib/libnccl.so"
-            # shellcheck disable=SC2064 # the folder's name now, not at exit
-            trap "rm -rf '$lib'" EXIT
+            cleanup+=("$lib")
             uniq=("$lib" "${uniq[@]}")
             break
         fi
@@ -178,13 +204,14 @@ run_checks() {
 }
 
 run() {
-    local dir out default=$here
+    local dir out
+    case "${1:-}" in -h | --help) usage; exit 0 ;; esac
     # Inside a prepared folder the binary is next to this script; in the repository, .gpu-check/.
-    [ -x "$here/zero-bench" ] || default=$here/../.gpu-check
-    dir=${1:-$default}
-    [ $# -gt 0 ] && shift
-    out=${1:-$dir/results}
-    [ $# -gt 0 ] && shift
+    dir=$here
+    [ -x "$here/zero-bench" ] || dir=$here/../.gpu-check
+    if positional "${1:-}"; then dir=$1; shift; fi
+    out=$dir/results
+    if positional "${1:-}"; then out=$1; shift; fi
     cuda_libs
     # Every device the checks open loads the PTX, which the driver compiles for this GPU
     # once and caches: keep the cache where it can be written (HOME may be read-only).
@@ -194,9 +221,13 @@ run() {
 
 dry_run() {
     local root dir rc=0
+    case "${1:-}" in -h | --help) usage; exit 0 ;; esac
     root=$(repo_root dry-run)
-    dir=${1:-$root/.gpu-check}
-    [ $# -gt 0 ] && shift
+    dir=$root/.gpu-check
+    if positional "${1:-}"; then dir=$1; shift; fi
+    # Absolute now: prepare changes to the repository root.
+    mkdir -p "$dir"
+    dir=$(cd "$dir" && pwd)
     if [ ! -x "$dir/zero-bench" ] || [ ! -f "$dir/ref/reference.json" ]; then
         prepare "$dir"
     fi
@@ -225,8 +256,9 @@ case $cmd in
 prepare) prepare "$@" ;;
 run) run "$@" ;;
 dry-run) dry_run "$@" ;;
+-h | --help | help) usage ;;
 *)
-    sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'
+    usage >&2
     exit 1
     ;;
 esac

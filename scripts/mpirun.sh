@@ -4,6 +4,9 @@
 #
 #   scripts/mpirun.sh N PROGRAM [ARGS...]
 set -euo pipefail
+case "${1:-}" in
+  -h|--help) sed -n '2,5s/^# \{0,1\}//p' "$0"; exit 0 ;;
+esac
 if [ $# -lt 2 ]; then
   echo "usage: $0 N PROGRAM [ARGS...]   (runs PROGRAM on N MPI ranks of this machine)" >&2
   exit 2

@@ -21,15 +21,30 @@ LOG_DIR="$ZERO_SLURM_DIR/log"
 say() { printf '[slurm-cluster] %s\n' "$*"; }
 die() { printf '[slurm-cluster] error: %s\n' "$*" >&2; exit 1; }
 
-# True when pid file $1 names a live process whose command is $2 (slurmctld/slurmd):
-# a recycled pid never counts as ours, nor a zombie (state Z) left for a PID 1 that does
-# not reap.
+# Root writes slurm.conf (which its slurmd obeys) into $ZERO_SLURM_DIR and kills the pids
+# recorded there: a directory another user made, or a symlink, is refused, as is one that
+# others may write to. (Under the sticky /tmp, nobody else can replace ours once it is.)
+check_dir() {
+  [ -e "$ZERO_SLURM_DIR" ] || [ -L "$ZERO_SLURM_DIR" ] || return 0
+  [ ! -L "$ZERO_SLURM_DIR" ] || die "$ZERO_SLURM_DIR is a symlink: refused (another user may have planted it); remove it, or choose another ZERO_SLURM_DIR."
+  [ -d "$ZERO_SLURM_DIR" ] || die "$ZERO_SLURM_DIR is not a directory; remove it, or choose another ZERO_SLURM_DIR."
+  [ -O "$ZERO_SLURM_DIR" ] || die "$ZERO_SLURM_DIR belongs to another user ($(stat -c %U "$ZERO_SLURM_DIR")): refused; remove it, or choose another ZERO_SLURM_DIR."
+  [ -z "$(find "$ZERO_SLURM_DIR" -maxdepth 0 -perm /022)" ] || die "$ZERO_SLURM_DIR is writable by group or others: refused; remove it, or choose another ZERO_SLURM_DIR."
+}
+
+# True when pid file $1 names a live process whose command is $2 (slurmctld/slurmd) and
+# whose command line names our slurm.conf (`-f $CONF`): a recycled pid never counts as
+# ours, nor another Slurm's daemon (a site's own slurmd), nor a zombie (state Z) left for
+# a PID 1 that does not reap.
 pid_alive() {
-  local f="$1" name="$2" pid stat
+  local f="$1" name="$2" pid stat args nl=$'\n'
   [ -r "$f" ] || return 1
   pid="$(cat "$f" 2>/dev/null)"
-  [ -n "$pid" ] && [ -r "/proc/$pid/comm" ] || return 1
+  case "$pid" in ''|*[!0-9]*) return 1 ;; esac
+  [ -r "/proc/$pid/comm" ] || return 1
   [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$name" ] || return 1
+  args="$(tr '\0' '\n' <"/proc/$pid/cmdline" 2>/dev/null)" || return 1
+  case "$nl$args$nl" in *"$nl-f$nl$CONF$nl"*) ;; *) return 1 ;; esac
   stat="$(cat "/proc/$pid/stat" 2>/dev/null)" || return 1
   # Field 3 of /proc/PID/stat, after the parenthesised command name.
   [ "$(printf '%s' "${stat##*) }" | cut -d' ' -f1)" != Z ]
@@ -45,14 +60,20 @@ daemon_of() {
 # suffix (idle* = not responding, idle~ = powered off, drain...) never matches.
 nodes_in_state() {
   [ -r "$CONF" ] || return 1
-  SLURM_CONF="$CONF" timeout 5 scontrol ping 2>/dev/null | grep -q 'is UP' || return 1
+  # Outputs are captured before grep reads them: `scontrol ... | grep -q` under pipefail
+  # fails when scontrol is still writing as grep exits at its match (SIGPIPE), which read
+  # a healthy cluster as down once the config output passed a pipe buffer.
+  local out states n
+  out="$(SLURM_CONF="$CONF" timeout 5 scontrol ping 2>/dev/null)" || return 1
+  grep -q 'is UP' <<<"$out" || return 1
   # The controller answering must be ours, not another one on the same port.
-  SLURM_CONF="$CONF" timeout 5 scontrol show config 2>/dev/null |
-    grep -Eq "^StateSaveLocation += $ZERO_SLURM_DIR/state\$" || return 1
-  local states n
-  states="$(SLURM_CONF="$CONF" timeout 5 sinfo -h -N -o '%N %t' 2>/dev/null | sort -u)" || return 1
+  out="$(SLURM_CONF="$CONF" timeout 5 scontrol show config 2>/dev/null)" || return 1
+  want="$ZERO_SLURM_DIR/state" awk 'sub(/^StateSaveLocation *= */, "") && $0 == ENVIRON["want"] { found = 1 }
+    END { exit !found }' <<<"$out" || return 1
+  states="$(SLURM_CONF="$CONF" timeout 5 sinfo -h -N -o '%N %t' 2>/dev/null)" || return 1
+  states="$(sort -u <<<"$states")"
   for n in "${ZERO_SLURM_NODES[@]}"; do
-    printf '%s\n' "$states" | grep -Eqx "$n ($1)" || return 1
+    grep -Eqx "$n ($1)" <<<"$states" || return 1
   done
 }
 cluster_ready() { nodes_in_state 'idle'; }

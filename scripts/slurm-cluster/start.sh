@@ -5,9 +5,13 @@
 #
 #   scripts/slurm-cluster/start.sh        then:  source /tmp/zero-slurm/env   (SLURM_CONF)
 #   scripts/slurm-cluster/stop.sh
+#   scripts/slurm-cluster/start.sh --owner TOKEN   records TOKEN as the starter when it starts
+#                                                  the cluster (not when it was up already);
+#                                                  `stop.sh --owner TOKEN` then stops only that
 #
-# Environment: ZERO_SLURM_DIR (scratch dir, default /tmp/zero-slurm), ZERO_SLURM_PORT_BASE
-# (default 16817; uses BASE..BASE+2), ZERO_SLURM_CPUS (per node, default 4).
+# Environment: ZERO_SLURM_DIR (scratch dir, default /tmp/zero-slurm; must be yours, not a
+# symlink, not writable by others), ZERO_SLURM_PORT_BASE (default 16817; uses BASE..BASE+2),
+# ZERO_SLURM_CPUS (per node, default 4).
 # Needs root and Slurm 22.05 (scripts/setup.sh --slurm). No systemd, no munge: the
 # cluster uses auth/none, which is fine on one host and never for a real cluster.
 # What each setting is for: slurm/README.md.
@@ -15,13 +19,18 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 . "$here/common.sh"
 
-case "${1:-}" in
-  -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
-  "") ;;
-  *) die "unknown argument '$1' (see --help)" ;;
-esac
+owner=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -h|--help) sed -n '2,17s/^# \{0,1\}//p' "$0"; exit 0 ;;
+    --owner) owner="${2:?--owner needs a token}"; shift ;;
+    *) die "unknown argument '$1' (see --help)" ;;
+  esac
+  shift
+done
 
 [ "$(id -u)" -eq 0 ] || die "run as root: slurmd starts job steps as the submitting user and needs root for that."
+check_dir
 for tool in slurmctld slurmd scontrol sinfo srun sbatch; do
   command -v "$tool" >/dev/null 2>&1 || die "'$tool' not found: install Slurm with 'scripts/setup.sh --slurm' (apt-get install slurm-wlm slurm-wlm-basic-plugins)."
 done
@@ -41,7 +50,7 @@ fi
 if [ -e "$MARKER" ]; then
   say "found a stopped or unhealthy cluster in $ZERO_SLURM_DIR; restarting it from scratch"
   stop_daemons
-  rm -rf "${ZERO_SLURM_DIR:?}"/{state,spool,tmp,vader,log,pids,run}
+  rm -rf "${ZERO_SLURM_DIR:?}"/{state,spool,tmp,vader,log,pids,run,owner}
 fi
 if [ -d "$ZERO_SLURM_DIR" ] && [ ! -e "$MARKER" ] && [ -n "$(ls -A "$ZERO_SLURM_DIR")" ]; then
   die "$ZERO_SLURM_DIR exists, is not empty and was not made by this script; choose another ZERO_SLURM_DIR."
@@ -51,8 +60,15 @@ for port in $(seq "$ZERO_SLURM_PORT_BASE" $((ZERO_SLURM_PORT_BASE + ${#ZERO_SLUR
   port_in_use "$port" && die "port $port is in use (another Slurm cluster, or another program): stop it, or choose other ports with ZERO_SLURM_PORT_BASE (uses BASE..BASE+${#ZERO_SLURM_NODES[@]})."
 done
 
+if [ ! -e "$ZERO_SLURM_DIR" ] && [ ! -L "$ZERO_SLURM_DIR" ]; then
+  mkdir -p "$(dirname "$ZERO_SLURM_DIR")"
+  # Not -p: a directory someone made meanwhile fails here, and check_dir looks at it.
+  mkdir -m 0755 "$ZERO_SLURM_DIR" || die "cannot create $ZERO_SLURM_DIR"
+fi
+check_dir
 mkdir -p "$ZERO_SLURM_DIR"/{state,log,pids,run}
 touch "$MARKER"
+if [ -n "$owner" ]; then printf '%s\n' "$owner" > "$ZERO_SLURM_DIR/owner"; fi
 for n in "${ZERO_SLURM_NODES[@]}"; do
   mkdir -p "$ZERO_SLURM_DIR/spool/slurmd-$n" "$ZERO_SLURM_DIR/tmp/$n" "$ZERO_SLURM_DIR/vader/$n"
 done

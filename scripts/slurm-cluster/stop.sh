@@ -5,25 +5,38 @@
 #
 #   scripts/slurm-cluster/stop.sh              (same ZERO_SLURM_DIR as start.sh)
 #   scripts/slurm-cluster/stop.sh --keep-logs  leave $ZERO_SLURM_DIR/log for inspection
+#   scripts/slurm-cluster/stop.sh --owner TOKEN  stop only a cluster that `start.sh --owner
+#                                              TOKEN` started (scripts/test.sh: a cluster that
+#                                              was up before it, it leaves running)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 . "$here/common.sh"
 
 keep_logs=0
-case "${1:-}" in
-  -h|--help) sed -n '2,7p' "$0"; exit 0 ;;
-  --keep-logs) keep_logs=1 ;;
-  "") ;;
-  *) die "unknown argument '$1' (see --help)" ;;
-esac
+owner=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -h|--help) sed -n '2,10s/^# \{0,1\}//p' "$0"; exit 0 ;;
+    --keep-logs) keep_logs=1 ;;
+    --owner) owner="${2:?--owner needs a token}"; shift ;;
+    *) die "unknown argument '$1' (see --help)" ;;
+  esac
+  shift
+done
 
+check_dir
 if [ ! -e "$MARKER" ]; then
   say "no cluster in $ZERO_SLURM_DIR; nothing to stop"
   exit 0
 fi
+if [ -n "$owner" ] && [ "$(cat "$ZERO_SLURM_DIR/owner" 2>/dev/null || true)" != "$owner" ]; then
+  say "the cluster in $ZERO_SLURM_DIR was not started by this run (--owner $owner); leaving it running"
+  exit 0
+fi
 
 # Cancel jobs while slurmd still runs, so their job steps are torn down by Slurm.
-if SLURM_CONF="$CONF" timeout 5 scontrol ping 2>/dev/null | grep -q 'is UP'; then
+# (Captured, not piped into grep -q: see nodes_in_state in common.sh.)
+if ping_out="$(SLURM_CONF="$CONF" timeout 5 scontrol ping 2>/dev/null)" && grep -q 'is UP' <<<"$ping_out"; then
   jobs="$(SLURM_CONF="$CONF" timeout 5 squeue -h -o %i 2>/dev/null || true)"
   if [ -n "$jobs" ]; then
     say "cancelling jobs: $(echo $jobs)"

@@ -348,10 +348,13 @@ pub fn zero_bench_bin() -> PathBuf {
 
 /// The carried GPU build of `zero-bench` (no MPI, no HDF5): `target-carry/release/zero-bench`,
 /// built by scripts/test.sh and scripts/carry-check.sh. The TCP-world tests run it.
+/// A relative `CARRY_TARGET_DIR` is the workspace root's, as for those scripts (tests run
+/// in tests/).
 pub fn carried_bin() -> PathBuf {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     let target = std::env::var_os("CARRY_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target-carry"));
+        .map(|d| root.join(d))
+        .unwrap_or_else(|| root.join("target-carry"));
     let bin = target.join("release").join("zero-bench");
     assert!(
         bin.is_file(),
