@@ -322,6 +322,34 @@ fn bad_configs_exit_nonzero_with_the_message_once_and_no_backtrace() {
     );
 }
 
+/// `--dry-run --world N` at the largest N accepted: every rank accounted for, but in a
+/// fraction of a second and a few MB, not a plan kept per rank (minutes and tens of GB
+/// at 262144 ranks). Run under a 1 GB address-space limit, which a plan per rank
+/// exceeds, so that a regression fails here rather than filling the machine.
+#[test]
+fn dry_run_at_the_largest_world_is_quick_and_small() {
+    let started = std::time::Instant::now();
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "ulimit -v 1000000 && exec '{}' train --dry-run --world 262144 --model gpt2-1.5b --stage 3",
+            zero_bench().display()
+        ))
+        .output()
+        .expect("sh starts");
+    let elapsed = started.elapsed();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        text.contains("=== dry run: ZeRO-3 on 262144 rank(s)")
+            && text.contains("every rank holds the same"),
+        "{text}"
+    );
+    // What it took, for the log (not a bound: the address-space limit is the check).
+    eprintln!("dry run at 262144 ranks: {elapsed:?}");
+}
+
 // ---------------------------------------------------------------------------------------
 // --init-from / --save-model.
 

@@ -222,6 +222,17 @@ pub(super) struct Point {
     pub pairs: usize,
 }
 
+/// `--min-size 0` measures nothing sensible (and doubling 0 never grows): refused
+/// before MPI starts, rather than raised without a word.
+fn check_min_size(args: &CommArgs) -> Result<()> {
+    if args.min_size == 0 {
+        bail!(
+            "--min-size 0: the smallest message must hold at least one element per rank; give a size in bytes such as 1KiB (the default) or 4"
+        );
+    }
+    Ok(())
+}
+
 /// The collectives of `--ops`, and the sizes from `--min-size` doubling to `--max-size`
 /// for `n` ranks and elements of `elem` bytes.
 pub(super) fn plan(args: &CommArgs, n: usize, elem: usize) -> Result<(Vec<Op>, Vec<Point>)> {
@@ -449,6 +460,7 @@ fn same_arguments_on_every_rank<C: Communicator>(comm: &C, args: &CommArgs) -> R
 
 /// Run the benchmark.
 pub fn run(args: &CommArgs) -> Result<()> {
+    check_min_size(args)?;
     if args.min_size > args.max_size {
         bail!(
             "--min-size {} is larger than --max-size {}",
@@ -490,6 +502,15 @@ pub fn run(args: &CommArgs) -> Result<()> {
     }
     if comm.rank() == 0 {
         print_header(comm.size(), args.dtype);
+        let least = args.dtype.size_bytes() * comm.size();
+        if args.min_size < least {
+            outln!(
+                "# --min-size {} B is below one {} element per rank: sizes start at {least} B on {} ranks",
+                args.min_size,
+                args.dtype,
+                comm.size()
+            );
+        }
         if args.raw_vs_raw {
             outln!("# A/A control (--raw-vs-raw): the 'ours' columns run the raw call too");
         }
@@ -721,4 +742,37 @@ fn nccl(
     _ordinal: usize,
 ) -> Result<Vec<Row>> {
     bail!("--comm nccl: this zero-bench was built without the `nccl` feature (cargo build -p zero-bench --release --features nccl)")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        c: CommArgs,
+    }
+
+    fn args(a: &[&str]) -> CommArgs {
+        Cli::try_parse_from(std::iter::once("x").chain(a.iter().copied()))
+            .map(|c| c.c)
+            .expect("arguments parse")
+    }
+
+    #[test]
+    fn a_zero_min_size_is_refused_with_the_option_named() {
+        let err = check_min_size(&args(&["--min-size", "0"])).unwrap_err();
+        assert!(err.to_string().contains("--min-size 0"), "{err}");
+        assert!(check_min_size(&args(&["--min-size", "1"])).is_ok());
+        assert!(check_min_size(&args(&[])).is_ok());
+    }
+
+    #[test]
+    fn sizes_start_at_one_element_per_rank_and_double() {
+        let (_, points) = plan(&args(&["--min-size", "3", "--max-size", "64"]), 2, 4).unwrap();
+        let counts: Vec<usize> = points.iter().map(|p| p.count).collect();
+        assert_eq!(counts, [2, 4, 8, 16]);
+    }
 }

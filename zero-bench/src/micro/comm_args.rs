@@ -8,7 +8,8 @@ use zero_comm::DType;
 /// Options of `micro comm`.
 #[derive(clap::Args, Debug)]
 pub struct CommArgs {
-    /// Smallest full-buffer size (bytes; suffixes KiB, MiB, GiB or K, M, G, all binary).
+    /// Smallest full-buffer size in bytes: KiB, MiB, GiB (or K, M, G) are 1024-based,
+    /// kB, MB, GB 1000-based as in train --mem-limit and plan --gpu-mem.
     #[arg(long, default_value = "1KiB", value_parser = parse_size)]
     pub min_size: usize,
     /// Largest full-buffer size; sizes double from --min-size.
@@ -152,12 +153,16 @@ pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
         .map_err(|_| format!("'{s}' is not a size (e.g. 1024, 64KiB, 16MiB, 1GiB)"))?;
     let mult: usize = match unit.trim() {
         "" | "B" => 1,
-        "K" | "k" | "KiB" | "KB" | "kB" => 1 << 10,
-        "M" | "MiB" | "MB" => 1 << 20,
-        "G" | "GiB" | "GB" => 1 << 30,
+        "K" | "k" | "KiB" => 1 << 10,
+        "M" | "MiB" => 1 << 20,
+        "G" | "GiB" => 1 << 30,
+        // Decimal, as every other size of the command line reads them.
+        "KB" | "kB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
         u => {
             return Err(format!(
-                "unknown size unit '{u}' in '{s}' (use KiB, MiB, GiB)"
+                "unknown size unit '{u}' in '{s}' (use KiB, MiB, GiB (1024) or kB, MB, GB (1000))"
             ))
         }
     };
@@ -207,5 +212,21 @@ mod tests {
         let a = parse(&["--min-pairs", "100", "--iters", "5"]).unwrap();
         let err = a.pair_bounds().unwrap_err().to_string();
         assert!(err.contains("--min-pairs 100 is above --iters 5"), "{err}");
+    }
+
+    #[test]
+    fn sizes_read_kb_mb_gb_as_the_rest_of_the_command_line_does() {
+        use super::parse_size;
+        assert_eq!(parse_size("16MB"), Ok(16_000_000));
+        assert_eq!(parse_size("16MiB"), Ok(16 << 20));
+        assert_eq!(parse_size("64kB"), Ok(64_000));
+        assert_eq!(parse_size("64KB"), Ok(64_000));
+        assert_eq!(parse_size("1GB"), Ok(1_000_000_000));
+        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
+        assert_eq!(parse_size("4K"), Ok(4096));
+        assert_eq!(
+            parse_size("16MB").map(|b| b as u64),
+            crate::plan::parse_mem("16MB")
+        );
     }
 }

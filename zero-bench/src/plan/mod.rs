@@ -61,7 +61,18 @@ impl PrecisionArg {
 pub struct Worlds(Vec<u64>);
 
 fn parse_worlds(s: &str) -> Result<Worlds, String> {
-    units::parse_world_list(s, "--gpus").map(Worlds)
+    units::parse_world_list(s, "--gpus").map(|v| Worlds(first_of_each(v)))
+}
+
+/// `v` with each value kept only where it first appears (`8,8,64` plans 8 and 64 once).
+fn first_of_each<T: PartialEq>(v: Vec<T>) -> Vec<T> {
+    let mut out: Vec<T> = Vec::with_capacity(v.len());
+    for x in v {
+        if !out.contains(&x) {
+            out.push(x);
+        }
+    }
+    out
 }
 
 /// The largest `--params`: 1e15 (1000 T), some 500 times the largest models trained,
@@ -119,7 +130,7 @@ fn parse_stages(s: &str) -> Result<Stages, String> {
                 })
         })
         .collect::<Result<_, _>>()
-        .map(Stages)
+        .map(|v| Stages(first_of_each(v)))
 }
 
 /// Size a job: memory per GPU and communication per step, for each ZeRO stage.
@@ -342,4 +353,20 @@ pub fn run(a: &PlanArgs) -> anyhow::Result<()> {
         log::info!("wrote {}", path.display());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn repeated_worlds_and_stages_are_planned_once_in_the_order_given() {
+        assert_eq!(parse_worlds("8,8,64,8").unwrap().0, [8, 64]);
+        assert_eq!(parse_worlds("64,8").unwrap().0, [64, 8]);
+        assert_eq!(
+            parse_stages("3,2,3,2").unwrap().0,
+            [Stage::Zero3, Stage::Zero2]
+        );
+        assert!(parse_stages("3,4").is_err());
+    }
 }

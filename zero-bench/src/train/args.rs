@@ -34,7 +34,8 @@ pub struct TrainArgs {
 
     /// Memory each rank may plan for: 12GiB, 500MB (KiB/MiB/GiB = 1024, kB/MB/GB = 1000),
     /// or `none` for no limit. Default: this node's available memory (the smaller of
-    /// MemAvailable and the cgroup's limit minus its usage) divided by the ranks on it.
+    /// MemAvailable and what this process's memory cgroup, or one above it, leaves: limit
+    /// minus usage, so a Slurm job's --mem counts) divided by the ranks on it.
     /// A run whose plan exceeds it stops before allocating, saying what would fit.
     #[arg(long, value_name = "SIZE|none", value_parser = parse_mem_limit)]
     pub mem_limit: Option<MemLimit>,
@@ -361,36 +362,78 @@ impl TrainArgs {
     /// then the convenience flags (so a flag wins over a `--set` of the same key).
     pub fn overrides(&self) -> Vec<String> {
         let mut o = self.set.clone();
+        for (flag, key, value) in self.flag_overrides() {
+            o.push(format!("{key}={value}"));
+            if flag == "--model" {
+                for (key, value) in self.preset_dimensions() {
+                    o.push(format!("{key}={value}"));
+                }
+            }
+        }
+        o
+    }
+
+    /// The convenience flags given, each as (flag, key, TOML value).
+    fn flag_overrides(&self) -> Vec<(&'static str, &'static str, String)> {
+        let mut o = Vec::new();
         match self.stage {
-            Some(StageSetting::Fixed(s)) => o.push(format!("zero.stage={}", s.number())),
-            Some(StageSetting::Auto) => o.push("zero.stage=\"auto\"".into()),
+            Some(StageSetting::Fixed(s)) => {
+                o.push(("--stage", "zero.stage", s.number().to_string()))
+            }
+            Some(StageSetting::Auto) => o.push(("--stage", "zero.stage", "\"auto\"".into())),
             None => {}
         }
         if let Some(p) = &self.precision {
-            o.push(format!("precision.dtype={}", toml_string(p)));
+            o.push(("--precision", "precision.dtype", toml_string(p)));
         }
         if let Some(n) = self.steps {
-            o.push(format!("train.steps={n}"));
+            o.push(("--steps", "train.steps", n.to_string()));
         }
         if let Some(a) = self.grad_accum {
-            o.push(format!("train.grad_accum={a}"));
+            o.push(("--grad-accum", "train.grad_accum", a.to_string()));
         }
         if let Some(m) = &self.model {
-            o.push(format!("model.preset={}", toml_string(m)));
-            for (key, value) in self.preset_dimensions() {
-                o.push(format!("{key}={value}"));
-            }
+            o.push(("--model", "model.preset", toml_string(m)));
         }
         if let Some(k) = self.checkpoint_every {
-            o.push(format!("model.checkpoint_every={k}"));
-        }
-        if let Some(f) = &self.metrics {
-            o.push(format!(
-                "train.metrics_file={}",
-                toml_string(&f.display().to_string())
+            o.push((
+                "--checkpoint-every",
+                "model.checkpoint_every",
+                k.to_string(),
             ));
         }
+        if let Some(f) = &self.metrics {
+            let path = toml_string(&f.display().to_string());
+            o.push(("--metrics", "train.metrics_file", path));
+        }
         o
+    }
+
+    /// A warning for each convenience flag that overrides a `--set` of the same key with
+    /// another value (the flag wins: `sweep` and `tune` rely on it to vary a key over a
+    /// user's `--set`s), so that a user who gave both sees which one ran.
+    pub fn flag_conflicts(&self) -> Vec<String> {
+        // TOML text to compare: "bf16" and bf16 are the same value as --set takes it.
+        let bare = |v: &str| v.trim().trim_matches('"').to_string();
+        let mut warnings = Vec::new();
+        for (flag, key, value) in self.flag_overrides() {
+            if let Some(given) = self.set_value(key) {
+                if bare(given) != bare(&value) {
+                    warnings.push(format!(
+                        "{flag} {} overrides --set {key}={given}: a flag wins over a --set of the same key",
+                        bare(&value)
+                    ));
+                }
+            }
+        }
+        if !self.stages.is_empty() {
+            if let Some(given) = self.set_value("zero.stage") {
+                warnings.push(format!(
+                    "--stages runs each stage listed, overriding --set zero.stage={given}"
+                ));
+            }
+        }
+        warnings
     }
 
     /// What `--model NAME` sets besides the preset: the preset's own dimensions (keys
@@ -540,6 +583,53 @@ mod tests {
             loaded.config.train.metrics_file.as_deref(),
             Some("/tmp/m \"q\".jsonl")
         );
+    }
+
+    /// A flag that overrides a `--set` of the same key with another value is named (the
+    /// same value, or TOML's quotes around it, is no conflict); `--stages` over a `--set
+    /// zero.stage` too.
+    #[test]
+    fn a_flag_over_a_set_of_the_same_key_is_named() {
+        let conflicts = |args: &[&str]| {
+            let cli = Cli::parse_from(std::iter::once("x").chain(args.iter().copied()));
+            cli.t.flag_conflicts()
+        };
+        assert_eq!(
+            conflicts(&["--set", "train.steps=20", "--steps", "10"]),
+            vec!["--steps 10 overrides --set train.steps=20: a flag wins over a --set of the same key"]
+        );
+        assert!(conflicts(&["--set", "train.steps=10", "--steps", "10"]).is_empty());
+        assert!(
+            conflicts(&["--set", "precision.dtype=\"bf16\"", "--precision", "bf16"]).is_empty()
+        );
+        let two = conflicts(&[
+            "--set",
+            "precision.dtype=fp16",
+            "--set",
+            "model.preset=tiny",
+            "--precision",
+            "bf16",
+            "--model",
+            "small",
+        ]);
+        assert_eq!(two.len(), 2, "{two:?}");
+        assert!(two[0].starts_with("--precision bf16 overrides --set precision.dtype=fp16"));
+        assert!(two[1].starts_with("--model small overrides --set model.preset=tiny"));
+        // The last --set of a key is the one a flag overrides.
+        assert!(conflicts(&[
+            "--set",
+            "train.steps=5",
+            "--set",
+            "train.steps=10",
+            "--steps",
+            "10"
+        ])
+        .is_empty());
+        assert_eq!(
+            conflicts(&["--set", "zero.stage=2", "--stages", "0,1"]),
+            vec!["--stages runs each stage listed, overriding --set zero.stage=2"]
+        );
+        assert!(conflicts(&["--steps", "10", "--stage", "2"]).is_empty());
     }
 
     #[test]

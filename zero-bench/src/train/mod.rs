@@ -68,9 +68,14 @@ pub fn run(mut args: TrainArgs) -> anyhow::Result<()> {
     };
     let world = mpi.as_ref().map(|m| (m.comm.rank(), m.comm.size()));
     crate::logging::init(world);
+    let rank0 = world.is_none_or(|w| w.0 == 0);
+    if rank0 {
+        for warning in args.flag_conflicts() {
+            log::warn!("{warning}");
+        }
+    }
     if let (Some(from), None) = (&args.resume, &args.ckpt_dir) {
         args.ckpt_dir = checkpoints::default_ckpt_dir(from);
-        let rank0 = world.is_none_or(|w| w.0 == 0);
         match &args.ckpt_dir {
             Some(dir) if rank0 => log::info!(
                 "--resume {} without --ckpt-dir: the run goes on saving into {} (give --ckpt-dir to save elsewhere)",
@@ -123,29 +128,27 @@ fn configs(args: &TrainArgs) -> anyhow::Result<Vec<LoadedConfig>> {
         .and_then(|text| toml::from_str(&text).ok())
         .unwrap_or_default();
     let fit = args.preset_fit(&file);
-    // What --model brought besides the preset: named in provenance and in errors.
+    // What --model brought besides the preset: named in provenance, and after an error
+    // that is about one of them.
     let dims = args.preset_dimensions();
     let model = args.model.as_deref().unwrap_or_default();
-    let brought = (!dims.is_empty()).then(|| {
-        let set: Vec<String> = dims
-            .iter()
-            .map(|(k, v)| {
-                let fitted = fit.iter().find(|(f, _, _)| f == k).map(|(_, v, _)| v);
-                format!("{k} = {}", fitted.unwrap_or(v))
-            })
-            .collect();
-        format!(
-            "--model {model} brought its preset's dimensions ({}); --set model.KEY=VALUE changes one",
-            set.join(", ")
+    let brought: Vec<(String, usize)> = dims
+        .iter()
+        .map(|(k, v)| {
+            let fitted = fit.iter().find(|(f, _, _)| f == k).map(|(_, v, _)| *v);
+            (k.clone(), fitted.unwrap_or(*v))
+        })
+        .chain(
+            fit.iter()
+                .filter(|(k, _, _)| !dims.iter().any(|(d, _)| d == k))
+                .map(|(k, v, _)| (k.clone(), *v)),
         )
-    });
+        .collect();
     for stage in runs {
         let mut overrides = args.overrides_for(stage);
         overrides.extend(fit.iter().map(|(key, value, _)| format!("{key}={value}")));
-        let mut loaded = load(args.config.as_deref(), &overrides).map_err(|e| match &brought {
-            Some(b) => anyhow!(e).context(b.clone()),
-            None => anyhow!(e),
-        })?;
+        let mut loaded = load(args.config.as_deref(), &overrides)
+            .map_err(|e| with_preset_note(anyhow!(e), model, &brought))?;
         for (key, _) in &dims {
             let from = Source::Derived(format!("--model {model}: the preset's"));
             loaded.provenance.insert(key.clone(), from);
@@ -157,7 +160,7 @@ fn configs(args: &TrainArgs) -> anyhow::Result<Vec<LoadedConfig>> {
         }
         // Model checks zero-core cannot do (it knows no model family): e.g. a GPT-2's
         // V <= 65536, a Llama's Hkv dividing H.
-        run::model_preset(&loaded.config)?;
+        run::model_preset(&loaded.config).map_err(|e| with_preset_note(e, model, &brought))?;
         out.push(loaded);
     }
     if args.rounds == 0 {
@@ -187,6 +190,39 @@ fn configs(args: &TrainArgs) -> anyhow::Result<Vec<LoadedConfig>> {
         ));
     }
     Ok(out)
+}
+
+/// `error` with, after it, the values `--model NAME` gave the keys it names (`brought`:
+/// the preset's dimensions and what was fitted to them), so that a problem with one of
+/// them says where its value came from; any other error as it is.
+fn with_preset_note(
+    error: anyhow::Error,
+    model: &str,
+    brought: &[(String, usize)],
+) -> anyhow::Error {
+    let text = crate::logging::chain(&error);
+    let named: Vec<String> = brought
+        .iter()
+        .filter(|(key, _)| names_key(&text, key))
+        .map(|(key, value)| format!("{key} = {value}"))
+        .collect();
+    if named.is_empty() {
+        return error;
+    }
+    anyhow!(
+        "{text}\n  (--model {model} set {}; --set KEY=VALUE changes it)",
+        named.join(", ")
+    )
+}
+
+/// Whether `text` names `key` (`model.heads`, not `model.heads_kv`).
+fn names_key(text: &str, key: &str) -> bool {
+    text.match_indices(key).any(|(at, _)| {
+        let before = text[..at].chars().next_back();
+        let after = text[at + key.len()..].chars().next();
+        let part = |c: Option<char>| c.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '.');
+        !part(before) && !part(after)
+    })
 }
 
 fn run_on(args: &TrainArgs, comm: Option<&WorldComm>) -> Result<(), Failure> {
@@ -997,7 +1033,8 @@ fn dry_run(
     }
     fit_to_budget(args, loaded, world, show, comm, None, print)?;
     let staged = args.comm == zero_comm::CommChoice::MpiStaged;
-    let plans = dry_run::plan(loaded, world, show, print, staged)?;
+    let json = print && args.json.is_some();
+    let plans = dry_run::plan(loaded, world, show, print, staged, json)?;
     if let Some(path) = &args.init_from {
         // Pre-flight: the file fits the model (names, shapes, types), read nothing else.
         let preset = run::model_preset(&loaded[0].config)?;
@@ -1016,10 +1053,8 @@ fn dry_run(
             );
         }
     }
-    if print {
-        if let Some(path) = &args.json {
-            write_json(path, &plans)?;
-        }
+    if let (Some(path), Some(plans)) = (&args.json, &plans) {
+        write_json(path, plans)?;
     }
     Ok(())
 }
@@ -1062,4 +1097,56 @@ fn summary(r: &StageResult, builtin: bool) {
 fn builtin_floor() -> f64 {
     static FLOOR: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
     *FLOOR.get_or_init(|| zero_models::data::MarkovSource::default_source().entropy_rate())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn brought() -> Vec<(String, usize)> {
+        [
+            ("model.vocab_size", 64),
+            ("model.context_len", 8),
+            ("model.heads", 2),
+            ("train.seq_len", 8),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), *v))
+        .collect()
+    }
+
+    #[test]
+    fn the_presets_values_follow_only_an_error_about_them() {
+        // An error about another key is left as it is: no preset line before or after.
+        let e = with_preset_note(
+            anyhow!("config error in command line (--set): invalid type: string \"abc\", expected f64 in `optim.lr`"),
+            "tiny",
+            &brought(),
+        );
+        let text = crate::logging::chain(&e);
+        assert!(text.starts_with("config error"), "{text}");
+        assert!(!text.contains("--model"), "{text}");
+        // One about a dimension the preset set: the error first, then the value named.
+        let e = with_preset_note(
+            anyhow!("invalid configuration:\n  - model.heads (2) must divide model.width (15)"),
+            "tiny",
+            &brought(),
+        );
+        let text = crate::logging::chain(&e);
+        assert!(text.starts_with("invalid configuration:"), "{text}");
+        assert!(
+            text.ends_with("(--model tiny set model.heads = 2; --set KEY=VALUE changes it)"),
+            "{text}"
+        );
+        assert!(!text.contains("vocab_size"), "{text}");
+    }
+
+    #[test]
+    fn keys_are_named_whole() {
+        assert!(names_key("model.heads (3) must", "model.heads"));
+        assert!(names_key("raise model.context_len", "model.context_len"));
+        assert!(!names_key("model.heads_kv (3)", "model.heads"));
+        assert!(!names_key("xmodel.heads", "model.heads"));
+        assert!(!names_key("optim.lr", "model.heads"));
+    }
 }
