@@ -552,3 +552,135 @@ fn sweep_run_leaves_the_configurations_metrics_file_alone() {
     // The table has both points (the metrics files are not taken for results).
     assert_eq!(read_json(&out.join("sweep.json")).len(), 2);
 }
+
+/// `sweep run` checks each point's configuration as its job will load it (the file, the
+/// `--set`s, then `--stages`, `--steps` and the point's `--model`/`--precision`/
+/// `--grad-accum`), not the bare configuration: what only the point's stages allow
+/// runs; what no job of the point could run is refused before anything starts, naming
+/// the point; and a `--models` point is named by the model its job trains.
+#[test]
+fn sweep_run_checks_each_points_configuration_as_its_job_runs_it() {
+    let dir = scratch("points");
+    let config = |name: &str| repo().join("configs").join(name).display().to_string();
+    let (tiny, demo) = (config("tiny.toml"), config("demo.toml"));
+    // hpZ is stage 3's only: the default stage of the file would refuse it, the jobs'
+    // --stages 3 allows it.
+    let out = dir.join("hpz");
+    let ran = zero_bench_run(
+        &[
+            "sweep",
+            "run",
+            "--ranks",
+            "1",
+            "--stages",
+            "3",
+            "--config",
+            &tiny,
+            "--set",
+            "zero.hierarchical_weights=true",
+            "--steps",
+            "2",
+            "--launcher",
+            "env X={n}",
+            "--out",
+            &out.display().to_string(),
+        ],
+        &dir.join("hpz.log"),
+        Duration::from_secs(120),
+    );
+    assert_eq!(ran.code, Some(0), "{}", ran.output);
+    assert_eq!(
+        read_json(&out.join("sweep.json")).len(),
+        1,
+        "{}",
+        ran.output
+    );
+    // Invalid as the points run them: refused up front, every bad point named with its
+    // reason, nothing created (the launcher, `false`, would fail each job otherwise).
+    let never = dir.join("never");
+    let cases: [(&[&str], &[&str]); 2] = [
+        (
+            &["--ranks", "1,2", "--stages", "0", "--config", &demo, "--steps", "3"],
+            &[
+                "2 of 2 point(s) cannot run (nothing was started)",
+                "N=1 model=v64-t64-l2-h4-c128 precision=bf16 A=1: at stage 0: invalid configuration",
+                "N=2 model=v64-t64-l2-h4-c128 precision=bf16 A=1: at stage 0: invalid configuration",
+                "optim.warmup_steps (5) exceeds the decay horizon (3 steps",
+            ],
+        ),
+        (
+            &["--ranks", "1", "--models", "tiny,small", "--config", &demo],
+            &[
+                "1 of 2 point(s) cannot run (nothing was started)",
+                "N=1 model=tiny precision=bf16 A=1: at stage 0: invalid configuration",
+                "train.seq_len (64) exceeds the model's context_len (8)",
+            ],
+        ),
+    ];
+    for (i, (extra, want)) in cases.iter().enumerate() {
+        let never_arg = never.display().to_string();
+        let mut args = vec![
+            "sweep",
+            "run",
+            "--launcher",
+            "false {n}",
+            "--out",
+            &never_arg,
+        ];
+        args.extend(extra.iter());
+        let ran = zero_bench_run(
+            &args,
+            &dir.join(format!("bad{i}.log")),
+            Duration::from_secs(30),
+        );
+        assert_eq!(ran.code, Some(1), "{args:?}\n{}", ran.output);
+        for w in want.iter() {
+            assert!(
+                ran.output.contains(w),
+                "{args:?}: want '{w}'\n{}",
+                ran.output
+            );
+        }
+        assert!(!ran.output.contains("every point failed"), "{}", ran.output);
+        assert!(
+            !never.exists(),
+            "a refused sweep created {}",
+            never.display()
+        );
+    }
+    // --models tiny with --set model.width=32: the job trains tiny at width 32 (a --set
+    // wins over --model), so the point is named by those dimensions, not "tiny".
+    let out = dir.join("width");
+    let ran = zero_bench_run(
+        &[
+            "sweep",
+            "run",
+            "--ranks",
+            "1",
+            "--stages",
+            "0",
+            "--models",
+            "tiny",
+            "--config",
+            &tiny,
+            "--set",
+            "model.width=32",
+            "--set",
+            "train.seq_len=8",
+            "--steps",
+            "2",
+            "--launcher",
+            "env X={n}",
+            "--out",
+            &out.display().to_string(),
+        ],
+        &dir.join("width.log"),
+        Duration::from_secs(120),
+    );
+    assert_eq!(ran.code, Some(0), "{}", ran.output);
+    let rows = read_json(&out.join("sweep.json"));
+    assert_eq!(rows.len(), 1, "{}", ran.output);
+    assert_eq!(rows[0]["model"], "v64-t8-l2-h2-c32", "{}", ran.output);
+    assert!(out.join("n1_v64-t8-l2-h2-c32_fp32_a1.json").is_file());
+    assert!(!out.join("n1_tiny_fp32_a1.json").exists());
+}

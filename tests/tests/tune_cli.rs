@@ -177,3 +177,187 @@ fn a_world_or_global_batch_tune_cannot_count_is_refused_saying_what_to_lower() {
         );
     }
 }
+
+/// The `zero.X = value` lines of a run's log (train prints its resolved configuration).
+fn logged(log: &Path, key: &str) -> Option<String> {
+    let text = std::fs::read_to_string(log).ok()?;
+    text.lines().find_map(|l| {
+        l.trim_start()
+            .strip_prefix(&format!("{key} = "))
+            .and_then(|v| v.split_whitespace().next())
+            .map(str::to_string)
+    })
+}
+
+/// Every measured run's log in `out` (`run-<i>-round-<r>.log`).
+fn run_logs(out: &Path) -> Vec<PathBuf> {
+    let mut logs: Vec<PathBuf> = std::fs::read_dir(out)
+        .expect("the --out directory")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            let name = s(p);
+            name.contains("/run-") && name.ends_with(".log")
+        })
+        .collect();
+    logs.sort();
+    logs
+}
+
+/// A configuration with its own bucket size and a warmup longer than tune's runs: every
+/// candidate runs (the warmup_cosine keeps the configuration's horizon), and a candidate
+/// labelled "bucket=default" runs the default bucket, which best.toml then trains with,
+/// not the file's.
+#[test]
+fn tune_runs_what_it_labels_with_the_configurations_schedule() {
+    let dir = scratch("bucket-warmup");
+    let config = dir.join("bw.toml");
+    std::fs::write(
+        &config,
+        "[model]\npreset = \"tiny\"\nvocab_size = 64\n[train]\nseq_len = 8\nsteps = 1000\n\
+         [zero]\nbucket_elems = 1000\n[optim]\nschedule = \"warmup_cosine\"\nwarmup_steps = 100\n",
+    )
+    .expect("write bw.toml");
+    let out_dir = dir.join("tout");
+    let out = zero_bench(
+        &dir,
+        &[
+            "tune",
+            "--config",
+            &s(&config),
+            "--world",
+            "1",
+            "--mem-limit",
+            "1GiB",
+            "--top",
+            "2",
+            "--steps",
+            "2",
+            "--rounds",
+            "1",
+            "--launcher",
+            "env X={n}",
+            "--out",
+            &s(&out_dir),
+        ],
+    );
+    let text = text(&out);
+    assert!(out.status.success(), "{text}");
+    assert!(!text.contains("failed"), "{text}");
+    let report: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(out_dir.join("tune.json")).expect("tune.json"),
+    )
+    .expect("tune.json is JSON");
+    let measured = report["measured"].as_array().expect("measured candidates");
+    let default = measured
+        .iter()
+        .filter(|c| c["bucket_elems"].is_null())
+        .count();
+    assert!(default >= 1 && default < measured.len(), "{text}");
+    // One log per measured run: the default ones ran 4Mi (max(4Mi, 64Ki x 1)), the
+    // given one the file's 1000; all kept the file's 1000-step cosine.
+    let logs = run_logs(&out_dir);
+    assert_eq!(logs.len(), measured.len(), "{logs:?}\n{text}");
+    let buckets: Vec<String> = logs
+        .iter()
+        .map(|l| logged(l, "zero.bucket_elems").unwrap_or_default())
+        .collect();
+    let count = |v: &str| buckets.iter().filter(|b| *b == v).count();
+    assert_eq!(count("4194304"), default, "{buckets:?}\n{text}");
+    let given = measured
+        .iter()
+        .filter(|c| c["bucket_elems"].as_u64() == Some(1000))
+        .count();
+    assert_eq!(count("1000"), given, "{buckets:?}");
+    assert!(given >= 1, "the configuration as given is measured\n{text}");
+    for l in &logs {
+        assert_eq!(
+            logged(l, "optim.decay_steps").as_deref(),
+            Some("1000"),
+            "{}",
+            l.display()
+        );
+        assert_eq!(
+            logged(l, "train.steps").as_deref(),
+            Some("2"),
+            "{}",
+            l.display()
+        );
+    }
+    // best.toml: the configuration's schedule (no horizon of tune's), and the bucket of
+    // the chosen label.
+    let best = std::fs::read_to_string(out_dir.join("best.toml")).expect("best.toml");
+    assert!(!best.contains("decay_steps"), "{best}");
+    assert!(
+        best.contains("warmup_steps = 100") && best.contains("steps = 1000"),
+        "{best}"
+    );
+    let chosen = report["best"].as_str().expect("the chosen label");
+    assert_eq!(
+        best.contains("bucket_elems = 1000"),
+        chosen.contains("bucket=1000"),
+        "{chosen}\n{best}"
+    );
+}
+
+/// Candidates the configuration rules out (hpZ at stages 0-2) are dropped before
+/// anything is measured, in one line saying how many and why; every run is a valid one.
+#[test]
+fn tune_drops_the_candidates_the_configuration_rules_out() {
+    let dir = scratch("invalid");
+    let out_dir = dir.join("tout");
+    let out = zero_bench(
+        &dir,
+        &[
+            "tune",
+            "--world",
+            "1",
+            "--set",
+            "model.preset=tiny",
+            "--set",
+            "model.vocab_size=64",
+            "--set",
+            "train.seq_len=8",
+            "--set",
+            "zero.stage=3",
+            "--set",
+            "zero.hierarchical_weights=true",
+            "--mem-limit",
+            "1GiB",
+            "--top",
+            "4",
+            "--steps",
+            "2",
+            "--rounds",
+            "1",
+            "--launcher",
+            "env X={n}",
+            "--out",
+            &s(&out_dir),
+        ],
+    );
+    let text = text(&out);
+    assert!(out.status.success(), "{text}");
+    let line: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("candidates dropped"))
+        .collect();
+    assert_eq!(line.len(), 1, "{text}");
+    assert!(
+        line[0].contains("the configuration rules them out")
+            && line[0].contains("stage 0 gathers none")
+            && line[0].contains("set zero.stage = 3"),
+        "{text}"
+    );
+    assert!(!text.contains("failed"), "{text}");
+    let logs = run_logs(&out_dir);
+    assert!(!logs.is_empty(), "{text}");
+    for l in &logs {
+        assert_eq!(
+            logged(l, "zero.stage").as_deref(),
+            Some("3"),
+            "{}",
+            l.display()
+        );
+    }
+}

@@ -136,19 +136,22 @@ pub struct Candidate {
 }
 
 impl Candidate {
-    /// The `--set` overrides that make this candidate from the base configuration.
-    fn overrides(&self) -> Vec<String> {
-        let mut o = vec![
+    /// The `--set` overrides that make this candidate from the base configuration, on
+    /// `world` ranks. The bucket size is always given: "default" is the default at this
+    /// world size (`apply`'s `None`, what the plan, the prediction and best.toml have),
+    /// not the base configuration's `zero.bucket_elems`, which the run would inherit.
+    fn overrides(&self, base: &Config, world: usize) -> Vec<String> {
+        vec![
             format!("zero.stage={}", self.stage),
             format!("train.micro_batch={}", self.micro_batch),
             format!("train.grad_accum={}", self.grad_accum),
             format!("zero.prefetch={}", self.prefetch),
             format!("zero.persistence_threshold={}", self.persistence_threshold),
-        ];
-        if let Some(b) = self.bucket_elems {
-            o.push(format!("zero.bucket_elems={b}"));
-        }
-        o
+            format!(
+                "zero.bucket_elems={}",
+                self.apply(base).zero.bucket_elems_for(world)
+            ),
+        ]
     }
 
     fn apply(&self, base: &Config) -> Config {
@@ -262,7 +265,13 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
     );
 
     // 1-2. Candidates that fit.
-    let mut cands = enumerate(&base, per_rank)?;
+    let (mut cands, dropped) = drop_invalid(args, &base, enumerate(&base, per_rank)?);
+    if let Some(line) = &dropped {
+        outln!("{line}");
+    }
+    if cands.is_empty() {
+        bail!("every candidate is invalid for this configuration: nothing to measure");
+    }
     let total = cands.len();
     let mut fitting = Vec::new();
     for mut c in cands.drain(..) {
@@ -379,30 +388,7 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
             let mut words = launcher_words(&args.launcher, n)?;
             words.push(program.display().to_string());
             words.push("train".into());
-            if let Some(cfg) = &args.config {
-                words.extend(["--config".into(), cfg.display().to_string()]);
-            }
-            for s in args.set.iter().cloned().chain(c.overrides()) {
-                words.extend(["--set".into(), s]);
-            }
-            if own_metrics {
-                // train's --metrics comes after (and so over) every --set and the file.
-                words.extend([
-                    "--metrics".into(),
-                    run_metrics(&report).display().to_string(),
-                ]);
-            }
-            words.extend([
-                "--steps".into(),
-                args.steps.to_string(),
-                // The threads the rates above were measured on (train's default, auto,
-                // would give a rank more where the launcher leaves it more CPUs).
-                "--threads".into(),
-                "1".into(),
-                "--no-progress".into(),
-                "--json".into(),
-                report.display().to_string(),
-            ]);
+            words.extend(train_words(args, &base, c, &report, own_metrics));
             eprintln!("[tune round {}/{}] {}", round + 1, args.rounds, c.label());
             let outcome = run_logged(&words, &report.with_extension("log"), timeout, &c.label())
                 .and_then(|()| read_step_seconds(&report));
@@ -540,6 +526,107 @@ fn global_batch_of(n: usize, grad_accum: usize, micro_batch: usize) -> anyhow::R
 /// metrics: `run-<i>-round-<r>.metrics.jsonl` beside it.
 fn run_metrics(report: &Path) -> PathBuf {
     report.with_extension("metrics.jsonl")
+}
+
+/// The arguments after `zero-bench train` of candidate `c`'s measured run writing its
+/// report to `report`: the configuration, the user's `--set`s, the candidate's overrides
+/// and [`measurement_overrides`], then `--steps`; the run's own metrics file where the
+/// configuration names one (`own_metrics`).
+fn train_words(
+    args: &TuneArgs,
+    base: &Config,
+    c: &Candidate,
+    report: &Path,
+    own_metrics: bool,
+) -> Vec<String> {
+    let mut words = Vec::new();
+    if let Some(cfg) = &args.config {
+        words.extend(["--config".into(), cfg.display().to_string()]);
+    }
+    let overrides = args
+        .set
+        .iter()
+        .cloned()
+        .chain(c.overrides(base, args.world))
+        .chain(measurement_overrides(base));
+    for s in overrides {
+        words.extend(["--set".into(), s]);
+    }
+    if own_metrics {
+        // train's --metrics comes after (and so over) every --set and the file.
+        words.extend([
+            "--metrics".into(),
+            run_metrics(report).display().to_string(),
+        ]);
+    }
+    words.extend([
+        "--steps".into(),
+        args.steps.to_string(),
+        // The threads the rates above were measured on (train's default, auto,
+        // would give a rank more where the launcher leaves it more CPUs).
+        "--threads".into(),
+        "1".into(),
+        "--no-progress".into(),
+        "--json".into(),
+        report.display().to_string(),
+    ]);
+    words
+}
+
+/// What a measured run sets besides the candidate so that its few `--steps` keep the
+/// configuration's learning-rate schedule (which the step time does not depend on): a
+/// warmup_cosine whose horizon is `train.steps` (no `optim.decay_steps`) gets that
+/// horizon explicitly, or a warmup longer than `--steps` would be refused.
+fn measurement_overrides(base: &Config) -> Vec<String> {
+    if base.optim.schedule == zero_core::config::Schedule::WarmupCosine
+        && base.optim.decay_steps.is_none()
+    {
+        vec![format!("optim.decay_steps={}", base.train.steps)]
+    } else {
+        Vec::new()
+    }
+}
+
+/// Keep the candidates whose measured run the configuration allows: each run's `train`
+/// arguments ([`train_words`]) are loaded and validated as train loads them. The rest
+/// are returned as one line saying how many were dropped and why (`None`: none were).
+fn drop_invalid(
+    args: &TuneArgs,
+    base: &Config,
+    cands: Vec<Candidate>,
+) -> (Vec<Candidate>, Option<String>) {
+    let total = cands.len();
+    let report = args.out.join("run-check.json");
+    // (reason, how many, the first candidate it dropped)
+    let mut reasons: Vec<(String, usize, String)> = Vec::new();
+    let mut kept = Vec::with_capacity(total);
+    for c in cands {
+        let words = train_words(args, base, &c, &report, false);
+        match crate::sweep::child::train_configs(&words) {
+            Ok(_) => kept.push(c),
+            Err(e) => {
+                let why = crate::logging::chain(&e)
+                    .replace("\n  - ", " ")
+                    .replace('\n', " ");
+                match reasons.iter_mut().find(|(r, _, _)| *r == why) {
+                    Some(r) => r.1 += 1,
+                    None => reasons.push((why, 1, c.label())),
+                }
+            }
+        }
+    }
+    let dropped = total - kept.len();
+    let line = (dropped > 0).then(|| {
+        let why: Vec<String> = reasons
+            .iter()
+            .map(|(why, k, first)| format!("{k} like {first}: {why}"))
+            .collect();
+        format!(
+            "{dropped} of {total} candidates dropped, the configuration rules them out ({})",
+            why.join("; ")
+        )
+    });
+    (kept, line)
 }
 
 /// Every candidate: stages x micro-batches dividing `per_rank` x buckets x (stage 3)
@@ -1089,6 +1176,147 @@ mod tests {
             link_text(Some((2e-6, 3.5e9))),
             "alpha 2.0 us per ring step, beta 3.50 GB/s per rank"
         );
+    }
+
+    fn tune_args(set: &[&str], world: usize, steps: usize) -> TuneArgs {
+        TuneArgs {
+            config: None,
+            set: set.iter().map(|s| s.to_string()).collect(),
+            world,
+            global_batch: None,
+            mem_limit: None,
+            mem_headroom: 0.1,
+            top: 1,
+            steps,
+            rounds: 1,
+            launcher: "unused {n}".into(),
+            out: PathBuf::from("/nonexistent"),
+            timeout: 1,
+            ranks_per_node: None,
+            cores_per_node: Some(1),
+        }
+    }
+
+    /// The configurations candidate `c`'s measured run loads (one: no stage list).
+    fn run_config(args: &TuneArgs, base: &Config, c: &Candidate) -> anyhow::Result<Config> {
+        let words = train_words(args, base, c, Path::new("/nonexistent/r.json"), false);
+        let run = crate::sweep::child::train_configs(&words)?;
+        assert_eq!(run.configs.len(), 1);
+        Ok(run.configs[0].1.config.clone())
+    }
+
+    const TINY: [&str; 3] = [
+        "model.preset=tiny",
+        "model.vocab_size=64",
+        "train.seq_len=8",
+    ];
+
+    #[test]
+    fn a_default_bucket_candidate_runs_the_default_bucket_not_the_files() {
+        // The configuration sets its own bucket; "bucket=default" is the library's
+        // default at N (what the plan, the prediction and best.toml have), and so is the
+        // measured run's.
+        for world in [1, 512] {
+            let args = tune_args(&[&TINY[..], &["zero.bucket_elems=1000"]].concat(), world, 6);
+            let base = load(None, &args.set).unwrap().config;
+            let cands = enumerate(&base, 4).unwrap();
+            let default = cands.iter().find(|c| c.bucket_elems.is_none()).unwrap();
+            assert!(default.label().contains("bucket=default"));
+            let ran = run_config(&args, &base, default).unwrap();
+            let written = default.apply(&base);
+            assert_eq!(
+                written.zero.bucket_elems, None,
+                "best.toml leaves the key out"
+            );
+            assert_eq!(
+                ran.zero.bucket_elems_for(world),
+                written.zero.bucket_elems_for(world),
+                "N = {world}"
+            );
+            assert_ne!(ran.zero.bucket_elems_for(world), 1000);
+            // The given one keeps the file's, and a chosen size is that size.
+            let given = cands.iter().find(|c| c.given).unwrap();
+            assert_eq!(
+                run_config(&args, &base, given).unwrap().zero.bucket_elems,
+                Some(1000)
+            );
+            let sized = cands
+                .iter()
+                .find(|c| c.bucket_elems == Some(1 << 20))
+                .unwrap();
+            assert_eq!(
+                run_config(&args, &base, sized).unwrap().zero.bucket_elems,
+                Some(1 << 20)
+            );
+        }
+    }
+
+    #[test]
+    fn a_warmup_longer_than_the_measured_steps_keeps_the_configurations_schedule() {
+        let set = [
+            &TINY[..],
+            &[
+                "train.steps=1000",
+                "optim.schedule=\"warmup_cosine\"",
+                "optim.warmup_steps=100",
+            ],
+        ]
+        .concat();
+        let args = tune_args(&set, 1, 6);
+        let base = load(None, &args.set).unwrap().config;
+        for c in enumerate(&base, 4).unwrap() {
+            let ran = run_config(&args, &base, &c)
+                .unwrap_or_else(|e| panic!("{}: {}", c.label(), crate::logging::chain(&e)));
+            assert_eq!(ran.train.steps, 6);
+            // The schedule is the configuration's: warmup 100, cosine to step 1000.
+            assert_eq!(ran.engine().optim, base.engine().optim);
+            // best.toml is the configuration's, with no horizon of tune's.
+            assert_eq!(c.apply(&base).optim.decay_steps, None);
+        }
+        // A horizon the configuration gives is left to it.
+        let mut given = set.clone();
+        given.push("optim.decay_steps=500");
+        let args = tune_args(&given, 1, 6);
+        let base = load(None, &args.set).unwrap().config;
+        assert!(measurement_overrides(&base).is_empty());
+        let c = &enumerate(&base, 4).unwrap()[0];
+        assert_eq!(
+            run_config(&args, &base, c).unwrap().optim.decay_steps,
+            Some(500)
+        );
+    }
+
+    #[test]
+    fn candidates_the_configuration_rules_out_are_dropped_saying_why() {
+        let set = [
+            &TINY[..],
+            &["zero.stage=3", "zero.hierarchical_weights=true"],
+        ]
+        .concat();
+        let args = tune_args(&set, 1, 2);
+        let base = load(None, &args.set).unwrap().config;
+        let all = enumerate(&base, 4).unwrap();
+        let below3 = all.iter().filter(|c| c.stage < 3).count();
+        assert!(below3 > 0);
+        let (kept, line) = drop_invalid(&args, &base, all.clone());
+        assert_eq!(kept.len(), all.len() - below3);
+        assert!(kept.iter().all(|c| c.stage == 3) && kept.iter().any(|c| c.given));
+        let line = line.unwrap();
+        assert!(
+            line.starts_with(&format!("{below3} of {} candidates dropped", all.len())),
+            "{line}"
+        );
+        assert!(
+            line.contains("stage 2 gathers none") && line.contains("set zero.stage = 3"),
+            "{line}"
+        );
+        assert_eq!(line.lines().count(), 1, "{line}");
+        // A configuration that allows every candidate drops none.
+        let args = tune_args(&TINY, 1, 2);
+        let base = load(None, &args.set).unwrap().config;
+        let all = enumerate(&base, 4).unwrap();
+        let (kept, line) = drop_invalid(&args, &base, all.clone());
+        assert_eq!((kept.len(), line), (all.len(), None));
     }
 
     #[test]

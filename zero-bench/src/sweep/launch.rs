@@ -705,6 +705,7 @@ mpirun detected that one or more processes exited with non-zero status
                 precision: true,
                 ..Default::default()
             },
+            preset: None,
         };
         assert_eq!(
             job.command_line(&p).unwrap().join(" "),

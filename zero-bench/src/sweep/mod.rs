@@ -10,6 +10,7 @@
 //! `comm`, each `.png` and `.svg`) into the output directory. Results: point.rs (names),
 //! launch.rs (jobs), table.rs (rows), plot.rs (figures).
 
+pub(crate) mod child;
 pub mod launch;
 mod plot;
 mod point;
@@ -167,21 +168,8 @@ fn run_sweep(args: &RunArgs) -> anyhow::Result<()> {
     }
     // A stage listed twice would run twice in every job, two rows of one (N, stage).
     point::no_repeats(&args.stages, "--stages", "stage")?;
-    let config = load(args.config.as_deref(), &args.set)?.config;
-    // What the configuration leaves to itself, named by its values in files and plots.
-    let resolved = Resolved::of(&config)?;
-    let points = point::matrix(
-        &args.ranks,
-        &args.models,
-        &args.precisions,
-        &args.grad_accum,
-        &resolved,
-    )?;
     // Check the launcher before creating or starting anything.
     launch::launcher_words(&args.launcher, 1)?;
-    std::fs::create_dir_all(&args.out)
-        .with_context(|| format!("creating the output directory {}", args.out.display()))?;
-    let program = std::env::current_exe().context("finding the zero-bench binary")?;
     let mut train_args = Vec::new();
     if let Some(c) = &args.config {
         train_args.extend(["--config".to_string(), c.display().to_string()]);
@@ -196,6 +184,12 @@ fn run_sweep(args: &RunArgs) -> anyhow::Result<()> {
         train_args.extend(["--set".to_string(), s.clone()]);
     }
     train_args.push("--no-progress".into());
+    let checked = check_points(args, &train_args)?;
+    let points = checked.points;
+    let config = &checked.config;
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("creating the output directory {}", args.out.display()))?;
+    let program = std::env::current_exe().context("finding the zero-bench binary")?;
     let job = launch::Job {
         launcher: &args.launcher,
         program: &program,
@@ -257,6 +251,92 @@ fn run_sweep(args: &RunArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// The points of a sweep, each checked as its job will run it.
+struct Checked {
+    /// Every point, labelled by what its job trains.
+    points: Vec<point::Point>,
+    /// The first point's configuration (at its first stage): what the configuration
+    /// gives every point (its metrics file).
+    config: crate::config::Config,
+}
+
+/// Load every point's configurations from the job's own `train` arguments (`train_args`,
+/// common to all, then the point's flags), before any job starts: a point whose job
+/// could only fail (a configuration invalid at one of its stages, its `--steps`, its
+/// model, precision or accumulation) refuses the sweep, naming the point and why. The
+/// labels of the dimensions left to the configuration are its values as the jobs have
+/// them; a `--models` point whose `--set model.KEY` changes the preset's dimensions is
+/// labelled by the dimensions it trains, not by the preset's name.
+fn check_points(args: &RunArgs, train_args: &[String]) -> anyhow::Result<Checked> {
+    let matrix = |resolved: &Resolved| {
+        point::matrix(
+            &args.ranks,
+            &args.models,
+            &args.precisions,
+            &args.grad_accum,
+            resolved,
+        )
+    };
+    // The same points in the same order whatever the labels: the flags are the lists'.
+    let mut unlabelled = matrix(&Resolved::unresolved())?;
+    for p in unlabelled.iter_mut().filter(|p| p.from_config.grad_accum) {
+        p.grad_accum = None;
+    }
+    let runs: Vec<anyhow::Result<child::ChildRun>> = unlabelled
+        .iter()
+        .map(|p| {
+            let mut words = train_args.to_vec();
+            words.extend(p.train_flags());
+            child::train_configs(&words)
+        })
+        .collect();
+    let first = runs
+        .iter()
+        .find_map(|r| r.as_ref().ok())
+        .and_then(|r| r.configs.first())
+        .map(|(_, loaded)| loaded.config.clone());
+    // Named by the configuration's values as a point's job has them; where no point's
+    // loads, as the bare configuration has them if it loads (else "config").
+    let labels = match &first {
+        Some(c) => Some(Resolved::of(c)?),
+        None => load(args.config.as_deref(), &args.set)
+            .ok()
+            .and_then(|l| Resolved::of(&l.config).ok()),
+    };
+    let mut points = match &labels {
+        Some(r) => matrix(r)?,
+        None => unlabelled,
+    };
+    let mut bad = Vec::new();
+    for (p, run) in points.iter_mut().zip(&runs) {
+        match run {
+            Ok(run) => p.label_model_as_trained(run)?,
+            Err(e) => bad.push(format!("{p}: {}", crate::logging::chain(e))),
+        }
+    }
+    if !bad.is_empty() {
+        bail!(
+            "{} of {} point(s) cannot run (nothing was started):\n  {}",
+            bad.len(),
+            points.len(),
+            bad.join("\n  ")
+        );
+    }
+    // Two presets changed into the same dimensions would be one point twice.
+    for (i, p) in points.iter().enumerate() {
+        if let Some(q) = points[..i].iter().find(|q| q.file_name() == p.file_name()) {
+            bail!(
+                "--models: the points {q} and {p} train the same model ({}: the --set \
+                 model.KEY overrides give both the same dimensions) and would write the same \
+                 result file; list each model once",
+                p.model
+            );
+        }
+    }
+    let config = first.context("no point to run")?;
+    Ok(Checked { points, config })
 }
 
 /// Write `sweep.csv`, `sweep.json` and the plots into `out`, and print the table.

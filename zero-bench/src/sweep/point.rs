@@ -33,6 +33,16 @@ pub struct Resolved {
 }
 
 impl Resolved {
+    /// Labels for a configuration not loaded: [`FROM_CONFIG`] (the accumulation's is
+    /// the caller's to clear).
+    pub fn unresolved() -> Resolved {
+        Resolved {
+            model: FROM_CONFIG.into(),
+            precision: FROM_CONFIG.into(),
+            grad_accum: 0,
+        }
+    }
+
     /// The labels of `config`.
     pub fn of(config: &Config) -> anyhow::Result<Resolved> {
         let m = &config.model;
@@ -95,6 +105,9 @@ pub struct Point {
     pub grad_accum: Option<usize>,
     /// The dimensions taken from the configuration (named by their resolved values).
     pub from_config: FromConfig,
+    /// The preset `--model` names when `model` labels the point by other dimensions
+    /// (`--set model.KEY` over the preset's: [`Point::label_model_as_trained`]).
+    pub preset: Option<String>,
 }
 
 impl Point {
@@ -155,6 +168,7 @@ impl Point {
             precision: precision.to_string(),
             grad_accum,
             from_config: FromConfig::default(),
+            preset: None,
         })
     }
 
@@ -163,7 +177,8 @@ impl Point {
     pub fn train_flags(&self) -> Vec<String> {
         let mut f = Vec::new();
         if !self.from_config.model && self.model != FROM_CONFIG {
-            f.extend(["--model".to_string(), self.model.clone()]);
+            let preset = self.preset.as_ref().unwrap_or(&self.model);
+            f.extend(["--model".to_string(), preset.clone()]);
         }
         if !self.from_config.precision && self.precision != FROM_CONFIG {
             f.extend(["--precision".to_string(), self.precision.clone()]);
@@ -175,6 +190,48 @@ impl Point {
             _ => {}
         }
         f
+    }
+}
+
+impl Point {
+    /// Label a `--models` point by the model its job trains (`run`, its configurations):
+    /// when a `--set model.KEY` changes one of the preset's dimensions (train lets it win
+    /// over `--model`), the point is named by the dimensions (`v..-t..-l..-h..-c..`, as
+    /// a configuration's own changed preset is), not by the preset's name, and keeps
+    /// passing `--model` with the preset. What `--model` fits by itself (the built-in
+    /// corpus's vocabulary, a shorter `train.seq_len`) is the preset as it runs.
+    pub(crate) fn label_model_as_trained(
+        &mut self,
+        run: &super::child::ChildRun,
+    ) -> anyhow::Result<()> {
+        if self.from_config.model || self.model == FROM_CONFIG || self.preset.is_some() {
+            return Ok(());
+        }
+        let (Some(dims), Some((_, loaded))) = (
+            crate::config::preset_dimensions(&self.model),
+            run.configs.first(),
+        ) else {
+            return Ok(());
+        };
+        let expected: Vec<usize> = dims
+            .iter()
+            .map(|(key, value)| {
+                let key = format!("model.{key}");
+                run.fit
+                    .iter()
+                    .find(|(k, _, _)| *k == key)
+                    .map_or(*value, |(_, v, _)| *v)
+            })
+            .collect();
+        let (v, t, l, h, c) = match loaded.config.model_preset().map_err(anyhow::Error::msg)? {
+            ModelPreset::Gpt(g) => (g.vocab_size, g.max_seq_len, g.n_layer, g.n_head, g.n_embd),
+            ModelPreset::Llama(m) => (m.vocab_size, m.max_seq_len, m.n_layer, m.n_head, m.n_embd),
+        };
+        if expected != [v, t, l, h, c] {
+            let label = dimensions_label(v, t, l, h, c);
+            self.preset = Some(std::mem::replace(&mut self.model, label));
+        }
+        Ok(())
     }
 }
 
@@ -295,6 +352,7 @@ pub fn matrix(
                         precision: pick(precision, &resolved.precision),
                         grad_accum: Some(grad_accum.unwrap_or(resolved.grad_accum)),
                         from_config,
+                        preset: None,
                     });
                 }
             }
@@ -416,6 +474,56 @@ mod tests {
         )
         .unwrap();
         assert_eq!(ok.len(), 6);
+    }
+
+    #[test]
+    fn a_models_point_whose_set_changes_the_preset_is_named_by_what_it_trains() {
+        let run = |set: &[&str], p: &Point| {
+            let mut words: Vec<String> = set
+                .iter()
+                .flat_map(|s| ["--set".to_string(), s.to_string()])
+                .collect();
+            words.extend(p.train_flags());
+            crate::sweep::child::train_configs(&words).unwrap()
+        };
+        let points = matrix(
+            &[1],
+            &["small".into(), "tiny".into()],
+            &[],
+            &[],
+            &resolved(),
+        )
+        .unwrap();
+        // --set model.width=32 wins over --model small's: the job trains another model.
+        let mut small = points[0].clone();
+        let width = ["model.width=32", "train.seq_len=8"];
+        small.label_model_as_trained(&run(&width, &small)).unwrap();
+        let dims = crate::config::preset_dimensions("small").unwrap();
+        assert!(
+            small.model.starts_with('v')
+                && small.model.ends_with(&format!(
+                    "-t{}-l{}-h{}-c32",
+                    dims[1].1, dims[2].1, dims[3].1
+                )),
+            "{small}"
+        );
+        assert_eq!(small.preset.as_deref(), Some("small"));
+        assert_eq!(
+            small.file_name(),
+            format!("n1_{}_bf16_a1.json", small.model)
+        );
+        // It still trains from the preset, with the --set over it.
+        assert_eq!(small.train_flags(), ["--model", "small"]);
+        let again = run(&width, &small);
+        assert_eq!(again.configs[0].1.config.model.width, Some(32));
+        // What --model fits by itself (tiny's sequence length and the built-in corpus's
+        // vocabulary) is the preset as it runs: still named tiny; so is a plain preset.
+        for (i, set) in [(1, &[][..]), (0, &["train.seq_len=8"][..])] {
+            let mut p = points[i].clone();
+            let before = p.model.clone();
+            p.label_model_as_trained(&run(set, &p)).unwrap();
+            assert_eq!((p.model, p.preset), (before, None));
+        }
     }
 
     #[test]

@@ -41,6 +41,7 @@ use crate::device::{BenchDevice, DeviceChoice};
 use crate::world::{self, WorldComm};
 use anyhow::{anyhow, Context};
 use zero_comm::Communicator;
+use zero_core::config::Stage;
 use zero_kernels::device::{HostDevice, SimDevice};
 use zero_kernels::twin::attention_products::AttentionKernels;
 
@@ -114,8 +115,50 @@ pub fn run(mut args: TrainArgs) -> anyhow::Result<()> {
     }
 }
 
-/// Load and validate the configuration of every run of the stage list.
+/// What `--model` fitted besides the preset's dimensions: (key, value, why).
+pub(crate) type PresetFit = Vec<(String, usize, String)>;
+
+/// Load and validate the configuration of every run of the stage list, then train's own
+/// checks of the command line.
 fn configs(args: &TrainArgs) -> anyhow::Result<Vec<LoadedConfig>> {
+    let (runs, _) = load_runs(args)?;
+    if args.rounds == 0 {
+        return Err(anyhow!("--rounds 0: run the stage list at least once"));
+    }
+    // Each run of the list starts again from step 1 (or from the one checkpoint resumed):
+    // saving would replace one run's checkpoints with the next's, and prune the one the
+    // next resumes from.
+    if let Some(dir) = &args.ckpt_dir {
+        if args.rounds > 1 {
+            return Err(anyhow!(
+                "--rounds {} with --ckpt-dir {} (or --resume, which saves there too): every round trains from the same start and would save over the round before; --rounds is for timing: leave out the checkpoints, or train once",
+                args.rounds,
+                dir.display()
+            ));
+        }
+        if args.stages.len() > 1 {
+            return Err(anyhow!(
+                "--stages with --ckpt-dir {}: each stage trains from step 1 and would save over the stage before; checkpoint one stage per run (--stage N --ckpt-dir DIR)",
+                dir.display()
+            ));
+        }
+    }
+    if args.keep_last == 0 {
+        return Err(anyhow!(
+            "--keep-last 0 would delete every checkpoint, the one just written included; keep at least 1 (default 3)"
+        ));
+    }
+    Ok(runs.into_iter().map(|(_, loaded)| loaded).collect())
+}
+
+/// The configuration of every run of `args`'s stage list (`None`: the configured
+/// stage), loaded and validated as train runs it: the file with the command line's
+/// overrides (every `--set`, then the flags) and what `--model` fits where neither
+/// gives it, with the model checks; and that fit. `sweep run` and `tune` check their
+/// jobs' command lines with it before launching any (sweep/child.rs).
+pub(crate) fn load_runs(
+    args: &TrainArgs,
+) -> anyhow::Result<(Vec<(Option<Stage>, LoadedConfig)>, PresetFit)> {
     let runs = args.stage_runs();
     let mut out = Vec::with_capacity(runs.len());
     // What the preset needs besides (a shorter train.seq_len, the built-in corpus's
@@ -144,11 +187,17 @@ fn configs(args: &TrainArgs) -> anyhow::Result<Vec<LoadedConfig>> {
                 .map(|(k, v, _)| (k.clone(), *v)),
         )
         .collect();
+    // An error names the stage of a list whose configuration it is about.
+    let listed = runs.len() > 1 || runs.iter().any(Option::is_some);
     for stage in runs {
+        let at = |e: anyhow::Error| match stage {
+            Some(s) if listed => e.context(format!("at stage {}", s.number())),
+            _ => e,
+        };
         let mut overrides = args.overrides_for(stage);
         overrides.extend(fit.iter().map(|(key, value, _)| format!("{key}={value}")));
         let mut loaded = load(args.config.as_deref(), &overrides)
-            .map_err(|e| with_preset_note(anyhow!(e), model, &brought))?;
+            .map_err(|e| at(with_preset_note(anyhow!(e), model, &brought)))?;
         for (key, _) in &dims {
             let from = Source::Derived(format!("--model {model}: the preset's"));
             loaded.provenance.insert(key.clone(), from);
@@ -160,36 +209,10 @@ fn configs(args: &TrainArgs) -> anyhow::Result<Vec<LoadedConfig>> {
         }
         // Model checks zero-core cannot do (it knows no model family): e.g. a GPT-2's
         // V <= 65536, a Llama's Hkv dividing H.
-        run::model_preset(&loaded.config).map_err(|e| with_preset_note(e, model, &brought))?;
-        out.push(loaded);
+        run::model_preset(&loaded.config).map_err(|e| at(with_preset_note(e, model, &brought)))?;
+        out.push((stage, loaded));
     }
-    if args.rounds == 0 {
-        return Err(anyhow!("--rounds 0: run the stage list at least once"));
-    }
-    // Each run of the list starts again from step 1 (or from the one checkpoint resumed):
-    // saving would replace one run's checkpoints with the next's, and prune the one the
-    // next resumes from.
-    if let Some(dir) = &args.ckpt_dir {
-        if args.rounds > 1 {
-            return Err(anyhow!(
-                "--rounds {} with --ckpt-dir {} (or --resume, which saves there too): every round trains from the same start and would save over the round before; --rounds is for timing: leave out the checkpoints, or train once",
-                args.rounds,
-                dir.display()
-            ));
-        }
-        if args.stages.len() > 1 {
-            return Err(anyhow!(
-                "--stages with --ckpt-dir {}: each stage trains from step 1 and would save over the stage before; checkpoint one stage per run (--stage N --ckpt-dir DIR)",
-                dir.display()
-            ));
-        }
-    }
-    if args.keep_last == 0 {
-        return Err(anyhow!(
-            "--keep-last 0 would delete every checkpoint, the one just written included; keep at least 1 (default 3)"
-        ));
-    }
-    Ok(out)
+    Ok((out, fit))
 }
 
 /// `error` with, after it, the values `--model NAME` gave the keys it names (`brought`:
