@@ -14,6 +14,10 @@
 //!   words by `data tokenize`, `data corpus`, `ckpt consolidate` and `ckpt export`.
 //! - A text of fewer than 2 tokens writes nothing (exit 1); `data info` on a file of 0 or
 //!   1 tokens says it is too few to train on (exit 1).
+//! - An llm.c "llama-3" file (uint32, ids past 65535) written by hand: `data info` names
+//!   it; a 2-rank llama-tiny `train` with V = 70016 reads it, V = 70015 is refused by name.
+//! - `data corpus` streams: what it writes across chunk boundaries is exactly the
+//!   built-in corpus training reads.
 //! - SIGTERM (and Ctrl-C's SIGINT) during `tokenize` removes the unfinished temporary
 //!   file, and the process ends by that signal.
 //!
@@ -291,6 +295,43 @@ fn bad_input_and_output_exit_1_and_leave_no_file() {
     assert!(out.status.success() && corpus.exists(), "{}", text(&out));
 }
 
+/// `data corpus` streams the built-in corpus in chunks: a count that spans two chunks
+/// (2^20 tokens each) and ends inside the second writes exactly the tokens training
+/// reads (`MarkovSource::default_corpus`), in either format.
+#[test]
+fn corpus_streams_the_tokens_training_reads() {
+    use zero_models::data::{MarkovSource, DEFAULT_CORPUS_SEED};
+    let dir = scratch("corpus-stream");
+    let count = (1 << 20) + 4099;
+    let want = MarkovSource::default_source().generate(count, DEFAULT_CORPUS_SEED);
+    let llmc = dir.join("llmc.bin");
+    let out = data(&["corpus", "--tokens", &count.to_string(), &s(&llmc)]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains(&format!("{count} tokens")),
+        "{}",
+        text(&out)
+    );
+    assert!(llmc_tokens(&llmc) == want, "the llm.c corpus differs");
+    let raw = dir.join("nanogpt.bin");
+    let out = data(&[
+        "corpus",
+        "--tokens",
+        &count.to_string(),
+        "--format",
+        "nanogpt",
+        &s(&raw),
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let bytes = std::fs::read(&raw).expect("read the nanoGPT corpus");
+    let got: Vec<u16> = bytes
+        .chunks_exact(2)
+        .map(|b| u16::from_le_bytes([b[0], b[1]]))
+        .collect();
+    assert!(got == want, "the nanoGPT corpus differs");
+    no_temporaries(&dir);
+}
+
 fn ckpt(args: &[&str]) -> Output {
     zero_tests::cli::command("ckpt", args)
 }
@@ -498,4 +539,78 @@ fn a_signal_removes_the_unfinished_output() {
         assert!(!bin.exists(), "an output appeared after signal {sig}");
         no_temporaries(&dir);
     }
+}
+
+/// llm.c's "llama-3" token format (data_common.py: magic 20240801, version 7, then
+/// uint32 tokens), written here byte by byte: `data info` names it and its width and sees
+/// ids past 65535 whole; a 2-rank llama-tiny `train` with V = 70016 reads them (the loss
+/// starts near ln V), and V = 70015 is refused naming the largest id (audit 35, item 4).
+#[test]
+fn llama3_token_files_with_ids_past_65535_read_and_train() {
+    let dir = scratch("llama3");
+    const V: u32 = 70_016;
+    // Ids in 69990..70016 with period 26, and 5 and 65536 among them.
+    let mut ids: Vec<u32> = (0..4096u32).map(|i| V - 26 + i % 26).collect();
+    ids[0] = 5;
+    ids[1] = 65_536;
+    let mut bytes = Vec::new();
+    let mut header = [0i32; 256];
+    header[..3].copy_from_slice(&[20240801, 7, ids.len() as i32]);
+    header
+        .iter()
+        .for_each(|x| bytes.extend_from_slice(&x.to_le_bytes()));
+    ids.iter()
+        .for_each(|t| bytes.extend_from_slice(&t.to_le_bytes()));
+    let bin = dir.join("llama3.bin");
+    std::fs::write(&bin, bytes).expect("write the llama-3 token file");
+
+    let out = data(&["info", &s(&bin)]);
+    assert!(out.status.success(), "{}", text(&out));
+    let t = text(&out);
+    assert!(
+        t.contains("llm.c llama-3 (header + uint32), 4096 tokens")
+            && t.contains(&format!("largest token {} (needs V >= {V}", V - 1))
+            && t.contains("too large for GPT-2"),
+        "{t}"
+    );
+
+    let metrics = dir.join("metrics.jsonl");
+    let args = |vocab: u32| -> Vec<String> {
+        [
+            "--config".to_string(),
+            repo("configs/llama-tiny.toml"),
+            "--set".to_string(),
+            format!("data.path={:?}", s(&bin)),
+            "--set".to_string(),
+            format!("model.vocab_size={vocab}"),
+            "--steps".to_string(),
+            "3".to_string(),
+            "--metrics".to_string(),
+            s(&metrics),
+        ]
+        .to_vec()
+    };
+    let run = train(2, &args(V));
+    ok(&run);
+    let losses: Vec<f64> = read_lines(&metrics)
+        .iter()
+        .map(|l| l["loss"].as_f64().expect("loss"))
+        .collect();
+    assert_eq!(losses.len(), 3, "{losses:?}");
+    assert!(
+        losses.iter().all(|l| l.is_finite()) && (losses[0] - f64::from(V).ln()).abs() < 0.5,
+        "{losses:?}"
+    );
+    // One short of the largest id: refused by name before any step.
+    let run = train(2, &args(V - 1));
+    run.assert_failed_by_itself();
+    assert!(
+        run.all_text().contains(&format!(
+            "token {} at position 25 is outside the vocabulary (V = {})",
+            V - 1,
+            V - 1
+        )),
+        "{}",
+        run.all_text()
+    );
 }

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use zero_core::files::OutputError;
 use zero_models::data::{
     encode_stream, MarkovSource, StreamOptions, TokenFormat, TokenWriter, Tokenizer, Tokens,
-    BYTE_VOCAB, GPT2_EOT, GPT2_VOCAB,
+    BYTE_VOCAB, DEFAULT_CORPUS_SEED, GPT2_EOT, GPT2_VOCAB,
 };
 
 /// Output format of written token files.
@@ -81,8 +81,10 @@ pub enum DataCommand {
         /// Chunks encoded in parallel (file order kept). Default: the available cores.
         #[arg(long)]
         threads: Option<usize>,
-        /// Bytes of text read per chunk; a chunk ends before a whitespace run, where GPT-2's
-        /// pre-tokenizer splits anyway, so the tokens are those of the whole text.
+        /// Bytes of text read per chunk. Byte tokens cut at the last character boundary;
+        /// gpt2 chunks end before a whitespace run, where GPT-2's pre-tokenizer splits
+        /// anyway, and grow (at most to 1 GiB) where there is none, so the tokens are those
+        /// of the whole text.
         #[arg(long, default_value_t = 4 << 20)]
         chunk_bytes: usize,
         /// Replace the output if it exists (without it, an existing file is refused and
@@ -158,17 +160,87 @@ fn writer(output: &Path, format: OutFormat, force: bool) -> anyhow::Result<Token
     .with_context(|| format!("cannot write the output {}", output.display()))
 }
 
-/// Write `tokens` (the generated corpus) to `writer` in the chunks [`Tokens::scan`]
-/// reads, so that nothing in proportion to the corpus is allocated beyond it.
-fn write_chunked(tokens: &Tokens, writer: &mut TokenWriter) -> anyhow::Result<()> {
-    let mut written = Ok(());
-    tokens
-        .scan(0..tokens.len(), |_, chunk| {
-            written = writer.write(chunk);
-            written.is_ok()
-        })
-        .context("reading the corpus back")?;
-    Ok(written?)
+/// Write the first `count` symbols of `symbols` to `writer`, [`CORPUS_CHUNK`] at a time:
+/// the memory taken is the chunk's, whatever `count` is.
+fn write_streamed(
+    symbols: &mut impl Iterator<Item = u16>,
+    count: usize,
+    writer: &mut TokenWriter,
+) -> anyhow::Result<()> {
+    let mut progress = Progress::new(
+        "corpus",
+        count as u64,
+        "corpus [{bar:30.cyan/blue}] {human_pos}/{human_len} tokens {per_sec} (eta {eta})",
+        "tokens",
+    );
+    let mut chunk = vec![0u16; CORPUS_CHUNK.min(count)];
+    let mut written = 0;
+    while written < count {
+        let n = (count - written).min(chunk.len());
+        for (slot, sym) in chunk[..n].iter_mut().zip(symbols.by_ref()) {
+            *slot = sym;
+        }
+        writer.write(&chunk[..n])?;
+        written += n;
+        progress.set(written as u64);
+    }
+    progress.finish();
+    Ok(())
+}
+
+/// Progress of a long data tool: a bar on a terminal, else a log line every 5 s.
+struct Progress {
+    bar: Option<ProgressBar>,
+    /// The tool, for the log line.
+    what: &'static str,
+    total: u64,
+    /// What the counts count ("bytes", "tokens"), for the log line.
+    unit: &'static str,
+    last_log: Instant,
+}
+
+impl Progress {
+    /// `template`: the bar's indicatif template (a constant of this file).
+    fn new(what: &'static str, total: u64, template: &str, unit: &'static str) -> Self {
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let bar = ProgressBar::new(total);
+            // The template is a constant: an error here is a bug of this file.
+            if let Ok(style) = ProgressStyle::with_template(template) {
+                bar.set_style(style.progress_chars("=> "));
+            }
+            bar
+        });
+        Progress {
+            bar,
+            what,
+            total,
+            unit,
+            last_log: Instant::now(),
+        }
+    }
+
+    fn set(&mut self, done: u64) {
+        match &self.bar {
+            Some(bar) => bar.set_position(done),
+            None if self.last_log.elapsed() >= Duration::from_secs(5) => {
+                self.last_log = Instant::now();
+                log::info!(
+                    "{}: {done} of {} {} ({:.0}%)",
+                    self.what,
+                    self.total,
+                    self.unit,
+                    100.0 * done as f64 / self.total.max(1) as f64
+                );
+            }
+            None => {}
+        }
+    }
+
+    fn finish(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
 }
 
 /// The signals after which a `data` or `ckpt` tool that writes an output removes its
@@ -262,40 +334,23 @@ fn tokenize(
         .with_context(|| format!("reading the size of {}", input.display()))?
         .len();
     let mut writer = writer(output, format, force)?;
-    let bar = std::io::stderr().is_terminal().then(|| {
-        let bar = ProgressBar::new(size);
-        // The template is a constant: an error here is a bug of this file.
-        if let Ok(style) = ProgressStyle::with_template(
-            "tokenize [{bar:30.cyan/blue}] {bytes}/{total_bytes} {bytes_per_sec} (eta {eta})",
-        ) {
-            bar.set_style(style.progress_chars("=> "));
-        }
-        bar
-    });
+    let mut progress = Progress::new(
+        "tokenize",
+        size,
+        "tokenize [{bar:30.cyan/blue}] {bytes}/{total_bytes} {bytes_per_sec} (eta {eta})",
+        "bytes",
+    );
     let start = Instant::now();
-    let mut last_log = start;
     let stats = encode_stream(
         tok,
         std::io::BufReader::with_capacity(1 << 20, file),
         input,
         options,
         |ids| writer.write(ids),
-        |done| match &bar {
-            Some(bar) => bar.set_position(done),
-            None if last_log.elapsed() >= Duration::from_secs(5) => {
-                last_log = Instant::now();
-                log::info!(
-                    "tokenize: {done} of {size} bytes ({:.0}%)",
-                    100.0 * done as f64 / size.max(1) as f64
-                );
-            }
-            None => {}
-        },
+        |done| progress.set(done),
     )
     .context("tokenising")?;
-    if let Some(bar) = &bar {
-        bar.finish_and_clear();
-    }
+    progress.finish();
     // Dropped unfinished on this error: no file is left.
     anyhow::ensure!(
         writer.count() >= MIN_TOKENS,
@@ -325,9 +380,8 @@ fn tokenize(
     Ok(())
 }
 
-/// Bytes taken to write the corpus beyond the corpus itself: the chunk [`Tokens::scan`]
-/// reads (2^24 tokens of 2 bytes), the writer's bounded buffers (1 MiB and less).
-const CORPUS_WRITE_BYTES: u64 = (2 << 24) + (2 << 20);
+/// Tokens `data corpus` generates before it writes them (2 MiB).
+const CORPUS_CHUNK: usize = 1 << 20;
 
 /// Run a data tool.
 pub fn run(cmd: DataCommand) -> anyhow::Result<()> {
@@ -370,13 +424,9 @@ pub fn run(cmd: DataCommand) -> anyhow::Result<()> {
                     "--tokens {tokens}: a token file needs at least {MIN_TOKENS} tokens (an input and its target; a run reads B x T + 1 per row)"
                 );
             }
-            // Sizes before anything is generated: the memory it takes (the corpus, u16
-            // each, and a bounded chunk to write it), then what llm.c's header can count.
-            crate::memory::need(
-                &format!("--tokens {tokens}"),
-                crate::memory::product(&[tokens as u64, 2])
-                    .and_then(|b| b.checked_add(CORPUS_WRITE_BYTES)),
-            )?;
+            // Checked before anything is generated: what llm.c's header can count. The
+            // memory taken is bounded (a chunk of CORPUS_CHUNK tokens and the writer's
+            // buffers), whatever --tokens is.
             if matches!(format, OutFormat::Llmc) && tokens as u64 > LLMC_MAX_TOKENS {
                 anyhow::bail!(
                     "--tokens {tokens}: an llm.c token file holds at most {LLMC_MAX_TOKENS} tokens (its header's count is an int32); give --format nanogpt, or fewer tokens"
@@ -384,15 +434,14 @@ pub fn run(cmd: DataCommand) -> anyhow::Result<()> {
             }
             check_output(&output, force)?;
             let src = MarkovSource::default_source();
-            let corpus = MarkovSource::default_corpus(tokens, src.vocab()).context("generating")?;
             let mut w = writer(&output, format, force)?;
-            write_chunked(&corpus, &mut w)
+            let written = write_streamed(&mut src.sample(DEFAULT_CORPUS_SEED), tokens, &mut w)
                 .and_then(|()| Ok(w.finish()?))
                 .with_context(|| format!("writing {}", output.display()))?;
             outln!(
                 "{} tokens of the built-in corpus (V={} symbols, order {}) written to {}; \
                  entropy floor {:.4} nats/token (ln V = {:.4})",
-                corpus.len(),
+                written,
                 src.vocab(),
                 src.order(),
                 output.display(),
@@ -401,23 +450,22 @@ pub fn run(cmd: DataCommand) -> anyhow::Result<()> {
             );
         }
         DataCommand::Info { file } => {
-            let t = Tokens::open(&file, TokenFormat::Auto, 65536)
+            // No vocabulary bound: the scan reads unchecked, and the largest token is said.
+            let t = Tokens::open(&file, TokenFormat::Auto, usize::MAX)
                 .with_context(|| format!("opening {}", file.display()))?;
             // One pass: the largest token, and how many are GPT-2's <|endoftext|>.
-            let (mut max, mut eot) = (0u16, 0usize);
+            let (mut max, mut eot) = (0u32, 0usize);
             t.scan(0..t.len(), |_, chunk| {
                 max = chunk.iter().fold(max, |m, &x| m.max(x));
-                eot += chunk.iter().filter(|&&x| x == GPT2_EOT).count();
+                eot += chunk.iter().filter(|&&x| x == u32::from(GPT2_EOT)).count();
                 true
             })
             .with_context(|| format!("reading {}", file.display()))?;
-            let bytes = std::fs::metadata(&file)
-                .with_context(|| format!("reading the size of {}", file.display()))?
-                .len();
-            let format = if bytes == 2 * t.len() as u64 {
-                "nanoGPT (raw uint16)"
-            } else {
-                "llm.c (header + uint16)"
+            // The format as the header said: llm.c's "gpt-2" (uint16) or "llama-3" (uint32).
+            let format = match t.format() {
+                Some(TokenFormat::LlmC) => "llm.c (header + uint16)",
+                Some(TokenFormat::LlmCLlama3) => "llm.c llama-3 (header + uint32)",
+                _ => "nanoGPT (raw uint16)",
             };
             let fits = if (max as usize) < BYTE_VOCAB {
                 format!("fits byte tokens (V = {BYTE_VOCAB}) and GPT-2 (V = {GPT2_VOCAB})")

@@ -14,7 +14,9 @@ fn tmp(name: &str) -> PathBuf {
 }
 
 fn all(t: &Tokens) -> Vec<u16> {
-    (0..t.len()).map(|i| t.get(i).expect("in vocab")).collect()
+    (0..t.len())
+        .map(|i| u16::try_from(t.get(i).expect("in vocab")).expect("a uint16 id"))
+        .collect()
 }
 
 #[test]
@@ -145,7 +147,7 @@ fn a_token_file_truncated_under_the_run_is_an_error_naming_it() {
     assert_eq!(x[..3], [0, 1, 2]);
     assert_eq!(y[..3], [1, 2, 3]);
     // A sequence that wraps past the end starts again at token 0.
-    let mut window = [0u16; 4];
+    let mut window = [0u32; 4];
     t.read_wrapping(998, &mut window).expect("reads");
     assert_eq!(window, [998, 999, 0, 1]);
     std::fs::File::options()

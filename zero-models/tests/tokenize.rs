@@ -216,7 +216,9 @@ fn token_writer_renames_on_finish_and_leaves_nothing_on_error() {
     assert!(!p.exists(), "the final name appears only on finish");
     assert_eq!(w.finish().expect("finish"), 3);
     let t = Tokens::open(&p, TokenFormat::Auto, GPT2_VOCAB).expect("open");
-    let ids: Vec<u16> = (0..t.len()).map(|i| t.get(i).expect("in V")).collect();
+    let ids: Vec<u16> = (0..t.len())
+        .map(|i| u16::try_from(t.get(i).expect("in V")).expect("a uint16 id"))
+        .collect();
     assert_eq!(ids, [GPT2_EOT, 15496, 995]);
 
     // Dropped before finish (an error on the way): the old file stays, no temporary is left.

@@ -5,12 +5,9 @@
 //! fail is refused before anything starts, and a sweep or tune checks what its jobs run,
 //! not the bare configuration.
 
+use crate::train::TrainArgs;
 use anyhow::{anyhow, Context as _};
 use clap::Parser;
-use zero_core::config::Stage;
-
-use crate::config::LoadedConfig;
-use crate::train::TrainArgs;
 
 /// `train`'s arguments alone (the words after `zero-bench train`), as clap parses them
 /// in the job.
@@ -24,7 +21,7 @@ struct TrainLine {
 /// The configurations of one `train` command line.
 pub(crate) struct ChildRun {
     /// One per run of its stage list (`None`: the configured stage), in order.
-    pub configs: Vec<(Option<Stage>, LoadedConfig)>,
+    pub configs: crate::train::StageRuns,
     /// What `--model` fitted besides the preset's dimensions (key, value, why).
     pub fit: crate::train::PresetFit,
 }
@@ -46,6 +43,7 @@ pub(crate) fn train_configs(train_words: &[String]) -> anyhow::Result<ChildRun> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use zero_core::config::Stage;
 
     fn words(w: &[&str]) -> Vec<String> {
         w.iter().map(|s| s.to_string()).collect()

@@ -1,5 +1,6 @@
 //! Training data for `train`: the token source (`data.path`: "builtin" for the built-in
-//! Markov corpus, else a nanoGPT or llm.c `.bin` file, told apart by llm.c's header magic)
+//! Markov corpus, else a nanoGPT `.bin` file (uint16) or an llm.c one, uint16 ("gpt-2")
+//! or uint32 ("llama-3"), told apart by llm.c's header magic; read as u32 ids either way)
 //! and the batch order (`data.order`).
 //!
 //! Both orders read, for global step s, micro-step m (of A), rank r (of N) and row b (of
@@ -343,13 +344,13 @@ fn fill_shuffled(
     let t = o.seq_len;
     inputs.clear();
     targets.clear();
-    let mut window = vec![0u16; t + 1];
+    let mut window = vec![0u32; t + 1];
     for row in 0..o.rows {
         let g = o.global_row(step, micro, row);
         let start = shuffled_start(seed, g, tokens.len(), t);
         tokens.read_wrapping(start, &mut window)?;
-        inputs.extend(window[..t].iter().map(|&x| x as u32));
-        targets.extend(window[1..].iter().map(|&x| x as u32));
+        inputs.extend_from_slice(&window[..t]);
+        targets.extend_from_slice(&window[1..]);
     }
     Ok(())
 }

@@ -118,6 +118,9 @@ pub fn run(mut args: TrainArgs) -> anyhow::Result<()> {
 /// What `--model` fitted besides the preset's dimensions: (key, value, why).
 pub(crate) type PresetFit = Vec<(String, usize, String)>;
 
+/// The configuration of each run of a stage list (`None`: the configured stage).
+pub(crate) type StageRuns = Vec<(Option<Stage>, LoadedConfig)>;
+
 /// Load and validate the configuration of every run of the stage list, then train's own
 /// checks of the command line.
 fn configs(args: &TrainArgs) -> anyhow::Result<Vec<LoadedConfig>> {
@@ -156,9 +159,7 @@ fn configs(args: &TrainArgs) -> anyhow::Result<Vec<LoadedConfig>> {
 /// overrides (every `--set`, then the flags) and what `--model` fits where neither
 /// gives it, with the model checks; and that fit. `sweep run` and `tune` check their
 /// jobs' command lines with it before launching any (sweep/child.rs).
-pub(crate) fn load_runs(
-    args: &TrainArgs,
-) -> anyhow::Result<(Vec<(Option<Stage>, LoadedConfig)>, PresetFit)> {
+pub(crate) fn load_runs(args: &TrainArgs) -> anyhow::Result<(StageRuns, PresetFit)> {
     let runs = args.stage_runs();
     let mut out = Vec::with_capacity(runs.len());
     // What the preset needs besides (a shorter train.seq_len, the built-in corpus's

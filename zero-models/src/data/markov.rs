@@ -13,6 +13,10 @@
 use super::{DataError, Tokens};
 use crate::init::SplitMix64;
 
+/// The seed the built-in corpus is sampled with ([`MarkovSource::default_corpus`]; the
+/// same tokens through [`MarkovSource::sample`]).
+pub const DEFAULT_CORPUS_SEED: u64 = 0xC0_4B05;
+
 /// A seeded order-k Markov source.
 #[derive(Clone, Debug)]
 pub struct MarkovSource {
@@ -142,26 +146,18 @@ impl MarkovSource {
 
     /// `n` symbols from the start context (all zeros), sampling with `seed`.
     pub fn generate(&self, n: usize, seed: u64) -> Vec<u16> {
-        let mut g = SplitMix64::new(seed);
-        let mut state = 0usize;
-        let mut out = Vec::with_capacity(n);
-        for _ in 0..n {
-            let u = g.next_f64();
-            let at = state * self.fanout;
-            let mut acc = 0.0;
-            // Falls back to the last successor when rounding leaves u above the sum.
-            let mut sym = self.next[at + self.fanout - 1];
-            for i in 0..self.fanout {
-                acc += self.prob[at + i];
-                if u < acc {
-                    sym = self.next[at + i];
-                    break;
-                }
-            }
-            out.push(sym);
-            state = self.step_state(state, sym);
+        self.sample(seed).take(n).collect()
+    }
+
+    /// Symbols drawn one after another from the start context (all zeros) with `seed`:
+    /// the sequence [`Self::generate`] collects, for a writer that streams it in chunks
+    /// (`zero-bench data corpus` holds no more than a chunk, whatever the length).
+    pub fn sample(&self, seed: u64) -> Sampler<'_> {
+        Sampler {
+            source: self,
+            rng: SplitMix64::new(seed),
+            state: 0,
         }
-        out
     }
 
     /// Mean -ln P of a sequence under this source, started from the zero context: the
@@ -180,11 +176,47 @@ impl MarkovSource {
     /// vocabulary `vocab` (>= 64).
     pub fn default_corpus(n: usize, vocab: usize) -> Result<Tokens, DataError> {
         let src = Self::default_source();
-        Tokens::from_vec("built-in Markov corpus", src.generate(n, 0xC0_4B05), vocab)
+        let symbols = src.generate(n, DEFAULT_CORPUS_SEED);
+        Tokens::from_vec("built-in Markov corpus", symbols, vocab)
     }
 
     /// Context length.
     pub fn order(&self) -> usize {
         self.order
+    }
+}
+
+/// An endless stream of a [`MarkovSource`]'s symbols ([`MarkovSource::sample`]).
+pub struct Sampler<'a> {
+    source: &'a MarkovSource,
+    rng: SplitMix64,
+    /// The last `order` symbols, base-V digits.
+    state: usize,
+}
+
+impl Iterator for Sampler<'_> {
+    type Item = u16;
+
+    fn next(&mut self) -> Option<u16> {
+        let src = self.source;
+        let u = self.rng.next_f64();
+        let at = self.state * src.fanout;
+        let mut acc = 0.0;
+        // Falls back to the last successor when rounding leaves u above the sum.
+        let mut sym = src.next[at + src.fanout - 1];
+        for i in 0..src.fanout {
+            acc += src.prob[at + i];
+            if u < acc {
+                sym = src.next[at + i];
+                break;
+            }
+        }
+        self.state = src.step_state(self.state, sym);
+        Some(sym)
+    }
+
+    /// Endless, so that `take(n).collect()` allocates `n` at once.
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (usize::MAX, None)
     }
 }

@@ -148,12 +148,12 @@ impl Sequential {
         }
         inputs.clear();
         targets.clear();
-        let mut window = vec![0u16; t + 1];
+        let mut window = vec![0u32; t + 1];
         for row in 0..self.rows {
             let start = (self.start(step, micro, row) % n as u128) as usize;
             tokens.read_wrapping(start, &mut window)?;
-            inputs.extend(window[..t].iter().map(|&x| x as u32));
-            targets.extend(window[1..].iter().map(|&x| x as u32));
+            inputs.extend_from_slice(&window[..t]);
+            targets.extend_from_slice(&window[1..]);
         }
         Ok(())
     }
@@ -223,5 +223,22 @@ mod tests {
         let (mut x, mut y) = (Vec::new(), Vec::new());
         assert!(new.fill(&tokens, 2, 0, &mut x, &mut y).is_err());
         assert!(new.fill(&tokens, 3, 0, &mut x, &mut y).is_ok());
+    }
+
+    /// Ids past 65535 (llm.c's llama-3 files) reach the batch whole, as u32.
+    #[test]
+    fn wide_ids_fill_the_batch_whole() {
+        let ids: Vec<u32> = (0..40u32).map(|i| 65_530 + 1000 * i).collect();
+        let tokens = Tokens::from_vec_u32("wide", ids.clone(), 128_256).unwrap();
+        let o = Sequential::new(2, 4, 1, 1, 0).unwrap();
+        let (mut x, mut y) = (Vec::new(), Vec::new());
+        // Step 4 reads rows 8 and 9: tokens 32..37 and 36..41 (wrapping to 0).
+        o.fill(&tokens, 4, 0, &mut x, &mut y).unwrap();
+        assert_eq!(
+            x,
+            [ids[32], ids[33], ids[34], ids[35], ids[36], ids[37], ids[38], ids[39]]
+        );
+        assert_eq!(y[4..], [ids[37], ids[38], ids[39], ids[0]]);
+        assert!(x.iter().all(|&t| t >= 65_536));
     }
 }

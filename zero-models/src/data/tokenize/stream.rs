@@ -1,9 +1,11 @@
 //! Encoding a file of any size chunk by chunk, with exactly the tokens of encoding the
 //! whole text at once.
 //!
-//! Chunks end where a whitespace run starts: at a byte offset `p` where the character
-//! before is not whitespace and the character at `p` is ([`last_safe_split`]). For bytes
-//! any offset would do. For GPT-2 this is where its pre-tokenizer, the regex of
+//! Byte tokens are the bytes of the text wherever it is cut, so their chunks end at the
+//! last character boundary within `chunk_bytes` (a character is never cut, so that each
+//! chunk is UTF-8 checked alone). GPT-2's chunks end where a whitespace run starts: at a
+//! byte offset `p` where the character before is not whitespace and the character at `p`
+//! is ([`last_safe_split`]). This is where its pre-tokenizer, the regex of
 //! tiktoken-rs's r50k_base (equivalent to GPT-2's original one),
 //!
 //! ```text
@@ -29,9 +31,13 @@
 //! allowed, `<|endoftext|>` holds no whitespace, so no split falls inside it, and the text
 //! around it is encoded in pieces that end there in both cases.
 //!
-//! A chunk with no such offset (no whitespace, or only whitespace) is read further until
-//! one appears or the file ends. With several threads, this thread reads chunks and writes
-//! tokens in file order while the workers encode up to 2 x threads chunks ahead.
+//! A GPT-2 chunk with no such offset (no whitespace, or only whitespace) is read further,
+//! doubling, until one appears or the file ends, up to [`MAX_CHUNK_BYTES`] (1 GiB): text
+//! with no such offset in 1 GiB is an error ([`DataError::NoSplit`]) rather than a chunk
+//! as large as the file (a minified JSON or a DNA file of many GB would need several times
+//! its size in memory, and GPT-2's BPE of a single piece that long would not end in any
+//! useful time anyway). With several threads, this thread reads chunks and writes tokens
+//! in file order while the workers encode up to 2 x threads chunks ahead.
 
 use super::super::DataError;
 use super::Tokenizer;
@@ -44,14 +50,18 @@ use std::sync::{mpsc, Mutex};
 /// How [`encode_stream`] reads and encodes.
 #[derive(Clone, Copy, Debug)]
 pub struct StreamOptions {
-    /// Bytes read per chunk (a chunk ends at the last safe split before this, or later if
-    /// there is none); 1 to 2^30 (1 GiB).
+    /// Bytes read per chunk, 1 to 2^30 (1 GiB). A chunk of byte tokens ends at the last
+    /// character boundary within it (so it is never larger); a GPT-2 chunk at the last safe
+    /// split ([`last_safe_split`]) within it, or, where there is none, at the first one
+    /// after, read doubling up to [`MAX_CHUNK_BYTES`]: none in that much text is
+    /// [`DataError::NoSplit`].
     pub chunk_bytes: usize,
     /// Chunks encoded in parallel; 1 to 1024.
     pub threads: usize,
 }
 
-/// The largest chunk (1 GiB): up to three chunks per thread are held at once.
+/// The largest chunk (1 GiB), given or grown to (GPT-2 text without whitespace): up to
+/// three chunks per thread are held at once.
 pub const MAX_CHUNK_BYTES: usize = 1 << 30;
 
 /// The most encoding threads (more than any node's cores).
@@ -115,6 +125,11 @@ struct Chunker<'a, R> {
     input: R,
     path: &'a Path,
     chunk_bytes: usize,
+    /// Whether a chunk may end at any character boundary (byte tokens), else only at a
+    /// safe split (GPT-2).
+    any_boundary: bool,
+    /// The most bytes a chunk grows to when it has no safe split ([`MAX_CHUNK_BYTES`]).
+    max_chunk: usize,
     /// Read but not yet handed out.
     buf: Vec<u8>,
     /// File offset of `buf[0]`.
@@ -168,6 +183,9 @@ impl<R: Read> Chunker<'_, R> {
             };
             let end = if self.eof {
                 Some(valid)
+            } else if self.any_boundary {
+                // Empty only when `want` < 4 bytes cut the first character.
+                (valid > 0).then_some(valid)
             } else {
                 std::str::from_utf8(&self.buf[..valid])
                     .ok()
@@ -186,8 +204,20 @@ impl<R: Read> Chunker<'_, R> {
                     })?;
                     return Ok(Some(text));
                 }
-                // No safe split yet: read on (doubling, so a long run costs linear time).
-                None => want = (2 * self.buf.len()).max(want),
+                // Byte tokens: `want` < 4 bytes cut the first character; one more byte
+                // at a time completes it (at most 4 bytes).
+                None if self.any_boundary => want += 1,
+                // GPT-2, no safe split yet: read on (doubling, so a long run costs linear
+                // time), up to the largest chunk. (Not at the end of the file, so `fill`
+                // filled `want`.)
+                None if want >= self.max_chunk => {
+                    return Err(DataError::NoSplit {
+                        path: self.path.to_path_buf(),
+                        at: self.offset,
+                        cap: self.max_chunk,
+                    })
+                }
+                None => want = (2 * self.buf.len()).max(want).min(self.max_chunk),
             }
         }
     }
@@ -232,6 +262,8 @@ pub fn encode_stream<R: Read>(
         input,
         path,
         chunk_bytes: opts.chunk_bytes,
+        any_boundary: matches!(tok, Tokenizer::Byte),
+        max_chunk: MAX_CHUNK_BYTES,
         buf: Vec::new(),
         offset: 0,
         eof: false,
@@ -333,4 +365,109 @@ pub fn encode_stream<R: Read>(
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunker(
+        text: &[u8],
+        chunk_bytes: usize,
+        any_boundary: bool,
+        max_chunk: usize,
+    ) -> Chunker<'static, &[u8]> {
+        Chunker {
+            input: text,
+            path: Path::new("in.txt"),
+            chunk_bytes,
+            any_boundary,
+            max_chunk,
+            buf: Vec::new(),
+            offset: 0,
+            eof: false,
+        }
+    }
+
+    /// Byte tokens cut anywhere between characters: text with no whitespace comes in
+    /// chunks of at most `chunk_bytes` (or one character, if longer), never the whole
+    /// file, and the chunks are the text (audit 35, item 2).
+    #[test]
+    fn byte_chunks_stay_bounded_without_whitespace() {
+        let ascii = "a".repeat(10_000);
+        let wide = "é日🙂x".repeat(1000);
+        for text in [ascii.as_str(), wide.as_str()] {
+            for chunk_bytes in [1, 2, 3, 4, 5, 7, 64, 1000] {
+                let mut c = chunker(text.as_bytes(), chunk_bytes, true, MAX_CHUNK_BYTES);
+                let mut back = String::new();
+                while let Some(chunk) = c.next_chunk().unwrap() {
+                    assert!(
+                        chunk.len() <= chunk_bytes.max(4),
+                        "a chunk of {} bytes with chunk_bytes {chunk_bytes}",
+                        chunk.len()
+                    );
+                    assert!(c.buf.capacity() <= 2 * chunk_bytes.max(4));
+                    back.push_str(&chunk);
+                }
+                assert!(back == text, "chunk_bytes {chunk_bytes}");
+            }
+        }
+        // And the ids are those of the whole text, for any chunk size and thread count.
+        let tok = Tokenizer::Byte;
+        for chunk_bytes in [1, 3, 5, 64] {
+            for threads in [1, 3] {
+                let mut ids = Vec::new();
+                let opts = StreamOptions {
+                    chunk_bytes,
+                    threads,
+                };
+                encode_stream(
+                    &tok,
+                    wide.as_bytes(),
+                    Path::new("in.txt"),
+                    opts,
+                    |part| {
+                        ids.extend_from_slice(part);
+                        Ok(())
+                    },
+                    |_| {},
+                )
+                .unwrap();
+                assert!(ids == tok.encode(&wide), "{chunk_bytes} {threads}");
+            }
+        }
+    }
+
+    /// GPT-2 chunks end only at a safe split: text without one grows the chunk (doubling)
+    /// up to the largest chunk and then is an error naming where the chunk started and the
+    /// bound, not a chunk as large as the file (audit 35, item 2).
+    #[test]
+    fn gpt2_chunks_without_a_split_stop_at_the_largest_chunk() {
+        // A run shorter than the bound is one chunk, as before.
+        let tail = format!(" b{}", "c".repeat(100));
+        let text = format!("{}{tail}", "a".repeat(200));
+        let mut c = chunker(text.as_bytes(), 16, false, 256);
+        assert_eq!(c.next_chunk().unwrap(), Some("a".repeat(200)));
+        assert_eq!(c.next_chunk().unwrap(), Some(tail));
+        assert_eq!(c.next_chunk().unwrap(), None);
+        // A longer one is an error at the bound, naming the chunk's offset.
+        let text = format!("ab cd{}", "x".repeat(1000));
+        let mut c = chunker(text.as_bytes(), 4, false, 64);
+        assert_eq!(c.next_chunk().unwrap().as_deref(), Some("ab"));
+        let e = c.next_chunk().unwrap_err();
+        assert!(
+            matches!(e, DataError::NoSplit { at: 2, cap: 64, .. }),
+            "{e}"
+        );
+        let m = e.to_string();
+        assert!(
+            m.contains("in.txt") && m.contains("64 bytes from byte 2") && m.contains("byte"),
+            "{m}"
+        );
+        assert!(c.buf.len() <= 64 + 4, "{} bytes held", c.buf.len());
+        // At the end of the file any remainder is a chunk, however it ends.
+        let text = "x".repeat(50);
+        let mut c = chunker(text.as_bytes(), 4, false, 64);
+        assert_eq!(c.next_chunk().unwrap().as_deref(), Some(text.as_str()));
+    }
 }
