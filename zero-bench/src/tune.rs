@@ -543,9 +543,14 @@ fn train_words(
     if let Some(cfg) = &args.config {
         words.extend(["--config".into(), cfg.display().to_string()]);
     }
+    // A --set of a key this job's own flags give (--steps, --metrics) is left out: the
+    // flag would win over it anyway, and the job would warn.
+    let given_by_flags =
+        |key: &str| key == "train.steps" || (own_metrics && key == "train.metrics_file");
     let overrides = args
         .set
         .iter()
+        .filter(|s| !given_by_flags(crate::train::set_key(s)))
         .cloned()
         .chain(c.overrides(base, args.world))
         .chain(measurement_overrides(base));

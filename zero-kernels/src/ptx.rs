@@ -5,11 +5,12 @@
 //! for sm_80 and sm_90; `zero-kernels-ptx --check` recompiles with NVRTC and compares
 //! byte for byte where NVRTC is installed.
 //!
-//! Regenerate after editing a `.cu` file (needs the PyPI NVRTC wheel, see
-//! `scripts/setup.sh --cuda`):
+//! Regenerate after editing a `.cu` file (needs the PyPI NVRTC wheel, which
+//! `scripts/setup.sh --cuda` installs into its virtual environment, `$ZERO_VENV`, default
+//! `~/.cache/zero-rs/venv`, and prints the line to use):
 //!
 //! ```text
-//! LD_LIBRARY_PATH=$(python3 -c 'import nvidia.cuda_nvrtc, os; print(list(nvidia.cuda_nvrtc.__path__)[0] + "/lib")') \
+//! LD_LIBRARY_PATH=$(~/.cache/zero-rs/venv/bin/python3 -c 'import nvidia.cuda_nvrtc; print(list(nvidia.cuda_nvrtc.__path__)[0] + "/lib")') \
 //!   cargo run -p zero-kernels --features cuda --bin zero-kernels-ptx
 //! ```
 //!

@@ -180,7 +180,22 @@ fn run_sweep(args: &RunArgs) -> anyhow::Result<()> {
         train_args.extend(["--steps".to_string(), s.to_string()]);
     }
     train_args.extend(["--threads".to_string(), args.threads.to_string()]);
-    for s in &args.set {
+    // A --set of a key the jobs' own flags give is left out: the flag would win over it
+    // anyway (--stages, --steps, the point's --model, --precision, --grad-accum, and
+    // --metrics where the configuration names a metrics file), and each job would warn.
+    let given_by_flags = |key: &str| match key {
+        "zero.stage" | "train.metrics_file" => true,
+        "train.steps" => args.steps.is_some(),
+        "model.preset" => !args.models.is_empty(),
+        "precision.dtype" => !args.precisions.is_empty(),
+        "train.grad_accum" => !args.grad_accum.is_empty(),
+        _ => false,
+    };
+    for s in args
+        .set
+        .iter()
+        .filter(|s| !given_by_flags(crate::train::set_key(s)))
+    {
         train_args.extend(["--set".to_string(), s.clone()]);
     }
     train_args.push("--no-progress".into());

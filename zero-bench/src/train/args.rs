@@ -352,6 +352,12 @@ fn parse_stage(s: &str) -> Result<Stage, String> {
     Stage::try_from(n)
 }
 
+/// The key of a `--set section.key=value` argument (the whole text when it has no `=`,
+/// which the loader refuses by name).
+pub(crate) fn set_key(set: &str) -> &str {
+    set.split_once('=').map_or(set, |(key, _)| key).trim()
+}
+
 /// A TOML basic string holding `s` (JSON's string escapes are valid TOML escapes).
 fn toml_string(s: &str) -> String {
     serde_json::Value::String(s.to_string()).to_string()
@@ -457,7 +463,7 @@ impl TrainArgs {
     fn set_value(&self, key: &str) -> Option<&str> {
         self.set.iter().rev().find_map(|s| {
             s.split_once('=')
-                .filter(|(k, _)| k.trim() == key)
+                .filter(|_| set_key(s) == key)
                 .map(|(_, v)| v.trim())
         })
     }

@@ -166,9 +166,10 @@ impl CgroupMemory {
 
 /// The memory limit of this process's cgroup ([`CgroupMemory`]), from the text of
 /// /proc/self/cgroup and `read` (a file's contents by path, `None` where it cannot be
-/// read). v2: the `0::PATH` line, `memory.max` and `memory.current` in
-/// /sys/fs/cgroup/PATH; v1: the line whose controllers include `memory`,
-/// `memory.limit_in_bytes` and `memory.usage_in_bytes` in /sys/fs/cgroup/memory/PATH.
+/// read). v2: the `0::PATH` line, `memory.max` and `memory.current` less
+/// `memory.stat`'s `inactive_file` in /sys/fs/cgroup/PATH; v1: the line whose
+/// controllers include `memory`, `memory.limit_in_bytes` and `memory.usage_in_bytes`
+/// less `total_inactive_file` in /sys/fs/cgroup/memory/PATH.
 /// Each is read again in every directory above PATH up to the mount's root (under
 /// Slurm the job's limit is set on the job's cgroup, the steps' and tasks' below it;
 /// in a container whose mount shows only its own cgroup the limit is at the root).
@@ -187,14 +188,24 @@ pub fn cgroup_memory(
         else {
             continue;
         };
-        let (root, version, max, usage) = if id == "0" && controllers.is_empty() {
-            (CGROUP_V2_ROOT, 2, "memory.max", "memory.current")
+        // The page cache's inactive part (`memory.stat`) counts in usage but is what
+        // the kernel reclaims first, as MemAvailable counts it available: a job that
+        // wrote its token file or checkpoints just before would otherwise look full.
+        let (root, version, max, usage, reclaimable) = if id == "0" && controllers.is_empty() {
+            (
+                CGROUP_V2_ROOT,
+                2,
+                "memory.max",
+                "memory.current",
+                "inactive_file",
+            )
         } else if controllers.split(',').any(|c| c == "memory") {
             (
                 CGROUP_V1_MEMORY_ROOT,
                 1,
                 "memory.limit_in_bytes",
                 "memory.usage_in_bytes",
+                "total_inactive_file",
             )
         } else {
             continue;
@@ -215,8 +226,11 @@ pub fn cgroup_memory(
             else {
                 continue;
             };
+            let cache = read(&format!("{dir}/memory.stat"))
+                .and_then(|stat| stat_value(&stat, reclaimable))
+                .unwrap_or(0);
             let remaining = match number(format!("{dir}/{usage}")) {
-                Some(used) => limit.saturating_sub(used),
+                Some(used) => limit.saturating_sub(used.saturating_sub(cache)),
                 None => limit,
             };
             if best.as_ref().is_none_or(|b| remaining < b.remaining) {
@@ -230,6 +244,14 @@ pub fn cgroup_memory(
         }
     }
     best
+}
+
+/// The value of `key` in a cgroup's `memory.stat` (lines of "key value").
+fn stat_value(stat: &str, key: &str) -> Option<u64> {
+    stat.lines().find_map(|line| {
+        let (k, v) = line.split_once(' ')?;
+        (k == key).then(|| v.trim().parse().ok()).flatten()
+    })
 }
 
 /// The components of a cgroup path from /proc/self/cgroup (`/slurm/uid_1/job_2` ->
@@ -410,10 +432,11 @@ fn over_budget_advice(config: &Config, world: usize, rank: usize, budget: &Budge
         }
     }
     let (b, a) = (config.train.micro_batch, config.train.grad_accum);
+    // Every smaller divisor of the micro-batch, largest first (the same global batch in
+    // more, smaller micro-steps; 3 and 1 for 9, not only halvings).
+    let divisors = smaller_divisors(b);
     'smaller: for &s in Stage::ALL.iter().filter(|&&s| s >= config.zero.stage) {
-        // Every smaller divisor of the micro-batch, largest first (the same global
-        // batch in more, smaller micro-steps; 3 and 1 for 9, not only halvings).
-        for rows in smaller_divisors(b) {
+        for &rows in &divisors {
             let Some(accum) = a.checked_mul(b / rows) else {
                 continue;
             };
@@ -456,12 +479,17 @@ fn over_budget_advice(config: &Config, world: usize, rank: usize, budget: &Budge
     text
 }
 
+/// The largest trial divisor [`smaller_divisors`] tries.
+const DIVISOR_SEARCH: usize = 1 << 20;
+
 /// The divisors of `b` below `b`, largest first (none for 0 or 1); found in pairs up to
-/// the square root, so a huge micro-batch costs no more than its root.
+/// the square root, and trial division stops at [`DIVISOR_SEARCH`]: every divisor of a
+/// micro-batch up to 2^40, the small ones and their cofactors of a larger one (which no
+/// memory holds anyway), in a millisecond rather than seconds.
 fn smaller_divisors(b: usize) -> Vec<usize> {
     let mut out = Vec::new();
     let mut d = 1;
-    while d <= b / d {
+    while d <= b / d && d <= DIVISOR_SEARCH {
         if b.is_multiple_of(d) {
             out.push(d);
             out.push(b / d);
@@ -515,6 +543,40 @@ mod tests {
             d.contains("cgroup /system.slice/slurmstepd.scope/job_42") && d.contains("v2"),
             "{d}"
         );
+    }
+
+    /// The inactive page cache (`memory.stat`) counts as free, as MemAvailable counts it:
+    /// a job that just wrote a token file is not told it is full.
+    #[test]
+    fn inactive_page_cache_counts_as_available() {
+        let job = "/sys/fs/cgroup/system.slice/slurmstepd.scope/job_42";
+        let read = files(&[
+            (&format!("{job}/memory.max"), "8000\n"),
+            (&format!("{job}/memory.current"), "7000\n"),
+            (
+                &format!("{job}/memory.stat"),
+                "anon 1000\nfile 6000\nactive_file 500\ninactive_file 5500\n",
+            ),
+        ]);
+        assert_eq!(cgroup_memory(V2, read).unwrap().remaining, 8000 - 1500);
+        let v1 = "/sys/fs/cgroup/memory/slurm/uid_1/job_42";
+        let read = files(&[
+            (&format!("{v1}/memory.limit_in_bytes"), "8000\n"),
+            (&format!("{v1}/memory.usage_in_bytes"), "7000\n"),
+            (
+                &format!("{v1}/memory.stat"),
+                "inactive_file 1\ntotal_inactive_file 3000\n",
+            ),
+        ]);
+        assert_eq!(cgroup_memory(V1, read).unwrap().remaining, 8000 - 4000);
+        // A cache larger than the usage read (the files are not read at one instant)
+        // leaves the whole limit, never more.
+        let read = files(&[
+            (&format!("{job}/memory.max"), "8000\n"),
+            (&format!("{job}/memory.current"), "100\n"),
+            (&format!("{job}/memory.stat"), "inactive_file 900\n"),
+        ]);
+        assert_eq!(cgroup_memory(V2, read).unwrap().remaining, 8000);
     }
 
     #[test]
@@ -649,6 +711,13 @@ mod tests {
         assert!(smaller_divisors(1).is_empty());
         assert!(smaller_divisors(0).is_empty());
         assert_eq!(smaller_divisors(49), [7, 1]);
+        // Beyond 2^40 the small divisors and their cofactors, without a search to the
+        // root: a prime near 2^63 gives 1 at once.
+        assert_eq!(smaller_divisors(9223372036854775783), [1]);
+        let big = (1usize << 62) + (1 << 61);
+        let d = smaller_divisors(big);
+        assert_eq!(d[0], big / 2);
+        assert!(d.iter().all(|&x| big % x == 0 && x < big));
     }
 
     fn tiny(extra: &[&str]) -> Config {

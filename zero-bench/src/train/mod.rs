@@ -47,7 +47,7 @@ use zero_kernels::twin::attention_products::AttentionKernels;
 
 use crate::logging::{out, outln};
 pub use args::TrainArgs;
-pub(crate) use args::{parse_threads, thread_count, ThreadsSetting};
+pub(crate) use args::{parse_threads, set_key, thread_count, ThreadsSetting};
 use launch::{agree, Failure};
 pub use report::precision_name;
 use report::StageResult;

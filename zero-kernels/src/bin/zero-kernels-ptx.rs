@@ -31,8 +31,9 @@ fn main() -> ExitCode {
     if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
         eprintln!(
             "error: libnvrtc not found. Run `scripts/setup.sh --cuda` and put the wheel's lib \
-             directory on LD_LIBRARY_PATH: \
-             export LD_LIBRARY_PATH=$(python3 -c 'import nvidia.cuda_nvrtc, os; print(list(nvidia.cuda_nvrtc.__path__)[0] + \"/lib\")')"
+             directory on LD_LIBRARY_PATH, as it prints: with its virtual environment \
+             (ZERO_VENV, default ~/.cache/zero-rs/venv), \
+             export LD_LIBRARY_PATH=$(~/.cache/zero-rs/venv/bin/python3 -c 'import nvidia.cuda_nvrtc; print(list(nvidia.cuda_nvrtc.__path__)[0] + \"/lib\")')"
         );
         return ExitCode::from(1);
     }

@@ -106,6 +106,8 @@ pub enum Bf16Kernel {
 /// The x86 features the AVX-512 BF16 and AVX2 kernels need, each on its own (so tests
 /// can mask one, as a virtual machine's CPUID can).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+// Detected only on x86_64; elsewhere only the tests build one.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 struct X86Features {
     avx512f: bool,
     avx512bf16: bool,
@@ -199,6 +201,7 @@ impl Bf16Kernel {
 
     /// Whether a CPU with `f` runs the kernel; AMX (which also needs the OS's grant)
     /// never here, see [`Bf16Kernel::is_available`].
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     fn runs_with(self, f: X86Features) -> bool {
         match self {
             Bf16Kernel::Portable => true,
