@@ -106,7 +106,9 @@ impl Config {
 }
 
 /// `[model]`: a preset, optionally with some dimensions overridden, or all five
-/// dimensions given explicitly.
+/// dimensions given explicitly (a GPT-2). A Llama preset also takes `n_kv_head`,
+/// `ffn_hidden` and `rope_theta` (the names of zero-models' `LlamaConfig`), which a GPT-2
+/// refuses.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ModelConfig {
@@ -131,6 +133,21 @@ pub struct ModelConfig {
     /// Channels (overrides the preset's).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub width: Option<usize>,
+    /// Llama only: key/value heads Hkv, a divisor of `heads` (heads / Hkv query heads
+    /// share one: grouped-query attention; Hkv = heads is multi-head attention). Unset:
+    /// the preset's; with `heads` changed, a multi-head preset's (llama2-7b, -13b) follows
+    /// it and a grouped one keeps its Hkv, which must then divide the new `heads`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub n_kv_head: Option<usize>,
+    /// Llama only: F, the hidden width of the SwiGLU MLP. Unset: the preset's, which is
+    /// the published one for the preset's `width` (no formula covers them all); a changed
+    /// `width` needs it given too.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ffn_hidden: Option<usize>,
+    /// Llama only: the rotary base theta (> 1). Unset: the preset's (10000 for Llama 2
+    /// and the small presets, 500000 for Llama 3).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rope_theta: Option<f64>,
     /// Rows of the token table `wte` per unit (partitioned, gathered and reduced on its
     /// own). Default: 12 x width + 13, one transformer block's worth of elements, so the
     /// table never widens a layer's working set beyond a block's. A Llama splits both its
@@ -154,6 +171,9 @@ impl Default for ModelConfig {
             layers: None,
             heads: None,
             width: None,
+            n_kv_head: None,
+            ffn_hidden: None,
+            rope_theta: None,
             vocab_block_rows: None,
             checkpoint_every: None,
         }
@@ -241,27 +261,122 @@ pub fn preset_dimensions(name: &str) -> Option<[(&'static str, usize); 5]> {
 }
 
 /// Resolve a model of either family: a Llama preset (with vocab_size, context_len,
-/// layers, heads and width set on top; the key/value heads, MLP width and rotary base
-/// stay the preset's), or a GPT-2 as [`resolve_model`] resolves it.
+/// layers, heads, width, n_kv_head, ffn_hidden and rope_theta set on top), or a GPT-2 as
+/// [`resolve_model`] resolves it. A Llama preset's values that go with its heads and
+/// width follow them where the preset's rule says how ([`llama_kv_heads`]); where it does
+/// not, the error names the preset's value and the key to give ([`llama_ffn_hidden`]).
 pub fn resolve_any(m: &ModelConfig) -> Result<ModelPreset, String> {
-    let llama = m.preset.as_deref().and_then(LlamaConfig::preset);
-    let Some(base) = llama else {
+    let llama = m
+        .preset
+        .as_deref()
+        .and_then(|name| LlamaConfig::preset(name).map(|base| (name, base)));
+    let Some((name, base)) = llama else {
         return resolve_model(m).map(ModelPreset::Gpt);
     };
+    let n_head = m.heads.unwrap_or(base.n_head);
+    let n_embd = m.width.unwrap_or(base.n_embd);
     Ok(ModelPreset::Llama(LlamaConfig {
         vocab_size: m.vocab_size.unwrap_or(base.vocab_size),
         max_seq_len: m.context_len.unwrap_or(base.max_seq_len),
         n_layer: m.layers.unwrap_or(base.n_layer),
-        n_head: m.heads.unwrap_or(base.n_head),
-        n_embd: m.width.unwrap_or(base.n_embd),
+        n_head,
+        n_kv_head: llama_kv_heads(name, &base, m.n_kv_head, n_head)?,
+        n_embd,
+        ffn_hidden: llama_ffn_hidden(name, &base, m.ffn_hidden, n_embd)?,
+        rope_theta: m.rope_theta.unwrap_or(base.rope_theta),
         vocab_block_rows: m.vocab_block_rows,
         checkpoint_every: m.checkpoint_every.unwrap_or(0),
         ..base
     }))
 }
 
+/// Hkv of a Llama from preset `name` (`base`) with `n_head` query heads: `given` if
+/// set; else the preset's, or, for a multi-head preset (Hkv = H), `n_head` (the rule such
+/// a preset has). A grouped preset's Hkv that does not divide a changed `n_head` is an
+/// error naming it and `model.n_kv_head`.
+fn llama_kv_heads(
+    name: &str,
+    base: &LlamaConfig,
+    given: Option<usize>,
+    n_head: usize,
+) -> Result<usize, String> {
+    let kv = base.n_kv_head;
+    match given {
+        Some(k) => Ok(k),
+        None if n_head == base.n_head => Ok(kv),
+        None if kv == base.n_head => Ok(n_head),
+        None if n_head.is_multiple_of(kv) => Ok(kv),
+        None => Err(format!(
+            "model.heads = {n_head} does not go with preset \"{name}\"'s n_kv_head = {kv} \
+             ({} query heads sharing {kv} key/value heads), which must divide it; set \
+             model.n_kv_head to a divisor of {n_head} (e.g. --set model.n_kv_head={}), or \
+             give model.heads a multiple of {kv}",
+            base.n_head,
+            gcd(n_head, kv)
+        )),
+    }
+}
+
+/// The greatest common divisor (Euclid's).
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+/// F of a Llama from preset `name` (`base`) with width `n_embd`: `given` if set, else the
+/// preset's when the width is the preset's. The presets' F are the published widths,
+/// which no one formula gives, so a changed width without F is an error naming the
+/// preset's F and `model.ffn_hidden`, and suggesting the preset's F / C ratio.
+fn llama_ffn_hidden(
+    name: &str,
+    base: &LlamaConfig,
+    given: Option<usize>,
+    n_embd: usize,
+) -> Result<usize, String> {
+    match given {
+        Some(f) => Ok(f),
+        // (A width of 0 is refused by validation, naming the width.)
+        None if n_embd == base.n_embd || n_embd == 0 => Ok(base.ffn_hidden),
+        None => {
+            let (f, c) = (base.ffn_hidden as u128, base.n_embd as u128);
+            let scaled = ((f * n_embd as u128 + c / 2) / c).max(1);
+            Err(format!(
+                "model.width = {n_embd} is not preset \"{name}\"'s width {c}, and the \
+                 preset's MLP width ffn_hidden = {f} goes with width {c}; set \
+                 model.ffn_hidden too (e.g. --set model.ffn_hidden={scaled}, the preset's \
+                 ratio {f}/{c} at width {n_embd})"
+            ))
+        }
+    }
+}
+
 /// Resolve the model shape: the preset's, with the explicitly set fields on top.
 pub fn resolve_model(m: &ModelConfig) -> Result<GptConfig, String> {
+    let llama_only: Vec<&str> = [
+        ("n_kv_head", m.n_kv_head.is_some()),
+        ("ffn_hidden", m.ffn_hidden.is_some()),
+        ("rope_theta", m.rope_theta.is_some()),
+    ]
+    .into_iter()
+    .filter_map(|(key, set)| set.then_some(key))
+    .collect();
+    if !llama_only.is_empty() {
+        let model = match &m.preset {
+            Some(name) => format!("model.preset = \"{name}\" is a GPT-2"),
+            None => "a model without a preset is a GPT-2".to_string(),
+        };
+        let keys: Vec<String> = llama_only.iter().map(|k| format!("model.{k}")).collect();
+        return Err(format!(
+            "{} (Llama only) set, but {model}, whose key/value heads are its heads, MLP is \
+             4 x width and positions are learned (no rotary base); unset {}, or pick a \
+             Llama preset (llama-tiny, llama-small, llama2-7b, ...)",
+            keys.join(", "),
+            keys.join(" and ")
+        ));
+    }
     let base = match &m.preset {
         Some(name) => Some(
             PRESETS
@@ -306,26 +421,21 @@ impl Config {
     /// problems are reported at once.
     pub fn validate(&self) -> Result<(), LoadError> {
         let mut p: Vec<String> = Vec::new();
-        let llama = match resolve_any(&self.model) {
-            Ok(ModelPreset::Llama(l)) => Some(l),
-            _ => None,
-        };
-        if let Some(l) = llama {
-            if let Err(e) = l.validate() {
-                p.push(format!("model: {e}"));
+        match resolve_any(&self.model) {
+            Ok(ModelPreset::Llama(l)) => {
+                if let Err(e) = l.validate() {
+                    p.push(format!("model: {e}"));
+                }
+                need(
+                    &mut p,
+                    self.train.seq_len <= l.max_seq_len,
+                    format!(
+                        "train.seq_len ({}) exceeds the model's context_len ({}); lower train.seq_len or raise model.context_len",
+                        self.train.seq_len, l.max_seq_len
+                    ),
+                );
             }
-            need(
-                &mut p,
-                self.train.seq_len <= l.max_seq_len,
-                format!(
-                    "train.seq_len ({}) exceeds the model's context_len ({}); lower train.seq_len or raise model.context_len",
-                    self.train.seq_len, l.max_seq_len
-                ),
-            );
-        }
-        match resolve_model(&self.model) {
-            _ if llama.is_some() => {}
-            Ok(d) => {
+            Ok(ModelPreset::Gpt(d)) => {
                 need(
                     &mut p,
                     d.vocab_size > 0 && d.max_seq_len > 0 && d.n_layer > 0 && d.n_embd > 0,

@@ -325,3 +325,119 @@ fn override_values_are_read_as_toml() {
     let e = load_str("", "t", &["zero.stage=two".into()]).unwrap_err();
     assert!(e.to_string().contains("command line"), "{e}");
 }
+
+/// `--model NAME` and `sets`, as `train` passes them: the preset and its five dimensions,
+/// except those `sets` gives.
+fn with_model(name: &str, sets: &[&str]) -> Vec<String> {
+    let mut out = vec![format!("model.preset=\"{name}\"")];
+    for (key, value) in preset_dimensions(name).expect("a preset") {
+        let key = format!("model.{key}");
+        if !sets.iter().any(|s| s.starts_with(&format!("{key}="))) {
+            out.push(format!("{key}={value}"));
+        }
+    }
+    out.extend(sets.iter().map(|s| s.to_string()));
+    out
+}
+
+fn llama_of(name: &str, sets: &[&str]) -> Result<LlamaConfig, LoadError> {
+    let c = load_str("", "t", &with_model(name, sets))?;
+    match c.config.model_preset() {
+        Ok(ModelPreset::Llama(l)) => Ok(l),
+        other => panic!("not a Llama: {other:?}"),
+    }
+}
+
+fn llama_problems(name: &str, sets: &[&str]) -> Vec<String> {
+    match llama_of(name, sets) {
+        Err(LoadError::Invalid { problems }) => problems,
+        other => panic!("expected Invalid, got {other:?}"),
+    }
+}
+
+/// `--model llama-tiny --set model.heads=1` was refused naming `n_kv_head`, a key that
+/// did not exist; it is a key now, a multi-head preset's Hkv follows the heads, and a
+/// grouped preset's Hkv that no longer divides them is named with the key to set.
+#[test]
+fn a_llama_preset_with_other_heads_takes_or_names_its_key_value_heads() {
+    let p = llama_problems("llama-tiny", &["model.heads=1"]);
+    has(&p, "preset \"llama-tiny\"'s n_kv_head = 2");
+    has(&p, "set model.n_kv_head to a divisor of 1");
+    let l = llama_of("llama-tiny", &["model.heads=1", "model.n_kv_head=1"]).unwrap();
+    assert_eq!((l.n_head, l.n_kv_head), (1, 1));
+    // A grouped preset keeps its Hkv where it divides (Llama 3 has 8 for 32 or 64 heads).
+    let l = llama_of("llama-tiny", &["model.heads=8"]).unwrap();
+    assert_eq!((l.n_head, l.n_kv_head), (8, 2));
+    // A multi-head preset stays multi-head.
+    let l = llama_of("llama2-7b", &["model.heads=16"]).unwrap();
+    assert_eq!((l.n_head, l.n_kv_head), (16, 16));
+    let l = llama_of("llama2-7b", &[]).unwrap();
+    assert_eq!((l.n_head, l.n_kv_head), (32, 32));
+    // A given Hkv that does not divide H is the model's own error, naming both.
+    let p = llama_problems("llama2-70b", &["model.heads=12"]);
+    has(&p, "preset \"llama2-70b\"'s n_kv_head = 8 (64 query heads");
+    has(&p, "--set model.n_kv_head=4");
+    let p = llama_problems("llama-tiny", &["model.n_kv_head=3"]);
+    has(&p, "n_kv_head Hkv=3 does not divide n_head H=4");
+}
+
+/// `--set model.width=1024` on llama-tiny kept the preset's 40-wide MLP without a word:
+/// the presets' MLP widths are the published ones (no formula), so a changed width asks
+/// for `model.ffn_hidden`, naming the preset's.
+#[test]
+fn a_llama_preset_with_another_width_asks_for_its_mlp_width() {
+    let p = llama_problems("llama-tiny", &["model.width=1024"]);
+    has(&p, "preset \"llama-tiny\"'s width 16");
+    has(&p, "ffn_hidden = 40");
+    has(&p, "--set model.ffn_hidden=2560");
+    let l = llama_of("llama-tiny", &["model.width=1024", "model.ffn_hidden=2816"]).unwrap();
+    assert_eq!((l.n_embd, l.ffn_hidden), (1024, 2816));
+    // The width of the preset keeps its F.
+    let l = llama_of("llama-small", &[]).unwrap();
+    assert_eq!((l.n_embd, l.ffn_hidden), (256, 688));
+}
+
+/// The three Llama keys from a file and the command line, with their provenance, and
+/// the rotary base checked.
+#[test]
+fn llama_keys_are_read_from_the_file_and_the_command_line() {
+    let text = "[model]\npreset = \"llama-tiny\"\nn_kv_head = 1\nffn_hidden = 48\n";
+    let c = load_str(text, "run.toml", &["model.rope_theta=500000".into()]).unwrap();
+    let Ok(ModelPreset::Llama(l)) = c.config.model_preset() else {
+        panic!("not a Llama");
+    };
+    assert_eq!(
+        (l.n_kv_head, l.ffn_hidden, l.rope_theta),
+        (1, 48, 500_000.0)
+    );
+    assert_eq!(c.source("model.n_kv_head"), Source::File("run.toml".into()));
+    assert_eq!(c.source("model.rope_theta"), Source::CommandLine);
+    let r = c.render();
+    assert!(r.contains("model.ffn_hidden = 48"), "{r}");
+    let p = llama_problems("llama-tiny", &["model.rope_theta=1.0"]);
+    has(&p, "rope_theta = 1 must be > 1");
+}
+
+/// The Llama keys on a GPT-2 are refused, not ignored.
+#[test]
+fn llama_keys_on_a_gpt_are_refused() {
+    let p = problems("[model]\nn_kv_head = 2\nffn_hidden = 8\n", &[]);
+    has(&p, "model.n_kv_head, model.ffn_hidden (Llama only) set");
+    has(&p, "model.preset = \"small\" is a GPT-2");
+    let sets = with_model("tiny", &["model.rope_theta=1e4"]);
+    let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
+    has(&problems("", &sets), "unset model.rope_theta");
+}
+
+/// A Llama's vocabulary past its bound (2^20) is refused naming the key, the value and
+/// the bound: 10^12 aborted allocating 564 GB.
+#[test]
+fn a_llama_vocabulary_past_its_bound_is_refused() {
+    let p = llama_problems("llama-tiny", &["model.vocab_size=1000000000000"]);
+    has(
+        &p,
+        "model: vocab_size = 1000000000000 is past its bound 1048576",
+    );
+    let l = llama_of("llama3-8b", &["model.vocab_size=1048576"]).unwrap();
+    assert_eq!(l.vocab_size, 1 << 20);
+}

@@ -466,17 +466,23 @@ fn architecture_change(meta: &Meta, config: &Config) -> Option<String> {
         (ModelPreset::Gpt(t), ModelPreset::Gpt(o)) => heads(t.n_head, o.n_head),
         (ModelPreset::Llama(t), ModelPreset::Llama(o)) => {
             heads(t.n_head, o.n_head).or_else(|| {
-                // Not settings: they come with the preset.
+                // The key that gives each (the norm epsilon comes with the preset).
                 let preset = saved.model.preset.clone().unwrap_or_default();
                 [
-                    ("kv heads", t.n_kv_head as f64, o.n_kv_head as f64),
-                    ("RoPE base", t.rope_theta, o.rope_theta),
-                    ("norm epsilon", t.norm_eps, o.norm_eps),
+                    (
+                        "kv heads",
+                        "n_kv_head",
+                        t.n_kv_head as f64,
+                        o.n_kv_head as f64,
+                    ),
+                    ("RoPE base", "rope_theta", t.rope_theta, o.rope_theta),
+                    ("norm epsilon", "", t.norm_eps, o.norm_eps),
                 ]
                 .into_iter()
-                .find(|(_, a, b)| a != b)
-                .map(|(what, a, b)| {
-                    format!("{what} {a}, and this run has {b} (model.preset = \"{preset}\")")
+                .find(|(_, _, a, b)| a != b)
+                .map(|(what, key, a, b)| match key {
+                    "" => format!("{what} {a}, and this run has {b} (model.preset = \"{preset}\")"),
+                    key => format!("{what} {a}, and this run has {b} (--set model.{key}={a})"),
                 })
             })
         }

@@ -209,7 +209,7 @@ pub(crate) fn load_runs(args: &TrainArgs) -> anyhow::Result<(StageRuns, PresetFi
                 .insert(key.clone(), Source::Derived(why.clone()));
         }
         // Model checks zero-core cannot do (it knows no model family): e.g. a GPT-2's
-        // V <= 65536, a Llama's Hkv dividing H.
+        // V within its bound, a Llama's Hkv dividing H.
         run::model_preset(&loaded.config).map_err(|e| at(with_preset_note(e, model, &brought)))?;
         out.push((stage, loaded));
     }

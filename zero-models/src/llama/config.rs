@@ -8,7 +8,7 @@ use std::ops::Range;
 
 use zero_core::{LayerSpec, ModelSpec, ParamSpec, UnitSpec};
 
-use crate::config::GptConfigError;
+use crate::config::{add, mul, GptConfigError};
 
 /// Named Llama shapes: `llama-tiny` (gradient checks, CPU runs), `llama-small` (bytes,
 /// the size of GPT-2's `small`, for CPU benchmarks), the published Llama 2
@@ -130,11 +130,12 @@ impl LlamaConfig {
 
     /// Ckv = Hkv hd: the width of k and v.
     pub fn kv_dim(&self) -> usize {
-        self.n_kv_head * self.head_dim()
+        self.n_kv_head.saturating_mul(self.head_dim())
     }
 
-    /// Check the shape: dimensions positive, H divides C into even heads, Hkv divides H,
-    /// theta > 1 and eps > 0.
+    /// Check the shape: dimensions positive and within [`crate::config::DIM_BOUNDS`] (V <= 2^20,
+    /// far above Llama 3's 128256), H divides C into even heads, Hkv divides H, theta > 1,
+    /// eps > 0, and the parameter count fits a `usize`.
     pub fn validate(&self) -> Result<(), GptConfigError> {
         crate::config::check_dims(&[
             ("vocab_size", self.vocab_size),
@@ -177,14 +178,26 @@ impl LlamaConfig {
         };
         match problem {
             Some(p) => Err(GptConfigError::Llama(p)),
+            None if self.checked_num_params().is_none() => {
+                Err(GptConfigError::ParamsOverflow { bits: usize::BITS })
+            }
             None => Ok(()),
         }
     }
 
     /// Rows per table block ([`LlamaConfig::vocab_block_rows`], resolved).
     pub fn block_rows(&self) -> usize {
-        let default = 2 + 2 * self.n_embd + 2 * self.kv_dim() + 3 * self.ffn_hidden;
-        self.vocab_block_rows.unwrap_or(default).max(1)
+        let default = || {
+            let (c, kv, f) = (Some(self.n_embd), self.kv_dim(), self.ffn_hidden);
+            let widths = add(add(mul(c, 2), mul(Some(kv), 2)), mul(Some(f), 3));
+            add(widths, Some(2)).unwrap_or(usize::MAX)
+        };
+        self.vocab_block_rows.unwrap_or_else(default).max(1)
+    }
+
+    /// How many blocks each table has: `vocab_blocks().len()`, without building the list.
+    pub fn vocab_block_count(&self) -> usize {
+        self.vocab_size.max(1).div_ceil(self.block_rows())
     }
 
     /// The row ranges of the tables' blocks, in order (one range when not split).
@@ -199,13 +212,17 @@ impl LlamaConfig {
     /// The layers in forward order: lookups of blocks 1.., embed, blocks, head, logits of
     /// blocks 1.. (see [`LlamaLayer`]).
     pub fn layers(&self) -> Vec<LlamaLayer> {
-        LlamaLayer::sequence(self.n_layer, self.vocab_blocks().len())
+        LlamaLayer::sequence(self.n_layer, self.vocab_block_count())
     }
 
     /// The unit a layer reads, as an index into [`LlamaConfig::spec`]'s units (each layer
     /// reads one: the tables are untied).
     pub fn layer_unit(&self, layer: LlamaLayer) -> usize {
-        let (k, l) = (self.vocab_blocks().len(), self.n_layer);
+        Self::unit_of(layer, self.vocab_block_count(), self.n_layer)
+    }
+
+    /// [`LlamaConfig::layer_unit`] with `k` blocks per table and `l` transformer blocks.
+    fn unit_of(layer: LlamaLayer, k: usize, l: usize) -> usize {
         match layer {
             LlamaLayer::Lookup(b) => b,
             LlamaLayer::Embed => 0,
@@ -266,8 +283,9 @@ impl LlamaConfig {
             name: b.name.clone(),
             params: vec![b],
         }));
-        let layers = self
-            .layers()
+        // The block count once, not per layer (2k + L layers: O(k^2) otherwise).
+        let (k, l) = (self.vocab_block_count(), self.n_layer);
+        let layers = LlamaLayer::sequence(l, k)
             .into_iter()
             .map(|layer| LayerSpec {
                 name: match layer {
@@ -277,31 +295,96 @@ impl LlamaConfig {
                     LlamaLayer::Head => "head".into(),
                     LlamaLayer::Logits(k) => format!("head.{k}"),
                 },
-                units: vec![self.layer_unit(layer)],
+                units: vec![Self::unit_of(layer, k, l)],
                 backward_reads_params: layer.backward_reads_params(),
             })
             .collect();
         ModelSpec { units, layers }
     }
 
-    /// Ψ: parameter count, without building the spec.
+    /// Ψ: parameter count, without building the spec; `usize::MAX` for a shape whose
+    /// count overflows (which [`LlamaConfig::validate`] refuses).
     pub fn num_params(&self) -> usize {
-        let (v, c, f, kv, l) = (
-            self.vocab_size,
-            self.n_embd,
-            self.ffn_hidden,
-            self.kv_dim(),
-            self.n_layer,
-        );
-        2 * v * c + l * (2 * c + 2 * c * c + 2 * c * kv + 3 * c * f) + c
+        self.checked_num_params().unwrap_or(usize::MAX)
+    }
+
+    /// Ψ, `None` when it overflows a `usize`.
+    pub fn checked_num_params(&self) -> Option<usize> {
+        let (v, c, f, l) = (self.vocab_size, self.n_embd, self.ffn_hidden, self.n_layer);
+        let kv = self.n_kv_head.checked_mul(self.head_dim());
+        let c = Some(c);
+        // 2 V C + L (2 C + 2 C^2 + 2 C Ckv + 3 C F) + C
+        let block = add(mul(c, 2), mul(mul(c, 2), c?));
+        let block = add(block, mul(mul(c, 2), kv?));
+        let block = add(block, mul(mul(c, 3), f));
+        add(add(mul(mul(c, 2), v), mul(block, l)), c)
     }
 
     /// Training FLOPs per token at sequence length `seq_len`, as
     /// [`crate::GptConfig::flops_per_token`] counts them: 6 per matmul weight (all but
     /// the embedding lookup and the norms) plus attention's `12 L C seq_len`.
     pub fn flops_per_token(&self, seq_len: usize) -> f64 {
-        let norms = (2 * self.n_layer + 1) * self.n_embd;
-        let matmul = self.num_params() - self.vocab_size * self.n_embd - norms;
-        6.0 * matmul as f64 + 12.0 * (self.n_layer * self.n_embd * seq_len) as f64
+        let norms = (2 * self.n_layer as u128 + 1) * self.n_embd as u128;
+        let table = self.vocab_size as u128 * self.n_embd as u128;
+        let matmul = (self.num_params() as u128).saturating_sub(table + norms);
+        let (l, c) = (self.n_layer as f64, self.n_embd as f64);
+        6.0 * matmul as f64 + 12.0 * l * c * seq_len as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A Llama vocabulary is bounded (2^20, 8 x Llama 3's): 10^12 rows was accepted and
+    /// then aborted allocating half a terabyte of table blocks.
+    #[test]
+    fn a_vocabulary_past_its_bound_is_refused_with_the_bound_and_why() {
+        let mut m = LlamaConfig::preset("llama-tiny").expect("preset");
+        m.vocab_size = 1_000_000_000_000;
+        let e = m.validate().expect_err("past the bound");
+        assert!(
+            matches!(
+                e,
+                GptConfigError::TooLarge {
+                    name: "vocab_size",
+                    value: 1_000_000_000_000,
+                    max: 1_048_576,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        let msg = e.to_string();
+        for part in ["vocab_size = 1000000000000", "1048576", "128256", "memory"] {
+            assert!(msg.contains(part), "'{part}' not in: {msg}");
+        }
+        m.vocab_size = 1_282_560_000;
+        assert!(m.validate().is_err(), "Llama 3's V with three more zeros");
+        // Up to the bound, and past GPT-2's u16 range: a Llama reads 32-bit tokens.
+        m.vocab_size = 1 << 20;
+        m.validate().expect("at the bound");
+        m.vocab_size = 65537;
+        m.validate().expect("past u16");
+        LlamaConfig::preset("llama3-70b")
+            .expect("preset")
+            .validate()
+            .expect("Llama 3's 128256 is inside the bound");
+    }
+
+    /// Parameter counts and FLOPs of shapes whose products overflow do not wrap.
+    #[test]
+    fn parameter_counts_that_overflow_are_none() {
+        let mut m = LlamaConfig::preset("llama-tiny").expect("preset");
+        assert_eq!(m.checked_num_params(), Some(m.num_params()));
+        m.vocab_size = usize::MAX / 4;
+        assert_eq!(m.checked_num_params(), None);
+        assert_eq!(m.num_params(), usize::MAX);
+        assert!(m.flops_per_token(8).is_finite());
+        assert!(m.validate().is_err());
+        let mut m = LlamaConfig::preset("llama-tiny").expect("preset");
+        m.ffn_hidden = usize::MAX / 2;
+        assert_eq!(m.checked_num_params(), None);
+        assert!(m.block_rows() >= 1, "the default block size saturates");
     }
 }
