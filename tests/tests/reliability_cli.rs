@@ -1094,7 +1094,20 @@ fn absurd_sizes_are_refused_without_a_panic() {
                 "--tokens",
                 "100000000000000",
             ][..],
-            "of memory, and this process has",
+            "an llm.c token file holds at most 2147483647 tokens",
+        ),
+        // The corpus streams (its memory is bounded), so the disk is what it could fill.
+        (
+            &[
+                "data",
+                "corpus",
+                "/tmp/never-written.bin",
+                "--format",
+                "nanogpt",
+                "--tokens",
+                "100000000000000",
+            ][..],
+            "free; give fewer tokens or another directory",
         ),
         (
             &[

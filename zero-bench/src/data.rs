@@ -136,17 +136,48 @@ const MIN_TOKENS: u64 = 2;
 /// The most tokens an llm.c file holds (its header's count is an int32).
 const LLMC_MAX_TOKENS: u64 = i32::MAX as u64;
 
+/// The llm.c header: 256 int32.
+const LLMC_HEADER_BYTES: u64 = 256 * 4;
+
 /// Check, before any work, that `output` can be written: its directory exists, and
 /// nothing is there unless `force`.
-fn check_output(output: &Path, force: bool) -> anyhow::Result<()> {
+fn check_output(output: &Path, force: bool) -> anyhow::Result<PathBuf> {
     match zero_core::files::check_output(output, force) {
-        Ok(_) => Ok(()),
+        Ok(target) => Ok(target),
         Err(e @ OutputError::Exists(_)) => Err(anyhow::anyhow!(
             "{e}; give --force to replace it, or another path"
         )),
         Err(e) => Err(e.into()),
     }
     .with_context(|| format!("cannot write the output {}", output.display()))
+}
+
+/// Refuse before writing `bytes` to `target` when its file system has less free space
+/// (statvfs: the blocks an unprivileged writer may use), so that a long write does not
+/// fill the disk and fail at the end; no check where the figure cannot be read.
+fn check_free_space(what: &str, target: &Path, bytes: u64) -> anyhow::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = match target.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+        return Ok(());
+    };
+    // SAFETY: statvfs is plain data, which the call fills; the path is NUL-terminated.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
+        return Ok(());
+    }
+    let free = (st.f_bavail as u64).saturating_mul(st.f_frsize as u64);
+    anyhow::ensure!(
+        bytes <= free,
+        "{what} needs {} on the file system of {}, which has {} free; give fewer tokens or another directory",
+        zero_core::ledger::human_bytes(bytes as f64),
+        dir.display(),
+        zero_core::ledger::human_bytes(free as f64)
+    );
+    Ok(())
 }
 
 /// Start writing `output`: replacing an existing file with `force`, else never.
@@ -432,7 +463,13 @@ pub fn run(cmd: DataCommand) -> anyhow::Result<()> {
                     "--tokens {tokens}: an llm.c token file holds at most {LLMC_MAX_TOKENS} tokens (its header's count is an int32); give --format nanogpt, or fewer tokens"
                 );
             }
-            check_output(&output, force)?;
+            let target = check_output(&output, force)?;
+            let header = match format {
+                OutFormat::Llmc => LLMC_HEADER_BYTES,
+                OutFormat::Nanogpt => 0,
+            };
+            let bytes = (tokens as u64).saturating_mul(2).saturating_add(header);
+            check_free_space(&format!("--tokens {tokens}"), &target, bytes)?;
             let src = MarkovSource::default_source();
             let mut w = writer(&output, format, force)?;
             let written = write_streamed(&mut src.sample(DEFAULT_CORPUS_SEED), tokens, &mut w)

@@ -21,6 +21,8 @@ mod load;
 #[cfg(test)]
 mod tests;
 
+#[cfg(test)]
+pub(crate) use load::load_str;
 pub use load::{load, LoadedConfig, Source};
 
 /// Errors of loading or validating a configuration.
@@ -347,7 +349,8 @@ fn llama_ffn_hidden(
                 "model.width = {n_embd} is not preset \"{name}\"'s width {c}, and the \
                  preset's MLP width ffn_hidden = {f} goes with width {c}; set \
                  model.ffn_hidden too (e.g. --set model.ffn_hidden={scaled}, the preset's \
-                 ratio {f}/{c} at width {n_embd})"
+                 ratio {f}/{c} at width {n_embd}; a run or checkpoint made before the key \
+                 existed kept the preset's {f})"
             ))
         }
     }
@@ -355,6 +358,24 @@ fn llama_ffn_hidden(
 
 /// Resolve the model shape: the preset's, with the explicitly set fields on top.
 pub fn resolve_model(m: &ModelConfig) -> Result<GptConfig, String> {
+    // A name that is no preset is said first, before the keys a GPT-2 refuses (a
+    // mistyped Llama name is no GPT-2).
+    let base = match &m.preset {
+        Some(name) => Some(
+            PRESETS
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, d)| *d)
+                .ok_or_else(|| {
+                    let names = zero_models::preset_names();
+                    format!(
+                        "model.preset = \"{name}\" is not a preset; use one of {}, or unset it and give vocab_size, context_len, layers, heads and width",
+                        names.join(", ")
+                    )
+                })?,
+        ),
+        None => None,
+    };
     let llama_only: Vec<&str> = [
         ("n_kv_head", m.n_kv_head.is_some()),
         ("ffn_hidden", m.ffn_hidden.is_some()),
@@ -377,22 +398,6 @@ pub fn resolve_model(m: &ModelConfig) -> Result<GptConfig, String> {
             keys.join(" and ")
         ));
     }
-    let base = match &m.preset {
-        Some(name) => Some(
-            PRESETS
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, d)| *d)
-                .ok_or_else(|| {
-                    let names = zero_models::preset_names();
-                    format!(
-                        "model.preset = \"{name}\" is not a preset; use one of {}, or unset it and give vocab_size, context_len, layers, heads and width",
-                        names.join(", ")
-                    )
-                })?,
-        ),
-        None => None,
-    };
     let pick = |v: Option<usize>, b: Option<usize>, key: &str| {
         v.or(b).ok_or_else(|| {
             format!("model.{key} is not set and there is no model.preset; set model.preset (e.g. \"small\") or all of vocab_size, context_len, layers, heads, width")

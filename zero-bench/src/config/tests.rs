@@ -415,7 +415,7 @@ fn llama_keys_are_read_from_the_file_and_the_command_line() {
     let r = c.render();
     assert!(r.contains("model.ffn_hidden = 48"), "{r}");
     let p = llama_problems("llama-tiny", &["model.rope_theta=1.0"]);
-    has(&p, "rope_theta = 1 must be > 1");
+    has(&p, "rope_theta = 1 must be finite and > 1");
 }
 
 /// The Llama keys on a GPT-2 are refused, not ignored.

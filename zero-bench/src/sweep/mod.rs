@@ -180,11 +180,17 @@ fn run_sweep(args: &RunArgs) -> anyhow::Result<()> {
         train_args.extend(["--steps".to_string(), s.to_string()]);
     }
     train_args.extend(["--threads".to_string(), args.threads.to_string()]);
+    // The metrics file the configuration names, with the user's --set: each job then
+    // writes its own beside its result (below), given by --metrics.
+    let metrics_file = load(args.config.as_deref(), &args.set)
+        .ok()
+        .and_then(|l| l.config.train.metrics_file);
     // A --set of a key the jobs' own flags give is left out: the flag would win over it
     // anyway (--stages, --steps, the point's --model, --precision, --grad-accum, and
     // --metrics where the configuration names a metrics file), and each job would warn.
     let given_by_flags = |key: &str| match key {
-        "zero.stage" | "train.metrics_file" => true,
+        "zero.stage" => true,
+        "train.metrics_file" => metrics_file.is_some(),
         "train.steps" => args.steps.is_some(),
         "model.preset" => !args.models.is_empty(),
         "precision.dtype" => !args.precisions.is_empty(),
@@ -214,9 +220,9 @@ fn run_sweep(args: &RunArgs) -> anyhow::Result<()> {
         // The configuration's metrics file is the user's: every job would truncate it
         // and write its own steps over the one before. Each job writes its own beside
         // its result instead (kept, not dropped: the user asked for the step lines).
-        own_metrics: config.train.metrics_file.is_some(),
+        own_metrics: metrics_file.is_some() || config.train.metrics_file.is_some(),
     };
-    if let Some(m) = &config.train.metrics_file {
+    if let Some(m) = metrics_file.as_ref().or(config.train.metrics_file.as_ref()) {
         eprintln!(
             "[sweep] train.metrics_file {m:?} is left as it is: each point's job writes its steps to {}",
             args.out.join("<point>.metrics.jsonl").display()

@@ -13,7 +13,7 @@ use std::fmt;
 
 use anyhow::{bail, Context as _};
 
-use zero_models::ModelPreset;
+use zero_models::{LlamaConfig, ModelPreset};
 
 use crate::config::Config;
 
@@ -50,7 +50,10 @@ impl Resolved {
             && m.context_len.is_none()
             && m.layers.is_none()
             && m.heads.is_none()
-            && m.width.is_none();
+            && m.width.is_none()
+            && m.n_kv_head.is_none()
+            && m.ffn_hidden.is_none()
+            && m.rope_theta.is_none();
         let model = match &m.preset {
             Some(p) if plain_preset => p.clone(),
             // Either family: a Llama preset with a dimension changed is named so too.
@@ -59,7 +62,8 @@ impl Resolved {
                     dimensions_label(g.vocab_size, g.max_seq_len, g.n_layer, g.n_head, g.n_embd)
                 }
                 ModelPreset::Llama(l) => {
-                    dimensions_label(l.vocab_size, l.max_seq_len, l.n_layer, l.n_head, l.n_embd)
+                    let base = m.preset.as_deref().and_then(LlamaConfig::preset);
+                    llama_label(&l, base.as_ref())
                 }
             },
         };
@@ -75,6 +79,24 @@ impl Resolved {
 /// `v<V>-t<T>-l<L>-h<H>-c<C>`.
 fn dimensions_label(v: usize, t: usize, l: usize, h: usize, c: usize) -> String {
     format!("v{v}-t{t}-l{l}-h{h}-c{c}")
+}
+
+/// A Llama's label: its dimensions, then what differs from its preset's (`base`) among
+/// its key/value heads, MLP width and RoPE base (`-kv1-f48-r500000`), so that two
+/// points that differ only there are not one label (and one result file).
+fn llama_label(l: &LlamaConfig, base: Option<&LlamaConfig>) -> String {
+    let mut label = dimensions_label(l.vocab_size, l.max_seq_len, l.n_layer, l.n_head, l.n_embd);
+    let differs = |b: fn(&LlamaConfig) -> f64| base.is_none_or(|base| b(base) != b(l));
+    if differs(|c| c.n_kv_head as f64) {
+        label.push_str(&format!("-kv{}", l.n_kv_head));
+    }
+    if differs(|c| c.ffn_hidden as f64) {
+        label.push_str(&format!("-f{}", l.ffn_hidden));
+    }
+    if differs(|c| c.rope_theta) {
+        label.push_str(&format!("-r{}", l.rope_theta));
+    }
+    label
 }
 
 /// The precisions a sweep may list (`precision.dtype`'s values).
@@ -223,12 +245,23 @@ impl Point {
                     .map_or(*value, |(_, v, _)| *v)
             })
             .collect();
-        let (v, t, l, h, c) = match loaded.config.model_preset().map_err(anyhow::Error::msg)? {
-            ModelPreset::Gpt(g) => (g.vocab_size, g.max_seq_len, g.n_layer, g.n_head, g.n_embd),
-            ModelPreset::Llama(m) => (m.vocab_size, m.max_seq_len, m.n_layer, m.n_head, m.n_embd),
-        };
-        if expected != [v, t, l, h, c] {
-            let label = dimensions_label(v, t, l, h, c);
+        // A Llama's key/value heads, MLP width and RoPE base count too.
+        let (dims, extras_changed, label) =
+            match loaded.config.model_preset().map_err(anyhow::Error::msg)? {
+                ModelPreset::Gpt(g) => {
+                    let (v, t, l, h, c) =
+                        (g.vocab_size, g.max_seq_len, g.n_layer, g.n_head, g.n_embd);
+                    ([v, t, l, h, c], false, dimensions_label(v, t, l, h, c))
+                }
+                ModelPreset::Llama(m) => {
+                    let base = LlamaConfig::preset(&self.model);
+                    let extras = |c: &LlamaConfig| (c.n_kv_head, c.ffn_hidden, c.rope_theta);
+                    let changed = base.as_ref().is_some_and(|b| extras(b) != extras(&m));
+                    let dims = [m.vocab_size, m.max_seq_len, m.n_layer, m.n_head, m.n_embd];
+                    (dims, changed, llama_label(&m, base.as_ref()))
+                }
+            };
+        if expected != dims || extras_changed {
             self.preset = Some(std::mem::replace(&mut self.model, label));
         }
         Ok(())
@@ -540,5 +573,16 @@ mod tests {
         assert_eq!(r.model, "v64-t64-l3-h4-c16");
         c.model.layers = None;
         assert_eq!(Resolved::of(&c).unwrap().model, "llama-tiny");
+        // Only a Llama key changed: named by it too, not as the preset (nor as another
+        // point whose dimensions alone agree).
+        c.model.n_kv_head = Some(1);
+        c.model.ffn_hidden = Some(48);
+        assert_eq!(Resolved::of(&c).unwrap().model, "v64-t64-l2-h4-c16-kv1-f48");
+        c.model.ffn_hidden = None;
+        c.model.rope_theta = Some(500000.0);
+        assert_eq!(
+            Resolved::of(&c).unwrap().model,
+            "v64-t64-l2-h4-c16-kv1-r500000"
+        );
     }
 }

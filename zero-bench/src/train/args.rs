@@ -35,7 +35,8 @@ pub struct TrainArgs {
     /// Memory each rank may plan for: 12GiB, 500MB (KiB/MiB/GiB = 1024, kB/MB/GB = 1000),
     /// or `none` for no limit. Default: this node's available memory (the smaller of
     /// MemAvailable and what this process's memory cgroup, or one above it, leaves: limit
-    /// minus usage, so a Slurm job's --mem counts) divided by the ranks on it.
+    /// minus usage less the inactive page cache, so a Slurm job's --mem counts) divided by
+    /// the ranks on it.
     /// A run whose plan exceeds it stops before allocating, saying what would fit.
     #[arg(long, value_name = "SIZE|none", value_parser = parse_mem_limit)]
     pub mem_limit: Option<MemLimit>,
@@ -374,6 +375,9 @@ impl TrainArgs {
                 for (key, value) in self.preset_dimensions() {
                     o.push(format!("{key}={value}"));
                 }
+                if let Some(theta) = self.preset_rope_theta() {
+                    o.push(format!("model.rope_theta={theta:?}"));
+                }
             }
         }
         o
@@ -451,12 +455,34 @@ impl TrainArgs {
         let Some(m) = &self.model else {
             return Vec::new();
         };
-        crate::config::preset_dimensions(m)
+        let mut dims: Vec<(String, usize)> = crate::config::preset_dimensions(m)
             .into_iter()
             .flatten()
             .map(|(key, value)| (format!("model.{key}"), value))
-            .filter(|(key, _)| self.set_value(key).is_none())
-            .collect()
+            .collect();
+        // A Llama preset's key/value heads and MLP width too, over a file's, except where
+        // `--set` gives the dimension they go with: then the preset's rules decide
+        // (`config::resolve_any`: a changed heads keeps or follows Hkv, a changed width
+        // needs ffn_hidden).
+        if let Some(l) = zero_models::LlamaConfig::preset(m) {
+            if self.set_value("model.heads").is_none() {
+                dims.push(("model.n_kv_head".into(), l.n_kv_head));
+            }
+            if self.set_value("model.width").is_none() {
+                dims.push(("model.ffn_hidden".into(), l.ffn_hidden));
+            }
+        }
+        dims.retain(|(key, _)| self.set_value(key).is_none());
+        dims
+    }
+
+    /// A Llama preset's RoPE base, which `--model` also brings over a file's unless
+    /// `--set` gives it.
+    fn preset_rope_theta(&self) -> Option<f64> {
+        let l = zero_models::LlamaConfig::preset(self.model.as_deref()?)?;
+        self.set_value("model.rope_theta")
+            .is_none()
+            .then_some(l.rope_theta)
     }
 
     /// The value `--set KEY=VALUE` gives `key` (the last one), if any.
@@ -588,6 +614,70 @@ mod tests {
         assert_eq!(
             loaded.config.train.metrics_file.as_deref(),
             Some("/tmp/m \"q\".jsonl")
+        );
+    }
+
+    /// `--model` with a Llama preset brings its key/value heads, MLP width and RoPE base
+    /// over a file's, except where `--set` gives them or the dimension they go with.
+    #[test]
+    fn a_llama_model_flag_brings_its_own_kv_heads_mlp_and_rope() {
+        let overrides = |args: &[&str]| {
+            let cli = Cli::parse_from(std::iter::once("x").chain(args.iter().copied()));
+            cli.t.overrides()
+        };
+        let l = zero_models::LlamaConfig::preset("llama2-7b").unwrap();
+        let o = overrides(&["--model", "llama2-7b"]);
+        assert!(
+            o.contains(&format!("model.n_kv_head={}", l.n_kv_head)),
+            "{o:?}"
+        );
+        assert!(
+            o.contains(&format!("model.ffn_hidden={}", l.ffn_hidden)),
+            "{o:?}"
+        );
+        assert!(
+            o.contains(&format!("model.rope_theta={:?}", l.rope_theta)),
+            "{o:?}"
+        );
+        // A file's values give way to them.
+        let file =
+            "[model]\npreset = \"llama-tiny\"\nn_kv_head = 1\nffn_hidden = 48\nrope_theta = 7.0\n";
+        let c = crate::config::load_str(file, "t.toml", &o).unwrap().config;
+        match c.model_preset().unwrap() {
+            zero_models::ModelPreset::Llama(m) => {
+                assert_eq!(
+                    (m.n_kv_head, m.ffn_hidden, m.rope_theta),
+                    (l.n_kv_head, l.ffn_hidden, l.rope_theta)
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        // --set heads or width leaves Hkv and F to the preset's rules; --set of a key wins.
+        let o = overrides(&[
+            "--model",
+            "llama2-7b",
+            "--set",
+            "model.heads=64",
+            "--set",
+            "model.width=1024",
+            "--set",
+            "model.rope_theta=1e6",
+        ]);
+        assert!(
+            !o.iter()
+                .any(|s| s.starts_with("model.n_kv_head") || s.starts_with("model.ffn_hidden")),
+            "{o:?}"
+        );
+        assert!(
+            !o.iter().any(|s| s.starts_with("model.rope_theta=10000")),
+            "{o:?}"
+        );
+        // A GPT-2 preset brings none of them.
+        let o = overrides(&["--model", "small"]);
+        assert!(
+            !o.iter()
+                .any(|s| s.contains("n_kv_head") || s.contains("rope_theta")),
+            "{o:?}"
         );
     }
 

@@ -2,7 +2,8 @@
 //! anything is allocated, and `zero.stage = "auto"`.
 //!
 //! The budget is `--mem-limit` (per rank), or this node's available memory (the smaller
-//! of MemAvailable and the cgroup's limit minus its usage) divided by the ranks on the
+//! of MemAvailable and what this process's memory cgroup, or one above it, leaves: its
+//! limit minus its usage less the inactive page cache) divided by the ranks on the
 //! node, less `--mem-headroom` (default 10%) for what the ledger does not hold (the
 //! program itself, MPI's buffers, allocator slack). A plan is the engine's own
 //! `BufferPlan` for this configuration, world size and rank plus the model's activation
@@ -138,10 +139,11 @@ const NO_CGROUP_LIMIT: u64 = 1 << 60;
 
 /// The memory limit that binds this process's cgroup: of the cgroup itself and each one
 /// above it (a limit on a parent caps its children together), the one whose limit minus
-/// usage leaves the least.
+/// usage (less the inactive page cache) leaves the least.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CgroupMemory {
-    /// Bytes that limit leaves: `limit - usage` (the limit where the usage is unreadable).
+    /// Bytes that limit leaves: `limit - (usage - inactive page cache)` (the limit where
+    /// the usage is unreadable).
     pub remaining: u64,
     /// The limit itself.
     pub limit: u64,
@@ -154,6 +156,7 @@ pub struct CgroupMemory {
 
 impl CgroupMemory {
     /// For the budget's source: "the memory limit of cgroup ... minus its usage".
+    /// (The usage counted leaves out the inactive page cache, as MemAvailable does.)
     pub fn describe(&self) -> String {
         format!(
             "the memory limit of cgroup {} (v{}, {}) minus its usage",

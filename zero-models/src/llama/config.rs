@@ -151,6 +151,7 @@ impl LlamaConfig {
                 name: "vocab_block_rows",
             });
         }
+        crate::config::check_dims(&[(crate::config::VOCAB_BLOCKS, self.vocab_block_count())])?;
         if !self.n_embd.is_multiple_of(self.n_head) {
             return Err(GptConfigError::HeadsDontDivide {
                 c: self.n_embd,
@@ -169,8 +170,11 @@ impl LlamaConfig {
                 self.n_head,
                 self.head_dim()
             ))
-        } else if self.rope_theta.is_nan() || self.rope_theta <= 1.0 {
-            Some(format!("rope_theta = {} must be > 1", self.rope_theta))
+        } else if !(self.rope_theta.is_finite() && self.rope_theta > 1.0) {
+            Some(format!(
+                "rope_theta = {} must be finite and > 1",
+                self.rope_theta
+            ))
         } else if self.norm_eps.is_nan() || self.norm_eps <= 0.0 {
             Some(format!("norm_eps = {} must be > 0", self.norm_eps))
         } else {
