@@ -720,7 +720,7 @@ mod tests {
         let big = (1usize << 62) + (1 << 61);
         let d = smaller_divisors(big);
         assert_eq!(d[0], big / 2);
-        assert!(d.iter().all(|&x| big % x == 0 && x < big));
+        assert!(d.iter().all(|&x| big.is_multiple_of(x) && x < big));
     }
 
     fn tiny(extra: &[&str]) -> Config {

@@ -53,7 +53,7 @@ pub struct StreamOptions {
     /// Bytes read per chunk, 1 to 2^30 (1 GiB). A chunk of byte tokens ends at the last
     /// character boundary within it (so it is never larger); a GPT-2 chunk at the last safe
     /// split ([`last_safe_split`]) within it, or, where there is none, at the first one
-    /// after, read doubling up to [`MAX_CHUNK_BYTES`]: none in that much text is
+    /// after, read doubling up to `MAX_CHUNK_BYTES` (1 GiB): none in that much text is
     /// [`DataError::NoSplit`].
     pub chunk_bytes: usize,
     /// Chunks encoded in parallel; 1 to 1024.
