@@ -80,8 +80,12 @@ pub const DIM_BOUNDS: &[(&str, usize)] = &[
     ("max_seq_len", 1 << 22),
     ("n_head", 1 << 17),
     ("n_kv_head", 1 << 17),
-    (VOCAB_BLOCKS, 1 << 12),
+    (VOCAB_BLOCKS, MAX_VOCAB_BLOCKS),
 ];
+
+/// The most token-table blocks a model is split into (both families): the default rows
+/// per block grow so that a large vocabulary of a narrow model stays within it.
+pub const MAX_VOCAB_BLOCKS: usize = 1 << 12;
 
 /// The name [`DIM_BOUNDS`] bounds the number of token-table blocks by (V divided by
 /// `vocab_block_rows`, rounded up).
@@ -98,8 +102,8 @@ pub fn bound_reason(name: &str) -> &'static str {
         VOCAB_BLOCKS => {
             "each block of the token table is a unit of its own, and the planner weighs \
              every tied block against the layers between its two uses, so thousands of \
-             them take minutes to plan; the default rows make a few dozen blocks (give \
-             a larger vocab_block_rows, or leave it to its default)"
+             them take minutes to plan; the default rows keep within the bound (give a \
+             larger vocab_block_rows, or leave it to its default)"
         }
         _ => {
             "beyond any model trained today, and the parameter and activation counts \
@@ -311,7 +315,10 @@ impl GptConfig {
     /// Rows of `wte` per unit ([`GptConfig::vocab_block_rows`], resolved).
     pub fn block_rows(&self) -> usize {
         self.vocab_block_rows
-            .unwrap_or(12 * self.n_embd + 13)
+            .unwrap_or_else(|| {
+                let worth = self.n_embd.saturating_mul(12).saturating_add(13);
+                worth.max(self.vocab_size.div_ceil(MAX_VOCAB_BLOCKS))
+            })
             .max(1)
     }
 

@@ -194,7 +194,8 @@ impl LlamaConfig {
         let default = || {
             let (c, kv, f) = (Some(self.n_embd), self.kv_dim(), self.ffn_hidden);
             let widths = add(add(mul(c, 2), mul(Some(kv), 2)), mul(Some(f), 3));
-            add(widths, Some(2)).unwrap_or(usize::MAX)
+            let worth = add(widths, Some(2)).unwrap_or(usize::MAX);
+            worth.max(self.vocab_size.div_ceil(crate::config::MAX_VOCAB_BLOCKS))
         };
         self.vocab_block_rows.unwrap_or_else(default).max(1)
     }
