@@ -7,7 +7,8 @@ use std::path::Path;
 
 use toml::{Table, Value};
 
-use super::{resolve_model, Config, LoadError};
+use super::{resolve_any, resolve_model, Config, LoadError};
+use zero_models::ModelPreset;
 
 /// Where a configuration value came from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -265,8 +266,34 @@ impl LoadedConfig {
                     rows.push((key.to_string(), v, Source::Derived(why.to_string())));
                 }
             };
+        let preset = c.model.preset.clone().unwrap_or_default();
+        if let Ok(ModelPreset::Llama(l)) = resolve_any(&c.model) {
+            // A Llama's values from its preset, and those its rules derive (Hkv following
+            // a multi-head preset's changed heads).
+            let why = format!("preset \"{preset}\"");
+            for (key, v) in [
+                ("model.vocab_size", l.vocab_size.to_string()),
+                ("model.context_len", l.max_seq_len.to_string()),
+                ("model.layers", l.n_layer.to_string()),
+                ("model.heads", l.n_head.to_string()),
+                ("model.width", l.n_embd.to_string()),
+                ("model.n_kv_head", l.n_kv_head.to_string()),
+                ("model.ffn_hidden", l.ffn_hidden.to_string()),
+                ("model.rope_theta", format!("{:?}", l.rope_theta)),
+            ] {
+                derived(&mut rows, key, v, &why);
+            }
+            derived(
+                &mut rows,
+                "model.vocab_block_rows",
+                l.block_rows().to_string(),
+                &format!(
+                    "one block's worth: each table in {} unit(s)",
+                    l.vocab_block_count()
+                ),
+            );
+        }
         if let Ok(d) = resolve_model(&c.model) {
-            let preset = c.model.preset.clone().unwrap_or_default();
             let why = format!("preset \"{preset}\"");
             derived(
                 &mut rows,
@@ -287,7 +314,10 @@ impl LoadedConfig {
                 &mut rows,
                 "model.vocab_block_rows",
                 d.block_rows().to_string(),
-                &format!("12 x width + 13: wte in {} unit(s)", d.vocab_blocks().len()),
+                &format!(
+                    "12 x width + 13, or more past 4096 blocks: wte in {} unit(s)",
+                    d.vocab_block_count()
+                ),
             );
             derived(
                 &mut rows,

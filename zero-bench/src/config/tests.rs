@@ -418,6 +418,30 @@ fn llama_keys_are_read_from_the_file_and_the_command_line() {
     has(&p, "rope_theta = 1 must be finite and > 1");
 }
 
+/// A Llama's printed configuration shows what its preset and rules gave it: the key/value
+/// heads following a multi-head preset's changed heads, the MLP width and RoPE base.
+#[test]
+fn a_llamas_printed_configuration_shows_its_derived_values() {
+    let c = load_str(
+        "[model]\npreset = \"llama2-7b\"\n",
+        "run.toml",
+        &["model.heads=64".into()],
+    )
+    .unwrap();
+    let r = c.render();
+    for row in [
+        "model.heads = 64",
+        "model.n_kv_head = 64",
+        "model.ffn_hidden = 11008",
+        "model.rope_theta = 10000.0",
+        "model.width = 4096",
+        "model.vocab_block_rows",
+    ] {
+        assert!(r.contains(row), "{row} not in {r}");
+    }
+    assert!(r.contains("preset \"llama2-7b\""), "{r}");
+}
+
 /// The Llama keys on a GPT-2 are refused, not ignored.
 #[test]
 fn llama_keys_on_a_gpt_are_refused() {
