@@ -1333,22 +1333,7 @@ mod tests {
             let mut c = cand(0.0, &[]);
             c.micro_batch = 2;
             let plan = budget::plan(&c.apply(&base), 1, 0).unwrap();
-            let args = TuneArgs {
-                config: None,
-                set: Vec::new(),
-                world: 1,
-                global_batch: None,
-                mem_limit: None,
-                mem_headroom: 0.1,
-                top: 1,
-                steps: 2,
-                rounds: 1,
-                launcher: "unused {n}".into(),
-                out: PathBuf::from("/nonexistent"),
-                timeout: 1,
-                ranks_per_node: None,
-                cores_per_node: Some(1),
-            };
+            let args = tune_args(&[], 1, 2);
             let rates = measure_rates(&args, &base, &[(c, plan)]).unwrap();
             assert_eq!(rates.fwd_bwd_s.len(), 1, "{preset}");
             assert!(rates.fwd_bwd_s[0].1 > 0.0, "{preset}");
