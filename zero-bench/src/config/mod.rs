@@ -268,28 +268,85 @@ pub fn preset_dimensions(name: &str) -> Option<[(&'static str, usize); 5]> {
 /// width follow them where the preset's rule says how ([`llama_kv_heads`]); where it does
 /// not, the error names the preset's value and the key to give ([`llama_ffn_hidden`]).
 pub fn resolve_any(m: &ModelConfig) -> Result<ModelPreset, String> {
+    resolve_any_problems(m).map_err(|problems| problems.join("; "))
+}
+
+/// [`resolve_any`], with every problem of a Llama's heads, width, key/value heads and MLP
+/// width as its own entry, so that one run names them all (fixing one suggestion at a
+/// time would take the user a run per problem).
+fn resolve_any_problems(m: &ModelConfig) -> Result<ModelPreset, Vec<String>> {
     let llama = m
         .preset
         .as_deref()
         .and_then(|name| LlamaConfig::preset(name).map(|base| (name, base)));
     let Some((name, base)) = llama else {
-        return resolve_model(m).map(ModelPreset::Gpt);
+        return resolve_model(m).map(ModelPreset::Gpt).map_err(|e| vec![e]);
     };
     let n_head = m.heads.unwrap_or(base.n_head);
     let n_embd = m.width.unwrap_or(base.n_embd);
+    let n_kv_head = llama_kv_heads(name, &base, m.n_kv_head, n_head);
+    let ffn_hidden = llama_ffn_hidden(name, &base, m.ffn_hidden, n_embd);
+    let mut problems: Vec<String> = llama_head_problem(n_head, n_embd).into_iter().collect();
+    problems.extend(n_kv_head.as_ref().err().cloned());
+    problems.extend(ffn_hidden.as_ref().err().cloned());
+    let (Ok(n_kv_head), Ok(ffn_hidden), true) = (n_kv_head, ffn_hidden, problems.is_empty()) else {
+        return Err(problems);
+    };
     Ok(ModelPreset::Llama(LlamaConfig {
         vocab_size: m.vocab_size.unwrap_or(base.vocab_size),
         max_seq_len: m.context_len.unwrap_or(base.max_seq_len),
         n_layer: m.layers.unwrap_or(base.n_layer),
         n_head,
-        n_kv_head: llama_kv_heads(name, &base, m.n_kv_head, n_head)?,
+        n_kv_head,
         n_embd,
-        ffn_hidden: llama_ffn_hidden(name, &base, m.ffn_hidden, n_embd)?,
+        ffn_hidden,
         rope_theta: m.rope_theta.unwrap_or(base.rope_theta),
         vocab_block_rows: m.vocab_block_rows,
         checkpoint_every: m.checkpoint_every.unwrap_or(0),
         ..base
     }))
+}
+
+/// A Llama's heads must cut its width into heads of even size (rotary embeddings rotate
+/// pairs of a head's dimensions): the problem in `[model]` keys, with the head counts
+/// nearest `n_head` that would do. (Zero dimensions and dimensions past their bounds are
+/// the model's own check, which names them.)
+fn llama_head_problem(n_head: usize, n_embd: usize) -> Option<String> {
+    let bound = |name: &str| {
+        let mut bounds = zero_models::config::DIM_BOUNDS.iter();
+        bounds.find(|(n, _)| *n == name).map_or(usize::MAX, |b| b.1)
+    };
+    let in_bounds =
+        (1..=bound("n_head")).contains(&n_head) && (1..=bound("n_embd")).contains(&n_embd);
+    let even_heads = |h: usize| n_embd.is_multiple_of(h) && (n_embd / h).is_multiple_of(2);
+    if !in_bounds || even_heads(n_head) {
+        return None;
+    }
+    let what = if !n_embd.is_multiple_of(n_head) {
+        format!("model.heads = {n_head} does not divide model.width = {n_embd}")
+    } else {
+        format!(
+            "model.width / model.heads = {n_embd}/{n_head} = {} is odd, and rotary \
+             embeddings rotate pairs of a head's dimensions",
+            n_embd / n_head
+        )
+    };
+    // Head counts h with an even head size C/h, nearest n_head first.
+    let mut fits: Vec<usize> = (1..=n_embd / 2).filter(|&h| even_heads(h)).collect();
+    fits.sort_by_key(|h| (h.abs_diff(n_head), *h));
+    let hint = match fits.as_slice() {
+        [] => format!("model.width = {n_embd} is odd; give an even width"),
+        [h] => format!(
+            "set model.heads to {h}, or give a width that is a multiple of {}",
+            2 * n_head
+        ),
+        [a, b, ..] => format!(
+            "set model.heads to one of the nearest that do ({a} or {b}), or give a width \
+             that is a multiple of {}",
+            2 * n_head
+        ),
+    };
+    Some(format!("{what}; {hint}"))
 }
 
 /// Hkv of a Llama from preset `name` (`base`) with `n_head` query heads: `given` if
@@ -426,7 +483,7 @@ impl Config {
     /// problems are reported at once.
     pub fn validate(&self) -> Result<(), LoadError> {
         let mut p: Vec<String> = Vec::new();
-        match resolve_any(&self.model) {
+        match resolve_any_problems(&self.model) {
             Ok(ModelPreset::Llama(l)) => {
                 if let Err(e) = l.validate() {
                     p.push(format!("model: {e}"));
@@ -471,7 +528,7 @@ impl Config {
                     ),
                 );
             }
-            Err(e) => p.push(e),
+            Err(problems) => p.extend(problems),
         }
         need(
             &mut p,

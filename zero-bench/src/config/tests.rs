@@ -397,6 +397,48 @@ fn a_llama_preset_with_another_width_asks_for_its_mlp_width() {
     assert_eq!((l.n_embd, l.ffn_hidden), (256, 688));
 }
 
+/// `--model llama-tiny --set model.width=96 --set model.heads=5` was refused one problem
+/// per run (first the key/value heads, then the MLP width, then the heads): all are
+/// named at once now, in `[model]` keys, with head counts that would do.
+#[test]
+fn a_llama_shape_names_all_its_problems_at_once() {
+    let p = llama_problems("llama-tiny", &["model.width=96", "model.heads=5"]);
+    assert_eq!(p.len(), 3, "{p:?}");
+    has(&p, "model.heads = 5 does not divide model.width = 96");
+    has(&p, "nearest that do (4 or 6)");
+    has(&p, "set model.n_kv_head to a divisor of 5");
+    has(&p, "--set model.ffn_hidden=240");
+    // An odd head size, with heads whose head size is even.
+    let p = llama_problems("llama-tiny", &["model.width=100", "model.ffn_hidden=250"]);
+    assert_eq!(p.len(), 1, "{p:?}");
+    has(&p, "model.width / model.heads = 100/4 = 25 is odd");
+    has(&p, "(5 or 2)");
+    has(&p, "a multiple of 8");
+    let p = llama_problems("llama-tiny", &["model.width=99", "model.ffn_hidden=248"]);
+    has(&p, "model.width = 99 is odd; give an even width");
+    // Following the advice gives a model.
+    let l = llama_of(
+        "llama-tiny",
+        &["model.width=96", "model.heads=6", "model.ffn_hidden=240"],
+    )
+    .unwrap();
+    assert_eq!(
+        (l.n_embd, l.n_head, l.n_kv_head, l.ffn_hidden),
+        (96, 6, 2, 240)
+    );
+    // A width past its bound is the model's own error (no search over its divisors).
+    let p = llama_problems(
+        "llama-tiny",
+        &[
+            "model.width=1000000000",
+            "model.heads=3",
+            "model.n_kv_head=1",
+            "model.ffn_hidden=8",
+        ],
+    );
+    has(&p, "n_embd = 1000000000 is past its bound");
+}
+
 /// The three Llama keys from a file and the command line, with their provenance, and
 /// the rotary base checked.
 #[test]
