@@ -90,7 +90,7 @@ pub(super) fn backward<P: Float, G: Float, W: Float, D: Device, C: Communicator,
         }
         bufs.reducer.before_rewriting_sources(core)?;
         for &u in &core.spec.layers[l].units {
-            if sharded && core.plan.starts_accumulating(u, l) {
+            if core.plan.grads_via_window && core.plan.starts_accumulating(u, l) {
                 if let Some(t) = bufs.tied_grads[u].as_mut() {
                     core.dev.fill(compute, t.view_mut(), 0.0)?;
                 }
@@ -125,13 +125,22 @@ pub(super) fn backward<P: Float, G: Float, W: Float, D: Device, C: Communicator,
             model.backward_layer(core.compute(), l, &p, &mut g, weight)?;
         }
         let units = &core.spec.layers[l].units;
-        if !sharded && G::DTYPE != DType::F32 {
-            // A 16-bit full accumulator: the f32 window is added into it (and rounded).
+        if !sharded && core.plan.grads_via_window {
+            // A 16-bit full accumulator: the f32 window is added into it (and rounded),
+            // and a tied unit's f32 accumulator once its use is complete (rounded once per
+            // use, as the sharded path reduces it once).
             let grads = bufs.grads.get_mut::<G>()?;
-            for (u, r) in core.plan.window_ranges(&core.layout, units, false) {
+            for (u, r) in core.plan.window_ranges(&core.layout, units, true) {
                 let at = core.plan.placements[u].grads.clone();
                 core.dev
                     .accumulate(compute, grads.slice_mut(at), bufs.grad_window.slice(r))?;
+            }
+            for u in core.plan.completed_after(l) {
+                if let Some(tied) = &bufs.tied_grads[u] {
+                    let at = core.plan.placements[u].grads.clone();
+                    core.dev
+                        .accumulate(compute, grads.slice_mut(at), tied.view())?;
+                }
             }
         }
         if sharded {
@@ -352,8 +361,7 @@ fn layer_grads<'a, G: Float, D: Device, C: Communicator>(
 ) -> Result<Vec<UnitGrads<'a, D>>, EngineError> {
     let units = &core.spec.layers[l].units;
     let spec = |u: usize| &core.spec.units[u];
-    let sharded = core.plan.grads_sharded;
-    if !sharded && G::DTYPE == DType::F32 {
+    if !core.plan.grads_via_window {
         let ranges: Vec<_> = units
             .iter()
             .map(|&u| core.plan.placements[u].grads.clone())
@@ -367,7 +375,7 @@ fn layer_grads<'a, G: Float, D: Device, C: Communicator>(
     }
     let ranges: Vec<_> = core
         .plan
-        .window_ranges(&core.layout, units, sharded)
+        .window_ranges(&core.layout, units, true)
         .into_iter()
         .collect();
     for (_, r) in &ranges {
@@ -383,7 +391,7 @@ fn layer_grads<'a, G: Float, D: Device, C: Communicator>(
     units
         .iter()
         .map(|&u| {
-            let view = if sharded && core.plan.accumulated[u] {
+            let view = if core.plan.accumulated[u] {
                 tied[u].take()
             } else {
                 ranges

@@ -277,10 +277,12 @@ fn stage_buffers_follow_the_table() {
             Extent::Shard
         };
         assert_eq!(ext(&plan, BufferRole::AdamV), Some(want_opt));
-        // Tied accumulator (embed, unit 0) exactly when gradients are sharded.
+        // Tied accumulator (embed, unit 0) exactly when gradients go through the window
+        // (sharded, or a 16-bit full accumulator: rounded once per use at every stage).
         assert_eq!(
             plan.get(BufferRole::TiedGrad { unit: 0 }).is_some(),
-            sharded_grads
+            window,
+            "{inp:?}"
         );
         assert_eq!(plan.gather.is_some(), s == Stage::Zero3);
         assert_eq!(

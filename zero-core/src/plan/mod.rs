@@ -20,8 +20,8 @@
 //! Persistent{u}     P      -         -         -                unit u           units under persistence_threshold
 //! GatherSlot{s}     P      -         -         -                see gather.rs    resident window incl. prefetch and uses
 //! ParamWindow       f32    Lw        Lw        Lw               Lw               16-bit only: the model reads f32
-//! GradWindow        f32    Lw (G = 16-bit)     Lw' (sharded)    Lw' (sharded)    model writes f32 gradients here
-//! TiedGrad{u}       f32    -         -         sharded only     sharded only     a use spans several layers
+//! GradWindow        f32    Lw' (16-bit G)      Lw' (sharded|G*) Lw' (sharded|G*) model writes f32 gradients here
+//! TiedGrad{u}       f32    16-bit G  16-bit G  sharded | G*     sharded | G*     a use spans several layers; G*: full 16-bit G
 //! Bucket{0,1}       W      bucket    bucket    bucket           bucket           reduction staging, double-buffered
 //! BucketPiece{0,1}  W      -         bucket/N  bucket/N         bucket/N         reduce-scatter output
 //! QuantCodes{0,1}   u8     -         shard | unit (stages 1-3)  qwZ only: int8 codes sent | gathered
@@ -41,8 +41,10 @@
 //!   0-2) or the gather slots / Persistent buffers (stage 3) directly.
 //! - Gradients, full (stages 0/1, or 2/3 accumulating locally): an f32 accumulator (fp32
 //!   training, or G = f32) lets the model `+=` straight into Grads; a 16-bit one gives
-//!   it the zeroed GradWindow (all the layer's units) and adds the window into Grads
-//!   after each layer.
+//!   it the zeroed GradWindow (the layer's units without an accumulator) and adds the
+//!   window into Grads after each layer, and a unit with a use spanning several layers
+//!   its TiedGrad{u}, added into Grads once after the use (as the sharded path reduces
+//!   it once), so that its gradient is rounded to 16 bits once per use at every stage.
 //! - Gradients, sharded (stages 2/3 reducing every micro-step): the model writes into the
 //!   zeroed GradWindow (the layer's units without an accumulator: Lw' excludes them)
 //!   and into TiedGrad{u} for units with a use spanning several layers ([`uses`]:
@@ -369,6 +371,10 @@ pub struct BufferPlan {
     pub param_dtype: DType,
     /// Gradients are a shard (stages 2/3 reducing every micro-step), else full.
     pub grads_sharded: bool,
+    /// The model writes gradients into the f32 GradWindow, and those of the
+    /// [`accumulated`](Self::accumulated) units into their TiedGrad buffers, rather than
+    /// straight into Grads: with sharded gradients, or a 16-bit accumulator G.
+    pub grads_via_window: bool,
     /// Elements of each bucket (a multiple of N x align).
     pub bucket_len: usize,
     /// Elements of each bucket piece (`bucket_len / N`).
@@ -379,8 +385,9 @@ pub struct BufferPlan {
     /// stage 3 gathers in the backward.
     pub backward_reads: Vec<Vec<UnitUse>>,
     /// Units with a use spanning several layers (a tied table kept across the gap, or
-    /// a unit two consecutive layers read): with sharded gradients their gradient is
-    /// accumulated in a TiedGrad buffer over the use.
+    /// a unit two consecutive layers read): where gradients go through the window
+    /// ([`grads_via_window`](Self::grads_via_window)) their gradient is accumulated in a
+    /// TiedGrad buffer over the use.
     pub accumulated: Vec<bool>,
     /// Stage 3: units kept gathered.
     pub persistent: Vec<bool>,
@@ -450,6 +457,7 @@ impl BufferPlan {
         let shard_pad = layout.padding_in_shard(rank)?;
         let sixteen = p != DType::F32;
         let grads_sharded = stage >= Stage::Zero2 && inputs.reduce_every_micro_step;
+        let grads_via_window = grads_sharded || g != DType::F32;
 
         let mut b = Vec::new();
         let full = |role, category, dtype| BufferSpec {
@@ -592,7 +600,7 @@ impl BufferPlan {
                 window(false),
             ));
         }
-        if grads_sharded {
+        if grads_via_window {
             b.push(scratch(R::GradWindow, C::Compute, DType::F32, window(true)));
             for (u, unit) in layout.units.iter().enumerate() {
                 if accumulated[u] {
@@ -602,13 +610,6 @@ impl BufferPlan {
                     b.push(t);
                 }
             }
-        } else if g != DType::F32 {
-            b.push(scratch(
-                R::GradWindow,
-                C::Compute,
-                DType::F32,
-                window(false),
-            ));
         }
 
         // Buckets: capacity rounded to whole N x align quanta, never above the largest
@@ -690,6 +691,7 @@ impl BufferPlan {
             inputs: inputs.clone(),
             param_dtype: p,
             grads_sharded,
+            grads_via_window,
             bucket_len,
             piece_len,
             uses,
@@ -736,8 +738,8 @@ impl BufferPlan {
     }
 
     /// Where each unit of `layer` sits in the ParamWindow (`skip_accumulated = false`)
-    /// or the GradWindow (`skip_accumulated = self.grads_sharded`: units with an
-    /// accumulator then live in their TiedGrad buffer instead).
+    /// or the GradWindow (`skip_accumulated = true`: units with an accumulator live in
+    /// their TiedGrad buffer instead).
     pub fn window_ranges(
         &self,
         layout: &PartitionLayout,
@@ -751,8 +753,9 @@ impl BufferPlan {
         )
     }
 
-    /// Sharded gradients: the units whose gradient is complete after layer `l`'s
-    /// backward (a use of theirs starts at `l`), to reduce then.
+    /// The units whose gradient of a use is complete after layer `l`'s backward (a use
+    /// of theirs starts at `l`): with sharded gradients to reduce then, and an
+    /// accumulated unit's TiedGrad to add into a 16-bit full Grads then.
     pub fn completed_after(&self, l: usize) -> impl Iterator<Item = usize> + '_ {
         (0..self.uses.len()).filter(move |&u| self.uses[u].iter().any(|x| x.first == l))
     }
@@ -764,8 +767,8 @@ impl BufferPlan {
         (0..self.uses.len()).filter(move |&u| self.uses[u].iter().map(|x| x.first).min() == Some(l))
     }
 
-    /// Sharded gradients: whether unit `u`'s accumulator starts a new use at layer
-    /// `l`'s backward (zero it first).
+    /// Whether unit `u`'s TiedGrad accumulator starts a new use at layer `l`'s backward
+    /// (zero it first).
     pub fn starts_accumulating(&self, u: usize, l: usize) -> bool {
         self.accumulated[u] && self.uses[u].iter().any(|x| x.last == l)
     }
