@@ -121,7 +121,7 @@ pub(super) fn backward<P: Float, G: Float, W: Float, D: Device, C: Communicator,
             } else {
                 Vec::new()
             };
-            let mut g = layer_grads::<G, D, C>(core, grads, grad_window, tied_grads, l)?;
+            let mut g = layer_grads::<D, C>(core, grads, grad_window, tied_grads, l)?;
             model.backward_layer(core.compute(), l, &p, &mut g, weight)?;
         }
         let units = &core.spec.layers[l].units;
@@ -352,7 +352,7 @@ fn layer_params<'a, P: Float, D: Device, C: Communicator>(
 
 /// f32 gradient views for layer `l`'s units (the model adds into them): straight into
 /// an f32 full accumulator, or the zeroed GradWindow, or a tied unit's accumulator.
-fn layer_grads<'a, G: Float, D: Device, C: Communicator>(
+fn layer_grads<'a, D: Device, C: Communicator>(
     core: &'a Core<'_, D, C>,
     grads: &'a mut FloatBuffer<D>,
     window: &'a mut D::Buf<f32>,
