@@ -555,15 +555,47 @@ fn a_fresh_run_does_not_replace_an_earlier_runs_checkpoints() {
         step3
     );
     // A step of the root itself (going back to step 2) and a fresh root both resume.
+    // Going back branches the run: the later step-3 it would replace is moved aside
+    // whole (it was "kept" and then silently replaced), and `latest` names the new one.
     let step2_dir = s(&dir.join("ck/step-2"));
-    ok(&tiny(&[
+    let branched = tiny(&[
         "--steps",
         "3",
         "--ckpt-dir",
         &ck,
         "--resume",
         &step2_dir,
-    ]));
+        "--set",
+        "data.order=\"shuffled\"",
+    ]);
+    ok(&branched);
+    let said = branched.all_text();
+    assert!(
+        said.contains("branches from step 2: the later steps step-3"),
+        "{}",
+        branched.transcript()
+    );
+    assert!(
+        said.contains("data.order = \"sequential\", and this run has \"shuffled\""),
+        "{}",
+        branched.transcript()
+    );
+    let aside: Vec<PathBuf> = std::fs::read_dir(dir.join("ck"))
+        .expect("the root")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.to_string_lossy().contains("abandoned-after-step-2-"))
+        .collect();
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    assert_eq!(
+        std::fs::read(aside[0].join("step-3/meta.json")).expect("the earlier step-3, moved"),
+        step3
+    );
+    assert_ne!(
+        std::fs::read(dir.join("ck/step-3/meta.json")).expect("the new step-3"),
+        step3
+    );
+    let latest = std::fs::read_to_string(dir.join("ck/latest")).expect("latest");
+    assert_eq!(latest.trim(), "step-3");
     let fresh = s(&dir.join("fresh"));
     ok(&tiny(&[
         "--steps",

@@ -127,7 +127,10 @@ pub struct TrainArgs {
 
     /// Save a sharded checkpoint (every rank its shard, atomically) into --ckpt-dir every
     /// N steps. Whatever N, --ckpt-dir always gets one after the last step, and one when
-    /// SIGTERM or SIGUSR1 stops the run (then the exit status is 85).
+    /// SIGTERM or SIGUSR1 stops the run (then the exit status is 85). Under mpirun, signal
+    /// mpirun (it forwards both to every rank) or the ranks: `timeout -s TERM mpirun ...`
+    /// also signals mpirun's whole process group, and Open MPI then ends the ranks before
+    /// they save (measured with 4.1.4); use `timeout --foreground` or `timeout -s USR1`.
     #[arg(long, default_value_t = 0, value_name = "N", requires = "saves")]
     pub save_every: u64,
 

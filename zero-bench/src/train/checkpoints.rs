@@ -306,6 +306,14 @@ pub fn prepare<C: Communicator>(
             dir.display()
         )));
     }
+    if rank == 0 {
+        if let Some(change) = data_change(&meta, config) {
+            log::warn!(
+                "the checkpoint {} was trained with {change}: the data position it saved is applied to this run's data as it is (the new data read on from the old one's row); resume with the checkpoint's setting to go on with the same data",
+                dir.display()
+            );
+        }
+    }
     let ours = GlobalBatch::of(config, comm.size());
     let theirs = saved_batch(&meta);
     let origin = data_origin(&meta, theirs.as_ref().ok().copied(), rank);
@@ -360,12 +368,20 @@ pub fn load<C: Communicator, E: Communicator, D: Device>(
     let (rank, world) = (comm.rank(), comm.size());
     let stage = engine.config().zero.stage;
     let from = &resume.dir;
-    let info = checkpoint::load(engine, from).with_context(|| {
-        format!(
-            "resuming from {}{}",
-            from.display(),
+    let info = checkpoint::load(engine, from).map_err(|e| {
+        // An earlier step of the same run is somewhere to go on from when this one is
+        // damaged; one that does not fit this model has the others' shapes too.
+        let unfit = matches!(
+            e,
+            checkpoint::CheckpointError::Incompatible { .. }
+                | checkpoint::CheckpointError::Engine(_)
+        );
+        let hint = if unfit {
+            String::new()
+        } else {
             earlier_checkpoints(from, resume.step)
-        )
+        };
+        anyhow::Error::new(e).context(format!("resuming from {}{hint}", from.display()))
     });
     let info = agree(comm, info)?;
     if let Some(change) = &resume.batch_change {
@@ -494,6 +510,33 @@ fn architecture_change(meta: &Meta, config: &Config) -> Option<String> {
     }
 }
 
+/// The data settings the checkpoint was trained with, where this run's differ (the
+/// token file, the order): `None` when alike, or when the checkpoint records no readable
+/// configuration. Two names of one file (relative and absolute, a link) are alike.
+fn data_change(meta: &Meta, config: &Config) -> Option<String> {
+    let saved: Config = toml::from_str(meta.app_config.as_deref()?).ok()?;
+    let (theirs, ours) = (&saved.data, &config.data);
+    let same_file = theirs.path == ours.path
+        || crate::outfile::same_file(Path::new(&theirs.path), Path::new(&ours.path));
+    let mut changes = Vec::new();
+    if !same_file {
+        changes.push(format!(
+            "data.path = {:?}, and this run reads {:?}",
+            theirs.path, ours.path
+        ));
+    }
+    if theirs.order != ours.order {
+        let name = |o: &crate::config::DataOrder| format!("{o:?}").to_lowercase();
+        changes.push(format!(
+            "data.order = \"{}\", and this run has \"{}\" (--set data.order='\"{}\"')",
+            name(&theirs.order),
+            name(&ours.order),
+            name(&theirs.order)
+        ));
+    }
+    (!changes.is_empty()).then(|| changes.join("; "))
+}
+
 /// "GPT-2" or "Llama".
 fn family(m: &zero_models::ModelPreset) -> &'static str {
     match m {
@@ -564,7 +607,7 @@ fn resumed_elsewhere(dir: &Path, from: &Path) -> anyhow::Result<()> {
         root
     };
     if crate::outfile::same_file(root, dir) {
-        return Ok(());
+        return set_aside_later_steps(dir, &step_dir, from);
     }
     bail!(
         "--ckpt-dir {} holds the checkpoints of another run (latest: {}), and --resume {} is not one of them: its saves would replace that run's steps; pass --resume {} to continue that run, or give another --ckpt-dir (or remove that one) to continue from {}",
@@ -574,6 +617,69 @@ fn resumed_elsewhere(dir: &Path, from: &Path) -> anyhow::Result<()> {
         dir.display(),
         from.display()
     )
+}
+
+/// `--resume` of a step of `dir` itself that `dir` holds later steps after (a run that
+/// went on past it, resumed from an earlier step to try something else): this run
+/// branches there, and its saves would replace those steps one by one, leaving the two
+/// histories mixed in one root (and `keep_last` counting the other run's steps). The
+/// later steps are moved (renamed, nothing copied or lost) into
+/// `dir/abandoned-after-step-S-<unix seconds>/`, where no resume finds them by accident,
+/// and `latest` names step S until this run's first save.
+fn set_aside_later_steps(dir: &Path, step_dir: &Path, resume: &Path) -> anyhow::Result<()> {
+    let from = Meta::read(step_dir)
+        .with_context(|| format!("--resume {}", resume.display()))?
+        .step;
+    let later: Vec<String> = checkpoint::step_dirs(dir)
+        .into_iter()
+        .filter(|(s, _)| *s > from)
+        .map(|(_, name)| name)
+        .collect();
+    if later.is_empty() {
+        return Ok(());
+    }
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let aside = dir.join(format!("abandoned-after-step-{from}-{stamp}"));
+    let fail = |what: &str, path: &Path, e: std::io::Error| {
+        anyhow!(
+            "--resume {} branches from step {from}, and --ckpt-dir {} holds later steps ({}) this run's saves would replace; {what} '{}' failed ({e}); move them out of the way yourself, or give another --ckpt-dir",
+            resume.display(),
+            dir.display(),
+            later.join(", "),
+            path.display()
+        )
+    };
+    std::fs::create_dir(&aside).map_err(|e| fail("creating", &aside, e))?;
+    for name in &later {
+        let (old, new) = (dir.join(name), aside.join(name));
+        std::fs::rename(&old, &new).map_err(|e| fail("moving", &old, e))?;
+    }
+    // `latest` named a step now moved: name the step this run starts from.
+    if let Some(name) = step_dir.file_name() {
+        let latest = dir.join(checkpoint::LATEST);
+        let tmp = dir.join(format!("{}.tmp", checkpoint::LATEST));
+        std::fs::write(&tmp, format!("{}\n", name.to_string_lossy()))
+            .and_then(|()| std::fs::rename(&tmp, &latest))
+            .map_err(|e| fail("pointing `latest` at the resumed step:", &latest, e))?;
+    }
+    // The renames recorded on disk (a failure only risks them after a crash: warned).
+    for d in [&aside, dir] {
+        if let Err(e) = std::fs::File::open(d).and_then(|f| f.sync_all()) {
+            log::warn!(
+                "could not fsync '{}' ({e}): a crash soon may undo the moves",
+                d.display()
+            );
+        }
+    }
+    log::warn!(
+        "--resume {} branches from step {from}: the later steps {} of the run that went on from there were moved to '{}' (this run's saves would have replaced them); `latest` names step {from}",
+        resume.display(),
+        later.join(", "),
+        aside.display()
+    );
+    Ok(())
 }
 
 /// Write, sync and remove a small file in `dir`: this rank can save its shard there.

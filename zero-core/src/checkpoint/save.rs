@@ -363,6 +363,7 @@ fn publish<D: Device, C: Communicator>(
     ));
     let replaced = final_dir.exists();
     if replaced {
+        log::info!("replacing the checkpoint '{}'", final_dir.display());
         std::fs::rename(final_dir, &old).map_err(CheckpointError::io("rename", final_dir))?;
     }
     if let Err(e) = std::fs::rename(tmp, final_dir) {
@@ -411,7 +412,7 @@ pub(super) fn prune(root: &Path, keep_last: usize, current: &str) {
     if !later.is_empty() {
         let names: Vec<&str> = later.iter().map(|(_, n)| n.as_str()).collect();
         log::info!(
-            "'{}' also holds {} from a run that went past step {now} (kept; `latest` names this run's '{current}')",
+            "'{}' also holds {} past this run's step {now} (not counted by keep_last; `latest` names this run's '{current}', and a save of one of those steps replaces it)",
             root.display(),
             names.join(", ")
         );
