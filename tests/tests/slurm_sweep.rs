@@ -106,7 +106,15 @@ fn train_sbatch_trains_across_both_nodes_and_leaves_metrics_in_the_job_directory
     let (id, state, log) = run_job(
         &conf,
         &dir,
-        &[&script("train.sbatch"), "--stage", "3", "--steps", "3"],
+        &[
+            &script("train.sbatch"),
+            "--stage",
+            "3",
+            "--steps",
+            "3",
+            "--save-every",
+            "1",
+        ],
         &[("ZERO_BENCH", &bench), ("CONFIG", &tiny)],
     );
     assert_eq!(state, "COMPLETED", "job {id}\n{log}");
@@ -138,6 +146,56 @@ fn train_sbatch_trains_across_both_nodes_and_leaves_metrics_in_the_job_directory
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad JSON line {l:?}: {e}")))
         .collect();
     assert_eq!(lines.len(), 3, "one line per step\n{metrics}");
+
+    // RESUME_STEP goes back to an earlier step of the run: it branches there, the later
+    // steps moved aside whole.
+    let ckpt = run_dir.join("ckpt").display().to_string();
+    let again = job_dir("train-branch");
+    let (id2, state, log) = run_job(
+        &conf,
+        &again,
+        &[&script("train.sbatch"), "--stage", "2", "--steps", "3"],
+        &[
+            ("ZERO_BENCH", &bench),
+            ("CONFIG", &tiny),
+            ("CKPT_DIR", &ckpt),
+            ("RESUME_STEP", "1"),
+        ],
+    );
+    assert_eq!(state, "COMPLETED", "job {id2}\n{log}");
+    assert!(log.contains("RESUME_STEP=1: resuming from"), "{log}");
+    assert!(
+        log.contains("branches from step 1: the later steps step-2, step-3"),
+        "{log}"
+    );
+    let aside: Vec<PathBuf> = std::fs::read_dir(run_dir.join("ckpt"))
+        .unwrap_or_else(|e| panic!("{ckpt}: {e}"))
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.to_string_lossy().contains("abandoned-after-step-1-"))
+        .collect();
+    assert_eq!(aside.len(), 1, "{aside:?}\n{log}");
+    for step in ["step-2", "step-3"] {
+        assert!(aside[0].join(step).join("meta.json").is_file(), "{step}");
+    }
+    // A step that is not there is refused before srun, naming the steps that are.
+    let (id3, state, log) = run_job(
+        &conf,
+        &job_dir("train-branch-missing"),
+        &[&script("train.sbatch"), "--steps", "3"],
+        &[
+            ("ZERO_BENCH", &bench),
+            ("CONFIG", &tiny),
+            ("CKPT_DIR", &ckpt),
+            ("RESUME_STEP", "7"),
+        ],
+    );
+    assert_eq!(state, "FAILED", "job {id3}\n{log}");
+    assert!(
+        log.contains("RESUME_STEP=7, but")
+            && log.contains("step-1")
+            && !log.contains("running: srun"),
+        "{log}"
+    );
 }
 
 /// ZeRO++'s three switches across the two Slurm nodes: the nodes are found from Slurm
