@@ -987,6 +987,30 @@ fn a_resume_with_another_head_count_is_refused() {
         &["heads 2, and this run has 4 (--set model.heads=2)"],
     );
     no_step_ran(&out);
+    // Dimensions that size parameters are named by their keys (the load would name the
+    // first tensor whose shape differs), with no "earlier checkpoints" to go back to:
+    // they all have the same shapes.
+    let out = tiny(&[
+        "--steps",
+        "4",
+        "--resume",
+        &ck,
+        "--ckpt-dir",
+        &ck,
+        "--set",
+        "model.width=48",
+    ]);
+    failed_with(
+        &out,
+        1,
+        &["width 32, and this run has 48 (--set model.width=32)"],
+    );
+    assert!(
+        !out.all_text().contains("earlier checkpoints"),
+        "{}",
+        out.transcript()
+    );
+    no_step_ran(&out);
 }
 
 /// 2 ranks of `train` on configs/tiny.toml where rank 1 alone gets `rank1` (a shell

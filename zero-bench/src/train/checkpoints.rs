@@ -300,6 +300,12 @@ pub fn prepare<C: Communicator>(
             show(saved.decay_steps)
         );
     }
+    if let Some(why) = shape_change(&meta, config) {
+        return Err(same(anyhow!(
+            "the checkpoint {} holds a model with {why}: its parameters do not fit this run's model; resume with the checkpoint's model settings, or train this model afresh with another --ckpt-dir",
+            dir.display()
+        )));
+    }
     if let Some(why) = architecture_change(&meta, config) {
         return Err(same(anyhow!(
             "the checkpoint {} was trained with {why}: the parameters' shapes are alike, so it would load, but the model would compute something else than it learned; resume with the checkpoint's setting (or train afresh)",
@@ -508,6 +514,47 @@ fn architecture_change(meta: &Meta, config: &Config) -> Option<String> {
             family(&o)
         )),
     }
+}
+
+/// The model dimensions that size parameters, where the checkpoint's model and this
+/// run's differ, in `[model]` keys with the setting that fits the checkpoint ("vocab_size
+/// 64, and this run has 128 (--set model.vocab_size=64)"): the load would refuse the
+/// first parameter whose shape differs, naming tensors rather than keys. `None` when
+/// alike, across families (named by [`architecture_change`]), or when the checkpoint
+/// records no readable configuration.
+fn shape_change(meta: &Meta, config: &Config) -> Option<String> {
+    use zero_models::ModelPreset;
+    let saved: Config = toml::from_str(meta.app_config.as_deref()?).ok()?;
+    let dims = |m: &ModelPreset| -> Vec<(&'static str, usize)> {
+        match m {
+            // GPT-2's positions are learned: its context length sizes a table.
+            ModelPreset::Gpt(g) => vec![
+                ("vocab_size", g.vocab_size),
+                ("context_len", g.max_seq_len),
+                ("layers", g.n_layer),
+                ("width", g.n_embd),
+            ],
+            ModelPreset::Llama(l) => vec![
+                ("vocab_size", l.vocab_size),
+                ("layers", l.n_layer),
+                ("width", l.n_embd),
+                ("ffn_hidden", l.ffn_hidden),
+            ],
+        }
+    };
+    let (theirs, ours) = (saved.model_preset().ok()?, config.model_preset().ok()?);
+    if std::mem::discriminant(&theirs) != std::mem::discriminant(&ours) {
+        return None;
+    }
+    let changes: Vec<String> = dims(&theirs)
+        .into_iter()
+        .zip(dims(&ours))
+        .filter(|((_, a), (_, b))| a != b)
+        .map(|((key, a), (_, b))| {
+            format!("{key} {a}, and this run has {b} (--set model.{key}={a})")
+        })
+        .collect();
+    (!changes.is_empty()).then(|| changes.join("; "))
 }
 
 /// The data settings the checkpoint was trained with, where this run's differ (the
