@@ -8,8 +8,10 @@
 //! scripts/mpirun.sh 2 target/release/examples/char_lm --stage 3    # one process a rank
 //! ```
 //!
-//! Options: `--ranks N` (thread ranks when not under mpirun; default 2), `--stage S`
-//! (default 3), `--steps K` (default 300), `--sim` (the simulated device).
+//! Options (`--help` lists them): `--ranks N` (thread ranks when not under mpirun, N >= 1;
+//! default 2), `--stage S` (default 3), `--steps K` (K >= 1, default 300; the learning rate
+//! warms up over min(10, K/10) steps, then decays by a cosine to a tenth at step K),
+//! `--sim` (the simulated device).
 
 #[path = "models/mod.rs"]
 mod models;

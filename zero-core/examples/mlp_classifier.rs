@@ -7,9 +7,10 @@
 //! scripts/mpirun.sh 2 target/release/examples/mlp_classifier --stage 3    # one process a rank
 //! ```
 //!
-//! Options: `--ranks N` (thread ranks when not under mpirun; default 2), `--stage S`
-//! (default 3), `--steps K` (default 200), `--sim` (the simulated device: a test tool that
-//! checks every stream hand-over, slower).
+//! Options (`--help` lists them): `--ranks N` (thread ranks when not under mpirun, N >= 1;
+//! default 2), `--stage S` (default 3), `--steps K` (K >= 1, default 200; the learning rate
+//! warms up over min(10, K/10) steps, then decays by a cosine to a tenth at step K),
+//! `--sim` (the simulated device: a test tool that checks every stream hand-over, slower).
 
 #[path = "models/mod.rs"]
 mod models;

@@ -8,6 +8,9 @@ use zero_kernels::device::{Device, HostDevice, SimDevice};
 
 /// A training loop to launch (generic over where it runs).
 pub trait Example: Sync {
+    /// What it trains, for `--help`.
+    fn about(&self) -> &'static str;
+
     /// Train for `steps` at `stage` on `comm` and `dev`; the per-step losses.
     fn train<C: Communicator, D: Device>(
         &self,
@@ -16,6 +19,35 @@ pub trait Example: Sync {
         stage: Stage,
         steps: u64,
     ) -> Result<Vec<f64>, EngineError>;
+}
+
+/// `--help`: what the example trains, and every option with its default.
+fn help(name: &str, usage: &str, example: &impl Example, default_steps: u64) -> String {
+    format!(
+        "{name}: train {}, with zero-core at ZeRO stage S on N ranks; rank 0 prints the \
+         global loss.\n\n{usage}\n\n\
+         \x20 --ranks N   thread ranks in this process, N >= 1 (default 2); under mpirun or \
+         srun each process is one rank and N is ignored\n\
+         \x20 --stage S   ZeRO stage 0, 1, 2 or 3 (default 3)\n\
+         \x20 --steps K   optimizer steps, K >= 1 (default {default_steps}); {}\n\
+         \x20 --sim       the simulated device: a test tool that checks every stream \
+         hand-over (slower)\n\
+         \x20 -h, --help  print this help",
+        example.about(),
+        super::train::schedule_help(),
+    )
+}
+
+/// A count option's value: a whole number of at least 1 (0 ranks or 0 steps would train
+/// nothing and still exit 0).
+fn at_least_one<T: std::str::FromStr<Err = std::num::ParseIntError> + PartialEq + From<u8>>(
+    v: &str,
+) -> Result<T, String> {
+    match v.parse::<T>() {
+        Ok(x) if x == T::from(0) => Err("must be at least 1, got 0".to_string()),
+        Ok(x) => Ok(x),
+        Err(e) => Err(format!("{v:?} is not a whole number ({e})")),
+    }
 }
 
 /// Parse `--ranks N --stage S --steps K --sim`, run; the exit code is non-zero on any error.
@@ -30,17 +62,13 @@ pub fn main(name: &str, example: &impl Example, default_steps: u64) -> ExitCode 
                 Ok(())
             }
             "-h" | "--help" => {
-                println!("{usage}");
+                println!("{}", help(name, &usage, example, default_steps));
                 return ExitCode::SUCCESS;
             }
             "--ranks" | "--steps" | "--stage" => match args.next() {
                 None => Err("needs a value".to_string()),
-                Some(v) if a == "--ranks" => {
-                    v.parse().map(|x| ranks = x).map_err(|e| e.to_string())
-                }
-                Some(v) if a == "--steps" => {
-                    v.parse().map(|x| steps = x).map_err(|e| e.to_string())
-                }
+                Some(v) if a == "--ranks" => at_least_one(&v).map(|x| ranks = x),
+                Some(v) if a == "--steps" => at_least_one(&v).map(|x| steps = x),
                 Some(v) => v
                     .parse::<i64>()
                     .map_err(|e| e.to_string())

@@ -12,11 +12,29 @@ use super::data::{self, Blobs};
 use super::launch::Example;
 use super::mlp::{ClassBatch, Mlp};
 
-/// A learning rate warmed up over 10 steps, then a cosine down to a tenth by `steps`.
+/// The peak learning rate of both examples.
+pub const LR: f64 = 3e-3;
+
+/// How [`schedule`] moves the learning rate over a run of K steps, for `--help`.
+pub fn schedule_help() -> String {
+    format!(
+        "the learning rate warms up linearly to {LR:e} over min(10, K/10) steps (none \
+         below K = 10), then decays by a cosine to a tenth of that at step K"
+    )
+}
+
+/// Warmup steps of a run of `steps`: a tenth of the run, at most 10, so that a short run
+/// (down to 1 step) still fits the decay horizon, which the engine requires.
+pub fn warmup_steps(steps: u64) -> usize {
+    (steps / 10).min(10) as usize
+}
+
+/// A learning rate warmed up over [`warmup_steps`], then a cosine down to a tenth by
+/// `steps`.
 fn schedule(config: &mut EngineConfig, lr: f64, steps: u64) {
     config.optim.lr = lr;
     config.optim.schedule = Schedule::WarmupCosine;
-    config.optim.warmup_steps = 10;
+    config.optim.warmup_steps = warmup_steps(steps);
     config.optim.min_lr = lr / 10.0;
     config.optim.decay_steps = Some(steps as usize);
 }
@@ -34,7 +52,7 @@ pub fn train_mlp<C: Communicator, D: Device>(
     let mut model = Mlp::new(dev, FEATURES, 64, CLASSES, ROWS)?;
     let mut config = EngineConfig::default();
     config.zero.stage = stage;
-    schedule(&mut config, 3e-3, steps);
+    schedule(&mut config, LR, steps);
     let mut engine = Engine::new(&config, comm, dev, &model)?;
     let blobs = Blobs::new(FEATURES, CLASSES, 0.8, 1);
     let mut losses = Vec::new();
@@ -80,7 +98,7 @@ pub fn train_char_lm<C: Communicator, D: Device>(
     let mut config = EngineConfig::default();
     config.zero.stage = stage;
     config.precision.dtype = Precision::Bf16;
-    schedule(&mut config, 3e-3, steps);
+    schedule(&mut config, LR, steps);
     let mut engine = Engine::new(&config, comm, dev, &model)?;
     if comm.rank() == 0 {
         println!(
@@ -111,6 +129,11 @@ pub fn train_char_lm<C: Communicator, D: Device>(
 pub struct MlpExample;
 
 impl Example for MlpExample {
+    fn about(&self) -> &'static str {
+        "an MLP classifier (16 features -> GELU MLP of width 64 -> softmax over 4 classes, \
+         fp32) on Gaussian blobs, 32 rows a rank a step"
+    }
+
     fn train<C: Communicator, D: Device>(
         &self,
         comm: &C,
@@ -126,6 +149,11 @@ impl Example for MlpExample {
 pub struct CharLmExample;
 
 impl Example for CharLmExample {
+    fn about(&self) -> &'static str {
+        "a character-level language model (3 token-shift blocks of width 64, head tied to \
+         the embedding, bf16) on a built-in text, 8 rows of 32 characters a rank a step"
+    }
+
     fn train<C: Communicator, D: Device>(
         &self,
         comm: &C,

@@ -7,8 +7,9 @@
 //! <root>/step-<S>/meta.json       rank 0: format, versions, N, stage, precision, step,
 //!                                 scaler, config (TOML), partition layout, CRC32 of every
 //!                                 block of every dataset of every rank file
-//! <root>/step-<S>/rank-<r>.h5     rank r: /unit<u>/{master,adam_m,adam_v}, fp32, the
-//!                                 rank's block r*shard_len..(r+1)*shard_len of unit u
+//! <root>/step-<S>/rank-<r:05>.h5  rank r, zero-padded (rank-00000.h5, rank-00001.h5, ...):
+//!                                 /unit<u>/{master,adam_m,adam_v}, fp32, the rank's
+//!                                 block r*shard_len..(r+1)*shard_len of unit u
 //! <root>/tmp-step-<S>-<nonce>/    a save in progress (or a dead one: ignored by load,
 //!                                 removed by the next save or by `clean_partial`, best
 //!                                 effort: one that cannot be removed is logged and left)
@@ -97,7 +98,8 @@ pub fn step_dirs(root: &std::path::Path) -> Vec<(u64, String)> {
     steps
 }
 
-/// Name of rank `r`'s shard file.
+/// Name of rank `r`'s shard file: `rank-<r>.h5` with `r` zero-padded to 5 digits
+/// (`rank-00000.h5`).
 pub fn rank_file(rank: usize) -> String {
     format!("rank-{rank:05}.h5")
 }

@@ -3,7 +3,7 @@
 //! 1. Rank 0 creates `<root>`, removes dead `tmp-step-*` directories of earlier crashed
 //!    saves (best effort: what it cannot remove is logged and left, see [`clean_partial`]),
 //!    creates `tmp-step-<S>-<nonce>/` and broadcasts the nonce (or its failure).
-//! 2. Every rank streams its blocks unit by unit into `rank-<r>.h5` (no gather), then
+//! 2. Every rank streams its blocks unit by unit into `rank-<r:05>.h5` (no gather), then
 //!    flushes, closes and fsyncs the file.
 //! 3. Agreement: an all-reduce of "failed" flags; if any rank failed, nobody publishes
 //!    and rank 0 removes the temporary directory (the previous checkpoint is untouched).

@@ -18,7 +18,7 @@ use zero_kernels::device::{Buffer, Device};
 use super::buffers::Buffers;
 use super::{EngineError, Streams};
 use crate::config::EngineConfig;
-use crate::layout::PartitionLayout;
+use crate::layout::{LayoutError, PartitionLayout};
 use crate::plan::{BufferPlan, PlanInputs};
 use crate::spec::ModelSpec;
 
@@ -61,7 +61,9 @@ pub(super) fn prepare<D: Device, C: Communicator>(
     activation_bytes: u64,
 ) -> Result<Prepared<D>, EngineError> {
     config.validate()?;
-    spec.validate().map_err(EngineError::Mismatch)?;
+    // This rank's own spec is malformed: a layout error, not Mismatch (which says the
+    // ranks disagree).
+    spec.validate().map_err(LayoutError::BadSpec)?;
     let (rank, world) = (comm.rank(), comm.size());
     let layout = PartitionLayout::new(spec, world, config.zero.align)?;
     let mut inputs = PlanInputs::from_config(config, world, activation_bytes);
@@ -209,6 +211,40 @@ mod tests {
             ("policy", policy),
         ] {
             assert_ne!(fingerprint(&spec, &c), f, "{what}");
+        }
+    }
+
+    #[test]
+    fn a_malformed_spec_is_a_layout_error_on_every_rank_not_a_mismatch() {
+        use crate::spec::{LayerSpec, ParamSpec, UnitSpec};
+        use zero_kernels::device::HostDevice;
+        // The same bad spec on both ranks (a duplicate name): each rank's own error, which
+        // is no disagreement between the ranks.
+        let spec = ModelSpec {
+            units: vec![UnitSpec {
+                name: "u".into(),
+                params: vec![ParamSpec::new("w", &[2]), ParamSpec::new("w", &[3])],
+            }],
+            layers: vec![LayerSpec::new("l", vec![0])],
+        };
+        let config = EngineConfig::default();
+        let outcomes = zero_comm::run_local(2, Default::default(), |comm| {
+            let dev = HostDevice::new();
+            let agreement = Agreement::new(&comm, &dev).map_err(|e| e.to_string())?;
+            let mine = prepare(&config, &comm, None, &dev, &spec, 0).map(drop);
+            match agreement.agree(&comm, &dev, fingerprint(&spec, &config), mine) {
+                Err(EngineError::Layout(LayoutError::BadSpec(m))) => Ok(m),
+                other => Err(format!("{:?}", other.map(drop))),
+            }
+        });
+        for (rank, outcome) in outcomes.into_iter().enumerate() {
+            let message = outcome
+                .expect("no panic")
+                .unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+            assert!(
+                message.contains("'w' appears twice"),
+                "rank {rank}: {message}"
+            );
         }
     }
 
