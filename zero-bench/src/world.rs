@@ -54,7 +54,11 @@ mod backend {
     /// singleton told by `ZERO_RENDEZVOUS` that it is one of several stops: this build
     /// joins ranks through MPI only, and would otherwise train alone.
     pub fn init(command: &str) -> anyhow::Result<World> {
-        let (ctx, comm) = zero_comm::init().map_err(|e| anyhow!("cannot initialise MPI: {e}"))?;
+        // (An Init error's own text begins "MPI initialisation failed": not said twice.)
+        let (ctx, comm) = zero_comm::init().map_err(|e| match e {
+            zero_comm::CommError::Init(why) => anyhow!("cannot initialise MPI: {why}"),
+            e => anyhow!("cannot initialise MPI: {e}"),
+        })?;
         if let Ok(Some(rv)) = zero_comm::socket::Rendezvous::from_env() {
             if comm.size() == 1 && rv.size > 1 {
                 return Err(anyhow!(

@@ -66,6 +66,16 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1800);
 /// The longest `ZERO_COMM_PROGRESS_US` taken.
 pub const MAX_PROGRESS_POLL_US: u64 = 1_000_000;
 
+/// A `ZERO_COMM_*` value that is not allowed. It is read before MPI is up, on every rank
+/// alike, and one node with a bad environment among hundreds must be findable: the error
+/// names this process by its launcher's rank and its host.
+fn bad_setting(detail: String) -> CommError {
+    CommError::Config {
+        process: crate::exit::this_process(),
+        detail,
+    }
+}
+
 /// `ZERO_COMM_TIMEOUT`: seconds (> 0, at most a year), or `0`/`off` for no watchdog.
 fn parse_timeout(v: &str) -> Result<Option<Duration>> {
     let t = v.trim();
@@ -73,7 +83,7 @@ fn parse_timeout(v: &str) -> Result<Option<Duration>> {
         return Ok(None);
     }
     let bad = || {
-        CommError::Init(format!(
+        bad_setting(format!(
             "ZERO_COMM_TIMEOUT='{v}' must be a number of seconds from 1 up to a year (31536000), or 0/off for no watchdog (a shorter one would fire on ordinary collectives)"
         ))
     };
@@ -103,12 +113,12 @@ impl CommConfig {
         };
         if let Ok(v) = std::env::var("ZERO_COMM_PROGRESS_US") {
             let us: u64 = v.trim().parse().map_err(|_| {
-                CommError::Init(format!(
+                bad_setting(format!(
                     "ZERO_COMM_PROGRESS_US='{v}' is not a whole number of microseconds (0: no progress thread)"
                 ))
             })?;
             if us > MAX_PROGRESS_POLL_US {
-                return Err(CommError::Init(format!(
+                return Err(bad_setting(format!(
                     "ZERO_COMM_PROGRESS_US={us}: at most {MAX_PROGRESS_POLL_US} (1 s; the thread only nudges MPI, and it is waited for at the end), default {}",
                     DEFAULT_PROGRESS_POLL.as_micros()
                 )));
@@ -123,11 +133,7 @@ impl CommConfig {
             c.check = match v.trim() {
                 "1" | "true" | "yes" => true,
                 "0" | "false" | "no" | "" => false,
-                _ => {
-                    return Err(CommError::Init(format!(
-                        "ZERO_COMM_CHECK='{v}' must be 1 or 0"
-                    )))
-                }
+                _ => return Err(bad_setting(format!("ZERO_COMM_CHECK='{v}' must be 1 or 0"))),
             };
         }
         if let Ok(v) = std::env::var("ZERO_COMM_RING") {
@@ -135,7 +141,7 @@ impl CommConfig {
                 "1" | "true" | "yes" | "" => false,
                 "0" | "false" | "no" => true,
                 _ => {
-                    return Err(CommError::Init(format!(
+                    return Err(bad_setting(format!(
                         "ZERO_COMM_RING='{v}' must be 1 (reduce-scatters as a ring, the default) or 0 (MPI's own)"
                     )))
                 }
@@ -145,7 +151,7 @@ impl CommConfig {
             c.half_sum = v
                 .trim()
                 .parse()
-                .map_err(|e| CommError::Init(format!("ZERO_COMM_HALF_SUM: {e}")))?;
+                .map_err(|e| bad_setting(format!("ZERO_COMM_HALF_SUM: {e}")))?;
         }
         Ok(c)
     }
@@ -170,6 +176,10 @@ mod tests {
                 e.contains("ZERO_COMM_TIMEOUT") && e.contains("0/off"),
                 "{bad}: {e}"
             );
+            // Which node has the bad value, and no "MPI initialisation failed": this is
+            // no failure of MPI.
+            assert!(e.contains(" on host "), "{e}");
+            assert!(!e.contains("initialisation"), "{e}");
         }
     }
 

@@ -2,6 +2,7 @@
 //! a 512-rank log says where it came from.
 
 use crate::buffer::Location;
+use crate::stats::CollectiveKind;
 use crate::DType;
 
 /// Result of a zero-comm call.
@@ -13,13 +14,17 @@ pub enum CommError {
     /// An MPI call returned an error code (communicators use MPI_ERRORS_RETURN, so MPI
     /// errors come back here instead of aborting inside the library).
     #[error(
-        "rank {rank}: {call} on communicator '{comm}' failed with MPI error {code}: {message}"
+        "rank {rank}: {}{call} on communicator '{comm}' failed with MPI error {code}: {message}",
+        in_collective(.collective)
     )]
     Mpi {
         /// Rank (in the world) that saw the error.
         rank: usize,
         /// The MPI function.
         call: &'static str,
+        /// The collective it was part of (a non-blocking one tested or waited for, or one
+        /// issued); `None` for calls outside the numbered collectives (set-up).
+        collective: Option<CollectiveCall>,
         /// Name of the communicator.
         comm: String,
         /// MPI error code.
@@ -30,6 +35,17 @@ pub enum CommError {
     /// MPI could not be initialised (or was initialised twice).
     #[error("MPI initialisation failed: {0}")]
     Init(String),
+    /// A `ZERO_COMM_*` variable holds a value that is not allowed
+    /// ([`crate::CommConfig::from_env`]). Read before MPI is up, so the process is named
+    /// by its launcher's rank and its host.
+    #[error("{process}: {detail}")]
+    Config {
+        /// `rank 3 (OMPI_COMM_WORLD_RANK) on host n2`, or the pid and host without a
+        /// launcher rank.
+        process: String,
+        /// The variable, its value and what is allowed.
+        detail: String,
+    },
     /// Buffer lengths that do not fit the collective.
     #[error("rank {rank}: {op} on '{comm}': {detail}")]
     Size {
@@ -248,8 +264,63 @@ impl CommError {
     }
 }
 
+/// One collective: what a failure inside it is reported with, as the watchdog names it
+/// (`reduce_scatter #2282 (789792 x bf16)`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CollectiveCall {
+    /// The collective.
+    pub kind: CollectiveKind,
+    /// Its sequence number on its communicator.
+    pub seq: u64,
+    /// Its element count.
+    pub count: usize,
+    /// Its element type.
+    pub dtype: DType,
+}
+
+impl std::fmt::Display for CollectiveCall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} #{} ({} x {})",
+            self.kind, self.seq, self.count, self.dtype
+        )
+    }
+}
+
+/// `reduce_scatter #2282 (789792 x bf16): ` ahead of an MPI error inside a collective.
+fn in_collective(collective: &Option<CollectiveCall>) -> String {
+    collective.map_or_else(String::new, |c| format!("{c}: "))
+}
+
 /// `1, 3, 4` for the messages above.
 fn rank_list(ranks: &[usize]) -> String {
     let v: Vec<String> = ranks.iter().map(usize::to_string).collect();
     v.join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_mpi_error_in_a_collective_names_it() {
+        let e = CommError::Mpi {
+            rank: 3,
+            call: "MPI_Waitall",
+            collective: Some(CollectiveCall {
+                kind: CollectiveKind::ReduceScatter,
+                seq: 2282,
+                count: 789_792,
+                dtype: DType::BF16,
+            }),
+            comm: "world".into(),
+            code: 15,
+            message: "MPI_ERR_TRUNCATE".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "rank 3: reduce_scatter #2282 (789792 x bf16): MPI_Waitall on communicator 'world' failed with MPI error 15: MPI_ERR_TRUNCATE"
+        );
+    }
 }

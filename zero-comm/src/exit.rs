@@ -44,17 +44,53 @@ pub(crate) fn abort_world(code: i32) -> ! {
     unsafe { libc::_exit(code) }
 }
 
+/// This machine's host name (`gethostname`), or "unknown".
+pub(crate) fn host_name() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is writable for its length; gethostname NUL-terminates within it
+    // or truncates, and we stop at the first NUL.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr() as *mut libc::c_char, buf.len()) };
+    if rc != 0 {
+        return "unknown".into();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+/// The rank the launcher gave this process, and the variable it came from (the first of
+/// [`crate::socket::RANK_VARS`] that holds a number): all there is before MPI_Init.
+pub(crate) fn launcher_rank() -> Option<(&'static str, usize)> {
+    crate::socket::RANK_VARS
+        .iter()
+        .find_map(|&name| Some((name, std::env::var(name).ok()?.trim().parse().ok()?)))
+}
+
+/// `rank 3 (OMPI_COMM_WORLD_RANK) on host n2`, or `pid 42 on host n2` without a launcher
+/// rank: who says a line before MPI (and `WORLD_RANK`) is up, so that one bad node among
+/// hundreds can be found.
+pub(crate) fn describe_process(rank: Option<(&str, usize)>, host: &str, pid: u32) -> String {
+    match rank {
+        Some((var, r)) => format!("rank {r} ({var}) on host {host}"),
+        None => format!("pid {pid} on host {host} (no launcher rank variable set)"),
+    }
+}
+
+/// [`describe_process`] of this process.
+pub(crate) fn this_process() -> String {
+    describe_process(launcher_rank(), &host_name(), std::process::id())
+}
+
 /// A call that must return within a time limit: a thread runs `on_expiry` unless the guard
 /// is dropped first. For calls that block in a library with no timeout of their own
 /// (`ncclCommInitRank`, which waits forever for a rank that never comes).
-#[cfg_attr(not(feature = "nccl"), allow(dead_code))]
+#[cfg_attr(not(any(feature = "nccl", feature = "mpi")), allow(dead_code))]
 pub(crate) struct Deadline {
     /// Dropping it wakes the thread, which then returns.
     disarm: Option<std::sync::mpsc::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
-#[cfg_attr(not(feature = "nccl"), allow(dead_code))]
+#[cfg_attr(not(any(feature = "nccl", feature = "mpi")), allow(dead_code))]
 impl Deadline {
     /// Start the clock: `on_expiry` runs on a thread named `name` after `limit`, unless the
     /// guard is dropped before.
@@ -95,6 +131,16 @@ mod tests {
     use std::time::{Duration, Instant};
 
     #[test]
+    fn a_process_is_named_by_its_launcher_rank_and_host() {
+        assert_eq!(
+            describe_process(Some(("OMPI_COMM_WORLD_RANK", 3)), "n2", 42),
+            "rank 3 (OMPI_COMM_WORLD_RANK) on host n2"
+        );
+        let anonymous = describe_process(None, "n2", 42);
+        assert!(anonymous.contains("pid 42 on host n2"), "{anonymous}");
+    }
+
+    #[test]
     fn a_deadline_fires_only_when_the_call_outlives_it() {
         let fired = Arc::new(AtomicBool::new(false));
         let f = Arc::clone(&fired);
@@ -120,5 +166,37 @@ mod tests {
             "a call that outlives its limit"
         );
         drop(guard);
+    }
+}
+
+/// Running a test's body in a child process, for what ends the process (a deadline or
+/// the watchdog firing): the test re-runs itself, only itself, with [`child::MARK`] set.
+/// (Used by the MPI build's tests.)
+#[cfg(all(test, feature = "mpi"))]
+pub(crate) mod child {
+    use std::process::{Command, Output};
+
+    /// Set in the child's environment.
+    pub(crate) const MARK: &str = "ZERO_COMM_TEST_CHILD";
+
+    /// Whether this process is the child of [`run`].
+    pub(crate) fn is_child() -> bool {
+        std::env::var_os(MARK).is_some()
+    }
+
+    /// Run the test `name` (its full path, e.g. `exit::tests::x`) alone in a child
+    /// process with `env` added and the launcher's rank variables removed.
+    pub(crate) fn run(name: &str, env: &[(&str, &str)]) -> Output {
+        let exe = std::env::current_exe().expect("the test binary's path");
+        let mut cmd = Command::new(exe);
+        cmd.args([name, "--exact", "--nocapture", "--test-threads=1"])
+            .env(MARK, "1");
+        for var in crate::socket::RANK_VARS {
+            cmd.env_remove(var);
+        }
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.output().expect("the child test runs")
     }
 }

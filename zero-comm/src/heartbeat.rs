@@ -31,8 +31,6 @@ use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::stats::CollectiveKind;
-
 /// How long a question waits for a connection and for its answer.
 pub(crate) const ANSWER_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -89,28 +87,18 @@ pub(crate) enum NoAnswer {
     Silent,
 }
 
-/// Collectives as (kind, sequence number, communicator name).
-pub(crate) type Calls = Vec<(CollectiveKind, u64, String)>;
+/// Collectives as (kind, sequence number, communicator name); the kind is a collective's
+/// name (`all_reduce`) or, for a watched set-up call, MPI's (`MPI_Comm_split`): one word.
+pub(crate) type Calls = Vec<(&'static str, u64, String)>;
 
 /// What a rank's server reports: a snapshot taken when asked.
 pub(crate) trait State: Send + Sync + 'static {
     /// (kind, seq, comm, seconds waited) of the collectives this rank waits in, and
     /// (kind, seq, comm) of the last one it completed on each communicator.
-    fn snapshot(&self) -> (Vec<(CollectiveKind, u64, String, f64)>, Calls);
+    fn snapshot(&self) -> (Vec<(&'static str, u64, String, f64)>, Calls);
 }
 
-/// This machine's host name (`gethostname`), or "unknown".
-pub(crate) fn host_name() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: the buffer is writable for its length; gethostname NUL-terminates within it
-    // or truncates, and we stop at the first NUL.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr() as *mut libc::c_char, buf.len()) };
-    if rc != 0 {
-        return "unknown".into();
-    }
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    String::from_utf8_lossy(&buf[..end]).into_owned()
-}
+pub(crate) use crate::exit::host_name;
 
 /// Start the server thread for rank `rank`; returns its port.
 pub(crate) fn serve(rank: usize, state: Arc<dyn State>) -> std::io::Result<u16> {
@@ -127,10 +115,10 @@ pub(crate) fn serve(rank: usize, state: Arc<dyn State>) -> std::io::Result<u16> 
                 let mut text = format!("zero-comm heartbeat 1 rank {rank} pid {pid} host {host}\n");
                 for (kind, seq, comm, waited) in waiting {
                     let ms = (waited * 1e3) as u64;
-                    text.push_str(&format!("in {} {seq} {ms} {comm}\n", kind.name()));
+                    text.push_str(&format!("in {kind} {seq} {ms} {comm}\n"));
                 }
                 for (kind, seq, comm) in done {
-                    text.push_str(&format!("done {} {seq} {comm}\n", kind.name()));
+                    text.push_str(&format!("done {kind} {seq} {comm}\n"));
                 }
                 text.push_str("end\n");
                 let _ = stream.set_write_timeout(Some(ANSWER_TIMEOUT));
@@ -380,7 +368,11 @@ pub(crate) fn report(
         }
     }
     let total = answers.len() + 1;
-    let scope = if stuck.comm == "world" {
+    // The world's own calls, ours or MPI_COMM_WORLD's at set-up ("world (set-up)").
+    let on_world = ["world", "MPI_COMM_WORLD"]
+        .iter()
+        .any(|w| stuck.comm == *w || stuck.comm.starts_with(&format!("{w} (")));
+    let scope = if on_world {
         String::new()
     } else {
         format!(
@@ -405,7 +397,7 @@ pub(crate) fn report(
 }
 
 /// Per communicator, the last completed collective (kept by the watchdog).
-pub(crate) type Completed = HashMap<String, (u64, CollectiveKind)>;
+pub(crate) type Completed = HashMap<String, (u64, &'static str)>;
 
 #[cfg(test)]
 mod tests {
@@ -413,10 +405,10 @@ mod tests {
 
     struct Fixed;
     impl State for Fixed {
-        fn snapshot(&self) -> (Vec<(CollectiveKind, u64, String, f64)>, Calls) {
+        fn snapshot(&self) -> (Vec<(&'static str, u64, String, f64)>, Calls) {
             (
-                vec![(CollectiveKind::AllReduce, 7, "world".into(), 31.25)],
-                vec![(CollectiveKind::AllGather, 6, "world".into())],
+                vec![("all_reduce", 7, "world".into(), 31.25)],
+                vec![("all_gather", 6, "world".into())],
             )
         }
     }

@@ -5,12 +5,17 @@
 //! hook that prints `rank R: <message>` and aborts the whole job (so the other ranks do not
 //! hang in their next collective), our own duplicate of MPI_COMM_WORLD with
 //! MPI_ERRORS_RETURN, the half-precision ops, and the watchdog when configured.
+//!
+//! With a timeout configured, no call of the set-up or the end waits without a limit:
+//! MPI_Init_thread and MPI_Finalize (which wait for every rank of the job) are bounded by
+//! an [`exit::Deadline`], and the exchanges in between run under the watchdog, started
+//! right after MPI_Init_thread.
 
 use crate::config::CommConfig;
 use crate::error::{CommError, Result};
-use crate::exit::{abort_world, line_to_stderr, PANIC_EXIT_CODE, WORLD_RANK};
+use crate::exit::{self, abort_world, line_to_stderr, Deadline, PANIC_EXIT_CODE, WORLD_RANK};
 use crate::mpi::{mpi_error_string, ops::HalfOps, MpiComm, Shared};
-use crate::watchdog::Watchdog;
+use crate::watchdog::{set_up_comm, WatchToken, Watchdog, Watched, WATCHDOG_EXIT_CODE};
 use mpi::environment::Universe;
 use mpi::ffi;
 use mpi::Threading;
@@ -19,6 +24,11 @@ use crate::mpi::progress::ProgressThread;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
+
+/// How long a rank whose MPI_Finalize outlived its limit waits for its MPI_Abort to end
+/// it before it exits by itself (the abort may block in a library that is finalising).
+const ABORT_FALLBACK: Duration = Duration::from_secs(10);
 
 /// Keeps MPI initialised; dropping it stops the watchdog and calls MPI_Finalize. Drop the
 /// communicators first (a communicator dropped later is not freed, which is harmless).
@@ -30,6 +40,11 @@ pub struct MpiContext {
     threading: Threading,
     world_rank: usize,
     world_size: usize,
+    /// The watchdog's timeout, which bounds MPI_Finalize too.
+    timeout: Option<Duration>,
+    /// Armed in `drop`, once the watchdog stops; declared after `universe` so that it is
+    /// dropped (disarmed) only after MPI_Finalize has returned.
+    finalize_deadline: Option<Deadline>,
 }
 
 impl std::fmt::Debug for MpiContext {
@@ -66,11 +81,89 @@ impl Drop for MpiContext {
         if let Some(w) = &self.watchdog {
             w.stop();
         }
+        // Nothing watches from here on, and MPI_Finalize waits for every rank: one that
+        // hangs or was stopped before its own would hold this one forever.
+        self.finalize_deadline = self
+            .timeout
+            .and_then(|limit| finalize_deadline(self.world_rank, limit));
         // Before MPI_Finalize: the thread calls MPI.
         if let Some(p) = &self.progress {
             p.stop();
         }
     }
+}
+
+/// Arm `limit` for the end of MPI (the progress thread's stop and MPI_Finalize, which
+/// runs when `universe` drops): past it, say so and abort the job.
+fn finalize_deadline(world_rank: usize, limit: Duration) -> Option<Deadline> {
+    let expired = move || {
+        line_to_stderr(&format!(
+            "rank {world_rank}: MPI_Finalize has not returned after {:.1} s (ZERO_COMM_TIMEOUT): it waits for every rank of the job to finish; check the other ranks' output for one that is still working, hung or was stopped; aborting the job",
+            limit.as_secs_f64()
+        ));
+        // MPI_Abort inside a finalising library may block: exit after a while regardless.
+        let _ = std::thread::Builder::new()
+            .name("mpi-finalize-fallback".into())
+            .spawn(|| {
+                std::thread::sleep(ABORT_FALLBACK);
+                // SAFETY: ends the process without running destructors (they would
+                // call MPI).
+                unsafe { libc::_exit(WATCHDOG_EXIT_CODE) }
+            });
+        abort_world(WATCHDOG_EXIT_CODE)
+    };
+    start_deadline(
+        format!("mpi-finalize-deadline-{world_rank}"),
+        limit,
+        expired,
+    )
+}
+
+/// Arm `limit` for MPI_Init_thread, which waits for every rank of the job: past it, say
+/// so, naming this process by its launcher's rank and host (MPI gives no rank yet), and
+/// exit plainly (MPI_Abort needs MPI up).
+fn init_deadline(limit: Duration) -> Option<Deadline> {
+    let expired = move || {
+        line_to_stderr(&format!(
+            "{}: MPI_Init_thread has not returned after {:.1} s (ZERO_COMM_TIMEOUT): it waits for every rank of the job; check that every rank was started (the launcher's output), that none failed, hung or was stopped before MPI_Init, and that the nodes can reach each other (network, firewall); exiting with code {WATCHDOG_EXIT_CODE}",
+            exit::this_process(),
+            limit.as_secs_f64()
+        ));
+        // SAFETY: ends the process without running destructors; MPI is not up to abort.
+        unsafe { libc::_exit(WATCHDOG_EXIT_CODE) }
+    };
+    start_deadline("mpi-init-deadline".into(), limit, expired)
+}
+
+/// A deadline, or none (with a warning) when its thread cannot start: not a reason to
+/// fail this rank alone, while its peers wait for it in MPI.
+fn start_deadline(
+    name: String,
+    limit: Duration,
+    expired: impl FnOnce() + Send + 'static,
+) -> Option<Deadline> {
+    match Deadline::start(name.clone(), limit, expired) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            log::warn!(
+                "{}: no thread for {name} ({e}): that call goes unbounded",
+                exit::this_process()
+            );
+            None
+        }
+    }
+}
+
+/// Watch the start-up call `call` (#`seq` on MPI_COMM_WORLD) until the token drops.
+fn watch_start_up(
+    watchdog: &Option<Arc<Watchdog>>,
+    seq: u64,
+    call: &'static str,
+    purpose: &'static str,
+) -> Option<WatchToken> {
+    let what = Watched::SetUp { call, purpose };
+    let dog = watchdog.as_ref()?;
+    Some(dog.enter(&set_up_comm("MPI_COMM_WORLD"), seq, what))
 }
 
 /// Run `job` as this process's rank of an MPI job (started by mpirun or srun) and end it
@@ -129,7 +222,10 @@ pub fn init() -> Result<(MpiContext, MpiComm)> {
 /// Initialise MPI with these options. Returns the context guard and the world
 /// communicator (our own duplicate of MPI_COMM_WORLD).
 pub fn init_with(config: CommConfig) -> Result<(MpiContext, MpiComm)> {
-    let (universe, threading) = mpi::initialize_with_threading(Threading::Multiple)
+    let init_bound = config.timeout.and_then(init_deadline);
+    let initialised = mpi::initialize_with_threading(Threading::Multiple);
+    drop(init_bound);
+    let (universe, threading) = initialised
         .ok_or_else(|| CommError::Init("MPI was already initialised in this process".into()))?;
     let (mut rank, mut size) = (0, 0);
     // SAFETY: MPI is initialised; out-pointers are locals.
@@ -139,15 +235,7 @@ pub fn init_with(config: CommConfig) -> Result<(MpiContext, MpiComm)> {
     }
     let (world_rank, world_size) = (rank as usize, size as usize);
     install_panic_hook(world_rank);
-    same_protocol_on_every_rank(world_rank, &config)?;
-    if threading != Threading::Multiple {
-        log::warn!(
-            "rank {world_rank}: MPI granted {threading:?}, not Multiple; the watchdog's \
-             MPI_Abort from its own thread relies on the library tolerating it, and \
-             non-blocking collectives advance only when tested (no progress thread)"
-        );
-    }
-    let ops = HalfOps::create().map_err(|rc| init_failed(world_rank, "MPI_Op_create", rc))?;
+    // Started before the first exchange: every one below waits for every rank.
     let watchdog = match config.timeout {
         Some(t) => Some(Watchdog::start(world_rank, t).map_err(|e| {
             CommError::Init(format!(
@@ -156,6 +244,23 @@ pub fn init_with(config: CommConfig) -> Result<(MpiContext, MpiComm)> {
         })?),
         None => None,
     };
+    {
+        let _watch = watch_start_up(
+            &watchdog,
+            0,
+            "MPI_Allreduce",
+            "comparing the ZERO_COMM_* settings",
+        );
+        same_protocol_on_every_rank(world_rank, &config)?;
+    }
+    if threading != Threading::Multiple {
+        log::warn!(
+            "rank {world_rank}: MPI granted {threading:?}, not Multiple; the watchdog's \
+             MPI_Abort from its own thread relies on the library tolerating it, and \
+             non-blocking collectives advance only when tested (no progress thread)"
+        );
+    }
+    let ops = HalfOps::create().map_err(|rc| init_failed(world_rank, "MPI_Op_create", rc))?;
     // Every rank takes part in the exchange, watchdog or not (ZERO_COMM_TIMEOUT may not
     // reach every node, a port may fail to bind): a rank with nothing to offer sends
     // port 0, and the others know it cannot be asked.
@@ -171,13 +276,28 @@ pub fn init_with(config: CommConfig) -> Result<(MpiContext, MpiComm)> {
         },
         None => 0,
     };
-    let peers = exchange_addresses(world_rank, world_size, port)?;
+    let peers = {
+        let _watch = watch_start_up(
+            &watchdog,
+            1,
+            "MPI_Allgather",
+            "exchanging the watchdog's heartbeat addresses",
+        );
+        exchange_addresses(world_rank, world_size, port)?
+    };
     if let Some(dog) = &watchdog {
         dog.set_peers(peers);
     }
     let mut dup = std::mem::MaybeUninit::<ffi::MPI_Comm>::uninit();
+    let watch = watch_start_up(
+        &watchdog,
+        2,
+        "MPI_Comm_dup",
+        "our own copy of MPI_COMM_WORLD",
+    );
     // SAFETY: collective over the world; MPI writes one handle.
     let rc = unsafe { ffi::MPI_Comm_dup(ffi::RSMPI_COMM_WORLD, dup.as_mut_ptr()) };
+    drop(watch);
     if rc != 0 {
         return Err(init_failed(world_rank, "MPI_Comm_dup(MPI_COMM_WORLD)", rc));
     }
@@ -203,6 +323,7 @@ pub fn init_with(config: CommConfig) -> Result<(MpiContext, MpiComm)> {
         watchdog: watchdog.clone(),
         progress: progress.clone(),
     });
+    let timeout = shared.config.timeout;
     let world = MpiComm::adopt(dup, "world".to_string(), shared)?;
     Ok((
         MpiContext {
@@ -212,6 +333,8 @@ pub fn init_with(config: CommConfig) -> Result<(MpiContext, MpiComm)> {
             threading,
             world_rank,
             world_size,
+            timeout,
+            finalize_deadline: None,
         },
         world,
     ))
@@ -325,4 +448,76 @@ fn install_panic_hook(world_rank: usize) {
         line_to_stderr(&format!("rank {world_rank}: {msg}{at}"));
         abort_world(PANIC_EXIT_CODE);
     }));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exit::child;
+    use std::time::Instant;
+
+    /// Run `test` in a child with `env`; it must end by itself with the watchdog's code
+    /// well before the call it bounds would have; its stderr.
+    fn ends_the_job(test: &str, env: &[(&str, &str)]) -> String {
+        let started = Instant::now();
+        let out = child::run(test, env);
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(WATCHDOG_EXIT_CODE), "{stderr}");
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the limit, not the call, ended it"
+        );
+        stderr
+    }
+
+    #[test]
+    fn an_mpi_init_that_outlives_the_timeout_exits_naming_the_launcher_rank() {
+        if child::is_child() {
+            let _bound = init_deadline(Duration::from_millis(200));
+            std::thread::sleep(Duration::from_secs(30)); // MPI_Init_thread, hung
+            return;
+        }
+        let stderr = ends_the_job(
+            "init::tests::an_mpi_init_that_outlives_the_timeout_exits_naming_the_launcher_rank",
+            &[("OMPI_COMM_WORLD_RANK", "7")],
+        );
+        let said = format!(
+            "rank 7 (OMPI_COMM_WORLD_RANK) on host {}: MPI_Init_thread has not returned after 0.2 s",
+            exit::host_name()
+        );
+        assert!(stderr.contains(&said), "{stderr}");
+        assert!(
+            stderr.contains("check that every rank was started"),
+            "{stderr}"
+        );
+    }
+
+    #[test]
+    fn an_mpi_finalize_that_outlives_the_timeout_aborts() {
+        if child::is_child() {
+            let _bound = finalize_deadline(4, Duration::from_millis(200));
+            std::thread::sleep(Duration::from_secs(30)); // MPI_Finalize, hung
+            return;
+        }
+        let stderr = ends_the_job(
+            "init::tests::an_mpi_finalize_that_outlives_the_timeout_aborts",
+            &[],
+        );
+        assert!(
+            stderr.contains("rank 4: MPI_Finalize has not returned after 0.2 s"),
+            "{stderr}"
+        );
+        assert!(stderr.contains("check the other ranks' output"), "{stderr}");
+    }
+
+    #[test]
+    fn a_call_that_returns_in_time_is_not_ended() {
+        let started = Instant::now();
+        drop(init_deadline(Duration::from_secs(60)));
+        drop(finalize_deadline(0, Duration::from_secs(60)));
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "disarmed at once"
+        );
+    }
 }

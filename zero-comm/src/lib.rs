@@ -66,7 +66,7 @@ pub use backend::{
 pub use buffer::{CommBuf, CommBufMut, Location};
 pub use communicator::{Communicator, InFlight, RawBuf, RawCall, ReduceOp};
 pub use config::{CommConfig, HalfSum};
-pub use error::{CommError, Result};
+pub use error::{CollectiveCall, CommError, Result};
 pub use exit::{abort, line_to_stderr, PANIC_EXIT_CODE};
 #[cfg(feature = "mpi")]
 pub use init::{init, init_with, mpi_main, MpiContext};

@@ -37,14 +37,67 @@ const SUSPEND_SLACK: Duration = Duration::from_secs(2);
 /// How often a rank that left the report to a lower rank asks whether it still waits.
 const REPORTER_POLL: Duration = Duration::from_millis(500);
 
+/// What a watched call is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Watched {
+    /// A collective of `count` x `dtype`.
+    Collective {
+        kind: CollectiveKind,
+        count: usize,
+        dtype: DType,
+    },
+    /// A blocking MPI call of the set-up (bringing MPI up, creating a communicator, the
+    /// node-group exchange), collective over its communicator: `call` is MPI's name for
+    /// it, `purpose` what it is for. Numbered apart from the collectives, on
+    /// [`set_up_comm`]'s name.
+    SetUp {
+        call: &'static str,
+        purpose: &'static str,
+    },
+}
+
+impl Watched {
+    /// One word for the heartbeat's answers and the report: the collective's name, or the
+    /// MPI call's.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Watched::Collective { kind, .. } => kind.name(),
+            Watched::SetUp { call, .. } => call,
+        }
+    }
+}
+
+/// The name set-up calls on `comm` are watched and reported under (their numbers are not
+/// the collectives' numbers, so they are kept apart in the heartbeat's answers).
+pub(crate) fn set_up_comm(comm: &str) -> String {
+    format!("{comm} (set-up)")
+}
+
 #[derive(Clone, Debug)]
 struct Entry {
     comm: String,
     seq: u64,
-    kind: CollectiveKind,
-    count: usize,
-    dtype: DType,
+    what: Watched,
     started: Instant,
+}
+
+/// The line a rank prints when `e` has waited `waited_s` past `timeout_s`: which call, on
+/// which rank, and what to check.
+fn timed_out_line(world_rank: usize, e: &Entry, waited_s: f64, timeout_s: f64) -> String {
+    match e.what {
+        Watched::Collective { kind, count, dtype } => format!(
+            "rank {world_rank}: watchdog: {kind} #{} on '{}' ({count} x {dtype}) has not finished after {waited_s:.1} s \
+             (timeout {timeout_s:.1} s); aborting the job",
+            e.seq, e.comm
+        ),
+        Watched::SetUp { call, purpose } => format!(
+            "rank {world_rank}: watchdog: {call} ({purpose}; #{} on '{}') has not returned after {waited_s:.1} s \
+             (timeout {timeout_s:.1} s, ZERO_COMM_TIMEOUT); aborting the job. Every rank of the communicator must make this call: \
+             check the other ranks' output for one that failed, hung or was stopped before it (the report below names the ranks that are not in it), \
+             or raise ZERO_COMM_TIMEOUT if set-up is only slow",
+            e.seq, e.comm
+        ),
+    }
 }
 
 /// Collectives in flight on this rank, watched by one thread.
@@ -64,7 +117,7 @@ pub(crate) struct Watchdog {
 }
 
 impl heartbeat::State for Watchdog {
-    fn snapshot(&self) -> (Vec<(CollectiveKind, u64, String, f64)>, Calls) {
+    fn snapshot(&self) -> (Vec<(&'static str, u64, String, f64)>, Calls) {
         let waiting = self
             .in_flight
             .lock()
@@ -72,7 +125,7 @@ impl heartbeat::State for Watchdog {
                 m.values()
                     .map(|e| {
                         let waited = e.started.elapsed().as_secs_f64();
-                        (e.kind, e.seq, e.comm.clone(), waited)
+                        (e.what.name(), e.seq, e.comm.clone(), waited)
                     })
                     .collect()
             })
@@ -105,8 +158,12 @@ pub(crate) struct WatchSpec {
 impl WatchSpec {
     /// Watch from now until the token is dropped.
     pub(crate) fn enter(&self) -> WatchToken {
-        self.dog
-            .enter(&self.comm, self.seq, self.kind, self.count, self.dtype)
+        let what = Watched::Collective {
+            kind: self.kind,
+            count: self.count,
+            dtype: self.dtype,
+        };
+        self.dog.enter(&self.comm, self.seq, what)
     }
 }
 
@@ -125,9 +182,9 @@ impl Drop for WatchToken {
             .ok()
             .and_then(|mut m| m.remove(&self.id));
         if let (Some(e), Ok(mut c)) = (done, self.dog.completed.lock()) {
-            let last = c.entry(e.comm).or_insert((e.seq, e.kind));
+            let last = c.entry(e.comm).or_insert((e.seq, e.what.name()));
             if e.seq >= last.0 {
-                *last = (e.seq, e.kind);
+                *last = (e.seq, e.what.name());
             }
         }
     }
@@ -193,22 +250,13 @@ impl Watchdog {
             .max(heartbeat::report_slack(self.timeout) + 2 * heartbeat::ANSWER_TIMEOUT + GRACE)
     }
 
-    /// Watch one collective until the token is dropped.
-    pub(crate) fn enter(
-        self: &Arc<Self>,
-        comm: &str,
-        seq: u64,
-        kind: CollectiveKind,
-        count: usize,
-        dtype: DType,
-    ) -> WatchToken {
+    /// Watch one call (`what`, #`seq` on `comm`) until the token is dropped.
+    pub(crate) fn enter(self: &Arc<Self>, comm: &str, seq: u64, what: Watched) -> WatchToken {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let e = Entry {
             comm: comm.to_string(),
             seq,
-            kind,
-            count,
-            dtype,
+            what,
             started: Instant::now(),
         };
         if let Ok(mut m) = self.in_flight.lock() {
@@ -280,22 +328,16 @@ impl Watchdog {
                 // sees this and waits for the abort, so the process cannot exit 0 after
                 // the line below.
                 self.fired.store(true, Ordering::SeqCst);
-                crate::exit::line_to_stderr(&format!(
-                    "rank {}: watchdog: {} #{} on '{}' ({} x {}) has not finished after {:.1} s \
-                     (timeout {:.1} s); aborting the job",
+                crate::exit::line_to_stderr(&timed_out_line(
                     self.world_rank,
-                    e.kind,
-                    e.seq,
-                    e.comm,
-                    e.count,
-                    e.dtype,
+                    &e,
                     e.started.elapsed().as_secs_f64(),
-                    self.timeout.as_secs_f64()
+                    self.timeout.as_secs_f64(),
                 ));
                 let _ = std::io::stderr().flush();
                 // Ask the others where they are; one rank reports (heartbeat.rs).
                 let stuck = Call {
-                    kind: e.kind.name().to_string(),
+                    kind: e.what.name().to_string(),
                     seq: e.seq,
                     comm: e.comm.clone(),
                 };
@@ -306,6 +348,65 @@ impl Watchdog {
                 std::thread::sleep(GRACE);
                 crate::exit::abort_world(WATCHDOG_EXIT_CODE);
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exit::child;
+
+    #[test]
+    fn a_collective_times_out_with_its_kind_number_count_and_dtype() {
+        let e = Entry {
+            comm: "world".into(),
+            seq: 2282,
+            what: Watched::Collective {
+                kind: CollectiveKind::ReduceScatter,
+                count: 789_792,
+                dtype: DType::BF16,
+            },
+            started: Instant::now(),
+        };
+        let line = timed_out_line(1, &e, 3.2, 3.0);
+        assert!(
+            line.starts_with("rank 1: watchdog: reduce_scatter #2282 on 'world' (789792 x bf16) has not finished after 3.2 s"),
+            "{line}"
+        );
+    }
+
+    /// A set-up call that never returns ends the job with the watchdog's exit code and a
+    /// line naming the call, the rank and what to check (in a child: it exits).
+    #[test]
+    fn a_set_up_call_that_hangs_ends_the_job() {
+        if child::is_child() {
+            let dog = Watchdog::start(4, Duration::from_millis(200)).expect("the thread");
+            let what = Watched::SetUp {
+                call: "MPI_Comm_split_type",
+                purpose: "finding the ranks on this node",
+            };
+            let _watch = dog.enter(&set_up_comm("world"), 1, what);
+            std::thread::sleep(Duration::from_secs(30));
+            return;
+        }
+        let started = Instant::now();
+        let out = child::run(
+            "watchdog::tests::a_set_up_call_that_hangs_ends_the_job",
+            &[],
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(WATCHDOG_EXIT_CODE), "{stderr}");
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the limit, not the call, ended it"
+        );
+        for said in [
+            "rank 4: watchdog: MPI_Comm_split_type (finding the ranks on this node; #1 on 'world (set-up)') has not returned after",
+            "check the other ranks' output",
+            "ZERO_COMM_TIMEOUT",
+        ] {
+            assert!(stderr.contains(said), "{said}: {stderr}");
         }
     }
 }

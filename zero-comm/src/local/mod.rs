@@ -718,6 +718,7 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
 /// [`CommError::PeerGone`]). `n == 0` runs nothing and returns an empty vector.
 ///
 /// See the [module documentation](self) for an example.
+#[must_use = "run_local returns every rank's result and prints none of them: check each (a rank's error or panic is otherwise lost)"]
 pub fn run_local<T, F>(n: usize, config: CommConfig, f: F) -> Vec<Result<T, RankPanic>>
 where
     T: Send,
@@ -735,6 +736,7 @@ where
 /// groups. A panicking rank drops all three of its communicators while unwinding, so its
 /// peers in each group get [`CommError::PeerGone`] instead of hanging. Errors (before any
 /// thread starts) as [`LocalComm::world_on_nodes`].
+#[must_use = "run_local_on_nodes returns every rank's result and prints none of them: check each (a rank's error or panic is otherwise lost)"]
 pub fn run_local_on_nodes<T, F>(
     n: usize,
     ranks_per_node: usize,

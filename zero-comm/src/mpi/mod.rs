@@ -19,9 +19,9 @@ mod ring;
 use crate::buffer::Location;
 use crate::communicator::{Communicator, InFlight, RawBuf, RawCall, ReduceOp};
 use crate::config::{CommConfig, HalfSum};
-use crate::error::{CommError, Result};
+use crate::error::{CollectiveCall, CommError, Result};
 use crate::stats::{ring_bytes, CollectiveKind, CommStats, Counters};
-use crate::watchdog::{WatchSpec, Watchdog};
+use crate::watchdog::{set_up_comm, WatchSpec, WatchToken, Watchdog, Watched};
 use mpi::ffi;
 use ops::HalfOps;
 use std::cell::Cell;
@@ -59,6 +59,8 @@ pub struct MpiComm {
     seq: Cell<u64>,
     /// Sequence numbers of the raw calls run through [`MpiComm::watched`].
     raw_seq: Cell<u64>,
+    /// Sequence numbers of the set-up calls run through [`MpiComm::watched_set_up`].
+    set_up_seq: Cell<u64>,
     counters: Counters,
     half_sum: Cell<HalfSum>,
     /// Device pointers go to MPI as they are (`--comm mpi-cuda`, after the CUDA-aware
@@ -106,8 +108,25 @@ impl MpiComm {
         let _watch = self.shared.watchdog.as_ref().map(|dog| {
             let seq = self.raw_seq.get();
             self.raw_seq.set(seq + 1);
-            dog.enter(&format!("{} (raw MPI)", self.name), seq, kind, count, dtype)
+            let what = Watched::Collective { kind, count, dtype };
+            dog.enter(&format!("{} (raw MPI)", self.name), seq, what)
         });
+        f()
+    }
+
+    /// Run `f`, a blocking MPI `call` of the set-up that is collective over this
+    /// communicator (creating a communicator from it, the node-group exchange), under the
+    /// watchdog: a rank that never makes it ends the job as in a collective, where it
+    /// would otherwise hold every other rank with no time limit.
+    pub(crate) fn watched_set_up<R>(
+        &self,
+        call: &'static str,
+        purpose: &'static str,
+        f: impl FnOnce() -> R,
+    ) -> R {
+        let seq = self.set_up_seq.get();
+        self.set_up_seq.set(seq + 1);
+        let _watch = enter_set_up(&self.shared, &self.name, seq, call, purpose);
         f()
     }
 
@@ -117,6 +136,7 @@ impl MpiComm {
         let err = |call: &'static str, code: c_int| CommError::Mpi {
             rank: world_rank,
             call,
+            collective: None,
             comm: name.clone(),
             code,
             message: mpi_error_string(code),
@@ -138,9 +158,18 @@ impl MpiComm {
             }
         }
         let mut ring_raw = std::mem::MaybeUninit::<ffi::MPI_Comm>::uninit();
+        // The new communicator's first set-up call (#0): every rank of it makes this one.
+        let watch = enter_set_up(
+            &shared,
+            &name,
+            0,
+            "MPI_Comm_dup",
+            "a second handle for the ring's messages",
+        );
         // SAFETY: collective over `raw` (every caller of adopt is collective over it);
         // MPI writes one handle, which inherits `raw`'s error handler.
         let rc = unsafe { ffi::MPI_Comm_dup(raw, ring_raw.as_mut_ptr()) };
+        drop(watch);
         if rc != 0 {
             return Err(err("MPI_Comm_dup", rc));
         }
@@ -155,6 +184,7 @@ impl MpiComm {
             shared,
             seq: Cell::new(0),
             raw_seq: Cell::new(0),
+            set_up_seq: Cell::new(1),
             counters: Counters::default(),
             half_sum: Cell::new(half_sum),
             device_pointers: Cell::new(false),
@@ -187,6 +217,7 @@ impl MpiComm {
         Err(CommError::Mpi {
             rank: self.shared.world_rank,
             call,
+            collective: None,
             comm: self.name.to_string(),
             code: rc,
             message: mpi_error_string(rc),
@@ -197,15 +228,19 @@ impl MpiComm {
     pub fn node_local(&self) -> Result<MpiComm> {
         let mut new = std::mem::MaybeUninit::<ffi::MPI_Comm>::uninit();
         // SAFETY: collective over `self.raw`; MPI writes one handle.
-        let rc = unsafe {
-            ffi::MPI_Comm_split_type(
-                self.raw,
-                ffi::RSMPI_COMM_TYPE_SHARED,
-                self.rank as c_int,
-                ffi::RSMPI_INFO_NULL,
-                new.as_mut_ptr(),
-            )
-        };
+        let rc = self.watched_set_up(
+            "MPI_Comm_split_type",
+            "finding the ranks on this node",
+            || unsafe {
+                ffi::MPI_Comm_split_type(
+                    self.raw,
+                    ffi::RSMPI_COMM_TYPE_SHARED,
+                    self.rank as c_int,
+                    ffi::RSMPI_INFO_NULL,
+                    new.as_mut_ptr(),
+                )
+            },
+        );
         self.check_rc("MPI_Comm_split_type", rc)?;
         // SAFETY: written on success.
         let raw = unsafe { new.assume_init() };
@@ -236,7 +271,9 @@ impl MpiComm {
         };
         let mut new = std::mem::MaybeUninit::<ffi::MPI_Comm>::uninit();
         // SAFETY: collective over `self.raw`; MPI writes one handle.
-        let rc = unsafe { ffi::MPI_Comm_split(self.raw, c, key, new.as_mut_ptr()) };
+        let rc = self.watched_set_up("MPI_Comm_split", "splitting into groups", || unsafe {
+            ffi::MPI_Comm_split(self.raw, c, key, new.as_mut_ptr())
+        });
         self.check_rc("MPI_Comm_split", rc)?;
         // SAFETY: written on success.
         let raw = unsafe { new.assume_init() };
@@ -382,7 +419,37 @@ impl MpiComm {
                 "MPI_Ibcast",
             ),
         };
-        self.check_rc(name, rc)
+        if rc == 0 {
+            return Ok(());
+        }
+        Err(self.collective_err(name, rc, self.issued(call)))
+    }
+
+    /// `call`, the collective `begin` has just numbered, as errors name it.
+    fn issued(&self, call: &RawCall) -> CollectiveCall {
+        CollectiveCall {
+            kind: call.kind,
+            seq: self.seq.get().wrapping_sub(1),
+            count: call.count(),
+            dtype: call.dtype,
+        }
+    }
+
+    /// MPI's `call` failed with `rc` inside `collective`.
+    fn collective_err(
+        &self,
+        call: &'static str,
+        rc: c_int,
+        collective: CollectiveCall,
+    ) -> CommError {
+        CommError::Mpi {
+            rank: self.shared.world_rank,
+            call,
+            collective: Some(collective),
+            comm: self.name.to_string(),
+            code: rc,
+            message: mpi_error_string(rc),
+        }
     }
 
     /// Lower `call` to MPI, staging halves through f32 when summing by upcast; blocking
@@ -408,6 +475,7 @@ impl MpiComm {
             done: !nonblocking,
             world_rank: self.shared.world_rank,
             comm: Rc::clone(&self.name),
+            collective: self.issued(call),
         };
         if upcast {
             // Sum in f32: widen the input, reduce with MPI's SUM, round back at completion.
@@ -598,6 +666,9 @@ struct MpiRequest {
     done: bool,
     world_rank: usize,
     comm: Rc<str>,
+    /// Which collective this is, for its errors (a failed test or wait names it as the
+    /// watchdog would).
+    collective: CollectiveCall,
 }
 
 impl MpiRequest {
@@ -622,6 +693,7 @@ impl MpiRequest {
         CommError::Mpi {
             rank: self.world_rank,
             call,
+            collective: Some(self.collective),
             comm: self.comm.to_string(),
             code: rc,
             message: mpi_error_string(rc),
@@ -744,6 +816,19 @@ impl Communicator for MpiComm {
     unsafe fn start(&self, call: &RawCall) -> Result<Box<dyn InFlight>> {
         Ok(Box::new(self.run(call, true)?))
     }
+}
+
+/// Watch MPI's `call` (set-up #`seq` on communicator `comm`, for `purpose`) until the
+/// token is dropped; `None` without a watchdog.
+fn enter_set_up(
+    shared: &Shared,
+    comm: &str,
+    seq: u64,
+    call: &'static str,
+    purpose: &'static str,
+) -> Option<WatchToken> {
+    let dog = shared.watchdog.as_ref()?;
+    Some(dog.enter(&set_up_comm(comm), seq, Watched::SetUp { call, purpose }))
 }
 
 /// MPI_IN_PLACE of the linked MPI library.

@@ -43,17 +43,21 @@ impl MpiComm {
         let mut all = vec![0i64; k * self.size];
         // SAFETY: `mine` holds k i64 and `all` k * size, as the counts say; collective
         // over `self.raw`, which every rank of it calls with the same k.
-        let rc = unsafe {
-            ffi::MPI_Allgather(
-                mine.as_ptr() as *const _,
-                k as i32,
-                ffi::RSMPI_INT64_T,
-                all.as_mut_ptr() as *mut _,
-                k as i32,
-                ffi::RSMPI_INT64_T,
-                self.raw,
-            )
-        };
+        let rc = self.watched_set_up(
+            "MPI_Allgather",
+            "exchanging node ids for the node groups",
+            || unsafe {
+                ffi::MPI_Allgather(
+                    mine.as_ptr() as *const _,
+                    k as i32,
+                    ffi::RSMPI_INT64_T,
+                    all.as_mut_ptr() as *mut _,
+                    k as i32,
+                    ffi::RSMPI_INT64_T,
+                    self.raw,
+                )
+            },
+        );
         self.check_rc("MPI_Allgather (node groups)", rc)?;
         Ok(all)
     }
@@ -125,15 +129,19 @@ impl MpiComm {
                 let local = self.node_local()?;
                 let mut leader = [self.rank as i64];
                 // SAFETY: one i64 each side; collective over `local`, every rank calls it.
-                let rc = unsafe {
-                    ffi::MPI_Bcast(
-                        leader.as_mut_ptr() as *mut _,
-                        1,
-                        ffi::RSMPI_INT64_T,
-                        0,
-                        local.raw,
-                    )
-                };
+                let rc = local.watched_set_up(
+                    "MPI_Bcast",
+                    "naming each node by its lowest rank",
+                    || unsafe {
+                        ffi::MPI_Bcast(
+                            leader.as_mut_ptr() as *mut _,
+                            1,
+                            ffi::RSMPI_INT64_T,
+                            0,
+                            local.raw,
+                        )
+                    },
+                );
                 local.check_rc("MPI_Bcast (node groups)", rc)?;
                 self.gather_i64(&leader)?
             }
