@@ -804,10 +804,14 @@ fn imported_counters_and_scales_out_of_range_are_refused() {
         let scaler = zero_core::LossScaler::new(&c.precision);
         let mut huge = scaler.clone();
         huge.scale = f64::INFINITY;
+        // Below 2^-126, 1/scale is infinite in f32: every step would be an "overflow".
+        let mut tiny = scaler.clone();
+        tiny.scale = 1e-39;
         let refusals = [
             (u64::MAX, 0, scaler.clone()),
             (3, 4, scaler.clone()),
             (3, 3, huge),
+            (3, 3, tiny),
         ]
         .map(|(step, applied, s)| {
             engine
@@ -830,6 +834,8 @@ fn imported_counters_and_scales_out_of_range_are_refused() {
         refusals[1]
     );
     assert!(refusals[2].contains("at most 2^127"), "{}", refusals[2]);
+    assert!(refusals[3].contains("at least 2^-126"), "{}", refusals[3]);
+    assert!(refusals[3].contains("scale 0.000"), "{}", refusals[3]);
     assert_eq!(done, 3);
 }
 

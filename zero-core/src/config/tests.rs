@@ -194,6 +194,32 @@ fn fp16_needs_loss_scaling_and_only_fp16_may_use_it() {
         &problems("[precision]\ndtype = \"fp16\"\nmin_scale = 1e6\n"),
         "min_scale",
     );
+    has(
+        &problems("[precision]\ndtype = \"fp16\"\ninitial_scale = 1e39\n"),
+        "<= 2^127",
+    );
+    // Below 2^-126, 1/scale is infinite in f32 and every step would be an "overflow".
+    let tiny = "[precision]\ndtype = \"fp16\"\ninitial_scale = 1e-39\nmin_scale = 1e-39\n";
+    has(&problems(tiny), "2^-126 <= min_scale (0.000");
+    has(&problems(tiny), "1/scale");
+    let below = "[precision]\ndtype = \"fp16\"\nmin_scale = 1e-39\n";
+    has(&problems(below), "2^-126 <= min_scale");
+    // Both bounds themselves are accepted.
+    let edges: EngineConfig = toml::from_str(
+        "[precision]\ndtype = \"fp16\"\nmin_scale = 1.1754943508222875e-38\ninitial_scale = 1.7014118346046923e38\n",
+    )
+    .unwrap();
+    assert_eq!(
+        edges.precision.min_scale,
+        crate::engine::scaler::MIN_LOSS_SCALE
+    );
+    assert_eq!(
+        crate::engine::scaler::MIN_LOSS_SCALE,
+        2f64.powi(-126),
+        "the floor is 2^-126"
+    );
+    assert!((1.0 / edges.precision.min_scale as f32).is_finite());
+    edges.validate().unwrap();
 }
 
 #[test]

@@ -147,9 +147,9 @@ impl EngineConfig {
                 p,
                 pr.initial_scale <= crate::engine::scaler::MAX_LOSS_SCALE
                     && pr.initial_scale >= pr.min_scale
-                    && pr.min_scale > 0.0,
+                    && pr.min_scale >= crate::engine::scaler::MIN_LOSS_SCALE,
                 format!(
-                    "loss scale bounds: need 0 < min_scale ({}) <= initial_scale ({}) <= 2^127",
+                    "loss scale bounds: need 2^-126 <= min_scale ({}) <= initial_scale ({}) <= 2^127 (gradients are multiplied by 1/scale in f32: 2^-126 is f32's smallest normal number, and not far below it 1/scale is infinite, so every step would count as an overflow; 2^127 is the largest power of two f32 holds)",
                     pr.min_scale, pr.initial_scale
                 ),
             );

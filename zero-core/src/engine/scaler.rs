@@ -21,6 +21,12 @@ use crate::config::PrecisionConfig;
 /// step would overflow and no backoff could bring it down.
 pub const MAX_LOSS_SCALE: f64 = 1.7014118346046923e38; // 2^127
 
+/// The smallest loss scale (2^-126, f32's smallest normal number): gradients are
+/// multiplied by 1/scale in f32, and 1/scale past f32::MAX (scales below about 2^-128)
+/// is infinite, which would turn every step into an "overflow". The config
+/// (`precision.min_scale`, `initial_scale`) and an imported scaler are held to it.
+pub const MIN_LOSS_SCALE: f64 = f32::MIN_POSITIVE as f64; // 2^-126
+
 /// The scaler's whole state (saved in checkpoints so a resumed run continues exactly).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LossScaler {

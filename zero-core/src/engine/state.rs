@@ -195,13 +195,15 @@ impl<D: Device, C: Communicator> Engine<'_, D, C> {
         applied: u64,
         scaler: &LossScaler,
     ) -> Result<(), EngineError> {
-        // A scale that is not a positive finite number would turn every step into an
-        // "overflow" and blame the learning rate or the data.
-        let scale_ok = |s: f64| s > 0.0 && s <= super::scaler::MAX_LOSS_SCALE;
+        // A scale outside [2^-126, 2^127] (or NaN) would turn every step into an
+        // "overflow" (not far below 2^-126, 1/scale is infinite in f32) and blame the
+        // learning rate or the data.
+        let scale_ok =
+            |s: f64| (super::scaler::MIN_LOSS_SCALE..=super::scaler::MAX_LOSS_SCALE).contains(&s);
         // (The floor matters only where scaling is on; nothing validates it elsewhere.)
         if !scale_ok(scaler.scale) || (scaler.enabled && !scale_ok(scaler.min_scale)) {
             return Err(EngineError::Mismatch(format!(
-                "the imported loss scaler has scale {} and min_scale {}: both must be above 0 and at most 2^127 (a damaged or hand-edited state?)",
+                "the imported loss scaler has scale {} and min_scale {}: both must be at least 2^-126 (f32's smallest normal number; not far below it 1/scale is infinite in f32) and at most 2^127 (a damaged or hand-edited state?)",
                 scaler.scale, scaler.min_scale
             )));
         }
@@ -258,8 +260,15 @@ impl<D: Device, C: Communicator> Engine<'_, D, C> {
     }
 
     /// The fp32 value of every parameter (unpadded, in layout order) as the working
-    /// copy holds it, gathered to every rank: for tests and export. Allocates Ψ floats
+    /// copy holds it, gathered to every rank (a collective at every stage, though only
+    /// stage 3's partitioned units move): for tests and export. Allocates Ψ floats
     /// on the host; not for the training loop.
+    ///
+    /// Collective: every rank of the engine's communicator calls it, at the same point
+    /// of the run (it all-gathers unit by unit). To dump weights from one rank, call it
+    /// on every rank and write on rank 0 only: called on one rank alone, it waits for the
+    /// others, and an MPI job hangs until the watchdog ends it (`ZERO_COMM_TIMEOUT`).
+    /// [`Engine::export_unit`] is local.
     pub fn full_params_f32(&self) -> Result<Vec<f32>, EngineError> {
         self.check_intact()?;
         let params = |at: &UnitPlacement| at.params.clone();
@@ -272,6 +281,12 @@ impl<D: Device, C: Communicator> Engine<'_, D, C> {
     /// there from the end of a step until the next step starts (which zeroes it). Each
     /// rank contributes the block it owns (`UnitPlacement::norm_grads`), so the result is
     /// the same at every stage. For tests and inspection: allocates Ψ floats on the host.
+    ///
+    /// Collective: every rank of the engine's communicator calls it, at the same point
+    /// of the run (it all-gathers unit by unit). To dump weights from one rank, call it
+    /// on every rank and write on rank 0 only: called on one rank alone, it waits for the
+    /// others, and an MPI job hangs until the watchdog ends it (`ZERO_COMM_TIMEOUT`).
+    /// [`Engine::export_unit`] is local.
     pub fn full_grads_f32(&self) -> Result<Vec<f32>, EngineError> {
         self.check_intact()?;
         let own_block = |at: &UnitPlacement| at.norm_grads.clone();
@@ -324,6 +339,12 @@ impl<D: Device, C: Communicator> Engine<'_, D, C> {
 
     /// The fp32 master of every parameter (unpadded, layout order), gathered to every
     /// rank; in fp32 training the parameters themselves.
+    ///
+    /// Collective: every rank of the engine's communicator calls it, at the same point
+    /// of the run (it all-gathers unit by unit). To dump weights from one rank, call it
+    /// on every rank and write on rank 0 only: called on one rank alone, it waits for the
+    /// others, and an MPI job hangs until the watchdog ends it (`ZERO_COMM_TIMEOUT`).
+    /// [`Engine::export_unit`] is local.
     pub fn full_master_f32(&self) -> Result<Vec<f32>, EngineError> {
         self.check_intact()?;
         let mut out = Vec::with_capacity(self.core.layout.numel());
@@ -340,6 +361,12 @@ impl<D: Device, C: Communicator> Engine<'_, D, C> {
     /// Every tensor's fp32 master as an ndarray of its shape, by name (gathered to every
     /// rank, like [`Engine::full_master_f32`]); the row blocks of a split tensor joined
     /// ([`crate::RowBlock`]).
+    ///
+    /// Collective: every rank of the engine's communicator calls it, at the same point
+    /// of the run (it all-gathers unit by unit). To dump weights from one rank, call it
+    /// on every rank and write on rank 0 only: called on one rank alone, it waits for the
+    /// others, and an MPI job hangs until the watchdog ends it (`ZERO_COMM_TIMEOUT`).
+    /// [`Engine::export_unit`] is local.
     pub fn master_arrays(&self) -> Result<Vec<(String, ndarray::ArrayD<f32>)>, EngineError> {
         let flat = self.full_master_f32()?;
         let params = &self.core.layout.params;

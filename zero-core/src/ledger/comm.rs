@@ -178,7 +178,9 @@ impl CommPlan {
     /// The traffic of `plan`'s configuration with A = `grad_accum` micro-steps.
     pub fn new(layout: &PartitionLayout, plan: &BufferPlan, grad_accum: usize) -> CommPlan {
         let n = layout.world;
-        let a = grad_accum as u64;
+        // Counts are summed in u128 (A x padded Ψ passes u64 for Ψ = 1e15, A = 20000)
+        // and saturated once, in `on`, where the public u64 figures are made.
+        let a = grad_accum as u128;
         let stage = plan.inputs.stage;
         let (p, g, w) = (
             plan.param_dtype,
@@ -186,12 +188,12 @@ impl CommPlan {
             plan.inputs.reduce_dtype,
         );
         // Per-unit chunk counts for bucketed collectives.
-        let chunked = |us: &mut dyn Iterator<Item = usize>| -> (u64, u64) {
+        let chunked = |us: &mut dyn Iterator<Item = usize>| -> (u128, u128) {
             us.fold((0, 0), |(c, e), u| {
                 let unit = &layout.units[u];
                 (
-                    c + plan.shard_chunk_count(unit.shard_len) as u64,
-                    e + unit.padded_len as u64,
+                    c + plan.shard_chunk_count(unit.shard_len) as u128,
+                    e + unit.padded_len as u128,
                 )
             })
         };
@@ -204,7 +206,7 @@ impl CommPlan {
             Group::Cross => m,
         } as u64;
         let mut lines = Vec::new();
-        let mut on = |group: Group, collective, purpose, dtype: DType, calls: u64, elems: u64| {
+        let mut on = |group: Group, collective, purpose, dtype: DType, calls: u128, elems: u128| {
             if elems == 0 {
                 return;
             }
@@ -214,8 +216,8 @@ impl CommPlan {
                 purpose,
                 group,
                 dtype,
-                calls,
-                elems,
+                calls: saturate(calls),
+                elems: saturate(elems),
                 sent_bytes: ring_bytes(elems, dtype.size_bytes() as u64 * factor, g),
             });
         };
@@ -224,8 +226,8 @@ impl CommPlan {
         use Group::*;
         // Sharded gradients reduce every micro-step, each unit once per use; else once a
         // step.
-        let uses = |u: usize| plan.uses[u].len().max(1) as u64;
-        let reduced = || -> (u64, u64) {
+        let uses = |u: usize| plan.uses[u].len().max(1) as u128;
+        let reduced = || -> (u128, u128) {
             if !plan.grads_sharded {
                 return chunked(&mut all());
             }
@@ -237,25 +239,25 @@ impl CommPlan {
         };
         // The gradient reduction of stages 1-3: reduce-scatters of W, or with qgZ per
         // chunk of c an all-to-all inside the node and one across nodes (codes, scales).
-        let reduce = |on: &mut dyn FnMut(Group, Collective, CommPurpose, DType, u64, u64)| {
+        let reduce = |on: &mut dyn FnMut(Group, Collective, CommPurpose, DType, u128, u128)| {
             let Some(block) = plan.inputs.grad_quant_block else {
                 let (calls, elems) = reduced();
                 on(World, ReduceScatter, Grads, w, calls, elems);
                 return;
             };
             use zero_kernels::quant::scale_count;
-            let (mut calls, mut inside, mut across) = (0, [0u64; 2], [0u64; 2]);
+            let (mut calls, mut inside, mut across) = (0, [0u128; 2], [0u128; 2]);
             for (u, unit) in layout.units.iter().enumerate() {
                 let times = if plan.grads_sharded { uses(u) * a } else { 1 };
                 // Chunks of one length at a time (counted, never built).
                 for (c, count) in plan.shard_chunk_lens(unit.shard_len) {
-                    let times = times * count as u64;
+                    let times = times * count as u128;
                     calls += times;
                     let bits = plan.inputs.grad_quant_bits;
-                    inside[0] += times * (l * grad_code_bytes(m * c, bits)) as u64;
-                    inside[1] += times * (l * scale_count(m * c, block)) as u64;
-                    across[0] += times * (m * grad_code_bytes(c, bits)) as u64;
-                    across[1] += times * (m * scale_count(c, block)) as u64;
+                    inside[0] += times * (l * grad_code_bytes(m * c, bits)) as u128;
+                    inside[1] += times * (l * scale_count(m * c, block)) as u128;
+                    across[0] += times * (m * grad_code_bytes(c, bits)) as u128;
+                    across[1] += times * (m * scale_count(c, block)) as u128;
                 }
             }
             for (group, ranks, [codes, scales]) in [(Node, l, inside), (Cross, m, across)] {
@@ -276,7 +278,7 @@ impl CommPlan {
                         if w == g {
                             1
                         } else {
-                            plan.full_chunk_count(u.padded_len) as u64
+                            plan.full_chunk_count(u.padded_len) as u128
                         }
                     })
                     .sum();
@@ -286,7 +288,7 @@ impl CommPlan {
                     Grads,
                     w,
                     calls,
-                    layout.padded_numel() as u64,
+                    layout.padded_numel() as u128,
                 );
             }
             Stage::Zero1 | Stage::Zero2 => {
@@ -294,33 +296,33 @@ impl CommPlan {
                 let (_, elems) = chunked(&mut all());
                 // Updated parameters: one in-place all-gather per unit (qwZ: codes, then
                 // scales).
-                let calls = layout.units.len() as u64;
+                let calls = layout.units.len() as u128;
                 match plan.inputs.quant_block {
                     None => on(World, AllGather, ParamsAfterStep, p, calls, elems),
                     Some(block) => {
                         on(World, AllGather, ParamsAfterStep, DType::U8, calls, elems);
                         let scales = all().fold(0, |e, u| {
                             let shard = layout.units[u].shard_len;
-                            e + (n * zero_kernels::quant::scale_count(shard, block)) as u64
+                            e + (n * zero_kernels::quant::scale_count(shard, block)) as u128
                         });
                         on(World, AllGather, ParamsAfterStep, DType::F32, calls, scales);
                     }
                 }
             }
             Stage::Zero3 => {
-                let (mut s_calls, mut s_elems) = (0, 0);
+                let (mut s_calls, mut s_elems) = (0u128, 0u128);
                 for (u, unit) in layout.units.iter().enumerate() {
                     if plan.persistent[u] {
                         s_calls += 1;
-                        s_elems += unit.padded_len as u64;
+                        s_elems += unit.padded_len as u128;
                     }
                 }
                 // Gathers as the schedule issues them (once per use and pass).
-                let gathers = |pass: &[crate::plan::PassStep]| -> (u64, u64) {
+                let gathers = |pass: &[crate::plan::PassStep]| -> (u128, u128) {
                     pass.iter()
                         .flat_map(|s| &s.gather)
                         .fold((0, 0), |(c, e), &u| {
-                            (c + 1, e + layout.units[u].padded_len as u64)
+                            (c + 1, e + layout.units[u].padded_len as u128)
                         })
                 };
                 if let Some(g) = &plan.gather {
@@ -343,7 +345,7 @@ impl CommPlan {
                                     pass.iter().flat_map(|s| &s.gather).fold(0, |e, &u| {
                                         let shard = layout.units[u].shard_len;
                                         e + (n * zero_kernels::quant::scale_count(shard, block))
-                                            as u64
+                                            as u128
                                     });
                                 on(World, AllGather, purpose, DType::F32, a * calls, a * scales);
                             }
@@ -391,7 +393,7 @@ impl CommPlan {
         let n = self.world as u64;
         self.control.map_or(0, |c| {
             ring_bytes(
-                c.calls.saturating_mul(c.elems),
+                c.calls as u128 * c.elems as u128,
                 c.dtype.size_bytes() as u64 * 2,
                 n,
             )
@@ -450,7 +452,8 @@ impl CommPlan {
     /// One line's alpha-beta seconds ([`CommPlan::estimate_seconds_on`]).
     pub fn line_seconds(&self, l: &CommLine, links: &Links) -> f64 {
         let g = self.group_size(l.group);
-        let latency = (l.calls * l.collective.ring_steps(g) as u64) as f64 * links.alpha_s;
+        // In f64: calls x steps may pass u64 for a saturated line.
+        let latency = l.calls as f64 * l.collective.ring_steps(g) as f64 * links.alpha_s;
         let bytes = l.sent_bytes as f64;
         let spans_nodes = self.nodes() > 1;
         let bandwidth = match l.group {
@@ -476,13 +479,25 @@ pub fn node_egress(nodes: usize, ranks_per_node: usize, world_sent: u64, cross_s
 /// Bytes one rank sends in a ring collective over `g` ranks moving `elems` elements of
 /// `bytes_per_elem` (the collective's factor included): `elems x bytes x (g-1) / g`. In
 /// u128, then saturated: a huge plan (stage 3, A = 1024, 65536 ranks, 70B parameters)
-/// passes u64 in the product though not in the result; exact below that.
-pub(crate) fn ring_bytes(elems: u64, bytes_per_elem: u64, g: u64) -> u64 {
+/// passes u64 in the product though not in the result; exact below that. `elems` is
+/// the exact u128 count of [`CommPlan::new`], so a result below 2^64 is exact even
+/// when `elems` is not (Ψ = 1e15, A = 20000: 2e19 elements).
+pub(crate) fn ring_bytes(elems: u128, bytes_per_elem: u64, g: u64) -> u64 {
     if g == 0 {
         return 0;
     }
-    let total = elems as u128 * bytes_per_elem as u128 * (g - 1) as u128 / g as u128;
-    u64::try_from(total).unwrap_or(u64::MAX)
+    // Saturating in u128 too, though no plan comes near it: u128::MAX / g is still past
+    // u64::MAX, so such a result saturates below rather than wrapping.
+    let total = elems
+        .saturating_mul(bytes_per_elem as u128)
+        .saturating_mul((g - 1) as u128)
+        / g as u128;
+    saturate(total)
+}
+
+/// A u128 count as a public u64 figure: exact below 2^64, saturated (never wrapped) above.
+fn saturate(x: u128) -> u64 {
+    u64::try_from(x).unwrap_or(u64::MAX)
 }
 
 /// The links of an alpha-beta estimate.

@@ -959,8 +959,69 @@ fn huge_plans_count_their_bytes_without_overflow() {
     let sum: f64 = comm.lines.iter().map(|l| l.sent_bytes as f64).sum();
     assert!((comm.sent_bytes() as f64 - sum).abs() <= sum * 1e-12);
     // Beyond u64 in the result: saturated, never wrapped.
-    assert_eq!(super::comm::ring_bytes(u64::MAX, 8, 2), u64::MAX);
+    assert_eq!(super::comm::ring_bytes(u64::MAX as u128, 8, 2), u64::MAX);
+    assert_eq!(super::comm::ring_bytes(u128::MAX, 1, u64::MAX), u64::MAX);
     assert_eq!(super::comm::ring_bytes(10, 4, 0), 0);
     assert_eq!(super::comm::ring_bytes(10, 4, 4), 30);
     assert_eq!(node_egress(2, u64::MAX as usize, 1, 2), u64::MAX);
+}
+
+/// audit36 #2: Ψ = 1e15 (`plan --params`' maximum), N = 1024, stage 2 reducing every
+/// micro-step. A x padded Ψ passes u64 at A = 20000 (2e19 elements); the counts are exact
+/// below 2^64 and saturated above, never wrapped, so a larger A never prints less.
+#[test]
+fn comm_counts_past_u64_saturate_instead_of_wrapping() {
+    let units: Vec<UnitSpec> = (0..1000)
+        .map(|i| UnitSpec {
+            name: format!("h.{i}"),
+            params: vec![ParamSpec::new(format!("h.{i}.w"), &[1_000_000, 1_000_000])],
+        })
+        .collect();
+    let layers = (0..1000)
+        .map(|i| LayerSpec::new(format!("h.{i}"), vec![i]))
+        .collect();
+    let spec = ModelSpec { units, layers };
+    assert_eq!(spec.numel(), 1_000_000_000_000_000);
+    let world = 1024;
+    let layout = PartitionLayout::new(&spec, world, 32).unwrap();
+    let psi_p = layout.padded_numel() as u128;
+    let exact = |x: u128| u64::try_from(x).unwrap_or(u64::MAX);
+    let mut last = 0;
+    for a in [1, 9000, 18000, 20000, 100_000] {
+        let mut inp = inputs(Stage::Zero2, Precision::Bf16, false, true);
+        inp.activation_bytes = 0;
+        inp.persistence_threshold = 0;
+        inp.bucket_elems = 1 << 24;
+        inp.grad_accum = a;
+        let plan = BufferPlan::new(&spec, &layout, &inp, 0).unwrap();
+        let comm = CommPlan::new(&layout, &plan, a);
+        let rs = comm
+            .lines
+            .iter()
+            .find(|l| l.collective == Collective::ReduceScatter)
+            .unwrap();
+        let elems = a as u128 * psi_p;
+        let bytes = elems * 2 * (world as u128 - 1) / world as u128;
+        assert_eq!(rs.elems, exact(elems), "A = {a}");
+        assert_eq!(rs.sent_bytes, exact(bytes), "A = {a}");
+        match a {
+            // Exact: 1.8e19 elements fit u64, 9000 x Ψ x 2 bytes x 1023/1024 too.
+            9000 => assert!(bytes < u64::MAX as u128),
+            18000 => assert!(elems < u64::MAX as u128),
+            20000 => assert_eq!(rs.elems, u64::MAX),
+            _ => {}
+        }
+        // The after-step gather: Ψp of bf16, once a step whatever A.
+        let ag = comm
+            .lines
+            .iter()
+            .find(|l| l.collective == Collective::AllGather)
+            .unwrap();
+        assert_eq!(ag.elems as u128, psi_p);
+        let total = comm.sent_bytes();
+        assert_eq!(total, exact(bytes + ag.sent_bytes as u128), "A = {a}");
+        assert!(total >= last, "A = {a}: {total} < {last}");
+        last = total;
+        assert!(comm.estimate_seconds(1e-6, 1e9).is_finite());
+    }
 }

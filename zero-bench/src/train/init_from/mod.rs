@@ -26,8 +26,10 @@
 //! (`Engine::import_unit` per unit, then `finish_import`): each rank reads and converts
 //! only the elements it keeps (`Engine::import_range`, its shard at stages 1-3), a row
 //! block of `wte` from its rows; safetensors are memory-mapped, so a rank touches only the
-//! pages it reads. The optimizer starts fresh (m = v = 0, step 0, the configured loss
-//! scale).
+//! pages it reads. Every value read is checked to be finite as it is read: a NaN or
+//! infinity in the file is refused naming the tensor and the index of the first one, not
+//! left to step 1 (whose inf/NaN gradient would blame the learning rate or the data). The
+//! optimizer starts fresh (m = v = 0, step 0, the configured loss scale).
 
 #[cfg(feature = "hdf5")]
 mod h5;
@@ -625,8 +627,10 @@ impl InitFile {
                 let at = first_row * cols;
                 let whole = at + piece.in_param.start..at + piece.in_param.end;
                 let out = &mut master[piece.in_range.clone()];
-                self.read_ours(b, cols, whole, out)
+                self.read_ours(b, cols, whole.clone(), out)
                     .with_context(|| format!("{}: reading '{}'", self.path.display(), p.name))?;
+                // As it is read, not at step 1, where it would look like a bad lr.
+                self.check_finite(b, cols, whole, out)?;
             }
             // Adam's moments start at zero.
             let zeros = vec![0.0f32; master.len()];
@@ -658,6 +662,63 @@ impl InitFile {
         }
         Ok(())
     }
+
+    /// Refuse `values`, elements `range` of a tensor of ours ([rows, cols]) as
+    /// [`InitFile::read_ours`] read them, if one is NaN or infinite: naming the file, the
+    /// file's tensor and the index of the first one in the file's orientation.
+    fn check_finite(
+        &self,
+        b: &Bound,
+        cols: usize,
+        range: Range<usize>,
+        values: &[f32],
+    ) -> anyhow::Result<()> {
+        let entry = &self.source.entries()[b.entry];
+        let rows = if b.transposed { entry.shape[1] } else { 0 };
+        // The file's row-major index of values[k].
+        let flat = |k: usize| {
+            let i = range.start + k;
+            if b.transposed {
+                (i % cols) * rows + i / cols
+            } else {
+                i
+            }
+        };
+        match first_non_finite(values, flat, &entry.shape) {
+            None => Ok(()),
+            Some((value, at)) => bail!(
+                "{}: tensor '{}' {} holds {value} at {at}, the first non-finite value this \
+                 rank reads: training from it would fail at step 1. Repair the file where it \
+                 was written (e.g. check torch.isfinite(t).all() before saving) or start from \
+                 another one",
+                self.path.display(),
+                entry.name,
+                shape_str(&entry.shape)
+            ),
+        }
+    }
+}
+
+/// The first value of `values` that is NaN or infinite, with its index in the file's
+/// tensor of shape `shape` ("[row, col]", or "[i]" for a vector): `flat(k)` is the file's
+/// row-major index of `values[k]`.
+fn first_non_finite(
+    values: &[f32],
+    flat: impl Fn(usize) -> usize,
+    shape: &[usize],
+) -> Option<(f32, String)> {
+    let k = values.iter().position(|v| !v.is_finite())?;
+    // Unravel the flat index over the file's shape, last dimension fastest.
+    let mut rest = flat(k);
+    let mut index = vec![0; shape.len().max(1)];
+    for (d, &n) in shape.iter().enumerate().rev() {
+        index[d] = rest % n.max(1);
+        rest /= n.max(1);
+    }
+    if shape.is_empty() {
+        index[0] = rest;
+    }
+    Some((values[k], shape_str(&index)))
 }
 
 #[cfg(test)]
@@ -806,6 +867,105 @@ mod tests {
         no_eps.as_object_mut().unwrap().remove("rms_norm_eps");
         let d = llama_config_differences(&no_eps, &m);
         assert_eq!(d, ["rms_norm_eps = 1e-6, the model has norm_eps = 1e-5"]);
+    }
+
+    /// audit36 F5: a NaN or infinity in the file is refused as it is read, naming the
+    /// file, the tensor and the index of the first one (in the file's orientation).
+    #[test]
+    fn non_finite_weights_are_refused_naming_tensor_and_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("m.safetensors");
+        let f32s = |x: &[f32]| -> Vec<u8> { x.iter().flat_map(|v| v.to_le_bytes()).collect() };
+        // wte [2, 3] with a NaN at [1, 1]; a Conv1D weight stored [3, 2] (ours [2, 3])
+        // with an infinity at the file's [2, 0], our [0, 2]; a bias [3] with a bf16 NaN.
+        let nan_bf16 = half::bf16::NAN.to_bits().to_le_bytes().to_vec();
+        let mut bias = half::bf16::from_f32(1.0).to_bits().to_le_bytes().to_vec();
+        bias.extend_from_slice(&bias.clone());
+        bias.extend_from_slice(&nan_bf16);
+        st::tests::write(
+            &p,
+            &[
+                (
+                    "wte",
+                    "F32",
+                    vec![2, 3],
+                    f32s(&[0.0, 1.0, 2.0, 3.0, f32::NAN, 5.0]),
+                ),
+                (
+                    "h.0.mlp.c_fc.weight",
+                    "F32",
+                    vec![3, 2],
+                    f32s(&[0.0, 1.0, 2.0, 3.0, f32::INFINITY, 5.0]),
+                ),
+                ("h.0.mlp.c_fc.bias", "BF16", vec![3], bias),
+            ],
+        );
+        let source = Source::St(st::StFile::open(&p).unwrap());
+        let at = |name: &str| {
+            source
+                .entries()
+                .iter()
+                .position(|e| e.name == name)
+                .unwrap()
+        };
+        let bound = |name: &str, transposed| Bound {
+            entry: at(name),
+            transposed,
+        };
+        let (wte, fc, bias) = (
+            bound("wte", false),
+            bound("h.0.mlp.c_fc.weight", true),
+            bound("h.0.mlp.c_fc.bias", false),
+        );
+        let file = InitFile {
+            path: p.clone(),
+            source,
+            names: NameSet::HfGpt2,
+            bound: HashMap::new(),
+            extra: Vec::new(),
+            redundant: Vec::new(),
+            tied_head: false,
+        };
+        let mut out = [0.0f32; 6];
+        // The finite rows and columns load.
+        file.read_ours(&wte, 3, 0..3, &mut out[..3]).unwrap();
+        assert_eq!(out[..3], [0.0, 1.0, 2.0]);
+        file.check_finite(&wte, 3, 0..3, &out[..3]).unwrap();
+        file.read_ours(&fc, 3, 3..6, &mut out[..3]).unwrap();
+        assert_eq!(out[..3], [1.0, 3.0, 5.0]);
+        file.check_finite(&fc, 3, 3..6, &out[..3]).unwrap();
+        let refused = |b: &Bound, cols, range: Range<usize>| {
+            let mut out = vec![0.0f32; range.len()];
+            // The read itself succeeds; the check refuses.
+            file.read_ours(b, cols, range.clone(), &mut out).unwrap();
+            let e = file.check_finite(b, cols, range, &out).unwrap_err();
+            format!("{e:#}")
+        };
+        let e = refused(&wte, 3, 2..6);
+        assert!(e.contains(&p.display().to_string()), "{e}");
+        assert!(e.contains("tensor 'wte' [2, 3] holds NaN at [1, 1]"), "{e}");
+        assert!(e.contains("Repair the file"), "{e}");
+        let e = refused(&fc, 3, 0..6);
+        assert!(
+            e.contains("tensor 'h.0.mlp.c_fc.weight' [3, 2] holds inf at [2, 0]"),
+            "{e}"
+        );
+        let e = refused(&bias, 1, 0..3);
+        assert!(
+            e.contains("'h.0.mlp.c_fc.bias' [3] holds NaN at [2]"),
+            "{e}"
+        );
+        // The index unravels over any shape; a scalar is [0].
+        let v = [1.0, f32::NEG_INFINITY];
+        assert_eq!(
+            first_non_finite(&v, |k| 28 + k, &[2, 3, 5]),
+            Some((f32::NEG_INFINITY, "[1, 2, 4]".to_string()))
+        );
+        assert_eq!(first_non_finite(&v[..1], |k| k, &[2]), None);
+        assert_eq!(
+            first_non_finite(&[f32::NAN], |k| k, &[]).map(|(_, at)| at),
+            Some("[0]".to_string())
+        );
     }
 
     #[test]

@@ -236,11 +236,12 @@ impl StFile {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    /// A safetensors file of (name, dtype, shape, little-endian bytes), by hand.
-    fn write(path: &Path, tensors: &[(&str, &str, Vec<usize>, Vec<u8>)]) {
+    /// A safetensors file of (name, dtype, shape, little-endian bytes), by hand (also
+    /// mod.rs's tests).
+    pub(in super::super) fn write(path: &Path, tensors: &[(&str, &str, Vec<usize>, Vec<u8>)]) {
         let mut header = serde_json::Map::new();
         let mut data = Vec::new();
         for (name, dtype, shape, bytes) in tensors {
