@@ -286,7 +286,15 @@ fn resolve_any_problems(m: &ModelConfig) -> Result<ModelPreset, Vec<String>> {
     let n_embd = m.width.unwrap_or(base.n_embd);
     let n_kv_head = llama_kv_heads(name, &base, m.n_kv_head, n_head);
     let ffn_hidden = llama_ffn_hidden(name, &base, m.ffn_hidden, n_embd);
-    let mut problems: Vec<String> = llama_head_problem(n_head, n_embd).into_iter().collect();
+    // Head counts the key/value heads allow: a multiple of those given, or of a grouped
+    // preset's (a multi-head preset's follow the heads).
+    let kv_allows = |h: usize| match m.n_kv_head {
+        Some(k) => k > 0 && h.is_multiple_of(k),
+        None => base.n_kv_head == base.n_head || h.is_multiple_of(base.n_kv_head.max(1)),
+    };
+    let mut problems: Vec<String> = llama_head_problem(n_head, n_embd, kv_allows)
+        .into_iter()
+        .collect();
     problems.extend(n_kv_head.as_ref().err().cloned());
     problems.extend(ffn_hidden.as_ref().err().cloned());
     let (Ok(n_kv_head), Ok(ffn_hidden), true) = (n_kv_head, ffn_hidden, problems.is_empty()) else {
@@ -309,9 +317,14 @@ fn resolve_any_problems(m: &ModelConfig) -> Result<ModelPreset, Vec<String>> {
 
 /// A Llama's heads must cut its width into heads of even size (rotary embeddings rotate
 /// pairs of a head's dimensions): the problem in `[model]` keys, with the head counts
-/// nearest `n_head` that would do. (Zero dimensions and dimensions past their bounds are
-/// the model's own check, which names them.)
-fn llama_head_problem(n_head: usize, n_embd: usize) -> Option<String> {
+/// nearest `n_head` that would do and that the key/value heads allow (`kv_allows`).
+/// (Zero dimensions and dimensions past their bounds are the model's own check, which
+/// names them.)
+fn llama_head_problem(
+    n_head: usize,
+    n_embd: usize,
+    kv_allows: impl Fn(usize) -> bool,
+) -> Option<String> {
     let bound = |name: &str| {
         let mut bounds = zero_models::config::DIM_BOUNDS.iter();
         bounds.find(|(n, _)| *n == name).map_or(usize::MAX, |b| b.1)
@@ -331,20 +344,19 @@ fn llama_head_problem(n_head: usize, n_embd: usize) -> Option<String> {
             n_embd / n_head
         )
     };
-    // Head counts h with an even head size C/h, nearest n_head first.
-    let mut fits: Vec<usize> = (1..=n_embd / 2).filter(|&h| even_heads(h)).collect();
+    // Head counts h with an even head size C/h that the key/value heads allow, nearest
+    // n_head first.
+    let mut fits: Vec<usize> = (1..=n_embd / 2)
+        .filter(|&h| even_heads(h) && kv_allows(h))
+        .collect();
     fits.sort_by_key(|h| (h.abs_diff(n_head), *h));
+    let width = format!("give a width that is a multiple of {}", 2 * n_head);
     let hint = match fits.as_slice() {
-        [] => format!("model.width = {n_embd} is odd; give an even width"),
-        [h] => format!(
-            "set model.heads to {h}, or give a width that is a multiple of {}",
-            2 * n_head
-        ),
-        [a, b, ..] => format!(
-            "set model.heads to one of the nearest that do ({a} or {b}), or give a width \
-             that is a multiple of {}",
-            2 * n_head
-        ),
+        [] => width,
+        [h] => format!("set model.heads to {h}, or {width}"),
+        [a, b, ..] => {
+            format!("set model.heads to one of the nearest that do ({a} or {b}), or {width}")
+        }
     };
     Some(format!("{what}; {hint}"))
 }

@@ -412,10 +412,27 @@ fn a_llama_shape_names_all_its_problems_at_once() {
     let p = llama_problems("llama-tiny", &["model.width=100", "model.ffn_hidden=250"]);
     assert_eq!(p.len(), 1, "{p:?}");
     has(&p, "model.width / model.heads = 100/4 = 25 is odd");
-    has(&p, "(5 or 2)");
+    has(&p, "(2 or 10)");
     has(&p, "a multiple of 8");
     let p = llama_problems("llama-tiny", &["model.width=99", "model.ffn_hidden=248"]);
-    has(&p, "model.width = 99 is odd; give an even width");
+    has(&p, "model.heads = 4 does not divide model.width = 99");
+    has(&p, "give a width that is a multiple of 8");
+    // The suggestions are head counts the key/value heads allow: width 6 splits into
+    // even heads as 3 or 1, neither of which llama-tiny's 2 key/value heads divide.
+    let p = llama_problems("llama-tiny", &["model.width=6", "model.ffn_hidden=16"]);
+    has(
+        &p,
+        "model.heads = 4 does not divide model.width = 6; give a width that is a multiple of 8",
+    );
+    let p = llama_problems(
+        "llama-tiny",
+        &["model.width=12", "model.ffn_hidden=30", "model.heads=4"],
+    );
+    has(&p, "12/4 = 3 is odd");
+    has(
+        &p,
+        "nearest that do (2 or 6), or give a width that is a multiple of 8",
+    );
     // Following the advice gives a model.
     let l = llama_of(
         "llama-tiny",

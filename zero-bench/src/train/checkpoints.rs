@@ -50,6 +50,10 @@ pub struct Resume {
     pub batch_change: Option<String>,
     /// Where the data order had got to after its step: the resumed run reads on from there.
     pub origin: Origin,
+    /// Rank 0, resuming an earlier step of `--ckpt-dir` itself: the root and the
+    /// `--resume` path as given, whose later steps [`load`] moves aside once the load
+    /// succeeded ([`set_aside_later_steps`]).
+    branch: Option<(PathBuf, PathBuf)>,
 }
 
 impl Resume {
@@ -228,6 +232,7 @@ pub fn prepare<C: Communicator>(
     loaded: &[LoadedConfig],
 ) -> Result<Option<Resume>, Failure> {
     let rank = comm.rank();
+    let mut branch = None;
     if let Some(dir) = &args.ckpt_dir {
         let created = match rank {
             0 if dir.exists() && !dir.is_dir() => Err(anyhow!(
@@ -249,11 +254,13 @@ pub fn prepare<C: Communicator>(
         // Another run's checkpoints: a fresh run, or one resumed from elsewhere, would
         // replace its steps one by one.
         let earlier = match (rank, &args.resume) {
-            (0, None) => earlier_run(dir),
+            (0, None) => earlier_run(dir).map(|()| false),
             (0, Some(from)) => resumed_elsewhere(dir, from),
-            _ => Ok(()),
+            _ => Ok(false),
         };
-        agree(comm, earlier)?;
+        if agree(comm, earlier)? {
+            branch = args.resume.clone().map(|from| (dir.clone(), from));
+        }
         if rank == 0 && args.save_every == 0 {
             log::info!(
                 "--ckpt-dir {} without --save-every: one checkpoint after the last step (and one if SIGTERM/SIGUSR1 stops the run)",
@@ -359,6 +366,7 @@ pub fn prepare<C: Communicator>(
         step: meta.step,
         batch_change,
         origin,
+        branch,
     }))
 }
 
@@ -377,11 +385,7 @@ pub fn load<C: Communicator, E: Communicator, D: Device>(
     let info = checkpoint::load(engine, from).map_err(|e| {
         // An earlier step of the same run is somewhere to go on from when this one is
         // damaged; one that does not fit this model has the others' shapes too.
-        let unfit = matches!(
-            e,
-            checkpoint::CheckpointError::Incompatible { .. }
-                | checkpoint::CheckpointError::Engine(_)
-        );
+        let unfit = matches!(e, checkpoint::CheckpointError::Incompatible { .. });
         let hint = if unfit {
             String::new()
         } else {
@@ -390,6 +394,13 @@ pub fn load<C: Communicator, E: Communicator, D: Device>(
         anyhow::Error::new(e).context(format!("resuming from {}{hint}", from.display()))
     });
     let info = agree(comm, info)?;
+    // Only now, with the state loaded on every rank, does the run branch: a resume refused
+    // or failed above leaves the root as it was.
+    let moved = match &resume.branch {
+        Some((root, given)) => set_aside_later_steps(root, from, given, resume.step),
+        None => Ok(()),
+    };
+    agree(comm, moved)?;
     if let Some(change) = &resume.batch_change {
         engine.record(change.clone());
     }
@@ -636,14 +647,15 @@ fn earlier_run(dir: &Path) -> anyhow::Result<()> {
 
 /// Refuse `dir` when it holds a run's checkpoints (a `latest` pointer) and `--resume`
 /// names a checkpoint outside it: its saves would replace that run's steps with another
-/// history's. A checkpoint of `dir` itself (its `latest`, or one of its `step-S`) is fine.
-fn resumed_elsewhere(dir: &Path, from: &Path) -> anyhow::Result<()> {
+/// history's. A checkpoint of `dir` itself (its `latest`, or one of its `step-S`) is fine:
+/// `true`, the run may branch there ([`set_aside_later_steps`], once loaded).
+fn resumed_elsewhere(dir: &Path, from: &Path) -> anyhow::Result<bool> {
     let Ok(text) = std::fs::read_to_string(dir.join(checkpoint::LATEST)) else {
-        return Ok(());
+        return Ok(false);
     };
     // An unreadable --resume is reported where it is loaded, with its own message.
     let Ok(step_dir) = checkpoint::resolve(from) else {
-        return Ok(());
+        return Ok(false);
     };
     // Through links: the root the step directory really is in.
     let step_dir = std::fs::canonicalize(&step_dir).unwrap_or(step_dir);
@@ -654,7 +666,7 @@ fn resumed_elsewhere(dir: &Path, from: &Path) -> anyhow::Result<()> {
         root
     };
     if crate::outfile::same_file(root, dir) {
-        return set_aside_later_steps(dir, &step_dir, from);
+        return Ok(true);
     }
     bail!(
         "--ckpt-dir {} holds the checkpoints of another run (latest: {}), and --resume {} is not one of them: its saves would replace that run's steps; pass --resume {} to continue that run, or give another --ckpt-dir (or remove that one) to continue from {}",
@@ -666,67 +678,79 @@ fn resumed_elsewhere(dir: &Path, from: &Path) -> anyhow::Result<()> {
     )
 }
 
-/// `--resume` of a step of `dir` itself that `dir` holds later steps after (a run that
-/// went on past it, resumed from an earlier step to try something else): this run
-/// branches there, and its saves would replace those steps one by one, leaving the two
-/// histories mixed in one root (and `keep_last` counting the other run's steps). The
-/// later steps are moved (renamed, nothing copied or lost) into
-/// `dir/abandoned-after-step-S-<unix seconds>/`, where no resume finds them by accident,
-/// and `latest` names step S until this run's first save.
-fn set_aside_later_steps(dir: &Path, step_dir: &Path, resume: &Path) -> anyhow::Result<()> {
-    let from = Meta::read(step_dir)
-        .with_context(|| format!("--resume {}", resume.display()))?
-        .step;
+/// The run resumed step `step` (from `step_dir`, `--resume given`) of `dir` itself, and
+/// `dir` holds later steps (a run that went on past it, resumed from an earlier step to
+/// try something else): this run branches there, and its saves would replace those steps
+/// one by one, leaving the two histories mixed in one root (and `keep_last` counting the
+/// other run's steps). Called once the state is loaded on every rank (a refused resume
+/// changes nothing): `latest` is pointed at `step-S` first (a step a crashed save left
+/// as `old-step-S-*` is moved back to that name, or the next save's cleanup would remove
+/// it), then the later steps are moved (renamed, nothing copied or lost) into
+/// `dir/abandoned-after-step-S-<unix seconds>/`, where no resume finds them by accident.
+/// A crash part way leaves `latest` naming the step this run started from.
+fn set_aside_later_steps(
+    dir: &Path,
+    step_dir: &Path,
+    given: &Path,
+    step: u64,
+) -> anyhow::Result<()> {
     let later: Vec<String> = checkpoint::step_dirs(dir)
         .into_iter()
-        .filter(|(s, _)| *s > from)
+        .filter(|(s, _)| *s > step)
         .map(|(_, name)| name)
         .collect();
     if later.is_empty() {
         return Ok(());
     }
-    let stamp = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let aside = dir.join(format!("abandoned-after-step-{from}-{stamp}"));
     let fail = |what: &str, path: &Path, e: std::io::Error| {
         anyhow!(
-            "--resume {} branches from step {from}, and --ckpt-dir {} holds later steps ({}) this run's saves would replace; {what} '{}' failed ({e}); move them out of the way yourself, or give another --ckpt-dir",
-            resume.display(),
+            "--resume {} branches from step {step}, and --ckpt-dir {} holds later steps ({}) this run's saves would replace; {what} '{}' failed ({e}); move them out of the way yourself, or give another --ckpt-dir",
+            given.display(),
             dir.display(),
             later.join(", "),
             path.display()
         )
     };
+    let name = format!("step-{step}");
+    let home = dir.join(&name);
+    if !home.exists() {
+        std::fs::rename(step_dir, &home).map_err(|e| fail("moving back", step_dir, e))?;
+    }
+    let latest = dir.join(checkpoint::LATEST);
+    let tmp = dir.join(format!("{}.tmp", checkpoint::LATEST));
+    std::fs::write(&tmp, format!("{name}\n"))
+        .and_then(|()| std::fs::rename(&tmp, &latest))
+        .map_err(|e| fail("pointing `latest` at the resumed step:", &latest, e))?;
+    sync(dir);
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let aside = dir.join(format!("abandoned-after-step-{step}-{stamp}"));
     std::fs::create_dir(&aside).map_err(|e| fail("creating", &aside, e))?;
-    for name in &later {
-        let (old, new) = (dir.join(name), aside.join(name));
+    for later_step in &later {
+        let (old, new) = (dir.join(later_step), aside.join(later_step));
         std::fs::rename(&old, &new).map_err(|e| fail("moving", &old, e))?;
     }
-    // `latest` named a step now moved: name the step this run starts from.
-    if let Some(name) = step_dir.file_name() {
-        let latest = dir.join(checkpoint::LATEST);
-        let tmp = dir.join(format!("{}.tmp", checkpoint::LATEST));
-        std::fs::write(&tmp, format!("{}\n", name.to_string_lossy()))
-            .and_then(|()| std::fs::rename(&tmp, &latest))
-            .map_err(|e| fail("pointing `latest` at the resumed step:", &latest, e))?;
-    }
-    // The renames recorded on disk (a failure only risks them after a crash: warned).
-    for d in [&aside, dir] {
-        if let Err(e) = std::fs::File::open(d).and_then(|f| f.sync_all()) {
-            log::warn!(
-                "could not fsync '{}' ({e}): a crash soon may undo the moves",
-                d.display()
-            );
-        }
-    }
+    sync(&aside);
+    sync(dir);
     log::warn!(
-        "--resume {} branches from step {from}: the later steps {} of the run that went on from there were moved to '{}' (this run's saves would have replaced them); `latest` names step {from}",
-        resume.display(),
+        "--resume {} branches from step {step}: the later steps {} of the run that went on from there were moved to '{}' (this run's saves would have replaced them); `latest` names step {step}",
+        given.display(),
         later.join(", "),
         aside.display()
     );
     Ok(())
+}
+
+/// fsync directory `d` after renames in it; a failure only risks them after a crash
+/// (warned).
+fn sync(d: &Path) {
+    if let Err(e) = std::fs::File::open(d).and_then(|f| f.sync_all()) {
+        log::warn!(
+            "could not fsync '{}' ({e}): a crash soon may undo the renames there",
+            d.display()
+        );
+    }
 }
 
 /// Write, sync and remove a small file in `dir`: this rank can save its shard there.

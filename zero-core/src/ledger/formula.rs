@@ -323,21 +323,23 @@ impl Explanation {
                 plan.inputs.grad_quant_bits
             ));
         }
-        for (role, what) in [
+        for (role, what, units) in [
             (
                 BufferRole::ParamWindow,
                 "f32 parameter window (the model computes in f32)",
+                "the widest layer's units",
             ),
             (
                 BufferRole::GradWindow,
                 "f32 gradient window the model accumulates into",
+                "the widest layer's units without an accumulator of their own (below)",
             ),
         ] {
             let (bytes, _, lens, _) = sum(&|r| *r == role);
             extra(
                 MemCategory::Compute,
                 bytes,
-                format!("{what}: {lens} elements, the widest layer's units"),
+                format!("{what}: {lens} elements, {units}"),
             );
         }
         let (bytes, k, lens, _) = sum(&|r| matches!(r, BufferRole::TiedGrad { .. }));
