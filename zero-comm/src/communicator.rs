@@ -96,6 +96,10 @@ impl RawCall {
 }
 
 /// A started non-blocking collective, owned by a [`Scope`] until it completes.
+///
+/// An error from [`InFlight::test`] or [`InFlight::wait`] must mean that the operation
+/// no longer reads or writes the caller's buffers: a [`Scope`] hands them back then. An
+/// implementation that cannot make sure of it ends the process instead of returning.
 pub trait InFlight {
     /// True when complete (drives MPI progress as a side effect).
     fn test(&mut self) -> Result<bool>;
@@ -172,10 +176,17 @@ pub trait Communicator {
 
     /// Run non-blocking collectives: every request started in `f` has completed when this
     /// returns (see [`crate::nonblocking`] for why a scope).
-    fn scope<'env, F, T>(&'env self, f: F) -> T
+    ///
+    /// Returns `f`'s error when it returned one. Otherwise, when a collective that `f`
+    /// started and did not wait for failed (its [`crate::Pending`] dropped, or left to
+    /// the scope's end, which waits for it), the first such error: a failed collective
+    /// leaves garbage in its output, so the scope must not return `Ok`. Errors `f` was
+    /// given (by a wait, a test or [`Scope::progress`]) are its own to return.
+    fn scope<'env, F, T, E>(&'env self, f: F) -> std::result::Result<T, E>
     where
         Self: Sized,
-        F: for<'s> FnOnce(&'s Scope<'s, 'env, Self>) -> T,
+        F: for<'s> FnOnce(&'s Scope<'s, 'env, Self>) -> std::result::Result<T, E>,
+        E: From<CommError>,
     {
         nonblocking::run_scope(self, f)
     }

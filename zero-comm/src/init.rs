@@ -9,9 +9,10 @@
 //! With a timeout configured, no call of the set-up or the end waits without a limit:
 //! MPI_Init_thread and MPI_Finalize (which wait for every rank of the job) are bounded by
 //! an [`exit::Deadline`], and the exchanges in between run under the watchdog, started
-//! right after MPI_Init_thread.
+//! right after MPI_Init_thread. A start-up that fails after MPI_Init_thread finalises MPI
+//! under the same bound before it returns its error.
 
-use crate::config::CommConfig;
+use crate::config::{CommConfig, HalfSum};
 use crate::error::{CommError, Result};
 use crate::exit::{self, abort_world, line_to_stderr, Deadline, PANIC_EXIT_CODE, WORLD_RANK};
 use crate::mpi::{mpi_error_string, ops::HalfOps, MpiComm, Shared};
@@ -221,6 +222,12 @@ pub fn init() -> Result<(MpiContext, MpiComm)> {
 
 /// Initialise MPI with these options. Returns the context guard and the world
 /// communicator (our own duplicate of MPI_COMM_WORLD).
+///
+/// When the `ZERO_COMM_*` settings that shape the collectives differ between the ranks,
+/// this does not return: rank 0 prints one line naming the settings and the ranks that
+/// differ from it, and every rank finalises MPI and exits with code 1. Every rank knows
+/// of the mismatch alike, so returning an error would have each print it (N copies on
+/// N ranks), and only the ranks whose own values differ know what to fix.
 pub fn init_with(config: CommConfig) -> Result<(MpiContext, MpiComm)> {
     let init_bound = config.timeout.and_then(init_deadline);
     let initialised = mpi::initialize_with_threading(Threading::Multiple);
@@ -235,23 +242,86 @@ pub fn init_with(config: CommConfig) -> Result<(MpiContext, MpiComm)> {
     }
     let (world_rank, world_size) = (rank as usize, size as usize);
     install_panic_hook(world_rank);
+    let timeout = config.timeout;
     // Started before the first exchange: every one below waits for every rank.
-    let watchdog = match config.timeout {
-        Some(t) => Some(Watchdog::start(world_rank, t).map_err(|e| {
-            CommError::Init(format!(
+    let watchdog = match timeout.map(|t| Watchdog::start(world_rank, t)) {
+        Some(Ok(dog)) => Some(dog),
+        Some(Err(e)) => {
+            let e = CommError::Init(format!(
                 "rank {world_rank}: cannot start the watchdog thread: {e}"
-            ))
-        })?),
+            ));
+            finalize_after_failed_start(universe, world_rank, timeout, None);
+            return Err(e);
+        }
         None => None,
     };
+    let (world, progress) = match start_up(world_rank, world_size, threading, config, &watchdog) {
+        Ok(up) => up,
+        Err(StartUpFailure::Error(e)) => {
+            finalize_after_failed_start(universe, world_rank, timeout, watchdog);
+            return Err(e);
+        }
+        Err(StartUpFailure::SettingsDiffer(report)) => {
+            // Printed before MPI_Finalize: once a rank has exited with 1, mpirun may kill
+            // the others.
+            if world_rank == 0 {
+                line_to_stderr(&format!("rank 0 of {world_size}: {report}"));
+            }
+            finalize_after_failed_start(universe, world_rank, timeout, watchdog);
+            let _ = std::io::Write::flush(&mut std::io::stdout());
+            std::process::exit(1)
+        }
+    };
+    Ok((
+        MpiContext {
+            watchdog,
+            progress,
+            universe,
+            threading,
+            world_rank,
+            world_size,
+            timeout,
+            finalize_deadline: None,
+        },
+        world,
+    ))
+}
+
+/// Why [`start_up`] stopped.
+enum StartUpFailure {
+    /// An MPI call or a thread failed (this rank's error).
+    Error(CommError),
+    /// The ranks' `ZERO_COMM_*` settings differ: the description, the same on every rank.
+    SettingsDiffer(String),
+}
+
+impl From<CommError> for StartUpFailure {
+    fn from(e: CommError) -> Self {
+        StartUpFailure::Error(e)
+    }
+}
+
+/// What [`init_with`] does once MPI is up and the watchdog started: the settings
+/// compared, the half ops, the heartbeat exchange, the world's duplicate, the progress
+/// thread. Apart so that each failure finalises MPI the one bounded way
+/// ([`finalize_after_failed_start`]).
+fn start_up(
+    world_rank: usize,
+    world_size: usize,
+    threading: Threading,
+    config: CommConfig,
+    watchdog: &Option<Arc<Watchdog>>,
+) -> std::result::Result<(MpiComm, Option<Arc<ProgressThread>>), StartUpFailure> {
     {
         let _watch = watch_start_up(
-            &watchdog,
+            watchdog,
             0,
-            "MPI_Allreduce",
+            "MPI_Allgather",
             "comparing the ZERO_COMM_* settings",
         );
-        same_protocol_on_every_rank(world_rank, &config)?;
+        if let Some(report) = settings_unlike_rank_0(world_rank, world_size, &config)? {
+            return Err(StartUpFailure::SettingsDiffer(report));
+        }
     }
     if threading != Threading::Multiple {
         log::warn!(
@@ -264,7 +334,7 @@ pub fn init_with(config: CommConfig) -> Result<(MpiContext, MpiComm)> {
     // Every rank takes part in the exchange, watchdog or not (ZERO_COMM_TIMEOUT may not
     // reach every node, a port may fail to bind): a rank with nothing to offer sends
     // port 0, and the others know it cannot be asked.
-    let port = match &watchdog {
+    let port = match watchdog {
         Some(dog) => match dog.serve_heartbeat() {
             Ok(port) => port,
             Err(e) => {
@@ -278,19 +348,19 @@ pub fn init_with(config: CommConfig) -> Result<(MpiContext, MpiComm)> {
     };
     let peers = {
         let _watch = watch_start_up(
-            &watchdog,
+            watchdog,
             1,
             "MPI_Allgather",
             "exchanging the watchdog's heartbeat addresses",
         );
         exchange_addresses(world_rank, world_size, port)?
     };
-    if let Some(dog) = &watchdog {
+    if let Some(dog) = watchdog {
         dog.set_peers(peers);
     }
     let mut dup = std::mem::MaybeUninit::<ffi::MPI_Comm>::uninit();
     let watch = watch_start_up(
-        &watchdog,
+        watchdog,
         2,
         "MPI_Comm_dup",
         "our own copy of MPI_COMM_WORLD",
@@ -299,7 +369,7 @@ pub fn init_with(config: CommConfig) -> Result<(MpiContext, MpiComm)> {
     let rc = unsafe { ffi::MPI_Comm_dup(ffi::RSMPI_COMM_WORLD, dup.as_mut_ptr()) };
     drop(watch);
     if rc != 0 {
-        return Err(init_failed(world_rank, "MPI_Comm_dup(MPI_COMM_WORLD)", rc));
+        return Err(init_failed(world_rank, "MPI_Comm_dup(MPI_COMM_WORLD)", rc).into());
     }
     // SAFETY: written on success.
     let dup = unsafe { dup.assume_init() };
@@ -323,48 +393,66 @@ pub fn init_with(config: CommConfig) -> Result<(MpiContext, MpiComm)> {
         watchdog: watchdog.clone(),
         progress: progress.clone(),
     });
-    let timeout = shared.config.timeout;
+    // On an error the progress thread stops as its last handle (in `shared`) drops.
     let world = MpiComm::adopt(dup, "world".to_string(), shared)?;
-    Ok((
-        MpiContext {
-            watchdog,
-            progress,
-            universe,
-            threading,
-            world_rank,
-            world_size,
-            timeout,
-            finalize_deadline: None,
-        },
-        world,
-    ))
+    Ok((world, progress))
+}
+
+/// End MPI after the start-up failed, as [`MpiContext`]'s drop does: the watchdog
+/// stopped, then MPI_Finalize, which waits for every rank, bounded by the timeout (the
+/// other ranks may be anywhere: still in an exchange, hung, or stopped).
+fn finalize_after_failed_start(
+    universe: Universe,
+    world_rank: usize,
+    timeout: Option<Duration>,
+    watchdog: Option<Arc<Watchdog>>,
+) {
+    if let Some(dog) = &watchdog {
+        dog.stop();
+    }
+    drop(watchdog);
+    let bound = timeout.and_then(|limit| finalize_deadline(world_rank, limit));
+    drop(universe);
+    drop(bound);
 }
 
 /// The settings that change which MPI calls a collective makes (`ZERO_COMM_CHECK`'s
-/// extra all-gather, `ZERO_COMM_HALF_SUM`, `ZERO_COMM_RING`) must be alike on every rank,
-/// or the ranks' first collectives would not match: a hang, or garbage. Each rank's
-/// environment is its own (`mpirun -x` passes a variable on), so they are compared here,
-/// with one all-reduce on MPI_COMM_WORLD before any collective of ours; every rank gets
-/// the same error naming the settings that differ. (`ZERO_COMM_TIMEOUT` and
-/// `ZERO_COMM_PROGRESS_US` change no call and may differ.)
-fn same_protocol_on_every_rank(world_rank: usize, config: &CommConfig) -> Result<()> {
-    let settings = [
-        ("ZERO_COMM_CHECK", config.check as i64),
-        ("ZERO_COMM_HALF_SUM", config.half_sum as i64),
-        ("ZERO_COMM_RING", config.mpi_reduce_scatter as i64),
-    ];
-    // max(v) and max(-v) = -min(v) in one reduction.
-    let send: Vec<i64> = settings.iter().flat_map(|&(_, v)| [v, -v]).collect();
-    let mut got = vec![0i64; send.len()];
-    // SAFETY: both buffers hold send.len() i64s; collective over the world, called by
-    // every rank at the same point of init.
+/// extra all-gather, `ZERO_COMM_HALF_SUM`, `ZERO_COMM_RING`): each rank's, in the order
+/// of [`describe_unlike_settings`]. (`ZERO_COMM_TIMEOUT` and `ZERO_COMM_PROGRESS_US`
+/// change no call and may differ.)
+fn protocol_settings(config: &CommConfig) -> [i64; 3] {
+    [
+        config.check as i64,
+        match config.half_sum {
+            HalfSum::Op => 0,
+            HalfSum::Upcast => 1,
+        },
+        config.mpi_reduce_scatter as i64,
+    ]
+}
+
+/// The protocol settings must be alike on every rank, or the ranks' first collectives
+/// would not match: a hang, or garbage. Each rank's environment is its own (`mpirun -x`
+/// passes a variable on), so they are compared here, with one all-gather on
+/// MPI_COMM_WORLD before any collective of ours, so that the report can name the ranks
+/// that differ. `Some(description)`, the same on every rank, when they differ.
+fn settings_unlike_rank_0(
+    world_rank: usize,
+    world_size: usize,
+    config: &CommConfig,
+) -> Result<Option<String>> {
+    let mine = protocol_settings(config);
+    let mut all = vec![0i64; mine.len() * world_size];
+    // SAFETY: `mine` holds mine.len() i64s and `all` that many per rank; collective over
+    // the world, called by every rank at the same point of init.
     let rc = unsafe {
-        ffi::MPI_Allreduce(
-            send.as_ptr() as *const std::os::raw::c_void,
-            got.as_mut_ptr() as *mut std::os::raw::c_void,
-            send.len() as i32,
+        ffi::MPI_Allgather(
+            mine.as_ptr() as *const std::os::raw::c_void,
+            mine.len() as i32,
             ffi::RSMPI_INT64_T,
-            ffi::RSMPI_MAX,
+            all.as_mut_ptr() as *mut std::os::raw::c_void,
+            mine.len() as i32,
+            ffi::RSMPI_INT64_T,
             ffi::RSMPI_COMM_WORLD,
         )
     };
@@ -375,20 +463,98 @@ fn same_protocol_on_every_rank(world_rank: usize, config: &CommConfig) -> Result
             rc,
         ));
     }
-    let differ: Vec<&str> = settings
-        .iter()
-        .enumerate()
-        .filter(|&(i, _)| got[2 * i] != -got[2 * i + 1])
-        .map(|(_, &(name, _))| name)
-        .collect();
-    if differ.is_empty() {
-        return Ok(());
-    }
-    Err(CommError::Init(format!(
-        "rank {world_rank}: {} differ(s) between the ranks (set on some, not others): their collectives would not match; give every rank the same environment (mpirun -x VAR, or export it before srun)",
-        differ.join(", ")
-    )))
+    Ok(describe_unlike_settings(&all))
 }
+
+/// How a protocol setting's value reads in the environment.
+type Shown = fn(i64) -> &'static str;
+
+/// The names of the protocol settings and how each value reads in the environment.
+const PROTOCOL_SETTINGS: [(&str, Shown); 3] = [
+    ("ZERO_COMM_CHECK", |v| if v != 0 { "1" } else { "0" }),
+    (
+        "ZERO_COMM_HALF_SUM",
+        |v| if v != 0 { "upcast" } else { "op" },
+    ),
+    // `mpi_reduce_scatter` is ZERO_COMM_RING=0.
+    ("ZERO_COMM_RING", |v| if v != 0 { "0" } else { "1" }),
+];
+
+/// From every rank's [`protocol_settings`] (`all`, in rank order): which settings differ
+/// and, for each, rank 0's value and the ranks that hold another; `None` when alike.
+fn describe_unlike_settings(all: &[i64]) -> Option<String> {
+    let k = PROTOCOL_SETTINGS.len();
+    let ranks: Vec<&[i64]> = all.chunks(k).collect();
+    let root = ranks.first()?;
+    let mut names = Vec::new();
+    let mut details = Vec::new();
+    for (i, (name, shown)) in PROTOCOL_SETTINGS.iter().enumerate() {
+        // Every distinct value other than rank 0's, with its ranks, in order of rank.
+        let mut others: Vec<(i64, Vec<usize>)> = Vec::new();
+        for (r, values) in ranks.iter().enumerate().skip(1) {
+            let v = values[i];
+            if v == root[i] {
+                continue;
+            }
+            match others.iter_mut().find(|(w, _)| *w == v) {
+                Some((_, rs)) => rs.push(r),
+                None => others.push((v, vec![r])),
+            }
+        }
+        if others.is_empty() {
+            continue;
+        }
+        names.push(*name);
+        let mut said = vec![format!("{name}={} on rank 0", shown(root[i]))];
+        said.extend(
+            others
+                .iter()
+                .map(|(v, rs)| format!("{} on {}", shown(*v), rank_list(rs))),
+        );
+        details.push(said.join(", "));
+    }
+    if names.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "{} differ(s) between the ranks ({}): their collectives would not match; give every rank the same environment (mpirun -x VAR, or export it before srun)",
+        names.join(", "),
+        details.join("; ")
+    ))
+}
+
+/// `rank 3`, or `ranks 1-4, 7` (runs of consecutive ranks joined), at most
+/// [`RANK_RUNS_SHOWN`] runs, then how many ranks more.
+fn rank_list(ranks: &[usize]) -> String {
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    for &r in ranks {
+        match runs.last_mut() {
+            Some((_, end)) if *end + 1 == r => *end = r,
+            _ => runs.push((r, r)),
+        }
+    }
+    let shown: Vec<String> = runs
+        .iter()
+        .take(RANK_RUNS_SHOWN)
+        .map(|&(a, b)| match a == b {
+            true => a.to_string(),
+            false => format!("{a}-{b}"),
+        })
+        .collect();
+    let hidden: usize = runs
+        .iter()
+        .skip(RANK_RUNS_SHOWN)
+        .map(|&(a, b)| b - a + 1)
+        .sum();
+    let noun = if ranks.len() == 1 { "rank" } else { "ranks" };
+    match hidden {
+        0 => format!("{noun} {}", shown.join(", ")),
+        n => format!("{noun} {} and {n} more", shown.join(", ")),
+    }
+}
+
+/// How many runs of ranks [`rank_list`] names: on 512 ranks the first few say enough.
+const RANK_RUNS_SHOWN: usize = 8;
 
 /// Every rank's heartbeat address: one MPI_Allgather of fixed-size blocks on
 /// MPI_COMM_WORLD itself (not on our duplicate: its calls are counted and numbered).
@@ -508,6 +674,47 @@ mod tests {
             "{stderr}"
         );
         assert!(stderr.contains("check the other ranks' output"), "{stderr}");
+    }
+
+    #[test]
+    fn unlike_settings_name_the_ranks_that_differ_from_rank_0() {
+        let alike = [0, 0, 0].repeat(4);
+        assert_eq!(describe_unlike_settings(&alike), None);
+        // Ranks 1 and 2 of 3 run ZERO_COMM_RING=0, rank 2 also ZERO_COMM_CHECK=1.
+        let all = [[0, 0, 0], [0, 0, 1], [1, 0, 1]].concat();
+        let said = describe_unlike_settings(&all).expect("they differ");
+        assert!(
+            said.starts_with("ZERO_COMM_CHECK, ZERO_COMM_RING differ(s) between the ranks"),
+            "{said}"
+        );
+        assert!(
+            said.contains("ZERO_COMM_CHECK=0 on rank 0, 1 on rank 2;"),
+            "{said}"
+        );
+        assert!(
+            said.contains("ZERO_COMM_RING=1 on rank 0, 0 on ranks 1-2)"),
+            "{said}"
+        );
+        assert!(said.contains("mpirun -x"), "{said}");
+        let half = [[0, 1, 0], [0, 0, 0]].concat();
+        let said = describe_unlike_settings(&half).expect("they differ");
+        assert!(
+            said.contains("ZERO_COMM_HALF_SUM=upcast on rank 0, op on rank 1)"),
+            "{said}"
+        );
+    }
+
+    #[test]
+    fn rank_lists_join_runs_and_stop_after_a_few() {
+        assert_eq!(rank_list(&[3]), "rank 3");
+        assert_eq!(rank_list(&[1, 2, 3, 4, 7]), "ranks 1-4, 7");
+        let every_other: Vec<usize> = (1..40).step_by(2).collect();
+        assert_eq!(
+            rank_list(&every_other),
+            "ranks 1, 3, 5, 7, 9, 11, 13, 15 and 12 more"
+        );
+        let most: Vec<usize> = (1..512).collect();
+        assert_eq!(rank_list(&most), "ranks 1-511");
     }
 
     #[test]

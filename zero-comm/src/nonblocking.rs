@@ -9,6 +9,13 @@
 //! request may still use it. A [`Pending`] handle hands the buffer back on
 //! [`Pending::wait`], so the caller can use it again inside the scope.
 //!
+//! Errors: a failed collective hands its buffer back too (the error is returned), so a
+//! request reports an error only once MPI no longer uses its buffers (the
+//! [`InFlight`] contract; the MPI backend cancels and completes the collective's other
+//! requests, or ends the process where MPI keeps one). A collective that fails without
+//! being waited for (its [`Pending`] dropped, or left to the scope's end) is not lost:
+//! [`Communicator::scope`] returns the first such error when `f` itself returned `Ok`.
+//!
 //! Why not a worker thread: it would need MPI_THREAD_MULTIPLE traffic from two threads on
 //! one communicator and a copy or a lock per buffer; with MPI's own non-blocking
 //! collectives the engine posts reduce-scatters between units of the backward and waits
@@ -36,12 +43,49 @@
 
 use crate::buffer::{CommBuf, CommBufMut};
 use crate::communicator::{lower, Communicator, InFlight, RawBuf, ReduceOp};
-use crate::error::Result;
+use crate::error::{CommError, Result};
 use crate::Element;
 use std::cell::RefCell;
 use std::marker::PhantomData;
 
-type Slots = RefCell<Vec<Option<Box<dyn InFlight>>>>;
+/// The scope's requests, and the first error of one nobody waited for.
+#[derive(Default)]
+struct Slots {
+    requests: RefCell<Vec<Option<Box<dyn InFlight>>>>,
+    unseen: RefCell<Option<CommError>>,
+}
+
+impl Slots {
+    fn take(&self, slot: usize) -> Option<Box<dyn InFlight>> {
+        self.requests.borrow_mut()[slot].take()
+    }
+
+    /// Keep the first error of a collective not waited for, for the scope to return;
+    /// later ones are logged (the first one fails the scope already).
+    fn unseen(&self, e: CommError, how: &str) {
+        let mut first = self.unseen.borrow_mut();
+        if first.is_none() {
+            *first = Some(e);
+        } else {
+            log::error!("non-blocking collective {how} failed too: {e}");
+        }
+    }
+
+    /// Wait for every request still outstanding, keeping their errors.
+    fn finish(&self) {
+        let pending: Vec<Box<dyn InFlight>> = self
+            .requests
+            .borrow_mut()
+            .iter_mut()
+            .filter_map(Option::take)
+            .collect();
+        for mut req in pending {
+            if let Err(e) = req.wait() {
+                self.unseen(e, "left unwaited");
+            }
+        }
+    }
+}
 
 /// Where non-blocking collectives are started; see the module documentation.
 pub struct Scope<'s, 'env: 's, C: Communicator> {
@@ -53,7 +97,8 @@ pub struct Scope<'s, 'env: 's, C: Communicator> {
 }
 
 /// A started collective. [`Pending::wait`] completes it and returns the output buffer.
-/// Dropping it without waiting waits (and logs an error if the collective failed).
+/// Dropping it without waiting waits; if the collective failed, the scope returns that
+/// error (see [`Communicator::scope`]).
 #[must_use = "wait on a pending collective to see its result and error"]
 pub struct Pending<'s, T> {
     slots: &'s Slots,
@@ -64,8 +109,9 @@ pub struct Pending<'s, T> {
 impl<T> Pending<'_, T> {
     /// Block until the collective completed; the output buffer comes back.
     pub fn wait(mut self) -> Result<T> {
-        let req = self.slots.borrow_mut()[self.slot].take();
-        if let Some(mut req) = req {
+        if let Some(mut req) = self.slots.take(self.slot) {
+            // Sound to drop the request and give the borrow back on an error too: an
+            // error means MPI no longer uses the buffers (the InFlight contract).
             req.wait()?;
         }
         Ok(self
@@ -77,7 +123,7 @@ impl<T> Pending<'_, T> {
     /// True when complete; drives MPI progress. Waiting afterwards is still required to
     /// get the buffer back (and costs nothing then).
     pub fn test(&mut self) -> Result<bool> {
-        match self.slots.borrow_mut()[self.slot].as_mut() {
+        match self.slots.requests.borrow_mut()[self.slot].as_mut() {
             Some(req) => req.test(),
             None => Ok(true),
         }
@@ -86,23 +132,25 @@ impl<T> Pending<'_, T> {
 
 impl<T> Drop for Pending<'_, T> {
     fn drop(&mut self) {
-        let req = self.slots.borrow_mut()[self.slot].take();
-        if let Some(mut req) = req {
+        if let Some(mut req) = self.slots.take(self.slot) {
             if let Err(e) = req.wait() {
-                log::error!("non-blocking collective dropped without wait failed: {e}");
+                self.slots.unseen(e, "dropped without wait");
             }
         }
     }
 }
 
-pub(crate) fn run_scope<'env, C, F, T>(comm: &'env C, f: F) -> T
+/// [`Communicator::scope`]: `f`'s error when it returned one, else the first error of a
+/// collective it did not wait for, else `f`'s value.
+pub(crate) fn run_scope<'env, C, F, T, E>(comm: &'env C, f: F) -> std::result::Result<T, E>
 where
     C: Communicator,
-    F: for<'s> FnOnce(&'s Scope<'s, 'env, C>) -> T,
+    F: for<'s> FnOnce(&'s Scope<'s, 'env, C>) -> std::result::Result<T, E>,
+    E: From<CommError>,
 {
     let scope = Scope {
         comm,
-        slots: RefCell::new(Vec::new()),
+        slots: Slots::default(),
         _scope: PhantomData,
         _env: PhantomData,
     };
@@ -110,21 +158,23 @@ where
     struct Finish<'a>(&'a Slots);
     impl Drop for Finish<'_> {
         fn drop(&mut self) {
-            let pending: Vec<Box<dyn InFlight>> = self
-                .0
-                .borrow_mut()
-                .iter_mut()
-                .filter_map(Option::take)
-                .collect();
-            for mut req in pending {
-                if let Err(e) = req.wait() {
-                    log::error!("non-blocking collective left unwaited failed: {e}");
-                }
-            }
+            self.0.finish();
         }
     }
-    let _finish = Finish(&scope.slots);
-    f(&scope)
+    let out = {
+        let _finish = Finish(&scope.slots);
+        f(&scope)
+    };
+    let unseen = scope.slots.unseen.take();
+    match (out, unseen) {
+        (Ok(_), Some(e)) => Err(e.into()),
+        (Err(e), Some(also)) => {
+            // `f`'s own error is what it saw first; this one would be lost otherwise.
+            log::error!("non-blocking collective not waited for failed too: {also}");
+            Err(e)
+        }
+        (out, None) => out,
+    }
 }
 
 impl<'s, 'env: 's, C: Communicator> Scope<'s, 'env, C> {
@@ -134,7 +184,7 @@ impl<'s, 'env: 's, C: Communicator> Scope<'s, 'env, C> {
     }
 
     fn push<T>(&'s self, req: Box<dyn InFlight>, out: T) -> Pending<'s, T> {
-        let mut slots = self.slots.borrow_mut();
+        let mut slots = self.slots.requests.borrow_mut();
         slots.push(Some(req));
         Pending {
             slots: &self.slots,
@@ -146,7 +196,7 @@ impl<'s, 'env: 's, C: Communicator> Scope<'s, 'env, C> {
     /// Test every outstanding request once: call between compute phases so that MPI's
     /// host collectives advance while the caller computes.
     pub fn progress(&self) -> Result<()> {
-        for req in self.slots.borrow_mut().iter_mut().flatten() {
+        for req in self.slots.requests.borrow_mut().iter_mut().flatten() {
             req.test()?;
         }
         Ok(())
@@ -271,5 +321,146 @@ impl<'s, 'env: 's, C: Communicator> Scope<'s, 'env, C> {
         // SAFETY: both borrowed for 's; completed before 's ends.
         let req = unsafe { self.comm.start(&call)? };
         Ok(self.push(req, recv))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{run_local, CommStats, HalfSum, LocalComm, RawCall};
+
+    /// Thread ranks whose started collectives run, then the one started as number
+    /// `fails` fails when tested or waited for (a peer lost after the data moved).
+    struct FailsOne<'a> {
+        inner: &'a LocalComm,
+        fails: usize,
+        started: std::cell::Cell<usize>,
+    }
+
+    struct Outcome(Option<String>);
+    impl InFlight for Outcome {
+        fn test(&mut self) -> Result<bool> {
+            self.wait().map(|()| true)
+        }
+        fn wait(&mut self) -> Result<()> {
+            match &self.0 {
+                Some(why) => Err(CommError::device(0, "all_reduce", why.clone())),
+                None => Ok(()),
+            }
+        }
+    }
+
+    impl Communicator for FailsOne<'_> {
+        fn rank(&self) -> usize {
+            self.inner.rank()
+        }
+        fn size(&self) -> usize {
+            self.inner.size()
+        }
+        fn world_rank(&self) -> usize {
+            self.inner.world_rank()
+        }
+        fn name(&self) -> &str {
+            "fails-one"
+        }
+        fn stats(&self) -> CommStats {
+            self.inner.stats()
+        }
+        fn reset_stats(&self) {
+            self.inner.reset_stats()
+        }
+        fn half_sum(&self) -> HalfSum {
+            self.inner.half_sum()
+        }
+        fn set_half_sum(&self, mode: HalfSum) {
+            self.inner.set_half_sum(mode)
+        }
+        unsafe fn execute(&self, call: &RawCall) -> Result<()> {
+            self.inner.execute(call)
+        }
+        unsafe fn start(&self, call: &RawCall) -> Result<Box<dyn InFlight>> {
+            self.inner.execute(call)?;
+            let n = self.started.get();
+            self.started.set(n + 1);
+            let why = (n == self.fails).then(|| format!("collective {n} lost its peer"));
+            Ok(Box::new(Outcome(why)))
+        }
+    }
+
+    /// Run `body` on one thread rank whose collective number `fails` fails.
+    fn with_failing(fails: usize, body: impl Fn(&FailsOne) -> String + Sync) -> String {
+        let out = run_local(1, Default::default(), |comm| {
+            body(&FailsOne {
+                inner: &comm,
+                fails,
+                started: Default::default(),
+            })
+        });
+        out.into_iter()
+            .next()
+            .and_then(|r| r.ok())
+            .expect("the rank ran")
+    }
+
+    fn outcome(r: Result<()>) -> String {
+        match r {
+            Ok(()) => "ok".into(),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn a_failed_collective_nobody_waited_for_fails_the_scope() {
+        // Dropped without wait.
+        let said = with_failing(0, |c| {
+            let mut a = [1f32; 2];
+            outcome(c.scope(|s| {
+                let _ = s.all_reduce(&mut a[..], ReduceOp::Sum)?;
+                Ok(())
+            }))
+        });
+        assert!(said.contains("collective 0 lost its peer"), "{said}");
+        // Left to the scope's end (its handle forgotten), after one that succeeded.
+        let said = with_failing(1, |c| {
+            let (mut a, mut b) = ([1f32; 2], [1f32; 2]);
+            outcome(c.scope(|s| {
+                let first = s.all_reduce(&mut a[..], ReduceOp::Sum)?;
+                let second = s.all_reduce(&mut b[..], ReduceOp::Sum)?;
+                std::mem::forget(first);
+                std::mem::forget(second);
+                Ok(())
+            }))
+        });
+        assert!(said.contains("collective 1 lost its peer"), "{said}");
+    }
+
+    #[test]
+    fn the_closures_own_error_wins_and_a_clean_scope_is_ok() {
+        let said = with_failing(0, |c| {
+            let mut a = [1f32; 2];
+            outcome(c.scope(|s| {
+                let _pending = s.all_reduce(&mut a[..], ReduceOp::Sum)?;
+                Err(CommError::Init("the closure's own".into()))
+            }))
+        });
+        assert!(said.contains("the closure's own"), "{said}");
+        // Waited for: the caller saw the error and chose to go on.
+        let said = with_failing(0, |c| {
+            let mut a = [1f32; 2];
+            outcome(c.scope(|s| {
+                let seen = s.all_reduce(&mut a[..], ReduceOp::Sum)?.wait();
+                assert!(seen.is_err());
+                Ok(())
+            }))
+        });
+        assert_eq!(said, "ok");
+        let said = with_failing(usize::MAX, |c| {
+            let mut a = [1f32; 2];
+            outcome(c.scope(|s| {
+                let _ = s.all_reduce(&mut a[..], ReduceOp::Sum)?;
+                s.progress()
+            }))
+        });
+        assert_eq!(said, "ok");
     }
 }

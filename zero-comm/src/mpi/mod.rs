@@ -476,18 +476,26 @@ impl MpiComm {
             world_rank: self.shared.world_rank,
             comm: Rc::clone(&self.name),
             collective: self.issued(call),
+            failed: None,
         };
         if upcast {
             // Sum in f32: widen the input, reduce with MPI's SUM, round back at completion.
             let input = call.send.unwrap_or(call.recv);
-            let mut tmp_in = ops::upcast(input.ptr, input.len, call.dtype);
-            let mut tmp_out = vec![0f32; call.recv.len];
+            // Owned by the request before MPI sees it: a launch that fails with a message
+            // still in flight leaves it to the request's drop, which leaks it.
+            let stage = req.stage.insert(Stage {
+                result_in_input: call.kind == CollectiveKind::AllReduce,
+                tmp_in: ops::upcast(input.ptr, input.len, call.dtype),
+                tmp_out: vec![0f32; call.recv.len],
+                out: call.recv,
+                dtype: call.dtype,
+            });
             let (send, recv) = match call.kind {
                 // In place on the f32 copy.
-                CollectiveKind::AllReduce => (None, tmp_in.as_mut_ptr() as *mut c_void),
+                CollectiveKind::AllReduce => (None, stage.tmp_in.as_mut_ptr() as *mut c_void),
                 _ => (
-                    Some(tmp_in.as_ptr() as *const c_void),
-                    tmp_out.as_mut_ptr() as *mut c_void,
+                    Some(stage.tmp_in.as_ptr() as *const c_void),
+                    stage.tmp_out.as_mut_ptr() as *mut c_void,
                 ),
             };
             let ring = Some(ring::Element::F32);
@@ -500,14 +508,6 @@ impl MpiComm {
                 recv,
                 &mut req,
             )?;
-            let stage = Stage {
-                result_in_input: call.kind == CollectiveKind::AllReduce,
-                tmp_in,
-                tmp_out,
-                out: call.recv,
-                dtype: call.dtype,
-            };
-            req.stage = Some(stage);
         } else {
             let dt = ops::datatype(call.dtype);
             let op = call
@@ -583,9 +583,21 @@ impl MpiComm {
                     datatype: dt,
                     tag,
                 };
-                let started = ring::Ring::start(spec, input, recv);
-                req.ring = Some(started.map_err(|(name, rc)| req.err(name, rc))?);
-                Ok(())
+                match ring::Ring::start(spec, input, recv) {
+                    Ok(started) => {
+                        req.ring = Some(started);
+                        Ok(())
+                    }
+                    Err(failure) => {
+                        let (name, rc) = failure.error;
+                        let e = req.err(name, rc);
+                        // The f32 staging (upcast) is leaked by `run` when not settled.
+                        if !failure.settled && req.stage.is_none() {
+                            req.abort_in_use(&e);
+                        }
+                        Err(e)
+                    }
+                }
             }
             _ => {
                 let rptr = if nonblocking {
@@ -669,6 +681,10 @@ struct MpiRequest {
     /// Which collective this is, for its errors (a failed test or wait names it as the
     /// watchdog would).
     collective: CollectiveCall,
+    /// The MPI call that failed in a test or wait and its code: every later test or wait
+    /// returns it again (MPI has freed the request, and waiting on its null handle would
+    /// report success over a collective that never finished).
+    failed: Option<(&'static str, c_int)>,
 }
 
 impl MpiRequest {
@@ -699,12 +715,71 @@ impl MpiRequest {
             message: mpi_error_string(rc),
         }
     }
+
+    /// A test or wait failed in MPI's `call` with `rc`: the error to return, once MPI no
+    /// longer uses the collective's buffers.
+    ///
+    /// Why: the buffers are the caller's, borrowed only until the error is returned (a
+    /// [`crate::Scope`] hands them back), while a collective's other requests (the ring's
+    /// second message, a collective MPI did not finish) may still read or write them. So
+    /// every request still active is cancelled and completed, or waited out, first; where
+    /// MPI keeps one anyway, returning would let safe code free memory MPI writes, and the
+    /// process ends instead. Staged sums (upcast) run on buffers of the request's own,
+    /// which its drop leaks: their error can be returned regardless.
+    fn fail(&mut self, call: &'static str, rc: c_int) -> CommError {
+        if self.failed.is_none() {
+            self.failed = Some((call, rc));
+            let settled = self.settle();
+            if !settled && self.stage.is_none() {
+                self.abort_in_use(&self.err(call, rc));
+            }
+            if settled {
+                // Nothing of it is in flight: its staging and partial blocks may be freed.
+                self.done = true;
+                self.ring = None;
+                self.watch = None;
+                self.progress = None;
+            }
+        }
+        self.err(call, rc)
+    }
+
+    /// After a failed test or wait: release every request of this collective MPI still
+    /// holds; true when none is left.
+    fn settle(&mut self) -> bool {
+        // The cancels and waits below may wait for a peer: watched as a wait of this
+        // collective is (a failed test was not watched yet).
+        let _watch = self.watch.as_ref().map(WatchSpec::enter);
+        if let Some(ring) = self.ring.as_mut() {
+            // SAFETY: the ring's own requests, by its owner.
+            return unsafe { ring.settle() };
+        }
+        // SAFETY: `raw` is this request's handle (null once MPI freed it, as Open MPI does
+        // for a request whose test or wait reported its error); the status is ignored.
+        unsafe {
+            if self.raw != ffi::RSMPI_REQUEST_NULL {
+                // A non-blocking collective cannot be cancelled (MPI-3.1 5.12): wait it out.
+                ffi::MPI_Wait(&mut self.raw, ffi::RSMPI_STATUS_IGNORE);
+            }
+            self.raw == ffi::RSMPI_REQUEST_NULL
+        }
+    }
+
+    /// End the job: MPI may still write the caller's buffers of this collective after
+    /// `error`, and returning it would let them be freed or reused.
+    fn abort_in_use(&self, error: &CommError) -> ! {
+        crate::exit::line_to_stderr(&format!(
+            "{error}; MPI did not release the collective's other requests, which may still use the caller's buffers after an error is returned: ending the job instead"
+        ));
+        crate::exit::abort_world(1)
+    }
 }
 
 impl Drop for MpiRequest {
     fn drop(&mut self) {
-        // Dropped before it completed (a failed step): MPI may still write the f32
-        // staging, and MPI_Request_free is erroneous for a collective. Never free it.
+        // Dropped before it completed or was settled (a failed step): MPI may still write
+        // the f32 staging, and MPI_Request_free is erroneous for a collective. Never
+        // free it.
         if !self.done {
             if let Some(stage) = self.stage.take() {
                 std::mem::forget(stage);
@@ -719,6 +794,9 @@ impl Drop for MpiRequest {
 
 impl InFlight for MpiRequest {
     fn test(&mut self) -> Result<bool> {
+        if let Some((call, rc)) = self.failed {
+            return Err(self.err(call, rc));
+        }
         if self.done {
             return Ok(true);
         }
@@ -731,14 +809,14 @@ impl InFlight for MpiRequest {
                     Ok(true)
                 }
                 Ok(false) => Ok(false),
-                Err((call, rc)) => Err(self.err(call, rc)),
+                Err((call, rc)) => Err(self.fail(call, rc)),
             };
         }
         let mut flag: c_int = 0;
         // SAFETY: `raw` is an active request; the status is ignored.
         let rc = unsafe { ffi::MPI_Test(&mut self.raw, &mut flag, ffi::RSMPI_STATUS_IGNORE) };
         if rc != 0 {
-            return Err(self.err("MPI_Test", rc));
+            return Err(self.fail("MPI_Test", rc));
         }
         if flag != 0 {
             self.finish();
@@ -747,6 +825,9 @@ impl InFlight for MpiRequest {
     }
 
     fn wait(&mut self) -> Result<()> {
+        if let Some((call, rc)) = self.failed {
+            return Err(self.err(call, rc));
+        }
         if self.done {
             return Ok(());
         }
@@ -754,7 +835,7 @@ impl InFlight for MpiRequest {
         if let Some(ring) = self.ring.as_mut() {
             // SAFETY: as in `test`.
             if let Err((call, rc)) = unsafe { ring.advance(true) } {
-                return Err(self.err(call, rc));
+                return Err(self.fail(call, rc));
             }
             self.finish();
             return Ok(());
@@ -762,7 +843,7 @@ impl InFlight for MpiRequest {
         // SAFETY: `raw` is an active request; the status is ignored.
         let rc = unsafe { ffi::MPI_Wait(&mut self.raw, ffi::RSMPI_STATUS_IGNORE) };
         if rc != 0 {
-            return Err(self.err("MPI_Wait", rc));
+            return Err(self.fail("MPI_Wait", rc));
         }
         self.finish();
         Ok(())

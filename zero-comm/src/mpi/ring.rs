@@ -92,6 +92,14 @@ pub(super) struct Ring {
     failed: Option<RingError>,
 }
 
+/// A ring that could not start: the MPI call's error, and whether its first step's
+/// messages were all taken back ([`Ring::settle`]); when not, MPI may still write the
+/// receive's buffer (the output with 2 ranks, else a partial block, leaked then).
+pub(super) struct StartFailure {
+    pub(super) error: RingError,
+    pub(super) settled: bool,
+}
+
 impl Ring {
     /// Start a ring (size > 1, block > 0) by posting its first step.
     ///
@@ -102,7 +110,7 @@ impl Ring {
         spec: RingSpec,
         input: *const c_void,
         output: *mut c_void,
-    ) -> Result<Ring, RingError> {
+    ) -> Result<Ring, StartFailure> {
         let words = (spec.block * spec.element.bytes()).div_ceil(4);
         // Step s receives into partial[(s + 1) % 2] but the last into the output: N = 2
         // needs no partial block, N = 3 partial[1], N >= 4 both.
@@ -120,12 +128,36 @@ impl Ring {
             requests: [ffi::RSMPI_REQUEST_NULL; 2],
             failed: None,
         };
-        if let Err(e) = ring.post() {
-            // Its partial blocks may still be a receive's target (see `post`).
-            std::mem::forget(ring);
-            return Err(e);
+        if let Err(error) = ring.post() {
+            let settled = ring.settle();
+            if !settled {
+                // Its partial blocks may still be a receive's target.
+                std::mem::forget(ring);
+            }
+            return Err(StartFailure { error, settled });
         }
         Ok(ring)
+    }
+
+    /// Take back every message of this ring still in flight, after an error: cancel it
+    /// and wait for it (a receive not yet matched is cancelled; a send MPI will not cancel
+    /// completes when its receiver takes it, or once buffered), so that no message reads
+    /// or writes the caller's buffers after the error is returned. True when MPI holds no
+    /// request of the ring any more; false when it kept one (a failing cancel or wait),
+    /// whose buffer it may still use.
+    ///
+    /// # Safety
+    /// As [`Ring::start`]; called by the ring's owner only. A send whose receiver never
+    /// comes blocks here: the caller watches the wait (`MpiRequest::settle`).
+    pub(super) unsafe fn settle(&mut self) -> bool {
+        for r in self.requests.iter_mut() {
+            // Completed requests were freed and nulled by their test or wait.
+            if *r != ffi::RSMPI_REQUEST_NULL {
+                ffi::MPI_Cancel(r);
+                ffi::MPI_Wait(r, ffi::RSMPI_STATUS_IGNORE);
+            }
+        }
+        self.requests.iter().all(|r| *r == ffi::RSMPI_REQUEST_NULL)
     }
 
     /// The block a rank sends at `step` ((rank - step - 1) mod N); it receives the block
@@ -187,7 +219,7 @@ impl Ring {
         );
         if rc != 0 {
             // Take the receive back before the error lets anyone free its buffer (if even
-            // that fails, `start` leaks the ring rather than free what MPI may write).
+            // that fails, `settle` tells the caller, who leaks or ends the process).
             ffi::MPI_Cancel(&mut self.requests[1]);
             ffi::MPI_Wait(&mut self.requests[1], ffi::RSMPI_STATUS_IGNORE);
             return Err(("MPI_Isend", rc));
@@ -258,5 +290,102 @@ impl Ring {
             }
             self.post()?;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exit::child;
+
+    /// A failed step leaves its receive posted, here into the caller's output: `settle`
+    /// cancels and completes it, so that no request stays active and a message that
+    /// comes later does not land in memory the caller already has back.
+    #[test]
+    fn settling_takes_back_a_receive_still_in_flight() {
+        if !child::is_child() {
+            let out = child::run(
+                "mpi::ring::tests::settling_takes_back_a_receive_still_in_flight",
+                &[
+                    ("OMPI_ALLOW_RUN_AS_ROOT", "1"),
+                    ("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"),
+                ],
+            );
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success(), "{stderr}");
+            return;
+        }
+        let _universe = ::mpi::initialize().expect("MPI starts as a singleton");
+        let input = [1f32; 8];
+        let mut output = [7f32; 4];
+        let late = [9f32; 4];
+        let mut drained = [0f32; 4];
+        // SAFETY: MPI is up; every buffer outlives the requests on it, which complete
+        // before the block ends; the communicator is ours and freed once.
+        unsafe {
+            let mut comm = std::mem::MaybeUninit::<ffi::MPI_Comm>::uninit();
+            assert_eq!(
+                ffi::MPI_Comm_dup(ffi::RSMPI_COMM_SELF, comm.as_mut_ptr()),
+                0
+            );
+            let mut comm = comm.assume_init();
+            let spec = RingSpec {
+                comm,
+                rank: 0,
+                size: 2,
+                block: 4,
+                element: Element::F32,
+                datatype: ffi::RSMPI_FLOAT,
+                tag: 5,
+            };
+            let mut ring = Ring {
+                spec,
+                input: input.as_ptr() as *const u8,
+                output: output.as_mut_ptr() as *mut u8,
+                partial: [Vec::new(), Vec::new()],
+                step: 0,
+                requests: [ffi::RSMPI_REQUEST_NULL; 2],
+                failed: None,
+            };
+            // The last step's receive (into the output) from a peer that has not sent.
+            let rc = ffi::MPI_Irecv(
+                output.as_mut_ptr() as *mut c_void,
+                4,
+                ffi::RSMPI_FLOAT,
+                0,
+                5,
+                comm,
+                &mut ring.requests[1],
+            );
+            assert_eq!(rc, 0);
+            assert!(ring.settle(), "nothing left active");
+            assert!(ring.requests.iter().all(|r| *r == ffi::RSMPI_REQUEST_NULL));
+            // The message comes after all: it is not matched to the cancelled receive.
+            let mut send = ffi::RSMPI_REQUEST_NULL;
+            let rc = ffi::MPI_Isend(
+                late.as_ptr() as *const c_void,
+                4,
+                ffi::RSMPI_FLOAT,
+                0,
+                5,
+                comm,
+                &mut send,
+            );
+            assert_eq!(rc, 0);
+            let rc = ffi::MPI_Recv(
+                drained.as_mut_ptr() as *mut c_void,
+                4,
+                ffi::RSMPI_FLOAT,
+                0,
+                5,
+                comm,
+                ffi::RSMPI_STATUS_IGNORE,
+            );
+            assert_eq!(rc, 0);
+            assert_eq!(ffi::MPI_Wait(&mut send, ffi::RSMPI_STATUS_IGNORE), 0);
+            ffi::MPI_Comm_free(&mut comm);
+        }
+        assert_eq!(output, [7f32; 4], "the output was left alone");
+        assert_eq!(drained, late);
     }
 }
