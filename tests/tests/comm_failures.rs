@@ -159,8 +159,10 @@ fn mpi_errors_are_typed_and_carry_the_rank() {
     out.assert_all_ok();
     let text = out.all_text();
     for r in 0..2 {
-        let line =
-            format!("caught: rank {r}: MPI_Bcast on communicator 'world' failed with MPI error");
+        // The collective is named (kind, number, count, dtype) before MPI's call.
+        let line = format!(
+            "caught: rank {r}: broadcast #0 (1000 x f32): MPI_Bcast on communicator 'world' failed with MPI error"
+        );
         assert!(
             text.contains(&line),
             "missing '{line}'\n{}",
