@@ -100,8 +100,8 @@ pub enum DataCommand {
     Corpus {
         /// Output token file.
         output: PathBuf,
-        /// Tokens to generate (at least 2; at most 2147483647 in llm.c's format). Takes 2
-        /// bytes of memory per token.
+        /// Tokens to generate (at least 2; at most 2147483647 in llm.c's format), written in
+        /// chunks of 2^20 tokens: about 17 MB of memory whatever the count.
         #[arg(long, default_value_t = 1 << 20)]
         tokens: usize,
         /// Output format.
