@@ -799,24 +799,27 @@ fn ctrl_c_stops_a_run_with_a_checkpoint_and_a_second_one_at_once() {
                 "--no-progress",
             ])
             .args(["--steps", "100000000", "--ckpt-dir", ck])
+            .args(["--metrics", &format!("{ck}.metrics.jsonl")])
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()
             .expect("zero-bench starts")
     };
-    let wait_for_lock = |ck: &Path| {
+    // Into the training loop: a step's metrics line is written (a signal during the
+    // set-up stops the run before step 1 instead, which a loaded machine made likely when
+    // this waited a fixed time after the checkpoint lock).
+    let wait_for_steps = |ck: &Path| {
+        let metrics = format!("{}.metrics.jsonl", ck.display());
         let start = std::time::Instant::now();
-        while std::fs::read_to_string(ck.join(".zero-lock")).map_or(true, |t| t.is_empty())
-            && start.elapsed() < Duration::from_secs(60)
+        while std::fs::metadata(&metrics).map_or(true, |m| m.len() == 0)
+            && start.elapsed() < Duration::from_secs(120)
         {
             std::thread::sleep(Duration::from_millis(50));
         }
-        // Into the training loop.
-        std::thread::sleep(Duration::from_millis(500));
     };
     let ck = dir.join("once");
     let child = start_run(&s(&ck));
-    wait_for_lock(&ck);
+    wait_for_steps(&ck);
     // SAFETY: kill(2) on our own child; no memory involved.
     unsafe {
         libc::kill(child.id() as libc::pid_t, libc::SIGINT);
@@ -855,6 +858,7 @@ fn ctrl_c_stops_a_run_with_a_checkpoint_and_a_second_one_at_once() {
         ])
         .args(["--set", "model.width=256", "--set", "model.layers=6"])
         .args(["--steps", "100000000", "--ckpt-dir", &s(&ck)])
+        .args(["--metrics", &format!("{}.metrics.jsonl", ck.display())])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -876,7 +880,7 @@ fn ctrl_c_stops_a_run_with_a_checkpoint_and_a_second_one_at_once() {
         }
         text
     });
-    wait_for_lock(&ck);
+    wait_for_steps(&ck);
     let pid = child.id() as libc::pid_t;
     // SAFETY: kill(2) on our own child; no memory involved.
     unsafe {
