@@ -138,3 +138,34 @@ fn a_timed_part_failing_on_one_rank_ends_every_rank_promptly_naming_it() {
         out.transcript()
     );
 }
+
+/// At stage 0 every rank loads all N shard files: the bench says so, and its load MB/s
+/// and plain read count those bytes (the plain read reads all N plain files).
+#[test]
+fn stage_0_counts_the_n_files_each_rank_loads() {
+    let dir = scratch("stage-0");
+    let out = MpiJob::new(2, zero_bench_bin())
+        .args([
+            "ckpt".to_string(),
+            "bench".to_string(),
+            "--dir".to_string(),
+            s(&dir.join("bench")),
+            "--stage".to_string(),
+            "0".to_string(),
+        ])
+        .args(SMALL.split(' ').map(str::to_string))
+        .timeout(Duration::from_secs(120))
+        .run();
+    assert_eq!(out.code, Some(0), "{}", out.transcript());
+    assert!(
+        out.stdout.contains("each rank loads all 2 shard files")
+            && out.stdout.contains("plain read reads all 2 plain files"),
+        "{}",
+        out.transcript()
+    );
+    assert!(
+        !dir.join("bench").join("zero-ckpt-bench").exists(),
+        "the bench's directory was left behind\n{}",
+        out.transcript()
+    );
+}

@@ -7,6 +7,9 @@
 //! - `--iters 0`, `--min-pairs 0` and `--min-pairs` above `--iters` are refused, and the
 //!   default `--min-pairs` follows a lower `--iters` (`--iters 3` times 3 pairs);
 //! - `--threads` is 1 to 1024 in every micro-benchmark that takes it;
+//! - `micro comm` and `micro overlap` on one rank (no communication to measure) are
+//!   refused, after the other checks; `micro overlap --bucket` must be whole f32 values;
+//! - every `micro comm --csv` row says what "ours" and "raw" ran;
 //! - `ckpt bench --repeat 0` is refused rather than run as "best of 1".
 //!
 //! The binary is `zero-bench` next to this test's `deps/` directory; build it first with
@@ -146,21 +149,24 @@ fn comm_ops_and_pair_counts_are_checked_with_the_command_line() {
     let dir = scratch("pairs");
     let csv = dir.join("t.csv");
     let c = csv.to_string_lossy().into_owned();
-    let out = run(&[
-        "micro",
-        "comm",
-        "--min-size",
-        "1KiB",
-        "--max-size",
-        "2KiB",
-        "--iters",
-        "3",
-        "--ops",
-        "all_reduce",
-        "--csv",
-        &c,
-    ]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = MpiJob::new(2, zero_bench_bin())
+        .args([
+            "micro",
+            "comm",
+            "--min-size",
+            "1KiB",
+            "--max-size",
+            "2KiB",
+            "--iters",
+            "3",
+            "--ops",
+            "all_reduce",
+            "--csv",
+            &c,
+        ])
+        .timeout(Duration::from_secs(120))
+        .run();
+    assert_eq!(out.code, Some(0), "{}", out.transcript());
     let table = std::fs::read_to_string(&csv).expect("--csv written");
     let pairs: Vec<&str> = table
         .lines()
@@ -169,6 +175,40 @@ fn comm_ops_and_pair_counts_are_checked_with_the_command_line() {
         .collect();
     assert_eq!(pairs, ["3", "3"], "{table}");
     assert!(table.lines().skip(1).all(|l| l.starts_with("all_reduce,")));
+    // What was measured, on every row: our MPI communicator against raw MPI, host memory.
+    let header = table.lines().next().unwrap_or_default();
+    assert!(
+        header.ends_with(",ratio,ours,comm,device,baseline,measured"),
+        "{table}"
+    );
+    assert!(
+        table
+            .lines()
+            .skip(1)
+            .all(|l| l.ends_with(",zero-comm,mpi,host,mpi-host,true")),
+        "{table}"
+    );
+}
+
+#[test]
+fn one_rank_and_cut_buckets_are_refused() {
+    // One process: every other check passes first, then the lone rank is refused.
+    refused(
+        &["micro", "comm", "--min-size", "1KiB", "--max-size", "2KiB"],
+        1,
+        &["micro comm on 1 rank", "at least 2 ranks"],
+    );
+    refused(
+        &["micro", "overlap", "--layers", "2", "--bucket", "4KiB"],
+        1,
+        &["micro overlap on 1 rank", "at least 2 ranks"],
+    );
+    // A bucket of 1001 bytes would move 1000 and be reported as 1001.
+    refused(
+        &["micro", "overlap", "--bucket", "1001"],
+        1,
+        &["--bucket 1001", "multiple of 4", "1000"],
+    );
 }
 
 #[test]

@@ -2,7 +2,10 @@
 //! rank and in aggregate, next to a plain sequential write (+ fsync) and read of the same
 //! number of bytes per rank to the same directory in the same run. Reported as ratios;
 //! nothing is asserted (the machine is shared). Both reads come from the page cache
-//! when the files are fresh, which is the same for both sides of the comparison.
+//! when the files are fresh, which is the same for both sides of the comparison, and
+//! both read into memory allocated (and touched) before the timing. At stage 0 every
+//! rank loads all N shard files, so its plain read reads all N plain files too, and
+//! load's MB/s count those N times the bytes.
 //!
 //! Failures follow `train`'s rule (train/launch.rs): every step that may fail on some
 //! ranks only (a full disk on one node, rank 0's own directory operations) is agreed on,
@@ -12,7 +15,7 @@
 //! failing rank's message, rather than leave its peers waiting in a collective or in
 //! MPI_Finalize until the watchdog.
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::Path;
 use std::time::Instant;
 
@@ -168,6 +171,10 @@ fn bench<C: Communicator>(args: &BenchArgs, comm: &C) -> Result<(), Failure> {
         Engine::new(&cfg.engine(), comm, &dev, &model).map_err(|e| anyhow!("engine: {e}")),
     )?;
     let bytes = (engine.layout().shard_numel() * 12) as u64;
+    // What one rank loads: its own shard file, or at stage 0 every rank's (the whole
+    // state, zero-core/src/checkpoint/load.rs), which its plain read matches.
+    let files_read = if args.stage == 0 { world } else { 1 };
+    let read_bytes = bytes * files_read as u64;
     // Everything goes into a directory of our own, made here and removed at the end:
     // `--dir` may be a real run's checkpoint root, which must not be touched.
     let work = args.dir.join(WORK_DIR);
@@ -177,7 +184,7 @@ fn bench<C: Communicator>(args: &BenchArgs, comm: &C) -> Result<(), Failure> {
         Ok(())
     };
     agree(comm, made)?;
-    let result = measure(repeat, comm, &mut engine, &work, bytes);
+    let result = measure(repeat, comm, &mut engine, &work, bytes, files_read);
     // Whether it succeeded or failed, `measure` ended in an agreement: every rank is done
     // with the files.
     if rank == 0 {
@@ -187,7 +194,6 @@ fn bench<C: Communicator>(args: &BenchArgs, comm: &C) -> Result<(), Failure> {
     }
     let [save, load, write, read] = result?;
     if rank == 0 {
-        let mb = |s: f64| bytes as f64 / s / 1e6;
         outln!(
             "ckpt bench: {world} ranks, stage {}, {} parameters, {:.1} MB of fp32 master+m+v per rank ({:.1} MB in all), best of {}",
             args.stage,
@@ -196,8 +202,18 @@ fn bench<C: Communicator>(args: &BenchArgs, comm: &C) -> Result<(), Failure> {
             (bytes * world as u64) as f64 / 1e6,
             repeat
         );
+        if files_read > 1 {
+            outln!(
+                "# stage 0: each rank loads all {world} shard files ({:.1} MB), and its plain read reads all {world} plain files; load's MB/s count those bytes",
+                read_bytes as f64 / 1e6
+            );
+        }
         outln!("             per rank MB/s   aggregate MB/s   vs plain");
-        for (what, s, base) in [("save", save, write), ("load", load, read)] {
+        for (what, s, base, moved) in [
+            ("save", save, write, bytes),
+            ("load", load, read, read_bytes),
+        ] {
+            let mb = |s: f64| moved as f64 / s / 1e6;
             let plain_name = if what == "save" {
                 "write+fsync"
             } else {
@@ -230,20 +246,58 @@ fn clear(rank: usize, root: &Path, plain: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Rank `rank`'s plain file in `work`.
+fn plain_file(work: &Path, rank: usize) -> std::path::PathBuf {
+    work.join(format!("plain-rank-{rank:05}.bin"))
+}
+
+/// Read all of `path` into `buf` (allocated and touched before the timing, so that the
+/// page faults of a fresh buffer are not timed), which must be exactly its size.
+fn read_into(path: &Path, buf: &mut [u8]) -> anyhow::Result<()> {
+    let mut f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    f.read_exact(buf).with_context(|| {
+        format!(
+            "reading {} ({} bytes were written)",
+            path.display(),
+            buf.len()
+        )
+    })?;
+    let mut more = [0u8; 1];
+    let extra = f
+        .read(&mut more)
+        .with_context(|| format!("reading {}", path.display()))?;
+    anyhow::ensure!(
+        extra == 0,
+        "{} is longer than the {} bytes written",
+        path.display(),
+        buf.len()
+    );
+    Ok(())
+}
+
 /// The best save, load, plain write and plain read seconds over `repeat` rounds (at
-/// least one), all inside `work`. Every failure is agreed on (every rank returns it at
-/// the same point).
+/// least one), all inside `work`. The plain read reads `files_read` plain files (this
+/// rank's, or at stage 0 every rank's, as the load does). Every failure is agreed on
+/// (every rank returns it at the same point).
 fn measure<C: Communicator>(
     repeat: usize,
     comm: &C,
     engine: &mut Engine<'_, HostDevice, C>,
     work: &Path,
     bytes: u64,
+    files_read: usize,
 ) -> Result<[f64; 4], Failure> {
     let (rank, world) = (comm.rank(), comm.size());
-    let plain = work.join(format!("plain-rank-{rank:05}.bin"));
+    let plain = plain_file(work, rank);
+    let reads: Vec<_> = if files_read > 1 {
+        (0..world).map(|r| plain_file(work, r)).collect()
+    } else {
+        vec![plain.clone()]
+    };
     let root = work.join("ckpt");
     let payload = vec![0x5au8; bytes as usize];
+    // Written through now (not left to page faults inside the timed read).
+    let mut back = vec![0xa5u8; bytes as usize];
     let keep = SaveOptions {
         keep_last: 1,
         ..Default::default()
@@ -272,16 +326,7 @@ fn measure<C: Communicator>(
                 .with_context(|| format!("fsync of {}", plain.display()))
         })?);
         read = read.min(timed(comm, || {
-            let back =
-                std::fs::read(&plain).with_context(|| format!("reading {}", plain.display()))?;
-            anyhow::ensure!(
-                back.len() == payload.len(),
-                "reading {} returned {} bytes, {} were written",
-                plain.display(),
-                back.len(),
-                payload.len()
-            );
-            Ok(())
+            reads.iter().try_for_each(|p| read_into(p, &mut back))
         })?);
     }
     Ok([save, load, write, read])

@@ -20,10 +20,10 @@ use crate::logging::outln;
 /// Options of `micro adam`.
 #[derive(clap::Args, Debug)]
 pub struct AdamArgs {
-    /// Smallest size, in millions of parameters.
+    /// Smallest size, in millions (10^6) of parameters.
     #[arg(long, default_value_t = 1)]
     min_mparams: usize,
-    /// Largest size, in millions of parameters (sizes go up by 4x: 1, 4, 16, 64, 256).
+    /// Largest size, in millions (10^6) of parameters (sizes go up by 4x: 1, 4, 16, 64, 256).
     #[arg(long, default_value_t = 16)]
     max_mparams: usize,
     /// Gradient type: f32, bf16 or f16.
@@ -161,20 +161,6 @@ pub fn run(args: &AdamArgs) -> Result<()> {
     if let Some(path) = &args.json {
         super::outputs::check(&[("--json", path)])?;
     }
-    // The largest point: master, m, v in f32, the gradient and the parameters (at most
-    // 4 bytes each).
-    crate::memory::need(
-        &format!("--max-mparams {}", args.max_mparams),
-        crate::memory::product(&[args.max_mparams as u64, 1 << 20, 20]),
-    )?;
-    let mut exec = Exec::default().with_threads(args.threads)?;
-    if let Some(name) = &args.isa {
-        let isa = Isa::ALL
-            .into_iter()
-            .find(|i| i.name() == name)
-            .with_context(|| format!("unknown --isa '{name}' (scalar, avx2, avx512)"))?;
-        exec = exec.with_isa(isa)?;
-    }
     if !matches!(args.grad, DType::F32 | DType::BF16 | DType::F16) {
         bail!("--grad must be f32, bf16 or f16, not {}", args.grad);
     }
@@ -183,28 +169,54 @@ pub fn run(args: &AdamArgs) -> Result<()> {
         "bf16" | "f16" => 2,
         other => bail!("--param must be bf16, f16 or none, not '{other}'"),
     };
+    // What `Buffers::new` allocates for the largest point: the gradient, master, m and v
+    // in f32, the 16-bit copy and the unfused step's f32 scratch. Checked here because a
+    // failed allocation aborts the process rather than returning an error.
+    let alloc_per_param = args.grad.size_bytes() as u64 + 12 + param_bytes as u64 + 4;
+    crate::memory::need(
+        &format!("--max-mparams {}", args.max_mparams),
+        crate::memory::product(&[args.max_mparams as u64, 1_000_000, alloc_per_param]),
+    )?;
+    crate::logging::init(None);
+    let mut exec = Exec::default().with_threads(args.threads)?;
+    if let Some(name) = &args.isa {
+        let isa = Isa::ALL
+            .into_iter()
+            .find(|i| i.name() == name)
+            .with_context(|| format!("unknown --isa '{name}' (scalar, avx2, avx512)"))?;
+        exec = exec.with_isa(isa)?;
+    }
     let bytes = args.grad.size_bytes() + 24 + param_bytes;
     // Step 10 of a default nanoGPT group, decay on, a typical fp16 loss-scale factor.
     let c = AdamWCoeffs::new(&AdamWHyper::default(), 10, 1.0 / 1024.0, true)?;
-    log::info!(
-        "micro adam: isa {}, {} thread(s), grad {}, param copy {}, {bytes} B/param, best of {}",
+    // The header first and each size's row as it is measured: a large size takes a while.
+    outln!(
+        "micro adam: isa {}, threads {}, grad {}, param {}, {} B/param (GB/s count these bytes), best of {} after an untimed run",
         exec.isa(),
         exec.threads(),
         args.grad,
         args.param,
+        bytes,
         args.reps
+    );
+    outln!(
+        "{:>9} {:>10} {:>10} {:>11} {:>12} {:>10} {:>13}",
+        "params",
+        "copy GB/s",
+        "fused GB/s",
+        "unfused GB/s",
+        "fused Gpar/s",
+        "fused/copy",
+        "fused/unfused"
     );
 
     let mut rows = Vec::new();
     let mut mp = args.min_mparams;
     while mp <= args.max_mparams {
-        let n = mp << 20;
-        let mut b = Buffers::new(n, args.grad, &args.param).with_context(|| {
-            format!(
-                "allocating {mp}M parameters ({} MiB)",
-                (n * (bytes + 4)) >> 20
-            )
-        })?;
+        // Millions as the options say (10^6), not 2^20.
+        let n = mp * 1_000_000;
+        // Fails only on a --grad or --param refused above.
+        let mut b = Buffers::new(n, args.grad, &args.param)?;
         let (mut copy_s, mut fused_s, mut unfused_s) = (f64::MAX, f64::MAX, f64::MAX);
         // One untimed round first: page faults and caches.
         for rep in 0..=args.reps {
@@ -257,7 +269,7 @@ pub fn run(args: &AdamArgs) -> Result<()> {
             }
         }
         let gbs = |s: f64| (n * bytes) as f64 / s / 1e9;
-        rows.push(Row {
+        let row = Row {
             params: n,
             bytes_per_param: bytes,
             copy_s,
@@ -269,39 +281,22 @@ pub fn run(args: &AdamArgs) -> Result<()> {
             fused_gparams: n as f64 / fused_s / 1e9,
             fused_over_copy: copy_s / fused_s,
             fused_over_unfused: unfused_s / fused_s,
-        });
-        mp *= 4;
-    }
-
-    outln!(
-        "micro adam: isa {}, threads {}, grad {}, param {}, {} B/param (GB/s count these bytes)",
-        exec.isa(),
-        exec.threads(),
-        args.grad,
-        args.param,
-        bytes
-    );
-    outln!(
-        "{:>9} {:>10} {:>10} {:>11} {:>12} {:>10} {:>13}",
-        "params",
-        "copy GB/s",
-        "fused GB/s",
-        "unfused GB/s",
-        "fused Gpar/s",
-        "fused/copy",
-        "fused/unfused"
-    );
-    for r in &rows {
+        };
         outln!(
             "{:>8}M {:>10.1} {:>10.1} {:>12.1} {:>12.3} {:>10.2} {:>12.2}x",
-            r.params >> 20,
-            r.copy_gbs,
-            r.fused_gbs,
-            r.unfused_gbs,
-            r.fused_gparams,
-            r.fused_over_copy,
-            r.fused_over_unfused
+            mp,
+            row.copy_gbs,
+            row.fused_gbs,
+            row.unfused_gbs,
+            row.fused_gparams,
+            row.fused_over_copy,
+            row.fused_over_unfused
         );
+        rows.push(row);
+        match mp.checked_mul(4) {
+            Some(next) => mp = next,
+            None => break,
+        }
     }
     if let Some(path) = &args.json {
         let report = Report {

@@ -10,6 +10,10 @@
 //! need under a ring algorithm, comparable across N. Ours and raw alternate call by call
 //! (order swapped every pair, so a slow moment of a shared machine hits both alike); the
 //! median call of each is reported, with the ratio ours/raw of busbw (= raw/ours time).
+//! Bandwidths are in GB/s (10^9 bytes per second). Every row of `--csv` and `--json`
+//! also says what "ours" and "raw" ran (`ours`, `comm`, `device`, `baseline`) and
+//! whether its times measure anything (`measured`: false on the simulated GPU).
+//! One rank is refused: it has no communication to measure.
 //!
 //! `--self-test` first runs every collective on every dtype against serial answers
 //! (zero_comm::selftest) and fails the command if any rank saw a wrong value.
@@ -64,6 +68,63 @@ pub(super) struct Row {
     raw_algbw_gbs: f64,
     raw_busbw_gbs: f64,
     ratio: f64,
+    /// What the "ours" columns ran: `zero-comm` (our communicator) or `raw-mpi` (the A/A
+    /// control, `--raw-vs-raw`).
+    ours: &'static str,
+    /// The transport of "ours": `mpi`, `tcp`, or the device backend (`mpi-staged`, ...).
+    comm: String,
+    /// Where the buffers live: `host`, `sim-gpu`, `cuda`, `cuda:N`.
+    device: String,
+    /// What the "raw" columns ran: `mpi-host` (rsmpi on host buffers) or `nccl-bare`.
+    baseline: &'static str,
+    /// False on the simulated GPU, whose times measure nothing.
+    measured: bool,
+}
+
+/// What a run's rows measured: the labels every row of `--csv` and `--json` carries, so
+/// that an A/A control or a simulated GPU cannot pass for a real ours-vs-MPI result.
+struct Setup {
+    ours: &'static str,
+    comm: String,
+    device: String,
+    baseline: &'static str,
+    measured: bool,
+}
+
+impl Setup {
+    fn of(args: &CommArgs) -> Result<Setup> {
+        let host = args.device == DeviceChoice::Host;
+        let choice = device_options(args)?;
+        Ok(Setup {
+            ours: if args.raw_vs_raw {
+                "raw-mpi"
+            } else {
+                "zero-comm"
+            },
+            comm: if args.tcp {
+                "tcp".to_string()
+            } else {
+                choice.to_string()
+            },
+            device: args.device.to_string(),
+            baseline: if !host && choice == zero_comm::CommChoice::Nccl {
+                "nccl-bare"
+            } else {
+                "mpi-host"
+            },
+            measured: args.device != DeviceChoice::SimGpu,
+        })
+    }
+
+    fn label(&self, rows: &mut [Row]) {
+        for r in rows {
+            r.ours = self.ours;
+            r.comm = self.comm.clone();
+            r.device = self.device.clone();
+            r.baseline = self.baseline;
+            r.measured = self.measured;
+        }
+    }
 }
 
 /// The raw baseline: rsmpi's safe collectives, on the element type MPI knows.
@@ -210,6 +271,12 @@ pub(super) fn bus_row(
         raw_algbw_gbs: bytes / t_raw / 1e9,
         raw_busbw_gbs: bytes / t_raw / 1e9 * f,
         ratio: t_raw / t_ours,
+        // Filled in by `Setup::label` before the rows are written.
+        ours: "",
+        comm: String::new(),
+        device: String::new(),
+        baseline: "",
+        measured: true,
     }
 }
 
@@ -318,25 +385,25 @@ fn sweep<T: RawMpi, C: Communicator>(
 
 fn print_header(n: usize, dtype: DType) {
     outln!(
-        "# zero-bench micro comm: {n} ranks, {dtype}; busbw per nccl-tests; ratio = ours/raw busbw"
+        "# zero-bench micro comm: {n} ranks, {dtype}; busbw per nccl-tests; bandwidths in GB/s (1e9 B/s); ratio = ours/raw busbw"
     );
     outln!(
-        "{:<15} {:>12} {:>6} {:>11} {:>10} {:>10} {:>11} {:>10} {:>7}",
+        "{:<15} {:>12} {:>6} {:>11} {:>13} {:>13} {:>11} {:>13} {:>7}",
         "collective",
         "size(B)",
         "pairs",
         "ours(us)",
-        "ours busbw",
-        "ours algbw",
+        "ours bus GB/s",
+        "ours alg GB/s",
         "raw(us)",
-        "raw busbw",
+        "raw bus GB/s",
         "ratio"
     );
 }
 
 pub(super) fn print_row(r: &Row) {
     outln!(
-        "{:<15} {:>12} {:>6} {:>11.1} {:>10.3} {:>10.3} {:>11.1} {:>10.3} {:>7.3}",
+        "{:<15} {:>12} {:>6} {:>11.1} {:>13.3} {:>13.3} {:>11.1} {:>13.3} {:>7.3}",
         r.op,
         r.size_bytes,
         r.pairs,
@@ -351,10 +418,11 @@ pub(super) fn print_row(r: &Row) {
 
 fn write_outputs(args: &CommArgs, rows: &[Row]) -> Result<()> {
     if let Some(p) = &args.csv {
-        let mut s = String::from("op,dtype,ranks,size_bytes,count,pairs,ours_us,raw_us,ours_algbw_gbs,ours_busbw_gbs,raw_algbw_gbs,raw_busbw_gbs,ratio\n");
+        // The labels come last: the measured columns keep their places.
+        let mut s = String::from("op,dtype,ranks,size_bytes,count,pairs,ours_us,raw_us,ours_algbw_gbs,ours_busbw_gbs,raw_algbw_gbs,raw_busbw_gbs,ratio,ours,comm,device,baseline,measured\n");
         for r in rows {
             s.push_str(&format!(
-                "{},{},{},{},{},{},{:.3},{:.3},{:.4},{:.4},{:.4},{:.4},{:.4}\n",
+                "{},{},{},{},{},{},{:.3},{:.3},{:.4},{:.4},{:.4},{:.4},{:.4},{},{},{},{},{}\n",
                 r.op,
                 r.dtype,
                 r.ranks,
@@ -367,7 +435,12 @@ fn write_outputs(args: &CommArgs, rows: &[Row]) -> Result<()> {
                 r.ours_busbw_gbs,
                 r.raw_algbw_gbs,
                 r.raw_busbw_gbs,
-                r.ratio
+                r.ratio,
+                r.ours,
+                r.comm,
+                r.device,
+                r.baseline,
+                r.measured
             ));
         }
         crate::outfile::write_text(p, &s).context("--csv")?;
@@ -474,7 +547,7 @@ pub fn run(args: &CommArgs) -> Result<()> {
         crate::memory::product(&[args.max_size as u64, 4]),
     )?;
     // Before MPI starts, so that a bad option is said once.
-    device_options(args)?;
+    let setup = Setup::of(args)?;
     args.pair_bounds()?;
     let (ctx, comm) = zero_comm::init().context("initialising MPI")?;
     crate::logging::init(Some((comm.rank(), comm.size())));
@@ -493,6 +566,13 @@ pub fn run(args: &CommArgs) -> Result<()> {
     if let Err(f) = super::outputs::check_on_rank_0(&comm, &outputs) {
         super::outputs::exit(f, (comm, ctx))
     }
+    // After the checks of the options and outputs, so that those are said as usual; the
+    // same verdict on every rank (there is only one).
+    if comm.size() == 1 {
+        bail!(
+            "micro comm on 1 rank: there is no communication to measure (every bus bandwidth would be 0 and the ratio would compare local copies); run it under mpirun/srun with at least 2 ranks"
+        );
+    }
     if args.self_test {
         let failed = self_test(&comm).unwrap_or_else(|e| or_abort(e));
         if failed > 0 {
@@ -501,7 +581,10 @@ pub fn run(args: &CommArgs) -> Result<()> {
         }
     }
     if comm.rank() == 0 {
-        print_header(comm.size(), args.dtype);
+        // With device buffers `device_sweep` prints it, under the baseline's line.
+        if args.device == DeviceChoice::Host {
+            print_header(comm.size(), args.dtype);
+        }
         let least = args.dtype.size_bytes() * comm.size();
         if args.min_size < least {
             outln!(
@@ -516,14 +599,15 @@ pub fn run(args: &CommArgs) -> Result<()> {
         }
     }
     if args.device != DeviceChoice::Host {
-        let rows = on_device(args, &comm, &world).unwrap_or_else(|e| or_abort(e));
+        let mut rows = on_device(args, &comm, &world).unwrap_or_else(|e| or_abort(e));
+        setup.label(&mut rows);
         if comm.rank() == 0 {
             summarise(&rows);
             write_outputs(args, &rows).unwrap_or_else(|e| or_abort(e));
         }
         return Ok(());
     }
-    let rows = if args.tcp {
+    let mut rows = if args.tcp {
         let tcp = tcp_world(&comm).unwrap_or_else(|e| or_abort(e));
         if comm.rank() == 0 {
             outln!("# ours: the TCP world (SocketComm, a star through rank 0); raw: MPI");
@@ -533,6 +617,7 @@ pub fn run(args: &CommArgs) -> Result<()> {
         sweep_dtype(args, &comm, &comm, &world)
     }
     .unwrap_or_else(|e| or_abort(e));
+    setup.label(&mut rows);
     if comm.rank() == 0 {
         summarise(&rows);
         write_outputs(args, &rows).unwrap_or_else(|e| or_abort(e));
@@ -609,6 +694,10 @@ fn device_options(args: &CommArgs) -> Result<zero_comm::CommChoice> {
     }
     if args.tcp {
         bail!("--tcp times the TCP world on host buffers: drop --device (or --tcp)");
+    }
+    // The device sweep has no A/A mode: refused rather than ignored without a word.
+    if args.raw_vs_raw {
+        bail!("--raw-vs-raw times raw MPI on host buffers on both sides: drop --device (or --raw-vs-raw)");
     }
     let choice = match args.comm {
         CommChoice::Auto => CommChoice::MpiStaged,
@@ -767,6 +856,56 @@ mod tests {
         assert!(err.to_string().contains("--min-size 0"), "{err}");
         assert!(check_min_size(&args(&["--min-size", "1"])).is_ok());
         assert!(check_min_size(&args(&[])).is_ok());
+    }
+
+    #[test]
+    fn every_row_says_what_ours_and_raw_ran() {
+        let labels = |a: &[&str]| {
+            let setup = Setup::of(&args(a)).expect("a valid setup");
+            let mut rows = vec![bus_row(
+                Op::AllReduce,
+                DType::F32,
+                2,
+                4,
+                4,
+                1,
+                &[1.0],
+                &[1.0],
+            )];
+            setup.label(&mut rows);
+            let r = rows.remove(0);
+            (r.ours, r.comm, r.device, r.baseline, r.measured)
+        };
+        let s = |x: &str| x.to_string();
+        assert_eq!(
+            labels(&[]),
+            ("zero-comm", s("mpi"), s("host"), "mpi-host", true)
+        );
+        assert_eq!(
+            labels(&["--raw-vs-raw"]),
+            ("raw-mpi", s("mpi"), s("host"), "mpi-host", true)
+        );
+        assert_eq!(
+            labels(&["--tcp"]),
+            ("zero-comm", s("tcp"), s("host"), "mpi-host", true)
+        );
+        // The simulated GPU's times measure nothing, and its rows say so.
+        assert_eq!(
+            labels(&["--device", "sim-gpu"]),
+            (
+                "zero-comm",
+                s("mpi-staged"),
+                s("sim-gpu"),
+                "mpi-host",
+                false
+            )
+        );
+        // The device sweep has no A/A mode: refused, not ignored.
+        let err = Setup::of(&args(&["--device", "sim-gpu", "--raw-vs-raw"]))
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(err.contains("--raw-vs-raw"), "{err}");
     }
 
     #[test]

@@ -15,7 +15,7 @@ pub struct CommArgs {
     /// Largest full-buffer size; sizes double from --min-size.
     #[arg(long, default_value = "256MiB", value_parser = parse_size)]
     pub max_size: usize,
-    /// Element type: f32, f64, bf16, f16, u8, i32, i64.
+    /// Element type: f32, f64, bf16, f16, u8, u32, i32, i64.
     #[arg(long, default_value = "f32")]
     pub dtype: DType,
     /// Timed ours/raw call pairs per size and collective at most (>= 1). Each point runs
@@ -45,7 +45,7 @@ pub struct CommArgs {
     #[arg(long)]
     pub self_test: bool,
     /// A/A control: run the raw MPI call on both sides, to show how far the ratio strays
-    /// from 1 by noise alone on this machine.
+    /// from 1 by noise alone on this machine (host buffers only).
     #[arg(long)]
     pub raw_vs_raw: bool,
     /// Where the buffers live: host (MPI on host memory), cuda or cuda:N (this rank's GPU: its

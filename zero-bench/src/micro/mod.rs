@@ -38,6 +38,32 @@ pub enum MicroCommand {
     Gemm(gemm::GemmArgs),
 }
 
+/// A line in the log (stderr) at most every [`Progress::EVERY`] of a long run, so that it
+/// does not look hung; a short run prints none. Needs `crate::logging::init`.
+pub(crate) struct Progress {
+    what: &'static str,
+    last: std::time::Instant,
+}
+
+impl Progress {
+    const EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+    pub(crate) fn new(what: &'static str) -> Self {
+        Progress {
+            what,
+            last: std::time::Instant::now(),
+        }
+    }
+
+    /// `done` of `of` units (rounds, steps) are done.
+    pub(crate) fn done(&mut self, done: usize, of: usize, unit: &str) {
+        if self.last.elapsed() >= Self::EVERY {
+            log::info!("{}: {done} of {of} {unit} done", self.what);
+            self.last = std::time::Instant::now();
+        }
+    }
+}
+
 /// Run one micro-benchmark.
 pub fn run(cmd: MicroCommand) -> anyhow::Result<()> {
     match cmd {

@@ -260,6 +260,7 @@ pub fn run(args: &ModelArgs) -> anyhow::Result<()> {
     let mut square = Sgemm::new(1024, 1024, 1024);
     let mut best = Best::new();
     let mut loss = 0.0;
+    let mut progress = super::Progress::new("micro model");
     for i in 0..=args.steps {
         let t0 = now();
         loss = model
@@ -270,6 +271,7 @@ pub fn run(args: &ModelArgs) -> anyhow::Result<()> {
         }
         shape.time(&g, 3);
         square.time(&g, 1);
+        progress.done(i, args.steps, "steps (after a warm-up step)");
     }
     let tokens = (b * t) as f64;
     let model_gf = best.giga(cfg.flops_per_token(t) * tokens);

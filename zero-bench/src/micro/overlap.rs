@@ -5,7 +5,9 @@
 //! (a calibrated loop in registers), then its gradient bucket (`--bucket` bytes of f32)
 //! goes the staged way: copied into one of two host staging slots (double-buffered, as
 //! zero-comm's `Staging`), summed across ranks by MPI_Allreduce on the slot, copied
-//! back. Five timings, each the slowest rank's, the median of `--reps`:
+//! back. Five timings, each the slowest rank's, the median of `--reps` (the mean of the
+//! two middle ones for an even count), after one untimed round. It needs at least two
+//! ranks: one has nothing to communicate.
 //!
 //! - `compute`: the layers alone; `comm`: the staged collectives alone;
 //! - `serial`: each collective right after its layer (nothing overlaps);
@@ -45,7 +47,7 @@ pub struct OverlapArgs {
     /// Layers of the simulated backward (one gradient bucket each).
     #[arg(long, default_value_t = 12)]
     pub layers: usize,
-    /// Bytes of each layer's gradient bucket (f32).
+    /// Bytes of each layer's gradient bucket (f32: a multiple of 4).
     #[arg(long, default_value = "4MiB", value_parser = super::comm_args::parse_size)]
     pub bucket: usize,
     /// CPU work per layer, in milliseconds.
@@ -369,6 +371,18 @@ impl Drop for Progress {
     }
 }
 
+/// The median (of an even count, the mean of the two middle values, not the upper one:
+/// of two rounds that would be the slower).
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let h = v.len() / 2;
+    if v.len() % 2 == 1 {
+        v[h]
+    } else {
+        0.5 * (v[h - 1] + v[h])
+    }
+}
+
 /// Run `micro overlap` (under mpirun).
 pub fn run(args: &OverlapArgs) -> Result<()> {
     // Every check before MPI starts: one rank refusing alone after it (its node's
@@ -376,6 +390,14 @@ pub fn run(args: &OverlapArgs) -> Result<()> {
     if args.layers == 0 || args.reps == 0 || args.bucket < 4 {
         return Err(anyhow!(
             "--layers, --reps and --bucket (at least 4 bytes) must be positive"
+        ));
+    }
+    // Whole f32 elements: a cut bucket would move fewer bytes than the header says.
+    if !args.bucket.is_multiple_of(4) {
+        return Err(anyhow!(
+            "--bucket {}: give a multiple of 4 bytes (the bucket holds whole f32 values), such as {}",
+            args.bucket,
+            args.bucket / 4 * 4
         ));
     }
     // One collective's count is an MPI int of f32 elements: at most 2^31 - 1 of them.
@@ -402,6 +424,12 @@ pub fn run(args: &OverlapArgs) -> Result<()> {
     // Rank 0's --json, checked before the measurement rather than after it.
     if let Err(f) = super::outputs::check_on_rank_0(&comm, &[("--json", args.json.as_deref())]) {
         super::outputs::exit(f, (comm, ctx))
+    }
+    // After the option and output checks; one rank has nothing to hide behind compute.
+    if comm.size() == 1 {
+        return Err(anyhow!(
+            "micro overlap on 1 rank: there is no communication to hide (its 'hidden' figures would time local copies); run it under mpirun/srun with at least 2 ranks"
+        ));
     }
     let len = args.bucket / 4;
     let iters = calibrate(args.compute_ms);
@@ -462,12 +490,8 @@ pub fn run(args: &OverlapArgs) -> Result<()> {
         }
     }
     drop(threads);
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let t: Vec<f64> = times.iter_mut().map(median).collect();
-    let e: Vec<f64> = exposed.iter_mut().map(median).collect();
+    let t: Vec<f64> = times.iter_mut().map(|v| median(v)).collect();
+    let e: Vec<f64> = exposed.iter_mut().map(|v| median(v)).collect();
     // The communication alone is all exposed (nothing computes in `comm`).
     let comm_t = e[1];
     let hidden = |exposed: f64| (1.0 - exposed / comm_t).clamp(0.0, 1.0);
@@ -531,4 +555,14 @@ pub fn run(args: &OverlapArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_median_of_an_even_count_is_the_mean_of_the_middle_two() {
+        assert_eq!(super::median(&mut [3.0, 1.0]), 2.0);
+        assert_eq!(super::median(&mut [5.0, 1.0, 3.0]), 3.0);
+        assert_eq!(super::median(&mut [4.0, 1.0, 3.0, 2.0]), 2.5);
+    }
 }
