@@ -232,16 +232,6 @@ pub(super) fn paired(
     Ok((ours_t, raw_t))
 }
 
-/// Median: robust to the outliers of a shared machine, and the same statistic for both.
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    match v.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => v[n / 2],
-        n => 0.5 * (v[n / 2 - 1] + v[n / 2]),
-    }
-}
-
 /// A table row from the per-call times of ours and raw (medians; nccl-tests' bandwidths).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn bus_row(
@@ -254,7 +244,7 @@ pub(super) fn bus_row(
     ours: &[f64],
     raw: &[f64],
 ) -> Row {
-    let (t_ours, t_raw) = (median(ours.to_vec()), median(raw.to_vec()));
+    let (t_ours, t_raw) = (super::median(ours), super::median(raw));
     let bytes = (count * elem) as f64;
     let f = op.bus_factor(n);
     Row {

@@ -102,16 +102,6 @@ fn parse_shape(s: &str) -> Result<((usize, usize, usize), Option<u64>)> {
     }
 }
 
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let h = v.len() / 2;
-    if v.len() % 2 == 1 {
-        v[h]
-    } else {
-        0.5 * (v[h - 1] + v[h])
-    }
-}
-
 /// One timed product, in seconds.
 fn time(method: Method, s: &mut Shape, gemm: &Gemm, threads: usize) -> f64 {
     let (m, k, n) = (s.m, s.k, s.n);
@@ -306,17 +296,17 @@ pub fn run(args: &GemmArgs) -> Result<()> {
         let flop = 2.0 * (shape.m * shape.k * shape.n) as f64;
         let mut line = format!("{:<18}", format!("{}x{}x{}", shape.m, shape.k, shape.n));
         for t in &times[s] {
-            let mut g: Vec<f64> = t.iter().map(|t| flop / t / 1e9).collect();
-            line += &format!(" {:>14.1}", median(&mut g));
+            let g: Vec<f64> = t.iter().map(|t| flop / t / 1e9).collect();
+            line += &format!(" {:>14.1}", super::median(&g));
         }
         // Ratio of speeds = inverse ratio of times, per round.
         let ratio = |num: usize, den: usize| {
-            let mut r: Vec<f64> = times[s][den]
+            let r: Vec<f64> = times[s][den]
                 .iter()
                 .zip(&times[s][num])
                 .map(|(d, n)| d / n)
                 .collect();
-            median(&mut r)
+            super::median(&r)
         };
         if with_fallback {
             line += &format!(" {:>12.2}", ratio(0, methods.len() - 1));
@@ -329,8 +319,8 @@ pub fn run(args: &GemmArgs) -> Result<()> {
             line += &format!(" {:>12.2}", ratio(x, v));
         }
         if let (Some(peak), Some(v)) = (peak, at(Bf16Kernel::Avx512Bf16)) {
-            let mut g: Vec<f64> = times[s][v].iter().map(|t| flop / t / 1e9).collect();
-            let fraction = median(&mut g) / (peak * args.threads as f64);
+            let g: Vec<f64> = times[s][v].iter().map(|t| flop / t / 1e9).collect();
+            let fraction = super::median(&g) / (peak * args.threads as f64);
             // Shown as measured, marked where it is no ceiling.
             let mark = if fraction > 1.0 { "!" } else { "" };
             line += &format!(" {:>12}", format!("{fraction:.2}{mark}"));

@@ -16,6 +16,20 @@ pub mod quant;
 
 pub use comm_args::CommArgs;
 
+/// The median of measured times or rates: robust to the outliers of a shared machine;
+/// of an even count the mean of the two middle values (the upper one alone would be the
+/// slower of two rounds); NaN for none.
+pub(crate) fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    let h = v.len() / 2;
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[h],
+        _ => 0.5 * (v[h - 1] + v[h]),
+    }
+}
+
 use clap::Subcommand;
 
 /// The micro-benchmarks.

@@ -371,18 +371,6 @@ impl Drop for Progress {
     }
 }
 
-/// The median (of an even count, the mean of the two middle values, not the upper one:
-/// of two rounds that would be the slower).
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let h = v.len() / 2;
-    if v.len() % 2 == 1 {
-        v[h]
-    } else {
-        0.5 * (v[h - 1] + v[h])
-    }
-}
-
 /// Run `micro overlap` (under mpirun).
 pub fn run(args: &OverlapArgs) -> Result<()> {
     // Every check before MPI starts: one rank refusing alone after it (its node's
@@ -490,8 +478,8 @@ pub fn run(args: &OverlapArgs) -> Result<()> {
         }
     }
     drop(threads);
-    let t: Vec<f64> = times.iter_mut().map(|v| median(v)).collect();
-    let e: Vec<f64> = exposed.iter_mut().map(|v| median(v)).collect();
+    let t: Vec<f64> = times.iter().map(|v| super::median(v)).collect();
+    let e: Vec<f64> = exposed.iter().map(|v| super::median(v)).collect();
     // The communication alone is all exposed (nothing computes in `comm`).
     let comm_t = e[1];
     let hidden = |exposed: f64| (1.0 - exposed / comm_t).clamp(0.0, 1.0);
@@ -561,8 +549,9 @@ pub fn run(args: &OverlapArgs) -> Result<()> {
 mod tests {
     #[test]
     fn the_median_of_an_even_count_is_the_mean_of_the_middle_two() {
-        assert_eq!(super::median(&mut [3.0, 1.0]), 2.0);
-        assert_eq!(super::median(&mut [5.0, 1.0, 3.0]), 3.0);
-        assert_eq!(super::median(&mut [4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert_eq!(crate::micro::median(&[3.0, 1.0]), 2.0);
+        assert_eq!(crate::micro::median(&[5.0, 1.0, 3.0]), 3.0);
+        assert_eq!(crate::micro::median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert!(crate::micro::median(&[]).is_nan());
     }
 }

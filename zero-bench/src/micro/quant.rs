@@ -35,18 +35,6 @@ pub struct QuantArgs {
     reps: usize,
 }
 
-/// The median; of an even count the mean of the two middle values (the upper one alone
-/// would be the slower of two rounds).
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let h = v.len() / 2;
-    if v.len() % 2 == 1 {
-        v[h]
-    } else {
-        0.5 * (v[h - 1] + v[h])
-    }
-}
-
 /// Run the benchmark and print one line per instruction-set level.
 pub fn run(a: &QuantArgs) -> Result<()> {
     if a.mvalues == 0 || a.block == 0 || a.reps == 0 {
@@ -113,8 +101,8 @@ pub fn run(a: &QuantArgs) -> Result<()> {
             y.copy_from_slice(std::hint::black_box(&x));
             tc.push(t.elapsed().as_secs_f64());
         }
-        let (tq, td, tc) = (median(tq), median(td), median(tc));
-        let (tq4, td4) = (median(tq4), median(td4));
+        let (tq, td, tc) = (super::median(&tq), super::median(&td), super::median(&tc));
+        let (tq4, td4) = (super::median(&tq4), super::median(&td4));
         let gv = |t: f64| n as f64 / t / 1e9;
         outln!(
             "  {isa:>6}: quantize {:.2} Gvalues/s ({:.2}x copy), dequantize {:.2} Gvalues/s ({:.2}x copy), f32 copy {:.2} Gvalues/s ({:.1} GB/s)",
@@ -141,8 +129,8 @@ pub fn run(a: &QuantArgs) -> Result<()> {
 mod tests {
     #[test]
     fn the_median_of_two_rounds_is_their_mean_not_the_slower() {
-        assert_eq!(super::median(vec![1.0, 3.0]), 2.0);
-        assert_eq!(super::median(vec![3.0, 1.0, 2.0]), 2.0);
-        assert_eq!(super::median(vec![7.0]), 7.0);
+        assert_eq!(crate::micro::median(&[1.0, 3.0]), 2.0);
+        assert_eq!(crate::micro::median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(crate::micro::median(&[7.0]), 7.0);
     }
 }
