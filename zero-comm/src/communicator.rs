@@ -180,8 +180,10 @@ pub trait Communicator {
     /// Returns `f`'s error when it returned one. Otherwise, when a collective that `f`
     /// started and did not wait for failed (its [`crate::Pending`] dropped, or left to
     /// the scope's end, which waits for it), the first such error: a failed collective
-    /// leaves garbage in its output, so the scope must not return `Ok`. Errors `f` was
-    /// given (by a wait, a test or [`Scope::progress`]) are its own to return.
+    /// leaves garbage in its output, so the scope must not return `Ok`. An error `f` was
+    /// given by a wait is its own to return; one a test or [`Scope::progress`] gave is
+    /// returned by the scope too unless `f` waited on that collective afterwards (the
+    /// output is garbage whether or not `f` chose to go on).
     fn scope<'env, F, T, E>(&'env self, f: F) -> std::result::Result<T, E>
     where
         Self: Sized,

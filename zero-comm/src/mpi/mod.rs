@@ -28,6 +28,43 @@ use std::cell::Cell;
 use std::os::raw::{c_int, c_void};
 use std::rc::Rc;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long a failed collective's other requests are waited for before the job is ended
+/// instead (`MpiRequest::settle`): a message to a peer that failed too never completes,
+/// and without a bound the error would wait for the watchdog, or forever without one.
+pub(crate) const SETTLE_LIMIT: Duration = Duration::from_secs(10);
+
+/// Test `requests` until MPI has released every one (each is nulled when it completes)
+/// or [`SETTLE_LIMIT`] has passed; true when none is left. A test that fails leaves its
+/// request's state unknown: false.
+///
+/// # Safety
+/// Each request is a live handle of this process (or MPI_REQUEST_NULL), not used
+/// elsewhere meanwhile.
+pub(crate) unsafe fn wait_bounded(requests: &mut [ffi::MPI_Request]) -> bool {
+    let start = Instant::now();
+    loop {
+        let mut left = false;
+        for r in requests.iter_mut() {
+            if *r == ffi::RSMPI_REQUEST_NULL {
+                continue;
+            }
+            let mut done: c_int = 0;
+            if ffi::MPI_Test(r, &mut done, ffi::RSMPI_STATUS_IGNORE) != 0 {
+                return false;
+            }
+            left |= done == 0;
+        }
+        if !left {
+            return true;
+        }
+        if start.elapsed() >= SETTLE_LIMIT {
+            return false;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
 
 /// Address handed to MPI for empty output buffers (count 0: never written).
 static EMPTY: u64 = 0;
@@ -756,13 +793,9 @@ impl MpiRequest {
         }
         // SAFETY: `raw` is this request's handle (null once MPI freed it, as Open MPI does
         // for a request whose test or wait reported its error); the status is ignored.
-        unsafe {
-            if self.raw != ffi::RSMPI_REQUEST_NULL {
-                // A non-blocking collective cannot be cancelled (MPI-3.1 5.12): wait it out.
-                ffi::MPI_Wait(&mut self.raw, ffi::RSMPI_STATUS_IGNORE);
-            }
-            self.raw == ffi::RSMPI_REQUEST_NULL
-        }
+        // A non-blocking collective cannot be cancelled (MPI-3.1 5.12): wait it out, for
+        // a while.
+        unsafe { wait_bounded(std::slice::from_mut(&mut self.raw)) }
     }
 
     /// End the job: MPI may still write the caller's buffers of this collective after

@@ -140,24 +140,23 @@ impl Ring {
     }
 
     /// Take back every message of this ring still in flight, after an error: cancel it
-    /// and wait for it (a receive not yet matched is cancelled; a send MPI will not cancel
-    /// completes when its receiver takes it, or once buffered), so that no message reads
-    /// or writes the caller's buffers after the error is returned. True when MPI holds no
-    /// request of the ring any more; false when it kept one (a failing cancel or wait),
-    /// whose buffer it may still use.
+    /// and wait for it, for at most [`super::SETTLE_LIMIT`] (a receive not yet matched is
+    /// cancelled; a send MPI will not cancel, as Open MPI does not, completes when its
+    /// receiver takes it, or once buffered, and a receiver that failed too never does),
+    /// so that no message reads or writes the caller's buffers after the error is
+    /// returned. True when MPI holds no request of the ring any more; false when it kept
+    /// one (a failing cancel or test, or the limit), whose buffer it may still use.
     ///
     /// # Safety
-    /// As [`Ring::start`]; called by the ring's owner only. A send whose receiver never
-    /// comes blocks here: the caller watches the wait (`MpiRequest::settle`).
+    /// As [`Ring::start`]; called by the ring's owner only.
     pub(super) unsafe fn settle(&mut self) -> bool {
         for r in self.requests.iter_mut() {
             // Completed requests were freed and nulled by their test or wait.
             if *r != ffi::RSMPI_REQUEST_NULL {
                 ffi::MPI_Cancel(r);
-                ffi::MPI_Wait(r, ffi::RSMPI_STATUS_IGNORE);
             }
         }
-        self.requests.iter().all(|r| *r == ffi::RSMPI_REQUEST_NULL)
+        super::wait_bounded(&mut self.requests)
     }
 
     /// The block a rank sends at `step` ((rank - step - 1) mod N); it receives the block
