@@ -100,6 +100,8 @@ impl RawCall {
 /// An error from [`InFlight::test`] or [`InFlight::wait`] must mean that the operation
 /// no longer reads or writes the caller's buffers: a [`Scope`] hands them back then. An
 /// implementation that cannot make sure of it ends the process instead of returning.
+/// (For MPI's own non-blocking collectives, which cannot be cancelled, that is as far as
+/// MPI_Test reports the request complete; our ring and staging are settled by us.)
 pub trait InFlight {
     /// True when complete (drives MPI progress as a side effect).
     fn test(&mut self) -> Result<bool>;
