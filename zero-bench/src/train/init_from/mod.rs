@@ -700,7 +700,7 @@ impl InitFile {
 }
 
 /// The first value of `values` that is NaN or infinite, with its index in the file's
-/// tensor of shape `shape` ("[row, col]", or "[i]" for a vector): `flat(k)` is the file's
+/// tensor of shape `shape` (`[row, col]`, or `[i]` for a vector): `flat(k)` is the file's
 /// row-major index of `values[k]`.
 fn first_non_finite(
     values: &[f32],
