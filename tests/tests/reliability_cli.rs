@@ -975,46 +975,37 @@ fn a_resume_with_another_head_count_is_refused() {
     let dir = scratch("heads");
     let ck = s(&dir.join("ck"));
     ok(&tiny(&["--steps", "2", "--ckpt-dir", &ck]));
-    let out = tiny(&[
-        "--steps",
-        "4",
-        "--resume",
-        &ck,
-        "--ckpt-dir",
-        &ck,
-        "--set",
-        "model.heads=4",
-    ]);
-    failed_with(
-        &out,
-        1,
-        &["heads 2, and this run has 4 (--set model.heads=2)"],
-    );
-    no_step_ran(&out);
-    // Dimensions that size parameters are named by their keys (the load would name the
-    // first tensor whose shape differs), with no "earlier checkpoints" to go back to:
-    // they all have the same shapes.
-    let out = tiny(&[
-        "--steps",
-        "4",
-        "--resume",
-        &ck,
-        "--ckpt-dir",
-        &ck,
-        "--set",
-        "model.width=48",
-    ]);
-    failed_with(
-        &out,
-        1,
-        &["width 32, and this run has 48 (--set model.width=32)"],
-    );
-    assert!(
-        !out.all_text().contains("earlier checkpoints"),
-        "{}",
-        out.transcript()
-    );
-    no_step_ran(&out);
+    // The heads; then a dimension that sizes parameters, named by its key (the load would
+    // name the first tensor whose shape differs), with no "earlier checkpoints" to go
+    // back to: they all have the same shapes.
+    for (set, said) in [
+        (
+            "model.heads=4",
+            "heads 2, and this run has 4 (--set model.heads=2)",
+        ),
+        (
+            "model.width=48",
+            "width 32, and this run has 48 (--set model.width=32)",
+        ),
+    ] {
+        let out = tiny(&[
+            "--steps",
+            "4",
+            "--resume",
+            &ck,
+            "--ckpt-dir",
+            &ck,
+            "--set",
+            set,
+        ]);
+        failed_with(&out, 1, &[said]);
+        assert!(
+            !out.all_text().contains("earlier checkpoints"),
+            "{}",
+            out.transcript()
+        );
+        no_step_ran(&out);
+    }
 }
 
 /// 2 ranks of `train` on configs/tiny.toml where rank 1 alone gets `rank1` (a shell

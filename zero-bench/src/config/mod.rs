@@ -495,19 +495,12 @@ impl Config {
     /// problems are reported at once.
     pub fn validate(&self) -> Result<(), LoadError> {
         let mut p: Vec<String> = Vec::new();
-        match resolve_any_problems(&self.model) {
+        let context_len = match resolve_any_problems(&self.model) {
             Ok(ModelPreset::Llama(l)) => {
                 if let Err(e) = l.validate() {
                     p.push(format!("model: {e}"));
                 }
-                need(
-                    &mut p,
-                    self.train.seq_len <= l.max_seq_len,
-                    format!(
-                        "train.seq_len ({}) exceeds the model's context_len ({}); lower train.seq_len or raise model.context_len",
-                        self.train.seq_len, l.max_seq_len
-                    ),
-                );
+                Some(l.max_seq_len)
             }
             Ok(ModelPreset::Gpt(d)) => {
                 need(
@@ -531,16 +524,22 @@ impl Config {
                     d.vocab_block_rows != Some(0),
                     "model.vocab_block_rows is 0; leave it unset (one transformer block's worth) or give at least 1 row".into(),
                 );
-                need(
-                    &mut p,
-                    self.train.seq_len <= d.max_seq_len,
-                    format!(
-                        "train.seq_len ({}) exceeds the model's context_len ({}); lower train.seq_len or raise model.context_len",
-                        self.train.seq_len, d.max_seq_len
-                    ),
-                );
+                Some(d.max_seq_len)
             }
-            Err(problems) => p.extend(problems),
+            Err(problems) => {
+                p.extend(problems);
+                None
+            }
+        };
+        if let Some(context_len) = context_len {
+            need(
+                &mut p,
+                self.train.seq_len <= context_len,
+                format!(
+                    "train.seq_len ({}) exceeds the model's context_len ({context_len}); lower train.seq_len or raise model.context_len",
+                    self.train.seq_len
+                ),
+            );
         }
         need(
             &mut p,

@@ -118,4 +118,15 @@ mod tests {
         assert!(thread_count("0").unwrap_err().contains("at least 1"));
         assert!(thread_count("5000").unwrap_err().contains("at most 1024"));
     }
+
+    /// Of an even count the mean of the middle two, not the upper one (of two rounds,
+    /// the slower); NaN for none.
+    #[test]
+    fn the_median_of_an_even_count_is_the_mean_of_the_middle_two() {
+        assert_eq!(super::median(&[3.0, 1.0]), 2.0);
+        assert_eq!(super::median(&[5.0, 1.0, 3.0]), 3.0);
+        assert_eq!(super::median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert_eq!(super::median(&[7.0]), 7.0);
+        assert!(super::median(&[]).is_nan());
+    }
 }

@@ -544,14 +544,3 @@ pub fn run(args: &OverlapArgs) -> Result<()> {
     }
     Ok(())
 }
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn the_median_of_an_even_count_is_the_mean_of_the_middle_two() {
-        assert_eq!(crate::micro::median(&[3.0, 1.0]), 2.0);
-        assert_eq!(crate::micro::median(&[5.0, 1.0, 3.0]), 3.0);
-        assert_eq!(crate::micro::median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
-        assert!(crate::micro::median(&[]).is_nan());
-    }
-}

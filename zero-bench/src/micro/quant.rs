@@ -124,13 +124,3 @@ pub fn run(a: &QuantArgs) -> Result<()> {
     }
     Ok(())
 }
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn the_median_of_two_rounds_is_their_mean_not_the_slower() {
-        assert_eq!(crate::micro::median(&[1.0, 3.0]), 2.0);
-        assert_eq!(crate::micro::median(&[3.0, 1.0, 2.0]), 2.0);
-        assert_eq!(crate::micro::median(&[7.0]), 7.0);
-    }
-}

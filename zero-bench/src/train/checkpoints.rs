@@ -716,12 +716,8 @@ fn set_aside_later_steps(
     if !home.exists() {
         std::fs::rename(step_dir, &home).map_err(|e| fail("moving back", step_dir, e))?;
     }
-    let latest = dir.join(checkpoint::LATEST);
-    let tmp = dir.join(format!("{}.tmp", checkpoint::LATEST));
-    std::fs::write(&tmp, format!("{name}\n"))
-        .and_then(|()| std::fs::rename(&tmp, &latest))
-        .map_err(|e| fail("pointing `latest` at the resumed step:", &latest, e))?;
-    sync(dir);
+    checkpoint::point_latest(dir, &name)
+        .with_context(|| format!("--resume {}: pointing `latest` at {name}", given.display()))?;
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
@@ -731,8 +727,12 @@ fn set_aside_later_steps(
         let (old, new) = (dir.join(later_step), aside.join(later_step));
         std::fs::rename(&old, &new).map_err(|e| fail("moving", &old, e))?;
     }
-    sync(&aside);
-    sync(dir);
+    // The renames recorded on disk (a failure only risks them after a crash: warned).
+    for d in [&aside, dir] {
+        if let Err(e) = checkpoint::sync_dir(d) {
+            log::warn!("{e}: a crash soon may undo the renames there");
+        }
+    }
     log::warn!(
         "--resume {} branches from step {step}: the later steps {} of the run that went on from there were moved to '{}' (this run's saves would have replaced them); `latest` names step {step}",
         given.display(),
@@ -740,17 +740,6 @@ fn set_aside_later_steps(
         aside.display()
     );
     Ok(())
-}
-
-/// fsync directory `d` after renames in it; a failure only risks them after a crash
-/// (warned).
-fn sync(d: &Path) {
-    if let Err(e) = std::fs::File::open(d).and_then(|f| f.sync_all()) {
-        log::warn!(
-            "could not fsync '{}' ({e}): a crash soon may undo the renames there",
-            d.display()
-        );
-    }
 }
 
 /// Write, sync and remove a small file in `dir`: this rank can save its shard there.

@@ -61,7 +61,7 @@ pub use crate::files::partial_path;
 pub use error::{brief_hdf5, CheckpointError};
 pub use load::{load, resolve, LoadInfo};
 pub use meta::{Meta, FORMAT_NAME, FORMAT_VERSION};
-pub use save::{clean_partial, save, Cleaned, SaveOptions};
+pub use save::{clean_partial, point_latest, save, sync_dir, Cleaned, SaveOptions};
 pub use shard::{block_crcs, ShardReader, ShardWriter, BLOCK_ELEMS, KINDS, MAX_OPEN_SHARDS};
 pub use tools::{
     consolidate, read_consolidated, read_param, read_tensor, verify, write_whole, VerifyReport,

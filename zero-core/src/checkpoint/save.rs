@@ -62,10 +62,21 @@ pub(crate) fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), CheckpointEr
 }
 
 /// fsync a directory (makes renames and creations inside it durable).
-fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
+pub fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
     std::fs::File::open(dir)
         .and_then(|f| f.sync_all())
         .map_err(CheckpointError::io("fsync directory", dir))
+}
+
+/// Point `root`'s `latest` at its step directory `name`, atomically and durably (written
+/// beside, synced, renamed over, the directory synced): a crash leaves the old pointer
+/// or the new one.
+pub fn point_latest(root: &Path, name: &str) -> Result<(), CheckpointError> {
+    let latest_tmp = root.join(format!("{LATEST}.tmp"));
+    write_synced(&latest_tmp, format!("{name}\n").as_bytes())?;
+    let latest = root.join(LATEST);
+    std::fs::rename(&latest_tmp, &latest).map_err(CheckpointError::io("rename", &latest_tmp))?;
+    sync_dir(root)
 }
 
 /// What [`clean_partial`] did. Every failure was also logged as a warning.
@@ -385,11 +396,7 @@ fn publish<D: Device, C: Communicator>(
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let latest_tmp = root.join(format!("{LATEST}.tmp"));
-    write_synced(&latest_tmp, format!("{name}\n").as_bytes())?;
-    let latest = root.join(LATEST);
-    std::fs::rename(&latest_tmp, &latest).map_err(CheckpointError::io("rename", &latest_tmp))?;
-    sync_dir(root)?;
+    point_latest(root, &name)?;
     if replaced {
         if let Err(e) = std::fs::remove_dir_all(&old) {
             log::warn!("could not remove '{}': {e}", old.display());
