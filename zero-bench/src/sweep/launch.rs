@@ -56,14 +56,14 @@ pub fn launcher_words(template: &str, n: usize) -> anyhow::Result<Vec<String>> {
     Ok(words)
 }
 
-/// This process received SIGINT or SIGTERM while a job ran: the job was stopped (or had
-/// just finished by itself), and the caller stops too (a sweep or tune does not go on to
-/// its next job).
+/// This process received SIGINT, SIGTERM, SIGHUP or SIGQUIT while a job ran: the job
+/// was stopped (or had just finished by itself), and the caller stops too (a sweep or
+/// tune does not go on to its next job).
 #[derive(Debug)]
 pub struct Interrupted {
     /// The job (a sweep point, a tune candidate).
     pub what: String,
-    /// "SIGINT" or "SIGTERM".
+    /// "SIGINT", "SIGTERM", "SIGHUP" or "SIGQUIT".
     pub signal: &'static str,
     /// The signal's number (the command's exit status is 128 + it).
     pub signo: libc::c_int,
@@ -101,9 +101,11 @@ impl std::error::Error for Interrupted {}
 
 /// Run `words` (a launcher command line) to its end, stdout and stderr into `log_path`,
 /// in a process group of its own, stopped after `timeout` ([`stop`]); Ok when it exited
-/// 0. `what` names the job in errors. A SIGINT or SIGTERM to this process meanwhile is
-/// passed on to the launcher's group (which a terminal's Ctrl-C does not reach) and ends
-/// in [`Interrupted`] once the job is gone.
+/// 0. `what` names the job in errors. A SIGINT, SIGTERM, SIGHUP or SIGQUIT to this
+/// process meanwhile is passed on to the launcher's group (which a terminal's Ctrl-C,
+/// `Ctrl-\` and hang-up do not reach) and ends in [`Interrupted`] once the job is gone;
+/// should this process die without that (SIGKILL, the OOM killer), the launcher gets
+/// SIGTERM from the kernel (and ends its ranks) rather than run on as an orphan.
 pub fn run_logged(
     words: &[String],
     log_path: &Path,
@@ -120,13 +122,32 @@ pub fn run_logged(
     // Before the spawn: a signal from here on is caught, never left to kill this process
     // with the job still running (the child gets the default handlers back at exec).
     let signals = Forwarding::install()?;
-    let mut child = Command::new(program)
+    let parent = std::process::id() as libc::pid_t;
+    let mut command = Command::new(program);
+    command
         .args(args)
         .stdin(Stdio::null())
         .stdout(log)
         .stderr(log_err)
         // Its own process group, for `stop` to signal.
-        .process_group(0)
+        .process_group(0);
+    // SAFETY: between fork and exec the closure calls prctl(2), getppid(2) and raise(3)
+    // only, which are async-signal-safe, and touches no memory of the parent.
+    unsafe {
+        command.pre_exec(move || {
+            // SIGTERM to the launcher when the thread that spawned it is gone (sweep and
+            // tune spawn from their main thread, so: when this process is); the launcher
+            // then ends its ranks. If it is gone already, now.
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::getppid() != parent {
+                libc::raise(libc::SIGTERM);
+            }
+            Ok(())
+        });
+    }
+    let mut child = command
         .spawn()
         .with_context(|| {
             // The default launcher is the repository's scripts/mpirun.sh, relative.
@@ -239,9 +260,25 @@ pub fn error_lines(path: &Path) -> Vec<String> {
     errors_in(&String::from_utf8_lossy(&bytes))
 }
 
+/// Whether an error line is the launcher's own (`srun: error: n3: task 2: Exited with
+/// exit code 1`, one per node), which says that a rank failed, not why.
+fn launchers_line(line: &str) -> bool {
+    ["srun:", "slurmstepd:", "mpirun", "prterun"]
+        .iter()
+        .any(|p| line.starts_with(p))
+}
+
 /// [`error_lines`] of a log's text. An error line takes its indented continuation lines
-/// with it (train's "invalid configuration:" lists the problems below it).
+/// with it (train's "invalid configuration:" lists the problems below it). The job's own
+/// lines come first: the launcher's are shown only where there are none.
 fn errors_in(text: &str) -> Vec<String> {
+    let all = error_entries(text);
+    let own: Vec<String> = all.iter().filter(|e| !launchers_line(e)).cloned().collect();
+    last_distinct(if own.is_empty() { all } else { own })
+}
+
+/// Every error line of `text` with its continuation lines, in order.
+fn error_entries(text: &str) -> Vec<String> {
     let mut entries: Vec<String> = Vec::new();
     let mut open = false;
     for line in text.lines() {
@@ -257,6 +294,12 @@ fn errors_in(text: &str) -> Vec<String> {
             open = false;
         }
     }
+    entries
+}
+
+/// The last [`ERROR_LINES`] distinct `entries`, oldest first, each cut to
+/// [`ERROR_LINE_CHARS`].
+fn last_distinct(entries: Vec<String>) -> Vec<String> {
     let mut found: Vec<String> = Vec::new();
     for entry in entries.iter().rev() {
         let cut: String = match entry.char_indices().nth(ERROR_LINE_CHARS) {
@@ -280,8 +323,10 @@ const STOP_GRACE: Duration = Duration::from_secs(10);
 /// How long a launcher has to end its ranks after an interrupt passed on to it.
 const INTERRUPT_GRACE: Duration = Duration::from_secs(30);
 
-/// The signals passed on to a running job.
-const FORWARDED: [libc::c_int; 2] = [libc::SIGINT, libc::SIGTERM];
+/// The signals passed on to a running job: a terminal's Ctrl-C, `Ctrl-\` and hang-up
+/// (an ssh session that drops) and a scheduler's or kill's SIGTERM. Left to their
+/// default action, they would end this process and leave the job running.
+const FORWARDED: [libc::c_int; 4] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
 
 /// The last forwarded signal received (0: none), and how many were.
 static RECEIVED: AtomicI32 = AtomicI32::new(0);
@@ -293,7 +338,7 @@ extern "C" fn on_signal(sig: libc::c_int) {
     RECEIVED_COUNT.fetch_add(1, Ordering::SeqCst);
 }
 
-/// SIGINT and SIGTERM caught (recorded, for the job's loop to act on) while a job runs;
+/// The [`FORWARDED`] signals caught (recorded, for the job's loop to act on) while a job runs;
 /// the previous handlers come back on drop, so between jobs (and in tune's own
 /// measurements) the signals act as before. A signal this process was started ignoring
 /// (a shell's background job ignores SIGINT) stays ignored.
@@ -357,11 +402,13 @@ impl Drop for Forwarding {
     }
 }
 
-/// "SIGINT", "SIGTERM" or "a signal".
+/// "SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT" or "a signal".
 fn signal_name(sig: libc::c_int) -> &'static str {
     match sig {
         libc::SIGINT => "SIGINT",
         libc::SIGTERM => "SIGTERM",
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGQUIT => "SIGQUIT",
         _ => "a signal",
     }
 }
@@ -484,10 +531,14 @@ impl Job<'_> {
     pub fn run(&self, point: &Point) -> anyhow::Result<()> {
         let words = self.command_line(point)?;
         let result = self.result_path(point);
-        // A stale result from an earlier sweep must not pass for this run's.
-        if result.exists() {
-            std::fs::remove_file(&result)
-                .with_context(|| format!("removing the old {}", result.display()))?;
+        // A stale result from an earlier sweep must not pass for this run's, nor its
+        // step metrics sit beside this run's log (a job that fails before train opens
+        // its metrics file writes none).
+        for old in [result.clone(), self.metrics_path(point)] {
+            if old.exists() {
+                std::fs::remove_file(&old)
+                    .with_context(|| format!("removing the old {}", old.display()))?;
+            }
         }
         let log_path = result.with_extension("log");
         log::info!("{point}: {}", words.join(" "));
@@ -590,6 +641,23 @@ mpirun detected that one or more processes exited with non-zero status
             ]
         );
         assert!(errors_in("all fine\n").is_empty());
+        // srun's per-node lines say that ranks failed; the rank's own line says why.
+        let srun = "\
+error: rank 2: out of memory allocating 3.1 GB
+srun: Job step aborted: Waiting up to 32 seconds for job step to finish.
+srun: error: n3: task 2: Exited with exit code 1
+srun: error: n1: tasks 0-1: Killed
+srun: error: n2: task 3: Killed
+";
+        assert_eq!(
+            errors_in(srun),
+            ["error: rank 2: out of memory allocating 3.1 GB"]
+        );
+        // Where the launcher's lines are all there is, they are shown.
+        assert_eq!(
+            errors_in("srun: error: Unable to create step for job 7: Invalid\n"),
+            ["srun: error: Unable to create step for job 7: Invalid"]
+        );
         let long = format!("error: {}", "é".repeat(600));
         let cut = &errors_in(&long)[0];
         assert!(cut.ends_with("...") && cut.chars().count() == ERROR_LINE_CHARS + 3);

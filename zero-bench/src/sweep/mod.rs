@@ -7,8 +7,9 @@
 //! - `sweep collect DIR` reads the result files a `sweep run` or slurm/sweep.sbatch left.
 //!
 //! Both then write `sweep.csv`, `sweep.json` and the plots (`memory`, `throughput`,
-//! `comm`, each `.png` and `.svg`) into the output directory. Results: point.rs (names),
-//! launch.rs (jobs), table.rs (rows), plot.rs (figures).
+//! `comm`, each `.png` and `.svg`) into the output directory. A stage that did not
+//! finish is a failed row of the table (with why), left out of the plots. Results:
+//! point.rs (names), launch.rs (jobs), table.rs (rows), plot.rs (figures).
 
 pub(crate) mod child;
 pub mod launch;
@@ -56,7 +57,8 @@ pub struct ResolveArgs {
 #[derive(Args, Debug)]
 #[command(after_long_help = RUN_EXAMPLES)]
 pub struct RunArgs {
-    /// World sizes to run (the smallest is the base of the scaling efficiency).
+    /// World sizes to run (the smallest is the base of the scaling efficiency: a series
+    /// whose run there failed has none).
     #[arg(long, value_name = "LIST", value_delimiter = ',', required = true)]
     pub ranks: Vec<usize>,
     /// ZeRO stages each job runs in turn (train --stages).
@@ -85,7 +87,8 @@ pub struct RunArgs {
     /// Training configuration file for every job (train --config).
     #[arg(long, value_name = "FILE", value_parser = crate::config::utf8_path)]
     pub config: Option<PathBuf>,
-    /// Optimizer steps per stage (train --steps); the first is warm-up, not timed.
+    /// Optimizer steps per stage (train --steps); the first is warm-up, not timed when
+    /// there are others (with 1, the time is the warm-up step's).
     #[arg(long, value_name = "N")]
     pub steps: Option<usize>,
     /// Configuration override for every job (train --set), repeatable.
@@ -99,7 +102,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "DIR", default_value = "sweep-out", value_parser = crate::config::utf8_path)]
     pub out: PathBuf,
     /// Stop a job (one point, all its stages) that runs longer than this many seconds:
-    /// SIGTERM to the launcher, then SIGKILL to it and its ranks 10 s later.
+    /// SIGTERM to the launcher, then SIGKILL to it and its ranks 10 s later (the stages
+    /// it finished stay in the table).
     #[arg(long, value_name = "SECONDS", default_value_t = 1800,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub timeout: u64,
@@ -113,6 +117,11 @@ pub struct CollectArgs {
     /// Where to write the table and plots (default: DIR).
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
+    /// Table only these points (`n<N>_<model>_<precision>_a<A>`, comma-separated): one
+    /// sweep's in a directory that holds other sweeps' results too (slurm/sweep.sbatch
+    /// passes its own). A listed point without a result file is a failed row.
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    pub points: Vec<String>,
 }
 
 const RUN_EXAMPLES: &str = "\
@@ -133,7 +142,7 @@ pub fn run(cmd: SweepCommand) -> anyhow::Result<()> {
     match cmd {
         SweepCommand::Run(args) => run_sweep(&args),
         SweepCommand::Collect(args) => {
-            let found = table::collect(&args.dir)?;
+            let found = table::collect(&args.dir, &args.points)?;
             let bad = found.unreadable.len();
             if found.rows.is_empty() {
                 bail!(
@@ -143,11 +152,30 @@ pub fn run(cmd: SweepCommand) -> anyhow::Result<()> {
                 );
             }
             write_outputs(&found.rows, args.out.as_deref().unwrap_or(&args.dir))?;
+            let mut problems = Vec::new();
             if bad > 0 {
-                bail!(
+                problems.push(format!(
                     "{bad} result file(s) could not be read (the table has the others):\n  {}",
                     found.unreadable.join("\n  ")
-                );
+                ));
+            }
+            if !found.missing.is_empty() {
+                problems.push(format!(
+                    "{} point(s) have no result file (failed rows in the table):\n  {}",
+                    found.missing.len(),
+                    found.missing.join("\n  ")
+                ));
+            }
+            if !found.incomplete.is_empty() {
+                problems.push(format!(
+                    "{} point(s) stopped before their last stage (the table has the stages that \
+                     finished and marks the others failed):\n  {}",
+                    found.incomplete.len(),
+                    found.incomplete.join("\n  ")
+                ));
+            }
+            if !problems.is_empty() {
+                bail!("{}", problems.join("\n"));
             }
             Ok(())
         }
@@ -228,50 +256,117 @@ fn run_sweep(args: &RunArgs) -> anyhow::Result<()> {
             args.out.join("<point>.metrics.jsonl").display()
         );
     }
-    let (mut done, mut failed) = (Vec::new(), Vec::new());
+    // The table and plots of an earlier sweep into this directory go now: one left
+    // beside this run's result files (this run failing or stopped before its own table)
+    // would contradict them.
+    remove_outputs(&args.out)?;
+    // This run's points only: result files of other sweeps in the same directory are
+    // left out (`sweep collect` reads them all).
+    let mut outcomes: Vec<table::Outcome> = Vec::new();
+    let mut failed = Vec::new();
     for (i, p) in points.iter().enumerate() {
         eprintln!("[sweep {}/{}] {p}", i + 1, points.len());
+        let file = job.result_path(p);
         match job.run(p) {
-            Ok(()) => done.push(job.result_path(p)),
-            // Ctrl-C or SIGTERM: the job was stopped; the sweep stops with it.
+            Ok(()) => outcomes.push(table::Outcome {
+                file,
+                failure: None,
+            }),
+            // Ctrl-C, SIGTERM, SIGHUP or SIGQUIT: the job was stopped; the sweep stops
+            // with it, after tabling what finished (the stopped point's finished stages
+            // too: train rewrites its report after each).
             Err(e) if e.is::<launch::Interrupted>() => {
-                // (A point that ended by itself as the signal came has its result.)
-                if e.downcast_ref::<launch::Interrupted>()
-                    .is_some_and(|i| i.finished)
-                {
-                    done.push(job.result_path(p));
-                }
+                let stopped = e.downcast_ref::<launch::Interrupted>();
+                let finished = stopped.is_some_and(|i| i.finished);
+                let signal = stopped.map_or("a signal", |i| i.signal);
+                outcomes.push(table::Outcome {
+                    file,
+                    failure: (!finished).then(|| format!("interrupted by {signal}")),
+                });
+                let tabled = match table::rows_from(&outcomes, &args.stages) {
+                    Ok(rows) if rows.iter().any(table::Row::finished) => {
+                        write_outputs(&rows, &args.out).map(|()| {
+                            format!(
+                                "the table has the stages that finished ({})",
+                                args.out.display()
+                            )
+                        })
+                    }
+                    Ok(_) => Ok("no stage finished".to_string()),
+                    Err(e) => Err(e),
+                };
+                let tabled = tabled.unwrap_or_else(|w| {
+                    format!(
+                        "tabling what finished failed: {}",
+                        crate::logging::chain(&w)
+                    )
+                });
                 return Err(e.context(format!(
-                    "sweep interrupted at point {} of {} ({} finished; `zero-bench sweep \
-                     collect {}` tables the finished ones)",
+                    "sweep interrupted at point {} of {} ({} point(s) finished; {tabled})",
                     i + 1,
                     points.len(),
-                    done.len(),
-                    args.out.display()
+                    outcomes.iter().filter(|o| o.failure.is_none()).count(),
                 )));
             }
             Err(e) => {
-                eprintln!("[sweep] {}", crate::logging::chain(&e));
-                failed.push(crate::logging::chain(&e));
+                let why = crate::logging::chain(&e);
+                eprintln!("[sweep] {why}");
+                // The row names the point; its reason need not repeat it.
+                let own = why
+                    .strip_prefix(&format!("{p}: "))
+                    .unwrap_or(&why)
+                    .to_string();
+                outcomes.push(table::Outcome {
+                    file,
+                    failure: Some(own),
+                });
+                failed.push(why);
             }
         }
     }
-    if done.is_empty() {
+    let rows = table::rows_from(&outcomes, &args.stages)?;
+    let finished = rows.iter().filter(|r| r.finished()).count();
+    if finished == 0 {
+        // The failed rows still make the table (no plots): it says what failed where.
+        write_outputs(&rows, &args.out)?;
         bail!("every point failed:\n  {}", failed.join("\n  "));
     }
-    // This run's points only: result files of other sweeps in the same directory are
-    // left out (`sweep collect` reads them all).
-    let rows = table::rows_from(&done)?;
     write_outputs(&rows, &args.out)?;
     if !failed.is_empty() {
         bail!(
-            "{} of {} point(s) failed (the table has the others):\n  {}",
+            "{} of {} point(s) failed (the table has the {finished} stage(s) that finished \
+             and marks the others failed):\n  {}",
             failed.len(),
             points.len(),
             failed.join("\n  ")
         );
     }
     Ok(())
+}
+
+/// Remove the table and plots a sweep writes into `out`, where there are any.
+fn remove_outputs(out: &Path) -> anyhow::Result<()> {
+    let mut names = vec!["sweep.csv".to_string(), "sweep.json".to_string()];
+    names.extend(plot_files());
+    for name in names {
+        let path = out.join(name);
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(e).with_context(|| format!("removing the earlier {}", path.display()))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The plots' file names.
+fn plot_files() -> Vec<String> {
+    plot::NAMES
+        .iter()
+        .flat_map(|n| [format!("{n}.png"), format!("{n}.svg")])
+        .collect()
 }
 
 /// The points of a sweep, each checked as its job will run it.
@@ -360,7 +455,9 @@ fn check_points(args: &RunArgs, train_args: &[String]) -> anyhow::Result<Checked
     Ok(Checked { points, config })
 }
 
-/// Write `sweep.csv`, `sweep.json` and the plots into `out`, and print the table.
+/// Write `sweep.csv`, `sweep.json` and the plots (of the finished rows; none, and no
+/// earlier ones left, when no row finished) into `out`, print the table, and warn of
+/// rows whose steps were skipped.
 fn write_outputs(rows: &[Row], out: &Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(out)
         .with_context(|| format!("creating the output directory {}", out.display()))?;
@@ -369,10 +466,20 @@ fn write_outputs(rows: &[Row], out: &Path) -> anyhow::Result<()> {
     let json = out.join("sweep.json");
     let text = serde_json::to_string_pretty(rows).context("serialising the sweep table")?;
     crate::outfile::write_text(&json, &text)?;
-    let plots = plot::write_all(rows, out)?;
     out!("{}", table::text(rows));
     outln!("table: {} {}", csv.display(), json.display());
-    let names: Vec<String> = plots.iter().map(|p| p.display().to_string()).collect();
-    outln!("plots: {}", names.join(" "));
+    if rows.iter().any(Row::finished) {
+        let plots = plot::write_all(rows, out)?;
+        let names: Vec<String> = plots.iter().map(|p| p.display().to_string()).collect();
+        outln!("plots: {}", names.join(" "));
+    } else {
+        for name in plot_files() {
+            let _ = std::fs::remove_file(out.join(name));
+        }
+        outln!("plots: none (no stage finished)");
+    }
+    for w in table::skipped_warnings(rows) {
+        log::warn!("{w}");
+    }
     Ok(())
 }

@@ -230,7 +230,10 @@ fn figures(rows: &[Row]) -> Vec<(&'static str, Vec<Panel>)> {
                 value_panel(
                     rows,
                     SeriesLabelPosition::UpperRight,
-                    "Scaling efficiency vs smallest N (per-rank tokens/s)",
+                    &format!(
+                        "Scaling efficiency vs N={} (per-rank tokens/s)",
+                        rows.first().map_or(0, |r| r.base_n)
+                    ),
                     "efficiency",
                     |r| r.scaling_efficiency,
                 ),
@@ -346,17 +349,34 @@ fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, panels: &[Panel]) -> a
     Ok(())
 }
 
-/// Draw every figure into `dir` as `<name>.png` and `<name>.svg`; returns the files.
+/// The figures' file stems.
+pub const NAMES: [&str; 3] = ["memory", "throughput", "comm"];
+
+/// Draw every figure of the finished rows into `dir` as `<name>.png` and `<name>.svg`;
+/// returns the files. Each is drawn into a temporary file renamed into place, so an
+/// interrupted or failed drawing never leaves half a figure under the name.
 pub fn write_all(rows: &[Row], dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
     register_font();
+    let finished: Vec<Row> = rows.iter().filter(|r| r.finished()).cloned().collect();
     let mut files = Vec::new();
-    for (name, panels) in figures(rows) {
+    for (name, panels) in figures(&finished) {
+        // The temporary name keeps the extension: the PNG encoder goes by it.
         let png = dir.join(format!("{name}.png"));
-        draw(BitMapBackend::new(&png, SIZE).into_drawing_area(), &panels)
-            .map_err(|e| anyhow!("{}: {e}", png.display()))?;
+        let tmp = dir.join(format!(".{name}.tmp.png"));
+        draw(BitMapBackend::new(&tmp, SIZE).into_drawing_area(), &panels)
+            .and_then(|()| Ok(std::fs::rename(&tmp, &png)?))
+            .map_err(|e| {
+                let _ = std::fs::remove_file(&tmp);
+                anyhow!("{}: {e}", png.display())
+            })?;
         let svg = dir.join(format!("{name}.svg"));
-        draw(SVGBackend::new(&svg, SIZE).into_drawing_area(), &panels)
-            .map_err(|e| anyhow!("{}: {e}", svg.display()))?;
+        let tmp = dir.join(format!(".{name}.tmp.svg"));
+        draw(SVGBackend::new(&tmp, SIZE).into_drawing_area(), &panels)
+            .and_then(|()| Ok(std::fs::rename(&tmp, &svg)?))
+            .map_err(|e| {
+                let _ = std::fs::remove_file(&tmp);
+                anyhow!("{}: {e}", svg.display())
+            })?;
         files.extend([png, svg]);
     }
     Ok(files)
@@ -379,12 +399,16 @@ mod tests {
             tokens_per_s: 1000.0 * n as f64,
             step_ms: 1.0,
             scaling_efficiency: 1.0,
+            base_n: 1,
+            skipped_steps: 0,
             peak_rss_bytes_per_rank: vec![20_000_000; n],
             ledger_bytes_per_rank: vec![2_000_000; n],
             state_bytes_per_rank: vec![1_600_000 / n as u64; n],
             formula_bytes_per_rank: 1.6e6 / n as f64,
             comm_sent_bytes_per_step: 1000 * (n as u64 - 1),
             comm_plan_bytes_per_step: 1000 * (n as u64 - 1),
+            status: crate::sweep::table::OK,
+            failure: None,
         }
     }
 
@@ -413,6 +437,9 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let files = write_all(&[row(1, 0, "fp32"), row(2, 0, "fp32")], &dir).unwrap();
         assert_eq!(files.len(), 6);
+        // No temporary file is left beside them.
+        let names = zero_core::files::entry_names(&dir).unwrap();
+        assert_eq!(names.len(), 6, "{names:?}");
         for f in &files {
             let bytes = std::fs::read(f).unwrap();
             match f.extension().and_then(|e| e.to_str()) {

@@ -822,6 +822,39 @@ fn run_with<E: Communicator, D: BenchDevice>(
     )?;
 
     let mut results: Vec<StageResult> = Vec::with_capacity(loaded.len());
+    // With a stage list, rank 0 rewrites the --json report (whole) after each run of the
+    // first round and when a run stops with an error every rank agreed on, so that the
+    // stages that finished survive a later one's failure (a sweep tables them). A file
+    // left by a job that ended otherwise (a rank's own error aborts the job, a kill)
+    // still says the run did not complete.
+    let stage_list_numbers: Vec<usize> = loaded
+        .iter()
+        .map(|l| l.config.zero.stage.number())
+        .collect();
+    let partial_json = args
+        .json
+        .as_deref()
+        .filter(|p| rank == 0 && loaded.len() > 1 && !outputs::is_special(p));
+    let write_partial = |results: &[StageResult], stopped: String| {
+        if let Some(path) = partial_json {
+            let mut results = results.to_vec();
+            report::set_ratios(&mut results);
+            let value = report_json(
+                comm.size(),
+                dev.describe(),
+                backend,
+                staging_report(engine_comm, nodes, false),
+                &stage_list_numbers,
+                &results,
+                Some(stopped),
+            );
+            // The final report (or the job's error) says the rest; a failure to write
+            // this one costs only the partial result.
+            if let Err(e) = write_report(path, &value) {
+                log::warn!("the partial --json report: {}", crate::logging::chain(&e));
+            }
+        }
+    };
     for round in 0..args.rounds {
         for (i, l) in loaded.iter().enumerate() {
             let last = round + 1 == args.rounds && i + 1 == loaded.len();
@@ -845,7 +878,21 @@ fn run_with<E: Communicator, D: BenchDevice>(
             } else {
                 &mut no_metrics
             };
-            let r = run::train(comm, engine_comm, nodes, dev, l, &shared, m)?;
+            let r = match run::train(comm, engine_comm, nodes, dev, l, &shared, m) {
+                Ok(r) => r,
+                Err(f) => {
+                    write_partial(
+                        &results,
+                        format!(
+                            "the {} run{} failed: {}",
+                            l.config.zero.stage,
+                            round_note(round, args.rounds),
+                            crate::logging::chain(&f.error)
+                        ),
+                    );
+                    return Err(f);
+                }
+            };
             if round == 0 {
                 if rank == 0 {
                     summary(&r, c.data.path == "builtin");
@@ -857,6 +904,19 @@ fn run_with<E: Communicator, D: BenchDevice>(
                     }
                 }
                 results.push(r);
+                if !last {
+                    let next = match loaded.get(i + 1) {
+                        Some(next) => format!("the {} run", next.config.zero.stage),
+                        None => format!("round 2 of {}", args.rounds),
+                    };
+                    write_partial(
+                        &results,
+                        format!(
+                            "{next} did not finish (this report was written after the {} run; the job's log says why it ended)",
+                            l.config.zero.stage
+                        ),
+                    );
+                }
             } else {
                 report::add_round(&mut results[i], &r);
             }
@@ -873,12 +933,14 @@ fn run_with<E: Communicator, D: BenchDevice>(
                     ),
                     None => ("no --ckpt-dir was given".to_string(), 1),
                 };
+                let error = anyhow!(
+                    "stopped by {} after the {} run of the stage list ({what}); the runs after it did not start",
+                    signals::name(sig),
+                    l.config.zero.stage
+                );
+                write_partial(&results, error.to_string());
                 return Err(Failure {
-                    error: anyhow!(
-                        "stopped by {} after the {} run of the stage list ({what}); the runs after it did not start",
-                        signals::name(sig),
-                        l.config.zero.stage
-                    ),
+                    error,
                     print: rank == 0,
                     code,
                 });
@@ -889,39 +951,7 @@ fn run_with<E: Communicator, D: BenchDevice>(
         }
     }
     report::set_ratios(&mut results);
-    // Host staging (mpi-staged): host memory held beside the device ledger, and the
-    // copies, which are not network bytes (the step ledgers count those, as for every
-    // backend).
-    // (hpZ and qgZ: the node groups' staging too.)
-    let groups = nodes.into_iter().flat_map(|g| [&g.node, &g.cross]);
-    let stagings: Vec<_> = std::iter::once(engine_comm)
-        .chain(groups)
-        .filter_map(|c| c.staging())
-        .collect();
-    let held: u64 = stagings.iter().map(|s| s.held_bytes()).sum();
-    let (to_host, to_device, calls) = stagings.iter().fold((0, 0, 0), |(h, d, n), s| {
-        let c = s.stats();
-        (h + c.to_host, d + c.to_device, n + c.calls)
-    });
-    let staging = (!stagings.is_empty()).then(|| {
-        serde_json::json!({
-            "held_bytes": held,
-            "to_host_bytes": to_host,
-            "to_device_bytes": to_device,
-            "collectives": calls,
-        })
-    });
-    if let (0, Some(st)) = (rank, stagings.first()) {
-        log::info!(
-            "host staging: {} held ({} communicator(s) x 2 slots x send + receive of {} each); {} copied to host and {} to the device in {} collectives",
-            zero_core::ledger::human_bytes(held as f64),
-            stagings.len(),
-            zero_core::ledger::human_bytes(st.capacity() as f64),
-            zero_core::ledger::human_bytes(to_host as f64),
-            zero_core::ledger::human_bytes(to_device as f64),
-            calls
-        );
-    }
+    let staging = staging_report(engine_comm, nodes, rank == 0);
     // Rank 0 writes the report; the others wait to hear that it did (returning alone,
     // it would leave them in the collective below until their watchdog fired).
     let mut reported = Ok(());
@@ -933,13 +963,15 @@ fn run_with<E: Communicator, D: BenchDevice>(
         if let Some(path) = &args.json {
             reported = write_json(
                 path,
-                &serde_json::json!({
-                    "world": comm.size(),
-                    "device": dev.describe(),
-                    "comm": backend.name(),
-                    "staging": staging,
-                    "stages": results,
-                }),
+                &report_json(
+                    comm.size(),
+                    dev.describe(),
+                    backend,
+                    staging,
+                    &stage_list_numbers,
+                    &results,
+                    None,
+                ),
             );
         }
         if let Some(p) = metrics_file {
@@ -952,6 +984,82 @@ fn run_with<E: Communicator, D: BenchDevice>(
     let lost = metrics.as_ref().and_then(|m| m.failure());
     agree(comm, lost.map_or(Ok(()), |why| Err(anyhow!("{why}"))))?;
     Ok(())
+}
+
+/// Host staging (mpi-staged) so far, for the `--json` report: host memory held beside
+/// the device ledger, and the copies, which are not network bytes (the step ledgers
+/// count those, as for every backend); hpZ and qgZ: the node groups' staging too. `None`
+/// without staging. Logs a line when `log`.
+fn staging_report<E: Communicator>(
+    engine_comm: &E,
+    nodes: Option<&zero_comm::NodeGroups<E>>,
+    log: bool,
+) -> Option<serde_json::Value> {
+    let groups = nodes.into_iter().flat_map(|g| [&g.node, &g.cross]);
+    let stagings: Vec<_> = std::iter::once(engine_comm)
+        .chain(groups)
+        .filter_map(|c| c.staging())
+        .collect();
+    let held: u64 = stagings.iter().map(|s| s.held_bytes()).sum();
+    let (to_host, to_device, calls) = stagings.iter().fold((0, 0, 0), |(h, d, n), s| {
+        let c = s.stats();
+        (h + c.to_host, d + c.to_device, n + c.calls)
+    });
+    if let (true, Some(st)) = (log, stagings.first()) {
+        log::info!(
+            "host staging: {} held ({} communicator(s) x 2 slots x send + receive of {} each); {} copied to host and {} to the device in {} collectives",
+            zero_core::ledger::human_bytes(held as f64),
+            stagings.len(),
+            zero_core::ledger::human_bytes(st.capacity() as f64),
+            zero_core::ledger::human_bytes(to_host as f64),
+            zero_core::ledger::human_bytes(to_device as f64),
+            calls
+        );
+    }
+    (!stagings.is_empty()).then(|| {
+        serde_json::json!({
+            "held_bytes": held,
+            "to_host_bytes": to_host,
+            "to_device_bytes": to_device,
+            "collectives": calls,
+        })
+    })
+}
+
+/// The `--json` report of a run: `stages` has a result per finished run,
+/// `stages_requested` the stage list (`--stages`, one per run of a round),
+/// `stages_completed` the stages of `stages`, and `stopped` why the report is not
+/// complete (`null` once every run finished).
+fn report_json(
+    world: usize,
+    device: String,
+    backend: zero_comm::Backend,
+    staging: Option<serde_json::Value>,
+    stage_list: &[usize],
+    results: &[StageResult],
+    stopped: Option<String>,
+) -> serde_json::Value {
+    let completed: Vec<usize> = results.iter().map(|r| r.stage).collect();
+    serde_json::json!({
+        "world": world,
+        "device": device,
+        "comm": backend.name(),
+        "staging": staging,
+        "stages_requested": stage_list,
+        "stages_completed": completed,
+        "complete": stopped.is_none(),
+        "stopped": stopped,
+        "stages": results,
+    })
+}
+
+/// " (round R of ROUNDS)" with `--rounds`, else nothing.
+fn round_note(round: usize, rounds: usize) -> String {
+    if rounds > 1 {
+        format!(" (round {} of {rounds})", round + 1)
+    } else {
+        String::new()
+    }
 }
 
 fn stage_list(loaded: &[LoadedConfig]) -> String {
@@ -1084,10 +1192,15 @@ fn dry_run(
 }
 
 fn write_json(path: &Path, value: &serde_json::Value) -> anyhow::Result<()> {
-    let text = serde_json::to_string_pretty(value).context("serialising the report")?;
-    crate::outfile::write_text(path, &(text + "\n"))?;
+    write_report(path, value)?;
     outln!("report written to {}", path.display());
     Ok(())
+}
+
+/// Write `value` to `path` whole (a reader never sees half of it).
+fn write_report(path: &Path, value: &serde_json::Value) -> anyhow::Result<()> {
+    let text = serde_json::to_string_pretty(value).context("serialising the report")?;
+    crate::outfile::write_text(path, &(text + "\n"))
 }
 
 /// Rank 0's end-of-run lines for one stage.
