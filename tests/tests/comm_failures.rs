@@ -1,15 +1,28 @@
 //! Failure behaviour under real mpirun: a panicking rank aborts the job naming itself; the
 //! consistency check names both ranks of a mismatch; the watchdog aborts a hung collective
-//! naming it; MPI errors come back as typed errors. Each job is killed after 30 s at most
-//! (the launcher's timeout), so a regression shows up as a failed test, not a hung one.
+//! naming it; MPI errors come back as typed errors. Each job is killed after 50 s at most
+//! (the launcher's timeout, below the 60 s the hung ranks sleep), so a regression shows up
+//! as a failed test, not a hung one.
 
 use std::time::Duration;
+use zero_comm::{PANIC_EXIT_CODE, WATCHDOG_EXIT_CODE};
 use zero_tests::MpiJob;
 
 fn job(ranks: usize, mode: &str) -> MpiJob {
     MpiJob::new(ranks, env!("CARGO_BIN_EXE_comm_failures"))
         .args([mode])
-        .timeout(Duration::from_secs(30))
+        .timeout(Duration::from_secs(50))
+}
+
+/// ZERO_COMM_TIMEOUT of the watchdog tests: well above the moments a rank of an
+/// oversubscribed machine (two tests' ranks on 2 cores) can lose, so that every waiting
+/// rank is inside the collective when the first one times out and asks, and well below
+/// the 60 s the hung ranks sleep.
+const WATCHDOG_TIMEOUT: &str = "8";
+
+/// A job under the watchdog of [`WATCHDOG_TIMEOUT`].
+fn watched_job(ranks: usize, mode: &str) -> MpiJob {
+    job(ranks, mode).env("ZERO_COMM_TIMEOUT", WATCHDOG_TIMEOUT)
 }
 
 /// This machine's name, as the heartbeat reports name the ranks' hosts.
@@ -25,6 +38,8 @@ fn panicking_rank_aborts_the_job_and_is_named() {
     for ranks in [2, 3] {
         let out = job(ranks, "panic").run();
         out.assert_failed_by_itself();
+        // mpirun passes the aborting rank's code on (README: 101 for a panicking rank).
+        assert_eq!(out.code, Some(PANIC_EXIT_CODE), "{}", out.transcript());
         let text = out.all_text();
         let who = format!("rank {}: deliberate panic in comm_failures", ranks - 1);
         assert!(
@@ -60,8 +75,9 @@ fn consistency_check_names_both_ranks() {
 #[test]
 fn watchdog_aborts_a_hung_collective() {
     let ranks = 3;
-    let out = job(ranks, "hang").env("ZERO_COMM_TIMEOUT", "2").run();
+    let out = watched_job(ranks, "hang").run();
     out.assert_failed_by_itself();
+    assert_eq!(out.code, Some(WATCHDOG_EXIT_CODE), "{}", out.transcript());
     let text = out.all_text();
     // Rank 0 sleeps outside any collective; the others wait in all_reduce #0. Rank 1, the
     // lowest waiting, fires and reports; rank 2 may fire too, or see the job aborted first.
@@ -90,10 +106,9 @@ fn watchdog_aborts_a_hung_collective() {
 #[test]
 fn watchdog_aborts_a_hung_staged_collective() {
     let ranks = 2;
-    let out = job(ranks, "hang-staged")
-        .env("ZERO_COMM_TIMEOUT", "2")
-        .run();
+    let out = watched_job(ranks, "hang-staged").run();
     out.assert_failed_by_itself();
+    assert_eq!(out.code, Some(WATCHDOG_EXIT_CODE), "{}", out.transcript());
     let line = "rank 1: watchdog: reduce_scatter #0 on 'world' (1000 x f32) has not finished";
     assert!(
         out.all_text().contains(line),
@@ -104,14 +119,16 @@ fn watchdog_aborts_a_hung_staged_collective() {
 
 /// A rank stopped with SIGSTOP and a rank computing outside any collective: the ranks
 /// that time out ask everyone over the heartbeat side channel, and the lowest of them
-/// names the two ranks behind, with their hosts: one with what it last completed, the
-/// stopped one as not answering. Ranks 0 and 1 enter the collective at different moments
+/// names the two ranks behind, with their hosts: one with what it last completed (a
+/// non-blocking all-reduce it found done by a test, never waited on), the stopped one as
+/// not answering. Ranks 0 and 1 enter the collective at different moments
 /// and rank 1 may time out first: it leaves the report to rank 0 all the same.
 #[test]
 fn watchdog_names_the_ranks_behind_a_stopped_one_included() {
     let ranks = 4;
-    let out = job(ranks, "stopped").env("ZERO_COMM_TIMEOUT", "2").run();
+    let out = watched_job(ranks, "stopped").run();
     out.assert_failed_by_itself();
+    assert_eq!(out.code, Some(WATCHDOG_EXIT_CODE), "{}", out.transcript());
     let text = out.all_text();
     let host = hostname();
     for needle in [
@@ -136,16 +153,15 @@ fn watchdog_names_the_ranks_behind_a_stopped_one_included() {
 #[test]
 fn watchdog_watches_non_blocking_collectives_while_waited_on() {
     let ranks = 2;
-    let out = job(ranks, "hang-nonblocking")
-        .env("ZERO_COMM_TIMEOUT", "2")
-        .run();
+    let out = watched_job(ranks, "hang-nonblocking").run();
     out.assert_failed_by_itself();
+    assert_eq!(out.code, Some(WATCHDOG_EXIT_CODE), "{}", out.transcript());
     let text = out.all_text();
     let line = "rank 1: watchdog: all_gather #0 on 'world' (998 x f32) has not finished";
     let fired = text.find(line);
     let waiting = text.find("rank 1: now waiting");
     assert!(fired.is_some(), "missing '{line}'\n{}", out.transcript());
-    // Fired after the 2.5 s of compute (> the 2 s timeout) ended, not during it.
+    // Fired after the compute (longer than the timeout) ended, not during it.
     assert!(
         waiting.is_some() && waiting < fired,
         "watchdog fired before the wait\n{}",
@@ -178,6 +194,7 @@ fn mpi_errors_are_typed_and_carry_the_rank() {
 fn mpi_main_aborts_on_one_ranks_error_and_finalizes_on_an_agreed_one() {
     let out = job(3, "rank-error").run();
     out.assert_failed_by_itself();
+    assert_eq!(out.code, Some(1), "{}", out.transcript());
     assert!(
         out.all_text()
             .contains("rank 2: deliberate error on the last rank"),

@@ -132,8 +132,8 @@ pub enum CommError {
     /// A rank waited at a rendezvous longer than [`crate::CommConfig::timeout`] (the
     /// in-process backend, [`crate::LocalComm`], which reports instead of aborting).
     #[error(
-        "rank {rank}: {op} #{seq} on '{comm}' timed out after {waited_s:.1} s waiting for rank(s) {} (they never arrived)",
-        rank_list(.missing)
+        "rank {rank}: {op} #{seq} on '{comm}' timed out after {waited_s:.1} s waiting for {}",
+        never_arrived(.missing)
     )]
     Timeout {
         /// Rank that waited.
@@ -293,15 +293,82 @@ fn in_collective(collective: &Option<CollectiveCall>) -> String {
     collective.map_or_else(String::new, |c| format!("{c}: "))
 }
 
-/// `1, 3, 4` for the messages above.
-fn rank_list(ranks: &[usize]) -> String {
-    let v: Vec<String> = ranks.iter().map(usize::to_string).collect();
-    v.join(", ")
+/// `rank 3 (it never arrived)`, `ranks 1-4, 7 (they never arrived)`.
+fn never_arrived(ranks: &[usize]) -> String {
+    let who = if ranks.len() == 1 { "it" } else { "they" };
+    format!("{} ({who} never arrived)", rank_list(ranks))
 }
+
+/// `rank 3`, or `ranks 1-4, 7` (runs of consecutive ranks joined), at most
+/// [`RANK_RUNS_SHOWN`] runs, then how many ranks more.
+pub(crate) fn rank_list(ranks: &[usize]) -> String {
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    for &r in ranks {
+        match runs.last_mut() {
+            Some((_, end)) if *end + 1 == r => *end = r,
+            _ => runs.push((r, r)),
+        }
+    }
+    let shown: Vec<String> = runs
+        .iter()
+        .take(RANK_RUNS_SHOWN)
+        .map(|&(a, b)| match a == b {
+            true => a.to_string(),
+            false => format!("{a}-{b}"),
+        })
+        .collect();
+    let hidden: usize = runs
+        .iter()
+        .skip(RANK_RUNS_SHOWN)
+        .map(|&(a, b)| b - a + 1)
+        .sum();
+    let noun = if ranks.len() == 1 { "rank" } else { "ranks" };
+    match hidden {
+        0 => format!("{noun} {}", shown.join(", ")),
+        n => format!("{noun} {} and {n} more", shown.join(", ")),
+    }
+}
+
+/// How many runs of ranks [`rank_list`] names: on 512 ranks the first few say enough.
+const RANK_RUNS_SHOWN: usize = 8;
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rank_lists_join_runs_and_stop_after_a_few() {
+        assert_eq!(rank_list(&[3]), "rank 3");
+        assert_eq!(rank_list(&[1, 2, 3, 4, 7]), "ranks 1-4, 7");
+        let every_other: Vec<usize> = (1..40).step_by(2).collect();
+        assert_eq!(
+            rank_list(&every_other),
+            "ranks 1, 3, 5, 7, 9, 11, 13, 15 and 12 more"
+        );
+        let most: Vec<usize> = (1..512).collect();
+        assert_eq!(rank_list(&most), "ranks 1-511");
+    }
+
+    #[test]
+    fn a_timeout_names_the_ranks_that_never_arrived() {
+        let timeout = |missing: Vec<usize>| CommError::Timeout {
+            rank: 0,
+            comm: "local".into(),
+            seq: 5,
+            op: "all_gather",
+            waited_s: 30.0,
+            missing,
+        };
+        assert_eq!(
+            timeout(vec![3]).to_string(),
+            "rank 0: all_gather #5 on 'local' timed out after 30.0 s waiting for rank 3 (it never arrived)"
+        );
+        let many = timeout(vec![1, 2, 3, 4, 7]).to_string();
+        assert!(
+            many.ends_with("waiting for ranks 1-4, 7 (they never arrived)"),
+            "{many}"
+        );
+    }
 
     #[test]
     fn an_mpi_error_in_a_collective_names_it() {

@@ -123,6 +123,19 @@ impl Drop for Deadline {
     }
 }
 
+/// Whether dropping `guard` returns within `bound`: a disarmed [`Deadline`] wakes its
+/// thread at once, where one that is not would keep the drop waiting until its limit. A
+/// drop that does not return is left to run on its thread.
+#[cfg(test)]
+pub(crate) fn dropped_within<T: Send + 'static>(guard: T, bound: std::time::Duration) -> bool {
+    let (done, dropped) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        drop(guard);
+        let _ = done.send(());
+    });
+    dropped.recv_timeout(bound).is_ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -144,23 +157,26 @@ mod tests {
     fn a_deadline_fires_only_when_the_call_outlives_it() {
         let fired = Arc::new(AtomicBool::new(false));
         let f = Arc::clone(&fired);
-        let start = Instant::now();
-        let guard = Deadline::start("t".into(), Duration::from_secs(30), move || {
+        // A limit no test run reaches: only disarming can end the thread.
+        let guard = Deadline::start("t".into(), Duration::from_secs(3600), move || {
             f.store(true, Ordering::SeqCst)
         })
         .unwrap();
-        drop(guard);
-        assert!(!fired.load(Ordering::SeqCst));
         assert!(
-            start.elapsed() < Duration::from_secs(5),
+            dropped_within(guard, Duration::from_secs(60)),
             "disarming wakes it"
         );
+        assert!(!fired.load(Ordering::SeqCst));
         let f = Arc::clone(&fired);
         let guard = Deadline::start("t".into(), Duration::from_millis(20), move || {
             f.store(true, Ordering::SeqCst)
         })
         .unwrap();
-        std::thread::sleep(Duration::from_millis(200));
+        // Polled, not slept on: a loaded machine may run the thread late.
+        let give_up = Instant::now() + Duration::from_secs(60);
+        while !fired.load(Ordering::SeqCst) && Instant::now() < give_up {
+            std::thread::sleep(Duration::from_millis(10));
+        }
         assert!(
             fired.load(Ordering::SeqCst),
             "a call that outlives its limit"

@@ -194,7 +194,17 @@ pub fn agree_and_exchange<C: Communicator>(
 
 /// The id from environment variable `var` (256 hex digits).
 pub fn from_env(var: &str) -> Result<UniqueId, IdError> {
-    let v = std::env::var(var).map_err(|_| IdError::NoVariable(var.to_string()))?;
+    from_variable(var, |name| std::env::var(name).ok())
+}
+
+/// [`from_env`] reading the variable through `lookup` (the tests pass their own: setting
+/// a variable in the multi-threaded test process would race C code reading the
+/// environment).
+fn from_variable(
+    var: &str,
+    lookup: impl FnOnce(&str) -> Option<String>,
+) -> Result<UniqueId, IdError> {
+    let v = lookup(var).ok_or_else(|| IdError::NoVariable(var.to_string()))?;
     UniqueId::from_hex(&v, var)
 }
 
@@ -379,11 +389,12 @@ mod tests {
     #[test]
     fn the_environment_exchange_reads_the_launchers_variable() {
         let id = stand_in(9);
-        let var = "ZERO_TEST_NCCL_ID_ENV";
-        std::env::set_var(var, id.to_hex());
-        assert_eq!(from_env(var).unwrap(), id);
-        std::env::remove_var(var);
-        let e = from_env(var).unwrap_err().to_string();
-        assert!(e.contains("is not set"), "{e}");
+        let var = "NCCL_ID";
+        let set = |name: &str| (name == var).then(|| id.to_hex());
+        assert_eq!(from_variable(var, set).unwrap(), id);
+        let e = from_variable(var, |_| None).unwrap_err().to_string();
+        assert!(e.contains("NCCL_ID is not set"), "{e}");
+        let e = from_variable(var, |_| Some("12zz".into())).unwrap_err();
+        assert!(e.to_string().contains("NCCL_ID"), "{e}");
     }
 }

@@ -5,9 +5,13 @@
 //!   different collective; every rank must get `CommError::Mismatch` naming both ranks.
 //! - `hang` (run with ZERO_COMM_TIMEOUT): rank 0 sleeps instead of joining an all-reduce;
 //!   the others' watchdogs must print the collective and abort the job.
-//! - `hang-nonblocking` (run with ZERO_COMM_TIMEOUT=2): the same with a non-blocking
-//!   all-gather that the others overlap with 2.5 s of "compute" before waiting; the
-//!   watchdog must fire only once they wait.
+//! - `hang-nonblocking` (run with ZERO_COMM_TIMEOUT): the same with a non-blocking
+//!   all-gather that the others overlap with "compute" 1.5 s longer than the timeout
+//!   before waiting; the watchdog must fire only once they wait.
+//! - `stopped` (run with ZERO_COMM_TIMEOUT): two all-reduces every rank completes, the
+//!   second non-blocking and found done by `test` (never waited on); then the last rank
+//!   stops itself and the one before it computes, and the watchdog's report must name both,
+//!   the computing one with the second all-reduce as the last it completed.
 //! - `hang-staged` (run with ZERO_COMM_TIMEOUT): the same as `hang` for a host-staged
 //!   reduce-scatter of device buffers (zero-comm's StagedComm on the simulated GPU): the
 //!   watchdog covers the MPI call between the staging copies.
@@ -102,14 +106,23 @@ fn main() -> std::process::ExitCode {
             let _ = run();
         }
         "stopped" => {
-            // Two collectives everyone completes; then the last rank stops itself (as
-            // `kill -STOP` would) and the one before it computes for a minute: the others
-            // wait in all_reduce #2, and the watchdog's report names both.
-            for _ in 0..2 {
-                world
-                    .all_reduce(&mut buf[..], ReduceOp::Sum)
-                    .unwrap_or_else(|e| zero_comm::abort(&e.to_string(), 1));
-            }
+            // Two collectives everyone completes, the second one found done by a test
+            // (the heartbeat must count it completed all the same); then the last rank
+            // stops itself (as `kill -STOP` would) and the one before it computes for a
+            // minute: the others wait in all_reduce #2, and the watchdog's report names both.
+            world
+                .all_reduce(&mut buf[..], ReduceOp::Sum)
+                .unwrap_or_else(|e| zero_comm::abort(&e.to_string(), 1));
+            world
+                .scope(|s| -> zero_comm::Result<()> {
+                    let mut h = s.all_reduce(&mut buf[..], ReduceOp::Sum)?;
+                    while !h.test()? {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    h.wait()?;
+                    Ok(())
+                })
+                .unwrap_or_else(|e| zero_comm::abort(&e.to_string(), 1));
             if me == n - 1 {
                 // SAFETY: raising a signal on this process.
                 unsafe { libc::raise(libc::SIGSTOP) };
@@ -123,10 +136,12 @@ fn main() -> std::process::ExitCode {
             if me == 0 {
                 std::thread::sleep(Duration::from_secs(60));
             }
+            // Longer than the timeout: a watchdog that counted it would fire during it.
+            let compute = watchdog_timeout() + Duration::from_millis(1500);
             let _ = world.scope(|s| -> zero_comm::Result<()> {
                 let h = s.all_gather_in_place(&mut buf[..999 / n * n])?;
                 // Computing with a request outstanding is not a hang: only waiting is.
-                std::thread::sleep(Duration::from_millis(2500));
+                std::thread::sleep(compute);
                 zero_comm::line_to_stderr(&format!("rank {me}: now waiting"));
                 h.wait()?;
                 Ok(())
@@ -160,6 +175,15 @@ fn main() -> std::process::ExitCode {
     }
     println!("{}", zero_tests::ok_line(me));
     std::process::ExitCode::SUCCESS
+}
+
+/// The watchdog's timeout this job runs under (ZERO_COMM_TIMEOUT, whole seconds).
+fn watchdog_timeout() -> Duration {
+    let secs = std::env::var("ZERO_COMM_TIMEOUT")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| zero_comm::abort("this mode needs ZERO_COMM_TIMEOUT=<seconds>", 2));
+    Duration::from_secs(secs)
 }
 
 /// The job of `rank-error` (`agreed`: false) and `agreed-error` (true).

@@ -368,7 +368,7 @@ fn timeout_names_the_missing_rank() {
                 let msg = e.to_string();
                 assert!(
                     msg.contains("all_gather #0 on 'local' timed out after")
-                        && msg.contains("waiting for rank(s) 2 (they never arrived)"),
+                        && msg.contains("waiting for rank 2 (it never arrived)"),
                     "{msg}"
                 );
             }

@@ -725,7 +725,9 @@ struct MpiRequest {
 }
 
 impl MpiRequest {
-    /// After MPI completed: round staged sums back, stop watching.
+    /// After MPI completed: round staged sums back, stop watching and record the
+    /// collective as completed (found done by a test, it was never in a wait whose token
+    /// records it).
     fn finish(&mut self) {
         if let Some(st) = self.stage.take() {
             let src = if st.result_in_input {
@@ -737,7 +739,9 @@ impl MpiRequest {
             unsafe { ops::round_back(src, st.out.ptr, st.dtype) };
         }
         self.ring = None;
-        self.watch = None;
+        if let Some(watch) = self.watch.take() {
+            watch.completed();
+        }
         self.progress = None;
         self.done = true;
     }

@@ -255,6 +255,7 @@ fn another_jobs_rank_is_turned_away_and_a_duplicate_rank_fails_the_rendezvous() 
         })
     };
     // The stranger knows the address (not through the file, which names our token).
+    let give_up = Instant::now() + Duration::from_secs(60);
     let published = loop {
         if let Some(addr) = std::fs::read_to_string(rendezvous_file(&file, "test"))
             .ok()
@@ -262,6 +263,10 @@ fn another_jobs_rank_is_turned_away_and_a_duplicate_rank_fails_the_rendezvous() 
         {
             break addr;
         }
+        assert!(
+            Instant::now() < give_up && !root.is_finished(),
+            "rank 0 never published the rendezvous file"
+        );
         std::thread::sleep(Duration::from_millis(10));
     };
     // (The file lists rank 0's name first, then its IPv4 addresses.)
