@@ -3,7 +3,8 @@
 //! from (the `.cu` file with `cuda/bits.cuh` pasted in), so a plain `cargo test` notices a
 //! `.cu` edited without regenerating; `ptxas` (tests/ptxas.rs) checks the PTX assembles
 //! for sm_80 and sm_90; `zero-kernels-ptx --check` recompiles with NVRTC and compares
-//! byte for byte where NVRTC is installed.
+//! byte for byte where NVRTC is installed. The generator lowers NVRTC's `.version` line to
+//! [`PTX_ISA_VERSION`], so that drivers older than the NVRTC load the PTX.
 //!
 //! Regenerate after editing a `.cu` file (needs the PyPI NVRTC wheel, which
 //! `scripts/setup.sh --cuda` installs into its virtual environment, `$ZERO_VENV`, default
@@ -120,6 +121,43 @@ pub const SOURCES: &[PtxSource] = &[
     },
 ];
 
+/// The PTX ISA version every checked-in module declares. NVRTC writes its own newest
+/// (`.version 8.8` from CUDA 12.9), and a driver refuses a version newer than its CUDA
+/// (CUDA_ERROR_UNSUPPORTED_PTX_VERSION: a 535 or 550 driver, CUDA 12.2 or 12.4, refuses
+/// 8.8), while our kernels use nothing newer than ISA 7.0, the first that has `sm_80`.
+/// So `zero-kernels-ptx` rewrites the line to this ([`with_isa_version`]); `ptxas`
+/// (tests/ptxas.rs) rejects an instruction the declared version lacks, and it assembles
+/// the same machine code from 7.0 as from 8.8 for sm_80 and sm_90.
+pub const PTX_ISA_VERSION: &str = "7.0";
+
+/// The oldest CUDA driver that loads [`PTX_ISA_VERSION`] (ISA 7.0 came with CUDA 11.0),
+/// as `cuDriverGetVersion` reports it: 1000 * major + 10 * minor.
+pub const PTX_ISA_MIN_DRIVER: i32 = 11000;
+
+/// `ptx` (NVRTC's output) declaring [`PTX_ISA_VERSION`] instead of NVRTC's own version,
+/// with a comment saying so; an error unless it has exactly one `.version` line.
+pub fn with_isa_version(ptx: &str) -> Result<String, String> {
+    let is_version = |l: &str| l.trim_start().starts_with(".version ");
+    let found = ptx.lines().filter(|l| is_version(l)).count();
+    if found != 1 {
+        return Err(format!(
+            "expected one `.version` line in NVRTC's PTX, found {found}"
+        ));
+    }
+    let mut out = String::with_capacity(ptx.len() + 128);
+    for line in ptx.split_inclusive('\n') {
+        if is_version(line) {
+            let nvrtc = line.trim().trim_start_matches(".version ").trim();
+            out.push_str(&format!(
+                "// .version lowered from NVRTC's {nvrtc} to {PTX_ISA_VERSION}, the lowest with sm_80, so that older drivers load it (PTX_ISA_VERSION in src/ptx.rs)\n.version {PTX_ISA_VERSION}\n"
+            ));
+        } else {
+            out.push_str(line);
+        }
+    }
+    Ok(out)
+}
+
 /// NVRTC options the PTX is generated with: PTX for compute capability 8.0 (the driver
 /// JIT-compiles it for newer GPUs), and IEEE arithmetic exactly as the CPU does it.
 pub const NVRTC_OPTIONS: [&str; 5] = [
@@ -156,6 +194,13 @@ impl PtxSource {
     /// True when the checked-in PTX was generated from the current sources.
     pub fn is_current(&self) -> bool {
         self.recorded_hash() == Some(fnv1a64(self.full_source().as_bytes()))
+    }
+
+    /// The PTX ISA version the checked-in PTX declares (its `.version` line).
+    pub fn isa_version(&self) -> Option<&'static str> {
+        self.ptx
+            .lines()
+            .find_map(|l| l.trim_start().strip_prefix(".version ").map(|v| v.trim()))
     }
 
     /// The kernel entry points the PTX defines.
@@ -263,6 +308,46 @@ mod tests {
                 s.cu_path
             );
         }
+    }
+
+    /// Every module declares the lowered ISA version and targets sm_80: a file written by
+    /// NVRTC without `zero-kernels-ptx`'s rewrite would need a newer driver than we claim.
+    #[test]
+    fn checked_in_ptx_declares_the_lowest_isa_version_for_sm80() {
+        for s in SOURCES.iter() {
+            assert_eq!(
+                s.isa_version(),
+                Some(PTX_ISA_VERSION),
+                "{} declares another PTX ISA version; regenerate it with zero-kernels-ptx",
+                s.ptx_path
+            );
+            assert_eq!(
+                s.ptx.lines().filter(|l| l.starts_with(".version ")).count(),
+                1,
+                "{}",
+                s.ptx_path
+            );
+            assert!(
+                s.ptx.lines().any(|l| l.trim() == ".target sm_80"),
+                "{} must target sm_80",
+                s.ptx_path
+            );
+        }
+    }
+
+    #[test]
+    fn the_isa_version_rewrite_changes_only_the_version_line() {
+        let nvrtc =
+            "//\n// Based on NVVM 7.0.1\n//\n\n.version 8.8\n.target sm_80\n.address_size 64\n";
+        let lowered = with_isa_version(nvrtc).expect("one .version line");
+        assert_eq!(
+            lowered,
+            format!(
+                "//\n// Based on NVVM 7.0.1\n//\n\n// .version lowered from NVRTC's 8.8 to {PTX_ISA_VERSION}, the lowest with sm_80, so that older drivers load it (PTX_ISA_VERSION in src/ptx.rs)\n.version {PTX_ISA_VERSION}\n.target sm_80\n.address_size 64\n"
+            )
+        );
+        assert!(with_isa_version(".target sm_80\n").is_err());
+        assert!(with_isa_version(".version 8.8\n.version 8.8\n").is_err());
     }
 
     /// The model-op launchers (src/cuda/nn/*.rs, compiled only with the `cuda` feature)

@@ -1,11 +1,12 @@
 //! Regenerate (default) or check (`--check`) the checked-in PTX of zero-kernels from its
 //! CUDA C sources with NVRTC (see `src/ptx.rs`). Needs libnvrtc on LD_LIBRARY_PATH (PyPI
-//! nvidia-cuda-nvrtc-cu12, installed by `scripts/setup.sh --cuda`); no GPU needed.
+//! nvidia-cuda-nvrtc-cu12, installed by `scripts/setup.sh --cuda`); no GPU needed. The
+//! `.version` line NVRTC writes is lowered to `zero_kernels::ptx::PTX_ISA_VERSION`.
 
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 use std::path::Path;
 use std::process::ExitCode;
-use zero_kernels::ptx::{PtxSource, NVRTC_OPTIONS, SOURCES};
+use zero_kernels::ptx::{with_isa_version, PtxSource, NVRTC_OPTIONS, SOURCES};
 
 fn generate(s: &PtxSource) -> Result<String, String> {
     let opts = CompileOptions {
@@ -15,13 +16,24 @@ fn generate(s: &PtxSource) -> Result<String, String> {
     };
     let ptx = compile_ptx_with_opts(s.full_source(), opts)
         .map_err(|e| format!("NVRTC failed on {}: {e:?}", s.cu_path))?;
-    Ok(format!("{}{}", s.stamp(), ptx.to_src()))
+    // NVRTC declares its own newest PTX ISA (8.8 for CUDA 12.9), which drivers older than
+    // that CUDA refuse although our kernels need only 7.0: declare the lowest instead
+    // (PTX_ISA_VERSION in src/ptx.rs; ptxas checks the instructions against it).
+    let ptx = with_isa_version(&ptx.to_src()).map_err(|e| format!("{}: {e}", s.cu_path))?;
+    Ok(format!("{}{}", s.stamp(), ptx))
 }
 
 fn main() -> ExitCode {
     let check = match std::env::args().nth(1).as_deref() {
         None => false,
         Some("--check") => true,
+        Some("-h" | "--help") => {
+            println!(
+                "usage: zero-kernels-ptx [--check]\n\nRegenerates the checked-in PTX of zero-kernels from its .cu files with NVRTC\n(declaring PTX ISA {}), or with --check compares it byte for byte. Needs\nlibnvrtc on LD_LIBRARY_PATH (scripts/setup.sh --cuda); no GPU.",
+                zero_kernels::ptx::PTX_ISA_VERSION
+            );
+            return ExitCode::SUCCESS;
+        }
         Some(other) => {
             eprintln!("error: unknown argument '{other}' (usage: zero-kernels-ptx [--check])");
             return ExitCode::from(2);

@@ -11,6 +11,15 @@
 //! Precision: [`MatmulPrecision::F32`] computes in fp32 (`CUBLAS_COMPUTE_32F`);
 //! [`MatmulPrecision::Bf16`] rounds the fp32 operands to bf16 inside the tensor cores and
 //! accumulates in fp32 (`CUBLAS_COMPUTE_32F_FAST_16BF`), which is bf16 training's matmul.
+//!
+//! One workspace serves every stream. cuBLASLt must not run two products on one workspace
+//! at the same time (a split-K algorithm keeps partial sums there), so a product whose
+//! algorithm uses it, queued on a stream other than the last such product's, first makes
+//! its stream wait for an event recorded after that product ([`Blas::gemm`]). Products on
+//! one stream (the engine queues them all on its compute stream) are ordered by the
+//! stream and wait for nothing. (A workspace per stream would let two streams' products
+//! overlap, but cost 32 MiB per stream, held until the device closes: nothing here sees a
+//! stream end.)
 
 use std::cell::RefCell;
 use std::collections::hash_map::Entry;
@@ -21,7 +30,7 @@ use std::sync::Arc;
 use cudarc::cublaslt::result as lt;
 use cudarc::cublaslt::sys;
 use cudarc::driver::sys::CUdeviceptr;
-use cudarc::driver::CudaStream;
+use cudarc::driver::{CudaEvent, CudaStream};
 
 use super::pool::{Block, Pool, Settle};
 use crate::error::KernelError;
@@ -102,6 +111,8 @@ struct Plan {
     b: sys::cublasLtMatrixLayout_t,
     c: sys::cublasLtMatrixLayout_t,
     algo: sys::cublasLtMatmulAlgo_t,
+    /// Bytes of workspace the algorithm needs (0: none; it is then given none).
+    workspace: usize,
 }
 
 impl Drop for Plan {
@@ -144,11 +155,19 @@ fn as_col_major(l: &MatLayout) -> Option<ColMajor> {
     }
 }
 
+/// The last product that used the workspace: its stream (held, so that its address
+/// cannot be reused by a new stream while it is compared) and an event recorded after it.
+struct WorkspaceUse {
+    stream: Arc<CudaStream>,
+    done: CudaEvent,
+}
+
 /// A cuBLASLt handle, its workspace and its plans (one per [`super::CudaDevice`]).
 pub(crate) struct Blas {
     handle: sys::cublasLtHandle_t,
     workspace: Block,
     plans: RefCell<HashMap<GemmKey, Plan>>,
+    last_use: RefCell<Option<WorkspaceUse>>,
 }
 
 impl Blas {
@@ -162,22 +181,64 @@ impl Blas {
             ));
         }
         let handle = lt::create_handle().map_err(cublas_err)?;
-        let workspace = Block::new(pool, WORKSPACE_BYTES, "cuBLASLt workspace", settle)?;
+        // cuBLASLt needs no zeroed workspace.
+        let workspace = Block::uninit(pool, WORKSPACE_BYTES, "cuBLASLt workspace", settle)?;
         Ok(Blas {
             handle,
             workspace,
             plans: RefCell::new(HashMap::new()),
+            last_use: RefCell::new(None),
         })
+    }
+
+    /// Before a product that uses the workspace is queued on `stream`: when the last one
+    /// ran on another stream, make `stream` wait for it, and tell `note_wait(waiter,
+    /// origin)` (the device's record of which streams may stall behind started host work).
+    fn wait_for_workspace(
+        &self,
+        stream: &Arc<CudaStream>,
+        note_wait: &dyn Fn(u64, u64),
+    ) -> Result<(), KernelError> {
+        if let Some(last) = self.last_use.borrow().as_ref() {
+            if !Arc::ptr_eq(&last.stream, stream) {
+                stream.wait(&last.done)?;
+                note_wait(stream.cu_stream() as u64, last.stream.cu_stream() as u64);
+            }
+        }
+        Ok(())
+    }
+
+    /// After a product that uses the workspace was queued on `stream`: it is the last use.
+    /// (A re-recorded event leaves the waits already queued on it as they were.)
+    fn workspace_used(&self, stream: &Arc<CudaStream>) -> Result<(), KernelError> {
+        let mut last = self.last_use.borrow_mut();
+        match last.as_mut() {
+            Some(u) => {
+                u.done.record(stream)?;
+                if !Arc::ptr_eq(&u.stream, stream) {
+                    u.stream = Arc::clone(stream);
+                }
+            }
+            None => {
+                *last = Some(WorkspaceUse {
+                    stream: Arc::clone(stream),
+                    done: stream.record_event(None)?,
+                })
+            }
+        }
+        Ok(())
     }
 
     /// `C = alpha A B + beta C` in f32 storage, queued on `stream`, once or for each
     /// matrix of a strided `batch`. `a`, `b`, `c` are the device addresses of the (first)
     /// views' first elements; the layouts and batch were checked against the buffers by
-    /// the caller.
+    /// the caller. `note_wait(waiter, origin)` hears of a wait this queues on `stream` for
+    /// a product on another stream (the workspace's order: see the module documentation).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn gemm(
         &self,
-        stream: &CudaStream,
+        stream: &Arc<CudaStream>,
+        note_wait: &dyn Fn(u64, u64),
         precision: MatmulPrecision,
         alpha: f32,
         beta: f32,
@@ -258,9 +319,18 @@ impl Blas {
             Entry::Occupied(e) => e.into_mut(),
             Entry::Vacant(e) => e.insert(self.plan(&key)?),
         };
+        // An algorithm that needs no workspace is given none, so only the others are
+        // ordered across streams.
+        let (workspace, workspace_bytes) = if plan.workspace > 0 {
+            self.wait_for_workspace(stream, note_wait)?;
+            (self.workspace.ptr, WORKSPACE_BYTES)
+        } else {
+            (0, 0)
+        };
         // SAFETY: the descriptors describe these addresses (the caller checked every view
         // holds its layout's span); alpha/beta are host scalars (default pointer mode);
-        // the workspace is ours and as large as the preference said.
+        // the workspace is ours, as large as the preference said, and no product on
+        // another stream can be using it (waited for above).
         unsafe {
             lt::matmul(
                 self.handle,
@@ -276,12 +346,16 @@ impl Blas {
                 c as *mut c_void,
                 plan.c,
                 &plan.algo,
-                self.workspace.ptr as *mut c_void,
-                WORKSPACE_BYTES,
+                workspace as *mut c_void,
+                workspace_bytes,
                 stream.cu_stream() as sys::cudaStream_t,
             )
         }
-        .map_err(cublas_err)
+        .map_err(cublas_err)?;
+        if workspace_bytes > 0 {
+            self.workspace_used(stream)?;
+        }
+        Ok(())
     }
 
     /// Descriptors and the heuristic's best algorithm for one shape.
@@ -310,6 +384,7 @@ impl Blas {
             c: lt::create_matrix_layout(f32t, key.m, key.n, key.ldc).map_err(cublas_err)?,
             // SAFETY: a plain-data struct, filled in by the heuristic below.
             algo: unsafe { std::mem::zeroed() },
+            workspace: 0,
         };
         if key.batch > 1 {
             let count = key.batch as i32;
@@ -412,6 +487,7 @@ impl Blas {
             ))
         })?;
         plan.algo = heuristic.algo;
+        plan.workspace = heuristic.workspaceSize;
         Ok(plan)
     }
 }

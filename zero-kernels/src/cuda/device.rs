@@ -212,13 +212,37 @@ fn quant_kernel(
     }
 }
 
+/// The element types the cast, accumulate, grad_stats and AdamW kernels exist for
+/// (cast.cu, gradstats.cu, adamw.cu).
+const KERNEL_FLOATS: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
+
+/// An unsupported-type error, before any entry name is formed, when one of `dtypes` has
+/// no kernel of `op`: otherwise the missing entry (`widen_f64`, `sumsq_f64`) would read
+/// as a broken PTX build. ([`Float`] is only f32, bf16 and f16 today, so this guards
+/// against a wider `Float` reaching these ops.)
+fn float_kernel(op: &'static str, dtypes: &[DType]) -> Result<()> {
+    match dtypes.iter().find(|d| !KERNEL_FLOATS.contains(d)) {
+        Some(d) => Err(unsupported(
+            op,
+            format!("{d} values have no GPU kernel (f32, bf16, f16)"),
+        )),
+        None => Ok(()),
+    }
+}
+
 fn unsupported(op: &'static str, detail: String) -> KernelError {
     KernelError::BadShape { op, detail }
 }
 
 impl CudaDevice {
     /// A temporary of `len` elements for work queued on `stream`: it returns to the pool
-    /// once that work has run.
+    /// once that work has run. It is **not zeroed** (a memset of each temporary cost up
+    /// to 256 MiB of writes per attention backward): every user writes each element
+    /// before it reads it. They are: the rope table (uploaded whole), the grad_stats block
+    /// sums (`sums[b]` written by block b's kernel, read by the finish), the
+    /// layernorm/rmsnorm/bias partial sums (every chunk's row stored, then folded), and
+    /// the attention products workspace (each batch of matrices written by a product
+    /// with beta 0, which cuBLAS never reads, before the softmax backward reads it).
     fn scratch<'s, T: Element>(
         &self,
         stream: &'s CudaStreamRef,
@@ -226,7 +250,7 @@ impl CudaDevice {
         name: &str,
     ) -> Result<Scratch<'s>> {
         let bytes = len * T::DTYPE.size_bytes();
-        let block = Block::on_stream(&self.pool, bytes, name, &stream.inner, &|| self.settle())?;
+        let block = Block::uninit(&self.pool, bytes, name, &|| self.settle())?;
         Ok(Scratch {
             block,
             stream: &stream.inner,
@@ -274,7 +298,18 @@ impl CudaDevice {
         let Some(blas) = blas.as_ref() else {
             return Err(KernelError::Cuda("cuBLASLt did not load".into()));
         };
-        blas.gemm(stream, self.precision.get(), alpha, beta, a, b, c, batch)
+        let note_wait = |waiter, origin| self.staged.note_wait(waiter, origin);
+        blas.gemm(
+            stream,
+            &note_wait,
+            self.precision.get(),
+            alpha,
+            beta,
+            a,
+            b,
+            c,
+            batch,
+        )
     }
 
     /// The rotary kernels' cos/sin table of `shape` in a temporary, uploaded on `stream`
@@ -302,7 +337,7 @@ impl CudaDevice {
     }
 }
 
-/// A temporary block released after the work queued on its stream so far.
+/// A temporary block (not zeroed) released after the work queued on its stream so far.
 struct Scratch<'a> {
     block: Block,
     stream: &'a Arc<CudaStream>,
@@ -661,8 +696,8 @@ impl Device for CudaDevice {
             return Ok(());
         }
         let entry = match (S::DTYPE, T::DTYPE) {
-            (DType::F32, half) => cast_entry(true, half),
-            (half, DType::F32) => cast_entry(false, half),
+            (DType::F32, half @ (DType::BF16 | DType::F16)) => cast_entry(true, half),
+            (half @ (DType::BF16 | DType::F16), DType::F32) => cast_entry(false, half),
             (s, t) => {
                 return Err(unsupported(
                     "cast",
@@ -688,6 +723,7 @@ impl Device for CudaDevice {
     ) -> Result<()> {
         let _timed = self.begin_op("accumulate", &stream.inner);
         same_len("accumulate", "src", src.len(), dst.len())?;
+        float_kernel("accumulate", &[T::DTYPE, S::DTYPE])?;
         crate::cast::cuda::launch2_on(
             self,
             &stream.inner,
@@ -829,6 +865,7 @@ impl Device for CudaDevice {
     ) -> Result<()> {
         let _timed = self.begin_op("grad_stats", &stream.inner);
         same_len("grad_stats", "out", out.len(), 2)?;
+        float_kernel("grad_stats", &[G::DTYPE])?;
         let n = grad.len();
         let sums = self.scratch::<f64>(
             stream,
@@ -866,6 +903,10 @@ impl Device for CudaDevice {
             param.as_ref().map(|p| (p.len(), P::DTYPE)),
         )?;
         adamw::check_segments(step.segments, step.groups.len(), n)?;
+        float_kernel("adamw", &[G::DTYPE])?;
+        if param.is_some() {
+            float_kernel("adamw", &[P::DTYPE])?;
+        }
         let elem = |base: CUdeviceptr, size: usize, at: usize| base + (at * size) as u64;
         let (g0, p0, m0, v0) = (
             addr(&grad),
@@ -1649,5 +1690,49 @@ impl Device for CudaDevice {
         f32_only::<F>("scale")?;
         let n = dst.len();
         launch::elementwise::scale(self, &stream.inner, addr_mut(&dst), a.to_f64() as f32, n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ptx::{adamw_entry, gradstats_entry, SOURCES};
+
+    #[test]
+    fn types_without_a_kernel_are_refused_as_unsupported_not_as_a_missing_kernel() {
+        for (op, types) in [
+            ("accumulate", vec![DType::F32, DType::F64]),
+            ("grad_stats", vec![DType::F64]),
+            ("adamw", vec![DType::U8]),
+        ] {
+            let msg = float_kernel(op, &types)
+                .expect_err("no kernel for it")
+                .to_string();
+            assert!(msg.starts_with(op), "{msg}");
+            assert!(msg.contains("no GPU kernel (f32, bf16, f16)"), "{msg}");
+        }
+    }
+
+    /// What the gate lets through has its kernels in the PTX.
+    #[test]
+    fn every_type_the_gate_accepts_has_its_kernels() {
+        let all: Vec<&str> = SOURCES.iter().flat_map(|s| s.entries()).collect();
+        for g in KERNEL_FLOATS {
+            float_kernel("accumulate", &[g]).expect("accepted");
+            let mut wanted = vec![gradstats_entry(g, false), adamw_entry(g, None)];
+            for d in KERNEL_FLOATS {
+                wanted.push(accumulate_entry(d, g));
+                if d != DType::F32 {
+                    wanted.push(adamw_entry(g, Some(d)));
+                }
+            }
+            if g != DType::F32 {
+                wanted.push(cast_entry(true, g));
+                wanted.push(cast_entry(false, g));
+            }
+            for w in wanted {
+                assert!(all.contains(&w.as_str()), "{w} missing from the PTX");
+            }
+        }
     }
 }

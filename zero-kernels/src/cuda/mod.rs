@@ -29,9 +29,9 @@ pub use buffer::{DeviceAdamWState, DeviceBuffer, DeviceElement, DeviceFloat, Dev
 
 pub use crate::device::StagedOverlap;
 use crate::error::KernelError;
-use crate::ptx::SOURCES;
+use crate::ptx::{PtxSource, PTX_ISA_MIN_DRIVER, SOURCES};
 pub use crate::twin::attention_products::AttentionKernels;
-use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig};
+use cudarc::driver::{CudaContext, CudaFunction, CudaStream, DriverError, LaunchConfig};
 use cudarc::nvrtc::Ptx;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -97,6 +97,18 @@ impl CudaDevice {
         Ok(CudaContext::device_count()?.max(0) as usize)
     }
 
+    /// The CUDA version of the driver, as `cuDriverGetVersion` reports it (1000 * major +
+    /// 10 * minor, e.g. 12040 for CUDA 12.4), or `NoCudaDriver`.
+    pub fn driver_version() -> Result<i32, KernelError> {
+        if !Self::driver_present() {
+            return Err(KernelError::NoCudaDriver);
+        }
+        let mut version = 0;
+        // SAFETY: writes one int; needs no context.
+        unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut version) }.result()?;
+        Ok(version)
+    }
+
     /// Open device `ordinal` and load the kernels.
     pub fn new(ordinal: usize) -> Result<CudaDevice, KernelError> {
         let count = Self::count()?;
@@ -109,7 +121,9 @@ impl CudaDevice {
         let stream = ctx.default_stream();
         let mut kernels = HashMap::new();
         for s in SOURCES {
-            let module = ctx.load_module(Ptx::from_src(s.ptx))?;
+            let module = ctx
+                .load_module(Ptx::from_src(s.ptx))
+                .map_err(|e| module_load_error(s, e))?;
             for name in s.entries() {
                 kernels.insert(name, module.load_function(name)?);
             }
@@ -230,9 +244,78 @@ impl CudaDevice {
     }
 }
 
+/// "12.4" for the CUDA version 12040 of `cuDriverGetVersion`.
+pub(crate) fn cuda_version_text(version: i32) -> String {
+    format!("{}.{}", version / 1000, version % 1000 / 10)
+}
+
+/// The error of loading module `s`: when the driver refused the PTX's ISA version, or is
+/// older than the version needs, one that says which driver was found and which is needed.
+fn module_load_error(s: &PtxSource, e: DriverError) -> KernelError {
+    let unsupported = e.0 == cudarc::driver::sys::CUresult::CUDA_ERROR_UNSUPPORTED_PTX_VERSION;
+    let driver = CudaDevice::driver_version().ok();
+    KernelError::Cuda(module_load_message(s, &e.to_string(), unsupported, driver))
+}
+
+/// [`module_load_error`]'s text, from the driver's error, whether it was
+/// CUDA_ERROR_UNSUPPORTED_PTX_VERSION, and the driver's CUDA version when known.
+fn module_load_message(
+    s: &PtxSource,
+    error: &str,
+    unsupported_version: bool,
+    driver: Option<i32>,
+) -> String {
+    let too_old = driver.is_some_and(|v| v < PTX_ISA_MIN_DRIVER);
+    if !unsupported_version && !too_old {
+        return format!("loading the kernels of {}: {error}", s.ptx_path);
+    }
+    let found = driver.map_or_else(
+        || "a driver whose version could not be read".to_string(),
+        |v| {
+            format!(
+                "a driver for CUDA {} (cuDriverGetVersion {v})",
+                cuda_version_text(v)
+            )
+        },
+    );
+    format!(
+        "loading the kernels of {}: {error}. The PTX declares ISA .version {}, which needs a driver for CUDA {} or later; found {found}. Update the NVIDIA driver (or regenerate the PTX with zero-kernels-ptx, which declares zero_kernels::ptx::PTX_ISA_VERSION)",
+        s.ptx_path,
+        s.isa_version().unwrap_or("(none)"),
+        cuda_version_text(PTX_ISA_MIN_DRIVER)
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refused_ptx_version_names_the_driver_found_and_the_one_needed() {
+        let s = &SOURCES[0];
+        let isa = s.isa_version().expect("a .version line");
+        let msg = module_load_message(s, "CUDA_ERROR_UNSUPPORTED_PTX_VERSION", true, Some(12020));
+        for part in [
+            s.ptx_path,
+            &format!(".version {isa}"),
+            "CUDA 11.0 or later",
+            "found a driver for CUDA 12.2 (cuDriverGetVersion 12020)",
+        ] {
+            assert!(msg.contains(part), "{part:?} missing from {msg}");
+        }
+        // A driver older than the ISA needs, whatever the error code says.
+        let msg = module_load_message(s, "CUDA_ERROR_INVALID_PTX", false, Some(10020));
+        assert!(msg.contains("found a driver for CUDA 10.2"), "{msg}");
+        // Any other failure is reported as it is, with the module.
+        let msg = module_load_message(s, "CUDA_ERROR_OUT_OF_MEMORY", false, Some(12040));
+        assert_eq!(
+            msg,
+            format!(
+                "loading the kernels of {}: CUDA_ERROR_OUT_OF_MEMORY",
+                s.ptx_path
+            )
+        );
+    }
 
     /// On a machine without a driver (CI, this project's build machines) opening a device
     /// is an error naming the cause, not a cudarc panic; with one, it opens and loads every

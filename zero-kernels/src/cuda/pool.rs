@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::driver::sys::CUdeviceptr;
-use cudarc::driver::{result, CudaContext, CudaEvent, CudaStream};
+use cudarc::driver::{result, CudaContext, CudaEvent};
 
 use crate::error::KernelError;
 
@@ -99,9 +99,10 @@ impl Pool {
         }
     }
 
-    /// A block of at least `bytes` (its size class), zeroed; `name` is for the error.
-    /// `on`: the stream whose work will use it, zeroed in that stream's order; `None`
-    /// (a buffer for any stream): zeroed before this returns.
+    /// A block of at least `bytes` (its size class); `name` is for the error. `zeroed`:
+    /// zeroed before this returns (a buffer, for any stream); else left as its last user
+    /// left it (a temporary whose users write every byte they read: zeroing it cost a
+    /// memset of the whole class per call, up to 256 MiB for the attention workspace).
     ///
     /// `settle` runs before the pool asks the driver for memory or waits for the device
     /// (when memory runs out): the device's started host work must be let go first, or a
@@ -110,7 +111,7 @@ impl Pool {
         &self,
         bytes: usize,
         name: &str,
-        on: Option<&CudaStream>,
+        zeroed: bool,
         settle: Settle<'_>,
     ) -> Result<(CUdeviceptr, usize), KernelError> {
         let class = size_class(bytes);
@@ -141,16 +142,13 @@ impl Pool {
         };
         // Our streams are non-blocking (cudarc's `new_stream`): they do not wait for the
         // legacy default stream, where `cuMemsetD8` runs, and it returns before the memset
-        // has run. So zero in the order of the stream that uses the block, or wait for it.
-        // SAFETY: `ptr` addresses `class` bytes of this context; nothing else uses them;
-        // the null stream is the context's legacy default stream.
-        unsafe {
-            match on {
-                Some(stream) => result::memset_d8_async(ptr, 0, class, stream.cu_stream())?,
-                None => {
-                    result::memset_d8_sync(ptr, 0, class)?;
-                    result::stream::synchronize(std::ptr::null_mut())?;
-                }
+        // has run. So wait for it.
+        if zeroed {
+            // SAFETY: `ptr` addresses `class` bytes of this context; nothing else uses
+            // them; the null stream is the context's legacy default stream.
+            unsafe {
+                result::memset_d8_sync(ptr, 0, class)?;
+                result::stream::synchronize(std::ptr::null_mut())?;
             }
         }
         let mut st = self.lock();
@@ -256,25 +254,25 @@ impl Block {
         name: &str,
         settle: Settle<'_>,
     ) -> Result<Block, KernelError> {
-        Self::zeroed(pool, bytes, name, None, settle)
+        Self::alloc(pool, bytes, name, true, settle)
     }
 
-    /// A temporary for work queued on `stream`, zeroed in that stream's order.
-    pub(crate) fn on_stream(
+    /// A block that is not zeroed (it holds what its last user left): only for a user
+    /// that writes every byte it reads before reading it.
+    pub(crate) fn uninit(
         pool: &Arc<Pool>,
         bytes: usize,
         name: &str,
-        stream: &CudaStream,
         settle: Settle<'_>,
     ) -> Result<Block, KernelError> {
-        Self::zeroed(pool, bytes, name, Some(stream), settle)
+        Self::alloc(pool, bytes, name, false, settle)
     }
 
-    fn zeroed(
+    fn alloc(
         pool: &Arc<Pool>,
         bytes: usize,
         name: &str,
-        on: Option<&CudaStream>,
+        zeroed: bool,
         settle: Settle<'_>,
     ) -> Result<Block, KernelError> {
         if bytes == 0 {
@@ -285,7 +283,7 @@ impl Block {
                 after: Mutex::new(None),
             });
         }
-        let (ptr, class) = pool.alloc(bytes, name, on, settle)?;
+        let (ptr, class) = pool.alloc(bytes, name, zeroed, settle)?;
         Ok(Block {
             ptr,
             bytes: class,

@@ -27,14 +27,11 @@ impl ReleaseWord {
     fn new(ctx: &Arc<CudaContext>) -> Result<ReleaseWord> {
         // cuStreamWaitValue32_v2 came with CUDA 11.7's driver; loading a missing symbol
         // would panic (dynamic loading), so an older driver is refused first.
-        let mut version = 0;
-        // SAFETY: writes one int.
-        unsafe { sys::cuDriverGetVersion(&mut version) }.result()?;
+        let version = super::CudaDevice::driver_version()?;
         if version < 11070 {
             return Err(KernelError::Cuda(format!(
-                "the CUDA driver is version {}.{}; stream waits on host memory (cuStreamWaitValue32_v2) need 11.7 or later",
-                version / 1000,
-                version % 1000 / 10
+                "the CUDA driver is version {}; stream waits on host memory (cuStreamWaitValue32_v2) need 11.7 or later",
+                super::cuda_version_text(version)
             )));
         }
         ctx.bind_to_thread()?;
