@@ -8,7 +8,9 @@
 #                                              a copy of this script; checks DIR < 64 MiB
 #   DIR/gpu-check.sh run [DIR] [OUTDIR] [ARGS] on the GPU machine: finds the CUDA libraries in
 #                                              Python's site-packages (nvidia/*/lib) and the
-#                                              driver's libcuda, runs every check (under 480 s),
+#                                              driver's libcuda, runs every check (killed at
+#                                              GPU_CHECK_TIMEOUT, 480 s; no check starts after
+#                                              --budget-s, that less 60 s unless ARGS give it),
 #                                              one line each and a summary; results JSON in
 #                                              OUTDIR (default DIR/results)
 #   scripts/gpu-check.sh dry-run [DIR] [ARGS]  here, without a GPU: prepare if needed, the CUDA
@@ -17,7 +19,8 @@
 #
 # ARGS go to `zero-bench gpu-check run` (e.g. --quick); DIR and OUTDIR are the arguments
 # before the first that starts with '-'. Exit status: 0 passed, 2 a correctness check
-# failed, 3 no GPU (`run`), 4 only performance goals missed, 124 out of time, 1 anything else.
+# failed, 3 no GPU (`run`), 4 only performance goals missed, 124 out of time (the budget
+# left checks out, or the timeout killed the run), 1 anything else.
 # GPU_CHECK_FEATURES (default: cuda) are the zero-bench features of the build; with `cuda`
 # the build is scripts/carry-check.sh's (which also checks the binary carries).
 set -euo pipefail
@@ -31,7 +34,7 @@ die() {
     echo "gpu-check.sh: error: $*" >&2
     exit 1
 }
-usage() { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; }
 
 # Files and folders removed on exit (prepare's half-written ones, the NCCL link folder).
 cleanup=()
@@ -128,9 +131,54 @@ EOF
     done | awk '!seen[$0]++'
 }
 
+# Prints a new folder for scratch files: under $1 (the results folder, writable wherever
+# the results can be written), else under TMPDIR or /tmp; nothing (and a note) if neither
+# works. (Run in $(...): the caller adds it to `cleanup`.)
+scratch_dir() {
+    local d
+    for d in "$1" "${TMPDIR:-/tmp}"; do
+        if mkdir -p "$d" 2>/dev/null && d=$(mktemp -d "$d/.zero-gpu-check.XXXXXX" 2>/dev/null); then
+            echo "$d"
+            return 0
+        fi
+    done
+    say "cannot make a scratch folder in $1 or ${TMPDIR:-/tmp}" >&2
+    return 0
+}
+
+# Where libnccl.so.2 is when no libnccl.so can be loaded: the folders in $@, then
+# LD_LIBRARY_PATH, then ldconfig's cache (a system NCCL without its -dev package).
+nccl_so2() {
+    local d
+    local IFS=:
+    # shellcheck disable=SC2086 # split LD_LIBRARY_PATH at ':'
+    for d in "$@" ${LD_LIBRARY_PATH:-}; do
+        if [ -n "$d" ] && [ -e "$d/libnccl.so" ]; then
+            return 0
+        fi
+    done
+    for d in "$@" ${LD_LIBRARY_PATH:-}; do
+        if [ -n "$d" ] && [ -e "$d/libnccl.so.2" ]; then
+            echo "$d/libnccl.so.2"
+            return 0
+        fi
+    done
+    unset IFS
+    local cache
+    cache=$(ldconfig -p 2>/dev/null || true)
+    if grep 'libnccl\.so ' >/dev/null <<<"$cache"; then
+        return 0
+    fi
+    # (sed quits at the first: no `| head`, whose early exit pipefail would see.)
+    sed -n '/^[[:space:]]*libnccl\.so\.2 .*=> /{s/.*=> //p;q;}' <<<"$cache"
+}
+
 # Put the CUDA libraries on LD_LIBRARY_PATH: nvidia/*/lib of the pip wheels (cu13, cublas,
-# cuda_runtime, nccl, ...), and the driver's libcuda where ldconfig does not know it.
+# cuda_runtime, nccl, ...), and the driver's libcuda where ldconfig does not know it; a
+# link libnccl.so -> libnccl.so.2 in a scratch folder under $1 (or TMPDIR) where only the
+# latter exists.
 cuda_libs() {
+    local scratch_parent=$1
     local sp d found=()
     while IFS= read -r sp; do
         [ -d "$sp/nvidia" ] || continue
@@ -160,20 +208,22 @@ cuda_libs() {
     done
     if [ ${#uniq[@]} -eq 0 ]; then
         say "no CUDA libraries found in Python's site-packages (pip install nvidia-cublas nvidia-cuda-runtime, or the cu13 wheels)"
-        return
     fi
-    # cudarc loads NCCL as libnccl.so, which the wheel does not have (only libnccl.so.2):
-    # a folder with that link goes first.
-    local lib
-    for d in "${uniq[@]}"; do
-        if [ -e "$d/libnccl.so.2" ] && [ ! -e "$d/libnccl.so" ]; then
-            lib=$(mktemp -d "${TMPDIR:-/tmp}/zero-gpu-check-nccl.XXXXXX")
-            ln -s "$d/libnccl.so.2" "$lib/libnccl.so"
-            cleanup+=("$lib")
-            uniq=("$lib" "${uniq[@]}")
-            break
+    # cudarc loads NCCL as libnccl.so, which the wheel (and a system NCCL without its -dev
+    # package) does not have, only libnccl.so.2: a folder with that link goes first. No
+    # folder for it is no reason to stop: the NCCL checks then say NCCL is missing.
+    local so2 lib
+    so2=$(nccl_so2 ${uniq[@]+"${uniq[@]}"})
+    if [ -n "$so2" ]; then
+        lib=$(scratch_dir "$scratch_parent")
+        [ -z "$lib" ] || cleanup+=("$lib")
+        if [ -n "$lib" ] && ln -s "$so2" "$lib/libnccl.so" 2>/dev/null; then
+            uniq=("$lib" ${uniq[@]+"${uniq[@]}"})
+        else
+            say "could not link libnccl.so -> $so2: the NCCL checks will not find NCCL"
         fi
-    done
+    fi
+    [ ${#uniq[@]} -gt 0 ] || return 0
     local joined
     joined=$(
         IFS=:
@@ -189,18 +239,58 @@ run_checks() {
     shift 2
     [ -x "$dir/zero-bench" ] || die "$dir/zero-bench is missing: run 'scripts/gpu-check.sh prepare $dir' first"
     [ -f "$dir/ref/reference.json" ] || die "$dir/ref/reference.json is missing: run 'scripts/gpu-check.sh prepare $dir' first"
-    mkdir -p "$out"
-    local rc=0
-    timeout --kill-after=10 "$run_timeout" "$dir/zero-bench" gpu-check run --ref "$dir/ref" --out "$out" "$@" || rc=$?
+    local rc=0 budget=()
+    # No check starts after the budget, a minute before the timeout kills the run (so
+    # that it ends with its summary), unless ARGS give their own.
+    case " $* " in *" --budget-s "* | *" --budget-s="*) ;; *)
+        budget=(--budget-s $((run_timeout > 120 ? run_timeout - 60 : run_timeout * 3 / 4)))
+        ;;
+    esac
+    export GPU_CHECK_TIMEOUT=$run_timeout
+    timeout --kill-after=10 "$run_timeout" "$dir/zero-bench" gpu-check run --ref "$dir/ref" --out "$out" \
+        ${budget[@]+"${budget[@]}"} "$@" || rc=$?
     case $rc in
     0) say "PASSED: every check passed; results in $out/gpu-check.json" ;;
     2) say "FAILED: some checks failed (the FAIL lines above); results in $out/gpu-check.json" ;;
     4) say "PASSED every correctness check, MISSED performance goals (the FAIL lines above); results in $out/gpu-check.json" ;;
     3) say "no GPU: this machine has no usable GPU (reason above); nothing was checked" ;;
-    124 | 137) say "TIMED OUT after ${run_timeout} s; the checks done so far are in $out/gpu-check.json" ;;
+    124 | 137)
+        if [ "$rc" -eq 124 ] && grep '"finished": true' "$out/gpu-check.json" >/dev/null 2>&1; then
+            say "INCOMPLETE: the budget ran out before every check ran (the skip lines 'out of time'); nothing that ran failed; results in $out/gpu-check.json"
+        else
+            say "TIMED OUT after ${run_timeout} s; the checks done so far are in $out/gpu-check.json ('running' names the one killed)"
+        fi
+        ;;
     *) say "ERROR: zero-bench exited with status $rc" ;;
     esac
     return "$rc"
+}
+
+# OUTDIR made and made absolute (the checks' processes run in other folders), or die.
+results_dir() {
+    mkdir -p "$1" 2>/dev/null || die "cannot create the results folder $1"
+    (cd "$1" && pwd) || die "cannot enter the results folder $1"
+}
+
+# The driver's compiled-PTX cache (every device the checks open loads the PTX, compiled
+# for this GPU once): CUDA_CACHE_PATH if set, else in TMPDIR (or /tmp), else, where that
+# cannot be written, in a scratch folder under $1.
+jit_cache() {
+    local d=${TMPDIR:-/tmp}/zero-cuda-cache
+    if [ -n "${CUDA_CACHE_PATH:-}" ]; then
+        return
+    fi
+    if mkdir -p "$d" 2>/dev/null && [ -w "$d" ]; then
+        export CUDA_CACHE_PATH=$d
+        return
+    fi
+    d=$(scratch_dir "$1")
+    if [ -n "$d" ]; then
+        cleanup+=("$d")
+        export CUDA_CACHE_PATH=$d
+    else
+        say "no writable folder for the driver's PTX cache: every device open compiles the PTX again"
+    fi
 }
 
 run() {
@@ -212,10 +302,10 @@ run() {
     if positional "${1:-}"; then dir=$1; shift; fi
     out=$dir/results
     if positional "${1:-}"; then out=$1; shift; fi
-    cuda_libs
-    # Every device the checks open loads the PTX, which the driver compiles for this GPU
-    # once and caches: keep the cache where it can be written (HOME may be read-only).
-    export CUDA_CACHE_PATH=${CUDA_CACHE_PATH:-${TMPDIR:-/tmp}/zero-cuda-cache}
+    out=$(results_dir "$out")
+    cuda_libs "$out"
+    # Where it can be written (HOME may be read-only).
+    jit_cache "$out"
     run_checks "$dir" "$out" "$@"
 }
 
@@ -232,8 +322,10 @@ dry_run() {
         prepare "$dir"
     fi
     say "1/2: the CUDA run (expects no GPU here)"
-    cuda_libs
-    run_checks "$dir" "$dir/results-cuda" "$@" || rc=$?
+    local out
+    out=$(results_dir "$dir/results-cuda")
+    cuda_libs "$out"
+    run_checks "$dir" "$out" "$@" || rc=$?
     if [ "$rc" -eq 0 ]; then
         say "there is a GPU here and every check passed on it"
     elif [ "$rc" -ne 3 ]; then
@@ -242,7 +334,8 @@ dry_run() {
     fi
     say "2/2: the same checks on the simulated GPU"
     rc=0
-    run_checks "$dir" "$dir/results-sim" --device sim "$@" || rc=$?
+    out=$(results_dir "$dir/results-sim")
+    run_checks "$dir" "$out" --device sim "$@" || rc=$?
     if [ "$rc" -ne 0 ]; then
         say "dry run FAILED"
         return "$rc"

@@ -21,7 +21,7 @@ use zero_kernels::device::{
 use zero_kernels::twin::attention_products::AttentionKernels;
 use zero_kernels::{Element, Float};
 
-use super::report::{Check, Kind, Report};
+use super::report::{figure, Check, Kind, Report};
 use super::stats::{diff, Rng};
 use crate::device::BenchDevice;
 
@@ -957,7 +957,7 @@ fn judge(check: Check, got: &[Out], want: &[Out], tol: Tol, why: &str) -> Check 
         differ += d.differ;
         total += d.len;
         parts.push(serde_json::json!({
-            "output": g.name, "elements": d.len, "differ": d.differ, "rel": d.rel,
+            "output": g.name, "elements": d.len, "differ": d.differ, "rel": figure(d.rel),
         }));
     }
     let check = check.with_data(serde_json::Value::Array(parts));
@@ -1002,6 +1002,7 @@ pub fn check_ops<D: BenchDevice, R: Device>(
         let started = Instant::now();
         let seed = 0x6b65_726e_0000 + i as u64;
         let check = Check::new(group, op.name(s), Kind::Correctness);
+        report.start(format!("{group}/{}", check.name))?;
         let (tol, why) = op.tolerance(against);
         // The products attention runs on the device under test only (the reference
         // computes the rows kernels' semantics either way).

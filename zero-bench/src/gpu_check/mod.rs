@@ -9,10 +9,20 @@
 //!   checks on the simulated GPU (`SimDevice::gpu_twin`) against the host, timings
 //!   labelled as not measurements.
 //!
-//! Exit status: 0 every check passed (or was skipped), 2 a correctness check failed, 3
-//! there is no GPU here (the reason is printed, starting `no GPU:`), 4 every correctness
-//! check passed but a performance goal was missed, 1 anything else went wrong.
+//! Each group of checks runs in a process of its own (this binary, `run --group-child`),
+//! under a time limit: a hang, a crash or a CUDA error (which sticks to a process's
+//! context) costs that group only, and `--budget-s` bounds the whole run. The groups run
+//! cheapest and most telling first (the kernels, the models, the throughput figures),
+//! the pairs of processes and the overlap path (never yet run on a GPU) last, and each
+//! group leaves a little of the budget ([`GROUP_SHARE_S`]) to the groups after it.
+//!
+//! Exit status: 0 every check passed (or was skipped for a reason other than time), 2 a
+//! correctness check failed, 3 there is no GPU here (the reason is printed, starting
+//! `no GPU:`), 4 every correctness check passed but a performance goal was missed, 124
+//! nothing failed but the budget ran out before every check ran (the `skip` lines that
+//! say "out of time"), 1 anything else went wrong.
 
+mod environment;
 mod kernels;
 mod model;
 #[cfg(feature = "nccl")]
@@ -26,7 +36,9 @@ mod train;
 
 use crate::logging::outln;
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::{Args, Subcommand, ValueEnum};
@@ -34,7 +46,7 @@ use zero_kernels::device::{HostDevice, SimDevice};
 use zero_kernels::twin::attention_products::AttentionKernels;
 
 use crate::device::{BenchDevice, Opener};
-use report::{Check, Kind, Report};
+use report::{no_time, Check, Head, Kind, Report, Saved};
 
 /// Exit status when a correctness check failed.
 pub const EXIT_FAILED: i32 = 2;
@@ -42,6 +54,9 @@ pub const EXIT_FAILED: i32 = 2;
 pub const EXIT_NO_GPU: i32 = 3;
 /// Exit status when only performance goals were missed (every correctness check passed).
 pub const EXIT_PERFORMANCE: i32 = 4;
+/// Exit status when nothing failed but checks were left out for lack of time (the
+/// script's `timeout` gives the same when it kills the run).
+pub const EXIT_INCOMPLETE: i32 = 124;
 
 /// `gpu-check` subcommands.
 #[derive(Subcommand, Debug)]
@@ -76,6 +91,15 @@ pub enum DeviceArg {
     Sim,
 }
 
+impl DeviceArg {
+    fn name(self) -> &'static str {
+        match self {
+            DeviceArg::Cuda => "cuda",
+            DeviceArg::Sim => "sim",
+        }
+    }
+}
+
 /// `gpu-check run`.
 #[derive(Args, Debug)]
 pub struct RunArgs {
@@ -91,30 +115,59 @@ pub struct RunArgs {
     /// Small sizes and few steps (the dry run in tests).
     #[arg(long)]
     quick: bool,
-    /// Seconds after which the remaining long checks are skipped (the script kills the
-    /// run at 480).
+    /// Seconds after which no check starts (the checks left are reported as not run
+    /// for lack of time, exit status 124) and a check still running is cut short; the
+    /// script passes its timeout less 60 s.
     #[arg(long, default_value_t = 420.0)]
     budget_s: f64,
     /// Run only these groups (comma-separated): kernel, adamw-bandwidth, gpt-fwd-bwd,
-    /// llama-fwd-bwd, train-4-ranks, staged, nccl-2-procs (with nccl-bandwidth),
-    /// train-tcp, throughput, attention-products.
+    /// llama-fwd-bwd, throughput, train-4-ranks, attention-products, nccl-2-procs (with
+    /// nccl-bandwidth), train-tcp, staged.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
+    /// Run this one group here and write OUT/groups/GROUP.json (`run` starts one process
+    /// per group; not for use by hand).
+    #[arg(long, hide = true)]
+    group_child: Option<String>,
 }
 
-/// The groups of checks, in the order they run (`--only`).
+/// The groups of checks, in the order they run (`--only`): the cheap and telling ones
+/// first, the headline figures before the pairs of processes that may hang, the overlap
+/// path that has not yet run on a GPU last.
 const GROUPS: &[&str] = &[
     "kernel",
     "adamw-bandwidth",
     "gpt-fwd-bwd",
     "llama-fwd-bwd",
+    "throughput",
     "train-4-ranks",
-    "staged",
+    PRODUCTS_GROUP,
     "nccl-2-procs",
     tcp_pair::GROUP,
-    "throughput",
-    PRODUCTS_GROUP,
+    "staged",
 ];
+
+/// Seconds of the budget each group keeps for itself while the groups before it run:
+/// a group that hangs cannot take the time of the ones after it (it is cut off, or its
+/// remaining checks skipped, that much early).
+const GROUP_SHARE_S: &[(&str, f64)] = &[
+    ("kernel", 10.0),
+    ("adamw-bandwidth", 5.0),
+    ("gpt-fwd-bwd", 10.0),
+    ("llama-fwd-bwd", 10.0),
+    ("throughput", 25.0),
+    ("train-4-ranks", 20.0),
+    (PRODUCTS_GROUP, 20.0),
+    ("nccl-2-procs", 30.0),
+    (tcp_pair::GROUP, 30.0),
+    ("staged", 20.0),
+];
+
+/// Seconds a group's process may run past its time (the check it started before the
+/// time ran out finishing) before it is killed.
+const GROUP_GRACE_S: f64 = 30.0;
+/// A group is not started with less time than this left.
+const MIN_GROUP_S: f64 = 5.0;
 
 /// The group of the attention of batched products (`ZERO_CUDA_ATTENTION=products`).
 pub const PRODUCTS_GROUP: &str = "attention-products";
@@ -123,6 +176,26 @@ impl RunArgs {
     /// Whether `--only` leaves group `g` in.
     fn wants(&self, g: &str) -> bool {
         self.only.is_empty() || self.only.iter().any(|o| o == g)
+    }
+}
+
+/// What every group needs besides the device: the arguments, the folders (absolute:
+/// the pairs' processes run elsewhere) and the reference.
+struct Ctx<'a> {
+    a: &'a RunArgs,
+    out: PathBuf,
+    reference_dir: PathBuf,
+    reference: &'a train::Reference,
+}
+
+impl Ctx<'_> {
+    /// Training steps compared.
+    fn steps(&self) -> usize {
+        if self.a.quick {
+            train::QUICK_STEPS
+        } else {
+            self.reference.setup.steps
+        }
     }
 }
 
@@ -170,8 +243,18 @@ fn no_gpu(reason: &str) -> i32 {
     EXIT_NO_GPU
 }
 
+/// `path` made absolute (against the current folder), for processes that run elsewhere.
+fn absolute(path: &Path) -> anyhow::Result<PathBuf> {
+    std::path::absolute(path).with_context(|| format!("making {} absolute", path.display()))
+}
+
 fn run_checks(a: &RunArgs) -> anyhow::Result<i32> {
-    if let Some(bad) = a.only.iter().find(|o| !GROUPS.contains(&o.as_str())) {
+    if let Some(bad) = a
+        .only
+        .iter()
+        .chain(&a.group_child)
+        .find(|o| !GROUPS.contains(&o.as_str()))
+    {
         anyhow::bail!(
             "--only {bad}: not a group; give some of {}",
             GROUPS.join(", ")
@@ -179,7 +262,7 @@ fn run_checks(a: &RunArgs) -> anyhow::Result<i32> {
     }
     // Every group but attention-products checks the rows kernels, bit for bit against
     // their twins: a choice of products in the environment would fail them (and the
-    // processes of nccl-2-procs would inherit it). Still single-threaded here.
+    // processes of the groups inherit what is left). Still single-threaded here.
     if let Some(v) = std::env::var_os(AttentionKernels::ENV) {
         outln!(
             "gpu-check: ignoring {}={}: the attention-products group checks that choice",
@@ -189,32 +272,75 @@ fn run_checks(a: &RunArgs) -> anyhow::Result<i32> {
         std::env::remove_var(AttentionKernels::ENV);
     }
     let reference = train::Reference::load(&a.reference)?;
+    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    let ctx = Ctx {
+        a,
+        out: absolute(&a.out)?,
+        reference_dir: absolute(&a.reference)?,
+        reference: &reference,
+    };
     match a.device {
         DeviceArg::Sim => {
-            let open = |rank: usize| Ok(SimDevice::gpu_twin(0x5157 + rank as u64));
             let desc = zero_kernels::device::Device::describe(&SimDevice::gpu_twin(0x5157));
-            all_checks(&open, desc, a, &reference)
+            match &a.group_child {
+                Some(g) => {
+                    let open = |rank: usize| Ok(SimDevice::gpu_twin(0x5157 + rank as u64));
+                    group_child(&open, head(&ctx, desc, true), &ctx, g)
+                }
+                None => all_groups(head(&ctx, desc, true), &ctx),
+            }
         }
-        DeviceArg::Cuda => cuda(a, &reference),
+        DeviceArg::Cuda => cuda(&ctx),
+    }
+}
+
+/// The report's header.
+fn head(ctx: &Ctx<'_>, device: String, simulated: bool) -> Head {
+    // The group processes leave the versions to the run's own report.
+    let environment = match ctx.a.group_child {
+        Some(_) => serde_json::Value::Null,
+        None => environment::describe(!simulated, ctx.a.budget_s),
+    };
+    Head {
+        device,
+        simulated,
+        quick: ctx.a.quick,
+        reference: ctx.reference_dir.clone(),
+        budget_s: ctx.a.budget_s,
+        environment,
     }
 }
 
 #[cfg(feature = "cuda")]
-fn cuda(a: &RunArgs, reference: &train::Reference) -> anyhow::Result<i32> {
+fn cuda(ctx: &Ctx<'_>) -> anyhow::Result<i32> {
+    if let Some(g) = &ctx.a.group_child {
+        let open = |_rank: usize| zero_kernels::cuda::CudaDevice::new(0);
+        return group_child(&open, head(ctx, "cuda:0".into(), false), ctx, g);
+    }
     match crate::device::cuda::open_first() {
         Ok(dev) => {
             let desc = crate::device::cuda::describe(&dev);
+            // Every group opens its own, in its own process.
             drop(dev);
-            let open = |_rank: usize| zero_kernels::cuda::CudaDevice::new(0);
-            all_checks(&open, desc, a, reference)
+            all_groups(head(ctx, desc, false), ctx)
         }
         Err(Ok(reason)) => Ok(no_gpu(&reason)),
-        Err(Err(e)) => Err(anyhow::Error::new(e).context("opening CUDA device 0")),
+        Err(Err(e)) => {
+            // A GPU that does not open (an old driver refusing the PTX, a device in a
+            // bad state) is the finding: said as a check, with the JSON written.
+            let mut report = Report::new(
+                head(ctx, "cuda:0".into(), false),
+                ctx.out.join("gpu-check.json"),
+            );
+            print_header(&report, ctx);
+            report.add(Check::new("device", "opening CUDA device 0", Kind::Correctness).fail(e))?;
+            finish(&mut report)
+        }
     }
 }
 
 #[cfg(not(feature = "cuda"))]
-fn cuda(_a: &RunArgs, _reference: &train::Reference) -> anyhow::Result<i32> {
+fn cuda(_ctx: &Ctx<'_>) -> anyhow::Result<i32> {
     Ok(no_gpu(
         "this zero-bench was built without the `cuda` feature \
          (the carried GPU build: cargo build -p zero-bench --release --no-default-features \
@@ -222,134 +348,265 @@ fn cuda(_a: &RunArgs, _reference: &train::Reference) -> anyhow::Result<i32> {
     ))
 }
 
-/// Every check on the device `open` gives, in order of cost; returns the exit status.
-fn all_checks<D: BenchDevice>(
-    open: &Opener<D>,
-    desc: String,
-    a: &RunArgs,
-    reference: &train::Reference,
-) -> anyhow::Result<i32> {
-    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
-    let dut = open(0).context("opening the device under test")?;
-    let sim = dut.simulated();
-    let mut report = Report::new(desc.clone(), sim, a.quick, &a.reference, &a.out);
+fn print_header(report: &Report, ctx: &Ctx<'_>) {
+    let head = report.head();
+    let env = environment::line(&head.environment);
     outln!(
-        "gpu-check: {desc}{}; reference {} ({} curves from {})",
-        if a.quick { ", quick" } else { "" },
-        a.reference.display(),
-        reference.curves.len(),
-        reference.device
+        "gpu-check: {}{}; reference {} ({} curves from {}); budget {:.0} s{}",
+        head.device,
+        if ctx.a.quick { ", quick" } else { "" },
+        ctx.reference_dir.display(),
+        ctx.reference.curves.len(),
+        ctx.reference.device,
+        ctx.a.budget_s,
+        if env.is_empty() {
+            String::new()
+        } else {
+            format!("; {env}")
+        }
     );
+}
 
-    // 1. Every kernel against its reference.
+/// Every wanted group, each in a process of its own, then the summary; the exit status.
+fn all_groups(head: Head, ctx: &Ctx<'_>) -> anyhow::Result<i32> {
+    let mut report = Report::new(head, ctx.out.join("gpu-check.json"));
+    // Written before the first check: a run killed in it still leaves its header.
+    report.save(false)?;
+    print_header(&report, ctx);
+    let wanted: Vec<&str> = GROUPS.iter().copied().filter(|g| ctx.a.wants(g)).collect();
+    for (i, g) in wanted.iter().enumerate() {
+        let later: f64 = wanted[i + 1..].iter().map(|g| share(g)).sum();
+        group_process(g, later, ctx, &mut report)?;
+    }
+    finish(&mut report)
+}
+
+/// What group `g` keeps for itself ([`GROUP_SHARE_S`]).
+fn share(g: &str) -> f64 {
+    GROUP_SHARE_S
+        .iter()
+        .find(|(name, _)| *name == g)
+        .map_or(10.0, |(_, s)| *s)
+}
+
+/// Save the finished report, print the summary; the exit status.
+fn finish(report: &mut Report) -> anyhow::Result<i32> {
+    report.save(true)?;
+    let s = report.summary();
+    outln!(
+        "summary: {} ok, {} FAIL ({} of them performance goals), {} skip ({} of them not run for lack of time) in {:.1} s -> {}",
+        s.ok,
+        s.fail,
+        s.fail_performance,
+        s.skip,
+        s.out_of_time,
+        report.elapsed(),
+        report.json_path().display()
+    );
+    let failed: Vec<String> = report
+        .checks()
+        .iter()
+        .filter(|c| c.status == report::Status::Fail)
+        .map(|c| format!("{} {}", c.group, c.name))
+        .collect();
+    if !failed.is_empty() {
+        outln!("failed: {}", failed.join("; "));
+    }
+    let code = exit_status(&s);
+    if s.out_of_time > 0 {
+        outln!(
+            "INCOMPLETE: {} checks were not run (or cut short) for lack of time: what ran is judged above, the rest is unknown",
+            s.out_of_time
+        );
+    }
+    if code == EXIT_PERFORMANCE {
+        outln!("every correctness check passed; only performance goals were missed");
+    }
+    Ok(code)
+}
+
+/// [`EXIT_FAILED`] when a correctness check failed; else [`EXIT_INCOMPLETE`] when checks
+/// were left out for time; else [`EXIT_PERFORMANCE`] when performance goals were missed;
+/// else 0.
+fn exit_status(s: &report::Summary) -> i32 {
+    if s.fail > s.fail_performance {
+        EXIT_FAILED
+    } else if s.out_of_time > 0 {
+        EXIT_INCOMPLETE
+    } else if s.fail > 0 {
+        EXIT_PERFORMANCE
+    } else {
+        0
+    }
+}
+
+/// Have `cmd`'s process killed when the thread that starts it ends (this process
+/// killed from outside, or a group's process killed for time): no rank or group is left
+/// running on the GPU behind it.
+pub(crate) fn die_with_parent(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: between fork and exec the closure only calls prctl, which is
+    // async-signal-safe, and allocates nothing.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Run group `g` in a process of its own, with the budget left less `later` (the shares
+/// of the groups after it), at least its own share; its checks into `report` as it saves
+/// them; a process that hangs past its time is killed and said to have.
+fn group_process(g: &str, later: f64, ctx: &Ctx<'_>, report: &mut Report) -> anyhow::Result<()> {
+    let budget = ctx.a.budget_s;
+    let left = budget - report.elapsed();
+    if left < MIN_GROUP_S {
+        let c = Check::new(g, "the whole group", Kind::Correctness).out_of_time(no_time(budget));
+        return report.adopt(vec![c]);
+    }
+    let group_budget = (left - later).max(share(g).min(left));
+    let groups = ctx.out.join("groups");
+    std::fs::create_dir_all(&groups).with_context(|| format!("creating {}", groups.display()))?;
+    let json = groups.join(format!("{g}.json"));
+    let _ = std::fs::remove_file(&json);
+    let exe = std::env::current_exe().context("finding this binary")?;
+    let mut cmd = Command::new(&exe);
+    cmd.args(["gpu-check", "run", "--ref"])
+        .arg(&ctx.reference_dir)
+        .arg("--out")
+        .arg(&ctx.out)
+        .args(["--device", ctx.a.device.name()])
+        .args(["--budget-s", &format!("{group_budget:.1}")])
+        .args(["--group-child", g])
+        .stdin(Stdio::null());
+    if ctx.a.quick {
+        cmd.arg("--quick");
+    }
+    die_with_parent(&mut cmd);
+    let started = Instant::now();
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            let c = Check::new(g, "the group's process", Kind::Correctness)
+                .fail(format!("starting {}: {e}", exe.display()));
+            return report.adopt(vec![c]);
+        }
+    };
+    report.start(format!("{g} (process {})", child.id()))?;
+    let kill_after = Duration::from_secs_f64(group_budget + GROUP_GRACE_S);
+    let mut seen = String::new();
+    let mut last_read = Instant::now();
+    let ended = loop {
+        if let Some(status) = child.try_wait()? {
+            break Some(status);
+        }
+        if started.elapsed() > kill_after {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        // Its checks so far into this report too (a run killed from outside keeps them).
+        if last_read.elapsed() > Duration::from_secs(1) {
+            last_read = Instant::now();
+            if let Ok(text) = std::fs::read_to_string(&json) {
+                if text != seen {
+                    if let Ok(saved) = serde_json::from_str::<Saved>(&text) {
+                        let running = saved.running.map(|r| format!("{g}: {r}"));
+                        report.set_pending(saved.checks, running)?;
+                    }
+                    seen = text;
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let saved = Saved::load(&json);
+    let (checks, running, finished) = match saved {
+        Ok(s) => (s.checks, s.running, s.finished),
+        Err(_) => (Vec::new(), None, false),
+    };
+    let name = match running {
+        Some(r) => format!("{r} (the group's process)"),
+        None => "the group's process".to_string(),
+    };
+    let seconds = started.elapsed().as_secs_f64();
+    let why = match ended {
+        None => Some(format!(
+            "still running {seconds:.0} s after it started, {GROUP_GRACE_S:.0} s past the \
+             group's time ({group_budget:.0} s): killed (a hang, or far slower than it \
+             should be; its checks so far are above)"
+        )),
+        Some(status) if !status.success() || !finished => Some(format!(
+            "it ended with {status} before the group's end (its error, or the crash, is \
+             printed above)"
+        )),
+        Some(_) => None,
+    };
+    let more = why.map(|why| {
+        let mut c = Check::new(g, name, Kind::Correctness).fail(why);
+        c.seconds = seconds;
+        c
+    });
+    report.set_pending(checks, None)?;
+    report.adopt(more.into_iter().collect())
+}
+
+/// `run --group-child G`: group `g` in this process, its report in OUT/groups/G.json.
+fn group_child<D: BenchDevice>(
+    open: &Opener<D>,
+    head: Head,
+    ctx: &Ctx<'_>,
+    g: &str,
+) -> anyhow::Result<i32> {
+    let groups = ctx.out.join("groups");
+    std::fs::create_dir_all(&groups).with_context(|| format!("creating {}", groups.display()))?;
+    let mut report = Report::new(head, groups.join(format!("{g}.json")));
+    report.save(false)?;
+    run_group(open, g, ctx, &mut report)?;
+    report.save(true)?;
+    Ok(0)
+}
+
+/// The device under test for a group, or a FAIL line saying why not.
+fn open_dut<D: BenchDevice>(
+    open: &Opener<D>,
+    group: &'static str,
+    report: &mut Report,
+) -> anyhow::Result<Option<D>> {
+    match open(0) {
+        Ok(d) => Ok(Some(d)),
+        Err(e) => {
+            let c = Check::new(group, "opening the device under test", Kind::Correctness);
+            report.add(c.fail(e))?;
+            Ok(None)
+        }
+    }
+}
+
+/// The checks of group `g`, in this process.
+fn run_group<D: BenchDevice>(
+    open: &Opener<D>,
+    g: &str,
+    ctx: &Ctx<'_>,
+    report: &mut Report,
+) -> anyhow::Result<()> {
+    let a = ctx.a;
+    let budget = a.budget_s;
+    let sim = a.device == DeviceArg::Sim;
+    let steps = ctx.steps();
     let shape = if a.quick {
         kernels::Shape::QUICK
     } else {
         kernels::Shape::FULL
     };
-    if a.wants("kernel") && sim {
-        let host = HostDevice::new();
-        kernels::check_all(&dut, &host, kernels::Against::Host, &shape, &mut report)?;
-    } else if a.wants("kernel") {
-        let twin = SimDevice::gpu_twin(0x7477);
-        kernels::check_all(&dut, &twin, kernels::Against::Twin, &shape, &mut report)?;
-    }
-
-    // 2. AdamW bandwidth.
-    let (n, rounds, iters) = match (sim, a.quick) {
-        (false, _) => (64 << 20, 7, 10),
-        (true, false) => (1 << 20, 3, 2),
-        (true, true) => (1 << 16, 3, 2),
-    };
-    if a.wants("adamw-bandwidth") {
-        perf::adamw_bandwidth(&dut, n, rounds, iters, &mut report)?;
-    }
-
-    // 3. GPT-2 and Llama forward and backward against the host.
-    let gpt_case = if a.quick {
-        model::Case {
-            preset: "small",
-            rows: 1,
-            seq_len: 64,
-        }
-    } else {
-        model::Case {
-            preset: "gpt2-124m",
-            rows: 1,
-            seq_len: 64,
-        }
-    };
-    if a.wants("gpt-fwd-bwd") {
-        guarded(
-            &mut report,
-            a.budget_s,
-            "gpt-fwd-bwd",
-            gpt_case.preset,
-            |r| model::check(&dut, &gpt_case, None, r),
-        )?;
-    }
-    // Llama (its RMSNorm, rotary/GQA and SwiGLU kernels) against the host.
-    let case = model::Case {
-        preset: if a.quick { "llama-tiny" } else { "llama-small" },
-        rows: 2,
+    let gpt_case = model::Case {
+        preset: if a.quick { "small" } else { "gpt2-124m" },
+        rows: 1,
         seq_len: 64,
     };
-    if a.wants("llama-fwd-bwd") {
-        guarded(&mut report, a.budget_s, "llama-fwd-bwd", case.preset, |r| {
-            model::check(&dut, &case, None, r)
-        })?;
-    }
-    drop(dut);
-
-    // 4. The 4-thread-rank curves against the prepared reference.
-    let steps = if a.quick {
-        train::QUICK_STEPS
-    } else {
-        reference.setup.steps
-    };
-    let curves = if a.wants("train-4-ranks") {
-        train::check(open, reference, steps, a.budget_s, &mut report)?
-    } else {
-        Vec::new()
-    };
-
-    // Host staging (issue 14's mpi-staged path, thread ranks instead of MPI) against
-    // the direct thread ranks.
-    if a.wants("staged") {
-        let setup = &reference.setup;
-        train::staged_check(open, setup, steps, &curves, a.budget_s, &mut report)?;
-        // The overlap of started host work behind GPU compute, by itself.
-        let what = "host work behind compute";
-        guarded(&mut report, a.budget_s, "staged", what, |r| {
-            overlap::check(open, r).or_else(|e| {
-                r.add(
-                    Check::new("staged", what.to_string(), Kind::Correctness)
-                        .fail(format!("{e:#}")),
-                )
-            })
-        })?;
-    }
-
-    // 5. Two processes through NCCL (issue 14) against two thread ranks.
-    if a.wants("nccl-2-procs") {
-        nccl_pair(a, reference, steps, sim, &mut report)?;
-    }
-
-    // `train` as two processes joined without MPI (ZERO_RENDEZVOUS): NCCL against
-    // staging through host memory.
-    if a.wants(tcp_pair::GROUP) {
-        guarded(
-            &mut report,
-            a.budget_s,
-            tcp_pair::GROUP,
-            "two train processes",
-            |r| tcp_pair::check(&a.out, sim, steps, r),
-        )?;
-    }
-
-    // 6. Throughput, 124M and 350M. 7. Attention as batched products (the kernels, the
-    // GPT-2 forward/backward and 124M's throughput) last, so that a fault there (a CUDA
-    // error sticks to the process's context) costs no other check.
     let throughput = |preset: &'static str, attention: Option<AttentionKernels>| {
         if sim {
             perf::Throughput {
@@ -373,92 +630,129 @@ fn all_checks<D: BenchDevice>(
             }
         }
     };
-    if a.wants("throughput") {
-        for preset in ["gpt2-124m", "gpt2-350m"] {
-            let tp = throughput(preset, None);
-            guarded(&mut report, a.budget_s, "throughput", preset, |r| {
-                perf::throughput(open, &tp, r)
-            })?;
+    match g {
+        // Every kernel against its reference.
+        "kernel" => {
+            let Some(dut) = open_dut(open, "kernel", report)? else {
+                return Ok(());
+            };
+            if sim {
+                let host = HostDevice::new();
+                kernels::check_all(&dut, &host, kernels::Against::Host, &shape, report)
+            } else {
+                let twin = SimDevice::gpu_twin(0x7477);
+                kernels::check_all(&dut, &twin, kernels::Against::Twin, &shape, report)
+            }
         }
-    }
-    if a.wants(PRODUCTS_GROUP) {
-        let dut = open(0).context("opening the device under test")?;
-        // The heads batched (B <= H), then the sequences (B > H, as in training GPT-2).
-        let sequences = kernels::Shape {
-            b: shape.h + 4,
-            ..shape
-        };
-        let (ops, g) = (&kernels::Op::PRODUCTS, PRODUCTS_GROUP);
-        guarded(&mut report, a.budget_s, g, "attention kernels", |r| {
-            for s in [&shape, &sequences] {
-                if sim {
-                    let host = HostDevice::new();
-                    kernels::check_ops(&dut, &host, kernels::Against::Host, s, g, ops, r)?;
-                } else {
-                    let twin = SimDevice::gpu_twin(0x7477);
-                    kernels::check_ops(&dut, &twin, kernels::Against::Twin, s, g, ops, r)?;
-                }
+        // AdamW bandwidth.
+        "adamw-bandwidth" => {
+            let Some(dut) = open_dut(open, "adamw-bandwidth", report)? else {
+                return Ok(());
+            };
+            let (n, rounds, iters) = match (sim, a.quick) {
+                (false, _) => (64 << 20, 7, 10),
+                (true, false) => (1 << 20, 3, 2),
+                (true, true) => (1 << 16, 3, 2),
+            };
+            report.start("adamw-bandwidth")?;
+            perf::adamw_bandwidth(&dut, n, rounds, iters, report)
+        }
+        // GPT-2 and Llama (its RMSNorm, rotary/GQA and SwiGLU kernels) forward and
+        // backward against the host.
+        "gpt-fwd-bwd" | "llama-fwd-bwd" => {
+            let (group, case) = if g == "gpt-fwd-bwd" {
+                ("gpt-fwd-bwd", gpt_case)
+            } else {
+                let case = model::Case {
+                    preset: if a.quick { "llama-tiny" } else { "llama-small" },
+                    rows: 2,
+                    seq_len: 64,
+                };
+                ("llama-fwd-bwd", case)
+            };
+            let Some(dut) = open_dut(open, group, report)? else {
+                return Ok(());
+            };
+            guarded(report, budget, group, case.preset, |r| {
+                model::check(&dut, &case, None, r)
+            })
+        }
+        // Throughput, 124M and 350M.
+        "throughput" => {
+            for preset in ["gpt2-124m", "gpt2-350m"] {
+                let tp = throughput(preset, None);
+                guarded(report, budget, "throughput", preset, |r| {
+                    perf::throughput(open, &tp, r)
+                })?;
             }
             Ok(())
-        })?;
-        let products = Some(AttentionKernels::Products);
-        guarded(&mut report, a.budget_s, g, gpt_case.preset, |r| {
-            model::check(&dut, &gpt_case, products, r)
-        })?;
-        drop(dut);
-        let tp = throughput("gpt2-124m", products);
-        guarded(&mut report, a.budget_s, g, tp.preset, |r| {
-            perf::throughput(open, &tp, r)
-        })?;
-    }
-
-    report.save(true)?;
-    let s = report.summary();
-    outln!(
-        "summary: {} ok, {} FAIL ({} of them performance goals), {} skip in {:.1} s -> {}",
-        s.ok,
-        s.fail,
-        s.fail_performance,
-        s.skip,
-        report.elapsed(),
-        report.json_path().display()
-    );
-    let failed: Vec<String> = report
-        .checks()
-        .iter()
-        .filter(|c| c.status == report::Status::Fail)
-        .map(|c| format!("{} {}", c.group, c.name))
-        .collect();
-    if !failed.is_empty() {
-        outln!("failed: {}", failed.join("; "));
-    }
-    let code = exit_status(&s);
-    if code == EXIT_PERFORMANCE {
-        outln!("every correctness check passed; only performance goals were missed");
-    }
-    Ok(code)
-}
-
-/// 0 when nothing failed, [`EXIT_PERFORMANCE`] when only performance goals did, else
-/// [`EXIT_FAILED`].
-fn exit_status(s: &report::Summary) -> i32 {
-    if s.fail == 0 {
-        0
-    } else if s.fail == s.fail_performance {
-        EXIT_PERFORMANCE
-    } else {
-        EXIT_FAILED
+        }
+        // The 4-thread-rank curves against the prepared reference.
+        "train-4-ranks" => {
+            train::check(open, ctx.reference, steps, budget, report)?;
+            Ok(())
+        }
+        // Attention as batched products: the kernels, the GPT-2 forward/backward and
+        // 124M's throughput.
+        PRODUCTS_GROUP => {
+            let Some(dut) = open_dut(open, PRODUCTS_GROUP, report)? else {
+                return Ok(());
+            };
+            // The heads batched (B <= H), then the sequences (B > H, as in training GPT-2).
+            let sequences = kernels::Shape {
+                b: shape.h + 4,
+                ..shape
+            };
+            let (ops, g) = (&kernels::Op::PRODUCTS, PRODUCTS_GROUP);
+            guarded(report, budget, g, "attention kernels", |r| {
+                for s in [&shape, &sequences] {
+                    if sim {
+                        let host = HostDevice::new();
+                        kernels::check_ops(&dut, &host, kernels::Against::Host, s, g, ops, r)?;
+                    } else {
+                        let twin = SimDevice::gpu_twin(0x7477);
+                        kernels::check_ops(&dut, &twin, kernels::Against::Twin, s, g, ops, r)?;
+                    }
+                }
+                Ok(())
+            })?;
+            let products = Some(AttentionKernels::Products);
+            guarded(report, budget, g, gpt_case.preset, |r| {
+                model::check(&dut, &gpt_case, products, r)
+            })?;
+            drop(dut);
+            let tp = throughput("gpt2-124m", products);
+            guarded(report, budget, g, tp.preset, |r| {
+                perf::throughput(open, &tp, r)
+            })
+        }
+        // Two processes through NCCL (issue 14) against two thread ranks.
+        "nccl-2-procs" => nccl_pair(ctx, sim, report),
+        // `train` as two processes joined without MPI (ZERO_RENDEZVOUS): NCCL against
+        // staging through host memory.
+        tcp_pair::GROUP => tcp_pair::check(&ctx.out, sim, steps, budget, report),
+        // Host staging (issue 14's mpi-staged path, thread ranks instead of MPI) against
+        // the direct thread ranks, the host waiting and then overlapped; then the
+        // overlap of started host work behind GPU compute, by itself.
+        "staged" => {
+            let setup = &ctx.reference.setup;
+            train::staged_check(open, setup, steps, budget, report)?;
+            let what = "host work behind compute";
+            guarded(report, budget, "staged", what, |r| {
+                overlap::check(open, r).or_else(|e| {
+                    r.add(
+                        Check::new("staged", what.to_string(), Kind::Correctness)
+                            .fail(format!("{e:#}")),
+                    )
+                })
+            })
+        }
+        other => anyhow::bail!("no group {other}"),
     }
 }
 
 /// The two-process NCCL checks where they can run: a CUDA device in a build with NCCL.
-fn nccl_pair(
-    a: &RunArgs,
-    reference: &train::Reference,
-    steps: usize,
-    sim: bool,
-    report: &mut Report,
-) -> anyhow::Result<()> {
+fn nccl_pair(ctx: &Ctx<'_>, sim: bool, report: &mut Report) -> anyhow::Result<()> {
     let check = Check::new(
         "nccl-2-procs",
         "two processes on one GPU",
@@ -473,11 +767,18 @@ fn nccl_pair(
             return report.add(check.fail(zero_comm::nccl::NOT_PRESENT));
         }
         let _ = check;
-        nccl_pair::check(&a.reference, reference, steps, &a.out, a.budget_s, report)
+        nccl_pair::check(
+            &ctx.reference_dir,
+            ctx.reference,
+            ctx.steps(),
+            &ctx.out,
+            ctx.a.budget_s,
+            report,
+        )
     }
     #[cfg(not(feature = "nccl"))]
     {
-        let _ = (a, reference, steps);
+        let _ = ctx;
         report.add(check.skip(
             "this zero-bench was built without the `nccl` feature (scripts/carry-check.sh builds it)",
         ))
@@ -491,7 +792,8 @@ fn log_tail(path: &std::path::Path) -> String {
     lines[lines.len().saturating_sub(4)..].join(" | ")
 }
 
-/// Run a long group unless the budget is spent (then one `skip` line says so).
+/// Run a long unit unless the budget is spent (then one `skip` line says so), naming it
+/// in the JSON while it runs.
 fn guarded(
     report: &mut Report,
     budget_s: f64,
@@ -501,27 +803,105 @@ fn guarded(
 ) -> anyhow::Result<()> {
     if report.elapsed() > budget_s {
         let c = Check::new(group, what.to_string(), Kind::Correctness);
-        return report.add(c.skip(format!("out of time (budget {budget_s:.0} s)")));
+        return report.add(c.out_of_time(no_time(budget_s)));
     }
+    report.start(format!("{group}/{what}"))?;
     f(report)
+}
+
+/// How long a pair of processes may run: its own `limit`, or what is left of the
+/// budget if less; `None` when too little is left to start one. The flag: whether the
+/// budget set it (a pair still running then was cut short, not hung).
+pub(crate) fn pair_limit(
+    report: &Report,
+    budget_s: f64,
+    limit: Duration,
+) -> Option<(Duration, bool)> {
+    let left = budget_s - report.elapsed();
+    if left < MIN_GROUP_S {
+        return None;
+    }
+    let left = Duration::from_secs_f64(left);
+    Some(if left < limit {
+        (left, true)
+    } else {
+        (limit, false)
+    })
+}
+
+/// How a pair of processes that gave no results ended.
+pub(crate) enum PairEnd {
+    /// A rank failed, or the pair could not start: the error.
+    Failed(anyhow::Error),
+    /// A rank still ran at the pair's own limit (killed).
+    Hung(String),
+    /// A rank still ran when the run's budget ran out (killed): not judged.
+    CutShort(String),
+}
+
+impl PairEnd {
+    /// `check` as this ending says; `hung` is set to the check's name when the pair hung.
+    pub(crate) fn judge(&self, check: Check, hung: &mut Option<String>) -> Check {
+        match self {
+            PairEnd::Failed(e) => check.fail(format!("{e:#}")),
+            PairEnd::Hung(why) => {
+                *hung = Some(check.name.clone());
+                check.fail(why)
+            }
+            PairEnd::CutShort(why) => check.out_of_time(why.clone()),
+        }
+    }
+}
+
+/// How a pair's rank `r` still running at `limit` ended (`by_budget`: the run's budget
+/// set the limit), with the end of its log.
+pub(crate) fn still_running(r: usize, limit: Duration, by_budget: bool, log: &Path) -> PairEnd {
+    let secs = limit.as_secs_f64();
+    if by_budget {
+        PairEnd::CutShort(format!(
+            "cut short: rank {r} still running when the budget ran out ({secs:.0} s; killed): {}",
+            log_tail(log)
+        ))
+    } else {
+        PairEnd::Hung(format!(
+            "rank {r} still running after {secs:.0} s (killed): {}",
+            log_tail(log)
+        ))
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// A missed performance goal alone is told apart from a correctness failure.
+    /// A missed performance goal alone is told apart from a correctness failure, and a
+    /// run that left checks out for time from one that ran them all.
     #[test]
-    fn exit_status_tells_performance_from_correctness() {
-        let summary = |fail, fail_performance| report::Summary {
+    fn exit_status_tells_the_outcomes_apart() {
+        let summary = |fail, fail_performance, out_of_time| report::Summary {
             ok: 3,
             fail,
             fail_performance,
-            skip: 1,
+            skip: 1 + out_of_time,
+            out_of_time,
         };
-        assert_eq!(exit_status(&summary(0, 0)), 0);
-        assert_eq!(exit_status(&summary(2, 2)), EXIT_PERFORMANCE);
-        assert_eq!(exit_status(&summary(3, 2)), EXIT_FAILED);
-        assert_eq!(exit_status(&summary(1, 0)), EXIT_FAILED);
+        assert_eq!(exit_status(&summary(0, 0, 0)), 0);
+        assert_eq!(exit_status(&summary(2, 2, 0)), EXIT_PERFORMANCE);
+        assert_eq!(exit_status(&summary(3, 2, 0)), EXIT_FAILED);
+        assert_eq!(exit_status(&summary(1, 0, 0)), EXIT_FAILED);
+        assert_eq!(exit_status(&summary(0, 0, 2)), EXIT_INCOMPLETE);
+        assert_eq!(exit_status(&summary(1, 1, 2)), EXIT_INCOMPLETE);
+        assert_eq!(exit_status(&summary(1, 0, 2)), EXIT_FAILED);
+    }
+
+    /// Every group has a share, and the shares leave most of the default budget to
+    /// the groups themselves.
+    #[test]
+    fn every_group_keeps_a_share() {
+        for g in GROUPS {
+            assert!(GROUP_SHARE_S.iter().any(|(n, _)| n == g), "{g}");
+        }
+        let total: f64 = GROUP_SHARE_S.iter().map(|(_, s)| s).sum();
+        assert!(total < 240.0, "{total}");
     }
 }

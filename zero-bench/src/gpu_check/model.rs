@@ -18,7 +18,7 @@ use zero_kernels::twin::attention_products::AttentionKernels;
 use zero_models::LayeredLm;
 use zero_models::{Gpt, Llama, ModelPreset, TokenBatch};
 
-use super::report::{Check, Kind, Report};
+use super::report::{figure, Check, Kind, Report};
 use super::stats::{rel_l2, Rng};
 use crate::device::BenchDevice;
 
@@ -188,6 +188,7 @@ pub fn check<D: BenchDevice>(
             prec.push_str(&format!(", attention {}", k.name()));
         }
         let loss_check = Check::new(group, format!("{tag} {prec}: loss"), Kind::Correctness);
+        report.start(format!("{group}/{}", loss_check.name))?;
         let grad_check = Check::new(group, format!("{tag} {prec}: gradients"), Kind::Correctness);
         if bf16 && !dut.set_bf16_products(true) {
             let why = "this device has no bf16 matrix-product mode";
@@ -223,14 +224,16 @@ pub fn check<D: BenchDevice>(
         } else {
             ((got.loss - want.loss) / want.loss).abs()
         };
-        let mut c = loss_check.at_most(
-            loss_rel,
-            loss_tol,
-            format!(
-                "{:.7} vs host {:.7}: rel {loss_rel:.2e} <= {loss_tol:.0e}",
-                got.loss, want.loss
-            ),
-        );
+        let mut c = loss_check
+            .at_most(
+                loss_rel,
+                loss_tol,
+                format!(
+                    "{:.7} vs host {:.7}: rel {loss_rel:.2e} <= {loss_tol:.0e}",
+                    got.loss, want.loss
+                ),
+            )
+            .with_data(serde_json::json!({"device": figure(got.loss), "host": figure(want.loss)}));
         c.seconds = secs;
         report.add(c)?;
         let errs = tensor_errors(&spec, &got, &want);
@@ -243,7 +246,7 @@ pub fn check<D: BenchDevice>(
             .count();
         let data = serde_json::json!(errs
             .iter()
-            .map(|(n, e)| serde_json::json!({"tensor": n, "rel_l2": e}))
+            .map(|(n, e)| serde_json::json!({"tensor": n, "rel_l2": figure(*e)}))
             .collect::<Vec<_>>());
         let c = grad_check
             .at_most(

@@ -13,7 +13,13 @@
 //! For ZeRO-2 and ZeRO-3, fp32 and bf16, the losses of the two processes must match the
 //! same run on two thread ranks of this GPU. With two ranks every sum is of two operands,
 //! which is the same in either order, so the curves are expected to be equal; the
-//! tolerance allows the fp32 rounding of a different reduction kernel.
+//! tolerance, [`train::FP32_TOL`] in both precisions, allows only the last bits of a
+//! different reduction kernel (a bf16 sum done in lower precision, or the average taken
+//! in another place, would be far over it).
+//!
+//! Each pair runs under [`RANK_TIMEOUT`], or what is left of the run's budget if less
+//! (then a pair still running is cut short for lack of time, not failed); after a pair
+//! hangs, the group's other pairs are not started (each would cost as much).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -28,9 +34,9 @@ use zero_kernels::cuda::CudaDevice;
 use zero_kernels::device::{Buffer, Device};
 use zero_models::data::MarkovSource;
 
-use super::log_tail;
-use super::report::{Check, Kind, Report};
+use super::report::{figures, no_time, Check, Kind, Report};
 use super::train::{self, Reference, Setup};
+use super::{die_with_parent, log_tail, pair_limit, still_running, PairEnd};
 
 /// Processes in the pair.
 const RANKS: usize = 2;
@@ -314,6 +320,7 @@ fn spawn_pair(
         if let (Some(n), 1) = (die_after, rank) {
             cmd.args(["--die-after", &n.to_string()]);
         }
+        die_with_parent(&mut cmd);
         let child = cmd
             .spawn()
             .with_context(|| format!("starting rank {rank} ({})", exe.display()))?;
@@ -357,23 +364,30 @@ fn wait_pair(
     Ok(ended)
 }
 
-/// Run the pair on `job` and return each rank's result; the first failure (or a rank
-/// over [`RANK_TIMEOUT`]) is the error, with the end of that rank's log.
-fn run_pair(reference_dir: &Path, dir: &Path, job: &str) -> anyhow::Result<Vec<RankResult>> {
-    let mut ranks = spawn_pair(reference_dir, dir, job, None)?;
-    let ended = wait_pair(&mut ranks, RANK_TIMEOUT, true)?;
-    for (r, e) in ended.iter().enumerate() {
-        match e {
-            Some((status, _)) if !status.success() => {
-                bail!("rank {r} exited with {status}: {}", log_tail(&ranks[r].log))
-            }
-            None => bail!(
-                "rank {r} still running after {} s (killed): {}",
-                RANK_TIMEOUT.as_secs(),
-                log_tail(&ranks[r].log)
-            ),
-            _ => {}
-        }
+/// Run the pair on `job` for at most `limit` and return each rank's result; the first
+/// failure (or a rank still running at the limit) is the error, with the end of that
+/// rank's log.
+fn run_pair(
+    reference_dir: &Path,
+    dir: &Path,
+    job: &str,
+    (limit, by_budget): (Duration, bool),
+) -> Result<Vec<RankResult>, PairEnd> {
+    let mut ranks = spawn_pair(reference_dir, dir, job, None).map_err(PairEnd::Failed)?;
+    let ended = wait_pair(&mut ranks, limit, true).map_err(PairEnd::Failed)?;
+    // A rank that failed first: the other, killed then, was only waiting for it.
+    let failed = ended
+        .iter()
+        .enumerate()
+        .find_map(|(r, e)| e.filter(|(s, _)| !s.success()).map(|(s, _)| (r, s)));
+    if let Some((r, status)) = failed {
+        return Err(PairEnd::Failed(anyhow!(
+            "rank {r} exited with {status}: {}",
+            log_tail(&ranks[r].log)
+        )));
+    }
+    if let Some(r) = ended.iter().position(Option::is_none) {
+        return Err(still_running(r, limit, by_budget, &ranks[r].log));
     }
     ranks
         .iter()
@@ -382,7 +396,8 @@ fn run_pair(reference_dir: &Path, dir: &Path, job: &str) -> anyhow::Result<Vec<R
                 .with_context(|| format!("reading {}", run.out.display()))?;
             Ok(serde_json::from_str(&text)?)
         })
-        .collect()
+        .collect::<anyhow::Result<_>>()
+        .map_err(PairEnd::Failed)
 }
 
 /// Rank 1 of a training pair stops dead after a few steps; rank 0 must end within
@@ -392,6 +407,7 @@ fn dead_peer(
     reference_dir: &Path,
     dir: &Path,
     steps: usize,
+    (limit_s, by_budget): (Duration, bool),
     report: &mut Report,
 ) -> anyhow::Result<()> {
     let limit = WATCHDOG_TIMEOUT.as_secs_f64() + 10.0;
@@ -401,12 +417,17 @@ fn dead_peer(
         format!("dead peer: rank 1 stops after {die_after} steps"),
         Kind::Correctness,
     );
+    report.start(format!("nccl-2-procs/{}", check.name))?;
     let t0 = Instant::now();
     let job = format!("train:3:fp32:{}", steps.max(die_after + 50));
     let mut check = match spawn_pair(reference_dir, dir, &job, Some(die_after))
-        .and_then(|mut ranks| Ok((wait_pair(&mut ranks, RANK_TIMEOUT, false)?, ranks)))
+        .and_then(|mut ranks| Ok((wait_pair(&mut ranks, limit_s, false)?, ranks)))
     {
         Err(e) => check.fail(format!("{e:#}")),
+        // Rank 0 still running is the watchdog's failure, unless the budget cut it.
+        Ok((ended, ranks)) if ended[0].is_none() && by_budget => {
+            still_running(0, limit_s, true, &ranks[0].log).judge(check, &mut None)
+        }
         Ok((ended, ranks)) => {
             let log0 = std::fs::read_to_string(&ranks[0].log).unwrap_or_default();
             let said = log0
@@ -461,30 +482,38 @@ pub fn check(
     let steps = steps.min(setup.steps);
     let open = |_rank: usize| CudaDevice::new(0);
     let dir = out.join("nccl-pair");
+    // The check whose pair hung: the others are not started.
+    let mut hung: Option<String> = None;
+    let not_started = |hung: &str| format!("not run: the pair of \"{hung}\" hung (above)");
     for precision in [Precision::Fp32, Precision::Bf16] {
         for stage in [Stage::Zero2, Stage::Zero3] {
             let pname = train::precision_name(precision);
             let name = format!("{stage} {pname}, {RANKS} processes x {steps} steps");
             let check = Check::new("nccl-2-procs", name, Kind::Correctness);
-            if report.elapsed() > deadline {
-                report.add(check.skip(format!("out of time (budget {deadline:.0} s)")))?;
+            if let Some(h) = &hung {
+                report.add(check.skip(not_started(h)))?;
                 continue;
             }
+            if pair_limit(report, deadline, RANK_TIMEOUT).is_none() {
+                report.add(check.out_of_time(no_time(deadline)))?;
+                continue;
+            }
+            report.start(format!("nccl-2-procs/{}", check.name))?;
             let t0 = Instant::now();
             let job = format!("train:{}:{pname}:{steps}", stage.number());
-            let outcome = (|| -> anyhow::Result<(Vec<f64>, Vec<RankResult>)> {
-                let threads = train::curve(&open, &setup, (stage, precision, false), steps)
-                    .context("the thread-rank run")?;
-                let pair = run_pair(reference_dir, &dir, &job).context("the NCCL pair")?;
-                Ok((threads, pair))
-            })();
-            let mut check = match outcome {
-                Err(e) => check.fail(format!("{e:#}")),
-                Ok((threads, pair)) => {
-                    let tol = match precision {
-                        Precision::Bf16 => train::BF16_TOL,
-                        _ => train::FP32_TOL,
-                    };
+            let threads = train::curve(&open, &setup, (stage, precision, false), steps)
+                .context("the thread-rank run");
+            let pair = match (&threads, pair_limit(report, deadline, RANK_TIMEOUT)) {
+                (Err(_), _) => Err(PairEnd::Failed(anyhow!("not run"))),
+                (Ok(_), None) => Err(PairEnd::CutShort(no_time(deadline))),
+                (Ok(_), Some(limit)) => run_pair(reference_dir, &dir, &job, limit),
+            };
+            let mut check = match (threads, pair) {
+                (Err(e), _) => check.fail(format!("{e:#}")),
+                (_, Err(end)) => end.judge(check, &mut hung),
+                (Ok(threads), Ok(pair)) => {
+                    // Equal curves expected in both precisions (module docs).
+                    let tol = train::FP32_TOL;
                     let agree = pair.iter().all(|r| r.losses == pair[0].losses);
                     let got = &pair[0].losses;
                     let (worst, at) = train::max_rel(got, &threads, steps);
@@ -505,8 +534,10 @@ pub fn check(
                             ),
                         )
                         .with_data(serde_json::json!({
-                            "nccl": got,
-                            "threads": threads,
+                            "nccl": figures(got),
+                            "nccl_rank1": figures(pair.get(1).map_or(&[][..], |r| &r.losses[..])),
+                            "threads": figures(&threads),
+                            "worst_step": at,
                         }))
                 }
             };
@@ -516,11 +547,13 @@ pub fn check(
     }
 
     // A peer that dies: the watchdog ends the other rank.
-    if report.elapsed() > deadline {
-        let c = Check::new("nccl-2-procs", "dead peer", Kind::Correctness);
-        report.add(c.skip(format!("out of time (budget {deadline:.0} s)")))?;
+    let c = Check::new("nccl-2-procs", "dead peer", Kind::Correctness);
+    if let Some(h) = &hung {
+        report.add(c.skip(not_started(h)))?;
+    } else if let Some(limit) = pair_limit(report, deadline, RANK_TIMEOUT) {
+        dead_peer(reference_dir, &dir, steps, limit, report)?;
     } else {
-        dead_peer(reference_dir, &dir, steps, report)?;
+        report.add(c.out_of_time(no_time(deadline)))?;
     }
 
     // Bus bandwidth of an all-reduce: ours against bare NCCL on the same buffer.
@@ -530,33 +563,36 @@ pub fn check(
         (BENCH_ELEMS * 4) >> 20
     );
     let check = Check::new("nccl-bandwidth", name, Kind::Performance);
-    if report.elapsed() > deadline {
-        let host = Check::new("nccl-2-procs", "host buffers (staged)", Kind::Correctness);
-        report.add(host.skip(format!("out of time (budget {deadline:.0} s)")))?;
-        return report.add(check.skip(format!("out of time (budget {deadline:.0} s)")));
-    }
-    let t0 = Instant::now();
-    let bench = run_pair(reference_dir, &dir, "bench");
-    // Host buffers through NCCL (the same pair of processes): correctness of its own.
     let host = Check::new("nccl-2-procs", "host buffers (staged)", Kind::Correctness);
-    let host = match &bench {
-        Err(e) => host.fail(format!("{e:#}")),
-        Ok(pair) => match pair.iter().enumerate().find_map(|(r, p)| {
-            p.host_collectives
-                .as_ref()
-                .map(|why| format!("rank {r}: {why}"))
-        }) {
-            Some(why) => host.fail(why),
-            None => host.at_most(
-                0.0,
-                0.0,
-                "sum, max, all-gather, broadcast and the failure agreement on host buffers: no value wrong on either rank",
-            ),
-        },
+    if let Some(h) = &hung {
+        report.add(host.skip(not_started(h)))?;
+        return report.add(check.skip(not_started(h)));
+    }
+    let Some(limit) = pair_limit(report, deadline, RANK_TIMEOUT) else {
+        report.add(host.out_of_time(no_time(deadline)))?;
+        return report.add(check.out_of_time(no_time(deadline)));
+    };
+    report.start(format!("nccl-2-procs/{}", check.name))?;
+    let t0 = Instant::now();
+    let bench = run_pair(reference_dir, &dir, "bench", limit);
+    // Host buffers through NCCL (the same pair of processes): correctness of its own.
+    let mut ignored = None;
+    let (host, bench) = match bench {
+        Ok(pair) => (host_judged(host, &pair), Ok(pair)),
+        Err(end) => {
+            let why = match &end {
+                PairEnd::Failed(e) => format!("{e:#}"),
+                PairEnd::Hung(w) | PairEnd::CutShort(w) => w.clone(),
+            };
+            let host = end.judge(host, &mut ignored);
+            let cut = host.out_of_time;
+            (host, Err((why, cut)))
+        }
     };
     report.add(host)?;
     let mut check = match bench {
-        Err(e) => check.fail(format!("{e:#}")),
+        Err((why, true)) => check.out_of_time(why),
+        Err((why, false)) => check.fail(why),
         Ok(pair) => {
             // A collective ends on both ranks at once; rank 0's times stand for both.
             let r = &pair[0];
@@ -573,9 +609,30 @@ pub fn check(
                         "busbw ours {bw_ours:.2} GB/s, bare NCCL {bw_raw:.2} GB/s: {ratio:.2} of bare (goal >= 0.9; sockets over loopback, not NVLink)"
                     ),
                 )
-                .with_data(serde_json::json!({"ours_s": r.ours_s, "raw_s": r.raw_s}))
+                .with_data(serde_json::json!({
+                    "ours_s": figures(&r.ours_s), "raw_s": figures(&r.raw_s),
+                    "busbw_ours_gb_s": super::report::figure(bw_ours),
+                    "busbw_bare_gb_s": super::report::figure(bw_raw),
+                }))
         }
     };
     check.seconds = t0.elapsed().as_secs_f64();
     report.add(check)
+}
+
+/// The host-buffer collectives of the bench's pair: no value wrong on either rank.
+fn host_judged(host: Check, pair: &[RankResult]) -> Check {
+    let wrong = pair.iter().enumerate().find_map(|(r, p)| {
+        p.host_collectives
+            .as_ref()
+            .map(|why| format!("rank {r}: {why}"))
+    });
+    match wrong {
+        Some(why) => host.fail(why),
+        None => host.at_most(
+            0.0,
+            0.0,
+            "sum, max, all-gather, broadcast and the failure agreement on host buffers: no value wrong on either rank",
+        ),
+    }
 }

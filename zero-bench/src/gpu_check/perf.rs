@@ -194,7 +194,7 @@ pub fn throughput<D: BenchDevice>(
     let mut check = match outcome {
         Err(e) => check.fail(e),
         Ok(None) => check.skip("this device has one kind of attention kernels"),
-        Ok(Some((secs, simulated, sizes))) => {
+        Ok(Some((secs, simulated, sizes, profile))) => {
             let tokens = (tp.rows * tp.seq_len * tp.timed) as f64;
             let tok_s = tokens / secs;
             let fpt = flops_per_token(&cfg, tp.seq_len);
@@ -211,6 +211,7 @@ pub fn throughput<D: BenchDevice>(
                 "preset": tp.run_preset, "rows": tp.rows, "seq_len": tp.seq_len,
                 "timed_steps": tp.timed, "seconds": secs, "tokens_per_s": tok_s,
                 "flops_per_token": fpt, "mfu": mfu, "params": cfg.num_params(),
+                "profile": profile,
             });
             if simulated {
                 check.skip(format!(
@@ -227,14 +228,15 @@ pub fn throughput<D: BenchDevice>(
     report.add(check)
 }
 
-/// Seconds of `tp.timed` steps after `tp.warmup`, whether the device is simulated, and
-/// a note on memory.
+/// Seconds of `tp.timed` steps after `tp.warmup`, whether the device is simulated, a
+/// note on memory, and where one more step's GPU time went (`null` where the device
+/// cannot time its ops): wall and busy milliseconds, each op's calls and milliseconds.
 fn timed_steps<D: BenchDevice, C: zero_comm::Communicator>(
     comm: &C,
     dev: &D,
     cfg: GptConfig,
     tp: &Throughput,
-) -> anyhow::Result<(f64, bool, String)> {
+) -> anyhow::Result<(f64, bool, String, serde_json::Value)> {
     dev.set_bf16_products(true);
     let act = activation_bytes_for(&cfg, tp.rows, tp.seq_len, 4);
     let state = 16 * cfg.num_params();
@@ -289,6 +291,7 @@ fn timed_steps<D: BenchDevice, C: zero_comm::Communicator>(
     }
     // One more step with every op timed on the GPU: where the step's time goes (not
     // counted in the figures above; the events cost a little).
+    let mut profile = serde_json::Value::Null;
     if dev.profile_ops(true) {
         let t0 = Instant::now();
         let stepped = engine
@@ -310,6 +313,14 @@ fn timed_steps<D: BenchDevice, C: zero_comm::Communicator>(
             tp.run_preset,
             top.join(", ")
         );
+        profile = serde_json::json!({
+            "wall_ms": wall_ms,
+            "busy_ms": busy,
+            "ops": ops
+                .iter()
+                .map(|(op, calls, ms)| serde_json::json!({"op": op, "calls": calls, "ms": ms}))
+                .collect::<Vec<_>>(),
+        });
     }
-    Ok((secs, dev.simulated(), sizes))
+    Ok((secs, dev.simulated(), sizes, profile))
 }

@@ -18,6 +18,11 @@
 //! collectives, same values: the curves must be equal bit for bit. The TCP world's
 //! collectives finish when they start, so nothing runs behind compute here (its step
 //! times and overlap lines are reported, not judged); `overlap.rs` measures the overlap.
+//!
+//! Each pair runs under [`PAIR_TIMEOUT`], or what is left of the run's budget if less
+//! (a pair then still running is cut short for lack of time, not failed); the budget is
+//! looked at again before each pair, and the overlapped pair is not started when the
+//! waiting one, which it is compared with, gave nothing.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -25,9 +30,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
 
-use super::log_tail;
-use super::report::{Check, Kind, Report};
-use super::train;
+use super::report::{figures, no_time, Check, Kind, Report};
+use super::{die_with_parent, log_tail, pair_limit, still_running, train, PairEnd};
 
 /// The group's name (`--only`).
 pub const GROUP: &str = "train-tcp";
@@ -83,14 +87,47 @@ struct PairRun {
     step_seconds: Option<f64>,
 }
 
-/// Run one pair; what its rank 0 reported.
+/// Run one pair for at most `limit` (`by_budget`: the run's budget set it); what its
+/// rank 0 reported.
 fn run_pair(
     exe: &Path,
     dir: &Path,
     device: &str,
     pair: &Pair<'_>,
     steps: usize,
-) -> anyhow::Result<PairRun> {
+    (limit, by_budget): (Duration, bool),
+) -> Result<PairRun, PairEnd> {
+    let mut children = Vec::new();
+    let ran = start_and_wait(exe, dir, device, pair, steps, limit, &mut children);
+    // Nothing of the pair stays on the GPU.
+    stop(&mut children);
+    let (ended, json) = ran.map_err(PairEnd::Failed)?;
+    // A rank that failed first: the other may only be waiting for it.
+    let failed = ended
+        .iter()
+        .enumerate()
+        .find_map(|(r, e)| e.filter(|s| !s.success()).map(|s| (r, s)));
+    if let Some((r, s)) = failed {
+        let tail = log_tail(&children[r].1);
+        return Err(PairEnd::Failed(anyhow!("rank {r} exited with {s}: {tail}")));
+    }
+    if let Some(r) = ended.iter().position(Option::is_none) {
+        return Err(still_running(r, limit, by_budget, &children[r].1));
+    }
+    read_report(&json).map_err(PairEnd::Failed)
+}
+
+/// Start the pair's ranks (into `children`) and wait for them until `limit`: how each
+/// ended (`None`: still running), and rank 0's report file.
+fn start_and_wait(
+    exe: &Path,
+    dir: &Path,
+    device: &str,
+    pair: &Pair<'_>,
+    steps: usize,
+    limit: Duration,
+    children: &mut Vec<(std::process::Child, PathBuf)>,
+) -> anyhow::Result<(Vec<Option<std::process::ExitStatus>>, PathBuf)> {
     let comm = pair.comm;
     let run = dir.join(pair.label);
     let _ = std::fs::remove_dir_all(&run);
@@ -98,17 +135,10 @@ fn run_pair(
     let config = run.join("config.toml");
     std::fs::write(&config, CONFIG).with_context(|| format!("writing {}", config.display()))?;
     let json = run.join("report.json");
-    let mut children = Vec::new();
     for rank in 0..RANKS {
         let log = run.join(format!("rank{rank}.log"));
         let files = std::fs::File::create(&log).and_then(|f| Ok((f.try_clone()?, f)));
-        let (out_file, err_file) = match files {
-            Ok(f) => f,
-            Err(e) => {
-                stop(&mut children);
-                return Err(anyhow!("creating {}: {e}", log.display()));
-            }
-        };
+        let (out_file, err_file) = files.map_err(|e| anyhow!("creating {}: {e}", log.display()))?;
         let mut cmd = Command::new(exe);
         cmd.arg("train")
             .arg("--config")
@@ -137,17 +167,19 @@ fn run_pair(
         if rank == 0 {
             cmd.arg("--json").arg(&json);
         }
-        match cmd.spawn() {
-            Ok(child) => children.push((child, log)),
-            Err(e) => {
-                stop(&mut children);
-                return Err(anyhow!("starting rank {rank} ({}): {e}", exe.display()));
-            }
-        }
+        die_with_parent(&mut cmd);
+        let child = cmd
+            .spawn()
+            .map_err(|e| anyhow!("starting rank {rank} ({}): {e}", exe.display()))?;
+        children.push((child, log));
     }
     let start = Instant::now();
     let mut ended: Vec<Option<std::process::ExitStatus>> = vec![None; RANKS];
-    while ended.iter().any(Option::is_none) && start.elapsed() < PAIR_TIMEOUT {
+    // Until both ended, one failed (the other would wait for it until its own timeout),
+    // or the limit.
+    let failed =
+        |ended: &[Option<std::process::ExitStatus>]| ended.iter().flatten().any(|s| !s.success());
+    while ended.iter().any(Option::is_none) && !failed(&ended) && start.elapsed() < limit {
         for (r, (child, _)) in children.iter_mut().enumerate() {
             if ended[r].is_none() {
                 // A rank that cannot be asked is taken as still running (killed below).
@@ -156,22 +188,13 @@ fn run_pair(
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    // Nothing of the pair stays on the GPU.
-    stop(&mut children);
-    for (r, e) in ended.iter().enumerate() {
-        let tail = || log_tail(&children[r].1);
-        match e {
-            Some(s) if s.success() => {}
-            Some(s) => bail!("rank {r} exited with {s}: {}", tail()),
-            None => bail!(
-                "rank {r} still running after {} s (killed): {}",
-                PAIR_TIMEOUT.as_secs(),
-                tail()
-            ),
-        }
-    }
+    Ok((ended, json))
+}
+
+/// What rank 0 of a pair reported in `json`.
+fn read_report(json: &Path) -> anyhow::Result<PairRun> {
     let text =
-        std::fs::read_to_string(&json).with_context(|| format!("reading {}", json.display()))?;
+        std::fs::read_to_string(json).with_context(|| format!("reading {}", json.display()))?;
     let report: serde_json::Value = serde_json::from_str(&text)?;
     // Two processes that each trained alone would agree too: the world must be the pair.
     if report["world"].as_u64() != Some(RANKS as u64) {
@@ -208,7 +231,13 @@ fn stop(children: &mut [(std::process::Child, PathBuf)]) {
 /// The group's checks: the pair with the GPU's collectives (`nccl`; `mpi` on the
 /// simulated GPU) against the pair staged through host memory, the host waiting for each
 /// collective; then that staged pair against the staged pair overlapped.
-pub fn check(out: &Path, sim: bool, steps: usize, report: &mut Report) -> anyhow::Result<()> {
+pub fn check(
+    out: &Path,
+    sim: bool,
+    steps: usize,
+    deadline: f64,
+    report: &mut Report,
+) -> anyhow::Result<()> {
     let (device, direct) = if sim {
         ("sim-gpu", "mpi")
     } else {
@@ -285,12 +314,24 @@ pub fn check(out: &Path, sim: bool, steps: usize, report: &mut Report) -> anyhow
         args: &[],
         env: &[],
     };
-    let a = run_pair(&exe, &dir, device, &direct_pair, steps)
-        .with_context(|| format!("--comm {direct}"));
-    let b = run_pair(&exe, &dir, device, &waiting, steps)
-        .context("--comm mpi-staged, the host waiting");
+    let mut ignored = None;
+    // One pair, when there is time for it.
+    let pair = |p: &Pair<'_>, report: &mut Report| -> anyhow::Result<Result<PairRun, PairEnd>> {
+        let Some(limit) = pair_limit(report, deadline, PAIR_TIMEOUT) else {
+            return Ok(Err(PairEnd::CutShort(no_time(deadline))));
+        };
+        report.start(format!("{GROUP}/--comm {} ({})", p.comm, p.label))?;
+        Ok(run_pair(&exe, &dir, device, p, steps, limit))
+    };
+    let a = pair(&direct_pair, report)?;
+    let b = pair(&waiting, report)?;
     let mut check = match (&a, &b) {
-        (Err(e), _) | (_, Err(e)) => check.fail(format!("{e:#}")),
+        (Err(e), _) => e
+            .judge(check, &mut ignored)
+            .prefixed(&format!("--comm {direct}: ")),
+        (_, Err(e)) => e
+            .judge(check, &mut ignored)
+            .prefixed("--comm mpi-staged, the host waiting: "),
         (Ok(a), Ok(b)) => {
             let (a, b) = (&a.losses, &b.losses);
             let (worst, at) = train::max_rel(a, b, steps);
@@ -306,21 +347,33 @@ pub fn check(out: &Path, sim: bool, steps: usize, report: &mut Report) -> anyhow
                         a.last().copied().unwrap_or(f64::NAN)
                     ),
                 )
-                .with_data(serde_json::json!({ direct: a, "mpi-staged": b }))
+                .with_data(serde_json::json!({ direct: figures(a), "mpi-staged": figures(b) }))
         }
     };
     check.seconds = t0.elapsed().as_secs_f64();
     report.add(check)?;
 
     let t1 = Instant::now();
-    let c =
-        run_pair(&exe, &dir, device, &overlapped, steps).context("--comm mpi-staged, overlapped");
-    let mut check = match (&b, &c) {
-        (Err(e), _) | (_, Err(e)) => overlap_check.fail(format!("{e:#}")),
-        (Ok(b), Ok(c)) => {
+    let b = match b {
+        Ok(b) => b,
+        Err(PairEnd::CutShort(_)) => {
+            return report.add(overlap_check.out_of_time(no_time(deadline)));
+        }
+        Err(_) => {
+            return report.add(
+                overlap_check.skip("not run: the waiting run it is compared with failed (above)"),
+            );
+        }
+    };
+    let c = pair(&overlapped, report)?;
+    let mut check = match &c {
+        Err(e) => e
+            .judge(overlap_check, &mut ignored)
+            .prefixed("--comm mpi-staged, overlapped: "),
+        Ok(c) => {
             let (worst, at) = train::max_rel(&c.losses, &b.losses, steps);
             let how = train::rel_in_words(worst, at);
-            let figures = |r: &PairRun| {
+            let figures_of = |r: &PairRun| {
                 format!(
                     "{} hidden, step {}",
                     r.hidden
@@ -334,13 +387,13 @@ pub fn check(out: &Path, sim: bool, steps: usize, report: &mut Report) -> anyhow
                     worst,
                     0.0,
                     format!(
-                        "mpi-staged overlapped vs waiting: {how} (bitwise: bound 0); overlapped {}, waiting {}",
-                        figures(c),
-                        figures(b),
+                        "mpi-staged overlapped vs waiting: {how} <= 0 (bitwise); overlapped {}, waiting {}",
+                        figures_of(c),
+                        figures_of(&b),
                     ),
                 )
                 .with_data(serde_json::json!({
-                    "waiting": b.losses, "overlapped": c.losses,
+                    "waiting": figures(&b.losses), "overlapped": figures(&c.losses),
                     "hidden_waiting": b.hidden, "hidden_overlapped": c.hidden,
                     "step_s_waiting": b.step_seconds, "step_s_overlapped": c.step_seconds,
                 }))

@@ -29,7 +29,7 @@ use zero_kernels::device::{Device, HostDevice, SimDevice};
 use zero_models::data::{MarkovSource, Sequential, Tokens};
 use zero_models::{Gpt, GptConfig, TokenBatch};
 
-use super::report::{Check, Kind, Report};
+use super::report::{figure, figures, no_time, Check, Kind, Report};
 use crate::device::{BenchDevice, Opener};
 
 /// The reference file inside the prepared folder.
@@ -451,16 +451,13 @@ pub fn prepare(dir: &Path, steps: usize) -> anyhow::Result<Reference> {
 /// Compare `dut`'s curves with the reference's, one line per case. `steps`: how many of
 /// the reference's steps (all, or [`QUICK_STEPS`]); `deadline`: seconds of the report
 /// after which the remaining cases are skipped.
-///
-/// Returns the device's curves, for the checks that compare against them.
 pub fn check<D: BenchDevice>(
     open: &Opener<D>,
     reference: &Reference,
     steps: usize,
     deadline: f64,
     report: &mut Report,
-) -> anyhow::Result<Vec<DeviceCurve>> {
-    let mut curves = Vec::new();
+) -> anyhow::Result<()> {
     let setup = &reference.setup;
     let steps = steps.min(setup.steps);
     // This device's ZeRO-0 curve per precision: the other stages must do the same step
@@ -473,9 +470,10 @@ pub fn check<D: BenchDevice>(
         let name = format!("{stage} {label}, {} ranks x {steps} steps", setup.ranks);
         let check = Check::new("train-4-ranks", name, Kind::Correctness);
         if report.elapsed() > deadline {
-            report.add(check.skip(format!("out of time (budget {deadline:.0} s)")))?;
+            report.add(check.out_of_time(no_time(deadline)))?;
             continue;
         }
+        report.start(format!("train-4-ranks/{}", check.name))?;
         let t0 = Instant::now();
         let case = (stage, precision, want.f32_grads);
         let mut check = match curve(open, setup, case, steps) {
@@ -502,27 +500,17 @@ pub fn check<D: BenchDevice>(
                 } else {
                     "matches"
                 };
-                let vs_stage0 = match stage0.iter().find(|(p, _)| p == &label) {
-                    Some((_, s0)) if stage != Stage::Zero0 => {
-                        let (d, _) = max_rel(&got, s0, steps);
-                        if d == 0.0 {
-                            "; equals this device's ZeRO-0 bitwise".to_string()
-                        } else {
-                            format!("; vs this device's ZeRO-0: max rel {d:.2e}")
-                        }
-                    }
-                    _ => String::new(),
+                let vs_stage0_rel = match stage0.iter().find(|(p, _)| p == &label) {
+                    Some((_, s0)) if stage != Stage::Zero0 => Some(max_rel(&got, s0, steps).0),
+                    _ => None,
+                };
+                let vs_stage0 = match vs_stage0_rel {
+                    Some(0.0) => "; equals this device's ZeRO-0 bitwise".to_string(),
+                    Some(d) => format!("; vs this device's ZeRO-0: max rel {d:.2e}"),
+                    None => String::new(),
                 };
                 if stage == Stage::Zero0 {
                     stage0.push((label.clone(), got.clone()));
-                }
-                // The other checks compare against the default numerics' curves.
-                if !want.f32_grads {
-                    curves.push(DeviceCurve {
-                        stage,
-                        precision,
-                        losses: got.clone(),
-                    });
                 }
                 check
                     .at_most(
@@ -534,102 +522,133 @@ pub fn check<D: BenchDevice>(
                         ),
                     )
                     .with_data(serde_json::json!({
-                        "device": got,
-                        "reference": &want.losses[..steps.min(want.losses.len())],
+                        "device": figures(&got),
+                        "reference": figures(&want.losses[..steps.min(want.losses.len())]),
+                        "tolerance": tol,
+                        "worst_step": at,
+                        "host_vs_twin_drift": spread.map(figure),
+                        "vs_own_zero0": vs_stage0_rel.map(figure),
                     }))
             }
         };
         check.seconds = t0.elapsed().as_secs_f64();
         report.add(check)?;
     }
-    Ok(curves)
-}
-
-/// One curve this device trained (for the checks that compare against it).
-#[derive(Clone, Debug)]
-pub struct DeviceCurve {
-    /// ZeRO stage.
-    pub stage: Stage,
-    /// Training precision.
-    pub precision: Precision,
-    /// The global loss per step.
-    pub losses: Vec<f64>,
+    Ok(())
 }
 
 /// Issue 14's host staging on this device: thread ranks train ZeRO-2 and ZeRO-3 in fp32
 /// through `StagedComm` (device -> staging memory, the collective on the host, staging ->
 /// device from the copy that reads the region when its stream gets there), against the
-/// same ranks' direct curve (`known`, from `train-4-ranks`, or trained here): once with
-/// the host waiting for each staged collective, once with the collectives left running
-/// behind compute ([`Transport::StagedOverlap`]). Thread ranks fold in rank order on the
-/// host and on the GPU alike (zero-kernels/src/cuda/peer.rs), so each must agree with
-/// the direct curve bit for bit. (Thread ranks' collectives complete when they start, so
-/// there is nothing to hide here: `overlap.rs` measures the overlap.)
+/// same ranks' direct curve (trained here): first with the host waiting for each staged
+/// collective, then (both stages) with the collectives left running behind compute
+/// ([`Transport::StagedOverlap`], last: the path that has not yet run on a GPU, so that a
+/// hang in it costs only itself). Thread ranks fold in rank order on the host and on the
+/// GPU alike (zero-kernels/src/cuda/peer.rs), so each must agree with the direct curve
+/// bit for bit. (Thread ranks' collectives complete when they start, so there is nothing
+/// to hide here: `overlap.rs` measures the overlap.)
 pub fn staged_check<D: BenchDevice>(
     open: &Opener<D>,
     setup: &Setup,
     steps: usize,
-    known: &[DeviceCurve],
     deadline: f64,
     report: &mut Report,
 ) -> anyhow::Result<()> {
-    const BOUND: f64 = 0.0;
     let steps = steps.min(setup.steps);
-    for stage in [Stage::Zero2, Stage::Zero3] {
-        let base = format!("{stage} fp32, {} ranks x {steps} steps", setup.ranks);
+    let stages = [Stage::Zero2, Stage::Zero3];
+    let base = |stage: Stage| format!("{stage} fp32, {} ranks x {steps} steps", setup.ranks);
+    let mut directs = Vec::new();
+    for stage in stages {
+        let name = base(stage);
         if report.elapsed() > deadline {
-            for name in [base.clone(), format!("{base}, overlapped")] {
-                let check = Check::new("staged", name, Kind::Correctness);
-                report.add(check.skip(format!("out of time (budget {deadline:.0} s)")))?;
-            }
+            let check = Check::new("staged", name, Kind::Correctness);
+            report.add(check.out_of_time(no_time(deadline)))?;
+            directs.push(None);
             continue;
         }
-        let run = |t| {
-            let t0 = Instant::now();
-            let curve = curve_through(open, setup, stage, Precision::Fp32, steps, t);
-            (curve, t0.elapsed().as_secs_f64())
+        report.start(format!("staged/{name}"))?;
+        let t0 = Instant::now();
+        let direct = curve_through(
+            open,
+            setup,
+            stage,
+            Precision::Fp32,
+            steps,
+            Transport::Direct,
+        );
+        let waited = curve_through(
+            open,
+            setup,
+            stage,
+            Precision::Fp32,
+            steps,
+            Transport::Staged,
+        );
+        let check = staged_judged(name, "through host staging", &direct, &waited, steps);
+        report.add(Check {
+            seconds: t0.elapsed().as_secs_f64(),
+            ..check
+        })?;
+        directs.push(Some(direct));
+    }
+    for (stage, direct) in stages.into_iter().zip(directs) {
+        let name = format!("{}, overlapped", base(stage));
+        let check = Check::new("staged", name.clone(), Kind::Correctness);
+        let Some(direct) = direct else {
+            report.add(check.out_of_time(no_time(deadline)))?;
+            continue;
         };
-        let direct = match known
-            .iter()
-            .find(|c| c.stage == stage && c.precision == Precision::Fp32)
-        {
-            Some(c) if c.losses.len() >= steps => Ok(c.losses[..steps].to_vec()),
-            _ => run(Transport::Direct).0,
-        };
-        let (waited, waited_s) = run(Transport::Staged);
-        let (overlapped, overlapped_s) = run(Transport::StagedOverlap);
-        for (name, how, staged, seconds) in [
-            (base.clone(), "through host staging", &waited, waited_s),
-            (
-                format!("{base}, overlapped"),
-                "through host staging, overlapped",
-                &overlapped,
-                overlapped_s,
-            ),
-        ] {
-            let check = Check::new("staged", name, Kind::Correctness);
-            let mut check = match (&direct, staged) {
-                (Err(e), _) => check.fail(format!("direct: {e:#}")),
-                (_, Err(e)) => check.fail(format!("{how}: {e:#}")),
-                (Ok(direct), Ok(staged)) => {
-                    let (worst, at) = max_rel(staged, direct, steps);
-                    check
-                        .at_most(
-                            worst,
-                            BOUND,
-                            format!(
-                                "{how}: max rel {worst:.2e}{} vs direct thread ranks (bitwise: bound {BOUND}); loss {:.4} -> {:.4}",
-                                if worst > 0.0 { format!(" (step {at})") } else { String::new() },
-                                staged.first().copied().unwrap_or(f64::NAN),
-                                staged.last().copied().unwrap_or(f64::NAN),
-                            ),
-                        )
-                        .with_data(serde_json::json!({ "staged": staged, "direct": direct }))
-                }
-            };
-            check.seconds = seconds;
-            report.add(check)?;
+        if report.elapsed() > deadline {
+            report.add(check.out_of_time(no_time(deadline)))?;
+            continue;
         }
+        report.start(format!("staged/{name}"))?;
+        let t0 = Instant::now();
+        let overlapped = curve_through(
+            open,
+            setup,
+            stage,
+            Precision::Fp32,
+            steps,
+            Transport::StagedOverlap,
+        );
+        let how = "through host staging, overlapped";
+        let check = staged_judged(name, how, &direct, &overlapped, steps);
+        report.add(Check {
+            seconds: t0.elapsed().as_secs_f64(),
+            ..check
+        })?;
     }
     Ok(())
+}
+
+/// A staged curve against the direct one: equal bit for bit.
+fn staged_judged(
+    name: String,
+    how: &str,
+    direct: &anyhow::Result<Vec<f64>>,
+    staged: &anyhow::Result<Vec<f64>>,
+    steps: usize,
+) -> Check {
+    const BOUND: f64 = 0.0;
+    let check = Check::new("staged", name, Kind::Correctness);
+    match (direct, staged) {
+        (Err(e), _) => check.fail(format!("direct: {e:#}")),
+        (_, Err(e)) => check.fail(format!("{how}: {e:#}")),
+        (Ok(direct), Ok(staged)) => {
+            let (worst, at) = max_rel(staged, direct, steps);
+            check
+                .at_most(
+                    worst,
+                    BOUND,
+                    format!(
+                        "{how}: max rel {worst:.2e}{} vs direct thread ranks <= {BOUND} (bitwise); loss {:.4} -> {:.4}",
+                        if worst > 0.0 { format!(" (step {at})") } else { String::new() },
+                        staged.first().copied().unwrap_or(f64::NAN),
+                        staged.last().copied().unwrap_or(f64::NAN),
+                    ),
+                )
+                .with_data(serde_json::json!({ "staged": figures(staged), "direct": figures(direct) }))
+        }
+    }
 }
