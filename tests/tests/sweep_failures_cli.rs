@@ -34,8 +34,9 @@ use zero_tests::zero_bench_bin;
 /// What configs/tiny.toml's points are named.
 const TINY: &str = "v64-t16-l2-h2-c32_fp32_a1";
 
-/// Steps per stage where a test must act while the second stage runs: at least about a
-/// second of it in either profile (a debug step of the tiny model is ~20x slower).
+/// Steps per stage where a test acts in the second stage: enough for the test to see the
+/// first stage's report and freeze the ranks before the second ends
+/// ([`freeze_in_second_stage`] checks that it did).
 const LONG_STEPS: &str = if cfg!(debug_assertions) {
     "400"
 } else {
@@ -166,6 +167,40 @@ fn ranks_of(out: &Path) -> Vec<libc::pid_t> {
     zero_tests::running(|c| c.starts_with(&bench) && c.contains("\0train\0") && c.contains(&out))
 }
 
+/// Wait for the report a 2-rank job at `out` writes after its first stage, then freeze
+/// its ranks (SIGSTOP) and check that they were frozen in the second stage: the report
+/// still says only the first finished. What the test then does to the job happens in
+/// the second stage by construction, however loaded the machine (a rank cannot finish
+/// the stage while frozen, nor without its killed peer). The ranks, rank 0 first.
+fn freeze_in_second_stage(job: &Started, out: &Path, report: &Path) -> Vec<libc::pid_t> {
+    wait_for(job, "the job's two ranks", || ranks_of(out).len() == 2);
+    let ranks = ranks_of(out);
+    wait_for(job, "the report written after stage 0", || report.is_file());
+    for &p in &ranks {
+        // SAFETY: kill(2) of a rank of this test's job.
+        unsafe {
+            libc::kill(p, libc::SIGSTOP);
+        }
+    }
+    let partial = read_json(report);
+    assert_eq!(
+        partial["stages_completed"],
+        serde_json::json!([0]),
+        "the ranks were frozen after stage 3 finished: {partial}"
+    );
+    assert_eq!(partial["complete"], false, "{partial}");
+    ranks
+}
+
+fn resume(ranks: &[libc::pid_t]) {
+    for &p in ranks {
+        // SAFETY: kill(2) of a rank of this test's job (gone already: harmless).
+        unsafe {
+            libc::kill(p, libc::SIGCONT);
+        }
+    }
+}
+
 /// Wait (up to 60 s) until no process names `out` on its command line; kill and name
 /// what is left.
 fn assert_nothing_left(out: &Path) {
@@ -214,33 +249,19 @@ fn a_stage_that_dies_keeps_the_stages_that_finished_before_it() {
         ],
     );
     let report = out.join(format!("n2_{TINY}.json"));
-    // Written after stage 0: stage 3 is running now.
-    wait_for(&sweep, "the report written after stage 0", || {
-        report.is_file()
-    });
+    // Written after stage 0; the ranks are frozen in stage 3.
+    let ranks = freeze_in_second_stage(&sweep, &out, &report);
     let partial = read_json(&report);
-    assert_eq!(partial["complete"], false, "{partial}");
-    assert_eq!(
-        partial["stages_completed"],
-        serde_json::json!([0]),
-        "{partial}"
-    );
     assert_eq!(
         partial["stages_requested"],
         serde_json::json!([0, 3]),
         "{partial}"
     );
-    let ranks = ranks_of(&out);
-    assert_eq!(
-        ranks.len(),
-        2,
-        "the job's ranks: {ranks:?}\n{}",
-        sweep.output()
-    );
     // SAFETY: kill(2) of one rank of this test's job.
     unsafe {
         libc::kill(ranks[1], libc::SIGKILL);
     }
+    resume(&ranks);
     let (code, output) = sweep.finish(Duration::from_secs(300));
     assert_eq!(code, Some(1), "{output}");
     assert!(
@@ -302,10 +323,13 @@ fn an_interrupted_sweep_tables_the_stages_that_finished() {
         ],
     );
     let report = out.join(format!("n2_{TINY}.json"));
-    wait_for(&sweep, "the report written after stage 0", || {
-        report.is_file()
-    });
+    let ranks = freeze_in_second_stage(&sweep, &out, &report);
     sweep.signal(libc::SIGTERM);
+    // The sweep has passed SIGTERM on to the launcher: the ranks go on, to be stopped.
+    wait_for(&sweep, "the sweep stopping its job", || {
+        sweep.output().contains("[SIGTERM] stopping")
+    });
+    resume(&ranks);
     let (code, output) = sweep.finish(Duration::from_secs(300));
     assert_eq!(code, Some(143), "{output}");
     assert!(
@@ -630,12 +654,14 @@ fn sweep_sbatch_bounds_a_hung_point_and_tables_what_finished_when_stopped() {
     let hang = [("RANKS", "1 2"), ("FAKE_SRUN_HANG_AT", "2")];
     let out = dir.join("timeout");
     let mut env = hang.to_vec();
-    env.push(("POINT_TIME", "3"));
+    // Generous: it bounds the N=1 point too, which must finish (mpirun's start-up on a
+    // loaded machine); the hung N=2 point (the fake srun's sleep) waits it out.
+    env.push(("POINT_TIME", "60"));
     let (code, log) = sbatch(&dir, &out, "timeout.out", &env).finish(Duration::from_secs(300));
     assert_eq!(code, Some(1), "{log}");
     assert!(
         log.contains(&format!(
-            "point n2_{TINY} FAILED: still running after POINT_TIME=3 s, stopped"
+            "point n2_{TINY} FAILED: still running after POINT_TIME=60 s, stopped"
         )),
         "{log}"
     );

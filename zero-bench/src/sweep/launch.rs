@@ -131,8 +131,10 @@ pub fn run_logged(
         .stderr(log_err)
         // Its own process group, for `stop` to signal.
         .process_group(0);
-    // SAFETY: between fork and exec the closure calls prctl(2), getppid(2) and raise(3)
-    // only, which are async-signal-safe, and touches no memory of the parent.
+    // SAFETY: between fork and exec the closure calls prctl(2), getppid(2), signal(2),
+    // raise(3) and _exit(2) only ([`end_if_orphaned`]), which are async-signal-safe, and
+    // touches no memory of the parent. The parent's handlers (`signals`' included) are
+    // still installed in the child at this point; exec resets them.
     unsafe {
         command.pre_exec(move || {
             // SIGTERM to the launcher when the thread that spawned it is gone (sweep and
@@ -141,9 +143,7 @@ pub fn run_logged(
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
-            if libc::getppid() != parent {
-                libc::raise(libc::SIGTERM);
-            }
+            end_if_orphaned(parent);
             Ok(())
         });
     }
@@ -232,6 +232,23 @@ pub fn run_logged(
     Ok(())
 }
 
+/// In a child between fork and exec: end it with SIGTERM, as the parent-death signal
+/// would have, when its parent is no longer `parent` (it died before the child's
+/// PR_SET_PDEATHSIG, which then never fires). The parent's SIGTERM handler is still
+/// installed here (it only records the signal), so the default action is restored
+/// first; should the raise return all the same, `_exit` ends the child.
+///
+/// # Safety
+/// Only in a forked child before exec (it may end the process); async-signal-safe calls
+/// only.
+unsafe fn end_if_orphaned(parent: libc::pid_t) {
+    if libc::getppid() != parent {
+        libc::signal(libc::SIGTERM, libc::SIG_DFL);
+        libc::raise(libc::SIGTERM);
+        libc::_exit(128 + libc::SIGTERM);
+    }
+}
+
 /// Error lines shown of a failed job's log, at most.
 const ERROR_LINES: usize = 3;
 /// Characters kept of one error line (with its continuation lines).
@@ -241,7 +258,7 @@ const ERROR_LINE_CHARS: usize = 500;
 const LOG_TAIL_BYTES: u64 = 256 * 1024;
 
 /// The last few distinct lines of the log at `path` that say `error:` (any case), oldest
-/// first, each cut to [`ERROR_LINE_CHARS`]: why the job failed, in its own words (every
+/// first (slurmstepd's before the ranks', [`errors_in`]), each cut to [`ERROR_LINE_CHARS`]: why the job failed, in its own words (every
 /// rank may print the same line; it is shown once). Empty when there are none or the log
 /// cannot be read.
 pub fn error_lines(path: &Path) -> Vec<String> {
@@ -260,21 +277,58 @@ pub fn error_lines(path: &Path) -> Vec<String> {
     errors_in(&String::from_utf8_lossy(&bytes))
 }
 
-/// Whether an error line is the launcher's own (`srun: error: n3: task 2: Exited with
-/// exit code 1`, one per node), which says that a rank failed, not why.
+/// Whether an error line is a launcher's per-rank boilerplate, which says that a rank
+/// failed, not why: srun's one line per node (`srun: error: n3: task 2: Exited with exit
+/// code 1`, `srun: error: n1: tasks 0-1: Killed`) and mpirun's (or prterun's) lines.
+/// slurmstepd's lines are not: they state causes only Slurm sees (an OOM kill, the time
+/// limit).
 fn launchers_line(line: &str) -> bool {
-    ["srun:", "slurmstepd:", "mpirun", "prterun"]
-        .iter()
-        .any(|p| line.starts_with(p))
+    if line.starts_with("mpirun") || line.starts_with("prterun") {
+        return true;
+    }
+    let Some(rest) = line.strip_prefix("srun: error: ") else {
+        return false;
+    };
+    // "<node>: task 2: Exited with exit code 1" or "<node>: tasks 0-1,3: Killed"; a
+    // task's "Out Of Memory" says why, and stays.
+    let mut parts = rest.splitn(3, ": ");
+    let _node = parts.next();
+    let tasks = parts.next().unwrap_or("");
+    let what = parts.next().unwrap_or("");
+    (tasks.starts_with("task ") || tasks.starts_with("tasks "))
+        && (what.starts_with("Exited with exit code") || what == "Killed" || what == "Terminated")
+}
+
+/// Whether an error line is slurmstepd's, which states a cause the ranks may never
+/// print: `slurmstepd: error: Detected 1 oom_kill event in StepId=7.0`, `... CANCELLED AT
+/// ... DUE TO TIME LIMIT ***`.
+fn slurmstepd_line(line: &str) -> bool {
+    line.starts_with("slurmstepd")
 }
 
 /// [`error_lines`] of a log's text. An error line takes its indented continuation lines
 /// with it (train's "invalid configuration:" lists the problems below it). The job's own
-/// lines come first: the launcher's are shown only where there are none.
+/// lines are shown, slurmstepd's first (the cause Slurm saw, which a secondary rank
+/// error would otherwise hide); a launcher's per-rank boilerplate only where there is
+/// nothing else.
 fn errors_in(text: &str) -> Vec<String> {
     let all = error_entries(text);
     let own: Vec<String> = all.iter().filter(|e| !launchers_line(e)).cloned().collect();
-    last_distinct(if own.is_empty() { all } else { own })
+    if own.is_empty() {
+        return last_distinct(all, ERROR_LINES);
+    }
+    let (slurm, job): (Vec<String>, Vec<String>) =
+        own.into_iter().partition(|e| slurmstepd_line(e));
+    // At least one of the job's own lines where it has any.
+    let slurm_room = if job.is_empty() {
+        ERROR_LINES
+    } else {
+        ERROR_LINES - 1
+    };
+    let mut shown = last_distinct(slurm, slurm_room);
+    let room = ERROR_LINES - shown.len();
+    shown.extend(last_distinct(job, room));
+    shown
 }
 
 /// Every error line of `text` with its continuation lines, in order.
@@ -297,10 +351,12 @@ fn error_entries(text: &str) -> Vec<String> {
     entries
 }
 
-/// The last [`ERROR_LINES`] distinct `entries`, oldest first, each cut to
-/// [`ERROR_LINE_CHARS`].
-fn last_distinct(entries: Vec<String>) -> Vec<String> {
+/// The last `count` distinct `entries`, oldest first, each cut to [`ERROR_LINE_CHARS`].
+fn last_distinct(entries: Vec<String>, count: usize) -> Vec<String> {
     let mut found: Vec<String> = Vec::new();
+    if count == 0 {
+        return found;
+    }
     for entry in entries.iter().rev() {
         let cut: String = match entry.char_indices().nth(ERROR_LINE_CHARS) {
             Some((at, _)) => format!("{}...", &entry[..at]),
@@ -308,7 +364,7 @@ fn last_distinct(entries: Vec<String>) -> Vec<String> {
         };
         if !found.contains(&cut) {
             found.push(cut);
-            if found.len() == ERROR_LINES {
+            if found.len() == count {
                 break;
             }
         }
@@ -653,6 +709,34 @@ srun: error: n2: task 3: Killed
             errors_in(srun),
             ["error: rank 2: out of memory allocating 3.1 GB"]
         );
+        // slurmstepd says what the ranks cannot (an OOM kill, the time limit): kept, and
+        // first, before the secondary error of the rank that lost its peer (srun's
+        // per-task "Out Of Memory" is a reason, not boilerplate; "Exited with exit code"
+        // is).
+        let oom = "\
+error: rank 0: peer 1 closed the connection
+srun: error: n2: task 1: Out Of Memory
+slurmstepd: error: Detected 1 oom_kill event in StepId=7.0. Some of the step tasks have been OOM Killed.
+srun: error: n1: task 0: Exited with exit code 1
+";
+        assert_eq!(
+            errors_in(oom),
+            [
+                "slurmstepd: error: Detected 1 oom_kill event in StepId=7.0. Some of the step tasks have been OOM Killed.",
+                "error: rank 0: peer 1 closed the connection",
+                "srun: error: n2: task 1: Out Of Memory"
+            ]
+        );
+        let limit = "\
+error: rank 1: interrupted
+slurmstepd: error: *** STEP 7.0 ON n1 CANCELLED AT 2026-01-01T00:00:00 DUE TO TIME LIMIT ***
+slurmstepd: error: *** STEP 7.0 ON n2 CANCELLED AT 2026-01-01T00:00:00 DUE TO TIME LIMIT ***
+slurmstepd: error: *** JOB 7 ON n1 CANCELLED AT 2026-01-01T00:00:00 DUE TO TIME LIMIT ***
+";
+        let shown = errors_in(limit);
+        assert_eq!(shown.len(), ERROR_LINES, "{shown:?}");
+        assert!(shown[0].starts_with("slurmstepd: ") && shown[1].starts_with("slurmstepd: "));
+        assert_eq!(shown[2], "error: rank 1: interrupted");
         // Where the launcher's lines are all there is, they are shown.
         assert_eq!(
             errors_in("srun: error: Unable to create step for job 7: Invalid\n"),
@@ -679,6 +763,28 @@ srun: error: n2: task 3: Killed
                 && e.contains(": error: no such file; output in "),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_launcher_whose_parent_is_gone_before_exec_ends_by_sigterm() {
+        let _turn = one_job_at_a_time();
+        // As in run_logged: this process's handler records SIGTERM, and the forked child
+        // still has it before exec; the child must end all the same.
+        let signals = Forwarding::install().expect("handlers installed");
+        let mut command = Command::new("sh");
+        command.args(["-c", "exit 0"]).stdin(Stdio::null());
+        // SAFETY: end_if_orphaned makes async-signal-safe calls only; -1 is never a
+        // parent's pid, so the child takes its parent for gone.
+        unsafe {
+            command.pre_exec(|| {
+                end_if_orphaned(-1);
+                Ok(())
+            });
+        }
+        let status = command.status().expect("the child was forked");
+        drop(signals);
+        use std::os::unix::process::ExitStatusExt as _;
+        assert_eq!(status.signal(), Some(libc::SIGTERM), "{status:?}");
     }
 
     #[test]

@@ -119,9 +119,15 @@ pub struct CollectArgs {
     pub out: Option<PathBuf>,
     /// Table only these points (`n<N>_<model>_<precision>_a<A>`, comma-separated): one
     /// sweep's in a directory that holds other sweeps' results too (slurm/sweep.sbatch
-    /// passes its own). A listed point without a result file is a failed row.
+    /// passes its own). A listed point without a result file is a failed row per stage
+    /// (those of --stages, else those the other points' runs were asked for).
     #[arg(long, value_name = "LIST", value_delimiter = ',')]
     pub points: Vec<String>,
+    /// The stages the listed points' jobs were asked for (comma-separated, as `sweep run
+    /// --stages`): the failed rows of a point without a result file, known even where no
+    /// listed point left one (slurm/sweep.sbatch passes its STAGES).
+    #[arg(long, value_name = "LIST", value_delimiter = ',', requires = "points")]
+    pub stages: Vec<u8>,
 }
 
 const RUN_EXAMPLES: &str = "\
@@ -142,7 +148,8 @@ pub fn run(cmd: SweepCommand) -> anyhow::Result<()> {
     match cmd {
         SweepCommand::Run(args) => run_sweep(&args),
         SweepCommand::Collect(args) => {
-            let found = table::collect(&args.dir, &args.points)?;
+            check_stages(&args.stages)?;
+            let found = table::collect(&args.dir, &args.points, &args.stages)?;
             let bad = found.unreadable.len();
             if found.rows.is_empty() {
                 bail!(
@@ -187,15 +194,20 @@ pub fn run(cmd: SweepCommand) -> anyhow::Result<()> {
     }
 }
 
-fn run_sweep(args: &RunArgs) -> anyhow::Result<()> {
-    if let Some(s) = args.stages.iter().find(|&&s| s > 3) {
+/// `--stages` holds ZeRO stages, each once.
+fn check_stages(stages: &[u8]) -> anyhow::Result<()> {
+    if let Some(s) = stages.iter().find(|&&s| s > 3) {
         bail!("--stages contains {s}: ZeRO stages are 0, 1, 2 and 3");
     }
+    // A stage listed twice would run twice in every job, two rows of one (N, stage).
+    point::no_repeats(stages, "--stages", "stage")
+}
+
+fn run_sweep(args: &RunArgs) -> anyhow::Result<()> {
+    check_stages(&args.stages)?;
     if args.stages.is_empty() {
         bail!("--stages is empty: give the stages each job runs, e.g. --stages 0,1,2,3");
     }
-    // A stage listed twice would run twice in every job, two rows of one (N, stage).
-    point::no_repeats(&args.stages, "--stages", "stage")?;
     // Check the launcher before creating or starting anything.
     launch::launcher_words(&args.launcher, 1)?;
     let mut train_args = Vec::new();
@@ -267,7 +279,18 @@ fn run_sweep(args: &RunArgs) -> anyhow::Result<()> {
     for (i, p) in points.iter().enumerate() {
         eprintln!("[sweep {}/{}] {p}", i + 1, points.len());
         let file = job.result_path(p);
-        match job.run(p) {
+        // A launcher that exits 0 is not the last word: its job's report may say that it
+        // stopped (a wrapper that loses the status, srun after some launch failures).
+        let ended = job.run(p).and_then(|()| match table::stopped_in(&file) {
+            Ok(None) => Ok(()),
+            Ok(Some(why)) => {
+                bail!("{p}: the launcher exited 0, but the job's report says it stopped: {why}")
+            }
+            Err(e) => Err(e.context(format!(
+                "{p}: the launcher exited 0, but its report cannot be read"
+            ))),
+        });
+        match ended {
             Ok(()) => outcomes.push(table::Outcome {
                 file,
                 failure: None,

@@ -10,7 +10,8 @@
 //! against another N it would not compare with the other series.
 //!
 //! A stage that did not finish is a row too, `status` "failed" with why (`failure`), its
-//! numbers NaN or empty: a point whose job stopped at a later stage keeps the rows of the
+//! measured numbers empty fields in the CSV (in the JSON: `null` for the real numbers,
+//! 0 for the counts, `[]` per rank): a point whose job stopped at a later stage keeps the rows of the
 //! stages that finished (train rewrites its report after each), the rest are marked.
 
 use std::fmt::Write as _;
@@ -114,7 +115,8 @@ pub struct Row {
     pub comm_sent_bytes_per_step: u64,
     /// Bytes each rank sends per step according to the communication ledger.
     pub comm_plan_bytes_per_step: u64,
-    /// [`OK`], or [`FAILED`]: the stage did not finish, its numbers are NaN or empty.
+    /// [`OK`], or [`FAILED`]: the stage did not finish, its numbers are not measurements
+    /// (NaN or 0 here; empty fields in the CSV).
     pub status: &'static str,
     /// Why the stage did not finish (`None` when it did).
     pub failure: Option<String>,
@@ -260,6 +262,14 @@ fn rows_of(path: &Path, why: Option<&str>) -> anyhow::Result<PointRows> {
     })
 }
 
+/// Why the run whose report is `path` stopped before it was complete (`None`: it
+/// finished every stage it was asked for); an error where the report cannot be read.
+/// A launcher can exit 0 after its job stopped (a wrapper that loses the status, srun
+/// after some launch failures): the report says so.
+pub fn stopped_in(path: &Path) -> anyhow::Result<Option<String>> {
+    Ok(rows_of(path, None)?.stopped)
+}
+
 /// What `sweep collect` found in a directory.
 pub struct Collected {
     /// Every row of the readable result files, sorted by series then N, with the scaling
@@ -288,10 +298,12 @@ fn looks_like_a_result(name: &str) -> bool {
 /// like one, `n<N>_`, but is not one is reported too; other files are ignored), or,
 /// when `points` lists some (`n<N>_<model>_<precision>_a<A>`, with or without `.json`),
 /// those points' files only: the points of one sweep in a directory that holds other
-/// sweeps' too. A listed point without a file is a failed row per stage the other
-/// files' runs were asked for. One file that cannot be read is left out and named in
+/// sweeps' too. A listed point without a file is a failed row per stage of `stages`
+/// (what its job was asked for), or where that is empty, per stage the other files'
+/// runs were asked for; where neither says, the error names the points and asks for
+/// `--stages`. One file that cannot be read is left out and named in
 /// [`Collected::unreadable`], so one partial file does not cost the whole table.
-pub fn collect(dir: &Path, points: &[String]) -> anyhow::Result<Collected> {
+pub fn collect(dir: &Path, points: &[String], stages: &[u8]) -> anyhow::Result<Collected> {
     let mut files = Vec::new();
     if points.is_empty() {
         let entries = std::fs::read_dir(dir)
@@ -334,6 +346,7 @@ pub fn collect(dir: &Path, points: &[String]) -> anyhow::Result<Collected> {
     let mut incomplete = Vec::new();
     let mut absent = Vec::new();
     let mut missing = Vec::new();
+    let given: Vec<usize> = stages.iter().map(|&s| s as usize).collect();
     let mut stages: Vec<usize> = Vec::new();
     for f in &files {
         if !points.is_empty() && !f.exists() {
@@ -356,6 +369,23 @@ pub fn collect(dir: &Path, points: &[String]) -> anyhow::Result<Collected> {
         }
     }
     stages.sort_unstable();
+    if !given.is_empty() {
+        stages = given;
+    }
+    if !absent.is_empty() && stages.is_empty() {
+        let names: Vec<String> = absent.iter().map(|f| f.display().to_string()).collect();
+        bail!(
+            "no listed point has a readable result file, so the stages their jobs ran are \
+             unknown: every point failed (give --stages for their failed rows; their logs are \
+             beside the files):\n  {}{}",
+            names.join("\n  "),
+            if unreadable.is_empty() {
+                String::new()
+            } else {
+                format!("\nunreadable:\n  {}", unreadable.join("\n  "))
+            }
+        );
+    }
     for f in absent {
         let log = f.with_extension("log");
         let why = format!(
@@ -452,32 +482,44 @@ fn csv_field(text: &str) -> String {
 }
 
 /// The table as CSV (per-rank values: the largest rank's; the JSON has every rank's).
+/// A failed row's measured numbers are empty fields (it measured nothing: a 0 there
+/// would read as a measurement to a consumer that does not filter on `status`); its
+/// `base_n`, the table's, is given.
 pub fn csv(rows: &[Row]) -> String {
     let mut out = String::from(HEADER);
     out.push('\n');
     for r in rows {
+        let _ = write!(
+            out,
+            "{},{},{},{},{},",
+            r.n, r.stage, r.model, r.precision, r.grad_accum
+        );
+        if r.finished() {
+            let _ = write!(
+                out,
+                "{},{:.6},{},{:.3},{:.4},{:.4},{},{},{},{:.0},{},{},{},{}",
+                r.steps,
+                r.final_loss,
+                r.tokens_per_step,
+                r.tokens_per_s,
+                r.step_ms,
+                r.scaling_efficiency,
+                max(&r.peak_rss_bytes_per_rank),
+                max(&r.ledger_bytes_per_rank),
+                max(&r.state_bytes_per_rank),
+                r.formula_bytes_per_rank,
+                r.comm_sent_bytes_per_step,
+                r.comm_plan_bytes_per_step,
+                r.base_n,
+                r.skipped_steps,
+            );
+        } else {
+            // steps .. comm_plan_bytes_per_step (12 fields), base_n, skipped_steps.
+            let _ = write!(out, "{}{},", ",".repeat(12), r.base_n);
+        }
         let _ = writeln!(
             out,
-            "{},{},{},{},{},{},{:.6},{},{:.3},{:.4},{:.4},{},{},{},{:.0},{},{},{},{},{},{}",
-            r.n,
-            r.stage,
-            r.model,
-            r.precision,
-            r.grad_accum,
-            r.steps,
-            r.final_loss,
-            r.tokens_per_step,
-            r.tokens_per_s,
-            r.step_ms,
-            r.scaling_efficiency,
-            max(&r.peak_rss_bytes_per_rank),
-            max(&r.ledger_bytes_per_rank),
-            max(&r.state_bytes_per_rank),
-            r.formula_bytes_per_rank,
-            r.comm_sent_bytes_per_step,
-            r.comm_plan_bytes_per_step,
-            r.base_n,
-            r.skipped_steps,
+            ",{},{}",
             r.status,
             csv_field(r.failure.as_deref().unwrap_or(""))
         );
@@ -695,7 +737,7 @@ mod tests {
             format!(r#"{{"world": 1, "stages": [{}, {}]}}"#, stage(0), stage(3)),
         )
         .unwrap();
-        let found = collect(dir.path(), &[]).unwrap();
+        let found = collect(dir.path(), &[], &[]).unwrap();
         assert!(found.unreadable.is_empty(), "{:?}", found.unreadable);
         assert_eq!(found.incomplete.len(), 1, "{:?}", found.incomplete);
         assert!(found.incomplete[0].ends_with("the ZeRO-1 run failed: stuck"));
@@ -743,9 +785,20 @@ mod tests {
             csv.contains(",failed,\"the job failed (exit status: 1), with, commas\"\n"),
             "{csv}"
         );
+        // A failed row measured nothing: empty fields, not 0 or NaN; base_n is the table's.
+        assert!(
+            csv.contains("\n4,0,tiny,fp32,1,,,,,,,,,,,,,2,,failed,launch failed\n"),
+            "{csv}"
+        );
+        assert!(
+            csv.lines()
+                .all(|l| !l.contains("NaN") || l.contains(",ok,")),
+            "{csv}"
+        );
         let only = collect(
             dir.path(),
             &["n2_tiny_fp32_a1".into(), "n4_tiny_fp32_a1".into()],
+            &[],
         )
         .unwrap();
         assert!(only.unreadable.is_empty(), "{:?}", only.unreadable);
@@ -753,6 +806,30 @@ mod tests {
         assert!(only.missing[0].contains("no result file"));
         assert!(only.rows.iter().all(|r| r.n != 1));
         assert_eq!(only.rows.iter().filter(|r| r.n == 4).count(), 3);
-        assert!(collect(dir.path(), &["n2_tiny".into()]).is_err());
+        assert!(collect(dir.path(), &["n2_tiny".into()], &[]).is_err());
+        // No listed point has a file: --stages gives their failed rows; without it the
+        // stages are unknown, and the error says so.
+        let none = ["n8_tiny_fp32_a1".to_string(), "n16_tiny_fp32_a1".into()];
+        let lost = collect(dir.path(), &none, &[0, 2]).unwrap();
+        assert_eq!(lost.missing.len(), 2, "{:?}", lost.missing);
+        let status: Vec<(usize, usize, &str)> =
+            lost.rows.iter().map(|r| (r.n, r.stage, r.status)).collect();
+        assert_eq!(
+            status,
+            [
+                (8, 0, FAILED),
+                (16, 0, FAILED),
+                (8, 2, FAILED),
+                (16, 2, FAILED)
+            ]
+        );
+        let e = match collect(dir.path(), &none, &[]) {
+            Ok(_) => panic!("no stages known, yet rows"),
+            Err(e) => e.to_string(),
+        };
+        assert!(
+            e.contains("stages their jobs ran are unknown") && e.contains("n16_tiny_fp32_a1.json"),
+            "{e}"
+        );
     }
 }
