@@ -18,6 +18,17 @@ if [ -z "${PTXAS:-}" ] && ! command -v ptxas >/dev/null 2>&1 &&
   ! python3 -c 'import nvidia.cuda_nvcc' >/dev/null 2>&1 && [ -x "$venv/bin/ptxas" ]; then
   export PTXAS="$venv/bin/ptxas"
 fi
+# The full-disk test mounts a small tmpfs, which needs CAP_SYS_ADMIN: a container without
+# it cannot run that test, which then fails unless told to skip (tests/src/lib.rs
+# SKIP_VAR). Probe once and say so here, where the run's output shows it.
+probe="$(mktemp -d)"
+if mount -t tmpfs -o size=1m zero-probe "$probe" 2>/dev/null; then
+  umount "$probe"
+else
+  echo "test.sh: cannot mount a tmpfs here (no CAP_SYS_ADMIN?): the full-disk test is skipped (ZERO_TESTS_SKIP=tmpfs)" >&2
+  export ZERO_TESTS_SKIP="${ZERO_TESTS_SKIP:+$ZERO_TESTS_SKIP,}tmpfs"
+fi
+rmdir "$probe"
 # Stop the cluster on exit only if this run started it (start.sh records the token only
 # then): a cluster that was already up, perhaps another run's, is left alone.
 owner="test.sh-$$-$(date +%s%N)"

@@ -128,6 +128,12 @@ impl MpiJob {
             .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
             .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
             .env("RUST_BACKTRACE", "0")
+            // The ranks log at `info` whatever the caller's RUST_LOG says: tests read the
+            // info lines, and assert that some are absent (no " step 1/" before an
+            // error), which RUST_LOG=warn would make hold vacuously. A scenario that
+            // wants another level passes it with `.env("RUST_LOG", ...)` (mpirun -x
+            // overrides this).
+            .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -326,6 +332,28 @@ impl JobOutput {
     pub fn all_text(&self) -> String {
         format!("{}\n{}", self.stdout, self.stderr)
     }
+}
+
+/// The variable that lets a test whose prerequisite this machine lacks pass without
+/// running: a comma-separated list of the prerequisites to do without, e.g.
+/// `ZERO_TESTS_SKIP=tmpfs,numpy`. Unset, such a test fails, saying what is missing, so
+/// a machine set up by scripts/setup.sh runs every check or says why not.
+pub const SKIP_VAR: &str = "ZERO_TESTS_SKIP";
+
+/// Whether [`SKIP_VAR`] names `what` (one of its comma-separated words).
+pub fn skip_allowed(what: &str) -> bool {
+    std::env::var(SKIP_VAR).is_ok_and(|v| v.split(',').any(|w| w.trim() == what))
+}
+
+/// A missing prerequisite `what` (`why` says what it is and how to get it): panics
+/// unless [`SKIP_VAR`] allows the skip, else says on stdout that the test did not run.
+/// Call it and return from the test.
+pub fn skip_or_fail(what: &str, why: &str) {
+    assert!(
+        skip_allowed(what),
+        "{why}; to skip this test on such a machine instead, set {SKIP_VAR}={what}"
+    );
+    println!("SKIPPED ({SKIP_VAR}={what}): {why}");
 }
 
 /// The built `zero-bench` of this test's profile: `target/<profile>/zero-bench`, found

@@ -1,5 +1,6 @@
-//! The ZeRO engine under real mpirun: every stage computes the same step, the ledgers are
-//! exact, mixed precision tracks fp32, an fp16 overflow skips the step everywhere.
+//! The ZeRO engine under real mpirun: every stage computes the same step (in fp16 and
+//! bf16 too, against the same precision's stage 0), the ledgers are exact, mixed
+//! precision tracks fp32, an fp16 overflow skips the step everywhere.
 //! The checks themselves live in the scenario binary `engine_stages`.
 
 use std::time::Duration;
@@ -31,12 +32,12 @@ fn fp32_stages_agree_on_3_ranks() {
 }
 
 #[test]
-fn mixed_precision_tracks_fp32_and_overflow_skips_on_2_ranks() {
+fn mixed_precision_stages_match_their_stage_0_and_overflow_skips_on_2_ranks() {
     stages(2, "mixed");
 }
 
 #[test]
-fn mixed_precision_tracks_fp32_and_overflow_skips_on_4_ranks() {
+fn mixed_precision_stages_match_their_stage_0_and_overflow_skips_on_4_ranks() {
     stages(4, "mixed");
 }
 

@@ -15,22 +15,32 @@ fn mpirun_starts_and_exits_cleanly() {
 
 #[test]
 fn timeout_kills_a_hung_job_and_every_rank() {
-    // An odd duration, to tell this job's ranks from any other sleep.
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    // An odd duration, to tell this job's ranks from any other sleep. The timeout is
+    // generous: mpirun may take seconds to start the ranks on a loaded machine, and they
+    // must be running when it fires, or the test proves nothing.
     let job = MpiJob::new(2, "sleep")
         .args(["613"])
-        .timeout(Duration::from_secs(10));
+        .timeout(Duration::from_secs(30));
     let is_rank = |cmdline: &str| cmdline == "sleep\x00613\x00";
-    // The ranks must be running when the timeout fires, or the test proves nothing.
-    let watcher = std::thread::spawn(move || {
-        for _ in 0..1000 {
-            if zero_tests::running(is_rank).len() == 2 {
-                return true;
+    // The watcher looks for the ranks for as long as the job runs (no deadline of its own
+    // to race the job's timeout).
+    let job_over = Arc::new(AtomicBool::new(false));
+    let watcher = std::thread::spawn({
+        let job_over = Arc::clone(&job_over);
+        move || {
+            while !job_over.load(Ordering::Acquire) {
+                if zero_tests::running(is_rank).len() == 2 {
+                    return true;
+                }
+                std::thread::sleep(Duration::from_millis(10));
             }
-            std::thread::sleep(Duration::from_millis(10));
+            false
         }
-        false
     });
     let out = job.run();
+    job_over.store(true, Ordering::Release);
     assert!(out.timed_out, "{}", out.transcript());
     assert!(
         watcher.join().unwrap_or(false),

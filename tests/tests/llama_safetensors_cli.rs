@@ -14,7 +14,9 @@
 //!   heads) disagree by over ten times that, so the check can fail. The same for a file without
 //!   `lm_head.weight` (tied embeddings).
 //! - Missing, extra and misshaped tensors are refused by name, each alone and all in one
-//!   message; rotary `inv_freq` buffers are not extra.
+//!   message; rotary `inv_freq` buffers are not extra; so is a `config.json` that says
+//!   the head is untied or gives other head counts (no Python needed).
+//! - Without numpy the reference check fails unless `ZERO_TESTS_SKIP=numpy` is set.
 //!
 //! The binary is `zero-bench` next to this test's `deps/` directory; build it first with
 //! `cargo build -p zero-bench` in the same profile (scripts/test.sh does).
@@ -373,6 +375,9 @@ fn reference(model: &Path, batch: &Path) -> Value {
     serde_json::from_slice(&out.stdout).expect("one JSON line")
 }
 
+/// True when python3 cannot import numpy, and `ZERO_TESTS_SKIP=numpy` allows the
+/// reference check to be skipped; without it a missing numpy fails the test
+/// (scripts/setup.sh --python installs it, and scripts/test.sh runs that).
 fn numpy_missing() -> bool {
     let ok = Command::new("python3")
         .args(["-c", "import numpy"])
@@ -380,9 +385,10 @@ fn numpy_missing() -> bool {
         .map(|o| o.status.success())
         .unwrap_or(false);
     if !ok {
-        eprintln!(
-            "SKIPPED: python3 with numpy is not available (scripts/setup.sh --python \
-             installs it); the HF Llama reference check did not run"
+        zero_tests::skip_or_fail(
+            "numpy",
+            "python3 with numpy is not available (scripts/setup.sh --python installs it), \
+             so the HF Llama reference check cannot run",
         );
     }
     !ok
@@ -471,17 +477,33 @@ fn our_loss_is_hf_llamas_loss_on_the_exported_weights() {
     let tied = tied_dir.join("model.safetensors");
     write_st(&tied, &tensors);
     check_against_reference(&tied, &a.corpus, &dir, true);
+}
 
-    // Unless its config says the embeddings are not tied: then the head is missing.
+/// A `config.json` beside the file is read: one that says the embeddings are not tied
+/// makes a file without `lm_head.weight` lack the head, and one that gives other head
+/// counts (the same shapes, another function) is refused, each by name. (No Python: the
+/// file is run A's export without its head.)
+#[test]
+fn a_config_json_that_does_not_describe_the_model_is_refused() {
+    let a = run_a();
+    let dir = scratch("config-json");
+    let mut tensors = read_st(&a.hf);
+    assert!(
+        tensors.remove("lm_head.weight").is_some(),
+        "the export has a head"
+    );
+    write_st(&dir.join("model.safetensors"), &tensors);
+
+    // The config says the embeddings are not tied: then the head is missing.
     let mut config = json!({
         "architectures": ["LlamaForCausalLM"], "hidden_act": "silu", "hidden_size": 16,
         "intermediate_size": 40, "num_attention_heads": 4, "num_hidden_layers": 2,
         "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
         "vocab_size": 64, "tie_word_embeddings": false
     });
-    std::fs::write(tied_dir.join("config.json"), config.to_string()).unwrap();
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
     refused(
-        &tied_dir,
+        &dir,
         &[
             "lacks 1 of the model's 21 tensors: lm_head.weight [64, 16] (config.json: \
              tie_word_embeddings = false)",
@@ -493,9 +515,9 @@ fn our_loss_is_hf_llamas_loss_on_the_exported_weights() {
     config["num_attention_heads"] = json!(8);
     config["num_key_value_heads"] = json!(4);
     config["tie_word_embeddings"] = json!(true);
-    std::fs::write(tied_dir.join("config.json"), config.to_string()).unwrap();
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
     refused(
-        &tied_dir,
+        &dir,
         &[
             "config.json does not describe the model",
             "num_attention_heads = 8, the model has n_head = 4",

@@ -336,7 +336,6 @@ fn the_largest_plans_fit_in_512_mib() {
                 Ok(())
             });
         }
-        let started = std::time::Instant::now();
         let out = cmd.output().expect("zero-bench starts");
         assert!(
             out.status.success(),
@@ -345,9 +344,6 @@ fn the_largest_plans_fit_in_512_mib() {
             stderr(&out)
         );
         assert!(stdout(&out).contains("stage"), "{}", stdout(&out));
-        // Instant in practice (well under a second); generous for a loaded machine.
-        let secs = started.elapsed().as_secs_f64();
-        assert!(secs < 30.0, "plan {args:?} took {secs:.1} s");
     }
 }
 

@@ -65,7 +65,9 @@ fn failed_with(out: &JobOutput, code: i32, needles: &[&str]) {
     }
 }
 
-/// No training step ran (the progress log never reached step 1).
+/// No training step ran (the progress log never reached step 1). The ranks log at
+/// `info` whatever RUST_LOG says (`MpiJob::run`), so the line cannot be missing for
+/// another reason.
 fn no_step_ran(out: &JobOutput) {
     assert!(
         !out.all_text().contains(" step 1/"),
@@ -756,18 +758,34 @@ fn ranks_that_see_different_checkpoint_directories_are_refused() {
 fn a_second_job_in_a_checkpoint_directory_in_use_is_refused() {
     let dir = scratch("locked");
     let ck = s(&dir.join("ck"));
-    let first = std::thread::scope(|scope| {
-        let first = scope.spawn(|| tiny(&["--steps", "100000000", "--ckpt-dir", &ck]));
-        // Once the first holds the lock (it writes its holder there).
+    let metrics = dir.join("first.metrics.jsonl");
+    let (first, locked, stepping) = std::thread::scope(|scope| {
+        let first = scope.spawn(|| {
+            tiny(&[
+                "--steps",
+                "100000000",
+                "--ckpt-dir",
+                &ck,
+                "--metrics",
+                &s(&metrics),
+            ])
+        });
+        // Once the first holds the lock (it writes its holder there). The deadlines only
+        // turn a first job that never gets there into a failure; together they stay
+        // below the first job's own 180 s.
         let lock = dir.join("ck/.zero-lock");
-        let start = std::time::Instant::now();
-        while std::fs::read_to_string(&lock).map_or(true, |t| t.is_empty())
-            && start.elapsed() < Duration::from_secs(60)
-        {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let second = tiny(&["--steps", "3", "--ckpt-dir", &ck]);
-        // Stop the first (its ranks: the processes running train with this directory).
+        let locked = wait_for(Duration::from_secs(60), || {
+            std::fs::read_to_string(&lock).is_ok_and(|t| !t.is_empty())
+        });
+        let second = locked.then(|| tiny(&["--steps", "3", "--ckpt-dir", &ck]));
+        // Into the first's training loop (a step's metrics line is written): a SIGTERM
+        // during its set-up would stop it before step 1, saving nothing.
+        let stepping = locked
+            && wait_for(Duration::from_secs(90), || {
+                std::fs::metadata(&metrics).is_ok_and(|m| m.len() > 0)
+            });
+        // Stop the first (its ranks: the processes running train with this directory),
+        // whatever happened above, so that a failure here does not wait for its timeout.
         let ranks = zero_tests::running(|c| {
             c.contains("train") && c.contains(&ck) && !c.starts_with("mpirun")
         });
@@ -777,11 +795,41 @@ fn a_second_job_in_a_checkpoint_directory_in_use_is_refused() {
                 libc::kill(*pid, libc::SIGTERM);
             }
         }
-        failed_with(&second, 1, &["is in use by another job (process"]);
-        no_step_ran(&second);
-        first.join().expect("the first job's thread")
+        if let Some(second) = &second {
+            failed_with(second, 1, &["is in use by another job (process"]);
+            no_step_ran(second);
+        }
+        (
+            first.join().expect("the first job's thread"),
+            locked,
+            stepping,
+        )
     });
+    assert!(
+        locked,
+        "the first job never wrote its lock\n{}",
+        first.transcript()
+    );
+    assert!(
+        stepping,
+        "the first job wrote no metrics line\n{}",
+        first.transcript()
+    );
     failed_with(&first, 85, &["stopped by SIGTERM", "checkpoint saved"]);
+}
+
+/// Polls `done` every 50 ms until it holds (true) or `deadline` has passed (false).
+fn wait_for(deadline: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let start = std::time::Instant::now();
+    loop {
+        if done() {
+            return true;
+        }
+        if start.elapsed() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// SIGINT (Ctrl-C) to a run without a launcher: it stops after the step, saves a
@@ -808,18 +856,17 @@ fn ctrl_c_stops_a_run_with_a_checkpoint_and_a_second_one_at_once() {
     // Into the training loop: a step's metrics line is written (a signal during the
     // set-up stops the run before step 1 instead, which a loaded machine made likely when
     // this waited a fixed time after the checkpoint lock).
+    // Returns whether it got there; the run is signalled either way (so that it ends),
+    // and the test fails after it.
     let wait_for_steps = |ck: &Path| {
         let metrics = format!("{}.metrics.jsonl", ck.display());
-        let start = std::time::Instant::now();
-        while std::fs::metadata(&metrics).map_or(true, |m| m.len() == 0)
-            && start.elapsed() < Duration::from_secs(120)
-        {
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait_for(Duration::from_secs(120), || {
+            std::fs::metadata(&metrics).is_ok_and(|m| m.len() > 0)
+        })
     };
     let ck = dir.join("once");
     let child = start_run(&s(&ck));
-    wait_for_steps(&ck);
+    let stepping = wait_for_steps(&ck);
     // SAFETY: kill(2) on our own child; no memory involved.
     unsafe {
         libc::kill(child.id() as libc::pid_t, libc::SIGINT);
@@ -830,6 +877,7 @@ fn ctrl_c_stops_a_run_with_a_checkpoint_and_a_second_one_at_once() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    assert!(stepping, "no step's metrics line within 120 s\n{text}");
     assert_eq!(out.status.code(), Some(130), "{text}");
     assert!(
         text.contains("SIGINT: stopping after this step")
@@ -880,7 +928,7 @@ fn ctrl_c_stops_a_run_with_a_checkpoint_and_a_second_one_at_once() {
         }
         text
     });
-    wait_for_steps(&ck);
+    let stepping = wait_for_steps(&ck);
     let pid = child.id() as libc::pid_t;
     // SAFETY: kill(2) on our own child; no memory involved.
     unsafe {
@@ -894,6 +942,7 @@ fn ctrl_c_stops_a_run_with_a_checkpoint_and_a_second_one_at_once() {
     }
     let status = child.wait().expect("the run ends");
     let text = reader.join().expect("the reader");
+    assert!(stepping, "no step's metrics line within 120 s\n{text}");
     use std::os::unix::process::ExitStatusExt;
     assert_eq!(status.signal(), Some(libc::SIGINT), "{status:?}\n{text}");
     assert!(text.contains("SIGINT again"), "{text}");
@@ -912,6 +961,8 @@ fn a_stop_signal_during_set_up_stops_before_step_1() {
     ] {
         let dir = scratch(&format!("setup-{name}"));
         let mut child = Command::new(zero_bench_bin())
+            // The "step 1/2" info line must be there to be missed (see `no_step_ran`).
+            .env("RUST_LOG", "info")
             .args(["train", "--model", "gpt2-124m", "--no-progress"])
             .args([
                 "--set",
@@ -1106,6 +1157,9 @@ fn whole_outputs_refuse_special_files_and_write_through_links() {
 /// are refused with the size named: no panic, no allocator abort.
 #[test]
 fn absurd_sizes_are_refused_without_a_panic() {
+    // The token files the refused `data corpus` would write: this test's own directory.
+    let dir = scratch("absurd");
+    let never = s(&dir.join("never-written.bin"));
     let run = |args: &[&str]| {
         Command::new(zero_bench_bin())
             .args(args)
@@ -1138,13 +1192,7 @@ fn absurd_sizes_are_refused_without_a_panic() {
             "of memory, and this process has",
         ),
         (
-            &[
-                "data",
-                "corpus",
-                "/tmp/never-written.bin",
-                "--tokens",
-                "100000000000000",
-            ][..],
+            &["data", "corpus", &never, "--tokens", "100000000000000"][..],
             "an llm.c token file holds at most 2147483647 tokens",
         ),
         // The corpus streams (its memory is bounded), so the disk is what it could fill.
@@ -1152,7 +1200,7 @@ fn absurd_sizes_are_refused_without_a_panic() {
             &[
                 "data",
                 "corpus",
-                "/tmp/never-written.bin",
+                &never,
                 "--format",
                 "nanogpt",
                 "--tokens",
@@ -1206,6 +1254,10 @@ fn absurd_sizes_are_refused_without_a_panic() {
             "{args:?}: {o:?}"
         );
     }
+    assert!(
+        !Path::new(&never).exists(),
+        "a refused `data corpus` left {never}"
+    );
 }
 
 /// data.path may name a node-local copy on each rank, but the copies must hold the same
@@ -1444,6 +1496,85 @@ fn a_report_that_cannot_be_written_fails_the_command() {
     }
 }
 
+/// A standard output whose reader is gone (`zero-bench plan ... --verbose | head -1`)
+/// ends the command without a message, as a shell reports a command that SIGPIPE ended
+/// (141): `plan`, `data` and `train --dry-run` die of SIGPIPE at their first write;
+/// `micro`, which keeps SIGPIPE ignored, finishes its work and exits 141. The pipe's
+/// read end is closed before the command starts, so its first write fails: no race
+/// with a reader that might have read everything.
+#[test]
+fn a_closed_standard_output_ends_the_command_as_sigpipe_would() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = scratch("sigpipe");
+    let tokens = dir.join("t.bin");
+    let o = Command::new(zero_bench_bin())
+        .args(["data", "corpus", &s(&tokens), "--tokens", "1000"])
+        .output()
+        .expect("zero-bench starts");
+    assert!(o.status.success(), "{o:?}");
+    // (arguments, whether it dies of the signal rather than exiting 141 itself)
+    let commands: [(Vec<String>, bool); 4] = [
+        (
+            ["plan", "--params", "7.5e9", "--gpus", "8", "--verbose"]
+                .map(String::from)
+                .to_vec(),
+            true,
+        ),
+        (vec!["data".into(), "info".into(), s(&tokens)], true),
+        (
+            vec![
+                "train".into(),
+                "--config".into(),
+                repo("configs/tiny.toml"),
+                "--dry-run".into(),
+            ],
+            true,
+        ),
+        (
+            ["micro", "adam", "--max-mparams", "1"]
+                .map(String::from)
+                .to_vec(),
+            false,
+        ),
+    ];
+    for (args, dies_of_it) in commands {
+        let mut fds = [0 as libc::c_int; 2];
+        // SAFETY: pipe2(2) writes two descriptors into the array it is given.
+        let made = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) };
+        assert_eq!(made, 0, "pipe2: {}", std::io::Error::last_os_error());
+        // SAFETY: both descriptors were just created by pipe2 and are owned by nothing else.
+        let (read_end, write_end) = unsafe {
+            use std::os::fd::FromRawFd;
+            (
+                std::os::fd::OwnedFd::from_raw_fd(fds[0]),
+                std::os::fd::OwnedFd::from_raw_fd(fds[1]),
+            )
+        };
+        drop(read_end);
+        let out = Command::new(zero_bench_bin())
+            .args(&args)
+            .stdin(std::process::Stdio::null())
+            .stdout(write_end)
+            .output()
+            .expect("zero-bench starts");
+        let err = String::from_utf8_lossy(&out.stderr);
+        let shell_status = out
+            .status
+            .code()
+            .or(out.status.signal().map(|sig| 128 + sig));
+        assert_eq!(shell_status, Some(141), "{args:?}: {:?}\n{err}", out.status);
+        if dies_of_it {
+            assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "{args:?}\n{err}");
+        } else {
+            assert_eq!(out.status.code(), Some(141), "{args:?}\n{err}");
+        }
+        assert!(
+            !err.contains("error:") && !err.contains("panicked") && !err.contains("Broken pipe"),
+            "{args:?}: a message\n{err}"
+        );
+    }
+}
+
 /// Over the memory budget, the advice offers activation checkpointing where it fits
 /// (before, it said activation checkpointing was not in this version).
 #[test]
@@ -1494,7 +1625,11 @@ impl Drop for SmallMount {
 fn a_full_disk_fails_the_saves_and_keeps_the_last_good_checkpoint() {
     let dir = scratch("enospc");
     let Some(mount) = SmallMount::new(&dir.join("small"), "900k") else {
-        eprintln!("skipped: this machine does not let the test mount a tmpfs");
+        zero_tests::skip_or_fail(
+            "tmpfs",
+            "this machine does not let the test mount a tmpfs (`mount -t tmpfs` needs root \
+             outside a restricted container)",
+        );
         return;
     };
     let ck = mount.0.join("ck");

@@ -477,6 +477,8 @@ fn train_and_sweep_sbatch_refuse_to_run_outside_an_allocation() {
 /// Ctrl-C goes to the foreground process (the launcher runs in its own process group).
 #[test]
 fn ctrl_c_stops_sweep_and_tune_and_their_srun_steps() {
+    // What the batch script says when rank 0 logged no backend within its 120 s.
+    const NOT_TRAINING: &str = "no comm backend logged within 120 s";
     let conf = slurm_conf();
     let bench = zero_bench_bin().display().to_string();
     let launcher = "srun --mpi=pmix --kill-on-bad-exit=1 -n {n}";
@@ -510,10 +512,11 @@ fn ctrl_c_stops_sweep_and_tune_and_their_srun_steps() {
         std::fs::write(
             &batch,
             format!(
-                "#!/bin/bash\nset -m\n{bench} {args} > cmd.log 2>&1 &\npid=$!\n\
+                "#!/bin/bash\nset -m\n{bench} {args} > cmd.log 2>&1 &\npid=$!\nseen=0\n\
                  for i in $(seq 600); do\n\
-                 \x20 cat out/run-*.log out/n4_*.log 2>/dev/null | grep -q 'comm backend' && break\n\
-                 \x20 sleep 0.2\ndone\nsleep 1\nkill -INT $pid\nwait $pid\necho \"rc=$?\"\n\
+                 \x20 cat out/run-*.log out/n4_*.log 2>/dev/null | grep -q 'comm backend' && {{ seen=1; break; }}\n\
+                 \x20 sleep 0.2\ndone\n[ $seen = 1 ] || echo \"{NOT_TRAINING}\"\n\
+                 sleep 1\nkill -INT $pid\nwait $pid\necho \"rc=$?\"\n\
                  for i in $(seq 150); do\n\
                  \x20 left=$(squeue -h -s -j $SLURM_JOB_ID -o %i | grep -v batch | tr '\\n' ' ')\n\
                  \x20 [ -z \"$left\" ] && break\n\x20 sleep 0.2\ndone\n\
@@ -530,6 +533,11 @@ fn ctrl_c_stops_sweep_and_tune_and_their_srun_steps() {
         );
         let cmd_log = std::fs::read_to_string(dir.join("cmd.log")).unwrap_or_default();
         assert_eq!(state, "COMPLETED", "{name}: job {id}\n{log}\n{cmd_log}");
+        // Interrupted while its step trained, not at some earlier point.
+        assert!(
+            !log.contains(NOT_TRAINING),
+            "{name}: job {id}\n{log}\n{cmd_log}"
+        );
         assert!(log.contains("rc=130"), "{name}: job {id}\n{log}\n{cmd_log}");
         assert!(
             log.lines().any(|l| l

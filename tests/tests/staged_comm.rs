@@ -155,6 +155,8 @@ fn the_engine_trains_every_stage_through_staging_like_the_direct_path_on_thread_
 #[test]
 fn micro_overlap_runs_every_mode_under_mpirun() {
     let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("micro-overlap");
+    // Empty: an earlier run's report must not stand in for this one's.
+    let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let json = dir.join("overlap.json");
     let out = zero_tests::MpiJob::new(2, zero_tests::zero_bench_bin())
@@ -193,6 +195,8 @@ fn micro_overlap_runs_every_mode_under_mpirun() {
 #[test]
 fn micro_comm_runs_device_buffers_through_staging_under_mpirun() {
     let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("micro-comm-device");
+    // Empty: an earlier run's report must not stand in for this one's.
+    let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let json = dir.join("comm.json");
     let out = zero_tests::MpiJob::new(2, zero_tests::zero_bench_bin())

@@ -314,6 +314,62 @@ fn sweep_run_over_one_and_two_ranks_writes_the_table_and_plots_and_collect_rebui
 /// A job past `--timeout` is stopped with every rank it started (Open MPI gives each
 /// rank a process group of its own: killing mpirun's alone would leave them training),
 /// and the sweep fails naming it.
+/// SIGTERM to `sweep run` while its job trains (as `kill` or a scheduler sends it): the
+/// job and its ranks are stopped, the sweep says which point it stopped at and where
+/// the partial output is, and exits 143 (128 + 15, as a shell reports a command that
+/// SIGTERM ended).
+#[test]
+fn sigterm_stops_a_sweep_and_its_job_with_status_143() {
+    let dir = scratch("sigterm");
+    let out = dir.join("out");
+    let out_arg = out.display().to_string();
+    let launcher = format!("{} {{n}}", repo().join("scripts/mpirun.sh").display());
+    let config = repo().join("configs/tiny.toml").display().to_string();
+    let job_logs = || {
+        std::fs::read_dir(&out)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "log"))
+            .map(|p| std::fs::read_to_string(p).unwrap_or_default())
+            .collect::<String>()
+    };
+    let ended = zero_tests::cli::terminate_when(
+        &dir,
+        &[
+            "sweep",
+            "run",
+            "--ranks",
+            "2",
+            "--stages",
+            "2",
+            "--config",
+            &config,
+            "--steps",
+            "10000000",
+            "--launcher",
+            &launcher,
+            "--out",
+            &out_arg,
+        ],
+        "sweep.log",
+        || job_logs().contains("ZeRO-2 step 1/10000000"),
+    );
+    let text = format!("{}\n--- job logs ---\n{}", ended.text, job_logs());
+    assert!(ended.was_ready, "the job never reached step 1\n{text}");
+    assert_eq!(ended.code, Some(143), "{text}");
+    assert!(
+        ended.text.contains("sweep interrupted at point 1 of 1")
+            && ended
+                .text
+                .contains("interrupted by SIGTERM; the job and its ranks were stopped"),
+        "{text}"
+    );
+    let left = zero_tests::wait_until_none_running(|cmdline| cmdline.contains(&out_arg));
+    assert!(left.is_empty(), "processes of the stopped job: {left:?}");
+}
+
 #[test]
 fn a_job_past_its_timeout_is_stopped_with_its_ranks() {
     let out = scratch("timeout");

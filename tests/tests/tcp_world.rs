@@ -89,7 +89,6 @@ fn start_world(
 struct Ended {
     code: Option<i32>,
     text: String,
-    after: Duration,
 }
 
 /// Wait for every process, killing those still running at `deadline` from now.
@@ -109,7 +108,6 @@ fn finish(children: Vec<(Child, PathBuf)>, deadline: Duration) -> Vec<Ended> {
                     None => std::thread::sleep(Duration::from_millis(20)),
                 }
             };
-            let after = t0.elapsed();
             let read =
                 |ext: &str| std::fs::read_to_string(logs.with_extension(ext)).unwrap_or_default();
             Ended {
@@ -119,7 +117,6 @@ fn finish(children: Vec<(Child, PathBuf)>, deadline: Duration) -> Vec<Ended> {
                     read("out"),
                     read("err")
                 ),
-                after,
             }
         })
         .collect()
@@ -257,7 +254,8 @@ fn a_killed_rank_ends_the_others_at_once_naming_it() {
     let (mut victim, _) = children.pop().expect("rank 2");
     victim.kill().expect("killing rank 2");
     let _ = victim.wait();
-    // The watchdog's default is 30 minutes: only the closed connection can end them now.
+    // The watchdog's default is 30 minutes: only the closed connection can end them now
+    // (a rank still running at the 60 s deadline is killed, and has no exit code).
     let ended = finish(children, Duration::from_secs(60));
     for (r, e) in ended.iter().enumerate() {
         assert!(
@@ -265,11 +263,6 @@ fn a_killed_rank_ends_the_others_at_once_naming_it() {
             "rank {r} should fail by itself (code {:?})\n{}",
             e.code,
             e.text
-        );
-        assert!(
-            e.after < Duration::from_secs(30),
-            "rank {r} took {:?}",
-            e.after
         );
     }
     assert!(

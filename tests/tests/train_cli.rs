@@ -1081,13 +1081,15 @@ fn asking_for_a_comm_backend_that_cannot_run_is_a_clear_error() {
     fails("host", "local", 2, &["2 processes", "--comm auto"]);
 }
 
-/// On the CPU the engine's collectives run behind compute (non-blocking MPI, polled by
-/// the host device between ops) and `--no-overlap` waits for each where it is issued:
-/// the same collectives, so the same losses bit for bit, at every stage (bf16 with
-/// A = 2: stage 0 reduces through buckets during the last micro-batch's backward). The
-/// run says how much ran hidden, and the metrics time the communication.
+/// On the CPU the engine's collectives are left running behind compute (non-blocking
+/// MPI, polled by the host device between ops) and `--no-overlap` waits for each where it
+/// is issued: the same collectives (as many per step), so the same losses bit for bit,
+/// at every stage (bf16 with A = 2: stage 0 reduces through buckets during the last
+/// micro-batch's backward). Both runs report their overlap (a share in [0, 1], 0 when
+/// waiting) and the metrics time the communication. How much actually ran hidden is a
+/// timing, so it is not asserted: the report has no untimed sign of overlap.
 #[test]
-fn collectives_overlap_compute_and_give_the_losses_of_waiting_for_each() {
+fn overlapped_collectives_give_the_losses_of_waiting_for_each_and_report_the_overlap() {
     let dir = scratch("overlap");
     let run = |name: &str, extra: &[&str]| {
         let (metrics, json) = (
@@ -1136,6 +1138,10 @@ fn collectives_overlap_compute_and_give_the_losses_of_waiting_for_each() {
             assert!(o["collectives_per_step"].as_f64() > Some(0.0), "{o}");
         }
         assert_eq!(off["overlap"]["hidden_fraction"], 0.0, "waited for each");
+        assert_eq!(
+            on["overlap"]["collectives_per_step"], off["overlap"]["collectives_per_step"],
+            "stage {stage}: the same collectives either way"
+        );
     }
     for m in &metrics {
         let total = m["comm_seconds"].as_f64().expect("comm_seconds");

@@ -133,6 +133,61 @@ fn tune_leaves_the_configurations_metrics_file_alone_and_best_toml_names_none() 
     );
 }
 
+/// SIGTERM to `tune` while one of its runs trains (as `kill` or a scheduler sends it):
+/// the run is stopped, tune says which round it stopped in and where the finished runs'
+/// reports are, and exits 143 (128 + 15, as a shell reports a command that SIGTERM
+/// ended).
+#[test]
+fn sigterm_stops_tune_and_its_run_with_status_143() {
+    let dir = scratch("sigterm");
+    let out = dir.join("tout");
+    let out_arg = s(&out);
+    // A run's log (`run-<candidate>-round-<r>.log`) has its first step.
+    let stepped = || {
+        std::fs::read_dir(&out)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| s(p).ends_with(".log"))
+            .any(|p| std::fs::read_to_string(p).is_ok_and(|t| t.contains(" step 1/10000000")))
+    };
+    let ended = zero_tests::cli::terminate_when(
+        &dir,
+        &[
+            "tune",
+            "--config",
+            &repo("configs/tiny.toml"),
+            "--world",
+            "1",
+            "--mem-limit",
+            "1GiB",
+            "--top",
+            "1",
+            "--steps",
+            "10000000",
+            "--rounds",
+            "1",
+            "--launcher",
+            "env X={n}",
+            "--out",
+            &out_arg,
+        ],
+        "tune.log",
+        stepped,
+    );
+    let text = &ended.text;
+    assert!(ended.was_ready, "no run logged its step 1\n{text}");
+    assert_eq!(ended.code, Some(143), "{text}");
+    assert!(
+        text.contains("tune interrupted in round 1 of 1")
+            && text.contains("interrupted by SIGTERM; the job and its ranks were stopped"),
+        "{text}"
+    );
+    let left = zero_tests::wait_until_none_running(|cmdline| cmdline.contains(&out_arg));
+    assert!(left.is_empty(), "processes of the stopped run: {left:?}");
+}
+
 #[test]
 fn a_world_or_global_batch_tune_cannot_count_is_refused_saying_what_to_lower() {
     let dir = scratch("overflow");

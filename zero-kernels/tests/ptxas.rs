@@ -47,6 +47,11 @@ fn every_ptx_file_assembles_for_sm80_and_sm90() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let out_dir = std::env::temp_dir().join(format!("zero-kernels-ptxas-{}", std::process::id()));
     std::fs::create_dir_all(&out_dir).expect("create a temporary directory");
+    // An empty list would make the count below hold with nothing checked.
+    assert!(
+        !zero_kernels::ptx::SOURCES.is_empty(),
+        "zero_kernels::ptx::SOURCES lists no PTX file"
+    );
     let mut checked = 0;
     for s in zero_kernels::ptx::SOURCES {
         let ptx = root.join(s.ptx_path);

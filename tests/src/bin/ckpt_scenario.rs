@@ -151,6 +151,37 @@ fn stage_arg(rank: usize, s: &str) -> Stage {
     }
 }
 
+/// `master` (`Engine::full_master_f32`: each unit's parameters without its padding, unit
+/// after unit) as one line per whole tensor, `name v v ...`, its row blocks joined in
+/// row order.
+fn master_by_name(rank: usize, layout: &zero_core::PartitionLayout, master: &[f32]) -> String {
+    let mut unit_start = Vec::with_capacity(layout.units.len());
+    let mut at = 0;
+    for u in &layout.units {
+        unit_start.push(at);
+        at += u.numel;
+    }
+    if at != master.len() {
+        fail(
+            rank,
+            format!("{} master values, the layout has {at}", master.len()),
+        );
+    }
+    let mut out = String::new();
+    for t in layout.tensors() {
+        out.push_str(&t.name);
+        for &(param, _first_row) in &t.parts {
+            let p = &layout.params[param];
+            let from = unit_start[p.unit] + p.offset;
+            for x in &master[from..from + p.numel] {
+                out.push_str(&format!(" {x:e}"));
+            }
+        }
+        out.push('\n');
+    }
+    out
+}
+
 fn save_reference<C: Communicator>(
     comm: &C,
     tokens: &Tokens,
@@ -163,11 +194,17 @@ fn save_reference<C: Communicator>(
     let (mut e, mut m) = new_engine(comm, &cfg, 32);
     train(&mut e, &mut m, tokens, rows, 0..K);
     checkpoint::save(&e, root, &SaveOptions::default()).or_fail(rank, "save");
-    // The saved master weights, for the CLI tests (consolidate/export must hold them).
+    // The saved master weights, for the CLI tests (consolidate/export must hold them):
+    // all values in the engine's order, and each whole tensor by name.
     let saved = e.full_master_f32().or_fail(rank, "master");
     if rank == 0 {
         let text: String = saved.iter().map(|x| format!("{x:e}\n")).collect();
         std::fs::write(root.join("saved-master.txt"), text).or_fail(rank, "write saved master");
+        std::fs::write(
+            root.join("saved-master-by-name.txt"),
+            master_by_name(rank, e.layout(), &saved),
+        )
+        .or_fail(rank, "write saved master by name");
     }
     let losses = train(&mut e, &mut m, tokens, rows, K..2 * K);
     let master = e.full_master_f32().or_fail(rank, "master");

@@ -614,9 +614,45 @@ fn paper_worked_example_7_5b_on_64_gpus() {
     }
 }
 
+/// docs/ARCHITECTURE.md's comm column per step, in units of Ψ (before the (N-1)/N x
+/// element size factor), written out here for A = 1 and A = 3 rather than taken from
+/// `paper_volume_psi`: stages 0-1 2Ψ; stage 2 (A+1)Ψ reducing every micro-step, else 2Ψ;
+/// stage 3 3AΨ reducing every micro-step, else (2A+1)Ψ.
+const DESIGN_VOLUME_PSI: [(Stage, bool, usize, usize); 16] = [
+    // (stage, reduce_every_micro_step, A, volume / Ψ)
+    (Stage::Zero0, true, 1, 2),
+    (Stage::Zero0, false, 1, 2),
+    (Stage::Zero1, true, 1, 2),
+    (Stage::Zero1, false, 1, 2),
+    (Stage::Zero2, true, 1, 2),
+    (Stage::Zero2, false, 1, 2),
+    (Stage::Zero3, true, 1, 3),
+    (Stage::Zero3, false, 1, 3),
+    (Stage::Zero0, true, 3, 2),
+    (Stage::Zero0, false, 3, 2),
+    (Stage::Zero1, true, 3, 2),
+    (Stage::Zero1, false, 3, 2),
+    (Stage::Zero2, true, 3, 4),
+    (Stage::Zero2, false, 3, 2),
+    (Stage::Zero3, true, 3, 9),
+    (Stage::Zero3, false, 3, 7),
+];
+
+#[test]
+fn paper_volume_is_the_design_table() {
+    for (stage, every, a, psi) in DESIGN_VOLUME_PSI {
+        assert_eq!(
+            paper_volume_psi(stage, a, every),
+            psi,
+            "{stage:?} A={a} reduce every micro-step {every}"
+        );
+    }
+}
+
 #[test]
 fn comm_volume_matches_design_table() {
     let spec = tied_spec(65, 16, 3, 8);
+    let mut checked = std::collections::BTreeSet::new();
     for world in [2, 3, 4] {
         let layout = PartitionLayout::new(&spec, world, 4).unwrap();
         let psi_p = layout.padded_numel() as u64;
@@ -631,7 +667,13 @@ fn comm_volume_matches_design_table() {
                 let plan = BufferPlan::new(&spec, &layout, &inp, 0).unwrap();
                 let comm = CommPlan::new(&layout, &plan, a);
                 let size = inp.reduce_dtype.size_bytes() as u64;
-                let k = paper_volume_psi(inp.stage, a, inp.reduce_every_micro_step) as u64;
+                let every = inp.reduce_every_micro_step;
+                let k = DESIGN_VOLUME_PSI
+                    .iter()
+                    .find(|&&(st, e, aa, _)| st == inp.stage && e == every && aa == a)
+                    .map(|&(_, _, _, psi)| psi as u64)
+                    .unwrap_or_else(|| panic!("no design volume for {inp:?} A={a}"));
+                checked.insert((inp.stage.number(), every, a));
                 // Stage 3 gathers the last layer's units once per micro-step, not twice.
                 // The last layer ("last") reads `final` and the table in both passes.
                 let carried: u64 = plan.gather.as_ref().map_or(0, |g| {
@@ -651,6 +693,14 @@ fn comm_volume_matches_design_table() {
             }
         }
     }
+    // Every row the plans can take (stages 0/1 have no per-micro-step reduction: their
+    // `true` rows are `paper_volume_is_the_design_table`'s only) was held to a plan.
+    let rows = DESIGN_VOLUME_PSI
+        .iter()
+        .filter(|&&(st, every, _, _)| st >= Stage::Zero2 || !every)
+        .map(|&(st, every, a, _)| (st.number(), every, a))
+        .collect::<std::collections::BTreeSet<_>>();
+    assert_eq!(checked, rows);
 }
 
 #[test]

@@ -2134,12 +2134,24 @@ mod tests {
     }
 
     /// Skip line for tests that need a kernel this CPU lacks; true when it is here.
+    /// A kernel named in `ZERO_REQUIRE_ISA` (comma-separated kernel names, e.g.
+    /// `avx2,avx512,amx`) must be here: a runner known to have it proves its tests ran.
     fn have(kernel: Bf16Kernel) -> bool {
         let ok = kernel.is_available();
         if !ok {
+            assert!(
+                !required(kernel.name()),
+                "ZERO_REQUIRE_ISA names {kernel}, and this CPU (or OS) does not run it"
+            );
             eprintln!("SKIP: this CPU (or OS) does not run the {kernel} bf16 kernel");
         }
         ok
+    }
+
+    /// `ZERO_REQUIRE_ISA` lists `name`.
+    fn required(name: &str) -> bool {
+        std::env::var("ZERO_REQUIRE_ISA")
+            .is_ok_and(|v| v.split(',').any(|w| w.trim().eq_ignore_ascii_case(name)))
     }
 
     #[test]
@@ -2231,6 +2243,11 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     fn vector_packing_equals_scalar_packing() {
         if !std::arch::is_x86_feature_detected!("avx2") {
+            assert!(
+                !required("avx2"),
+                "ZERO_REQUIRE_ISA names avx2, and this CPU does not have it"
+            );
+            eprintln!("SKIP: this CPU does not have AVX2 (vector packing)");
             return;
         }
         let specials = [
