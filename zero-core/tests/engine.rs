@@ -494,23 +494,36 @@ fn mixed_precision_stages_match_their_stage_0_and_track_fp32() {
 #[test]
 fn the_simulated_device_catches_every_removed_wait() {
     use zero_core::WaitPoint as W;
-    // (wait point, a configuration that needs it)
-    let cases = [
-        (W::ParamsReady, config(Stage::Zero3, Precision::Bf16, 1)),
-        (W::GradsComputed, config(Stage::Zero2, Precision::Bf16, 1)),
-        (W::BucketFree, config(Stage::Zero2, Precision::Bf16, 1)),
-        (W::SourceFree, {
+    // Every wait point, each with a configuration that needs it. The match is
+    // exhaustive, so a new wait point does not compile here until it has a case; it goes
+    // into ALL beside it.
+    const ALL: [W; 8] = [
+        W::ParamsReady,
+        W::GradsComputed,
+        W::BucketFree,
+        W::SourceFree,
+        W::GradsReduced,
+        W::SlotFree,
+        W::Gathered,
+        W::Updated,
+    ];
+    let needs = |point: W| match point {
+        W::ParamsReady => config(Stage::Zero3, Precision::Bf16, 1),
+        W::GradsComputed => config(Stage::Zero2, Precision::Bf16, 1),
+        W::BucketFree => config(Stage::Zero2, Precision::Bf16, 1),
+        W::SourceFree => {
             // fp32 with buckets as large as a shard: reductions read the gradient window
             // directly.
             let mut c = config(Stage::Zero2, Precision::Fp32, 1);
             c.zero.bucket_elems = None;
             c
-        }),
-        (W::GradsReduced, config(Stage::Zero1, Precision::Bf16, 1)),
-        (W::SlotFree, config(Stage::Zero3, Precision::Bf16, 1)),
-        (W::Gathered, config(Stage::Zero3, Precision::Fp32, 1)),
-        (W::Updated, config(Stage::Zero1, Precision::Bf16, 1)),
-    ];
+        }
+        W::GradsReduced => config(Stage::Zero1, Precision::Bf16, 1),
+        W::SlotFree => config(Stage::Zero3, Precision::Bf16, 1),
+        W::Gathered => config(Stage::Zero3, Precision::Fp32, 1),
+        W::Updated => config(Stage::Zero1, Precision::Bf16, 1),
+    };
+    let cases = ALL.map(|point| (point, needs(point)));
     for (point, c) in cases {
         run_lm(2, &c, On::Sim(5), 3).unwrap_or_else(|e| panic!("{point:?} with the wait: {e}"));
         common::run_lm_with(2, &c, On::Host, 3, Some(point))
