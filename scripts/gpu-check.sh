@@ -233,6 +233,13 @@ cuda_libs() {
     say "CUDA libraries: ${uniq[*]}"
 }
 
+# The count $1 of the summary in the results JSON $2 ("fail", "fail_performance",
+# "out_of_time"; only the summary has them as numbers), or nothing.
+summary_count() {
+    # (sed quits at the first: no `| head`, whose early exit pipefail would see.)
+    sed -n "/^[[:space:]]*\"$1\": [0-9][0-9]*,\{0,1\}\$/{s/[^0-9]//g;p;q;}" "$2" 2>/dev/null || true
+}
+
 # Run the checks with the binary and reference of DIR; returns the binary's status.
 run_checks() {
     local dir=$1 out=$2
@@ -256,7 +263,15 @@ run_checks() {
     3) say "no GPU: this machine has no usable GPU (reason above); nothing was checked" ;;
     124 | 137)
         if [ "$rc" -eq 124 ] && grep '"finished": true' "$out/gpu-check.json" >/dev/null 2>&1; then
-            say "INCOMPLETE: the budget ran out before every check ran (the skip lines 'out of time'); nothing that ran failed; results in $out/gpu-check.json"
+            local missed left_out
+            left_out=$(summary_count out_of_time "$out/gpu-check.json")
+            missed=$(summary_count fail_performance "$out/gpu-check.json")
+            if [ "${missed:-0}" -gt 0 ]; then
+                missed="; $missed performance goals missed (the FAIL lines above)"
+            else
+                missed=
+            fi
+            say "INCOMPLETE: the budget ran out before every check ran (${left_out:-some} checks 'out of time'); no correctness check that ran failed$missed; results in $out/gpu-check.json"
         else
             say "TIMED OUT after ${run_timeout} s; the checks done so far are in $out/gpu-check.json ('running' names the one killed)"
         fi

@@ -183,6 +183,8 @@ impl RunArgs {
 /// the pairs' processes run elsewhere) and the reference.
 struct Ctx<'a> {
     a: &'a RunArgs,
+    /// When this process started: the budget's clock (it covers opening the device).
+    started: Instant,
     out: PathBuf,
     reference_dir: PathBuf,
     reference: &'a train::Reference,
@@ -201,11 +203,14 @@ impl Ctx<'_> {
 
 /// Run a `gpu-check` subcommand.
 pub fn run(cmd: GpuCheckCommand) -> anyhow::Result<()> {
+    // The budget counts from here, before the device is opened (its PTX compiled, cold
+    // the first time): the run must end, with its summary, within the script's timeout.
+    let started = Instant::now();
     crate::logging::init(None);
     match cmd {
         GpuCheckCommand::Prepare(a) => prepare(&a),
         GpuCheckCommand::Run(a) => {
-            let code = run_checks(&a)?;
+            let code = run_checks(&a, started)?;
             std::io::stdout().flush().ok();
             if code != 0 {
                 std::process::exit(code);
@@ -248,7 +253,7 @@ fn absolute(path: &Path) -> anyhow::Result<PathBuf> {
     std::path::absolute(path).with_context(|| format!("making {} absolute", path.display()))
 }
 
-fn run_checks(a: &RunArgs) -> anyhow::Result<i32> {
+fn run_checks(a: &RunArgs, started: Instant) -> anyhow::Result<i32> {
     if let Some(bad) = a
         .only
         .iter()
@@ -275,6 +280,7 @@ fn run_checks(a: &RunArgs) -> anyhow::Result<i32> {
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
     let ctx = Ctx {
         a,
+        started,
         out: absolute(&a.out)?,
         reference_dir: absolute(&a.reference)?,
         reference: &reference,
@@ -328,9 +334,10 @@ fn cuda(ctx: &Ctx<'_>) -> anyhow::Result<i32> {
         Err(Err(e)) => {
             // A GPU that does not open (an old driver refusing the PTX, a device in a
             // bad state) is the finding: said as a check, with the JSON written.
-            let mut report = Report::new(
+            let mut report = Report::new_at(
                 head(ctx, "cuda:0".into(), false),
                 ctx.out.join("gpu-check.json"),
+                ctx.started,
             );
             print_header(&report, ctx);
             report.add(Check::new("device", "opening CUDA device 0", Kind::Correctness).fail(e))?;
@@ -369,7 +376,15 @@ fn print_header(report: &Report, ctx: &Ctx<'_>) {
 
 /// Every wanted group, each in a process of its own, then the summary; the exit status.
 fn all_groups(head: Head, ctx: &Ctx<'_>) -> anyhow::Result<i32> {
-    let mut report = Report::new(head, ctx.out.join("gpu-check.json"));
+    let mut report = Report::new_at(head, ctx.out.join("gpu-check.json"), ctx.started);
+    // The groups' files of an earlier run into the same folder go: what is there after
+    // this run is this run's (`--only` or a group not started would leave old ones).
+    let groups = ctx.out.join("groups");
+    match std::fs::remove_dir_all(&groups) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("removing {}", groups.display())),
+    }
     // Written before the first check: a run killed in it still leaves its header.
     report.save(false)?;
     print_header(&report, ctx);
@@ -421,6 +436,11 @@ fn finish(report: &mut Report) -> anyhow::Result<i32> {
     }
     if code == EXIT_PERFORMANCE {
         outln!("every correctness check passed; only performance goals were missed");
+    } else if code == EXIT_INCOMPLETE && s.fail_performance > 0 {
+        outln!(
+            "no correctness check that ran failed; {} performance goals were missed",
+            s.fail_performance
+        );
     }
     Ok(code)
 }
@@ -445,12 +465,20 @@ fn exit_status(s: &report::Summary) -> i32 {
 /// running on the GPU behind it.
 pub(crate) fn die_with_parent(cmd: &mut Command) {
     use std::os::unix::process::CommandExt;
-    // SAFETY: between fork and exec the closure only calls prctl, which is
-    // async-signal-safe, and allocates nothing.
+    // Taken before the fork: a parent that dies between the fork and the prctl sends no
+    // signal, but the child then has another parent.
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: between fork and exec the closure only calls prctl, getppid and raise,
+    // which are async-signal-safe, and allocates nothing.
     unsafe {
-        cmd.pre_exec(|| {
+        cmd.pre_exec(move || {
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
                 return Err(std::io::Error::last_os_error());
+            }
+            if libc::getppid() != parent {
+                // What the signal would have done (SIGKILL: no handler can intervene).
+                libc::raise(libc::SIGKILL);
+                libc::_exit(128 + libc::SIGKILL);
             }
             Ok(())
         });
@@ -495,10 +523,14 @@ fn group_process(g: &str, later: f64, ctx: &Ctx<'_>, report: &mut Report) -> any
             return report.adopt(vec![c]);
         }
     };
-    report.start(format!("{g} (process {})", child.id()))?;
+    let pid = child.id();
+    report.start(format!("{g} (process {pid})"))?;
     let kill_after = Duration::from_secs_f64(group_budget + GROUP_GRACE_S);
     let mut seen = String::new();
     let mut last_read = Instant::now();
+    // When the process last showed progress (a check done, a unit started): a unit
+    // still running at the kill started then.
+    let mut progress = started;
     let ended = loop {
         if let Some(status) = child.try_wait()? {
             break Some(status);
@@ -513,8 +545,13 @@ fn group_process(g: &str, later: f64, ctx: &Ctx<'_>, report: &mut Report) -> any
             last_read = Instant::now();
             if let Ok(text) = std::fs::read_to_string(&json) {
                 if text != seen {
+                    progress = Instant::now();
                     if let Ok(saved) = serde_json::from_str::<Saved>(&text) {
-                        let running = saved.running.map(|r| format!("{g}: {r}"));
+                        // Between its units, the group itself (a hang there is named too).
+                        let running = Some(saved.running.map_or_else(
+                            || format!("{g} (process {pid})"),
+                            |r| format!("{g}: {r}"),
+                        ));
                         report.set_pending(saved.checks, running)?;
                     }
                     seen = text;
@@ -533,25 +570,49 @@ fn group_process(g: &str, later: f64, ctx: &Ctx<'_>, report: &mut Report) -> any
         None => "the group's process".to_string(),
     };
     let seconds = started.elapsed().as_secs_f64();
-    let why = match ended {
-        None => Some(format!(
-            "still running {seconds:.0} s after it started, {GROUP_GRACE_S:.0} s past the \
-             group's time ({group_budget:.0} s): killed (a hang, or far slower than it \
-             should be; its checks so far are above)"
-        )),
-        Some(status) if !status.success() || !finished => Some(format!(
+    let check = Check::new(g, name, Kind::Correctness);
+    let more = match ended {
+        None => {
+            // The part of the group's time the unit it was running had.
+            let unit_time = group_budget - progress.duration_since(started).as_secs_f64();
+            Some(killed(check, seconds, group_budget, unit_time, share(g)))
+        }
+        Some(status) if !status.success() || !finished => Some(check.fail(format!(
             "it ended with {status} before the group's end (its error, or the crash, is \
              printed above)"
-        )),
+        ))),
         Some(_) => None,
     };
-    let more = why.map(|why| {
-        let mut c = Check::new(g, name, Kind::Correctness).fail(why);
+    let more = more.map(|mut c| {
         c.seconds = seconds;
         c
     });
     report.set_pending(checks, None)?;
     report.adopt(more.into_iter().collect())
+}
+
+/// The line of a group's process killed `seconds` after it started, at its time
+/// (`group_budget`) and the grace: a hang (FAIL) when the unit it was running had had at
+/// least the group's `share` of that time (its own limit); else the budget cut it short
+/// (not judged, the run incomplete), as a pair of processes cut short by the budget is
+/// ([`still_running`]).
+fn killed(check: Check, seconds: f64, group_budget: f64, unit_time: f64, share: f64) -> Check {
+    if unit_time >= share {
+        check.fail(format!(
+            "still running {seconds:.0} s after it started, {GROUP_GRACE_S:.0} s past the \
+             group's time ({group_budget:.0} s), in a unit that had {unit_time:.0} s of it \
+             (the group's share: {share:.0} s): killed (a hang, or far slower than it should \
+             be; its checks so far are above)"
+        ))
+    } else {
+        check.out_of_time(format!(
+            "cut short: still running {GROUP_GRACE_S:.0} s past the group's time \
+             ({group_budget:.0} s of the budget), in a unit that had only {:.0} s of it, \
+             less than the group's share ({share:.0} s): killed (not judged; its checks so \
+             far are above, the rest did not run)",
+            unit_time.max(0.0)
+        ))
+    }
 }
 
 /// `run --group-child G`: group `g` in this process, its report in OUT/groups/G.json.
@@ -563,7 +624,7 @@ fn group_child<D: BenchDevice>(
 ) -> anyhow::Result<i32> {
     let groups = ctx.out.join("groups");
     std::fs::create_dir_all(&groups).with_context(|| format!("creating {}", groups.display()))?;
-    let mut report = Report::new(head, groups.join(format!("{g}.json")));
+    let mut report = Report::new_at(head, groups.join(format!("{g}.json")), ctx.started);
     report.save(false)?;
     run_group(open, g, ctx, &mut report)?;
     report.save(true)?;
@@ -576,6 +637,8 @@ fn open_dut<D: BenchDevice>(
     group: &'static str,
     report: &mut Report,
 ) -> anyhow::Result<Option<D>> {
+    // Named in the JSON while it opens: a device that hangs in its open is said to.
+    report.start("opening the device")?;
     match open(0) {
         Ok(d) => Ok(Some(d)),
         Err(e) => {
@@ -892,6 +955,26 @@ mod tests {
         assert_eq!(exit_status(&summary(0, 0, 2)), EXIT_INCOMPLETE);
         assert_eq!(exit_status(&summary(1, 1, 2)), EXIT_INCOMPLETE);
         assert_eq!(exit_status(&summary(1, 0, 2)), EXIT_FAILED);
+    }
+
+    /// A group's process killed at its time is a hang only when the unit it was running
+    /// had the group's whole share of that time; else the budget cut it short.
+    #[test]
+    fn a_group_cut_short_by_the_budget_is_not_a_hang() {
+        let check = || Check::new("throughput", "x (the group's process)", Kind::Correctness);
+        // A unit started with 3 s of a 25 s share left: not judged, the run incomplete.
+        let cut = killed(check(), 55.0, 25.0, 3.0, 25.0);
+        assert_eq!(cut.status, report::Status::Skip);
+        assert!(cut.out_of_time, "{}", cut.detail);
+        assert!(cut.detail.starts_with("cut short"), "{}", cut.detail);
+        // A group given less than its share (the budget nearly spent): the same.
+        let cut = killed(check(), 40.0, 10.0, 10.0, 25.0);
+        assert!(cut.out_of_time && cut.status == report::Status::Skip);
+        // A unit that had the whole share and more, still running: a hang.
+        let hung = killed(check(), 130.0, 100.0, 80.0, 25.0);
+        assert_eq!(hung.status, report::Status::Fail);
+        assert!(!hung.out_of_time, "{}", hung.detail);
+        assert!(hung.detail.contains("a hang"), "{}", hung.detail);
     }
 
     /// Every group has a share, and the shares leave most of the default budget to

@@ -312,12 +312,14 @@ pub struct Report {
 }
 
 impl Report {
-    /// A report saved as `json`.
-    pub fn new(head: Head, json: PathBuf) -> Self {
+    /// A report saved as `json`, its clock (the budget's) started at `started`: the
+    /// process's start, so that the budget also covers what ran before the report (the
+    /// device's first open, with its PTX compiled).
+    pub fn new_at(head: Head, json: PathBuf, started: Instant) -> Self {
         Report {
             head,
             json,
-            started: Instant::now(),
+            started,
             checks: Vec::new(),
             pending: Vec::new(),
             running: None,
@@ -472,7 +474,7 @@ mod tests {
             budget_s: 1.0,
             environment: Value::Null,
         };
-        let mut r = Report::new(head, dir.path().join("r.json"));
+        let mut r = Report::new_at(head, dir.path().join("r.json"), Instant::now());
         r.add(Check::new("kernel", "a", Kind::Correctness).at_most(0.0, 0.0, "ok"))
             .unwrap();
         r.add(Check::new("kernel", "b", Kind::Correctness).skip("no bf16"))
