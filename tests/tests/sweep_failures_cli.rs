@@ -109,6 +109,19 @@ impl Started {
 fn start(mut command: Command, log: &Path, what: &str) -> Started {
     let file = std::fs::File::create(log).unwrap_or_else(|e| panic!("{}: {e}", log.display()));
     let err = file.try_clone().unwrap_or_else(|e| panic!("{e}"));
+    // The command hears the signals these tests send as from a terminal, also when the
+    // test run itself was started with them ignored: `nohup` ignores SIGHUP, an ignored
+    // signal stays ignored across exec, and the sweep rightly keeps it so.
+    // SAFETY: between fork and exec the closure calls only signal(2), which is
+    // async-signal-safe, and touches no memory of the parent.
+    unsafe {
+        command.pre_exec(|| {
+            for sig in [libc::SIGHUP, libc::SIGINT, libc::SIGQUIT, libc::SIGTERM] {
+                libc::signal(sig, libc::SIG_DFL);
+            }
+            Ok(())
+        });
+    }
     let child = command
         .current_dir(repo(""))
         .stdin(Stdio::null())
