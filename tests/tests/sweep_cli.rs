@@ -311,9 +311,6 @@ fn sweep_run_over_one_and_two_ranks_writes_the_table_and_plots_and_collect_rebui
     );
 }
 
-/// A job past `--timeout` is stopped with every rank it started (Open MPI gives each
-/// rank a process group of its own: killing mpirun's alone would leave them training),
-/// and the sweep fails naming it.
 /// SIGTERM to `sweep run` while its job trains (as `kill` or a scheduler sends it): the
 /// job and its ranks are stopped, the sweep says which point it stopped at and where
 /// the partial output is, and exits 143 (128 + 15, as a shell reports a command that
@@ -370,6 +367,9 @@ fn sigterm_stops_a_sweep_and_its_job_with_status_143() {
     assert!(left.is_empty(), "processes of the stopped job: {left:?}");
 }
 
+/// A job past `--timeout` is stopped with every rank it started (Open MPI gives each
+/// rank a process group of its own: killing mpirun's alone would leave them training),
+/// and the sweep fails naming it.
 #[test]
 fn a_job_past_its_timeout_is_stopped_with_its_ranks() {
     let out = scratch("timeout");
