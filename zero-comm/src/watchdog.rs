@@ -169,6 +169,16 @@ impl WatchSpec {
         self.dog.enter(&self.comm, self.seq, self.what())
     }
 
+    /// Watch from now until the token is dropped, without recording the collective as
+    /// completed then: for a wait whose success records it by [`WatchSpec::completed`],
+    /// an exchange made before the collective runs, or a call that may fail
+    /// ([`WatchToken::completed`] records it once it has succeeded).
+    pub(crate) fn enter_unrecorded(&self) -> WatchToken {
+        let mut token = self.enter();
+        token.record = false;
+        token
+    }
+
     /// The collective completed, also outside any wait (a test found it done): the
     /// heartbeat's answers then name it as completed, or a report would call this rank
     /// behind a collective it finished.
@@ -177,10 +187,20 @@ impl WatchSpec {
     }
 }
 
-/// Removes its collective from the watch list when dropped (i.e. when it completed).
+/// Removes its collective from the watch list when dropped, recording it as completed
+/// unless it came from [`WatchSpec::enter_unrecorded`] (a call that failed must not be
+/// answered as done).
 pub(crate) struct WatchToken {
     dog: Arc<Watchdog>,
     id: u64,
+    record: bool,
+}
+
+impl WatchToken {
+    /// The watched call succeeded: record it as completed when the token goes.
+    pub(crate) fn completed(mut self) {
+        self.record = true;
+    }
 }
 
 impl Drop for WatchToken {
@@ -191,7 +211,7 @@ impl Drop for WatchToken {
             .lock()
             .ok()
             .and_then(|mut m| m.remove(&self.id));
-        if let Some(e) = done {
+        if let (true, Some(e)) = (self.record, done) {
             self.dog.record_completed(&e.comm, e.seq, e.what);
         }
     }
@@ -287,6 +307,7 @@ impl Watchdog {
         WatchToken {
             dog: Arc::clone(self),
             id,
+            record: true,
         }
     }
 
@@ -422,6 +443,13 @@ mod tests {
         let (waiting, last) = heartbeat::State::snapshot(&*dog);
         assert!(waiting.is_empty(), "{waiting:?}");
         assert_eq!(last, vec![("all_gather", 2, "world".to_string())]);
+        // A call that failed (or an exchange before the collective) is not done; one
+        // recorded only on success is, once it succeeded.
+        drop(spec(3).enter_unrecorded());
+        assert_eq!(done(), vec![("all_gather", 2, "world".to_string())]);
+        spec(4).enter_unrecorded().completed();
+        assert_eq!(done(), vec![("all_gather", 4, "world".to_string())]);
+        assert!(heartbeat::State::snapshot(&*dog).0.is_empty());
         dog.stop();
     }
 

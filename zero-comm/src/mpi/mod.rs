@@ -366,8 +366,9 @@ impl MpiComm {
             dtype: call.dtype,
         });
         if self.shared.config.check {
-            // The check's exchange blocks too: a rank that never arrives is a hang.
-            let _watch = spec.as_ref().map(WatchSpec::enter);
+            // The check's exchange blocks too: a rank that never arrives is a hang. (Not
+            // recorded as completed: the collective itself has not run yet.)
+            let _watch = spec.as_ref().map(WatchSpec::enter_unrecorded);
             check::check(self, seq, call, upcast)?;
         }
         let elem = if upcast { 4 } else { call.dtype.size_bytes() } as u64;
@@ -494,10 +495,11 @@ impl MpiComm {
     unsafe fn run(&self, call: &RawCall, nonblocking: bool) -> Result<MpiRequest> {
         let (upcast, spec) = self.begin(call)?;
         // Blocking: watched for the whole call; non-blocking: while waited on (see WatchSpec).
-        let _watch = if nonblocking {
+        // Recorded as completed only once it succeeded (below).
+        let watch = if nonblocking {
             None
         } else {
-            spec.as_ref().map(WatchSpec::enter)
+            spec.as_ref().map(WatchSpec::enter_unrecorded)
         };
         let mut req = MpiRequest {
             // SAFETY: predefined constant.
@@ -567,6 +569,9 @@ impl MpiComm {
         }
         if !nonblocking {
             req.finish();
+        }
+        if let Some(watch) = watch {
+            watch.completed();
         }
         Ok(req)
     }
@@ -789,8 +794,8 @@ impl MpiRequest {
     /// holds; true when none is left.
     fn settle(&mut self) -> bool {
         // The cancels and waits below may wait for a peer: watched as a wait of this
-        // collective is (a failed test was not watched yet).
-        let _watch = self.watch.as_ref().map(WatchSpec::enter);
+        // collective is (a failed test was not watched yet), never recorded as completed.
+        let _watch = self.watch.as_ref().map(WatchSpec::enter_unrecorded);
         if let Some(ring) = self.ring.as_mut() {
             // SAFETY: the ring's own requests, by its owner.
             return unsafe { ring.settle() };
@@ -868,7 +873,8 @@ impl InFlight for MpiRequest {
         if self.done {
             return Ok(());
         }
-        let _watch = self.watch.as_ref().map(WatchSpec::enter);
+        // Recorded as completed by `finish`, on success only.
+        let _watch = self.watch.as_ref().map(WatchSpec::enter_unrecorded);
         if let Some(ring) = self.ring.as_mut() {
             // SAFETY: as in `test`.
             if let Err((call, rc)) = unsafe { ring.advance(true) } {
@@ -922,13 +928,18 @@ impl Communicator for MpiComm {
             return self.run(call, false).map(|_| ());
         }
         let (_, spec) = self.begin(call)?;
-        let _watch = spec.as_ref().map(WatchSpec::enter);
+        let watch = spec.as_ref().map(WatchSpec::enter_unrecorded);
         let dt = ops::datatype(call.dtype);
         let op = call
             .op
             .map_or(ffi::RSMPI_SUM, |o| self.shared.ops.op(o, call.dtype));
         let send = call.send.map(|s: RawBuf| s.ptr as *const c_void);
-        self.issue(call, dt, op, send, call.recv.ptr as *mut c_void, None)
+        let issued = self.issue(call, dt, op, send, call.recv.ptr as *mut c_void, None);
+        // A failed collective is not answered as completed.
+        if let (Ok(()), Some(watch)) = (&issued, watch) {
+            watch.completed();
+        }
+        issued
     }
 
     unsafe fn start(&self, call: &RawCall) -> Result<Box<dyn InFlight>> {
