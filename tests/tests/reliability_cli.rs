@@ -1260,17 +1260,22 @@ fn absurd_sizes_are_refused_without_a_panic() {
     );
 }
 
+/// A synthetic token file of `tokens` tokens at `path` (`zero-bench data corpus`).
+fn write_corpus(path: &Path, tokens: u64) {
+    let o = Command::new(zero_bench_bin())
+        .args(["data", "corpus", &s(path), "--tokens", &tokens.to_string()])
+        .output()
+        .expect("zero-bench starts");
+    assert!(o.status.success(), "{o:?}");
+}
+
 /// data.path may name a node-local copy on each rank, but the copies must hold the same
 /// tokens: a rank reading another file is refused before step 1, naming it.
 #[test]
 fn ranks_reading_different_token_data_are_refused() {
     let dir = scratch("tokens");
     let other = dir.join("other.bin");
-    let o = Command::new(zero_bench_bin())
-        .args(["data", "corpus", &s(&other), "--tokens", "1234"])
-        .output()
-        .expect("zero-bench starts");
-    assert!(o.status.success(), "{o:?}");
+    write_corpus(&other, 1234);
     let out = rank1_differs(":", &format!("--set data.path={}", s(&other)));
     failed_with(
         &out,
@@ -1292,11 +1297,7 @@ fn ranks_reading_different_token_data_are_refused() {
 fn a_token_file_written_again_under_the_run_stops_it_at_the_next_checkpoint() {
     let dir = scratch("rewritten");
     let (data, ck) = (dir.join("tokens.bin"), dir.join("ck"));
-    let o = Command::new(zero_bench_bin())
-        .args(["data", "corpus", &s(&data), "--tokens", "50000"])
-        .output()
-        .expect("zero-bench starts");
-    assert!(o.status.success(), "{o:?}");
+    write_corpus(&data, 50000);
     let rewrite = {
         let (data, ck) = (data.clone(), ck.clone());
         std::thread::spawn(move || {
@@ -1459,11 +1460,7 @@ fn a_checkpoint_directory_the_run_would_save_over_is_refused() {
 fn a_report_that_cannot_be_written_fails_the_command() {
     let dir = scratch("dev-full");
     let tokens = dir.join("t.bin");
-    let o = Command::new(zero_bench_bin())
-        .args(["data", "corpus", &s(&tokens), "--tokens", "1000"])
-        .output()
-        .expect("zero-bench starts");
-    assert!(o.status.success(), "{o:?}");
+    write_corpus(&tokens, 1000);
     let commands: [Vec<String>; 3] = [
         ["plan", "--params", "7.5e9", "--gpus", "8"]
             .map(String::from)
@@ -1507,11 +1504,7 @@ fn a_closed_standard_output_ends_the_command_as_sigpipe_would() {
     use std::os::unix::process::ExitStatusExt;
     let dir = scratch("sigpipe");
     let tokens = dir.join("t.bin");
-    let o = Command::new(zero_bench_bin())
-        .args(["data", "corpus", &s(&tokens), "--tokens", "1000"])
-        .output()
-        .expect("zero-bench starts");
-    assert!(o.status.success(), "{o:?}");
+    write_corpus(&tokens, 1000);
     // (arguments, whether it dies of the signal rather than exiting 141 itself)
     let commands: [(Vec<String>, bool); 4] = [
         (

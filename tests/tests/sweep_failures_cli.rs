@@ -145,6 +145,29 @@ fn sweep_run(out: &Path, args: &[&str]) -> Started {
     start(c, &log, &format!("sweep run {args:?}"))
 }
 
+/// `sweep run` of one 2-rank point through stages 0 and 3, long enough
+/// ([`LONG_STEPS`]) that stage 3 is still running when a test steps in.
+fn two_stage_sweep(out: &Path) -> Started {
+    let launcher = mpirun_launcher();
+    sweep_run(
+        out,
+        &[
+            "--ranks",
+            "2",
+            "--stages",
+            "0,3",
+            "--config",
+            "configs/tiny.toml",
+            "--steps",
+            LONG_STEPS,
+            "--launcher",
+            &launcher,
+            "--timeout",
+            "600",
+        ],
+    )
+}
+
 /// Wait until `ready` (polled every 20 ms), failing the test (after killing `job`)
 /// after a generous deadline.
 fn wait_for(job: &Started, what: &str, ready: impl Fn() -> bool) {
@@ -243,24 +266,7 @@ fn assert_nothing_left(out: &Path) {
 fn a_stage_that_dies_keeps_the_stages_that_finished_before_it() {
     let dir = scratch("crash");
     let out = dir.join("out");
-    let launcher = mpirun_launcher();
-    let sweep = sweep_run(
-        &out,
-        &[
-            "--ranks",
-            "2",
-            "--stages",
-            "0,3",
-            "--config",
-            "configs/tiny.toml",
-            "--steps",
-            LONG_STEPS,
-            "--launcher",
-            &launcher,
-            "--timeout",
-            "600",
-        ],
-    );
+    let sweep = two_stage_sweep(&out);
     let report = out.join(format!("n2_{TINY}.json"));
     // Written after stage 0; the ranks are frozen in stage 3.
     let ranks = freeze_in_second_stage(&sweep, &out, &report);
@@ -317,24 +323,7 @@ fn a_stage_that_dies_keeps_the_stages_that_finished_before_it() {
 fn an_interrupted_sweep_tables_the_stages_that_finished() {
     let dir = scratch("term");
     let out = dir.join("out");
-    let launcher = mpirun_launcher();
-    let sweep = sweep_run(
-        &out,
-        &[
-            "--ranks",
-            "2",
-            "--stages",
-            "0,3",
-            "--config",
-            "configs/tiny.toml",
-            "--steps",
-            LONG_STEPS,
-            "--launcher",
-            &launcher,
-            "--timeout",
-            "600",
-        ],
-    );
+    let sweep = two_stage_sweep(&out);
     let report = out.join(format!("n2_{TINY}.json"));
     let ranks = freeze_in_second_stage(&sweep, &out, &report);
     sweep.signal(libc::SIGTERM);
