@@ -464,25 +464,7 @@ fn exit_status(s: &report::Summary) -> i32 {
 /// killed from outside, or a group's process killed for time): no rank or group is left
 /// running on the GPU behind it.
 pub(crate) fn die_with_parent(cmd: &mut Command) {
-    use std::os::unix::process::CommandExt;
-    // Taken before the fork: a parent that dies between the fork and the prctl sends no
-    // signal, but the child then has another parent.
-    let parent = std::process::id() as libc::pid_t;
-    // SAFETY: between fork and exec the closure only calls prctl, getppid and raise,
-    // which are async-signal-safe, and allocates nothing.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
-                return Err(std::io::Error::last_os_error());
-            }
-            if libc::getppid() != parent {
-                // What the signal would have done (SIGKILL: no handler can intervene).
-                libc::raise(libc::SIGKILL);
-                libc::_exit(128 + libc::SIGKILL);
-            }
-            Ok(())
-        });
-    }
+    crate::sweep::launch::die_with_parent(cmd, libc::SIGKILL);
 }
 
 /// Run group `g` in a process of its own, with the budget left less `later` (the shares

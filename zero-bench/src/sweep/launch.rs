@@ -122,7 +122,6 @@ pub fn run_logged(
     // Before the spawn: a signal from here on is caught, never left to kill this process
     // with the job still running (the child gets the default handlers back at exec).
     let signals = Forwarding::install()?;
-    let parent = std::process::id() as libc::pid_t;
     let mut command = Command::new(program);
     command
         .args(args)
@@ -131,22 +130,10 @@ pub fn run_logged(
         .stderr(log_err)
         // Its own process group, for `stop` to signal.
         .process_group(0);
-    // SAFETY: between fork and exec the closure calls prctl(2), getppid(2), signal(2),
-    // raise(3) and _exit(2) only ([`end_if_orphaned`]), which are async-signal-safe, and
-    // touches no memory of the parent. The parent's handlers (`signals`' included) are
-    // still installed in the child at this point; exec resets them.
-    unsafe {
-        command.pre_exec(move || {
-            // SIGTERM to the launcher when the thread that spawned it is gone (sweep and
-            // tune spawn from their main thread, so: when this process is); the launcher
-            // then ends its ranks. If it is gone already, now.
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            end_if_orphaned(parent);
-            Ok(())
-        });
-    }
+    // SIGTERM to the launcher when the thread that spawned it is gone (sweep and tune
+    // spawn from their main thread, so: when this process is); the launcher then ends
+    // its ranks.
+    die_with_parent(&mut command, libc::SIGTERM);
     let mut child = command
         .spawn()
         .with_context(|| {
@@ -232,20 +219,42 @@ pub fn run_logged(
     Ok(())
 }
 
-/// In a child between fork and exec: end it with SIGTERM, as the parent-death signal
+/// Have `cmd`'s process sent `signal` when the thread that spawns it ends (this process
+/// killed, even by SIGKILL or the OOM killer), so that no job or rank runs on as an
+/// orphan; if that thread's process is gone by the time the child runs, at once.
+pub(crate) fn die_with_parent(cmd: &mut Command, signal: libc::c_int) {
+    // Taken before the fork: a parent that dies between the fork and the prctl sends no
+    // signal, but the child then has another parent.
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: between fork and exec the closure calls prctl(2), getppid(2), signal(2),
+    // raise(3) and _exit(2) only ([`end_if_orphaned`]), which are async-signal-safe, and
+    // touches no memory of the parent. The parent's handlers are still installed in the
+    // child at this point; exec resets them.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, signal) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            end_if_orphaned(parent, signal);
+            Ok(())
+        });
+    }
+}
+
+/// In a child between fork and exec: end it with `signal`, as the parent-death signal
 /// would have, when its parent is no longer `parent` (it died before the child's
-/// PR_SET_PDEATHSIG, which then never fires). The parent's SIGTERM handler is still
-/// installed here (it only records the signal), so the default action is restored
-/// first; should the raise return all the same, `_exit` ends the child.
+/// PR_SET_PDEATHSIG, which then never fires). A parent's handler of `signal` is still
+/// installed here (sweep's only records it), so the default action is restored first
+/// (a no-op for SIGKILL); should the raise return all the same, `_exit` ends the child.
 ///
 /// # Safety
 /// Only in a forked child before exec (it may end the process); async-signal-safe calls
 /// only.
-unsafe fn end_if_orphaned(parent: libc::pid_t) {
+unsafe fn end_if_orphaned(parent: libc::pid_t, signal: libc::c_int) {
     if libc::getppid() != parent {
-        libc::signal(libc::SIGTERM, libc::SIG_DFL);
-        libc::raise(libc::SIGTERM);
-        libc::_exit(128 + libc::SIGTERM);
+        libc::signal(signal, libc::SIG_DFL);
+        libc::raise(signal);
+        libc::_exit(128 + signal);
     }
 }
 
@@ -777,7 +786,7 @@ slurmstepd: error: *** JOB 7 ON n1 CANCELLED AT 2026-01-01T00:00:00 DUE TO TIME 
         // parent's pid, so the child takes its parent for gone.
         unsafe {
             command.pre_exec(|| {
-                end_if_orphaned(-1);
+                end_if_orphaned(-1, libc::SIGTERM);
                 Ok(())
             });
         }
